@@ -1,0 +1,583 @@
+//! The agent actor: drives one run's `StepMachine`. Its handlers never await a
+//! model call, a tool or a child: they start the work in a task, and the result
+//! comes back as an `AgentMsg`, so `Cancel` and `Status` are served at any time.
+
+mod children;
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use serde_json::Value;
+use tokio::sync::{OwnedSemaphorePermit, oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use crate::event::EventKind;
+use crate::hooks::TreeHooks;
+use crate::limit::{Limit, LimitHit};
+use crate::model::{DeltaSink, ModelRequest, ModelResponse};
+use crate::state::{AgentState, AgentStatus};
+use crate::step::{Action, Catalog, StepMachine};
+use crate::template::AgentTemplate;
+use crate::tool::ToolContext;
+
+pub use children::ChildKey;
+use children::Children;
+
+/// The final result of a run, as its parent or the supervisor receives it.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    pub state: AgentState,
+    /// The output value of semantics §7.
+    pub value: Value,
+}
+
+/// Where a run's result goes.
+pub enum Reply {
+    /// A parent actor: it takes the result from the supervision event.
+    Parent(ChildKey),
+    /// The supervisor of a root run.
+    Root(oneshot::Sender<RunResult>),
+}
+
+/// Why an agent is asked to stop early.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CancelReason {
+    /// A user (or the service) cancelled this agent or an ancestor.
+    Requested,
+    /// A tree-wide limit ran out: the agent fails, naming it.
+    Limit(LimitHit),
+    /// The parent is ending (it failed); the child is cancelled.
+    ParentEnded,
+}
+
+/// What `Status` answers.
+#[derive(Clone, Debug)]
+pub struct AgentSnapshot {
+    pub state: AgentState,
+    pub step: u32,
+    pub live_children: usize,
+}
+
+pub enum AgentMsg {
+    ModelDone {
+        step: u32,
+        result: Result<ModelResponse, String>,
+    },
+    ToolDone {
+        step: u32,
+        index: usize,
+        outcome: ToolOutcome,
+    },
+    ChildStarted {
+        key: ChildKey,
+        actor: ActorRef<AgentMsg>,
+    },
+    ChildNotStarted {
+        key: ChildKey,
+        error: String,
+    },
+    RetryDue {
+        key: ChildKey,
+    },
+    SlotReady(Option<OwnedSemaphorePermit>),
+    StepTimeout {
+        step: u32,
+    },
+    Cancel(CancelReason),
+    Status(RpcReplyPort<AgentSnapshot>),
+}
+
+pub enum ToolOutcome {
+    Done(Result<Value, String>),
+    Panicked(String),
+}
+
+/// What an agent actor starts with.
+pub struct AgentArgs {
+    pub hooks: Arc<dyn TreeHooks>,
+    pub machine: StepMachine,
+    pub reply: Reply,
+    /// The live slot the agent runs in (acquired before it was started).
+    pub slot: Option<OwnedSemaphorePermit>,
+}
+
+pub struct AgentActor;
+
+/// The actor's state: the machine plus the work in flight.
+pub struct AgentRun {
+    myself: ActorRef<AgentMsg>,
+    hooks: Arc<dyn TreeHooks>,
+    machine: StepMachine,
+    reply: Option<Reply>,
+    slot: Option<OwnedSemaphorePermit>,
+    run_id: Arc<str>,
+    span: tracing::Span,
+    model_task: Option<JoinHandle<()>>,
+    tool_tasks: Vec<JoinHandle<()>>,
+    timer: Option<JoinHandle<()>>,
+    /// A model request waiting for a live slot.
+    parked: Option<ModelRequest>,
+    suspended: bool,
+    cancel_tx: watch::Sender<bool>,
+    children: Children,
+    finished: bool,
+    cancel_reason: Option<CancelReason>,
+    result: Option<RunResult>,
+    _live: LiveGuard,
+}
+
+impl AgentRun {
+    /// Takes the result out of a child's final actor state.
+    pub fn take_result(&mut self) -> Option<(ChildKey, RunResult)> {
+        let key = match self.reply.as_ref()? {
+            Reply::Parent(key) => *key,
+            Reply::Root(_) => return None,
+        };
+        Some((key, self.result.take()?))
+    }
+}
+
+struct LiveGuard(Arc<dyn TreeHooks>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.actor_stopped();
+    }
+}
+
+struct HookCatalog<'a>(&'a dyn TreeHooks);
+
+impl Catalog for HookCatalog<'_> {
+    fn template(&self, id: &str) -> Option<Arc<AgentTemplate>> {
+        self.0.template(id)
+    }
+    fn knows_agent(&self, requested: &str) -> bool {
+        self.0.knows_agent(requested)
+    }
+}
+
+fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic".to_owned()
+    }
+}
+
+impl Actor for AgentActor {
+    type Msg = AgentMsg;
+    type State = AgentRun;
+    type Arguments = AgentArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        args: AgentArgs,
+    ) -> Result<AgentRun, ActorProcessingErr> {
+        let AgentArgs {
+            hooks,
+            machine,
+            reply,
+            slot,
+        } = args;
+        hooks.actor_started();
+        let state = machine.state();
+        let run_id: Arc<str> = Arc::from(state.run_id.as_str());
+        let span = tracing::info_span!(
+            "agent",
+            run_id = %state.run_id,
+            parent_id = state.parent_id.as_deref().unwrap_or("-"),
+            agent_type = state.agent_type.as_deref().unwrap_or("-"),
+        );
+        let (cancel_tx, _) = watch::channel(false);
+        Ok(AgentRun {
+            myself,
+            _live: LiveGuard(hooks.clone()),
+            hooks,
+            machine,
+            reply: Some(reply),
+            slot,
+            run_id,
+            span,
+            model_task: None,
+            tool_tasks: Vec::new(),
+            timer: None,
+            parked: None,
+            suspended: false,
+            cancel_tx,
+            children: Children::default(),
+            finished: false,
+            cancel_reason: None,
+            result: None,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        run: &mut AgentRun,
+    ) -> Result<(), ActorProcessingErr> {
+        let state = run.machine.state();
+        run.hooks.emit(&run.run_id, EventKind::AgentStarted {
+            agent_id: state.agent_id.clone(),
+            agent_type: state.agent_type.clone().unwrap_or_default(),
+            parent_run_id: state.ancestor_run_ids.last().cloned(),
+            depth: state.depth(),
+        });
+        let hooks = run.hooks.clone();
+        let actions = run.guarded(|m| m.start(&HookCatalog(hooks.as_ref())));
+        run.execute(&myself, actions);
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        msg: AgentMsg,
+        run: &mut AgentRun,
+    ) -> Result<(), ActorProcessingErr> {
+        let hooks = run.hooks.clone();
+        let catalog = HookCatalog(hooks.as_ref());
+        let actions = match msg {
+            AgentMsg::ModelDone { step, result } => {
+                run.model_task = None;
+                run.stop_timer();
+                match result {
+                    Ok(response) => {
+                        run.hooks.settle(&response.usage);
+                        run.guarded(|m| m.model_replied(step, response, &catalog))
+                    }
+                    Err(error) if step == run.machine.step() => run.machine.fail(error),
+                    Err(_) => Vec::new(),
+                }
+            }
+            AgentMsg::ToolDone {
+                step,
+                index,
+                outcome,
+            } => match outcome {
+                ToolOutcome::Done(result) => {
+                    let actions = run.guarded(|m| m.tool_done(step, index, result, &catalog));
+                    if !actions.is_empty() {
+                        run.stop_timer();
+                    }
+                    actions
+                }
+                ToolOutcome::Panicked(error) if step == run.machine.step() => {
+                    run.machine.fail(format!("a tool panicked: {error}"))
+                }
+                ToolOutcome::Panicked(_) => Vec::new(),
+            },
+            AgentMsg::ChildStarted { key, actor } => run.child_started(key, actor),
+            AgentMsg::ChildNotStarted { key, error } => run.child_ended(&myself, key, Err(error)),
+            AgentMsg::RetryDue { key } => run.retry_due(&myself, key),
+            AgentMsg::SlotReady(permit) => run.resume(&myself, permit),
+            AgentMsg::StepTimeout { step } => run.step_timeout(step),
+            AgentMsg::Cancel(reason) => run.cancel(reason),
+            AgentMsg::Status(reply) => {
+                let _ = reply.send(AgentSnapshot {
+                    state: run.machine.state().clone(),
+                    step: run.machine.step(),
+                    live_children: run.children.live_count(),
+                });
+                Vec::new()
+            }
+        };
+        run.execute(&myself, actions);
+        run.maybe_finish(&myself);
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<AgentMsg>,
+        event: SupervisionEvent,
+        run: &mut AgentRun,
+    ) -> Result<(), ActorProcessingErr> {
+        let actions = match event {
+            SupervisionEvent::ActorTerminated(cell, Some(mut boxed), _) => {
+                match boxed.take::<AgentRun>().ok().and_then(|mut child| child.take_result()) {
+                    Some((key, result)) => {
+                        run.children.forget(cell.get_id());
+                        run.child_ended(&myself, key, Ok(result))
+                    }
+                    None => run.child_lost(&myself, cell.get_id(), "agent stopped without a result".into()),
+                }
+            }
+            SupervisionEvent::ActorTerminated(cell, None, reason) => run.child_lost(
+                &myself,
+                cell.get_id(),
+                format!("agent was killed ({})", reason.unwrap_or_default()),
+            ),
+            SupervisionEvent::ActorFailed(cell, error) => {
+                run.child_lost(&myself, cell.get_id(), format!("agent panicked: {error}"))
+            }
+            _ => Vec::new(),
+        };
+        run.execute(&myself, actions);
+        run.maybe_finish(&myself);
+        Ok(())
+    }
+}
+
+impl AgentRun {
+    /// Runs machine code, turning a panic (e.g. in a step handler) into a failure.
+    fn guarded(&mut self, f: impl FnOnce(&mut StepMachine) -> Vec<Action>) -> Vec<Action> {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut self.machine))) {
+            Ok(actions) => actions,
+            Err(panic) => self
+                .machine
+                .fail(format!("agent panicked: {}", panic_message(panic))),
+        }
+    }
+
+    fn emit(&self, kind: EventKind) {
+        self.hooks.emit(&self.run_id, kind);
+    }
+
+    fn execute(&mut self, myself: &ActorRef<AgentMsg>, actions: Vec<Action>) {
+        for event in self.machine.take_events() {
+            self.emit(event);
+        }
+        for action in actions {
+            match action {
+                Action::CallModel(request) => self.call_model(myself, request),
+                Action::RunTool {
+                    step,
+                    index,
+                    tool,
+                    input,
+                } => self.run_tool(myself, step, index, tool, input),
+                Action::SpawnAgents {
+                    step,
+                    index,
+                    children,
+                } => {
+                    let actions = self.spawn_agents(myself, step, index, children);
+                    self.execute(myself, actions);
+                }
+                Action::SpawnInline { step, index, child } => {
+                    let actions = self.spawn_inline(myself, step, index, child);
+                    self.execute(myself, actions);
+                }
+                Action::Finish => self.finish_requested(myself),
+            }
+        }
+        for event in self.machine.take_events() {
+            self.emit(event);
+        }
+    }
+
+    fn call_model(&mut self, myself: &ActorRef<AgentMsg>, request: ModelRequest) {
+        if let Err(limit) = self.hooks.admit_step() {
+            self.emit(EventKind::LimitHit {
+                limit: limit.clone(),
+            });
+            let actions = self.machine.fail(limit.to_string());
+            return self.execute(myself, actions);
+        }
+        if self.suspended {
+            self.parked = Some(request);
+            let acquire = self.hooks.acquire_slot();
+            let me = myself.clone();
+            let mut cancelled = self.cancel_tx.subscribe();
+            tokio::spawn(async move {
+                tokio::select! {
+                    permit = acquire => { let _ = me.cast(AgentMsg::SlotReady(permit)); }
+                    _ = cancelled.wait_for(|c| *c) => {}
+                }
+            });
+            return;
+        }
+        let model_name = &self.machine.template().model;
+        let Some(model) = self.hooks.model(model_name) else {
+            let actions = self
+                .machine
+                .fail(format!("model {model_name} is not configured"));
+            return self.execute(myself, actions);
+        };
+        let step = request.meta.step;
+        let hooks = self.hooks.clone();
+        let run_id = self.run_id.clone();
+        let sink: DeltaSink = Arc::new(move |delta| {
+            hooks.emit(&run_id, EventKind::ModelDelta { step, delta });
+        });
+        let me = myself.clone();
+        let span = tracing::info_span!(parent: &self.span, "step", step);
+        self.model_task = Some(tokio::spawn(
+            async move {
+                let result = AssertUnwindSafe(model.complete(request, sink))
+                    .catch_unwind()
+                    .await;
+                let result = match result {
+                    Ok(Ok(response)) => Ok(response),
+                    Ok(Err(error)) => Err(error.to_string()),
+                    Err(panic) => Err(format!("model panicked: {}", panic_message(panic))),
+                };
+                let _ = me.cast(AgentMsg::ModelDone { step, result });
+            }
+            .instrument(span),
+        ));
+        self.start_timer(myself, step);
+    }
+
+    fn run_tool(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        step: u32,
+        index: usize,
+        tool: Arc<dyn crate::tool::Tool>,
+        input: Value,
+    ) {
+        let ctx = ToolContext {
+            tree_id: self.hooks.tree_id().clone(),
+            run_id: self.run_id.to_string(),
+            agent_type: self.machine.state().agent_type.clone().unwrap_or_default(),
+        };
+        let me = myself.clone();
+        let span = tracing::info_span!(parent: &self.span, "tool", step, tool = tool.name());
+        self.tool_tasks.push(tokio::spawn(
+            async move {
+                let outcome = match AssertUnwindSafe(tool.call(input, ctx)).catch_unwind().await {
+                    Ok(result) => ToolOutcome::Done(result.map_err(|e| e.message)),
+                    Err(panic) => ToolOutcome::Panicked(panic_message(panic)),
+                };
+                let _ = me.cast(AgentMsg::ToolDone {
+                    step,
+                    index,
+                    outcome,
+                });
+            }
+            .instrument(span),
+        ));
+        if self.timer.is_none() {
+            self.start_timer(myself, step);
+        }
+    }
+
+    fn start_timer(&mut self, myself: &ActorRef<AgentMsg>, step: u32) {
+        let Some(timeout) = self.machine.template().step_timeout else {
+            return;
+        };
+        self.stop_timer();
+        let me = myself.clone();
+        self.timer = Some(tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            let _ = me.cast(AgentMsg::StepTimeout { step });
+        }));
+    }
+
+    fn stop_timer(&mut self) {
+        if let Some(timer) = self.timer.take() {
+            timer.abort();
+        }
+    }
+
+    fn step_timeout(&mut self, step: u32) -> Vec<Action> {
+        if step != self.machine.step() || self.timer.is_none() {
+            return Vec::new();
+        }
+        self.timer = None;
+        let timeout = self.machine.template().step_timeout.unwrap_or(Duration::ZERO);
+        let limit = LimitHit::new(
+            Limit::StepTimeout,
+            format!("step {step} took longer than {timeout:?}"),
+        );
+        self.emit(EventKind::LimitHit {
+            limit: limit.clone(),
+        });
+        self.machine.fail(limit.to_string())
+    }
+
+    /// Gives the live slot back while children run.
+    fn suspend(&mut self) {
+        if !self.suspended {
+            self.suspended = true;
+            self.slot = None;
+            self.emit(EventKind::Suspended);
+        }
+    }
+
+    fn resume(&mut self, myself: &ActorRef<AgentMsg>, permit: Option<OwnedSemaphorePermit>) -> Vec<Action> {
+        if self.finished || self.machine.state().status.is_final() {
+            return Vec::new();
+        }
+        self.slot = permit;
+        self.suspended = false;
+        self.emit(EventKind::Resumed);
+        if let Some(request) = self.parked.take() {
+            self.call_model(myself, request);
+        }
+        Vec::new()
+    }
+
+    fn cancel(&mut self, reason: CancelReason) -> Vec<Action> {
+        if self.machine.state().status.is_final() {
+            return Vec::new();
+        }
+        self.cancel_reason = Some(reason.clone());
+        match reason {
+            CancelReason::Limit(limit) => self.machine.fail(limit.to_string()),
+            CancelReason::Requested | CancelReason::ParentEnded => self.machine.cancel(),
+        }
+    }
+
+    /// The machine is done: stop the work in flight, end the children, then finish.
+    fn finish_requested(&mut self, _myself: &ActorRef<AgentMsg>) {
+        if let Some(task) = self.model_task.take() {
+            task.abort();
+        }
+        for task in self.tool_tasks.drain(..) {
+            task.abort();
+        }
+        self.stop_timer();
+        self.parked = None;
+        let _ = self.cancel_tx.send(true);
+        let reason = match &self.cancel_reason {
+            Some(CancelReason::Limit(limit)) => CancelReason::Limit(limit.clone()),
+            Some(CancelReason::Requested) => CancelReason::Requested,
+            _ => CancelReason::ParentEnded,
+        };
+        self.children.cancel_all(reason);
+    }
+
+    /// Finishes once the machine is done and no child is left.
+    fn maybe_finish(&mut self, myself: &ActorRef<AgentMsg>) {
+        if self.finished || !self.machine.state().status.is_final() || self.children.outstanding() > 0 {
+            return;
+        }
+        self.finished = true;
+        self.slot = None;
+        for (credits, run_ids) in self.children.undelivered() {
+            self.machine.add_child_credits(credits, run_ids);
+        }
+        let state = self.machine.state().clone();
+        let value = self.machine.output_value();
+        let shared = Arc::new(state.clone());
+        self.emit(match state.status {
+            AgentStatus::Completed | AgentStatus::Running => EventKind::AgentFinished { state: shared },
+            AgentStatus::Failed => EventKind::AgentFailed {
+                error: state.error_message().unwrap_or("failed").to_owned(),
+                state: shared,
+            },
+            AgentStatus::Cancelled => EventKind::AgentCancelled { state: shared },
+        });
+        let result = RunResult { state, value };
+        match self.reply.as_mut() {
+            Some(Reply::Root(_)) => {
+                if let Some(Reply::Root(tx)) = self.reply.take() {
+                    let _ = tx.send(result);
+                }
+            }
+            Some(Reply::Parent(_)) => self.result = Some(result),
+            None => {}
+        }
+        myself.stop(None);
+    }
+}

@@ -1,0 +1,426 @@
+//! A parent's bookkeeping of its children: launching them in live slots, taking
+//! their results from supervision events, retries, escalation, and handing each
+//! call's reports to the step machine in request order.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use ractor::{Actor, ActorId, ActorRef};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use super::{AgentActor, AgentArgs, AgentMsg, AgentRun, CancelReason, Reply, RunResult};
+use crate::event::EventKind;
+use crate::spawn::{ChildPlan, ChildReport, ChildStart, report_value};
+use crate::state::AgentStatus;
+use crate::step::{Action, StepMachine};
+use crate::template::FailurePolicy;
+
+/// Identifies one attempt of one child of one spawn call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ChildKey {
+    pub step: u32,
+    pub call: usize,
+    pub child: usize,
+    pub attempt: u32,
+}
+
+struct Slot {
+    plan: Option<ChildPlan>,
+    start: Option<ChildStart>,
+    agent_type: String,
+    agent_id: String,
+    ordinal: u32,
+    attempt: u32,
+    run_ids: Vec<String>,
+    credits: f64,
+    last_failure: Option<ChildReport>,
+    report: Option<ChildReport>,
+}
+
+struct SpawnCall {
+    inline: bool,
+    slots: Vec<Slot>,
+    delivered: bool,
+}
+
+#[derive(Default)]
+pub(super) struct Children {
+    calls: BTreeMap<(u32, usize), SpawnCall>,
+    live: HashMap<ActorId, (ChildKey, ActorRef<AgentMsg>)>,
+    starting: usize,
+    retrying: HashMap<ChildKey, JoinHandle<()>>,
+    lost: HashMap<ActorId, String>,
+    ended: HashSet<ActorId>,
+    ordinal: u32,
+}
+
+impl Children {
+    pub(super) fn live_count(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Children that have not reported yet (starting, running or waiting to retry).
+    pub(super) fn outstanding(&self) -> usize {
+        self.starting + self.live.len() + self.retrying.len()
+    }
+
+    /// Removes a child that terminated; remembers it if it had not been seen start.
+    pub(super) fn forget(&mut self, id: ActorId) {
+        if self.live.remove(&id).is_none() {
+            self.ended.insert(id);
+        }
+    }
+
+    pub(super) fn cancel_all(&mut self, reason: CancelReason) {
+        for (_, actor) in self.live.values() {
+            let _ = actor.cast(AgentMsg::Cancel(reason.clone()));
+        }
+        for (key, task) in self.retrying.drain() {
+            task.abort();
+            if let Some(slot) = slot_mut(&mut self.calls, key) {
+                slot.report = slot.last_failure.take();
+            }
+        }
+    }
+
+    /// Credits and run ids of calls that were never handed to the machine.
+    pub(super) fn undelivered(&mut self) -> Vec<(f64, Vec<String>)> {
+        self.calls
+            .values_mut()
+            .filter(|c| !c.delivered)
+            .flat_map(|c| c.slots.iter().map(|s| (s.credits, s.run_ids.clone())))
+            .collect()
+    }
+}
+
+fn slot_mut(calls: &mut BTreeMap<(u32, usize), SpawnCall>, key: ChildKey) -> Option<&mut Slot> {
+    calls.get_mut(&(key.step, key.call))?.slots.get_mut(key.child)
+}
+
+impl AgentRun {
+    pub(super) fn spawn_agents(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        step: u32,
+        index: usize,
+        children: Vec<Result<ChildPlan, (String, String)>>,
+    ) -> Vec<Action> {
+        let slots = children
+            .into_iter()
+            .enumerate()
+            .map(|(i, child)| self.admit(child, i))
+            .collect();
+        self.open_call(myself, step, index, false, slots)
+    }
+
+    pub(super) fn spawn_inline(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        step: u32,
+        index: usize,
+        child: ChildPlan,
+    ) -> Vec<Action> {
+        let slot = self.admit(Ok(child), 0);
+        self.open_call(myself, step, index, true, vec![slot])
+    }
+
+    /// Checks a child against the tree's limits and gives it ids and a start state.
+    fn admit(&mut self, child: Result<ChildPlan, (String, String)>, index: usize) -> Slot {
+        let mut slot = Slot {
+            plan: None,
+            start: None,
+            agent_type: String::new(),
+            agent_id: String::new(),
+            ordinal: 0,
+            attempt: 0,
+            run_ids: Vec::new(),
+            credits: 0.0,
+            last_failure: None,
+            report: None,
+        };
+        let plan = match child {
+            Ok(plan) => plan,
+            Err((agent_type, error)) => {
+                slot.report = Some(ChildReport::refused(&agent_type, &error));
+                slot.agent_type = agent_type;
+                return slot;
+            }
+        };
+        slot.agent_type = plan.agent_type.clone();
+        let parent = self.machine.state();
+        if let Err(limit) = self.hooks.admit_child(parent.depth(), index) {
+            slot.report = Some(ChildReport::refused(&plan.agent_type, &limit.to_string()));
+            self.emit(EventKind::LimitHit { limit });
+            return slot;
+        }
+        let toolbox = match self.hooks.toolbox(&plan.template) {
+            Ok(toolbox) => toolbox,
+            Err(error) => {
+                slot.report = Some(ChildReport::refused(&plan.agent_type, &error));
+                return slot;
+            }
+        };
+        self.children.ordinal += 1;
+        slot.ordinal = self.children.ordinal;
+        let ids = self.hooks.child_ids(parent, slot.ordinal, 0);
+        slot.agent_id = ids.agent_id.clone();
+        slot.start = Some(plan.start(parent, ids, toolbox, self.machine.toolbox()));
+        slot.plan = Some(plan);
+        slot
+    }
+
+    fn open_call(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        step: u32,
+        index: usize,
+        inline: bool,
+        slots: Vec<Slot>,
+    ) -> Vec<Action> {
+        let to_launch: Vec<usize> = (0..slots.len()).filter(|i| slots[*i].start.is_some()).collect();
+        self.children.calls.insert((step, index), SpawnCall {
+            inline,
+            slots,
+            delivered: false,
+        });
+        if to_launch.is_empty() {
+            return self.deliver_if_complete(step, index);
+        }
+        self.suspend();
+        for child in to_launch {
+            let key = ChildKey {
+                step,
+                call: index,
+                child,
+                attempt: 0,
+            };
+            self.launch(myself, key);
+        }
+        Vec::new()
+    }
+
+    /// Starts one attempt of a child: waits for a live slot in a task, then spawns
+    /// it linked to this actor.
+    fn launch(&mut self, myself: &ActorRef<AgentMsg>, key: ChildKey) {
+        let tree_id = self.hooks.tree_id().clone();
+        let retry_ids = (key.attempt > 0)
+            .then(|| {
+                let slot = slot_mut(&mut self.children.calls, key)?;
+                Some(self.hooks.child_ids(self.machine.state(), slot.ordinal, key.attempt))
+            })
+            .flatten();
+        let Some(slot) = slot_mut(&mut self.children.calls, key) else {
+            return;
+        };
+        let (Some(plan), Some(start)) = (slot.plan.as_ref(), slot.start.as_ref()) else {
+            return;
+        };
+        let mut state = start.state.clone();
+        if let Some(ids) = retry_ids {
+            state.agent_id = ids.agent_id;
+            state.run_id = ids.run_id;
+        }
+        slot.attempt = key.attempt;
+        slot.run_ids.push(state.run_id.clone());
+        let spawned = EventKind::ChildSpawned {
+            child_run_id: state.run_id.clone(),
+            agent_type: plan.agent_type.clone(),
+            attempt: key.attempt,
+        };
+        let machine = StepMachine::new(
+            state,
+            plan.template.clone(),
+            start.toolbox.clone(),
+            start.inherited,
+            tree_id,
+        )
+        .with_input(plan.prompt.clone(), plan.params.clone());
+        self.emit(spawned);
+        self.children.starting += 1;
+        let mut args = AgentArgs {
+            hooks: self.hooks.clone(),
+            machine,
+            reply: Reply::Parent(key),
+            slot: None,
+        };
+        let acquire = self.hooks.acquire_slot();
+        let mut cancelled = self.cancel_tx.subscribe();
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let permit = tokio::select! {
+                permit = acquire => permit,
+                _ = cancelled.wait_for(|c| *c) => {
+                    let error = "cancelled before it started".to_owned();
+                    let _ = me.cast(AgentMsg::ChildNotStarted { key, error });
+                    return;
+                }
+            };
+            args.slot = permit;
+            let msg = match Actor::spawn_linked(None, AgentActor, args, me.get_cell()).await {
+                Ok((actor, _)) => AgentMsg::ChildStarted { key, actor },
+                Err(error) => AgentMsg::ChildNotStarted {
+                    key,
+                    error: format!("could not start: {error}"),
+                },
+            };
+            let _ = me.cast(msg);
+        });
+    }
+
+    pub(super) fn child_started(&mut self, key: ChildKey, actor: ActorRef<AgentMsg>) -> Vec<Action> {
+        self.children.starting = self.children.starting.saturating_sub(1);
+        let id = actor.get_id();
+        if self.children.ended.remove(&id) {
+            return Vec::new();
+        }
+        if let Some(error) = self.children.lost.remove(&id) {
+            return self.child_result(key, Err(error));
+        }
+        if self.machine.state().status.is_final() {
+            let _ = actor.cast(AgentMsg::Cancel(CancelReason::ParentEnded));
+        }
+        self.children.live.insert(id, (key, actor));
+        Vec::new()
+    }
+
+    /// A child ended with a result, or could not start.
+    pub(super) fn child_ended(
+        &mut self,
+        _myself: &ActorRef<AgentMsg>,
+        key: ChildKey,
+        outcome: Result<RunResult, String>,
+    ) -> Vec<Action> {
+        if outcome.is_err() && !self.children.live.values().any(|(k, _)| *k == key) {
+            // ChildNotStarted: it was still counted as starting.
+            self.children.starting = self.children.starting.saturating_sub(1);
+        }
+        self.child_result(key, outcome)
+    }
+
+    /// A child actor died without handing over a result (panic or kill).
+    pub(super) fn child_lost(&mut self, _myself: &ActorRef<AgentMsg>, id: ActorId, error: String) -> Vec<Action> {
+        match self.children.live.remove(&id) {
+            Some((key, _)) => self.child_result(key, Err(error)),
+            None => {
+                self.children.lost.insert(id, error);
+                Vec::new()
+            }
+        }
+    }
+
+    fn child_result(&mut self, key: ChildKey, outcome: Result<RunResult, String>) -> Vec<Action> {
+        let parent_final = self.machine.state().status.is_final();
+        let Some(slot) = slot_mut(&mut self.children.calls, key) else {
+            return Vec::new();
+        };
+        if slot.attempt != key.attempt || slot.report.is_some() {
+            return Vec::new();
+        }
+        let run_id = slot.run_ids.last().cloned().unwrap_or_default();
+        let (status, value, credits, history) = match outcome {
+            Ok(result) => (
+                result.state.status,
+                report_value(&result.state, result.value),
+                result.state.credits_used,
+                Some(result.state.message_history),
+            ),
+            Err(error) => (AgentStatus::Failed, json!({ "errorMessage": error }), 0.0, None),
+        };
+        slot.credits += credits;
+        let Some(plan) = slot.plan.as_ref() else {
+            return Vec::new();
+        };
+        let template = plan.template.clone();
+        let report = ChildReport {
+            agent_type: plan.agent_type.clone(),
+            agent_name: template.display_name.clone(),
+            agent_id: slot.agent_id.clone(),
+            run_ids: slot.run_ids.clone(),
+            status,
+            value,
+            credits: slot.credits,
+            history,
+        };
+        let error = report.error_message().unwrap_or_default().to_owned();
+        self.hooks.emit(&self.run_id, EventKind::ChildFinished {
+            child_run_id: run_id.clone(),
+            status,
+        });
+        if parent_final || status != AgentStatus::Failed {
+            slot.report = Some(report);
+            return self.deliver_if_complete(key.step, key.call);
+        }
+        match template.failure {
+            FailurePolicy::Retry { max, backoff } if key.attempt < max => {
+                slot.last_failure = Some(report);
+                let delay = backoff.saturating_mul(1 << key.attempt.min(16));
+                self.retry_later(key, delay, run_id, error);
+                Vec::new()
+            }
+            FailurePolicy::Escalate => {
+                let agent_type = report.agent_type.clone();
+                slot.report = Some(report);
+                self.machine
+                    .fail(format!("child {agent_type} ({run_id}) failed: {error}"))
+            }
+            FailurePolicy::Report | FailurePolicy::Retry { .. } => {
+                slot.report = Some(report);
+                self.deliver_if_complete(key.step, key.call)
+            }
+        }
+    }
+
+    fn retry_later(&mut self, key: ChildKey, delay: Duration, failed_run_id: String, error: String) {
+        let next = ChildKey {
+            attempt: key.attempt + 1,
+            ..key
+        };
+        self.emit(EventKind::ChildRetrying {
+            failed_run_id,
+            attempt: next.attempt,
+            delay_ms: delay.as_millis() as u64,
+            error,
+        });
+        let me = self.myself.clone();
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let _ = me.cast(AgentMsg::RetryDue { key: next });
+        });
+        self.children.retrying.insert(next, task);
+    }
+
+    pub(super) fn retry_due(&mut self, myself: &ActorRef<AgentMsg>, key: ChildKey) -> Vec<Action> {
+        if self.children.retrying.remove(&key).is_none() || self.machine.state().status.is_final() {
+            return Vec::new();
+        }
+        self.launch(myself, key);
+        Vec::new()
+    }
+
+    fn deliver_if_complete(&mut self, step: u32, index: usize) -> Vec<Action> {
+        let Some(call) = self.children.calls.get_mut(&(step, index)) else {
+            return Vec::new();
+        };
+        if call.delivered || call.slots.iter().any(|s| s.report.is_none()) {
+            return Vec::new();
+        }
+        if self.machine.state().status.is_final() {
+            return Vec::new();
+        }
+        call.delivered = true;
+        let inline = call.inline;
+        let reports: Vec<ChildReport> = call.slots.iter_mut().filter_map(|s| s.report.take()).collect();
+        self.children.calls.remove(&(step, index));
+        let hooks = self.hooks.clone();
+        let catalog = super::HookCatalog(hooks.as_ref());
+        if inline {
+            let Some(report) = reports.into_iter().next() else {
+                return Vec::new();
+            };
+            self.guarded(|m| m.inline_done(step, index, report, &catalog))
+        } else {
+            self.guarded(|m| m.spawn_done(step, index, reports, &catalog))
+        }
+    }
+}

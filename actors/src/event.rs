@@ -1,0 +1,120 @@
+//! The closed set of things that happen in a tree. Events are the only way the
+//! world learns what an agent did: the CLI, logs, stores and streams subscribe.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::limit::LimitHit;
+use crate::model::{Delta, Usage};
+use crate::state::{AgentState, AgentStatus};
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    pub tree_id: Arc<str>,
+    /// The run the event is about.
+    pub run_id: Arc<str>,
+    /// Wall-clock milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum EventKind {
+    #[serde(rename_all = "camelCase")]
+    AgentStarted {
+        agent_id: String,
+        agent_type: String,
+        parent_run_id: Option<String>,
+        depth: usize,
+    },
+    StepStarted { step: u32 },
+    ModelDelta { step: u32, delta: Delta },
+    #[serde(rename_all = "camelCase")]
+    ModelResponded {
+        step: u32,
+        usage: Usage,
+        tool_calls: usize,
+    },
+    #[serde(rename_all = "camelCase")]
+    ToolCalled {
+        step: u32,
+        tool: String,
+        tool_call_id: String,
+        /// The error the model was shown, if the call failed.
+        error: Option<String>,
+    },
+    /// The request builder dropped calls or results that would have broken pairing.
+    #[serde(rename_all = "camelCase")]
+    HistoryRepaired {
+        unanswered_calls: Vec<String>,
+        orphan_results: Vec<String>,
+    },
+    #[serde(rename_all = "camelCase")]
+    ChildSpawned {
+        child_run_id: String,
+        agent_type: String,
+        attempt: u32,
+    },
+    #[serde(rename_all = "camelCase")]
+    ChildRetrying {
+        failed_run_id: String,
+        attempt: u32,
+        delay_ms: u64,
+        error: String,
+    },
+    #[serde(rename_all = "camelCase")]
+    ChildFinished {
+        child_run_id: String,
+        status: AgentStatus,
+    },
+    OutputSet { output: Value },
+    /// The agent gave back its live slot while it waits for its children.
+    Suspended,
+    /// The agent holds a live slot again.
+    Resumed,
+    AgentFinished { state: Arc<AgentState> },
+    AgentFailed {
+        error: String,
+        state: Arc<AgentState>,
+    },
+    AgentCancelled { state: Arc<AgentState> },
+    LimitHit { limit: LimitHit },
+}
+
+impl EventKind {
+    /// The final state, for the three events that end a run.
+    pub fn final_state(&self) -> Option<&Arc<AgentState>> {
+        match self {
+            EventKind::AgentFinished { state }
+            | EventKind::AgentFailed { state, .. }
+            | EventKind::AgentCancelled { state } => Some(state),
+            _ => None,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::AgentStarted { .. } => "agentStarted",
+            EventKind::StepStarted { .. } => "stepStarted",
+            EventKind::ModelDelta { .. } => "modelDelta",
+            EventKind::ModelResponded { .. } => "modelResponded",
+            EventKind::ToolCalled { .. } => "toolCalled",
+            EventKind::HistoryRepaired { .. } => "historyRepaired",
+            EventKind::ChildSpawned { .. } => "childSpawned",
+            EventKind::ChildRetrying { .. } => "childRetrying",
+            EventKind::ChildFinished { .. } => "childFinished",
+            EventKind::OutputSet { .. } => "outputSet",
+            EventKind::Suspended => "suspended",
+            EventKind::Resumed => "resumed",
+            EventKind::AgentFinished { .. } => "agentFinished",
+            EventKind::AgentFailed { .. } => "agentFailed",
+            EventKind::AgentCancelled { .. } => "agentCancelled",
+            EventKind::LimitHit { .. } => "limitHit",
+        }
+    }
+}

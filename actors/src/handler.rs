@@ -1,0 +1,81 @@
+//! Programmatic agents (semantics §4.5): a template's step handler drives the agent
+//! by yielding tool calls or handing control to the model for one step or a turn.
+//!
+//! A handler runs inside the agent actor between messages, so it must not block.
+//! Its tool batches cost one step each, like model steps, and it is cancelled with
+//! the agent. A panic in a handler fails the agent, never the process.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::message::Message;
+use crate::state::AgentState;
+
+/// What a program is told when it resumes.
+pub enum Resume<'a> {
+    /// The run begins.
+    Start {
+        prompt: Option<&'a str>,
+        params: Option<&'a Value>,
+        state: &'a AgentState,
+    },
+    /// The tool calls it yielded have run; their results, in call order.
+    ToolResults {
+        results: Vec<Arc<Message>>,
+        state: &'a AgentState,
+    },
+    /// The model step(s) it asked for are done.
+    StepsDone {
+        state: &'a AgentState,
+        turn_ended: bool,
+    },
+}
+
+/// What a program asks for next.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Yield {
+    /// Run these tools (name, input), in order, as one step.
+    ToolCalls(Vec<(String, Value)>),
+    /// Let the model take one step.
+    Step,
+    /// Let the model run to the end of its turn.
+    StepAll,
+    /// Finish the run.
+    Done,
+}
+
+/// One run of a programmatic agent.
+pub trait StepProgram: Send {
+    fn resume(&mut self, input: Resume<'_>) -> Yield;
+}
+
+/// Makes a program for each run of a template.
+pub trait StepHandler: Send + Sync {
+    fn start(&self) -> Box<dyn StepProgram>;
+}
+
+/// A handler from a closure that builds each run's program.
+pub struct FnHandler<F>(pub F);
+
+impl<F, P> StepHandler for FnHandler<F>
+where
+    F: Fn() -> P + Send + Sync,
+    P: StepProgram + 'static,
+{
+    fn start(&self) -> Box<dyn StepProgram> {
+        Box::new((self.0)())
+    }
+}
+
+/// A program from a closure over its inputs.
+pub struct FnProgram<F>(pub F);
+
+impl<F> StepProgram for FnProgram<F>
+where
+    F: FnMut(Resume<'_>) -> Yield + Send,
+{
+    fn resume(&mut self, input: Resume<'_>) -> Yield {
+        (self.0)(input)
+    }
+}

@@ -1,0 +1,304 @@
+//! The conversation as an immutable, structurally shared value (semantics §3).
+//!
+//! A `History` is a persistent vector of `Arc<Message>`: cloning it for a child
+//! or a snapshot is O(1) and never copies a message body. The agent actor is the
+//! single owner of its current history; everyone else holds snapshots.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use imbl::Vector;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::message::{Message, TOOL_CALL_ERROR, TimeToLive};
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct History(Vector<Arc<Message>>);
+
+/// When expiry runs: at the start of a step, or at the end of a turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expiry {
+    StepStart,
+    TurnEnd,
+}
+
+/// What `repaired` had to drop to make a history valid for a model request.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Repair {
+    pub unanswered_calls: Vec<String>,
+    pub orphan_results: Vec<String>,
+}
+
+impl Repair {
+    pub fn is_empty(&self) -> bool {
+        self.unanswered_calls.is_empty() && self.orphan_results.is_empty()
+    }
+}
+
+/// Why a message list breaks the pairing invariant.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PairingError {
+    #[error("tool call {0} has no result before the next model request")]
+    Unanswered(String),
+    #[error("tool result {0} answers no earlier tool call")]
+    Orphan(String),
+    #[error("tool call {0} is answered more than once")]
+    Duplicate(String),
+}
+
+impl History {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn push(&mut self, message: Message) {
+        self.0.push_back(Arc::new(message));
+    }
+
+    pub fn push_shared(&mut self, message: Arc<Message>) {
+        self.0.push_back(message);
+    }
+
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &Arc<Message>> + ExactSizeIterator {
+        self.0.iter()
+    }
+
+    pub fn get(&self, index: usize) -> Option<&Arc<Message>> {
+        self.0.get(index)
+    }
+
+    pub fn last(&self) -> Option<&Arc<Message>> {
+        self.0.last()
+    }
+
+    /// The messages from `start` on, sharing their bodies.
+    pub fn skip(&self, start: usize) -> History {
+        if start >= self.len() {
+            return History::new();
+        }
+        History(self.0.clone().split_off(start))
+    }
+
+    pub fn to_vec(&self) -> Vec<Arc<Message>> {
+        self.0.iter().cloned().collect()
+    }
+
+    /// Keeps the messages for which `keep` is true.
+    pub fn retain(&self, keep: impl Fn(&Message) -> bool) -> History {
+        self.0.iter().filter(|m| keep(m)).cloned().collect()
+    }
+
+    /// `filterUnfinishedToolCalls`: drops tool calls that have no result anywhere in
+    /// the history, and assistant messages left empty by that. Idempotent.
+    pub fn filter_unfinished_tool_calls(&self) -> History {
+        let answered: HashSet<&str> = self.0.iter().filter_map(|m| m.answers()).collect();
+        let needs_change = |m: &Message| {
+            m.tool_calls()
+                .any(|c| !answered.contains(c.tool_call_id.as_str()))
+        };
+        if !self.0.iter().any(|m| needs_change(m)) {
+            return self.clone();
+        }
+        self.0
+            .iter()
+            .filter_map(|m| {
+                if !needs_change(m) {
+                    return Some(m.clone());
+                }
+                m.retain_calls(|c| answered.contains(c.tool_call_id.as_str()))
+                    .map(Arc::new)
+            })
+            .collect()
+    }
+
+    /// `lastAssistantTurn`: the final run of assistant and tool messages that ends
+    /// the conversation, without messages tagged `TOOL_CALL_ERROR`.
+    pub fn last_assistant_turn(&self) -> Vec<Arc<Message>> {
+        let Some(mut start) = self.0.iter().rposition(|m| m.is_assistant()) else {
+            return Vec::new();
+        };
+        while start > 0 && self.0[start - 1].is_assistant() {
+            start -= 1;
+        }
+        self.0
+            .iter()
+            .skip(start)
+            .take_while(|m| m.is_assistant() || m.answers().is_some())
+            .filter(|m| !m.has_tag(TOOL_CALL_ERROR))
+            .cloned()
+            .collect()
+    }
+
+    /// Removes the messages whose time to live has run out.
+    pub fn expire(&self, at: Expiry) -> History {
+        let expired = |m: &Message| match (m.meta().time_to_live, at) {
+            (Some(TimeToLive::AgentStep), _) => true,
+            (Some(TimeToLive::UserPrompt), Expiry::TurnEnd) => true,
+            _ => false,
+        };
+        if !self.0.iter().any(|m| expired(m)) {
+            return self.clone();
+        }
+        self.retain(|m| !expired(m))
+    }
+
+    /// The history as a model may receive it: every tool call answered by exactly
+    /// one later result, every result answering an earlier call. What had to be
+    /// dropped is reported so the caller can emit a warning.
+    pub fn repaired(&self) -> (Vec<Arc<Message>>, Repair) {
+        let mut repair = Repair::default();
+        // Results that answer a call made earlier; the first one per id wins.
+        let mut called: HashSet<&str> = HashSet::new();
+        let mut answered: HashSet<&str> = HashSet::new();
+        let mut keep_result = vec![true; self.0.len()];
+        for (i, m) in self.0.iter().enumerate() {
+            for call in m.tool_calls() {
+                called.insert(&call.tool_call_id);
+            }
+            if let Some(id) = m.answers() {
+                if !called.contains(id) || !answered.insert(id) {
+                    keep_result[i] = false;
+                    repair.orphan_results.push(id.to_owned());
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(self.0.len());
+        for (i, m) in self.0.iter().enumerate() {
+            if !keep_result[i] {
+                continue;
+            }
+            if m.tool_calls().all(|c| answered.contains(c.tool_call_id.as_str())) {
+                out.push(m.clone());
+                continue;
+            }
+            for call in m.tool_calls() {
+                if !answered.contains(call.tool_call_id.as_str()) {
+                    repair.unanswered_calls.push(call.tool_call_id.clone());
+                }
+            }
+            if let Some(kept) = m.retain_calls(|c| answered.contains(c.tool_call_id.as_str())) {
+                out.push(Arc::new(kept));
+            }
+        }
+        (out, repair)
+    }
+
+    /// A view that fits `max_tokens` (estimated), for one model request. Keeps
+    /// messages marked `keepDuringTruncation` and the newest message, never splits
+    /// a tool call from its results, and puts one placeholder where each run of
+    /// messages was removed. The history itself is not changed.
+    pub fn truncated_view(messages: &[Arc<Message>], max_tokens: u64) -> Vec<Arc<Message>> {
+        let total: u64 = messages.iter().map(|m| m.estimated_tokens()).sum();
+        if total <= max_tokens {
+            return messages.to_vec();
+        }
+        let units = units(messages);
+        let mut removed = vec![false; units.len()];
+        let mut excess = total.saturating_sub(max_tokens);
+        for (u, range) in units.iter().enumerate() {
+            if excess == 0 || u + 1 == units.len() {
+                break;
+            }
+            let unit = &messages[range.clone()];
+            if unit.iter().any(|m| m.keep_during_truncation()) {
+                continue;
+            }
+            removed[u] = true;
+            let tokens: u64 = unit.iter().map(|m| m.estimated_tokens()).sum();
+            excess = excess.saturating_sub(tokens);
+        }
+        let mut out = Vec::new();
+        let mut gap = 0usize;
+        for (u, range) in units.into_iter().enumerate() {
+            if removed[u] {
+                gap += range.len();
+                continue;
+            }
+            if gap > 0 {
+                out.push(Arc::new(placeholder(gap)));
+                gap = 0;
+            }
+            out.extend(messages[range].iter().cloned());
+        }
+        out
+    }
+}
+
+/// Checks the pairing invariant (by id) on a message list a model is about to
+/// receive: each call answered by exactly one later result, no result without an
+/// earlier call.
+pub fn check_pairing(messages: &[Arc<Message>]) -> Result<(), PairingError> {
+    let mut calls: Vec<&str> = Vec::new();
+    let mut answered: HashSet<&str> = HashSet::new();
+    for m in messages {
+        if let Some(id) = m.answers() {
+            if !calls.contains(&id) {
+                return Err(PairingError::Orphan(id.to_owned()));
+            }
+            if !answered.insert(id) {
+                return Err(PairingError::Duplicate(id.to_owned()));
+            }
+        }
+        calls.extend(m.tool_calls().map(|c| c.tool_call_id.as_str()));
+    }
+    match calls.into_iter().find(|id| !answered.contains(id)) {
+        Some(id) => Err(PairingError::Unanswered(id.to_owned())),
+        None => Ok(()),
+    }
+}
+
+/// Splits messages into units that truncation keeps or removes whole: an
+/// assistant message with the tool results that directly follow it, or one message.
+fn units(messages: &[Arc<Message>]) -> Vec<std::ops::Range<usize>> {
+    let mut units = Vec::new();
+    let mut i = 0;
+    while i < messages.len() {
+        let mut end = i + 1;
+        if messages[i].is_assistant() {
+            while end < messages.len() && messages[end].answers().is_some() {
+                end += 1;
+            }
+        }
+        units.push(i..end);
+        i = end;
+    }
+    units
+}
+
+fn placeholder(count: usize) -> Message {
+    Message::user(format!(
+        "[{count} earlier message(s) removed to fit the context window]"
+    ))
+}
+
+impl FromIterator<Arc<Message>> for History {
+    fn from_iter<I: IntoIterator<Item = Arc<Message>>>(iter: I) -> Self {
+        History(iter.into_iter().collect())
+    }
+}
+
+impl FromIterator<Message> for History {
+    fn from_iter<I: IntoIterator<Item = Message>>(iter: I) -> Self {
+        History(iter.into_iter().map(Arc::new).collect())
+    }
+}
+
+impl Serialize for History {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|m| m.as_ref()))
+    }
+}
+
+impl<'de> Deserialize<'de> for History {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<Message>::deserialize(deserializer).map(|v| v.into_iter().collect())
+    }
+}

@@ -1,0 +1,60 @@
+//! The port through which an agent reaches what is tree-wide: templates, models,
+//! tools, ids, limits, live slots and events. The supervisor implements it; the
+//! agent never sees the implementation, and nothing here does I/O on the hot path.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::event::EventKind;
+use crate::limit::LimitHit;
+use crate::model::{Model, Usage};
+use crate::state::AgentState;
+use crate::template::AgentTemplate;
+use crate::toolbox::Toolbox;
+
+/// Ids of a new run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunIds {
+    pub agent_id: String,
+    pub run_id: String,
+}
+
+pub trait TreeHooks: Send + Sync + 'static {
+    fn tree_id(&self) -> &Arc<str>;
+
+    /// The template with exactly this id.
+    fn template(&self, id: &str) -> Option<Arc<AgentTemplate>>;
+
+    /// Whether any template answers to `requested` (for "not found" vs "not allowed").
+    fn knows_agent(&self, requested: &str) -> bool;
+
+    fn model(&self, name: &str) -> Option<Arc<dyn Model>>;
+
+    /// The toolbox of a template (built once and cached).
+    fn toolbox(&self, template: &AgentTemplate) -> Result<Arc<Toolbox>, String>;
+
+    /// Ids for the `ordinal`-th child of `parent` (counted over the parent's whole
+    /// run), attempt `attempt` (0 for the first). Deterministic for replay.
+    fn child_ids(&self, parent: &AgentState, ordinal: u32, attempt: u32) -> RunIds;
+
+    /// Admits one child of a parent at `parent_depth`, as the `index`-th of its call.
+    /// Counts it against the tree's agent total when admitted.
+    fn admit_child(&self, parent_depth: usize, index: usize) -> Result<(), LimitHit>;
+
+    /// Admits one model step: the tree's step total and token/cost budgets.
+    fn admit_step(&self) -> Result<(), LimitHit>;
+
+    /// Settles a finished model call against the tree's budgets.
+    fn settle(&self, usage: &Usage);
+
+    /// Waits for a live-agent slot. `None` when live agents are not limited.
+    fn acquire_slot(&self) -> BoxFuture<'static, Option<OwnedSemaphorePermit>>;
+
+    fn emit(&self, run_id: &Arc<str>, kind: EventKind);
+
+    /// Called when an agent actor starts and when its state is dropped.
+    fn actor_started(&self) {}
+    fn actor_stopped(&self) {}
+}

@@ -1,0 +1,35 @@
+//! Arbor's agents: messages, history, `AgentState`, the ports (`Model`, `Tool`,
+//! `TreeHooks`), the pure step machine and the agent actor that drives it.
+//!
+//! This crate knows no HTTP, SQL, CLI or TOML; the supervisor and the binary
+//! build on it.
+
+pub mod agent;
+pub mod event;
+pub mod handler;
+pub mod history;
+pub mod hooks;
+pub mod limit;
+pub mod message;
+pub mod model;
+pub mod models;
+pub mod output;
+pub mod schema;
+pub mod spawn;
+pub mod state;
+pub mod step;
+pub mod template;
+pub mod tool;
+pub mod toolbox;
+
+pub use agent::{AgentActor, AgentArgs, AgentMsg, AgentSnapshot, CancelReason, Reply, RunResult};
+pub use event::{Event, EventKind};
+pub use history::History;
+pub use hooks::{RunIds, TreeHooks};
+pub use limit::{Limit, LimitHit};
+pub use message::{Content, Message, Part, ToolCall, ToolResultPart};
+pub use model::{Delta, DeltaSink, Model, ModelError, ModelRequest, ModelResponse, Usage};
+pub use state::{AgentState, AgentStatus, ToolDefinition};
+pub use step::{Action, Catalog, StepMachine};
+pub use template::{AgentTemplate, FailurePolicy, OutputMode};
+pub use tool::{Tool, ToolContext, ToolError};

@@ -1,0 +1,390 @@
+//! Messages of an agent's conversation, in the JSON wire format of semantics §2.
+//!
+//! The names are exact so a Codebuff-shaped state loads and a stored Arbor state
+//! can be read by other tools; unknown fields are ignored on input.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One message of a conversation, tagged by `role`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+pub enum Message {
+    System {
+        content: Content,
+        #[serde(flatten)]
+        meta: Meta,
+    },
+    User {
+        content: Content,
+        #[serde(flatten)]
+        meta: Meta,
+    },
+    Assistant {
+        content: Content,
+        #[serde(flatten)]
+        meta: Meta,
+    },
+    Tool {
+        #[serde(rename = "toolCallId")]
+        tool_call_id: String,
+        #[serde(rename = "toolName")]
+        tool_name: String,
+        content: Vec<ToolResultPart>,
+        #[serde(flatten)]
+        meta: Meta,
+    },
+}
+
+/// A message body: a plain string or a list of typed parts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+/// A typed part of a message body.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum Part {
+    Text {
+        text: String,
+    },
+    Reasoning {
+        text: String,
+    },
+    Image {
+        image: String,
+        #[serde(rename = "mediaType", default, skip_serializing_if = "Option::is_none")]
+        media_type: Option<String>,
+    },
+    File {
+        data: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        filename: Option<String>,
+        #[serde(rename = "mediaType")]
+        media_type: String,
+    },
+    ToolCall(ToolCall),
+}
+
+/// A request by the model to run one tool; answered by the tool message with the same id.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    #[serde(rename = "toolCallId")]
+    pub tool_call_id: String,
+    #[serde(rename = "toolName")]
+    pub tool_name: String,
+    #[serde(default)]
+    pub input: Value,
+}
+
+/// A part of a tool result.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum ToolResultPart {
+    Json {
+        value: Value,
+    },
+    Media {
+        data: String,
+        #[serde(rename = "mediaType")]
+        media_type: String,
+    },
+}
+
+/// When a message expires (semantics §3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TimeToLive {
+    #[serde(rename = "agentStep")]
+    AgentStep,
+    #[serde(rename = "userPrompt")]
+    UserPrompt,
+}
+
+/// The optional fields every message may carry.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+    #[serde(rename = "timeToLive", default, skip_serializing_if = "Option::is_none")]
+    pub time_to_live: Option<TimeToLive>,
+    #[serde(
+        rename = "keepDuringTruncation",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub keep_during_truncation: Option<bool>,
+    #[serde(rename = "providerOptions", default, skip_serializing_if = "Option::is_none")]
+    pub provider_options: Option<Value>,
+    #[serde(rename = "sentAt", default, skip_serializing_if = "Option::is_none")]
+    pub sent_at: Option<f64>,
+}
+
+/// Tag on error results the model can read (semantics §4.3).
+pub const TOOL_CALL_ERROR: &str = "TOOL_CALL_ERROR";
+/// Tag on the user message that tells a child it was spawned (semantics §6).
+pub const SUBAGENT_SPAWN: &str = "SUBAGENT_SPAWN";
+/// Tag on the child's prompt message, so an inline merge can drop it.
+pub const SPAWN_PROMPT: &str = "SPAWN_PROMPT";
+
+impl Message {
+    pub fn user(text: impl Into<String>) -> Self {
+        Message::User {
+            content: Content::Text(text.into()),
+            meta: Meta::default(),
+        }
+    }
+
+    pub fn system(text: impl Into<String>) -> Self {
+        Message::System {
+            content: Content::Text(text.into()),
+            meta: Meta::default(),
+        }
+    }
+
+    pub fn assistant_text(text: impl Into<String>) -> Self {
+        Message::Assistant {
+            content: Content::Text(text.into()),
+            meta: Meta::default(),
+        }
+    }
+
+    /// An assistant message with optional text followed by tool calls, in order.
+    pub fn assistant(text: Option<String>, calls: Vec<ToolCall>) -> Self {
+        let mut parts: Vec<Part> = text.into_iter().map(|text| Part::Text { text }).collect();
+        parts.extend(calls.into_iter().map(Part::ToolCall));
+        Message::Assistant {
+            content: Content::Parts(parts),
+            meta: Meta::default(),
+        }
+    }
+
+    /// A tool result holding one JSON value.
+    pub fn tool_result(call: &ToolCall, value: Value) -> Self {
+        Message::Tool {
+            tool_call_id: call.tool_call_id.clone(),
+            tool_name: call.tool_name.clone(),
+            content: vec![ToolResultPart::Json { value }],
+            meta: Meta::default(),
+        }
+    }
+
+    /// A tool result the model can read as an error, tagged `TOOL_CALL_ERROR`.
+    pub fn tool_error(call: &ToolCall, message: impl Into<String>) -> Self {
+        let mut msg = Self::tool_result(call, serde_json::json!({ "errorMessage": message.into() }));
+        msg.meta_mut().tags.push(TOOL_CALL_ERROR.to_owned());
+        msg
+    }
+
+    pub fn role(&self) -> &'static str {
+        match self {
+            Message::System { .. } => "system",
+            Message::User { .. } => "user",
+            Message::Assistant { .. } => "assistant",
+            Message::Tool { .. } => "tool",
+        }
+    }
+
+    pub fn meta(&self) -> &Meta {
+        match self {
+            Message::System { meta, .. }
+            | Message::User { meta, .. }
+            | Message::Assistant { meta, .. }
+            | Message::Tool { meta, .. } => meta,
+        }
+    }
+
+    pub fn meta_mut(&mut self) -> &mut Meta {
+        match self {
+            Message::System { meta, .. }
+            | Message::User { meta, .. }
+            | Message::Assistant { meta, .. }
+            | Message::Tool { meta, .. } => meta,
+        }
+    }
+
+    pub fn with_tag(mut self, tag: &str) -> Self {
+        self.meta_mut().tags.push(tag.to_owned());
+        self
+    }
+
+    pub fn with_ttl(mut self, ttl: TimeToLive) -> Self {
+        self.meta_mut().time_to_live = Some(ttl);
+        self
+    }
+
+    pub fn has_tag(&self, tag: &str) -> bool {
+        self.meta().tags.iter().any(|t| t == tag)
+    }
+
+    pub fn is_assistant(&self) -> bool {
+        matches!(self, Message::Assistant { .. })
+    }
+
+    pub fn keep_during_truncation(&self) -> bool {
+        self.meta().keep_during_truncation.unwrap_or(false)
+    }
+
+    /// The tool calls of an assistant message, in order; empty for other roles.
+    pub fn tool_calls(&self) -> impl Iterator<Item = &ToolCall> {
+        let parts: &[Part] = match self {
+            Message::Assistant {
+                content: Content::Parts(parts),
+                ..
+            } => parts,
+            _ => &[],
+        };
+        parts.iter().filter_map(|p| match p {
+            Part::ToolCall(call) => Some(call),
+            _ => None,
+        })
+    }
+
+    /// The id this message answers, for tool messages.
+    pub fn answers(&self) -> Option<&str> {
+        match self {
+            Message::Tool { tool_call_id, .. } => Some(tool_call_id),
+            _ => None,
+        }
+    }
+
+    /// The plain text of the message (text parts joined), for display and estimates.
+    pub fn text(&self) -> String {
+        match self {
+            Message::System { content, .. }
+            | Message::User { content, .. }
+            | Message::Assistant { content, .. } => content.text(),
+            Message::Tool { content, .. } => content
+                .iter()
+                .map(|p| match p {
+                    ToolResultPart::Json { value } => value.to_string(),
+                    ToolResultPart::Media { media_type, .. } => format!("[{media_type}]"),
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
+    /// A rough token estimate (4 bytes a token) used when no provider usage is known.
+    pub fn estimated_tokens(&self) -> u64 {
+        let bytes = match self {
+            Message::System { content, .. }
+            | Message::User { content, .. }
+            | Message::Assistant { content, .. } => content.byte_len(),
+            Message::Tool { content, .. } => content
+                .iter()
+                .map(|p| match p {
+                    ToolResultPart::Json { value } => value.to_string().len(),
+                    ToolResultPart::Media { data, .. } => data.len(),
+                })
+                .sum(),
+        };
+        (bytes as u64).div_ceil(4) + 4
+    }
+
+    /// This message with the tool-call parts that `keep` rejects removed.
+    /// `None` when nothing is left of an assistant message.
+    pub fn retain_calls(&self, keep: impl Fn(&ToolCall) -> bool) -> Option<Message> {
+        let Message::Assistant {
+            content: Content::Parts(parts),
+            meta,
+        } = self
+        else {
+            return Some(self.clone());
+        };
+        let kept: Vec<Part> = parts
+            .iter()
+            .filter(|p| match p {
+                Part::ToolCall(call) => keep(call),
+                _ => true,
+            })
+            .cloned()
+            .collect();
+        if kept.is_empty() {
+            return None;
+        }
+        Some(Message::Assistant {
+            content: Content::Parts(kept),
+            meta: meta.clone(),
+        })
+    }
+}
+
+impl Content {
+    pub fn text(&self) -> String {
+        match self {
+            Content::Text(text) => text.clone(),
+            Content::Parts(parts) => parts
+                .iter()
+                .filter_map(|p| match p {
+                    Part::Text { text } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
+    fn byte_len(&self) -> usize {
+        match self {
+            Content::Text(text) => text.len(),
+            Content::Parts(parts) => parts
+                .iter()
+                .map(|p| match p {
+                    Part::Text { text } | Part::Reasoning { text } => text.len(),
+                    Part::Image { image, .. } => image.len(),
+                    Part::File { data, .. } => data.len(),
+                    Part::ToolCall(call) => call.tool_name.len() + call.input.to_string().len(),
+                })
+                .sum(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn every_role_and_part_round_trips() {
+        let wire = json!([
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [
+                {"type": "text", "text": "look"},
+                {"type": "image", "image": "aGk=", "mediaType": "image/png"},
+                {"type": "file", "data": "ZGF0YQ==", "filename": "a.txt", "mediaType": "text/plain"}
+            ], "tags": ["T"], "timeToLive": "userPrompt", "sentAt": 1700000000000.0},
+            {"role": "assistant", "content": [
+                {"type": "reasoning", "text": "hmm"},
+                {"type": "text", "text": "ok"},
+                {"type": "tool-call", "toolCallId": "c1", "toolName": "read", "input": {"path": "x"}}
+            ], "keepDuringTruncation": true, "providerOptions": {"anthropic": {"cache": true}}},
+            {"role": "tool", "toolCallId": "c1", "toolName": "read", "content": [
+                {"type": "json", "value": {"ok": 1}},
+                {"type": "media", "data": "AA==", "mediaType": "image/png"}
+            ], "timeToLive": "agentStep"}
+        ]);
+        let messages: Vec<Message> = serde_json::from_value(wire.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&messages).unwrap(), wire);
+        assert_eq!(messages[2].tool_calls().count(), 1);
+        assert_eq!(messages[3].answers(), Some("c1"));
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored() {
+        let m: Message =
+            serde_json::from_value(json!({"role": "user", "content": "hi", "weird": 3})).unwrap();
+        assert_eq!(m, Message::user("hi"));
+    }
+
+    #[test]
+    fn an_unknown_role_is_a_clear_error() {
+        let err = serde_json::from_value::<Message>(json!({"role": "robot", "content": "hi"}))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("robot"), "{err}");
+    }
+}

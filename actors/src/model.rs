@@ -1,0 +1,121 @@
+//! The `Model` port: what an agent asks of a language model and what it gets back.
+//!
+//! Providers (HTTP), the scripted model and the simulated model all implement it.
+//! A request is built by the step machine from an already repaired history.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::message::Message;
+use crate::state::ToolDefinitions;
+
+/// One model call.
+#[derive(Clone, Debug)]
+pub struct ModelRequest {
+    pub system_prompt: Arc<str>,
+    /// The history view: paired by id, expired messages removed, truncated to fit.
+    pub messages: Vec<Arc<Message>>,
+    pub tools: ToolDefinitions,
+    pub meta: RequestMeta,
+}
+
+/// Who is asking; providers ignore it, built-in models use it.
+#[derive(Clone, Debug, Default)]
+pub struct RequestMeta {
+    pub tree_id: Arc<str>,
+    pub run_id: String,
+    pub agent_type: String,
+    /// 0 for a root agent.
+    pub depth: usize,
+    /// 1 for the first step of the run.
+    pub step: u32,
+}
+
+/// Token counts (and cost, when the model prices its own calls) of one call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    /// Credits this call cost.
+    #[serde(default)]
+    pub cost: f64,
+}
+
+impl Usage {
+    pub fn total_tokens(&self) -> u64 {
+        self.input_tokens + self.output_tokens
+    }
+}
+
+/// What a model call returns: one assistant message and its usage.
+#[derive(Clone, Debug)]
+pub struct ModelResponse {
+    pub message: Message,
+    pub usage: Usage,
+}
+
+/// A piece of a streamed reply, surfaced as an event while the step runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum Delta {
+    Text { text: String },
+    Reasoning { text: String },
+    ToolCallArgs { index: usize, text: String },
+}
+
+/// Where a model sends its streaming deltas.
+pub type DeltaSink = Arc<dyn Fn(Delta) + Send + Sync>;
+
+/// Why a model call failed. `is_retryable` says whether trying again may help.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ModelError {
+    /// The endpoint refused the request (bad request, auth, not found): do not retry.
+    #[error("model {model} refused the request ({status}): {message}")]
+    Rejected {
+        model: String,
+        status: u16,
+        message: String,
+    },
+    /// Rate limits, overload, server errors, dropped connections.
+    #[error("model {model} failed transiently: {message}")]
+    Transient {
+        model: String,
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    /// The reply could not be understood.
+    #[error("model {model} sent a malformed reply: {message}")]
+    Malformed { model: String, message: String },
+    /// The request itself is invalid for this model (e.g. the scripted model ran out of replies).
+    #[error("model {model}: {message}")]
+    Invalid { model: String, message: String },
+}
+
+impl ModelError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ModelError::Transient { .. } | ModelError::Malformed { .. })
+    }
+}
+
+/// A language model, as agents see it.
+#[async_trait]
+pub trait Model: Send + Sync + 'static {
+    /// The name this model has in the catalog.
+    fn name(&self) -> &str;
+
+    /// Answers one request. Streaming models send deltas to `deltas` as they arrive;
+    /// the returned message is the whole reply either way.
+    async fn complete(
+        &self,
+        request: ModelRequest,
+        deltas: DeltaSink,
+    ) -> Result<ModelResponse, ModelError>;
+}

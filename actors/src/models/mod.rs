@@ -1,0 +1,8 @@
+//! Built-in models that need no network: `scripted` (replies from a file, for
+//! tests and demos) and `simulated` (a procedural tree for demos and load).
+
+pub mod scripted;
+pub mod simulated;
+
+pub use scripted::{ScriptError, ScriptedModel};
+pub use simulated::{Latency, SimulatedConfig, SimulatedModel};

@@ -1,0 +1,231 @@
+//! The scripted model: replies read from a JSON script, keyed by agent type and
+//! step. On every request it checks that each tool call has its result, and it
+//! records every request so a test can assert what an agent sent.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::history::check_pairing;
+use crate::message::{Message, Part, SPAWN_PROMPT, ToolCall};
+use crate::model::{Delta, DeltaSink, Model, ModelError, ModelRequest, ModelResponse, Usage};
+use crate::template::AgentTypeId;
+
+/// A script: for each agent type (optionally narrowed by prompt), its replies by step.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Script {
+    pub replies: Vec<ScriptEntry>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptEntry {
+    /// Agent type this entry answers (`name`, `publisher/name` or a full id).
+    pub agent: String,
+    /// Only for runs whose spawn prompt contains this text.
+    #[serde(default)]
+    pub prompt: Option<String>,
+    /// Replies for steps 1, 2, …
+    pub steps: Vec<ScriptedReply>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScriptedReply {
+    #[serde(default)]
+    pub text: Option<String>,
+    #[serde(default)]
+    pub reasoning: Option<String>,
+    #[serde(default)]
+    pub tool_calls: Vec<ScriptedCall>,
+    /// Wait this long (tokio time, so tests can pause it) before answering.
+    #[serde(default)]
+    pub delay_ms: u64,
+    #[serde(default)]
+    pub usage: Option<Usage>,
+    /// Fail the call with this message instead of answering.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Panic with this message (to test that a panic is a failure, not a crash).
+    #[serde(default)]
+    pub panic: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedCall {
+    pub name: String,
+    /// The arguments; a string is sent as raw (possibly malformed) JSON text.
+    #[serde(default)]
+    pub input: Value,
+    #[serde(default)]
+    pub id: Option<String>,
+}
+
+/// A script that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ScriptError {
+    #[error("cannot read script {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("script {path} is invalid: {source}")]
+    Parse {
+        path: String,
+        source: serde_json::Error,
+    },
+}
+
+/// What one request looked like, for assertions.
+#[derive(Clone, Debug)]
+pub struct RecordedRequest {
+    pub run_id: String,
+    pub agent_type: String,
+    pub step: u32,
+    pub messages: Vec<Arc<Message>>,
+    pub tools: Vec<String>,
+    pub system_prompt: Arc<str>,
+}
+
+pub struct ScriptedModel {
+    name: String,
+    script: Script,
+    requests: Mutex<Vec<RecordedRequest>>,
+}
+
+impl ScriptedModel {
+    pub fn new(name: impl Into<String>, script: Script) -> Self {
+        ScriptedModel {
+            name: name.into(),
+            script,
+            requests: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn from_json(name: impl Into<String>, json: &str, path: &str) -> Result<Self, ScriptError> {
+        let script = serde_json::from_str(json).map_err(|source| ScriptError::Parse {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(Self::new(name, script))
+    }
+
+    pub fn from_file(name: impl Into<String>, path: &Path) -> Result<Self, ScriptError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ScriptError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        Self::from_json(name, &text, &shown)
+    }
+
+    /// Every request answered so far, in arrival order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.requests.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    fn reply_for(&self, request: &ModelRequest) -> Result<&ScriptedReply, String> {
+        let agent_type = request.meta.agent_type.as_str();
+        let prompt = spawn_prompt(&request.messages);
+        let entry = self
+            .script
+            .replies
+            .iter()
+            .find(|e| {
+                AgentTypeId::parse(&e.agent).matches(&AgentTypeId::parse(agent_type))
+                    && e.prompt.as_ref().is_none_or(|p| prompt.contains(p.as_str()))
+            })
+            .ok_or_else(|| format!("no scripted replies for agent type {agent_type}"))?;
+        let step = request.meta.step as usize;
+        entry
+            .steps
+            .get(step.saturating_sub(1))
+            .ok_or_else(|| format!("no scripted reply for {agent_type} step {step}"))
+    }
+}
+
+/// The text of the prompt a run was spawned with (or its first user message).
+fn spawn_prompt(messages: &[Arc<Message>]) -> String {
+    messages
+        .iter()
+        .find(|m| m.has_tag(SPAWN_PROMPT))
+        .or_else(|| messages.iter().find(|m| matches!(***m, Message::User { .. })))
+        .map(|m| m.text())
+        .unwrap_or_default()
+}
+
+#[async_trait]
+impl Model for ScriptedModel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn complete(
+        &self,
+        request: ModelRequest,
+        deltas: DeltaSink,
+    ) -> Result<ModelResponse, ModelError> {
+        let invalid = |message: String| ModelError::Invalid {
+            model: self.name.clone(),
+            message,
+        };
+        check_pairing(&request.messages).map_err(|e| invalid(format!("invalid request: {e}")))?;
+        if let Ok(mut requests) = self.requests.lock() {
+            requests.push(RecordedRequest {
+                run_id: request.meta.run_id.clone(),
+                agent_type: request.meta.agent_type.clone(),
+                step: request.meta.step,
+                messages: request.messages.clone(),
+                tools: request.tools.keys().cloned().collect(),
+                system_prompt: request.system_prompt.clone(),
+            });
+        }
+        let reply = self.reply_for(&request).map_err(invalid)?.clone();
+        if reply.delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(reply.delay_ms)).await;
+        }
+        if let Some(message) = reply.panic {
+            panic!("{message}");
+        }
+        if let Some(message) = reply.error {
+            return Err(ModelError::Transient {
+                model: self.name.clone(),
+                message,
+                retry_after: None,
+            });
+        }
+        let mut parts = Vec::new();
+        if let Some(text) = reply.reasoning {
+            parts.push(Part::Reasoning { text });
+        }
+        if let Some(text) = reply.text {
+            deltas(Delta::Text { text: text.clone() });
+            parts.push(Part::Text { text });
+        }
+        for (i, call) in reply.tool_calls.into_iter().enumerate() {
+            parts.push(Part::ToolCall(ToolCall {
+                tool_call_id: call
+                    .id
+                    .unwrap_or_else(|| format!("{}-s{}-c{i}", request.meta.run_id, request.meta.step)),
+                tool_name: call.name,
+                input: call.input,
+            }));
+        }
+        let message = Message::Assistant {
+            content: crate::message::Content::Parts(parts),
+            meta: Default::default(),
+        };
+        let usage = reply.usage.unwrap_or(Usage {
+            input_tokens: request.messages.iter().map(|m| m.estimated_tokens()).sum(),
+            output_tokens: message.estimated_tokens(),
+            ..Usage::default()
+        });
+        Ok(ModelResponse { message, usage })
+    }
+}

@@ -1,0 +1,256 @@
+//! The simulated model: a procedural tree for demos and load tests. An agent
+//! spawns `fanout` children (types taken round-robin from its spawn tool) until
+//! `depth`, then answers with `reply_tokens` words after a configurable latency.
+
+use std::fmt::Write as _;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use crate::message::{Message, ToolCall};
+use crate::model::{DeltaSink, Model, ModelError, ModelRequest, ModelResponse, Usage};
+use crate::toolbox::SPAWN_AGENTS;
+
+/// How long a simulated call takes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Latency {
+    Fixed(Duration),
+    /// Log-normal with this median and shape `sigma`.
+    LogNormal { median: Duration, sigma: f64 },
+}
+
+impl Latency {
+    /// Parses `0`, `50ms`, `2s` or `lognormal:200ms,0.5`.
+    pub fn parse(text: &str) -> Result<Latency, String> {
+        let text = text.trim();
+        if let Some(rest) = text.strip_prefix("lognormal:") {
+            let (median, sigma) = rest
+                .split_once(',')
+                .ok_or_else(|| format!("latency {text:?}: expected lognormal:MEDIAN,SIGMA"))?;
+            let sigma: f64 = sigma
+                .trim()
+                .parse()
+                .map_err(|_| format!("latency {text:?}: sigma must be a number"))?;
+            return Ok(Latency::LogNormal {
+                median: parse_duration(median)?,
+                sigma,
+            });
+        }
+        parse_duration(text).map(Latency::Fixed)
+    }
+
+    fn sample(&self, seed: u64) -> Duration {
+        match *self {
+            Latency::Fixed(d) => d,
+            Latency::LogNormal { median, sigma } => {
+                let mut rng = seed | 1;
+                let mut next = || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    (rng >> 11) as f64 / (1u64 << 53) as f64
+                };
+                let (u1, u2) = (next().max(f64::MIN_POSITIVE), next());
+                let normal = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+                median.mul_f64((sigma * normal).exp())
+            }
+        }
+    }
+}
+
+/// Parses `0`, `250ms`, `2s`, `1.5s`, `3m`, `1h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("duration {text:?} needs a unit (ms, s, m, h)"))?;
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("duration {text:?}: {number:?} is not a number"))?;
+    let secs = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        "d" => value * 86400.0,
+        _ => return Err(format!("duration {text:?}: unknown unit {unit:?} (ms, s, m, h, d)")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("duration {text:?}: {e}"))
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimulatedConfig {
+    pub fanout: usize,
+    pub depth: usize,
+    pub latency: Latency,
+    pub reply_tokens: usize,
+}
+
+impl Default for SimulatedConfig {
+    fn default() -> Self {
+        SimulatedConfig {
+            fanout: 3,
+            depth: 2,
+            latency: Latency::Fixed(Duration::ZERO),
+            reply_tokens: 40,
+        }
+    }
+}
+
+pub struct SimulatedModel {
+    name: String,
+    config: SimulatedConfig,
+}
+
+impl SimulatedModel {
+    pub fn new(name: impl Into<String>, config: SimulatedConfig) -> Self {
+        SimulatedModel {
+            name: name.into(),
+            config,
+        }
+    }
+
+    fn spawn_call(&self, request: &ModelRequest) -> Option<ToolCall> {
+        if request.meta.step != 1 || request.meta.depth >= self.config.depth || self.config.fanout == 0 {
+            return None;
+        }
+        let spawn = request.tools.get(SPAWN_AGENTS)?;
+        let types: Vec<&str> = spawn
+            .input_schema
+            .pointer("/properties/agents/items/properties/agent_type/examples")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if types.is_empty() {
+            return None;
+        }
+        let task = task_of(request);
+        let agents: Vec<Value> = (0..self.config.fanout)
+            .map(|i| {
+                json!({
+                    "agent_type": types[i % types.len()],
+                    "prompt": format!("Part {} of {}: {task}", i + 1, self.config.fanout),
+                })
+            })
+            .collect();
+        Some(ToolCall {
+            tool_call_id: format!("{}-spawn", request.meta.run_id),
+            tool_name: SPAWN_AGENTS.to_owned(),
+            input: json!({ "agents": agents }),
+        })
+    }
+
+    fn answer(&self, request: &ModelRequest) -> String {
+        let children = request
+            .messages
+            .last()
+            .filter(|m| m.answers().is_some())
+            .map(|m| m.text().matches("\"agentId\"").count())
+            .unwrap_or(0);
+        let mut text = format!(
+            "[{}] {}",
+            request.meta.agent_type,
+            if children > 0 {
+                format!("Merged the findings of {children} sub-agents on: {}", task_of(request))
+            } else {
+                format!("Findings on: {}", task_of(request))
+            }
+        );
+        for i in 0..self.config.reply_tokens.saturating_sub(text.split_whitespace().count()) {
+            let _ = write!(text, " {}", WORDS[i % WORDS.len()]);
+        }
+        text
+    }
+}
+
+const WORDS: [&str; 8] = ["evidence", "suggests", "the", "approach", "scales", "well", "under", "load"];
+
+/// The task an agent was given: its spawn prompt or its first user message.
+fn task_of(request: &ModelRequest) -> String {
+    let text = request
+        .messages
+        .iter()
+        .rev()
+        .find(|m| matches!(***m, Message::User { .. }))
+        .map(|m| m.text())
+        .unwrap_or_default();
+    let task = text.rsplit(": ").next().unwrap_or(&text);
+    task.chars().take(120).collect()
+}
+
+#[async_trait]
+impl Model for SimulatedModel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn complete(
+        &self,
+        request: ModelRequest,
+        _deltas: DeltaSink,
+    ) -> Result<ModelResponse, ModelError> {
+        let mut hasher = DefaultHasher::new();
+        request.meta.run_id.hash(&mut hasher);
+        request.meta.step.hash(&mut hasher);
+        let delay = self.config.latency.sample(hasher.finish());
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let input_tokens = request.messages.iter().map(|m| m.estimated_tokens()).sum();
+        let message = match self.spawn_call(&request) {
+            Some(call) => Message::assistant(None, vec![call]),
+            None => Message::assistant_text(self.answer(&request)),
+        };
+        let output_tokens = message.estimated_tokens();
+        Ok(ModelResponse {
+            message,
+            usage: Usage {
+                input_tokens,
+                output_tokens,
+                ..Usage::default()
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_latencies_parse() {
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("12").unwrap_err().contains("unit"));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert_eq!(
+            Latency::parse("lognormal:200ms,0.5").unwrap(),
+            Latency::LogNormal {
+                median: Duration::from_millis(200),
+                sigma: 0.5
+            }
+        );
+        assert!(Latency::parse("lognormal:200ms").is_err());
+    }
+
+    #[test]
+    fn lognormal_samples_spread_around_the_median() {
+        let l = Latency::LogNormal {
+            median: Duration::from_millis(100),
+            sigma: 0.5,
+        };
+        let mut samples: Vec<Duration> = (1..=1001u64).map(|s| l.sample(s.wrapping_mul(0x9E37_79B9_7F4A_7C15))).collect();
+        samples.sort();
+        let median = samples[500].as_millis();
+        assert!((70..=140).contains(&median), "median {median}ms");
+        assert!(samples[0] < samples[1000]);
+    }
+}

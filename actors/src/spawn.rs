@@ -1,0 +1,238 @@
+//! Spawning and merging as plain functions (semantics §6): who may spawn what, the
+//! state a child starts from, and the result its parent records.
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::history::{Expiry, History};
+use crate::hooks::RunIds;
+use crate::message::{Content, Message, Meta, Part, SPAWN_PROMPT, SUBAGENT_SPAWN};
+use crate::state::{AgentState, AgentStatus, ToolDefinitions};
+use crate::template::AgentTemplate;
+use crate::toolbox::Toolbox;
+
+/// One child as a spawn tool asks for it.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct SpawnRequest {
+    pub agent_type: String,
+    #[serde(default)]
+    pub prompt: Option<String>,
+    #[serde(default)]
+    pub params: Option<Value>,
+}
+
+/// A permitted child, ready to be given ids and started.
+#[derive(Clone, Debug)]
+pub struct ChildPlan {
+    /// The matched `spawnableAgents` entry: the child's `agentType`.
+    pub agent_type: String,
+    pub template: Arc<AgentTemplate>,
+    pub prompt: Option<String>,
+    pub params: Option<Value>,
+    /// The parent's filtered history as of the spawn (shared, not copied).
+    pub snapshot: History,
+    pub inline: bool,
+}
+
+/// Checks permission (first matching entry wins) and the child's input schema.
+pub fn plan_child(
+    parent: &AgentTemplate,
+    request: SpawnRequest,
+    snapshot: &History,
+    inline: bool,
+    template_of: impl Fn(&str) -> Option<Arc<AgentTemplate>>,
+    knows_agent: impl Fn(&str) -> bool,
+) -> Result<ChildPlan, String> {
+    let requested = request.agent_type.as_str();
+    let Some(entry) = parent.match_spawnable(requested) else {
+        return Err(if knows_agent(requested) {
+            format!(
+                "Agent type {} is not allowed to spawn child agent type {requested}",
+                parent.id
+            )
+        } else {
+            format!("Agent type {requested} not found")
+        });
+    };
+    let template = template_of(entry).ok_or_else(|| format!("Agent type {requested} not found"))?;
+    template
+        .check_input(request.prompt.as_deref(), request.params.as_ref())
+        .map_err(|e| format!("Invalid input for agent type {entry}: {e}"))?;
+    Ok(ChildPlan {
+        agent_type: entry.to_owned(),
+        template,
+        prompt: request.prompt,
+        params: request.params,
+        snapshot: snapshot.clone(),
+        inline,
+    })
+}
+
+/// What a child starts with: its state and how many messages it inherited.
+pub struct ChildStart {
+    pub state: AgentState,
+    pub inherited: usize,
+    pub toolbox: Arc<Toolbox>,
+}
+
+impl ChildPlan {
+    /// The child's initial state. `own_toolbox` is the child template's toolbox,
+    /// `parent_toolbox` the parent's (used with `inheritParentSystemPrompt`).
+    pub fn start(
+        &self,
+        parent: &AgentState,
+        ids: RunIds,
+        own_toolbox: Arc<Toolbox>,
+        parent_toolbox: &Arc<Toolbox>,
+    ) -> ChildStart {
+        let t = &self.template;
+        let mut history = if self.inline || t.include_message_history {
+            self.snapshot.clone()
+        } else {
+            History::new()
+        };
+        if t.include_message_history && !self.inline {
+            history.push(
+                Message::user(format!(
+                    "You have been spawned as a sub-agent of type {}.",
+                    self.agent_type
+                ))
+                .with_tag(SUBAGENT_SPAWN),
+            );
+        }
+        if let Some(prompt) = self.prompt_message() {
+            history.push(prompt);
+        }
+        let (system_prompt, toolbox) = if t.inherit_parent_system_prompt {
+            (parent.system_prompt.clone(), parent_toolbox.clone())
+        } else {
+            (t.system_prompt.clone(), own_toolbox)
+        };
+        let tool_definitions: ToolDefinitions = toolbox.definitions().clone();
+        let mut ancestor_run_ids = parent.ancestor_run_ids.clone();
+        ancestor_run_ids.push(parent.run_id.clone());
+        ChildStart {
+            inherited: history.len(),
+            state: AgentState {
+                agent_id: ids.agent_id,
+                agent_type: Some(self.agent_type.clone()),
+                run_id: ids.run_id,
+                parent_id: Some(parent.agent_id.clone()),
+                ancestor_run_ids,
+                child_run_ids: Vec::new(),
+                message_history: history,
+                output: None,
+                system_prompt,
+                tool_definitions,
+                context_token_count: parent.context_token_count,
+                steps_remaining: t.max_steps,
+                credits_used: 0.0,
+                direct_credits_used: 0.0,
+                status: AgentStatus::Running,
+            },
+            toolbox,
+        }
+    }
+
+    /// The prompt (and params as JSON) as one user message tagged `SPAWN_PROMPT`.
+    fn prompt_message(&self) -> Option<Message> {
+        let mut parts = Vec::new();
+        if let Some(prompt) = &self.prompt {
+            parts.push(Part::Text {
+                text: prompt.clone(),
+            });
+        }
+        if let Some(params) = &self.params {
+            parts.push(Part::Text {
+                text: format!("Params: {params}"),
+            });
+        }
+        if parts.is_empty() {
+            return None;
+        }
+        let content = match (parts.len(), parts.first()) {
+            (1, Some(Part::Text { text })) => Content::Text(text.clone()),
+            _ => Content::Parts(parts),
+        };
+        Some(Message::User {
+            content,
+            meta: Meta {
+                tags: vec![SPAWN_PROMPT.to_owned()],
+                ..Meta::default()
+            },
+        })
+    }
+}
+
+/// What a parent learns about one requested child.
+#[derive(Clone, Debug)]
+pub struct ChildReport {
+    pub agent_type: String,
+    pub agent_name: String,
+    pub agent_id: String,
+    /// Every attempt's run id, in order (empty when it never started).
+    pub run_ids: Vec<String>,
+    pub status: AgentStatus,
+    /// The child's output value, or `{errorMessage}` when it could not start or failed.
+    pub value: Value,
+    /// Credits of every attempt, failed ones included.
+    pub credits: f64,
+    /// The final history, for inline merges.
+    pub history: Option<History>,
+}
+
+impl ChildReport {
+    /// A child that never started (refused, or not permitted).
+    pub fn refused(agent_type: &str, message: &str) -> Self {
+        ChildReport {
+            agent_type: agent_type.to_owned(),
+            agent_name: agent_type.to_owned(),
+            agent_id: String::new(),
+            run_ids: Vec::new(),
+            status: AgentStatus::Failed,
+            value: json!({ "errorMessage": message }),
+            credits: 0.0,
+            history: None,
+        }
+    }
+
+    /// The entry of a `spawn_agents` result.
+    pub fn entry(&self) -> Value {
+        json!({
+            "agentName": self.agent_name,
+            "agentType": self.agent_type,
+            "agentId": self.agent_id,
+            "runId": self.run_ids.last(),
+            "value": self.value,
+        })
+    }
+
+    /// The `{errorMessage}` of a failed child, if it failed.
+    pub fn error_message(&self) -> Option<&str> {
+        self.value.get("errorMessage").and_then(Value::as_str)
+    }
+}
+
+/// The value a finished child reports: its output, or `{errorMessage}` on failure.
+pub fn report_value(state: &AgentState, output: Value) -> Value {
+    match state.status {
+        AgentStatus::Completed => output,
+        _ => {
+            let message = output
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("Agent failed");
+            json!({ "errorMessage": message })
+        }
+    }
+}
+
+/// An inline child's final history as the parent takes it over: without the
+/// child's prompt and without messages that expire at the end of a turn.
+pub fn inline_history(child: &History) -> History {
+    child
+        .retain(|m| !m.has_tag(SPAWN_PROMPT))
+        .expire(Expiry::TurnEnd)
+}

@@ -1,0 +1,160 @@
+//! `AgentState`: everything one run owns, serialisable in the wire format of semantics §2.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::history::History;
+
+/// How a run ended, or that it is still going.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentStatus {
+    #[default]
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl AgentStatus {
+    pub fn is_final(self) -> bool {
+        self != AgentStatus::Running
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentStatus::Running => "running",
+            AgentStatus::Completed => "completed",
+            AgentStatus::Failed => "failed",
+            AgentStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// A tool as the model sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolDefinition {
+    pub description: String,
+    #[serde(rename = "inputSchema")]
+    pub input_schema: Value,
+}
+
+/// Tool definitions by name; shared between every agent of a template.
+pub type ToolDefinitions = Arc<BTreeMap<String, ToolDefinition>>;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentState {
+    pub agent_id: String,
+    #[serde(default)]
+    pub agent_type: Option<String>,
+    #[serde(default)]
+    pub run_id: String,
+    #[serde(default)]
+    pub parent_id: Option<String>,
+    #[serde(default)]
+    pub ancestor_run_ids: Vec<String>,
+    #[serde(default)]
+    pub child_run_ids: Vec<String>,
+    #[serde(default)]
+    pub message_history: History,
+    #[serde(default)]
+    pub output: Option<Value>,
+    #[serde(default)]
+    pub system_prompt: Arc<str>,
+    #[serde(default)]
+    pub tool_definitions: ToolDefinitions,
+    #[serde(default)]
+    pub context_token_count: u64,
+    #[serde(default)]
+    pub steps_remaining: u32,
+    #[serde(default)]
+    pub credits_used: f64,
+    #[serde(default)]
+    pub direct_credits_used: f64,
+    #[serde(default)]
+    pub status: AgentStatus,
+}
+
+impl AgentState {
+    /// Depth in the tree: 0 for a root.
+    pub fn depth(&self) -> usize {
+        self.ancestor_run_ids.len()
+    }
+
+    /// The error message of a failed or cancelled run, if its output carries one.
+    pub fn error_message(&self) -> Option<&str> {
+        let output = self.output.as_ref()?;
+        output
+            .get("errorMessage")
+            .or_else(|| output.get("message"))
+            .and_then(Value::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A state as Codebuff writes it (with fields Arbor does not know).
+    fn codebuff_state() -> Value {
+        json!({
+            "agentId": "a1",
+            "agentType": "codebuff/researcher@0.1.0",
+            "runId": "r1",
+            "parentId": "p0",
+            "ancestorRunIds": ["r0"],
+            "childRunIds": [],
+            "messageHistory": [
+                {"role": "user", "content": "find it"},
+                {"role": "assistant", "content": [
+                    {"type": "tool-call", "toolCallId": "x", "toolName": "read_files", "input": {"paths": ["a"]}}
+                ]},
+                {"role": "tool", "toolCallId": "x", "toolName": "read_files",
+                 "content": [{"type": "json", "value": {"a": "..."}}]}
+            ],
+            "output": null,
+            "systemPrompt": "You research.",
+            "toolDefinitions": {"read_files": {"description": "read", "inputSchema": {"type": "object"}}},
+            "contextTokenCount": 120,
+            "stepsRemaining": 12,
+            "creditsUsed": 3.5,
+            "directCreditsUsed": 1.5,
+            "agentContext": {},
+            "subagents": []
+        })
+    }
+
+    #[test]
+    fn a_codebuff_shaped_state_loads() {
+        let state: AgentState = serde_json::from_value(codebuff_state()).unwrap();
+        assert_eq!(state.agent_type.as_deref(), Some("codebuff/researcher@0.1.0"));
+        assert_eq!(state.message_history.len(), 3);
+        assert_eq!(state.depth(), 1);
+        assert_eq!(state.status, AgentStatus::Running);
+        assert_eq!(state.tool_definitions["read_files"].description, "read");
+    }
+
+    #[test]
+    fn state_round_trips_through_json() {
+        let mut state: AgentState = serde_json::from_value(codebuff_state()).unwrap();
+        state.status = AgentStatus::Completed;
+        state.output = Some(json!({"answer": 42}));
+        let text = serde_json::to_string(&state).unwrap();
+        let back: AgentState = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, state);
+        let value: Value = serde_json::from_str(&text).unwrap();
+        for key in [
+            "agentId", "agentType", "runId", "parentId", "ancestorRunIds", "childRunIds",
+            "messageHistory", "output", "systemPrompt", "toolDefinitions", "contextTokenCount",
+            "stepsRemaining", "creditsUsed", "directCreditsUsed", "status",
+        ] {
+            assert!(value.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(value["status"], "completed");
+    }
+}

@@ -1,0 +1,734 @@
+//! The step machine (semantics §4): every decision of an agent's run as plain code
+//! with no I/O. The actor feeds it model replies, tool results and child reports
+//! and carries out the `Action`s it returns; tests drive it directly.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use crate::event::EventKind;
+use crate::handler::{Resume, StepProgram, Yield};
+use crate::history::{Expiry, History};
+use crate::message::{Message, ToolCall};
+use crate::model::{ModelRequest, ModelResponse, RequestMeta};
+use crate::output::output_value;
+use crate::spawn::{ChildPlan, ChildReport, SpawnRequest, inline_history, plan_child};
+use crate::state::{AgentState, AgentStatus};
+use crate::template::AgentTemplate;
+use crate::tool::Tool;
+use crate::toolbox::{END_TURN, SET_OUTPUT, ToolKind, Toolbox};
+
+/// Work the actor must start; results come back through the machine's methods.
+pub enum Action {
+    CallModel(ModelRequest),
+    RunTool {
+        step: u32,
+        index: usize,
+        tool: Arc<dyn Tool>,
+        input: Value,
+    },
+    SpawnAgents {
+        step: u32,
+        index: usize,
+        children: Vec<Result<ChildPlan, (String, String)>>,
+    },
+    SpawnInline {
+        step: u32,
+        index: usize,
+        child: ChildPlan,
+    },
+    /// The run is over; `state().status` says how.
+    Finish,
+}
+
+/// Lookups the machine needs to plan spawns (pure reads of the catalog).
+pub trait Catalog {
+    fn template(&self, id: &str) -> Option<Arc<AgentTemplate>>;
+    fn knows_agent(&self, requested: &str) -> bool;
+}
+
+enum Effect {
+    Add(Message),
+    Replace(Vec<Message>),
+    Output(Value),
+    EndTurn,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    Model,
+    Program,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Drive {
+    /// No program: the model drives until its turn ends.
+    Model,
+    /// A program waits for the end of one model step.
+    OneStep,
+    /// A program waits for the end of the model's turn.
+    AllSteps,
+    /// A program waits for its tool results.
+    ProgramTools,
+}
+
+struct Pending {
+    step: u32,
+    calls: Vec<ToolCall>,
+    results: Vec<Option<Message>>,
+    child_runs: Vec<Vec<String>>,
+    effects: Vec<(usize, Effect)>,
+    inline: Option<(usize, History)>,
+    awaiting: usize,
+    origin: Origin,
+}
+
+pub struct StepMachine {
+    state: AgentState,
+    template: Arc<AgentTemplate>,
+    toolbox: Arc<Toolbox>,
+    inherited: usize,
+    step: u32,
+    pending: Option<Pending>,
+    awaiting_model: Option<u32>,
+    program: Option<Box<dyn StepProgram>>,
+    drive: Drive,
+    events: Vec<EventKind>,
+    tree_id: Arc<str>,
+    prompt: Option<String>,
+    params: Option<Value>,
+}
+
+impl StepMachine {
+    /// A machine for a run starting from `state`, which inherited `inherited` messages.
+    pub fn new(
+        state: AgentState,
+        template: Arc<AgentTemplate>,
+        toolbox: Arc<Toolbox>,
+        inherited: usize,
+        tree_id: Arc<str>,
+    ) -> Self {
+        StepMachine {
+            state,
+            template,
+            toolbox,
+            inherited,
+            step: 0,
+            pending: None,
+            awaiting_model: None,
+            program: None,
+            drive: Drive::Model,
+            events: Vec::new(),
+            tree_id,
+            prompt: None,
+            params: None,
+        }
+    }
+
+    /// Records the prompt and params this run was started with (a program reads them).
+    pub fn with_input(mut self, prompt: Option<String>, params: Option<Value>) -> Self {
+        self.prompt = prompt;
+        self.params = params;
+        self
+    }
+
+    pub fn state(&self) -> &AgentState {
+        &self.state
+    }
+
+    pub fn template(&self) -> &Arc<AgentTemplate> {
+        &self.template
+    }
+
+    pub fn toolbox(&self) -> &Arc<Toolbox> {
+        &self.toolbox
+    }
+
+    pub fn step(&self) -> u32 {
+        self.step
+    }
+
+    pub fn inherited(&self) -> usize {
+        self.inherited
+    }
+
+    /// Events produced since the last call, in order.
+    pub fn take_events(&mut self) -> Vec<EventKind> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// The value this run reports to its parent (semantics §7).
+    pub fn output_value(&self) -> Value {
+        output_value(&self.state, self.template.output_mode, self.inherited)
+    }
+
+    /// Starts the run: the template's program if it has one, else the model.
+    pub fn start(&mut self, catalog: &dyn Catalog) -> Vec<Action> {
+        let Some(handler) = self.template.handler.clone() else {
+            return self.begin_step();
+        };
+        let mut program = handler.start();
+        let next = program.resume(Resume::Start {
+            prompt: self.prompt.as_deref(),
+            params: self.params.as_ref(),
+            state: &self.state,
+        });
+        self.program = Some(program);
+        self.follow(next, catalog)
+    }
+
+    /// The model answered step `step`.
+    pub fn model_replied(
+        &mut self,
+        step: u32,
+        response: ModelResponse,
+        catalog: &dyn Catalog,
+    ) -> Vec<Action> {
+        if self.awaiting_model != Some(step) || self.state.status.is_final() {
+            return Vec::new();
+        }
+        self.awaiting_model = None;
+        let ModelResponse { message, usage } = response;
+        if !message.is_assistant() {
+            return self.fail(format!("model replied with a {} message", message.role()));
+        }
+        let message = with_call_ids(message, step);
+        let calls: Vec<ToolCall> = message.tool_calls().cloned().collect();
+        self.state.context_token_count = if usage.total_tokens() > 0 {
+            usage.total_tokens()
+        } else {
+            self.state
+                .message_history
+                .iter()
+                .map(|m| m.estimated_tokens())
+                .sum::<u64>()
+                + message.estimated_tokens()
+        };
+        self.state.direct_credits_used += usage.cost;
+        self.state.credits_used += usage.cost;
+        self.state.message_history.push(message);
+        self.events.push(EventKind::ModelResponded {
+            step,
+            usage,
+            tool_calls: calls.len(),
+        });
+        if calls.is_empty() {
+            return self.step_committed(true, catalog);
+        }
+        self.run_calls(calls, Origin::Model, catalog)
+    }
+
+    /// An external tool finished.
+    pub fn tool_done(
+        &mut self,
+        step: u32,
+        index: usize,
+        result: Result<Value, String>,
+        catalog: &dyn Catalog,
+    ) -> Vec<Action> {
+        let Some(pending) = self.pending_for(step, index) else {
+            return Vec::new();
+        };
+        let call = &pending.calls[index];
+        pending.results[index] = Some(match result {
+            Ok(value) => Message::tool_result(call, value),
+            Err(error) => Message::tool_error(call, error),
+        });
+        self.resolved(catalog)
+    }
+
+    /// Every child of a `spawn_agents` call has reported, in request order.
+    pub fn spawn_done(
+        &mut self,
+        step: u32,
+        index: usize,
+        reports: Vec<ChildReport>,
+        catalog: &dyn Catalog,
+    ) -> Vec<Action> {
+        let credits: f64 = reports.iter().map(|r| r.credits).sum();
+        let Some(pending) = self.pending_for(step, index) else {
+            return Vec::new();
+        };
+        let entries: Vec<Value> = reports.iter().map(ChildReport::entry).collect();
+        pending.results[index] = Some(Message::tool_result(&pending.calls[index], json!(entries)));
+        pending.child_runs[index] = reports.into_iter().flat_map(|r| r.run_ids).collect();
+        self.state.credits_used += credits;
+        self.resolved(catalog)
+    }
+
+    /// The child of a `spawn_agent_inline` call has reported.
+    pub fn inline_done(
+        &mut self,
+        step: u32,
+        index: usize,
+        report: ChildReport,
+        catalog: &dyn Catalog,
+    ) -> Vec<Action> {
+        let Some(pending) = self.pending_for(step, index) else {
+            return Vec::new();
+        };
+        let call = &pending.calls[index];
+        match (&report.history, report.error_message()) {
+            (Some(history), None) => {
+                pending.inline = Some((index, inline_history(history)));
+                pending.results[index] = Some(Message::tool_result(call, report.entry()));
+            }
+            (_, error) => {
+                let error = error.unwrap_or("inline agent failed").to_owned();
+                pending.results[index] = Some(Message::tool_error(call, error));
+            }
+        }
+        pending.child_runs[index] = report.run_ids;
+        self.state.credits_used += report.credits;
+        self.resolved(catalog)
+    }
+
+    /// Ends the run as failed, with an error output naming the cause.
+    pub fn fail(&mut self, message: impl Into<String>) -> Vec<Action> {
+        if self.state.status.is_final() {
+            return Vec::new();
+        }
+        self.abandon_pending();
+        self.state.status = AgentStatus::Failed;
+        self.state.output = Some(json!({ "errorMessage": message.into() }));
+        vec![Action::Finish]
+    }
+
+    /// Ends the run as cancelled; the history it had is kept.
+    pub fn cancel(&mut self) -> Vec<Action> {
+        if self.state.status.is_final() {
+            return Vec::new();
+        }
+        self.abandon_pending();
+        self.state.status = AgentStatus::Cancelled;
+        vec![Action::Finish]
+    }
+
+    /// Credits spent by children that finished after the parent stopped waiting for them.
+    pub fn add_child_credits(&mut self, credits: f64, run_ids: Vec<String>) {
+        self.state.credits_used += credits;
+        self.state.child_run_ids.extend(run_ids);
+    }
+
+    fn abandon_pending(&mut self) {
+        self.awaiting_model = None;
+        if let Some(p) = self.pending.take() {
+            // Children that did report stay on record, in request order.
+            for runs in p.child_runs {
+                self.state.child_run_ids.extend(runs);
+            }
+        }
+    }
+
+    fn pending_for(&mut self, step: u32, index: usize) -> Option<&mut Pending> {
+        if self.state.status.is_final() {
+            return None;
+        }
+        let pending = self.pending.as_mut().filter(|p| p.step == step)?;
+        if pending.results.get(index).is_none_or(Option::is_some) {
+            return None;
+        }
+        pending.awaiting -= 1;
+        Some(pending)
+    }
+
+    fn resolved(&mut self, catalog: &dyn Catalog) -> Vec<Action> {
+        match &self.pending {
+            Some(p) if p.awaiting == 0 => self.commit(catalog),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Step 1 of the loop: expire, count the step, build the request.
+    fn begin_step(&mut self) -> Vec<Action> {
+        self.state.message_history = self.state.message_history.expire(Expiry::StepStart);
+        if self.state.steps_remaining == 0 {
+            return self.step_limit();
+        }
+        self.state.steps_remaining -= 1;
+        self.step += 1;
+        self.events.push(EventKind::StepStarted { step: self.step });
+        let (mut messages, repair) = self.state.message_history.repaired();
+        if !repair.is_empty() {
+            self.events.push(EventKind::HistoryRepaired {
+                unanswered_calls: repair.unanswered_calls,
+                orphan_results: repair.orphan_results,
+            });
+        }
+        if let Some(window) = self.template.context_window {
+            messages = History::truncated_view(&messages, window);
+        }
+        self.awaiting_model = Some(self.step);
+        vec![Action::CallModel(ModelRequest {
+            system_prompt: self.state.system_prompt.clone(),
+            messages,
+            tools: self.state.tool_definitions.clone(),
+            meta: RequestMeta {
+                tree_id: self.tree_id.clone(),
+                run_id: self.state.run_id.clone(),
+                agent_type: self.state.agent_type.clone().unwrap_or_default(),
+                depth: self.state.depth(),
+                step: self.step,
+            },
+        })]
+    }
+
+    fn step_limit(&mut self) -> Vec<Action> {
+        let max = self.template.max_steps;
+        self.fail(format!(
+            "limit max_steps (agent) reached: {} stopped after {max} step(s)",
+            self.state.agent_type.as_deref().unwrap_or("agent")
+        ))
+    }
+
+    /// Step 3: classify every call; built-ins and bad calls resolve at once.
+    fn run_calls(
+        &mut self,
+        calls: Vec<ToolCall>,
+        origin: Origin,
+        catalog: &dyn Catalog,
+    ) -> Vec<Action> {
+        let n = calls.len();
+        let mut pending = Pending {
+            step: self.step,
+            calls,
+            results: vec![None; n],
+            child_runs: vec![Vec::new(); n],
+            effects: Vec::new(),
+            inline: None,
+            awaiting: 0,
+            origin,
+        };
+        let mut actions = Vec::new();
+        let mut snapshot: Option<History> = None;
+        let mut inline_seen = false;
+        for index in 0..n {
+            let call = pending.calls[index].clone();
+            let outcome = self.classify(&call, &mut inline_seen);
+            let (kind, input) = match outcome {
+                Ok(ok) => ok,
+                Err(error) => {
+                    pending.results[index] = Some(Message::tool_error(&call, error));
+                    continue;
+                }
+            };
+            match kind {
+                ToolKind::AddMessage | ToolKind::SetMessages | ToolKind::SetOutput | ToolKind::EndTurn => {
+                    match builtin_effect(&kind, input, &self.template) {
+                        Ok(effect) => {
+                            pending.effects.push((index, effect));
+                            pending.results[index] = Some(Message::tool_result(&call, json!({"ok": true})));
+                        }
+                        Err(error) => pending.results[index] = Some(Message::tool_error(&call, error)),
+                    }
+                }
+                ToolKind::External(tool) => {
+                    pending.awaiting += 1;
+                    actions.push(Action::RunTool {
+                        step: self.step,
+                        index,
+                        tool,
+                        input,
+                    });
+                }
+                ToolKind::SpawnAgents | ToolKind::SpawnAgentInline => {
+                    let inline = matches!(kind, ToolKind::SpawnAgentInline);
+                    let snapshot = snapshot
+                        .get_or_insert_with(|| self.state.message_history.filter_unfinished_tool_calls());
+                    match self.plan_spawn(input, snapshot, inline, catalog) {
+                        Ok(action) => {
+                            pending.awaiting += 1;
+                            actions.push(action(self.step, index));
+                        }
+                        Err(error) => pending.results[index] = Some(Message::tool_error(&call, error)),
+                    }
+                }
+            }
+        }
+        self.pending = Some(pending);
+        if actions.is_empty() {
+            return self.commit(catalog);
+        }
+        actions
+    }
+
+    /// Finds the tool and checks the input; `Err` is the message the model will read.
+    fn classify(&self, call: &ToolCall, inline_seen: &mut bool) -> Result<(ToolKind, Value), String> {
+        let name = call.tool_name.as_str();
+        let Some(entry) = self.toolbox.get(name) else {
+            return Err(format!(
+                "Tool {name} not found. Available tools: {}",
+                self.toolbox.names().join(", ")
+            ));
+        };
+        let input = match &call.input {
+            Value::String(text) => serde_json::from_str(text)
+                .map_err(|e| format!("Arguments of {name} are not valid JSON: {e}"))?,
+            Value::Null => json!({}),
+            other => other.clone(),
+        };
+        entry
+            .schema
+            .check(&input)
+            .map_err(|e| format!("Invalid input for {name}: {e}"))?;
+        if matches!(entry.kind, ToolKind::SpawnAgentInline) {
+            if *inline_seen {
+                return Err("Only one spawn_agent_inline call is allowed per step".into());
+            }
+            *inline_seen = true;
+        }
+        Ok((entry.kind.clone(), input))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn plan_spawn(
+        &self,
+        input: Value,
+        snapshot: &History,
+        inline: bool,
+        catalog: &dyn Catalog,
+    ) -> Result<Box<dyn FnOnce(u32, usize) -> Action>, String> {
+        let plan = |request: SpawnRequest| {
+            let agent_type = request.agent_type.clone();
+            plan_child(
+                &self.template,
+                request,
+                snapshot,
+                inline,
+                |id| catalog.template(id),
+                |id| catalog.knows_agent(id),
+            )
+            .map_err(|e| (agent_type, e))
+        };
+        if inline {
+            let request: SpawnRequest =
+                serde_json::from_value(input).map_err(|e| format!("Invalid input for spawn_agent_inline: {e}"))?;
+            let child = plan(request).map_err(|(_, e)| e)?;
+            return Ok(Box::new(move |step, index| Action::SpawnInline { step, index, child }));
+        }
+        let requests: Vec<SpawnRequest> = input
+            .get("agents")
+            .cloned()
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(|e| format!("Invalid input for spawn_agents: {e}"))?
+            .unwrap_or_default();
+        let children = requests.into_iter().map(plan).collect();
+        Ok(Box::new(move |step, index| Action::SpawnAgents {
+            step,
+            index,
+            children,
+        }))
+    }
+
+    /// All calls of the step are answered: append results in call order, apply
+    /// the built-ins' effects, then decide whether the turn goes on.
+    fn commit(&mut self, catalog: &dyn Catalog) -> Vec<Action> {
+        let Some(p) = self.pending.take() else {
+            return Vec::new();
+        };
+        let results: Vec<Message> = p.results.into_iter().flatten().collect();
+        if let Some((inline_index, child_history)) = p.inline {
+            let others: Vec<ToolCall> = p
+                .calls
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != inline_index)
+                .map(|(_, c)| c.clone())
+                .collect();
+            let mut history = child_history;
+            if !others.is_empty() {
+                history.push(Message::assistant(None, others));
+                for (i, r) in results.iter().enumerate() {
+                    if i != inline_index {
+                        history.push(r.clone());
+                    }
+                }
+            }
+            self.state.message_history = history;
+        } else {
+            for r in &results {
+                self.state.message_history.push(r.clone());
+            }
+        }
+        for (call, result) in p.calls.iter().zip(&results) {
+            self.events.push(EventKind::ToolCalled {
+                step: p.step,
+                tool: call.tool_name.clone(),
+                tool_call_id: call.tool_call_id.clone(),
+                error: result
+                    .has_tag(crate::message::TOOL_CALL_ERROR)
+                    .then(|| result.text()),
+            });
+        }
+        for runs in p.child_runs {
+            self.state.child_run_ids.extend(runs);
+        }
+        let mut end_turn = false;
+        for (_, effect) in p.effects {
+            match effect {
+                Effect::Add(m) => self.state.message_history.push(m),
+                Effect::Replace(messages) => {
+                    let (repaired, _) = messages.into_iter().collect::<History>().repaired();
+                    self.state.message_history = repaired.into_iter().collect();
+                }
+                Effect::Output(value) => {
+                    self.events.push(EventKind::OutputSet {
+                        output: value.clone(),
+                    });
+                    self.state.output = Some(value);
+                }
+                Effect::EndTurn => end_turn = true,
+            }
+        }
+        if p.origin == Origin::Program {
+            return self.resume_program(Some(results), false, catalog);
+        }
+        let only_ending = p
+            .calls
+            .iter()
+            .all(|c| c.tool_name == SET_OUTPUT || c.tool_name == END_TURN);
+        self.step_committed(end_turn || only_ending, catalog)
+    }
+
+    /// A model step is fully recorded; continue, or end the turn.
+    fn step_committed(&mut self, turn_ended: bool, catalog: &dyn Catalog) -> Vec<Action> {
+        if turn_ended {
+            self.state.message_history = self.state.message_history.expire(Expiry::TurnEnd);
+        }
+        match (self.drive, turn_ended) {
+            (Drive::Model, false) | (Drive::AllSteps, false) => self.begin_step(),
+            (Drive::Model, true) => self.complete(),
+            (Drive::OneStep, _) | (Drive::AllSteps, true) => self.resume_program(None, turn_ended, catalog),
+            (Drive::ProgramTools, _) => self.fail("internal: model step while a program waits for tools"),
+        }
+    }
+
+    fn complete(&mut self) -> Vec<Action> {
+        self.state.status = AgentStatus::Completed;
+        vec![Action::Finish]
+    }
+
+    fn resume_program(
+        &mut self,
+        results: Option<Vec<Message>>,
+        turn_ended: bool,
+        catalog: &dyn Catalog,
+    ) -> Vec<Action> {
+        let Some(mut program) = self.program.take() else {
+            return self.complete();
+        };
+        let next = match results {
+            Some(results) => program.resume(Resume::ToolResults {
+                results: results.into_iter().map(Arc::new).collect(),
+                state: &self.state,
+            }),
+            None => program.resume(Resume::StepsDone {
+                state: &self.state,
+                turn_ended,
+            }),
+        };
+        self.program = Some(program);
+        self.follow(next, catalog)
+    }
+
+    fn follow(&mut self, next: Yield, catalog: &dyn Catalog) -> Vec<Action> {
+        match next {
+            Yield::Done => {
+                self.state.message_history = self.state.message_history.expire(Expiry::TurnEnd);
+                self.complete()
+            }
+            Yield::Step => {
+                self.drive = Drive::OneStep;
+                self.begin_step()
+            }
+            Yield::StepAll => {
+                self.drive = Drive::AllSteps;
+                self.begin_step()
+            }
+            Yield::ToolCalls(calls) => {
+                if self.state.steps_remaining == 0 {
+                    return self.step_limit();
+                }
+                self.state.steps_remaining -= 1;
+                self.step += 1;
+                self.drive = Drive::ProgramTools;
+                self.events.push(EventKind::StepStarted { step: self.step });
+                let calls: Vec<ToolCall> = calls
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (name, input))| ToolCall {
+                        tool_call_id: format!("prog-{}-{i}", self.step),
+                        tool_name: name,
+                        input,
+                    })
+                    .collect();
+                self.state
+                    .message_history
+                    .push(Message::assistant(None, calls.clone()));
+                self.run_calls(calls, Origin::Program, catalog)
+            }
+        }
+    }
+}
+
+/// Gives every tool call of a reply a non-empty id unique within the reply.
+fn with_call_ids(message: Message, step: u32) -> Message {
+    let Message::Assistant {
+        content: crate::message::Content::Parts(mut parts),
+        meta,
+    } = message
+    else {
+        return message;
+    };
+    let mut seen = std::collections::HashSet::new();
+    for (i, part) in parts.iter_mut().enumerate() {
+        if let crate::message::Part::ToolCall(call) = part {
+            if call.tool_call_id.is_empty() || !seen.insert(call.tool_call_id.clone()) {
+                call.tool_call_id = format!("call-{step}-{i}");
+                seen.insert(call.tool_call_id.clone());
+            }
+        }
+    }
+    Message::Assistant {
+        content: crate::message::Content::Parts(parts),
+        meta,
+    }
+}
+
+/// The effect of a built-in call, or the error the model reads.
+fn builtin_effect(kind: &ToolKind, input: Value, template: &AgentTemplate) -> Result<Effect, String> {
+    match kind {
+        ToolKind::AddMessage => {
+            let content = input["content"].as_str().unwrap_or_default().to_owned();
+            Ok(Effect::Add(match input["role"].as_str() {
+                Some("assistant") => Message::assistant_text(content),
+                _ => Message::user(content),
+            }))
+        }
+        ToolKind::SetMessages => {
+            let list = input["messages"].as_array().cloned().unwrap_or_default();
+            let messages = list
+                .into_iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    serde_json::from_value::<Message>(m)
+                        .map_err(|e| format!("Invalid input for set_messages: messages[{i}]: {e}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Effect::Replace(messages))
+        }
+        ToolKind::SetOutput => {
+            if let Some(schema) = &template.output_schema {
+                schema
+                    .check(&input)
+                    .map_err(|e| format!("Output does not match the output schema: {e}"))?;
+            }
+            Ok(Effect::Output(input))
+        }
+        ToolKind::EndTurn => Ok(Effect::EndTurn),
+        ToolKind::External(_) | ToolKind::SpawnAgents | ToolKind::SpawnAgentInline => {
+            Err("internal: not a built-in".into())
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Agent templates: what an agent runs, may spawn, and how it reports (semantics §1, §6–§8).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::handler::StepHandler;
+use crate::schema::Schema;
+
+/// How a child's run becomes the `value` its parent sees (semantics §7).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputMode {
+    #[default]
+    LastMessage,
+    AllMessages,
+    StructuredOutput,
+}
+
+/// What a parent does when this template's run fails (semantics §8).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// The failure becomes the child's `{errorMessage}` value.
+    #[default]
+    Report,
+    /// Run again from the initial state, up to `max` more times, waiting `backoff`
+    /// (doubled each attempt) in between.
+    Retry { max: u32, backoff: Duration },
+    /// The parent fails too.
+    Escalate,
+}
+
+/// The JSON Schemas a spawn's `prompt` and `params` must satisfy.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct InputSchema {
+    pub prompt: Option<Schema>,
+    pub params: Option<Schema>,
+}
+
+/// A named agent definition. Built from `config.toml` or in code.
+#[derive(Clone)]
+pub struct AgentTemplate {
+    /// The id spawns refer to, e.g. `researcher` or `acme/researcher@1.2.0`.
+    pub id: String,
+    pub display_name: String,
+    /// Name of the model in the catalog.
+    pub model: String,
+    pub system_prompt: Arc<str>,
+    /// External tools by name (built-ins are always available).
+    pub tools: Vec<String>,
+    pub spawnable_agents: Vec<String>,
+    pub output_mode: OutputMode,
+    pub output_schema: Option<Schema>,
+    pub input_schema: InputSchema,
+    pub include_message_history: bool,
+    pub inherit_parent_system_prompt: bool,
+    pub max_steps: u32,
+    pub step_timeout: Option<Duration>,
+    /// Estimated tokens a request may hold before truncation builds a shorter view.
+    pub context_window: Option<u64>,
+    pub failure: FailurePolicy,
+    /// A programmatic driver (semantics §4.5); `None` lets the model drive.
+    pub handler: Option<Arc<dyn StepHandler>>,
+}
+
+impl AgentTemplate {
+    /// A template with defaults: no tools, no children, `last_message` output, 20 steps.
+    pub fn new(id: impl Into<String>, model: impl Into<String>) -> Self {
+        let id = id.into();
+        AgentTemplate {
+            display_name: AgentTypeId::parse(&id).name.to_owned(),
+            id,
+            model: model.into(),
+            system_prompt: Arc::from(""),
+            tools: Vec::new(),
+            spawnable_agents: Vec::new(),
+            output_mode: OutputMode::LastMessage,
+            output_schema: None,
+            input_schema: InputSchema::default(),
+            include_message_history: false,
+            inherit_parent_system_prompt: false,
+            max_steps: 20,
+            step_timeout: None,
+            context_window: None,
+            failure: FailurePolicy::Report,
+            handler: None,
+        }
+    }
+
+    pub fn system_prompt(mut self, prompt: &str) -> Self {
+        self.system_prompt = Arc::from(prompt);
+        self
+    }
+
+    pub fn spawns(mut self, agents: &[&str]) -> Self {
+        self.spawnable_agents = agents.iter().map(|a| (*a).to_owned()).collect();
+        self
+    }
+
+    pub fn output_mode(mut self, mode: OutputMode) -> Self {
+        self.output_mode = mode;
+        self
+    }
+
+    pub fn max_steps(mut self, steps: u32) -> Self {
+        self.max_steps = steps;
+        self
+    }
+
+    pub fn failure(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
+    }
+
+    pub fn handler(mut self, handler: Arc<dyn StepHandler>) -> Self {
+        self.handler = Some(handler);
+        self
+    }
+
+    /// The first `spawnableAgents` entry that `requested` names (semantics §6).
+    pub fn match_spawnable(&self, requested: &str) -> Option<&str> {
+        let want = AgentTypeId::parse(requested);
+        self.spawnable_agents
+            .iter()
+            .find(|entry| want.matches(&AgentTypeId::parse(entry)))
+            .map(String::as_str)
+    }
+
+    /// Checks a spawn's prompt and params against this template's input schema.
+    pub fn check_input(&self, prompt: Option<&str>, params: Option<&Value>) -> Result<(), String> {
+        if let Some(schema) = &self.input_schema.prompt {
+            let prompt = prompt.map_or(Value::Null, |p| Value::String(p.to_owned()));
+            schema.check(&prompt).map_err(|e| format!("prompt {e}"))?;
+        }
+        if let Some(schema) = &self.input_schema.params {
+            let params = params.cloned().unwrap_or(Value::Object(Default::default()));
+            schema.check(&params).map_err(|e| format!("params {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for AgentTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AgentTemplate")
+            .field("id", &self.id)
+            .field("model", &self.model)
+            .field("spawnable_agents", &self.spawnable_agents)
+            .field("output_mode", &self.output_mode)
+            .field("max_steps", &self.max_steps)
+            .field("failure", &self.failure)
+            .field("handler", &self.handler.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// An agent type id, `publisher/name@version` with publisher and version optional.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentTypeId<'a> {
+    pub publisher: Option<&'a str>,
+    pub name: &'a str,
+    pub version: Option<&'a str>,
+}
+
+impl<'a> AgentTypeId<'a> {
+    pub fn parse(id: &'a str) -> Self {
+        let (rest, version) = match id.rsplit_once('@') {
+            Some((rest, version)) => (rest, Some(version)),
+            None => (id, None),
+        };
+        let (publisher, name) = match rest.split_once('/') {
+            Some((publisher, name)) => (Some(publisher), name),
+            None => (None, rest),
+        };
+        AgentTypeId {
+            publisher,
+            name,
+            version,
+        }
+    }
+
+    /// A request matches an entry equal in every part the request gives.
+    pub fn matches(&self, entry: &AgentTypeId<'_>) -> bool {
+        self.name == entry.name
+            && self.publisher.is_none_or(|p| entry.publisher == Some(p))
+            && self.version.is_none_or(|v| entry.version == Some(v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn ids_parse_in_every_form() {
+        let full = AgentTypeId::parse("acme/researcher@1.2.0");
+        assert_eq!(full.publisher, Some("acme"));
+        assert_eq!(full.name, "researcher");
+        assert_eq!(full.version, Some("1.2.0"));
+        let bare = AgentTypeId::parse("researcher");
+        assert_eq!((bare.publisher, bare.name, bare.version), (None, "researcher", None));
+    }
+
+    #[test]
+    fn a_request_matches_entries_equal_in_the_parts_it_gives() {
+        let t = AgentTemplate::new("p", "m").spawns(&[
+            "other/researcher@2.0.0",
+            "acme/researcher@1.0.0",
+            "acme/researcher@1.2.0",
+            "writer",
+        ]);
+        assert_eq!(t.match_spawnable("researcher"), Some("other/researcher@2.0.0"));
+        assert_eq!(t.match_spawnable("acme/researcher"), Some("acme/researcher@1.0.0"));
+        assert_eq!(t.match_spawnable("acme/researcher@1.2.0"), Some("acme/researcher@1.2.0"));
+        assert_eq!(t.match_spawnable("researcher@1.2.0"), Some("acme/researcher@1.2.0"));
+        assert_eq!(t.match_spawnable("writer"), Some("writer"));
+        assert_eq!(t.match_spawnable("acme/writer"), None);
+        assert_eq!(t.match_spawnable("researcher@9"), None);
+    }
+
+    #[test]
+    fn input_schemas_check_prompt_and_params() {
+        let mut t = AgentTemplate::new("c", "m");
+        t.input_schema.params = Some(
+            Schema::compile(json!({"type": "object", "required": ["n"],
+                "properties": {"n": {"type": "integer"}}}))
+            .unwrap(),
+        );
+        assert!(t.check_input(Some("go"), Some(&json!({"n": 3}))).is_ok());
+        let err = t.check_input(Some("go"), Some(&json!({"n": "x"}))).unwrap_err();
+        assert!(err.starts_with("params at /n"), "{err}");
+        assert!(t.check_input(Some("go"), None).is_err());
+    }
+}
