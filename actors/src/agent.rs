@@ -141,11 +141,11 @@ impl AgentRun {
     }
 }
 
-struct LiveGuard(Arc<dyn TreeHooks>);
+struct LiveGuard(Arc<dyn TreeHooks>, Arc<str>);
 
 impl Drop for LiveGuard {
     fn drop(&mut self) {
-        self.0.actor_stopped();
+        self.0.actor_stopped(&self.1);
     }
 }
 
@@ -186,9 +186,9 @@ impl Actor for AgentActor {
             reply,
             slot,
         } = args;
-        hooks.actor_started();
         let state = machine.state();
         let run_id: Arc<str> = Arc::from(state.run_id.as_str());
+        hooks.actor_started(&run_id, &myself);
         let span = tracing::info_span!(
             "agent",
             run_id = %state.run_id,
@@ -198,7 +198,7 @@ impl Actor for AgentActor {
         let (cancel_tx, _) = watch::channel(false);
         Ok(AgentRun {
             myself,
-            _live: LiveGuard(hooks.clone()),
+            _live: LiveGuard(hooks.clone(), run_id.clone()),
             hooks,
             machine,
             reply: Some(reply),
@@ -224,12 +224,15 @@ impl Actor for AgentActor {
         run: &mut AgentRun,
     ) -> Result<(), ActorProcessingErr> {
         let state = run.machine.state();
-        run.hooks.emit(&run.run_id, EventKind::AgentStarted {
-            agent_id: state.agent_id.clone(),
-            agent_type: state.agent_type.clone().unwrap_or_default(),
-            parent_run_id: state.ancestor_run_ids.last().cloned(),
-            depth: state.depth(),
-        });
+        run.hooks.emit(
+            &run.run_id,
+            EventKind::AgentStarted {
+                agent_id: state.agent_id.clone(),
+                agent_type: state.agent_type.clone().unwrap_or_default(),
+                parent_run_id: state.ancestor_run_ids.last().cloned(),
+                depth: state.depth(),
+            },
+        );
         let hooks = run.hooks.clone();
         let actions = run.guarded(|m| m.start(&HookCatalog(hooks.as_ref())));
         run.execute(&myself, actions);
@@ -302,12 +305,20 @@ impl Actor for AgentActor {
     ) -> Result<(), ActorProcessingErr> {
         let actions = match event {
             SupervisionEvent::ActorTerminated(cell, Some(mut boxed), _) => {
-                match boxed.take::<AgentRun>().ok().and_then(|mut child| child.take_result()) {
+                match boxed
+                    .take::<AgentRun>()
+                    .ok()
+                    .and_then(|mut child| child.take_result())
+                {
                     Some((key, result)) => {
                         run.children.forget(cell.get_id());
                         run.child_ended(&myself, key, Ok(result))
                     }
-                    None => run.child_lost(&myself, cell.get_id(), "agent stopped without a result".into()),
+                    None => run.child_lost(
+                        &myself,
+                        cell.get_id(),
+                        "agent stopped without a result".into(),
+                    ),
                 }
             }
             SupervisionEvent::ActorTerminated(cell, None, reason) => run.child_lost(
@@ -484,7 +495,11 @@ impl AgentRun {
             return Vec::new();
         }
         self.timer = None;
-        let timeout = self.machine.template().step_timeout.unwrap_or(Duration::ZERO);
+        let timeout = self
+            .machine
+            .template()
+            .step_timeout
+            .unwrap_or(Duration::ZERO);
         let limit = LimitHit::new(
             Limit::StepTimeout,
             format!("step {step} took longer than {timeout:?}"),
@@ -504,7 +519,11 @@ impl AgentRun {
         }
     }
 
-    fn resume(&mut self, myself: &ActorRef<AgentMsg>, permit: Option<OwnedSemaphorePermit>) -> Vec<Action> {
+    fn resume(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Vec<Action> {
         if self.finished || self.machine.state().status.is_final() {
             return Vec::new();
         }
@@ -549,7 +568,10 @@ impl AgentRun {
 
     /// Finishes once the machine is done and no child is left.
     fn maybe_finish(&mut self, myself: &ActorRef<AgentMsg>) {
-        if self.finished || !self.machine.state().status.is_final() || self.children.outstanding() > 0 {
+        if self.finished
+            || !self.machine.state().status.is_final()
+            || self.children.outstanding() > 0
+        {
             return;
         }
         self.finished = true;
@@ -561,7 +583,9 @@ impl AgentRun {
         let value = self.machine.output_value();
         let shared = Arc::new(state.clone());
         self.emit(match state.status {
-            AgentStatus::Completed | AgentStatus::Running => EventKind::AgentFinished { state: shared },
+            AgentStatus::Completed | AgentStatus::Running => {
+                EventKind::AgentFinished { state: shared }
+            }
             AgentStatus::Failed => EventKind::AgentFailed {
                 error: state.error_message().unwrap_or("failed").to_owned(),
                 state: shared,

@@ -13,6 +13,8 @@ use crate::state::{AgentState, AgentStatus};
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Event {
+    /// Position in the tree's event sequence, from 1.
+    pub seq: u64,
     pub tree_id: Arc<str>,
     /// The run the event is about.
     pub run_id: Arc<str>,
@@ -32,8 +34,13 @@ pub enum EventKind {
         parent_run_id: Option<String>,
         depth: usize,
     },
-    StepStarted { step: u32 },
-    ModelDelta { step: u32, delta: Delta },
+    StepStarted {
+        step: u32,
+    },
+    ModelDelta {
+        step: u32,
+        delta: Delta,
+    },
     #[serde(rename_all = "camelCase")]
     ModelResponded {
         step: u32,
@@ -72,18 +79,26 @@ pub enum EventKind {
         child_run_id: String,
         status: AgentStatus,
     },
-    OutputSet { output: Value },
+    OutputSet {
+        output: Value,
+    },
     /// The agent gave back its live slot while it waits for its children.
     Suspended,
     /// The agent holds a live slot again.
     Resumed,
-    AgentFinished { state: Arc<AgentState> },
+    AgentFinished {
+        state: Arc<AgentState>,
+    },
     AgentFailed {
         error: String,
         state: Arc<AgentState>,
     },
-    AgentCancelled { state: Arc<AgentState> },
-    LimitHit { limit: LimitHit },
+    AgentCancelled {
+        state: Arc<AgentState>,
+    },
+    LimitHit {
+        limit: LimitHit,
+    },
 }
 
 impl EventKind {

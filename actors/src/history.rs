@@ -175,7 +175,9 @@ impl History {
             if !keep_result[i] {
                 continue;
             }
-            if m.tool_calls().all(|c| answered.contains(c.tool_call_id.as_str())) {
+            if m.tool_calls()
+                .all(|c| answered.contains(c.tool_call_id.as_str()))
+            {
                 out.push(m.clone());
                 continue;
             }

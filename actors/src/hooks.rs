@@ -5,8 +5,10 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use ractor::ActorRef;
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::agent::AgentMsg;
 use crate::event::EventKind;
 use crate::limit::LimitHit;
 use crate::model::{Model, Usage};
@@ -54,7 +56,9 @@ pub trait TreeHooks: Send + Sync + 'static {
 
     fn emit(&self, run_id: &Arc<str>, kind: EventKind);
 
-    /// Called when an agent actor starts and when its state is dropped.
-    fn actor_started(&self) {}
-    fn actor_stopped(&self) {}
+    /// An agent actor started: the supervisor may now cancel it by run id.
+    fn actor_started(&self, run_id: &Arc<str>, actor: &ActorRef<AgentMsg>);
+
+    /// An agent actor's state was dropped: it is gone.
+    fn actor_stopped(&self, run_id: &Arc<str>);
 }

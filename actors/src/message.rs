@@ -108,7 +108,11 @@ pub enum TimeToLive {
 pub struct Meta {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
-    #[serde(rename = "timeToLive", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "timeToLive",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub time_to_live: Option<TimeToLive>,
     #[serde(
         rename = "keepDuringTruncation",
@@ -116,7 +120,11 @@ pub struct Meta {
         skip_serializing_if = "Option::is_none"
     )]
     pub keep_during_truncation: Option<bool>,
-    #[serde(rename = "providerOptions", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "providerOptions",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub provider_options: Option<Value>,
     #[serde(rename = "sentAt", default, skip_serializing_if = "Option::is_none")]
     pub sent_at: Option<f64>,
@@ -173,7 +181,8 @@ impl Message {
 
     /// A tool result the model can read as an error, tagged `TOOL_CALL_ERROR`.
     pub fn tool_error(call: &ToolCall, message: impl Into<String>) -> Self {
-        let mut msg = Self::tool_result(call, serde_json::json!({ "errorMessage": message.into() }));
+        let mut msg =
+            Self::tool_result(call, serde_json::json!({ "errorMessage": message.into() }));
         msg.meta_mut().tags.push(TOOL_CALL_ERROR.to_owned());
         msg
     }

@@ -101,7 +101,10 @@ pub enum ModelError {
 
 impl ModelError {
     pub fn is_retryable(&self) -> bool {
-        matches!(self, ModelError::Transient { .. } | ModelError::Malformed { .. })
+        matches!(
+            self,
+            ModelError::Transient { .. } | ModelError::Malformed { .. }
+        )
     }
 }
 

@@ -54,7 +54,11 @@ mod tests {
     #[test]
     fn last_message_is_the_last_assistant_turn() {
         let s = state(
-            vec![Message::user("q"), Message::assistant_text("a1"), Message::assistant_text("a2")],
+            vec![
+                Message::user("q"),
+                Message::assistant_text("a1"),
+                Message::assistant_text("a2"),
+            ],
             AgentStatus::Completed,
         );
         let v = output_value(&s, OutputMode::LastMessage, 0);
@@ -105,13 +109,19 @@ mod tests {
         );
         let v = output_value(&s, OutputMode::AllMessages, 3);
         assert_eq!(v["type"], "allMessages");
-        assert_eq!(v["value"], json!([{"role": "assistant", "content": "mine"}]));
+        assert_eq!(
+            v["value"],
+            json!([{"role": "assistant", "content": "mine"}])
+        );
     }
 
     #[test]
     fn structured_output_is_the_output_or_null() {
         let mut s = state(vec![], AgentStatus::Completed);
-        assert_eq!(output_value(&s, OutputMode::StructuredOutput, 0)["value"], Value::Null);
+        assert_eq!(
+            output_value(&s, OutputMode::StructuredOutput, 0)["value"],
+            Value::Null
+        );
         s.output = Some(json!({"k": 1}));
         assert_eq!(
             output_value(&s, OutputMode::StructuredOutput, 0),

@@ -33,7 +33,11 @@ impl Schema {
             .iter_errors(instance)
             .map(|e| {
                 let path = e.instance_path().to_string();
-                let path = if path.is_empty() { "/".to_owned() } else { path };
+                let path = if path.is_empty() {
+                    "/".to_owned()
+                } else {
+                    path
+                };
                 format!("at {path}: {e}")
             })
             .collect();

@@ -132,7 +132,10 @@ mod tests {
     #[test]
     fn a_codebuff_shaped_state_loads() {
         let state: AgentState = serde_json::from_value(codebuff_state()).unwrap();
-        assert_eq!(state.agent_type.as_deref(), Some("codebuff/researcher@0.1.0"));
+        assert_eq!(
+            state.agent_type.as_deref(),
+            Some("codebuff/researcher@0.1.0")
+        );
         assert_eq!(state.message_history.len(), 3);
         assert_eq!(state.depth(), 1);
         assert_eq!(state.status, AgentStatus::Running);
@@ -149,9 +152,21 @@ mod tests {
         assert_eq!(back, state);
         let value: Value = serde_json::from_str(&text).unwrap();
         for key in [
-            "agentId", "agentType", "runId", "parentId", "ancestorRunIds", "childRunIds",
-            "messageHistory", "output", "systemPrompt", "toolDefinitions", "contextTokenCount",
-            "stepsRemaining", "creditsUsed", "directCreditsUsed", "status",
+            "agentId",
+            "agentType",
+            "runId",
+            "parentId",
+            "ancestorRunIds",
+            "childRunIds",
+            "messageHistory",
+            "output",
+            "systemPrompt",
+            "toolDefinitions",
+            "contextTokenCount",
+            "stepsRemaining",
+            "creditsUsed",
+            "directCreditsUsed",
+            "status",
         ] {
             assert!(value.get(key).is_some(), "missing {key}");
         }

@@ -413,15 +413,17 @@ impl StepMachine {
                 }
             };
             match kind {
-                ToolKind::AddMessage | ToolKind::SetMessages | ToolKind::SetOutput | ToolKind::EndTurn => {
-                    match builtin_effect(&kind, input, &self.template) {
-                        Ok(effect) => {
-                            pending.effects.push((index, effect));
-                            pending.results[index] = Some(Message::tool_result(&call, json!({"ok": true})));
-                        }
-                        Err(error) => pending.results[index] = Some(Message::tool_error(&call, error)),
+                ToolKind::AddMessage
+                | ToolKind::SetMessages
+                | ToolKind::SetOutput
+                | ToolKind::EndTurn => match builtin_effect(&kind, input, &self.template) {
+                    Ok(effect) => {
+                        pending.effects.push((index, effect));
+                        pending.results[index] =
+                            Some(Message::tool_result(&call, json!({"ok": true})));
                     }
-                }
+                    Err(error) => pending.results[index] = Some(Message::tool_error(&call, error)),
+                },
                 ToolKind::External(tool) => {
                     pending.awaiting += 1;
                     actions.push(Action::RunTool {
@@ -433,14 +435,17 @@ impl StepMachine {
                 }
                 ToolKind::SpawnAgents | ToolKind::SpawnAgentInline => {
                     let inline = matches!(kind, ToolKind::SpawnAgentInline);
-                    let snapshot = snapshot
-                        .get_or_insert_with(|| self.state.message_history.filter_unfinished_tool_calls());
+                    let snapshot = snapshot.get_or_insert_with(|| {
+                        self.state.message_history.filter_unfinished_tool_calls()
+                    });
                     match self.plan_spawn(input, snapshot, inline, catalog) {
                         Ok(action) => {
                             pending.awaiting += 1;
                             actions.push(action(self.step, index));
                         }
-                        Err(error) => pending.results[index] = Some(Message::tool_error(&call, error)),
+                        Err(error) => {
+                            pending.results[index] = Some(Message::tool_error(&call, error))
+                        }
                     }
                 }
             }
@@ -453,7 +458,11 @@ impl StepMachine {
     }
 
     /// Finds the tool and checks the input; `Err` is the message the model will read.
-    fn classify(&self, call: &ToolCall, inline_seen: &mut bool) -> Result<(ToolKind, Value), String> {
+    fn classify(
+        &self,
+        call: &ToolCall,
+        inline_seen: &mut bool,
+    ) -> Result<(ToolKind, Value), String> {
         let name = call.tool_name.as_str();
         let Some(entry) = self.toolbox.get(name) else {
             return Err(format!(
@@ -501,10 +510,14 @@ impl StepMachine {
             .map_err(|e| (agent_type, e))
         };
         if inline {
-            let request: SpawnRequest =
-                serde_json::from_value(input).map_err(|e| format!("Invalid input for spawn_agent_inline: {e}"))?;
+            let request: SpawnRequest = serde_json::from_value(input)
+                .map_err(|e| format!("Invalid input for spawn_agent_inline: {e}"))?;
             let child = plan(request).map_err(|(_, e)| e)?;
-            return Ok(Box::new(move |step, index| Action::SpawnInline { step, index, child }));
+            return Ok(Box::new(move |step, index| Action::SpawnInline {
+                step,
+                index,
+                child,
+            }));
         }
         let requests: Vec<SpawnRequest> = input
             .get("agents")
@@ -599,8 +612,12 @@ impl StepMachine {
         match (self.drive, turn_ended) {
             (Drive::Model, false) | (Drive::AllSteps, false) => self.begin_step(),
             (Drive::Model, true) => self.complete(),
-            (Drive::OneStep, _) | (Drive::AllSteps, true) => self.resume_program(None, turn_ended, catalog),
-            (Drive::ProgramTools, _) => self.fail("internal: model step while a program waits for tools"),
+            (Drive::OneStep, _) | (Drive::AllSteps, true) => {
+                self.resume_program(None, turn_ended, catalog)
+            }
+            (Drive::ProgramTools, _) => {
+                self.fail("internal: model step while a program waits for tools")
+            }
         }
     }
 
@@ -697,7 +714,11 @@ fn with_call_ids(message: Message, step: u32) -> Message {
 }
 
 /// The effect of a built-in call, or the error the model reads.
-fn builtin_effect(kind: &ToolKind, input: Value, template: &AgentTemplate) -> Result<Effect, String> {
+fn builtin_effect(
+    kind: &ToolKind,
+    input: Value,
+    template: &AgentTemplate,
+) -> Result<Effect, String> {
     match kind {
         ToolKind::AddMessage => {
             let content = input["content"].as_str().unwrap_or_default().to_owned();

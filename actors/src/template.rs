@@ -202,7 +202,10 @@ mod tests {
         assert_eq!(full.name, "researcher");
         assert_eq!(full.version, Some("1.2.0"));
         let bare = AgentTypeId::parse("researcher");
-        assert_eq!((bare.publisher, bare.name, bare.version), (None, "researcher", None));
+        assert_eq!(
+            (bare.publisher, bare.name, bare.version),
+            (None, "researcher", None)
+        );
     }
 
     #[test]
@@ -213,10 +216,22 @@ mod tests {
             "acme/researcher@1.2.0",
             "writer",
         ]);
-        assert_eq!(t.match_spawnable("researcher"), Some("other/researcher@2.0.0"));
-        assert_eq!(t.match_spawnable("acme/researcher"), Some("acme/researcher@1.0.0"));
-        assert_eq!(t.match_spawnable("acme/researcher@1.2.0"), Some("acme/researcher@1.2.0"));
-        assert_eq!(t.match_spawnable("researcher@1.2.0"), Some("acme/researcher@1.2.0"));
+        assert_eq!(
+            t.match_spawnable("researcher"),
+            Some("other/researcher@2.0.0")
+        );
+        assert_eq!(
+            t.match_spawnable("acme/researcher"),
+            Some("acme/researcher@1.0.0")
+        );
+        assert_eq!(
+            t.match_spawnable("acme/researcher@1.2.0"),
+            Some("acme/researcher@1.2.0")
+        );
+        assert_eq!(
+            t.match_spawnable("researcher@1.2.0"),
+            Some("acme/researcher@1.2.0")
+        );
         assert_eq!(t.match_spawnable("writer"), Some("writer"));
         assert_eq!(t.match_spawnable("acme/writer"), None);
         assert_eq!(t.match_spawnable("researcher@9"), None);
@@ -231,7 +246,9 @@ mod tests {
             .unwrap(),
         );
         assert!(t.check_input(Some("go"), Some(&json!({"n": 3}))).is_ok());
-        let err = t.check_input(Some("go"), Some(&json!({"n": "x"}))).unwrap_err();
+        let err = t
+            .check_input(Some("go"), Some(&json!({"n": "x"})))
+            .unwrap_err();
         assert!(err.starts_with("params at /n"), "{err}");
         assert!(t.check_input(Some("go"), None).is_err());
     }

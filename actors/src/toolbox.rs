@@ -93,37 +93,52 @@ static BUILTINS: LazyLock<HashMap<&'static str, Builtin>> = LazyLock::new(|| {
         "required": ["agent_type"]
     });
     HashMap::from([
-        (ADD_MESSAGE, builtin(
-            "Append a message to your conversation.",
-            json!({"type": "object", "properties": {
+        (
+            ADD_MESSAGE,
+            builtin(
+                "Append a message to your conversation.",
+                json!({"type": "object", "properties": {
                 "role": {"enum": ["user", "assistant"]},
                 "content": {"type": "string"}
             }, "required": ["role", "content"]}),
-        )),
-        (SET_MESSAGES, builtin(
-            "Replace your whole conversation with these messages.",
-            json!({"type": "object", "properties": {
+            ),
+        ),
+        (
+            SET_MESSAGES,
+            builtin(
+                "Replace your whole conversation with these messages.",
+                json!({"type": "object", "properties": {
                 "messages": {"type": "array", "items": {"type": "object"}}
             }, "required": ["messages"]}),
-        )),
-        (SET_OUTPUT, builtin(
-            "Set your output to this object (replaces any earlier output).",
-            json!({"type": "object"}),
-        )),
-        (END_TURN, builtin(
-            "End your turn after this step.",
-            json!({"type": "object"}),
-        )),
-        (SPAWN_AGENTS, builtin(
-            "Run sub-agents in parallel; you get their results in request order.",
-            json!({"type": "object", "properties": {
+            ),
+        ),
+        (
+            SET_OUTPUT,
+            builtin(
+                "Set your output to this object (replaces any earlier output).",
+                json!({"type": "object"}),
+            ),
+        ),
+        (
+            END_TURN,
+            builtin("End your turn after this step.", json!({"type": "object"})),
+        ),
+        (
+            SPAWN_AGENTS,
+            builtin(
+                "Run sub-agents in parallel; you get their results in request order.",
+                json!({"type": "object", "properties": {
                 "agents": {"type": "array", "minItems": 1, "items": child}
             }, "required": ["agents"]}),
-        )),
-        (SPAWN_AGENT_INLINE, builtin(
-            "Hand your conversation to one sub-agent; its history becomes yours.",
-            child,
-        )),
+            ),
+        ),
+        (
+            SPAWN_AGENT_INLINE,
+            builtin(
+                "Hand your conversation to one sub-agent; its history becomes yours.",
+                child,
+            ),
+        ),
     ])
 });
 
@@ -144,39 +159,76 @@ impl Toolbox {
             if matches!(kind, ToolKind::SpawnAgents | ToolKind::SpawnAgentInline) {
                 describe_spawnable(&mut schema, &template.spawnable_agents);
             }
-            definitions.insert(name.to_owned(), ToolDefinition {
-                description: b.description.to_owned(),
-                input_schema: schema,
-            });
-            entries.insert(name.to_owned(), ToolEntry {
-                kind,
-                schema: b.schema.clone(),
-            });
+            definitions.insert(
+                name.to_owned(),
+                ToolDefinition {
+                    description: b.description.to_owned(),
+                    input_schema: schema,
+                },
+            );
+            entries.insert(
+                name.to_owned(),
+                ToolEntry {
+                    kind,
+                    schema: b.schema.clone(),
+                },
+            );
         };
-        add_builtin(&mut entries, &mut definitions, SET_OUTPUT, ToolKind::SetOutput);
+        add_builtin(
+            &mut entries,
+            &mut definitions,
+            SET_OUTPUT,
+            ToolKind::SetOutput,
+        );
         add_builtin(&mut entries, &mut definitions, END_TURN, ToolKind::EndTurn);
         if !template.spawnable_agents.is_empty() {
-            add_builtin(&mut entries, &mut definitions, SPAWN_AGENTS, ToolKind::SpawnAgents);
-            add_builtin(&mut entries, &mut definitions, SPAWN_AGENT_INLINE, ToolKind::SpawnAgentInline);
+            add_builtin(
+                &mut entries,
+                &mut definitions,
+                SPAWN_AGENTS,
+                ToolKind::SpawnAgents,
+            );
+            add_builtin(
+                &mut entries,
+                &mut definitions,
+                SPAWN_AGENT_INLINE,
+                ToolKind::SpawnAgentInline,
+            );
         }
         for name in &template.tools {
             match name.as_str() {
-                ADD_MESSAGE => add_builtin(&mut entries, &mut definitions, ADD_MESSAGE, ToolKind::AddMessage),
-                SET_MESSAGES => add_builtin(&mut entries, &mut definitions, SET_MESSAGES, ToolKind::SetMessages),
+                ADD_MESSAGE => add_builtin(
+                    &mut entries,
+                    &mut definitions,
+                    ADD_MESSAGE,
+                    ToolKind::AddMessage,
+                ),
+                SET_MESSAGES => add_builtin(
+                    &mut entries,
+                    &mut definitions,
+                    SET_MESSAGES,
+                    ToolKind::SetMessages,
+                ),
                 SET_OUTPUT | END_TURN | SPAWN_AGENTS | SPAWN_AGENT_INLINE => {}
                 _ => {
                     let tool = external(name).ok_or_else(|| format!("unknown tool {name}"))?;
                     let source = tool.input_schema();
                     let schema = Schema::compile(source.clone())
                         .map_err(|e| format!("tool {name} has an invalid input schema: {e}"))?;
-                    definitions.insert(name.clone(), ToolDefinition {
-                        description: tool.description().to_owned(),
-                        input_schema: source,
-                    });
-                    entries.insert(name.clone(), ToolEntry {
-                        kind: ToolKind::External(tool),
-                        schema,
-                    });
+                    definitions.insert(
+                        name.clone(),
+                        ToolDefinition {
+                            description: tool.description().to_owned(),
+                            input_schema: source,
+                        },
+                    );
+                    entries.insert(
+                        name.clone(),
+                        ToolEntry {
+                            kind: ToolKind::External(tool),
+                            schema,
+                        },
+                    );
                 }
             }
         }
@@ -224,7 +276,15 @@ mod tests {
     fn builtins_compile_and_spawn_tools_list_the_spawnable_types() {
         let t = AgentTemplate::new("lead", "m").spawns(&["researcher", "acme/writer@1"]);
         let tb = Toolbox::build(&t, |_| None).unwrap();
-        assert_eq!(tb.names(), vec!["end_turn", "set_output", "spawn_agent_inline", "spawn_agents"]);
+        assert_eq!(
+            tb.names(),
+            vec![
+                "end_turn",
+                "set_output",
+                "spawn_agent_inline",
+                "spawn_agents"
+            ]
+        );
         let schema = &tb.definitions()["spawn_agents"].input_schema;
         assert_eq!(
             schema.pointer("/properties/agents/items/properties/agent_type/examples"),
@@ -236,6 +296,9 @@ mod tests {
     fn an_unknown_external_tool_is_named() {
         let mut t = AgentTemplate::new("lead", "m");
         t.tools = vec!["add_message".into(), "grep".into()];
-        assert_eq!(Toolbox::build(&t, |_| None).unwrap_err(), "unknown tool grep");
+        assert_eq!(
+            Toolbox::build(&t, |_| None).unwrap_err(),
+            "unknown tool grep"
+        );
     }
 }

@@ -1,1 +1,19 @@
-//! x
+//! Arbor's supervisor: starts trees of agents and owns what is tree-wide:
+//! limits, live slots, the deadline, cancellation, events and the run registry.
+//!
+//! Knows no HTTP and no CLI; the binary and the service build on it.
+
+mod bus;
+mod catalog;
+mod error;
+mod limits;
+mod registry;
+mod supervisor;
+mod tree;
+
+pub use bus::{EventBus, EventStream};
+pub use catalog::{Catalog, CatalogBuilder};
+pub use error::Error;
+pub use limits::TreeLimits;
+pub use registry::{Registry, Retain};
+pub use supervisor::{StartRequest, Supervisor, TreeHandle};

@@ -95,7 +95,10 @@ impl Children {
 }
 
 fn slot_mut(calls: &mut BTreeMap<(u32, usize), SpawnCall>, key: ChildKey) -> Option<&mut Slot> {
-    calls.get_mut(&(key.step, key.call))?.slots.get_mut(key.child)
+    calls
+        .get_mut(&(key.step, key.call))?
+        .slots
+        .get_mut(key.child)
 }
 
 impl AgentRun {
@@ -178,12 +181,17 @@ impl AgentRun {
         inline: bool,
         slots: Vec<Slot>,
     ) -> Vec<Action> {
-        let to_launch: Vec<usize> = (0..slots.len()).filter(|i| slots[*i].start.is_some()).collect();
-        self.children.calls.insert((step, index), SpawnCall {
-            inline,
-            slots,
-            delivered: false,
-        });
+        let to_launch: Vec<usize> = (0..slots.len())
+            .filter(|i| slots[*i].start.is_some())
+            .collect();
+        self.children.calls.insert(
+            (step, index),
+            SpawnCall {
+                inline,
+                slots,
+                delivered: false,
+            },
+        );
         if to_launch.is_empty() {
             return self.deliver_if_complete(step, index);
         }
@@ -207,7 +215,10 @@ impl AgentRun {
         let retry_ids = (key.attempt > 0)
             .then(|| {
                 let slot = slot_mut(&mut self.children.calls, key)?;
-                Some(self.hooks.child_ids(self.machine.state(), slot.ordinal, key.attempt))
+                Some(
+                    self.hooks
+                        .child_ids(self.machine.state(), slot.ordinal, key.attempt),
+                )
             })
             .flatten();
         let Some(slot) = slot_mut(&mut self.children.calls, key) else {
@@ -268,7 +279,11 @@ impl AgentRun {
         });
     }
 
-    pub(super) fn child_started(&mut self, key: ChildKey, actor: ActorRef<AgentMsg>) -> Vec<Action> {
+    pub(super) fn child_started(
+        &mut self,
+        key: ChildKey,
+        actor: ActorRef<AgentMsg>,
+    ) -> Vec<Action> {
         self.children.starting = self.children.starting.saturating_sub(1);
         let id = actor.get_id();
         if self.children.ended.remove(&id) {
@@ -299,7 +314,12 @@ impl AgentRun {
     }
 
     /// A child actor died without handing over a result (panic or kill).
-    pub(super) fn child_lost(&mut self, _myself: &ActorRef<AgentMsg>, id: ActorId, error: String) -> Vec<Action> {
+    pub(super) fn child_lost(
+        &mut self,
+        _myself: &ActorRef<AgentMsg>,
+        id: ActorId,
+        error: String,
+    ) -> Vec<Action> {
         match self.children.live.remove(&id) {
             Some((key, _)) => self.child_result(key, Err(error)),
             None => {
@@ -325,7 +345,12 @@ impl AgentRun {
                 result.state.credits_used,
                 Some(result.state.message_history),
             ),
-            Err(error) => (AgentStatus::Failed, json!({ "errorMessage": error }), 0.0, None),
+            Err(error) => (
+                AgentStatus::Failed,
+                json!({ "errorMessage": error }),
+                0.0,
+                None,
+            ),
         };
         slot.credits += credits;
         let Some(plan) = slot.plan.as_ref() else {
@@ -343,10 +368,13 @@ impl AgentRun {
             history,
         };
         let error = report.error_message().unwrap_or_default().to_owned();
-        self.hooks.emit(&self.run_id, EventKind::ChildFinished {
-            child_run_id: run_id.clone(),
-            status,
-        });
+        self.hooks.emit(
+            &self.run_id,
+            EventKind::ChildFinished {
+                child_run_id: run_id.clone(),
+                status,
+            },
+        );
         if parent_final || status != AgentStatus::Failed {
             slot.report = Some(report);
             return self.deliver_if_complete(key.step, key.call);
@@ -371,7 +399,13 @@ impl AgentRun {
         }
     }
 
-    fn retry_later(&mut self, key: ChildKey, delay: Duration, failed_run_id: String, error: String) {
+    fn retry_later(
+        &mut self,
+        key: ChildKey,
+        delay: Duration,
+        failed_run_id: String,
+        error: String,
+    ) {
         let next = ChildKey {
             attempt: key.attempt + 1,
             ..key
@@ -410,7 +444,11 @@ impl AgentRun {
         }
         call.delivered = true;
         let inline = call.inline;
-        let reports: Vec<ChildReport> = call.slots.iter_mut().filter_map(|s| s.report.take()).collect();
+        let reports: Vec<ChildReport> = call
+            .slots
+            .iter_mut()
+            .filter_map(|s| s.report.take())
+            .collect();
         self.children.calls.remove(&(step, index));
         let hooks = self.hooks.clone();
         let catalog = super::HookCatalog(hooks.as_ref());

@@ -139,7 +139,9 @@ impl ScriptedModel {
             .iter()
             .find(|e| {
                 AgentTypeId::parse(&e.agent).matches(&AgentTypeId::parse(agent_type))
-                    && e.prompt.as_ref().is_none_or(|p| prompt.contains(p.as_str()))
+                    && e.prompt
+                        .as_ref()
+                        .is_none_or(|p| prompt.contains(p.as_str()))
             })
             .ok_or_else(|| format!("no scripted replies for agent type {agent_type}"))?;
         let step = request.meta.step as usize;
@@ -155,7 +157,11 @@ fn spawn_prompt(messages: &[Arc<Message>]) -> String {
     messages
         .iter()
         .find(|m| m.has_tag(SPAWN_PROMPT))
-        .or_else(|| messages.iter().find(|m| matches!(***m, Message::User { .. })))
+        .or_else(|| {
+            messages
+                .iter()
+                .find(|m| matches!(***m, Message::User { .. }))
+        })
         .map(|m| m.text())
         .unwrap_or_default()
 }
@@ -210,9 +216,9 @@ impl Model for ScriptedModel {
         }
         for (i, call) in reply.tool_calls.into_iter().enumerate() {
             parts.push(Part::ToolCall(ToolCall {
-                tool_call_id: call
-                    .id
-                    .unwrap_or_else(|| format!("{}-s{}-c{i}", request.meta.run_id, request.meta.step)),
+                tool_call_id: call.id.unwrap_or_else(|| {
+                    format!("{}-s{}-c{i}", request.meta.run_id, request.meta.step)
+                }),
                 tool_name: call.name,
                 input: call.input,
             }));

@@ -18,7 +18,10 @@ use crate::toolbox::SPAWN_AGENTS;
 pub enum Latency {
     Fixed(Duration),
     /// Log-normal with this median and shape `sigma`.
-    LogNormal { median: Duration, sigma: f64 },
+    LogNormal {
+        median: Duration,
+        sigma: f64,
+    },
 }
 
 impl Latency {
@@ -79,7 +82,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "m" => value * 60.0,
         "h" => value * 3600.0,
         "d" => value * 86400.0,
-        _ => return Err(format!("duration {text:?}: unknown unit {unit:?} (ms, s, m, h, d)")),
+        _ => {
+            return Err(format!(
+                "duration {text:?}: unknown unit {unit:?} (ms, s, m, h, d)"
+            ));
+        }
     };
     Duration::try_from_secs_f64(secs).map_err(|e| format!("duration {text:?}: {e}"))
 }
@@ -117,7 +124,10 @@ impl SimulatedModel {
     }
 
     fn spawn_call(&self, request: &ModelRequest) -> Option<ToolCall> {
-        if request.meta.step != 1 || request.meta.depth >= self.config.depth || self.config.fanout == 0 {
+        if request.meta.step != 1
+            || request.meta.depth >= self.config.depth
+            || self.config.fanout == 0
+        {
             return None;
         }
         let spawn = request.tools.get(SPAWN_AGENTS)?;
@@ -157,19 +167,28 @@ impl SimulatedModel {
             "[{}] {}",
             request.meta.agent_type,
             if children > 0 {
-                format!("Merged the findings of {children} sub-agents on: {}", task_of(request))
+                format!(
+                    "Merged the findings of {children} sub-agents on: {}",
+                    task_of(request)
+                )
             } else {
                 format!("Findings on: {}", task_of(request))
             }
         );
-        for i in 0..self.config.reply_tokens.saturating_sub(text.split_whitespace().count()) {
+        for i in 0..self
+            .config
+            .reply_tokens
+            .saturating_sub(text.split_whitespace().count())
+        {
             let _ = write!(text, " {}", WORDS[i % WORDS.len()]);
         }
         text
     }
 }
 
-const WORDS: [&str; 8] = ["evidence", "suggests", "the", "approach", "scales", "well", "under", "load"];
+const WORDS: [&str; 8] = [
+    "evidence", "suggests", "the", "approach", "scales", "well", "under", "load",
+];
 
 /// The task an agent was given: its spawn prompt or its first user message.
 fn task_of(request: &ModelRequest) -> String {
@@ -247,7 +266,9 @@ mod tests {
             median: Duration::from_millis(100),
             sigma: 0.5,
         };
-        let mut samples: Vec<Duration> = (1..=1001u64).map(|s| l.sample(s.wrapping_mul(0x9E37_79B9_7F4A_7C15))).collect();
+        let mut samples: Vec<Duration> = (1..=1001u64)
+            .map(|s| l.sample(s.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+            .collect();
         samples.sort();
         let median = samples[500].as_millis();
         assert!((70..=140).contains(&median), "median {median}ms");

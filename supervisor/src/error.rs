@@ -1,0 +1,27 @@
+//! The supervisor's error type.
+
+/// What can go wrong when starting or querying a tree.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("agent type {0} not found")]
+    UnknownAgent(String),
+    #[error("model {model} (used by agent {agent}) is not configured")]
+    UnknownModel { agent: String, model: String },
+    #[error("agent {agent}: {message}")]
+    InvalidTemplate { agent: String, message: String },
+    #[error("invalid input for agent {agent}: {message}")]
+    InvalidInput { agent: String, message: String },
+    #[error("could not start the root agent: {0}")]
+    Spawn(String),
+    #[error("the root agent of tree {0} ended without a result")]
+    Lost(String),
+    #[error("no run {0}")]
+    UnknownRun(String),
+}
+
+impl Error {
+    /// Whether trying the same thing again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Spawn(_))
+    }
+}

@@ -1,0 +1,204 @@
+//! Tree-wide limits (semantics §8) and the counters that enforce them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use arbor_actors::{Limit, LimitHit, Usage};
+use tokio::sync::Semaphore;
+
+/// Limits of one tree. `None` means unlimited.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TreeLimits {
+    /// Deepest level a child may be at (the root is at 0).
+    pub max_depth: Option<usize>,
+    pub max_children_per_call: Option<usize>,
+    /// Agents stepping at once; a spawn waits for a slot, a parent waiting for its
+    /// children gives its slot back.
+    pub max_live_agents: Option<usize>,
+    /// Agents in the whole tree, the root included.
+    pub max_agents: Option<usize>,
+    /// Model steps in the whole tree.
+    pub max_steps: Option<u64>,
+    pub max_tokens: Option<u64>,
+    pub max_credits: Option<f64>,
+    pub deadline: Option<Duration>,
+}
+
+/// The running counts of one tree, shared by its agents through the hooks.
+pub(crate) struct Budget {
+    limits: TreeLimits,
+    agents: AtomicUsize,
+    steps: AtomicU64,
+    tokens: AtomicU64,
+    /// Credits in millionths, so they add atomically.
+    micro_credits: AtomicU64,
+    pub(crate) slots: Option<Arc<Semaphore>>,
+}
+
+impl Budget {
+    pub(crate) fn new(limits: TreeLimits) -> Self {
+        Budget {
+            slots: limits
+                .max_live_agents
+                .map(|n| Arc::new(Semaphore::new(n.max(1)))),
+            limits,
+            agents: AtomicUsize::new(1),
+            steps: AtomicU64::new(0),
+            tokens: AtomicU64::new(0),
+            micro_credits: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn limits(&self) -> &TreeLimits {
+        &self.limits
+    }
+
+    pub(crate) fn admit_child(&self, parent_depth: usize, index: usize) -> Result<(), LimitHit> {
+        if let Some(max) = self.limits.max_depth {
+            if parent_depth + 1 > max {
+                return Err(LimitHit::new(
+                    Limit::MaxDepth,
+                    format!("a child at depth {} is deeper than {max}", parent_depth + 1),
+                ));
+            }
+        }
+        if let Some(max) = self.limits.max_children_per_call {
+            if index >= max {
+                return Err(LimitHit::new(
+                    Limit::MaxChildrenPerCall,
+                    format!("child {} of one call is more than {max}", index + 1),
+                ));
+            }
+        }
+        let Some(max) = self.limits.max_agents else {
+            self.agents.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        };
+        self.agents
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map(|_| ())
+            .map_err(|_| {
+                LimitHit::new(
+                    Limit::MaxAgents,
+                    format!("the tree already has {max} agents"),
+                )
+            })
+    }
+
+    pub(crate) fn admit_step(&self) -> Result<(), LimitHit> {
+        if let Some(max) = self.limits.max_tokens {
+            let used = self.tokens.load(Ordering::Acquire);
+            if used >= max {
+                return Err(LimitHit::new(
+                    Limit::TokenBudget,
+                    format!("{used} of {max} tokens used"),
+                ));
+            }
+        }
+        if let Some(max) = self.limits.max_credits {
+            let used = self.credits();
+            if used >= max {
+                return Err(LimitHit::new(
+                    Limit::CostBudget,
+                    format!("{used:.4} of {max} credits used"),
+                ));
+            }
+        }
+        let Some(max) = self.limits.max_steps else {
+            self.steps.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        };
+        self.steps
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map(|_| ())
+            .map_err(|_| {
+                LimitHit::new(
+                    Limit::MaxSteps,
+                    format!("the tree already took {max} steps"),
+                )
+            })
+    }
+
+    pub(crate) fn settle(&self, usage: &Usage) {
+        self.tokens
+            .fetch_add(usage.total_tokens(), Ordering::AcqRel);
+        let micro = (usage.cost.max(0.0) * 1e6).round() as u64;
+        self.micro_credits.fetch_add(micro, Ordering::AcqRel);
+    }
+
+    pub(crate) fn agents(&self) -> usize {
+        self.agents.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn steps(&self) -> u64 {
+        self.steps.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn tokens(&self) -> u64 {
+        self.tokens.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn credits(&self) -> f64 {
+        self.micro_credits.load(Ordering::Acquire) as f64 / 1e6
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depth_children_and_total_refuse_cleanly() {
+        let b = Budget::new(TreeLimits {
+            max_depth: Some(2),
+            max_children_per_call: Some(3),
+            max_agents: Some(3),
+            ..TreeLimits::default()
+        });
+        assert_eq!(b.admit_child(2, 0).unwrap_err().limit, Limit::MaxDepth);
+        assert_eq!(
+            b.admit_child(0, 3).unwrap_err().limit,
+            Limit::MaxChildrenPerCall
+        );
+        assert!(b.admit_child(0, 0).is_ok());
+        assert!(b.admit_child(0, 1).is_ok());
+        let hit = b.admit_child(0, 2).unwrap_err();
+        assert_eq!(hit.limit, Limit::MaxAgents);
+        assert_eq!(
+            hit.to_string(),
+            "limit max_agents reached: the tree already has 3 agents"
+        );
+        assert_eq!(b.agents(), 3);
+    }
+
+    #[test]
+    fn steps_tokens_and_credits_are_budgets() {
+        let b = Budget::new(TreeLimits {
+            max_steps: Some(2),
+            max_tokens: Some(100),
+            ..TreeLimits::default()
+        });
+        assert!(b.admit_step().is_ok());
+        b.settle(&Usage {
+            input_tokens: 60,
+            output_tokens: 50,
+            cost: 0.25,
+            ..Usage::default()
+        });
+        assert_eq!(b.admit_step().unwrap_err().limit, Limit::TokenBudget);
+        assert_eq!(b.credits(), 0.25);
+
+        let b = Budget::new(TreeLimits {
+            max_steps: Some(1),
+            ..TreeLimits::default()
+        });
+        assert!(b.admit_step().is_ok());
+        assert_eq!(b.admit_step().unwrap_err().limit, Limit::MaxSteps);
+        assert_eq!(b.steps(), 1);
+    }
+}

@@ -1,0 +1,307 @@
+//! The supervisor: starts trees from a template and a prompt, owns what is
+//! tree-wide (limits, deadline, cancellation, events, the run registry) and
+//! answers for any run by id.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use arbor_actors::history::History;
+use arbor_actors::message::{Content, Message, Meta, Part, SPAWN_PROMPT};
+use arbor_actors::{
+    AgentActor, AgentArgs, AgentMsg, AgentSnapshot, AgentState, AgentStatus, CancelReason, Limit,
+    LimitHit, Model, Reply, RunResult, StepMachine,
+};
+use ractor::{Actor, ActorRef};
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use crate::bus::{EventBus, EventStream};
+use crate::catalog::Catalog;
+use crate::error::Error;
+use crate::limits::TreeLimits;
+use crate::registry::{Registry, Retain};
+use crate::tree::TreeContext;
+
+/// What to start: an agent type, its prompt and params.
+#[derive(Clone, Debug, Default)]
+pub struct StartRequest {
+    pub agent: String,
+    pub prompt: String,
+    pub params: Option<Value>,
+    /// Limits for this tree instead of the supervisor's defaults.
+    pub limits: Option<TreeLimits>,
+    /// Run every agent of the tree on this model instead of its template's.
+    pub model: Option<String>,
+    /// A fixed tree id (ids of every run derive from it); random when `None`.
+    pub tree_id: Option<String>,
+}
+
+pub struct Supervisor {
+    catalog: Arc<Catalog>,
+    limits: TreeLimits,
+    bus: EventBus,
+    registry: Arc<Registry>,
+    trees: Mutex<HashMap<Arc<str>, Weak<TreeContext>>>,
+}
+
+/// A started tree: its ids, its events, and its result.
+pub struct TreeHandle {
+    pub tree_id: Arc<str>,
+    pub root_run_id: String,
+    root: ActorRef<AgentMsg>,
+    result: oneshot::Receiver<RunResult>,
+    ctx: Arc<TreeContext>,
+}
+
+impl Supervisor {
+    pub fn new(catalog: Catalog, limits: TreeLimits) -> Self {
+        Self::with_retention(catalog, limits, Retain::All)
+    }
+
+    pub fn with_retention(catalog: Catalog, limits: TreeLimits, retain: Retain) -> Self {
+        Supervisor {
+            catalog: Arc::new(catalog),
+            limits,
+            bus: EventBus::default(),
+            registry: Arc::new(Registry::new(retain)),
+            trees: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    pub fn default_limits(&self) -> &TreeLimits {
+        &self.limits
+    }
+
+    pub fn events(&self) -> &EventBus {
+        &self.bus
+    }
+
+    /// Every event of every tree from now on.
+    pub fn subscribe(&self) -> EventStream {
+        self.bus.subscribe()
+    }
+
+    /// Starts a tree. Waits only for a live slot for the root, never for its run.
+    pub async fn start(&self, request: StartRequest) -> Result<TreeHandle, Error> {
+        let template = self
+            .catalog
+            .find_template(&request.agent)
+            .cloned()
+            .ok_or_else(|| Error::UnknownAgent(request.agent.clone()))?;
+        template
+            .check_input(Some(&request.prompt), request.params.as_ref())
+            .map_err(|message| Error::InvalidInput {
+                agent: template.id.clone(),
+                message,
+            })?;
+        let model_override: Option<Arc<dyn Model>> = match &request.model {
+            Some(name) => {
+                Some(
+                    self.catalog
+                        .model(name)
+                        .cloned()
+                        .ok_or_else(|| Error::UnknownModel {
+                            agent: template.id.clone(),
+                            model: name.clone(),
+                        })?,
+                )
+            }
+            None => None,
+        };
+        let toolbox = self
+            .catalog
+            .toolbox(&template.id)
+            .cloned()
+            .ok_or_else(|| Error::UnknownAgent(template.id.clone()))?;
+        let tree_id: Arc<str> = Arc::from(request.tree_id.clone().unwrap_or_else(new_tree_id));
+        let limits = request
+            .limits
+            .clone()
+            .unwrap_or_else(|| self.limits.clone());
+        let ctx = Arc::new(TreeContext::new(
+            tree_id.clone(),
+            self.catalog.clone(),
+            limits,
+            self.bus.clone(),
+            self.registry.clone(),
+            model_override,
+        ));
+        let ids = ctx.ids("0", 0);
+        let mut history = History::new();
+        history.push(prompt_message(&request.prompt, request.params.as_ref()));
+        let state = AgentState {
+            agent_id: ids.agent_id,
+            agent_type: Some(template.id.clone()),
+            run_id: ids.run_id.clone(),
+            message_history: history,
+            system_prompt: template.system_prompt.clone(),
+            tool_definitions: toolbox.definitions().clone(),
+            steps_remaining: template.max_steps,
+            status: AgentStatus::Running,
+            ..AgentState::default()
+        };
+        let machine = StepMachine::new(state, template.clone(), toolbox, 0, tree_id.clone())
+            .with_input(Some(request.prompt.clone()), request.params.clone());
+        let slot = {
+            use arbor_actors::TreeHooks;
+            ctx.acquire_slot().await
+        };
+        let (tx, rx) = oneshot::channel();
+        let hooks: Arc<dyn arbor_actors::TreeHooks> = ctx.clone();
+        let (root, _) = Actor::spawn(
+            None,
+            AgentActor,
+            AgentArgs {
+                hooks,
+                machine,
+                reply: Reply::Root(tx),
+                slot,
+            },
+        )
+        .await
+        .map_err(|e| Error::Spawn(e.to_string()))?;
+        if let Some(deadline) = ctx.budget.limits().deadline {
+            let root = root.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(deadline).await;
+                let limit = LimitHit::new(
+                    Limit::Deadline,
+                    format!("the tree ran longer than {deadline:?}"),
+                );
+                let _ = root.cast(AgentMsg::Cancel(CancelReason::Limit(limit)));
+            });
+        }
+        if let Ok(mut trees) = self.trees.lock() {
+            trees.retain(|_, t| t.strong_count() > 0);
+            trees.insert(tree_id.clone(), Arc::downgrade(&ctx));
+        }
+        Ok(TreeHandle {
+            tree_id,
+            root_run_id: ids.run_id,
+            root,
+            result: rx,
+            ctx,
+        })
+    }
+
+    /// Starts a tree and waits for its root's result.
+    pub async fn run(&self, request: StartRequest) -> Result<RunResult, Error> {
+        self.start(request).await?.wait().await
+    }
+
+    /// The final state of a finished run.
+    pub fn finished_state(&self, run_id: &str) -> Option<Arc<AgentState>> {
+        self.registry.get(run_id)
+    }
+
+    /// The current state of a live run, or the final state of a finished one.
+    pub async fn state(&self, run_id: &str) -> Result<AgentState, Error> {
+        if let Some(actor) = self.live_actor(run_id) {
+            if let Ok(snapshot) = ractor::call!(actor, AgentMsg::Status) {
+                let snapshot: AgentSnapshot = snapshot;
+                return Ok(snapshot.state);
+            }
+        }
+        self.registry
+            .get(run_id)
+            .map(|s| (*s).clone())
+            .ok_or_else(|| Error::UnknownRun(run_id.to_owned()))
+    }
+
+    /// Cancels a run and its whole subtree; its parent sees it as cancelled.
+    pub fn cancel_run(&self, run_id: &str) -> Result<(), Error> {
+        let actor = self
+            .live_actor(run_id)
+            .ok_or_else(|| Error::UnknownRun(run_id.to_owned()))?;
+        actor
+            .cast(AgentMsg::Cancel(CancelReason::Requested))
+            .map_err(|_| Error::UnknownRun(run_id.to_owned()))
+    }
+
+    /// Agent actors alive in every tree.
+    pub fn live_actors(&self) -> usize {
+        self.contexts().iter().map(|c| c.live_count()).sum()
+    }
+
+    fn contexts(&self) -> Vec<Arc<TreeContext>> {
+        self.trees
+            .lock()
+            .map(|t| t.values().filter_map(Weak::upgrade).collect())
+            .unwrap_or_default()
+    }
+
+    fn live_actor(&self, run_id: &str) -> Option<ActorRef<AgentMsg>> {
+        self.contexts().iter().find_map(|c| c.live_actor(run_id))
+    }
+}
+
+impl TreeHandle {
+    /// Cancels the whole tree.
+    pub fn cancel(&self) {
+        let _ = self.root.cast(AgentMsg::Cancel(CancelReason::Requested));
+    }
+
+    /// Agent actors alive in this tree.
+    pub fn live_actors(&self) -> usize {
+        self.ctx.live_count()
+    }
+
+    /// Agents admitted to the tree so far, the root included.
+    pub fn agents(&self) -> usize {
+        self.ctx.budget.agents()
+    }
+
+    /// Model steps taken in the tree so far.
+    pub fn steps(&self) -> u64 {
+        self.ctx.budget.steps()
+    }
+
+    pub fn tokens(&self) -> u64 {
+        self.ctx.budget.tokens()
+    }
+
+    /// Waits for the root's final result.
+    pub async fn wait(self) -> Result<RunResult, Error> {
+        self.result
+            .await
+            .map_err(|_| Error::Lost(self.tree_id.to_string()))
+    }
+}
+
+/// The root's prompt (and params) as its first user message.
+fn prompt_message(prompt: &str, params: Option<&Value>) -> Message {
+    let mut parts = vec![Part::Text {
+        text: prompt.to_owned(),
+    }];
+    if let Some(params) = params {
+        parts.push(Part::Text {
+            text: format!("Params: {params}"),
+        });
+    }
+    let content = if parts.len() == 1 {
+        Content::Text(prompt.to_owned())
+    } else {
+        Content::Parts(parts)
+    };
+    Message::User {
+        content,
+        meta: Meta {
+            tags: vec![SPAWN_PROMPT.to_owned()],
+            ..Meta::default()
+        },
+    }
+}
+
+/// A fresh tree id: 12 hex digits, unique within a process and very likely across.
+fn new_tree_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let hash = RandomState::new().hash_one((crate::tree::now_ms(), n, std::process::id()));
+    format!("t{:012x}", hash & 0xffff_ffff_ffff)
+}

@@ -1,0 +1,171 @@
+//! One tree's context: what its agents reach through `TreeHooks` (catalog,
+//! budget, live slots, ids, events) and the actors alive in it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use arbor_actors::hooks::RunIds;
+use arbor_actors::toolbox::Toolbox;
+use arbor_actors::{
+    AgentMsg, AgentState, AgentTemplate, Event, EventKind, LimitHit, Model, TreeHooks, Usage,
+};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use ractor::ActorRef;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::bus::EventBus;
+use crate::catalog::Catalog;
+use crate::limits::{Budget, TreeLimits};
+use crate::registry::Registry;
+
+pub(crate) struct TreeContext {
+    pub(crate) tree_id: Arc<str>,
+    catalog: Arc<Catalog>,
+    pub(crate) budget: Budget,
+    bus: EventBus,
+    registry: Arc<Registry>,
+    /// Used for every agent of the tree instead of the template's model.
+    model_override: Option<Arc<dyn Model>>,
+    seq: AtomicU64,
+    /// Held while an event is numbered and published, so every subscriber sees
+    /// a tree's events in `seq` order.
+    order: Mutex<()>,
+    live: Mutex<HashMap<Arc<str>, ActorRef<AgentMsg>>>,
+}
+
+impl TreeContext {
+    pub(crate) fn new(
+        tree_id: Arc<str>,
+        catalog: Arc<Catalog>,
+        limits: TreeLimits,
+        bus: EventBus,
+        registry: Arc<Registry>,
+        model_override: Option<Arc<dyn Model>>,
+    ) -> Self {
+        TreeContext {
+            tree_id,
+            catalog,
+            budget: Budget::new(limits),
+            bus,
+            registry,
+            model_override,
+            seq: AtomicU64::new(0),
+            order: Mutex::new(()),
+            live: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn live_actor(&self, run_id: &str) -> Option<ActorRef<AgentMsg>> {
+        self.live.lock().ok()?.get(run_id).cloned()
+    }
+
+    pub(crate) fn live_count(&self) -> usize {
+        self.live.lock().map(|l| l.len()).unwrap_or(0)
+    }
+
+    /// Ids of a run at `path` (`0` for the root, `0.2.1` for the first child of
+    /// its second child), deterministic from the tree id.
+    pub(crate) fn ids(&self, path: &str, attempt: u32) -> RunIds {
+        let agent_id = format!("{}/{path}", self.tree_id);
+        let run_id = if attempt == 0 {
+            agent_id.clone()
+        } else {
+            format!("{agent_id}~{attempt}")
+        };
+        RunIds { agent_id, run_id }
+    }
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl TreeHooks for TreeContext {
+    fn tree_id(&self) -> &Arc<str> {
+        &self.tree_id
+    }
+
+    fn template(&self, id: &str) -> Option<Arc<AgentTemplate>> {
+        self.catalog.template(id).cloned()
+    }
+
+    fn knows_agent(&self, requested: &str) -> bool {
+        self.catalog.knows_agent(requested)
+    }
+
+    fn model(&self, name: &str) -> Option<Arc<dyn Model>> {
+        if let Some(model) = &self.model_override {
+            return Some(model.clone());
+        }
+        self.catalog.model(name).cloned()
+    }
+
+    fn toolbox(&self, template: &AgentTemplate) -> Result<Arc<Toolbox>, String> {
+        self.catalog
+            .toolbox(&template.id)
+            .cloned()
+            .ok_or_else(|| format!("agent type {} is not in the catalog", template.id))
+    }
+
+    fn child_ids(&self, parent: &AgentState, ordinal: u32, attempt: u32) -> RunIds {
+        let prefix = format!("{}/", self.tree_id);
+        let parent_path = parent
+            .agent_id
+            .strip_prefix(&prefix)
+            .unwrap_or(&parent.agent_id);
+        self.ids(&format!("{parent_path}.{ordinal}"), attempt)
+    }
+
+    fn admit_child(&self, parent_depth: usize, index: usize) -> Result<(), LimitHit> {
+        self.budget.admit_child(parent_depth, index)
+    }
+
+    fn admit_step(&self) -> Result<(), LimitHit> {
+        self.budget.admit_step()
+    }
+
+    fn settle(&self, usage: &Usage) {
+        self.budget.settle(usage);
+    }
+
+    fn acquire_slot(&self) -> BoxFuture<'static, Option<OwnedSemaphorePermit>> {
+        match &self.budget.slots {
+            None => futures::future::ready(None).boxed(),
+            Some(slots) => slots.clone().acquire_owned().map(Result::ok).boxed(),
+        }
+    }
+
+    fn emit(&self, run_id: &Arc<str>, kind: EventKind) {
+        if let Some(state) = kind.final_state() {
+            self.registry.record(state);
+        }
+        let _order = self.order.lock();
+        let event = Event {
+            seq: self.seq.fetch_add(1, Ordering::AcqRel) + 1,
+            tree_id: self.tree_id.clone(),
+            run_id: run_id.clone(),
+            at_ms: now_ms(),
+            kind,
+        };
+        tracing::debug!(tree = %event.tree_id, run = %event.run_id, event = event.kind.name());
+        self.bus.publish(event);
+    }
+
+    fn actor_started(&self, run_id: &Arc<str>, actor: &ActorRef<AgentMsg>) {
+        if let Ok(mut live) = self.live.lock() {
+            live.insert(run_id.clone(), actor.clone());
+        }
+    }
+
+    fn actor_stopped(&self, run_id: &Arc<str>) {
+        if let Ok(mut live) = self.live.lock() {
+            live.remove(run_id);
+        }
+    }
+}
