@@ -156,38 +156,53 @@ impl SimulatedModel {
         })
     }
 
-    fn answer(&self, request: &ModelRequest) -> String {
+    fn answer(&self, request: &ModelRequest, seed: u64) -> String {
         let children = request
             .messages
             .last()
             .filter(|m| m.answers().is_some())
             .map(|m| m.text().matches("\"agentId\"").count())
             .unwrap_or(0);
-        let mut text = format!(
-            "[{}] {}",
-            request.meta.agent_type,
-            if children > 0 {
-                format!(
-                    "Merged the findings of {children} sub-agents on: {}",
-                    task_of(request)
-                )
+        let task = task_of(request);
+        let mut text = if children > 0 {
+            format!("Merged the reports of {children} sub-agents on \"{task}\".")
+        } else {
+            format!("Findings on \"{task}\".")
+        };
+        let mut rng = seed | 1;
+        let mut words = text.split_whitespace().count();
+        let mut sentence = 0;
+        while words < self.config.reply_tokens {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let word = WORDS[(rng % WORDS.len() as u64) as usize];
+            if sentence == 0 {
+                let mut chars = word.chars();
+                let first = chars.next().map(|c| c.to_ascii_uppercase()).unwrap_or(' ');
+                let _ = write!(text, " {first}{}", chars.as_str());
             } else {
-                format!("Findings on: {}", task_of(request))
+                let _ = write!(text, " {word}");
             }
-        );
-        for i in 0..self
-            .config
-            .reply_tokens
-            .saturating_sub(text.split_whitespace().count())
-        {
-            let _ = write!(text, " {}", WORDS[i % WORDS.len()]);
+            sentence += 1;
+            words += 1;
+            if sentence >= 6 + (rng % 7) as usize {
+                text.push('.');
+                sentence = 0;
+            }
+        }
+        if sentence > 0 {
+            text.push('.');
         }
         text
     }
 }
 
-const WORDS: [&str; 8] = [
-    "evidence", "suggests", "the", "approach", "scales", "well", "under", "load",
+const WORDS: [&str; 32] = [
+    "the", "evidence", "suggests", "approach", "scales", "with", "input", "size", "while",
+    "memory", "stays", "bounded", "each", "variant", "trades", "latency", "for", "throughput",
+    "in", "practice", "results", "depend", "on", "data", "shape", "and", "cache", "behaviour",
+    "a", "benchmark", "confirms", "this",
 ];
 
 /// The task an agent was given: its spawn prompt or its first user message.
@@ -224,7 +239,7 @@ impl Model for SimulatedModel {
         let input_tokens = request.messages.iter().map(|m| m.estimated_tokens()).sum();
         let message = match self.spawn_call(&request) {
             Some(call) => Message::assistant(None, vec![call]),
-            None => Message::assistant_text(self.answer(&request)),
+            None => Message::assistant_text(self.answer(&request, hasher.finish())),
         };
         let output_tokens = message.estimated_tokens();
         Ok(ModelResponse {

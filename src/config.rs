@@ -1,0 +1,532 @@
+//! `config.toml`: models, agent templates and limits, parsed into a validated
+//! `Config`. Every problem is reported with its file, line and key.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arbor_actors::models::simulated::parse_duration;
+use arbor_actors::models::{Latency, ScriptedModel, SimulatedConfig, SimulatedModel};
+use arbor_actors::schema::Schema;
+use arbor_actors::template::InputSchema;
+use arbor_actors::{AgentTemplate, FailurePolicy, OutputMode};
+use arbor_supervisor::{Catalog, TreeLimits};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The configuration a fresh checkout runs with (the repository's `config.toml`).
+pub const DEFAULT_CONFIG: &str = include_str!("../config.toml");
+/// How the embedded default is named in messages.
+pub const DEFAULT_CONFIG_NAME: &str = "<built-in config.toml>";
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    #[serde(default)]
+    pub run: RunSection,
+    #[serde(default)]
+    pub limits: LimitsSection,
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelSection>,
+    #[serde(default)]
+    pub agents: BTreeMap<String, AgentSection>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSection {
+    /// The agent `arbor run` starts when `--agent` is not given.
+    pub agent: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    pub max_depth: Option<usize>,
+    pub max_children_per_call: Option<usize>,
+    pub max_live_agents: Option<usize>,
+    pub max_agents: Option<usize>,
+    pub max_steps: Option<u64>,
+    pub max_tokens: Option<u64>,
+    pub max_credits: Option<f64>,
+    pub deadline: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "provider", rename_all = "lowercase")]
+pub enum ModelSection {
+    Simulated(SimulatedSection),
+    Scripted(ScriptedSection),
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimulatedSection {
+    #[serde(default = "default_fanout")]
+    pub fanout: usize,
+    #[serde(default = "default_depth")]
+    pub depth: usize,
+    #[serde(default = "default_latency")]
+    pub latency: String,
+    #[serde(default = "default_reply_tokens")]
+    pub reply_tokens: usize,
+}
+
+fn default_fanout() -> usize {
+    3
+}
+fn default_depth() -> usize {
+    2
+}
+fn default_latency() -> String {
+    "0".into()
+}
+fn default_reply_tokens() -> usize {
+    40
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedSection {
+    /// The script (JSON), relative to the config file.
+    pub file: PathBuf,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSection {
+    pub name: Option<String>,
+    pub model: String,
+    #[serde(default)]
+    pub system_prompt: String,
+    #[serde(default)]
+    pub tools: Vec<String>,
+    #[serde(default)]
+    pub spawnable_agents: Vec<String>,
+    #[serde(default)]
+    pub output_mode: OutputMode,
+    pub output_schema: Option<Value>,
+    pub input_schema: Option<InputSchemaSection>,
+    #[serde(default)]
+    pub include_message_history: bool,
+    #[serde(default)]
+    pub inherit_parent_system_prompt: bool,
+    #[serde(default = "default_max_steps")]
+    pub max_steps: u32,
+    pub step_timeout: Option<String>,
+    pub context_window: Option<u64>,
+    #[serde(default)]
+    pub failure: FailureSection,
+}
+
+fn default_max_steps() -> u32 {
+    20
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputSchemaSection {
+    pub prompt: Option<Value>,
+    pub params: Option<Value>,
+}
+
+/// `"report"`, `"escalate"` or `{ retry = { max = 2, backoff = "500ms" } }`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum FailureSection {
+    Named(String),
+    Retry { retry: RetrySection },
+}
+
+impl Default for FailureSection {
+    fn default() -> Self {
+        FailureSection::Named("report".into())
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySection {
+    pub max: u32,
+    pub backoff: String,
+}
+
+/// One problem in a config file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub line: Option<usize>,
+    pub key: String,
+    pub message: String,
+}
+
+/// A config that cannot be used, with every problem found.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    pub file: String,
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.problems.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            match p.line {
+                Some(line) => write!(f, "{}:{line}: {}: {}", self.file, p.key, p.message)?,
+                None => write!(f, "{}: {}: {}", self.file, p.key, p.message)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A parsed and validated config, ready to build a catalog from.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub file: ConfigFile,
+    /// Where relative paths (scripts) are resolved.
+    pub base_dir: PathBuf,
+    /// The name used in messages (the path, or the built-in marker).
+    pub source: String,
+    pub limits: TreeLimits,
+    pub templates: Vec<AgentTemplate>,
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let source = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: source.clone(),
+            problems: vec![Problem {
+                line: None,
+                key: "(file)".into(),
+                message: format!("cannot read: {e}"),
+            }],
+        })?;
+        let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Self::parse(&text, &source, base_dir)
+    }
+
+    /// The built-in default config.
+    pub fn default_config() -> Result<Config, ConfigError> {
+        Self::parse(DEFAULT_CONFIG, DEFAULT_CONFIG_NAME, PathBuf::from("."))
+    }
+
+    /// Parses and validates config text; `source` names it in errors.
+    pub fn parse(text: &str, source: &str, base_dir: PathBuf) -> Result<Config, ConfigError> {
+        let error = |problems| ConfigError {
+            file: source.to_owned(),
+            problems,
+        };
+        let file = parse_file(text).map_err(|p| error(vec![p]))?;
+        let mut problems = Vec::new();
+        let limits = limits(&file.limits, text, &mut problems);
+        let templates = templates(&file, text, &mut problems);
+        check_graph(&file, &limits, text, &mut problems);
+        check_models(&file, &base_dir, text, &mut problems);
+        if let Some(agent) = &file.run.agent {
+            if !file.agents.contains_key(agent) {
+                problems.push(at(text, "run", "agent", format!("no agent named {agent:?}")));
+            }
+        }
+        if !problems.is_empty() {
+            return Err(error(problems));
+        }
+        Ok(Config {
+            file,
+            base_dir,
+            source: source.to_owned(),
+            limits,
+            templates,
+        })
+    }
+
+    /// The agent `arbor run` starts by default.
+    pub fn default_agent(&self) -> Option<&str> {
+        self.file
+            .run
+            .agent
+            .as_deref()
+            .or_else(|| self.file.agents.keys().next().map(String::as_str))
+    }
+
+    /// Builds the models and the catalog.
+    pub fn catalog(&self) -> Result<Catalog, ConfigError> {
+        let mut builder = Catalog::builder();
+        for (name, section) in &self.file.models {
+            let model: Arc<dyn arbor_actors::Model> = match section {
+                ModelSection::Simulated(s) => Arc::new(SimulatedModel::new(name, simulated_config(s).map_err(|m| self.problem("models", name, "latency", m))?)),
+                ModelSection::Scripted(s) => Arc::new(
+                    ScriptedModel::from_file(name, &self.base_dir.join(&s.file))
+                        .map_err(|e| self.problem("models", name, "file", e.to_string()))?,
+                ),
+            };
+            builder = builder.model_as(name, model);
+        }
+        for template in &self.templates {
+            builder = builder.template(template.clone());
+        }
+        builder.build().map_err(|e| ConfigError {
+            file: self.source.clone(),
+            problems: vec![Problem {
+                line: None,
+                key: "agents".into(),
+                message: e.to_string(),
+            }],
+        })
+    }
+
+    fn problem(&self, table: &str, name: &str, key: &str, message: String) -> ConfigError {
+        ConfigError {
+            file: self.source.clone(),
+            problems: vec![Problem {
+                line: None,
+                key: format!("{table}.{name}.{key}"),
+                message,
+            }],
+        }
+    }
+}
+
+fn simulated_config(s: &SimulatedSection) -> Result<SimulatedConfig, String> {
+    Ok(SimulatedConfig {
+        fanout: s.fanout,
+        depth: s.depth,
+        latency: Latency::parse(&s.latency)?,
+        reply_tokens: s.reply_tokens,
+    })
+}
+
+/// Parses TOML into the file structure; a problem names the key and the line.
+fn parse_file(text: &str) -> Result<ConfigFile, Problem> {
+    let de = toml::Deserializer::parse(text).map_err(|e| Problem {
+        line: e.span().map(|s| line_of(text, s.start)),
+        key: "(syntax)".into(),
+        message: e.message().trim().to_owned(),
+    })?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let key = e.path().to_string();
+        let inner = e.into_inner();
+        Problem {
+            line: inner.span().map(|s| line_of(text, s.start)),
+            key: if key == "." { "(top level)".into() } else { key },
+            message: inner.message().trim().to_owned(),
+        }
+    })
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// A problem at `table.name.key`, with the line where that key (or table) is.
+fn at(text: &str, table: &str, key: &str, message: String) -> Problem {
+    Problem {
+        line: locate(text, table, key),
+        key: format!("{table}.{key}"),
+        message,
+    }
+}
+
+/// The line of `key` inside `[table]` (or of the table header).
+fn locate(text: &str, table: &str, key: &str) -> Option<usize> {
+    let header = format!("[{table}]");
+    let mut in_table = false;
+    let mut header_line = None;
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            in_table = trimmed == header;
+            if in_table {
+                header_line = Some(i + 1);
+            }
+            continue;
+        }
+        if in_table {
+            let name = trimmed.split('=').next().unwrap_or("").trim();
+            if name == key {
+                return Some(i + 1);
+            }
+        }
+    }
+    header_line
+}
+
+fn duration(text: &str, table: &str, key: &str, value: &Option<String>, problems: &mut Vec<Problem>) -> Option<std::time::Duration> {
+    let value = value.as_ref()?;
+    match parse_duration(value) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            problems.push(at(text, table, key, e));
+            None
+        }
+    }
+}
+
+fn limits(section: &LimitsSection, text: &str, problems: &mut Vec<Problem>) -> TreeLimits {
+    if section.max_live_agents == Some(0) {
+        problems.push(at(text, "limits", "max_live_agents", "must be at least 1".into()));
+    }
+    TreeLimits {
+        max_depth: section.max_depth,
+        max_children_per_call: section.max_children_per_call,
+        max_live_agents: section.max_live_agents,
+        max_agents: section.max_agents,
+        max_steps: section.max_steps,
+        max_tokens: section.max_tokens,
+        max_credits: section.max_credits,
+        deadline: duration(text, "limits", "deadline", &section.deadline, problems),
+    }
+}
+
+fn templates(file: &ConfigFile, text: &str, problems: &mut Vec<Problem>) -> Vec<AgentTemplate> {
+    let mut out = Vec::new();
+    for (id, a) in &file.agents {
+        let table = format!("agents.{id}");
+        let mut schema = |key: &str, value: &Option<Value>| -> Option<Schema> {
+            let value = value.clone()?;
+            Schema::compile(value)
+                .map_err(|e| problems.push(at(text, &table, key, format!("invalid JSON Schema: {e}"))))
+                .ok()
+        };
+        let output_schema = schema("output_schema", &a.output_schema);
+        let input_schema = match &a.input_schema {
+            Some(s) => InputSchema {
+                prompt: schema("input_schema", &s.prompt),
+                params: schema("input_schema", &s.params),
+            },
+            None => InputSchema::default(),
+        };
+        if !file.models.contains_key(&a.model) {
+            let known: Vec<&str> = file.models.keys().map(String::as_str).collect();
+            problems.push(at(
+                text,
+                &table,
+                "model",
+                format!("unknown model {:?} (configured: {})", a.model, known.join(", ")),
+            ));
+        }
+        for entry in &a.spawnable_agents {
+            if !file.agents.contains_key(entry) {
+                problems.push(at(
+                    text,
+                    &table,
+                    "spawnable_agents",
+                    format!("spawns {entry:?}, which is not defined under [agents]"),
+                ));
+            }
+        }
+        for tool in &a.tools {
+            if !arbor_actors::toolbox::OPTIONAL_BUILTINS.contains(&tool.as_str()) {
+                problems.push(at(
+                    text,
+                    &table,
+                    "tools",
+                    format!("unknown tool {tool:?} (built-in tools here: add_message, set_messages; library users register their own)"),
+                ));
+            }
+        }
+        let failure = match &a.failure {
+            FailureSection::Named(name) if name == "report" => FailurePolicy::Report,
+            FailureSection::Named(name) if name == "escalate" => FailurePolicy::Escalate,
+            FailureSection::Named(name) => {
+                problems.push(at(
+                    text,
+                    &table,
+                    "failure",
+                    format!("unknown policy {name:?} (report, escalate, or {{ retry = {{ max, backoff }} }})"),
+                ));
+                FailurePolicy::Report
+            }
+            FailureSection::Retry { retry } => FailurePolicy::Retry {
+                max: retry.max,
+                backoff: duration(text, &table, "failure", &Some(retry.backoff.clone()), problems).unwrap_or_default(),
+            },
+        };
+        let step_timeout = duration(text, &table, "step_timeout", &a.step_timeout, problems);
+        let mut t = AgentTemplate::new(id.clone(), a.model.clone());
+        t.display_name = a.name.clone().unwrap_or_else(|| id.clone());
+        t.system_prompt = Arc::from(a.system_prompt.as_str());
+        t.tools = a.tools.clone();
+        t.spawnable_agents = a.spawnable_agents.clone();
+        t.output_mode = a.output_mode;
+        t.output_schema = output_schema;
+        t.input_schema = input_schema;
+        t.include_message_history = a.include_message_history;
+        t.inherit_parent_system_prompt = a.inherit_parent_system_prompt;
+        t.max_steps = a.max_steps;
+        t.step_timeout = step_timeout;
+        t.context_window = a.context_window;
+        t.failure = failure;
+        out.push(t);
+    }
+    out
+}
+
+/// A spawn cycle needs `limits.max_depth`, or a tree could grow without end.
+fn check_graph(file: &ConfigFile, limits: &TreeLimits, text: &str, problems: &mut Vec<Problem>) {
+    if limits.max_depth.is_some() {
+        return;
+    }
+    let mut reported = HashSet::new();
+    for start in file.agents.keys() {
+        let mut path = vec![start.as_str()];
+        if let Some(cycle) = find_cycle(file, &mut path) {
+            let mut members: Vec<&str> = cycle.clone();
+            members.sort();
+            if reported.insert(members) {
+                problems.push(at(
+                    text,
+                    &format!("agents.{}", cycle[0]),
+                    "spawnable_agents",
+                    format!(
+                        "spawn cycle {} with no limits.max_depth: set max_depth so the tree ends",
+                        cycle.join(" -> ")
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+fn find_cycle<'a>(file: &'a ConfigFile, path: &mut Vec<&'a str>) -> Option<Vec<&'a str>> {
+    let current = *path.last()?;
+    let agent = file.agents.get(current)?;
+    for next in &agent.spawnable_agents {
+        if let Some(pos) = path.iter().position(|p| *p == next.as_str()) {
+            let mut cycle: Vec<&str> = path[pos..].to_vec();
+            cycle.push(next.as_str());
+            return Some(cycle);
+        }
+        if file.agents.contains_key(next) {
+            path.push(next.as_str());
+            if let Some(c) = find_cycle(file, path) {
+                return Some(c);
+            }
+            path.pop();
+        }
+    }
+    None
+}
+
+fn check_models(file: &ConfigFile, base_dir: &Path, text: &str, problems: &mut Vec<Problem>) {
+    for (name, model) in &file.models {
+        let table = format!("models.{name}");
+        match model {
+            ModelSection::Simulated(s) => {
+                if let Err(e) = Latency::parse(&s.latency) {
+                    problems.push(at(text, &table, "latency", e));
+                }
+            }
+            ModelSection::Scripted(s) => {
+                let path = base_dir.join(&s.file);
+                if let Err(e) = ScriptedModel::from_file(name, &path) {
+                    problems.push(at(text, &table, "file", e.to_string()));
+                }
+            }
+        }
+    }
+}

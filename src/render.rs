@@ -1,0 +1,91 @@
+//! Renders a tree's events as lines for a terminal: one line per agent start
+//! and finish, indented by depth.
+
+use std::collections::HashMap;
+
+use arbor_actors::{AgentState, Event, EventKind};
+
+/// Turns events into display lines; keeps what it needs to say how long each run took.
+#[derive(Default)]
+pub struct TreeRenderer {
+    started: HashMap<String, (u64, usize)>,
+}
+
+impl TreeRenderer {
+    /// The line for `event`, if it is one the tree view shows.
+    pub fn line(&mut self, event: &Event) -> Option<String> {
+        match &event.kind {
+            EventKind::AgentStarted {
+                agent_type, depth, ..
+            } => {
+                self.started
+                    .insert(event.run_id.to_string(), (event.at_ms, *depth));
+                if *depth == 0 {
+                    return Some(format!("▸ {agent_type} {} (tree {})", event.run_id, event.tree_id));
+                }
+                Some(format!("{}▸ {agent_type} {}", indent(*depth), short(event)))
+            }
+            EventKind::AgentFinished { state } => Some(self.finished(event, state, "✓", "completed")),
+            EventKind::AgentFailed { state, error } => {
+                Some(self.finished(event, state, "✗", &format!("failed: {error}")))
+            }
+            EventKind::AgentCancelled { state } => Some(self.finished(event, state, "○", "cancelled")),
+            EventKind::LimitHit { limit } => Some(format!("{}! {limit}", indent(0))),
+            EventKind::ChildRetrying {
+                failed_run_id,
+                attempt,
+                delay_ms,
+                error,
+            } => Some(format!(
+                "  ↻ retrying {failed_run_id} (attempt {attempt}) in {delay_ms}ms: {error}"
+            )),
+            _ => None,
+        }
+    }
+
+    fn finished(&mut self, event: &Event, state: &AgentState, mark: &str, what: &str) -> String {
+        let (start, depth) = self
+            .started
+            .remove(event.run_id.as_ref())
+            .unwrap_or((event.at_ms, state.depth()));
+        let ms = event.at_ms.saturating_sub(start);
+        format!(
+            "{}{mark} {} {} {what} in {ms}ms ({} children, {} tokens)",
+            indent(depth),
+            state.agent_type.as_deref().unwrap_or("agent"),
+            short(event),
+            state.child_run_ids.len(),
+            state.context_token_count,
+        )
+    }
+}
+
+/// The run id without its tree prefix.
+fn short(event: &Event) -> &str {
+    event
+        .run_id
+        .strip_prefix(event.tree_id.as_ref())
+        .and_then(|r| r.strip_prefix('/'))
+        .unwrap_or(&event.run_id)
+}
+
+fn indent(depth: usize) -> String {
+    "  ".repeat(depth)
+}
+
+/// The text a person wants to read from a root's final state: its structured
+/// output if it set one, else the text of its last assistant turn.
+pub fn final_text(state: &AgentState) -> String {
+    if let Some(output) = &state.output {
+        return serde_json::to_string_pretty(output).unwrap_or_else(|_| output.to_string());
+    }
+    state
+        .message_history
+        .last_assistant_turn()
+        .iter()
+        .filter(|m| m.is_assistant())
+        .map(|m| m.text())
+        .filter(|t| !t.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n")
+}

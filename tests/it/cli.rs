@@ -1,0 +1,100 @@
+//! `arbor run` and `arbor agents` through the binary.
+
+use serde_json::Value;
+
+use crate::{arbor, fixtures, text};
+
+#[test]
+fn run_on_the_builtin_config_shows_a_three_level_tree_and_an_output() {
+    let out = arbor(&["run", "Compare three sorting algorithms"]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "stderr: {stderr}");
+    assert!(stdout.contains("Compare three sorting algorithms"), "stdout: {stdout}");
+    let depth_of = |line: &str| line.len() - line.trim_start().len();
+    let started: Vec<&str> = stderr.lines().filter(|l| l.trim_start().starts_with('▸')).collect();
+    let deepest = started.iter().map(|l| depth_of(l)).max().unwrap();
+    assert!(deepest >= 4, "expected three levels of agents:\n{stderr}");
+    assert_eq!(
+        started.len(),
+        stderr.lines().filter(|l| l.trim_start().starts_with('✓')).count(),
+        "every started agent finishes:\n{stderr}"
+    );
+}
+
+#[test]
+fn run_json_prints_the_root_state_with_children_in_request_order() {
+    let out = arbor(&["run", "--json", "Compare three sorting algorithms"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(state["status"], "completed");
+    let children: Vec<&str> = state["childRunIds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(children.len(), 3);
+    // The spawn_agents result lists the children in request order; childRunIds matches it.
+    let result = state["messageHistory"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool" && m["toolName"] == "spawn_agents")
+        .unwrap();
+    let entries = result["content"][0]["value"].as_array().unwrap();
+    let in_request_order: Vec<&str> = entries.iter().map(|e| e["runId"].as_str().unwrap()).collect();
+    assert_eq!(children, in_request_order);
+    let prompts: Vec<String> = entries
+        .iter()
+        .map(|e| e["value"]["type"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(prompts.iter().all(|t| t == "lastMessage"), "{prompts:?}");
+}
+
+#[test]
+fn a_scripted_tree_merges_in_request_order_although_children_finish_in_reverse() {
+    let config = fixtures().join("scripted.toml");
+    let out = arbor(&["run", "--json", "--config", config.to_str().unwrap(), "go"]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tree = state["runId"].as_str().unwrap().strip_suffix("/0").unwrap().to_owned();
+    let expected: Vec<String> = (1..=3).map(|i| format!("{tree}/0.{i}")).collect();
+    assert_eq!(state["childRunIds"], serde_json::json!(expected));
+    // The fast worker finished first, the slow one last.
+    let finished: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("✓ worker"))
+        .map(|l| l.split_whitespace().nth(2).unwrap())
+        .collect();
+    assert_eq!(finished, vec!["0.3", "0.2", "0.1"], "{stderr}");
+    // Credits roll up from every level: 0.5 + 0.25 (lead) + 0.125 (slow worker) + 0.0625 (helper).
+    assert_eq!(state["creditsUsed"], 0.9375);
+    assert_eq!(state["directCreditsUsed"], 0.75);
+    let last = state["messageHistory"].as_array().unwrap().last().unwrap();
+    assert_eq!(last["content"][0]["text"], "All three workers reported.");
+}
+
+#[test]
+fn agents_lists_the_templates() {
+    let out = arbor(&["agents"]);
+    assert!(out.status.success());
+    let stdout = text(&out.stdout);
+    for agent in ["coordinator", "researcher", "analyst"] {
+        assert!(stdout.contains(agent), "{stdout}");
+    }
+}
+
+#[test]
+fn an_unknown_agent_is_a_clear_error() {
+    let out = arbor(&["run", "--agent", "nobody", "hi"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("agent type nobody not found"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn bad_params_json_is_a_clear_error() {
+    let out = arbor(&["run", "--params", "{oops", "hi"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--params is not valid JSON"), "{}", text(&out.stderr));
+}

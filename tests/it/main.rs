@@ -1,0 +1,27 @@
+//! End-to-end tests: the real `arbor` binary in a temp dir, one test binary.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod cli;
+mod config;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// Runs `arbor` with `args` in an empty temp dir (so no ./config.toml is picked up).
+pub fn arbor(args: &[&str]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(args)
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
