@@ -530,3 +530,72 @@ fn check_models(file: &ConfigFile, base_dir: &Path, text: &str, problems: &mut V
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_shipped_config_loads_and_builds_a_catalog() {
+        let config = Config::default_config().unwrap();
+        assert_eq!(config.default_agent(), Some("coordinator"));
+        assert_eq!(config.limits.max_live_agents, Some(64));
+        assert_eq!(config.limits.deadline, Some(std::time::Duration::from_secs(300)));
+        let researcher = config.templates.iter().find(|t| t.id == "researcher").unwrap();
+        assert_eq!(
+            researcher.failure,
+            FailurePolicy::Retry {
+                max: 2,
+                backoff: std::time::Duration::from_millis(200)
+            }
+        );
+        let catalog = config.catalog().unwrap();
+        assert!(catalog.template("analyst").is_some());
+        assert!(catalog.model("sim").is_some());
+    }
+
+    #[test]
+    fn schemas_in_toml_become_json_schemas() {
+        let text = r#"
+[models.m]
+provider = "simulated"
+
+[agents.judge]
+model = "m"
+output_mode = "structured_output"
+output_schema = { type = "object", required = ["score"], properties = { score = { type = "number" } } }
+input_schema = { params = { type = "object", required = ["topic"] } }
+"#;
+        let config = Config::parse(text, "inline.toml", PathBuf::new()).unwrap();
+        let judge = &config.templates[0];
+        let schema = judge.output_schema.as_ref().unwrap();
+        assert!(schema.check(&serde_json::json!({"score": 1})).is_ok());
+        assert!(schema.check(&serde_json::json!({})).is_err());
+        assert!(judge.check_input(Some("x"), Some(&serde_json::json!({"topic": "t"}))).is_ok());
+        assert!(judge.check_input(Some("x"), None).is_err());
+    }
+
+    #[test]
+    fn an_invalid_schema_is_a_problem_with_its_key() {
+        let text = "[models.m]\nprovider = \"simulated\"\n\n[agents.a]\nmodel = \"m\"\noutput_schema = { type = 5 }\n";
+        let err = Config::parse(text, "s.toml", PathBuf::new()).unwrap_err();
+        assert_eq!(err.problems[0].key, "agents.a.output_schema");
+        assert_eq!(err.problems[0].line, Some(6));
+    }
+
+    #[test]
+    fn an_unknown_key_is_refused_by_name() {
+        let text = "[models.m]\nprovider = \"simulated\"\n\n[agents.a]\nmodel = \"m\"\nmax_stepz = 3\n";
+        let err = Config::parse(text, "k.toml", PathBuf::new()).unwrap_err();
+        let shown = err.to_string();
+        assert!(shown.starts_with("k.toml:6: agents.a.max_stepz: unknown field `max_stepz`"), "{shown}");
+    }
+
+    #[test]
+    fn an_unknown_provider_is_named() {
+        let text = "[models.m]\nprovider = \"telepathy\"\n";
+        let err = Config::parse(text, "p.toml", PathBuf::new()).unwrap_err().to_string();
+        assert!(err.contains("models.m") && err.contains("telepathy"), "{err}");
+    }
+}

@@ -3,6 +3,7 @@
 
 mod cli;
 mod config;
+mod layers;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
