@@ -139,10 +139,11 @@ impl History {
 
     /// Removes the messages whose time to live has run out.
     pub fn expire(&self, at: Expiry) -> History {
-        let expired = |m: &Message| match (m.meta().time_to_live, at) {
-            (Some(TimeToLive::AgentStep), _) => true,
-            (Some(TimeToLive::UserPrompt), Expiry::TurnEnd) => true,
-            _ => false,
+        let expired = |m: &Message| {
+            matches!(
+                (m.meta().time_to_live, at),
+                (Some(TimeToLive::AgentStep), _) | (Some(TimeToLive::UserPrompt), Expiry::TurnEnd)
+            )
         };
         if !self.0.iter().any(|m| expired(m)) {
             return self.clone();
