@@ -514,8 +514,10 @@ impl AgentRun {
     fn suspend(&mut self) {
         if !self.suspended {
             self.suspended = true;
-            self.slot = None;
+            // Announce before the slot is released, so no agent taking it is seen
+            // starting while this one still counts as live.
             self.emit(EventKind::Suspended);
+            self.slot = None;
         }
     }
 
@@ -575,7 +577,6 @@ impl AgentRun {
             return;
         }
         self.finished = true;
-        self.slot = None;
         for (credits, run_ids) in self.children.undelivered() {
             self.machine.add_child_credits(credits, run_ids);
         }
@@ -592,6 +593,8 @@ impl AgentRun {
             },
             AgentStatus::Cancelled => EventKind::AgentCancelled { state: shared },
         });
+        // Only now that the end is announced may another agent take the slot.
+        self.slot = None;
         let result = RunResult { state, value };
         match self.reply.as_mut() {
             Some(Reply::Root(_)) => {

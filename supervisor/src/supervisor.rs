@@ -52,6 +52,8 @@ pub struct TreeHandle {
     pub root_run_id: String,
     root: ActorRef<AgentMsg>,
     result: oneshot::Receiver<RunResult>,
+    /// The root actor's task: done once the actor (and every agent below it) is gone.
+    root_task: ractor::concurrency::JoinHandle<()>,
     ctx: Arc<TreeContext>,
 }
 
@@ -154,7 +156,7 @@ impl Supervisor {
         };
         let (tx, rx) = oneshot::channel();
         let hooks: Arc<dyn arbor_actors::TreeHooks> = ctx.clone();
-        let (root, _) = Actor::spawn(
+        let (root, root_task) = Actor::spawn(
             None,
             AgentActor,
             AgentArgs {
@@ -186,6 +188,7 @@ impl Supervisor {
             root_run_id: ids.run_id,
             root,
             result: rx,
+            root_task,
             ctx,
         })
     }
@@ -266,11 +269,12 @@ impl TreeHandle {
         self.ctx.budget.tokens()
     }
 
-    /// Waits for the root's final result.
+    /// Waits for the root's final result, and for its actor to be gone (so no
+    /// actor of the tree is live when this returns).
     pub async fn wait(self) -> Result<RunResult, Error> {
-        self.result
-            .await
-            .map_err(|_| Error::Lost(self.tree_id.to_string()))
+        let result = self.result.await;
+        let _ = self.root_task.await;
+        result.map_err(|_| Error::Lost(self.tree_id.to_string()))
     }
 }
 

@@ -152,10 +152,12 @@ impl ScriptedModel {
     }
 }
 
-/// The text of the prompt a run was spawned with (or its first user message).
+/// The text of the prompt a run was spawned with (the last one: a child that
+/// inherits history also carries its ancestors' prompts), or its first user message.
 fn spawn_prompt(messages: &[Arc<Message>]) -> String {
     messages
         .iter()
+        .rev()
         .find(|m| m.has_tag(SPAWN_PROMPT))
         .or_else(|| {
             messages

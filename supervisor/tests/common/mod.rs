@@ -70,7 +70,9 @@ pub fn request(agent: &str, prompt: &str) -> StartRequest {
 }
 
 pub async fn start(sup: &Supervisor, agent: &str, prompt: &str) -> TreeHandle {
-    sup.start(request(agent, prompt)).await.expect("tree starts")
+    sup.start(request(agent, prompt))
+        .await
+        .expect("tree starts")
 }
 
 /// Waits (guarded) for the root's result.
@@ -158,7 +160,10 @@ pub fn is_tool_error(m: &Message) -> bool {
 
 /// The text of the last assistant message of a `lastMessage` value.
 pub fn last_text(value: &Value) -> String {
-    assert_eq!(value["type"], "lastMessage", "not a lastMessage value: {value}");
+    assert_eq!(
+        value["type"], "lastMessage",
+        "not a lastMessage value: {value}"
+    );
     let turn = value["value"].as_array().expect("a turn");
     let last = turn.last().expect("a message");
     match &last["content"] {
