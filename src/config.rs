@@ -229,7 +229,12 @@ impl Config {
         check_models(&file, &base_dir, text, &mut problems);
         if let Some(agent) = &file.run.agent {
             if !file.agents.contains_key(agent) {
-                problems.push(at(text, "run", "agent", format!("no agent named {agent:?}")));
+                problems.push(at(
+                    text,
+                    "run",
+                    "agent",
+                    format!("no agent named {agent:?}"),
+                ));
             }
         }
         if !problems.is_empty() {
@@ -258,7 +263,10 @@ impl Config {
         let mut builder = Catalog::builder();
         for (name, section) in &self.file.models {
             let model: Arc<dyn arbor_actors::Model> = match section {
-                ModelSection::Simulated(s) => Arc::new(SimulatedModel::new(name, simulated_config(s).map_err(|m| self.problem("models", name, "latency", m))?)),
+                ModelSection::Simulated(s) => Arc::new(SimulatedModel::new(
+                    name,
+                    simulated_config(s).map_err(|m| self.problem("models", name, "latency", m))?,
+                )),
                 ModelSection::Scripted(s) => Arc::new(
                     ScriptedModel::from_file(name, &self.base_dir.join(&s.file))
                         .map_err(|e| self.problem("models", name, "file", e.to_string()))?,
@@ -312,7 +320,11 @@ fn parse_file(text: &str) -> Result<ConfigFile, Problem> {
         let inner = e.into_inner();
         Problem {
             line: inner.span().map(|s| line_of(text, s.start)),
-            key: if key == "." { "(top level)".into() } else { key },
+            key: if key == "." {
+                "(top level)".into()
+            } else {
+                key
+            },
             message: inner.message().trim().to_owned(),
         }
     })
@@ -355,7 +367,13 @@ fn locate(text: &str, table: &str, key: &str) -> Option<usize> {
     header_line
 }
 
-fn duration(text: &str, table: &str, key: &str, value: &Option<String>, problems: &mut Vec<Problem>) -> Option<std::time::Duration> {
+fn duration(
+    text: &str,
+    table: &str,
+    key: &str,
+    value: &Option<String>,
+    problems: &mut Vec<Problem>,
+) -> Option<std::time::Duration> {
     let value = value.as_ref()?;
     match parse_duration(value) {
         Ok(d) => Some(d),
@@ -368,7 +386,12 @@ fn duration(text: &str, table: &str, key: &str, value: &Option<String>, problems
 
 fn limits(section: &LimitsSection, text: &str, problems: &mut Vec<Problem>) -> TreeLimits {
     if section.max_live_agents == Some(0) {
-        problems.push(at(text, "limits", "max_live_agents", "must be at least 1".into()));
+        problems.push(at(
+            text,
+            "limits",
+            "max_live_agents",
+            "must be at least 1".into(),
+        ));
     }
     TreeLimits {
         max_depth: section.max_depth,
@@ -389,7 +412,9 @@ fn templates(file: &ConfigFile, text: &str, problems: &mut Vec<Problem>) -> Vec<
         let mut schema = |key: &str, value: &Option<Value>| -> Option<Schema> {
             let value = value.clone()?;
             Schema::compile(value)
-                .map_err(|e| problems.push(at(text, &table, key, format!("invalid JSON Schema: {e}"))))
+                .map_err(|e| {
+                    problems.push(at(text, &table, key, format!("invalid JSON Schema: {e}")))
+                })
                 .ok()
         };
         let output_schema = schema("output_schema", &a.output_schema);
@@ -406,7 +431,11 @@ fn templates(file: &ConfigFile, text: &str, problems: &mut Vec<Problem>) -> Vec<
                 text,
                 &table,
                 "model",
-                format!("unknown model {:?} (configured: {})", a.model, known.join(", ")),
+                format!(
+                    "unknown model {:?} (configured: {})",
+                    a.model,
+                    known.join(", ")
+                ),
             ));
         }
         for entry in &a.spawnable_agents {
@@ -443,7 +472,14 @@ fn templates(file: &ConfigFile, text: &str, problems: &mut Vec<Problem>) -> Vec<
             }
             FailureSection::Retry { retry } => FailurePolicy::Retry {
                 max: retry.max,
-                backoff: duration(text, &table, "failure", &Some(retry.backoff.clone()), problems).unwrap_or_default(),
+                backoff: duration(
+                    text,
+                    &table,
+                    "failure",
+                    &Some(retry.backoff.clone()),
+                    problems,
+                )
+                .unwrap_or_default(),
             },
         };
         let step_timeout = duration(text, &table, "step_timeout", &a.step_timeout, problems);
@@ -541,8 +577,15 @@ mod tests {
         let config = Config::default_config().unwrap();
         assert_eq!(config.default_agent(), Some("coordinator"));
         assert_eq!(config.limits.max_live_agents, Some(64));
-        assert_eq!(config.limits.deadline, Some(std::time::Duration::from_secs(300)));
-        let researcher = config.templates.iter().find(|t| t.id == "researcher").unwrap();
+        assert_eq!(
+            config.limits.deadline,
+            Some(std::time::Duration::from_secs(300))
+        );
+        let researcher = config
+            .templates
+            .iter()
+            .find(|t| t.id == "researcher")
+            .unwrap();
         assert_eq!(
             researcher.failure,
             FailurePolicy::Retry {
@@ -572,7 +615,11 @@ input_schema = { params = { type = "object", required = ["topic"] } }
         let schema = judge.output_schema.as_ref().unwrap();
         assert!(schema.check(&serde_json::json!({"score": 1})).is_ok());
         assert!(schema.check(&serde_json::json!({})).is_err());
-        assert!(judge.check_input(Some("x"), Some(&serde_json::json!({"topic": "t"}))).is_ok());
+        assert!(
+            judge
+                .check_input(Some("x"), Some(&serde_json::json!({"topic": "t"})))
+                .is_ok()
+        );
         assert!(judge.check_input(Some("x"), None).is_err());
     }
 
@@ -586,16 +633,25 @@ input_schema = { params = { type = "object", required = ["topic"] } }
 
     #[test]
     fn an_unknown_key_is_refused_by_name() {
-        let text = "[models.m]\nprovider = \"simulated\"\n\n[agents.a]\nmodel = \"m\"\nmax_stepz = 3\n";
+        let text =
+            "[models.m]\nprovider = \"simulated\"\n\n[agents.a]\nmodel = \"m\"\nmax_stepz = 3\n";
         let err = Config::parse(text, "k.toml", PathBuf::new()).unwrap_err();
         let shown = err.to_string();
-        assert!(shown.starts_with("k.toml:6: agents.a.max_stepz: unknown field `max_stepz`"), "{shown}");
+        assert!(
+            shown.starts_with("k.toml:6: agents.a.max_stepz: unknown field `max_stepz`"),
+            "{shown}"
+        );
     }
 
     #[test]
     fn an_unknown_provider_is_named() {
         let text = "[models.m]\nprovider = \"telepathy\"\n";
-        let err = Config::parse(text, "p.toml", PathBuf::new()).unwrap_err().to_string();
-        assert!(err.contains("models.m") && err.contains("telepathy"), "{err}");
+        let err = Config::parse(text, "p.toml", PathBuf::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("models.m") && err.contains("telepathy"),
+            "{err}"
+        );
     }
 }

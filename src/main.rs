@@ -84,10 +84,11 @@ fn main() -> ExitCode {
 
 fn config_error(error: &anyhow::Error) -> Option<&ConfigError> {
     error.chain().find_map(|e| {
-        e.downcast_ref::<ConfigError>().or_else(|| match e.downcast_ref::<Error>() {
-            Some(Error::Config(c)) => Some(c),
-            _ => None,
-        })
+        e.downcast_ref::<ConfigError>()
+            .or_else(|| match e.downcast_ref::<Error>() {
+                Some(Error::Config(c)) => Some(c),
+                _ => None,
+            })
     })
 }
 
@@ -181,7 +182,10 @@ async fn run_tree(
                     eprintln!("{line}");
                 }
             }
-            let root_ended = event.kind.final_state().is_some_and(|s| s.parent_id.is_none());
+            let root_ended = event
+                .kind
+                .final_state()
+                .is_some_and(|s| s.parent_id.is_none());
             if root_ended {
                 break;
             }

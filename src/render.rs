@@ -21,15 +21,22 @@ impl TreeRenderer {
                 self.started
                     .insert(event.run_id.to_string(), (event.at_ms, *depth));
                 if *depth == 0 {
-                    return Some(format!("▸ {agent_type} {} (tree {})", event.run_id, event.tree_id));
+                    return Some(format!(
+                        "▸ {agent_type} {} (tree {})",
+                        event.run_id, event.tree_id
+                    ));
                 }
                 Some(format!("{}▸ {agent_type} {}", indent(*depth), short(event)))
             }
-            EventKind::AgentFinished { state } => Some(self.finished(event, state, "✓", "completed")),
+            EventKind::AgentFinished { state } => {
+                Some(self.finished(event, state, "✓", "completed"))
+            }
             EventKind::AgentFailed { state, error } => {
                 Some(self.finished(event, state, "✗", &format!("failed: {error}")))
             }
-            EventKind::AgentCancelled { state } => Some(self.finished(event, state, "○", "cancelled")),
+            EventKind::AgentCancelled { state } => {
+                Some(self.finished(event, state, "○", "cancelled"))
+            }
             EventKind::LimitHit { limit } => Some(format!("{}! {limit}", indent(0))),
             EventKind::ChildRetrying {
                 failed_run_id,

@@ -4,7 +4,7 @@
 //! or a snapshot is O(1) and never copies a message body. The agent actor is the
 //! single owner of its current history; everyone else holds snapshots.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use imbl::Vector;
@@ -44,6 +44,8 @@ pub enum PairingError {
     Orphan(String),
     #[error("tool call {0} is answered more than once")]
     Duplicate(String),
+    #[error("tool call id {0} is used by more than one call")]
+    DuplicateCall(String),
 }
 
 impl History {
@@ -172,22 +174,35 @@ impl History {
             }
         }
         let mut out = Vec::with_capacity(self.0.len());
+        let mut kept_calls: HashSet<&str> = HashSet::new();
         for (i, m) in self.0.iter().enumerate() {
             if !keep_result[i] {
                 continue;
             }
-            if m.tool_calls()
-                .all(|c| answered.contains(c.tool_call_id.as_str()))
-            {
+            // A call is kept when answered and the first call with its id (a reused
+            // id has no result of its own).
+            let keep: Vec<bool> = m
+                .tool_calls()
+                .map(|c| {
+                    let id = c.tool_call_id.as_str();
+                    answered.contains(id) && kept_calls.insert(id)
+                })
+                .collect();
+            if keep.iter().all(|k| *k) {
                 out.push(m.clone());
                 continue;
             }
-            for call in m.tool_calls() {
-                if !answered.contains(call.tool_call_id.as_str()) {
+            for (call, kept) in m.tool_calls().zip(&keep) {
+                if !kept {
                     repair.unanswered_calls.push(call.tool_call_id.clone());
                 }
             }
-            if let Some(kept) = m.retain_calls(|c| answered.contains(c.tool_call_id.as_str())) {
+            let next = std::cell::Cell::new(0);
+            if let Some(kept) = m.retain_calls(|_| {
+                let i = next.get();
+                next.set(i + 1);
+                keep[i]
+            }) {
                 out.push(Arc::new(kept));
             }
         }
@@ -237,7 +252,7 @@ impl History {
 
 /// Checks the pairing invariant (by id) on a message list a model is about to
 /// receive: each call answered by exactly one later result, no result without an
-/// earlier call.
+/// earlier call, no call id used twice.
 pub fn check_pairing(messages: &[Arc<Message>]) -> Result<(), PairingError> {
     let mut calls: Vec<&str> = Vec::new();
     let mut answered: HashSet<&str> = HashSet::new();
@@ -250,7 +265,13 @@ pub fn check_pairing(messages: &[Arc<Message>]) -> Result<(), PairingError> {
                 return Err(PairingError::Duplicate(id.to_owned()));
             }
         }
-        calls.extend(m.tool_calls().map(|c| c.tool_call_id.as_str()));
+        for call in m.tool_calls() {
+            let id = call.tool_call_id.as_str();
+            if calls.contains(&id) {
+                return Err(PairingError::DuplicateCall(id.to_owned()));
+            }
+            calls.push(id);
+        }
     }
     match calls.into_iter().find(|id| !answered.contains(id)) {
         Some(id) => Err(PairingError::Unanswered(id.to_owned())),
@@ -259,16 +280,27 @@ pub fn check_pairing(messages: &[Arc<Message>]) -> Result<(), PairingError> {
 }
 
 /// Splits messages into units that truncation keeps or removes whole: an
-/// assistant message with the tool results that directly follow it, or one message.
+/// assistant message up to the last result of its calls (pairing is by id, so
+/// other messages may lie between; they join the unit), or one message.
 fn units(messages: &[Arc<Message>]) -> Vec<std::ops::Range<usize>> {
+    let mut result_at: HashMap<&str, usize> = HashMap::new();
+    for (i, m) in messages.iter().enumerate() {
+        if let Some(id) = m.answers() {
+            result_at.entry(id).or_insert(i);
+        }
+    }
     let mut units = Vec::new();
     let mut i = 0;
     while i < messages.len() {
         let mut end = i + 1;
-        if messages[i].is_assistant() {
-            while end < messages.len() && messages[end].answers().is_some() {
-                end += 1;
+        let mut j = i;
+        while j < end {
+            for call in messages[j].tool_calls() {
+                if let Some(&r) = result_at.get(call.tool_call_id.as_str()) {
+                    end = end.max(r + 1);
+                }
             }
+            j += 1;
         }
         units.push(i..end);
         i = end;

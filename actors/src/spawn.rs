@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::history::{Expiry, History};
+use crate::history::History;
 use crate::hooks::RunIds;
 use crate::message::{Content, Message, Meta, Part, SPAWN_PROMPT, SUBAGENT_SPAWN};
 use crate::state::{AgentState, AgentStatus, ToolDefinitions};
@@ -227,12 +227,4 @@ pub fn report_value(state: &AgentState, output: Value) -> Value {
             json!({ "errorMessage": message })
         }
     }
-}
-
-/// An inline child's final history as the parent takes it over: without the
-/// child's prompt and without messages that expire at the end of a turn.
-pub fn inline_history(child: &History) -> History {
-    child
-        .retain(|m| !m.has_tag(SPAWN_PROMPT))
-        .expire(Expiry::TurnEnd)
 }

@@ -2,6 +2,7 @@
 //! with no I/O. The actor feeds it model replies, tool results and child reports
 //! and carries out the `Action`s it returns; tests drive it directly.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -9,10 +10,10 @@ use serde_json::{Value, json};
 use crate::event::EventKind;
 use crate::handler::{Resume, StepProgram, Yield};
 use crate::history::{Expiry, History};
-use crate::message::{Message, ToolCall};
+use crate::message::{Message, SPAWN_PROMPT, ToolCall};
 use crate::model::{ModelRequest, ModelResponse, RequestMeta};
 use crate::output::output_value;
-use crate::spawn::{ChildPlan, ChildReport, SpawnRequest, inline_history, plan_child};
+use crate::spawn::{ChildPlan, ChildReport, SpawnRequest, plan_child};
 use crate::state::{AgentState, AgentStatus};
 use crate::template::AgentTemplate;
 use crate::tool::Tool;
@@ -192,7 +193,7 @@ impl StepMachine {
         if !message.is_assistant() {
             return self.fail(format!("model replied with a {} message", message.role()));
         }
-        let message = with_call_ids(message, step);
+        let message = with_call_ids(message, step, &self.state.message_history);
         let calls: Vec<ToolCall> = message.tool_calls().cloned().collect();
         self.state.context_token_count = if usage.total_tokens() > 0 {
             usage.total_tokens()
@@ -264,13 +265,27 @@ impl StepMachine {
         report: ChildReport,
         catalog: &dyn Catalog,
     ) -> Vec<Action> {
+        // The parent's own prompt reached the child as a shared message; only the
+        // child's prompt is dropped from the history the parent takes over.
+        let own_prompts: Vec<*const Message> = self
+            .state
+            .message_history
+            .iter()
+            .filter(|m| m.has_tag(SPAWN_PROMPT))
+            .map(Arc::as_ptr)
+            .collect();
         let Some(pending) = self.pending_for(step, index) else {
             return Vec::new();
         };
         let call = &pending.calls[index];
         match (&report.history, report.error_message()) {
             (Some(history), None) => {
-                pending.inline = Some((index, inline_history(history)));
+                let merged = history
+                    .retain(|m| {
+                        !m.has_tag(SPAWN_PROMPT) || own_prompts.contains(&std::ptr::from_ref(m))
+                    })
+                    .expire(Expiry::TurnEnd);
+                pending.inline = Some((index, merged));
                 pending.results[index] = Some(Message::tool_result(call, report.entry()));
             }
             (_, error) => {
@@ -310,6 +325,34 @@ impl StepMachine {
         self.state.child_run_ids.extend(run_ids);
     }
 
+    /// Removes expired messages (a no-op, and no copy, when none expire).
+    fn expire(&mut self, at: Expiry) {
+        let expired = self.state.message_history.expire(at);
+        if expired.len() != self.state.message_history.len() {
+            self.set_history(expired);
+        }
+    }
+
+    /// Replaces the history. `inherited` becomes the number of inherited messages
+    /// still at its front, so `all_messages` drops exactly those (expiry or an
+    /// inline merge may remove some; `set_messages` makes every message the run's).
+    fn set_history(&mut self, history: History) {
+        if self.inherited > 0 {
+            let prefix: HashSet<*const Message> = self
+                .state
+                .message_history
+                .iter()
+                .take(self.inherited)
+                .map(Arc::as_ptr)
+                .collect();
+            self.inherited = history
+                .iter()
+                .take_while(|m| prefix.contains(&Arc::as_ptr(m)))
+                .count();
+        }
+        self.state.message_history = history;
+    }
+
     fn abandon_pending(&mut self) {
         self.awaiting_model = None;
         if let Some(p) = self.pending.take() {
@@ -341,7 +384,7 @@ impl StepMachine {
 
     /// Step 1 of the loop: expire, count the step, build the request.
     fn begin_step(&mut self) -> Vec<Action> {
-        self.state.message_history = self.state.message_history.expire(Expiry::StepStart);
+        self.expire(Expiry::StepStart);
         if self.state.steps_remaining == 0 {
             return self.step_limit();
         }
@@ -558,7 +601,7 @@ impl StepMachine {
                     }
                 }
             }
-            self.state.message_history = history;
+            self.set_history(history);
         } else {
             for r in &results {
                 self.state.message_history.push(r.clone());
@@ -583,7 +626,7 @@ impl StepMachine {
                 Effect::Add(m) => self.state.message_history.push(m),
                 Effect::Replace(messages) => {
                     let (repaired, _) = messages.into_iter().collect::<History>().repaired();
-                    self.state.message_history = repaired.into_iter().collect();
+                    self.set_history(repaired.into_iter().collect());
                 }
                 Effect::Output(value) => {
                     self.events.push(EventKind::OutputSet {
@@ -597,17 +640,21 @@ impl StepMachine {
         if p.origin == Origin::Program {
             return self.resume_program(Some(results), false, catalog);
         }
+        // A failed set_output does not end the turn: the model reads the error and retries.
         let only_ending = p
             .calls
             .iter()
-            .all(|c| c.tool_name == SET_OUTPUT || c.tool_name == END_TURN);
+            .all(|c| c.tool_name == SET_OUTPUT || c.tool_name == END_TURN)
+            && !results
+                .iter()
+                .any(|r| r.has_tag(crate::message::TOOL_CALL_ERROR));
         self.step_committed(end_turn || only_ending, catalog)
     }
 
     /// A model step is fully recorded; continue, or end the turn.
     fn step_committed(&mut self, turn_ended: bool, catalog: &dyn Catalog) -> Vec<Action> {
         if turn_ended {
-            self.state.message_history = self.state.message_history.expire(Expiry::TurnEnd);
+            self.expire(Expiry::TurnEnd);
         }
         match (self.drive, turn_ended) {
             (Drive::Model, false) | (Drive::AllSteps, false) => self.begin_step(),
@@ -652,7 +699,7 @@ impl StepMachine {
     fn follow(&mut self, next: Yield, catalog: &dyn Catalog) -> Vec<Action> {
         match next {
             Yield::Done => {
-                self.state.message_history = self.state.message_history.expire(Expiry::TurnEnd);
+                self.expire(Expiry::TurnEnd);
                 self.complete()
             }
             Yield::Step => {
@@ -671,11 +718,16 @@ impl StepMachine {
                 self.step += 1;
                 self.drive = Drive::ProgramTools;
                 self.events.push(EventKind::StepStarted { step: self.step });
+                if calls.is_empty() {
+                    // Nothing to run; the step is spent so a looping handler still ends.
+                    return self.resume_program(Some(Vec::new()), false, catalog);
+                }
+                let mut seen = used_ids(&self.state.message_history);
                 let calls: Vec<ToolCall> = calls
                     .into_iter()
                     .enumerate()
                     .map(|(i, (name, input))| ToolCall {
-                        tool_call_id: format!("prog-{}-{i}", self.step),
+                        tool_call_id: fresh_id(format!("prog-{}-{i}", self.step), &mut seen),
                         tool_name: name,
                         input,
                     })
@@ -689,8 +741,38 @@ impl StepMachine {
     }
 }
 
-/// Gives every tool call of a reply a non-empty id unique within the reply.
-fn with_call_ids(message: Message, step: u32) -> Message {
+/// The ids of every call and result in `history`.
+fn used_ids(history: &History) -> HashSet<String> {
+    history
+        .iter()
+        .flat_map(|m| {
+            m.tool_calls()
+                .map(|c| c.tool_call_id.clone())
+                .chain(m.answers().map(str::to_owned))
+        })
+        .collect()
+}
+
+/// `base`, or `base-N` when `base` is taken; recorded as taken.
+fn fresh_id(base: String, seen: &mut HashSet<String>) -> String {
+    let id = if seen.contains(&base) {
+        (1..)
+            .map(|n| format!("{base}-{n}"))
+            .find(|id| !seen.contains(id))
+            .unwrap_or_default()
+    } else {
+        base
+    };
+    seen.insert(id.clone());
+    id
+}
+
+/// Gives every tool call of a reply a non-empty id, unique within the reply and
+/// the history (models may reuse ids across steps; pairing is by id).
+fn with_call_ids(message: Message, step: u32, history: &History) -> Message {
+    if message.tool_calls().next().is_none() {
+        return message;
+    }
     let Message::Assistant {
         content: crate::message::Content::Parts(mut parts),
         meta,
@@ -698,11 +780,12 @@ fn with_call_ids(message: Message, step: u32) -> Message {
     else {
         return message;
     };
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = used_ids(history);
     for (i, part) in parts.iter_mut().enumerate() {
         if let crate::message::Part::ToolCall(call) = part {
-            if call.tool_call_id.is_empty() || !seen.insert(call.tool_call_id.clone()) {
-                call.tool_call_id = format!("call-{step}-{i}");
+            if call.tool_call_id.is_empty() || seen.contains(&call.tool_call_id) {
+                call.tool_call_id = fresh_id(format!("call-{step}-{i}"), &mut seen);
+            } else {
                 seen.insert(call.tool_call_id.clone());
             }
         }

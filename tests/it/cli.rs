@@ -9,14 +9,23 @@ fn run_on_the_builtin_config_shows_a_three_level_tree_and_an_output() {
     let out = arbor(&["run", "Compare three sorting algorithms"]);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "stderr: {stderr}");
-    assert!(stdout.contains("Compare three sorting algorithms"), "stdout: {stdout}");
+    assert!(
+        stdout.contains("Compare three sorting algorithms"),
+        "stdout: {stdout}"
+    );
     let depth_of = |line: &str| line.len() - line.trim_start().len();
-    let started: Vec<&str> = stderr.lines().filter(|l| l.trim_start().starts_with('▸')).collect();
+    let started: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.trim_start().starts_with('▸'))
+        .collect();
     let deepest = started.iter().map(|l| depth_of(l)).max().unwrap();
     assert!(deepest >= 4, "expected three levels of agents:\n{stderr}");
     assert_eq!(
         started.len(),
-        stderr.lines().filter(|l| l.trim_start().starts_with('✓')).count(),
+        stderr
+            .lines()
+            .filter(|l| l.trim_start().starts_with('✓'))
+            .count(),
         "every started agent finishes:\n{stderr}"
     );
 }
@@ -42,7 +51,10 @@ fn run_json_prints_the_root_state_with_children_in_request_order() {
         .find(|m| m["role"] == "tool" && m["toolName"] == "spawn_agents")
         .unwrap();
     let entries = result["content"][0]["value"].as_array().unwrap();
-    let in_request_order: Vec<&str> = entries.iter().map(|e| e["runId"].as_str().unwrap()).collect();
+    let in_request_order: Vec<&str> = entries
+        .iter()
+        .map(|e| e["runId"].as_str().unwrap())
+        .collect();
     assert_eq!(children, in_request_order);
     let prompts: Vec<String> = entries
         .iter()
@@ -58,7 +70,12 @@ fn a_scripted_tree_merges_in_request_order_although_children_finish_in_reverse()
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let state: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let tree = state["runId"].as_str().unwrap().strip_suffix("/0").unwrap().to_owned();
+    let tree = state["runId"]
+        .as_str()
+        .unwrap()
+        .strip_suffix("/0")
+        .unwrap()
+        .to_owned();
     let expected: Vec<String> = (1..=3).map(|i| format!("{tree}/0.{i}")).collect();
     assert_eq!(state["childRunIds"], serde_json::json!(expected));
     // The fast worker finished first, the slow one last.
@@ -89,12 +106,20 @@ fn agents_lists_the_templates() {
 fn an_unknown_agent_is_a_clear_error() {
     let out = arbor(&["run", "--agent", "nobody", "hi"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("agent type nobody not found"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("agent type nobody not found"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
 fn bad_params_json_is_a_clear_error() {
     let out = arbor(&["run", "--params", "{oops", "hi"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("--params is not valid JSON"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--params is not valid JSON"),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -13,35 +13,53 @@ fn the_shipped_config_is_valid() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml");
     let out = arbor(&["check-config", path.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("ok (1 models, 3 agents)"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("ok (1 models, 3 agents)"),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 #[test]
 fn a_wrong_type_names_file_line_key_and_problem() {
     let (code, err) = check("wrong_type.toml");
     assert_eq!(code, Some(2));
-    assert!(err.contains("wrong_type.toml:6: agents.lead.max_steps: invalid type: string \"many\""), "{err}");
+    assert!(
+        err.contains("wrong_type.toml:6: agents.lead.max_steps: invalid type: string \"many\""),
+        "{err}"
+    );
 }
 
 #[test]
 fn an_unknown_model_is_named() {
     let (code, err) = check("unknown_model.toml");
     assert_eq!(code, Some(2));
-    assert!(err.contains("unknown_model.toml:5: agents.lead.model: unknown model \"gpt-9\" (configured: sim)"), "{err}");
+    assert!(
+        err.contains(
+            "unknown_model.toml:5: agents.lead.model: unknown model \"gpt-9\" (configured: sim)"
+        ),
+        "{err}"
+    );
 }
 
 #[test]
 fn spawning_a_missing_agent_is_named() {
     let (code, err) = check("missing_spawn.toml");
     assert_eq!(code, Some(2));
-    assert!(err.contains("missing_spawn.toml:6: agents.lead.spawnable_agents: spawns \"ghost\""), "{err}");
+    assert!(
+        err.contains("missing_spawn.toml:6: agents.lead.spawnable_agents: spawns \"ghost\""),
+        "{err}"
+    );
 }
 
 #[test]
 fn a_cycle_without_max_depth_is_refused() {
     let (code, err) = check("cycle.toml");
     assert_eq!(code, Some(2));
-    assert!(err.contains("spawn cycle a -> b -> a with no limits.max_depth"), "{err}");
+    assert!(
+        err.contains("spawn cycle a -> b -> a with no limits.max_depth"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -69,5 +87,9 @@ fn every_problem_is_reported_at_once() {
 fn a_missing_file_is_a_clear_error() {
     let out = arbor(&["check-config", "does-not-exist.toml"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("does-not-exist.toml: (file): cannot read"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("does-not-exist.toml: (file): cannot read"),
+        "{}",
+        text(&out.stderr)
+    );
 }
