@@ -12,6 +12,8 @@ use arbor_actors::schema::Schema;
 use arbor_actors::template::InputSchema;
 use arbor_actors::{AgentTemplate, FailurePolicy, OutputMode};
 use arbor_supervisor::{Catalog, TreeLimits};
+
+use crate::providers::{HttpModel, HttpSection, ProviderKind, ProviderSettings};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -58,6 +60,39 @@ pub struct LimitsSection {
 pub enum ModelSection {
     Simulated(SimulatedSection),
     Scripted(ScriptedSection),
+    /// The OpenAI Chat Completions API (and compatible servers).
+    Openai(HttpSection),
+    /// The Anthropic Messages API.
+    Anthropic(HttpSection),
+}
+
+impl ModelSection {
+    pub fn provider(&self) -> &'static str {
+        match self {
+            ModelSection::Simulated(_) => "simulated",
+            ModelSection::Scripted(_) => "scripted",
+            ModelSection::Openai(_) => "openai",
+            ModelSection::Anthropic(_) => "anthropic",
+        }
+    }
+
+    /// One line describing the model, without secrets.
+    pub fn describe(&self) -> String {
+        match self {
+            ModelSection::Simulated(s) => format!(
+                "fanout {} depth {} latency {} reply {} tokens",
+                s.fanout, s.depth, s.latency, s.reply_tokens
+            ),
+            ModelSection::Scripted(s) => format!("script {}", s.file.display()),
+            ModelSection::Openai(s) | ModelSection::Anthropic(s) => format!(
+                "{} at {} (key from {}){}",
+                s.model,
+                s.base_url.as_deref().unwrap_or("the default URL"),
+                s.api_key_env.as_deref().unwrap_or("no variable"),
+                if s.stream { ", streaming" } else { "" }
+            ),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -271,6 +306,12 @@ impl Config {
                     ScriptedModel::from_file(name, &self.base_dir.join(&s.file))
                         .map_err(|e| self.problem("models", name, "file", e.to_string()))?,
                 ),
+                ModelSection::Openai(s) => {
+                    Arc::new(self.http_model(name, ProviderKind::OpenAi, s)?)
+                }
+                ModelSection::Anthropic(s) => {
+                    Arc::new(self.http_model(name, ProviderKind::Anthropic, s)?)
+                }
             };
             builder = builder.model_as(name, model);
         }
@@ -285,6 +326,19 @@ impl Config {
                 message: e.to_string(),
             }],
         })
+    }
+
+    /// The HTTP model of `[models.NAME]`; the key is read from the environment now.
+    pub fn http_model(
+        &self,
+        name: &str,
+        kind: ProviderKind,
+        section: &HttpSection,
+    ) -> Result<HttpModel, ConfigError> {
+        let settings = ProviderSettings::from_section(kind, section)
+            .map_err(|(key, message)| self.problem("models", name, &key, message))?;
+        HttpModel::new(name, settings)
+            .map_err(|message| self.problem("models", name, "provider", message))
     }
 
     fn problem(&self, table: &str, name: &str, key: &str, message: String) -> ConfigError {
@@ -561,6 +615,20 @@ fn check_models(file: &ConfigFile, base_dir: &Path, text: &str, problems: &mut V
                 let path = base_dir.join(&s.file);
                 if let Err(e) = ScriptedModel::from_file(name, &path) {
                     problems.push(at(text, &table, "file", e.to_string()));
+                }
+            }
+            ModelSection::Openai(s) | ModelSection::Anthropic(s) => {
+                let kind = match model {
+                    ModelSection::Anthropic(_) => ProviderKind::Anthropic,
+                    _ => ProviderKind::OpenAi,
+                };
+                if let Err((key, message)) = ProviderSettings::from_section(kind, s) {
+                    problems.push(at(
+                        text,
+                        &table,
+                        key.split('.').next().unwrap_or(&key),
+                        format!("{key}: {message}"),
+                    ));
                 }
             }
         }

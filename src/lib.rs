@@ -15,6 +15,7 @@
 //! ```
 
 pub mod config;
+pub mod providers;
 pub mod render;
 
 pub use arbor_actors as actors;

@@ -141,7 +141,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Models { config } => {
             let config = load_config(config.as_deref())?;
             for (name, model) in &config.file.models {
-                println!("{name:<16} {model:?}");
+                println!("{name:<16} {:<10} {}", model.provider(), model.describe());
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -18,7 +18,7 @@ use tracing::Instrument;
 use crate::event::EventKind;
 use crate::hooks::TreeHooks;
 use crate::limit::{Limit, LimitHit};
-use crate::model::{DeltaSink, ModelRequest, ModelResponse};
+use crate::model::{Delta, DeltaSink, ModelRequest, ModelResponse};
 use crate::state::{AgentState, AgentStatus};
 use crate::step::{Action, Catalog, StepMachine};
 use crate::template::AgentTemplate;
@@ -417,7 +417,20 @@ impl AgentRun {
         let hooks = self.hooks.clone();
         let run_id = self.run_id.clone();
         let sink: DeltaSink = Arc::new(move |delta| {
-            hooks.emit(&run_id, EventKind::ModelDelta { step, delta });
+            let kind = match delta {
+                Delta::Retry {
+                    attempt,
+                    delay_ms,
+                    reason,
+                } => EventKind::ModelRetrying {
+                    step,
+                    attempt,
+                    delay_ms,
+                    reason,
+                },
+                delta => EventKind::ModelDelta { step, delta },
+            };
+            hooks.emit(&run_id, kind);
         });
         let me = myself.clone();
         let span = tracing::info_span!(parent: &self.span, "step", step);

@@ -41,6 +41,14 @@ pub enum EventKind {
         step: u32,
         delta: Delta,
     },
+    /// A model request failed and is tried again after `delay_ms`.
+    #[serde(rename_all = "camelCase")]
+    ModelRetrying {
+        step: u32,
+        attempt: u32,
+        delay_ms: u64,
+        reason: String,
+    },
     #[serde(rename_all = "camelCase")]
     ModelResponded {
         step: u32,
@@ -117,6 +125,7 @@ impl EventKind {
             EventKind::AgentStarted { .. } => "agentStarted",
             EventKind::StepStarted { .. } => "stepStarted",
             EventKind::ModelDelta { .. } => "modelDelta",
+            EventKind::ModelRetrying { .. } => "modelRetrying",
             EventKind::ModelResponded { .. } => "modelResponded",
             EventKind::ToolCalled { .. } => "toolCalled",
             EventKind::HistoryRepaired { .. } => "historyRepaired",

@@ -66,9 +66,24 @@ pub struct ModelResponse {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum Delta {
-    Text { text: String },
-    Reasoning { text: String },
-    ToolCallArgs { index: usize, text: String },
+    Text {
+        text: String,
+    },
+    Reasoning {
+        text: String,
+    },
+    ToolCallArgs {
+        index: usize,
+        text: String,
+    },
+    /// The attempt failed and will be retried after `delay_ms` (the partial reply
+    /// streamed so far is discarded).
+    #[serde(rename_all = "camelCase")]
+    Retry {
+        attempt: u32,
+        delay_ms: u64,
+        reason: String,
+    },
 }
 
 /// Where a model sends its streaming deltas.

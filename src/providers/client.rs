@@ -1,0 +1,422 @@
+//! The HTTP client core shared by both wire formats: limiter, retries, timeouts,
+//! streaming, usage and cost. The wire modules only convert.
+
+use std::time::Duration;
+
+use arbor_actors::message::Message;
+use arbor_actors::{Delta, DeltaSink, Model, ModelError, ModelRequest, ModelResponse, Usage};
+use async_trait::async_trait;
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::Value;
+
+use super::limiter::Limiter;
+use super::retry::{jitter, retry_after, retryable_status};
+use super::settings::{ProviderKind, ProviderSettings};
+use super::{anthropic, openai};
+
+/// Token counts as the API reports them; `input` excludes cached tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Tokens {
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+}
+
+/// One assembled reply.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Reply {
+    pub message: Message,
+    pub tokens: Tokens,
+}
+
+/// Builds a reply from a stream of server-sent events.
+pub(crate) trait Assembler: Send {
+    /// Handles one event; `Ok(true)` when the reply is complete.
+    fn event(&mut self, event: &str, data: &str, sink: &DeltaSink) -> Result<bool, Failure>;
+    fn finish(self: Box<Self>) -> Result<Reply, Failure>;
+}
+
+/// Why one attempt failed.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Failure {
+    /// Worth another attempt (rate limit, overload, server error, transport, timeout).
+    Transient {
+        status: Option<u16>,
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    /// The reply could not be understood (also retried).
+    Malformed(String),
+    /// The endpoint refused the request: do not retry.
+    Rejected { status: u16, message: String },
+}
+
+impl Failure {
+    pub(crate) fn transient(message: impl Into<String>) -> Self {
+        Failure::Transient {
+            status: None,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    fn retryable(&self) -> bool {
+        !matches!(self, Failure::Rejected { .. })
+    }
+}
+
+/// A model behind an OpenAI-compatible or Anthropic endpoint.
+pub struct HttpModel {
+    name: String,
+    settings: ProviderSettings,
+    client: reqwest::Client,
+    limiter: Limiter,
+}
+
+impl HttpModel {
+    pub fn new(name: impl Into<String>, settings: ProviderSettings) -> Result<Self, String> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(settings.timeouts.connect)
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(HttpModel {
+            name: name.into(),
+            limiter: Limiter::new(&settings.limits),
+            settings,
+            client,
+        })
+    }
+
+    pub fn settings(&self) -> &ProviderSettings {
+        &self.settings
+    }
+
+    fn endpoint(&self) -> String {
+        match self.settings.kind {
+            ProviderKind::OpenAi => format!("{}/chat/completions", self.settings.base_url),
+            ProviderKind::Anthropic => format!("{}/v1/messages", self.settings.base_url),
+        }
+    }
+
+    fn headers(&self) -> Result<HeaderMap, String> {
+        let mut headers = HeaderMap::new();
+        if let Some(key) = &self.settings.api_key {
+            let (name, value) = match self.settings.kind {
+                ProviderKind::OpenAi => ("authorization", format!("Bearer {}", key.expose())),
+                ProviderKind::Anthropic => ("x-api-key", key.expose().to_owned()),
+            };
+            let mut value = HeaderValue::from_str(&value)
+                .map_err(|_| "the API key is not a valid header value".to_owned())?;
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+        if self.settings.kind == ProviderKind::Anthropic {
+            headers.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
+        }
+        for (name, value) in &self.settings.headers {
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("header name {name:?} is invalid"))?;
+            let value = HeaderValue::from_str(value)
+                .map_err(|_| format!("header {name} has an invalid value"))?;
+            headers.insert(name, value);
+        }
+        Ok(headers)
+    }
+
+    fn body(&self, request: &ModelRequest) -> Value {
+        match self.settings.kind {
+            ProviderKind::OpenAi => openai::request_body(&self.settings, request),
+            ProviderKind::Anthropic => anthropic::request_body(&self.settings, request),
+        }
+    }
+
+    fn assembler(&self) -> Box<dyn Assembler> {
+        match self.settings.kind {
+            ProviderKind::OpenAi => Box::new(openai::StreamState::default()),
+            ProviderKind::Anthropic => Box::new(anthropic::StreamState::default()),
+        }
+    }
+
+    fn parse(&self, body: &Value) -> Result<Reply, Failure> {
+        match self.settings.kind {
+            ProviderKind::OpenAi => openai::parse_response(body),
+            ProviderKind::Anthropic => anthropic::parse_response(body),
+        }
+    }
+
+    /// One HTTP exchange, streamed or not.
+    async fn attempt(
+        &self,
+        headers: HeaderMap,
+        body: &Value,
+        sink: &DeltaSink,
+    ) -> Result<Reply, Failure> {
+        let response = self
+            .client
+            .post(self.endpoint())
+            .headers(headers)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| Failure::transient(format!("request failed: {}", without_url(&e))))?;
+        let status = response.status();
+        if !status.is_success() {
+            let retry_after = retry_after(response.headers());
+            let text = response.text().await.unwrap_or_default();
+            let message = error_message(&text, status);
+            return Err(if retryable_status(status) {
+                Failure::Transient {
+                    status: Some(status.as_u16()),
+                    message,
+                    retry_after,
+                }
+            } else {
+                Failure::Rejected {
+                    status: status.as_u16(),
+                    message,
+                }
+            });
+        }
+        if !self.settings.stream {
+            let text = response.text().await.map_err(|e| {
+                Failure::transient(format!("reading the reply failed: {}", without_url(&e)))
+            })?;
+            let value: Value = serde_json::from_str(&text)
+                .map_err(|e| Failure::Malformed(format!("reply is not JSON: {e}")))?;
+            return self.parse(&value);
+        }
+        let idle = self.settings.timeouts.idle;
+        let mut assembler = self.assembler();
+        let mut events = response.bytes_stream().eventsource();
+        loop {
+            let next = tokio::time::timeout(idle, events.next())
+                .await
+                .map_err(|_| Failure::transient(format!("the stream was idle for {idle:?}")))?;
+            match next {
+                None => {
+                    return Err(Failure::transient(
+                        "the stream ended before the reply was complete",
+                    ));
+                }
+                Some(Err(e)) => return Err(Failure::transient(format!("the stream broke: {e}"))),
+                Some(Ok(event)) => {
+                    if assembler.event(&event.event, &event.data, sink)? {
+                        return assembler.finish();
+                    }
+                }
+            }
+        }
+    }
+
+    /// A message naming this model, with the key scrubbed out.
+    fn error(&self, failure: Failure) -> ModelError {
+        let model = format!(
+            "{} ({} {})",
+            self.name,
+            self.settings.kind.name(),
+            self.settings.model
+        );
+        let scrub = |text: String| match &self.settings.api_key {
+            Some(key) if !key.expose().is_empty() => text.replace(key.expose(), "[REDACTED]"),
+            _ => text,
+        };
+        match failure {
+            Failure::Rejected { status, message } => ModelError::Rejected {
+                model,
+                status,
+                message: scrub(message),
+            },
+            Failure::Transient {
+                message,
+                retry_after,
+                ..
+            } => ModelError::Transient {
+                model,
+                message: scrub(message),
+                retry_after,
+            },
+            Failure::Malformed(message) => ModelError::Malformed {
+                model,
+                message: scrub(message),
+            },
+        }
+    }
+
+    fn usage(&self, tokens: Tokens) -> Usage {
+        Usage {
+            input_tokens: tokens.input + tokens.cache_read + tokens.cache_write,
+            output_tokens: tokens.output,
+            cache_read_tokens: tokens.cache_read,
+            cache_write_tokens: tokens.cache_write,
+            cost: self.settings.pricing.cost(
+                tokens.input,
+                tokens.output,
+                tokens.cache_read,
+                tokens.cache_write,
+            ),
+        }
+    }
+}
+
+#[async_trait]
+impl Model for HttpModel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn complete(
+        &self,
+        request: ModelRequest,
+        deltas: DeltaSink,
+    ) -> Result<ModelResponse, ModelError> {
+        if let (Some(var), None) = (&self.settings.api_key_env, &self.settings.api_key) {
+            return Err(ModelError::Invalid {
+                model: self.name.clone(),
+                message: format!("the API key variable {var} is not set"),
+            });
+        }
+        let headers = self.headers().map_err(|message| ModelError::Invalid {
+            model: self.name.clone(),
+            message,
+        })?;
+        let body = self.body(&request);
+        let estimate: u64 = request.messages.iter().map(|m| m.estimated_tokens()).sum();
+        let policy = &self.settings.retry;
+        let mut retry = 0;
+        loop {
+            let admission = self.limiter.admit(estimate).await;
+            let outcome = tokio::time::timeout(
+                self.settings.timeouts.request,
+                self.attempt(headers.clone(), &body, &deltas),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(Failure::transient(format!(
+                    "no complete reply within {:?}",
+                    self.settings.timeouts.request
+                )))
+            });
+            drop(admission);
+            match outcome {
+                Ok(reply) => {
+                    let usage = self.usage(reply.tokens);
+                    self.limiter.settle(estimate, usage.total_tokens());
+                    return Ok(ModelResponse {
+                        message: reply.message,
+                        usage,
+                    });
+                }
+                Err(failure) if failure.retryable() && retry < policy.max_retries => {
+                    retry += 1;
+                    let after = match &failure {
+                        Failure::Transient { retry_after, .. } => *retry_after,
+                        _ => None,
+                    };
+                    let delay = policy.delay(retry, after, jitter());
+                    let reason = match self.error(failure) {
+                        ModelError::Transient { message, .. }
+                        | ModelError::Malformed { message, .. } => message,
+                        other => other.to_string(),
+                    };
+                    tracing::warn!(model = %self.name, retry, ?delay, %reason, "retrying model request");
+                    deltas(Delta::Retry {
+                        attempt: retry,
+                        delay_ms: delay.as_millis() as u64,
+                        reason,
+                    });
+                    tokio::time::sleep(delay).await;
+                }
+                Err(failure) => return Err(self.error(failure)),
+            }
+        }
+    }
+}
+
+/// A transport error with its causes (reqwest's top-level text alone says little).
+fn without_url(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// The API's error message from an error body, else the status text.
+fn error_message(body: &str, status: reqwest::StatusCode) -> String {
+    let parsed: Option<Value> = serde_json::from_str(body).ok();
+    let message = parsed.as_ref().and_then(|v| {
+        v.pointer("/error/message")
+            .or_else(|| v.get("message"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    });
+    message.unwrap_or_else(|| {
+        let reason = status.canonical_reason().unwrap_or("error");
+        if body.trim().is_empty() {
+            reason.to_owned()
+        } else {
+            format!("{reason}: {}", body.chars().take(200).collect::<String>())
+        }
+    })
+}
+
+/// Shared by both wire formats.
+pub(crate) mod convert {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use arbor_actors::message::{Message, ToolResultPart};
+    use serde_json::Value;
+
+    /// The messages with each assistant message's results moved right after it,
+    /// in call order (APIs want them adjacent; Arbor pairs by id).
+    pub fn adjacent_results(messages: &[Arc<Message>]) -> Vec<Arc<Message>> {
+        let mut results: HashMap<&str, &Arc<Message>> = messages
+            .iter()
+            .filter_map(|m| Some((m.answers()?, m)))
+            .collect();
+        let mut out = Vec::with_capacity(messages.len());
+        for m in messages {
+            if m.answers().is_some() {
+                continue;
+            }
+            out.push(m.clone());
+            for call in m.tool_calls() {
+                if let Some(result) = results.remove(call.tool_call_id.as_str()) {
+                    out.push(result.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// A tool result's JSON parts as text (strings unquoted).
+    pub fn result_text(content: &[ToolResultPart]) -> String {
+        content
+            .iter()
+            .filter_map(|p| match p {
+                ToolResultPart::Json {
+                    value: Value::String(s),
+                } => Some(s.clone()),
+                ToolResultPart::Json { value } => Some(value.to_string()),
+                ToolResultPart::Media { .. } => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Tool arguments as the API sent them: parsed JSON, or the raw text when it is
+    /// not JSON (the step machine turns that into an error the model reads).
+    pub fn arguments(text: &str) -> Value {
+        if text.trim().is_empty() {
+            return Value::Object(Default::default());
+        }
+        serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+    }
+}

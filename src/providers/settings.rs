@@ -1,0 +1,246 @@
+//! What configures a provider: the `[models.NAME]` table of an HTTP model and
+//! the settings built from it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use arbor_actors::models::simulated::parse_duration;
+use serde::Deserialize;
+
+use super::limiter::LimiterConfig;
+use super::retry::RetryPolicy;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProviderKind {
+    OpenAi,
+    Anthropic,
+}
+
+impl ProviderKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProviderKind::OpenAi => "openai",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+
+    pub fn default_base_url(self) -> &'static str {
+        match self {
+            ProviderKind::OpenAi => "https://api.openai.com/v1",
+            ProviderKind::Anthropic => "https://api.anthropic.com",
+        }
+    }
+}
+
+/// `[models.NAME]` with `provider = "openai"` or `"anthropic"`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSection {
+    /// The API's base URL (OpenAI: up to `/v1`; Anthropic: the host).
+    pub base_url: Option<String>,
+    /// The model id the API knows, e.g. `gpt-4o-mini` or `claude-sonnet-4-5`.
+    pub model: String,
+    /// The environment variable holding the API key.
+    pub api_key_env: Option<String>,
+    #[serde(default = "default_stream")]
+    pub stream: bool,
+    /// Most tokens a reply may have (Anthropic requires one; default 4096).
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub pricing: Pricing,
+    #[serde(default)]
+    pub limits: LimitsSection,
+    #[serde(default)]
+    pub retry: RetrySection,
+    #[serde(default)]
+    pub timeouts: TimeoutsSection,
+    /// Extra request headers (e.g. OpenRouter's `HTTP-Referer`).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+fn default_stream() -> bool {
+    true
+}
+
+/// Credits per million tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pricing {
+    #[serde(default)]
+    pub input: f64,
+    #[serde(default)]
+    pub output: f64,
+    #[serde(default)]
+    pub cache_read: f64,
+    #[serde(default)]
+    pub cache_write: f64,
+}
+
+impl Pricing {
+    /// The cost of a call; `input` counts only uncached input tokens.
+    pub fn cost(&self, input: u64, output: u64, cache_read: u64, cache_write: u64) -> f64 {
+        (input as f64 * self.input
+            + output as f64 * self.output
+            + cache_read as f64 * self.cache_read
+            + cache_write as f64 * self.cache_write)
+            / 1e6
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    pub max_concurrent: Option<usize>,
+    pub requests_per_minute: Option<u32>,
+    pub tokens_per_minute: Option<u32>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySection {
+    pub max_retries: Option<u32>,
+    pub base_delay: Option<String>,
+    pub max_delay: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutsSection {
+    pub connect: Option<String>,
+    pub request: Option<String>,
+    pub idle: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Timeouts {
+    pub connect: Duration,
+    /// The whole request, streaming included.
+    pub request: Duration,
+    /// Longest silence between two chunks of a stream.
+    pub idle: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(10),
+            request: Duration::from_secs(600),
+            idle: Duration::from_secs(120),
+        }
+    }
+}
+
+/// An API key. Its `Debug` never shows it; it is never serialised.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    pub fn new(key: String) -> Self {
+        ApiKey(key)
+    }
+
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey([REDACTED])")
+    }
+}
+
+/// Everything a provider needs, validated.
+#[derive(Clone, Debug)]
+pub struct ProviderSettings {
+    pub kind: ProviderKind,
+    pub base_url: String,
+    pub model: String,
+    /// The variable the key comes from (reported when it is missing).
+    pub api_key_env: Option<String>,
+    pub api_key: Option<ApiKey>,
+    pub stream: bool,
+    pub max_tokens: u32,
+    pub pricing: Pricing,
+    pub limits: LimiterConfig,
+    pub retry: RetryPolicy,
+    pub timeouts: Timeouts,
+    pub headers: Vec<(String, String)>,
+}
+
+impl ProviderSettings {
+    /// Settings from a config table; reads the key from the environment now.
+    /// `Err` names the key of the table that is wrong.
+    pub fn from_section(kind: ProviderKind, s: &HttpSection) -> Result<Self, (String, String)> {
+        let duration = |key: &str, value: &Option<String>, default: Duration| match value {
+            Some(v) => parse_duration(v).map_err(|e| (key.to_owned(), e)),
+            None => Ok(default),
+        };
+        let base_url = s
+            .base_url
+            .clone()
+            .unwrap_or_else(|| kind.default_base_url().to_owned());
+        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+            return Err((
+                "base_url".into(),
+                format!("{base_url:?} is not an http(s) URL"),
+            ));
+        }
+        let retry_default = RetryPolicy::default();
+        let timeouts_default = Timeouts::default();
+        let api_key = s
+            .api_key_env
+            .as_ref()
+            .and_then(|var| std::env::var(var).ok())
+            .filter(|k| !k.is_empty())
+            .map(ApiKey::new);
+        Ok(ProviderSettings {
+            kind,
+            base_url: base_url.trim_end_matches('/').to_owned(),
+            model: s.model.clone(),
+            api_key_env: s.api_key_env.clone(),
+            api_key,
+            stream: s.stream,
+            max_tokens: s.max_tokens.unwrap_or(4096),
+            pricing: s.pricing,
+            limits: LimiterConfig {
+                max_concurrent: s.limits.max_concurrent,
+                requests_per_minute: s.limits.requests_per_minute,
+                tokens_per_minute: s.limits.tokens_per_minute,
+            },
+            retry: RetryPolicy {
+                max_retries: s.retry.max_retries.unwrap_or(retry_default.max_retries),
+                base_delay: duration(
+                    "retry.base_delay",
+                    &s.retry.base_delay,
+                    retry_default.base_delay,
+                )?,
+                max_delay: duration(
+                    "retry.max_delay",
+                    &s.retry.max_delay,
+                    retry_default.max_delay,
+                )?,
+            },
+            timeouts: Timeouts {
+                connect: duration(
+                    "timeouts.connect",
+                    &s.timeouts.connect,
+                    timeouts_default.connect,
+                )?,
+                request: duration(
+                    "timeouts.request",
+                    &s.timeouts.request,
+                    timeouts_default.request,
+                )?,
+                idle: duration("timeouts.idle", &s.timeouts.idle, timeouts_default.idle)?,
+            },
+            headers: s
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        })
+    }
+}
