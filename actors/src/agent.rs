@@ -122,6 +122,8 @@ pub struct AgentRun {
     /// A model request waiting for a live slot.
     parked: Option<ModelRequest>,
     suspended: bool,
+    /// Tokens reserved against the tree's budget for the model call in flight.
+    reserved: u64,
     cancel_tx: watch::Sender<bool>,
     children: Children,
     finished: bool,
@@ -210,6 +212,7 @@ impl Actor for AgentActor {
             timer: None,
             parked: None,
             suspended: false,
+            reserved: 0,
             cancel_tx,
             children: Children::default(),
             finished: false,
@@ -236,6 +239,8 @@ impl Actor for AgentActor {
         let hooks = run.hooks.clone();
         let actions = run.guarded(|m| m.start(&HookCatalog(hooks.as_ref())));
         run.execute(&myself, actions);
+        // A run can end before its first message (a refused first step).
+        run.maybe_finish(&myself);
         Ok(())
     }
 
@@ -253,11 +258,18 @@ impl Actor for AgentActor {
                 run.stop_timer();
                 match result {
                     Ok(response) => {
-                        run.hooks.settle(&response.usage);
+                        run.hooks
+                            .settle(&response.usage, std::mem::take(&mut run.reserved));
                         run.guarded(|m| m.model_replied(step, response, &catalog))
                     }
-                    Err(error) if step == run.machine.step() => run.machine.fail(error),
-                    Err(_) => Vec::new(),
+                    Err(error) => {
+                        run.release_reservation();
+                        if step == run.machine.step() {
+                            run.machine.fail(error)
+                        } else {
+                            Vec::new()
+                        }
+                    }
                 }
             }
             AgentMsg::ToolDone {
@@ -385,14 +397,25 @@ impl AgentRun {
         }
     }
 
+    fn release_reservation(&mut self) {
+        let reserved = std::mem::take(&mut self.reserved);
+        if reserved > 0 {
+            self.hooks.settle(&crate::model::Usage::default(), reserved);
+        }
+    }
+
+    /// Admits the step against the tree's budgets, then sends it (or parks it
+    /// until a live slot is free again).
     fn call_model(&mut self, myself: &ActorRef<AgentMsg>, request: ModelRequest) {
-        if let Err(limit) = self.hooks.admit_step() {
+        let estimate: u64 = request.messages.iter().map(|m| m.estimated_tokens()).sum();
+        if let Err(limit) = self.hooks.admit_step(estimate) {
             self.emit(EventKind::LimitHit {
                 limit: limit.clone(),
             });
             let actions = self.machine.fail(limit.to_string());
             return self.execute(myself, actions);
         }
+        self.reserved = estimate;
         if self.suspended {
             self.parked = Some(request);
             let acquire = self.hooks.acquire_slot();
@@ -406,6 +429,10 @@ impl AgentRun {
             });
             return;
         }
+        self.send_model(myself, request);
+    }
+
+    fn send_model(&mut self, myself: &ActorRef<AgentMsg>, request: ModelRequest) {
         let model_name = &self.machine.template().model;
         let Some(model) = self.hooks.model(model_name) else {
             let actions = self
@@ -546,7 +573,7 @@ impl AgentRun {
         self.suspended = false;
         self.emit(EventKind::Resumed);
         if let Some(request) = self.parked.take() {
-            self.call_model(myself, request);
+            self.send_model(myself, request);
         }
         Vec::new()
     }
@@ -572,6 +599,7 @@ impl AgentRun {
         }
         self.stop_timer();
         self.parked = None;
+        self.release_reservation();
         let _ = self.cancel_tx.send(true);
         let reason = match &self.cancel_reason {
             Some(CancelReason::Limit(limit)) => CancelReason::Limit(limit.clone()),

@@ -45,11 +45,13 @@ pub trait TreeHooks: Send + Sync + 'static {
     /// Counts it against the tree's agent total when admitted.
     fn admit_child(&self, parent_depth: usize, index: usize) -> Result<(), LimitHit>;
 
-    /// Admits one model step: the tree's step total and token/cost budgets.
-    fn admit_step(&self) -> Result<(), LimitHit>;
+    /// Admits one model step of about `estimate` tokens: reserves them against the
+    /// token budget and counts the step against the tree's total.
+    fn admit_step(&self, estimate: u64) -> Result<(), LimitHit>;
 
-    /// Settles a finished model call against the tree's budgets.
-    fn settle(&self, usage: &Usage);
+    /// Settles a model call that reserved `reserved` tokens (usage is zero for a
+    /// call that failed or was abandoned).
+    fn settle(&self, usage: &Usage, reserved: u64);
 
     /// Waits for a live-agent slot. `None` when live agents are not limited.
     fn acquire_slot(&self) -> BoxFuture<'static, Option<OwnedSemaphorePermit>>;

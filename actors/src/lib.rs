@@ -28,7 +28,9 @@ pub use history::History;
 pub use hooks::{RunIds, TreeHooks};
 pub use limit::{Limit, LimitHit};
 pub use message::{Content, Message, Part, ToolCall, ToolResultPart};
-pub use model::{Delta, DeltaSink, Model, ModelError, ModelRequest, ModelResponse, Usage};
+pub use model::{
+    Delta, DeltaSink, Model, ModelError, ModelRequest, ModelResponse, RequestMeta, Usage,
+};
 pub use state::{AgentState, AgentStatus, ToolDefinition};
 pub use step::{Action, Catalog, StepMachine};
 pub use template::{AgentTemplate, FailurePolicy, OutputMode};

@@ -31,6 +31,8 @@ pub(crate) struct Budget {
     agents: AtomicUsize,
     steps: AtomicU64,
     tokens: AtomicU64,
+    /// Tokens reserved by model calls in flight.
+    reserved: AtomicU64,
     /// Credits in millionths, so they add atomically.
     micro_credits: AtomicU64,
     pub(crate) slots: Option<Arc<Semaphore>>,
@@ -46,6 +48,7 @@ impl Budget {
             agents: AtomicUsize::new(1),
             steps: AtomicU64::new(0),
             tokens: AtomicU64::new(0),
+            reserved: AtomicU64::new(0),
             micro_credits: AtomicU64::new(0),
         }
     }
@@ -88,16 +91,10 @@ impl Budget {
             })
     }
 
-    pub(crate) fn admit_step(&self) -> Result<(), LimitHit> {
-        if let Some(max) = self.limits.max_tokens {
-            let used = self.tokens.load(Ordering::Acquire);
-            if used >= max {
-                return Err(LimitHit::new(
-                    Limit::TokenBudget,
-                    format!("{used} of {max} tokens used"),
-                ));
-            }
-        }
+    /// Admits one model step of about `estimate` tokens: reserves them against the
+    /// token budget (so concurrent calls cannot all overshoot it), checks the cost
+    /// budget, and counts the step.
+    pub(crate) fn admit_step(&self, estimate: u64) -> Result<(), LimitHit> {
         if let Some(max) = self.limits.max_credits {
             let used = self.credits();
             if used >= max {
@@ -106,6 +103,22 @@ impl Budget {
                     format!("{used:.4} of {max} credits used"),
                 ));
             }
+        }
+        if let Some(max) = self.limits.max_tokens {
+            let used = self.tokens.load(Ordering::Acquire);
+            self.reserved
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |reserved| {
+                    (used + reserved + estimate <= max).then_some(reserved + estimate)
+                })
+                .map_err(|reserved| {
+                    LimitHit::new(
+                        Limit::TokenBudget,
+                        format!(
+                            "{used} of {max} tokens used, {reserved} reserved by calls in flight, \
+                             this call needs about {estimate}"
+                        ),
+                    )
+                })?;
         }
         let Some(max) = self.limits.max_steps else {
             self.steps.fetch_add(1, Ordering::Relaxed);
@@ -117,6 +130,7 @@ impl Budget {
             })
             .map(|_| ())
             .map_err(|_| {
+                self.release(estimate);
                 LimitHit::new(
                     Limit::MaxSteps,
                     format!("the tree already took {max} steps"),
@@ -124,11 +138,23 @@ impl Budget {
             })
     }
 
-    pub(crate) fn settle(&self, usage: &Usage) {
+    /// Settles a call that reserved `reserved` tokens and used `usage`.
+    pub(crate) fn settle(&self, usage: &Usage, reserved: u64) {
+        self.release(reserved);
         self.tokens
             .fetch_add(usage.total_tokens(), Ordering::AcqRel);
         let micro = (usage.cost.max(0.0) * 1e6).round() as u64;
         self.micro_credits.fetch_add(micro, Ordering::AcqRel);
+    }
+
+    fn release(&self, reserved: u64) {
+        if self.limits.max_tokens.is_some() && reserved > 0 {
+            let _ = self
+                .reserved
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                    Some(r.saturating_sub(reserved))
+                });
+        }
     }
 
     pub(crate) fn agents(&self) -> usize {
@@ -184,22 +210,29 @@ mod tests {
             max_tokens: Some(100),
             ..TreeLimits::default()
         });
-        assert!(b.admit_step().is_ok());
-        b.settle(&Usage {
-            input_tokens: 60,
-            output_tokens: 50,
-            cost: 0.25,
-            ..Usage::default()
-        });
-        assert_eq!(b.admit_step().unwrap_err().limit, Limit::TokenBudget);
+        assert!(b.admit_step(10).is_ok());
+        // Reserved tokens count against the budget while the call is in flight.
+        let hit = b.admit_step(95).unwrap_err();
+        assert_eq!(hit.limit, Limit::TokenBudget);
+        assert!(hit.detail.contains("10 reserved"), "{}", hit.detail);
+        b.settle(
+            &Usage {
+                input_tokens: 60,
+                output_tokens: 50,
+                cost: 0.25,
+                ..Usage::default()
+            },
+            10,
+        );
+        assert_eq!(b.admit_step(1).unwrap_err().limit, Limit::TokenBudget);
         assert_eq!(b.credits(), 0.25);
 
         let b = Budget::new(TreeLimits {
             max_steps: Some(1),
             ..TreeLimits::default()
         });
-        assert!(b.admit_step().is_ok());
-        assert_eq!(b.admit_step().unwrap_err().limit, Limit::MaxSteps);
+        assert!(b.admit_step(0).is_ok());
+        assert_eq!(b.admit_step(0).unwrap_err().limit, Limit::MaxSteps);
         assert_eq!(b.steps(), 1);
     }
 }

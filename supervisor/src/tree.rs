@@ -126,12 +126,12 @@ impl TreeHooks for TreeContext {
         self.budget.admit_child(parent_depth, index)
     }
 
-    fn admit_step(&self) -> Result<(), LimitHit> {
-        self.budget.admit_step()
+    fn admit_step(&self, estimate: u64) -> Result<(), LimitHit> {
+        self.budget.admit_step(estimate)
     }
 
-    fn settle(&self, usage: &Usage) {
-        self.budget.settle(usage);
+    fn settle(&self, usage: &Usage, reserved: u64) {
+        self.budget.settle(usage, reserved);
     }
 
     fn acquire_slot(&self) -> BoxFuture<'static, Option<OwnedSemaphorePermit>> {

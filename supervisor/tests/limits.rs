@@ -439,3 +439,76 @@ async fn the_token_budget_fails_the_agents_that_exhaust_it() {
         [Limit::TokenBudget, Limit::TokenBudget]
     );
 }
+
+/// Regression: a parent that gave its live slot back while its children ran used
+/// to count its next step twice (once when parked, once when resumed).
+#[tokio::test(start_paused = true)]
+async fn a_resumed_parent_counts_its_step_once() {
+    let model = scripted(json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [spawn_call(&[("worker", "a"), ("worker", "b")])]},
+            {"text": "merged"}
+        ]},
+        {"agent": "worker", "steps": [{"text": "done", "delayMs": 5}]}
+    ]}));
+    let sup = supervisor(
+        &model,
+        vec![template("lead").spawns(&["worker"]), template("worker")],
+        TreeLimits {
+            // Exactly the four steps the tree takes, with one live slot so the
+            // lead is suspended and resumed.
+            max_steps: Some(4),
+            max_live_agents: Some(1),
+            ..TreeLimits::default()
+        },
+    );
+    let handle = start(&sup, "lead", "go").await;
+    let result = finish(handle).await;
+    assert_eq!(
+        result.state.status,
+        AgentStatus::Completed,
+        "{:?}",
+        result.state.output
+    );
+    assert_eq!(model.requests().len(), 4);
+}
+
+/// Tokens of calls in flight are reserved: siblings cannot all start calls the
+/// budget cannot pay for.
+#[tokio::test(start_paused = true)]
+async fn concurrent_calls_reserve_the_token_budget() {
+    let long_prompt = "x".repeat(400); // about 100 tokens each
+    let model = scripted(json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [spawn_call(&[("worker", &long_prompt), ("worker", &long_prompt), ("worker", &long_prompt)])],
+             "usage": {"inputTokens": 1, "outputTokens": 1}},
+            {"text": "merged", "usage": {"inputTokens": 1, "outputTokens": 1}}
+        ]},
+        {"agent": "worker", "steps": [{"text": "done", "delayMs": 50, "usage": {"inputTokens": 100, "outputTokens": 5}}]}
+    ]}));
+    let sup = supervisor(
+        &model,
+        vec![template("lead").spawns(&["worker"]), template("worker")],
+        TreeLimits {
+            max_tokens: Some(250),
+            ..TreeLimits::default()
+        },
+    );
+    let mut rx = sup.subscribe();
+    let handle = start(&sup, "lead", "go").await;
+    let result = finish(handle).await;
+    let events = drain(&mut rx);
+    // Two workers fit in the budget at once; the third is refused before its call.
+    let refused = limit_hits(&events)
+        .iter()
+        .filter(|l| **l == Limit::TokenBudget)
+        .count();
+    assert!(refused >= 1, "the third concurrent call must be refused");
+    let worker_requests = model
+        .requests()
+        .iter()
+        .filter(|r| r.agent_type == "worker")
+        .count();
+    assert_eq!(worker_requests, 2);
+    assert_eq!(entries(&result.state).len(), 3);
+}
