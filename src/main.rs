@@ -53,6 +53,13 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Send one tiny request to a model and report latency, usage and any problem in one line.
+    Ping {
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// The model's name under [models].
+        model: String,
+    },
     /// Validate a config file and report every problem with its location.
     CheckConfig {
         /// The file (default: ./config.toml if present, else the built-in one).
@@ -145,6 +152,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Ping { config, model } => {
+            let config = load_config(config.as_deref())?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?;
+            runtime.block_on(ping(config, model))
+        }
         Command::CheckConfig { file } => {
             let config = load_config(file.as_deref())?;
             config.catalog()?;
@@ -155,6 +170,67 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 config.templates.len()
             );
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn ping(config: Config, name: String) -> anyhow::Result<ExitCode> {
+    use std::sync::{Arc, Mutex};
+
+    use arbor_actors::{Delta, Message, ModelRequest, RequestMeta};
+
+    let catalog = config.catalog()?;
+    let model = catalog.model(&name).cloned().with_context(|| {
+        let known: Vec<&str> = catalog.model_names().collect();
+        format!("no model named {name:?} (configured: {})", known.join(", "))
+    })?;
+    let retries = Arc::new(Mutex::new(Vec::new()));
+    let sink = {
+        let retries = retries.clone();
+        Arc::new(move |delta: Delta| {
+            if let Delta::Retry { reason, .. } = delta {
+                if let Ok(mut r) = retries.lock() {
+                    r.push(reason);
+                }
+            }
+        })
+    };
+    let request = ModelRequest {
+        system_prompt: Arc::from("You are a health check. Answer with one word."),
+        messages: vec![Arc::new(Message::user("Reply with the single word: pong"))],
+        tools: Default::default(),
+        meta: RequestMeta {
+            agent_type: "ping".into(),
+            run_id: "ping".into(),
+            step: 1,
+            ..RequestMeta::default()
+        },
+    };
+    let start = std::time::Instant::now();
+    let result = model.complete(request, sink).await;
+    let ms = start.elapsed().as_millis();
+    let retries = retries.lock().map(|r| r.clone()).unwrap_or_default();
+    let retried = if retries.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ", {} retries (last: {})",
+            retries.len(),
+            retries.last().map(String::as_str).unwrap_or("")
+        )
+    };
+    match result {
+        Ok(response) => {
+            let reply: String = response.message.text().chars().take(60).collect();
+            println!(
+                "{name}: ok in {ms}ms, {} in / {} out tokens, cost {:.6}{retried}, reply {reply:?}",
+                response.usage.input_tokens, response.usage.output_tokens, response.usage.cost
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(error) => {
+            println!("{name}: failed after {ms}ms{retried}: {error}");
+            Ok(ExitCode::from(1))
         }
     }
 }

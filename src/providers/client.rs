@@ -37,6 +37,12 @@ pub(crate) trait Assembler: Send {
     /// Handles one event; `Ok(true)` when the reply is complete.
     fn event(&mut self, event: &str, data: &str, sink: &DeltaSink) -> Result<bool, Failure>;
     fn finish(self: Box<Self>) -> Result<Reply, Failure>;
+
+    /// Whether the reply is whole even though the stream ended without its end
+    /// marker (some OpenAI-compatible servers close after the finish reason).
+    fn complete_without_end(&self) -> bool {
+        false
+    }
 }
 
 /// Why one attempt failed.
@@ -161,7 +167,7 @@ impl HttpModel {
             .json(body)
             .send()
             .await
-            .map_err(|e| Failure::transient(format!("request failed: {}", without_url(&e))))?;
+            .map_err(|e| Failure::transient(format!("request failed: {}", without_url(e))))?;
         let status = response.status();
         if !status.is_success() {
             let retry_after = retry_after(response.headers());
@@ -182,7 +188,7 @@ impl HttpModel {
         }
         if !self.settings.stream {
             let text = response.text().await.map_err(|e| {
-                Failure::transient(format!("reading the reply failed: {}", without_url(&e)))
+                Failure::transient(format!("reading the reply failed: {}", without_url(e)))
             })?;
             let value: Value = serde_json::from_str(&text)
                 .map_err(|e| Failure::Malformed(format!("reply is not JSON: {e}")))?;
@@ -196,6 +202,7 @@ impl HttpModel {
                 .await
                 .map_err(|_| Failure::transient(format!("the stream was idle for {idle:?}")))?;
             match next {
+                None if assembler.complete_without_end() => return assembler.finish(),
                 None => {
                     return Err(Failure::transient(
                         "the stream ended before the reply was complete",
@@ -335,10 +342,12 @@ impl Model for HttpModel {
     }
 }
 
-/// A transport error with its causes (reqwest's top-level text alone says little).
-fn without_url(e: &reqwest::Error) -> String {
+/// A transport error with its causes (reqwest's top-level text alone says
+/// little), without the URL, which may carry credentials.
+fn without_url(e: reqwest::Error) -> String {
+    let e = e.without_url();
     let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
+    let mut source = std::error::Error::source(&e);
     while let Some(s) = source {
         text.push_str(": ");
         text.push_str(&s.to_string());

@@ -45,7 +45,7 @@ pub struct HttpSection {
     pub api_key_env: Option<String>,
     #[serde(default = "default_stream")]
     pub stream: bool,
-    /// Most tokens a reply may have (Anthropic requires one; default 4096).
+    /// Most tokens a reply may have (OpenAI: sent only when set; Anthropic: 4096 by default).
     pub max_tokens: Option<u32>,
     #[serde(default)]
     pub pricing: Pricing,
@@ -162,7 +162,9 @@ pub struct ProviderSettings {
     pub api_key_env: Option<String>,
     pub api_key: Option<ApiKey>,
     pub stream: bool,
-    pub max_tokens: u32,
+    /// Most tokens a reply may have. OpenAI: sent only when set (newer models
+    /// refuse the field); Anthropic: required, 4096 when not set.
+    pub max_tokens: Option<u32>,
     pub pricing: Pricing,
     pub limits: LimiterConfig,
     pub retry: RetryPolicy,
@@ -203,7 +205,7 @@ impl ProviderSettings {
             api_key_env: s.api_key_env.clone(),
             api_key,
             stream: s.stream,
-            max_tokens: s.max_tokens.unwrap_or(4096),
+            max_tokens: s.max_tokens,
             pricing: s.pricing,
             limits: LimiterConfig {
                 max_concurrent: s.limits.max_concurrent,

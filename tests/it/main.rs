@@ -1,9 +1,14 @@
 //! End-to-end tests: the real `arbor` binary in a temp dir, one test binary.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod aimock;
 mod cli;
 mod config;
 mod layers;
+mod provider_faults;
+mod provider_limits;
+mod provider_secrets;
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
