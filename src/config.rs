@@ -106,6 +106,8 @@ pub struct SimulatedSection {
     pub latency: String,
     #[serde(default = "default_reply_tokens")]
     pub reply_tokens: usize,
+    /// Children per level (e.g. `[10, 10, 5]`), instead of `fanout` and `depth`.
+    pub shape: Option<Vec<usize>>,
 }
 
 fn default_fanout() -> usize {
@@ -355,8 +357,7 @@ impl Config {
 
 fn simulated_config(s: &SimulatedSection) -> Result<SimulatedConfig, String> {
     Ok(SimulatedConfig {
-        fanout: s.fanout,
-        depth: s.depth,
+        shape: s.shape.clone().unwrap_or_else(|| vec![s.fanout; s.depth]),
         latency: Latency::parse(&s.latency)?,
         reply_tokens: s.reply_tokens,
     })

@@ -15,6 +15,7 @@
 //! ```
 
 pub mod config;
+pub mod loadtest;
 pub mod providers;
 pub mod render;
 

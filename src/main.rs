@@ -60,11 +60,60 @@ enum Command {
         /// The model's name under [models].
         model: String,
     },
+    /// Run a load-test tree on the simulated model (or agent-shaped load on a real
+    /// model) and report throughput, latency percentiles and memory.
+    Loadtest(LoadtestArgs),
     /// Validate a config file and report every problem with its location.
     CheckConfig {
         /// The file (default: ./config.toml if present, else the built-in one).
         file: Option<PathBuf>,
     },
+}
+
+#[derive(clap::Args)]
+struct LoadtestArgs {
+    /// Children per agent.
+    #[arg(long, default_value_t = 10)]
+    fanout: usize,
+    /// Levels below the root.
+    #[arg(long, default_value_t = 4)]
+    depth: usize,
+    /// Children per level instead, e.g. 10,10,5 (overrides --fanout/--depth).
+    #[arg(long, value_delimiter = ',')]
+    shape: Option<Vec<usize>>,
+    /// Messages of history the root starts with; every agent inherits them.
+    #[arg(long, default_value_t = 0)]
+    history: usize,
+    /// Bytes per inherited message.
+    #[arg(long, default_value_t = 200)]
+    msg_bytes: usize,
+    /// Simulated model latency: 0, 50ms, lognormal:200ms,0.5.
+    #[arg(long, default_value = "0")]
+    latency: String,
+    /// Words per simulated reply.
+    #[arg(long, default_value_t = 20)]
+    reply_tokens: usize,
+    /// Agents stepping at once (spawns wait for a slot).
+    #[arg(long)]
+    max_live: Option<usize>,
+    /// Drive this configured model with agent-shaped load instead.
+    #[arg(long)]
+    model: Option<String>,
+    /// Config file for --model (default: ./config.toml if present, else the built-in one).
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Run the tree this many times.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Write every figure as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Draw live agents over time and the latency distribution as SVG.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Also run a bare ractor tree of the same shape and report the ratio.
+    #[arg(long)]
+    baseline: bool,
 }
 
 fn main() -> ExitCode {
@@ -160,6 +209,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .context("cannot start the async runtime")?;
             runtime.block_on(ping(config, model))
         }
+        Command::Loadtest(args) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?;
+            runtime.block_on(loadtest(args))
+        }
         Command::CheckConfig { file } => {
             let config = load_config(file.as_deref())?;
             config.catalog()?;
@@ -172,6 +228,132 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
+    use std::io::IsTerminal;
+    use std::sync::Arc;
+
+    use arbor::loadtest::{Collector, LoadOptions, run_bare_tree, run_once, write_plot};
+    use arbor_actors::models::Latency;
+
+    let shape = args
+        .shape
+        .clone()
+        .unwrap_or_else(|| vec![args.fanout; args.depth]);
+    anyhow::ensure!(
+        !shape.is_empty() || args.depth == 0,
+        "--shape needs at least one level"
+    );
+    anyhow::ensure!(args.repeat >= 1, "--repeat must be at least 1");
+    anyhow::ensure!(args.max_live != Some(0), "--max-live must be at least 1");
+    let latency = Latency::parse(&args.latency).map_err(|e| anyhow::anyhow!("--latency: {e}"))?;
+    let model = match &args.model {
+        None => None,
+        Some(name) => {
+            let config = load_config(args.config.as_deref())?;
+            let catalog = config.catalog()?;
+            let model = catalog.model(name).cloned().with_context(|| {
+                let known: Vec<&str> = catalog.model_names().collect();
+                format!(
+                    "--model: no model named {name:?} (configured: {})",
+                    known.join(", ")
+                )
+            })?;
+            Some(model)
+        }
+    };
+    let options = LoadOptions {
+        shape,
+        history: args.history,
+        msg_bytes: args.msg_bytes,
+        latency,
+        reply_tokens: args.reply_tokens,
+        max_live: args.max_live,
+        model,
+        repeat: args.repeat,
+    };
+    let total = options.agents();
+    let mut reports = Vec::new();
+    for round in 1..=options.repeat {
+        let supervisor = options.supervisor()?;
+        let collector = Arc::new(Collector::default());
+        {
+            let collector = collector.clone();
+            supervisor.events().observe(move |e| collector.observe(e));
+        }
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} agents  {msg}  ETA {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        let tty = std::io::stderr().is_terminal();
+        let mut last_line = std::time::Instant::now();
+        let started = std::time::Instant::now();
+        let report = run_once(&options, &supervisor, &collector, |c| {
+            use std::sync::atomic::Ordering;
+            let done = c.finished.load(Ordering::Relaxed)
+                + c.failed.load(Ordering::Relaxed)
+                + c.cancelled.load(Ordering::Relaxed);
+            let live = c.live.load(Ordering::Relaxed);
+            let rate = done as f64 / started.elapsed().as_secs_f64().max(1e-9);
+            let msg = format!("{live} live, {rate:.0}/s");
+            if tty {
+                bar.set_position(done);
+                bar.set_message(msg);
+            } else if last_line.elapsed() >= std::time::Duration::from_secs(1) || done == total {
+                last_line = std::time::Instant::now();
+                eprintln!("progress: {done}/{total} agents finished, {msg}");
+            }
+        })
+        .await?;
+        bar.finish_and_clear();
+        println!(
+            "load test{}: {} agents in {:.3} s",
+            if options.repeat > 1 {
+                format!(" {round}/{}", options.repeat)
+            } else {
+                String::new()
+            },
+            report.agents_started,
+            report.wall_secs
+        );
+        print!("{}", report.table(options.model.is_some()));
+        reports.push(report);
+    }
+    if args.baseline {
+        let start = std::time::Instant::now();
+        run_bare_tree(&options.shape, options.history, options.msg_bytes).await;
+        let bare = start.elapsed().as_secs_f64() * 1e6 / total as f64;
+        let arbor = reports
+            .iter()
+            .map(|r| r.us_per_agent)
+            .fold(f64::INFINITY, f64::min);
+        println!(
+            "  {:<28} {bare:.2} µs per agent (Arbor/bare: {:.2}×)",
+            "bare ractor tree",
+            arbor / bare
+        );
+    }
+    if let Some(path) = &args.json {
+        let json = if reports.len() == 1 {
+            serde_json::to_string_pretty(&reports[0])?
+        } else {
+            serde_json::to_string_pretty(&reports)?
+        };
+        std::fs::write(path, json).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if let (Some(path), Some(last)) = (&args.plot, reports.last()) {
+        write_plot(last, path).map_err(|e| anyhow::anyhow!(e))?;
+    }
+    let all_completed = reports.iter().all(|r| r.completed);
+    Ok(if all_completed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 async fn ping(config: Config, name: String) -> anyhow::Result<ExitCode> {

@@ -36,6 +36,8 @@ pub struct StartRequest {
     pub model: Option<String>,
     /// A fixed tree id (ids of every run derive from it); random when `None`.
     pub tree_id: Option<String>,
+    /// A conversation the root starts with, before its prompt (shared, not copied).
+    pub history: Option<History>,
 }
 
 pub struct Supervisor {
@@ -135,7 +137,8 @@ impl Supervisor {
             model_override,
         ));
         let ids = ctx.ids("0", 0);
-        let mut history = History::new();
+        let mut history = request.history.clone().unwrap_or_default();
+        let inherited = history.len();
         history.push(prompt_message(&request.prompt, request.params.as_ref()));
         let state = AgentState {
             agent_id: ids.agent_id,
@@ -148,8 +151,9 @@ impl Supervisor {
             status: AgentStatus::Running,
             ..AgentState::default()
         };
-        let machine = StepMachine::new(state, template.clone(), toolbox, 0, tree_id.clone())
-            .with_input(Some(request.prompt.clone()), request.params.clone());
+        let machine =
+            StepMachine::new(state, template.clone(), toolbox, inherited, tree_id.clone())
+                .with_input(Some(request.prompt.clone()), request.params.clone());
         let slot = {
             use arbor_actors::TreeHooks;
             ctx.acquire_slot().await

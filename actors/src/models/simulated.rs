@@ -1,6 +1,7 @@
 //! The simulated model: a procedural tree for demos and load tests. An agent
-//! spawns `fanout` children (types taken round-robin from its spawn tool) until
-//! `depth`, then answers with `reply_tokens` words after a configurable latency.
+//! at depth `d` spawns `shape[d]` children (types taken round-robin from its
+//! spawn tool); deeper agents answer with `reply_tokens` words after a
+//! configurable latency.
 
 use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -93,17 +94,38 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimulatedConfig {
-    pub fanout: usize,
-    pub depth: usize,
+    /// Children an agent at depth `d` spawns: `shape[d]`; agents deeper than
+    /// the shape answer. `[3, 3]` is fanout 3, depth 2.
+    pub shape: Vec<usize>,
     pub latency: Latency,
     pub reply_tokens: usize,
+}
+
+impl SimulatedConfig {
+    /// The same fanout on every level down to `depth`.
+    pub fn tree(fanout: usize, depth: usize) -> Self {
+        SimulatedConfig {
+            shape: vec![fanout; depth],
+            ..SimulatedConfig::default()
+        }
+    }
+
+    /// How many agents the whole tree has, the root included.
+    pub fn agents(&self) -> u64 {
+        let mut level = 1u64;
+        let mut total = 1u64;
+        for &fanout in &self.shape {
+            level = level.saturating_mul(fanout as u64);
+            total = total.saturating_add(level);
+        }
+        total
+    }
 }
 
 impl Default for SimulatedConfig {
     fn default() -> Self {
         SimulatedConfig {
-            fanout: 3,
-            depth: 2,
+            shape: vec![3, 3],
             latency: Latency::Fixed(Duration::ZERO),
             reply_tokens: 40,
         }
@@ -124,10 +146,13 @@ impl SimulatedModel {
     }
 
     fn spawn_call(&self, request: &ModelRequest) -> Option<ToolCall> {
-        if request.meta.step != 1
-            || request.meta.depth >= self.config.depth
-            || self.config.fanout == 0
-        {
+        let fanout = self
+            .config
+            .shape
+            .get(request.meta.depth)
+            .copied()
+            .unwrap_or(0);
+        if request.meta.step != 1 || fanout == 0 {
             return None;
         }
         let spawn = request.tools.get(SPAWN_AGENTS)?;
@@ -141,11 +166,11 @@ impl SimulatedModel {
             return None;
         }
         let task = task_of(request);
-        let agents: Vec<Value> = (0..self.config.fanout)
+        let agents: Vec<Value> = (0..fanout)
             .map(|i| {
                 json!({
                     "agent_type": types[i % types.len()],
-                    "prompt": format!("Part {} of {}: {task}", i + 1, self.config.fanout),
+                    "prompt": format!("Part {} of {fanout}: {task}", i + 1),
                 })
             })
             .collect();
@@ -301,6 +326,17 @@ mod tests {
             }
         );
         assert!(Latency::parse("lognormal:200ms").is_err());
+    }
+
+    #[test]
+    fn a_shape_counts_its_agents() {
+        assert_eq!(SimulatedConfig::tree(10, 4).agents(), 11_111);
+        assert_eq!(SimulatedConfig::tree(3, 0).agents(), 1);
+        let c = SimulatedConfig {
+            shape: vec![10, 10, 5],
+            ..SimulatedConfig::default()
+        };
+        assert_eq!(c.agents(), 1 + 10 + 100 + 500);
     }
 
     #[test]

@@ -1,0 +1,286 @@
+//! What a load test measures, taken from the event stream as it happens: an
+//! observer on the bus, so nothing is buffered and nothing reaches into actors.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use arbor_actors::{Delta, Event, EventKind};
+use hdrhistogram::Histogram;
+
+/// Counters and histograms of one run, updated from events.
+pub struct Collector {
+    start: Instant,
+    pub started: AtomicU64,
+    pub finished: AtomicU64,
+    pub failed: AtomicU64,
+    pub cancelled: AtomicU64,
+    /// Agents holding a live slot (stepping) now.
+    pub live: AtomicI64,
+    pub live_max: AtomicI64,
+    pub steps: AtomicU64,
+    pub retries: AtomicU64,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    spawned_at: HashMap<String, Instant>,
+    first_delta: HashMap<(String, u32), Instant>,
+    step_started: HashMap<(String, u32), Instant>,
+    /// Spawn to reply, microseconds.
+    spawn_to_reply: Histogram<u64>,
+    /// Model step latency (request to reply), microseconds.
+    step_latency: Histogram<u64>,
+    /// Time to first token, microseconds.
+    ttft: Histogram<u64>,
+    output_tokens: u64,
+    generation: Duration,
+    errors: HashMap<String, u64>,
+    retry_reasons: HashMap<String, u64>,
+    /// (ms since start, live agents) samples.
+    timeline: Vec<(f64, i64)>,
+}
+
+/// 1 µs .. 1 h at 3 significant digits: constant bounds that hdrhistogram accepts.
+#[allow(clippy::expect_used)]
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("constant histogram bounds")
+}
+
+impl Default for Collector {
+    fn default() -> Self {
+        Collector {
+            start: Instant::now(),
+            started: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            live: AtomicI64::new(0),
+            live_max: AtomicI64::new(0),
+            steps: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            inner: Mutex::new(Inner {
+                spawned_at: HashMap::new(),
+                first_delta: HashMap::new(),
+                step_started: HashMap::new(),
+                spawn_to_reply: histogram(),
+                step_latency: histogram(),
+                ttft: histogram(),
+                output_tokens: 0,
+                generation: Duration::ZERO,
+                errors: HashMap::new(),
+                retry_reasons: HashMap::new(),
+                timeline: Vec::new(),
+            }),
+        }
+    }
+}
+
+/// Latency percentiles in microseconds.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Percentiles {
+    pub count: u64,
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+    pub max: u64,
+}
+
+impl Percentiles {
+    fn of(h: &Histogram<u64>) -> Self {
+        Percentiles {
+            count: h.len(),
+            p50: h.value_at_quantile(0.5),
+            p90: h.value_at_quantile(0.9),
+            p99: h.value_at_quantile(0.99),
+            max: h.max(),
+        }
+    }
+}
+
+/// A snapshot of what was measured.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Measured {
+    pub spawn_to_reply_us: Percentiles,
+    pub step_latency_us: Percentiles,
+    pub ttft_us: Percentiles,
+    pub output_tokens_per_sec: f64,
+    pub errors: HashMap<String, u64>,
+    pub retries: HashMap<String, u64>,
+    pub timeline: Vec<(f64, i64)>,
+}
+
+impl Collector {
+    fn live_add(&self, delta: i64) {
+        let now = self.live.fetch_add(delta, Ordering::AcqRel) + delta;
+        self.live_max.fetch_max(now, Ordering::AcqRel);
+    }
+
+    fn record(h: &mut Histogram<u64>, d: Duration) {
+        let _ = h.record((d.as_micros() as u64).max(1));
+    }
+
+    /// Takes one event.
+    pub fn observe(&self, event: &Event) {
+        let now = Instant::now();
+        match &event.kind {
+            EventKind::AgentStarted { .. } => {
+                self.started.fetch_add(1, Ordering::Relaxed);
+                self.live_add(1);
+            }
+            EventKind::Suspended => self.live_add(-1),
+            EventKind::Resumed => self.live_add(1),
+            EventKind::ChildSpawned { child_run_id, .. } => {
+                if let Ok(mut inner) = self.inner.lock() {
+                    inner.spawned_at.insert(child_run_id.clone(), now);
+                }
+            }
+            EventKind::ChildFinished { child_run_id, .. } => {
+                if let Ok(mut inner) = self.inner.lock() {
+                    if let Some(at) = inner.spawned_at.remove(child_run_id) {
+                        Self::record(&mut inner.spawn_to_reply, now - at);
+                    }
+                }
+            }
+            EventKind::StepStarted { step } => {
+                self.steps.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut inner) = self.inner.lock() {
+                    inner
+                        .step_started
+                        .insert((event.run_id.to_string(), *step), now);
+                }
+            }
+            EventKind::ModelDelta { step, delta } => {
+                if matches!(
+                    delta,
+                    Delta::Text { .. } | Delta::ToolCallArgs { .. } | Delta::Reasoning { .. }
+                ) {
+                    if let Ok(mut inner) = self.inner.lock() {
+                        inner
+                            .first_delta
+                            .entry((event.run_id.to_string(), *step))
+                            .or_insert(now);
+                    }
+                }
+            }
+            EventKind::ModelRetrying { reason, .. } => {
+                self.retries.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut inner) = self.inner.lock() {
+                    *inner.retry_reasons.entry(error_kind(reason)).or_default() += 1;
+                    // The next attempt's first token counts, not this one's.
+                    let key = inner
+                        .first_delta
+                        .keys()
+                        .find(|(run, _)| run.as_str() == &*event.run_id)
+                        .cloned();
+                    if let Some(key) = key {
+                        inner.first_delta.remove(&key);
+                    }
+                }
+            }
+            EventKind::ModelResponded { step, usage, .. } => {
+                if let Ok(mut inner) = self.inner.lock() {
+                    let key = (event.run_id.to_string(), *step);
+                    if let Some(at) = inner.step_started.remove(&key) {
+                        Self::record(&mut inner.step_latency, now - at);
+                        if let Some(first) = inner.first_delta.remove(&key) {
+                            Self::record(&mut inner.ttft, first - at);
+                            inner.generation += now - first;
+                        }
+                    }
+                    inner.output_tokens += usage.output_tokens;
+                }
+            }
+            EventKind::AgentFinished { .. } => self.ended(event, &self.finished, None),
+            EventKind::AgentFailed { error, .. } => self.ended(event, &self.failed, Some(error)),
+            EventKind::AgentCancelled { .. } => {
+                self.ended(event, &self.cancelled, Some("cancelled"))
+            }
+            _ => {}
+        }
+    }
+
+    fn ended(&self, event: &Event, counter: &AtomicU64, error: Option<&str>) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.live_add(-1);
+        if let Ok(mut inner) = self.inner.lock() {
+            if let Some(error) = error {
+                *inner.errors.entry(error_kind(error)).or_default() += 1;
+            }
+            inner
+                .step_started
+                .retain(|(run, _), _| run.as_str() != &*event.run_id);
+        }
+    }
+
+    /// Records a (time, live agents) sample for the plot.
+    pub fn sample(&self) {
+        let t = self.start.elapsed().as_secs_f64() * 1000.0;
+        let live = self.live.load(Ordering::Acquire);
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.timeline.push((t, live));
+        }
+    }
+
+    pub fn measured(&self) -> Measured {
+        let Ok(inner) = self.inner.lock() else {
+            return Measured::default();
+        };
+        let secs = inner.generation.as_secs_f64();
+        Measured {
+            spawn_to_reply_us: Percentiles::of(&inner.spawn_to_reply),
+            step_latency_us: Percentiles::of(&inner.step_latency),
+            ttft_us: Percentiles::of(&inner.ttft),
+            output_tokens_per_sec: if secs > 0.0 {
+                inner.output_tokens as f64 / secs
+            } else {
+                0.0
+            },
+            errors: inner.errors.clone(),
+            retries: inner.retry_reasons.clone(),
+            timeline: inner.timeline.clone(),
+        }
+    }
+}
+
+/// A short kind for an error or retry reason: the HTTP status or limit it
+/// names, else its first words.
+pub fn error_kind(reason: &str) -> String {
+    if let Some(status) = reason
+        .split(|c: char| !c.is_ascii_digit())
+        .find(|w| w.len() == 3 && matches!(w.as_bytes()[0], b'4' | b'5'))
+    {
+        return format!("http {status}");
+    }
+    if let Some(rest) = reason.find("limit ").map(|i| &reason[i + 6..]) {
+        return format!("limit {}", rest.split_whitespace().next().unwrap_or(""));
+    }
+    if reason.contains("timed out") || reason.contains("idle for") || reason.contains("within") {
+        return "timeout".into();
+    }
+    reason
+        .split_whitespace()
+        .take(4)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_kinds_are_short() {
+        assert_eq!(
+            error_kind("model m (openai x) failed transiently: 429: slow down"),
+            "http 429"
+        );
+        assert_eq!(
+            error_kind("limit max_depth reached: a child at depth 5"),
+            "limit max_depth"
+        );
+        assert_eq!(error_kind("the stream was idle for 2s"), "timeout");
+        assert_eq!(error_kind("cancelled"), "cancelled");
+    }
+}

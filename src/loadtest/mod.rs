@@ -1,0 +1,165 @@
+//! `arbor loadtest`: huge trees on the simulated model to measure Arbor, or
+//! agent-shaped load on a configured real model to measure an endpoint.
+
+mod bare;
+mod collect;
+mod report;
+mod shaped;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arbor_actors::history::History;
+use arbor_actors::message::Message;
+use arbor_actors::models::{Latency, SimulatedConfig, SimulatedModel};
+use arbor_actors::{AgentStatus, AgentTemplate, Model};
+use arbor_supervisor::{Catalog, Retain, StartRequest, Supervisor, TreeLimits};
+
+pub use bare::run_bare_tree;
+pub use collect::{Collector, Measured, Percentiles};
+pub use report::{LoadReport, write_plot};
+pub use shaped::ShapedModel;
+
+/// What to run.
+#[derive(Clone)]
+pub struct LoadOptions {
+    /// Children per level: `[10, 10, 10, 10]` is fanout 10, depth 4.
+    pub shape: Vec<usize>,
+    /// Messages the root starts with (every child inherits them, shared).
+    pub history: usize,
+    /// Bytes per inherited message.
+    pub msg_bytes: usize,
+    pub latency: Latency,
+    pub reply_tokens: usize,
+    pub max_live: Option<usize>,
+    /// Drive this model (from the catalog) instead of the simulated one.
+    pub model: Option<Arc<dyn Model>>,
+    pub repeat: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            shape: vec![10; 4],
+            history: 0,
+            msg_bytes: 200,
+            latency: Latency::Fixed(Duration::ZERO),
+            reply_tokens: 20,
+            max_live: None,
+            model: None,
+            repeat: 1,
+        }
+    }
+}
+
+impl LoadOptions {
+    pub fn agents(&self) -> u64 {
+        SimulatedConfig {
+            shape: self.shape.clone(),
+            ..SimulatedConfig::default()
+        }
+        .agents()
+    }
+
+    fn simulated(&self) -> SimulatedModel {
+        SimulatedModel::new(
+            "load",
+            SimulatedConfig {
+                shape: self.shape.clone(),
+                latency: self.latency,
+                reply_tokens: self.reply_tokens,
+            },
+        )
+    }
+
+    /// The supervisor of one run: one template that spawns itself.
+    pub fn supervisor(&self) -> Result<Supervisor, arbor_supervisor::Error> {
+        let model: Arc<dyn Model> = match &self.model {
+            Some(endpoint) => {
+                let planner = LoadOptions {
+                    latency: Latency::Fixed(Duration::ZERO),
+                    ..self.clone()
+                };
+                Arc::new(ShapedModel::new(planner.simulated(), endpoint.clone()))
+            }
+            None => Arc::new(self.simulated()),
+        };
+        let mut node = AgentTemplate::new("node", "load")
+            .spawns(&["node"])
+            .max_steps(4)
+            .system_prompt("You are one node of a load-test tree.");
+        node.include_message_history = self.history > 0;
+        let catalog = Catalog::builder()
+            .model_as("load", model)
+            .template(node)
+            .build()?;
+        let limits = TreeLimits {
+            max_depth: Some(self.shape.len()),
+            max_children_per_call: self.shape.iter().copied().max(),
+            max_live_agents: self.max_live,
+            ..TreeLimits::default()
+        };
+        Ok(Supervisor::with_retention(catalog, limits, Retain::Roots))
+    }
+
+    fn root_history(&self) -> History {
+        (0..self.history)
+            .map(|i| {
+                let mut text = format!("message {i}: ");
+                while text.len() < self.msg_bytes {
+                    text.push_str("lorem ipsum ");
+                }
+                text.truncate(self.msg_bytes.max(1));
+                if i % 2 == 0 {
+                    Message::user(text)
+                } else {
+                    Message::assistant_text(text)
+                }
+            })
+            .collect()
+    }
+}
+
+/// Runs one tree on `supervisor`, measuring it with `collector` (already
+/// observing the supervisor's events). `tick` is called about every 50 ms.
+pub async fn run_once(
+    options: &LoadOptions,
+    supervisor: &Supervisor,
+    collector: &Arc<Collector>,
+    mut tick: impl FnMut(&Collector),
+) -> Result<LoadReport, arbor_supervisor::Error> {
+    let rss_before = report::rss_bytes().unwrap_or(0);
+    let start = Instant::now();
+    let handle = supervisor
+        .start(StartRequest {
+            agent: "node".into(),
+            prompt: "Measure the tree".into(),
+            history: Some(options.root_history()),
+            ..StartRequest::default()
+        })
+        .await?;
+    let tree_id = handle.tree_id.to_string();
+    let wait = handle.wait();
+    tokio::pin!(wait);
+    let mut ticker = tokio::time::interval(Duration::from_millis(50));
+    let result = loop {
+        tokio::select! {
+            result = &mut wait => break result?,
+            _ = ticker.tick() => {
+                collector.sample();
+                tick(collector);
+            }
+        }
+    };
+    let wall = start.elapsed();
+    collector.sample();
+    tick(collector);
+    Ok(LoadReport::new(
+        options,
+        collector,
+        tree_id,
+        wall,
+        result.state.status == AgentStatus::Completed,
+        rss_before,
+    ))
+}

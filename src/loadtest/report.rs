@@ -1,0 +1,248 @@
+//! The load-test report: the summary table, the JSON file, the SVG plot.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::LoadOptions;
+use super::collect::{Collector, Measured};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LoadReport {
+    pub tree_id: String,
+    pub shape: Vec<usize>,
+    pub history: usize,
+    pub msg_bytes: usize,
+    pub max_live: Option<usize>,
+    pub completed: bool,
+    pub agents_expected: u64,
+    pub agents_started: u64,
+    pub agents_finished: u64,
+    pub agents_failed: u64,
+    pub agents_cancelled: u64,
+    pub steps: u64,
+    pub retries: u64,
+    pub wall_secs: f64,
+    pub agents_per_sec: f64,
+    pub us_per_agent: f64,
+    pub live_max: i64,
+    pub peak_rss_bytes: u64,
+    pub rss_before_bytes: u64,
+    /// (peak RSS − RSS before the run) / the most agents live at once.
+    pub bytes_per_live_agent: f64,
+    #[serde(flatten)]
+    pub measured: Measured,
+}
+
+impl LoadReport {
+    pub(super) fn new(
+        options: &LoadOptions,
+        c: &Collector,
+        tree_id: String,
+        wall: Duration,
+        completed: bool,
+        rss_before: u64,
+    ) -> Self {
+        let started = c.started.load(Ordering::Acquire);
+        let secs = wall.as_secs_f64();
+        let peak = peak_rss_bytes().unwrap_or(0);
+        let live_max = c.live_max.load(Ordering::Acquire);
+        LoadReport {
+            tree_id,
+            shape: options.shape.clone(),
+            history: options.history,
+            msg_bytes: options.msg_bytes,
+            max_live: options.max_live,
+            completed,
+            agents_expected: options.agents(),
+            agents_started: started,
+            agents_finished: c.finished.load(Ordering::Acquire),
+            agents_failed: c.failed.load(Ordering::Acquire),
+            agents_cancelled: c.cancelled.load(Ordering::Acquire),
+            steps: c.steps.load(Ordering::Acquire),
+            retries: c.retries.load(Ordering::Acquire),
+            wall_secs: secs,
+            agents_per_sec: if secs > 0.0 {
+                started as f64 / secs
+            } else {
+                0.0
+            },
+            us_per_agent: if started > 0 {
+                secs * 1e6 / started as f64
+            } else {
+                0.0
+            },
+            live_max,
+            peak_rss_bytes: peak,
+            rss_before_bytes: rss_before,
+            bytes_per_live_agent: if live_max > 0 {
+                peak.saturating_sub(rss_before) as f64 / live_max as f64
+            } else {
+                0.0
+            },
+            measured: c.measured(),
+        }
+    }
+
+    /// The summary table.
+    pub fn table(&self, endpoint: bool) -> String {
+        let mut t = String::new();
+        let mut row = |k: &str, v: String| {
+            let _ = writeln!(t, "  {k:<28} {v}");
+        };
+        row("tree", self.tree_id.clone());
+        row(
+            "shape",
+            format!("{:?} ({} agents)", self.shape, self.agents_expected),
+        );
+        row(
+            "agents",
+            format!(
+                "{} started, {} completed, {} failed, {} cancelled",
+                self.agents_started,
+                self.agents_finished,
+                self.agents_failed,
+                self.agents_cancelled
+            ),
+        );
+        row("wall time", format!("{:.3} s", self.wall_secs));
+        row("agents/s", format!("{:.0}", self.agents_per_sec));
+        row("per agent", format!("{:.2} µs", self.us_per_agent));
+        let p = &self.measured.spawn_to_reply_us;
+        row(
+            "spawn→reply p50/p90/p99/max",
+            format!("{} / {} / {} / {} µs", p.p50, p.p90, p.p99, p.max),
+        );
+        row("live agents (max)", self.live_max.to_string());
+        row(
+            "peak RSS",
+            format!("{:.1} MB", self.peak_rss_bytes as f64 / 1e6),
+        );
+        row(
+            "bytes per live agent",
+            format!("{:.0}", self.bytes_per_live_agent),
+        );
+        if endpoint {
+            let s = &self.measured.step_latency_us;
+            let f = &self.measured.ttft_us;
+            row(
+                "model latency p50/p99",
+                format!("{:.1} / {:.1} ms", s.p50 as f64 / 1e3, s.p99 as f64 / 1e3),
+            );
+            row(
+                "time to first token p50/p99",
+                format!("{:.1} / {:.1} ms", f.p50 as f64 / 1e3, f.p99 as f64 / 1e3),
+            );
+            row(
+                "output tokens/s",
+                format!("{:.0}", self.measured.output_tokens_per_sec),
+            );
+        }
+        row(
+            "retries",
+            format!("{} {}", self.retries, kinds(&self.measured.retries)),
+        );
+        row("errors", kinds(&self.measured.errors));
+        t
+    }
+}
+
+fn kinds(map: &std::collections::HashMap<String, u64>) -> String {
+    if map.is_empty() {
+        return "none".into();
+    }
+    let mut v: Vec<_> = map.iter().collect();
+    v.sort();
+    v.iter()
+        .map(|(k, n)| format!("{k}: {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn status_kb(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Resident set size now (Linux; `None` elsewhere).
+pub fn rss_bytes() -> Option<u64> {
+    status_kb("VmRSS:")
+}
+
+/// Peak resident set size of the process (Linux; `None` elsewhere).
+pub fn peak_rss_bytes() -> Option<u64> {
+    status_kb("VmHWM:")
+}
+
+/// Draws live agents over time and the spawn→reply latency distribution.
+pub fn write_plot(report: &LoadReport, path: &Path) -> Result<(), String> {
+    use plotters::prelude::*;
+
+    let err = |e: &dyn std::fmt::Display| format!("cannot draw {}: {e}", path.display());
+    let root = SVGBackend::new(path, (1000, 800)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let (top, bottom) = root.split_vertically(400);
+
+    let timeline = &report.measured.timeline;
+    let t_max = timeline.last().map(|(t, _)| *t).unwrap_or(1.0).max(1.0);
+    let live_max = timeline.iter().map(|(_, l)| *l).max().unwrap_or(1).max(1);
+    let mut chart = ChartBuilder::on(&top)
+        .caption("live agents over time", ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(35)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..t_max, 0i64..live_max + live_max / 10 + 1)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("ms since start")
+        .y_desc("live agents")
+        .draw()
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series(LineSeries::new(timeline.iter().copied(), &BLUE))
+        .map_err(|e| err(&e))?;
+
+    let p = &report.measured.spawn_to_reply_us;
+    let bars = [
+        ("p50", p.p50),
+        ("p90", p.p90),
+        ("p99", p.p99),
+        ("max", p.max),
+    ];
+    let y_max = bars.iter().map(|(_, v)| *v).max().unwrap_or(1).max(1);
+    let mut chart = ChartBuilder::on(&bottom)
+        .caption("spawn→reply latency (µs)", ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(35)
+        .y_label_area_size(80)
+        .build_cartesian_2d((0u32..3u32).into_segmented(), 0u64..y_max + y_max / 10 + 1)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_label_formatter(&|x| match x {
+            SegmentValue::CenterOf(i) => bars
+                .get(*i as usize)
+                .map(|b| b.0.to_owned())
+                .unwrap_or_default(),
+            _ => String::new(),
+        })
+        .y_desc("µs")
+        .draw()
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series(
+            Histogram::vertical(&chart)
+                .style(BLUE.mix(0.6).filled())
+                .margin(20)
+                .data(bars.iter().enumerate().map(|(i, (_, v))| (i as u32, *v))),
+        )
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
