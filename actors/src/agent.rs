@@ -11,12 +11,12 @@ use std::time::Duration;
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde_json::Value;
-use tokio::sync::{OwnedSemaphorePermit, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::event::EventKind;
-use crate::hooks::TreeHooks;
+use crate::hooks::{Slot, SlotPriority, TreeHooks};
 use crate::limit::{Limit, LimitHit};
 use crate::model::{Delta, DeltaSink, ModelRequest, ModelResponse};
 use crate::state::{AgentState, AgentStatus};
@@ -63,9 +63,11 @@ pub struct AgentSnapshot {
 }
 
 pub enum AgentMsg {
+    /// Boxed: the mailbox allocates blocks of messages, so every variant's size
+    /// is paid per slot by every agent.
     ModelDone {
         step: u32,
-        result: Result<ModelResponse, String>,
+        result: Box<Result<ModelResponse, String>>,
     },
     ToolDone {
         step: u32,
@@ -83,7 +85,7 @@ pub enum AgentMsg {
     RetryDue {
         key: ChildKey,
     },
-    SlotReady(Option<OwnedSemaphorePermit>),
+    SlotReady(Option<Slot>),
     StepTimeout {
         step: u32,
     },
@@ -102,7 +104,7 @@ pub struct AgentArgs {
     pub machine: StepMachine,
     pub reply: Reply,
     /// The live slot the agent runs in (acquired before it was started).
-    pub slot: Option<OwnedSemaphorePermit>,
+    pub slot: Option<Slot>,
 }
 
 pub struct AgentActor;
@@ -113,7 +115,7 @@ pub struct AgentRun {
     hooks: Arc<dyn TreeHooks>,
     machine: StepMachine,
     reply: Option<Reply>,
-    slot: Option<OwnedSemaphorePermit>,
+    slot: Option<Slot>,
     run_id: Arc<str>,
     span: tracing::Span,
     model_task: Option<JoinHandle<()>>,
@@ -256,7 +258,7 @@ impl Actor for AgentActor {
             AgentMsg::ModelDone { step, result } => {
                 run.model_task = None;
                 run.stop_timer();
-                match result {
+                match *result {
                     Ok(response) => {
                         run.hooks
                             .settle(&response.usage, std::mem::take(&mut run.reserved));
@@ -418,7 +420,10 @@ impl AgentRun {
         self.reserved = estimate;
         if self.suspended {
             self.parked = Some(request);
-            let acquire = self.hooks.acquire_slot();
+            let acquire = self.hooks.acquire_slot(SlotPriority {
+                depth: self.machine.state().depth(),
+                resume: true,
+            });
             let me = myself.clone();
             let mut cancelled = self.cancel_tx.subscribe();
             tokio::spawn(async move {
@@ -471,7 +476,10 @@ impl AgentRun {
                     Ok(Err(error)) => Err(error.to_string()),
                     Err(panic) => Err(format!("model panicked: {}", panic_message(panic))),
                 };
-                let _ = me.cast(AgentMsg::ModelDone { step, result });
+                let _ = me.cast(AgentMsg::ModelDone {
+                    step,
+                    result: Box::new(result),
+                });
             }
             .instrument(span),
         ));
@@ -561,11 +569,7 @@ impl AgentRun {
         }
     }
 
-    fn resume(
-        &mut self,
-        myself: &ActorRef<AgentMsg>,
-        permit: Option<OwnedSemaphorePermit>,
-    ) -> Vec<Action> {
+    fn resume(&mut self, myself: &ActorRef<AgentMsg>, permit: Option<Slot>) -> Vec<Action> {
         if self.finished || self.machine.state().status.is_final() {
             return Vec::new();
         }

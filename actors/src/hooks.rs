@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use ractor::ActorRef;
-use tokio::sync::OwnedSemaphorePermit;
 
 use crate::agent::AgentMsg;
 use crate::event::EventKind;
@@ -15,6 +14,34 @@ use crate::model::{Model, Usage};
 use crate::state::AgentState;
 use crate::template::AgentTemplate;
 use crate::toolbox::Toolbox;
+
+/// A live-agent slot; dropping it gives the slot back.
+pub struct Slot(Box<dyn std::any::Any + Send>);
+
+impl Slot {
+    pub fn new(held: impl std::any::Any + Send) -> Self {
+        Slot(Box::new(held))
+    }
+
+    /// What the supervisor put in (so it can take a slot back without releasing it).
+    pub fn into_inner(self) -> Box<dyn std::any::Any + Send> {
+        self.0
+    }
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Slot")
+    }
+}
+
+/// Who waits for a slot: a parent taking its slot back to finish, or a new
+/// agent at `depth`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotPriority {
+    pub depth: usize,
+    pub resume: bool,
+}
 
 /// Ids of a new run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,7 +81,7 @@ pub trait TreeHooks: Send + Sync + 'static {
     fn settle(&self, usage: &Usage, reserved: u64);
 
     /// Waits for a live-agent slot. `None` when live agents are not limited.
-    fn acquire_slot(&self) -> BoxFuture<'static, Option<OwnedSemaphorePermit>>;
+    fn acquire_slot(&self, priority: SlotPriority) -> BoxFuture<'static, Option<Slot>>;
 
     fn emit(&self, run_id: &Arc<str>, kind: EventKind);
 

@@ -276,7 +276,8 @@ impl Message {
         }
     }
 
-    /// A rough token estimate (4 bytes a token) used when no provider usage is known.
+    /// A rough token estimate (4 bytes a token) used when no provider usage is
+    /// known. Cheap: JSON values are sized, not serialised.
     pub fn estimated_tokens(&self) -> u64 {
         let bytes = match self {
             Message::System { content, .. }
@@ -285,7 +286,7 @@ impl Message {
             Message::Tool { content, .. } => content
                 .iter()
                 .map(|p| match p {
-                    ToolResultPart::Json { value } => value.to_string().len(),
+                    ToolResultPart::Json { value } => json_len(value),
                     ToolResultPart::Media { data, .. } => data.len(),
                 })
                 .sum(),
@@ -345,9 +346,25 @@ impl Content {
                     Part::Text { text } | Part::Reasoning { text } => text.len(),
                     Part::Image { image, .. } => image.len(),
                     Part::File { data, .. } => data.len(),
-                    Part::ToolCall(call) => call.tool_name.len() + call.input.to_string().len(),
+                    Part::ToolCall(call) => call.tool_name.len() + json_len(&call.input),
                 })
                 .sum(),
+        }
+    }
+}
+
+/// About how many bytes `value` takes as JSON text, without writing it.
+fn json_len(value: &Value) -> usize {
+    match value {
+        Value::Null | Value::Bool(_) => 5,
+        Value::Number(_) => 8,
+        Value::String(s) => s.len() + 2,
+        Value::Array(items) => 2 + items.iter().map(|v| json_len(v) + 1).sum::<usize>(),
+        Value::Object(map) => {
+            2 + map
+                .iter()
+                .map(|(k, v)| k.len() + 4 + json_len(v))
+                .sum::<usize>()
         }
     }
 }
@@ -356,6 +373,18 @@ impl Content {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn json_sizes_are_close_to_their_text() {
+        let v =
+            json!({"agents": [{"agent_type": "worker", "prompt": "go"}, {"n": 12, "ok": true}]});
+        let real = v.to_string().len();
+        let estimate = json_len(&v);
+        assert!(
+            estimate >= real * 8 / 10 && estimate <= real * 12 / 10,
+            "{estimate} vs {real}"
+        );
+    }
 
     #[test]
     fn every_role_and_part_round_trips() {

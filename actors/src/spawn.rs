@@ -77,6 +77,34 @@ pub struct ChildStart {
     pub toolbox: Arc<Toolbox>,
 }
 
+/// What children take from their parent, captured once per spawn call and
+/// shared, so a child's state is built only when it gets to run.
+#[derive(Clone, Debug)]
+pub struct ParentInfo {
+    pub agent_id: String,
+    pub run_id: String,
+    /// The parent's ancestors plus the parent: the children's `ancestorRunIds`.
+    pub lineage: Vec<String>,
+    pub system_prompt: Arc<str>,
+    pub context_token_count: u64,
+    pub toolbox: Arc<Toolbox>,
+}
+
+impl ParentInfo {
+    pub fn of(parent: &AgentState, toolbox: &Arc<Toolbox>) -> Self {
+        let mut lineage = parent.ancestor_run_ids.clone();
+        lineage.push(parent.run_id.clone());
+        ParentInfo {
+            agent_id: parent.agent_id.clone(),
+            run_id: parent.run_id.clone(),
+            lineage,
+            system_prompt: parent.system_prompt.clone(),
+            context_token_count: parent.context_token_count,
+            toolbox: toolbox.clone(),
+        }
+    }
+}
+
 impl ChildPlan {
     /// The child's initial state. `own_toolbox` is the child template's toolbox,
     /// `parent_toolbox` the parent's (used with `inheritParentSystemPrompt`).
@@ -86,6 +114,16 @@ impl ChildPlan {
         ids: RunIds,
         own_toolbox: Arc<Toolbox>,
         parent_toolbox: &Arc<Toolbox>,
+    ) -> ChildStart {
+        self.start_from(&ParentInfo::of(parent, parent_toolbox), ids, own_toolbox)
+    }
+
+    /// The child's initial state from what its parent left for it.
+    pub fn start_from(
+        &self,
+        parent: &ParentInfo,
+        ids: RunIds,
+        own_toolbox: Arc<Toolbox>,
     ) -> ChildStart {
         let t = &self.template;
         let mut history = if self.inline || t.include_message_history {
@@ -106,13 +144,11 @@ impl ChildPlan {
             history.push(prompt);
         }
         let (system_prompt, toolbox) = if t.inherit_parent_system_prompt {
-            (parent.system_prompt.clone(), parent_toolbox.clone())
+            (parent.system_prompt.clone(), parent.toolbox.clone())
         } else {
             (t.system_prompt.clone(), own_toolbox)
         };
         let tool_definitions: ToolDefinitions = toolbox.definitions().clone();
-        let mut ancestor_run_ids = parent.ancestor_run_ids.clone();
-        ancestor_run_ids.push(parent.run_id.clone());
         ChildStart {
             inherited: history.len(),
             state: AgentState {
@@ -120,7 +156,7 @@ impl ChildPlan {
                 agent_type: Some(self.agent_type.clone()),
                 run_id: ids.run_id,
                 parent_id: Some(parent.agent_id.clone()),
-                ancestor_run_ids,
+                ancestor_run_ids: parent.lineage.clone(),
                 child_run_ids: Vec::new(),
                 message_history: history,
                 output: None,

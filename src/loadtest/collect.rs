@@ -2,7 +2,7 @@
 //! observer on the bus, so nothing is buffered and nothing reaches into actors.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,9 @@ pub struct Collector {
     /// Agents holding a live slot (stepping) now.
     pub live: AtomicI64,
     pub live_max: AtomicI64,
+    /// Agents started and not yet ended (stepping, suspended or finishing).
+    pub alive: AtomicI64,
+    pub alive_max: AtomicI64,
     pub steps: AtomicU64,
     pub retries: AtomicU64,
     inner: Mutex<Inner>,
@@ -26,8 +29,10 @@ pub struct Collector {
 
 struct Inner {
     spawned_at: HashMap<String, Instant>,
-    first_delta: HashMap<(String, u32), Instant>,
-    step_started: HashMap<(String, u32), Instant>,
+    /// Per run (one step in flight at a time): the step and when it started,
+    /// and when its first delta arrived.
+    step_started: HashMap<Arc<str>, (u32, Instant)>,
+    first_delta: HashMap<Arc<str>, Instant>,
     /// Spawn to reply, microseconds.
     spawn_to_reply: Histogram<u64>,
     /// Model step latency (request to reply), microseconds.
@@ -58,6 +63,8 @@ impl Default for Collector {
             cancelled: AtomicU64::new(0),
             live: AtomicI64::new(0),
             live_max: AtomicI64::new(0),
+            alive: AtomicI64::new(0),
+            alive_max: AtomicI64::new(0),
             steps: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             inner: Mutex::new(Inner {
@@ -128,6 +135,8 @@ impl Collector {
             EventKind::AgentStarted { .. } => {
                 self.started.fetch_add(1, Ordering::Relaxed);
                 self.live_add(1);
+                let alive = self.alive.fetch_add(1, Ordering::AcqRel) + 1;
+                self.alive_max.fetch_max(alive, Ordering::AcqRel);
             }
             EventKind::Suspended => self.live_add(-1),
             EventKind::Resumed => self.live_add(1),
@@ -146,21 +155,16 @@ impl Collector {
             EventKind::StepStarted { step } => {
                 self.steps.fetch_add(1, Ordering::Relaxed);
                 if let Ok(mut inner) = self.inner.lock() {
-                    inner
-                        .step_started
-                        .insert((event.run_id.to_string(), *step), now);
+                    inner.step_started.insert(event.run_id.clone(), (*step, now));
                 }
             }
-            EventKind::ModelDelta { step, delta } => {
+            EventKind::ModelDelta { delta, .. } => {
                 if matches!(
                     delta,
                     Delta::Text { .. } | Delta::ToolCallArgs { .. } | Delta::Reasoning { .. }
                 ) {
                     if let Ok(mut inner) = self.inner.lock() {
-                        inner
-                            .first_delta
-                            .entry((event.run_id.to_string(), *step))
-                            .or_insert(now);
+                        inner.first_delta.entry(event.run_id.clone()).or_insert(now);
                     }
                 }
             }
@@ -169,22 +173,16 @@ impl Collector {
                 if let Ok(mut inner) = self.inner.lock() {
                     *inner.retry_reasons.entry(error_kind(reason)).or_default() += 1;
                     // The next attempt's first token counts, not this one's.
-                    let key = inner
-                        .first_delta
-                        .keys()
-                        .find(|(run, _)| run.as_str() == &*event.run_id)
-                        .cloned();
-                    if let Some(key) = key {
-                        inner.first_delta.remove(&key);
-                    }
+                    inner.first_delta.remove(&event.run_id);
                 }
             }
             EventKind::ModelResponded { step, usage, .. } => {
                 if let Ok(mut inner) = self.inner.lock() {
-                    let key = (event.run_id.to_string(), *step);
-                    if let Some(at) = inner.step_started.remove(&key) {
+                    let started = inner.step_started.remove(&event.run_id);
+                    let first = inner.first_delta.remove(&event.run_id);
+                    if let Some((_, at)) = started.filter(|(s, _)| s == step) {
                         Self::record(&mut inner.step_latency, now - at);
-                        if let Some(first) = inner.first_delta.remove(&key) {
+                        if let Some(first) = first {
                             Self::record(&mut inner.ttft, first - at);
                             inner.generation += now - first;
                         }
@@ -204,13 +202,13 @@ impl Collector {
     fn ended(&self, event: &Event, counter: &AtomicU64, error: Option<&str>) {
         counter.fetch_add(1, Ordering::Relaxed);
         self.live_add(-1);
+        self.alive.fetch_sub(1, Ordering::AcqRel);
         if let Ok(mut inner) = self.inner.lock() {
             if let Some(error) = error {
                 *inner.errors.entry(error_kind(error)).or_default() += 1;
             }
-            inner
-                .step_started
-                .retain(|(run, _), _| run.as_str() != &*event.run_id);
+            inner.step_started.remove(&event.run_id);
+            inner.first_delta.remove(&event.run_id);
         }
     }
 

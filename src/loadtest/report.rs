@@ -29,9 +29,11 @@ pub struct LoadReport {
     pub agents_per_sec: f64,
     pub us_per_agent: f64,
     pub live_max: i64,
+    /// Most agents alive at once (stepping, suspended while children run, finishing).
+    pub alive_max: i64,
     pub peak_rss_bytes: u64,
     pub rss_before_bytes: u64,
-    /// (peak RSS − RSS before the run) / the most agents live at once.
+    /// (peak RSS − RSS before the run) / the most agents alive at once.
     pub bytes_per_live_agent: f64,
     #[serde(flatten)]
     pub measured: Measured,
@@ -50,6 +52,7 @@ impl LoadReport {
         let secs = wall.as_secs_f64();
         let peak = peak_rss_bytes().unwrap_or(0);
         let live_max = c.live_max.load(Ordering::Acquire);
+        let alive_max = c.alive_max.load(Ordering::Acquire);
         LoadReport {
             tree_id,
             shape: options.shape.clone(),
@@ -76,10 +79,11 @@ impl LoadReport {
                 0.0
             },
             live_max,
+            alive_max,
             peak_rss_bytes: peak,
             rss_before_bytes: rss_before,
-            bytes_per_live_agent: if live_max > 0 {
-                peak.saturating_sub(rss_before) as f64 / live_max as f64
+            bytes_per_live_agent: if alive_max > 0 {
+                peak.saturating_sub(rss_before) as f64 / alive_max as f64
             } else {
                 0.0
             },
@@ -116,7 +120,10 @@ impl LoadReport {
             "spawn→reply p50/p90/p99/max",
             format!("{} / {} / {} / {} µs", p.p50, p.p90, p.p99, p.max),
         );
-        row("live agents (max)", self.live_max.to_string());
+        row(
+            "agents stepping / alive (max)",
+            format!("{} / {}", self.live_max, self.alive_max),
+        );
         row(
             "peak RSS",
             format!("{:.1} MB", self.peak_rss_bytes as f64 / 1e6),

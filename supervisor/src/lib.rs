@@ -8,6 +8,7 @@ mod catalog;
 mod error;
 mod limits;
 mod registry;
+mod slots;
 mod supervisor;
 mod tree;
 

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arbor_actors::{Limit, LimitHit, Usage};
-use tokio::sync::Semaphore;
+
+use crate::slots::Slots;
 
 /// Limits of one tree. `None` means unlimited.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -35,15 +36,13 @@ pub(crate) struct Budget {
     reserved: AtomicU64,
     /// Credits in millionths, so they add atomically.
     micro_credits: AtomicU64,
-    pub(crate) slots: Option<Arc<Semaphore>>,
+    pub(crate) slots: Option<Arc<Slots>>,
 }
 
 impl Budget {
     pub(crate) fn new(limits: TreeLimits) -> Self {
         Budget {
-            slots: limits
-                .max_live_agents
-                .map(|n| Arc::new(Semaphore::new(n.max(1)))),
+            slots: limits.max_live_agents.map(Slots::new),
             limits,
             agents: AtomicUsize::new(1),
             steps: AtomicU64::new(0),

@@ -156,7 +156,12 @@ impl Supervisor {
                 .with_input(Some(request.prompt.clone()), request.params.clone());
         let slot = {
             use arbor_actors::TreeHooks;
-            ctx.acquire_slot().await
+            use arbor_actors::hooks::SlotPriority;
+            ctx.acquire_slot(SlotPriority {
+                depth: 0,
+                resume: false,
+            })
+            .await
         };
         let (tx, rx) = oneshot::channel();
         let hooks: Arc<dyn arbor_actors::TreeHooks> = ctx.clone();

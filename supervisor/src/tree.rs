@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use arbor_actors::hooks::RunIds;
+use arbor_actors::hooks::{RunIds, Slot, SlotPriority};
 use arbor_actors::toolbox::Toolbox;
 use arbor_actors::{
     AgentMsg, AgentState, AgentTemplate, Event, EventKind, LimitHit, Model, TreeHooks, Usage,
@@ -14,7 +14,6 @@ use arbor_actors::{
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use ractor::ActorRef;
-use tokio::sync::OwnedSemaphorePermit;
 
 use crate::bus::EventBus;
 use crate::catalog::Catalog;
@@ -134,10 +133,10 @@ impl TreeHooks for TreeContext {
         self.budget.settle(usage, reserved);
     }
 
-    fn acquire_slot(&self) -> BoxFuture<'static, Option<OwnedSemaphorePermit>> {
+    fn acquire_slot(&self, priority: SlotPriority) -> BoxFuture<'static, Option<Slot>> {
         match &self.budget.slots {
             None => futures::future::ready(None).boxed(),
-            Some(slots) => slots.clone().acquire_owned().map(Result::ok).boxed(),
+            Some(slots) => slots.acquire(priority),
         }
     }
 

@@ -3,6 +3,7 @@
 //! call's reports to the step machine in request order.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorId, ActorRef};
@@ -11,10 +12,12 @@ use tokio::task::JoinHandle;
 
 use super::{AgentActor, AgentArgs, AgentMsg, AgentRun, CancelReason, Reply, RunResult};
 use crate::event::EventKind;
-use crate::spawn::{ChildPlan, ChildReport, ChildStart, report_value};
+use crate::hooks::SlotPriority;
+use crate::spawn::{ChildPlan, ChildReport, ParentInfo, report_value};
 use crate::state::AgentStatus;
 use crate::step::{Action, StepMachine};
 use crate::template::FailurePolicy;
+use crate::toolbox::Toolbox;
 
 /// Identifies one attempt of one child of one spawn call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -27,7 +30,7 @@ pub struct ChildKey {
 
 struct Slot {
     plan: Option<ChildPlan>,
-    start: Option<ChildStart>,
+    toolbox: Option<Arc<Toolbox>>,
     agent_type: String,
     agent_id: String,
     ordinal: u32,
@@ -42,6 +45,8 @@ struct SpawnCall {
     inline: bool,
     slots: Vec<Slot>,
     delivered: bool,
+    /// What the children take from this parent, as of the spawn.
+    parent: Arc<ParentInfo>,
 }
 
 #[derive(Default)]
@@ -128,11 +133,12 @@ impl AgentRun {
         self.open_call(myself, step, index, true, vec![slot])
     }
 
-    /// Checks a child against the tree's limits and gives it ids and a start state.
+    /// Checks a child against the tree's limits and gives it its agent id. Its
+    /// state is built only when it gets a live slot.
     fn admit(&mut self, child: Result<ChildPlan, (String, String)>, index: usize) -> Slot {
         let mut slot = Slot {
             plan: None,
-            start: None,
+            toolbox: None,
             agent_type: String::new(),
             agent_id: String::new(),
             ordinal: 0,
@@ -166,9 +172,8 @@ impl AgentRun {
         };
         self.children.ordinal += 1;
         slot.ordinal = self.children.ordinal;
-        let ids = self.hooks.child_ids(parent, slot.ordinal, 0);
-        slot.agent_id = ids.agent_id.clone();
-        slot.start = Some(plan.start(parent, ids, toolbox, self.machine.toolbox()));
+        slot.agent_id = self.hooks.child_ids(parent, slot.ordinal, 0).agent_id;
+        slot.toolbox = Some(toolbox);
         slot.plan = Some(plan);
         slot
     }
@@ -181,101 +186,117 @@ impl AgentRun {
         inline: bool,
         slots: Vec<Slot>,
     ) -> Vec<Action> {
-        let to_launch: Vec<usize> = (0..slots.len())
-            .filter(|i| slots[*i].start.is_some())
+        let to_launch: Vec<ChildKey> = (0..slots.len())
+            .filter(|i| slots[*i].plan.is_some() && slots[*i].report.is_none())
+            .map(|child| ChildKey {
+                step,
+                call: index,
+                child,
+                attempt: 0,
+            })
             .collect();
+        let parent = Arc::new(ParentInfo::of(self.machine.state(), self.machine.toolbox()));
         self.children.calls.insert(
             (step, index),
             SpawnCall {
                 inline,
                 slots,
                 delivered: false,
+                parent,
             },
         );
         if to_launch.is_empty() {
             return self.deliver_if_complete(step, index);
         }
         self.suspend();
-        for child in to_launch {
-            let key = ChildKey {
-                step,
-                call: index,
-                child,
-                attempt: 0,
-            };
-            self.launch(myself, key);
-        }
+        self.launch(myself, to_launch);
         Vec::new()
     }
 
-    /// Starts one attempt of a child: waits for a live slot in a task, then spawns
-    /// it linked to this actor.
-    fn launch(&mut self, myself: &ActorRef<AgentMsg>, key: ChildKey) {
-        let tree_id = self.hooks.tree_id().clone();
-        let retry_ids = (key.attempt > 0)
-            .then(|| {
-                let slot = slot_mut(&mut self.children.calls, key)?;
-                Some(
-                    self.hooks
-                        .child_ids(self.machine.state(), slot.ordinal, key.attempt),
-                )
-            })
-            .flatten();
-        let Some(slot) = slot_mut(&mut self.children.calls, key) else {
-            return;
-        };
-        let (Some(plan), Some(start)) = (slot.plan.as_ref(), slot.start.as_ref()) else {
-            return;
-        };
-        let mut state = start.state.clone();
-        if let Some(ids) = retry_ids {
-            state.agent_id = ids.agent_id;
-            state.run_id = ids.run_id;
+    /// Starts children (attempts) of one spawn call: one task waits for a live
+    /// slot for each in turn, builds its state, and spawns it linked to this actor.
+    fn launch(&mut self, myself: &ActorRef<AgentMsg>, keys: Vec<ChildKey>) {
+        let mut pending = Vec::with_capacity(keys.len());
+        let mut parent_info = None;
+        for key in keys {
+            let ids = {
+                let Some(slot) = slot_mut(&mut self.children.calls, key) else {
+                    continue;
+                };
+                self.hooks
+                    .child_ids(self.machine.state(), slot.ordinal, key.attempt)
+            };
+            let Some(call) = self.children.calls.get_mut(&(key.step, key.call)) else {
+                continue;
+            };
+            parent_info.get_or_insert_with(|| call.parent.clone());
+            let Some(slot) = call.slots.get_mut(key.child) else {
+                continue;
+            };
+            let (Some(plan), Some(toolbox)) = (slot.plan.clone(), slot.toolbox.clone()) else {
+                continue;
+            };
+            slot.attempt = key.attempt;
+            slot.run_ids.push(ids.run_id.clone());
+            self.hooks.emit(
+                &self.run_id,
+                EventKind::ChildSpawned {
+                    child_run_id: ids.run_id.clone(),
+                    agent_type: plan.agent_type.clone(),
+                    attempt: key.attempt,
+                },
+            );
+            pending.push((key, plan, toolbox, ids));
         }
-        slot.attempt = key.attempt;
-        slot.run_ids.push(state.run_id.clone());
-        let spawned = EventKind::ChildSpawned {
-            child_run_id: state.run_id.clone(),
-            agent_type: plan.agent_type.clone(),
-            attempt: key.attempt,
+        let Some(parent) = parent_info else {
+            return;
         };
-        let machine = StepMachine::new(
-            state,
-            plan.template.clone(),
-            start.toolbox.clone(),
-            start.inherited,
-            tree_id,
-        )
-        .with_input(plan.prompt.clone(), plan.params.clone());
-        self.emit(spawned);
-        self.children.starting += 1;
-        let mut args = AgentArgs {
-            hooks: self.hooks.clone(),
-            machine,
-            reply: Reply::Parent(key),
-            slot: None,
-        };
-        let acquire = self.hooks.acquire_slot();
+        self.children.starting += pending.len();
+        let hooks = self.hooks.clone();
+        let depth = parent.lineage.len();
         let mut cancelled = self.cancel_tx.subscribe();
         let me = myself.clone();
         tokio::spawn(async move {
-            let permit = tokio::select! {
-                permit = acquire => permit,
-                _ = cancelled.wait_for(|c| *c) => {
-                    let error = "cancelled before it started".to_owned();
-                    let _ = me.cast(AgentMsg::ChildNotStarted { key, error });
-                    return;
-                }
-            };
-            args.slot = permit;
-            let msg = match Actor::spawn_linked(None, AgentActor, args, me.get_cell()).await {
-                Ok((actor, _)) => AgentMsg::ChildStarted { key, actor },
-                Err(error) => AgentMsg::ChildNotStarted {
-                    key,
-                    error: format!("could not start: {error}"),
-                },
-            };
-            let _ = me.cast(msg);
+            let mut pending = pending.into_iter();
+            while let Some((key, plan, toolbox, ids)) = pending.next() {
+                let acquire = hooks.acquire_slot(SlotPriority {
+                    depth,
+                    resume: false,
+                });
+                let slot = tokio::select! {
+                    slot = acquire => slot,
+                    _ = cancelled.wait_for(|c| *c) => {
+                        for key in std::iter::once(key).chain(pending.map(|p| p.0)) {
+                            let error = "cancelled before it started".to_owned();
+                            let _ = me.cast(AgentMsg::ChildNotStarted { key, error });
+                        }
+                        return;
+                    }
+                };
+                let start = plan.start_from(&parent, ids, toolbox);
+                let machine = StepMachine::new(
+                    start.state,
+                    plan.template.clone(),
+                    start.toolbox,
+                    start.inherited,
+                    hooks.tree_id().clone(),
+                )
+                .with_input(plan.prompt, plan.params);
+                let args = AgentArgs {
+                    hooks: hooks.clone(),
+                    machine,
+                    reply: Reply::Parent(key),
+                    slot,
+                };
+                let msg = match Actor::spawn_linked(None, AgentActor, args, me.get_cell()).await {
+                    Ok((actor, _)) => AgentMsg::ChildStarted { key, actor },
+                    Err(error) => AgentMsg::ChildNotStarted {
+                        key,
+                        error: format!("could not start: {error}"),
+                    },
+                };
+                let _ = me.cast(msg);
+            }
         });
     }
 
@@ -428,7 +449,7 @@ impl AgentRun {
         if self.children.retrying.remove(&key).is_none() || self.machine.state().status.is_final() {
             return Vec::new();
         }
-        self.launch(myself, key);
+        self.launch(myself, vec![key]);
         Vec::new()
     }
 

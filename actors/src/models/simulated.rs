@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
-use crate::message::{Message, ToolCall};
+use crate::message::{Message, ToolCall, ToolResultPart};
 use crate::model::{DeltaSink, Model, ModelError, ModelRequest, ModelResponse, Usage};
 use crate::toolbox::SPAWN_AGENTS;
 
@@ -182,12 +182,16 @@ impl SimulatedModel {
     }
 
     fn answer(&self, request: &ModelRequest, seed: u64) -> String {
-        let children = request
-            .messages
-            .last()
-            .filter(|m| m.answers().is_some())
-            .map(|m| m.text().matches("\"agentId\"").count())
-            .unwrap_or(0);
+        let children = match request.messages.last().map(|m| &**m) {
+            Some(Message::Tool { content, .. }) => content
+                .iter()
+                .filter_map(|p| match p {
+                    ToolResultPart::Json { value } => value.as_array().map(Vec::len),
+                    ToolResultPart::Media { .. } => None,
+                })
+                .sum(),
+            _ => 0,
+        };
         let task = task_of(request);
         let mut text = if children > 0 {
             format!("Merged the reports of {children} sub-agents on \"{task}\".")
