@@ -359,12 +359,15 @@ impl AgentRun {
             return Vec::new();
         }
         let run_id = slot.run_ids.last().cloned().unwrap_or_default();
+        let inline = slot.plan.as_ref().is_some_and(|p| p.inline);
         let (status, value, credits, history) = match outcome {
             Ok(result) => (
                 result.state.status,
                 report_value(&result.state, result.value),
                 result.state.credits_used,
-                Some(result.state.message_history),
+                // Only an inline merge needs the child's history; a spawn_agents
+                // parent would otherwise keep every finished child's history alive.
+                inline.then_some(result.state.message_history),
             ),
             Err(error) => (
                 AgentStatus::Failed,
@@ -398,6 +401,8 @@ impl AgentRun {
         );
         if parent_final || status != AgentStatus::Failed {
             slot.report = Some(report);
+            slot.plan = None;
+            slot.toolbox = None;
             return self.deliver_if_complete(key.step, key.call);
         }
         match template.failure {
@@ -415,6 +420,8 @@ impl AgentRun {
             }
             FailurePolicy::Report | FailurePolicy::Retry { .. } => {
                 slot.report = Some(report);
+                slot.plan = None;
+                slot.toolbox = None;
                 self.deliver_if_complete(key.step, key.call)
             }
         }
