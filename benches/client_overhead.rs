@@ -153,7 +153,7 @@ fn main() {
                 let sink = sink.clone();
                 let request = ModelRequest {
                     system_prompt: Arc::from("You are a benchmark."),
-                    messages: messages.clone(),
+                    messages: messages.iter().cloned().collect(),
                     tools: Default::default(),
                     meta: RequestMeta::default(),
                 };

@@ -384,7 +384,9 @@ async fn ping(config: Config, name: String) -> anyhow::Result<ExitCode> {
     };
     let request = ModelRequest {
         system_prompt: Arc::from("You are a health check. Answer with one word."),
-        messages: vec![Arc::new(Message::user("Reply with the single word: pong"))],
+        messages: [Message::user("Reply with the single word: pong")]
+            .into_iter()
+            .collect(),
         tools: Default::default(),
         meta: RequestMeta {
             agent_type: "ping".into(),

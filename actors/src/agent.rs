@@ -409,7 +409,7 @@ impl AgentRun {
     /// Admits the step against the tree's budgets, then sends it (or parks it
     /// until a live slot is free again).
     fn call_model(&mut self, myself: &ActorRef<AgentMsg>, request: ModelRequest) {
-        let estimate: u64 = request.messages.iter().map(|m| m.estimated_tokens()).sum();
+        let estimate = request.messages.estimated_tokens();
         if let Err(limit) = self.hooks.admit_step(estimate) {
             self.emit(EventKind::LimitHit {
                 limit: limit.clone(),

@@ -12,8 +12,29 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::message::{Message, TOOL_CALL_ERROR, TimeToLive};
 
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct History(Vector<Arc<Message>>);
+/// The messages, plus what is known about them so the hot paths need no scan:
+/// the calls still open, results that answered nothing, every call id used,
+/// messages with a time to live, and an estimate of the tokens. Kept up to date
+/// on `push`; rebuilt by the bulk operations that already walk every message.
+#[derive(Clone, Debug, Default)]
+pub struct History {
+    items: Vector<Arc<Message>>,
+    /// Ids of calls with no result yet, in call order (usually the last step's).
+    open: Vec<Arc<str>>,
+    /// Results that answered no open call, and calls that reused an id.
+    broken: u32,
+    /// Every tool call id in the history (shared structure, O(1) to clone).
+    ids: imbl::HashSet<Arc<str>>,
+    /// Messages with a `timeToLive`.
+    ttl: u32,
+    tokens: u64,
+}
+
+impl PartialEq for History {
+    fn eq(&self, other: &Self) -> bool {
+        self.items == other.items
+    }
+}
 
 /// When expiry runs: at the start of a step, or at the end of a turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,62 +75,123 @@ impl History {
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.items.len()
+    }
+
+    /// Estimated tokens of every message (maintained, not recomputed).
+    pub fn estimated_tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// Whether a new tool call may not use this id: a call already has it, or a
+    /// result does (only possible in a history with orphan results).
+    pub fn id_taken(&self, id: &str) -> bool {
+        self.ids.contains(id)
+            || (self.broken > 0 && self.items.iter().any(|m| m.answers() == Some(id)))
+    }
+
+    /// Every call answered by one later result and every result answering an
+    /// earlier call: what a model may receive as is.
+    pub fn is_paired(&self) -> bool {
+        self.open.is_empty() && self.broken == 0
+    }
+
+    fn note(&mut self, message: &Message) {
+        if message.meta().time_to_live.is_some() {
+            self.ttl += 1;
+        }
+        self.tokens += message.estimated_tokens();
+        for call in message.tool_calls() {
+            let id: Arc<str> = Arc::from(call.tool_call_id.as_str());
+            if self.ids.insert(id.clone()).is_some() {
+                self.broken += 1;
+            } else {
+                self.open.push(id);
+            }
+        }
+        if let Some(id) = message.answers() {
+            match self.open.iter().position(|o| &**o == id) {
+                Some(pos) => {
+                    self.open.remove(pos);
+                }
+                None => self.broken += 1,
+            }
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.items.is_empty()
     }
 
     pub fn push(&mut self, message: Message) {
-        self.0.push_back(Arc::new(message));
+        self.push_shared(Arc::new(message));
     }
 
     pub fn push_shared(&mut self, message: Arc<Message>) {
-        self.0.push_back(message);
+        self.note(&message);
+        self.items.push_back(message);
     }
 
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = &Arc<Message>> + ExactSizeIterator {
-        self.0.iter()
+        self.items.iter()
     }
 
     pub fn get(&self, index: usize) -> Option<&Arc<Message>> {
-        self.0.get(index)
+        self.items.get(index)
     }
 
     pub fn last(&self) -> Option<&Arc<Message>> {
-        self.0.last()
+        self.items.last()
     }
 
     /// The messages from `start` on, sharing their bodies.
     pub fn skip(&self, start: usize) -> History {
-        if start >= self.len() {
-            return History::new();
-        }
-        History(self.0.clone().split_off(start))
+        self.items.iter().skip(start).cloned().collect()
     }
 
     pub fn to_vec(&self) -> Vec<Arc<Message>> {
-        self.0.iter().cloned().collect()
+        self.items.iter().cloned().collect()
     }
 
     /// Keeps the messages for which `keep` is true.
     pub fn retain(&self, keep: impl Fn(&Message) -> bool) -> History {
-        self.0.iter().filter(|m| keep(m)).cloned().collect()
+        self.items.iter().filter(|m| keep(m)).cloned().collect()
     }
 
     /// `filterUnfinishedToolCalls`: drops tool calls that have no result anywhere in
     /// the history, and assistant messages left empty by that. Idempotent.
     pub fn filter_unfinished_tool_calls(&self) -> History {
-        let answered: HashSet<&str> = self.0.iter().filter_map(|m| m.answers()).collect();
+        if self.is_paired() {
+            return self.clone();
+        }
+        // The common case, a spawn mid-step: every open call is in the last
+        // message and nothing else is broken. Only that message changes.
+        if self.broken == 0 {
+            if let Some(last) = self.items.last() {
+                let in_last = |id: &Arc<str>| last.tool_calls().any(|c| c.tool_call_id == **id);
+                if self.open.iter().all(in_last) {
+                    let open = &self.open;
+                    let mut items = self.items.clone();
+                    items.pop_back();
+                    let mut out: History = items.into_iter().collect();
+                    if let Some(kept) =
+                        last.retain_calls(|c| !open.iter().any(|o| **o == *c.tool_call_id))
+                    {
+                        out.push(kept);
+                    }
+                    return out;
+                }
+            }
+        }
+        let answered: HashSet<&str> = self.items.iter().filter_map(|m| m.answers()).collect();
         let needs_change = |m: &Message| {
             m.tool_calls()
                 .any(|c| !answered.contains(c.tool_call_id.as_str()))
         };
-        if !self.0.iter().any(|m| needs_change(m)) {
+        if !self.items.iter().any(|m| needs_change(m)) {
             return self.clone();
         }
-        self.0
+        self.items
             .iter()
             .filter_map(|m| {
                 if !needs_change(m) {
@@ -124,13 +206,13 @@ impl History {
     /// `lastAssistantTurn`: the final run of assistant and tool messages that ends
     /// the conversation, without messages tagged `TOOL_CALL_ERROR`.
     pub fn last_assistant_turn(&self) -> Vec<Arc<Message>> {
-        let Some(mut start) = self.0.iter().rposition(|m| m.is_assistant()) else {
+        let Some(mut start) = self.items.iter().rposition(|m| m.is_assistant()) else {
             return Vec::new();
         };
-        while start > 0 && self.0[start - 1].is_assistant() {
+        while start > 0 && self.items[start - 1].is_assistant() {
             start -= 1;
         }
-        self.0
+        self.items
             .iter()
             .skip(start)
             .take_while(|m| m.is_assistant() || m.answers().is_some())
@@ -147,10 +229,20 @@ impl History {
                 (Some(TimeToLive::AgentStep), _) | (Some(TimeToLive::UserPrompt), Expiry::TurnEnd)
             )
         };
-        if !self.0.iter().any(|m| expired(m)) {
+        if self.ttl == 0 || !self.items.iter().any(|m| expired(m)) {
             return self.clone();
         }
         self.retain(|m| !expired(m))
+    }
+
+    /// The history a model request carries: the history itself (O(1)) when it is
+    /// paired, else the repaired copy and what was dropped.
+    pub fn request_view(&self) -> (History, Repair) {
+        if self.is_paired() {
+            return (self.clone(), Repair::default());
+        }
+        let (messages, repair) = self.repaired();
+        (messages.into_iter().collect(), repair)
     }
 
     /// The history as a model may receive it: every tool call answered by exactly
@@ -161,8 +253,8 @@ impl History {
         // Results that answer a call made earlier; the first one per id wins.
         let mut called: HashSet<&str> = HashSet::new();
         let mut answered: HashSet<&str> = HashSet::new();
-        let mut keep_result = vec![true; self.0.len()];
-        for (i, m) in self.0.iter().enumerate() {
+        let mut keep_result = vec![true; self.items.len()];
+        for (i, m) in self.items.iter().enumerate() {
             for call in m.tool_calls() {
                 called.insert(&call.tool_call_id);
             }
@@ -173,9 +265,9 @@ impl History {
                 }
             }
         }
-        let mut out = Vec::with_capacity(self.0.len());
+        let mut out = Vec::with_capacity(self.items.len());
         let mut kept_calls: HashSet<&str> = HashSet::new();
-        for (i, m) in self.0.iter().enumerate() {
+        for (i, m) in self.items.iter().enumerate() {
             if !keep_result[i] {
                 continue;
             }
@@ -253,7 +345,9 @@ impl History {
 /// Checks the pairing invariant (by id) on a message list a model is about to
 /// receive: each call answered by exactly one later result, no result without an
 /// earlier call, no call id used twice.
-pub fn check_pairing(messages: &[Arc<Message>]) -> Result<(), PairingError> {
+pub fn check_pairing<'a>(
+    messages: impl IntoIterator<Item = &'a Arc<Message>>,
+) -> Result<(), PairingError> {
     let mut calls: Vec<&str> = Vec::new();
     let mut answered: HashSet<&str> = HashSet::new();
     for m in messages {
@@ -316,19 +410,32 @@ fn placeholder(count: usize) -> Message {
 
 impl FromIterator<Arc<Message>> for History {
     fn from_iter<I: IntoIterator<Item = Arc<Message>>>(iter: I) -> Self {
-        History(iter.into_iter().collect())
+        let mut history = History::new();
+        for message in iter {
+            history.push_shared(message);
+        }
+        history
     }
 }
 
 impl FromIterator<Message> for History {
     fn from_iter<I: IntoIterator<Item = Message>>(iter: I) -> Self {
-        History(iter.into_iter().map(Arc::new).collect())
+        iter.into_iter().map(Arc::new).collect()
+    }
+}
+
+impl<'a> IntoIterator for &'a History {
+    type Item = &'a Arc<Message>;
+    type IntoIter = Box<dyn Iterator<Item = &'a Arc<Message>> + 'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        Box::new(self.items.iter())
     }
 }
 
 impl Serialize for History {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.0.iter().map(|m| m.as_ref()))
+        serializer.collect_seq(self.items.iter().map(|m| m.as_ref()))
     }
 }
 

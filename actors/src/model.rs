@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::history::History;
 use crate::message::Message;
 use crate::state::ToolDefinitions;
 
@@ -16,8 +17,9 @@ use crate::state::ToolDefinitions;
 #[derive(Clone, Debug)]
 pub struct ModelRequest {
     pub system_prompt: Arc<str>,
-    /// The history view: paired by id, expired messages removed, truncated to fit.
-    pub messages: Vec<Arc<Message>>,
+    /// The history view: paired by id, expired messages removed, truncated to
+    /// fit. A `History`, so building a request copies nothing.
+    pub messages: History,
     pub tools: ToolDefinitions,
     pub meta: RequestMeta,
 }

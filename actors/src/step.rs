@@ -198,12 +198,7 @@ impl StepMachine {
         self.state.context_token_count = if usage.total_tokens() > 0 {
             usage.total_tokens()
         } else {
-            self.state
-                .message_history
-                .iter()
-                .map(|m| m.estimated_tokens())
-                .sum::<u64>()
-                + message.estimated_tokens()
+            self.state.message_history.estimated_tokens() + message.estimated_tokens()
         };
         self.state.direct_credits_used += usage.cost;
         self.state.credits_used += usage.cost;
@@ -391,7 +386,7 @@ impl StepMachine {
         self.state.steps_remaining -= 1;
         self.step += 1;
         self.events.push(EventKind::StepStarted { step: self.step });
-        let (mut messages, repair) = self.state.message_history.repaired();
+        let (mut messages, repair) = self.state.message_history.request_view();
         if !repair.is_empty() {
             self.events.push(EventKind::HistoryRepaired {
                 unanswered_calls: repair.unanswered_calls,
@@ -399,7 +394,9 @@ impl StepMachine {
             });
         }
         if let Some(window) = self.template.context_window {
-            messages = History::truncated_view(&messages, window);
+            messages = History::truncated_view(&messages.to_vec(), window)
+                .into_iter()
+                .collect();
         }
         self.awaiting_model = Some(self.step);
         vec![Action::CallModel(ModelRequest {
@@ -722,12 +719,17 @@ impl StepMachine {
                     // Nothing to run; the step is spent so a looping handler still ends.
                     return self.resume_program(Some(Vec::new()), false, catalog);
                 }
-                let mut seen = used_ids(&self.state.message_history);
+                let mut seen = HashSet::new();
+                let history = &self.state.message_history;
                 let calls: Vec<ToolCall> = calls
                     .into_iter()
                     .enumerate()
                     .map(|(i, (name, input))| ToolCall {
-                        tool_call_id: fresh_id(format!("prog-{}-{i}", self.step), &mut seen),
+                        tool_call_id: fresh_id(
+                            format!("prog-{}-{i}", self.step),
+                            history,
+                            &mut seen,
+                        ),
                         tool_name: name,
                         input,
                     })
@@ -741,24 +743,14 @@ impl StepMachine {
     }
 }
 
-/// The ids of every call and result in `history`.
-fn used_ids(history: &History) -> HashSet<String> {
-    history
-        .iter()
-        .flat_map(|m| {
-            m.tool_calls()
-                .map(|c| c.tool_call_id.clone())
-                .chain(m.answers().map(str::to_owned))
-        })
-        .collect()
-}
-
-/// `base`, or `base-N` when `base` is taken; recorded as taken.
-fn fresh_id(base: String, seen: &mut HashSet<String>) -> String {
-    let id = if seen.contains(&base) {
+/// `base`, or `base-N` when `base` is taken in the history or this batch;
+/// recorded as taken.
+fn fresh_id(base: String, history: &History, seen: &mut HashSet<String>) -> String {
+    let taken = |id: &str| seen.contains(id) || history.id_taken(id);
+    let id = if taken(&base) {
         (1..)
             .map(|n| format!("{base}-{n}"))
-            .find(|id| !seen.contains(id))
+            .find(|id| !taken(id))
             .unwrap_or_default()
     } else {
         base
@@ -780,11 +772,12 @@ fn with_call_ids(message: Message, step: u32, history: &History) -> Message {
     else {
         return message;
     };
-    let mut seen = used_ids(history);
+    let mut seen = HashSet::new();
     for (i, part) in parts.iter_mut().enumerate() {
         if let crate::message::Part::ToolCall(call) = part {
-            if call.tool_call_id.is_empty() || seen.contains(&call.tool_call_id) {
-                call.tool_call_id = fresh_id(format!("call-{step}-{i}"), &mut seen);
+            let id = call.tool_call_id.as_str();
+            if id.is_empty() || seen.contains(id) || history.id_taken(id) {
+                call.tool_call_id = fresh_id(format!("call-{step}-{i}"), history, &mut seen);
             } else {
                 seen.insert(call.tool_call_id.clone());
             }

@@ -130,6 +130,28 @@ fn tokens(messages: &[Arc<Message>]) -> u64 {
     messages.iter().map(|m| m.estimated_tokens()).sum()
 }
 
+/// What a history knows about itself (kept up to date on push, so the hot path
+/// needs no scan) matches what a full scan finds.
+fn prop_metadata(history: &History) -> Result<(), TestCaseError> {
+    prop_assert_eq!(
+        history.is_paired(),
+        check_pairing(&history.to_vec()).is_ok(),
+        "is_paired disagrees with check_pairing for {:?}",
+        history
+    );
+    prop_assert_eq!(history.estimated_tokens(), tokens(&history.to_vec()));
+    let (view, repair) = history.request_view();
+    prop_assert_eq!(check_pairing(&view.to_vec()), Ok(()));
+    prop_assert_eq!(repair.is_empty(), history.is_paired());
+    for m in history.iter() {
+        for call in m.tool_calls() {
+            prop_assert!(history.id_taken(&call.tool_call_id));
+        }
+    }
+    prop_assert!(!history.id_taken("never-used-id"));
+    Ok(())
+}
+
 /// (a) A repaired history pairs, and so does every truncated view of it; the
 /// view keeps pinned messages and the newest one.
 fn prop_repaired_pairs(history: &History) -> Result<(), TestCaseError> {
@@ -243,6 +265,8 @@ proptest! {
         let mut history = History::new();
         for op in &ops {
             history = apply(&history, op);
+            prop_metadata(&history)?;
+            prop_metadata(&history.filter_unfinished_tool_calls())?;
             prop_repaired_pairs(&history)?;
             prop_filter(&history)?;
             prop_repair_fixpoint(&history)?;
@@ -252,6 +276,7 @@ proptest! {
     #[test]
     fn repair_of_an_arbitrary_list_pairs_and_is_a_fixpoint(list in proptest::collection::vec(msg(), 0..16)) {
         let history: History = list.iter().map(Msg::build).collect();
+        prop_metadata(&history)?;
         prop_repaired_pairs(&history)?;
         prop_repair_fixpoint(&history)?;
         // Repair only removes: what it keeps is in order, and a message it kept

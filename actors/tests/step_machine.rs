@@ -267,7 +267,7 @@ fn a_reply_without_tool_calls_completes_the_run() {
     let mut run = Run::solo(AgentTemplate::new("solo", "m").system_prompt("be brief"));
     let req = request(run.start());
     assert_eq!(&*req.system_prompt, "be brief");
-    assert_eq!(values(&req.messages), vec![Message::user("task")]);
+    assert_eq!(values(&req.messages.to_vec()), vec![Message::user("task")]);
     assert!(req.tools.contains_key("set_output") && req.tools.contains_key("end_turn"));
     assert_eq!(
         (
@@ -395,7 +395,7 @@ fn tool_results_follow_the_call_order_whatever_order_they_finish_in() {
     assert_eq!(h[4].answers(), Some("s1-2"));
     // add_message's message comes after all of the step's results.
     assert_eq!(h[5], Message::user("note"));
-    assert_eq!(values(&req.messages), h);
+    assert_eq!(values(&req.messages.to_vec()), h);
 }
 
 #[test]
@@ -456,7 +456,7 @@ fn arguments_that_are_not_json_are_an_error_result() {
     // Arguments sent as a JSON string are parsed.
     assert!(!is_error(&h[3]));
     assert_eq!(h[4], Message::user("raw"));
-    assert_eq!(values(&req.messages), h);
+    assert_eq!(values(&req.messages.to_vec()), h);
 }
 
 #[test]
@@ -506,7 +506,7 @@ fn set_messages_with_a_bad_message_changes_nothing_but_reports_the_error() {
     assert_eq!(h[0], Message::user("task"));
     let error = error_text(&h[2]);
     assert!(error.contains("messages[1]"), "{error}");
-    assert_eq!(values(&req.messages), h);
+    assert_eq!(values(&req.messages.to_vec()), h);
 }
 
 #[test]
@@ -541,7 +541,7 @@ fn set_messages_replaces_the_history_with_pairing_repaired() {
     ]))
     .unwrap();
     assert_eq!(run.history(), expected);
-    assert_eq!(values(&req.messages), expected);
+    assert_eq!(values(&req.messages.to_vec()), expected);
 }
 
 fn scored() -> AgentTemplate {
@@ -683,7 +683,7 @@ fn a_broken_stored_history_is_repaired_in_the_request_and_reported() {
     );
     let req = request(run.start());
     assert_eq!(
-        values(&req.messages),
+        values(&req.messages.to_vec()),
         vec![
             Message::user("task"),
             Message::assistant(Some("hm".into()), vec![])
@@ -981,7 +981,7 @@ fn spawn_results_come_back_as_one_array_in_request_order() {
     assert_eq!(s.direct_credits_used, 0.5);
     // A failed child never fails the parent.
     assert_eq!(s.status, AgentStatus::Running);
-    assert_eq!(values(&req.messages), h);
+    assert_eq!(values(&req.messages.to_vec()), h);
     // A second delivery for the same call is ignored.
     assert!(
         run.m
@@ -1204,7 +1204,7 @@ fn inline_spawn_hands_the_history_over_and_takes_it_back() {
         Message::assistant_text("done"),
     ];
     assert_eq!(run.history(), expected);
-    assert_eq!(values(&req.messages), expected);
+    assert_eq!(values(&req.messages.to_vec()), expected);
     assert_eq!(run.state().child_run_ids, ["run-c1"]);
     assert_eq!(run.state().credits_used, before + 2.0);
 }
@@ -1252,7 +1252,7 @@ fn inline_spawn_alongside_other_calls_keeps_their_results() {
     assert!(error_text(&h[3]).contains("grep"));
     assert!(error_text(&h[4]).contains("Only one spawn_agent_inline"));
     assert_eq!(h.len(), 5);
-    assert_eq!(values(&req.messages), h);
+    assert_eq!(values(&req.messages.to_vec()), h);
 }
 
 #[test]
@@ -1308,7 +1308,7 @@ fn spawn_errors_before_any_child_starts_are_error_results() {
         error_text(&h[3]),
         "Agent type lead is not allowed to spawn child agent type planner"
     );
-    assert_eq!(values(&req.messages), h);
+    assert_eq!(values(&req.messages.to_vec()), h);
 }
 
 // ------------------------------------------------------ programmatic agents
@@ -1375,7 +1375,7 @@ fn a_program_yields_tool_calls_then_lets_the_model_finish_the_turn() {
     let ids: Vec<&str> = h[1].tool_calls().map(|c| c.tool_call_id.as_str()).collect();
     assert_eq!(ids.len(), 3);
     assert_eq!(h[5], Message::user("from program"));
-    assert_eq!(values(&req.messages), h);
+    assert_eq!(values(&req.messages.to_vec()), h);
     finish(run.reply(Message::assistant_text("model done")));
     assert_eq!(run.state().status, AgentStatus::Completed);
     assert_eq!(run.state().output, Some(json!({"phase": 1})));

@@ -25,7 +25,7 @@ pub(crate) fn request_body(settings: &ProviderSettings, request: &ModelRequest) 
         system.push(request.system_prompt.to_string());
     }
     let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
-    for m in adjacent_results(&request.messages) {
+    for m in adjacent_results(&request.messages.to_vec()) {
         let (role, blocks) = match &*m {
             Message::System { content, .. } => {
                 let text = content.text();

@@ -290,7 +290,7 @@ impl Model for HttpModel {
             message,
         })?;
         let body = self.body(&request);
-        let estimate: u64 = request.messages.iter().map(|m| m.estimated_tokens()).sum();
+        let estimate = request.messages.estimated_tokens();
         let policy = &self.settings.retry;
         let mut retry = 0;
         loop {

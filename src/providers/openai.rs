@@ -15,7 +15,7 @@ pub(crate) fn request_body(settings: &ProviderSettings, request: &ModelRequest) 
     if !request.system_prompt.is_empty() {
         messages.push(json!({"role": "system", "content": &*request.system_prompt}));
     }
-    for m in adjacent_results(&request.messages) {
+    for m in adjacent_results(&request.messages.to_vec()) {
         // An assistant message with neither text nor calls (reasoning only) has
         // nothing to send, and `content: null` without `tool_calls` is refused.
         if m.is_assistant() && m.tool_calls().next().is_none() && m.text().is_empty() {

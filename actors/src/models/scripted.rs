@@ -132,7 +132,7 @@ impl ScriptedModel {
 
     fn reply_for(&self, request: &ModelRequest) -> Result<&ScriptedReply, String> {
         let agent_type = request.meta.agent_type.as_str();
-        let prompt = spawn_prompt(&request.messages);
+        let prompt = spawn_prompt(&request.messages.to_vec());
         let entry = self
             .script
             .replies
@@ -189,7 +189,7 @@ impl Model for ScriptedModel {
                 run_id: request.meta.run_id.clone(),
                 agent_type: request.meta.agent_type.clone(),
                 step: request.meta.step,
-                messages: request.messages.clone(),
+                messages: request.messages.to_vec(),
                 tools: request.tools.keys().cloned().collect(),
                 system_prompt: request.system_prompt.clone(),
             });
@@ -230,7 +230,7 @@ impl Model for ScriptedModel {
             meta: Default::default(),
         };
         let usage = reply.usage.unwrap_or(Usage {
-            input_tokens: request.messages.iter().map(|m| m.estimated_tokens()).sum(),
+            input_tokens: request.messages.estimated_tokens(),
             output_tokens: message.estimated_tokens(),
             ..Usage::default()
         });

@@ -293,7 +293,7 @@ impl Model for SimulatedModel {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
-        let input_tokens = request.messages.iter().map(|m| m.estimated_tokens()).sum();
+        let input_tokens = request.messages.estimated_tokens();
         let message = match self.spawn_call(&request) {
             Some(call) => Message::assistant(None, vec![call]),
             None => Message::assistant_text(self.answer(&request, hasher.finish())),

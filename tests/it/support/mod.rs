@@ -89,7 +89,7 @@ pub fn request(with_echo: bool) -> ModelRequest {
     }
     ModelRequest {
         system_prompt: Arc::from("You are a test."),
-        messages: vec![Arc::new(Message::user("hi"))],
+        messages: [Message::user("hi")].into_iter().collect(),
         tools: Arc::new(tools),
         meta: Default::default(),
     }
