@@ -171,9 +171,16 @@ impl History {
                 let in_last = |id: &Arc<str>| last.tool_calls().any(|c| c.tool_call_id == **id);
                 if self.open.iter().all(in_last) {
                     let open = &self.open;
-                    let mut items = self.items.clone();
-                    items.pop_back();
-                    let mut out: History = items.into_iter().collect();
+                    let mut out = self.clone();
+                    out.items.pop_back();
+                    if last.meta().time_to_live.is_some() {
+                        out.ttl -= 1;
+                    }
+                    out.tokens -= last.estimated_tokens();
+                    for call in last.tool_calls() {
+                        out.ids.remove(call.tool_call_id.as_str());
+                    }
+                    out.open.clear();
                     if let Some(kept) =
                         last.retain_calls(|c| !open.iter().any(|o| **o == *c.tool_call_id))
                     {
@@ -212,9 +219,10 @@ impl History {
         while start > 0 && self.items[start - 1].is_assistant() {
             start -= 1;
         }
+        // `Vector::skip` splits the tree (O(log n)); an iterator's skip would walk.
         self.items
-            .iter()
             .skip(start)
+            .iter()
             .take_while(|m| m.is_assistant() || m.answers().is_some())
             .filter(|m| !m.has_tag(TOOL_CALL_ERROR))
             .cloned()

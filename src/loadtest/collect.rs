@@ -2,8 +2,8 @@
 //! observer on the bus, so nothing is buffered and nothing reaches into actors.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arbor_actors::{Delta, Event, EventKind};
@@ -114,7 +114,8 @@ pub struct Measured {
     pub ttft_us: Percentiles,
     pub output_tokens_per_sec: f64,
     pub errors: HashMap<String, u64>,
-    pub retries: HashMap<String, u64>,
+    /// Retries by kind (the total is `LoadReport::retries`).
+    pub retry_kinds: HashMap<String, u64>,
     pub timeline: Vec<(f64, i64)>,
 }
 
@@ -155,7 +156,9 @@ impl Collector {
             EventKind::StepStarted { step } => {
                 self.steps.fetch_add(1, Ordering::Relaxed);
                 if let Ok(mut inner) = self.inner.lock() {
-                    inner.step_started.insert(event.run_id.clone(), (*step, now));
+                    inner
+                        .step_started
+                        .insert(event.run_id.clone(), (*step, now));
                 }
             }
             EventKind::ModelDelta { delta, .. } => {
@@ -236,7 +239,7 @@ impl Collector {
                 0.0
             },
             errors: inner.errors.clone(),
-            retries: inner.retry_reasons.clone(),
+            retry_kinds: inner.retry_reasons.clone(),
             timeline: inner.timeline.clone(),
         }
     }

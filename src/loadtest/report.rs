@@ -150,7 +150,7 @@ impl LoadReport {
         }
         row(
             "retries",
-            format!("{} {}", self.retries, kinds(&self.measured.retries)),
+            format!("{} {}", self.retries, kinds(&self.measured.retry_kinds)),
         );
         row("errors", kinds(&self.measured.errors));
         t

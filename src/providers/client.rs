@@ -237,12 +237,16 @@ impl HttpModel {
                 message: scrub(message),
             },
             Failure::Transient {
+                status,
                 message,
                 retry_after,
-                ..
             } => ModelError::Transient {
                 model,
-                message: scrub(message),
+                // The status goes first so a retry reason names it ("429: …").
+                message: scrub(match status {
+                    Some(status) => format!("{status}: {message}"),
+                    None => message,
+                }),
                 retry_after,
             },
             Failure::Malformed(message) => ModelError::Malformed {

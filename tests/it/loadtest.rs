@@ -1,0 +1,437 @@
+//! `arbor loadtest`: the binary's table, progress, JSON and plot; a 20,000-agent
+//! tree under a live-agent limit checked from its events alone; agent-shaped
+//! load on a streaming HTTP endpoint that throttles every fifth request.
+
+use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use arbor::actors::EventKind;
+use arbor::actors::models::Latency;
+use arbor::loadtest::{Collector, LoadOptions, run_once};
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use crate::support::guarded;
+use crate::{arbor, text};
+
+/// Runs `arbor` with `args` in `dir`.
+fn arbor_in(dir: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+/// The row names of the summary table (`  NAME<padding> VALUE`).
+fn table_rows(stdout: &str) -> HashMap<String, String> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("  "))
+        .filter_map(|l| {
+            let (name, value) = l.split_once("  ")?;
+            Some((name.trim().to_owned(), value.trim().to_owned()))
+        })
+        .collect()
+}
+
+const ROWS: &[&str] = &[
+    "agents",
+    "wall time",
+    "agents/s",
+    "per agent",
+    "spawn→reply p50/p90/p99/max",
+    "peak RSS",
+    "bytes per live agent",
+    "errors",
+];
+
+#[test]
+fn loadtest_f10_d4_prints_the_table_and_progress_and_writes_json_and_svg() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "loadtest", "--fanout", "10", "--depth", "4", "--json", "out.json", "--plot", "out.svg",
+        ],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "status {:?}\nstdout: {stdout}\nstderr: {stderr}",
+        out.status
+    );
+
+    let rows = table_rows(&stdout);
+    for row in ROWS {
+        assert!(rows.contains_key(*row), "no row {row:?} in:\n{stdout}");
+    }
+    assert_eq!(rows["errors"], "none", "{stdout}");
+    assert!(
+        rows["agents"].starts_with("11111 started, 11111 completed, 0 failed, 0 cancelled"),
+        "{stdout}"
+    );
+
+    // Not a TTY: plain progress lines, the last one when every agent is done.
+    let progress: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("progress: "))
+        .collect();
+    assert!(
+        progress
+            .last()
+            .is_some_and(|l| l.starts_with("progress: 11111/11111 agents finished, ")),
+        "stderr: {stderr}"
+    );
+
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("out.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["agents_expected"], 11111, "{json:#}");
+    assert_eq!(json["agents_started"], 11111);
+    assert_eq!(json["agents_finished"], 11111);
+    assert_eq!(json["completed"], true);
+    for positive in ["wall_secs", "agents_per_sec", "us_per_agent"] {
+        assert!(
+            json[positive].as_f64().unwrap() > 0.0,
+            "{positive}: {json:#}"
+        );
+    }
+    assert!(json["peak_rss_bytes"].as_u64().unwrap() > 0);
+    let p = &json["spawn_to_reply_us"];
+    let [count, p50, p90, p99, max] =
+        ["count", "p50", "p90", "p99", "max"].map(|k| p[k].as_u64().unwrap());
+    // Every agent but the root is a child whose reply is timed.
+    assert_eq!(count, 11110, "{p}");
+    assert!(p50 <= p90 && p90 <= p99 && p99 <= max, "{p}");
+    assert!(!json["timeline"].as_array().unwrap().is_empty());
+
+    let svg = std::fs::read_to_string(dir.path().join("out.svg")).unwrap();
+    let doc = roxmltree::Document::parse(&svg).unwrap();
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let texts: Vec<String> = doc
+        .descendants()
+        .filter(|n| n.tag_name().name() == "text")
+        .map(|n| {
+            let text: String = n
+                .descendants()
+                .filter(|t| t.is_text())
+                .filter_map(|t| t.text())
+                .collect();
+            text.trim().to_owned()
+        })
+        .collect();
+    for caption in ["live agents over time", "spawn→reply latency (µs)"] {
+        assert!(
+            texts.iter().any(|t| t == caption),
+            "no text {caption:?} in {texts:?}"
+        );
+    }
+}
+
+#[test]
+fn loadtest_rejects_bad_arguments_naming_the_flag() {
+    for (args, flag) in [
+        (&["loadtest", "--latency", "soon"][..], "--latency"),
+        (&["loadtest", "--max-live", "0"][..], "--max-live"),
+        (&["loadtest", "--shape", "10,many"][..], "--shape"),
+    ] {
+        let out = arbor(args);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            stderr.contains("error") && stderr.contains(flag),
+            "{args:?}: stderr does not name {flag}: {stderr}"
+        );
+        assert!(
+            !text(&out.stdout).contains("load test"),
+            "{args:?} ran a tree"
+        );
+    }
+}
+
+/// 20,021 agents, at most 100 stepping at once: every run ends exactly once and
+/// the live count, replayed from the events in `seq` order, reaches the limit
+/// and never passes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_20k_tree_with_max_live_100_ends_every_run_once_and_never_exceeds_the_limit() {
+    const MAX_LIVE: i64 = 100;
+    // Each step takes 5 ms, so the slots fill up: with zero latency agents end
+    // about as fast as others start and the count peaks below the limit (68 to
+    // 99 seen), which would not show that the limit holds.
+    let options = LoadOptions {
+        shape: vec![20, 50, 19],
+        max_live: Some(MAX_LIVE as usize),
+        latency: Latency::Fixed(Duration::from_millis(5)),
+        ..Default::default()
+    };
+    assert_eq!(options.agents(), 20021);
+    let supervisor = options.supervisor().unwrap();
+    let mut events = supervisor.subscribe();
+    let collector = Arc::new(Collector::default());
+    {
+        let collector = collector.clone();
+        supervisor.events().observe(move |e| collector.observe(e));
+    }
+    let report = tokio::time::timeout(
+        Duration::from_secs(300),
+        run_once(&options, &supervisor, &collector, |_| {}),
+    )
+    .await
+    .expect("the tree is still running after 300 s")
+    .unwrap();
+    assert!(report.completed, "{report:?}");
+
+    let mut all = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        all.push(e);
+    }
+    all.sort_by_key(|e| e.seq);
+    // Lossless: one tree, numbered from 1 without a gap.
+    assert!(
+        all.iter().enumerate().all(|(i, e)| e.seq == i as u64 + 1),
+        "the events' seq numbers have gaps ({} events, last seq {:?})",
+        all.len(),
+        all.last().map(|e| e.seq)
+    );
+
+    let mut started = HashSet::new();
+    let mut ended: HashMap<&str, Vec<&'static str>> = HashMap::new();
+    let (mut live, mut live_max) = (0i64, 0i64);
+    for e in &all {
+        let run = &*e.run_id;
+        match &e.kind {
+            EventKind::AgentStarted { .. } => {
+                assert!(started.insert(run), "{run} started twice");
+                live += 1;
+            }
+            EventKind::Resumed => live += 1,
+            EventKind::Suspended => live -= 1,
+            kind @ (EventKind::AgentFinished { .. }
+            | EventKind::AgentFailed { .. }
+            | EventKind::AgentCancelled { .. }) => {
+                assert!(started.contains(run), "{run} ended before it started");
+                ended.entry(run).or_default().push(kind.name());
+                live -= 1;
+            }
+            _ => {}
+        }
+        assert!(
+            live <= MAX_LIVE,
+            "{live} agents live at seq {} ({} {run})",
+            e.seq,
+            e.kind.name()
+        );
+        live_max = live_max.max(live);
+    }
+    assert_eq!(started.len(), 20021);
+    let twice: Vec<_> = ended.iter().filter(|(_, ends)| ends.len() != 1).collect();
+    assert!(twice.is_empty(), "runs ended more than once: {twice:?}");
+    assert_eq!(ended.len(), started.len(), "some runs never ended");
+    let not_finished: Vec<_> = ended
+        .iter()
+        .filter(|(_, ends)| ends[0] != "agentFinished")
+        .take(5)
+        .collect();
+    assert!(not_finished.is_empty(), "{not_finished:?}");
+    assert_eq!(live, 0, "the live count does not come back to 0");
+    assert_eq!(
+        live_max, MAX_LIVE,
+        "the limit is never reached, so this test cannot catch a broken one"
+    );
+    assert_eq!(report.agents_finished, 20021);
+}
+
+/// A streaming OpenAI Chat Completions server on 127.0.0.1 that answers every
+/// request with text (in two chunks 2 ms apart, so the first token comes
+/// before the reply) and throttles every fifth request with 429 and
+/// `Retry-After: 0`.
+struct ThrottlingSse {
+    base_url: String,
+    requests: Arc<AtomicUsize>,
+    throttled: Arc<AtomicUsize>,
+    not_streamed: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ThrottlingSse {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[derive(Clone)]
+struct Counts {
+    requests: Arc<AtomicUsize>,
+    throttled: Arc<AtomicUsize>,
+    not_streamed: Arc<AtomicUsize>,
+}
+
+impl ThrottlingSse {
+    async fn start() -> Self {
+        let counts = Counts {
+            requests: Arc::default(),
+            throttled: Arc::default(),
+            not_streamed: Arc::default(),
+        };
+        let app = axum::Router::new()
+            .route("/v1/chat/completions", axum::routing::post(sse_chat))
+            .with_state(counts.clone());
+        let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        ThrottlingSse {
+            base_url: format!("http://{addr}/v1"),
+            requests: counts.requests,
+            throttled: counts.throttled,
+            not_streamed: counts.not_streamed,
+            task,
+        }
+    }
+}
+
+fn sse_chunk(n: usize, delta: Value, finish: Option<&str>) -> String {
+    let chunk = json!({
+        "id": format!("chatcmpl-{n}"), "object": "chat.completion.chunk", "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+    });
+    format!("data: {chunk}\n\n")
+}
+
+async fn sse_chat(State(counts): State<Counts>, body: String) -> Response {
+    let n = counts.requests.fetch_add(1, Ordering::SeqCst);
+    let request: Value = serde_json::from_str(&body).unwrap_or_default();
+    if request["stream"] != true {
+        counts.not_streamed.fetch_add(1, Ordering::SeqCst);
+    }
+    if n % 5 == 4 {
+        counts.throttled.fetch_add(1, Ordering::SeqCst);
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [("content-type", "application/json"), ("retry-after", "0")],
+            r#"{"error":{"message":"slow down","type":"rate_limit_error","param":null,"code":null}}"#,
+        )
+            .into_response();
+    }
+    let first = sse_chunk(n, json!({"role": "assistant", "content": "Report "}), None);
+    let rest = sse_chunk(n, json!({"content": format!("number {n}.")}), None)
+        + &sse_chunk(n, json!({}), Some("stop"))
+        + &format!(
+            "data: {}\n\n",
+            json!({"id": format!("chatcmpl-{n}"), "object": "chat.completion.chunk",
+                "model": "m", "choices": [],
+                "usage": {"prompt_tokens": 20, "completion_tokens": 3, "total_tokens": 23}})
+        )
+        + "data: [DONE]\n\n";
+    let stream = futures::stream::iter([(Duration::ZERO, first), (Duration::from_millis(2), rest)])
+        .then(|(wait, chunk)| async move {
+            tokio::time::sleep(wait).await;
+            Ok::<_, Infallible>(chunk)
+        });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(stream))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loadtest_on_a_streaming_endpoint_with_20_percent_429s_retries_each_and_times_first_tokens()
+{
+    let server = ThrottlingSse::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("fake.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[models.fake]
+provider = "openai"
+base_url = "{}"
+model = "m"
+stream = true
+retry = {{ max_retries = 6, base_delay = "1ms" }}
+
+[agents.x]
+model = "fake"
+"#,
+            server.base_url
+        ),
+    )
+    .unwrap();
+    let out = guarded(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_arbor"))
+            .args([
+                "loadtest",
+                "--model",
+                "fake",
+                "--config",
+                config.to_str().unwrap(),
+                "--fanout",
+                "3",
+                "--depth",
+                "2",
+                "--json",
+                "out.json",
+            ])
+            .current_dir(dir.path())
+            .env_remove("RUST_LOG")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "status {:?}\nstdout: {stdout}\nstderr: {stderr}",
+        out.status
+    );
+
+    let raw = std::fs::read_to_string(dir.path().join("out.json")).unwrap();
+    let json: Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(json["agents_expected"], 13, "{json:#}");
+    assert_eq!(json["agents_started"], 13);
+    assert_eq!(json["agents_finished"], 13);
+    assert_eq!(json["completed"], true);
+
+    // 13 answers (9 leaves, 3 merges, the root) reach the endpoint; spawning
+    // steps are planned locally. Every fifth request is throttled: 16 requests,
+    // 3 of them 429s, each retried once.
+    let (requests, throttled) = (
+        server.requests.load(Ordering::SeqCst),
+        server.throttled.load(Ordering::SeqCst),
+    );
+    assert_eq!((requests, throttled), (16, 3), "{json:#}");
+    assert_eq!(server.not_streamed.load(Ordering::SeqCst), 0);
+
+    assert_eq!(json["retries"], json!(throttled), "{json:#}");
+    assert_eq!(
+        json["retry_kinds"]["http 429"],
+        json!(throttled),
+        "retries are classified by the HTTP status their reason names: {json:#}"
+    );
+
+    assert!(json["ttft_us"]["count"].as_u64().unwrap() > 0, "{json:#}");
+    assert!(
+        json["step_latency_us"]["count"].as_u64().unwrap() >= 13,
+        "{json:#}"
+    );
+    let rows = table_rows(&stdout);
+    assert!(rows.contains_key("time to first token p50/p99"), "{stdout}");
+    assert!(rows["retries"].contains("http 429: 3"), "{stdout}");
+    assert_eq!(rows["errors"], "none", "{stdout}");
+}
