@@ -30,7 +30,7 @@ use children::Children;
 /// The final result of a run, as its parent or the supervisor receives it.
 #[derive(Clone, Debug)]
 pub struct RunResult {
-    pub state: AgentState,
+    pub state: Arc<AgentState>,
     /// The output value of semantics §7.
     pub value: Value,
 }
@@ -101,7 +101,8 @@ pub enum ToolOutcome {
 /// What an agent actor starts with.
 pub struct AgentArgs {
     pub hooks: Arc<dyn TreeHooks>,
-    pub machine: StepMachine,
+    /// Boxed: it moves through spawning several times.
+    pub machine: Box<StepMachine>,
     pub reply: Reply,
     /// The live slot the agent runs in (acquired before it was started).
     pub slot: Option<Slot>,
@@ -113,7 +114,7 @@ pub struct AgentActor;
 pub struct AgentRun {
     myself: ActorRef<AgentMsg>,
     hooks: Arc<dyn TreeHooks>,
-    machine: StepMachine,
+    machine: Box<StepMachine>,
     reply: Option<Reply>,
     slot: Option<Slot>,
     run_id: Arc<str>,
@@ -130,6 +131,8 @@ pub struct AgentRun {
     children: Children,
     finished: bool,
     cancel_reason: Option<CancelReason>,
+    /// The state once the run is over (the machine no longer holds it).
+    final_state: Option<Arc<AgentState>>,
     result: Option<RunResult>,
     _live: LiveGuard,
 }
@@ -219,6 +222,7 @@ impl Actor for AgentActor {
             children: Children::default(),
             finished: false,
             cancel_reason: None,
+            final_state: None,
             result: None,
         })
     }
@@ -298,8 +302,12 @@ impl Actor for AgentActor {
             AgentMsg::StepTimeout { step } => run.step_timeout(step),
             AgentMsg::Cancel(reason) => run.cancel(reason),
             AgentMsg::Status(reply) => {
+                let state = match &run.final_state {
+                    Some(state) => AgentState::clone(state),
+                    None => run.machine.state().clone(),
+                };
                 let _ = reply.send(AgentSnapshot {
-                    state: run.machine.state().clone(),
+                    state,
                     step: run.machine.step(),
                     live_children: run.children.live_count(),
                 });
@@ -625,9 +633,12 @@ impl AgentRun {
         for (credits, run_ids) in self.children.undelivered() {
             self.machine.add_child_credits(credits, run_ids);
         }
-        let state = self.machine.state().clone();
         let value = self.machine.output_value();
-        let shared = Arc::new(state.clone());
+        // The run is over: its state moves out of the machine (no copy) and is
+        // shared by the final event and the result.
+        let state = Arc::new(self.machine.take_state());
+        self.final_state = Some(state.clone());
+        let shared = state.clone();
         self.emit(match state.status {
             AgentStatus::Completed | AgentStatus::Running => {
                 EventKind::AgentFinished { state: shared }

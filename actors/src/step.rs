@@ -137,6 +137,11 @@ impl StepMachine {
         &self.state
     }
 
+    /// Takes the state out of a finished machine (it keeps an empty one).
+    pub fn take_state(&mut self) -> AgentState {
+        std::mem::take(&mut self.state)
+    }
+
     pub fn template(&self) -> &Arc<AgentTemplate> {
         &self.template
     }

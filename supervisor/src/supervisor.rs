@@ -170,7 +170,7 @@ impl Supervisor {
             AgentActor,
             AgentArgs {
                 hooks,
-                machine,
+                machine: Box::new(machine),
                 reply: Reply::Root(tx),
                 slot,
             },

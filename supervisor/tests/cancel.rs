@@ -233,7 +233,7 @@ async fn status_is_served_while_a_model_call_is_pending() {
     let result = finish(handle).await;
     assert_eq!(result.state.status, AgentStatus::Completed);
     // Afterwards the same query is answered from the registry.
-    assert_eq!(sup.state(&root).await.unwrap(), result.state);
+    assert_eq!(sup.state(&root).await.unwrap(), *result.state);
     assert_eq!(
         sup.state(&child).await.unwrap().status,
         AgentStatus::Completed

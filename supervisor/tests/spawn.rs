@@ -108,7 +108,7 @@ async fn a_three_level_tree_keeps_every_state_and_sums_credits() {
     // Walk the tree through the registry, checking each link.
     let mut runs = 0;
     let mut descendants_direct = 0.0;
-    let mut stack: Vec<AgentState> = vec![root.clone()];
+    let mut stack: Vec<AgentState> = vec![AgentState::clone(&root)];
     while let Some(parent) = stack.pop() {
         runs += 1;
         let registered = sup.finished_state(&parent.run_id).expect("kept by run id");

@@ -284,7 +284,7 @@ impl AgentRun {
                 .with_input(plan.prompt, plan.params);
                 let args = AgentArgs {
                     hooks: hooks.clone(),
-                    machine,
+                    machine: Box::new(machine),
                     reply: Reply::Parent(key),
                     slot,
                 };
@@ -367,7 +367,7 @@ impl AgentRun {
                 result.state.credits_used,
                 // Only an inline merge needs the child's history; a spawn_agents
                 // parent would otherwise keep every finished child's history alive.
-                inline.then_some(result.state.message_history),
+                inline.then(|| result.state.message_history.clone()),
             ),
             Err(error) => (
                 AgentStatus::Failed,
