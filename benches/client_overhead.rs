@@ -49,7 +49,7 @@ async fn serve() -> String {
         post(move |body: axum::body::Bytes| {
             let sse = sse.clone();
             async move {
-                let streaming = body.windows(14).any(|w| w == b"\"stream\":true");
+                let streaming = body.windows(13).any(|w| w == b"\"stream\":true");
                 if streaming {
                     (
                         [(header::CONTENT_TYPE, "text/event-stream")],
