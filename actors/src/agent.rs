@@ -88,6 +88,8 @@ pub enum AgentMsg {
     SlotReady(Option<Slot>),
     StepTimeout {
         step: u32,
+        /// Which timer sent it; a stale one (from a timer already stopped) is ignored.
+        generation: u64,
     },
     Cancel(CancelReason),
     Status(RpcReplyPort<AgentSnapshot>),
@@ -121,6 +123,9 @@ pub struct AgentRun {
     span: tracing::Span,
     model_task: Option<JoinHandle<()>>,
     tool_tasks: Vec<JoinHandle<()>>,
+    /// Tool tasks of the current step not yet reported.
+    tools_running: usize,
+    timer_generation: u64,
     timer: Option<JoinHandle<()>>,
     /// A model request waiting for a live slot.
     parked: Option<ModelRequest>,
@@ -133,6 +138,8 @@ pub struct AgentRun {
     cancel_reason: Option<CancelReason>,
     /// The state once the run is over (the machine no longer holds it).
     final_state: Option<Arc<AgentState>>,
+    /// Why the children were told to stop (also told to children that start late).
+    children_reason: Option<CancelReason>,
     result: Option<RunResult>,
     _live: LiveGuard,
 }
@@ -145,6 +152,22 @@ impl AgentRun {
             Reply::Root(_) => return None,
         };
         Some((key, self.result.take()?))
+    }
+}
+
+/// If an actor dies without finishing (a panic outside the guarded step code, a
+/// kill), its work in flight is stopped and its token reservation given back.
+impl Drop for AgentRun {
+    fn drop(&mut self) {
+        if let Some(task) = self.model_task.take() {
+            task.abort();
+        }
+        for task in self.tool_tasks.drain(..) {
+            task.abort();
+        }
+        self.stop_timer();
+        self.release_reservation();
+        let _ = self.cancel_tx.send_replace(true);
     }
 }
 
@@ -214,6 +237,8 @@ impl Actor for AgentActor {
             span,
             model_task: None,
             tool_tasks: Vec::new(),
+            tools_running: 0,
+            timer_generation: 0,
             timer: None,
             parked: None,
             suspended: false,
@@ -223,6 +248,7 @@ impl Actor for AgentActor {
             finished: false,
             cancel_reason: None,
             final_state: None,
+            children_reason: None,
             result: None,
         })
     }
@@ -264,8 +290,13 @@ impl Actor for AgentActor {
                 run.stop_timer();
                 match *result {
                     Ok(response) => {
-                        run.hooks
-                            .settle(&response.usage, std::mem::take(&mut run.reserved));
+                        let reserved = std::mem::take(&mut run.reserved);
+                        // A reply without usage still spent about what was sent.
+                        let mut usage = response.usage;
+                        if usage.total_tokens() == 0 {
+                            usage.input_tokens = reserved;
+                        }
+                        run.hooks.settle(&usage, reserved);
                         run.guarded(|m| m.model_replied(step, response, &catalog))
                     }
                     Err(error) => {
@@ -282,24 +313,31 @@ impl Actor for AgentActor {
                 step,
                 index,
                 outcome,
-            } => match outcome {
-                ToolOutcome::Done(result) => {
-                    let actions = run.guarded(|m| m.tool_done(step, index, result, &catalog));
-                    if !actions.is_empty() {
-                        run.stop_timer();
+            } => {
+                // The step timeout covers the step's tools, not the children a
+                // spawn in the same step may still be waiting for.
+                run.tools_running = run.tools_running.saturating_sub(1);
+                if run.tools_running == 0 && run.model_task.is_none() {
+                    run.stop_timer();
+                    if run.children.outstanding() > 0 {
+                        run.suspend();
                     }
-                    actions
                 }
-                ToolOutcome::Panicked(error) if step == run.machine.step() => {
-                    run.machine.fail(format!("a tool panicked: {error}"))
+                match outcome {
+                    ToolOutcome::Done(result) => {
+                        run.guarded(|m| m.tool_done(step, index, result, &catalog))
+                    }
+                    ToolOutcome::Panicked(error) if step == run.machine.step() => {
+                        run.machine.fail(format!("a tool panicked: {error}"))
+                    }
+                    ToolOutcome::Panicked(_) => Vec::new(),
                 }
-                ToolOutcome::Panicked(_) => Vec::new(),
-            },
+            }
             AgentMsg::ChildStarted { key, actor } => run.child_started(key, actor),
             AgentMsg::ChildNotStarted { key, error } => run.child_ended(&myself, key, Err(error)),
             AgentMsg::RetryDue { key } => run.retry_due(&myself, key),
             AgentMsg::SlotReady(permit) => run.resume(&myself, permit),
-            AgentMsg::StepTimeout { step } => run.step_timeout(step),
+            AgentMsg::StepTimeout { step, generation } => run.step_timeout(step, generation),
             AgentMsg::Cancel(reason) => run.cancel(reason),
             AgentMsg::Status(reply) => {
                 let state = match &run.final_state {
@@ -374,10 +412,13 @@ impl AgentRun {
         self.hooks.emit(&self.run_id, kind);
     }
 
-    fn execute(&mut self, myself: &ActorRef<AgentMsg>, actions: Vec<Action>) {
+    fn execute(&mut self, myself: &ActorRef<AgentMsg>, mut actions: Vec<Action>) {
         for event in self.machine.take_events() {
             self.emit(event);
         }
+        // Tools start before the step's spawns, so the agent keeps its live slot
+        // until they are done (a stable sort keeps call order otherwise).
+        actions.sort_by_key(|a| !matches!(a, Action::RunTool { .. }));
         for action in actions {
             match action {
                 Action::CallModel(request) => self.call_model(myself, request),
@@ -416,16 +457,9 @@ impl AgentRun {
 
     /// Admits the step against the tree's budgets, then sends it (or parks it
     /// until a live slot is free again).
+    /// Sends the step, or parks it until a live slot is free again (a parent
+    /// that gave its slot back while its children ran).
     fn call_model(&mut self, myself: &ActorRef<AgentMsg>, request: ModelRequest) {
-        let estimate = request.messages.estimated_tokens();
-        if let Err(limit) = self.hooks.admit_step(estimate) {
-            self.emit(EventKind::LimitHit {
-                limit: limit.clone(),
-            });
-            let actions = self.machine.fail(limit.to_string());
-            return self.execute(myself, actions);
-        }
-        self.reserved = estimate;
         if self.suspended {
             self.parked = Some(request);
             let acquire = self.hooks.acquire_slot(SlotPriority {
@@ -436,8 +470,9 @@ impl AgentRun {
             let mut cancelled = self.cancel_tx.subscribe();
             tokio::spawn(async move {
                 tokio::select! {
-                    permit = acquire => { let _ = me.cast(AgentMsg::SlotReady(permit)); }
+                    biased;
                     _ = cancelled.wait_for(|c| *c) => {}
+                    permit = acquire => { let _ = me.cast(AgentMsg::SlotReady(permit)); }
                 }
             });
             return;
@@ -445,7 +480,19 @@ impl AgentRun {
         self.send_model(myself, request);
     }
 
+    /// Admits the step against the tree's budgets (only now that it holds a
+    /// slot, so a parked request neither reserves tokens nor spends a step) and
+    /// starts the model call in a task.
     fn send_model(&mut self, myself: &ActorRef<AgentMsg>, request: ModelRequest) {
+        let estimate = request.messages.estimated_tokens();
+        if let Err(limit) = self.hooks.admit_step(estimate) {
+            self.emit(EventKind::LimitHit {
+                limit: limit.clone(),
+            });
+            let actions = self.machine.fail(limit.to_string());
+            return self.execute(myself, actions);
+        }
+        self.reserved = estimate;
         let model_name = &self.machine.template().model;
         let Some(model) = self.hooks.model(model_name) else {
             let actions = self
@@ -523,6 +570,7 @@ impl AgentRun {
             }
             .instrument(span),
         ));
+        self.tools_running += 1;
         if self.timer.is_none() {
             self.start_timer(myself, step);
         }
@@ -533,10 +581,12 @@ impl AgentRun {
             return;
         };
         self.stop_timer();
+        self.timer_generation += 1;
+        let generation = self.timer_generation;
         let me = myself.clone();
         self.timer = Some(tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
-            let _ = me.cast(AgentMsg::StepTimeout { step });
+            let _ = me.cast(AgentMsg::StepTimeout { step, generation });
         }));
     }
 
@@ -546,8 +596,11 @@ impl AgentRun {
         }
     }
 
-    fn step_timeout(&mut self, step: u32) -> Vec<Action> {
-        if step != self.machine.step() || self.timer.is_none() {
+    fn step_timeout(&mut self, step: u32, generation: u64) -> Vec<Action> {
+        if step != self.machine.step()
+            || self.timer.is_none()
+            || generation != self.timer_generation
+        {
             return Vec::new();
         }
         self.timer = None;
@@ -612,12 +665,13 @@ impl AgentRun {
         self.stop_timer();
         self.parked = None;
         self.release_reservation();
-        let _ = self.cancel_tx.send(true);
+        let _ = self.cancel_tx.send_replace(true);
         let reason = match &self.cancel_reason {
             Some(CancelReason::Limit(limit)) => CancelReason::Limit(limit.clone()),
             Some(CancelReason::Requested) => CancelReason::Requested,
             _ => CancelReason::ParentEnded,
         };
+        self.children_reason = Some(reason.clone());
         self.children.cancel_all(reason);
     }
 

@@ -314,7 +314,12 @@ impl Model for HttpModel {
             match outcome {
                 Ok(reply) => {
                     let usage = self.usage(reply.tokens);
-                    self.limiter.settle(estimate, usage.total_tokens());
+                    // No usage in the reply: count the estimate, not zero.
+                    let used = match usage.total_tokens() {
+                        0 => estimate,
+                        n => n,
+                    };
+                    self.limiter.settle(estimate, used);
                     return Ok(ModelResponse {
                         message: reply.message,
                         usage,

@@ -17,6 +17,8 @@ pub enum Error {
     Lost(String),
     #[error("no run {0}")]
     UnknownRun(String),
+    #[error("a tree with id {0} is still running (tree ids must be unique)")]
+    TreeExists(String),
 }
 
 impl Error {

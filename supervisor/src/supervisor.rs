@@ -124,6 +124,9 @@ impl Supervisor {
             .cloned()
             .ok_or_else(|| Error::UnknownAgent(template.id.clone()))?;
         let tree_id: Arc<str> = Arc::from(request.tree_id.clone().unwrap_or_else(new_tree_id));
+        if self.contexts().iter().any(|c| c.tree_id == tree_id) {
+            return Err(Error::TreeExists(tree_id.to_string()));
+        }
         let limits = request
             .limits
             .clone()

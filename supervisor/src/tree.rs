@@ -114,10 +114,12 @@ impl TreeHooks for TreeContext {
 
     fn child_ids(&self, parent: &AgentState, ordinal: u32, attempt: u32) -> RunIds {
         let prefix = format!("{}/", self.tree_id);
+        // From the parent's run id, not its agent id: the children of a retried
+        // attempt (`T/0.1~1`) get ids of their own (`T/0.1~1.1`).
         let parent_path = parent
-            .agent_id
+            .run_id
             .strip_prefix(&prefix)
-            .unwrap_or(&parent.agent_id);
+            .unwrap_or(&parent.run_id);
         self.ids(&format!("{parent_path}.{ordinal}"), attempt)
     }
 

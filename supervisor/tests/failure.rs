@@ -417,3 +417,47 @@ async fn retry_runs_again_with_doubling_backoff_and_records_every_attempt() {
         AgentStatus::Completed
     );
 }
+
+/// Regression: the children of a retried attempt used to get the run ids of the
+/// failed attempt's children (ids came from the agent id, the same for every attempt).
+#[tokio::test(start_paused = true)]
+async fn the_children_of_every_attempt_have_their_own_run_ids() {
+    let model = scripted(json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [spawn_call(&[("mid", "go")])]},
+            {"text": "done"}
+        ]},
+        // Every attempt of `mid` spawns a leaf, then fails.
+        {"agent": "mid", "steps": [
+            {"toolCalls": [spawn_call(&[("leaf", "work")])]},
+            {"error": "mid broke"}
+        ]},
+        {"agent": "leaf", "steps": [{"text": "leaf done"}]}
+    ]}));
+    let sup = supervisor(
+        &model,
+        vec![
+            template("lead").spawns(&["mid"]),
+            template("mid")
+                .spawns(&["leaf"])
+                .failure(FailurePolicy::Retry {
+                    max: 1,
+                    backoff: Duration::from_millis(10),
+                }),
+            template("leaf"),
+        ],
+        TreeLimits::default(),
+    );
+    let (result, events) = run(&sup, "lead", "go").await;
+    assert_eq!(result.state.status, AgentStatus::Completed);
+    let started: Vec<String> = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::AgentStarted { .. }))
+        .map(|e| e.run_id.to_string())
+        .collect();
+    let unique: HashSet<&String> = started.iter().collect();
+    assert_eq!(unique.len(), started.len(), "run ids repeat: {started:?}");
+    // lead, two attempts of mid, one leaf under each attempt.
+    assert_eq!(started.len(), 5, "{started:?}");
+    assert!(started.contains(&"t/0.1~1.1".to_owned()), "{started:?}");
+}

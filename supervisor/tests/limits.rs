@@ -512,3 +512,49 @@ async fn concurrent_calls_reserve_the_token_budget() {
     assert_eq!(worker_requests, 2);
     assert_eq!(entries(&result.state).len(), 3);
 }
+
+/// Regression: the step timeout covers the step's tools, not the children a
+/// spawn in the same step is waiting for (a quick tool used to leave the timer
+/// running while slow children worked).
+#[tokio::test(start_paused = true)]
+async fn a_step_timeout_does_not_time_the_children_of_the_step() {
+    let model = scripted(json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [{"name": "echo", "input": {"x": 1}}, spawn_call(&[("slow", "work")])]},
+            {"text": "merged"}
+        ]},
+        {"agent": "slow", "steps": [{"text": "finally", "delayMs": 5000}]}
+    ]}));
+    let mut lead = with_echo(template("lead").spawns(&["slow"]));
+    lead.step_timeout = Some(Duration::from_secs(1));
+    let sup = supervisor(&model, vec![lead, template("slow")], TreeLimits::default());
+    let (result, _) = run(&sup, "lead", "go").await;
+    assert_eq!(
+        result.state.status,
+        AgentStatus::Completed,
+        "{:?}",
+        result.state.output
+    );
+    let entry = &entries(&result.state)[0];
+    assert!(error_of(entry).is_none(), "{entry}");
+}
+
+/// A tree id names one tree at a time: starting a second tree with the id of a
+/// running one is refused (their run ids would collide).
+#[tokio::test(start_paused = true)]
+async fn a_running_tree_id_cannot_be_reused() {
+    let model = scripted(json!({"replies": [
+        {"agent": "lead", "steps": [{"text": "slow", "delayMs": 1000}]}
+    ]}));
+    let sup = supervisor(&model, vec![template("lead")], TreeLimits::default());
+    let first = start(&sup, "lead", "go").await;
+    let second = sup.start(request("lead", "again")).await;
+    assert!(
+        matches!(second, Err(arbor_supervisor::Error::TreeExists(ref id)) if id == "t"),
+        "{:?}",
+        second.err()
+    );
+    finish(first).await;
+    // Once it has finished, the id is free again.
+    finish(start(&sup, "lead", "again").await).await;
+}

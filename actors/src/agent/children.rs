@@ -30,6 +30,8 @@ pub struct ChildKey {
 
 struct Slot {
     plan: Option<ChildPlan>,
+    /// The run id of the attempt under way.
+    current_run_id: String,
     toolbox: Option<Arc<Toolbox>>,
     agent_type: String,
     agent_id: String,
@@ -138,6 +140,7 @@ impl AgentRun {
     fn admit(&mut self, child: Result<ChildPlan, (String, String)>, index: usize) -> Slot {
         let mut slot = Slot {
             plan: None,
+            current_run_id: String::new(),
             toolbox: None,
             agent_type: String::new(),
             agent_id: String::new(),
@@ -208,7 +211,11 @@ impl AgentRun {
         if to_launch.is_empty() {
             return self.deliver_if_complete(step, index);
         }
-        self.suspend();
+        // While the step's tools still run the agent keeps its slot; the last
+        // one to report gives it back if children are still out.
+        if self.tools_running == 0 {
+            self.suspend();
+        }
         self.launch(myself, to_launch);
         Vec::new()
     }
@@ -237,7 +244,9 @@ impl AgentRun {
                 continue;
             };
             slot.attempt = key.attempt;
-            slot.run_ids.push(ids.run_id.clone());
+            // Recorded in `run_ids` once it has run (a run that never started has
+            // no state to retrieve, so it is not a child run).
+            slot.current_run_id = ids.run_id.clone();
             self.hooks.emit(
                 &self.run_id,
                 EventKind::ChildSpawned {
@@ -264,14 +273,17 @@ impl AgentRun {
                     resume: false,
                 });
                 let slot = tokio::select! {
-                    slot = acquire => slot,
-                    _ = cancelled.wait_for(|c| *c) => {
-                        for key in std::iter::once(key).chain(pending.map(|p| p.0)) {
-                            let error = "cancelled before it started".to_owned();
-                            let _ = me.cast(AgentMsg::ChildNotStarted { key, error });
-                        }
-                        return;
+                    biased;
+                    _ = cancelled.wait_for(|c| *c) => None,
+                    slot = acquire => Some(slot),
+                };
+                // A cancel that raced the slot wins: nothing starts after it.
+                let Some(slot) = slot.filter(|_| !*cancelled.borrow()) else {
+                    for key in std::iter::once(key).chain(pending.map(|p| p.0)) {
+                        let error = "cancelled before it started".to_owned();
+                        let _ = me.cast(AgentMsg::ChildNotStarted { key, error });
                     }
+                    return;
                 };
                 let start = plan.start_from(&parent, ids, toolbox);
                 let machine = StepMachine::new(
@@ -311,10 +323,14 @@ impl AgentRun {
             return Vec::new();
         }
         if let Some(error) = self.children.lost.remove(&id) {
-            return self.child_result(key, Err(error));
+            return self.child_result(key, Err(error), true);
         }
         if self.machine.state().status.is_final() {
-            let _ = actor.cast(AgentMsg::Cancel(CancelReason::ParentEnded));
+            let reason = self
+                .children_reason
+                .clone()
+                .unwrap_or(CancelReason::ParentEnded);
+            let _ = actor.cast(AgentMsg::Cancel(reason));
         }
         self.children.live.insert(id, (key, actor));
         Vec::new()
@@ -331,7 +347,9 @@ impl AgentRun {
             // ChildNotStarted: it was still counted as starting.
             self.children.starting = self.children.starting.saturating_sub(1);
         }
-        self.child_result(key, outcome)
+        // An error here is ChildNotStarted; results come from children that ran.
+        let started = outcome.is_ok();
+        self.child_result(key, outcome, started)
     }
 
     /// A child actor died without handing over a result (panic or kill).
@@ -342,7 +360,7 @@ impl AgentRun {
         error: String,
     ) -> Vec<Action> {
         match self.children.live.remove(&id) {
-            Some((key, _)) => self.child_result(key, Err(error)),
+            Some((key, _)) => self.child_result(key, Err(error), true),
             None => {
                 self.children.lost.insert(id, error);
                 Vec::new()
@@ -350,7 +368,12 @@ impl AgentRun {
         }
     }
 
-    fn child_result(&mut self, key: ChildKey, outcome: Result<RunResult, String>) -> Vec<Action> {
+    fn child_result(
+        &mut self,
+        key: ChildKey,
+        outcome: Result<RunResult, String>,
+        started: bool,
+    ) -> Vec<Action> {
         let parent_final = self.machine.state().status.is_final();
         let Some(slot) = slot_mut(&mut self.children.calls, key) else {
             return Vec::new();
@@ -358,7 +381,10 @@ impl AgentRun {
         if slot.attempt != key.attempt || slot.report.is_some() {
             return Vec::new();
         }
-        let run_id = slot.run_ids.last().cloned().unwrap_or_default();
+        let run_id = slot.current_run_id.clone();
+        if started && !slot.run_ids.contains(&run_id) {
+            slot.run_ids.push(run_id.clone());
+        }
         let inline = slot.plan.as_ref().is_some_and(|p| p.inline);
         let (status, value, credits, history) = match outcome {
             Ok(result) => (
