@@ -519,25 +519,39 @@ impl AgentRun {
             };
             hooks.emit(&run_id, kind);
         });
-        let me = myself.clone();
         let span = tracing::info_span!(parent: &self.span, "step", step);
-        self.model_task = Some(tokio::spawn(
+        let mut call = Box::pin(
             async move {
                 let result = AssertUnwindSafe(model.complete(request, sink))
                     .catch_unwind()
                     .await;
-                let result = match result {
+                match result {
                     Ok(Ok(response)) => Ok(response),
                     Ok(Err(error)) => Err(error.to_string()),
                     Err(panic) => Err(format!("model panicked: {}", panic_message(panic))),
-                };
-                let _ = me.cast(AgentMsg::ModelDone {
-                    step,
-                    result: Box::new(result),
-                });
+                }
             }
             .instrument(span),
-        ));
+        );
+        // Poll once here: a model that answers without waiting (the simulated
+        // one at zero latency) needs no task. Anything that would wait goes on
+        // in a task; the handler never awaits it.
+        let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+        if let std::task::Poll::Ready(result) = call.as_mut().poll(&mut cx) {
+            let _ = myself.cast(AgentMsg::ModelDone {
+                step,
+                result: Box::new(result),
+            });
+            return;
+        }
+        let me = myself.clone();
+        self.model_task = Some(tokio::spawn(async move {
+            let result = call.await;
+            let _ = me.cast(AgentMsg::ModelDone {
+                step,
+                result: Box::new(result),
+            });
+        }));
         self.start_timer(myself, step);
     }
 
