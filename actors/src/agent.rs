@@ -698,9 +698,8 @@ impl AgentRun {
             return;
         }
         self.finished = true;
-        for (credits, run_ids) in self.children.undelivered() {
-            self.machine.add_child_credits(credits, run_ids);
-        }
+        let late = self.children.undelivered();
+        self.machine.close_children(late);
         let value = self.machine.output_value();
         // The run is over: its state moves out of the machine (no copy) and is
         // shared by the final event and the result.

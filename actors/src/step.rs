@@ -98,6 +98,8 @@ pub struct StepMachine {
     tree_id: Arc<str>,
     prompt: Option<String>,
     params: Option<Value>,
+    /// Child runs of calls that had reported when the run was cut short.
+    abandoned: Vec<(usize, Vec<String>)>,
 }
 
 impl StepMachine {
@@ -123,6 +125,7 @@ impl StepMachine {
             tree_id,
             prompt: None,
             params: None,
+            abandoned: Vec::new(),
         }
     }
 
@@ -319,10 +322,19 @@ impl StepMachine {
         vec![Action::Finish]
     }
 
-    /// Credits spent by children that finished after the parent stopped waiting for them.
-    pub fn add_child_credits(&mut self, credits: f64, run_ids: Vec<String>) {
-        self.state.credits_used += credits;
-        self.state.child_run_ids.extend(run_ids);
+    /// At the end of a run cut short: records the children of the unfinished
+    /// step, both the calls that had reported and those still out (`late`: call
+    /// index, credits, run ids), in call order.
+    pub fn close_children(&mut self, late: Vec<(usize, f64, Vec<String>)>) {
+        let mut calls = std::mem::take(&mut self.abandoned);
+        for (index, credits, runs) in late {
+            self.state.credits_used += credits;
+            calls.push((index, runs));
+        }
+        calls.sort_by_key(|(index, _)| *index);
+        for (_, runs) in calls {
+            self.state.child_run_ids.extend(runs);
+        }
     }
 
     /// Removes expired messages (a no-op, and no copy, when none expire).
@@ -356,9 +368,12 @@ impl StepMachine {
     fn abandon_pending(&mut self) {
         self.awaiting_model = None;
         if let Some(p) = self.pending.take() {
-            // Children that did report stay on record, in request order.
-            for runs in p.child_runs {
-                self.state.child_run_ids.extend(runs);
+            // Children that did report stay on record; they are merged in call
+            // order with the calls still out when the run ends (`close_children`).
+            for (index, runs) in p.child_runs.into_iter().enumerate() {
+                if !runs.is_empty() {
+                    self.abandoned.push((index, runs));
+                }
             }
         }
     }

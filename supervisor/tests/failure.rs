@@ -461,3 +461,38 @@ async fn the_children_of_every_attempt_have_their_own_run_ids() {
     assert_eq!(started.len(), 5, "{started:?}");
     assert!(started.contains(&"t/0.1~1.1".to_owned()), "{started:?}");
 }
+
+/// Regression: when a parent is cut short with one spawn call answered and an
+/// earlier one still out, `childRunIds` keeps the request order.
+#[tokio::test(start_paused = true)]
+async fn child_run_ids_keep_request_order_when_a_step_is_cut_short() {
+    let model = scripted(json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [
+                spawn_call(&[("bad", "fail later"), ("worker", "slow")]),
+                spawn_call(&[("worker", "fast")])
+            ]},
+            {"text": "never"}
+        ]},
+        {"agent": "bad", "steps": [{"error": "broke", "delayMs": 100}]},
+        {"agent": "worker", "prompt": "slow", "steps": [{"text": "slow done", "delayMs": 5000}]},
+        {"agent": "worker", "prompt": "fast", "steps": [{"text": "fast done", "delayMs": 10}]}
+    ]}));
+    let sup = supervisor(
+        &model,
+        vec![
+            template("lead").spawns(&["bad", "worker"]),
+            template("bad").failure(FailurePolicy::Escalate),
+            template("worker"),
+        ],
+        TreeLimits::default(),
+    );
+    let (result, _) = run(&sup, "lead", "go").await;
+    assert_eq!(result.state.status, AgentStatus::Failed);
+    // The fast worker (second call) reported before the escalation; the slow one
+    // (first call) was cancelled: still first call, then second.
+    assert_eq!(
+        result.state.child_run_ids,
+        vec!["t/0.1".to_owned(), "t/0.2".to_owned(), "t/0.3".to_owned()]
+    );
+}

@@ -91,12 +91,16 @@ impl Children {
         }
     }
 
-    /// Credits and run ids of calls that were never handed to the machine.
-    pub(super) fn undelivered(&mut self) -> Vec<(f64, Vec<String>)> {
+    /// Call index, credits and run ids of the calls never handed to the machine.
+    pub(super) fn undelivered(&mut self) -> Vec<(usize, f64, Vec<String>)> {
         self.calls
-            .values_mut()
-            .filter(|c| !c.delivered)
-            .flat_map(|c| c.slots.iter().map(|s| (s.credits, s.run_ids.clone())))
+            .iter()
+            .filter(|(_, c)| !c.delivered)
+            .flat_map(|((_, index), c)| {
+                c.slots
+                    .iter()
+                    .map(|s| (*index, s.credits, s.run_ids.clone()))
+            })
             .collect()
     }
 }
