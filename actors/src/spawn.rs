@@ -140,7 +140,7 @@ impl ChildPlan {
                 .with_tag(SUBAGENT_SPAWN),
             );
         }
-        if let Some(prompt) = self.prompt_message() {
+        if let Some(prompt) = prompt_message(self.prompt.as_deref(), self.params.as_ref()) {
             history.push(prompt);
         }
         let (system_prompt, toolbox) = if t.inherit_parent_system_prompt {
@@ -171,35 +171,34 @@ impl ChildPlan {
             toolbox,
         }
     }
+}
 
-    /// The prompt (and params as JSON) as one user message tagged `SPAWN_PROMPT`.
-    fn prompt_message(&self) -> Option<Message> {
-        let mut parts = Vec::new();
-        if let Some(prompt) = &self.prompt {
-            parts.push(Part::Text {
-                text: prompt.clone(),
-            });
-        }
-        if let Some(params) = &self.params {
-            parts.push(Part::Text {
-                text: format!("Params: {params}"),
-            });
-        }
-        if parts.is_empty() {
-            return None;
-        }
-        let content = match (parts.len(), parts.first()) {
-            (1, Some(Part::Text { text })) => Content::Text(text.clone()),
-            _ => Content::Parts(parts),
-        };
-        Some(Message::User {
-            content,
-            meta: Meta {
-                tags: vec![SPAWN_PROMPT.to_owned()],
-                ..Meta::default()
-            },
-        })
+/// A spawn's prompt (and params as JSON) as one user message tagged
+/// `SPAWN_PROMPT`; `None` when there is neither. Roots and children alike.
+pub fn prompt_message(prompt: Option<&str>, params: Option<&Value>) -> Option<Message> {
+    let mut parts = Vec::new();
+    if let Some(prompt) = prompt {
+        parts.push(Part::Text {
+            text: prompt.to_owned(),
+        });
     }
+    if let Some(params) = params {
+        parts.push(Part::Text {
+            text: format!("Params: {params}"),
+        });
+    }
+    let content = match parts.as_slice() {
+        [] => return None,
+        [Part::Text { text }] => Content::Text(text.clone()),
+        _ => Content::Parts(parts),
+    };
+    Some(Message::User {
+        content,
+        meta: Meta {
+            tags: vec![SPAWN_PROMPT.to_owned()],
+            ..Meta::default()
+        },
+    })
 }
 
 /// What a parent learns about one requested child.

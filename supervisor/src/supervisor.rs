@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use arbor_actors::history::History;
-use arbor_actors::message::{Content, Message, Meta, Part, SPAWN_PROMPT};
+use arbor_actors::spawn::prompt_message;
 use arbor_actors::{
     AgentActor, AgentArgs, AgentMsg, AgentSnapshot, AgentState, AgentStatus, CancelReason, Limit,
     LimitHit, Model, Reply, RunResult, StepMachine,
@@ -142,7 +142,9 @@ impl Supervisor {
         let ids = ctx.ids("0", 0);
         let mut history = request.history.clone().unwrap_or_default();
         let inherited = history.len();
-        history.push(prompt_message(&request.prompt, request.params.as_ref()));
+        if let Some(prompt) = prompt_message(Some(&request.prompt), request.params.as_ref()) {
+            history.push(prompt);
+        }
         let state = AgentState {
             agent_id: ids.agent_id,
             agent_type: Some(template.id.clone()),
@@ -287,30 +289,6 @@ impl TreeHandle {
         let result = self.result.await;
         let _ = self.root_task.await;
         result.map_err(|_| Error::Lost(self.tree_id.to_string()))
-    }
-}
-
-/// The root's prompt (and params) as its first user message.
-fn prompt_message(prompt: &str, params: Option<&Value>) -> Message {
-    let mut parts = vec![Part::Text {
-        text: prompt.to_owned(),
-    }];
-    if let Some(params) = params {
-        parts.push(Part::Text {
-            text: format!("Params: {params}"),
-        });
-    }
-    let content = if parts.len() == 1 {
-        Content::Text(prompt.to_owned())
-    } else {
-        Content::Parts(parts)
-    };
-    Message::User {
-        content,
-        meta: Meta {
-            tags: vec![SPAWN_PROMPT.to_owned()],
-            ..Meta::default()
-        },
     }
 }
 
