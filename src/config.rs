@@ -33,6 +33,37 @@ pub struct ConfigFile {
     pub models: BTreeMap<String, ModelSection>,
     #[serde(default)]
     pub agents: BTreeMap<String, AgentSection>,
+    #[serde(default)]
+    pub store: StoreSection,
+}
+
+/// Where runs are kept (`arbor runs`, `resume`, `replay`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSection {
+    /// Whether `arbor run` stores its trees.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// The SQLite file, relative to the working directory.
+    #[serde(default = "default_store_path")]
+    pub path: PathBuf,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        StoreSection {
+            enabled: true,
+            path: default_store_path(),
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_store_path() -> PathBuf {
+    PathBuf::from("arbor.db")
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

@@ -18,6 +18,7 @@ pub mod config;
 pub mod loadtest;
 pub mod providers;
 pub mod render;
+pub mod runs;
 
 pub use arbor_actors as actors;
 pub use arbor_supervisor as supervisor;
@@ -42,9 +43,20 @@ pub struct Runtime {
 }
 
 impl Runtime {
+    /// A runtime that keeps its trees in memory only.
     pub fn new(config: Config) -> Result<Runtime, Error> {
         let catalog = config.catalog()?;
         let supervisor = Supervisor::new(catalog, config.limits.clone());
+        Ok(Runtime { config, supervisor })
+    }
+
+    /// A runtime that stores every tree in the SQLite file at `path` (created if
+    /// missing), so its runs can be browsed, resumed after a crash and replayed.
+    pub fn with_store(config: Config, path: &std::path::Path) -> Result<Runtime, Error> {
+        let catalog = config.catalog()?;
+        let store = arbor_supervisor::store::SqliteStore::open(path)?;
+        let supervisor =
+            Supervisor::new(catalog, config.limits.clone()).with_store(std::sync::Arc::new(store))?;
         Ok(Runtime { config, supervisor })
     }
 

@@ -52,6 +52,8 @@ pub enum CancelReason {
     Limit(LimitHit),
     /// The parent is ending (it failed); the child is cancelled.
     ParentEnded,
+    /// Something the tree depends on broke (e.g. its store): the agent fails with this.
+    Failed(String),
 }
 
 /// What `Status` answers.
@@ -81,6 +83,11 @@ pub enum AgentMsg {
     ChildNotStarted {
         key: ChildKey,
         error: String,
+    },
+    /// A child of a resumed tree that had finished before (it is not run again).
+    ChildRecovered {
+        key: ChildKey,
+        result: Box<RunResult>,
     },
     RetryDue {
         key: ChildKey,
@@ -212,10 +219,11 @@ impl Actor for AgentActor {
     ) -> Result<AgentRun, ActorProcessingErr> {
         let AgentArgs {
             hooks,
-            machine,
+            mut machine,
             reply,
             slot,
         } = args;
+        machine.set_checkpointing(hooks.durable());
         let state = machine.state();
         let run_id: Arc<str> = Arc::from(state.run_id.as_str());
         hooks.actor_started(&run_id, &myself);
@@ -266,6 +274,7 @@ impl Actor for AgentActor {
                 agent_type: state.agent_type.clone().unwrap_or_default(),
                 parent_run_id: state.ancestor_run_ids.last().cloned(),
                 depth: state.depth(),
+                inherited: run.machine.inherited(),
             },
         );
         let hooks = run.hooks.clone();
@@ -335,6 +344,7 @@ impl Actor for AgentActor {
             }
             AgentMsg::ChildStarted { key, actor } => run.child_started(key, actor),
             AgentMsg::ChildNotStarted { key, error } => run.child_ended(&myself, key, Err(error)),
+            AgentMsg::ChildRecovered { key, result } => run.child_recovered(key, *result),
             AgentMsg::RetryDue { key } => run.retry_due(&myself, key),
             AgentMsg::SlotReady(permit) => run.resume(&myself, permit),
             AgentMsg::StepTimeout { step, generation } => run.step_timeout(step, generation),
@@ -664,6 +674,7 @@ impl AgentRun {
         self.cancel_reason = Some(reason.clone());
         match reason {
             CancelReason::Limit(limit) => self.machine.fail(limit.to_string()),
+            CancelReason::Failed(error) => self.machine.fail(error),
             CancelReason::Requested | CancelReason::ParentEnded => self.machine.cancel(),
         }
     }
@@ -682,6 +693,7 @@ impl AgentRun {
         let _ = self.cancel_tx.send_replace(true);
         let reason = match &self.cancel_reason {
             Some(CancelReason::Limit(limit)) => CancelReason::Limit(limit.clone()),
+            Some(CancelReason::Failed(error)) => CancelReason::Failed(error.clone()),
             Some(CancelReason::Requested) => CancelReason::Requested,
             _ => CancelReason::ParentEnded,
         };

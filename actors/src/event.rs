@@ -6,7 +6,9 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::checkpoint::Checkpoint;
 use crate::limit::LimitHit;
+use crate::message::Message;
 use crate::model::{Delta, Usage};
 use crate::state::{AgentState, AgentStatus};
 
@@ -33,6 +35,12 @@ pub enum EventKind {
         agent_type: String,
         parent_run_id: Option<String>,
         depth: usize,
+        /// Messages it inherited from its parent.
+        inherited: usize,
+    },
+    /// The run's state at a step boundary (only in a durable tree).
+    Checkpointed {
+        checkpoint: Arc<Checkpoint>,
     },
     StepStarted {
         step: u32,
@@ -54,6 +62,10 @@ pub enum EventKind {
         step: u32,
         usage: Usage,
         tool_calls: usize,
+        /// The reply as the model sent it (kept only in a durable tree, so the
+        /// run can be resumed or replayed without the model).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reply: Option<Arc<Message>>,
     },
     #[serde(rename_all = "camelCase")]
     ToolCalled {
@@ -123,6 +135,7 @@ impl EventKind {
     pub fn name(&self) -> &'static str {
         match self {
             EventKind::AgentStarted { .. } => "agentStarted",
+            EventKind::Checkpointed { .. } => "checkpointed",
             EventKind::StepStarted { .. } => "stepStarted",
             EventKind::ModelDelta { .. } => "modelDelta",
             EventKind::ModelRetrying { .. } => "modelRetrying",

@@ -8,6 +8,7 @@ use futures::future::BoxFuture;
 use ractor::ActorRef;
 
 use crate::agent::AgentMsg;
+use crate::checkpoint::Recovered;
 use crate::event::EventKind;
 use crate::limit::LimitHit;
 use crate::model::{Model, Usage};
@@ -90,4 +91,16 @@ pub trait TreeHooks: Send + Sync + 'static {
 
     /// An agent actor's state was dropped: it is gone.
     fn actor_stopped(&self, run_id: &Arc<str>);
+
+    /// Whether the tree is stored: its agents then emit a checkpoint at every
+    /// step boundary and keep each raw model reply in their events.
+    fn durable(&self) -> bool {
+        false
+    }
+
+    /// What a resumed tree already knows of the run `run_id` (nothing for a new tree).
+    fn recovered(&self, run_id: &str) -> Option<Recovered> {
+        let _ = run_id;
+        None
+    }
 }

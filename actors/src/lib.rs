@@ -5,6 +5,7 @@
 //! build on it.
 
 pub mod agent;
+pub mod checkpoint;
 pub mod event;
 pub mod handler;
 pub mod history;
@@ -23,6 +24,7 @@ pub mod tool;
 pub mod toolbox;
 
 pub use agent::{AgentActor, AgentArgs, AgentMsg, AgentSnapshot, CancelReason, Reply, RunResult};
+pub use checkpoint::{Checkpoint, Recovered};
 pub use event::{Event, EventKind};
 pub use history::History;
 pub use hooks::{RunIds, TreeHooks};

@@ -100,6 +100,11 @@ pub struct StepMachine {
     params: Option<Value>,
     /// Child runs of calls that had reported when the run was cut short.
     abandoned: Vec<(usize, Vec<String>)>,
+    /// Children given an ordinal so far (ids derive from it).
+    children_spawned: u32,
+    /// Whether to emit a `Checkpointed` event at every step boundary (and keep
+    /// each raw model reply in `ModelResponded`), for a durable tree.
+    checkpointing: bool,
 }
 
 impl StepMachine {
@@ -126,7 +131,64 @@ impl StepMachine {
             prompt: None,
             params: None,
             abandoned: Vec::new(),
+            children_spawned: 0,
+            checkpointing: false,
         }
+    }
+
+    /// A machine that goes on from a checkpoint: `start` re-issues the step the
+    /// checkpoint was taken before (a program-driven run starts its program again).
+    pub fn from_checkpoint(
+        checkpoint: &crate::checkpoint::Checkpoint,
+        template: Arc<AgentTemplate>,
+        toolbox: Arc<Toolbox>,
+        tree_id: Arc<str>,
+    ) -> Self {
+        let mut machine = StepMachine::new(
+            checkpoint.state.clone(),
+            template,
+            toolbox,
+            checkpoint.inherited,
+            tree_id,
+        )
+        .with_input(checkpoint.prompt.clone(), checkpoint.params.clone());
+        machine.step = checkpoint.step;
+        machine.children_spawned = checkpoint.children_spawned;
+        machine
+    }
+
+    /// Emits a `Checkpointed` event at every step boundary from now on.
+    pub fn set_checkpointing(&mut self, on: bool) {
+        self.checkpointing = on;
+    }
+
+    /// Children given an ordinal so far.
+    pub fn children_spawned(&self) -> u32 {
+        self.children_spawned
+    }
+
+    /// The ordinal of the next child this run spawns (1 for the first).
+    pub fn next_child_ordinal(&mut self) -> u32 {
+        self.children_spawned += 1;
+        self.children_spawned
+    }
+
+    fn checkpoint(&mut self) {
+        if !self.checkpointing {
+            return;
+        }
+        let program = self.program.is_some() || self.template.handler.is_some();
+        let checkpoint = crate::checkpoint::Checkpoint {
+            step: self.step,
+            children_spawned: self.children_spawned,
+            inherited: self.inherited,
+            prompt: if program { self.prompt.clone() } else { None },
+            params: if program { self.params.clone() } else { None },
+            state: self.state.clone(),
+        };
+        self.events.push(EventKind::Checkpointed {
+            checkpoint: Arc::new(checkpoint),
+        });
     }
 
     /// Records the prompt and params this run was started with (a program reads them).
@@ -176,6 +238,8 @@ impl StepMachine {
         let Some(handler) = self.template.handler.clone() else {
             return self.begin_step();
         };
+        // A program cannot be saved mid-way: its run restarts from here.
+        self.checkpoint();
         let mut program = handler.start();
         let next = program.resume(Resume::Start {
             prompt: self.prompt.as_deref(),
@@ -198,6 +262,7 @@ impl StepMachine {
         }
         self.awaiting_model = None;
         let ModelResponse { message, usage } = response;
+        let reply = self.checkpointing.then(|| Arc::new(message.clone()));
         if !message.is_assistant() {
             return self.fail(format!("model replied with a {} message", message.role()));
         }
@@ -215,6 +280,7 @@ impl StepMachine {
             step,
             usage,
             tool_calls: calls.len(),
+            reply,
         });
         if calls.is_empty() {
             return self.step_committed(true, catalog);
@@ -399,6 +465,9 @@ impl StepMachine {
 
     /// Step 1 of the loop: expire, count the step, build the request.
     fn begin_step(&mut self) -> Vec<Action> {
+        if self.program.is_none() {
+            self.checkpoint();
+        }
         self.expire(Expiry::StepStart);
         if self.state.steps_remaining == 0 {
             return self.step_limit();

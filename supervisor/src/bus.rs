@@ -8,6 +8,7 @@ use arbor_actors::Event;
 use tokio::sync::mpsc;
 
 type Observer = Arc<dyn Fn(&Event) + Send + Sync>;
+type Sink = Arc<dyn Fn(&Arc<Event>) + Send + Sync>;
 
 struct Subscriber {
     tree: Option<Arc<str>>,
@@ -18,6 +19,7 @@ struct Subscriber {
 pub struct EventBus {
     subscribers: Arc<RwLock<Vec<Subscriber>>>,
     observers: Arc<RwLock<Vec<Observer>>>,
+    sinks: Arc<RwLock<Vec<Sink>>>,
 }
 
 /// A stream of events; ends when the supervisor is dropped.
@@ -41,6 +43,13 @@ impl EventBus {
         }
     }
 
+    /// Like `observe`, for a reader that keeps the event (the store's writer).
+    pub(crate) fn sink(&self, f: impl Fn(&Arc<Event>) + Send + Sync + 'static) {
+        if let Ok(mut sinks) = self.sinks.write() {
+            sinks.push(Arc::new(f));
+        }
+    }
+
     fn add(&self, tree: Option<Arc<str>>) -> EventStream {
         let (tx, rx) = mpsc::unbounded_channel();
         if let Ok(mut subs) = self.subscribers.write() {
@@ -55,12 +64,16 @@ impl EventBus {
                 observe(&event);
             }
         }
+        let sinks = self.sinks.read().ok().filter(|s| !s.is_empty());
         let mut closed = false;
         if let Ok(subs) = self.subscribers.read() {
-            if subs.is_empty() {
+            if subs.is_empty() && sinks.is_none() {
                 return;
             }
             let event = Arc::new(event);
+            for sink in sinks.iter().flat_map(|s| s.iter()) {
+                sink(&event);
+            }
             for sub in subs.iter() {
                 if sub.tree.as_ref().is_some_and(|t| *t != event.tree_id) {
                     continue;

@@ -19,6 +19,20 @@ pub enum Error {
     UnknownRun(String),
     #[error("a tree with id {0} is still running (tree ids must be unique)")]
     TreeExists(String),
+    #[error("no tree {0} in the store")]
+    UnknownTree(String),
+    #[error("cannot open store {path}: {reason}")]
+    StoreOpen { path: String, reason: String },
+    #[error("{path} is not an Arbor store (it is not a SQLite file, or belongs to another program)")]
+    NotAStore { path: String },
+    #[error(
+        "store {path} was written by a newer Arbor (schema version {found}; this build knows up to {known}): upgrade arbor to use it"
+    )]
+    NewerStore { path: String, found: i64, known: i64 },
+    #[error("{0}")]
+    Store(String),
+    #[error("tree {tree} cannot be resumed: {reason}")]
+    NotResumable { tree: String, reason: String },
 }
 
 impl Error {

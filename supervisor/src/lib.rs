@@ -7,8 +7,10 @@ mod bus;
 mod catalog;
 mod error;
 mod limits;
+mod recovery;
 mod registry;
 mod slots;
+pub mod store;
 mod supervisor;
 mod tree;
 
@@ -16,5 +18,6 @@ pub use bus::{EventBus, EventStream};
 pub use catalog::{Catalog, CatalogBuilder};
 pub use error::Error;
 pub use limits::TreeLimits;
+pub use recovery::{RecordedReply, Recovery, Spent, Tape};
 pub use registry::{Registry, Retain};
 pub use supervisor::{StartRequest, Supervisor, TreeHandle};

@@ -9,7 +9,8 @@ use arbor_actors::{Limit, LimitHit, Usage};
 use crate::slots::Slots;
 
 /// Limits of one tree. `None` means unlimited.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct TreeLimits {
     /// Deepest level a child may be at (the root is at 0).
     pub max_depth: Option<usize>,
@@ -23,7 +24,26 @@ pub struct TreeLimits {
     pub max_steps: Option<u64>,
     pub max_tokens: Option<u64>,
     pub max_credits: Option<f64>,
+    #[serde(rename = "deadlineMs", with = "millis")]
     pub deadline: Option<Duration>,
+}
+
+/// A duration as whole milliseconds in JSON.
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_some(&(d.as_millis() as u64)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
+    }
 }
 
 /// The running counts of one tree, shared by its agents through the hooks.
@@ -50,6 +70,15 @@ impl Budget {
             reserved: AtomicU64::new(0),
             micro_credits: AtomicU64::new(0),
         }
+    }
+
+    /// Goes on from what a previous run of the tree had spent.
+    pub(crate) fn restore(&self, spent: &crate::recovery::Spent) {
+        self.agents.store(spent.agents.max(1), Ordering::Relaxed);
+        self.steps.store(spent.steps, Ordering::Relaxed);
+        self.tokens.store(spent.tokens, Ordering::Relaxed);
+        self.micro_credits
+            .store((spent.credits * 1e6).round() as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn limits(&self) -> &TreeLimits {

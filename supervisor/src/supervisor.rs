@@ -21,7 +21,9 @@ use crate::bus::{EventBus, EventStream};
 use crate::catalog::Catalog;
 use crate::error::Error;
 use crate::limits::TreeLimits;
+use crate::recovery::{Recovery, Tape};
 use crate::registry::{Registry, Retain};
+use crate::store::{Store, StoreWriter, TreeRecord, Write};
 use crate::tree::TreeContext;
 
 /// What to start: an agent type, its prompt and params.
@@ -40,12 +42,15 @@ pub struct StartRequest {
     pub history: Option<History>,
 }
 
+type Trees = Arc<Mutex<HashMap<Arc<str>, (Weak<TreeContext>, ActorRef<AgentMsg>)>>>;
+
 pub struct Supervisor {
     catalog: Arc<Catalog>,
     limits: TreeLimits,
     bus: EventBus,
     registry: Arc<Registry>,
-    trees: Mutex<HashMap<Arc<str>, Weak<TreeContext>>>,
+    trees: Trees,
+    store: Option<(Arc<dyn Store>, Arc<StoreWriter>)>,
 }
 
 /// A started tree: its ids, its events, and its result.
@@ -70,8 +75,100 @@ impl Supervisor {
             limits,
             bus: EventBus::default(),
             registry: Arc::new(Registry::new(retain)),
-            trees: Mutex::new(HashMap::new()),
+            trees: Arc::new(Mutex::new(HashMap::new())),
+            store: None,
         }
+    }
+
+    /// Stores every tree from now on: its runs, a checkpoint of each agent at
+    /// every step boundary, its events and its model replies. Writes go through
+    /// a thread of their own, in batches. If a write fails, every running tree
+    /// fails with the reason and no new tree starts.
+    pub fn with_store(mut self, store: Arc<dyn Store>) -> Result<Self, Error> {
+        let trees = self.trees.clone();
+        let writer = Arc::new(StoreWriter::start(
+            store.clone(),
+            Box::new(move |reason| {
+                let roots: Vec<ActorRef<AgentMsg>> = trees
+                    .lock()
+                    .map(|t| t.values().map(|(_, root)| root.clone()).collect())
+                    .unwrap_or_default();
+                for root in roots {
+                    let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(reason.clone())));
+                }
+            }),
+        )?);
+        let sink = writer.clone();
+        self.bus.sink(move |event| sink.send(Write::Event(event.clone())));
+        self.store = Some((store, writer));
+        Ok(self)
+    }
+
+    pub fn store(&self) -> Option<&Arc<dyn Store>> {
+        self.store.as_ref().map(|(store, _)| store)
+    }
+
+    /// Waits until everything that happened so far is in the store.
+    pub async fn flush(&self) -> Result<(), Error> {
+        match &self.store {
+            Some((_, writer)) => writer.flush().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Resumes a stored tree that was interrupted: runs that finished are merged
+    /// from their stored final states, runs that were cut short go on from their
+    /// last checkpoint, and recorded model replies are served instead of asking
+    /// the model again.
+    pub async fn resume(&self, tree_id: &str) -> Result<TreeHandle, Error> {
+        let Some((store, _)) = &self.store else {
+            return Err(Error::Store("resume needs a store".into()));
+        };
+        if self.contexts().iter().any(|c| &*c.tree_id == tree_id) {
+            return Err(Error::TreeExists(tree_id.to_owned()));
+        }
+        let (record, summary) = store.tree(tree_id)?;
+        let not = |reason: String| Error::NotResumable {
+            tree: tree_id.to_owned(),
+            reason,
+        };
+        match summary.status.as_str() {
+            "interrupted" => {}
+            "running" => {
+                return Err(not(
+                    "another process is running it (its heartbeat is recent); stop that one first"
+                        .into(),
+                ));
+            }
+            status => return Err(not(format!("it already ended ({status})"))),
+        }
+        let recovery = store.recovery(tree_id)?;
+        for (state, _) in recovery.finished.values() {
+            self.registry.record(state);
+        }
+        let request = StartRequest {
+            agent: record.agent,
+            prompt: record.prompt,
+            params: record.params,
+            limits: Some(record.limits),
+            model: record.model,
+            tree_id: Some(record.tree_id),
+            history: None,
+        };
+        self.begin(request, Some((Arc::new(recovery), false))).await
+    }
+
+    /// Runs a tree again on its recorded model replies only (no model is called;
+    /// a missing reply fails that agent). Needs a supervisor without a store,
+    /// so the replay never overwrites what it is checked against.
+    pub async fn replay(&self, request: StartRequest, replies: Tape) -> Result<TreeHandle, Error> {
+        if self.store.is_some() {
+            return Err(Error::Store(
+                "a replay runs on a supervisor without a store".into(),
+            ));
+        }
+        self.begin(request, Some((Arc::new(Recovery::replay(replies)), true)))
+            .await
     }
 
     pub fn catalog(&self) -> &Catalog {
@@ -93,6 +190,17 @@ impl Supervisor {
 
     /// Starts a tree. Waits only for a live slot for the root, never for its run.
     pub async fn start(&self, request: StartRequest) -> Result<TreeHandle, Error> {
+        self.begin(request, None).await
+    }
+
+    async fn begin(
+        &self,
+        request: StartRequest,
+        recovery: Option<(Arc<Recovery>, bool)>,
+    ) -> Result<TreeHandle, Error> {
+        if let Some(reason) = self.store.as_ref().and_then(|(_, w)| w.failure()) {
+            return Err(Error::Store(reason));
+        }
         let template = self
             .catalog
             .find_template(&request.agent)
@@ -131,14 +239,19 @@ impl Supervisor {
             .limits
             .clone()
             .unwrap_or_else(|| self.limits.clone());
-        let ctx = Arc::new(TreeContext::new(
+        let mut ctx = TreeContext::new(
             tree_id.clone(),
             self.catalog.clone(),
-            limits,
+            limits.clone(),
             self.bus.clone(),
             self.registry.clone(),
             model_override,
-        ));
+        )
+        .durable(self.store.is_some());
+        if let Some((recovery, replay)) = recovery {
+            ctx = ctx.recovering(recovery, replay);
+        }
+        let ctx = Arc::new(ctx);
         let ids = ctx.ids("0", 0);
         let mut history = request.history.clone().unwrap_or_default();
         let inherited = history.len();
@@ -156,9 +269,26 @@ impl Supervisor {
             status: AgentStatus::Running,
             ..AgentState::default()
         };
-        let machine =
-            StepMachine::new(state, template.clone(), toolbox, inherited, tree_id.clone())
-                .with_input(Some(request.prompt.clone()), request.params.clone());
+        let resumed = ctx.recovery().and_then(|r| r.checkpoints.get(&ids.run_id).cloned());
+        let machine = match resumed {
+            Some(checkpoint) => {
+                StepMachine::from_checkpoint(&checkpoint, template.clone(), toolbox, tree_id.clone())
+            }
+            None => StepMachine::new(state, template.clone(), toolbox, inherited, tree_id.clone())
+                .with_input(Some(request.prompt.clone()), request.params.clone()),
+        };
+        if let Some((_, writer)) = &self.store {
+            writer.send(Write::Tree(TreeRecord {
+                tree_id: tree_id.to_string(),
+                root_run_id: ids.run_id.clone(),
+                agent: template.id.clone(),
+                prompt: request.prompt.clone(),
+                params: request.params.clone(),
+                model: request.model.clone(),
+                limits,
+                started_ms: crate::tree::now_ms(),
+            }));
+        }
         let slot = {
             use arbor_actors::TreeHooks;
             use arbor_actors::hooks::SlotPriority;
@@ -194,8 +324,8 @@ impl Supervisor {
             });
         }
         if let Ok(mut trees) = self.trees.lock() {
-            trees.retain(|_, t| t.strong_count() > 0);
-            trees.insert(tree_id.clone(), Arc::downgrade(&ctx));
+            trees.retain(|_, (t, _)| t.strong_count() > 0);
+            trees.insert(tree_id.clone(), (Arc::downgrade(&ctx), root.clone()));
         }
         Ok(TreeHandle {
             tree_id,
@@ -249,7 +379,7 @@ impl Supervisor {
     fn contexts(&self) -> Vec<Arc<TreeContext>> {
         self.trees
             .lock()
-            .map(|t| t.values().filter_map(Weak::upgrade).collect())
+            .map(|t| t.values().filter_map(|(t, _)| t.upgrade()).collect())
             .unwrap_or_default()
     }
 

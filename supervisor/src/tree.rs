@@ -9,7 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use arbor_actors::hooks::{RunIds, Slot, SlotPriority};
 use arbor_actors::toolbox::Toolbox;
 use arbor_actors::{
-    AgentMsg, AgentState, AgentTemplate, Event, EventKind, LimitHit, Model, TreeHooks, Usage,
+    AgentMsg, AgentState, AgentTemplate, Event, EventKind, LimitHit, Model, Recovered, TreeHooks,
+    Usage,
 };
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -18,6 +19,7 @@ use ractor::ActorRef;
 use crate::bus::EventBus;
 use crate::catalog::Catalog;
 use crate::limits::{Budget, TreeLimits};
+use crate::recovery::{Recorded, Recovery};
 use crate::registry::Registry;
 
 pub(crate) struct TreeContext {
@@ -33,6 +35,14 @@ pub(crate) struct TreeContext {
     /// a tree's events in `seq` order.
     order: Mutex<()>,
     live: Mutex<HashMap<Arc<str>, ActorRef<AgentMsg>>>,
+    /// Whether the tree is stored (its agents checkpoint every step).
+    durable: bool,
+    /// What a resumed or replayed tree starts from.
+    recovery: Option<Arc<Recovery>>,
+    /// Models wrapped to serve recorded replies first (resume and replay).
+    recorded: Mutex<HashMap<String, Arc<dyn Model>>>,
+    /// A replay: a reply missing from the tape fails instead of calling the model.
+    replay: bool,
 }
 
 impl TreeContext {
@@ -54,7 +64,52 @@ impl TreeContext {
             seq: AtomicU64::new(0),
             order: Mutex::new(()),
             live: Mutex::new(HashMap::new()),
+            durable: false,
+            recovery: None,
+            recorded: Mutex::new(HashMap::new()),
+            replay: false,
         }
+    }
+
+    /// Checkpoints every step (the supervisor stores the tree).
+    pub(crate) fn durable(mut self, on: bool) -> Self {
+        self.durable = on;
+        self
+    }
+
+    /// Starts from what a previous run of this tree left: events continue its
+    /// numbering and its budget goes on from what it had spent.
+    pub(crate) fn recovering(mut self, recovery: Arc<Recovery>, replay: bool) -> Self {
+        self.seq = AtomicU64::new(recovery.last_seq);
+        self.budget.restore(&recovery.spent);
+        self.recovery = Some(recovery);
+        self.replay = replay;
+        self
+    }
+
+    pub(crate) fn recovery(&self) -> Option<&Arc<Recovery>> {
+        self.recovery.as_ref()
+    }
+
+    /// The model `name`, serving recorded replies first when the tree has some.
+    fn served(&self, name: &str, live: Option<Arc<dyn Model>>) -> Option<Arc<dyn Model>> {
+        let Some(recovery) = &self.recovery else {
+            return live;
+        };
+        let mut recorded = self.recorded.lock().ok()?;
+        if let Some(model) = recorded.get(name) {
+            return Some(model.clone());
+        }
+        if live.is_none() && !self.replay {
+            return None;
+        }
+        let model: Arc<dyn Model> = Arc::new(Recorded {
+            name: name.to_owned(),
+            tape: Arc::new(recovery.replies.clone()),
+            live: if self.replay { None } else { live },
+        });
+        recorded.insert(name.to_owned(), model.clone());
+        Some(model)
     }
 
     pub(crate) fn live_actor(&self, run_id: &str) -> Option<ActorRef<AgentMsg>> {
@@ -99,10 +154,11 @@ impl TreeHooks for TreeContext {
     }
 
     fn model(&self, name: &str) -> Option<Arc<dyn Model>> {
-        if let Some(model) = &self.model_override {
-            return Some(model.clone());
-        }
-        self.catalog.model(name).cloned()
+        let live = match &self.model_override {
+            Some(model) => Some(model.clone()),
+            None => self.catalog.model(name).cloned(),
+        };
+        self.served(name, live)
     }
 
     fn toolbox(&self, template: &AgentTemplate) -> Result<Arc<Toolbox>, String> {
@@ -168,5 +224,13 @@ impl TreeHooks for TreeContext {
         if let Ok(mut live) = self.live.lock() {
             live.remove(run_id);
         }
+    }
+
+    fn durable(&self) -> bool {
+        self.durable
+    }
+
+    fn recovered(&self, run_id: &str) -> Option<Recovered> {
+        self.recovery.as_ref()?.recovered(run_id)
     }
 }

@@ -11,8 +11,10 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 
 use super::{AgentActor, AgentArgs, AgentMsg, AgentRun, CancelReason, Reply, RunResult};
+use crate::checkpoint::Recovered;
 use crate::event::EventKind;
 use crate::hooks::SlotPriority;
+use crate::output::output_value;
 use crate::spawn::{ChildPlan, ChildReport, ParentInfo, report_value};
 use crate::state::AgentStatus;
 use crate::step::{Action, StepMachine};
@@ -59,7 +61,6 @@ pub(super) struct Children {
     retrying: HashMap<ChildKey, JoinHandle<()>>,
     lost: HashMap<ActorId, String>,
     ended: HashSet<ActorId>,
-    ordinal: u32,
 }
 
 impl Children {
@@ -164,8 +165,15 @@ impl AgentRun {
             }
         };
         slot.agent_type = plan.agent_type.clone();
-        let parent = self.machine.state();
-        if let Err(limit) = self.hooks.admit_child(parent.depth(), index) {
+        let depth = self.machine.state().depth();
+        // A child a resumed tree already ran was admitted then; it is not counted twice.
+        let next = self.machine.children_spawned() + 1;
+        let ids = self.hooks.child_ids(self.machine.state(), next, 0);
+        let known = self.hooks.recovered(&ids.run_id).is_some();
+        if let Err(limit) = (!known)
+            .then(|| self.hooks.admit_child(depth, index))
+            .unwrap_or(Ok(()))
+        {
             slot.report = Some(ChildReport::refused(&plan.agent_type, &limit.to_string()));
             self.emit(EventKind::LimitHit { limit });
             return slot;
@@ -177,9 +185,8 @@ impl AgentRun {
                 return slot;
             }
         };
-        self.children.ordinal += 1;
-        slot.ordinal = self.children.ordinal;
-        slot.agent_id = self.hooks.child_ids(parent, slot.ordinal, 0).agent_id;
+        slot.ordinal = self.machine.next_child_ordinal();
+        slot.agent_id = ids.agent_id;
         slot.toolbox = Some(toolbox);
         slot.plan = Some(plan);
         slot
@@ -272,6 +279,18 @@ impl AgentRun {
         tokio::spawn(async move {
             let mut pending = pending.into_iter();
             while let Some((key, plan, toolbox, ids)) = pending.next() {
+                // A resumed tree merges a child that finished before, and lets
+                // one that was cut short go on from its last checkpoint.
+                let checkpoint = match hooks.recovered(&ids.run_id) {
+                    Some(Recovered::Finished { state, inherited }) => {
+                        let value = output_value(&state, plan.template.output_mode, inherited);
+                        let result = Box::new(RunResult { state, value });
+                        let _ = me.cast(AgentMsg::ChildRecovered { key, result });
+                        continue;
+                    }
+                    Some(Recovered::Checkpoint(checkpoint)) => Some(checkpoint),
+                    None => None,
+                };
                 let acquire = hooks.acquire_slot(SlotPriority {
                     depth,
                     resume: false,
@@ -289,15 +308,25 @@ impl AgentRun {
                     }
                     return;
                 };
-                let start = plan.start_from(&parent, ids, toolbox);
-                let machine = StepMachine::new(
-                    start.state,
-                    plan.template.clone(),
-                    start.toolbox,
-                    start.inherited,
-                    hooks.tree_id().clone(),
-                )
-                .with_input(plan.prompt, plan.params);
+                let machine = match checkpoint {
+                    Some(checkpoint) => StepMachine::from_checkpoint(
+                        &checkpoint,
+                        plan.template.clone(),
+                        toolbox,
+                        hooks.tree_id().clone(),
+                    ),
+                    None => {
+                        let start = plan.start_from(&parent, ids, toolbox);
+                        StepMachine::new(
+                            start.state,
+                            plan.template.clone(),
+                            start.toolbox,
+                            start.inherited,
+                            hooks.tree_id().clone(),
+                        )
+                        .with_input(plan.prompt, plan.params)
+                    }
+                };
                 let args = AgentArgs {
                     hooks: hooks.clone(),
                     machine: Box::new(machine),
@@ -354,6 +383,12 @@ impl AgentRun {
         // An error here is ChildNotStarted; results come from children that ran.
         let started = outcome.is_ok();
         self.child_result(key, outcome, started)
+    }
+
+    /// A child of a resumed tree had finished before: its stored result is merged.
+    pub(super) fn child_recovered(&mut self, key: ChildKey, result: RunResult) -> Vec<Action> {
+        self.children.starting = self.children.starting.saturating_sub(1);
+        self.child_result(key, Ok(result), true)
     }
 
     /// A child actor died without handing over a result (panic or kill).

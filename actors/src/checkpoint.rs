@@ -1,0 +1,41 @@
+//! What a run needs to go on after a crash: its state at a step boundary plus the
+//! few counters of its machine. The supervisor's store keeps them; a resumed run
+//! starts from the last one (semantics: "durable runs" in ARCHITECTURE.md).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::state::AgentState;
+
+/// A run's state at a step boundary: taken just before step `step + 1` asks the
+/// model (or, for a program-driven run, when the program starts).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Checkpoint {
+    /// Model steps taken before this point.
+    pub step: u32,
+    /// Children spawned before this point (the next child's ordinal follows it).
+    pub children_spawned: u32,
+    /// Messages the run inherited from its parent (for its output, semantics §7).
+    pub inherited: usize,
+    /// What a program-driven run was started with (it restarts from here).
+    #[serde(default)]
+    pub prompt: Option<String>,
+    #[serde(default)]
+    pub params: Option<Value>,
+    pub state: AgentState,
+}
+
+/// What the tree already knows of a run it is about to start again.
+#[derive(Clone, Debug)]
+pub enum Recovered {
+    /// The run finished before: its final state is merged, it does not run again.
+    Finished {
+        state: Arc<AgentState>,
+        inherited: usize,
+    },
+    /// The run was cut short: it goes on from its last checkpoint.
+    Checkpoint(Arc<Checkpoint>),
+}

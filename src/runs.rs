@@ -1,0 +1,264 @@
+//! Looking back at stored runs: the tables of `arbor runs` and `arbor tree`,
+//! and the comparison `arbor replay` makes between recorded and replayed states.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arbor_actors::AgentState;
+use arbor_supervisor::store::{RunNode, TreeSummary};
+use serde_json::Value;
+
+/// `30d`, `12h`, `90m`, `45s`: an age for `arbor gc --older-than`.
+pub fn parse_age(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} has no unit (use s, m, h or d, e.g. 30d)"))?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} does not start with a whole number"))?;
+    let secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?}: unknown unit {unit:?} (use s, m, h or d)")),
+    };
+    Ok(Duration::from_secs(n.saturating_mul(secs)))
+}
+
+/// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS` (UTC).
+pub fn timestamp(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn duration(start: u64, end: Option<u64>) -> String {
+    match end {
+        Some(end) => {
+            let ms = end.saturating_sub(start);
+            if ms < 10_000 {
+                format!("{ms}ms")
+            } else {
+                format!("{:.1}s", ms as f64 / 1000.0)
+            }
+        }
+        None => "-".into(),
+    }
+}
+
+/// The table `arbor runs` prints.
+pub fn runs_table(trees: &[TreeSummary]) -> String {
+    let mut out = format!(
+        "{:<16} {:<16} {:<11} {:>6} {:>10} {:>9} {:<19} {:>9}\n",
+        "TREE", "ROOT", "STATUS", "AGENTS", "TOKENS", "COST", "STARTED (UTC)", "DURATION"
+    );
+    for t in trees {
+        let _ = writeln!(
+            out,
+            "{:<16} {:<16} {:<11} {:>6} {:>10} {:>9.4} {:<19} {:>9}",
+            t.tree_id,
+            t.agent,
+            t.status,
+            t.agents,
+            t.input_tokens + t.output_tokens,
+            t.cost,
+            timestamp(t.started_ms),
+            duration(t.started_ms, t.finished_ms),
+        );
+    }
+    out
+}
+
+/// The spawn tree `arbor tree` prints: one line per run, indented under its parent.
+pub fn tree_text(nodes: &[RunNode]) -> String {
+    let mut out = String::new();
+    let roots: Vec<&RunNode> = nodes
+        .iter()
+        .filter(|n| {
+            n.parent_run_id
+                .as_ref()
+                .is_none_or(|p| !nodes.iter().any(|m| &m.run_id == p))
+        })
+        .collect();
+    for root in roots {
+        walk(nodes, root, 0, &mut out);
+    }
+    out
+}
+
+fn walk(nodes: &[RunNode], node: &RunNode, depth: usize, out: &mut String) {
+    let mark = match node.status.as_str() {
+        "completed" => "✓",
+        "failed" => "✗",
+        "cancelled" => "○",
+        _ => "…",
+    };
+    let _ = write!(
+        out,
+        "{}{mark} {} {} {}: {} steps, {} tokens, cost {:.4}, {}",
+        "  ".repeat(depth),
+        node.agent_type,
+        node.run_id,
+        node.status,
+        node.steps,
+        node.input_tokens + node.output_tokens,
+        node.cost,
+        duration(node.started_ms, node.finished_ms),
+    );
+    if let Some(error) = &node.error {
+        let _ = write!(out, " ({error})");
+    }
+    out.push('\n');
+    for child in nodes
+        .iter()
+        .filter(|n| n.parent_run_id.as_deref() == Some(&node.run_id))
+    {
+        walk(nodes, child, depth + 1, out);
+    }
+}
+
+/// Where a replay first differs from the record.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Divergence {
+    pub run_id: String,
+    pub agent_type: String,
+    pub detail: String,
+}
+
+impl std::fmt::Display for Divergence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "run {} ({}): {}", self.run_id, self.agent_type, self.detail)
+    }
+}
+
+fn clip(value: &Value) -> String {
+    let text = value.to_string();
+    if text.chars().count() > 160 {
+        format!("{}…", text.chars().take(160).collect::<String>())
+    } else {
+        text
+    }
+}
+
+/// Compares recorded final states (in the order they finished) with the replay's.
+/// Returns how many runs matched, or the first run (in finish order) that differs.
+pub fn compare_replay(
+    recorded: &[AgentState],
+    replayed: impl Fn(&str) -> Option<Arc<AgentState>>,
+) -> Result<usize, Divergence> {
+    for want in recorded {
+        let agent_type = want.agent_type.clone().unwrap_or_default();
+        let diverge = |detail: String| Divergence {
+            run_id: want.run_id.clone(),
+            agent_type: agent_type.clone(),
+            detail,
+        };
+        let Some(got) = replayed(&want.run_id) else {
+            return Err(diverge("did not finish in the replay".into()));
+        };
+        let want_json = serde_json::to_value(want).unwrap_or(Value::Null);
+        let got_json = serde_json::to_value(&*got).unwrap_or(Value::Null);
+        if want_json == got_json {
+            continue;
+        }
+        let messages = |v: &Value| v["messageHistory"].as_array().cloned().unwrap_or_default();
+        let (a, b) = (messages(&want_json), messages(&got_json));
+        if let Some(i) = (0..a.len().max(b.len())).find(|i| a.get(*i) != b.get(*i)) {
+            let show = |m: Option<&Value>| m.map_or_else(|| "(none)".to_owned(), clip);
+            return Err(diverge(format!(
+                "message {i} differs: recorded {} / replayed {}",
+                show(a.get(i)),
+                show(b.get(i))
+            )));
+        }
+        let keys = want_json.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
+        for key in keys.unwrap_or_default() {
+            if want_json[&key] != got_json[&key] {
+                return Err(diverge(format!(
+                    "{key} differs: recorded {} / replayed {}",
+                    clip(&want_json[&key]),
+                    clip(&got_json[&key])
+                )));
+            }
+        }
+        return Err(diverge("the states differ".into()));
+    }
+    Ok(recorded.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_parse_with_units_and_refuse_nonsense() {
+        assert_eq!(parse_age("30d"), Ok(Duration::from_secs(30 * 86_400)));
+        assert_eq!(parse_age("90m"), Ok(Duration::from_secs(5400)));
+        assert!(parse_age("30").unwrap_err().contains("no unit"));
+        assert!(parse_age("3w").unwrap_err().contains("unknown unit"));
+        assert!(parse_age("d").is_err());
+    }
+
+    #[test]
+    fn timestamps_are_civil_utc() {
+        assert_eq!(timestamp(0), "1970-01-01 00:00:00");
+        assert_eq!(timestamp(1_796_083_200_000), "2026-12-01 00:00:00");
+    }
+
+    #[test]
+    fn a_replay_names_the_first_run_and_message_that_differ() {
+        use arbor_actors::Message;
+        let mut a = AgentState {
+            run_id: "t/0.1".into(),
+            agent_type: Some("worker".into()),
+            ..AgentState::default()
+        };
+        a.message_history.push(Message::user("hi"));
+        a.message_history.push(Message::assistant_text("one"));
+        let mut b = a.clone();
+        b.message_history = Default::default();
+        b.message_history.push(Message::user("hi"));
+        b.message_history.push(Message::assistant_text("two"));
+        let root = AgentState {
+            run_id: "t/0".into(),
+            ..AgentState::default()
+        };
+        let recorded = vec![a.clone(), root.clone()];
+        assert_eq!(
+            compare_replay(&recorded, |id| Some(Arc::new(if id == "t/0" {
+                root.clone()
+            } else {
+                a.clone()
+            }))),
+            Ok(2)
+        );
+        let err = compare_replay(&recorded, |id| {
+            Some(Arc::new(if id == "t/0" { root.clone() } else { b.clone() }))
+        })
+        .unwrap_err();
+        assert_eq!(err.run_id, "t/0.1");
+        assert!(err.detail.starts_with("message 1 differs"), "{err}");
+        assert!(err.detail.contains("two"), "{err}");
+        let err = compare_replay(&recorded, |_| None).unwrap_err();
+        assert_eq!(err.detail, "did not finish in the replay");
+    }
+}

@@ -1,0 +1,105 @@
+//! What a resumed or replayed tree starts from: the stored final states of runs
+//! that finished, the last checkpoint of runs that were cut short, and the
+//! recorded model replies, served instead of calling the model again.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arbor_actors::{
+    AgentState, Checkpoint, DeltaSink, Message, Model, ModelError, ModelRequest, ModelResponse,
+    Recovered, Usage,
+};
+use async_trait::async_trait;
+
+/// A model reply as the store recorded it.
+#[derive(Clone, Debug)]
+pub struct RecordedReply {
+    pub message: Arc<Message>,
+    pub usage: Usage,
+}
+
+/// The recorded replies of one tree, by run id and step.
+pub type Tape = HashMap<(String, u32), RecordedReply>;
+
+/// What the tree had spent when it stopped (so its limits hold across a restart).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Spent {
+    pub agents: usize,
+    pub steps: u64,
+    pub tokens: u64,
+    pub credits: f64,
+}
+
+/// Everything a resumed tree knows of its previous life.
+#[derive(Clone, Debug, Default)]
+pub struct Recovery {
+    /// Runs that finished: they are merged, never run again.
+    pub finished: HashMap<String, (Arc<AgentState>, usize)>,
+    /// Runs that were cut short: each goes on from its last checkpoint.
+    pub checkpoints: HashMap<String, Arc<Checkpoint>>,
+    pub replies: Tape,
+    /// The last event number the tree used; new events follow it.
+    pub last_seq: u64,
+    pub spent: Spent,
+}
+
+impl Recovery {
+    /// A replay: only the recorded replies, every run starts afresh.
+    pub fn replay(replies: Tape) -> Self {
+        Recovery {
+            replies,
+            ..Recovery::default()
+        }
+    }
+
+    pub(crate) fn recovered(&self, run_id: &str) -> Option<Recovered> {
+        if let Some((state, inherited)) = self.finished.get(run_id) {
+            return Some(Recovered::Finished {
+                state: state.clone(),
+                inherited: *inherited,
+            });
+        }
+        self.checkpoints
+            .get(run_id)
+            .map(|c| Recovered::Checkpoint(c.clone()))
+    }
+}
+
+/// Serves recorded replies by run id and step; anything else goes to `live`,
+/// or fails when there is no live model (a replay must not reach the network).
+pub(crate) struct Recorded {
+    pub(crate) name: String,
+    pub(crate) tape: Arc<Tape>,
+    pub(crate) live: Option<Arc<dyn Model>>,
+}
+
+#[async_trait]
+impl Model for Recorded {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn complete(
+        &self,
+        request: ModelRequest,
+        deltas: DeltaSink,
+    ) -> Result<ModelResponse, ModelError> {
+        let key = (request.meta.run_id.clone(), request.meta.step);
+        if let Some(reply) = self.tape.get(&key) {
+            return Ok(ModelResponse {
+                message: (*reply.message).clone(),
+                usage: reply.usage,
+            });
+        }
+        match &self.live {
+            Some(model) => model.complete(request, deltas).await,
+            None => Err(ModelError::Invalid {
+                model: self.name.clone(),
+                message: format!(
+                    "no recorded reply for run {} step {} (replay never calls the model)",
+                    key.0, key.1
+                ),
+            }),
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Durable runs: the `Store` port, what is written to it, and the writer that
+//! feeds it from the event bus on a thread of its own, in batches, off the
+//! agents' path. Only the supervisor side writes; agents never see the store.
+
+mod sqlite;
+
+use std::collections::HashMap;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arbor_actors::{AgentState, Event};
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use crate::error::Error;
+use crate::limits::TreeLimits;
+use crate::recovery::Recovery;
+
+pub use sqlite::SqliteStore;
+
+/// A tree as it was started: enough to start it again (resume, replay).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TreeRecord {
+    pub tree_id: String,
+    pub root_run_id: String,
+    pub agent: String,
+    pub prompt: String,
+    pub params: Option<Value>,
+    pub model: Option<String>,
+    pub limits: TreeLimits,
+    pub started_ms: u64,
+}
+
+/// One thing to write.
+#[derive(Clone, Debug)]
+pub enum Write {
+    /// A tree started, or was resumed by this process.
+    Tree(TreeRecord),
+    Event(Arc<Event>),
+    /// These trees are still being run by this process.
+    Heartbeat(Vec<String>),
+}
+
+/// Which trees `Store::trees` lists.
+#[derive(Clone, Debug, Default)]
+pub struct TreeFilter {
+    /// `running`, `interrupted`, `completed`, `failed` or `cancelled`.
+    pub status: Option<String>,
+    pub limit: usize,
+    pub offset: usize,
+}
+
+/// A tree has not been seen by its process for this long: it was interrupted.
+pub const STALE_AFTER_MS: u64 = 5_000;
+
+/// A tree as `arbor runs` lists it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TreeSummary {
+    pub tree_id: String,
+    pub root_run_id: String,
+    pub agent: String,
+    pub prompt: String,
+    /// `running` (its process is alive), `interrupted`, or the root's final status.
+    pub status: String,
+    pub error: Option<String>,
+    pub agents: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost: f64,
+    pub started_ms: u64,
+    pub finished_ms: Option<u64>,
+    pub resumes: u64,
+}
+
+/// One run of a tree, with what it spent.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunNode {
+    pub run_id: String,
+    pub parent_run_id: Option<String>,
+    pub agent_type: String,
+    pub depth: u64,
+    pub status: String,
+    pub error: Option<String>,
+    pub steps: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost: f64,
+    pub started_ms: u64,
+    pub finished_ms: Option<u64>,
+}
+
+/// A run's state as stored: final, or its last checkpoint.
+#[derive(Clone, Debug)]
+pub struct StoredRun {
+    pub node: RunNode,
+    pub state: Option<AgentState>,
+    pub is_final: bool,
+}
+
+/// What `Store::gc` removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct GcReport {
+    pub trees: u64,
+    pub blobs: u64,
+}
+
+/// Where runs are kept. The embedded default is `SqliteStore`.
+pub trait Store: Send + Sync + 'static {
+    /// Writes a batch in one transaction: all of it, or nothing.
+    fn write(&self, batch: &[Write]) -> Result<(), Error>;
+    /// Trees, newest first.
+    fn trees(&self, filter: &TreeFilter) -> Result<Vec<TreeSummary>, Error>;
+    fn tree(&self, tree_id: &str) -> Result<(TreeRecord, TreeSummary), Error>;
+    /// Every run of a tree, in the order they started.
+    fn runs(&self, tree_id: &str) -> Result<Vec<RunNode>, Error>;
+    fn run(&self, run_id: &str) -> Result<StoredRun, Error>;
+    /// What a resume (or, with its replies, a replay) of the tree starts from.
+    fn recovery(&self, tree_id: &str) -> Result<Recovery, Error>;
+    /// The final states of every finished run, in the order they finished.
+    fn final_states(&self, tree_id: &str) -> Result<Vec<AgentState>, Error>;
+    /// Everything stored of a tree, as one JSON document.
+    fn export(&self, tree_id: &str) -> Result<Value, Error>;
+    /// Removes trees that ended before `cutoff_ms`, and what only they used.
+    fn gc(&self, cutoff_ms: u64) -> Result<GcReport, Error>;
+}
+
+enum Msg {
+    Write(Write),
+    Flush(oneshot::Sender<Result<(), String>>),
+}
+
+/// Feeds a store from the supervisor: a thread takes whatever has queued up
+/// and writes it as one transaction. When a write fails the writer stops, keeps
+/// the reason, and calls `on_failure` (the supervisor fails the running trees).
+pub(crate) struct StoreWriter {
+    tx: Mutex<mpsc::Sender<Msg>>,
+    failure: Arc<Mutex<Option<String>>>,
+}
+
+const MAX_BATCH: usize = 8192;
+const HEARTBEAT: Duration = Duration::from_secs(1);
+
+impl StoreWriter {
+    pub(crate) fn start(
+        store: Arc<dyn Store>,
+        on_failure: Box<dyn Fn(String) + Send>,
+    ) -> Result<Self, Error> {
+        let (tx, rx) = mpsc::channel::<Msg>();
+        let failure = Arc::new(Mutex::new(None));
+        let failed = failure.clone();
+        std::thread::Builder::new()
+            .name("arbor-store".into())
+            .spawn(move || writer_loop(store, rx, failed, on_failure))
+            .map_err(|e| Error::Store(format!("cannot start the store writer: {e}")))?;
+        Ok(StoreWriter {
+            tx: Mutex::new(tx),
+            failure,
+        })
+    }
+
+    pub(crate) fn send(&self, write: Write) {
+        if let Ok(tx) = self.tx.lock() {
+            let _ = tx.send(Msg::Write(write));
+        }
+    }
+
+    /// Why the store stopped taking writes, if it did.
+    pub(crate) fn failure(&self) -> Option<String> {
+        self.failure.lock().ok()?.clone()
+    }
+
+    /// Waits until everything sent so far is written.
+    pub(crate) async fn flush(&self) -> Result<(), Error> {
+        let (done, wait) = oneshot::channel();
+        if let Ok(tx) = self.tx.lock() {
+            let _ = tx.send(Msg::Flush(done));
+        }
+        match wait.await {
+            Ok(result) => result.map_err(Error::Store),
+            Err(_) => Err(Error::Store("the store writer has stopped".into())),
+        }
+    }
+}
+
+fn writer_loop(
+    store: Arc<dyn Store>,
+    rx: mpsc::Receiver<Msg>,
+    failure: Arc<Mutex<Option<String>>>,
+    on_failure: Box<dyn Fn(String) + Send>,
+) {
+    // Trees this process runs, by root run id, so their heartbeat stays fresh.
+    let mut owned: HashMap<String, String> = HashMap::new();
+    let mut last_beat = Instant::now();
+    let mut batch: Vec<Write> = Vec::new();
+    let mut flushes = Vec::new();
+    let mut failed: Option<String> = None;
+    loop {
+        let first = match rx.recv_timeout(HEARTBEAT) {
+            Ok(msg) => Some(msg),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        for msg in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            match msg {
+                Msg::Write(write) => {
+                    match &write {
+                        Write::Tree(tree) => {
+                            owned.insert(tree.root_run_id.clone(), tree.tree_id.clone());
+                        }
+                        Write::Event(event) if event.kind.final_state().is_some() => {
+                            owned.remove(&*event.run_id);
+                        }
+                        _ => {}
+                    }
+                    batch.push(write);
+                }
+                Msg::Flush(done) => flushes.push(done),
+            }
+            if batch.len() >= MAX_BATCH {
+                break;
+            }
+        }
+        if last_beat.elapsed() >= HEARTBEAT && !owned.is_empty() {
+            batch.push(Write::Heartbeat(owned.values().cloned().collect()));
+            last_beat = Instant::now();
+        }
+        if failed.is_none() && !batch.is_empty() {
+            if let Err(error) = store.write(&batch) {
+                let reason = format!("the store failed: {error}");
+                tracing::error!("{reason}");
+                if let Ok(mut slot) = failure.lock() {
+                    *slot = Some(reason.clone());
+                }
+                on_failure(reason.clone());
+                failed = Some(reason);
+            }
+        }
+        batch.clear();
+        for done in flushes.drain(..) {
+            let _ = done.send(failed.clone().map_or(Ok(()), Err));
+        }
+    }
+}
