@@ -9,6 +9,7 @@ use arbor::render::{TreeRenderer, final_text};
 use arbor::{Error, Runtime};
 use arbor_actors::AgentStatus;
 use arbor_supervisor::StartRequest;
+use arbor_supervisor::store::{SqliteStore, Store, TreeFilter};
 use clap::{Parser, Subcommand};
 
 /// mimalloc measured 2× faster than glibc's allocator on agent trees (BENCHMARKS.md).
@@ -45,8 +46,97 @@ enum Command {
         /// Params for the root agent, as a JSON object.
         #[arg(long)]
         params: Option<String>,
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Use this tree id (every run id derives from it) instead of a random one.
+        #[arg(long)]
+        tree_id: Option<String>,
+        /// Print every event as a JSON line on stderr instead of the tree.
+        #[arg(long)]
+        events: bool,
         /// What to ask.
         prompt: String,
+    },
+    /// Continue an interrupted tree from the store: finished runs are merged,
+    /// cut-short runs go on from their last checkpoint.
+    Resume {
+        tree_id: String,
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, short)]
+        quiet: bool,
+        /// Print every event as a JSON line on stderr instead of the tree.
+        #[arg(long)]
+        events: bool,
+        /// The store file (default: [store] path in the config).
+        #[arg(long)]
+        store: Option<PathBuf>,
+    },
+    /// Run a finished tree again on its recorded model replies (no network) and
+    /// check that every final state matches.
+    Replay {
+        tree_id: String,
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        store: Option<PathBuf>,
+    },
+    /// List stored trees, newest first.
+    Runs {
+        /// running, interrupted, completed, failed or cancelled.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        store: Option<PathBuf>,
+    },
+    /// Show one stored run's state.
+    Show {
+        run_id: String,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        store: Option<PathBuf>,
+    },
+    /// Show a stored tree: every run with its status, steps, tokens and cost.
+    Tree {
+        tree_id: String,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        store: Option<PathBuf>,
+    },
+    /// Everything stored of a tree as one JSON document.
+    Export {
+        tree_id: String,
+        /// Write here instead of stdout.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        store: Option<PathBuf>,
+    },
+    /// Delete trees that ended longer ago than --older-than.
+    Gc {
+        /// An age: 30d, 12h, 90m, 45s.
+        #[arg(long)]
+        older_than: String,
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        store: Option<PathBuf>,
     },
     /// List the agent templates of a config.
     Agents {
@@ -73,6 +163,16 @@ enum Command {
         /// The file (default: ./config.toml if present, else the built-in one).
         file: Option<PathBuf>,
     },
+}
+
+#[derive(clap::Args, Clone, Default)]
+struct StoreArgs {
+    /// Store the tree in this SQLite file (default: [store] path in the config).
+    #[arg(long)]
+    store: Option<PathBuf>,
+    /// Do not store the tree.
+    #[arg(long, conflicts_with = "store")]
+    no_store: bool,
 }
 
 #[derive(clap::Args)]
@@ -119,6 +219,13 @@ struct LoadtestArgs {
     /// Also run a bare ractor tree of the same shape and report the ratio.
     #[arg(long)]
     baseline: bool,
+    /// Store the trees in this SQLite file and keep it (default: a temporary
+    /// file, removed after the run).
+    #[arg(long)]
+    store: Option<PathBuf>,
+    /// Do not store the trees (measures Arbor without its store).
+    #[arg(long, conflicts_with = "store")]
+    no_store: bool,
 }
 
 fn main() -> ExitCode {
@@ -171,6 +278,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             quiet,
             params,
+            store,
+            tree_id,
+            events,
             prompt,
         } => {
             let config = load_config(config.as_deref())?;
@@ -178,11 +288,187 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .map(|p| serde_json::from_str(&p))
                 .transpose()
                 .context("--params is not valid JSON")?;
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the async runtime")?;
-            runtime.block_on(run_tree(config, agent, model, params, prompt, json, quiet))
+            let store = (!store.no_store && config.file.store.enabled)
+                .then(|| store_path(&config, store.store));
+            let agent = agent
+                .or_else(|| config.default_agent().map(str::to_owned))
+                .context("no agent given and the config defines none")?;
+            let origin = config_origin(&config);
+            let runtime = match &store {
+                Some(path) => Runtime::with_store(config, path)?,
+                None => Runtime::new(config)?,
+            };
+            let show = Show { json, quiet, events };
+            async_runtime()?.block_on(async {
+                let handle = runtime
+                    .supervisor()
+                    .start(StartRequest {
+                        agent,
+                        prompt,
+                        params,
+                        model,
+                        tree_id,
+                        origin,
+                        ..StartRequest::default()
+                    })
+                    .await?;
+                follow_tree(&runtime, handle, show, store.is_some()).await
+            })
+        }
+        Command::Resume {
+            tree_id,
+            config,
+            json,
+            quiet,
+            events,
+            store,
+        } => {
+            let path = store_path(&load_config(config.as_deref())?, store);
+            let existing = SqliteStore::open_existing(&path)?;
+            let config = tree_config(config, &existing, &tree_id)?;
+            drop(existing);
+            let runtime = Runtime::with_store(config, &path)?;
+            let show = Show { json, quiet, events };
+            async_runtime()?.block_on(async {
+                let handle = runtime.supervisor().resume(&tree_id).await?;
+                follow_tree(&runtime, handle, show, true).await
+            })
+        }
+        Command::Replay {
+            tree_id,
+            config,
+            store,
+        } => {
+            let store = open_store(&load_config(config.as_deref())?, store)?;
+            let config = tree_config(config, &store, &tree_id)?;
+            async_runtime()?.block_on(replay(config, store, tree_id))
+        }
+        Command::Runs {
+            status,
+            limit,
+            json,
+            config,
+            store,
+        } => {
+            if let Some(status) = &status {
+                anyhow::ensure!(
+                    ["running", "interrupted", "completed", "failed", "cancelled"]
+                        .contains(&status.as_str()),
+                    "--status: {status:?} is not one of running, interrupted, completed, failed, cancelled"
+                );
+            }
+            let config = load_config(config.as_deref())?;
+            let store = open_store(&config, store)?;
+            let trees = store.trees(&TreeFilter {
+                status,
+                limit,
+                offset: 0,
+            })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&trees)?);
+            } else {
+                print!("{}", arbor::runs::runs_table(&trees));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Show {
+            run_id,
+            json,
+            config,
+            store,
+        } => {
+            let config = load_config(config.as_deref())?;
+            let store = open_store(&config, store)?;
+            let run = store.run(&run_id)?;
+            let Some(state) = run.state else {
+                anyhow::bail!("run {run_id} started but has no checkpoint yet");
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&state)?);
+            } else {
+                let n = &run.node;
+                println!(
+                    "{} {} ({}{}): {} steps, {} tokens, cost {:.4}, {} messages, {} children",
+                    n.agent_type,
+                    n.run_id,
+                    n.status,
+                    if run.is_final { "" } else { ", last checkpoint" },
+                    n.steps,
+                    n.input_tokens + n.output_tokens,
+                    n.cost,
+                    state.message_history.len(),
+                    state.child_run_ids.len()
+                );
+                if let Some(error) = &n.error {
+                    println!("error: {error}");
+                }
+                println!("{}", final_text(&state));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Tree {
+            tree_id,
+            json,
+            config,
+            store,
+        } => {
+            let config = load_config(config.as_deref())?;
+            let store = open_store(&config, store)?;
+            let (_, summary) = store.tree(&tree_id)?;
+            let runs = store.runs(&tree_id)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({"tree": summary, "runs": runs}))?
+                );
+            } else {
+                println!(
+                    "tree {} ({}): {} agents, {} tokens, cost {:.4}",
+                    summary.tree_id,
+                    summary.status,
+                    summary.agents,
+                    summary.input_tokens + summary.output_tokens,
+                    summary.cost
+                );
+                print!("{}", arbor::runs::tree_text(&runs));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Export {
+            tree_id,
+            output,
+            config,
+            store,
+        } => {
+            let config = load_config(config.as_deref())?;
+            let store = open_store(&config, store)?;
+            let doc = serde_json::to_string_pretty(&store.export(&tree_id)?)?;
+            match output {
+                Some(path) => std::fs::write(&path, doc + "\n")
+                    .with_context(|| format!("cannot write {}", path.display()))?,
+                None => println!("{doc}"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Gc {
+            older_than,
+            config,
+            store,
+        } => {
+            let age = arbor::runs::parse_age(&older_than)
+                .map_err(|e| anyhow::anyhow!("--older-than: {e}"))?;
+            let config = load_config(config.as_deref())?;
+            let store = open_store(&config, store)?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            let cutoff = now.saturating_sub(age).as_millis() as u64;
+            let report = store.gc(cutoff)?;
+            println!(
+                "removed {} trees and {} unreferenced messages",
+                report.trees, report.blobs
+            );
+            Ok(ExitCode::SUCCESS)
         }
         Command::Agents { config } => {
             let config = load_config(config.as_deref())?;
@@ -277,7 +563,16 @@ async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
         max_live: args.max_live,
         model,
         repeat: args.repeat,
+        store: None,
     };
+    // A temporary store unless one is named: the run pays for storing, the
+    // user's own store is not filled with load-test trees.
+    let scratch = tempfile_path();
+    let mut options = options;
+    if !args.no_store {
+        options.store = Some(args.store.clone().unwrap_or_else(|| scratch.clone()));
+    }
+    let _cleanup = RemoveOnDrop((!args.no_store && args.store.is_none()).then_some(scratch));
     let total = options.agents();
     let mut reports = Vec::new();
     for round in 1..=options.repeat {
@@ -424,50 +719,117 @@ async fn ping(config: Config, name: String) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn run_tree(
-    config: Config,
-    agent: Option<String>,
-    model: Option<String>,
-    params: Option<serde_json::Value>,
-    prompt: String,
+/// A store file for one load test, removed (with its WAL) when the test ends.
+fn tempfile_path() -> PathBuf {
+    std::env::temp_dir().join(format!("arbor-loadtest-{}.db", std::process::id()))
+}
+
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(path) = &self.0 {
+            for suffix in ["", "-wal", "-shm"] {
+                let mut p = path.as_os_str().to_owned();
+                p.push(suffix);
+                let _ = std::fs::remove_file(PathBuf::from(p));
+            }
+        }
+    }
+}
+
+fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// `--store F`, else the config's `[store] path`.
+fn store_path(config: &Config, flag: Option<PathBuf>) -> PathBuf {
+    flag.unwrap_or_else(|| config.file.store.path.clone())
+}
+
+/// The config file a stored tree was started with, to record with it.
+fn config_origin(config: &Config) -> Option<String> {
+    if config.source == arbor::config::DEFAULT_CONFIG_NAME {
+        return None;
+    }
+    std::fs::canonicalize(&config.source)
+        .ok()
+        .map(|p| p.display().to_string())
+}
+
+/// The config to resume or replay a tree with: `--config`, else the file it
+/// was started with (if it is still there), else the default.
+fn tree_config(flag: Option<PathBuf>, store: &SqliteStore, tree_id: &str) -> anyhow::Result<Config> {
+    if flag.is_some() {
+        return Ok(load_config(flag.as_deref())?);
+    }
+    let (record, _) = store.tree(tree_id)?;
+    match record.origin.map(PathBuf::from) {
+        Some(path) if path.is_file() => Ok(Config::load(&path)?),
+        Some(path) => anyhow::bail!(
+            "tree {tree_id} was started with {}, which is gone; pass --config",
+            path.display()
+        ),
+        None => Ok(load_config(None)?),
+    }
+}
+
+/// An existing store, for the commands that read one.
+fn open_store(config: &Config, flag: Option<PathBuf>) -> anyhow::Result<SqliteStore> {
+    Ok(SqliteStore::open_existing(&store_path(config, flag))?)
+}
+
+/// How `run` and `resume` show a tree.
+#[derive(Clone, Copy)]
+struct Show {
     json: bool,
     quiet: bool,
+    events: bool,
+}
+
+/// Shows a started tree until its root ends, then prints the root's output.
+async fn follow_tree(
+    runtime: &Runtime,
+    handle: arbor_supervisor::TreeHandle,
+    show: Show,
+    stored: bool,
 ) -> anyhow::Result<ExitCode> {
-    let agent = agent
-        .or_else(|| config.default_agent().map(str::to_owned))
-        .context("no agent given and the config defines none")?;
-    let runtime = Runtime::new(config)?;
     let supervisor = runtime.supervisor();
-    let mut events = supervisor.subscribe();
+    let tree_id = handle.tree_id.to_string();
+    if !show.quiet && !show.events {
+        if stored {
+            eprintln!("tree {tree_id} (if interrupted: arbor resume {tree_id})");
+        } else {
+            eprintln!("tree {tree_id}");
+        }
+    }
+    let mut events = supervisor.events().subscribe_tree(&tree_id);
+    let root_run = handle.root_run_id.clone();
     let printer = tokio::spawn(async move {
         let mut renderer = TreeRenderer::default();
         while let Some(event) = events.recv().await {
-            if !quiet {
+            if show.events {
+                if let Ok(line) = serde_json::to_string(&*event) {
+                    eprintln!("{line}");
+                }
+            } else if !show.quiet {
                 if let Some(line) = renderer.line(&event) {
                     eprintln!("{line}");
                 }
             }
-            let root_ended = event
-                .kind
-                .final_state()
-                .is_some_and(|s| s.parent_id.is_none());
+            let root_ended = event.kind.final_state().is_some() && *event.run_id == *root_run;
             if root_ended {
                 break;
             }
         }
     });
-    let handle = supervisor
-        .start(StartRequest {
-            agent,
-            prompt,
-            params,
-            model,
-            ..StartRequest::default()
-        })
-        .await?;
     let result = handle.wait().await?;
     let _ = printer.await;
-    if json {
+    supervisor.flush().await?;
+    if show.json {
         println!("{}", serde_json::to_string_pretty(&result.state)?);
     } else {
         println!("{}", final_text(&result.state));
@@ -475,7 +837,7 @@ async fn run_tree(
     Ok(match result.state.status {
         AgentStatus::Completed => ExitCode::SUCCESS,
         _ => {
-            if !json {
+            if !show.json {
                 eprintln!(
                     "error: the root agent {}: {}",
                     result.state.status.as_str(),
@@ -485,4 +847,44 @@ async fn run_tree(
             ExitCode::from(1)
         }
     })
+}
+
+/// Runs a stored tree again on its recorded replies and compares every final state.
+async fn replay(config: Config, store: SqliteStore, tree_id: String) -> anyhow::Result<ExitCode> {
+    let (record, summary) = store.tree(&tree_id)?;
+    anyhow::ensure!(
+        !["running", "interrupted"].contains(&summary.status.as_str()),
+        "tree {tree_id} has not finished ({}); resume it first",
+        summary.status
+    );
+    let recorded = store.final_states(&tree_id)?;
+    let replies = store.recovery(&tree_id)?.replies;
+    let runtime = Runtime::new(config)?;
+    let supervisor = runtime.supervisor();
+    let handle = supervisor
+        .replay(
+            StartRequest {
+                agent: record.agent,
+                prompt: record.prompt,
+                params: record.params,
+                limits: Some(record.limits),
+                model: record.model,
+                tree_id: Some(record.tree_id),
+                history: None,
+                origin: record.origin,
+            },
+            replies,
+        )
+        .await?;
+    handle.wait().await?;
+    match arbor::runs::compare_replay(&recorded, |run| supervisor.finished_state(run)) {
+        Ok(n) => {
+            println!("match: {n} runs of tree {tree_id} replayed identically from the record");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(divergence) => {
+            println!("mismatch: {divergence}");
+            Ok(ExitCode::from(1))
+        }
+    }
 }

@@ -35,6 +35,8 @@ pub struct LoadOptions {
     /// Drive this model (from the catalog) instead of the simulated one.
     pub model: Option<Arc<dyn Model>>,
     pub repeat: usize,
+    /// Store the trees in this SQLite file (the run then includes writing it).
+    pub store: Option<std::path::PathBuf>,
 }
 
 impl Default for LoadOptions {
@@ -48,6 +50,7 @@ impl Default for LoadOptions {
             max_live: None,
             model: None,
             repeat: 1,
+            store: None,
         }
     }
 }
@@ -99,7 +102,14 @@ impl LoadOptions {
             max_live_agents: self.max_live,
             ..TreeLimits::default()
         };
-        Ok(Supervisor::with_retention(catalog, limits, Retain::Roots))
+        let supervisor = Supervisor::with_retention(catalog, limits, Retain::Roots);
+        match &self.store {
+            Some(path) => {
+                let store = arbor_supervisor::store::SqliteStore::open(path)?;
+                supervisor.with_store(Arc::new(store))
+            }
+            None => Ok(supervisor),
+        }
     }
 
     fn root_history(&self) -> History {
@@ -151,15 +161,19 @@ pub async fn run_once(
             }
         }
     };
+    // A stored run is done when it is all written.
+    supervisor.flush().await?;
     let wall = start.elapsed();
     collector.sample();
     tick(collector);
-    Ok(LoadReport::new(
+    let mut report = LoadReport::new(
         options,
         collector,
         tree_id,
         wall,
         result.state.status == AgentStatus::Completed,
         rss_before,
-    ))
+    );
+    report.store_bytes = options.store.as_deref().map(report::store_bytes);
+    Ok(report)
 }

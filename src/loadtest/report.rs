@@ -35,6 +35,8 @@ pub struct LoadReport {
     pub rss_before_bytes: u64,
     /// (peak RSS − RSS before the run) / the most agents alive at once.
     pub bytes_per_live_agent: f64,
+    /// Size of the store file (and its WAL) after the run, when it was stored.
+    pub store_bytes: Option<u64>,
     #[serde(flatten)]
     pub measured: Measured,
 }
@@ -87,6 +89,7 @@ impl LoadReport {
             } else {
                 0.0
             },
+            store_bytes: None,
             measured: c.measured(),
         }
     }
@@ -131,6 +134,13 @@ impl LoadReport {
         row(
             "bytes per live agent",
             format!("{:.0}", self.bytes_per_live_agent),
+        );
+        row(
+            "store",
+            match self.store_bytes {
+                Some(bytes) => format!("{:.1} MB written", bytes as f64 / 1e6),
+                None => "off".into(),
+            },
         );
         if endpoint {
             let s = &self.measured.step_latency_us;
@@ -252,4 +262,12 @@ pub fn write_plot(report: &LoadReport, path: &Path) -> Result<(), String> {
         .map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;
     Ok(())
+}
+
+/// Bytes of a SQLite store file with its write-ahead log.
+pub(super) fn store_bytes(path: &std::path::Path) -> u64 {
+    let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    size(path) + size(std::path::Path::new(&wal))
 }

@@ -40,6 +40,9 @@ pub struct StartRequest {
     pub tree_id: Option<String>,
     /// A conversation the root starts with, before its prompt (shared, not copied).
     pub history: Option<History>,
+    /// Where the templates came from (a config file), kept with a stored tree so
+    /// it can be resumed or replayed with the same ones.
+    pub origin: Option<String>,
 }
 
 type Trees = Arc<Mutex<HashMap<Arc<str>, (Weak<TreeContext>, ActorRef<AgentMsg>)>>>;
@@ -154,6 +157,7 @@ impl Supervisor {
             model: record.model,
             tree_id: Some(record.tree_id),
             history: None,
+            origin: record.origin,
         };
         self.begin(request, Some((Arc::new(recovery), false))).await
     }
@@ -286,6 +290,7 @@ impl Supervisor {
                 params: request.params.clone(),
                 model: request.model.clone(),
                 limits,
+                origin: request.origin.clone(),
                 started_ms: crate::tree::now_ms(),
             }));
         }

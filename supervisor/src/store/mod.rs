@@ -5,6 +5,7 @@
 mod sqlite;
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,6 +32,8 @@ pub struct TreeRecord {
     pub params: Option<Value>,
     pub model: Option<String>,
     pub limits: TreeLimits,
+    /// Where the templates came from (a config file path), if known.
+    pub origin: Option<String>,
     pub started_ms: u64,
 }
 
@@ -55,6 +58,47 @@ pub struct TreeFilter {
 
 /// A tree has not been seen by its process for this long: it was interrupted.
 pub const STALE_AFTER_MS: u64 = 5_000;
+
+/// This machine's boot, so a process id is only compared on the machine (and
+/// boot) that wrote it. Linux only; elsewhere liveness rests on the heartbeat.
+fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+/// Who runs a tree: `boot:pid`.
+pub(crate) fn owner_id() -> String {
+    format!(
+        "{}:{}",
+        boot_id().unwrap_or_else(|| "-".into()),
+        std::process::id()
+    )
+}
+
+/// Whether the process that ran a tree is known to be gone: it ran on this
+/// machine since its last boot and its pid no longer exists. A tree whose
+/// owner is gone counts as interrupted at once, without waiting for its
+/// heartbeat to go stale.
+pub(crate) fn owner_gone(owner: &str) -> bool {
+    let Some((boot, pid)) = owner.rsplit_once(':') else {
+        return false;
+    };
+    let here = boot_id();
+    if here.as_deref() != Some(boot) || boot == "-" {
+        return false;
+    }
+    if pid == std::process::id().to_string() {
+        return false;
+    }
+    // Gone, or a zombie nobody has reaped yet.
+    match std::fs::read_to_string(Path::new("/proc").join(pid).join("stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
 
 /// A tree as `arbor runs` lists it.
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -37,11 +37,13 @@ CREATE TABLE trees (
     params       TEXT,
     model        TEXT,
     limits       TEXT NOT NULL,
+    origin       TEXT,
     status       TEXT NOT NULL,
     error        TEXT,
     started_ms   INTEGER NOT NULL,
     finished_ms  INTEGER,
     heartbeat_ms INTEGER NOT NULL,
+    owner        TEXT NOT NULL,
     last_seq     INTEGER NOT NULL DEFAULT 0,
     resumes      INTEGER NOT NULL DEFAULT 0
 );
@@ -463,11 +465,11 @@ impl Batch<'_, '_> {
     fn tree(&mut self, tree: &TreeRecord) -> rusqlite::Result<()> {
         let mut stmt = self.tx.prepare_cached(
             "INSERT INTO trees(tree_id, root_run_id, agent, prompt, params, model, limits, status,
-                               started_ms, heartbeat_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?9)
+                               started_ms, heartbeat_ms, owner, origin)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?9, ?10, ?11)
              ON CONFLICT(tree_id) DO UPDATE SET status = 'running', error = NULL,
                  finished_ms = NULL, heartbeat_ms = excluded.heartbeat_ms,
-                 resumes = resumes + 1",
+                 owner = excluded.owner, resumes = resumes + 1",
         )?;
         stmt.execute(params![
             tree.tree_id,
@@ -479,6 +481,8 @@ impl Batch<'_, '_> {
             to_json(&tree.limits)?,
             tree.started_ms as i64,
             now_ms() as i64,
+            super::owner_id(),
+            tree.origin,
         ])?;
         Ok(())
     }
@@ -751,13 +755,16 @@ const SUMMARY: &str = "SELECT t.tree_id, t.root_run_id, t.agent, t.prompt, t.sta
         (SELECT coalesce(sum(input_tokens), 0) FROM model_calls m WHERE m.tree_id = t.tree_id),
         (SELECT coalesce(sum(output_tokens), 0) FROM model_calls m WHERE m.tree_id = t.tree_id),
         (SELECT coalesce(sum(cost), 0.0) FROM model_calls m WHERE m.tree_id = t.tree_id),
-        t.started_ms, t.finished_ms, t.heartbeat_ms, t.resumes
+        t.started_ms, t.finished_ms, t.heartbeat_ms, t.resumes, t.owner
     FROM trees t";
 
 fn summary_row(r: &rusqlite::Row<'_>, now: u64) -> rusqlite::Result<TreeSummary> {
     let mut status: String = r.get(4)?;
     let heartbeat: i64 = r.get(12)?;
-    if status == "running" && now.saturating_sub(heartbeat as u64) > STALE_AFTER_MS {
+    let owner: String = r.get(14)?;
+    if status == "running"
+        && (now.saturating_sub(heartbeat as u64) > STALE_AFTER_MS || super::owner_gone(&owner))
+    {
         status = "interrupted".into();
     }
     Ok(TreeSummary {
@@ -925,11 +932,16 @@ impl Store for SqliteStore {
                 summary_row(r, now)
             })
             .map_err(sql(&self.path))?;
-        let (params_json, model, limits_json): (Option<String>, Option<String>, String) = conn
+        let (params_json, model, limits_json, origin): (
+            Option<String>,
+            Option<String>,
+            String,
+            Option<String>,
+        ) = conn
             .query_row(
-                "SELECT params, model, limits FROM trees WHERE tree_id = ?1",
+                "SELECT params, model, limits, origin FROM trees WHERE tree_id = ?1",
                 [tree_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .map_err(sql(&self.path))?;
         let bad = |what: &str, e: serde_json::Error| {
@@ -946,6 +958,7 @@ impl Store for SqliteStore {
                 .map_err(|e| bad("params", e))?,
             model,
             limits: serde_json::from_str(&limits_json).map_err(|e| bad("limits", e))?,
+            origin,
             started_ms: summary.started_ms,
         };
         Ok((record, summary))
