@@ -216,15 +216,31 @@ impl SqliteStore {
             .map_err(|e| open_err(e.to_string()))?;
         let mut conn = conn;
         if version < known {
-            let tx = conn.transaction().map_err(|e| open_err(e.to_string()))?;
-            for migration in &MIGRATIONS[version as usize..] {
-                tx.execute_batch(migration)
-                    .map_err(|e| open_err(format!("migration failed: {e}")))?;
+            // Under the write lock, and looked at again: another process may
+            // have migrated the file since it was read above.
+            let tx = conn
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(|e| open_err(e.to_string()))?;
+            let version: i64 = tx
+                .pragma_query_value(None, "user_version", |r| r.get(0))
+                .map_err(|e| open_err(e.to_string()))?;
+            if version > known {
+                return Err(Error::NewerStore {
+                    path: path.display().to_string(),
+                    found: version,
+                    known,
+                });
             }
-            tx.pragma_update(None, "application_id", APPLICATION_ID)
-                .map_err(|e| open_err(e.to_string()))?;
-            tx.pragma_update(None, "user_version", known)
-                .map_err(|e| open_err(e.to_string()))?;
+            if version < known {
+                for migration in &MIGRATIONS[version.max(0) as usize..] {
+                    tx.execute_batch(migration)
+                        .map_err(|e| open_err(format!("migration failed: {e}")))?;
+                }
+                tx.pragma_update(None, "application_id", APPLICATION_ID)
+                    .map_err(|e| open_err(e.to_string()))?;
+                tx.pragma_update(None, "user_version", known)
+                    .map_err(|e| open_err(e.to_string()))?;
+            }
             tx.commit().map_err(|e| open_err(e.to_string()))?;
         }
         Ok(SqliteStore {
@@ -645,10 +661,17 @@ impl<'c> Reader<'c> {
             .conn
             .prepare_cached("SELECT body FROM blobs WHERE id = ?1")
             .map_err(sql(self.path))?;
-        stmt.query_row([id], |r| r.get(0))
-            .optional()
-            .map_err(sql(self.path))?
-            .ok_or_else(|| self.corrupt(format!("blob {id} is missing")))
+        // Written as a BLOB; a hand-edited row may hold TEXT.
+        stmt.query_row([id], |r| match r.get_ref(0)? {
+            rusqlite::types::ValueRef::Blob(b) | rusqlite::types::ValueRef::Text(b) => {
+                Ok(Some(b.to_vec()))
+            }
+            _ => Ok(None),
+        })
+        .optional()
+        .map_err(sql(self.path))?
+        .flatten()
+        .ok_or_else(|| self.corrupt(format!("blob {id} is missing")))
     }
 
     fn message(&mut self, id: i64) -> Result<Arc<Message>, Error> {
