@@ -55,8 +55,8 @@ impl Runtime {
     pub fn with_store(config: Config, path: &std::path::Path) -> Result<Runtime, Error> {
         let catalog = config.catalog()?;
         let store = arbor_supervisor::store::SqliteStore::open(path)?;
-        let supervisor =
-            Supervisor::new(catalog, config.limits.clone()).with_store(std::sync::Arc::new(store))?;
+        let supervisor = Supervisor::new(catalog, config.limits.clone())
+            .with_store(std::sync::Arc::new(store))?;
         Ok(Runtime { config, supervisor })
     }
 

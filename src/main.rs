@@ -298,7 +298,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Some(path) => Runtime::with_store(config, path)?,
                 None => Runtime::new(config)?,
             };
-            let show = Show { json, quiet, events };
+            let show = Show {
+                json,
+                quiet,
+                events,
+            };
             async_runtime()?.block_on(async {
                 let handle = runtime
                     .supervisor()
@@ -328,7 +332,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let config = tree_config(config, &existing, &tree_id)?;
             drop(existing);
             let runtime = Runtime::with_store(config, &path)?;
-            let show = Show { json, quiet, events };
+            let show = Show {
+                json,
+                quiet,
+                events,
+            };
             async_runtime()?.block_on(async {
                 let handle = runtime.supervisor().resume(&tree_id).await?;
                 follow_tree(&runtime, handle, show, true).await
@@ -392,7 +400,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     n.agent_type,
                     n.run_id,
                     n.status,
-                    if run.is_final { "" } else { ", last checkpoint" },
+                    if run.is_final {
+                        ""
+                    } else {
+                        ", last checkpoint"
+                    },
                     n.steps,
                     n.input_tokens + n.output_tokens,
                     n.cost,
@@ -419,7 +431,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if json {
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&serde_json::json!({"tree": summary, "runs": runs}))?
+                    serde_json::to_string_pretty(
+                        &serde_json::json!({"tree": summary, "runs": runs})
+                    )?
                 );
             } else {
                 println!(
@@ -762,7 +776,11 @@ fn config_origin(config: &Config) -> Option<String> {
 
 /// The config to resume or replay a tree with: `--config`, else the file it
 /// was started with (if it is still there), else the default.
-fn tree_config(flag: Option<PathBuf>, store: &SqliteStore, tree_id: &str) -> anyhow::Result<Config> {
+fn tree_config(
+    flag: Option<PathBuf>,
+    store: &SqliteStore,
+    tree_id: &str,
+) -> anyhow::Result<Config> {
     if flag.is_some() {
         return Ok(load_config(flag.as_deref())?);
     }

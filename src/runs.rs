@@ -24,7 +24,11 @@ pub fn parse_age(text: &str) -> Result<Duration, String> {
         "m" => 60,
         "h" => 3600,
         "d" => 86_400,
-        _ => return Err(format!("{text:?}: unknown unit {unit:?} (use s, m, h or d)")),
+        _ => {
+            return Err(format!(
+                "{text:?}: unknown unit {unit:?} (use s, m, h or d)"
+            ));
+        }
     };
     Ok(Duration::from_secs(n.saturating_mul(secs)))
 }
@@ -146,7 +150,11 @@ pub struct Divergence {
 
 impl std::fmt::Display for Divergence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "run {} ({}): {}", self.run_id, self.agent_type, self.detail)
+        write!(
+            f,
+            "run {} ({}): {}",
+            self.run_id, self.agent_type, self.detail
+        )
     }
 }
 
@@ -190,7 +198,9 @@ pub fn compare_replay(
                 show(b.get(i))
             )));
         }
-        let keys = want_json.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
+        let keys = want_json
+            .as_object()
+            .map(|o| o.keys().cloned().collect::<Vec<_>>());
         for key in keys.unwrap_or_default() {
             if want_json[&key] != got_json[&key] {
                 return Err(diverge(format!(

@@ -5,12 +5,11 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::state::AgentState;
 
-/// A run's state at a step boundary: taken just before step `step + 1` asks the
-/// model (or, for a program-driven run, when the program starts).
+/// A model-driven run's state at a step boundary: taken just before step
+/// `step + 1` asks the model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Checkpoint {
@@ -20,11 +19,6 @@ pub struct Checkpoint {
     pub children_spawned: u32,
     /// Messages the run inherited from its parent (for its output, semantics §7).
     pub inherited: usize,
-    /// What a program-driven run was started with (it restarts from here).
-    #[serde(default)]
-    pub prompt: Option<String>,
-    #[serde(default)]
-    pub params: Option<Value>,
     pub state: AgentState,
 }
 

@@ -136,8 +136,8 @@ impl StepMachine {
         }
     }
 
-    /// A machine that goes on from a checkpoint: `start` re-issues the step the
-    /// checkpoint was taken before (a program-driven run starts its program again).
+    /// A machine that goes on from a checkpoint of a model-driven run: `start`
+    /// re-issues the step the checkpoint was taken before.
     pub fn from_checkpoint(
         checkpoint: &crate::checkpoint::Checkpoint,
         template: Arc<AgentTemplate>,
@@ -150,8 +150,7 @@ impl StepMachine {
             toolbox,
             checkpoint.inherited,
             tree_id,
-        )
-        .with_input(checkpoint.prompt.clone(), checkpoint.params.clone());
+        );
         machine.step = checkpoint.step;
         machine.children_spawned = checkpoint.children_spawned;
         machine
@@ -173,17 +172,18 @@ impl StepMachine {
         self.children_spawned
     }
 
+    /// A checkpoint before the next step. Not before the first: a run with no
+    /// checkpoint starts afresh from what its parent gave it, which is the same
+    /// state. A program cannot be saved mid-way, so a program-driven run has
+    /// none and starts again from the beginning when its tree is resumed.
     fn checkpoint(&mut self) {
-        if !self.checkpointing {
+        if !self.checkpointing || self.step == 0 || self.template.handler.is_some() {
             return;
         }
-        let program = self.program.is_some() || self.template.handler.is_some();
         let checkpoint = crate::checkpoint::Checkpoint {
             step: self.step,
             children_spawned: self.children_spawned,
             inherited: self.inherited,
-            prompt: if program { self.prompt.clone() } else { None },
-            params: if program { self.params.clone() } else { None },
             state: self.state.clone(),
         };
         self.events.push(EventKind::Checkpointed {
@@ -238,8 +238,6 @@ impl StepMachine {
         let Some(handler) = self.template.handler.clone() else {
             return self.begin_step();
         };
-        // A program cannot be saved mid-way: its run restarts from here.
-        self.checkpoint();
         let mut program = handler.start();
         let next = program.resume(Resume::Start {
             prompt: self.prompt.as_deref(),
@@ -262,11 +260,21 @@ impl StepMachine {
         }
         self.awaiting_model = None;
         let ModelResponse { message, usage } = response;
-        let reply = self.checkpointing.then(|| Arc::new(message.clone()));
         if !message.is_assistant() {
             return self.fail(format!("model replied with a {} message", message.role()));
         }
-        let message = with_call_ids(message, step, &self.state.message_history);
+        // A durable tree records the reply as the model sent it; it is the very
+        // message the history keeps unless its call ids had to be fixed.
+        let history = &self.state.message_history;
+        let (message, reply) = if !self.checkpointing {
+            (Arc::new(with_call_ids(message, step, history)), None)
+        } else if call_ids_ok(&message, history) {
+            let message = Arc::new(message);
+            (message.clone(), Some(message))
+        } else {
+            let raw = Arc::new(message.clone());
+            (Arc::new(with_call_ids(message, step, history)), Some(raw))
+        };
         let calls: Vec<ToolCall> = message.tool_calls().cloned().collect();
         self.state.context_token_count = if usage.total_tokens() > 0 {
             usage.total_tokens()
@@ -275,7 +283,7 @@ impl StepMachine {
         };
         self.state.direct_credits_used += usage.cost;
         self.state.credits_used += usage.cost;
-        self.state.message_history.push(message);
+        self.state.message_history.push_shared(message);
         self.events.push(EventKind::ModelResponded {
             step,
             usage,
@@ -465,9 +473,7 @@ impl StepMachine {
 
     /// Step 1 of the loop: expire, count the step, build the request.
     fn begin_step(&mut self) -> Vec<Action> {
-        if self.program.is_none() {
-            self.checkpoint();
-        }
+        self.checkpoint();
         self.expire(Expiry::StepStart);
         if self.state.steps_remaining == 0 {
             return self.step_limit();
@@ -850,6 +856,16 @@ fn fresh_id(base: String, history: &History, seen: &mut HashSet<String>) -> Stri
 
 /// Gives every tool call of a reply a non-empty id, unique within the reply and
 /// the history (models may reuse ids across steps; pairing is by id).
+/// Whether every tool call of a reply has an id of its own (`with_call_ids`
+/// would leave it as it is).
+fn call_ids_ok(message: &Message, history: &History) -> bool {
+    let mut seen = HashSet::new();
+    message.tool_calls().all(|call| {
+        let id = call.tool_call_id.as_str();
+        !id.is_empty() && seen.insert(id) && !history.id_taken(id)
+    })
+}
+
 fn with_call_ids(message: Message, step: u32, history: &History) -> Message {
     if message.tool_calls().next().is_none() {
         return message;

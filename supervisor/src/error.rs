@@ -23,12 +23,18 @@ pub enum Error {
     UnknownTree(String),
     #[error("cannot open store {path}: {reason}")]
     StoreOpen { path: String, reason: String },
-    #[error("{path} is not an Arbor store (it is not a SQLite file, or belongs to another program)")]
+    #[error(
+        "{path} is not an Arbor store (it is not a SQLite file, or belongs to another program)"
+    )]
     NotAStore { path: String },
     #[error(
         "store {path} was written by a newer Arbor (schema version {found}; this build knows up to {known}): upgrade arbor to use it"
     )]
-    NewerStore { path: String, found: i64, known: i64 },
+    NewerStore {
+        path: String,
+        found: i64,
+        known: i64,
+    },
     #[error("{0}")]
     Store(String),
     #[error("tree {tree} cannot be resumed: {reason}")]

@@ -102,7 +102,8 @@ impl Supervisor {
             }),
         )?);
         let sink = writer.clone();
-        self.bus.sink(move |event| sink.send(Write::Event(event.clone())));
+        self.bus
+            .sink(move |event| sink.send(Write::Event(event.clone())));
         self.store = Some((store, writer));
         Ok(self)
     }
@@ -273,15 +274,21 @@ impl Supervisor {
             status: AgentStatus::Running,
             ..AgentState::default()
         };
-        let resumed = ctx.recovery().and_then(|r| r.checkpoints.get(&ids.run_id).cloned());
+        let resumed = ctx
+            .recovery()
+            .and_then(|r| r.checkpoints.get(&ids.run_id).cloned());
         let machine = match resumed {
-            Some(checkpoint) => {
-                StepMachine::from_checkpoint(&checkpoint, template.clone(), toolbox, tree_id.clone())
-            }
+            Some(checkpoint) => StepMachine::from_checkpoint(
+                &checkpoint,
+                template.clone(),
+                toolbox,
+                tree_id.clone(),
+            ),
             None => StepMachine::new(state, template.clone(), toolbox, inherited, tree_id.clone())
                 .with_input(Some(request.prompt.clone()), request.params.clone()),
         };
         if let Some((_, writer)) = &self.store {
+            // Durable before it runs: once `start` returns, the tree can be resumed.
             writer.send(Write::Tree(TreeRecord {
                 tree_id: tree_id.to_string(),
                 root_run_id: ids.run_id.clone(),
@@ -293,6 +300,7 @@ impl Supervisor {
                 origin: request.origin.clone(),
                 started_ms: crate::tree::now_ms(),
             }));
+            writer.flush().await?;
         }
         let slot = {
             use arbor_actors::TreeHooks;

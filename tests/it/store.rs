@@ -80,8 +80,16 @@ fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one() {
     let uninterrupted = json_out(&arbor_in(
         dir.path(),
         &[
-            "run", "--config", &config, "--store", "whole.db", "--tree-id", "crash", "--json",
-            "-q", "go",
+            "run",
+            "--config",
+            &config,
+            "--store",
+            "whole.db",
+            "--tree-id",
+            "crash",
+            "--json",
+            "-q",
+            "go",
         ],
     ));
     assert_eq!(uninterrupted["status"], "completed");
@@ -89,37 +97,67 @@ fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one() {
 
     // Five kill points, each chosen from the events the process printed.
     let run = [
-        "run", "--config", &config, "--store", "crash.db", "--tree-id", "crash", "--json",
-        "--events", "go",
+        "run",
+        "--config",
+        &config,
+        "--store",
+        "crash.db",
+        "--tree-id",
+        "crash",
+        "--json",
+        "--events",
+        "go",
     ];
     let resume = [
         "resume", "crash", "--config", &config, "--store", "crash.db", "--json", "--events",
     ];
+    // Progress is counted across processes: runs that finished, by id (a
+    // resumed run that had finished is merged, not started, so it is not
+    // reported again).
+    let finished = std::rc::Rc::new(std::cell::RefCell::new(std::collections::HashSet::new()));
+    let done = |at: usize| {
+        let finished = finished.clone();
+        move |e: &Value| {
+            if e["type"] == "agentFinished" {
+                finished
+                    .borrow_mut()
+                    .insert(e["runId"].as_str().unwrap().to_owned());
+            }
+            finished.borrow().len() >= at
+        }
+    };
     let mut points: Vec<Box<dyn FnMut(&Value) -> bool>> = vec![
-        // The root and two workers have started.
-        Box::new(counter("agentStarted", 3)),
-        // A few helpers are done.
-        Box::new(counter("agentFinished", 3)),
-        // Mid-step: right after a model reply, before its tools ran.
-        Box::new(counter("modelResponded", 6)),
-        // Children being spawned.
-        Box::new(counter("childSpawned", 4)),
-        // A worker (depth 1) has finished.
-        Box::new(|e: &Value| {
-            e["type"] == "agentFinished" && e["runId"].as_str().unwrap().matches('.').count() == 1
+        // The root and one worker have started.
+        Box::new(counter("agentStarted", 2)),
+        // Six agents have finished.
+        Box::new(done(6)),
+        // Mid-step: right after a model reply once twelve have finished,
+        // before that reply's tools ran.
+        Box::new({
+            let mut enough = done(12);
+            move |e: &Value| enough(e) && e["type"] == "modelResponded"
         }),
+        // Twenty have finished.
+        Box::new(done(20)),
+        // Twenty-six have finished (the last workers and the root are left).
+        Box::new(done(26)),
     ];
     for (i, point) in points.iter_mut().enumerate() {
         let args: &[&str] = if i == 0 { &run } else { &resume };
         let killed = kill_when(spawn_in(dir.path(), args), point);
-        assert!(killed, "kill point {i} was never reached: the tree finished first");
+        assert!(
+            killed,
+            "kill point {i} was never reached: the tree finished first"
+        );
         let runs = arbor_in(dir.path(), &["runs", "--store", "crash.db", "--json"]);
         let runs = json_out(&runs);
         assert_eq!(runs[0]["status"], "interrupted", "after kill {i}: {runs}");
     }
     let resumed = json_out(&arbor_in(
         dir.path(),
-        &["resume", "crash", "--config", &config, "--store", "crash.db", "--json", "-q"],
+        &[
+            "resume", "crash", "--config", &config, "--store", "crash.db", "--json", "-q",
+        ],
     ));
     assert_eq!(resumed, uninterrupted);
 
@@ -142,7 +180,10 @@ fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one() {
     for event in export["events"].as_array().unwrap() {
         let run = event["runId"].as_str().unwrap().to_owned();
         if event["type"] == "agentStarted" {
-            assert!(!finished.contains(&run), "{run} started again after it finished");
+            assert!(
+                !finished.contains(&run),
+                "{run} started again after it finished"
+            );
         }
         if event["type"] == "agentFinished" {
             assert!(finished.insert(run.clone()), "{run} finished twice");
@@ -169,17 +210,23 @@ fn replay_matches_and_names_the_first_agent_that_diverges_after_an_edit() {
     assert!(run.status.success(), "{}", text(&run.stderr));
     assert!(dir.path().join("arbor.db").is_file(), "stored by default");
     let replay = arbor_in(dir.path(), &["replay", "r1"]);
-    assert!(replay.status.success(), "{}{}", text(&replay.stdout), text(&replay.stderr));
-    assert!(text(&replay.stdout).starts_with("match: 31 runs"), "{}", text(&replay.stdout));
+    assert!(
+        replay.status.success(),
+        "{}{}",
+        text(&replay.stdout),
+        text(&replay.stderr)
+    );
+    assert!(
+        text(&replay.stdout).starts_with("match: 31 runs"),
+        "{}",
+        text(&replay.stdout)
+    );
 
     // Edit one recorded reply: worker 0.3's last step says something else.
     let db = rusqlite::Connection::open(dir.path().join("arbor.db")).unwrap();
     let body = r#"{"role":"assistant","content":[{"type":"text","text":"worker edited"}]}"#;
-    db.execute(
-        "INSERT INTO blobs(hash, body) VALUES (randomblob(16), ?1)",
-        [body],
-    )
-    .unwrap();
+    db.execute("INSERT INTO blobs(body) VALUES (?1)", [body])
+        .unwrap();
     let id = db.last_insert_rowid();
     let edited = db
         .execute(
@@ -192,7 +239,10 @@ fn replay_matches_and_names_the_first_agent_that_diverges_after_an_edit() {
     let replay = arbor_in(dir.path(), &["replay", "r1"]);
     assert_eq!(replay.status.code(), Some(1), "{}", text(&replay.stderr));
     let out = text(&replay.stdout);
-    assert!(out.starts_with("mismatch: run r1/0.3 (worker): message "), "{out}");
+    assert!(
+        out.starts_with("mismatch: run r1/0.3 (worker): message "),
+        "{out}"
+    );
     assert!(out.contains("worker edited"), "{out}");
 }
 
@@ -211,16 +261,26 @@ fn runs_show_tree_and_gc_read_the_store() {
     let table = text(&out.stdout);
     assert!(table.starts_with("TREE"), "{table}");
     assert_eq!(table.lines().count(), 3, "{table}");
-    assert!(table.contains("a1") && table.contains("completed"), "{table}");
+    assert!(
+        table.contains("a1") && table.contains("completed"),
+        "{table}"
+    );
     let limited = json_out(&arbor_in(dir.path(), &["runs", "--limit", "1", "--json"]));
     assert_eq!(limited.as_array().unwrap().len(), 1);
     assert_eq!(limited[0]["treeId"], "a2", "newest first");
     assert_eq!(limited[0]["agents"], 5);
-    let failed = json_out(&arbor_in(dir.path(), &["runs", "--status", "failed", "--json"]));
+    let failed = json_out(&arbor_in(
+        dir.path(),
+        &["runs", "--status", "failed", "--json"],
+    ));
     assert_eq!(failed.as_array().unwrap().len(), 0);
     let bad = arbor_in(dir.path(), &["runs", "--status", "weird"]);
     assert!(!bad.status.success());
-    assert!(text(&bad.stderr).contains("--status"), "{}", text(&bad.stderr));
+    assert!(
+        text(&bad.stderr).contains("--status"),
+        "{}",
+        text(&bad.stderr)
+    );
 
     let state = json_out(&arbor_in(dir.path(), &["show", "a1/0", "--json"]));
     assert_eq!(state["runId"], "a1/0");
@@ -231,18 +291,38 @@ fn runs_show_tree_and_gc_read_the_store() {
 
     let tree = text(&arbor_in(dir.path(), &["tree", "a1"]).stdout);
     let lines: Vec<&str> = tree.lines().collect();
-    assert!(lines[0].starts_with("tree a1 (completed): 5 agents"), "{tree}");
-    assert!(lines[1].starts_with("✓ lead a1/0 completed: 2 steps"), "{tree}");
-    assert!(lines.iter().any(|l| l.starts_with("    ✓ helper a1/0.1.1")), "{tree}");
+    assert!(
+        lines[0].starts_with("tree a1 (completed): 5 agents"),
+        "{tree}"
+    );
+    assert!(
+        lines[1].starts_with("✓ lead a1/0 completed: 2 steps"),
+        "{tree}"
+    );
+    assert!(
+        lines.iter().any(|l| l.starts_with("    ✓ helper a1/0.1.1")),
+        "{tree}"
+    );
 
     let gc = arbor_in(dir.path(), &["gc", "--older-than", "1d"]);
-    assert_eq!(text(&gc.stdout).trim(), "removed 0 trees and 0 unreferenced messages");
+    assert_eq!(
+        text(&gc.stdout).trim(),
+        "removed 0 trees and 0 unreferenced messages"
+    );
     let gc = arbor_in(dir.path(), &["gc", "--older-than", "0s"]);
-    assert!(text(&gc.stdout).starts_with("removed 2 trees and "), "{}", text(&gc.stdout));
+    assert!(
+        text(&gc.stdout).starts_with("removed 2 trees and "),
+        "{}",
+        text(&gc.stdout)
+    );
     let after = json_out(&arbor_in(dir.path(), &["runs", "--json"]));
     assert_eq!(after.as_array().unwrap().len(), 0);
     let bad = arbor_in(dir.path(), &["gc", "--older-than", "soon"]);
-    assert!(text(&bad.stderr).contains("--older-than"), "{}", text(&bad.stderr));
+    assert!(
+        text(&bad.stderr).contains("--older-than"),
+        "{}",
+        text(&bad.stderr)
+    );
 }
 
 #[test]
@@ -281,16 +361,27 @@ fn bad_store_files_and_unknown_trees_are_refused_cleanly() {
         assert!(err.contains(expect), "{args:?}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
         if let (Some(file), Some(before)) = (file, before) {
-            assert_eq!(std::fs::read(dir.path().join(file)).unwrap(), before, "{file} changed");
+            assert_eq!(
+                std::fs::read(dir.path().join(file)).unwrap(),
+                before,
+                "{file} changed"
+            );
             for suffix in ["-wal", "-journal"] {
                 assert!(!dir.path().join(format!("{file}{suffix}")).exists());
             }
         }
     };
     // Not SQLite at all.
-    std::fs::write(dir.path().join("junk.db"), b"this is not a database, just text\n".repeat(200))
-        .unwrap();
-    check(&["runs", "--store", "junk.db"], Some("junk.db"), "is not an Arbor store");
+    std::fs::write(
+        dir.path().join("junk.db"),
+        b"this is not a database, just text\n".repeat(200),
+    )
+    .unwrap();
+    check(
+        &["runs", "--store", "junk.db"],
+        Some("junk.db"),
+        "is not an Arbor store",
+    );
     let config = fixtures().join("scripted.toml").display().to_string();
     check(
         &["run", "--config", &config, "--store", "junk.db", "go"],
@@ -303,28 +394,62 @@ fn bad_store_files_and_unknown_trees_are_refused_cleanly() {
         db.execute_batch("CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT); INSERT INTO notes(body) VALUES ('hi');")
             .unwrap();
     }
-    check(&["runs", "--store", "other.db"], Some("other.db"), "is not an Arbor store");
-    check(&["resume", "t1", "--store", "other.db"], Some("other.db"), "is not an Arbor store");
+    check(
+        &["runs", "--store", "other.db"],
+        Some("other.db"),
+        "is not an Arbor store",
+    );
+    check(
+        &["resume", "t1", "--store", "other.db"],
+        Some("other.db"),
+        "is not an Arbor store",
+    );
     // A store from a newer Arbor.
-    let out = arbor_in(dir.path(), &["run", "--config", &config, "--store", "new.db", "-q", "go"]);
+    let out = arbor_in(
+        dir.path(),
+        &["run", "--config", &config, "--store", "new.db", "-q", "go"],
+    );
     assert!(out.status.success());
     {
         let db = rusqlite::Connection::open(dir.path().join("new.db")).unwrap();
         db.pragma_update(None, "user_version", 99).unwrap();
         db.pragma_update(None, "journal_mode", "DELETE").unwrap();
     }
-    check(&["runs", "--store", "new.db"], Some("new.db"), "written by a newer Arbor (schema version 99");
+    check(
+        &["runs", "--store", "new.db"],
+        Some("new.db"),
+        "written by a newer Arbor (schema version 99",
+    );
     check(
         &["run", "--config", &config, "--store", "new.db", "go"],
         Some("new.db"),
         "upgrade arbor",
     );
     // A tree or run that is not there, and a store that is not there.
-    arbor_in(dir.path(), &["run", "--config", &config, "--store", "ok.db", "-q", "go"]);
-    check(&["resume", "nope", "--store", "ok.db"], None, "no tree nope in the store");
-    check(&["replay", "nope", "--store", "ok.db"], None, "no tree nope in the store");
-    check(&["tree", "nope", "--store", "ok.db"], None, "no tree nope in the store");
-    check(&["show", "nope/0", "--store", "ok.db"], None, "no run nope/0");
+    arbor_in(
+        dir.path(),
+        &["run", "--config", &config, "--store", "ok.db", "-q", "go"],
+    );
+    check(
+        &["resume", "nope", "--store", "ok.db"],
+        None,
+        "no tree nope in the store",
+    );
+    check(
+        &["replay", "nope", "--store", "ok.db"],
+        None,
+        "no tree nope in the store",
+    );
+    check(
+        &["tree", "nope", "--store", "ok.db"],
+        None,
+        "no tree nope in the store",
+    );
+    check(
+        &["show", "nope/0", "--store", "ok.db"],
+        None,
+        "no run nope/0",
+    );
     check(&["runs", "--store", "missing.db"], None, "no store there");
     assert!(!dir.path().join("missing.db").exists());
 }
@@ -333,8 +458,15 @@ fn bad_store_files_and_unknown_trees_are_refused_cleanly() {
 fn a_finished_tree_is_not_resumed_and_no_store_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let config = fixtures().join("scripted.toml").display().to_string();
-    let out = arbor_in(dir.path(), &["run", "--config", &config, "--tree-id", "f1", "go"]);
-    assert!(text(&out.stderr).contains("arbor resume f1"), "{}", text(&out.stderr));
+    let out = arbor_in(
+        dir.path(),
+        &["run", "--config", &config, "--tree-id", "f1", "go"],
+    );
+    assert!(
+        text(&out.stderr).contains("arbor resume f1"),
+        "{}",
+        text(&out.stderr)
+    );
     let again = arbor_in(dir.path(), &["resume", "f1"]);
     assert!(!again.status.success());
     assert!(
@@ -343,7 +475,13 @@ fn a_finished_tree_is_not_resumed_and_no_store_writes_nothing() {
         text(&again.stderr)
     );
     let other = tempfile::tempdir().unwrap();
-    let out = arbor_in(other.path(), &["run", "--config", &config, "--no-store", "go"]);
+    let out = arbor_in(
+        other.path(),
+        &["run", "--config", &config, "--no-store", "go"],
+    );
     assert!(out.status.success());
-    assert!(std::fs::read_dir(other.path()).unwrap().next().is_none(), "--no-store wrote a file");
+    assert!(
+        std::fs::read_dir(other.path()).unwrap().next().is_none(),
+        "--no-store wrote a file"
+    );
 }

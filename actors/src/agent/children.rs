@@ -170,10 +170,12 @@ impl AgentRun {
         let next = self.machine.children_spawned() + 1;
         let ids = self.hooks.child_ids(self.machine.state(), next, 0);
         let known = self.hooks.recovered(&ids.run_id).is_some();
-        if let Err(limit) = (!known)
-            .then(|| self.hooks.admit_child(depth, index))
-            .unwrap_or(Ok(()))
-        {
+        let admitted = if known {
+            Ok(())
+        } else {
+            self.hooks.admit_child(depth, index)
+        };
+        if let Err(limit) = admitted {
             slot.report = Some(ChildReport::refused(&plan.agent_type, &limit.to_string()));
             self.emit(EventKind::LimitHit { limit });
             return slot;

@@ -167,6 +167,10 @@ pub trait Store: Send + Sync + 'static {
     fn recovery(&self, tree_id: &str) -> Result<Recovery, Error>;
     /// The final states of every finished run, in the order they finished.
     fn final_states(&self, tree_id: &str) -> Result<Vec<AgentState>, Error>;
+    /// A tree's journaled events with `seq` above `after`, in order, as JSON
+    /// (as emitted, without the states and replies stored elsewhere, and without
+    /// streaming deltas and checkpoints).
+    fn events(&self, tree_id: &str, after: u64) -> Result<Vec<Value>, Error>;
     /// Everything stored of a tree, as one JSON document.
     fn export(&self, tree_id: &str) -> Result<Value, Error>;
     /// Removes trees that ended before `cutoff_ms`, and what only they used.
@@ -182,12 +186,15 @@ enum Msg {
 /// and writes it as one transaction. When a write fails the writer stops, keeps
 /// the reason, and calls `on_failure` (the supervisor fails the running trees).
 pub(crate) struct StoreWriter {
-    tx: Mutex<mpsc::Sender<Msg>>,
+    tx: mpsc::Sender<Msg>,
     failure: Arc<Mutex<Option<String>>>,
 }
 
 const MAX_BATCH: usize = 8192;
 const HEARTBEAT: Duration = Duration::from_secs(1);
+/// How long the writer lets writes gather before a batch (the most a write
+/// waits before it is committed, beyond the time to write the batch before it).
+const GATHER: Duration = Duration::from_millis(2);
 
 impl StoreWriter {
     pub(crate) fn start(
@@ -201,16 +208,11 @@ impl StoreWriter {
             .name("arbor-store".into())
             .spawn(move || writer_loop(store, rx, failed, on_failure))
             .map_err(|e| Error::Store(format!("cannot start the store writer: {e}")))?;
-        Ok(StoreWriter {
-            tx: Mutex::new(tx),
-            failure,
-        })
+        Ok(StoreWriter { tx, failure })
     }
 
     pub(crate) fn send(&self, write: Write) {
-        if let Ok(tx) = self.tx.lock() {
-            let _ = tx.send(Msg::Write(write));
-        }
+        let _ = self.tx.send(Msg::Write(write));
     }
 
     /// Why the store stopped taking writes, if it did.
@@ -221,9 +223,7 @@ impl StoreWriter {
     /// Waits until everything sent so far is written.
     pub(crate) async fn flush(&self) -> Result<(), Error> {
         let (done, wait) = oneshot::channel();
-        if let Ok(tx) = self.tx.lock() {
-            let _ = tx.send(Msg::Flush(done));
-        }
+        let _ = self.tx.send(Msg::Flush(done));
         match wait.await {
             Ok(result) => result.map_err(Error::Store),
             Err(_) => Err(Error::Store("the store writer has stopped".into())),
@@ -249,7 +249,16 @@ fn writer_loop(
             Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => return,
         };
-        for msg in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+        // Let a batch gather: while this thread sleeps, senders find no
+        // receiver to wake, so an event costs them a queue push and no syscall.
+        // (Not for a new tree or a flush: someone waits for those.)
+        if matches!(first, Some(Msg::Write(Write::Event(_)))) {
+            std::thread::sleep(GATHER);
+        }
+        for msg in first
+            .into_iter()
+            .chain(std::iter::from_fn(|| rx.try_recv().ok()))
+        {
             match msg {
                 Msg::Write(write) => {
                     match &write {
@@ -274,7 +283,14 @@ fn writer_loop(
             last_beat = Instant::now();
         }
         if failed.is_none() && !batch.is_empty() {
-            if let Err(error) = store.write(&batch) {
+            let started = Instant::now();
+            let result = store.write(&batch);
+            tracing::debug!(
+                writes = batch.len(),
+                us = started.elapsed().as_micros() as u64,
+                "store batch"
+            );
+            if let Err(error) = result {
                 let reason = format!("the store failed: {error}");
                 tracing::error!("{reason}");
                 if let Ok(mut slot) = failure.lock() {

@@ -1,24 +1,28 @@
 //! The embedded store: one SQLite file in WAL mode.
 //!
-//! Messages (and system prompts and tool definitions) are stored once, keyed by
-//! a hash of their JSON; a checkpoint refers to them by id, as the previous
-//! checkpoint of its run plus the messages appended since, so a long history is
-//! never rewritten whole.
+//! Messages (and system prompts and tool definitions) are stored once: history
+//! is shared (`Arc`) between a run's checkpoints and with its children, so a
+//! message is known by its address while the writer holds it, and written the
+//! first time it is seen. A checkpoint refers to messages by id, as the
+//! previous checkpoint of its run plus the messages appended since, so a long
+//! history is never rewritten whole.
 
 use std::collections::{HashMap, HashSet};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arbor_actors::state::ToolDefinitions;
-use arbor_actors::{AgentState, AgentStatus, Checkpoint, Event, EventKind, History, Message, Usage};
+use arbor_actors::{
+    AgentState, AgentStatus, Checkpoint, Event, EventKind, History, Message, Usage,
+};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{
-    GcReport, RunNode, STALE_AFTER_MS, Store, StoredRun, TreeFilter, TreeRecord, TreeSummary,
-    Write,
+    GcReport, RunNode, STALE_AFTER_MS, Store, StoredRun, TreeFilter, TreeRecord, TreeSummary, Write,
 };
 use crate::error::Error;
 use crate::recovery::{RecordedReply, Recovery, Spent};
@@ -65,12 +69,10 @@ CREATE TABLE runs (
 CREATE INDEX runs_tree ON runs(tree_id);
 CREATE TABLE blobs (
     id   INTEGER PRIMARY KEY,
-    hash BLOB NOT NULL UNIQUE,
     body BLOB NOT NULL
 );
 CREATE TABLE checkpoints (
     id       INTEGER PRIMARY KEY,
-    tree_id  TEXT NOT NULL,
     run_id   TEXT NOT NULL,
     step     INTEGER NOT NULL,
     final    INTEGER NOT NULL,
@@ -81,28 +83,24 @@ CREATE TABLE checkpoints (
     at_ms    INTEGER NOT NULL
 );
 CREATE INDEX checkpoints_run ON checkpoints(run_id, id);
-CREATE INDEX checkpoints_tree ON checkpoints(tree_id);
 CREATE TABLE model_calls (
     run_id        TEXT NOT NULL,
     step          INTEGER NOT NULL,
-    tree_id       TEXT NOT NULL,
     reply         INTEGER NOT NULL,
-    usage         TEXT NOT NULL,
     input_tokens  INTEGER NOT NULL,
     output_tokens INTEGER NOT NULL,
+    cache_read    INTEGER NOT NULL,
+    cache_write   INTEGER NOT NULL,
     cost          REAL NOT NULL,
     at_ms         INTEGER NOT NULL,
     PRIMARY KEY (run_id, step)
 ) WITHOUT ROWID;
-CREATE INDEX model_calls_tree ON model_calls(tree_id);
-CREATE TABLE events (
-    tree_id TEXT NOT NULL,
-    seq     INTEGER NOT NULL,
-    run_id  TEXT NOT NULL,
-    at_ms   INTEGER NOT NULL,
-    type    TEXT NOT NULL,
-    body    TEXT NOT NULL,
-    PRIMARY KEY (tree_id, seq)
+CREATE TABLE journal (
+    tree_id   TEXT NOT NULL,
+    first_seq INTEGER NOT NULL,
+    last_seq  INTEGER NOT NULL,
+    events    BLOB NOT NULL,
+    PRIMARY KEY (tree_id, first_seq)
 ) WITHOUT ROWID;
 "#];
 
@@ -146,7 +144,9 @@ pub struct SqliteStore {
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore").field("path", &self.path).finish()
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -172,6 +172,23 @@ impl SqliteStore {
     }
 
     fn open_with(path: &Path, create: bool) -> Result<Self, Error> {
+        // Another process opening (or migrating) the same file at this moment
+        // can make setup fail with "locked" before the busy timeout applies.
+        let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+        loop {
+            match Self::try_open(path, create) {
+                Err(Error::StoreOpen { reason, .. })
+                    if (reason.contains("locked") || reason.contains("busy"))
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn try_open(path: &Path, create: bool) -> Result<Self, Error> {
         let open_err = |reason: String| Error::StoreOpen {
             path: path.display().to_string(),
             reason,
@@ -207,6 +224,12 @@ impl SqliteStore {
                 found: version,
                 known,
             });
+        }
+        // Before the first table: 16 KiB pages measured faster than 4 KiB for
+        // the writer's batches (BENCHMARKS.md); an existing file keeps its own.
+        if tables == 0 {
+            conn.pragma_update(None, "page_size", 16384)
+                .map_err(|e| open_err(e.to_string()))?;
         }
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(|e| open_err(e.to_string()))?;
@@ -261,68 +284,62 @@ impl SqliteStore {
     }
 }
 
-/// A state as a checkpoint row keeps it: its history and shared values by id.
+/// A state as a checkpoint row keeps it: a JSON array (no key names), its
+/// history and shared values by id. Fields, in order: agent id (null when it is
+/// the run id), agent type, run id, parent id (null when it is the last
+/// ancestor), ancestor run ids, child run ids, output, system prompt blob,
+/// tool definitions blob, context tokens, steps remaining, credits, direct
+/// credits, status, step, children spawned, inherited.
 #[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct StateRow<'a> {
-    agent_id: &'a str,
-    agent_type: &'a Option<String>,
-    run_id: &'a str,
-    parent_id: &'a Option<String>,
-    ancestor_run_ids: &'a [String],
-    child_run_ids: &'a [String],
-    output: &'a Option<Value>,
-    system_prompt: i64,
-    tool_definitions: i64,
-    context_token_count: u64,
-    steps_remaining: u32,
-    credits_used: f64,
-    direct_credits_used: f64,
-    status: AgentStatus,
-    step: u32,
-    children_spawned: u32,
-    inherited: usize,
-    prompt: &'a Option<String>,
-    params: &'a Option<Value>,
-}
+struct StateRow<'a>(
+    Option<&'a str>,
+    &'a Option<String>,
+    &'a str,
+    Option<&'a str>,
+    &'a [String],
+    &'a [String],
+    &'a Option<Value>,
+    i64,
+    i64,
+    u64,
+    u32,
+    f64,
+    f64,
+    AgentStatus,
+    u32,
+    u32,
+    usize,
+);
+
+/// Where the shared values' blob ids sit in a `StateRow`.
+const SYSTEM_PROMPT_AT: usize = 7;
+const TOOLS_AT: usize = 8;
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct StateRowOwned {
-    agent_id: String,
-    agent_type: Option<String>,
-    run_id: String,
-    parent_id: Option<String>,
-    ancestor_run_ids: Vec<String>,
-    child_run_ids: Vec<String>,
-    output: Option<Value>,
-    system_prompt: i64,
-    tool_definitions: i64,
-    context_token_count: u64,
-    steps_remaining: u32,
-    credits_used: f64,
-    direct_credits_used: f64,
-    status: AgentStatus,
-    step: u32,
-    children_spawned: u32,
-    inherited: usize,
-    prompt: Option<String>,
-    params: Option<Value>,
-}
-
-fn hash(body: &[u8]) -> [u8; 16] {
-    let full = blake3::hash(body);
-    let mut short = [0u8; 16];
-    short.copy_from_slice(&full.as_bytes()[..16]);
-    short
-}
+struct StateRowOwned(
+    Option<String>,
+    Option<String>,
+    String,
+    Option<String>,
+    Vec<String>,
+    Vec<String>,
+    Option<Value>,
+    i64,
+    i64,
+    u64,
+    u32,
+    f64,
+    f64,
+    AgentStatus,
+    u32,
+    u32,
+    usize,
+);
 
 fn put_blob(tx: &Transaction<'_>, body: &[u8]) -> rusqlite::Result<i64> {
-    let mut stmt = tx.prepare_cached(
-        "INSERT INTO blobs(hash, body) VALUES (?1, ?2)
-         ON CONFLICT(hash) DO UPDATE SET hash = excluded.hash RETURNING id",
-    )?;
-    stmt.query_row(params![&hash(body)[..], body], |r| r.get(0))
+    let mut stmt = tx.prepare_cached("INSERT INTO blobs(body) VALUES (?1)")?;
+    stmt.execute([body])?;
+    Ok(tx.last_insert_rowid())
 }
 
 fn encode_ids(ids: &[i64]) -> Vec<u8> {
@@ -348,7 +365,9 @@ fn decode_ids(bytes: &[u8]) -> Result<Vec<i64>, Error> {
     let mut shift = 0;
     for &byte in bytes {
         if shift > 63 {
-            return Err(Error::Store("a checkpoint's message list is corrupt".into()));
+            return Err(Error::Store(
+                "a checkpoint's message list is corrupt".into(),
+            ));
         }
         v |= u64::from(byte & 0x7f) << shift;
         if byte & 0x80 == 0 {
@@ -360,7 +379,9 @@ fn decode_ids(bytes: &[u8]) -> Result<Vec<i64>, Error> {
         }
     }
     if shift != 0 {
-        return Err(Error::Store("a checkpoint's message list is corrupt".into()));
+        return Err(Error::Store(
+            "a checkpoint's message list is corrupt".into(),
+        ));
     }
     Ok(ids)
 }
@@ -373,9 +394,61 @@ fn to_json<T: Serialize + ?Sized>(value: &T) -> rusqlite::Result<String> {
 struct Batch<'c, 't> {
     tx: &'t Transaction<'c>,
     cache: &'t mut Cache,
+    /// Runs that started in this batch.
+    runs: HashMap<Arc<str>, RunRow>,
+    /// Each tree's journal chunk being filled.
+    journal: HashMap<Arc<str>, Chunk>,
+}
+
+struct RunRow {
+    tree_id: Arc<str>,
+    agent_id: String,
+    parent_run_id: Option<String>,
+    agent_type: String,
+    depth: i64,
+    inherited: i64,
+    started_ms: i64,
+    end: Option<RunEnd>,
+}
+
+struct RunEnd {
+    status: &'static str,
+    error: Option<String>,
+    finished_ms: i64,
+    checkpoint: i64,
 }
 
 impl Batch<'_, '_> {
+    /// Writes the runs that started in this batch (a resumed run starts again:
+    /// it is running, and keeps no final state of an earlier life).
+    fn flush_runs(&mut self) -> rusqlite::Result<()> {
+        let mut stmt = self.tx.prepare_cached(
+            "INSERT INTO runs(run_id, tree_id, agent_id, parent_run_id, agent_type, depth,
+                              inherited, status, error, started_ms, finished_ms, final_checkpoint)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+             ON CONFLICT(run_id) DO UPDATE SET status = excluded.status, error = excluded.error,
+                 finished_ms = excluded.finished_ms, final_checkpoint = excluded.final_checkpoint",
+        )?;
+        for (run_id, row) in self.runs.drain() {
+            let end = row.end.as_ref();
+            stmt.execute(params![
+                &*run_id,
+                &*row.tree_id,
+                row.agent_id,
+                row.parent_run_id,
+                row.agent_type,
+                row.depth,
+                row.inherited,
+                end.map_or("running", |e| e.status),
+                end.and_then(|e| e.error.as_deref()),
+                row.started_ms,
+                end.map(|e| e.finished_ms),
+                end.map(|e| e.checkpoint),
+            ])?;
+        }
+        Ok(())
+    }
+
     fn message_id(&mut self, message: &Arc<Message>) -> rusqlite::Result<i64> {
         let key = Arc::as_ptr(message) as usize;
         if let Some((_, id)) = self.cache.messages.get(&key) {
@@ -409,12 +482,12 @@ impl Batch<'_, '_> {
     /// Writes a checkpoint (or a final state) as a delta on the run's last one.
     fn checkpoint(
         &mut self,
-        tree_id: &str,
         at_ms: u64,
-        checkpoint: &Checkpoint,
+        state: &AgentState,
+        point: (u32, u32, usize),
         is_final: bool,
     ) -> rusqlite::Result<i64> {
-        let state = &checkpoint.state;
+        let (step, children_spawned, inherited) = point;
         let history = &state.message_history;
         let (base, keep, chain) = match self.cache.last.get(&state.run_id) {
             Some((id, previous, chain)) if *chain < MAX_CHAIN => {
@@ -431,35 +504,35 @@ impl Batch<'_, '_> {
         for message in history.iter().skip(keep) {
             appended.push(self.message_id(message)?);
         }
-        let row = StateRow {
-            agent_id: &state.agent_id,
-            agent_type: &state.agent_type,
-            run_id: &state.run_id,
-            parent_id: &state.parent_id,
-            ancestor_run_ids: &state.ancestor_run_ids,
-            child_run_ids: &state.child_run_ids,
-            output: &state.output,
-            system_prompt: self.text_id(&state.system_prompt)?,
-            tool_definitions: self.tools_id(&state.tool_definitions)?,
-            context_token_count: state.context_token_count,
-            steps_remaining: state.steps_remaining,
-            credits_used: state.credits_used,
-            direct_credits_used: state.direct_credits_used,
-            status: state.status,
-            step: checkpoint.step,
-            children_spawned: checkpoint.children_spawned,
-            inherited: checkpoint.inherited,
-            prompt: &checkpoint.prompt,
-            params: &checkpoint.params,
-        };
+        let row = StateRow(
+            (state.agent_id != state.run_id).then_some(state.agent_id.as_str()),
+            &state.agent_type,
+            &state.run_id,
+            state
+                .parent_id
+                .as_deref()
+                .filter(|p| state.ancestor_run_ids.last().map(String::as_str) != Some(*p)),
+            &state.ancestor_run_ids,
+            &state.child_run_ids,
+            &state.output,
+            self.text_id(&state.system_prompt)?,
+            self.tools_id(&state.tool_definitions)?,
+            state.context_token_count,
+            state.steps_remaining,
+            state.credits_used,
+            state.direct_credits_used,
+            state.status,
+            step,
+            children_spawned,
+            inherited,
+        );
         let mut stmt = self.tx.prepare_cached(
-            "INSERT INTO checkpoints(tree_id, run_id, step, final, base, keep, appended, state, at_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            "INSERT INTO checkpoints(run_id, step, final, base, keep, appended, state, at_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )?;
         stmt.execute(params![
-            tree_id,
             state.run_id,
-            checkpoint.step,
+            step,
             is_final,
             base,
             keep as i64,
@@ -503,7 +576,11 @@ impl Batch<'_, '_> {
         Ok(())
     }
 
-    fn event(&mut self, event: &Event, last_seq: &mut HashMap<Arc<str>, u64>) -> rusqlite::Result<()> {
+    fn event(
+        &mut self,
+        event: &Event,
+        last_seq: &mut HashMap<Arc<str>, u64>,
+    ) -> rusqlite::Result<()> {
         let tree_id = &*event.tree_id;
         let run_id = &*event.run_id;
         let at = event.at_ms as i64;
@@ -517,25 +594,26 @@ impl Batch<'_, '_> {
                 depth,
                 inherited,
             } => {
-                let mut stmt = self.tx.prepare_cached(
-                    "INSERT INTO runs(run_id, tree_id, agent_id, parent_run_id, agent_type, depth,
-                                      inherited, status, started_ms)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8)
-                     ON CONFLICT(run_id) DO UPDATE SET status = 'running'",
-                )?;
-                stmt.execute(params![
-                    run_id,
-                    tree_id,
-                    agent_id,
-                    parent_run_id,
-                    agent_type,
-                    *depth as i64,
-                    *inherited as i64,
-                    at
-                ])?;
+                // Kept for the end of the batch: a run that also ends in this
+                // batch is written once.
+                self.runs.insert(
+                    event.run_id.clone(),
+                    RunRow {
+                        tree_id: event.tree_id.clone(),
+                        agent_id: agent_id.clone(),
+                        parent_run_id: parent_run_id.clone(),
+                        agent_type: agent_type.clone(),
+                        depth: *depth as i64,
+                        inherited: *inherited as i64,
+                        started_ms: at,
+                        end: None,
+                    },
+                );
             }
             EventKind::Checkpointed { checkpoint } => {
-                self.checkpoint(tree_id, event.at_ms, checkpoint, false)?;
+                let c = checkpoint;
+                let point = (c.step, c.children_spawned, c.inherited);
+                self.checkpoint(event.at_ms, &c.state, point, false)?;
                 return Ok(());
             }
             EventKind::ModelDelta { .. } => return Ok(()),
@@ -547,18 +625,18 @@ impl Batch<'_, '_> {
             } => {
                 let reply = self.message_id(reply)?;
                 let mut stmt = self.tx.prepare_cached(
-                    "INSERT OR REPLACE INTO model_calls(run_id, step, tree_id, reply, usage,
-                         input_tokens, output_tokens, cost, at_ms)
+                    "INSERT OR REPLACE INTO model_calls(run_id, step, reply, input_tokens,
+                         output_tokens, cache_read, cache_write, cost, at_ms)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 )?;
                 stmt.execute(params![
                     run_id,
                     step,
-                    tree_id,
                     reply,
-                    to_json(usage)?,
                     usage.input_tokens as i64,
                     usage.output_tokens as i64,
+                    usage.cache_read_tokens as i64,
+                    usage.cache_write_tokens as i64,
                     usage.cost,
                     at
                 ])?;
@@ -566,70 +644,186 @@ impl Batch<'_, '_> {
             _ => {}
         }
         if let Some(state) = event.kind.final_state() {
-            let checkpoint = Checkpoint {
-                step: 0,
-                children_spawned: 0,
-                inherited: 0,
-                prompt: None,
-                params: None,
-                state: (**state).clone(),
-            };
-            let id = self.checkpoint(tree_id, event.at_ms, &checkpoint, true)?;
+            let id = self.checkpoint(event.at_ms, state, (0, 0, 0), true)?;
             let error = match &event.kind {
                 EventKind::AgentFailed { error, .. } => Some(error.as_str()),
                 _ => state.error_message(),
             };
             let status = state.status.as_str();
-            let mut stmt = self.tx.prepare_cached(
-                "UPDATE runs SET status = ?2, error = ?3, finished_ms = ?4, final_checkpoint = ?5
-                 WHERE run_id = ?1",
-            )?;
-            stmt.execute(params![run_id, status, error, at, id])?;
-            let mut stmt = self.tx.prepare_cached(
-                "UPDATE trees SET status = ?2, error = ?3, finished_ms = ?4
-                 WHERE tree_id = ?1 AND root_run_id = ?5",
-            )?;
-            stmt.execute(params![tree_id, status, error, at, run_id])?;
+            let end = RunEnd {
+                status,
+                error: error.map(str::to_owned),
+                finished_ms: at,
+                checkpoint: id,
+            };
+            match self.runs.get_mut(&event.run_id) {
+                Some(row) => row.end = Some(end),
+                None => {
+                    let mut stmt = self.tx.prepare_cached(
+                        "UPDATE runs SET status = ?2, error = ?3, finished_ms = ?4,
+                             final_checkpoint = ?5
+                         WHERE run_id = ?1",
+                    )?;
+                    stmt.execute(params![run_id, status, end.error, at, id])?;
+                }
+            }
+            if state.parent_id.is_none() {
+                let mut stmt = self.tx.prepare_cached(
+                    "UPDATE trees SET status = ?2, error = ?3, finished_ms = ?4
+                     WHERE tree_id = ?1 AND root_run_id = ?5",
+                )?;
+                stmt.execute(params![tree_id, status, error, at, run_id])?;
+            }
         }
+        // The journal is written in chunks of up to CHUNK bytes of JSON.
+        let body = journal_body(&event.kind)?;
+        let chunk = self
+            .journal
+            .entry(event.tree_id.clone())
+            .or_insert_with(|| Chunk::new(event.seq));
+        chunk.last = event.seq;
+        chunk
+            .text
+            .push(if chunk.text.is_empty() { b'[' } else { b',' });
+        let _ = write!(
+            chunk.text,
+            "{{\"seq\":{},\"runId\":{},\"atMs\":{},",
+            event.seq,
+            to_json(run_id)?,
+            event.at_ms,
+        );
+        chunk
+            .text
+            .extend_from_slice(body.strip_prefix('{').unwrap_or("}").as_bytes());
+        if chunk.text.len() >= CHUNK {
+            if let Some(chunk) = self.journal.remove(&event.tree_id) {
+                self.write_chunk(tree_id, chunk)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes one journal chunk: a JSON array of events, LZ4-compressed (about
+    /// 8× smaller: the journal is the largest part of a store).
+    fn write_chunk(&mut self, tree_id: &str, mut chunk: Chunk) -> rusqlite::Result<()> {
+        chunk.text.push(b']');
+        let packed = lz4_flex::compress_prepend_size(&chunk.text);
         let mut stmt = self.tx.prepare_cached(
-            "INSERT OR REPLACE INTO events(tree_id, seq, run_id, at_ms, type, body)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            "INSERT OR REPLACE INTO journal(tree_id, first_seq, last_seq, events)
+             VALUES (?1, ?2, ?3, ?4)",
         )?;
         stmt.execute(params![
             tree_id,
-            event.seq as i64,
-            run_id,
-            at,
-            event.kind.name(),
-            journal_body(&event.kind)?
+            chunk.first as i64,
+            chunk.last as i64,
+            packed
         ])?;
         Ok(())
+    }
+
+    fn flush_journal(&mut self) -> rusqlite::Result<()> {
+        let chunks: Vec<(Arc<str>, Chunk)> = self.journal.drain().collect();
+        for (tree, chunk) in chunks {
+            self.write_chunk(&tree, chunk)?;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of JSON after which a journal chunk is written.
+const CHUNK: usize = 64 * 1024;
+
+struct Chunk {
+    first: u64,
+    last: u64,
+    text: Vec<u8>,
+}
+
+impl Chunk {
+    fn new(first: u64) -> Self {
+        Chunk {
+            first,
+            last: first,
+            text: Vec::with_capacity(CHUNK + 4096),
+        }
     }
 }
 
 /// An event as the journal keeps it: without the states and replies, which are
 /// stored once elsewhere (checkpoints, model calls).
 fn journal_body(kind: &EventKind) -> rusqlite::Result<String> {
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Responded<'a> {
+        r#type: &'static str,
+        step: u32,
+        usage: &'a Usage,
+        tool_calls: usize,
+    }
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Ended<'a> {
+        r#type: &'static str,
+        status: AgentStatus,
+        output: &'a Option<Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<&'a str>,
+    }
     match kind {
         EventKind::ModelResponded {
             step,
             usage,
             tool_calls,
             ..
-        } => to_json(&json!({
-            "type": "modelResponded", "step": step, "usage": usage, "toolCalls": tool_calls
-        })),
+        } => to_json(&Responded {
+            r#type: kind.name(),
+            step: *step,
+            usage,
+            tool_calls: *tool_calls,
+        }),
         EventKind::AgentFinished { state }
         | EventKind::AgentCancelled { state }
-        | EventKind::AgentFailed { state, .. } => {
-            let mut body = json!({"type": kind.name(), "status": state.status, "output": state.output});
-            if let EventKind::AgentFailed { error, .. } = kind {
-                body["error"] = json!(error);
-            }
-            to_json(&body)
-        }
+        | EventKind::AgentFailed { state, .. } => to_json(&Ended {
+            r#type: kind.name(),
+            status: state.status,
+            output: &state.output,
+            error: match kind {
+                EventKind::AgentFailed { error, .. } => Some(error),
+                _ => None,
+            },
+        }),
         _ => to_json(kind),
     }
+}
+
+/// A tree's journaled events after `after` (its `seq`), in order.
+fn journal(conn: &Connection, path: &Path, tree_id: &str, after: u64) -> Result<Vec<Value>, Error> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT events FROM journal WHERE tree_id = ?1 AND last_seq > ?2 ORDER BY first_seq",
+        )
+        .map_err(sql(path))?;
+    let chunks = stmt
+        .query_map(params![tree_id, after as i64], |r| r.get::<_, Vec<u8>>(0))
+        .map_err(sql(path))?;
+    let mut events = Vec::new();
+    let bad = |e: &dyn std::fmt::Display| {
+        Error::Store(format!(
+            "{}: a journal chunk of {tree_id} is not valid: {e}",
+            path.display()
+        ))
+    };
+    for chunk in chunks {
+        let json =
+            lz4_flex::decompress_size_prepended(&chunk.map_err(sql(path))?).map_err(|e| bad(&e))?;
+        let chunk: Vec<Value> = serde_json::from_slice(&json).map_err(|e| bad(&e))?;
+        events.extend(
+            chunk
+                .into_iter()
+                .filter(|e| e["seq"].as_u64().is_some_and(|s| s > after)),
+        );
+    }
+    Ok(events)
 }
 
 /// The reading side.
@@ -736,48 +930,71 @@ impl<'c> Reader<'c> {
             ids.truncate(keep);
             ids.extend(appended);
         }
-        let row: StateRowOwned = serde_json::from_str(state_json.as_deref().unwrap_or("{}"))
+        let StateRowOwned(
+            agent_id,
+            agent_type,
+            run_id,
+            parent_id,
+            ancestor_run_ids,
+            child_run_ids,
+            output,
+            system_prompt,
+            tool_definitions,
+            context_token_count,
+            steps_remaining,
+            credits_used,
+            direct_credits_used,
+            status,
+            step,
+            children_spawned,
+            inherited,
+        ) = serde_json::from_str(state_json.as_deref().unwrap_or("[]"))
             .map_err(|e| self.corrupt(format!("checkpoint {id} is not valid: {e}")))?;
         let mut history = History::new();
         for id in ids {
             history.push_shared(self.message(id)?);
         }
         Ok(Checkpoint {
-            step: row.step,
-            children_spawned: row.children_spawned,
-            inherited: row.inherited,
-            prompt: row.prompt,
-            params: row.params,
+            step,
+            children_spawned,
+            inherited,
             state: AgentState {
-                agent_id: row.agent_id,
-                agent_type: row.agent_type,
-                run_id: row.run_id,
-                parent_id: row.parent_id,
-                ancestor_run_ids: row.ancestor_run_ids,
-                child_run_ids: row.child_run_ids,
+                agent_id: agent_id.unwrap_or_else(|| run_id.clone()),
+                agent_type,
+                parent_id: parent_id.or_else(|| ancestor_run_ids.last().cloned()),
+                run_id,
+                ancestor_run_ids,
+                child_run_ids,
                 message_history: history,
-                output: row.output,
-                system_prompt: self.text(row.system_prompt)?,
-                tool_definitions: self.tools(row.tool_definitions)?,
-                context_token_count: row.context_token_count,
-                steps_remaining: row.steps_remaining,
-                credits_used: row.credits_used,
-                direct_credits_used: row.direct_credits_used,
-                status: row.status,
+                output,
+                system_prompt: self.text(system_prompt)?,
+                tool_definitions: self.tools(tool_definitions)?,
+                context_token_count,
+                steps_remaining,
+                credits_used,
+                direct_credits_used,
+                status,
             },
         })
     }
+}
 
-    fn usage(&self, json: &str) -> Result<Usage, Error> {
-        serde_json::from_str(json).map_err(|e| self.corrupt(format!("usage is not valid: {e}")))
-    }
+/// A model call's usage from five columns starting at `at`.
+fn usage_at(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Usage> {
+    Ok(Usage {
+        input_tokens: r.get::<_, i64>(at)? as u64,
+        output_tokens: r.get::<_, i64>(at + 1)? as u64,
+        cache_read_tokens: r.get::<_, i64>(at + 2)? as u64,
+        cache_write_tokens: r.get::<_, i64>(at + 3)? as u64,
+        cost: r.get(at + 4)?,
+    })
 }
 
 const SUMMARY: &str = "SELECT t.tree_id, t.root_run_id, t.agent, t.prompt, t.status, t.error,
         (SELECT count(*) FROM runs r WHERE r.tree_id = t.tree_id),
-        (SELECT coalesce(sum(input_tokens), 0) FROM model_calls m WHERE m.tree_id = t.tree_id),
-        (SELECT coalesce(sum(output_tokens), 0) FROM model_calls m WHERE m.tree_id = t.tree_id),
-        (SELECT coalesce(sum(cost), 0.0) FROM model_calls m WHERE m.tree_id = t.tree_id),
+        (SELECT coalesce(sum(input_tokens), 0) FROM model_calls m WHERE m.run_id IN (SELECT run_id FROM runs r WHERE r.tree_id = t.tree_id)),
+        (SELECT coalesce(sum(output_tokens), 0) FROM model_calls m WHERE m.run_id IN (SELECT run_id FROM runs r WHERE r.tree_id = t.tree_id)),
+        (SELECT coalesce(sum(cost), 0.0) FROM model_calls m WHERE m.run_id IN (SELECT run_id FROM runs r WHERE r.tree_id = t.tree_id)),
         t.started_ms, t.finished_ms, t.heartbeat_ms, t.resumes, t.owner
     FROM trees t";
 
@@ -838,7 +1055,9 @@ fn node_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(RunNode, Option<i64>)> {
 impl SqliteStore {
     fn tree_exists(&self, conn: &Connection, tree_id: &str) -> Result<(), Error> {
         let found: Option<i64> = conn
-            .query_row("SELECT 1 FROM trees WHERE tree_id = ?1", [tree_id], |r| r.get(0))
+            .query_row("SELECT 1 FROM trees WHERE tree_id = ?1", [tree_id], |r| {
+                r.get(0)
+            })
             .optional()
             .map_err(sql(&self.path))?;
         found
@@ -846,9 +1065,15 @@ impl SqliteStore {
             .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))
     }
 
-    fn nodes(&self, conn: &Connection, tree_id: &str) -> Result<Vec<(RunNode, Option<i64>)>, Error> {
+    fn nodes(
+        &self,
+        conn: &Connection,
+        tree_id: &str,
+    ) -> Result<Vec<(RunNode, Option<i64>)>, Error> {
         let mut stmt = conn
-            .prepare(&format!("{NODE} WHERE r.tree_id = ?1 ORDER BY r.started_ms, r.rowid"))
+            .prepare(&format!(
+                "{NODE} WHERE r.tree_id = ?1 ORDER BY r.started_ms, r.rowid"
+            ))
             .map_err(sql(&self.path))?;
         let rows = stmt
             .query_map([tree_id], node_row)
@@ -882,6 +1107,8 @@ impl Store for SqliteStore {
                 let mut b = Batch {
                     tx: &tx,
                     cache: &mut cache,
+                    runs: HashMap::with_capacity(batch.len() / 4),
+                    journal: HashMap::new(),
                 };
                 for write in batch {
                     match write {
@@ -897,6 +1124,8 @@ impl Store for SqliteStore {
                         }
                     }
                 }
+                b.flush_runs()?;
+                b.flush_journal()?;
             }
             {
                 let mut stmt = tx.prepare_cached(
@@ -921,12 +1150,18 @@ impl Store for SqliteStore {
         let conn = self.conn()?;
         let now = now_ms();
         let mut stmt = conn
-            .prepare(&format!("{SUMMARY} ORDER BY t.started_ms DESC, t.rowid DESC"))
+            .prepare(&format!(
+                "{SUMMARY} ORDER BY t.started_ms DESC, t.rowid DESC"
+            ))
             .map_err(sql(&self.path))?;
         let rows = stmt
             .query_map([], |r| summary_row(r, now))
             .map_err(sql(&self.path))?;
-        let limit = if filter.limit == 0 { usize::MAX } else { filter.limit };
+        let limit = if filter.limit == 0 {
+            usize::MAX
+        } else {
+            filter.limit
+        };
         let mut out = Vec::new();
         let mut skipped = 0;
         for row in rows {
@@ -968,7 +1203,10 @@ impl Store for SqliteStore {
             )
             .map_err(sql(&self.path))?;
         let bad = |what: &str, e: serde_json::Error| {
-            Error::Store(format!("{}: tree {tree_id}: {what}: {e}", self.path.display()))
+            Error::Store(format!(
+                "{}: tree {tree_id}: {what}: {e}",
+                self.path.display()
+            ))
         };
         let record = TreeRecord {
             tree_id: summary.tree_id.clone(),
@@ -990,7 +1228,11 @@ impl Store for SqliteStore {
     fn runs(&self, tree_id: &str) -> Result<Vec<RunNode>, Error> {
         let conn = self.conn()?;
         self.tree_exists(&conn, tree_id)?;
-        Ok(self.nodes(&conn, tree_id)?.into_iter().map(|(n, _)| n).collect())
+        Ok(self
+            .nodes(&conn, tree_id)?
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect())
     }
 
     fn run(&self, run_id: &str) -> Result<StoredRun, Error> {
@@ -1027,7 +1269,11 @@ impl Store for SqliteStore {
                 .map_err(sql(&self.path))?;
             let rows = stmt
                 .query_map([tree_id], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, Option<i64>>(2)?))
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, Option<i64>>(2)?,
+                    ))
                 })
                 .map_err(sql(&self.path))?
                 .collect::<Result<Vec<_>, _>>()
@@ -1056,7 +1302,8 @@ impl Store for SqliteStore {
         }
         let mut stmt = conn
             .prepare(
-                "SELECT run_id, step, reply, usage FROM model_calls WHERE tree_id = ?1",
+                "SELECT run_id, step, reply, input_tokens, output_tokens, cache_read, cache_write, cost FROM model_calls
+                 WHERE run_id IN (SELECT run_id FROM runs WHERE tree_id = ?1)",
             )
             .map_err(sql(&self.path))?;
         let rows = stmt
@@ -1065,7 +1312,7 @@ impl Store for SqliteStore {
                     r.get::<_, String>(0)?,
                     r.get::<_, u32>(1)?,
                     r.get::<_, i64>(2)?,
-                    r.get::<_, String>(3)?,
+                    usage_at(r, 3)?,
                 ))
             })
             .map_err(sql(&self.path))?
@@ -1076,7 +1323,6 @@ impl Store for SqliteStore {
             ..Spent::default()
         };
         for (run_id, step, reply, usage) in rows {
-            let usage = reader.usage(&usage)?;
             // What will not be asked again counts as spent; a reply served again
             // on resume is counted when it is served.
             let done = recovery.finished.contains_key(&run_id)
@@ -1096,9 +1342,11 @@ impl Store for SqliteStore {
         }
         recovery.spent = spent;
         recovery.last_seq = conn
-            .query_row("SELECT last_seq FROM trees WHERE tree_id = ?1", [tree_id], |r| {
-                r.get::<_, i64>(0)
-            })
+            .query_row(
+                "SELECT last_seq FROM trees WHERE tree_id = ?1",
+                [tree_id],
+                |r| r.get::<_, i64>(0),
+            )
             .map_err(sql(&self.path))? as u64;
         Ok(recovery)
     }
@@ -1134,36 +1382,23 @@ impl Store for SqliteStore {
                 None => self.latest_checkpoint(&conn, &node.run_id)?,
             };
             let state = checkpoint.map(|id| reader.checkpoint(id)).transpose()?;
-            runs.push(json!({"run": node, "final": final_id.is_some(), "state": state.map(|c| c.state)}));
+            runs.push(
+                json!({"run": node, "final": final_id.is_some(), "state": state.map(|c| c.state)}),
+            );
         }
+        let events = journal(&conn, &self.path, tree_id, 0)?;
         let mut stmt = conn
-            .prepare("SELECT seq, run_id, at_ms, body FROM events WHERE tree_id = ?1 ORDER BY seq")
-            .map_err(sql(&self.path))?;
-        let events = stmt
-            .query_map([tree_id], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, String>(3)?))
-            })
-            .map_err(sql(&self.path))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(sql(&self.path))?;
-        let events: Vec<Value> = events
-            .into_iter()
-            .map(|(seq, run_id, at_ms, body)| {
-                let mut event: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-                if let Value::Object(map) = &mut event {
-                    map.insert("seq".into(), json!(seq));
-                    map.insert("runId".into(), json!(run_id));
-                    map.insert("atMs".into(), json!(at_ms));
-                }
-                event
-            })
-            .collect();
-        let mut stmt = conn
-            .prepare("SELECT run_id, step, reply, usage FROM model_calls WHERE tree_id = ?1 ORDER BY at_ms, run_id, step")
+            .prepare("SELECT run_id, step, reply, input_tokens, output_tokens, cache_read, cache_write, cost FROM model_calls
+                 WHERE run_id IN (SELECT run_id FROM runs WHERE tree_id = ?1) ORDER BY at_ms, run_id, step")
             .map_err(sql(&self.path))?;
         let calls = stmt
             .query_map([tree_id], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, u32>(1)?, r.get::<_, i64>(2)?, r.get::<_, String>(3)?))
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, u32>(1)?,
+                    r.get::<_, i64>(2)?,
+                    usage_at(r, 3)?,
+                ))
             })
             .map_err(sql(&self.path))?
             .collect::<Result<Vec<_>, _>>()
@@ -1172,7 +1407,7 @@ impl Store for SqliteStore {
         for (run_id, step, reply, usage) in calls {
             model_calls.push(json!({
                 "runId": run_id, "step": step,
-                "reply": *reader.message(reply)?, "usage": reader.usage(&usage)?,
+                "reply": *reader.message(reply)?, "usage": usage,
             }));
         }
         Ok(json!({
@@ -1184,14 +1419,18 @@ impl Store for SqliteStore {
         }))
     }
 
+    fn events(&self, tree_id: &str, after: u64) -> Result<Vec<Value>, Error> {
+        let conn = self.conn()?;
+        self.tree_exists(&conn, tree_id)?;
+        journal(&conn, &self.path, tree_id, after)
+    }
+
     fn gc(&self, cutoff_ms: u64) -> Result<GcReport, Error> {
         let mut conn = self.conn()?;
         let tx = conn.transaction().map_err(sql(&self.path))?;
         let trees: Vec<String> = {
             let mut stmt = tx
-                .prepare(
-                    "SELECT tree_id FROM trees WHERE status != 'running' AND finished_ms < ?1",
-                )
+                .prepare("SELECT tree_id FROM trees WHERE status != 'running' AND finished_ms < ?1")
                 .map_err(sql(&self.path))?;
             stmt.query_map([cutoff_ms as i64], |r| r.get(0))
                 .map_err(sql(&self.path))?
@@ -1199,7 +1438,16 @@ impl Store for SqliteStore {
                 .map_err(sql(&self.path))?
         };
         for tree in &trees {
-            for table in ["events", "model_calls", "checkpoints", "runs", "trees"] {
+            for table in ["model_calls", "checkpoints"] {
+                tx.execute(
+                    &format!(
+                        "DELETE FROM {table} WHERE run_id IN (SELECT run_id FROM runs WHERE tree_id = ?1)"
+                    ),
+                    [tree],
+                )
+                .map_err(sql(&self.path))?;
+            }
+            for table in ["journal", "runs", "trees"] {
                 tx.execute(&format!("DELETE FROM {table} WHERE tree_id = ?1"), [tree])
                     .map_err(sql(&self.path))?;
             }
@@ -1217,8 +1465,8 @@ impl Store for SqliteStore {
                 let state: String = row.get(1).map_err(sql(&self.path))?;
                 let state: Value = serde_json::from_str(&state)
                     .map_err(|e| Error::Store(format!("a checkpoint is not valid: {e}")))?;
-                for key in ["systemPrompt", "toolDefinitions"] {
-                    if let Some(id) = state.get(key).and_then(Value::as_i64) {
+                for at in [SYSTEM_PROMPT_AT, TOOLS_AT] {
+                    if let Some(id) = state.get(at).and_then(Value::as_i64) {
                         live.insert(id);
                     }
                 }
@@ -1234,7 +1482,9 @@ impl Store for SqliteStore {
             }
         }
         let all: Vec<i64> = {
-            let mut stmt = tx.prepare("SELECT id FROM blobs").map_err(sql(&self.path))?;
+            let mut stmt = tx
+                .prepare("SELECT id FROM blobs")
+                .map_err(sql(&self.path))?;
             stmt.query_map([], |r| r.get(0))
                 .map_err(sql(&self.path))?
                 .collect::<Result<Vec<_>, _>>()
