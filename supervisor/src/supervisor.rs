@@ -289,7 +289,7 @@ impl Supervisor {
         };
         if let Some((_, writer)) = &self.store {
             // Durable before it runs: once `start` returns, the tree can be resumed.
-            writer.send(Write::Tree(TreeRecord {
+            writer.send(Write::Tree(Box::new(TreeRecord {
                 tree_id: tree_id.to_string(),
                 root_run_id: ids.run_id.clone(),
                 agent: template.id.clone(),
@@ -299,7 +299,7 @@ impl Supervisor {
                 limits,
                 origin: request.origin.clone(),
                 started_ms: crate::tree::now_ms(),
-            }));
+            })));
             writer.flush().await?;
         }
         let slot = {

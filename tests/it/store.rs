@@ -126,7 +126,8 @@ fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one() {
             finished.borrow().len() >= at
         }
     };
-    let mut points: Vec<Box<dyn FnMut(&Value) -> bool>> = vec![
+    type Point = Box<dyn FnMut(&Value) -> bool>;
+    let mut points: Vec<Point> = vec![
         // The root and one worker have started.
         Box::new(counter("agentStarted", 2)),
         // Six agents have finished.
@@ -134,7 +135,7 @@ fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one() {
         // Mid-step: right after a model reply once twelve have finished,
         // before that reply's tools ran.
         Box::new({
-            let mut enough = done(12);
+            let enough = done(12);
             move |e: &Value| enough(e) && e["type"] == "modelResponded"
         }),
         // Twenty have finished.

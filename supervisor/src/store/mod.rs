@@ -41,7 +41,7 @@ pub struct TreeRecord {
 #[derive(Clone, Debug)]
 pub enum Write {
     /// A tree started, or was resumed by this process.
-    Tree(TreeRecord),
+    Tree(Box<TreeRecord>),
     Event(Arc<Event>),
     /// These trees are still being run by this process.
     Heartbeat(Vec<String>),
