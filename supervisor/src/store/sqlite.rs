@@ -277,6 +277,17 @@ impl SqliteStore {
         &self.path
     }
 
+    /// Caps the file at about `bytes`: a write that would grow it further fails
+    /// as if the disk were full (and fails the running trees, cleanly).
+    pub fn set_max_bytes(&self, bytes: u64) -> Result<(), Error> {
+        let conn = self.conn()?;
+        let page: i64 = conn
+            .pragma_query_value(None, "page_size", |r| r.get(0))
+            .map_err(sql(&self.path))?;
+        conn.pragma_update(None, "max_page_count", (bytes as i64 / page).max(1))
+            .map_err(sql(&self.path))
+    }
+
     fn conn(&self) -> Result<std::sync::MutexGuard<'_, Connection>, Error> {
         self.conn
             .lock()

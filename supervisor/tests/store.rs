@@ -1,0 +1,135 @@
+//! The SQLite store under a real tree: what a long history costs on disk, and
+//! a store that fills up mid-run.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use arbor_actors::{AgentStatus, Model, Tool};
+use arbor_supervisor::store::{SqliteStore, Store, TreeFilter};
+use arbor_supervisor::{Catalog, Supervisor, TreeLimits};
+use common::*;
+use serde_json::{Value, json};
+
+/// A script for one agent: `steps` steps of nine `echo` calls with `bytes`-long
+/// inputs (ten new messages a step), then a closing answer.
+fn long_script(steps: usize, bytes: usize) -> Value {
+    let mut replies: Vec<Value> = (0..steps)
+        .map(|s| {
+            let calls: Vec<Value> = (0..9)
+                .map(|i| {
+                    let mut text = format!("step {s} call {i}: ");
+                    while text.len() < bytes {
+                        text.push_str("the quick brown fox jumps over the lazy dog ");
+                    }
+                    text.truncate(bytes);
+                    json!({"name": "echo", "input": {"note": text}})
+                })
+                .collect();
+            json!({"text": format!("Step {s}: nine notes."), "toolCalls": calls})
+        })
+        .collect();
+    replies.push(json!({"text": "All notes taken."}));
+    json!({"replies": [{"agent": "scribe", "steps": replies}]})
+}
+
+fn stored_supervisor(store: Arc<SqliteStore>, script: Value) -> Supervisor {
+    let model = scripted(script);
+    let catalog = Catalog::builder()
+        .model(model as Arc<dyn Model>)
+        .tool(echo() as Arc<dyn Tool>)
+        .template(with_echo(template("scribe")).max_steps(200))
+        .build()
+        .unwrap();
+    Supervisor::new(catalog, TreeLimits::default())
+        .with_store(store)
+        .unwrap()
+}
+
+fn file_bytes(path: &std::path::Path) -> u64 {
+    let wal = std::path::PathBuf::from(format!("{}-wal", path.display()));
+    std::fs::metadata(path).unwrap().len() + std::fs::metadata(wal).map(|m| m.len()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_messages_over_a_hundred_checkpoints_take_under_three_times_their_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("size.db");
+    let store = Arc::new(SqliteStore::open(&path).unwrap());
+    let sup = stored_supervisor(store.clone(), long_script(100, 300));
+    let result = finish(start(&sup, "scribe", "Take notes.").await).await;
+    sup.flush().await.unwrap();
+    let state = &result.state;
+    assert_eq!(state.status, AgentStatus::Completed);
+    assert!(
+        state.message_history.len() >= 1000,
+        "{}",
+        state.message_history.len()
+    );
+    let message_bytes: usize = state
+        .message_history
+        .iter()
+        .map(|m| serde_json::to_string(&**m).unwrap().len())
+        .sum();
+
+    // Every step boundary was checkpointed, and the stored state is the state.
+    let db = rusqlite::Connection::open(&path).unwrap();
+    let checkpoints: i64 = db
+        .query_row(
+            "SELECT count(*) FROM checkpoints WHERE final = 0",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(checkpoints, 100);
+    db.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    drop(db);
+    let stored = store.run(&state.run_id).unwrap();
+    assert!(stored.is_final);
+    assert_eq!(stored.state.as_ref(), Some(&**state));
+
+    let bytes = file_bytes(&path);
+    let ratio = bytes as f64 / message_bytes as f64;
+    println!("{message_bytes} bytes of messages, store file {bytes} bytes: {ratio:.2}×");
+    assert!(
+        ratio < 3.0,
+        "the store takes {ratio:.2}× the messages' bytes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_store_fails_the_run_with_the_reason_and_stays_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("full.db");
+    let store = Arc::new(SqliteStore::open(&path).unwrap());
+    // Room for the empty schema and a little more, not for a long history.
+    store.set_max_bytes(file_bytes(&path) + 256 * 1024).unwrap();
+    let sup = stored_supervisor(store.clone(), long_script(150, 2000));
+    let result = finish(start(&sup, "scribe", "Take notes.").await).await;
+    assert_eq!(result.state.status, AgentStatus::Failed);
+    let error = result.state.error_message().unwrap_or_default().to_owned();
+    assert!(error.contains("the store failed"), "{error}");
+    assert!(error.contains("full"), "{error}");
+    // No new tree starts on a store that failed.
+    let refused = sup.start(request("scribe", "again")).await;
+    assert!(
+        matches!(&refused, Err(arbor_supervisor::Error::Store(e)) if e.contains("full")),
+        "{:?}",
+        refused.err()
+    );
+    drop(sup);
+    // The file is intact and still lists the tree (as not finished).
+    let db = rusqlite::Connection::open(&path).unwrap();
+    let check: String = db
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    drop(db);
+    let reopened = SqliteStore::open(&path).unwrap();
+    let trees = reopened.trees(&TreeFilter::default()).unwrap();
+    assert_eq!(trees.len(), 1);
+    assert_eq!(trees[0].tree_id, "t");
+    assert_ne!(trees[0].status, "completed");
+}
