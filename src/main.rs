@@ -304,6 +304,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 events,
             };
             async_runtime()?.block_on(async {
+                // Subscribed before the start: a root can end at once.
+                let events = runtime.supervisor().subscribe();
                 let handle = runtime
                     .supervisor()
                     .start(StartRequest {
@@ -316,7 +318,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         ..StartRequest::default()
                     })
                     .await?;
-                follow_tree(&runtime, handle, show, store.is_some()).await
+                follow_tree(&runtime, handle, events, show, store.is_some()).await
             })
         }
         Command::Resume {
@@ -338,8 +340,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 events,
             };
             async_runtime()?.block_on(async {
+                let events = runtime.supervisor().subscribe();
                 let handle = runtime.supervisor().resume(&tree_id).await?;
-                follow_tree(&runtime, handle, show, true).await
+                follow_tree(&runtime, handle, events, show, true).await
             })
         }
         Command::Replay {
@@ -479,8 +482,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let cutoff = now.saturating_sub(age).as_millis() as u64;
             let report = store.gc(cutoff)?;
             println!(
-                "removed {} trees and {} unreferenced messages",
-                report.trees, report.blobs
+                "removed {} trees ({} segments)",
+                report.trees, report.segments
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -812,6 +815,7 @@ struct Show {
 async fn follow_tree(
     runtime: &Runtime,
     handle: arbor_supervisor::TreeHandle,
+    mut events: arbor_supervisor::EventStream,
     show: Show,
     stored: bool,
 ) -> anyhow::Result<ExitCode> {
@@ -824,11 +828,13 @@ async fn follow_tree(
             eprintln!("tree {tree_id}");
         }
     }
-    let mut events = supervisor.events().subscribe_tree(&tree_id);
     let root_run = handle.root_run_id.clone();
     let printer = tokio::spawn(async move {
         let mut renderer = TreeRenderer::default();
         while let Some(event) = events.recv().await {
+            if *event.tree_id != *tree_id {
+                continue;
+            }
             if show.events {
                 if let Ok(line) = serde_json::to_string(&*event) {
                     eprintln!("{line}");

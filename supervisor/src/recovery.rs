@@ -41,6 +41,9 @@ pub struct Recovery {
     /// The last event number the tree used; new events follow it.
     pub last_seq: u64,
     pub spent: Spent,
+    /// The store's ids of the messages above (so a resumed tree does not write
+    /// them again).
+    pub message_ids: Vec<(Arc<Message>, u64)>,
 }
 
 impl Recovery {

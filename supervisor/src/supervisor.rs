@@ -146,9 +146,16 @@ impl Supervisor {
             }
             status => return Err(not(format!("it already ended ({status})"))),
         }
-        let recovery = store.recovery(tree_id)?;
+        let mut recovery = store.recovery(tree_id)?;
         for (state, _) in recovery.finished.values() {
             self.registry.record(state);
+        }
+        if let Some((_, writer)) = &self.store {
+            writer.send(Write::Known {
+                tree_id: tree_id.to_owned(),
+                messages: std::mem::take(&mut recovery.message_ids),
+                calls: recovery.replies.keys().cloned().collect(),
+            });
         }
         let request = StartRequest {
             agent: record.agent,

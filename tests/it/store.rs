@@ -224,17 +224,35 @@ fn replay_matches_and_names_the_first_agent_that_diverges_after_an_edit() {
     );
 
     // Edit one recorded reply: worker 0.3's last step says something else.
+    // Segments are LZ4-compressed JSON arrays of records; a model call is
+    // {"r": run, "s": step, "m": message id}, a message {"m": id, "b": body}.
     let db = rusqlite::Connection::open(dir.path().join("arbor.db")).unwrap();
-    let body = r#"{"role":"assistant","content":[{"type":"text","text":"worker edited"}]}"#;
-    db.execute("INSERT INTO blobs(body) VALUES (?1)", [body])
-        .unwrap();
-    let id = db.last_insert_rowid();
-    let edited = db
-        .execute(
-            "UPDATE model_calls SET reply = ?1 WHERE run_id = 'r1/0.3' AND step = 2",
-            [id],
-        )
-        .unwrap();
+    let segments: Vec<(i64, Vec<u8>)> = db
+        .prepare("SELECT n, body FROM segments WHERE tree_id = 'r1' ORDER BY n")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let mut edited = 0;
+    for (n, body) in segments {
+        let json = lz4_flex::decompress_size_prepended(&body).unwrap();
+        let mut records: Vec<Value> = serde_json::from_slice(&json).unwrap();
+        let at = records
+            .iter()
+            .position(|r| r["r"] == "r1/0.3" && r["s"] == 2);
+        let Some(at) = at else { continue };
+        records[at]["m"] = serde_json::json!(999_999);
+        records.push(serde_json::json!({"m": 999_999, "b": {"role": "assistant", "content": "worker edited"}}));
+        let packed =
+            lz4_flex::compress_prepend_size(serde_json::to_string(&records).unwrap().as_bytes());
+        edited += db
+            .execute(
+                "UPDATE segments SET body = ?1 WHERE tree_id = 'r1' AND n = ?2",
+                rusqlite::params![packed, n],
+            )
+            .unwrap();
+    }
     assert_eq!(edited, 1);
     drop(db);
     let replay = arbor_in(dir.path(), &["replay", "r1"]);
@@ -306,13 +324,10 @@ fn runs_show_tree_and_gc_read_the_store() {
     );
 
     let gc = arbor_in(dir.path(), &["gc", "--older-than", "1d"]);
-    assert_eq!(
-        text(&gc.stdout).trim(),
-        "removed 0 trees and 0 unreferenced messages"
-    );
+    assert_eq!(text(&gc.stdout).trim(), "removed 0 trees (0 segments)");
     let gc = arbor_in(dir.path(), &["gc", "--older-than", "0s"]);
     assert!(
-        text(&gc.stdout).starts_with("removed 2 trees and "),
+        text(&gc.stdout).starts_with("removed 2 trees ("),
         "{}",
         text(&gc.stdout)
     );

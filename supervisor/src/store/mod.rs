@@ -10,7 +10,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arbor_actors::{AgentState, Event};
+use arbor_actors::{AgentState, Event, Message};
 use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -45,6 +45,13 @@ pub enum Write {
     Event(Arc<Event>),
     /// These trees are still being run by this process.
     Heartbeat(Vec<String>),
+    /// What a resumed tree's store already holds: messages by their ids, and
+    /// the model calls recorded, so neither is written (or counted) again.
+    Known {
+        tree_id: String,
+        messages: Vec<(Arc<Message>, u64)>,
+        calls: Vec<(String, u32)>,
+    },
 }
 
 /// Which trees `Store::trees` lists.
@@ -150,7 +157,7 @@ pub struct StoredRun {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct GcReport {
     pub trees: u64,
-    pub blobs: u64,
+    pub segments: u64,
 }
 
 /// Where runs are kept. The embedded default is `SqliteStore`.

@@ -1,11 +1,18 @@
 //! The embedded store: one SQLite file in WAL mode.
 //!
-//! Messages (and system prompts and tool definitions) are stored once: history
-//! is shared (`Arc`) between a run's checkpoints and with its children, so a
-//! message is known by its address while the writer holds it, and written the
-//! first time it is seen. A checkpoint refers to messages by id, as the
-//! previous checkpoint of its run plus the messages appended since, so a long
-//! history is never rewritten whole.
+//! A tree is stored as a log: each batch the writer takes appends one
+//! *segment* per tree, an LZ4-compressed JSON array of records in event order:
+//! the tree's events (its journal), the messages seen for the first time, the
+//! checkpoints and final states, and the model replies. A `trees` row keeps
+//! what listing needs (status, heartbeat, totals). Writing is then one insert
+//! per tree per batch; reading a tree (show, resume, replay, export) replays
+//! its segments.
+//!
+//! History is shared (`Arc`) between a run's checkpoints and with its
+//! children, so a message is known by its address while the writer holds it
+//! and written once, the first time it is seen; a checkpoint refers to
+//! messages by id, as the previous checkpoint of its run plus the messages
+//! appended since, so a long history is never rewritten whole.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write as _;
@@ -34,73 +41,35 @@ const APPLICATION_ID: i64 = 0x4152_4252;
 /// Migrations, in order; `PRAGMA user_version` is how many have been applied.
 const MIGRATIONS: &[&str] = &[r#"
 CREATE TABLE trees (
-    tree_id      TEXT PRIMARY KEY,
-    root_run_id  TEXT NOT NULL,
-    agent        TEXT NOT NULL,
-    prompt       TEXT NOT NULL,
-    params       TEXT,
-    model        TEXT,
-    limits       TEXT NOT NULL,
-    origin       TEXT,
-    status       TEXT NOT NULL,
-    error        TEXT,
-    started_ms   INTEGER NOT NULL,
-    finished_ms  INTEGER,
-    heartbeat_ms INTEGER NOT NULL,
-    owner        TEXT NOT NULL,
-    last_seq     INTEGER NOT NULL DEFAULT 0,
-    resumes      INTEGER NOT NULL DEFAULT 0
+    tree_id       TEXT PRIMARY KEY,
+    root_run_id   TEXT NOT NULL,
+    agent         TEXT NOT NULL,
+    prompt        TEXT NOT NULL,
+    params        TEXT,
+    model         TEXT,
+    limits        TEXT NOT NULL,
+    origin        TEXT,
+    status        TEXT NOT NULL,
+    error         TEXT,
+    started_ms    INTEGER NOT NULL,
+    finished_ms   INTEGER,
+    heartbeat_ms  INTEGER NOT NULL,
+    owner         TEXT NOT NULL,
+    last_seq      INTEGER NOT NULL DEFAULT 0,
+    next_id       INTEGER NOT NULL DEFAULT 1,
+    segments      INTEGER NOT NULL DEFAULT 0,
+    resumes       INTEGER NOT NULL DEFAULT 0,
+    agents        INTEGER NOT NULL DEFAULT 0,
+    input_tokens  INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    cost          REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX trees_started ON trees(started_ms);
-CREATE TABLE runs (
-    run_id           TEXT PRIMARY KEY,
-    tree_id          TEXT NOT NULL,
-    agent_id         TEXT NOT NULL,
-    parent_run_id    TEXT,
-    agent_type       TEXT NOT NULL,
-    depth            INTEGER NOT NULL,
-    inherited        INTEGER NOT NULL,
-    status           TEXT NOT NULL,
-    error            TEXT,
-    started_ms       INTEGER NOT NULL,
-    finished_ms      INTEGER,
-    final_checkpoint INTEGER
-);
-CREATE INDEX runs_tree ON runs(tree_id);
-CREATE TABLE blobs (
-    id   INTEGER PRIMARY KEY,
-    body BLOB NOT NULL
-);
-CREATE TABLE checkpoints (
-    id       INTEGER PRIMARY KEY,
-    run_id   TEXT NOT NULL,
-    step     INTEGER NOT NULL,
-    final    INTEGER NOT NULL,
-    base     INTEGER,
-    keep     INTEGER NOT NULL,
-    appended BLOB NOT NULL,
-    state    TEXT NOT NULL,
-    at_ms    INTEGER NOT NULL
-);
-CREATE INDEX checkpoints_run ON checkpoints(run_id, id);
-CREATE TABLE model_calls (
-    run_id        TEXT NOT NULL,
-    step          INTEGER NOT NULL,
-    reply         INTEGER NOT NULL,
-    input_tokens  INTEGER NOT NULL,
-    output_tokens INTEGER NOT NULL,
-    cache_read    INTEGER NOT NULL,
-    cache_write   INTEGER NOT NULL,
-    cost          REAL NOT NULL,
-    at_ms         INTEGER NOT NULL,
-    PRIMARY KEY (run_id, step)
-) WITHOUT ROWID;
-CREATE TABLE journal (
-    tree_id   TEXT NOT NULL,
-    first_seq INTEGER NOT NULL,
-    last_seq  INTEGER NOT NULL,
-    events    BLOB NOT NULL,
-    PRIMARY KEY (tree_id, first_seq)
+CREATE TABLE segments (
+    tree_id TEXT NOT NULL,
+    n       INTEGER NOT NULL,
+    body    BLOB NOT NULL,
+    PRIMARY KEY (tree_id, n)
 ) WITHOUT ROWID;
 "#];
 
@@ -110,36 +79,42 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// A checkpoint chain longer than this is cut with a full list of message ids.
 const MAX_CHAIN: u32 = 256;
 
-/// What the writer remembers between batches to write only what is new.
+/// Bytes of JSON after which a segment is closed and a new one begun.
+const SEGMENT: usize = 256 * 1024;
+
+/// What the writer remembers of a tree it is writing, to write only what is new.
 #[derive(Default)]
-struct Cache {
-    /// Per live run: its last checkpoint, the history it held, the chain length.
-    last: HashMap<String, (i64, History, u32)>,
-    /// Blob ids of shared values, by address; the value is kept alive so the
-    /// address cannot be reused while it is in the map.
-    messages: HashMap<usize, (Arc<Message>, i64)>,
-    texts: HashMap<usize, (Arc<str>, i64)>,
-    tools: HashMap<usize, (ToolDefinitions, i64)>,
+struct TreeCache {
+    root_run_id: String,
+    next_id: u64,
+    segments: u64,
+    /// Ids of shared values, by address; the value is kept alive so the address
+    /// cannot be reused while it is in the map.
+    messages: HashMap<usize, (Arc<Message>, u64)>,
+    texts: HashMap<usize, (Arc<str>, u64)>,
+    tools: HashMap<usize, (ToolDefinitions, u64)>,
+    /// Per live run: the history of its last checkpoint and the chain length.
+    last: HashMap<Arc<str>, (History, u32)>,
+    /// Model calls already recorded (a resumed tree serves them again).
+    calls: HashSet<(Arc<str>, u32)>,
 }
 
-impl Cache {
-    fn trim(&mut self) {
-        if self.messages.len() > 500_000 {
-            self.messages.clear();
-        }
-        if self.texts.len() > 10_000 {
-            self.texts.clear();
-        }
-        if self.tools.len() > 10_000 {
-            self.tools.clear();
-        }
-    }
+/// What a batch adds to a tree's row.
+#[derive(Default)]
+struct TreeDelta {
+    last_seq: u64,
+    agents: u64,
+    input_tokens: u64,
+    output_tokens: u64,
+    cost: f64,
+    end: Option<(&'static str, Option<String>, u64)>,
+    segment: Vec<u8>,
 }
 
 pub struct SqliteStore {
     path: PathBuf,
     conn: Mutex<Connection>,
-    cache: Mutex<Cache>,
+    cache: Mutex<HashMap<Arc<str>, TreeCache>>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -197,7 +172,8 @@ impl SqliteStore {
         if create {
             flags |= OpenFlags::SQLITE_OPEN_CREATE;
         }
-        let conn = Connection::open_with_flags(path, flags).map_err(|e| open_err(e.to_string()))?;
+        let mut conn =
+            Connection::open_with_flags(path, flags).map_err(|e| open_err(e.to_string()))?;
         conn.busy_timeout(BUSY_TIMEOUT)
             .map_err(|e| open_err(e.to_string()))?;
         // Reading the header is the first thing that touches the file: a file
@@ -218,15 +194,16 @@ impl SqliteStore {
             return Err(not_arbor());
         }
         let known = MIGRATIONS.len() as i64;
+        let newer = |found| Error::NewerStore {
+            path: path.display().to_string(),
+            found,
+            known,
+        };
         if version > known {
-            return Err(Error::NewerStore {
-                path: path.display().to_string(),
-                found: version,
-                known,
-            });
+            return Err(newer(version));
         }
         // Before the first table: 16 KiB pages measured faster than 4 KiB for
-        // the writer's batches (BENCHMARKS.md); an existing file keeps its own.
+        // the writer's batches; an existing file keeps its own.
         if tables == 0 {
             conn.pragma_update(None, "page_size", 16384)
                 .map_err(|e| open_err(e.to_string()))?;
@@ -235,9 +212,6 @@ impl SqliteStore {
             .map_err(|e| open_err(e.to_string()))?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(|e| open_err(e.to_string()))?;
-        conn.pragma_update(None, "foreign_keys", "OFF")
-            .map_err(|e| open_err(e.to_string()))?;
-        let mut conn = conn;
         if version < known {
             // Under the write lock, and looked at again: another process may
             // have migrated the file since it was read above.
@@ -248,11 +222,7 @@ impl SqliteStore {
                 .pragma_query_value(None, "user_version", |r| r.get(0))
                 .map_err(|e| open_err(e.to_string()))?;
             if version > known {
-                return Err(Error::NewerStore {
-                    path: path.display().to_string(),
-                    found: version,
-                    known,
-                });
+                return Err(newer(version));
             }
             if version < known {
                 for migration in &MIGRATIONS[version.max(0) as usize..] {
@@ -269,7 +239,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             path: path.to_owned(),
             conn: Mutex::new(conn),
-            cache: Mutex::new(Cache::default()),
+            cache: Mutex::new(HashMap::new()),
         })
     }
 
@@ -295,12 +265,12 @@ impl SqliteStore {
     }
 }
 
-/// A state as a checkpoint row keeps it: a JSON array (no key names), its
+/// A state as a checkpoint record keeps it: a JSON array (no key names), its
 /// history and shared values by id. Fields, in order: agent id (null when it is
 /// the run id), agent type, run id, parent id (null when it is the last
-/// ancestor), ancestor run ids, child run ids, output, system prompt blob,
-/// tool definitions blob, context tokens, steps remaining, credits, direct
-/// credits, status, step, children spawned, inherited.
+/// ancestor), ancestor run ids, child run ids, output, system prompt id, tool
+/// definitions id, context tokens, steps remaining, credits, direct credits,
+/// status, step, children spawned, inherited.
 #[derive(Serialize)]
 struct StateRow<'a>(
     Option<&'a str>,
@@ -310,8 +280,8 @@ struct StateRow<'a>(
     &'a [String],
     &'a [String],
     &'a Option<Value>,
-    i64,
-    i64,
+    u64,
+    u64,
     u64,
     u32,
     f64,
@@ -321,10 +291,6 @@ struct StateRow<'a>(
     u32,
     usize,
 );
-
-/// Where the shared values' blob ids sit in a `StateRow`.
-const SYSTEM_PROMPT_AT: usize = 7;
-const TOOLS_AT: usize = 8;
 
 #[derive(Deserialize)]
 struct StateRowOwned(
@@ -335,8 +301,8 @@ struct StateRowOwned(
     Vec<String>,
     Vec<String>,
     Option<Value>,
-    i64,
-    i64,
+    u64,
+    u64,
     u64,
     u32,
     f64,
@@ -347,421 +313,238 @@ struct StateRowOwned(
     usize,
 );
 
-fn put_blob(tx: &Transaction<'_>, body: &[u8]) -> rusqlite::Result<i64> {
-    let mut stmt = tx.prepare_cached("INSERT INTO blobs(body) VALUES (?1)")?;
-    stmt.execute([body])?;
-    Ok(tx.last_insert_rowid())
+fn json_err(e: serde_json::Error) -> rusqlite::Error {
+    rusqlite::Error::ToSqlConversionFailure(Box::new(e))
 }
 
-fn encode_ids(ids: &[i64]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(ids.len() * 3);
-    for &id in ids {
-        let mut v = id as u64;
-        loop {
-            let byte = (v & 0x7f) as u8;
-            v >>= 7;
-            if v == 0 {
-                out.push(byte);
-                break;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    out
-}
+/// One segment being filled: appends records as JSON array elements.
+struct Records<'a>(&'a mut Vec<u8>);
 
-fn decode_ids(bytes: &[u8]) -> Result<Vec<i64>, Error> {
-    let mut ids = Vec::new();
-    let mut v: u64 = 0;
-    let mut shift = 0;
-    for &byte in bytes {
-        if shift > 63 {
-            return Err(Error::Store(
-                "a checkpoint's message list is corrupt".into(),
-            ));
-        }
-        v |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            ids.push(v as i64);
-            v = 0;
-            shift = 0;
-        } else {
-            shift += 7;
-        }
+impl Records<'_> {
+    fn open(&mut self) {
+        self.0.push(if self.0.is_empty() { b'[' } else { b',' });
     }
-    if shift != 0 {
-        return Err(Error::Store(
-            "a checkpoint's message list is corrupt".into(),
-        ));
-    }
-    Ok(ids)
-}
 
-fn to_json<T: Serialize + ?Sized>(value: &T) -> rusqlite::Result<String> {
-    serde_json::to_string(value).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+    fn value<T: Serialize + ?Sized>(&mut self, value: &T) -> rusqlite::Result<()> {
+        serde_json::to_writer(&mut *self.0, value).map_err(json_err)
+    }
+
+    fn raw(&mut self, text: &str) {
+        self.0.extend_from_slice(text.as_bytes());
+    }
 }
 
 /// The writer's side: one batch in one transaction.
-struct Batch<'c, 't> {
-    tx: &'t Transaction<'c>,
-    cache: &'t mut Cache,
-    /// Runs that started in this batch.
-    runs: HashMap<Arc<str>, RunRow>,
-    /// Each tree's journal chunk being filled.
-    journal: HashMap<Arc<str>, Chunk>,
+struct Batch<'a> {
+    cache: &'a mut HashMap<Arc<str>, TreeCache>,
+    deltas: HashMap<Arc<str>, TreeDelta>,
+    /// Segments closed during the batch: (tree, JSON array).
+    closed: Vec<(Arc<str>, Vec<u8>)>,
 }
 
-struct RunRow {
-    tree_id: Arc<str>,
-    agent_id: String,
-    parent_run_id: Option<String>,
-    agent_type: String,
-    depth: i64,
-    inherited: i64,
-    started_ms: i64,
-    end: Option<RunEnd>,
-}
-
-struct RunEnd {
-    status: &'static str,
-    error: Option<String>,
-    finished_ms: i64,
-    checkpoint: i64,
-}
-
-impl Batch<'_, '_> {
-    /// Writes the runs that started in this batch (a resumed run starts again:
-    /// it is running, and keeps no final state of an earlier life).
-    fn flush_runs(&mut self) -> rusqlite::Result<()> {
-        let mut stmt = self.tx.prepare_cached(
-            "INSERT INTO runs(run_id, tree_id, agent_id, parent_run_id, agent_type, depth,
-                              inherited, status, error, started_ms, finished_ms, final_checkpoint)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
-             ON CONFLICT(run_id) DO UPDATE SET status = excluded.status, error = excluded.error,
-                 finished_ms = excluded.finished_ms, final_checkpoint = excluded.final_checkpoint",
-        )?;
-        for (run_id, row) in self.runs.drain() {
-            let end = row.end.as_ref();
-            stmt.execute(params![
-                &*run_id,
-                &*row.tree_id,
-                row.agent_id,
-                row.parent_run_id,
-                row.agent_type,
-                row.depth,
-                row.inherited,
-                end.map_or("running", |e| e.status),
-                end.and_then(|e| e.error.as_deref()),
-                row.started_ms,
-                end.map(|e| e.finished_ms),
-                end.map(|e| e.checkpoint),
-            ])?;
-        }
-        Ok(())
-    }
-
-    fn message_id(&mut self, message: &Arc<Message>) -> rusqlite::Result<i64> {
-        let key = Arc::as_ptr(message) as usize;
-        if let Some((_, id)) = self.cache.messages.get(&key) {
-            return Ok(*id);
-        }
-        let id = put_blob(self.tx, to_json(&**message)?.as_bytes())?;
-        self.cache.messages.insert(key, (message.clone(), id));
-        Ok(id)
-    }
-
-    fn text_id(&mut self, text: &Arc<str>) -> rusqlite::Result<i64> {
-        let key = Arc::as_ptr(text) as *const u8 as usize;
-        if let Some((_, id)) = self.cache.texts.get(&key) {
-            return Ok(*id);
-        }
-        let id = put_blob(self.tx, to_json(&**text)?.as_bytes())?;
-        self.cache.texts.insert(key, (text.clone(), id));
-        Ok(id)
-    }
-
-    fn tools_id(&mut self, tools: &ToolDefinitions) -> rusqlite::Result<i64> {
-        let key = Arc::as_ptr(tools) as usize;
-        if let Some((_, id)) = self.cache.tools.get(&key) {
-            return Ok(*id);
-        }
-        let id = put_blob(self.tx, to_json(&**tools)?.as_bytes())?;
-        self.cache.tools.insert(key, (tools.clone(), id));
-        Ok(id)
-    }
-
-    /// Writes a checkpoint (or a final state) as a delta on the run's last one.
-    fn checkpoint(
-        &mut self,
-        at_ms: u64,
-        state: &AgentState,
-        point: (u32, u32, usize),
-        is_final: bool,
-    ) -> rusqlite::Result<i64> {
-        let (step, children_spawned, inherited) = point;
-        let history = &state.message_history;
-        let (base, keep, chain) = match self.cache.last.get(&state.run_id) {
-            Some((id, previous, chain)) if *chain < MAX_CHAIN => {
-                let keep = previous
-                    .iter()
-                    .zip(history.iter())
-                    .take_while(|(a, b)| Arc::ptr_eq(a, b))
-                    .count();
-                (Some(*id), keep, chain + 1)
+impl Batch<'_> {
+    fn tree<'t>(
+        cache: &'t mut HashMap<Arc<str>, TreeCache>,
+        tx: &Transaction<'_>,
+        tree_id: &Arc<str>,
+    ) -> rusqlite::Result<&'t mut TreeCache> {
+        match cache.entry(tree_id.clone()) {
+            std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                // A tree this process has not seen (it started elsewhere): go
+                // on from what its row says.
+                let row: Option<(String, i64, i64)> = tx
+                    .query_row(
+                        "SELECT root_run_id, next_id, segments FROM trees WHERE tree_id = ?1",
+                        [&**tree_id],
+                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                    )
+                    .optional()?;
+                let (root_run_id, next_id, segments) = row.unwrap_or_default();
+                Ok(e.insert(TreeCache {
+                    root_run_id,
+                    next_id: next_id.max(1) as u64,
+                    segments: segments as u64,
+                    ..TreeCache::default()
+                }))
             }
-            _ => (None, 0, 0),
-        };
-        let mut appended = Vec::with_capacity(history.len() - keep);
-        for message in history.iter().skip(keep) {
-            appended.push(self.message_id(message)?);
         }
-        let row = StateRow(
-            (state.agent_id != state.run_id).then_some(state.agent_id.as_str()),
-            &state.agent_type,
-            &state.run_id,
-            state
-                .parent_id
-                .as_deref()
-                .filter(|p| state.ancestor_run_ids.last().map(String::as_str) != Some(*p)),
-            &state.ancestor_run_ids,
-            &state.child_run_ids,
-            &state.output,
-            self.text_id(&state.system_prompt)?,
-            self.tools_id(&state.tool_definitions)?,
-            state.context_token_count,
-            state.steps_remaining,
-            state.credits_used,
-            state.direct_credits_used,
-            state.status,
-            step,
-            children_spawned,
-            inherited,
-        );
-        let mut stmt = self.tx.prepare_cached(
-            "INSERT INTO checkpoints(run_id, step, final, base, keep, appended, state, at_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        )?;
-        stmt.execute(params![
-            state.run_id,
-            step,
-            is_final,
-            base,
-            keep as i64,
-            encode_ids(&appended),
-            to_json(&row)?,
-            at_ms as i64,
-        ])?;
-        let id = self.tx.last_insert_rowid();
-        if is_final {
-            self.cache.last.remove(&state.run_id);
-        } else {
-            self.cache
-                .last
-                .insert(state.run_id.clone(), (id, history.clone(), chain));
-        }
-        Ok(id)
     }
 
-    fn tree(&mut self, tree: &TreeRecord) -> rusqlite::Result<()> {
-        let mut stmt = self.tx.prepare_cached(
-            "INSERT INTO trees(tree_id, root_run_id, agent, prompt, params, model, limits, status,
-                               started_ms, heartbeat_ms, owner, origin)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?9, ?10, ?11)
-             ON CONFLICT(tree_id) DO UPDATE SET status = 'running', error = NULL,
-                 finished_ms = NULL, heartbeat_ms = excluded.heartbeat_ms,
-                 owner = excluded.owner, resumes = resumes + 1",
-        )?;
-        stmt.execute(params![
-            tree.tree_id,
-            tree.root_run_id,
-            tree.agent,
-            tree.prompt,
-            tree.params.as_ref().map(to_json).transpose()?,
-            tree.model,
-            to_json(&tree.limits)?,
-            tree.started_ms as i64,
-            now_ms() as i64,
-            super::owner_id(),
-            tree.origin,
-        ])?;
-        Ok(())
-    }
-
-    fn event(
-        &mut self,
-        event: &Event,
-        last_seq: &mut HashMap<Arc<str>, u64>,
-    ) -> rusqlite::Result<()> {
-        let tree_id = &*event.tree_id;
-        let run_id = &*event.run_id;
-        let at = event.at_ms as i64;
-        let seq = last_seq.entry(event.tree_id.clone()).or_insert(0);
-        *seq = (*seq).max(event.seq);
+    fn event(&mut self, tx: &Transaction<'_>, event: &Event) -> rusqlite::Result<()> {
+        let tree = Self::tree(self.cache, tx, &event.tree_id)?;
+        let delta = self.deltas.entry(event.tree_id.clone()).or_default();
+        delta.last_seq = delta.last_seq.max(event.seq);
+        let mut out = Records(&mut delta.segment);
         match &event.kind {
-            EventKind::AgentStarted {
-                agent_id,
-                agent_type,
-                parent_run_id,
-                depth,
-                inherited,
-            } => {
-                // Kept for the end of the batch: a run that also ends in this
-                // batch is written once.
-                self.runs.insert(
-                    event.run_id.clone(),
-                    RunRow {
-                        tree_id: event.tree_id.clone(),
-                        agent_id: agent_id.clone(),
-                        parent_run_id: parent_run_id.clone(),
-                        agent_type: agent_type.clone(),
-                        depth: *depth as i64,
-                        inherited: *inherited as i64,
-                        started_ms: at,
-                        end: None,
-                    },
-                );
-            }
+            EventKind::ModelDelta { .. } => return Ok(()),
             EventKind::Checkpointed { checkpoint } => {
                 let c = checkpoint;
                 let point = (c.step, c.children_spawned, c.inherited);
-                self.checkpoint(event.at_ms, &c.state, point, false)?;
+                write_checkpoint(tree, &mut out, &c.state, point, false)?;
                 return Ok(());
             }
-            EventKind::ModelDelta { .. } => return Ok(()),
+            // A reply served again on resume was recorded (and counted) before.
             EventKind::ModelResponded {
                 step,
                 usage,
                 reply: Some(reply),
                 ..
-            } => {
-                let reply = self.message_id(reply)?;
-                let mut stmt = self.tx.prepare_cached(
-                    "INSERT OR REPLACE INTO model_calls(run_id, step, reply, input_tokens,
-                         output_tokens, cache_read, cache_write, cost, at_ms)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                )?;
-                stmt.execute(params![
-                    run_id,
-                    step,
-                    reply,
-                    usage.input_tokens as i64,
-                    usage.output_tokens as i64,
-                    usage.cache_read_tokens as i64,
-                    usage.cache_write_tokens as i64,
-                    usage.cost,
-                    at
-                ])?;
+            } if tree.calls.insert((event.run_id.clone(), *step)) => {
+                let id = message_id(tree, &mut out, reply)?;
+                out.open();
+                out.value(&json!({"r": &*event.run_id, "s": step, "m": id, "u": usage}))?;
+                delta.input_tokens += usage.input_tokens;
+                delta.output_tokens += usage.output_tokens;
+                delta.cost += usage.cost;
             }
             _ => {}
         }
         if let Some(state) = event.kind.final_state() {
-            let id = self.checkpoint(event.at_ms, state, (0, 0, 0), true)?;
-            let error = match &event.kind {
-                EventKind::AgentFailed { error, .. } => Some(error.as_str()),
-                _ => state.error_message(),
-            };
-            let status = state.status.as_str();
-            let end = RunEnd {
-                status,
-                error: error.map(str::to_owned),
-                finished_ms: at,
-                checkpoint: id,
-            };
-            match self.runs.get_mut(&event.run_id) {
-                Some(row) => row.end = Some(end),
-                None => {
-                    let mut stmt = self.tx.prepare_cached(
-                        "UPDATE runs SET status = ?2, error = ?3, finished_ms = ?4,
-                             final_checkpoint = ?5
-                         WHERE run_id = ?1",
-                    )?;
-                    stmt.execute(params![run_id, status, end.error, at, id])?;
-                }
-            }
-            if state.parent_id.is_none() {
-                let mut stmt = self.tx.prepare_cached(
-                    "UPDATE trees SET status = ?2, error = ?3, finished_ms = ?4
-                     WHERE tree_id = ?1 AND root_run_id = ?5",
-                )?;
-                stmt.execute(params![tree_id, status, error, at, run_id])?;
+            write_checkpoint(tree, &mut out, state, (0, 0, 0), true)?;
+            delta.agents += 1;
+            if *event.run_id == *tree.root_run_id {
+                let error = match &event.kind {
+                    EventKind::AgentFailed { error, .. } => Some(error.clone()),
+                    _ => state.error_message().map(str::to_owned),
+                };
+                delta.end = Some((state.status.as_str(), error, event.at_ms));
             }
         }
-        // The journal is written in chunks of up to CHUNK bytes of JSON.
-        let body = journal_body(&event.kind)?;
-        let chunk = self
-            .journal
-            .entry(event.tree_id.clone())
-            .or_insert_with(|| Chunk::new(event.seq));
-        chunk.last = event.seq;
-        chunk
-            .text
-            .push(if chunk.text.is_empty() { b'[' } else { b',' });
+        out.open();
         let _ = write!(
-            chunk.text,
+            out.0,
             "{{\"seq\":{},\"runId\":{},\"atMs\":{},",
             event.seq,
-            to_json(run_id)?,
+            serde_json::to_string(&*event.run_id).map_err(json_err)?,
             event.at_ms,
         );
-        chunk
-            .text
-            .extend_from_slice(body.strip_prefix('{').unwrap_or("}").as_bytes());
-        if chunk.text.len() >= CHUNK {
-            if let Some(chunk) = self.journal.remove(&event.tree_id) {
-                self.write_chunk(tree_id, chunk)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes one journal chunk: a JSON array of events, LZ4-compressed (about
-    /// 8× smaller: the journal is the largest part of a store).
-    fn write_chunk(&mut self, tree_id: &str, mut chunk: Chunk) -> rusqlite::Result<()> {
-        chunk.text.push(b']');
-        let packed = lz4_flex::compress_prepend_size(&chunk.text);
-        let mut stmt = self.tx.prepare_cached(
-            "INSERT OR REPLACE INTO journal(tree_id, first_seq, last_seq, events)
-             VALUES (?1, ?2, ?3, ?4)",
-        )?;
-        stmt.execute(params![
-            tree_id,
-            chunk.first as i64,
-            chunk.last as i64,
-            packed
-        ])?;
-        Ok(())
-    }
-
-    fn flush_journal(&mut self) -> rusqlite::Result<()> {
-        let chunks: Vec<(Arc<str>, Chunk)> = self.journal.drain().collect();
-        for (tree, chunk) in chunks {
-            self.write_chunk(&tree, chunk)?;
+        let body = journal_body(&event.kind)?;
+        out.raw(body.strip_prefix('{').unwrap_or("}"));
+        if delta.segment.len() >= SEGMENT {
+            let full = std::mem::take(&mut delta.segment);
+            self.closed.push((event.tree_id.clone(), full));
         }
         Ok(())
     }
 }
 
-/// Bytes of JSON after which a journal chunk is written.
-const CHUNK: usize = 64 * 1024;
-
-struct Chunk {
-    first: u64,
-    last: u64,
-    text: Vec<u8>,
+/// The id of a message in its tree, writing it the first time it is seen.
+fn message_id(
+    tree: &mut TreeCache,
+    out: &mut Records<'_>,
+    message: &Arc<Message>,
+) -> rusqlite::Result<u64> {
+    let key = Arc::as_ptr(message) as usize;
+    if let Some((_, id)) = tree.messages.get(&key) {
+        return Ok(*id);
+    }
+    let id = tree.next_id;
+    tree.next_id += 1;
+    out.open();
+    out.raw(&format!("{{\"m\":{id},\"b\":"));
+    out.value(&**message)?;
+    out.raw("}");
+    tree.messages.insert(key, (message.clone(), id));
+    Ok(id)
 }
 
-impl Chunk {
-    fn new(first: u64) -> Self {
-        Chunk {
-            first,
-            last: first,
-            text: Vec::with_capacity(CHUNK + 4096),
-        }
+fn text_id(tree: &mut TreeCache, out: &mut Records<'_>, text: &Arc<str>) -> rusqlite::Result<u64> {
+    let key = Arc::as_ptr(text) as *const u8 as usize;
+    if let Some((_, id)) = tree.texts.get(&key) {
+        return Ok(*id);
     }
+    let id = tree.next_id;
+    tree.next_id += 1;
+    out.open();
+    out.value(&json!({"p": id, "b": &**text}))?;
+    tree.texts.insert(key, (text.clone(), id));
+    Ok(id)
+}
+
+fn tools_id(
+    tree: &mut TreeCache,
+    out: &mut Records<'_>,
+    tools: &ToolDefinitions,
+) -> rusqlite::Result<u64> {
+    let key = Arc::as_ptr(tools) as usize;
+    if let Some((_, id)) = tree.tools.get(&key) {
+        return Ok(*id);
+    }
+    let id = tree.next_id;
+    tree.next_id += 1;
+    out.open();
+    out.value(&json!({"d": id, "b": &**tools}))?;
+    tree.tools.insert(key, (tools.clone(), id));
+    Ok(id)
+}
+
+/// Writes a checkpoint (or a final state) as a delta on the run's last one.
+fn write_checkpoint(
+    tree: &mut TreeCache,
+    out: &mut Records<'_>,
+    state: &AgentState,
+    (step, children_spawned, inherited): (u32, u32, usize),
+    is_final: bool,
+) -> rusqlite::Result<()> {
+    let history = &state.message_history;
+    let run: Arc<str> = Arc::from(state.run_id.as_str());
+    let (keep, chain) = match tree.last.get(&run) {
+        Some((previous, chain)) if *chain < MAX_CHAIN => {
+            let keep = previous
+                .iter()
+                .zip(history.iter())
+                .take_while(|(a, b)| Arc::ptr_eq(a, b))
+                .count();
+            (Some(keep), chain + 1)
+        }
+        _ => (None, 0),
+    };
+    let mut appended = Vec::with_capacity(history.len() - keep.unwrap_or(0));
+    for message in history.iter().skip(keep.unwrap_or(0)) {
+        appended.push(message_id(tree, out, message)?);
+    }
+    let system_prompt = text_id(tree, out, &state.system_prompt)?;
+    let tools = tools_id(tree, out, &state.tool_definitions)?;
+    let row = StateRow(
+        (state.agent_id != state.run_id).then_some(state.agent_id.as_str()),
+        &state.agent_type,
+        &state.run_id,
+        state
+            .parent_id
+            .as_deref()
+            .filter(|p| state.ancestor_run_ids.last().map(String::as_str) != Some(*p)),
+        &state.ancestor_run_ids,
+        &state.child_run_ids,
+        &state.output,
+        system_prompt,
+        tools,
+        state.context_token_count,
+        state.steps_remaining,
+        state.credits_used,
+        state.direct_credits_used,
+        state.status,
+        step,
+        children_spawned,
+        inherited,
+    );
+    out.open();
+    out.value(&json!({"c": &state.run_id, "f": is_final, "k": keep, "a": appended}))?;
+    // The state row goes in as its own element right after (no copy into a Value).
+    out.open();
+    out.raw("{\"st\":");
+    out.value(&row)?;
+    out.raw("}");
+    if is_final {
+        tree.last.remove(&run);
+    } else {
+        tree.last.insert(run, (history.clone(), chain));
+    }
+    Ok(())
 }
 
 /// An event as the journal keeps it: without the states and replies, which are
-/// stored once elsewhere (checkpoints, model calls).
+/// stored once elsewhere in the segment (checkpoints, model calls).
 fn journal_body(kind: &EventKind) -> rusqlite::Result<String> {
     #[derive(Serialize)]
     #[serde(rename_all = "camelCase")]
@@ -780,13 +563,13 @@ fn journal_body(kind: &EventKind) -> rusqlite::Result<String> {
         #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<&'a str>,
     }
-    match kind {
+    let text = match kind {
         EventKind::ModelResponded {
             step,
             usage,
             tool_calls,
             ..
-        } => to_json(&Responded {
+        } => serde_json::to_string(&Responded {
             r#type: kind.name(),
             step: *step,
             usage,
@@ -794,7 +577,7 @@ fn journal_body(kind: &EventKind) -> rusqlite::Result<String> {
         }),
         EventKind::AgentFinished { state }
         | EventKind::AgentCancelled { state }
-        | EventKind::AgentFailed { state, .. } => to_json(&Ended {
+        | EventKind::AgentFailed { state, .. } => serde_json::to_string(&Ended {
             r#type: kind.name(),
             status: state.status,
             output: &state.output,
@@ -803,144 +586,193 @@ fn journal_body(kind: &EventKind) -> rusqlite::Result<String> {
                 _ => None,
             },
         }),
-        _ => to_json(kind),
-    }
-}
-
-/// A tree's journaled events after `after` (its `seq`), in order.
-fn journal(conn: &Connection, path: &Path, tree_id: &str, after: u64) -> Result<Vec<Value>, Error> {
-    let mut stmt = conn
-        .prepare_cached(
-            "SELECT events FROM journal WHERE tree_id = ?1 AND last_seq > ?2 ORDER BY first_seq",
-        )
-        .map_err(sql(path))?;
-    let chunks = stmt
-        .query_map(params![tree_id, after as i64], |r| r.get::<_, Vec<u8>>(0))
-        .map_err(sql(path))?;
-    let mut events = Vec::new();
-    let bad = |e: &dyn std::fmt::Display| {
-        Error::Store(format!(
-            "{}: a journal chunk of {tree_id} is not valid: {e}",
-            path.display()
-        ))
+        _ => serde_json::to_string(kind),
     };
-    for chunk in chunks {
-        let json =
-            lz4_flex::decompress_size_prepended(&chunk.map_err(sql(path))?).map_err(|e| bad(&e))?;
-        let chunk: Vec<Value> = serde_json::from_slice(&json).map_err(|e| bad(&e))?;
-        events.extend(
-            chunk
-                .into_iter()
-                .filter(|e| e["seq"].as_u64().is_some_and(|s| s > after)),
-        );
+    text.map_err(json_err)
+}
+
+/// A segment as stored: its JSON array, LZ4-compressed (about 8× smaller).
+fn pack(mut records: Vec<u8>) -> Vec<u8> {
+    records.push(b']');
+    lz4_flex::compress_prepend_size(&records)
+}
+
+/// A state as a tree's segments hold it: its message ids and its state row.
+type Point = (Vec<u64>, Value);
+
+/// One run as a tree's segments describe it.
+#[derive(Default)]
+struct RunLog {
+    node: Option<RunNode>,
+    inherited: usize,
+    /// The message ids of its last checkpoint, and that checkpoint's state row.
+    checkpoint: Option<Point>,
+    /// The same for its final state.
+    last_final: Option<Point>,
+    /// Message ids of the history being rebuilt from deltas.
+    ids: Vec<u64>,
+    /// Where it finished among the tree's runs.
+    finished_at: Option<usize>,
+}
+
+/// A tree read back from its segments.
+struct TreeLog {
+    events: Vec<Value>,
+    messages: HashMap<u64, Value>,
+    runs: Vec<(String, RunLog)>,
+    index: HashMap<String, usize>,
+    replies: Vec<(String, u32, u64, Usage)>,
+    finished: usize,
+    /// Decoded values, shared between the states built from them.
+    decoded: HashMap<u64, Arc<Message>>,
+    texts: HashMap<u64, Arc<str>>,
+    tools: HashMap<u64, ToolDefinitions>,
+}
+
+impl TreeLog {
+    fn run(&mut self, run_id: &str) -> &mut RunLog {
+        let at = match self.index.get(run_id) {
+            Some(at) => *at,
+            None => {
+                self.runs.push((run_id.to_owned(), RunLog::default()));
+                self.index.insert(run_id.to_owned(), self.runs.len() - 1);
+                self.runs.len() - 1
+            }
+        };
+        &mut self.runs[at].1
     }
-    Ok(events)
-}
 
-/// The reading side.
-struct Reader<'c> {
-    conn: &'c Connection,
-    path: &'c Path,
-    messages: HashMap<i64, Arc<Message>>,
-    texts: HashMap<i64, Arc<str>>,
-    tools: HashMap<i64, ToolDefinitions>,
-}
+    fn read(
+        records: Vec<Value>,
+        log: &mut TreeLog,
+        bad: &dyn Fn(String) -> Error,
+    ) -> Result<(), Error> {
+        let mut pending: Option<(String, bool, Option<usize>, Vec<u64>)> = None;
+        for record in records {
+            let Value::Object(mut map) = record else {
+                return Err(bad("a record is not an object".into()));
+            };
+            if map.contains_key("seq") {
+                log.event(&map);
+                log.events.push(Value::Object(map));
+            } else if let Some(id) = map.get("m").and_then(Value::as_u64) {
+                if map.contains_key("b") {
+                    log.messages.insert(id, map.remove("b").unwrap_or_default());
+                }
+                let run = map.get("r").and_then(Value::as_str).map(str::to_owned);
+                if let (Some(run), Some(step)) = (run, map.get("s").and_then(Value::as_u64)) {
+                    let usage: Usage = serde_json::from_value(map.remove("u").unwrap_or_default())
+                        .map_err(|e| bad(format!("a model call's usage: {e}")))?;
+                    log.replies.push((run.clone(), step as u32, id, usage));
+                    let node = log.run(&run).node.get_or_insert_with(RunNode::default);
+                    node.steps += 1;
+                    node.input_tokens += usage.input_tokens;
+                    node.output_tokens += usage.output_tokens;
+                    node.cost += usage.cost;
+                }
+            } else if let Some(id) = map.get("p").and_then(Value::as_u64) {
+                let text: String = serde_json::from_value(map.remove("b").unwrap_or_default())
+                    .map_err(|e| bad(format!("system prompt {id}: {e}")))?;
+                log.texts.insert(id, Arc::from(text));
+            } else if let Some(id) = map.get("d").and_then(Value::as_u64) {
+                let tools = serde_json::from_value(map.remove("b").unwrap_or_default())
+                    .map_err(|e| bad(format!("tool definitions {id}: {e}")))?;
+                log.tools.insert(id, Arc::new(tools));
+            } else if let Some(run) = map.get("c").and_then(Value::as_str).map(str::to_owned) {
+                let keep = map.get("k").and_then(Value::as_u64).map(|k| k as usize);
+                let is_final = map.get("f").and_then(Value::as_bool).unwrap_or(false);
+                let appended: Vec<u64> =
+                    serde_json::from_value(map.remove("a").unwrap_or_default())
+                        .map_err(|e| bad(format!("a checkpoint of {run}: {e}")))?;
+                pending = Some((run, is_final, keep, appended));
+            } else if let Some(row) = map.remove("st") {
+                let Some((run, is_final, keep, appended)) = pending.take() else {
+                    return Err(bad("a state without its checkpoint".into()));
+                };
+                let finished = log.finished;
+                let r = log.run(&run);
+                match keep {
+                    Some(keep) => r.ids.truncate(keep),
+                    None => r.ids.clear(),
+                }
+                r.ids.extend(appended);
+                if is_final {
+                    r.last_final = Some((r.ids.clone(), row));
+                    r.finished_at = Some(finished);
+                    r.ids.clear();
+                    log.finished += 1;
+                } else {
+                    r.checkpoint = Some((r.ids.clone(), row));
+                }
+            } else {
+                return Err(bad("a record of an unknown kind".into()));
+            }
+        }
+        Ok(())
+    }
 
-impl<'c> Reader<'c> {
-    fn new(conn: &'c Connection, path: &'c Path) -> Self {
-        Reader {
-            conn,
-            path,
-            messages: HashMap::new(),
-            texts: HashMap::new(),
-            tools: HashMap::new(),
+    /// What the journal says of a run.
+    fn event(&mut self, e: &serde_json::Map<String, Value>) {
+        let Some(run_id) = e.get("runId").and_then(Value::as_str) else {
+            return;
+        };
+        let at = e.get("atMs").and_then(Value::as_u64).unwrap_or(0);
+        let str_of = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_owned);
+        match e.get("type").and_then(Value::as_str) {
+            Some("agentStarted") => {
+                let inherited = e.get("inherited").and_then(Value::as_u64).unwrap_or(0);
+                let r = self.run(run_id);
+                r.inherited = inherited as usize;
+                let node = r.node.get_or_insert_with(RunNode::default);
+                node.run_id = run_id.to_owned();
+                node.parent_run_id = str_of("parentRunId");
+                node.agent_type = str_of("agentType").unwrap_or_default();
+                node.depth = e.get("depth").and_then(Value::as_u64).unwrap_or(0);
+                node.status = "running".into();
+                node.error = None;
+                node.finished_ms = None;
+                if node.started_ms == 0 {
+                    node.started_ms = at;
+                }
+            }
+            Some("agentFinished" | "agentFailed" | "agentCancelled") => {
+                let node = self.run(run_id).node.get_or_insert_with(RunNode::default);
+                node.run_id = run_id.to_owned();
+                node.status = str_of("status").unwrap_or_default();
+                node.error = str_of("error").or_else(|| {
+                    let output = e.get("output")?;
+                    output
+                        .get("errorMessage")
+                        .or_else(|| output.get("message"))
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                });
+                node.finished_ms = Some(at);
+            }
+            _ => {}
         }
     }
 
-    fn corrupt(&self, what: impl std::fmt::Display) -> Error {
-        Error::Store(format!("{}: {what}", self.path.display()))
-    }
-
-    fn blob(&self, id: i64) -> Result<Vec<u8>, Error> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT body FROM blobs WHERE id = ?1")
-            .map_err(sql(self.path))?;
-        // Written as a BLOB; a hand-edited row may hold TEXT.
-        stmt.query_row([id], |r| match r.get_ref(0)? {
-            rusqlite::types::ValueRef::Blob(b) | rusqlite::types::ValueRef::Text(b) => {
-                Ok(Some(b.to_vec()))
-            }
-            _ => Ok(None),
-        })
-        .optional()
-        .map_err(sql(self.path))?
-        .flatten()
-        .ok_or_else(|| self.corrupt(format!("blob {id} is missing")))
-    }
-
-    fn message(&mut self, id: i64) -> Result<Arc<Message>, Error> {
-        if let Some(m) = self.messages.get(&id) {
+    fn message(&mut self, id: u64, bad: &dyn Fn(String) -> Error) -> Result<Arc<Message>, Error> {
+        if let Some(m) = self.decoded.get(&id) {
             return Ok(m.clone());
         }
-        let body = self.blob(id)?;
-        let message: Message = serde_json::from_slice(&body)
-            .map_err(|e| self.corrupt(format!("message {id} is not valid: {e}")))?;
+        let body = self
+            .messages
+            .get(&id)
+            .ok_or_else(|| bad(format!("message {id} is missing")))?;
+        let message: Message = serde_json::from_value(body.clone())
+            .map_err(|e| bad(format!("message {id} is not valid: {e}")))?;
         let message = Arc::new(message);
-        self.messages.insert(id, message.clone());
+        self.decoded.insert(id, message.clone());
         Ok(message)
     }
 
-    fn text(&mut self, id: i64) -> Result<Arc<str>, Error> {
-        if let Some(t) = self.texts.get(&id) {
-            return Ok(t.clone());
-        }
-        let text: String = serde_json::from_slice(&self.blob(id)?)
-            .map_err(|e| self.corrupt(format!("text {id} is not valid: {e}")))?;
-        let text: Arc<str> = Arc::from(text);
-        self.texts.insert(id, text.clone());
-        Ok(text)
-    }
-
-    fn tools(&mut self, id: i64) -> Result<ToolDefinitions, Error> {
-        if let Some(t) = self.tools.get(&id) {
-            return Ok(t.clone());
-        }
-        let tools: ToolDefinitions = Arc::new(
-            serde_json::from_slice(&self.blob(id)?)
-                .map_err(|e| self.corrupt(format!("tool definitions {id} are not valid: {e}")))?,
-        );
-        self.tools.insert(id, tools.clone());
-        Ok(tools)
-    }
-
-    /// A checkpoint, its history rebuilt from its chain of deltas.
-    fn checkpoint(&mut self, id: i64) -> Result<Checkpoint, Error> {
-        let mut chain: Vec<(usize, Vec<i64>)> = Vec::new();
-        let mut state_json: Option<String> = None;
-        let mut next = Some(id);
-        while let Some(at) = next {
-            let mut stmt = self
-                .conn
-                .prepare_cached("SELECT base, keep, appended, state FROM checkpoints WHERE id = ?1")
-                .map_err(sql(self.path))?;
-            let (base, keep, appended, state): (Option<i64>, i64, Vec<u8>, String) = stmt
-                .query_row([at], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
-                .optional()
-                .map_err(sql(self.path))?
-                .ok_or_else(|| self.corrupt(format!("checkpoint {at} is missing")))?;
-            state_json.get_or_insert(state);
-            chain.push((keep as usize, decode_ids(&appended)?));
-            if chain.len() > MAX_CHAIN as usize + 1 {
-                return Err(self.corrupt(format!("checkpoint {id} has a cyclic chain")));
-            }
-            next = base;
-        }
-        let mut ids: Vec<i64> = Vec::new();
-        for (keep, appended) in chain.into_iter().rev() {
-            ids.truncate(keep);
-            ids.extend(appended);
-        }
+    fn state(
+        &mut self,
+        (ids, row): &Point,
+        bad: &dyn Fn(String) -> Error,
+    ) -> Result<Checkpoint, Error> {
         let StateRowOwned(
             agent_id,
             agent_type,
@@ -959,12 +791,22 @@ impl<'c> Reader<'c> {
             step,
             children_spawned,
             inherited,
-        ) = serde_json::from_str(state_json.as_deref().unwrap_or("[]"))
-            .map_err(|e| self.corrupt(format!("checkpoint {id} is not valid: {e}")))?;
+        ) = serde_json::from_value(row.clone())
+            .map_err(|e| bad(format!("a state is not valid: {e}")))?;
         let mut history = History::new();
         for id in ids {
-            history.push_shared(self.message(id)?);
+            history.push_shared(self.message(*id, bad)?);
         }
+        let system_prompt = self
+            .texts
+            .get(&system_prompt)
+            .cloned()
+            .ok_or_else(|| bad(format!("system prompt {system_prompt} is missing")))?;
+        let tool_definitions = self
+            .tools
+            .get(&tool_definitions)
+            .cloned()
+            .ok_or_else(|| bad(format!("tool definitions {tool_definitions} are missing")))?;
         Ok(Checkpoint {
             step,
             children_spawned,
@@ -978,8 +820,8 @@ impl<'c> Reader<'c> {
                 child_run_ids,
                 message_history: history,
                 output,
-                system_prompt: self.text(system_prompt)?,
-                tool_definitions: self.tools(tool_definitions)?,
+                system_prompt,
+                tool_definitions,
                 context_token_count,
                 steps_remaining,
                 credits_used,
@@ -988,26 +830,38 @@ impl<'c> Reader<'c> {
             },
         })
     }
+
+    fn nodes(&self) -> Vec<RunNode> {
+        self.runs
+            .iter()
+            .filter_map(|(_, r)| r.node.clone())
+            .filter(|n| !n.run_id.is_empty())
+            .collect()
+    }
 }
 
-/// A model call's usage from five columns starting at `at`.
-fn usage_at(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Usage> {
-    Ok(Usage {
-        input_tokens: r.get::<_, i64>(at)? as u64,
-        output_tokens: r.get::<_, i64>(at + 1)? as u64,
-        cache_read_tokens: r.get::<_, i64>(at + 2)? as u64,
-        cache_write_tokens: r.get::<_, i64>(at + 3)? as u64,
-        cost: r.get(at + 4)?,
-    })
+impl Default for RunNode {
+    fn default() -> Self {
+        RunNode {
+            run_id: String::new(),
+            parent_run_id: None,
+            agent_type: String::new(),
+            depth: 0,
+            status: "running".into(),
+            error: None,
+            steps: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            cost: 0.0,
+            started_ms: 0,
+            finished_ms: None,
+        }
+    }
 }
 
-const SUMMARY: &str = "SELECT t.tree_id, t.root_run_id, t.agent, t.prompt, t.status, t.error,
-        (SELECT count(*) FROM runs r WHERE r.tree_id = t.tree_id),
-        (SELECT coalesce(sum(input_tokens), 0) FROM model_calls m WHERE m.run_id IN (SELECT run_id FROM runs r WHERE r.tree_id = t.tree_id)),
-        (SELECT coalesce(sum(output_tokens), 0) FROM model_calls m WHERE m.run_id IN (SELECT run_id FROM runs r WHERE r.tree_id = t.tree_id)),
-        (SELECT coalesce(sum(cost), 0.0) FROM model_calls m WHERE m.run_id IN (SELECT run_id FROM runs r WHERE r.tree_id = t.tree_id)),
-        t.started_ms, t.finished_ms, t.heartbeat_ms, t.resumes, t.owner
-    FROM trees t";
+const SUMMARY: &str = "SELECT tree_id, root_run_id, agent, prompt, status, error, agents,
+        input_tokens, output_tokens, cost, started_ms, finished_ms, heartbeat_ms, resumes, owner
+    FROM trees";
 
 fn summary_row(r: &rusqlite::Row<'_>, now: u64) -> rusqlite::Result<TreeSummary> {
     let mut status: String = r.get(4)?;
@@ -1035,72 +889,57 @@ fn summary_row(r: &rusqlite::Row<'_>, now: u64) -> rusqlite::Result<TreeSummary>
     })
 }
 
-const NODE: &str = "SELECT r.run_id, r.parent_run_id, r.agent_type, r.depth, r.status, r.error,
-        (SELECT count(*) FROM model_calls m WHERE m.run_id = r.run_id),
-        (SELECT coalesce(sum(input_tokens), 0) FROM model_calls m WHERE m.run_id = r.run_id),
-        (SELECT coalesce(sum(output_tokens), 0) FROM model_calls m WHERE m.run_id = r.run_id),
-        (SELECT coalesce(sum(cost), 0.0) FROM model_calls m WHERE m.run_id = r.run_id),
-        r.started_ms, r.finished_ms, r.final_checkpoint
-    FROM runs r";
-
-fn node_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(RunNode, Option<i64>)> {
-    Ok((
-        RunNode {
-            run_id: r.get(0)?,
-            parent_run_id: r.get(1)?,
-            agent_type: r.get(2)?,
-            depth: r.get::<_, i64>(3)? as u64,
-            status: r.get(4)?,
-            error: r.get(5)?,
-            steps: r.get::<_, i64>(6)? as u64,
-            input_tokens: r.get::<_, i64>(7)? as u64,
-            output_tokens: r.get::<_, i64>(8)? as u64,
-            cost: r.get(9)?,
-            started_ms: r.get::<_, i64>(10)? as u64,
-            finished_ms: r.get::<_, Option<i64>>(11)?.map(|v| v as u64),
-        },
-        r.get(12)?,
-    ))
+/// The tree a run belongs to: run ids are `TREE/PATH`.
+fn tree_of(run_id: &str) -> &str {
+    run_id.split_once('/').map_or(run_id, |(tree, _)| tree)
 }
 
 impl SqliteStore {
-    fn tree_exists(&self, conn: &Connection, tree_id: &str) -> Result<(), Error> {
+    /// Reads every segment of a tree.
+    fn log(&self, conn: &Connection, tree_id: &str) -> Result<TreeLog, Error> {
         let found: Option<i64> = conn
             .query_row("SELECT 1 FROM trees WHERE tree_id = ?1", [tree_id], |r| {
                 r.get(0)
             })
             .optional()
             .map_err(sql(&self.path))?;
-        found
-            .map(|_| ())
-            .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))
-    }
-
-    fn nodes(
-        &self,
-        conn: &Connection,
-        tree_id: &str,
-    ) -> Result<Vec<(RunNode, Option<i64>)>, Error> {
+        if found.is_none() {
+            return Err(Error::UnknownTree(tree_id.to_owned()));
+        }
+        let path = self.path.display().to_string();
+        let bad = move |what: String| Error::Store(format!("{path}: tree {tree_id}: {what}"));
         let mut stmt = conn
-            .prepare(&format!(
-                "{NODE} WHERE r.tree_id = ?1 ORDER BY r.started_ms, r.rowid"
-            ))
+            .prepare_cached("SELECT body FROM segments WHERE tree_id = ?1 ORDER BY n")
             .map_err(sql(&self.path))?;
-        let rows = stmt
-            .query_map([tree_id], node_row)
-            .map_err(sql(&self.path))?
-            .collect::<Result<Vec<_>, _>>()
+        let bodies = stmt
+            .query_map([tree_id], |r| r.get::<_, Vec<u8>>(0))
             .map_err(sql(&self.path))?;
-        Ok(rows)
+        let mut log = TreeLog {
+            events: Vec::new(),
+            messages: HashMap::new(),
+            runs: Vec::new(),
+            index: HashMap::new(),
+            replies: Vec::new(),
+            finished: 0,
+            decoded: HashMap::new(),
+            texts: HashMap::new(),
+            tools: HashMap::new(),
+        };
+        for body in bodies {
+            let body = body.map_err(sql(&self.path))?;
+            let json = lz4_flex::decompress_size_prepended(&body)
+                .map_err(|e| bad(format!("a segment is corrupt: {e}")))?;
+            let records: Vec<Value> = serde_json::from_slice(&json)
+                .map_err(|e| bad(format!("a segment is not valid: {e}")))?;
+            TreeLog::read(records, &mut log, &bad)?;
+        }
+        Ok(log)
     }
 
-    fn latest_checkpoint(&self, conn: &Connection, run_id: &str) -> Result<Option<i64>, Error> {
-        conn.query_row(
-            "SELECT max(id) FROM checkpoints WHERE run_id = ?1 AND final = 0",
-            [run_id],
-            |r| r.get(0),
-        )
-        .map_err(sql(&self.path))
+    fn bad(&self, tree_id: &str) -> impl Fn(String) -> Error + use<> {
+        let path = self.path.display().to_string();
+        let tree_id = tree_id.to_owned();
+        move |what| Error::Store(format!("{path}: tree {tree_id}: {what}"))
     }
 }
 
@@ -1113,46 +952,123 @@ impl Store for SqliteStore {
             .map_err(|_| Error::Store("the store cache was poisoned".into()))?;
         let result = (|| -> rusqlite::Result<()> {
             let tx = conn.transaction()?;
-            let mut last_seq: HashMap<Arc<str>, u64> = HashMap::new();
-            {
-                let mut b = Batch {
-                    tx: &tx,
-                    cache: &mut cache,
-                    runs: HashMap::with_capacity(batch.len() / 4),
-                    journal: HashMap::new(),
-                };
-                for write in batch {
-                    match write {
-                        Write::Tree(tree) => b.tree(tree)?,
-                        Write::Event(event) => b.event(event, &mut last_seq)?,
-                        Write::Heartbeat(trees) => {
-                            let mut stmt = tx.prepare_cached(
-                                "UPDATE trees SET heartbeat_ms = ?2 WHERE tree_id = ?1",
-                            )?;
-                            for tree in trees {
-                                stmt.execute(params![tree, now_ms() as i64])?;
-                            }
+            let mut b = Batch {
+                cache: &mut cache,
+                deltas: HashMap::new(),
+                closed: Vec::new(),
+            };
+            for write in batch {
+                match write {
+                    Write::Tree(tree) => {
+                        let mut stmt = tx.prepare_cached(
+                            "INSERT INTO trees(tree_id, root_run_id, agent, prompt, params, model,
+                                 limits, origin, status, started_ms, heartbeat_ms, owner)
+                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'running', ?9, ?10, ?11)
+                             ON CONFLICT(tree_id) DO UPDATE SET status = 'running', error = NULL,
+                                 finished_ms = NULL, heartbeat_ms = excluded.heartbeat_ms,
+                                 owner = excluded.owner, resumes = resumes + 1",
+                        )?;
+                        stmt.execute(params![
+                            tree.tree_id,
+                            tree.root_run_id,
+                            tree.agent,
+                            tree.prompt,
+                            tree.params.as_ref().map(|p| p.to_string()),
+                            tree.model,
+                            serde_json::to_string(&tree.limits).map_err(json_err)?,
+                            tree.origin,
+                            tree.started_ms as i64,
+                            now_ms() as i64,
+                            super::owner_id(),
+                        ])?;
+                        let id: Arc<str> = Arc::from(tree.tree_id.as_str());
+                        Batch::tree(b.cache, &tx, &id)?;
+                    }
+                    Write::Known {
+                        tree_id,
+                        messages,
+                        calls,
+                    } => {
+                        let tree = Batch::tree(b.cache, &tx, &Arc::from(tree_id.as_str()))?;
+                        for (message, id) in messages {
+                            let key = Arc::as_ptr(message) as usize;
+                            tree.messages.insert(key, (message.clone(), *id));
+                        }
+                        for (run, step) in calls {
+                            tree.calls.insert((Arc::from(run.as_str()), *step));
+                        }
+                    }
+                    Write::Event(event) => b.event(&tx, event)?,
+                    Write::Heartbeat(trees) => {
+                        let mut stmt = tx.prepare_cached(
+                            "UPDATE trees SET heartbeat_ms = ?2 WHERE tree_id = ?1",
+                        )?;
+                        for tree in trees {
+                            stmt.execute(params![tree, now_ms() as i64])?;
                         }
                     }
                 }
-                b.flush_runs()?;
-                b.flush_journal()?;
+            }
+            let mut segments = b.closed;
+            for (tree, delta) in &mut b.deltas {
+                if !delta.segment.is_empty() {
+                    segments.push((tree.clone(), std::mem::take(&mut delta.segment)));
+                }
+            }
+            {
+                let mut stmt = tx
+                    .prepare_cached("INSERT INTO segments(tree_id, n, body) VALUES (?1, ?2, ?3)")?;
+                for (tree, records) in segments {
+                    let cache = Batch::tree(b.cache, &tx, &tree)?;
+                    cache.segments += 1;
+                    stmt.execute(params![&*tree, cache.segments as i64, pack(records)])?;
+                }
             }
             {
                 let mut stmt = tx.prepare_cached(
-                    "UPDATE trees SET last_seq = max(last_seq, ?2), heartbeat_ms = ?3
+                    "UPDATE trees SET last_seq = max(last_seq, ?2), heartbeat_ms = ?3,
+                         next_id = ?4, segments = ?5, agents = agents + ?6,
+                         input_tokens = input_tokens + ?7, output_tokens = output_tokens + ?8,
+                         cost = cost + ?9
                      WHERE tree_id = ?1",
                 )?;
-                for (tree, seq) in &last_seq {
-                    stmt.execute(params![&**tree, *seq as i64, now_ms() as i64])?;
+                let mut end = tx.prepare_cached(
+                    "UPDATE trees SET status = ?2, error = ?3, finished_ms = ?4 WHERE tree_id = ?1",
+                )?;
+                for (tree, delta) in &b.deltas {
+                    let cache = Batch::tree(b.cache, &tx, tree)?;
+                    stmt.execute(params![
+                        &**tree,
+                        delta.last_seq as i64,
+                        now_ms() as i64,
+                        cache.next_id as i64,
+                        cache.segments as i64,
+                        delta.agents as i64,
+                        delta.input_tokens as i64,
+                        delta.output_tokens as i64,
+                        delta.cost,
+                    ])?;
+                    if let Some((status, error, at)) = &delta.end {
+                        end.execute(params![&**tree, status, error, *at as i64])?;
+                    }
                 }
             }
-            tx.commit()
+            // A finished tree needs no cache any more.
+            let ended: Vec<Arc<str>> = b
+                .deltas
+                .iter()
+                .filter(|(_, d)| d.end.is_some())
+                .map(|(t, _)| t.clone())
+                .collect();
+            tx.commit()?;
+            for tree in ended {
+                b.cache.remove(&tree);
+            }
+            Ok(())
         })();
-        cache.trim();
         result.map_err(|e| {
             // What the cache says was written may have been rolled back.
-            *cache = Cache::default();
+            cache.clear();
             Error::Store(format!("cannot write {}: {e}", self.path.display()))
         })
     }
@@ -1161,9 +1077,7 @@ impl Store for SqliteStore {
         let conn = self.conn()?;
         let now = now_ms();
         let mut stmt = conn
-            .prepare(&format!(
-                "{SUMMARY} ORDER BY t.started_ms DESC, t.rowid DESC"
-            ))
+            .prepare(&format!("{SUMMARY} ORDER BY started_ms DESC, rowid DESC"))
             .map_err(sql(&self.path))?;
         let rows = stmt
             .query_map([], |r| summary_row(r, now))
@@ -1194,13 +1108,14 @@ impl Store for SqliteStore {
 
     fn tree(&self, tree_id: &str) -> Result<(TreeRecord, TreeSummary), Error> {
         let conn = self.conn()?;
-        self.tree_exists(&conn, tree_id)?;
         let now = now_ms();
         let summary = conn
-            .query_row(&format!("{SUMMARY} WHERE t.tree_id = ?1"), [tree_id], |r| {
+            .query_row(&format!("{SUMMARY} WHERE tree_id = ?1"), [tree_id], |r| {
                 summary_row(r, now)
             })
-            .map_err(sql(&self.path))?;
+            .optional()
+            .map_err(sql(&self.path))?
+            .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
         let (params_json, model, limits_json, origin): (
             Option<String>,
             Option<String>,
@@ -1213,12 +1128,7 @@ impl Store for SqliteStore {
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .map_err(sql(&self.path))?;
-        let bad = |what: &str, e: serde_json::Error| {
-            Error::Store(format!(
-                "{}: tree {tree_id}: {what}: {e}",
-                self.path.display()
-            ))
-        };
+        let bad = self.bad(tree_id);
         let record = TreeRecord {
             tree_id: summary.tree_id.clone(),
             root_run_id: summary.root_run_id.clone(),
@@ -1227,9 +1137,9 @@ impl Store for SqliteStore {
             params: params_json
                 .map(|p| serde_json::from_str(&p))
                 .transpose()
-                .map_err(|e| bad("params", e))?,
+                .map_err(|e| bad(format!("params: {e}")))?,
             model,
-            limits: serde_json::from_str(&limits_json).map_err(|e| bad("limits", e))?,
+            limits: serde_json::from_str(&limits_json).map_err(|e| bad(format!("limits: {e}")))?,
             origin,
             started_ms: summary.started_ms,
         };
@@ -1238,29 +1148,35 @@ impl Store for SqliteStore {
 
     fn runs(&self, tree_id: &str) -> Result<Vec<RunNode>, Error> {
         let conn = self.conn()?;
-        self.tree_exists(&conn, tree_id)?;
-        Ok(self
-            .nodes(&conn, tree_id)?
-            .into_iter()
-            .map(|(n, _)| n)
-            .collect())
+        Ok(self.log(&conn, tree_id)?.nodes())
     }
 
     fn run(&self, run_id: &str) -> Result<StoredRun, Error> {
         let conn = self.conn()?;
-        let (node, final_id) = conn
-            .query_row(&format!("{NODE} WHERE r.run_id = ?1"), [run_id], node_row)
-            .optional()
-            .map_err(sql(&self.path))?
-            .ok_or_else(|| Error::UnknownRun(run_id.to_owned()))?;
-        let mut reader = Reader::new(&conn, &self.path);
-        let (state, is_final) = match final_id {
-            Some(id) => (Some(reader.checkpoint(id)?.state), true),
-            None => match self.latest_checkpoint(&conn, run_id)? {
-                Some(id) => (Some(reader.checkpoint(id)?.state), false),
-                None => (None, false),
-            },
+        let tree_id = tree_of(run_id);
+        let mut log = match self.log(&conn, tree_id) {
+            Err(Error::UnknownTree(_)) => return Err(Error::UnknownRun(run_id.to_owned())),
+            other => other?,
         };
+        let bad = self.bad(tree_id);
+        let Some(&at) = log.index.get(run_id) else {
+            return Err(Error::UnknownRun(run_id.to_owned()));
+        };
+        let run = &log.runs[at].1;
+        let node = run
+            .node
+            .clone()
+            .filter(|n| !n.run_id.is_empty())
+            .ok_or_else(|| Error::UnknownRun(run_id.to_owned()))?;
+        let (point, is_final) = match (&run.last_final, &run.checkpoint) {
+            (Some(f), _) => (Some(f.clone()), true),
+            (None, Some(c)) => (Some(c.clone()), false),
+            (None, None) => (None, false),
+        };
+        let state = point
+            .map(|p| log.state(&p, &bad))
+            .transpose()?
+            .map(|c| c.state);
         Ok(StoredRun {
             node,
             state,
@@ -1270,70 +1186,41 @@ impl Store for SqliteStore {
 
     fn recovery(&self, tree_id: &str) -> Result<Recovery, Error> {
         let conn = self.conn()?;
-        self.tree_exists(&conn, tree_id)?;
-        let mut reader = Reader::new(&conn, &self.path);
+        let mut log = self.log(&conn, tree_id)?;
+        let bad = self.bad(tree_id);
         let mut recovery = Recovery::default();
-        let mut inherited_of: HashMap<String, usize> = HashMap::new();
-        {
-            let mut stmt = conn
-                .prepare("SELECT run_id, inherited, final_checkpoint FROM runs WHERE tree_id = ?1")
-                .map_err(sql(&self.path))?;
-            let rows = stmt
-                .query_map([tree_id], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, Option<i64>>(2)?,
-                    ))
-                })
-                .map_err(sql(&self.path))?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(sql(&self.path))?;
-            let mut agents = HashSet::new();
-            for (run_id, inherited, final_id) in rows {
-                inherited_of.insert(run_id.clone(), inherited as usize);
-                let checkpoint = match final_id {
-                    Some(id) => {
-                        let state = reader.checkpoint(id)?.state;
-                        agents.insert(state.agent_id.clone());
-                        recovery
-                            .finished
-                            .insert(run_id, (Arc::new(state), inherited as usize));
-                        continue;
-                    }
-                    None => self.latest_checkpoint(&conn, &run_id)?,
-                };
-                if let Some(id) = checkpoint {
-                    let checkpoint = reader.checkpoint(id)?;
-                    agents.insert(checkpoint.state.agent_id.clone());
-                    recovery.checkpoints.insert(run_id, Arc::new(checkpoint));
-                }
-            }
-            recovery.spent.agents = agents.len();
-        }
-        let mut stmt = conn
-            .prepare(
-                "SELECT run_id, step, reply, input_tokens, output_tokens, cache_read, cache_write, cost FROM model_calls
-                 WHERE run_id IN (SELECT run_id FROM runs WHERE tree_id = ?1)",
-            )
-            .map_err(sql(&self.path))?;
-        let rows = stmt
-            .query_map([tree_id], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, u32>(1)?,
-                    r.get::<_, i64>(2)?,
-                    usage_at(r, 3)?,
-                ))
+        let mut agents = HashSet::new();
+        let runs: Vec<(String, Option<Point>, Option<Point>, usize)> = log
+            .runs
+            .iter()
+            .map(|(id, r)| {
+                (
+                    id.clone(),
+                    r.last_final.clone(),
+                    r.checkpoint.clone(),
+                    r.inherited,
+                )
             })
-            .map_err(sql(&self.path))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(sql(&self.path))?;
+            .collect();
+        for (run_id, last_final, checkpoint, inherited) in runs {
+            if let Some(point) = last_final {
+                let state = log.state(&point, &bad)?.state;
+                agents.insert(state.agent_id.clone());
+                recovery
+                    .finished
+                    .insert(run_id, (Arc::new(state), inherited));
+            } else if let Some(point) = checkpoint {
+                let checkpoint = log.state(&point, &bad)?;
+                agents.insert(checkpoint.state.agent_id.clone());
+                recovery.checkpoints.insert(run_id, Arc::new(checkpoint));
+            }
+        }
         let mut spent = Spent {
-            agents: recovery.spent.agents,
+            agents: agents.len(),
             ..Spent::default()
         };
-        for (run_id, step, reply, usage) in rows {
+        let replies = std::mem::take(&mut log.replies);
+        for (run_id, step, id, usage) in replies {
             // What will not be asked again counts as spent; a reply served again
             // on resume is counted when it is served.
             let done = recovery.finished.contains_key(&run_id)
@@ -1346,12 +1233,13 @@ impl Store for SqliteStore {
                 spent.tokens += usage.input_tokens + usage.output_tokens;
                 spent.credits += usage.cost;
             }
-            let message = reader.message(reply)?;
+            let message = log.message(id, &bad)?;
             recovery
                 .replies
                 .insert((run_id, step), RecordedReply { message, usage });
         }
         recovery.spent = spent;
+        recovery.message_ids = log.decoded.iter().map(|(id, m)| (m.clone(), *id)).collect();
         recovery.last_seq = conn
             .query_row(
                 "SELECT last_seq FROM trees WHERE tree_id = ?1",
@@ -1364,76 +1252,61 @@ impl Store for SqliteStore {
 
     fn final_states(&self, tree_id: &str) -> Result<Vec<AgentState>, Error> {
         let conn = self.conn()?;
-        self.tree_exists(&conn, tree_id)?;
-        let mut stmt = conn
-            .prepare(
-                "SELECT final_checkpoint FROM runs WHERE tree_id = ?1 AND final_checkpoint IS NOT NULL
-                 ORDER BY final_checkpoint",
-            )
-            .map_err(sql(&self.path))?;
-        let ids = stmt
-            .query_map([tree_id], |r| r.get::<_, i64>(0))
-            .map_err(sql(&self.path))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(sql(&self.path))?;
-        let mut reader = Reader::new(&conn, &self.path);
-        ids.into_iter()
-            .map(|id| reader.checkpoint(id).map(|c| c.state))
+        let mut log = self.log(&conn, tree_id)?;
+        let bad = self.bad(tree_id);
+        let mut finals: Vec<(usize, Point)> = log
+            .runs
+            .iter()
+            .filter_map(|(_, r)| Some((r.finished_at?, r.last_final.clone()?)))
+            .collect();
+        finals.sort_by_key(|(at, _)| *at);
+        finals
+            .into_iter()
+            .map(|(_, point)| log.state(&point, &bad).map(|c| c.state))
             .collect()
+    }
+
+    fn events(&self, tree_id: &str, after: u64) -> Result<Vec<Value>, Error> {
+        let conn = self.conn()?;
+        let log = self.log(&conn, tree_id)?;
+        Ok(log
+            .events
+            .into_iter()
+            .filter(|e| e["seq"].as_u64().is_some_and(|s| s > after))
+            .collect())
     }
 
     fn export(&self, tree_id: &str) -> Result<Value, Error> {
         let (record, summary) = self.tree(tree_id)?;
         let conn = self.conn()?;
-        let mut reader = Reader::new(&conn, &self.path);
+        let mut log = self.log(&conn, tree_id)?;
+        let bad = self.bad(tree_id);
         let mut runs = Vec::new();
-        for (node, final_id) in self.nodes(&conn, tree_id)? {
-            let checkpoint = match final_id {
-                Some(id) => Some(id),
-                None => self.latest_checkpoint(&conn, &node.run_id)?,
-            };
-            let state = checkpoint.map(|id| reader.checkpoint(id)).transpose()?;
-            runs.push(
-                json!({"run": node, "final": final_id.is_some(), "state": state.map(|c| c.state)}),
-            );
-        }
-        let events = journal(&conn, &self.path, tree_id, 0)?;
-        let mut stmt = conn
-            .prepare("SELECT run_id, step, reply, input_tokens, output_tokens, cache_read, cache_write, cost FROM model_calls
-                 WHERE run_id IN (SELECT run_id FROM runs WHERE tree_id = ?1) ORDER BY at_ms, run_id, step")
-            .map_err(sql(&self.path))?;
-        let calls = stmt
-            .query_map([tree_id], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, u32>(1)?,
-                    r.get::<_, i64>(2)?,
-                    usage_at(r, 3)?,
-                ))
+        let points: Vec<(Option<RunNode>, bool, Option<Point>)> = log
+            .runs
+            .iter()
+            .map(|(_, r)| {
+                let point = r.last_final.clone().or_else(|| r.checkpoint.clone());
+                (r.node.clone(), r.last_final.is_some(), point)
             })
-            .map_err(sql(&self.path))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(sql(&self.path))?;
+            .collect();
+        for (node, is_final, point) in points {
+            let state = point.map(|p| log.state(&p, &bad)).transpose()?;
+            runs.push(json!({"run": node, "final": is_final, "state": state.map(|c| c.state)}));
+        }
         let mut model_calls = Vec::new();
-        for (run_id, step, reply, usage) in calls {
+        for (run_id, step, id, usage) in log.replies.clone() {
             model_calls.push(json!({
-                "runId": run_id, "step": step,
-                "reply": *reader.message(reply)?, "usage": usage,
+                "runId": run_id, "step": step, "reply": *log.message(id, &bad)?, "usage": usage,
             }));
         }
         Ok(json!({
             "tree": record,
             "summary": summary,
             "runs": runs,
-            "events": events,
+            "events": log.events,
             "modelCalls": model_calls,
         }))
-    }
-
-    fn events(&self, tree_id: &str, after: u64) -> Result<Vec<Value>, Error> {
-        let conn = self.conn()?;
-        self.tree_exists(&conn, tree_id)?;
-        journal(&conn, &self.path, tree_id, after)
     }
 
     fn gc(&self, cutoff_ms: u64) -> Result<GcReport, Error> {
@@ -1448,77 +1321,18 @@ impl Store for SqliteStore {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(sql(&self.path))?
         };
+        let mut segments = 0;
         for tree in &trees {
-            for table in ["model_calls", "checkpoints"] {
-                tx.execute(
-                    &format!(
-                        "DELETE FROM {table} WHERE run_id IN (SELECT run_id FROM runs WHERE tree_id = ?1)"
-                    ),
-                    [tree],
-                )
+            segments += tx
+                .execute("DELETE FROM segments WHERE tree_id = ?1", [tree])
+                .map_err(sql(&self.path))? as u64;
+            tx.execute("DELETE FROM trees WHERE tree_id = ?1", [tree])
                 .map_err(sql(&self.path))?;
-            }
-            for table in ["journal", "runs", "trees"] {
-                tx.execute(&format!("DELETE FROM {table} WHERE tree_id = ?1"), [tree])
-                    .map_err(sql(&self.path))?;
-            }
-        }
-        // Blobs still referred to by what is left.
-        let mut live: HashSet<i64> = HashSet::new();
-        {
-            let mut stmt = tx
-                .prepare("SELECT appended, state FROM checkpoints")
-                .map_err(sql(&self.path))?;
-            let mut rows = stmt.query([]).map_err(sql(&self.path))?;
-            while let Some(row) = rows.next().map_err(sql(&self.path))? {
-                let appended: Vec<u8> = row.get(0).map_err(sql(&self.path))?;
-                live.extend(decode_ids(&appended)?);
-                let state: String = row.get(1).map_err(sql(&self.path))?;
-                let state: Value = serde_json::from_str(&state)
-                    .map_err(|e| Error::Store(format!("a checkpoint is not valid: {e}")))?;
-                for at in [SYSTEM_PROMPT_AT, TOOLS_AT] {
-                    if let Some(id) = state.get(at).and_then(Value::as_i64) {
-                        live.insert(id);
-                    }
-                }
-            }
-            let mut stmt = tx
-                .prepare("SELECT reply FROM model_calls")
-                .map_err(sql(&self.path))?;
-            let replies = stmt
-                .query_map([], |r| r.get::<_, i64>(0))
-                .map_err(sql(&self.path))?;
-            for id in replies {
-                live.insert(id.map_err(sql(&self.path))?);
-            }
-        }
-        let all: Vec<i64> = {
-            let mut stmt = tx
-                .prepare("SELECT id FROM blobs")
-                .map_err(sql(&self.path))?;
-            stmt.query_map([], |r| r.get(0))
-                .map_err(sql(&self.path))?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(sql(&self.path))?
-        };
-        let mut blobs = 0;
-        {
-            let mut stmt = tx
-                .prepare("DELETE FROM blobs WHERE id = ?1")
-                .map_err(sql(&self.path))?;
-            for id in all.into_iter().filter(|id| !live.contains(id)) {
-                stmt.execute([id]).map_err(sql(&self.path))?;
-                blobs += 1;
-            }
         }
         tx.commit().map_err(sql(&self.path))?;
-        // Blob ids the writer cached may be gone now.
-        if let Ok(mut cache) = self.cache.lock() {
-            *cache = Cache::default();
-        }
         Ok(GcReport {
             trees: trees.len() as u64,
-            blobs,
+            segments,
         })
     }
 }
