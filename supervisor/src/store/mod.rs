@@ -190,14 +190,18 @@ enum Msg {
 }
 
 /// Feeds a store from the supervisor: a thread takes whatever has queued up
-/// and writes it as one transaction. When a write fails the writer stops, keeps
+/// and writes it as one transaction. The queue is bounded (see `QUEUE`). When a write fails the writer stops, keeps
 /// the reason, and calls `on_failure` (the supervisor fails the running trees).
 pub(crate) struct StoreWriter {
-    tx: mpsc::Sender<Msg>,
+    tx: mpsc::SyncSender<Msg>,
     failure: Arc<Mutex<Option<String>>>,
 }
 
 const MAX_BATCH: usize = 8192;
+/// Writes waiting for the writer. When the store cannot keep up, an agent that
+/// emits an event waits for room (backpressure) instead of the queue, and the
+/// states it holds, growing without bound.
+const QUEUE: usize = 32 * 1024;
 const HEARTBEAT: Duration = Duration::from_secs(1);
 /// How long the writer lets writes gather before a batch (the most a write
 /// waits before it is committed, beyond the time to write the batch before it).
@@ -208,7 +212,7 @@ impl StoreWriter {
         store: Arc<dyn Store>,
         on_failure: Box<dyn Fn(String) + Send>,
     ) -> Result<Self, Error> {
-        let (tx, rx) = mpsc::channel::<Msg>();
+        let (tx, rx) = mpsc::sync_channel::<Msg>(QUEUE);
         let failure = Arc::new(Mutex::new(None));
         let failed = failure.clone();
         std::thread::Builder::new()

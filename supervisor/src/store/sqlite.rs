@@ -95,8 +95,27 @@ struct TreeCache {
     tools: HashMap<usize, (ToolDefinitions, u64)>,
     /// Per live run: the history of its last checkpoint and the chain length.
     last: HashMap<Arc<str>, (History, u32)>,
-    /// Model calls already recorded (a resumed tree serves them again).
+    /// Model calls recorded before this process resumed the tree: served
+    /// again from the record, they are not written (or counted) twice. Empty
+    /// for a tree started here (a call is never answered twice in one life).
     calls: HashSet<(Arc<str>, u32)>,
+    /// Messages held after the last sweep.
+    swept: usize,
+}
+
+impl TreeCache {
+    /// Forgets messages nothing else holds any more: they can never be seen
+    /// again, so their ids are not needed (amortised: runs when the map has
+    /// doubled since the last sweep).
+    fn sweep(&mut self) {
+        if self.messages.len() < 4096 || self.messages.len() < 2 * self.swept {
+            return;
+        }
+        self.messages.retain(|_, (m, _)| Arc::strong_count(m) > 1);
+        self.texts.retain(|_, (t, _)| Arc::strong_count(t) > 1);
+        self.tools.retain(|_, (t, _)| Arc::strong_count(t) > 1);
+        self.swept = self.messages.len();
+    }
 }
 
 /// What a batch adds to a tree's row.
@@ -390,10 +409,14 @@ impl Batch<'_> {
                 usage,
                 reply: Some(reply),
                 ..
-            } if tree.calls.insert((event.run_id.clone(), *step)) => {
+            } if tree.calls.is_empty() || !tree.calls.contains(&(event.run_id.clone(), *step)) => {
                 let id = message_id(tree, &mut out, reply)?;
                 out.open();
-                out.value(&json!({"r": &*event.run_id, "s": step, "m": id, "u": usage}))?;
+                out.raw("{\"r\":");
+                out.value(&*event.run_id)?;
+                out.raw(&format!(",\"s\":{step},\"m\":{id},\"u\":"));
+                out.value(usage)?;
+                out.raw("}");
                 delta.input_tokens += usage.input_tokens;
                 delta.output_tokens += usage.output_tokens;
                 delta.cost += usage.cost;
@@ -529,7 +552,13 @@ fn write_checkpoint(
         inherited,
     );
     out.open();
-    out.value(&json!({"c": &state.run_id, "f": is_final, "k": keep, "a": appended}))?;
+    out.raw("{\"c\":");
+    out.value(&state.run_id)?;
+    out.raw(&format!(",\"f\":{is_final},\"k\":"));
+    out.value(&keep)?;
+    out.raw(",\"a\":");
+    out.value(&appended)?;
+    out.raw("}");
     // The state row goes in as its own element right after (no copy into a Value).
     out.open();
     out.raw("{\"st\":");
@@ -1051,6 +1080,11 @@ impl Store for SqliteStore {
                     if let Some((status, error, at)) = &delta.end {
                         end.execute(params![&**tree, status, error, *at as i64])?;
                     }
+                }
+            }
+            for tree in b.deltas.keys() {
+                if let Some(cache) = b.cache.get_mut(tree) {
+                    cache.sweep();
                 }
             }
             // A finished tree needs no cache any more.
