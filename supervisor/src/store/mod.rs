@@ -201,7 +201,7 @@ const MAX_BATCH: usize = 8192;
 /// Writes waiting for the writer. When the store cannot keep up, an agent that
 /// emits an event waits for room (backpressure) instead of the queue, and the
 /// states it holds, growing without bound.
-const QUEUE: usize = 32 * 1024;
+const QUEUE: usize = 64 * 1024;
 const HEARTBEAT: Duration = Duration::from_secs(1);
 /// How long the writer lets writes gather before a batch (the most a write
 /// waits before it is committed, beyond the time to write the batch before it).
@@ -255,17 +255,24 @@ fn writer_loop(
     let mut flushes = Vec::new();
     let mut failed: Option<String> = None;
     loop {
-        let first = match rx.recv_timeout(HEARTBEAT) {
+        // With a backlog, go straight on. Otherwise wait for a write, then let
+        // a batch gather: while this thread sleeps, senders find no receiver
+        // to wake, so an event costs them a queue push and no syscall. (Not
+        // for a new tree or a flush: someone waits for those.)
+        let first = match rx.try_recv() {
             Ok(msg) => Some(msg),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => return,
+            Err(mpsc::TryRecvError::Disconnected) => return,
+            Err(mpsc::TryRecvError::Empty) => match rx.recv_timeout(HEARTBEAT) {
+                Ok(msg) => {
+                    if matches!(msg, Msg::Write(Write::Event(_))) {
+                        std::thread::sleep(GATHER);
+                    }
+                    Some(msg)
+                }
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
+            },
         };
-        // Let a batch gather: while this thread sleeps, senders find no
-        // receiver to wake, so an event costs them a queue push and no syscall.
-        // (Not for a new tree or a flush: someone waits for those.)
-        if matches!(first, Some(Msg::Write(Write::Event(_)))) {
-            std::thread::sleep(GATHER);
-        }
         for msg in first
             .into_iter()
             .chain(std::iter::from_fn(|| rx.try_recv().ok()))

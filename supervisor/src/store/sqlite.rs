@@ -134,6 +134,7 @@ pub struct SqliteStore {
     path: PathBuf,
     conn: Mutex<Connection>,
     cache: Mutex<HashMap<Arc<str>, TreeCache>>,
+    buffers: Mutex<Buffers>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -259,6 +260,7 @@ impl SqliteStore {
             path: path.to_owned(),
             conn: Mutex::new(conn),
             cache: Mutex::new(HashMap::new()),
+            buffers: Mutex::new(Buffers::default()),
         })
     }
 
@@ -311,6 +313,9 @@ struct StateRow<'a>(
     usize,
 );
 
+/// Where a `StateRow` keeps the output.
+const OUTPUT_AT: usize = 6;
+
 #[derive(Deserialize)]
 struct StateRowOwned(
     Option<String>,
@@ -359,6 +364,7 @@ struct Batch<'a> {
     deltas: HashMap<Arc<str>, TreeDelta>,
     /// Segments closed during the batch: (tree, JSON array).
     closed: Vec<(Arc<str>, Vec<u8>)>,
+    buffers: &'a mut Buffers,
 }
 
 impl Batch<'_> {
@@ -392,7 +398,14 @@ impl Batch<'_> {
 
     fn event(&mut self, tx: &Transaction<'_>, event: &Event) -> rusqlite::Result<()> {
         let tree = Self::tree(self.cache, tx, &event.tree_id)?;
-        let delta = self.deltas.entry(event.tree_id.clone()).or_default();
+        let buffers = &mut *self.buffers;
+        let delta = self
+            .deltas
+            .entry(event.tree_id.clone())
+            .or_insert_with(|| TreeDelta {
+                segment: buffers.take(),
+                ..TreeDelta::default()
+            });
         delta.last_seq = delta.last_seq.max(event.seq);
         let mut out = Records(&mut delta.segment);
         match &event.kind {
@@ -445,7 +458,7 @@ impl Batch<'_> {
         let body = journal_body(&event.kind)?;
         out.raw(body.strip_prefix('{').unwrap_or("}"));
         if delta.segment.len() >= SEGMENT {
-            let full = std::mem::take(&mut delta.segment);
+            let full = std::mem::replace(&mut delta.segment, self.buffers.take());
             self.closed.push((event.tree_id.clone(), full));
         }
         Ok(())
@@ -583,12 +596,12 @@ fn journal_body(kind: &EventKind) -> rusqlite::Result<String> {
         usage: &'a Usage,
         tool_calls: usize,
     }
+    /// (Its output is the final state's: put back when the journal is read.)
     #[derive(Serialize)]
     #[serde(rename_all = "camelCase")]
     struct Ended<'a> {
         r#type: &'static str,
         status: AgentStatus,
-        output: &'a Option<Value>,
         #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<&'a str>,
     }
@@ -609,10 +622,9 @@ fn journal_body(kind: &EventKind) -> rusqlite::Result<String> {
         | EventKind::AgentFailed { state, .. } => serde_json::to_string(&Ended {
             r#type: kind.name(),
             status: state.status,
-            output: &state.output,
             error: match kind {
                 EventKind::AgentFailed { error, .. } => Some(error),
-                _ => None,
+                _ => state.error_message(),
             },
         }),
         _ => serde_json::to_string(kind),
@@ -620,10 +632,42 @@ fn journal_body(kind: &EventKind) -> rusqlite::Result<String> {
     text.map_err(json_err)
 }
 
-/// A segment as stored: its JSON array, LZ4-compressed (about 8× smaller).
-fn pack(mut records: Vec<u8>) -> Vec<u8> {
+/// A segment as stored: its JSON array, LZ4-compressed (about 8× smaller),
+/// after its length (as `lz4_flex::decompress_size_prepended` reads it).
+fn pack(records: &mut Vec<u8>, out: &mut Vec<u8>) -> rusqlite::Result<usize> {
     records.push(b']');
-    lz4_flex::compress_prepend_size(&records)
+    let size = 4 + lz4_flex::block::get_maximum_output_size(records.len());
+    // Zero-filled only where it grows: the buffer is reused.
+    if out.len() < size {
+        out.resize(size, 0);
+    }
+    out[..4].copy_from_slice(&(records.len() as u32).to_le_bytes());
+    let n = lz4_flex::block::compress_into(records, &mut out[4..])
+        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+    Ok(4 + n)
+}
+
+/// Buffers reused from batch to batch (a fresh 256 KiB buffer per segment
+/// cost the writer more than SQLite did).
+#[derive(Default)]
+struct Buffers {
+    free: Vec<Vec<u8>>,
+    packed: Vec<u8>,
+}
+
+impl Buffers {
+    fn take(&mut self) -> Vec<u8> {
+        self.free
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(SEGMENT + 64 * 1024))
+    }
+
+    fn give(&mut self, mut buffer: Vec<u8>) {
+        if self.free.len() < 8 {
+            buffer.clear();
+            self.free.push(buffer);
+        }
+    }
 }
 
 /// A state as a tree's segments hold it: its message ids and its state row.
@@ -682,7 +726,7 @@ impl TreeLog {
                 return Err(bad("a record is not an object".into()));
             };
             if map.contains_key("seq") {
-                log.event(&map);
+                log.event(&mut map);
                 log.events.push(Value::Object(map));
             } else if let Some(id) = map.get("m").and_then(Value::as_u64) {
                 if map.contains_key("b") {
@@ -740,8 +784,9 @@ impl TreeLog {
         Ok(())
     }
 
-    /// What the journal says of a run.
-    fn event(&mut self, e: &serde_json::Map<String, Value>) {
+    /// What the journal says of a run (and a final event gets back the output
+    /// that is stored once, with the final state).
+    fn event(&mut self, e: &mut serde_json::Map<String, Value>) {
         let Some(run_id) = e.get("runId").and_then(Value::as_str) else {
             return;
         };
@@ -765,18 +810,20 @@ impl TreeLog {
                 }
             }
             Some("agentFinished" | "agentFailed" | "agentCancelled") => {
-                let node = self.run(run_id).node.get_or_insert_with(RunNode::default);
-                node.run_id = run_id.to_owned();
-                node.status = str_of("status").unwrap_or_default();
-                node.error = str_of("error").or_else(|| {
-                    let output = e.get("output")?;
-                    output
-                        .get("errorMessage")
-                        .or_else(|| output.get("message"))
-                        .and_then(Value::as_str)
-                        .map(str::to_owned)
-                });
+                let (status, error) = (str_of("status"), str_of("error"));
+                let run_id = run_id.to_owned();
+                let r = self.run(&run_id);
+                let output = r
+                    .last_final
+                    .as_ref()
+                    .and_then(|(_, row)| row.get(OUTPUT_AT).cloned())
+                    .unwrap_or(Value::Null);
+                let node = r.node.get_or_insert_with(RunNode::default);
+                node.run_id = run_id;
+                node.status = status.unwrap_or_default();
+                node.error = error;
                 node.finished_ms = Some(at);
+                e.insert("output".into(), output);
             }
             _ => {}
         }
@@ -979,12 +1026,17 @@ impl Store for SqliteStore {
             .cache
             .lock()
             .map_err(|_| Error::Store("the store cache was poisoned".into()))?;
+        let mut buffers = self
+            .buffers
+            .lock()
+            .map_err(|_| Error::Store("the store buffers were poisoned".into()))?;
         let result = (|| -> rusqlite::Result<()> {
             let tx = conn.transaction()?;
             let mut b = Batch {
                 cache: &mut cache,
                 deltas: HashMap::new(),
                 closed: Vec::new(),
+                buffers: &mut buffers,
             };
             for write in batch {
                 match write {
@@ -1038,19 +1090,26 @@ impl Store for SqliteStore {
                     }
                 }
             }
-            let mut segments = b.closed;
+            let mut segments = std::mem::take(&mut b.closed);
             for (tree, delta) in &mut b.deltas {
-                if !delta.segment.is_empty() {
-                    segments.push((tree.clone(), std::mem::take(&mut delta.segment)));
+                let segment = std::mem::take(&mut delta.segment);
+                if segment.is_empty() {
+                    b.buffers.give(segment);
+                } else {
+                    segments.push((tree.clone(), segment));
                 }
             }
             {
                 let mut stmt = tx
                     .prepare_cached("INSERT INTO segments(tree_id, n, body) VALUES (?1, ?2, ?3)")?;
-                for (tree, records) in segments {
+                for (tree, mut records) in segments {
                     let cache = Batch::tree(b.cache, &tx, &tree)?;
                     cache.segments += 1;
-                    stmt.execute(params![&*tree, cache.segments as i64, pack(records)])?;
+                    let mut packed = std::mem::take(&mut b.buffers.packed);
+                    let len = pack(&mut records, &mut packed)?;
+                    stmt.execute(params![&*tree, cache.segments as i64, &packed[..len]])?;
+                    b.buffers.packed = packed;
+                    b.buffers.give(records);
                 }
             }
             {
