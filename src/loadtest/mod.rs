@@ -162,6 +162,7 @@ pub async fn run_once(
         }
     };
     // A stored run is done when it is all written.
+    let tree_done = start.elapsed();
     supervisor.flush().await?;
     let wall = start.elapsed();
     collector.sample();
@@ -175,5 +176,9 @@ pub async fn run_once(
         rss_before,
     );
     report.store_bytes = options.store.as_deref().map(report::store_bytes);
+    report.store_tail_secs = options
+        .store
+        .as_ref()
+        .map(|_| (wall - tree_done).as_secs_f64());
     Ok(report)
 }

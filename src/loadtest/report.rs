@@ -37,6 +37,9 @@ pub struct LoadReport {
     pub bytes_per_live_agent: f64,
     /// Size of the store file (and its WAL) after the run, when it was stored.
     pub store_bytes: Option<u64>,
+    /// How long the store took to write what was left after the tree ended
+    /// (included in `wall_secs`).
+    pub store_tail_secs: Option<f64>,
     #[serde(flatten)]
     pub measured: Measured,
 }
@@ -90,6 +93,7 @@ impl LoadReport {
                 0.0
             },
             store_bytes: None,
+            store_tail_secs: None,
             measured: c.measured(),
         }
     }
@@ -138,7 +142,11 @@ impl LoadReport {
         row(
             "store",
             match self.store_bytes {
-                Some(bytes) => format!("{:.1} MB written", bytes as f64 / 1e6),
+                Some(bytes) => format!(
+                    "{:.1} MB written, {:.0} ms of writing after the tree ended",
+                    bytes as f64 / 1e6,
+                    self.store_tail_secs.unwrap_or(0.0) * 1e3
+                ),
                 None => "off".into(),
             },
         );

@@ -19,6 +19,8 @@ pub enum Error {
     UnknownRun(String),
     #[error("a tree with id {0} is still running (tree ids must be unique)")]
     TreeExists(String),
+    #[error("tree id {0:?} is not valid: use 1 to 128 letters, digits, '-', '_', '.' or ':'")]
+    InvalidTreeId(String),
     #[error("no tree {0} in the store")]
     UnknownTree(String),
     #[error("cannot open store {path}: {reason}")]

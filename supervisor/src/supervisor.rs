@@ -244,6 +244,15 @@ impl Supervisor {
             .cloned()
             .ok_or_else(|| Error::UnknownAgent(template.id.clone()))?;
         let tree_id: Arc<str> = Arc::from(request.tree_id.clone().unwrap_or_else(new_tree_id));
+        // Run ids are `TREE/PATH`: a tree id cannot hold the separator.
+        if tree_id.is_empty()
+            || tree_id.len() > 128
+            || !tree_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+        {
+            return Err(Error::InvalidTreeId(tree_id.to_string()));
+        }
         if self.contexts().iter().any(|c| c.tree_id == tree_id) {
             return Err(Error::TreeExists(tree_id.to_string()));
         }

@@ -108,7 +108,7 @@ impl TreeCache {
     /// again, so their ids are not needed (amortised: runs when the map has
     /// doubled since the last sweep).
     fn sweep(&mut self) {
-        if self.messages.len() < 4096 || self.messages.len() < 2 * self.swept {
+        if self.messages.len() < 65_536 || self.messages.len() < 2 * self.swept {
             return;
         }
         self.messages.retain(|_, (m, _)| Arc::strong_count(m) > 1);
@@ -291,15 +291,16 @@ impl SqliteStore {
 /// the run id), agent type, run id, parent id (null when it is the last
 /// ancestor), ancestor run ids, child run ids, output, system prompt id, tool
 /// definitions id, context tokens, steps remaining, credits, direct credits,
-/// status, step, children spawned, inherited.
+/// status, step, children spawned, inherited. Ids of the tree's own runs are
+/// kept without the `TREE/` every one of them starts with.
 #[derive(Serialize)]
 struct StateRow<'a>(
     Option<&'a str>,
     &'a Option<String>,
     &'a str,
     Option<&'a str>,
-    &'a [String],
-    &'a [String],
+    Vec<&'a str>,
+    Vec<&'a str>,
     &'a Option<Value>,
     u64,
     u64,
@@ -413,7 +414,7 @@ impl Batch<'_> {
             EventKind::Checkpointed { checkpoint } => {
                 let c = checkpoint;
                 let point = (c.step, c.children_spawned, c.inherited);
-                write_checkpoint(tree, &mut out, &c.state, point, false)?;
+                write_checkpoint(&event.tree_id, tree, &mut out, &c.state, point, false)?;
                 return Ok(());
             }
             // A reply served again on resume was recorded (and counted) before.
@@ -437,7 +438,7 @@ impl Batch<'_> {
             _ => {}
         }
         if let Some(state) = event.kind.final_state() {
-            write_checkpoint(tree, &mut out, state, (0, 0, 0), true)?;
+            write_checkpoint(&event.tree_id, tree, &mut out, state, (0, 0, 0), true)?;
             delta.agents += 1;
             if *event.run_id == *tree.root_run_id {
                 let error = match &event.kind {
@@ -516,10 +517,11 @@ fn tools_id(
 }
 
 /// Writes a checkpoint (or a final state) as a delta on the run's last one.
-fn write_checkpoint(
+fn write_checkpoint<'s>(
+    tree_id: &'s str,
     tree: &mut TreeCache,
     out: &mut Records<'_>,
-    state: &AgentState,
+    state: &'s AgentState,
     (step, children_spawned, inherited): (u32, u32, usize),
     is_final: bool,
 ) -> rusqlite::Result<()> {
@@ -542,16 +544,22 @@ fn write_checkpoint(
     }
     let system_prompt = text_id(tree, out, &state.system_prompt)?;
     let tools = tools_id(tree, out, &state.tool_definitions)?;
+    let short = |id: &'s str| -> &'s str {
+        id.strip_prefix(tree_id)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .unwrap_or(id)
+    };
     let row = StateRow(
-        (state.agent_id != state.run_id).then_some(state.agent_id.as_str()),
+        (state.agent_id != state.run_id).then(|| short(&state.agent_id)),
         &state.agent_type,
-        &state.run_id,
+        short(&state.run_id),
         state
             .parent_id
             .as_deref()
-            .filter(|p| state.ancestor_run_ids.last().map(String::as_str) != Some(*p)),
-        &state.ancestor_run_ids,
-        &state.child_run_ids,
+            .filter(|p| state.ancestor_run_ids.last().map(String::as_str) != Some(*p))
+            .map(short),
+        state.ancestor_run_ids.iter().map(|id| short(id)).collect(),
+        state.child_run_ids.iter().map(|id| short(id)).collect(),
         &state.output,
         system_prompt,
         tools,
@@ -690,6 +698,7 @@ struct RunLog {
 
 /// A tree read back from its segments.
 struct TreeLog {
+    tree_id: String,
     events: Vec<Value>,
     messages: HashMap<u64, Value>,
     runs: Vec<(String, RunLog)>,
@@ -869,6 +878,16 @@ impl TreeLog {
             inherited,
         ) = serde_json::from_value(row.clone())
             .map_err(|e| bad(format!("a state is not valid: {e}")))?;
+        let full = |id: String| {
+            if id.contains('/') {
+                id
+            } else {
+                format!("{}/{id}", self.tree_id)
+            }
+        };
+        let (agent_id, run_id, parent_id) = (agent_id.map(full), full(run_id), parent_id.map(full));
+        let ancestor_run_ids: Vec<String> = ancestor_run_ids.into_iter().map(full).collect();
+        let child_run_ids: Vec<String> = child_run_ids.into_iter().map(full).collect();
         let mut history = History::new();
         for id in ids {
             history.push_shared(self.message(*id, bad)?);
@@ -991,6 +1010,7 @@ impl SqliteStore {
             .query_map([tree_id], |r| r.get::<_, Vec<u8>>(0))
             .map_err(sql(&self.path))?;
         let mut log = TreeLog {
+            tree_id: tree_id.to_owned(),
             events: Vec::new(),
             messages: HashMap::new(),
             runs: Vec::new(),
