@@ -215,9 +215,10 @@ impl StoreWriter {
         let (tx, rx) = mpsc::sync_channel::<Msg>(QUEUE);
         let failure = Arc::new(Mutex::new(None));
         let failed = failure.clone();
+        let runtime = tokio::runtime::Handle::try_current().ok();
         std::thread::Builder::new()
             .name("arbor-store".into())
-            .spawn(move || writer_loop(store, rx, failed, on_failure))
+            .spawn(move || writer_loop(store, rx, failed, on_failure, runtime))
             .map_err(|e| Error::Store(format!("cannot start the store writer: {e}")))?;
         Ok(StoreWriter { tx, failure })
     }
@@ -247,6 +248,7 @@ fn writer_loop(
     rx: mpsc::Receiver<Msg>,
     failure: Arc<Mutex<Option<String>>>,
     on_failure: Box<dyn Fn(String) + Send>,
+    runtime: Option<tokio::runtime::Handle>,
 ) {
     // Trees this process runs, by root run id, so their heartbeat stays fresh.
     let mut owned: HashMap<String, String> = HashMap::new();
@@ -318,7 +320,15 @@ fn writer_loop(
                 failed = Some(reason);
             }
         }
-        batch.clear();
+        // The writes hold the final states of finished runs; freeing them is
+        // work this thread (the store's bottleneck) can hand to the runtime.
+        match &runtime {
+            Some(runtime) if batch.len() > 64 => {
+                let done = std::mem::take(&mut batch);
+                runtime.spawn(async move { drop(done) });
+            }
+            _ => batch.clear(),
+        }
         for done in flushes.drain(..) {
             let _ = done.send(failed.clone().map_or(Ok(()), Err));
         }

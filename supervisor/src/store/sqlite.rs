@@ -449,13 +449,9 @@ impl Batch<'_> {
             }
         }
         out.open();
-        let _ = write!(
-            out.0,
-            "{{\"seq\":{},\"runId\":{},\"atMs\":{},",
-            event.seq,
-            serde_json::to_string(&*event.run_id).map_err(json_err)?,
-            event.at_ms,
-        );
+        let _ = write!(out.0, "{{\"seq\":{},\"runId\":", event.seq);
+        out.value(&*event.run_id)?;
+        let _ = write!(out.0, ",\"atMs\":{},", event.at_ms);
         let body = journal_body(&event.kind)?;
         out.raw(body.strip_prefix('{').unwrap_or("}"));
         if delta.segment.len() >= SEGMENT {
