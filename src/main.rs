@@ -294,16 +294,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .or_else(|| config.default_agent().map(str::to_owned))
                 .context("no agent given and the config defines none")?;
             let origin = config_origin(&config);
-            let runtime = match &store {
-                Some(path) => Runtime::with_store(config, path)?,
-                None => Runtime::new(config)?,
-            };
             let show = Show {
                 json,
                 quiet,
                 events,
             };
-            async_runtime()?.block_on(async {
+            let tokio = async_runtime()?;
+            // Built inside the async runtime, so the store can use it.
+            let _guard = tokio.enter();
+            let runtime = match &store {
+                Some(path) => Runtime::with_store(config, path)?,
+                None => Runtime::new(config)?,
+            };
+            tokio.block_on(async {
                 // Subscribed before the start: a root can end at once.
                 let events = runtime.supervisor().subscribe();
                 let handle = runtime
@@ -333,13 +336,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let existing = SqliteStore::open_existing(&path)?;
             let config = tree_config(config, &existing, &tree_id)?;
             drop(existing);
+            let tokio = async_runtime()?;
+            let _guard = tokio.enter();
             let runtime = Runtime::with_store(config, &path)?;
             let show = Show {
                 json,
                 quiet,
                 events,
             };
-            async_runtime()?.block_on(async {
+            tokio.block_on(async {
                 let events = runtime.supervisor().subscribe();
                 let handle = runtime.supervisor().resume(&tree_id).await?;
                 follow_tree(&runtime, handle, events, show, true).await
