@@ -453,7 +453,7 @@ impl Batch<'_> {
                 out.open();
                 out.raw("{\"r\":");
                 out.value(&*event.run_id)?;
-                out.raw(&format!(",\"s\":{step},\"m\":{id},\"u\":"));
+                let _ = write!(out.0, ",\"s\":{step},\"m\":{id},\"u\":");
                 out.value(usage)?;
                 out.raw("}");
                 delta.input_tokens += usage.input_tokens;
@@ -474,11 +474,15 @@ impl Batch<'_> {
             }
         }
         out.open();
-        let _ = write!(out.0, "{{\"seq\":{},\"runId\":", event.seq);
+        // The event's own JSON object, then its place in the tree appended
+        // inside it (no copy of the body).
+        journal_body(&event.kind, out.0)?;
+        if out.0.last() == Some(&b'}') {
+            out.0.pop();
+        }
+        let _ = write!(out.0, ",\"seq\":{},\"runId\":", event.seq);
         out.value(&*event.run_id)?;
-        let _ = write!(out.0, ",\"atMs\":{},", event.at_ms);
-        let body = journal_body(&event.kind)?;
-        out.raw(body.strip_prefix('{').unwrap_or("}"));
+        let _ = write!(out.0, ",\"atMs\":{}}}", event.at_ms);
         if delta.segment.len() >= SEGMENT {
             let full = std::mem::replace(&mut delta.segment, self.buffers.take());
             self.closed.push((event.tree_id.clone(), full));
@@ -500,7 +504,7 @@ fn message_id(
     let id = tree.next_id;
     tree.next_id += 1;
     out.open();
-    out.raw(&format!("{{\"m\":{id},\"b\":"));
+    let _ = write!(out.0, "{{\"m\":{id},\"b\":");
     out.value(&**message)?;
     out.raw("}");
     tree.messages.insert(key, (message.clone(), id));
@@ -596,7 +600,7 @@ fn write_checkpoint<'s>(
     out.open();
     out.raw("{\"c\":");
     out.value(&state.run_id)?;
-    out.raw(&format!(",\"f\":{is_final},\"k\":"));
+    let _ = write!(out.0, ",\"f\":{is_final},\"k\":");
     out.value(&keep)?;
     out.raw(",\"a\":");
     out.value(&appended)?;
@@ -616,7 +620,7 @@ fn write_checkpoint<'s>(
 
 /// An event as the journal keeps it: without the states and replies, which are
 /// stored once elsewhere in the segment (checkpoints, model calls).
-fn journal_body(kind: &EventKind) -> rusqlite::Result<String> {
+fn journal_body(kind: &EventKind, out: &mut Vec<u8>) -> rusqlite::Result<()> {
     #[derive(Serialize)]
     #[serde(rename_all = "camelCase")]
     struct Responded<'a> {
@@ -634,31 +638,37 @@ fn journal_body(kind: &EventKind) -> rusqlite::Result<String> {
         #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<&'a str>,
     }
-    let text = match kind {
+    let written = match kind {
         EventKind::ModelResponded {
             step,
             usage,
             tool_calls,
             ..
-        } => serde_json::to_string(&Responded {
-            r#type: kind.name(),
-            step: *step,
-            usage,
-            tool_calls: *tool_calls,
-        }),
+        } => serde_json::to_writer(
+            out,
+            &Responded {
+                r#type: kind.name(),
+                step: *step,
+                usage,
+                tool_calls: *tool_calls,
+            },
+        ),
         EventKind::AgentFinished { state }
         | EventKind::AgentCancelled { state }
-        | EventKind::AgentFailed { state, .. } => serde_json::to_string(&Ended {
-            r#type: kind.name(),
-            status: state.status,
-            error: match kind {
-                EventKind::AgentFailed { error, .. } => Some(error),
-                _ => state.error_message(),
+        | EventKind::AgentFailed { state, .. } => serde_json::to_writer(
+            out,
+            &Ended {
+                r#type: kind.name(),
+                status: state.status,
+                error: match kind {
+                    EventKind::AgentFailed { error, .. } => Some(error),
+                    _ => state.error_message(),
+                },
             },
-        }),
-        _ => serde_json::to_string(kind),
+        ),
+        _ => serde_json::to_writer(out, kind),
     };
-    text.map_err(json_err)
+    written.map_err(json_err)
 }
 
 /// A segment as stored: its JSON array, LZ4-compressed (about 8× smaller),
