@@ -6,6 +6,7 @@ mod sqlite;
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -256,6 +257,7 @@ fn writer_loop(
     let mut batch: Vec<Write> = Vec::new();
     let mut flushes = Vec::new();
     let mut failed: Option<String> = None;
+    let freeing = Arc::new(AtomicBool::new(false));
     loop {
         // With a backlog, go straight on. Otherwise wait for a write, then let
         // a batch gather: while this thread sleeps, senders find no receiver
@@ -321,11 +323,16 @@ fn writer_loop(
             }
         }
         // The writes hold the final states of finished runs; freeing them is
-        // work this thread (the store's bottleneck) can hand to the runtime.
+        // work this thread (the store's bottleneck) can hand to the runtime,
+        // one batch at a time (a busy runtime must not pile them up).
         match &runtime {
-            Some(runtime) if batch.len() > 64 => {
+            Some(runtime) if batch.len() > 64 && !freeing.swap(true, Ordering::AcqRel) => {
                 let done = std::mem::take(&mut batch);
-                runtime.spawn(async move { drop(done) });
+                let freeing = freeing.clone();
+                runtime.spawn(async move {
+                    drop(done);
+                    freeing.store(false, Ordering::Release);
+                });
             }
             _ => batch.clear(),
         }
