@@ -253,6 +253,15 @@ impl SqliteStore {
             conn.pragma_update(None, "page_size", 16384)
                 .map_err(|e| open_err(e.to_string()))?;
         }
+        // SQLite opens a file it may not write read-only, without an error.
+        if conn
+            .is_readonly(rusqlite::MAIN_DB)
+            .map_err(|e| open_err(e.to_string()))?
+        {
+            return Err(open_err(
+                "the file is read-only (runs could not be stored)".into(),
+            ));
+        }
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(|e| open_err(e.to_string()))?;
         conn.pragma_update(None, "synchronous", "NORMAL")
