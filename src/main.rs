@@ -899,7 +899,7 @@ async fn replay(config: Config, store: SqliteStore, tree_id: String) -> anyhow::
                 limits: Some(record.limits),
                 model: record.model,
                 tree_id: Some(record.tree_id),
-                history: None,
+                history: record.history,
                 origin: record.origin,
             },
             replies,

@@ -28,13 +28,13 @@ impl TreeRenderer {
                 }
                 Some(format!("{}▸ {agent_type} {}", indent(*depth), short(event)))
             }
-            EventKind::AgentFinished { state } => {
+            EventKind::AgentFinished { state, .. } => {
                 Some(self.finished(event, state, "✓", "completed"))
             }
-            EventKind::AgentFailed { state, error } => {
+            EventKind::AgentFailed { state, error, .. } => {
                 Some(self.finished(event, state, "✗", &format!("failed: {error}")))
             }
-            EventKind::AgentCancelled { state } => {
+            EventKind::AgentCancelled { state, .. } => {
                 Some(self.finished(event, state, "○", "cancelled"))
             }
             EventKind::LimitHit { limit } => Some(format!("{}! {limit}", indent(0))),

@@ -167,6 +167,24 @@ fn clip(value: &Value) -> String {
     }
 }
 
+/// Equal JSON, with numbers equal to a relative 1e-9: a parent adds its
+/// children's credits in the order they finish, which may differ on replay.
+fn same(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => match (x.as_f64(), y.as_f64()) {
+            (Some(x), Some(y)) => (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0),
+            _ => x == y,
+        },
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
 /// Compares recorded final states (in the order they finished) with the replay's.
 /// Returns how many runs matched, or the first run (in finish order) that differs.
 pub fn compare_replay(
@@ -185,12 +203,16 @@ pub fn compare_replay(
         };
         let want_json = serde_json::to_value(want).unwrap_or(Value::Null);
         let got_json = serde_json::to_value(&*got).unwrap_or(Value::Null);
-        if want_json == got_json {
+        if same(&want_json, &got_json) {
             continue;
         }
         let messages = |v: &Value| v["messageHistory"].as_array().cloned().unwrap_or_default();
         let (a, b) = (messages(&want_json), messages(&got_json));
-        if let Some(i) = (0..a.len().max(b.len())).find(|i| a.get(*i) != b.get(*i)) {
+        let differs = |i: &usize| match (a.get(*i), b.get(*i)) {
+            (Some(x), Some(y)) => !same(x, y),
+            _ => true,
+        };
+        if let Some(i) = (0..a.len().max(b.len())).find(differs) {
             let show = |m: Option<&Value>| m.map_or_else(|| "(none)".to_owned(), clip);
             return Err(diverge(format!(
                 "message {i} differs: recorded {} / replayed {}",
@@ -202,7 +224,7 @@ pub fn compare_replay(
             .as_object()
             .map(|o| o.keys().cloned().collect::<Vec<_>>());
         for key in keys.unwrap_or_default() {
-            if want_json[&key] != got_json[&key] {
+            if !same(&want_json[&key], &got_json[&key]) {
                 return Err(diverge(format!(
                     "{key} differs: recorded {} / replayed {}",
                     clip(&want_json[&key]),

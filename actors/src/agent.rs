@@ -718,15 +718,21 @@ impl AgentRun {
         let state = Arc::new(self.machine.take_state());
         self.final_state = Some(state.clone());
         let shared = state.clone();
+        let inherited = self.machine.inherited();
         self.emit(match state.status {
-            AgentStatus::Completed | AgentStatus::Running => {
-                EventKind::AgentFinished { state: shared }
-            }
+            AgentStatus::Completed | AgentStatus::Running => EventKind::AgentFinished {
+                state: shared,
+                inherited,
+            },
             AgentStatus::Failed => EventKind::AgentFailed {
                 error: state.error_message().unwrap_or("failed").to_owned(),
                 state: shared,
+                inherited,
             },
-            AgentStatus::Cancelled => EventKind::AgentCancelled { state: shared },
+            AgentStatus::Cancelled => EventKind::AgentCancelled {
+                state: shared,
+                inherited,
+            },
         });
         // Only now that the end is announced may another agent take the slot.
         self.slot = None;

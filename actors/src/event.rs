@@ -108,13 +108,21 @@ pub enum EventKind {
     Resumed,
     AgentFinished {
         state: Arc<AgentState>,
+        /// Messages of the final history the run inherited (its output
+        /// depends on it; the store keeps it with the final state).
+        #[serde(skip)]
+        inherited: usize,
     },
     AgentFailed {
         error: String,
         state: Arc<AgentState>,
+        #[serde(skip)]
+        inherited: usize,
     },
     AgentCancelled {
         state: Arc<AgentState>,
+        #[serde(skip)]
+        inherited: usize,
     },
     LimitHit {
         limit: LimitHit,
@@ -125,9 +133,19 @@ impl EventKind {
     /// The final state, for the three events that end a run.
     pub fn final_state(&self) -> Option<&Arc<AgentState>> {
         match self {
-            EventKind::AgentFinished { state }
+            EventKind::AgentFinished { state, .. }
             | EventKind::AgentFailed { state, .. }
-            | EventKind::AgentCancelled { state } => Some(state),
+            | EventKind::AgentCancelled { state, .. } => Some(state),
+            _ => None,
+        }
+    }
+
+    /// How many messages of a final state's history were inherited.
+    pub fn final_inherited(&self) -> Option<usize> {
+        match self {
+            EventKind::AgentFinished { inherited, .. }
+            | EventKind::AgentFailed { inherited, .. }
+            | EventKind::AgentCancelled { inherited, .. } => Some(*inherited),
             _ => None,
         }
     }

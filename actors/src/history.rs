@@ -132,6 +132,25 @@ impl History {
         self.items.push_back(message);
     }
 
+    /// This history with its leading messages that equal `other`'s replaced by
+    /// `other`'s own `Arc`s. A history read back from a store holds copies;
+    /// this makes it share (and compare by address) with the live one again.
+    pub fn sharing_prefix_with(&self, other: &History) -> History {
+        let shared = self
+            .items
+            .iter()
+            .zip(other.items.iter())
+            .take_while(|(a, b)| Arc::ptr_eq(a, b) || a == b)
+            .count();
+        other
+            .items
+            .iter()
+            .take(shared)
+            .chain(self.items.iter().skip(shared))
+            .cloned()
+            .collect()
+    }
+
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = &Arc<Message>> + ExactSizeIterator {
         self.items.iter()
     }

@@ -21,6 +21,10 @@ pub enum Error {
     TreeExists(String),
     #[error("tree id {0:?} is not valid: use 1 to 128 letters, digits, '-', '_', '.' or ':'")]
     InvalidTreeId(String),
+    #[error(
+        "the store already has a tree {0} (resume it with `arbor resume {0}`, or choose another id)"
+    )]
+    TreeStored(String),
     #[error("no tree {0} in the store")]
     UnknownTree(String),
     #[error("cannot open store {path}: {reason}")]

@@ -131,21 +131,9 @@ impl Supervisor {
         if self.contexts().iter().any(|c| &*c.tree_id == tree_id) {
             return Err(Error::TreeExists(tree_id.to_owned()));
         }
-        let (record, summary) = store.tree(tree_id)?;
-        let not = |reason: String| Error::NotResumable {
-            tree: tree_id.to_owned(),
-            reason,
-        };
-        match summary.status.as_str() {
-            "interrupted" => {}
-            "running" => {
-                return Err(not(
-                    "another process is running it (its heartbeat is recent); stop that one first"
-                        .into(),
-                ));
-            }
-            status => return Err(not(format!("it already ended ({status})"))),
-        }
+        let (record, _) = store.tree(tree_id)?;
+        // Atomic: of two processes resuming one tree, one gets it.
+        store.claim(tree_id)?;
         let mut recovery = store.recovery(tree_id)?;
         for (state, _) in recovery.finished.values() {
             self.registry.record(state);
@@ -164,7 +152,7 @@ impl Supervisor {
             limits: Some(record.limits),
             model: record.model,
             tree_id: Some(record.tree_id),
-            history: None,
+            history: record.history,
             origin: record.origin,
         };
         self.begin(request, Some((Arc::new(recovery), false))).await
@@ -256,6 +244,14 @@ impl Supervisor {
         if self.contexts().iter().any(|c| c.tree_id == tree_id) {
             return Err(Error::TreeExists(tree_id.to_string()));
         }
+        // A new tree must not land on a stored one (`resume` continues those).
+        if let (Some((store, _)), None) = (&self.store, &recovery) {
+            match store.tree(&tree_id) {
+                Ok(_) => return Err(Error::TreeStored(tree_id.to_string())),
+                Err(Error::UnknownTree(_)) => {}
+                Err(error) => return Err(error),
+            }
+        }
         let limits = request
             .limits
             .clone()
@@ -314,6 +310,7 @@ impl Supervisor {
                 model: request.model.clone(),
                 limits,
                 origin: request.origin.clone(),
+                history: request.history.clone(),
                 started_ms: crate::tree::now_ms(),
             })));
             writer.flush().await?;
@@ -355,6 +352,11 @@ impl Supervisor {
         if let Ok(mut trees) = self.trees.lock() {
             trees.retain(|_, (t, _)| t.strong_count() > 0);
             trees.insert(tree_id.clone(), (Arc::downgrade(&ctx), root.clone()));
+        }
+        // A store that failed while the root waited for its slot did not see
+        // this tree to fail it.
+        if let Some(reason) = self.store.as_ref().and_then(|(_, w)| w.failure()) {
+            let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(reason)));
         }
         Ok(TreeHandle {
             tree_id,

@@ -285,10 +285,28 @@ impl AgentRun {
                 // one that was cut short go on from its last checkpoint.
                 let checkpoint = match hooks.recovered(&ids.run_id) {
                     Some(Recovered::Finished { state, inherited }) => {
+                        // An inline child's history becomes the parent's, which
+                        // tells its own messages by address: share them again.
+                        let state = if plan.inline {
+                            let mut own = (*state).clone();
+                            own.message_history =
+                                own.message_history.sharing_prefix_with(&plan.snapshot);
+                            Arc::new(own)
+                        } else {
+                            state
+                        };
                         let value = output_value(&state, plan.template.output_mode, inherited);
                         let result = Box::new(RunResult { state, value });
                         let _ = me.cast(AgentMsg::ChildRecovered { key, result });
                         continue;
+                    }
+                    Some(Recovered::Checkpoint(checkpoint)) if plan.inline => {
+                        let mut own = (*checkpoint).clone();
+                        own.state.message_history = own
+                            .state
+                            .message_history
+                            .sharing_prefix_with(&plan.snapshot);
+                        Some(Arc::new(own))
                     }
                     Some(Recovered::Checkpoint(checkpoint)) => Some(checkpoint),
                     None => None,
@@ -311,10 +329,15 @@ impl AgentRun {
                     return;
                 };
                 let machine = match checkpoint {
+                    // The toolbox `start_from` would have given it.
                     Some(checkpoint) => StepMachine::from_checkpoint(
                         &checkpoint,
                         plan.template.clone(),
-                        toolbox,
+                        if plan.template.inherit_parent_system_prompt {
+                            parent.toolbox.clone()
+                        } else {
+                            toolbox
+                        },
                         hooks.tree_id().clone(),
                     ),
                     None => {

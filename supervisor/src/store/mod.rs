@@ -11,7 +11,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arbor_actors::{AgentState, Event, Message};
+use arbor_actors::{AgentState, Event, History, Message};
 use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -35,6 +35,9 @@ pub struct TreeRecord {
     pub limits: TreeLimits,
     /// Where the templates came from (a config file path), if known.
     pub origin: Option<String>,
+    /// The conversation the root started with, before its prompt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history: Option<History>,
     pub started_ms: u64,
 }
 
@@ -67,45 +70,49 @@ pub struct TreeFilter {
 /// A tree has not been seen by its process for this long: it was interrupted.
 pub const STALE_AFTER_MS: u64 = 5_000;
 
-/// This machine's boot, so a process id is only compared on the machine (and
-/// boot) that wrote it. Linux only; elsewhere liveness rests on the heartbeat.
-fn boot_id() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .ok()
-        .map(|s| s.trim().to_owned())
+/// Where a process id means something: this machine's boot and this pid
+/// namespace (containers on one host share the boot id, not the pids). Linux
+/// only; elsewhere liveness rests on the heartbeat alone.
+fn process_scope() -> Option<String> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let pid_ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    Some(format!("{}/{}", boot.trim(), pid_ns.display()))
 }
 
-/// Who runs a tree: `boot:pid`.
+/// Who runs a tree: `scope:pid`.
 pub(crate) fn owner_id() -> String {
     format!(
         "{}:{}",
-        boot_id().unwrap_or_else(|| "-".into()),
+        process_scope().unwrap_or_else(|| "-".into()),
         std::process::id()
     )
 }
 
-/// Whether the process that ran a tree is known to be gone: it ran on this
-/// machine since its last boot and its pid no longer exists. A tree whose
-/// owner is gone counts as interrupted at once, without waiting for its
-/// heartbeat to go stale.
-pub(crate) fn owner_gone(owner: &str) -> bool {
-    let Some((boot, pid)) = owner.rsplit_once(':') else {
-        return false;
-    };
-    let here = boot_id();
-    if here.as_deref() != Some(boot) || boot == "-" {
-        return false;
+/// Whether the process that runs a tree is alive, when this process can tell
+/// (same boot and pid namespace): `Some(false)` if its pid is gone or a
+/// zombie, `None` if it cannot tell (then the heartbeat decides).
+pub(crate) fn owner_alive(owner: &str) -> Option<bool> {
+    let (scope, pid) = owner.rsplit_once(':')?;
+    if scope == "-" || process_scope().as_deref() != Some(scope) {
+        return None;
     }
     if pid == std::process::id().to_string() {
-        return false;
+        return Some(true);
     }
-    // Gone, or a zombie nobody has reaped yet.
-    match std::fs::read_to_string(Path::new("/proc").join(pid).join("stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
-    }
+    Some(
+        match std::fs::read_to_string(Path::new("/proc").join(pid).join("stat")) {
+            Err(_) => false,
+            Ok(stat) => !stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        },
+    )
+}
+
+/// Whether a tree marked running is really being run: its owner is alive, or
+/// (when that cannot be told) its heartbeat is fresh.
+pub(crate) fn still_running(owner: &str, heartbeat_ms: u64, now_ms: u64) -> bool {
+    owner_alive(owner).unwrap_or(now_ms.saturating_sub(heartbeat_ms) <= STALE_AFTER_MS)
 }
 
 /// A tree as `arbor runs` lists it.
@@ -183,6 +190,10 @@ pub trait Store: Send + Sync + 'static {
     fn export(&self, tree_id: &str) -> Result<Value, Error>;
     /// Removes trees that ended before `cutoff_ms`, and what only they used.
     fn gc(&self, cutoff_ms: u64) -> Result<GcReport, Error>;
+    /// Takes an interrupted tree over for this process, atomically (of two
+    /// processes resuming one tree, one gets it): fails if it has ended or
+    /// another live process runs it.
+    fn claim(&self, tree_id: &str) -> Result<(), Error>;
 }
 
 enum Msg {
@@ -219,7 +230,23 @@ impl StoreWriter {
         let runtime = tokio::runtime::Handle::try_current().ok();
         std::thread::Builder::new()
             .name("arbor-store".into())
-            .spawn(move || writer_loop(store, rx, failed, on_failure, runtime))
+            .spawn(move || {
+                // A panic in the writer is a store failure like any other:
+                // the running trees fail with it instead of going on unstored.
+                let on_failure = std::rc::Rc::new(on_failure);
+                let notify = on_failure.clone();
+                let failure = failed.clone();
+                let run = std::panic::AssertUnwindSafe(move || {
+                    writer_loop(store, rx, failed, on_failure, runtime)
+                });
+                if std::panic::catch_unwind(run).is_err() {
+                    let reason = "the store failed: its writer panicked".to_owned();
+                    if let Ok(mut slot) = failure.lock() {
+                        *slot = Some(reason.clone());
+                    }
+                    notify(reason);
+                }
+            })
             .map_err(|e| Error::Store(format!("cannot start the store writer: {e}")))?;
         Ok(StoreWriter { tx, failure })
     }
@@ -248,7 +275,7 @@ fn writer_loop(
     store: Arc<dyn Store>,
     rx: mpsc::Receiver<Msg>,
     failure: Arc<Mutex<Option<String>>>,
-    on_failure: Box<dyn Fn(String) + Send>,
+    on_failure: std::rc::Rc<Box<dyn Fn(String) + Send>>,
     runtime: Option<tokio::runtime::Handle>,
 ) {
     // Trees this process runs, by root run id, so their heartbeat stays fresh.

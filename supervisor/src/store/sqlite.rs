@@ -28,9 +28,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{
-    GcReport, RunNode, STALE_AFTER_MS, Store, StoredRun, TreeFilter, TreeRecord, TreeSummary, Write,
-};
+use super::{GcReport, RunNode, Store, StoredRun, TreeFilter, TreeRecord, TreeSummary, Write};
 use crate::error::Error;
 use crate::recovery::{RecordedReply, Recovery, Spent};
 use crate::tree::now_ms;
@@ -49,6 +47,7 @@ CREATE TABLE trees (
     model         TEXT,
     limits        TEXT NOT NULL,
     origin        TEXT,
+    history       TEXT,
     status        TEXT NOT NULL,
     error         TEXT,
     started_ms    INTEGER NOT NULL,
@@ -75,6 +74,10 @@ CREATE TABLE segments (
 
 /// How long a write waits for another process holding the file's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Batches tried when another process keeps the file locked (each try waits
+/// up to `BUSY_TIMEOUT`).
+const BUSY_RETRIES: u64 = 6;
 
 /// A checkpoint chain longer than this is cut with a full list of message ids.
 const MAX_CHAIN: u32 = 256;
@@ -472,7 +475,15 @@ impl Batch<'_> {
             _ => {}
         }
         if let Some(state) = event.kind.final_state() {
-            write_checkpoint(&event.tree_id, tree, &mut out, state, (0, 0, 0), true)?;
+            let inherited = event.kind.final_inherited().unwrap_or(0);
+            write_checkpoint(
+                &event.tree_id,
+                tree,
+                &mut out,
+                state,
+                (0, 0, inherited),
+                true,
+            )?;
             delta.agents += 1;
             if *event.run_id == *tree.root_run_id {
                 let error = match &event.kind {
@@ -662,8 +673,8 @@ fn journal_body(kind: &EventKind, out: &mut Vec<u8>) -> rusqlite::Result<()> {
                 tool_calls: *tool_calls,
             },
         ),
-        EventKind::AgentFinished { state }
-        | EventKind::AgentCancelled { state }
+        EventKind::AgentFinished { state, .. }
+        | EventKind::AgentCancelled { state, .. }
         | EventKind::AgentFailed { state, .. } => serde_json::to_writer(
             out,
             &Ended {
@@ -1002,9 +1013,7 @@ fn summary_row(r: &rusqlite::Row<'_>, now: u64) -> rusqlite::Result<TreeSummary>
     let mut status: String = r.get(4)?;
     let heartbeat: i64 = r.get(12)?;
     let owner: String = r.get(14)?;
-    if status == "running"
-        && (now.saturating_sub(heartbeat as u64) > STALE_AFTER_MS || super::owner_gone(&owner))
-    {
+    if status == "running" && !super::still_running(&owner, heartbeat as u64, now) {
         status = "interrupted".into();
     }
     Ok(TreeSummary {
@@ -1063,6 +1072,15 @@ impl SqliteStore {
         };
         for body in bodies {
             let body = body.map_err(sql(&self.path))?;
+            // A segment is at most a few MiB; a size prefix claiming more is
+            // corruption, not something to allocate.
+            let claimed = body
+                .get(..4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+                .unwrap_or(usize::MAX);
+            if claimed > 64 * SEGMENT {
+                return Err(bad("a segment is corrupt (its size is out of range)".into()));
+            }
             let json = lz4_flex::decompress_size_prepended(&body)
                 .map_err(|e| bad(format!("a segment is corrupt: {e}")))?;
             let records: Vec<Value> = serde_json::from_slice(&json)
@@ -1090,21 +1108,26 @@ impl Store for SqliteStore {
             .buffers
             .lock()
             .map_err(|_| Error::Store("the store buffers were poisoned".into()))?;
-        let result = (|| -> rusqlite::Result<()> {
-            let tx = conn.transaction()?;
+        let attempt = |conn: &mut Connection,
+                       cache: &mut HashMap<Arc<str>, TreeCache>,
+                       buffers: &mut Buffers|
+         -> rusqlite::Result<()> {
+            // The write lock is taken first (the busy timeout applies), not
+            // upgraded from a read lock half-way (which fails at once).
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let mut b = Batch {
-                cache: &mut cache,
+                cache,
                 deltas: HashMap::new(),
                 closed: Vec::new(),
-                buffers: &mut buffers,
+                buffers,
             };
             for write in batch {
                 match write {
                     Write::Tree(tree) => {
                         let mut stmt = tx.prepare_cached(
                             "INSERT INTO trees(tree_id, root_run_id, agent, prompt, params, model,
-                                 limits, origin, status, started_ms, heartbeat_ms, owner)
-                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'running', ?9, ?10, ?11)
+                                 limits, origin, history, status, started_ms, heartbeat_ms, owner)
+                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'running', ?10, ?11, ?12)
                              ON CONFLICT(tree_id) DO UPDATE SET status = 'running', error = NULL,
                                  finished_ms = NULL, heartbeat_ms = excluded.heartbeat_ms,
                                  owner = excluded.owner, resumes = resumes + 1",
@@ -1118,6 +1141,11 @@ impl Store for SqliteStore {
                             tree.model,
                             serde_json::to_string(&tree.limits).map_err(json_err)?,
                             tree.origin,
+                            tree.history
+                                .as_ref()
+                                .map(serde_json::to_string)
+                                .transpose()
+                                .map_err(json_err)?,
                             tree.started_ms as i64,
                             now_ms() as i64,
                             super::owner_id(),
@@ -1218,12 +1246,33 @@ impl Store for SqliteStore {
                 b.cache.remove(&tree);
             }
             Ok(())
-        })();
-        result.map_err(|e| {
-            // What the cache says was written may have been rolled back.
-            cache.clear();
-            Error::Store(format!("cannot write {}: {e}", self.path.display()))
-        })
+        };
+        // Another process holding the lock beyond the busy timeout is not a
+        // broken store: try again a few times before failing the trees.
+        let mut tries = 0;
+        loop {
+            match attempt(&mut conn, &mut cache, &mut buffers) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    let busy = matches!(
+                        e.sqlite_error_code(),
+                        Some(
+                            rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                        )
+                    );
+                    // What the cache says was written was rolled back.
+                    cache.clear();
+                    tries += 1;
+                    if !busy || tries >= BUSY_RETRIES {
+                        return Err(Error::Store(format!(
+                            "cannot write {}: {e}",
+                            self.path.display()
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_millis(100 * tries));
+                }
+            }
+        }
     }
 
     fn trees(&self, filter: &TreeFilter) -> Result<Vec<TreeSummary>, Error> {
@@ -1269,16 +1318,17 @@ impl Store for SqliteStore {
             .optional()
             .map_err(sql(&self.path))?
             .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
-        let (params_json, model, limits_json, origin): (
+        let (params_json, model, limits_json, origin, history_json): (
             Option<String>,
             Option<String>,
             String,
             Option<String>,
+            Option<String>,
         ) = conn
             .query_row(
-                "SELECT params, model, limits, origin FROM trees WHERE tree_id = ?1",
+                "SELECT params, model, limits, origin, history FROM trees WHERE tree_id = ?1",
                 [tree_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
             )
             .map_err(sql(&self.path))?;
         let bad = self.bad(tree_id);
@@ -1294,6 +1344,10 @@ impl Store for SqliteStore {
             model,
             limits: serde_json::from_str(&limits_json).map_err(|e| bad(format!("limits: {e}")))?,
             origin,
+            history: history_json
+                .map(|h| serde_json::from_str(&h))
+                .transpose()
+                .map_err(|e| bad(format!("history: {e}")))?,
             started_ms: summary.started_ms,
         };
         Ok((record, summary))
@@ -1355,19 +1409,23 @@ impl Store for SqliteStore {
                 )
             })
             .collect();
-        for (run_id, last_final, checkpoint, inherited) in runs {
+        for (run_id, last_final, checkpoint, _) in runs {
             if let Some(point) = last_final {
-                let state = log.state(&point, &bad)?.state;
-                agents.insert(state.agent_id.clone());
+                // Its output depends on how much of its final history it
+                // inherited, which the final record keeps.
+                let last = log.state(&point, &bad)?;
+                agents.insert(last.state.agent_id.clone());
                 recovery
                     .finished
-                    .insert(run_id, (Arc::new(state), inherited));
+                    .insert(run_id, (Arc::new(last.state), last.inherited));
             } else if let Some(point) = checkpoint {
                 let checkpoint = log.state(&point, &bad)?;
                 agents.insert(checkpoint.state.agent_id.clone());
                 recovery.checkpoints.insert(run_id, Arc::new(checkpoint));
             }
         }
+        // The root counts even when nothing of it is stored yet.
+        agents.insert(format!("{tree_id}/0"));
         let mut spent = Spent {
             agents: agents.len(),
             ..Spent::default()
@@ -1460,6 +1518,42 @@ impl Store for SqliteStore {
             "events": log.events,
             "modelCalls": model_calls,
         }))
+    }
+
+    fn claim(&self, tree_id: &str) -> Result<(), Error> {
+        let mut conn = self.conn()?;
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql(&self.path))?;
+        let row: Option<(String, String, i64)> = tx
+            .query_row(
+                "SELECT status, owner, heartbeat_ms FROM trees WHERE tree_id = ?1",
+                [tree_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()
+            .map_err(sql(&self.path))?;
+        let (status, owner, heartbeat) =
+            row.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+        let not = |reason: String| Error::NotResumable {
+            tree: tree_id.to_owned(),
+            reason,
+        };
+        if status != "running" {
+            return Err(not(format!("it already ended ({status})")));
+        }
+        if super::still_running(&owner, heartbeat as u64, now_ms()) {
+            return Err(not(
+                "another process is running it (it is alive, or its heartbeat is recent); stop that one first"
+                    .into(),
+            ));
+        }
+        tx.execute(
+            "UPDATE trees SET owner = ?2, heartbeat_ms = ?3 WHERE tree_id = ?1",
+            params![tree_id, super::owner_id(), now_ms() as i64],
+        )
+        .map_err(sql(&self.path))?;
+        tx.commit().map_err(sql(&self.path))
     }
 
     fn gc(&self, cutoff_ms: u64) -> Result<GcReport, Error> {
