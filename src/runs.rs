@@ -109,6 +109,17 @@ pub fn tree_text(nodes: &[RunNode]) -> String {
     out
 }
 
+/// `T/0.10.2~1` as numbers, so siblings sort as spawned (0.2 before 0.10).
+fn path_key(run_id: &str) -> Vec<(u64, u64)> {
+    let path = run_id.rsplit_once('/').map_or(run_id, |(_, p)| p);
+    path.split('.')
+        .map(|part| {
+            let (n, attempt) = part.split_once('~').unwrap_or((part, "0"));
+            (n.parse().unwrap_or(u64::MAX), attempt.parse().unwrap_or(0))
+        })
+        .collect()
+}
+
 fn walk(nodes: &[RunNode], node: &RunNode, depth: usize, out: &mut String) {
     let mark = match node.status.as_str() {
         "completed" => "✓",
@@ -132,10 +143,12 @@ fn walk(nodes: &[RunNode], node: &RunNode, depth: usize, out: &mut String) {
         let _ = write!(out, " ({error})");
     }
     out.push('\n');
-    for child in nodes
+    let mut children: Vec<&RunNode> = nodes
         .iter()
         .filter(|n| n.parent_run_id.as_deref() == Some(&node.run_id))
-    {
+        .collect();
+    children.sort_by_key(|n| path_key(&n.run_id));
+    for child in children {
         walk(nodes, child, depth + 1, out);
     }
 }
@@ -240,6 +253,7 @@ pub fn compare_replay(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn ages_parse_with_units_and_refuse_nonsense() {
@@ -248,6 +262,21 @@ mod tests {
         assert!(parse_age("30").unwrap_err().contains("no unit"));
         assert!(parse_age("3w").unwrap_err().contains("unknown unit"));
         assert!(parse_age("d").is_err());
+    }
+
+    #[test]
+    fn credits_added_in_another_order_still_match() {
+        assert!(same(&json!(0.1 + 0.2 + 0.3), &json!(0.3 + 0.2 + 0.1)));
+        assert!(same(&json!({"a": [1.0, 2]}), &json!({"a": [1.0, 2]})));
+        assert!(!same(&json!(0.5), &json!(0.6)));
+        assert!(!same(&json!({"a": 1}), &json!({"a": 1, "b": 2})));
+    }
+
+    #[test]
+    fn siblings_sort_by_spawn_order_not_by_text() {
+        let mut ids = vec!["t/0.10", "t/0.2", "t/0.2~1", "t/0.1.3"];
+        ids.sort_by_key(|id| path_key(id));
+        assert_eq!(ids, vec!["t/0.1.3", "t/0.2", "t/0.2~1", "t/0.10"]);
     }
 
     #[test]

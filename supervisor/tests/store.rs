@@ -162,3 +162,126 @@ async fn a_full_store_fails_the_run_with_the_reason_and_stays_readable() {
     assert_eq!(trees[0].tree_id, "t");
     assert_ne!(trees[0].status, "completed");
 }
+
+/// A boss whose first step hands its history to an inline scribe, which takes
+/// the boss's system prompt and toolbox (`inherit_parent_system_prompt`) and
+/// steps three times, calling a tool only that toolbox has.
+fn boss_and_scribe(store: Arc<SqliteStore>) -> Supervisor {
+    let model = scripted(json!({"replies": [
+        {"agent": "boss", "steps": [
+            {"text": "Handing over.", "toolCalls": [
+                {"name": "spawn_agent_inline", "input": {"agent_type": "scribe", "prompt": "write it"}}
+            ]},
+            {"text": "Done."}
+        ]},
+        {"agent": "scribe", "steps": [
+            {"text": "Trying.", "toolCalls": [{"name": "echo", "input": {"n": 1}}]},
+            {"text": "Again.", "toolCalls": [{"name": "echo", "input": {"n": 2}}]},
+            {"text": "Written."}
+        ]}
+    ]}));
+    let mut scribe = template("scribe").system_prompt("You write.");
+    scribe.inherit_parent_system_prompt = true;
+    let boss = with_echo(template("boss").system_prompt("You delegate.")).spawns(&["scribe"]);
+    let catalog = Catalog::builder()
+        .model(model as Arc<dyn Model>)
+        .tool(echo() as Arc<dyn Tool>)
+        .template(boss)
+        .template(scribe)
+        .build()
+        .unwrap();
+    Supervisor::new(catalog, TreeLimits::default())
+        .with_store(store)
+        .unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The tree `t` of the store at `path` resumed to its end: the root's state.
+fn resumed(path: &std::path::Path) -> arbor_actors::AgentState {
+    runtime().block_on(async {
+        let sup = boss_and_scribe(Arc::new(SqliteStore::open(path).unwrap()));
+        let result = finish(sup.resume("t").await.unwrap()).await;
+        (*result.state).clone()
+    })
+}
+
+/// A copy of the store at `from` whose tree `t` holds only the first `keep`
+/// records of its log, as if the process had died there, its owner gone.
+fn cut(from: &std::path::Path, to: &std::path::Path, records: &[Value], keep: usize) {
+    let db = rusqlite::Connection::open(from).unwrap();
+    db.execute("VACUUM INTO ?1", [to.to_str().unwrap()])
+        .unwrap();
+    let db = rusqlite::Connection::open(to).unwrap();
+    let seq = records[..keep]
+        .iter()
+        .filter_map(|r| r["seq"].as_i64())
+        .max()
+        .unwrap_or(0);
+    let json = serde_json::to_string(&records[..keep]).unwrap();
+    db.execute("DELETE FROM segments", []).unwrap();
+    db.execute(
+        "INSERT INTO segments(tree_id, n, body) VALUES ('t', 1, ?1)",
+        [lz4_flex::compress_prepend_size(json.as_bytes())],
+    )
+    .unwrap();
+    db.execute(
+        "UPDATE trees SET status = 'running', finished_ms = NULL, error = NULL, owner = '-:0',
+             heartbeat_ms = 0, last_seq = ?1, segments = 1",
+        [seq],
+    )
+    .unwrap();
+}
+
+/// Resume is correct from any prefix of a tree's log (a batch is one
+/// transaction, so a crash leaves a prefix): cut the log of a finished tree
+/// after every event in turn, resume, and the root ends exactly as it did.
+/// The cuts include a scribe (inline, with its parent's toolbox) resumed from
+/// its checkpoint, and the boss started again (no checkpoint yet) meeting its
+/// finished inline scribe.
+#[test]
+fn a_tree_resumed_from_every_prefix_of_its_log_ends_as_it_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole_path = dir.path().join("whole.db");
+    let whole = runtime().block_on(async {
+        let sup = boss_and_scribe(Arc::new(SqliteStore::open(&whole_path).unwrap()));
+        let state = (*finish(start(&sup, "boss", "Report.").await).await.state).clone();
+        sup.flush().await.unwrap();
+        state
+    });
+    assert_eq!(whole.status, AgentStatus::Completed);
+    let records = {
+        let db = rusqlite::Connection::open(&whole_path).unwrap();
+        records(&db)
+    };
+    let cuts: Vec<usize> = (0..records.len())
+        .filter(|i| records[*i].get("seq").is_some())
+        .map(|i| i + 1)
+        .collect();
+    assert!(cuts.len() > 20, "{} events", cuts.len());
+    let mut checked = 0;
+    for keep in cuts {
+        let last = &records[keep - 1];
+        let ended = last["type"] == "agentFinished" && last["runId"] == "t/0";
+        if ended {
+            continue;
+        }
+        let path = dir.path().join(format!("cut{keep}.db"));
+        cut(&whole_path, &path, &records, keep);
+        let state = resumed(&path);
+        assert_eq!(
+            state, whole,
+            "resumed after event {} ({} of {})",
+            last["seq"], last["type"], last["runId"]
+        );
+        checked += 1;
+    }
+    println!("{checked} cuts resumed");
+    assert!(checked >= 20, "{checked}");
+}

@@ -140,8 +140,8 @@ fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one() {
         }),
         // Twenty have finished.
         Box::new(done(20)),
-        // Twenty-six have finished (the last workers and the root are left).
-        Box::new(done(26)),
+        // Thirty have finished (the last workers, scribes and the root are left).
+        Box::new(done(30)),
     ];
     for (i, point) in points.iter_mut().enumerate() {
         let args: &[&str] = if i == 0 { &run } else { &resume };
@@ -168,7 +168,7 @@ fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one() {
         &["tree", "crash", "--store", "crash.db", "--json"],
     ));
     let runs = tree["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 31);
+    assert_eq!(runs.len(), 36);
     assert!(runs.iter().all(|r| r["status"] == "completed"), "{tree}");
     // A process killed right away may not have recorded its resume.
     let resumes = tree["tree"]["resumes"].as_u64().unwrap();
@@ -190,7 +190,7 @@ fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one() {
             assert!(finished.insert(run.clone()), "{run} finished twice");
         }
     }
-    assert_eq!(finished.len(), 31);
+    assert_eq!(finished.len(), 36);
     // Same spend as the uninterrupted run: no reply was paid for twice.
     let whole = json_out(&arbor_in(
         dir.path(),
@@ -218,12 +218,12 @@ fn replay_matches_and_names_the_first_agent_that_diverges_after_an_edit() {
         text(&replay.stderr)
     );
     assert!(
-        text(&replay.stdout).starts_with("match: 31 runs"),
+        text(&replay.stdout).starts_with("match: 36 runs"),
         "{}",
         text(&replay.stdout)
     );
 
-    // Edit one recorded reply: worker 0.3's last step says something else.
+    // Edit one recorded reply: worker 0.3's last step (3) says something else.
     // Segments are LZ4-compressed JSON arrays of records; a model call is
     // {"r": run, "s": step, "m": message id}, a message {"m": id, "b": body}.
     let db = rusqlite::Connection::open(dir.path().join("arbor.db")).unwrap();
@@ -240,7 +240,7 @@ fn replay_matches_and_names_the_first_agent_that_diverges_after_an_edit() {
         let mut records: Vec<Value> = serde_json::from_slice(&json).unwrap();
         let at = records
             .iter()
-            .position(|r| r["r"] == "r1/0.3" && r["s"] == 2);
+            .position(|r| r["r"] == "r1/0.3" && r["s"] == 3);
         let Some(at) = at else { continue };
         records[at]["m"] = serde_json::json!(999_999);
         records.push(serde_json::json!({"m": 999_999, "b": {"role": "assistant", "content": "worker edited"}}));
@@ -361,7 +361,7 @@ fn two_processes_can_write_one_store_at_once() {
     for id in ["p1", "p2"] {
         let tree = json_out(&arbor_in(dir.path(), &["tree", id, "--json"]));
         assert_eq!(tree["tree"]["status"], "completed");
-        assert_eq!(tree["runs"].as_array().unwrap().len(), 31);
+        assert_eq!(tree["runs"].as_array().unwrap().len(), 36);
     }
 }
 
@@ -482,6 +482,16 @@ fn a_finished_tree_is_not_resumed_and_no_store_writes_nothing() {
         text(&out.stderr).contains("arbor resume f1"),
         "{}",
         text(&out.stderr)
+    );
+    let twice = arbor_in(
+        dir.path(),
+        &["run", "--config", &config, "--tree-id", "f1", "go"],
+    );
+    assert!(!twice.status.success());
+    assert!(
+        text(&twice.stderr).contains("the store already has a tree f1"),
+        "{}",
+        text(&twice.stderr)
     );
     let again = arbor_in(dir.path(), &["resume", "f1"]);
     assert!(!again.status.success());

@@ -205,8 +205,21 @@ enum Msg {
 /// and writes it as one transaction. The queue is bounded (see `QUEUE`). When a write fails the writer stops, keeps
 /// the reason, and calls `on_failure` (the supervisor fails the running trees).
 pub(crate) struct StoreWriter {
-    tx: mpsc::SyncSender<Msg>,
+    /// `None` only while dropping.
+    tx: Option<mpsc::SyncSender<Msg>>,
     failure: Arc<Mutex<Option<String>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Dropping the writer (with the supervisor and its last tree) writes what is
+/// still queued and waits for it: nothing emitted is lost on a clean shutdown.
+impl Drop for StoreWriter {
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 const MAX_BATCH: usize = 8192;
@@ -228,7 +241,7 @@ impl StoreWriter {
         let failure = Arc::new(Mutex::new(None));
         let failed = failure.clone();
         let runtime = tokio::runtime::Handle::try_current().ok();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("arbor-store".into())
             .spawn(move || {
                 // A panic in the writer is a store failure like any other:
@@ -248,11 +261,17 @@ impl StoreWriter {
                 }
             })
             .map_err(|e| Error::Store(format!("cannot start the store writer: {e}")))?;
-        Ok(StoreWriter { tx, failure })
+        Ok(StoreWriter {
+            tx: Some(tx),
+            failure,
+            thread: Some(thread),
+        })
     }
 
     pub(crate) fn send(&self, write: Write) {
-        let _ = self.tx.send(Msg::Write(write));
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Msg::Write(write));
+        }
     }
 
     /// Why the store stopped taking writes, if it did.
@@ -263,7 +282,9 @@ impl StoreWriter {
     /// Waits until everything sent so far is written.
     pub(crate) async fn flush(&self) -> Result<(), Error> {
         let (done, wait) = oneshot::channel();
-        let _ = self.tx.send(Msg::Flush(done));
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Msg::Flush(done));
+        }
         match wait.await {
             Ok(result) => result.map_err(Error::Store),
             Err(_) => Err(Error::Store("the store writer has stopped".into())),
