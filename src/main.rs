@@ -61,8 +61,6 @@ enum Command {
     /// cut-short runs go on from their last checkpoint.
     Resume {
         tree_id: String,
-        #[arg(long, short)]
-        config: Option<PathBuf>,
         #[arg(long)]
         json: bool,
         #[arg(long, short)]
@@ -70,18 +68,15 @@ enum Command {
         /// Print every event as a JSON line on stderr instead of the tree.
         #[arg(long)]
         events: bool,
-        /// The store file (default: [store] path in the config).
-        #[arg(long)]
-        store: Option<PathBuf>,
+        #[command(flatten)]
+        at: Stored,
     },
     /// Run a finished tree again on its recorded model replies (no network) and
     /// check that every final state matches.
     Replay {
         tree_id: String,
-        #[arg(long, short)]
-        config: Option<PathBuf>,
-        #[arg(long)]
-        store: Option<PathBuf>,
+        #[command(flatten)]
+        at: Stored,
     },
     /// List stored trees, newest first.
     Runs {
@@ -92,30 +87,24 @@ enum Command {
         limit: usize,
         #[arg(long)]
         json: bool,
-        #[arg(long, short)]
-        config: Option<PathBuf>,
-        #[arg(long)]
-        store: Option<PathBuf>,
+        #[command(flatten)]
+        at: Stored,
     },
     /// Show one stored run's state.
     Show {
         run_id: String,
         #[arg(long)]
         json: bool,
-        #[arg(long, short)]
-        config: Option<PathBuf>,
-        #[arg(long)]
-        store: Option<PathBuf>,
+        #[command(flatten)]
+        at: Stored,
     },
     /// Show a stored tree: every run with its status, steps, tokens and cost.
     Tree {
         tree_id: String,
         #[arg(long)]
         json: bool,
-        #[arg(long, short)]
-        config: Option<PathBuf>,
-        #[arg(long)]
-        store: Option<PathBuf>,
+        #[command(flatten)]
+        at: Stored,
     },
     /// Everything stored of a tree as one JSON document.
     Export {
@@ -123,20 +112,16 @@ enum Command {
         /// Write here instead of stdout.
         #[arg(long, short)]
         output: Option<PathBuf>,
-        #[arg(long, short)]
-        config: Option<PathBuf>,
-        #[arg(long)]
-        store: Option<PathBuf>,
+        #[command(flatten)]
+        at: Stored,
     },
     /// Delete trees that ended longer ago than --older-than.
     Gc {
         /// An age: 30d, 12h, 90m, 45s.
         #[arg(long)]
         older_than: String,
-        #[arg(long, short)]
-        config: Option<PathBuf>,
-        #[arg(long)]
-        store: Option<PathBuf>,
+        #[command(flatten)]
+        at: Stored,
     },
     /// List the agent templates of a config.
     Agents {
@@ -163,6 +148,17 @@ enum Command {
         /// The file (default: ./config.toml if present, else the built-in one).
         file: Option<PathBuf>,
     },
+}
+
+/// Where stored trees are: the config names the store unless `--store` does.
+#[derive(clap::Args)]
+struct Stored {
+    /// Config file (default: ./config.toml if present, else the built-in one).
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// The store file (default: [store] path in the config).
+    #[arg(long)]
+    store: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Clone, Default)]
@@ -326,11 +322,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Resume {
             tree_id,
-            config,
             json,
             quiet,
             events,
-            store,
+            at: Stored { config, store },
         } => {
             let path = store_path(&load_config(config.as_deref())?, store);
             let existing = SqliteStore::open_existing(&path)?;
@@ -352,8 +347,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Replay {
             tree_id,
-            config,
-            store,
+            at: Stored { config, store },
         } => {
             let store = open_store(&load_config(config.as_deref())?, store)?;
             let config = tree_config(config, &store, &tree_id)?;
@@ -363,8 +357,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             status,
             limit,
             json,
-            config,
-            store,
+            at: Stored { config, store },
         } => {
             if let Some(status) = &status {
                 anyhow::ensure!(
@@ -390,8 +383,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Show {
             run_id,
             json,
-            config,
-            store,
+            at: Stored { config, store },
         } => {
             let config = load_config(config.as_deref())?;
             let store = open_store(&config, store)?;
@@ -429,8 +421,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tree {
             tree_id,
             json,
-            config,
-            store,
+            at: Stored { config, store },
         } => {
             let config = load_config(config.as_deref())?;
             let store = open_store(&config, store)?;
@@ -459,8 +450,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Export {
             tree_id,
             output,
-            config,
-            store,
+            at: Stored { config, store },
         } => {
             let config = load_config(config.as_deref())?;
             let store = open_store(&config, store)?;
@@ -474,8 +464,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Gc {
             older_than,
-            config,
-            store,
+            at: Stored { config, store },
         } => {
             let age = arbor::runs::parse_age(&older_than)
                 .map_err(|e| anyhow::anyhow!("--older-than: {e}"))?;
@@ -890,21 +879,7 @@ async fn replay(config: Config, store: SqliteStore, tree_id: String) -> anyhow::
     let replies = store.recovery(&tree_id)?.replies;
     let runtime = Runtime::new(config)?;
     let supervisor = runtime.supervisor();
-    let handle = supervisor
-        .replay(
-            StartRequest {
-                agent: record.agent,
-                prompt: record.prompt,
-                params: record.params,
-                limits: Some(record.limits),
-                model: record.model,
-                tree_id: Some(record.tree_id),
-                history: record.history,
-                origin: record.origin,
-            },
-            replies,
-        )
-        .await?;
+    let handle = supervisor.replay(record.request(), replies).await?;
     handle.wait().await?;
     match arbor::runs::compare_replay(&recorded, |run| supervisor.finished_state(run)) {
         Ok(n) => {

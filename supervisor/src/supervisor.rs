@@ -145,17 +145,8 @@ impl Supervisor {
                 calls: recovery.replies.keys().cloned().collect(),
             });
         }
-        let request = StartRequest {
-            agent: record.agent,
-            prompt: record.prompt,
-            params: record.params,
-            limits: Some(record.limits),
-            model: record.model,
-            tree_id: Some(record.tree_id),
-            history: record.history,
-            origin: record.origin,
-        };
-        self.begin(request, Some((Arc::new(recovery), false))).await
+        self.begin(record.request(), Some((Arc::new(recovery), false)))
+            .await
     }
 
     /// Runs a tree again on its recorded model replies only (no model is called;

@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::process::{Command, Output};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -21,17 +21,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use crate::support::guarded;
-use crate::{arbor, text};
-
-/// Runs `arbor` with `args` in `dir`.
-fn arbor_in(dir: &std::path::Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_arbor"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap()
-}
+use crate::{arbor, arbor_in, text};
 
 /// The row names of the summary table (`  NAME<padding> VALUE`).
 fn table_rows(stdout: &str) -> HashMap<String, String> {

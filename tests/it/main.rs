@@ -30,6 +30,16 @@ pub fn arbor(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// Runs `arbor` with `args` in `dir`.
+pub fn arbor_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }

@@ -7,16 +7,7 @@ use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 
-use crate::{fixtures, text};
-
-fn arbor_in(dir: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_arbor"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap()
-}
+use crate::{arbor_in, fixtures, text};
 
 fn spawn_in(dir: &Path, args: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_arbor"))

@@ -41,6 +41,22 @@ pub struct TreeRecord {
     pub started_ms: u64,
 }
 
+impl TreeRecord {
+    /// The request that starts this tree again (resume, replay).
+    pub fn request(self) -> crate::StartRequest {
+        crate::StartRequest {
+            agent: self.agent,
+            prompt: self.prompt,
+            params: self.params,
+            limits: Some(self.limits),
+            model: self.model,
+            tree_id: Some(self.tree_id),
+            history: self.history,
+            origin: self.origin,
+        }
+    }
+}
+
 /// One thing to write.
 #[derive(Clone, Debug)]
 pub enum Write {
