@@ -446,6 +446,7 @@ impl Batch<'_> {
             });
         delta.last_seq = delta.last_seq.max(event.seq);
         let mut out = Records(&mut delta.segment);
+        let mut reply_written = false;
         match &event.kind {
             EventKind::ModelDelta { .. } => return Ok(()),
             EventKind::Checkpointed { checkpoint } => {
@@ -461,6 +462,7 @@ impl Batch<'_> {
                 reply: Some(reply),
                 ..
             } if tree.calls.is_empty() || !tree.calls.contains(&(event.run_id.clone(), *step)) => {
+                reply_written = true;
                 let id = message_id(tree, &mut out, reply)?;
                 out.open();
                 out.raw("{\"r\":");
@@ -496,7 +498,7 @@ impl Batch<'_> {
         out.open();
         // The event's own JSON object, then its place in the tree appended
         // inside it (no copy of the body).
-        journal_body(&event.kind, out.0)?;
+        journal_body(&event.kind, out.0, reply_written)?;
         if out.0.last() == Some(&b'}') {
             out.0.pop();
         }
@@ -640,13 +642,16 @@ fn write_checkpoint<'s>(
 
 /// An event as the journal keeps it: without the states and replies, which are
 /// stored once elsewhere in the segment (checkpoints, model calls).
-fn journal_body(kind: &EventKind, out: &mut Vec<u8>) -> rusqlite::Result<()> {
+fn journal_body(kind: &EventKind, out: &mut Vec<u8>, reply_written: bool) -> rusqlite::Result<()> {
+    /// (Its usage is the reply record's when one was written just before it:
+    /// put back when the journal is read.)
     #[derive(Serialize)]
     #[serde(rename_all = "camelCase")]
     struct Responded<'a> {
         r#type: &'static str,
         step: u32,
-        usage: &'a Usage,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        usage: Option<&'a Usage>,
         tool_calls: usize,
     }
     /// (Its output is the final state's: put back when the journal is read.)
@@ -669,7 +674,7 @@ fn journal_body(kind: &EventKind, out: &mut Vec<u8>) -> rusqlite::Result<()> {
             &Responded {
                 r#type: kind.name(),
                 step: *step,
-                usage,
+                usage: (!reply_written).then_some(usage),
                 tool_calls: *tool_calls,
             },
         ),
@@ -853,6 +858,17 @@ impl TreeLog {
         let at = e.get("atMs").and_then(Value::as_u64).unwrap_or(0);
         let str_of = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_owned);
         match e.get("type").and_then(Value::as_str) {
+            Some("modelResponded") if !e.contains_key("usage") => {
+                let step = e.get("step").and_then(Value::as_u64).unwrap_or(0) as u32;
+                let usage = self
+                    .replies
+                    .iter()
+                    .rev()
+                    .find(|(run, s, _, _)| run == run_id && *s == step)
+                    .map(|(_, _, _, usage)| json!(usage))
+                    .unwrap_or(Value::Null);
+                e.insert("usage".into(), usage);
+            }
             Some("agentStarted") => {
                 let inherited = e.get("inherited").and_then(Value::as_u64).unwrap_or(0);
                 let r = self.run(run_id);
