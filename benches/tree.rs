@@ -25,7 +25,6 @@ use std::time::Duration;
 
 use arbor::actors::AgentStatus;
 use arbor::actors::history::History;
-use arbor::actors::message::Message;
 use arbor::loadtest::{Collector, LoadOptions, run_bare_tree};
 use arbor::supervisor::{StartRequest, Supervisor};
 use criterion::{
@@ -41,25 +40,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("tokio runtime")
-}
-
-/// `n` alternating user/assistant messages of `bytes` bytes (as `arbor
-/// loadtest --history N --msg-bytes B` gives the root).
-fn history(n: usize, bytes: usize) -> History {
-    (0..n)
-        .map(|i| {
-            let mut text = format!("message {i}: ");
-            while text.len() < bytes {
-                text.push_str("lorem ipsum ");
-            }
-            text.truncate(bytes.max(1));
-            if i % 2 == 0 {
-                Message::user(text)
-            } else {
-                Message::assistant_text(text)
-            }
-        })
-        .collect()
 }
 
 /// Runs one tree on `supervisor` to the end; returns the supervisor so that
@@ -94,7 +74,7 @@ fn tree_f10_d4(c: &mut Criterion) {
         msg_bytes: 200,
         ..Default::default()
     };
-    let root_history = history(options.history, options.msg_bytes);
+    let root_history = options.root_history();
     let mut group = c.benchmark_group("tree_f10_d4");
     group
         .sample_size(10)
@@ -138,7 +118,7 @@ fn history_handoff(c: &mut Criterion) {
             msg_bytes: 200,
             ..Default::default()
         };
-        let root_history = history(messages, options.msg_bytes);
+        let root_history = options.root_history();
         group.bench_with_input(BenchmarkId::new("arbor", messages), &options, |b, o| {
             b.to_async(&rt).iter_batched(
                 || o.supervisor().expect("supervisor"),

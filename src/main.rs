@@ -505,19 +505,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Ping { config, model } => {
             let config = load_config(config.as_deref())?;
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the async runtime")?;
-            runtime.block_on(ping(config, model))
+            async_runtime()?.block_on(ping(config, model))
         }
-        Command::Loadtest(args) => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the async runtime")?;
-            runtime.block_on(loadtest(args))
-        }
+        Command::Loadtest(args) => async_runtime()?.block_on(loadtest(args)),
         Command::CheckConfig { file } => {
             let config = load_config(file.as_deref())?;
             config.catalog()?;
@@ -555,13 +545,7 @@ async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
         Some(name) => {
             let config = load_config(args.config.as_deref())?;
             let catalog = config.catalog()?;
-            let model = catalog.model(name).cloned().with_context(|| {
-                let known: Vec<&str> = catalog.model_names().collect();
-                format!(
-                    "--model: no model named {name:?} (configured: {})",
-                    known.join(", ")
-                )
-            })?;
+            let model = configured_model(&catalog, name).context("--model")?;
             Some(model)
         }
     };
@@ -673,10 +657,7 @@ async fn ping(config: Config, name: String) -> anyhow::Result<ExitCode> {
     use arbor_actors::{Delta, Message, ModelRequest, RequestMeta};
 
     let catalog = config.catalog()?;
-    let model = catalog.model(&name).cloned().with_context(|| {
-        let known: Vec<&str> = catalog.model_names().collect();
-        format!("no model named {name:?} (configured: {})", known.join(", "))
-    })?;
+    let model = configured_model(&catalog, &name)?;
     let retries = Arc::new(Mutex::new(Vec::new()));
     let sink = {
         let retries = retries.clone();
@@ -747,6 +728,17 @@ impl Drop for RemoveOnDrop {
             }
         }
     }
+}
+
+/// The model `name` of a catalog, or an error listing the configured ones.
+fn configured_model(
+    catalog: &arbor_supervisor::Catalog,
+    name: &str,
+) -> anyhow::Result<std::sync::Arc<dyn arbor_actors::Model>> {
+    catalog.model(name).cloned().with_context(|| {
+        let known: Vec<&str> = catalog.model_names().collect();
+        format!("no model named {name:?} (configured: {})", known.join(", "))
+    })
 }
 
 fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {

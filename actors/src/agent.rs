@@ -274,7 +274,6 @@ impl Actor for AgentActor {
                 agent_type: state.agent_type.clone().unwrap_or_default(),
                 parent_run_id: state.ancestor_run_ids.last().cloned(),
                 depth: state.depth(),
-                inherited: run.machine.inherited(),
             },
         );
         let hooks = run.hooks.clone();
@@ -465,8 +464,6 @@ impl AgentRun {
         }
     }
 
-    /// Admits the step against the tree's budgets, then sends it (or parks it
-    /// until a live slot is free again).
     /// Sends the step, or parks it until a live slot is free again (a parent
     /// that gave its slot back while its children ran).
     fn call_model(&mut self, myself: &ActorRef<AgentMsg>, request: ModelRequest) {

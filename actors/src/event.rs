@@ -35,8 +35,6 @@ pub enum EventKind {
         agent_type: String,
         parent_run_id: Option<String>,
         depth: usize,
-        /// Messages it inherited from its parent.
-        inherited: usize,
     },
     /// The run's state at a step boundary (only in a durable tree).
     Checkpointed {

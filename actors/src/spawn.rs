@@ -106,16 +106,14 @@ impl ParentInfo {
 }
 
 impl ChildPlan {
-    /// The child's initial state. `own_toolbox` is the child template's toolbox,
-    /// `parent_toolbox` the parent's (used with `inheritParentSystemPrompt`).
-    pub fn start(
-        &self,
-        parent: &AgentState,
-        ids: RunIds,
-        own_toolbox: Arc<Toolbox>,
-        parent_toolbox: &Arc<Toolbox>,
-    ) -> ChildStart {
-        self.start_from(&ParentInfo::of(parent, parent_toolbox), ids, own_toolbox)
+    /// The toolbox the child runs with: its own, or its parent's under
+    /// `inheritParentSystemPrompt`.
+    pub fn toolbox_for(&self, parent: &ParentInfo, own_toolbox: Arc<Toolbox>) -> Arc<Toolbox> {
+        if self.template.inherit_parent_system_prompt {
+            parent.toolbox.clone()
+        } else {
+            own_toolbox
+        }
     }
 
     /// The child's initial state from what its parent left for it.
@@ -143,11 +141,12 @@ impl ChildPlan {
         if let Some(prompt) = prompt_message(self.prompt.as_deref(), self.params.as_ref()) {
             history.push(prompt);
         }
-        let (system_prompt, toolbox) = if t.inherit_parent_system_prompt {
-            (parent.system_prompt.clone(), parent.toolbox.clone())
+        let system_prompt = if t.inherit_parent_system_prompt {
+            parent.system_prompt.clone()
         } else {
-            (t.system_prompt.clone(), own_toolbox)
+            t.system_prompt.clone()
         };
+        let toolbox = self.toolbox_for(parent, own_toolbox);
         let tool_definitions: ToolDefinitions = toolbox.definitions().clone();
         ChildStart {
             inherited: history.len(),

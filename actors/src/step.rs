@@ -488,7 +488,12 @@ impl StepMachine {
                 orphan_results: repair.orphan_results,
             });
         }
-        if let Some(window) = self.template.context_window {
+        // The history keeps its own token estimate: one that fits is sent as is.
+        if let Some(window) = self
+            .template
+            .context_window
+            .filter(|w| messages.estimated_tokens() > *w)
+        {
             messages = History::truncated_view(&messages.to_vec(), window)
                 .into_iter()
                 .collect();
@@ -854,8 +859,6 @@ fn fresh_id(base: String, history: &History, seen: &mut HashSet<String>) -> Stri
     id
 }
 
-/// Gives every tool call of a reply a non-empty id, unique within the reply and
-/// the history (models may reuse ids across steps; pairing is by id).
 /// Whether every tool call of a reply has an id of its own (`with_call_ids`
 /// would leave it as it is).
 fn call_ids_ok(message: &Message, history: &History) -> bool {
@@ -866,6 +869,8 @@ fn call_ids_ok(message: &Message, history: &History) -> bool {
     })
 }
 
+/// Gives every tool call of a reply a non-empty id, unique within the reply and
+/// the history (models may reuse ids across steps; pairing is by id).
 fn with_call_ids(message: Message, step: u32, history: &History) -> Message {
     if message.tool_calls().next().is_none() {
         return message;

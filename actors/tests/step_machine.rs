@@ -15,7 +15,7 @@ use arbor_actors::message::{
 };
 use arbor_actors::model::{ModelRequest, ModelResponse, Usage};
 use arbor_actors::schema::Schema;
-use arbor_actors::spawn::{ChildPlan, ChildReport, ChildStart};
+use arbor_actors::spawn::{ChildPlan, ChildReport, ChildStart, ParentInfo};
 use arbor_actors::state::{AgentState, AgentStatus};
 use arbor_actors::template::{AgentTemplate, AgentTypeId, OutputMode};
 use arbor_actors::tool::{Tool, ToolContext, ToolError};
@@ -993,14 +993,13 @@ fn spawn_results_come_back_as_one_array_in_request_order() {
 
 fn start_child(run: &Run, plan: &ChildPlan, n: u32) -> ChildStart {
     let own = toolbox(&plan.template);
-    plan.start(
-        run.state(),
+    plan.start_from(
+        &ParentInfo::of(run.state(), run.m.toolbox()),
         RunIds {
             agent_id: format!("agent-c{n}"),
             run_id: format!("run-c{n}"),
         },
         own,
-        run.m.toolbox(),
     )
 }
 

@@ -112,7 +112,9 @@ impl LoadOptions {
         }
     }
 
-    fn root_history(&self) -> History {
+    /// The root's initial history: `history` alternating user/assistant
+    /// messages of `msg_bytes` bytes.
+    pub fn root_history(&self) -> History {
         (0..self.history)
             .map(|i| {
                 let mut text = format!("message {i}: ");

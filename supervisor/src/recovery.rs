@@ -72,7 +72,8 @@ impl Recovery {
 /// or fails when there is no live model (a replay must not reach the network).
 pub(crate) struct Recorded {
     pub(crate) name: String,
-    pub(crate) tape: Arc<Tape>,
+    /// The tree's recovery, whose `replies` are served (shared, not copied).
+    pub(crate) recovery: Arc<Recovery>,
     pub(crate) live: Option<Arc<dyn Model>>,
 }
 
@@ -88,7 +89,7 @@ impl Model for Recorded {
         deltas: DeltaSink,
     ) -> Result<ModelResponse, ModelError> {
         let key = (request.meta.run_id.clone(), request.meta.step);
-        if let Some(reply) = self.tape.get(&key) {
+        if let Some(reply) = self.recovery.replies.get(&key) {
             return Ok(ModelResponse {
                 message: (*reply.message).clone(),
                 usage: reply.usage,

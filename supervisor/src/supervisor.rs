@@ -125,10 +125,10 @@ impl Supervisor {
     /// last checkpoint, and recorded model replies are served instead of asking
     /// the model again.
     pub async fn resume(&self, tree_id: &str) -> Result<TreeHandle, Error> {
-        let Some((store, _)) = &self.store else {
+        let Some((store, writer)) = &self.store else {
             return Err(Error::Store("resume needs a store".into()));
         };
-        if self.contexts().iter().any(|c| &*c.tree_id == tree_id) {
+        if self.is_running(tree_id) {
             return Err(Error::TreeExists(tree_id.to_owned()));
         }
         let (record, _) = store.tree(tree_id)?;
@@ -138,13 +138,11 @@ impl Supervisor {
         for (state, _) in recovery.finished.values() {
             self.registry.record(state);
         }
-        if let Some((_, writer)) = &self.store {
-            writer.send(Write::Known {
-                tree_id: tree_id.to_owned(),
-                messages: std::mem::take(&mut recovery.message_ids),
-                calls: recovery.replies.keys().cloned().collect(),
-            });
-        }
+        writer.send(Write::Known {
+            tree_id: tree_id.to_owned(),
+            messages: std::mem::take(&mut recovery.message_ids),
+            calls: recovery.replies.keys().cloned().collect(),
+        });
         self.begin(record.request(), Some((Arc::new(recovery), false)))
             .await
     }
@@ -232,7 +230,7 @@ impl Supervisor {
         {
             return Err(Error::InvalidTreeId(tree_id.to_string()));
         }
-        if self.contexts().iter().any(|c| c.tree_id == tree_id) {
+        if self.is_running(&tree_id) {
             return Err(Error::TreeExists(tree_id.to_string()));
         }
         // A new tree must not land on a stored one (`resume` continues those).
@@ -261,25 +259,10 @@ impl Supervisor {
         }
         let ctx = Arc::new(ctx);
         let ids = ctx.ids("0", 0);
-        let mut history = request.history.clone().unwrap_or_default();
-        let inherited = history.len();
-        if let Some(prompt) = prompt_message(Some(&request.prompt), request.params.as_ref()) {
-            history.push(prompt);
-        }
-        let state = AgentState {
-            agent_id: ids.agent_id,
-            agent_type: Some(template.id.clone()),
-            run_id: ids.run_id.clone(),
-            message_history: history,
-            system_prompt: template.system_prompt.clone(),
-            tool_definitions: toolbox.definitions().clone(),
-            steps_remaining: template.max_steps,
-            status: AgentStatus::Running,
-            ..AgentState::default()
-        };
+        let root_run_id = ids.run_id.clone();
         let resumed = ctx
             .recovery()
-            .and_then(|r| r.checkpoints.get(&ids.run_id).cloned());
+            .and_then(|r| r.checkpoints.get(&root_run_id).cloned());
         let machine = match resumed {
             Some(checkpoint) => StepMachine::from_checkpoint(
                 &checkpoint,
@@ -287,14 +270,33 @@ impl Supervisor {
                 toolbox,
                 tree_id.clone(),
             ),
-            None => StepMachine::new(state, template.clone(), toolbox, inherited, tree_id.clone())
-                .with_input(Some(request.prompt.clone()), request.params.clone()),
+            None => {
+                let mut history = request.history.clone().unwrap_or_default();
+                let inherited = history.len();
+                if let Some(prompt) = prompt_message(Some(&request.prompt), request.params.as_ref())
+                {
+                    history.push(prompt);
+                }
+                let state = AgentState {
+                    agent_id: ids.agent_id,
+                    agent_type: Some(template.id.clone()),
+                    run_id: ids.run_id,
+                    message_history: history,
+                    system_prompt: template.system_prompt.clone(),
+                    tool_definitions: toolbox.definitions().clone(),
+                    steps_remaining: template.max_steps,
+                    status: AgentStatus::Running,
+                    ..AgentState::default()
+                };
+                StepMachine::new(state, template.clone(), toolbox, inherited, tree_id.clone())
+                    .with_input(Some(request.prompt.clone()), request.params.clone())
+            }
         };
         if let Some((_, writer)) = &self.store {
             // Durable before it runs: once `start` returns, the tree can be resumed.
             writer.send(Write::Tree(Box::new(TreeRecord {
                 tree_id: tree_id.to_string(),
-                root_run_id: ids.run_id.clone(),
+                root_run_id: root_run_id.clone(),
                 agent: template.id.clone(),
                 prompt: request.prompt.clone(),
                 params: request.params.clone(),
@@ -351,7 +353,7 @@ impl Supervisor {
         }
         Ok(TreeHandle {
             tree_id,
-            root_run_id: ids.run_id,
+            root_run_id,
             root,
             result: rx,
             root_task,
@@ -396,6 +398,17 @@ impl Supervisor {
     /// Agent actors alive in every tree.
     pub fn live_actors(&self) -> usize {
         self.contexts().iter().map(|c| c.live_count()).sum()
+    }
+
+    /// Whether a tree with this id runs in this supervisor.
+    fn is_running(&self, tree_id: &str) -> bool {
+        self.trees
+            .lock()
+            .map(|t| {
+                t.get(tree_id)
+                    .is_some_and(|(ctx, _)| ctx.strong_count() > 0)
+            })
+            .unwrap_or(false)
     }
 
     fn contexts(&self) -> Vec<Arc<TreeContext>> {

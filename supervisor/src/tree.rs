@@ -105,7 +105,7 @@ impl TreeContext {
         }
         let model: Arc<dyn Model> = Arc::new(Recorded {
             name: name.to_owned(),
-            tape: Arc::new(recovery.replies.clone()),
+            recovery: recovery.clone(),
             live: if self.replay { None } else { live },
         });
         recorded.insert(name.to_owned(), model.clone());

@@ -11,15 +11,26 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 
 use super::{AgentActor, AgentArgs, AgentMsg, AgentRun, CancelReason, Reply, RunResult};
-use crate::checkpoint::Recovered;
+use crate::checkpoint::{Checkpoint, Recovered};
 use crate::event::EventKind;
+use crate::history::History;
 use crate::hooks::SlotPriority;
 use crate::output::output_value;
 use crate::spawn::{ChildPlan, ChildReport, ParentInfo, report_value};
-use crate::state::AgentStatus;
+use crate::state::{AgentState, AgentStatus};
 use crate::step::{Action, StepMachine};
 use crate::template::FailurePolicy;
 use crate::toolbox::Toolbox;
+
+/// A state read back from a store, its history sharing the live `snapshot`'s
+/// messages again: an inline child's history becomes its parent's, which tells
+/// its own messages by address.
+fn shared_with(state: &AgentState, snapshot: &History) -> AgentState {
+    AgentState {
+        message_history: state.message_history.sharing_prefix_with(snapshot),
+        ..state.clone()
+    }
+}
 
 /// Identifies one attempt of one child of one spawn call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -285,13 +296,8 @@ impl AgentRun {
                 // one that was cut short go on from its last checkpoint.
                 let checkpoint = match hooks.recovered(&ids.run_id) {
                     Some(Recovered::Finished { state, inherited }) => {
-                        // An inline child's history becomes the parent's, which
-                        // tells its own messages by address: share them again.
                         let state = if plan.inline {
-                            let mut own = (*state).clone();
-                            own.message_history =
-                                own.message_history.sharing_prefix_with(&plan.snapshot);
-                            Arc::new(own)
+                            Arc::new(shared_with(&state, &plan.snapshot))
                         } else {
                             state
                         };
@@ -301,12 +307,10 @@ impl AgentRun {
                         continue;
                     }
                     Some(Recovered::Checkpoint(checkpoint)) if plan.inline => {
-                        let mut own = (*checkpoint).clone();
-                        own.state.message_history = own
-                            .state
-                            .message_history
-                            .sharing_prefix_with(&plan.snapshot);
-                        Some(Arc::new(own))
+                        Some(Arc::new(Checkpoint {
+                            state: shared_with(&checkpoint.state, &plan.snapshot),
+                            ..(*checkpoint).clone()
+                        }))
                     }
                     Some(Recovered::Checkpoint(checkpoint)) => Some(checkpoint),
                     None => None,
@@ -329,15 +333,10 @@ impl AgentRun {
                     return;
                 };
                 let machine = match checkpoint {
-                    // The toolbox `start_from` would have given it.
                     Some(checkpoint) => StepMachine::from_checkpoint(
                         &checkpoint,
                         plan.template.clone(),
-                        if plan.template.inherit_parent_system_prompt {
-                            parent.toolbox.clone()
-                        } else {
-                            toolbox
-                        },
+                        plan.toolbox_for(&parent, toolbox),
                         hooks.tree_id().clone(),
                     ),
                     None => {

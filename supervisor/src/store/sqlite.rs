@@ -741,7 +741,6 @@ type Point = (Vec<u64>, Value);
 #[derive(Default)]
 struct RunLog {
     node: Option<RunNode>,
-    inherited: usize,
     /// The message ids of its last checkpoint, and that checkpoint's state row.
     checkpoint: Option<Point>,
     /// The same for its final state.
@@ -870,10 +869,7 @@ impl TreeLog {
                 e.insert("usage".into(), usage);
             }
             Some("agentStarted") => {
-                let inherited = e.get("inherited").and_then(Value::as_u64).unwrap_or(0);
-                let r = self.run(run_id);
-                r.inherited = inherited as usize;
-                let node = r.node.get_or_insert_with(RunNode::default);
+                let node = self.run(run_id).node.get_or_insert_with(RunNode::default);
                 node.run_id = run_id.to_owned();
                 node.parent_run_id = str_of("parentRunId");
                 node.agent_type = str_of("agentType").unwrap_or_default();
@@ -1413,19 +1409,12 @@ impl Store for SqliteStore {
         let bad = self.bad(tree_id);
         let mut recovery = Recovery::default();
         let mut agents = HashSet::new();
-        let runs: Vec<(String, Option<Point>, Option<Point>, usize)> = log
+        let runs: Vec<(String, Option<Point>, Option<Point>)> = log
             .runs
             .iter()
-            .map(|(id, r)| {
-                (
-                    id.clone(),
-                    r.last_final.clone(),
-                    r.checkpoint.clone(),
-                    r.inherited,
-                )
-            })
+            .map(|(id, r)| (id.clone(), r.last_final.clone(), r.checkpoint.clone()))
             .collect();
-        for (run_id, last_final, checkpoint, _) in runs {
+        for (run_id, last_final, checkpoint) in runs {
             if let Some(point) = last_final {
                 // Its output depends on how much of its final history it
                 // inherited, which the final record keeps.
