@@ -229,15 +229,29 @@ impl SqliteStore {
         let not_arbor = || Error::NotAStore {
             path: path.display().to_string(),
         };
-        let app: i64 = conn
-            .pragma_query_value(None, "application_id", |r| r.get(0))
-            .map_err(|_| not_arbor())?;
-        let version: i64 = conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))
-            .map_err(|_| not_arbor())?;
-        let tables: i64 = conn
-            .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
-            .map_err(|_| not_arbor())?;
+        // One read transaction, so the three values are of one moment (another
+        // process may be creating the store meanwhile). A lock held by that
+        // process is not a sign of a foreign file: opening is tried again.
+        let header_err = |e: rusqlite::Error| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+                open_err(e.to_string())
+            }
+            _ => not_arbor(),
+        };
+        let (app, version, tables) = {
+            let read = conn.transaction().map_err(header_err)?;
+            let app: i64 = read
+                .pragma_query_value(None, "application_id", |r| r.get(0))
+                .map_err(header_err)?;
+            let version: i64 = read
+                .pragma_query_value(None, "user_version", |r| r.get(0))
+                .map_err(header_err)?;
+            let tables: i64 = read
+                .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+                .map_err(header_err)?;
+            read.commit().map_err(header_err)?;
+            (app, version, tables)
+        };
         if app != APPLICATION_ID && (app != 0 || tables > 0) {
             return Err(not_arbor());
         }
