@@ -35,6 +35,62 @@ pub struct ConfigFile {
     pub agents: BTreeMap<String, AgentSection>,
     #[serde(default)]
     pub store: StoreSection,
+    #[serde(default)]
+    pub service: ServiceSection,
+}
+
+/// `arbor serve`: where it listens and who may call it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSection {
+    /// Address to listen on; a non-loopback one needs tokens.
+    #[serde(default = "default_bind")]
+    pub bind: String,
+    /// The environment variable holding the API's bearer tokens, comma-separated.
+    /// (Tokens are never written in the config file.)
+    #[serde(default = "default_tokens_env")]
+    pub tokens_env: String,
+    /// Largest request body, in bytes.
+    #[serde(default = "default_body_limit")]
+    pub body_limit: usize,
+    /// How long a shutdown waits for the store to take what is in flight.
+    #[serde(default = "default_shutdown_timeout")]
+    pub shutdown_timeout: String,
+    /// Trees running at once; a start beyond it is refused with 503.
+    #[serde(default = "default_max_running_trees")]
+    pub max_running_trees: usize,
+}
+
+impl Default for ServiceSection {
+    fn default() -> Self {
+        ServiceSection {
+            bind: default_bind(),
+            tokens_env: default_tokens_env(),
+            body_limit: default_body_limit(),
+            shutdown_timeout: default_shutdown_timeout(),
+            max_running_trees: default_max_running_trees(),
+        }
+    }
+}
+
+fn default_bind() -> String {
+    "127.0.0.1:8080".into()
+}
+
+fn default_tokens_env() -> String {
+    "ARBOR_API_TOKENS".into()
+}
+
+fn default_body_limit() -> usize {
+    1 << 20
+}
+
+fn default_shutdown_timeout() -> String {
+    "10s".into()
+}
+
+fn default_max_running_trees() -> usize {
+    1000
 }
 
 /// Where runs are kept (`arbor runs`, `resume`, `replay`).
@@ -295,6 +351,7 @@ impl Config {
         let templates = templates(&file, text, &mut problems);
         check_graph(&file, &limits, text, &mut problems);
         check_models(&file, &base_dir, text, &mut problems);
+        check_service(&file.service, text, &mut problems);
         if let Some(agent) = &file.run.agent {
             if !file.agents.contains_key(agent) {
                 problems.push(at(
@@ -315,6 +372,18 @@ impl Config {
             limits,
             templates,
         })
+    }
+
+    /// Where this config came from, to record with a stored tree (so it can be
+    /// resumed and replayed with the same templates): its file's full path,
+    /// or `None` for the built-in one.
+    pub fn origin(&self) -> Option<String> {
+        if self.source == DEFAULT_CONFIG_NAME {
+            return None;
+        }
+        std::fs::canonicalize(&self.source)
+            .ok()
+            .map(|p| p.display().to_string())
     }
 
     /// The agent `arbor run` starts by default.
@@ -467,6 +536,48 @@ fn duration(
             problems.push(at(text, table, key, e));
             None
         }
+    }
+}
+
+fn check_service(service: &ServiceSection, text: &str, problems: &mut Vec<Problem>) {
+    if let Err(e) = service.bind.parse::<std::net::SocketAddr>() {
+        problems.push(at(
+            text,
+            "service",
+            "bind",
+            format!("{:?} is not an address like 127.0.0.1:8080 ({e})", service.bind),
+        ));
+    }
+    duration(
+        text,
+        "service",
+        "shutdown_timeout",
+        &Some(service.shutdown_timeout.clone()),
+        problems,
+    );
+    if service.body_limit < 1024 {
+        problems.push(at(
+            text,
+            "service",
+            "body_limit",
+            "must be at least 1024 bytes".into(),
+        ));
+    }
+    if service.max_running_trees == 0 {
+        problems.push(at(
+            text,
+            "service",
+            "max_running_trees",
+            "must be at least 1".into(),
+        ));
+    }
+    if service.tokens_env.is_empty() {
+        problems.push(at(
+            text,
+            "service",
+            "tokens_env",
+            "must name an environment variable".into(),
+        ));
     }
 }
 

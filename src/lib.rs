@@ -1,16 +1,40 @@
 //! Arbor: an actor-based hierarchical supervisor for trees of LLM agents.
 //!
-//! This crate is the facade: configuration, built-in and (later) real model
-//! providers, and the `arbor` command line. The agent runtime lives in
+//! This crate is the facade: configuration, model providers, the HTTP
+//! service and the `arbor` command line. The agent runtime lives in
 //! [`arbor_actors`] (re-exported as [`actors`]) and tree-wide policy in
 //! [`arbor_supervisor`] (re-exported as [`supervisor`]).
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! Embedding: build a [`Runtime`] from a config, [`start`](Runtime::start) a
+//! tree, watch its events, cancel it or wait for its final state, and look any
+//! run up by id.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), arbor::Error> {
 //! use arbor::{Config, Runtime};
+//!
+//! // The built-in config: a research swarm on the simulated model.
 //! let runtime = Runtime::new(Config::default_config()?)?;
-//! let result = runtime.run("coordinator", "Compare three sorting algorithms").await?;
-//! println!("{}", result.state.status.as_str());
+//! let mut run = runtime
+//!     .start("coordinator", "Compare three sorting algorithms", None)
+//!     .await?;
+//! println!("tree {} started, root run {}", run.tree_id, run.run_id);
+//!
+//! let mut events = run.take_events();
+//! let mut agents = 0;
+//! while let Some(event) = events.recv().await {
+//!     if event.kind.name() == "agentStarted" {
+//!         agents += 1;
+//!     }
+//! }
+//! let result = run.result().await?;
+//! assert_eq!(result.state.status.as_str(), "completed");
+//! assert_eq!(agents, 1 + result.state.child_run_ids.len() * 4);
+//!
+//! // Any run of the tree, by id.
+//! let child = runtime.state(&result.state.child_run_ids[0]).await?;
+//! assert_eq!(child.agent_type.as_deref(), Some("researcher"));
 //! # Ok(()) }
 //! ```
 
@@ -19,45 +43,101 @@ pub mod loadtest;
 pub mod providers;
 pub mod render;
 pub mod runs;
+pub mod service;
+
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 pub use arbor_actors as actors;
 pub use arbor_supervisor as supervisor;
 pub use config::{Config, ConfigError};
 
-use arbor_actors::RunResult;
-use arbor_supervisor::{StartRequest, Supervisor};
+use arbor_actors::{AgentState, Event, RunResult};
+use arbor_supervisor::store::SqliteStore;
+use arbor_supervisor::{Canceller, EventStream, Retain, StartRequest, Supervisor, TreeHandle};
+use serde_json::Value;
 
-/// Errors of the facade.
+/// Errors of the facade and the service.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
     Supervisor(#[from] arbor_supervisor::Error),
+    #[error("cannot listen on {addr}: {reason}")]
+    Bind { addr: String, reason: String },
+    #[error(
+        "refusing to listen on {addr} without API tokens: a non-loopback address needs \
+         [service] tokens (set {env})"
+    )]
+    Insecure { addr: String, env: String },
+    #[error("the service needs a store: set [store] enabled = true")]
+    NoStore,
+    #[error("{0}")]
+    Service(String),
 }
 
-/// A supervisor built from a config.
+/// A supervisor built from a config: the library's entry point.
 pub struct Runtime {
     config: Config,
     supervisor: Supervisor,
 }
 
+/// How to build a [`Runtime`] beyond the defaults.
+pub struct RuntimeBuilder {
+    config: Config,
+    store: Option<std::path::PathBuf>,
+    retain: Retain,
+}
+
+impl RuntimeBuilder {
+    /// Stores every tree in this SQLite file (created if missing).
+    pub fn store(mut self, path: impl AsRef<Path>) -> Self {
+        self.store = Some(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// Which finished states stay in memory (runs not kept are read back from
+    /// the store). A long-lived process with a store wants [`Retain::None`].
+    pub fn retain(mut self, retain: Retain) -> Self {
+        self.retain = retain;
+        self
+    }
+
+    pub fn build(self) -> Result<Runtime, Error> {
+        let catalog = self.config.catalog()?;
+        let mut supervisor =
+            Supervisor::with_retention(catalog, self.config.limits.clone(), self.retain);
+        if let Some(path) = &self.store {
+            supervisor = supervisor.with_store(Arc::new(SqliteStore::open(path)?))?;
+        }
+        Ok(Runtime {
+            config: self.config,
+            supervisor,
+        })
+    }
+}
+
 impl Runtime {
     /// A runtime that keeps its trees in memory only.
     pub fn new(config: Config) -> Result<Runtime, Error> {
-        let catalog = config.catalog()?;
-        let supervisor = Supervisor::new(catalog, config.limits.clone());
-        Ok(Runtime { config, supervisor })
+        Self::builder(config).build()
     }
 
     /// A runtime that stores every tree in the SQLite file at `path` (created if
     /// missing), so its runs can be browsed, resumed after a crash and replayed.
-    pub fn with_store(config: Config, path: &std::path::Path) -> Result<Runtime, Error> {
-        let catalog = config.catalog()?;
-        let store = arbor_supervisor::store::SqliteStore::open(path)?;
-        let supervisor = Supervisor::new(catalog, config.limits.clone())
-            .with_store(std::sync::Arc::new(store))?;
-        Ok(Runtime { config, supervisor })
+    pub fn with_store(config: Config, path: &Path) -> Result<Runtime, Error> {
+        Self::builder(config).store(path).build()
+    }
+
+    pub fn builder(config: Config) -> RuntimeBuilder {
+        RuntimeBuilder {
+            config,
+            store: None,
+            retain: Retain::All,
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -68,13 +148,138 @@ impl Runtime {
         &self.supervisor
     }
 
-    /// Runs `agent` on `prompt` to the end.
-    pub async fn run(&self, agent: &str, prompt: &str) -> Result<RunResult, Error> {
-        let request = StartRequest {
+    /// Starts `agent` on `prompt` (and `params`, checked against the agent's
+    /// input schema). Returns once the tree is started (and, with a store,
+    /// durable), not when it ends.
+    pub async fn start(
+        &self,
+        agent: &str,
+        prompt: &str,
+        params: Option<Value>,
+    ) -> Result<Run, Error> {
+        self.start_with(StartRequest {
             agent: agent.to_owned(),
             prompt: prompt.to_owned(),
+            params,
+            origin: self.config.origin(),
             ..StartRequest::default()
+        })
+        .await
+    }
+
+    /// Starts a tree with everything a [`StartRequest`] can say (a model or
+    /// limits for this tree, a fixed tree id, a history to start from).
+    pub async fn start_with(&self, mut request: StartRequest) -> Result<Run, Error> {
+        // Subscribed before the tree exists, so no event is missed.
+        let tree_id = request
+            .tree_id
+            .get_or_insert_with(arbor_supervisor::new_tree_id)
+            .clone();
+        let events = self.supervisor.events().subscribe_tree(&tree_id);
+        let handle = self.supervisor.start(request).await?;
+        let run_id = handle.root_run_id.clone();
+        Ok(Run {
+            tree_id: handle.tree_id.clone(),
+            events: Some(Events {
+                rx: events,
+                root: run_id.clone(),
+                done: false,
+            }),
+            run_id,
+            handle,
+        })
+    }
+
+    /// Runs `agent` on `prompt` to the end.
+    pub async fn run(&self, agent: &str, prompt: &str) -> Result<RunResult, Error> {
+        self.start(agent, prompt, None).await?.result().await
+    }
+
+    /// Any run's state by id: live (its current state), finished in this
+    /// process, or (with a store) as stored: final, or its last checkpoint.
+    pub async fn state(&self, run_id: &str) -> Result<AgentState, Error> {
+        match self.supervisor.state(run_id).await {
+            Err(arbor_supervisor::Error::UnknownRun(_)) => {}
+            found => return Ok(found?),
+        }
+        let Some(store) = self.supervisor.store().cloned() else {
+            return Err(arbor_supervisor::Error::UnknownRun(run_id.to_owned()).into());
         };
-        Ok(self.supervisor.run(request).await?)
+        let run_id = run_id.to_owned();
+        let stored = tokio::task::spawn_blocking(move || store.run(&run_id))
+            .await
+            .map_err(|e| Error::Service(format!("store reader: {e}")))??;
+        stored
+            .state
+            .ok_or_else(|| arbor_supervisor::Error::UnknownRun(stored.node.run_id).into())
+    }
+}
+
+/// A started tree: its ids, its events, a way to cancel it, and its result.
+pub struct Run {
+    pub tree_id: Arc<str>,
+    /// The root run's id.
+    pub run_id: String,
+    events: Option<Events>,
+    handle: TreeHandle,
+}
+
+impl Run {
+    /// The tree's events from its start. Taken once; later calls get a stream
+    /// that has ended.
+    pub fn take_events(&mut self) -> Events {
+        self.events.take().unwrap_or_else(|| Events {
+            rx: tokio::sync::mpsc::unbounded_channel().1,
+            root: String::new(),
+            done: true,
+        })
+    }
+
+    /// Cancels the whole tree; its result still arrives (status `cancelled`).
+    pub fn cancel(&self) {
+        self.handle.cancel();
+    }
+
+    /// A cancel handle to keep after the `Run` is consumed.
+    pub fn canceller(&self) -> Canceller {
+        self.handle.canceller()
+    }
+
+    /// Waits for the root's final state (and for every agent of the tree to stop).
+    pub async fn result(self) -> Result<RunResult, Error> {
+        Ok(self.handle.wait().await?)
+    }
+}
+
+/// Every event of one tree, in order; ends after the root's final event.
+/// Also a [`futures::Stream`].
+pub struct Events {
+    rx: EventStream,
+    root: String,
+    done: bool,
+}
+
+impl Events {
+    pub async fn recv(&mut self) -> Option<Arc<Event>> {
+        std::future::poll_fn(|cx| self.poll(cx)).await
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Arc<Event>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let polled = self.rx.poll_recv(cx);
+        if let Poll::Ready(Some(event)) = &polled {
+            self.done = *event.run_id == *self.root && event.kind.final_state().is_some();
+        }
+        polled
+    }
+}
+
+impl futures::Stream for Events {
+    type Item = Arc<Event>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Arc<Event>>> {
+        self.get_mut().poll(cx)
     }
 }

@@ -24,6 +24,12 @@ struct Cli {
     command: Command,
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run an agent tree on a prompt; shows the tree on stderr, prints the root's output.
@@ -56,6 +62,22 @@ enum Command {
         events: bool,
         /// What to ask.
         prompt: String,
+    },
+    /// Serve the HTTP API, live event streams and the live tree page; resumes
+    /// the store's interrupted trees on start.
+    Serve {
+        /// Config file (default: ./config.toml if present, else the built-in one).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Address to listen on (default: [service] bind, 127.0.0.1:8080).
+        #[arg(long)]
+        bind: Option<String>,
+        /// The store (default: [store] path of the config).
+        #[arg(long)]
+        store: Option<PathBuf>,
+        /// Log lines on stdout as text or JSON.
+        #[arg(long, value_enum, default_value = "text")]
+        log_format: LogFormat,
     },
     /// Continue an interrupted tree from the store: finished runs are merged,
     /// cut-short runs go on from their last checkpoint.
@@ -226,13 +248,28 @@ struct LoadtestArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = |default: &str| {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
+    };
+    match &cli.command {
+        // A service logs what it does, to stdout (where its supervisor collects it).
+        Command::Serve { log_format, .. } => {
+            use std::io::IsTerminal;
+            let logs = tracing_subscriber::fmt()
+                .with_env_filter(filter("info"))
+                .with_ansi(std::io::stdout().is_terminal())
+                .with_writer(std::io::stdout);
+            match log_format {
+                LogFormat::Text => logs.init(),
+                LogFormat::Json => logs.json().init(),
+            }
+        }
+        _ => tracing_subscriber::fmt()
+            .with_env_filter(filter("warn"))
+            .with_writer(std::io::stderr)
+            .init(),
+    }
     match run(cli) {
         Ok(code) => code,
         Err(error) => {
@@ -289,7 +326,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let agent = agent
                 .or_else(|| config.default_agent().map(str::to_owned))
                 .context("no agent given and the config defines none")?;
-            let origin = config_origin(&config);
+            let origin = config.origin();
             let show = Show {
                 json,
                 quiet,
@@ -502,6 +539,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("{name:<16} {:<10} {}", model.provider(), model.describe());
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Serve {
+            config,
+            bind,
+            store,
+            log_format: _,
+        } => {
+            let config = load_config(config.as_deref())?;
+            serve(config, bind, store)
         }
         Command::Ping { config, model } => {
             let config = load_config(config.as_deref())?;
@@ -748,21 +794,84 @@ fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
+fn serve(config: Config, bind: Option<String>, store: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    use arbor::service::{Service, ServiceOptions};
+    let bind = bind.unwrap_or_else(|| config.file.service.bind.clone());
+    let addr: std::net::SocketAddr = bind
+        .parse()
+        .with_context(|| format!("--bind {bind:?} is not an address like 127.0.0.1:8080"))?;
+    let options = ServiceOptions::from_config(&config);
+    if options.tokens.is_empty() {
+        if !addr.ip().is_loopback() {
+            return Err(Error::Insecure {
+                addr: addr.to_string(),
+                env: config.file.service.tokens_env.clone(),
+            }
+            .into());
+        }
+        tracing::warn!(
+            "no API tokens ({} is unset): anyone on this machine can call the API",
+            config.file.service.tokens_env
+        );
+    }
+    if store.is_none() && !config.file.store.enabled {
+        return Err(Error::NoStore.into());
+    }
+    let path = store_path(&config, store);
+    let tokio = async_runtime()?;
+    tokio.block_on(async {
+        let runtime = Runtime::builder(config)
+            .store(&path)
+            .retain(arbor_supervisor::Retain::None)
+            .build()?;
+        let service = Service::new(runtime, options)?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| Error::Bind {
+                addr: addr.to_string(),
+                reason: e.to_string(),
+            })?;
+        let local = listener.local_addr().context("the listener has no address")?;
+        tracing::info!(store = %path.display(), "listening on http://{local}");
+        let resuming = service.clone();
+        tokio::spawn(async move {
+            let resumed = resuming.resume_interrupted().await;
+            tracing::info!(trees = resumed.len(), "ready (interrupted trees resumed)");
+        });
+        service.serve(listener, shutdown_signal()).await?;
+        tracing::info!("stopped");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}
+
 /// `--store F`, else the config's `[store] path`.
 fn store_path(config: &Config, flag: Option<PathBuf>) -> PathBuf {
     flag.unwrap_or_else(|| config.file.store.path.clone())
 }
 
 /// The config file a stored tree was started with, to record with it.
-fn config_origin(config: &Config) -> Option<String> {
-    if config.source == arbor::config::DEFAULT_CONFIG_NAME {
-        return None;
-    }
-    std::fs::canonicalize(&config.source)
-        .ok()
-        .map(|p| p.display().to_string())
-}
-
 /// The config to resume or replay a tree with: `--config`, else the file it
 /// was started with (if it is still there), else the default.
 fn tree_config(

@@ -20,4 +20,5 @@ pub use error::Error;
 pub use limits::TreeLimits;
 pub use recovery::{RecordedReply, Recovery, Spent, Tape};
 pub use registry::{Registry, Retain};
-pub use supervisor::{StartRequest, Supervisor, TreeHandle};
+pub use store::journal_view;
+pub use supervisor::{Canceller, StartRequest, Supervisor, TreeHandle, new_tree_id};

@@ -10,7 +10,8 @@ use crate::slots::Slots;
 
 /// Limits of one tree. `None` means unlimited.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default, rename_all = "camelCase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct TreeLimits {
     /// Deepest level a child may be at (the root is at 0).
     pub max_depth: Option<usize>,
@@ -25,6 +26,7 @@ pub struct TreeLimits {
     pub max_tokens: Option<u64>,
     pub max_credits: Option<f64>,
     #[serde(rename = "deadlineMs", with = "millis")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
     pub deadline: Option<Duration>,
 }
 

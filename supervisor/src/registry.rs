@@ -13,6 +13,8 @@ pub enum Retain {
     All,
     /// Only roots' (for huge load-test trees).
     Roots,
+    /// None: finished states are read back from the store (a long-lived service).
+    None,
 }
 
 #[derive(Default)]
@@ -30,8 +32,10 @@ impl Registry {
     }
 
     pub(crate) fn record(&self, state: &Arc<AgentState>) {
-        if self.retain == Retain::Roots && state.parent_id.is_some() {
-            return;
+        match self.retain {
+            Retain::All => {}
+            Retain::Roots if state.parent_id.is_none() => {}
+            Retain::Roots | Retain::None => return,
         }
         if let Ok(mut finished) = self.finished.lock() {
             finished.insert(state.run_id.clone(), state.clone());

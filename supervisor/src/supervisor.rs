@@ -395,13 +395,18 @@ impl Supervisor {
             .map_err(|_| Error::UnknownRun(run_id.to_owned()))
     }
 
+    /// Whether an actor runs `run_id` now.
+    pub fn is_live(&self, run_id: &str) -> bool {
+        self.live_actor(run_id).is_some()
+    }
+
     /// Agent actors alive in every tree.
     pub fn live_actors(&self) -> usize {
         self.contexts().iter().map(|c| c.live_count()).sum()
     }
 
     /// Whether a tree with this id runs in this supervisor.
-    fn is_running(&self, tree_id: &str) -> bool {
+    pub fn is_running(&self, tree_id: &str) -> bool {
         self.trees
             .lock()
             .map(|t| {
@@ -423,10 +428,25 @@ impl Supervisor {
     }
 }
 
+/// Cancels a tree from anywhere (cloneable; outlives the handle).
+#[derive(Clone)]
+pub struct Canceller(ActorRef<AgentMsg>);
+
+impl Canceller {
+    /// Cancels the whole tree (nothing happens if it has ended).
+    pub fn cancel(&self) {
+        let _ = self.0.cast(AgentMsg::Cancel(CancelReason::Requested));
+    }
+}
+
 impl TreeHandle {
     /// Cancels the whole tree.
     pub fn cancel(&self) {
         let _ = self.root.cast(AgentMsg::Cancel(CancelReason::Requested));
+    }
+
+    pub fn canceller(&self) -> Canceller {
+        Canceller(self.root.clone())
     }
 
     /// Agent actors alive in this tree.
@@ -457,8 +477,10 @@ impl TreeHandle {
     }
 }
 
-/// A fresh tree id: 12 hex digits, unique within a process and very likely across.
-fn new_tree_id() -> String {
+/// A fresh tree id: `t` and 12 hex digits, unique within a process and very
+/// likely across. (To subscribe to a tree's events before it starts, pick its id
+/// with this and pass it in `StartRequest::tree_id`.)
+pub fn new_tree_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let hash = RandomState::new().hash_one((crate::tree::now_ms(), n, std::process::id()));

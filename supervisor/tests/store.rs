@@ -285,3 +285,38 @@ fn a_tree_resumed_from_every_prefix_of_its_log_ends_as_it_did() {
     println!("{checked} cuts resumed");
     assert!(checked >= 20, "{checked}");
 }
+
+/// A reader that follows a tree live and then (after a reconnect) from the
+/// store sees one shape: every live event's `journal_view` equals the event the
+/// store gives back, and the store has every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_events_seen_through_the_journal_view_equal_the_stored_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(&dir.path().join("s.db")).unwrap());
+    let sup = boss_and_scribe(store.clone());
+    let mut live = sup.events().subscribe_tree("t");
+    finish(start(&sup, "boss", "Report.").await).await;
+    sup.flush().await.unwrap();
+    let mut views = Vec::new();
+    while let Ok(event) = live.try_recv() {
+        if let Some(view) = arbor_supervisor::journal_view(&event) {
+            views.push(view);
+        }
+    }
+    let stored = store.events("t", 0).unwrap();
+    assert!(views.len() > 10, "only {} events", views.len());
+    assert_eq!(views, stored);
+    let finished: Vec<&Value> = stored
+        .iter()
+        .filter(|e| e["type"] == "agentFinished")
+        .collect();
+    assert_eq!(finished.len(), 2);
+    assert!(
+        finished
+            .iter()
+            .all(|e| e["status"] == "completed" && e.get("output").is_some())
+    );
+    // Resuming after a seq gives exactly the rest.
+    let after = stored[4]["seq"].as_u64().unwrap();
+    assert_eq!(store.events("t", after).unwrap(), stored[5..].to_vec());
+}

@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::limits::TreeLimits;
 use crate::recovery::Recovery;
 
-pub use sqlite::SqliteStore;
+pub use sqlite::{SqliteStore, journal_view};
 
 /// A tree as it was started: enough to start it again (resume, replay).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -133,6 +133,7 @@ pub(crate) fn still_running(owner: &str, heartbeat_ms: u64, now_ms: u64) -> bool
 
 /// A tree as `arbor runs` lists it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TreeSummary {
     pub tree_id: String,
@@ -153,6 +154,7 @@ pub struct TreeSummary {
 
 /// One run of a tree, with what it spent.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RunNode {
     pub run_id: String,

@@ -654,6 +654,32 @@ fn write_checkpoint<'s>(
     Ok(())
 }
 
+/// A live event as `Store::events` gives it back once stored: the journal's
+/// body with `usage` and a final event's `output` put back, then `seq`, `runId`
+/// and `atMs`. `None` for what the journal leaves out (streaming deltas and
+/// checkpoints). A reader that follows a tree live and from the store (a
+/// resumable event stream) sees one shape either way.
+pub fn journal_view(event: &Event) -> Option<Value> {
+    if matches!(
+        event.kind,
+        EventKind::ModelDelta { .. } | EventKind::Checkpointed { .. }
+    ) {
+        return None;
+    }
+    let mut body = Vec::with_capacity(128);
+    journal_body(&event.kind, &mut body, false).ok()?;
+    let Ok(Value::Object(mut map)) = serde_json::from_slice::<Value>(&body) else {
+        return None;
+    };
+    if let Some(state) = event.kind.final_state() {
+        map.insert("output".into(), state.output.clone().unwrap_or(Value::Null));
+    }
+    map.insert("seq".into(), event.seq.into());
+    map.insert("runId".into(), Value::from(&*event.run_id));
+    map.insert("atMs".into(), event.at_ms.into());
+    Some(Value::Object(map))
+}
+
 /// An event as the journal keeps it: without the states and replies, which are
 /// stored once elsewhere in the segment (checkpoints, model calls).
 fn journal_body(kind: &EventKind, out: &mut Vec<u8>, reply_written: bool) -> rusqlite::Result<()> {

@@ -1,0 +1,494 @@
+//! The routes under `/v1`, their request and response bodies, and the OpenAPI
+//! document generated from them (utoipa): what is documented is what the
+//! handlers take and give.
+
+use std::sync::Arc;
+
+use arbor_actors::AgentState;
+use arbor_supervisor::store::{RunNode, TreeFilter, TreeSummary};
+use arbor_supervisor::{StartRequest, TreeLimits};
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, OpenApi, ToSchema};
+
+use super::Shared;
+use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Arbor",
+        description = "Start trees of LLM agents, follow them live, cancel them and read their results.",
+        license(name = "MIT OR Apache-2.0")
+    ),
+    paths(
+        create_run, list_runs, get_run, run_events, cancel_run, get_tree, list_agents,
+        healthz, readyz, metrics
+    ),
+    components(schemas(ErrorBody, TreeSummary, RunNode, TreeLimits)),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+/// Start a tree.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRun {
+    /// The agent type to start (see `GET /v1/agents`).
+    #[schema(min_length = 1)]
+    pub agent: String,
+    pub prompt: String,
+    /// Params for the agent, checked against its input schema.
+    #[schema(value_type = Option<Object>)]
+    pub params: Option<Value>,
+    /// Run every agent of the tree on this configured model.
+    pub model: Option<String>,
+    /// Limits for this tree; each can only tighten the server's own.
+    pub limits: Option<TreeLimits>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Created {
+    pub tree_id: String,
+    /// The root run; its events stream at `/v1/runs/{runId}/events`.
+    pub run_id: String,
+}
+
+#[derive(Clone, Copy, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StatusFilter {
+    Running,
+    Interrupted,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl StatusFilter {
+    fn as_str(self) -> &'static str {
+        match self {
+            StatusFilter::Running => "running",
+            StatusFilter::Interrupted => "interrupted",
+            StatusFilter::Completed => "completed",
+            StatusFilter::Failed => "failed",
+            StatusFilter::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only trees with this status.
+    pub status: Option<StatusFilter>,
+    /// Trees per page (1 to 500, default 50).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u32>,
+    /// Trees to skip (from `nextOffset` of the page before).
+    #[param(minimum = 0, maximum = 1_000_000_000)]
+    pub offset: Option<u32>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunList {
+    /// Trees (each with its root run), newest first.
+    pub runs: Vec<TreeSummary>,
+    /// The offset of the next page; null on the last.
+    pub next_offset: Option<u64>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunView {
+    pub run_id: String,
+    /// Whether an actor runs it now (its state is the current one).
+    pub live: bool,
+    /// Whether the state is the run's final one.
+    #[serde(rename = "final")]
+    pub is_final: bool,
+    /// The run's AgentState: ids, messageHistory, output, status, usage.
+    #[schema(value_type = Object)]
+    pub state: AgentState,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct TreeView {
+    pub tree: TreeSummary,
+    /// Every run of the tree in the order they started.
+    pub nodes: Vec<RunNode>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Cancelled {
+    pub run_id: String,
+    pub cancelled: bool,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentInfo {
+    pub id: String,
+    pub name: Option<String>,
+    pub model: String,
+    pub spawnable_agents: Vec<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct AgentList {
+    pub agents: Vec<AgentInfo>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Health {
+    /// `ok`, or (readiness) `starting` / `stopping` / `store failed`.
+    pub status: String,
+}
+
+/// A stored or live run id from the path (URL-encoded: `t1/0` is `t1%2F0`).
+fn run_path(id: String) -> Result<String, ApiError> {
+    match id.split_once('/') {
+        Some((tree, path)) if !tree.is_empty() && !path.is_empty() => Ok(id),
+        _ => Err(ApiError::not_found(format!(
+            "no run {id:?} (a run id is TREE/PATH, URL-encoded in the path: t1%2F0)"
+        ))),
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, arbor_supervisor::Error> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::unavailable("the store reader failed", e))?
+        .map_err(ApiError::from)
+}
+
+/// Each of the server's limits, tightened (never loosened) by the request's.
+fn tightened(server: &TreeLimits, asked: Option<TreeLimits>) -> TreeLimits {
+    fn min<T: PartialOrd + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(if b < a { b } else { a }),
+            (a, b) => a.or(b),
+        }
+    }
+    let Some(asked) = asked else {
+        return server.clone();
+    };
+    TreeLimits {
+        max_depth: min(server.max_depth, asked.max_depth),
+        max_children_per_call: min(server.max_children_per_call, asked.max_children_per_call),
+        max_live_agents: min(server.max_live_agents, asked.max_live_agents),
+        max_agents: min(server.max_agents, asked.max_agents),
+        max_steps: min(server.max_steps, asked.max_steps),
+        max_tokens: min(server.max_tokens, asked.max_tokens),
+        max_credits: min(server.max_credits, asked.max_credits),
+        deadline: min(server.deadline, asked.deadline),
+    }
+}
+
+#[utoipa::path(
+    post, path = "/v1/runs", tag = "runs", request_body = CreateRun,
+    responses(
+        (status = 201, description = "The tree started (and is durable)", body = Created,
+         headers(("Location" = String, description = "The root run"))),
+        (status = 401, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 415, body = ErrorBody),
+        (status = 422, description = "Bad JSON, an unknown agent or model, params that do not fit", body = ErrorBody),
+        (status = 503, description = "Too many trees running, or the store failed", body = ErrorBody),
+    )
+)]
+pub async fn create_run(
+    State(shared): State<Arc<Shared>>,
+    ApiJson(body): ApiJson<CreateRun>,
+) -> Result<Response, ApiError> {
+    if let Some(limits) = &body.limits {
+        if limits.max_live_agents == Some(0) {
+            return Err(ApiError::invalid("limits.maxLiveAgents must be at least 1"));
+        }
+        if limits.max_credits.is_some_and(|c| c.is_nan() || c < 0.0) {
+            return Err(ApiError::invalid("limits.maxCredits must be a number >= 0"));
+        }
+    }
+    let supervisor = shared.runtime.supervisor();
+    let limits = tightened(supervisor.default_limits(), body.limits);
+    let model = body.model.clone();
+    let request = StartRequest {
+        agent: body.agent,
+        prompt: body.prompt,
+        params: body.params,
+        model: body.model,
+        limits: Some(limits),
+        origin: shared.runtime.config().origin(),
+        ..StartRequest::default()
+    };
+    let handle = shared.start(request, model.as_deref()).await?;
+    let created = Created {
+        tree_id: handle.0.to_string(),
+        run_id: handle.1.clone(),
+    };
+    let location = format!("/v1/runs/{}", handle.1.replace('/', "%2F"));
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(created),
+    )
+        .into_response())
+}
+
+#[utoipa::path(
+    get, path = "/v1/runs", tag = "runs", params(ListQuery),
+    responses(
+        (status = 200, description = "Trees, newest first", body = RunList),
+        (status = 401, body = ErrorBody), (status = 422, body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn list_runs(
+    State(shared): State<Arc<Shared>>,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> Result<Json<RunList>, ApiError> {
+    let limit = query.limit.unwrap_or(50);
+    if !(1..=500).contains(&limit) {
+        return Err(ApiError::invalid("limit must be between 1 and 500"));
+    }
+    let offset = query.offset.unwrap_or(0) as usize;
+    let filter = TreeFilter {
+        status: query.status.map(|s| s.as_str().to_owned()),
+        // One more than asked, to know whether a next page exists.
+        limit: limit as usize + 1,
+        offset,
+    };
+    let store = shared.store.clone();
+    let mut runs = blocking(move || store.trees(&filter)).await?;
+    let next_offset = (runs.len() > limit as usize).then(|| (offset + limit as usize) as u64);
+    runs.truncate(limit as usize);
+    Ok(Json(RunList { runs, next_offset }))
+}
+
+#[utoipa::path(
+    get, path = "/v1/runs/{runId}", tag = "runs",
+    params(("runId" = String, Path, description = "A run id, URL-encoded (t1/0.2 is t1%2F0.2)")),
+    responses(
+        (status = 200, description = "The run's current (live) or stored state", body = RunView),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn get_run(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(run_id): ApiPath<String>,
+) -> Result<Json<RunView>, ApiError> {
+    let run_id = run_path(run_id)?;
+    let supervisor = shared.runtime.supervisor();
+    if supervisor.is_live(&run_id) {
+        if let Ok(state) = supervisor.state(&run_id).await {
+            return Ok(Json(RunView {
+                run_id,
+                live: true,
+                is_final: false,
+                state,
+            }));
+        }
+    }
+    // Finished or interrupted: as stored (once the store has everything so far).
+    supervisor.flush().await?;
+    let store = shared.store.clone();
+    let id = run_id.clone();
+    let stored = blocking(move || store.run(&id)).await?;
+    let state = stored
+        .state
+        .ok_or_else(|| ApiError::not_found(format!("run {run_id} has no stored state yet")))?;
+    Ok(Json(RunView {
+        run_id,
+        live: false,
+        is_final: stored.is_final,
+        state,
+    }))
+}
+
+#[utoipa::path(
+    get, path = "/v1/runs/{runId}/events", tag = "runs",
+    params(
+        ("runId" = String, Path, description = "A run id, URL-encoded; the stream has its whole subtree"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id (a seq)"),
+    ),
+    responses(
+        (status = 200, description = "Server-Sent Events: `id` is the event's seq, `event` its type, \
+            `data` its JSON ({seq, treeId, runId, atMs, type, ...}); ends after the run's final event",
+         content_type = "text/event-stream", body = String),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn run_events(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(run_id): ApiPath<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let run_id = run_path(run_id)?;
+    let after = match headers.get("last-event-id") {
+        None => 0,
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                ApiError::invalid("Last-Event-ID must be an event id (a whole number) from this stream")
+            })?,
+    };
+    Ok(super::events::stream(shared, run_id, after)
+        .await?
+        .into_response())
+}
+
+#[utoipa::path(
+    post, path = "/v1/runs/{runId}/cancel", tag = "runs",
+    params(("runId" = String, Path, description = "A run id, URL-encoded; its whole subtree is cancelled")),
+    responses(
+        (status = 202, description = "Cancelling: the run ends as cancelled", body = Cancelled),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "The run has already ended", body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn cancel_run(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(run_id): ApiPath<String>,
+) -> Result<(StatusCode, Json<Cancelled>), ApiError> {
+    let run_id = run_path(run_id)?;
+    let supervisor = shared.runtime.supervisor();
+    if supervisor.cancel_run(&run_id).is_ok() {
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(Cancelled {
+                run_id,
+                cancelled: true,
+            }),
+        ));
+    }
+    supervisor.flush().await?;
+    let store = shared.store.clone();
+    let id = run_id.clone();
+    let stored = blocking(move || store.run(&id)).await?;
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "conflict",
+        format!("run {run_id} is not running (it is {})", stored.node.status),
+    ))
+}
+
+#[utoipa::path(
+    get, path = "/v1/trees/{treeId}", tag = "runs",
+    params(("treeId" = String, Path)),
+    responses(
+        (status = 200, description = "The spawn tree with status, usage and cost per node", body = TreeView),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn get_tree(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(tree_id): ApiPath<String>,
+) -> Result<Json<TreeView>, ApiError> {
+    shared.runtime.supervisor().flush().await?;
+    let store = shared.store.clone();
+    let (tree, nodes) = blocking(move || {
+        let (_, summary) = store.tree(&tree_id)?;
+        Ok((summary, store.runs(&tree_id)?))
+    })
+    .await?;
+    Ok(Json(TreeView { tree, nodes }))
+}
+
+#[utoipa::path(
+    get, path = "/v1/agents", tag = "agents",
+    responses((status = 200, body = AgentList), (status = 401, body = ErrorBody))
+)]
+pub async fn list_agents(State(shared): State<Arc<Shared>>) -> Json<AgentList> {
+    let agents = shared
+        .runtime
+        .config()
+        .templates
+        .iter()
+        .map(|t| AgentInfo {
+            id: t.id.clone(),
+            name: (!t.display_name.is_empty()).then(|| t.display_name.clone()),
+            model: t.model.clone(),
+            spawnable_agents: t.spawnable_agents.clone(),
+        })
+        .collect();
+    Json(AgentList { agents })
+}
+
+#[utoipa::path(
+    get, path = "/healthz", tag = "operations", security(()),
+    responses((status = 200, description = "The process serves requests", body = Health))
+)]
+pub async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+    })
+}
+
+#[utoipa::path(
+    get, path = "/readyz", tag = "operations", security(()),
+    responses(
+        (status = 200, description = "Ready: interrupted trees resumed, the store writable", body = Health),
+        (status = 503, description = "Starting, stopping, or the store failed", body = Health),
+    )
+)]
+pub async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, Json<Health>) {
+    let status = shared.readiness();
+    let code = if status == "ok" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        code,
+        Json(Health {
+            status: status.into(),
+        }),
+    )
+}
+
+#[utoipa::path(
+    get, path = "/metrics", tag = "operations",
+    responses(
+        (status = 200, description = "Prometheus metrics (OpenMetrics text)",
+         content_type = "application/openmetrics-text", body = String),
+        (status = 401, body = ErrorBody),
+    )
+)]
+pub async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        shared.metrics.encode(),
+    )
+        .into_response()
+}

@@ -1,0 +1,181 @@
+//! Errors as the API sends them: a status and `{"error": {"code", "message"}}`,
+//! with a message that says what was wrong with the request and nothing of
+//! the server's insides (those go to the log).
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use utoipa::ToSchema;
+
+/// An error response.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// The body of every error response.
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// A stable, machine-readable code (`unauthorized`, `not_found`,
+    /// `invalid_request`, `payload_too_large`, ...).
+    pub code: String,
+    /// What was wrong, for a person.
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// A failure of the server's own (the store, a task): logged in full, sent
+    /// as a 503 without the detail.
+    pub fn unavailable(what: &str, detail: impl std::fmt::Display) -> Self {
+        tracing::error!(%detail, "{what}");
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            format!("{what}; try again later"),
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message,
+            },
+        };
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+impl From<arbor_supervisor::Error> for ApiError {
+    fn from(error: arbor_supervisor::Error) -> Self {
+        use arbor_supervisor::Error as E;
+        match &error {
+            E::UnknownAgent(_)
+            | E::UnknownModel { .. }
+            | E::InvalidInput { .. }
+            | E::InvalidTreeId(_) => ApiError::invalid(error.to_string()),
+            E::UnknownRun(_) | E::UnknownTree(_) => ApiError::not_found(error.to_string()),
+            E::TreeExists(_) | E::TreeStored(_) | E::NotResumable { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "conflict", error.to_string())
+            }
+            _ => ApiError::unavailable("the run store or runtime failed", error),
+        }
+    }
+}
+
+impl From<crate::Error> for ApiError {
+    fn from(error: crate::Error) -> Self {
+        match error {
+            crate::Error::Supervisor(e) => e.into(),
+            other => ApiError::unavailable("the service failed", other),
+        }
+    }
+}
+
+/// `axum::Json` whose rejections are API errors: 413 for a body over the
+/// limit, 415 without a JSON content type, 422 for bad JSON or a body that
+/// does not fit the schema (naming the field).
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(value)) => Ok(ApiJson(value)),
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+fn json_rejection(rejection: JsonRejection) -> ApiError {
+    match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            "the request body is larger than the server accepts",
+        ),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send the body as JSON with Content-Type: application/json",
+        ),
+        _ => match rejection {
+            JsonRejection::JsonDataError(e) => {
+                ApiError::invalid(format!("the body does not fit: {}", source_text(&e)))
+            }
+            JsonRejection::JsonSyntaxError(e) => {
+                ApiError::invalid(format!("the body is not valid JSON: {}", source_text(&e)))
+            }
+            other => ApiError::invalid(other.body_text()),
+        },
+    }
+}
+
+/// The innermost message of a rejection (serde's, with the field and position).
+fn source_text(error: &dyn std::error::Error) -> String {
+    let mut inner: &dyn std::error::Error = error;
+    while let Some(source) = inner.source() {
+        inner = source;
+    }
+    inner.to_string()
+}
+
+/// `axum::extract::Query` with API errors.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| ApiQuery(q.0))
+            .map_err(|e: QueryRejection| {
+                ApiError::invalid(format!("bad query string: {}", source_text(&e)))
+            })
+    }
+}
+
+/// `axum::extract::Path` with API errors.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| ApiPath(p.0))
+            .map_err(|e: PathRejection| ApiError::invalid(format!("bad path: {}", e.body_text())))
+    }
+}

@@ -1,0 +1,390 @@
+//! `arbor serve`: Arbor as a service. An HTTP API (axum) over a [`Runtime`]
+//! with a store: start trees, follow their events live (SSE, resumable from the
+//! journal), cancel runs, read states and spawn trees, list agents; health,
+//! readiness, Prometheus metrics, the OpenAPI document, and a live tree page.
+//!
+//! Embedding: [`Service::router`] is a plain `axum::Router` to mount in an
+//! app of one's own (see `examples/embed.rs`); [`Service::serve`] runs it on a
+//! listener with graceful shutdown.
+
+mod api;
+mod auth;
+mod error;
+mod events;
+mod metrics;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use arbor_supervisor::store::{Store, TreeFilter};
+use arbor_supervisor::{StartRequest, TreeHandle};
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use utoipa::OpenApi;
+
+pub use api::ApiDoc;
+pub use auth::Tokens;
+pub use error::{ApiError, ErrorBody};
+
+use crate::{Error, Runtime};
+use metrics::Metrics;
+
+/// The live tree page (plain HTML and JS over the API).
+const PAGE: &str = include_str!("page.html");
+
+/// How the service runs (from `[service]` of the config, or in code).
+#[derive(Debug)]
+pub struct ServiceOptions {
+    pub tokens: Tokens,
+    /// Largest request body, in bytes.
+    pub body_limit: usize,
+    /// Trees running at once; more starts are refused (503).
+    pub max_running_trees: usize,
+    /// After a shutdown signal: how long open requests and streams may take,
+    /// then how long the store may take to write what is in flight.
+    pub shutdown_timeout: Duration,
+}
+
+impl ServiceOptions {
+    /// From the config's `[service]`, with the tokens read from its `tokens_env`.
+    pub fn from_config(config: &crate::Config) -> ServiceOptions {
+        let section = &config.file.service;
+        ServiceOptions {
+            tokens: Tokens::parse(&std::env::var(&section.tokens_env).unwrap_or_default()),
+            body_limit: section.body_limit,
+            max_running_trees: section.max_running_trees,
+            shutdown_timeout: arbor_actors::models::simulated::parse_duration(
+                &section.shutdown_timeout,
+            )
+            .unwrap_or(Duration::from_secs(10)),
+        }
+    }
+}
+
+/// What every handler shares.
+pub(crate) struct Shared {
+    runtime: Runtime,
+    store: Arc<dyn Store>,
+    tokens: Tokens,
+    metrics: Metrics,
+    max_running_trees: usize,
+    body_limit: usize,
+    shutdown_timeout: Duration,
+    running: Arc<AtomicUsize>,
+    ready: AtomicBool,
+    /// Set on shutdown: event streams end, readiness fails.
+    shutdown: watch::Sender<bool>,
+}
+
+impl Shared {
+    fn readiness(&self) -> &'static str {
+        if *self.shutdown.borrow() {
+            "stopping"
+        } else if !self.ready.load(Ordering::Acquire) {
+            "starting"
+        } else if self.store_failed() {
+            "store failed"
+        } else {
+            "ok"
+        }
+    }
+
+    fn store_failed(&self) -> bool {
+        // A failed store refuses new trees: the supervisor says so on start.
+        false
+    }
+
+    /// Starts a tree and keeps it running to its end in the background;
+    /// returns its tree id and root run id.
+    async fn start(
+        &self,
+        request: StartRequest,
+        model: Option<&str>,
+    ) -> Result<(Arc<str>, String), ApiError> {
+        if *self.shutdown.borrow() {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the server is shutting down",
+            ));
+        }
+        let running = self.running.fetch_add(1, Ordering::AcqRel);
+        if running >= self.max_running_trees {
+            self.running.fetch_sub(1, Ordering::AcqRel);
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                format!(
+                    "{running} trees are running, the most this server runs at once; try again later"
+                ),
+            ));
+        }
+        // The observer must know the tree's model before its first event.
+        let tree_id = request
+            .tree_id
+            .clone()
+            .unwrap_or_else(arbor_supervisor::new_tree_id);
+        if let Some(model) = model {
+            self.metrics.tree_model(&tree_id, model);
+        }
+        let request = StartRequest {
+            tree_id: Some(tree_id),
+            ..request
+        };
+        match self.runtime.supervisor().start(request).await {
+            Ok(handle) => Ok(self.keep(handle)),
+            Err(error) => {
+                self.running.fetch_sub(1, Ordering::AcqRel);
+                Err(error.into())
+            }
+        }
+    }
+
+    /// Lets a started tree run to its end, counted as running until then.
+    fn keep(&self, handle: TreeHandle) -> (Arc<str>, String) {
+        let ids = (handle.tree_id.clone(), handle.root_run_id.clone());
+        let running = self.running.clone();
+        let gauge = self.metrics.trees_running.clone();
+        gauge.inc();
+        tokio::spawn(async move {
+            let tree_id = handle.tree_id.clone();
+            match handle.wait().await {
+                Ok(result) => tracing::info!(
+                    tree = %tree_id,
+                    status = result.state.status.as_str(),
+                    "tree ended"
+                ),
+                Err(error) => tracing::warn!(tree = %tree_id, %error, "tree lost"),
+            }
+            running.fetch_sub(1, Ordering::AcqRel);
+            gauge.dec();
+        });
+        ids
+    }
+}
+
+/// Arbor as an HTTP service.
+#[derive(Clone)]
+pub struct Service {
+    shared: Arc<Shared>,
+}
+
+impl Service {
+    /// A service over `runtime`, which must have a store (event streams are
+    /// resumable from its journal; finished runs are read from it).
+    pub fn new(runtime: Runtime, options: ServiceOptions) -> Result<Service, Error> {
+        let store = runtime.supervisor().store().cloned().ok_or(Error::NoStore)?;
+        let models = runtime
+            .config()
+            .templates
+            .iter()
+            .map(|t| (t.id.clone(), Arc::from(t.model.as_str())))
+            .collect::<HashMap<_, _>>();
+        let (shutdown, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            runtime,
+            store,
+            tokens: options.tokens,
+            metrics: Metrics::new(models),
+            max_running_trees: options.max_running_trees,
+            body_limit: options.body_limit,
+            shutdown_timeout: options.shutdown_timeout,
+            running: Arc::new(AtomicUsize::new(0)),
+            ready: AtomicBool::new(false),
+            shutdown,
+        });
+        let observer = Arc::downgrade(&shared);
+        shared.runtime.supervisor().events().observe(move |event| {
+            if let Some(shared) = observer.upgrade() {
+                shared.metrics.observe(event);
+            }
+        });
+        Ok(Service { shared })
+    }
+
+    pub fn runtime(&self) -> &Runtime {
+        &self.shared.runtime
+    }
+
+    /// Whether requests need no token (none configured): only for a loopback bind.
+    pub fn is_open(&self) -> bool {
+        self.shared.tokens.is_empty()
+    }
+
+    /// Every route, with the token check, the body limit and JSON errors for
+    /// unknown routes. Mount it in an app of your own, or [`serve`](Self::serve) it.
+    pub fn router(&self) -> Router {
+        let shared = self.shared.clone();
+        let api = Router::new()
+            .route("/v1/runs", post(api::create_run).get(api::list_runs))
+            .route("/v1/runs/{run_id}", get(api::get_run))
+            .route("/v1/runs/{run_id}/events", get(api::run_events))
+            .route("/v1/runs/{run_id}/cancel", post(api::cancel_run))
+            .route("/v1/trees/{tree_id}", get(api::get_tree))
+            .route("/v1/agents", get(api::list_agents))
+            .route("/metrics", get(api::metrics))
+            .route("/openapi.json", get(openapi));
+        let api = if self.is_open() {
+            api
+        } else {
+            api.route_layer(middleware::from_fn_with_state(
+                shared.clone(),
+                auth::require_token,
+            ))
+        };
+        Router::new()
+            .route("/", get(page))
+            .route("/healthz", get(api::healthz))
+            .route("/readyz", get(api::readyz))
+            .merge(api)
+            .fallback(not_found)
+            .method_not_allowed_fallback(method_not_allowed)
+            .layer(DefaultBodyLimit::max(self.shared.body_limit))
+            .layer(middleware::from_fn(log_request))
+            .with_state(shared)
+    }
+
+    /// Resumes every interrupted tree in the store (a server that stopped, or
+    /// crashed, mid-run), then reports ready. Returns the trees resumed.
+    pub async fn resume_interrupted(&self) -> Vec<String> {
+        let store = self.shared.store.clone();
+        let filter = TreeFilter {
+            status: Some("interrupted".into()),
+            limit: usize::MAX,
+            offset: 0,
+        };
+        let trees = match tokio::task::spawn_blocking(move || store.trees(&filter)).await {
+            Ok(Ok(trees)) => trees,
+            Ok(Err(error)) => {
+                tracing::error!(%error, "cannot list interrupted trees");
+                Vec::new()
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot list interrupted trees");
+                Vec::new()
+            }
+        };
+        let mut resumed = Vec::new();
+        for tree in trees {
+            match self.shared.runtime.supervisor().resume(&tree.tree_id).await {
+                Ok(handle) => {
+                    self.shared.running.fetch_add(1, Ordering::AcqRel);
+                    self.shared.keep(handle);
+                    tracing::info!(tree = %tree.tree_id, "resumed");
+                    resumed.push(tree.tree_id);
+                }
+                Err(error) => tracing::warn!(tree = %tree.tree_id, %error, "not resumed"),
+            }
+        }
+        self.shared.ready.store(true, Ordering::Release);
+        resumed
+    }
+
+    /// Ends every event stream and fails readiness (a shutdown has begun).
+    pub fn stop(&self) {
+        self.shared.shutdown.send_replace(true);
+    }
+
+    /// Serves on `listener` until `signal` completes, then shuts down
+    /// gracefully: stops accepting, ends event streams, lets open requests
+    /// finish, and waits for the store to take everything emitted so far
+    /// (every run's last checkpoint), each within `shutdown_timeout`. Trees
+    /// still running are left interrupted, to resume on the next start.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        signal: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), Error> {
+        let options_timeout = self.shared.shutdown_timeout;
+        let app = self.router();
+        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+        let this = self.clone();
+        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+            signal.await;
+            tracing::info!("shutting down: no new connections, ending event streams");
+            this.stop();
+            let _ = stopped_tx.send(());
+        });
+        let mut server = std::pin::pin!(server.into_future());
+        let served = tokio::select! {
+            served = &mut server => served.map_err(|e| Error::Service(format!("the server failed: {e}"))),
+            () = async {
+                let _ = stopped_rx.await;
+                tokio::time::sleep(options_timeout).await;
+            } => {
+                tracing::warn!("requests still open after {options_timeout:?}; closing them");
+                Ok(())
+            }
+        };
+        let supervisor = self.shared.runtime.supervisor();
+        match tokio::time::timeout(options_timeout, supervisor.flush()).await {
+            Ok(Ok(())) => tracing::info!(
+                running = self.shared.running.load(Ordering::Acquire),
+                "store flushed; running trees resume on the next start"
+            ),
+            Ok(Err(error)) => tracing::error!(%error, "the store failed while shutting down"),
+            Err(_) => tracing::error!("the store did not flush within {options_timeout:?}"),
+        }
+        served
+    }
+}
+
+async fn page() -> Response {
+    // For work on the page: serve it from a file, read on every request.
+    let page = match std::env::var_os("ARBOR_PAGE_FILE") {
+        Some(path) => std::fs::read_to_string(path).unwrap_or_else(|e| format!("ARBOR_PAGE_FILE: {e}")),
+        None => PAGE.to_owned(),
+    };
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'",
+            ),
+        ],
+        Html(page),
+    )
+        .into_response()
+}
+
+async fn openapi() -> Response {
+    axum::Json(ApiDoc::openapi()).into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such route (the API is under /v1; its document is /openapi.json)")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method (see /openapi.json)",
+    )
+}
+
+/// One line per request: method, path, status, time. (No headers: they carry tokens.)
+async fn log_request(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let started = std::time::Instant::now();
+    let response = next.run(request).await;
+    tracing::info!(
+        %method,
+        %path,
+        status = response.status().as_u16(),
+        ms = started.elapsed().as_millis() as u64,
+        "request"
+    );
+    response
+}
