@@ -545,7 +545,10 @@ fn check_service(service: &ServiceSection, text: &str, problems: &mut Vec<Proble
             text,
             "service",
             "bind",
-            format!("{:?} is not an address like 127.0.0.1:8080 ({e})", service.bind),
+            format!(
+                "{:?} is not an address like 127.0.0.1:8080 ({e})",
+                service.bind
+            ),
         ));
     }
     duration(

@@ -831,7 +831,9 @@ fn serve(config: Config, bind: Option<String>, store: Option<PathBuf>) -> anyhow
                 addr: addr.to_string(),
                 reason: e.to_string(),
             })?;
-        let local = listener.local_addr().context("the listener has no address")?;
+        let local = listener
+            .local_addr()
+            .context("the listener has no address")?;
         tracing::info!(store = %path.display(), "listening on http://{local}");
         let resuming = service.clone();
         tokio::spawn(async move {

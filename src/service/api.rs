@@ -355,7 +355,9 @@ pub async fn run_events(
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
             .ok_or_else(|| {
-                ApiError::invalid("Last-Event-ID must be an event id (a whole number) from this stream")
+                ApiError::invalid(
+                    "Last-Event-ID must be an event id (a whole number) from this stream",
+                )
             })?,
     };
     Ok(super::events::stream(shared, run_id, after)

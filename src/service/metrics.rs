@@ -79,16 +79,48 @@ impl Metrics {
             runs: Mutex::new(HashMap::new()),
         };
         let r = &mut m.registry;
-        r.register("live_agents", "Agent actors alive now", m.live_agents.clone());
-        r.register("trees_running", "Trees running in this process", m.trees_running.clone());
-        r.register("agents_spawned", "Agents started (roots and children)", m.agents_spawned.clone());
-        r.register("runs_finished", "Runs ended, by final status", m.runs_finished.clone());
+        r.register(
+            "live_agents",
+            "Agent actors alive now",
+            m.live_agents.clone(),
+        );
+        r.register(
+            "trees_running",
+            "Trees running in this process",
+            m.trees_running.clone(),
+        );
+        r.register(
+            "agents_spawned",
+            "Agents started (roots and children)",
+            m.agents_spawned.clone(),
+        );
+        r.register(
+            "runs_finished",
+            "Runs ended, by final status",
+            m.runs_finished.clone(),
+        );
         r.register("steps", "Agent steps started", m.steps.clone());
-        r.register("model_requests", "Model requests sent, retries included", m.requests.clone());
-        r.register("model_errors", "Model requests that failed (retried or not)", m.errors.clone());
-        r.register("model_retries", "Model requests tried again after a failure", m.retries.clone());
+        r.register(
+            "model_requests",
+            "Model requests sent, retries included",
+            m.requests.clone(),
+        );
+        r.register(
+            "model_errors",
+            "Model requests that failed (retried or not)",
+            m.errors.clone(),
+        );
+        r.register(
+            "model_retries",
+            "Model requests tried again after a failure",
+            m.retries.clone(),
+        );
         r.register("tokens", "Tokens the models reported", m.tokens.clone());
-        r.register("cost_credits", "Credits the models reported", m.cost.clone());
+        r.register(
+            "cost_credits",
+            "Credits the models reported",
+            m.cost.clone(),
+        );
         r.register(
             "step_duration_seconds",
             "Time from a step's start to the next step or the run's end",
@@ -155,7 +187,10 @@ impl Metrics {
                 if let Some(track) = runs.get_mut(&event.run_id) {
                     track.in_model_call = false;
                     let model = track.model.to_string();
-                    for (kind, n) in [("input", usage.input_tokens), ("output", usage.output_tokens)] {
+                    for (kind, n) in [
+                        ("input", usage.input_tokens),
+                        ("output", usage.output_tokens),
+                    ] {
                         self.tokens
                             .get_or_create(&TokenLabel {
                                 model: model.clone(),
@@ -163,7 +198,9 @@ impl Metrics {
                             })
                             .inc_by(n);
                     }
-                    self.cost.get_or_create(&ModelLabel { model }).inc_by(usage.cost);
+                    self.cost
+                        .get_or_create(&ModelLabel { model })
+                        .inc_by(usage.cost);
                 }
             }
             kind => {

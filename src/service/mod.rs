@@ -182,7 +182,11 @@ impl Service {
     /// A service over `runtime`, which must have a store (event streams are
     /// resumable from its journal; finished runs are read from it).
     pub fn new(runtime: Runtime, options: ServiceOptions) -> Result<Service, Error> {
-        let store = runtime.supervisor().store().cloned().ok_or(Error::NoStore)?;
+        let store = runtime
+            .supervisor()
+            .store()
+            .cloned()
+            .ok_or(Error::NoStore)?;
         let models = runtime
             .config()
             .templates
@@ -341,7 +345,9 @@ impl Service {
 async fn page() -> Response {
     // For work on the page: serve it from a file, read on every request.
     let page = match std::env::var_os("ARBOR_PAGE_FILE") {
-        Some(path) => std::fs::read_to_string(path).unwrap_or_else(|e| format!("ARBOR_PAGE_FILE: {e}")),
+        Some(path) => {
+            std::fs::read_to_string(path).unwrap_or_else(|e| format!("ARBOR_PAGE_FILE: {e}"))
+        }
         None => PAGE.to_owned(),
     };
     (

@@ -9,6 +9,7 @@ mod loadtest;
 mod provider_faults;
 mod provider_limits;
 mod provider_secrets;
+mod serve;
 mod store;
 mod support;
 

@@ -1,0 +1,654 @@
+//! `arbor serve` end to end: the real binary on a loopback port, driven over
+//! HTTP (reqwest) the way a user's app drives it.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use super::fixtures;
+
+const TOKEN: &str = "test-token-1";
+/// How long any one wait may take before the test fails (never a pass).
+const GUARD: Duration = Duration::from_secs(60);
+
+/// A running `arbor serve` with its stdout lines.
+pub struct Server {
+    child: Child,
+    pub base: String,
+    lines: std::sync::Mutex<mpsc::Receiver<String>>,
+}
+
+impl Server {
+    /// Starts the server in `dir` (its store is `dir/arbor.db`) with `args`
+    /// after `serve`, and waits for the line that says where it listens.
+    pub fn start(dir: &Path, args: &[&str], tokens: Option<&str>) -> Server {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_arbor"));
+        command
+            .arg("serve")
+            .args(args)
+            .current_dir(dir)
+            .env("RUST_LOG", "info")
+            .env_remove("ARBOR_API_TOKENS")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(tokens) = tokens {
+            command.env("ARBOR_API_TOKENS", tokens);
+        }
+        let mut child = command.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut server = Server {
+            child,
+            base: String::new(),
+            lines: std::sync::Mutex::new(lines),
+        };
+        let line = server.wait_for("listening on http://");
+        let at = line.find("http://").unwrap();
+        let addr: String = line[at..]
+            .chars()
+            .take_while(|c| !c.is_whitespace() && *c != '"')
+            .collect();
+        server.base = addr;
+        server
+    }
+
+    /// The next stdout line containing `needle`.
+    pub fn wait_for(&mut self, needle: &str) -> String {
+        loop {
+            match self.lines.lock().unwrap().recv_timeout(GUARD) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no line with {needle:?} from arbor serve: {e}"),
+            }
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(sent.success());
+        let (tx, rx) = mpsc::channel();
+        let mut child = std::mem::replace(&mut self.child, Command::new("true").spawn().unwrap());
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait());
+        });
+        let status = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("arbor serve exits within its shutdown bound after SIGTERM")
+            .unwrap();
+        // The rest of its output, for the assertions of the caller.
+        let lines = self.lines.lock().unwrap();
+        while let Ok(line) = lines.recv_timeout(Duration::from_secs(5)) {
+            if line.contains("stopped") {
+                break;
+            }
+        }
+        status
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(GUARD).build().unwrap()
+}
+
+fn config() -> String {
+    fixtures().join("serve.toml").display().to_string()
+}
+
+pub fn serve(dir: &Path) -> Server {
+    Server::start(dir, &["--config", &config()], Some(TOKEN))
+}
+
+pub async fn post(server: &Server, path: &str, body: Value) -> (StatusCode, Value) {
+    let response = client()
+        .post(server.url(path))
+        .bearer_auth(TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+pub async fn get(server: &Server, path: &str) -> (StatusCode, Value) {
+    let response = client()
+        .get(server.url(path))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+pub fn encoded(run_id: &str) -> String {
+    run_id.replace('/', "%2F")
+}
+
+/// One SSE event as sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sse {
+    pub id: u64,
+    pub event: String,
+    pub data: Value,
+}
+
+/// Reads a run's event stream to its end (the server closes it after the
+/// run's final event), calling `each` on every event as it arrives.
+pub async fn stream(
+    server: &Server,
+    run_id: &str,
+    last_event_id: Option<u64>,
+    mut each: impl FnMut(&Sse),
+) -> Vec<Sse> {
+    use futures::StreamExt;
+    let mut request = client()
+        .get(server.url(&format!("/v1/runs/{}/events", encoded(run_id))))
+        .bearer_auth(TOKEN);
+    if let Some(id) = last_event_id {
+        request = request.header("Last-Event-ID", id.to_string());
+    }
+    let response = request.send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    let mut body = response.bytes_stream();
+    let mut buffer = String::new();
+    let mut events = Vec::new();
+    while let Some(chunk) = body.next().await {
+        buffer.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+        while let Some(end) = buffer.find("\n\n") {
+            let block: String = buffer.drain(..end + 2).collect();
+            let (mut id, mut event, mut data) = (None, String::new(), String::new());
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id: ") {
+                    id = v.parse().ok();
+                } else if let Some(v) = line.strip_prefix("event: ") {
+                    event = v.to_owned();
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data.push_str(v);
+                }
+            }
+            // Keep-alive comments carry no id.
+            if let Some(id) = id {
+                let sse = Sse {
+                    id,
+                    event,
+                    data: serde_json::from_str(&data).unwrap(),
+                };
+                each(&sse);
+                events.push(sse);
+            }
+        }
+    }
+    events
+}
+
+fn count(events: &[Sse], kind: &str) -> usize {
+    events.iter().filter(|e| e.event == kind).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_is_started_streamed_listed_and_read_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path());
+    let (status, created) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "coordinator", "prompt": "Compare sorting algorithms"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let tree_id = created["treeId"].as_str().unwrap().to_owned();
+    let run_id = created["runId"].as_str().unwrap().to_owned();
+    assert_eq!(run_id, format!("{tree_id}/0"));
+
+    let events = stream(&server, &run_id, None, |_| {}).await;
+    // The whole tree, in order, without gaps the journal would not have, ending
+    // with the root's own final event.
+    assert_eq!(count(&events, "agentStarted"), 13);
+    assert_eq!(count(&events, "agentFinished"), 13);
+    assert!(events.windows(2).all(|w| w[0].id < w[1].id));
+    let last = events.last().unwrap();
+    assert_eq!(last.event, "agentFinished");
+    assert_eq!(last.data["runId"], run_id.as_str());
+    assert_eq!(last.data["status"], "completed");
+    for e in &events {
+        assert_eq!(e.data["seq"], e.id);
+        assert_eq!(e.data["type"], e.event.as_str());
+        assert_eq!(e.data["treeId"], tree_id.as_str());
+    }
+
+    // Reconnecting with Last-Event-ID gives exactly the rest, from the journal.
+    let cut = events[events.len() / 2].id;
+    let rest = stream(&server, &run_id, Some(cut), |_| {}).await;
+    let expected: Vec<Sse> = events.iter().filter(|e| e.id > cut).cloned().collect();
+    assert_eq!(rest, expected);
+
+    // A child's stream is its own subtree.
+    let child = events
+        .iter()
+        .find(|e| e.event == "agentStarted" && e.data["agentType"] == "researcher")
+        .unwrap()
+        .data["runId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let sub = stream(&server, &child, None, |_| {}).await;
+    assert_eq!(count(&sub, "agentStarted"), 4);
+    assert!(
+        sub.iter()
+            .all(|e| e.data["runId"].as_str().unwrap().starts_with(&child))
+    );
+
+    let (status, tree) = get(&server, &format!("/v1/trees/{tree_id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(tree["tree"]["status"], "completed");
+    assert_eq!(tree["tree"]["agents"], 13);
+    let nodes = tree["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 13);
+    assert!(nodes.iter().all(|n| n["status"] == "completed"));
+    let tokens: u64 = nodes
+        .iter()
+        .map(|n| n["inputTokens"].as_u64().unwrap() + n["outputTokens"].as_u64().unwrap())
+        .sum();
+    let streamed: u64 = events
+        .iter()
+        .filter(|e| e.event == "modelResponded")
+        .map(|e| {
+            e.data["usage"]["inputTokens"].as_u64().unwrap()
+                + e.data["usage"]["outputTokens"].as_u64().unwrap()
+        })
+        .sum();
+    assert!(tokens > 0);
+    assert_eq!(tokens, streamed);
+
+    let (status, run) = get(&server, &format!("/v1/runs/{}", encoded(&child))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(run["final"], true);
+    assert_eq!(run["live"], false);
+    assert_eq!(run["state"]["runId"], child.as_str());
+    assert_eq!(run["state"]["agentType"], "researcher");
+    assert_eq!(run["state"]["childRunIds"].as_array().unwrap().len(), 3);
+
+    let (status, list) = get(&server, "/v1/runs?status=completed&limit=1").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["runs"][0]["treeId"], tree_id.as_str());
+    assert_eq!(list["nextOffset"], Value::Null);
+
+    let (status, agents) = get(&server, "/v1/agents").await;
+    assert_eq!(status, StatusCode::OK);
+    let ids: Vec<&str> = agents["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap())
+        .collect();
+    assert!(ids.contains(&"coordinator") && ids.contains(&"lead"));
+
+    // The metrics saw the same tree.
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("arbor_agents_spawned_total 13"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("arbor_runs_finished_total{status=\"completed\"} 13"));
+    assert!(metrics.contains("arbor_model_requests_total{model=\"sim\"}"));
+    assert!(metrics.contains("arbor_step_duration_seconds_count"));
+    assert!(metrics.contains("arbor_live_agents 0"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_limits_and_bad_input_get_clear_json_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path());
+    let http = client();
+
+    // No token, a wrong token: 401 with a challenge; the health checks need none.
+    for auth in [None, Some("Bearer wrong"), Some("Basic dGVzdA==")] {
+        let mut request = http.get(server.url("/v1/runs"));
+        if let Some(auth) = auth {
+            request = request.header("Authorization", auth);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert!(response.headers().contains_key("www-authenticate"));
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "unauthorized");
+    }
+    for path in ["/healthz", "/readyz"] {
+        let response = http.get(server.url(path)).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+    }
+    let metrics = http.get(server.url("/metrics")).send().await.unwrap();
+    assert_eq!(metrics.status(), StatusCode::UNAUTHORIZED);
+
+    // A body over the limit (64 KiB in the fixture): 413.
+    let huge = json!({"agent": "coordinator", "prompt": "x".repeat(100_000)});
+    let (status, body) = post(&server, "/v1/runs", huge).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body["error"]["code"], "payload_too_large");
+
+    // Bad JSON, a missing field, an unknown field, an unknown agent or model,
+    // bad limits: 422 naming the problem.
+    let response = http
+        .post(server.url("/v1/runs"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body("{\"agent\": \"coordinator\", ")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON"),
+        "{body}"
+    );
+    let cases = [
+        (json!({"agent": "coordinator"}), "prompt"),
+        (
+            json!({"agent": "coordinator", "prompt": "p", "colour": 1}),
+            "colour",
+        ),
+        (json!({"agent": "nobody", "prompt": "p"}), "nobody"),
+        (
+            json!({"agent": "coordinator", "prompt": "p", "model": "gpt-9"}),
+            "gpt-9",
+        ),
+        (
+            json!({"agent": "coordinator", "prompt": "p", "limits": {"maxDepth": -1}}),
+            "maxDepth",
+        ),
+        (
+            json!({"agent": "coordinator", "prompt": "p", "limits": {"maxLiveAgents": 0}}),
+            "maxLiveAgents",
+        ),
+    ];
+    for (body, named) in cases {
+        let (status, reply) = post(&server, "/v1/runs", body.clone()).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body} → {reply}");
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert!(message.contains(named), "{body}: {message}");
+    }
+    // Not JSON at all: 415.
+    let response = http
+        .post(server.url("/v1/runs"))
+        .bearer_auth(TOKEN)
+        .body("agent=coordinator")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+
+    // Unknown runs, trees and routes: 404; a bad query: 422; a bad Last-Event-ID: 422.
+    for path in [
+        "/v1/runs/t404%2F0",
+        "/v1/runs/t404%2F0/events",
+        "/v1/trees/t404",
+        "/v1/nothing",
+    ] {
+        let (status, body) = get(&server, path).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "not_found");
+    }
+    let (status, _) = get(&server, "/v1/runs?status=sleeping").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let (status, _) = get(&server, "/v1/runs?limit=0").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let (status, _) = post(&server, "/v1/runs/t404%2F0/cancel", json!({})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // No error says where the server keeps things.
+    let (_, body) = get(&server, "/v1/trees/t404").await;
+    let text = body.to_string();
+    assert!(!text.contains(dir.path().to_str().unwrap()) && !text.contains("arbor.db"));
+
+    // Nothing accepted was lost: the list is empty, not broken.
+    let (status, list) = get(&server, "/v1/runs").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["runs"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cancelled_mid_model_call_ends_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path());
+    // The `slow` model takes an hour a step.
+    let (status, created) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "sleeper", "prompt": "wait"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let run_id = created["runId"].as_str().unwrap().to_owned();
+    let cancel_url = server.url(&format!("/v1/runs/{}/cancel", encoded(&run_id)));
+    let mut cancelled = None;
+    let events = stream(&server, &run_id, None, |event| {
+        // Once its first model call is under way: cancel (from another task).
+        if event.event == "stepStarted" && cancelled.is_none() {
+            let url = cancel_url.clone();
+            cancelled = Some(tokio::spawn(async move {
+                client()
+                    .post(url)
+                    .bearer_auth(TOKEN)
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+            }));
+        }
+    })
+    .await;
+    assert_eq!(cancelled.unwrap().await.unwrap(), StatusCode::ACCEPTED);
+    let last = events.last().unwrap();
+    assert_eq!(last.event, "agentCancelled");
+    assert_eq!(last.data["status"], "cancelled");
+    // Once ended it cannot be cancelled again.
+    let (status, body) = post(
+        &server,
+        &format!("/v1/runs/{}/cancel", encoded(&run_id)),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (_, run) = get(&server, &format!("/v1/runs/{}", encoded(&run_id))).await;
+    assert_eq!(run["state"]["status"], "cancelled");
+}
+
+#[test]
+fn a_public_address_without_tokens_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(["serve", "--config", &config(), "--bind", "0.0.0.0:0"])
+        .current_dir(dir.path())
+        .env_remove("ARBOR_API_TOKENS")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("without API tokens") && stderr.contains("ARBOR_API_TOKENS"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("arbor.db").exists());
+}
+
+/// SIGTERM mid-run: the server stops within its bound with the tree's
+/// progress stored; started again, it resumes the tree, which finishes with
+/// every agent accounted for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_cut_by_sigterm_finishes_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path());
+    let (status, created) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "planner", "prompt": "build"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let tree_id = created["treeId"].as_str().unwrap().to_owned();
+    let run_id = created["runId"].as_str().unwrap().to_owned();
+    // Stop once the first level has finished (some agents done, most not).
+    let mut before = Vec::new();
+    {
+        use futures::StreamExt;
+        let response = client()
+            .get(server.url(&format!("/v1/runs/{}/events", encoded(&run_id))))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        let mut body = response.bytes_stream();
+        let mut text = String::new();
+        while let Some(chunk) = body.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+            if text.matches("event: agentFinished").count() >= 3 {
+                break;
+            }
+        }
+        before.push(text);
+    }
+    let status = server.terminate();
+    assert!(status.success(), "exit status {status}");
+
+    // The runs that had finished before the stop.
+    let finished_before: Vec<String> = before[0]
+        .split("\n\n")
+        .filter(|block| block.contains("event: agentFinished"))
+        .filter_map(|block| block.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(|data| {
+            let v: Value = serde_json::from_str(data).unwrap();
+            v["runId"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert!(finished_before.len() >= 3);
+    let (status, tree, events) = {
+        let mut server = serve(dir.path());
+        server.wait_for("ready");
+        let events = stream(&server, &run_id, None, |_| {}).await;
+        assert_eq!(events.last().unwrap().data["status"], "completed");
+        let (status, tree) = get(&server, &format!("/v1/trees/{tree_id}")).await;
+        (status, tree, events)
+    };
+    // Work done before the stop was not done again: a run that had finished
+    // started once and finished once in the whole journal.
+    for run in &finished_before {
+        let of_run = |kind: &str| {
+            events
+                .iter()
+                .filter(|e| e.event == kind && e.data["runId"] == run.as_str())
+                .count()
+        };
+        assert_eq!(
+            (of_run("agentStarted"), of_run("agentFinished")),
+            (1, 1),
+            "{run}"
+        );
+    }
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(tree["tree"]["status"], "completed");
+    assert_eq!(tree["tree"]["resumes"], 1);
+    assert_eq!(tree["tree"]["agents"], 21);
+    let nodes = tree["nodes"].as_array().unwrap();
+    let mut ids: Vec<&str> = nodes.iter().map(|n| n["runId"].as_str().unwrap()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 21, "{ids:?}");
+    assert!(nodes.iter().all(|n| n["status"] == "completed"));
+}
+
+/// 200 starts at once (10-agent trees) while 50 event streams are open: every
+/// start succeeds, every stream sees its whole tree and its end, every tree
+/// completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_concurrent_starts_with_fifty_streams_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = std::sync::Arc::new(serve(dir.path()));
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let server = server.clone();
+        tasks.push(tokio::spawn(async move {
+            let (status, created) = post(
+                &server,
+                "/v1/runs",
+                json!({"agent": "lead", "prompt": format!("job {i}")}),
+            )
+            .await;
+            assert_eq!(status, StatusCode::CREATED, "{created}");
+            let run_id = created["runId"].as_str().unwrap().to_owned();
+            if i % 4 != 0 {
+                return (run_id, None);
+            }
+            let events = stream(&server, &run_id, None, |_| {}).await;
+            (run_id, Some(events))
+        }));
+    }
+    let mut streams = 0;
+    for task in tasks {
+        let (run_id, events) = task.await.unwrap();
+        let Some(events) = events else { continue };
+        streams += 1;
+        assert_eq!(count(&events, "agentStarted"), 10, "{run_id}");
+        assert_eq!(count(&events, "agentFinished"), 10, "{run_id}");
+        assert!(events.windows(2).all(|w| w[0].id < w[1].id));
+        let last = events.last().unwrap();
+        assert_eq!(
+            (last.event.as_str(), last.data["runId"].as_str()),
+            ("agentFinished", Some(run_id.as_str()))
+        );
+    }
+    assert_eq!(streams, 50);
+    // Every tree ends: the streams above prove 50; the store says all 200.
+    let (status, list) = get(&server, "/v1/runs?limit=500").await;
+    assert_eq!(status, StatusCode::OK);
+    let runs = list["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 200);
+    let unfinished: Vec<&Value> = runs.iter().filter(|r| r["status"] != "completed").collect();
+    // Trees not streamed may still be finishing: wait for each through its stream.
+    for run in unfinished {
+        let events = stream(&server, run["rootRunId"].as_str().unwrap(), None, |_| {}).await;
+        assert_eq!(events.last().unwrap().data["status"], "completed");
+    }
+    assert!(runs.iter().all(|r| r["agents"].as_u64() <= Some(10)));
+}
