@@ -652,3 +652,87 @@ async fn two_hundred_concurrent_starts_with_fifty_streams_lose_nothing() {
     }
     assert!(runs.iter().all(|r| r["agents"].as_u64() <= Some(10)));
 }
+
+/// The live page in a real headless Chromium (Debian's, driven by
+/// playwright-core from `tests/browser`): start a run from the page, and the
+/// page shows every node of the tree with its final status. `.ci/run`
+/// installs both; without them this test fails (it never skips).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_page_shows_every_node_of_a_run_in_chromium() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let chromium = std::env::var("ARBOR_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        Path::new(&chromium).exists(),
+        "no Chromium at {chromium}: install Debian's `chromium` (or set ARBOR_CHROMIUM); .ci/run does"
+    );
+    assert!(
+        root.join("tests/browser/node_modules/playwright-core").is_dir(),
+        "run `npm ci --prefix tests/browser` first (.ci/run does)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path());
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("live-page.png");
+    let _ = std::fs::remove_file(&shot);
+    let base = server.base.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg(root.join("tests/browser/live_page.mjs"))
+            .args([base.as_str(), TOKEN, shot.to_str().unwrap(), "13"])
+            .env("ARBOR_CHROMIUM", &chromium)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the page test failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(report["nodes"], 13, "{report}");
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("live-page.png");
+    assert!(std::fs::metadata(&shot).unwrap().len() > 1000);
+    // What the page showed is what the server has.
+    let (_, list) = get(&server, "/v1/runs").await;
+    assert_eq!(list["runs"].as_array().unwrap().len(), 1);
+    assert_eq!(list["runs"][0]["status"], "completed");
+}
+
+/// schemathesis (PyPI) against the live server and its own OpenAPI document:
+/// no 5xx, and every response conforms to the document. `.ci/run` installs it
+/// and sets ARBOR_SCHEMATHESIS; without it this test fails (it never skips).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_every_response_conforming_and_no_server_error() {
+    let Ok(schemathesis) = std::env::var("ARBOR_SCHEMATHESIS") else {
+        panic!(
+            "ARBOR_SCHEMATHESIS is not set: install schemathesis \
+             (pip install -r tests/schemathesis/requirements.txt) and point it at the \
+             executable; .ci/run does both"
+        );
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/schemathesis/run.sh");
+    let base = server.base.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("bash")
+            .arg(script)
+            .args([base.as_str(), TOKEN])
+            .env("SCHEMATHESIS", schemathesis)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "schemathesis failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // It did test the API (a run that checks nothing passes too).
+    let (_, list) = get(&server, "/v1/runs?limit=500").await;
+    assert!(!list["runs"].as_array().unwrap().is_empty());
+}
