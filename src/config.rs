@@ -59,6 +59,10 @@ pub struct ServiceSection {
     /// Trees running at once; a start beyond it is refused with 503.
     #[serde(default = "default_max_running_trees")]
     pub max_running_trees: usize,
+    /// Send traces (agent, step, tool and request spans) to this OpenTelemetry
+    /// collector's OTLP/HTTP traces URL, e.g. `http://127.0.0.1:4318/v1/traces`.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Default for ServiceSection {
@@ -69,6 +73,7 @@ impl Default for ServiceSection {
             body_limit: default_body_limit(),
             shutdown_timeout: default_shutdown_timeout(),
             max_running_trees: default_max_running_trees(),
+            otlp_endpoint: None,
         }
     }
 }
@@ -573,6 +578,20 @@ fn check_service(service: &ServiceSection, text: &str, problems: &mut Vec<Proble
             "max_running_trees",
             "must be at least 1".into(),
         ));
+    }
+    if let Some(endpoint) = &service.otlp_endpoint {
+        let ok = endpoint
+            .strip_prefix("http://")
+            .or_else(|| endpoint.strip_prefix("https://"))
+            .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'));
+        if !ok {
+            problems.push(at(
+                text,
+                "service",
+                "otlp_endpoint",
+                format!("{endpoint:?} is not an http(s) URL like http://127.0.0.1:4318/v1/traces"),
+            ));
+        }
     }
     if service.tokens_env.is_empty() {
         problems.push(at(

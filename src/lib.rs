@@ -44,6 +44,7 @@ pub mod providers;
 pub mod render;
 pub mod runs;
 pub mod service;
+pub mod telemetry;
 
 use std::path::Path;
 use std::pin::Pin;

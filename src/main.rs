@@ -252,23 +252,12 @@ fn main() -> ExitCode {
         tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
     };
-    match &cli.command {
-        // A service logs what it does, to stdout (where its supervisor collects it).
-        Command::Serve { log_format, .. } => {
-            use std::io::IsTerminal;
-            let logs = tracing_subscriber::fmt()
-                .with_env_filter(filter("info"))
-                .with_ansi(std::io::stdout().is_terminal())
-                .with_writer(std::io::stdout);
-            match log_format {
-                LogFormat::Text => logs.init(),
-                LogFormat::Json => logs.json().init(),
-            }
-        }
-        _ => tracing_subscriber::fmt()
+    // A service sets up its own logs once its config is read (serve()).
+    if !matches!(cli.command, Command::Serve { .. }) {
+        tracing_subscriber::fmt()
             .with_env_filter(filter("warn"))
             .with_writer(std::io::stderr)
-            .init(),
+            .init();
     }
     match run(cli) {
         Ok(code) => code,
@@ -544,10 +533,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config,
             bind,
             store,
-            log_format: _,
+            log_format,
         } => {
             let config = load_config(config.as_deref())?;
-            serve(config, bind, store)
+            serve(config, bind, store, log_format)
         }
         Command::Ping { config, model } => {
             let config = load_config(config.as_deref())?;
@@ -794,8 +783,49 @@ fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-fn serve(config: Config, bind: Option<String>, store: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+/// A service's logs: stdout (where its supervisor collects them), as text or
+/// JSON, `info` unless RUST_LOG says otherwise; and spans to an OpenTelemetry
+/// collector when `[service] otlp_endpoint` is set.
+fn service_logs(
+    config: &Config,
+    format: LogFormat,
+) -> anyhow::Result<Option<arbor::telemetry::Otlp>> {
+    use std::io::IsTerminal;
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let lines = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stdout)
+        .with_ansi(std::io::stdout().is_terminal());
+    let lines = match format {
+        LogFormat::Text => lines.boxed(),
+        LogFormat::Json => lines.json().boxed(),
+    };
+    let otlp = config
+        .file
+        .service
+        .otlp_endpoint
+        .as_deref()
+        .map(|endpoint| arbor::telemetry::Otlp::new(endpoint, "arbor"))
+        .transpose()?;
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(lines)
+        .with(otlp.as_ref().map(|o| o.layer()))
+        .init();
+    Ok(otlp)
+}
+
+fn serve(
+    config: Config,
+    bind: Option<String>,
+    store: Option<PathBuf>,
+    log_format: LogFormat,
+) -> anyhow::Result<ExitCode> {
     use arbor::service::{Service, ServiceOptions};
+    let otlp = service_logs(&config, log_format)?;
     let bind = bind.unwrap_or_else(|| config.file.service.bind.clone());
     let addr: std::net::SocketAddr = bind
         .parse()
@@ -842,8 +872,12 @@ fn serve(config: Config, bind: Option<String>, store: Option<PathBuf>) -> anyhow
         });
         service.serve(listener, shutdown_signal()).await?;
         tracing::info!("stopped");
-        Ok(ExitCode::SUCCESS)
-    })
+        Ok::<_, anyhow::Error>(())
+    })?;
+    if let Some(otlp) = otlp {
+        otlp.shutdown();
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// SIGINT or SIGTERM.

@@ -130,6 +130,10 @@ pub struct RunView {
     /// The run's AgentState: ids, messageHistory, output, status, usage.
     #[schema(value_type = Object)]
     pub state: AgentState,
+    /// What a finished run hands back to its parent (or the caller), by its
+    /// agent's output mode; null while it runs.
+    #[schema(value_type = Object)]
+    pub value: Value,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -309,6 +313,7 @@ pub async fn get_run(
                 live: true,
                 is_final: false,
                 state,
+                value: Value::Null,
             }));
         }
     }
@@ -320,11 +325,26 @@ pub async fn get_run(
     let state = stored
         .state
         .ok_or_else(|| ApiError::not_found(format!("run {run_id} has no stored state yet")))?;
+    let mode = state.agent_type.as_deref().and_then(|agent| {
+        shared
+            .runtime
+            .supervisor()
+            .catalog()
+            .find_template(agent)
+            .map(|t| t.output_mode)
+    });
+    let value = match mode {
+        Some(mode) if stored.is_final => {
+            arbor_actors::output::output_value(&state, mode, stored.inherited)
+        }
+        _ => Value::Null,
+    };
     Ok(Json(RunView {
         run_id,
         live: false,
         is_final: stored.is_final,
         state,
+        value,
     }))
 }
 

@@ -247,6 +247,7 @@ impl Service {
         };
         Router::new()
             .route("/", get(page))
+            .route("/favicon.ico", get(|| async { StatusCode::NO_CONTENT }))
             .route("/healthz", get(api::healthz))
             .route("/readyz", get(api::readyz))
             .merge(api)
@@ -379,12 +380,15 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// One line per request: method, path, status, time. (No headers: they carry tokens.)
+/// A span per request, and one line: method, path, status, time. (No headers:
+/// they carry tokens.)
 async fn log_request(request: Request, next: Next) -> Response {
+    use tracing::Instrument;
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
+    let span = tracing::info_span!("request", %method, %path);
     let started = std::time::Instant::now();
-    let response = next.run(request).await;
+    let response = next.run(request).instrument(span).await;
     tracing::info!(
         %method,
         %path,

@@ -19,7 +19,7 @@ const STEP_TIMEOUT_MS = 15_000;
 
 function usage(message) {
   process.stderr.write(`${message}\nusage: node live_page.mjs <baseUrl> <token> <screenshotPath> <expectedNodeCount>\n`);
-  process.exit(2);
+  process.exit(1);
 }
 
 const [baseArg, token, screenshotPath, expectedArg] = process.argv.slice(2);
@@ -53,7 +53,7 @@ async function main() {
   await page.goto(`${baseUrl}/#token=${encodeURIComponent(token)}`, { waitUntil: 'domcontentloaded' });
 
   stage = 'waiting for the agent list (GET /v1/agents)';
-  await page.waitForFunction(() => document.querySelectorAll('#agent option').length > 0);
+  await page.waitForFunction(() => document.querySelectorAll('#agent option').length > 0 || !document.querySelector('#token-gate').hidden);
   if (await page.locator('#token-gate').isVisible()) throw new Error(`the page asks for a token: ${await page.locator('#token-msg').textContent()}`);
   const hash = await page.evaluate(() => location.hash);
   if (hash.includes('token=')) throw new Error(`the token stays in the URL: ${hash}`);

@@ -297,6 +297,8 @@ async fn a_run_is_started_streamed_listed_and_read_over_http() {
     assert_eq!(run["state"]["runId"], child.as_str());
     assert_eq!(run["state"]["agentType"], "researcher");
     assert_eq!(run["state"]["childRunIds"].as_array().unwrap().len(), 3);
+    // What it handed back to its parent, by its output mode.
+    assert_eq!(run["value"]["type"], "lastMessage", "{}", run["value"]);
 
     let (status, list) = get(&server, "/v1/runs?status=completed&limit=1").await;
     assert_eq!(status, StatusCode::OK);
@@ -666,7 +668,8 @@ async fn the_live_page_shows_every_node_of_a_run_in_chromium() {
         "no Chromium at {chromium}: install Debian's `chromium` (or set ARBOR_CHROMIUM); .ci/run does"
     );
     assert!(
-        root.join("tests/browser/node_modules/playwright-core").is_dir(),
+        root.join("tests/browser/node_modules/playwright-core")
+            .is_dir(),
         "run `npm ci --prefix tests/browser` first (.ci/run does)"
     );
     let dir = tempfile::tempdir().unwrap();
@@ -735,4 +738,75 @@ async fn schemathesis_finds_every_response_conforming_and_no_server_error() {
     // It did test the API (a run that checks nothing passes too).
     let (_, list) = get(&server, "/v1/runs?limit=500").await;
     assert!(!list["runs"].as_array().unwrap().is_empty());
+}
+
+/// With `[service] otlp_endpoint`, spans (requests, agents, steps) reach an
+/// OpenTelemetry collector over OTLP/HTTP; here, a loopback one that keeps
+/// what it is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traces_go_to_the_configured_otlp_collector() {
+    use std::sync::{Arc, Mutex};
+    let received: Arc<Mutex<Vec<(String, Vec<u8>)>>> = Arc::default();
+    let keep = received.clone();
+    let collector = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(
+            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| async move {
+                let kind = headers
+                    .get("content-type")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                keep.lock().unwrap().push((kind, body.to_vec()));
+                StatusCode::OK
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let at = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, collector).await });
+
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(fixtures().join("serve.toml")).unwrap();
+    let text = text.replace(
+        "[service]\n",
+        &format!("[service]\notlp_endpoint = \"http://{at}/v1/traces\"\n"),
+    );
+    let config = dir.path().join("otlp.toml");
+    std::fs::write(&config, text).unwrap();
+    let server = Server::start(
+        dir.path(),
+        &["--config", config.to_str().unwrap()],
+        Some(TOKEN),
+    );
+    let (status, created) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "lead", "prompt": "traced"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let events = stream(&server, created["runId"].as_str().unwrap(), None, |_| {}).await;
+    assert_eq!(count(&events, "agentStarted"), 10);
+    // Shutting down sends what the batch holds.
+    assert!(server.terminate().success());
+    let received = received.lock().unwrap();
+    assert!(!received.is_empty(), "the collector got nothing");
+    assert!(
+        received
+            .iter()
+            .all(|(kind, _)| kind == "application/x-protobuf")
+    );
+    let all: Vec<u8> = received.iter().flat_map(|(_, body)| body.clone()).collect();
+    let has = |needle: &str| all.windows(needle.len()).any(|w| w == needle.as_bytes());
+    for needle in [
+        "arbor",
+        "request",
+        "agent",
+        "step",
+        "/v1/runs",
+        created["runId"].as_str().unwrap(),
+    ] {
+        assert!(has(needle), "no {needle:?} in the exported spans");
+    }
 }

@@ -177,6 +177,9 @@ pub struct StoredRun {
     pub node: RunNode,
     pub state: Option<AgentState>,
     pub is_final: bool,
+    /// Messages at the start of the state's history the run inherited (its
+    /// output value leaves them out).
+    pub inherited: usize,
 }
 
 /// What `Store::gc` removed.

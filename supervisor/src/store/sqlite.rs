@@ -1432,14 +1432,13 @@ impl Store for SqliteStore {
             (None, Some(c)) => (Some(c.clone()), false),
             (None, None) => (None, false),
         };
-        let state = point
-            .map(|p| log.state(&p, &bad))
-            .transpose()?
-            .map(|c| c.state);
+        let checkpoint = point.map(|p| log.state(&p, &bad)).transpose()?;
+        let inherited = checkpoint.as_ref().map_or(0, |c| c.inherited);
         Ok(StoredRun {
             node,
-            state,
+            state: checkpoint.map(|c| c.state),
             is_final,
+            inherited,
         })
     }
 
