@@ -106,7 +106,7 @@ impl Shared {
     /// Starts a tree and keeps it running to its end in the background;
     /// returns its tree id and root run id.
     async fn start(
-        &self,
+        self: &Arc<Self>,
         request: StartRequest,
         model: Option<&str>,
     ) -> Result<(Arc<str>, String), ApiError> {
@@ -140,12 +140,23 @@ impl Shared {
             tree_id: Some(tree_id),
             ..request
         };
-        match self.runtime.supervisor().start(request).await {
-            Ok(handle) => Ok(self.keep(handle)),
-            Err(error) => {
-                self.running.fetch_sub(1, Ordering::AcqRel);
-                Err(error.into())
+        // On a task of its own: a client that hangs up mid-request must not
+        // cut a start in half (a tree stored but never run).
+        let started = tokio::spawn({
+            let shared = self.clone();
+            async move {
+                match shared.runtime.supervisor().start(request).await {
+                    Ok(handle) => Ok(shared.keep(handle)),
+                    Err(error) => {
+                        shared.running.fetch_sub(1, Ordering::AcqRel);
+                        Err(error)
+                    }
+                }
             }
+        });
+        match started.await {
+            Ok(started) => Ok(started?),
+            Err(error) => Err(ApiError::unavailable("starting the tree failed", error)),
         }
     }
 

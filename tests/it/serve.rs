@@ -746,7 +746,8 @@ async fn schemathesis_finds_every_response_conforming_and_no_server_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traces_go_to_the_configured_otlp_collector() {
     use std::sync::{Arc, Mutex};
-    let received: Arc<Mutex<Vec<(String, Vec<u8>)>>> = Arc::default();
+    type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+    let received: Received = Arc::default();
     let keep = received.clone();
     let collector = axum::Router::new().route(
         "/v1/traces",
