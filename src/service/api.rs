@@ -29,7 +29,7 @@ use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
         create_run, list_runs, get_run, run_events, cancel_run, get_tree, list_agents,
         healthz, readyz, metrics
     ),
-    components(schemas(ErrorBody, TreeSummary, RunNode, TreeLimits)),
+    components(schemas(ErrorBody, TreeSummary, RunNode, TreeLimits, StatusFilter)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
@@ -132,7 +132,7 @@ pub struct RunView {
     pub state: AgentState,
     /// What a finished run hands back to its parent (or the caller), by its
     /// agent's output mode; null while it runs.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub value: Value,
 }
 
@@ -141,6 +141,23 @@ pub struct TreeView {
     pub tree: TreeSummary,
     /// Every run of the tree in the order they started.
     pub nodes: Vec<RunNode>,
+}
+
+/// One Server-Sent Event of a run's stream (the document's schema of each
+/// event of a `text/event-stream` response, as OpenAPI 3.2 reads it).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct StreamEvent {
+    /// The event's `seq` in its tree: send it back as `Last-Event-ID`.
+    #[schema(pattern = "^[0-9]+$")]
+    pub id: String,
+    /// The event's type: agentStarted, stepStarted, modelResponded, toolCalled,
+    /// childSpawned, childFinished, outputSet, agentFinished, agentFailed,
+    /// agentCancelled, ...
+    pub event: String,
+    /// The event as JSON: `{seq, treeId, runId, atMs, type, ...}`.
+    #[schema(content_media_type = "application/json")]
+    pub data: String,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -277,7 +294,11 @@ pub async fn list_runs(
     if !(1..=500).contains(&limit) {
         return Err(ApiError::invalid("limit must be between 1 and 500"));
     }
-    let offset = query.offset.unwrap_or(0) as usize;
+    let offset = query.offset.unwrap_or(0);
+    if offset > 1_000_000_000 {
+        return Err(ApiError::invalid("offset must be at most 1000000000"));
+    }
+    let offset = offset as usize;
     let filter = TreeFilter {
         status: query.status.map(|s| s.as_str().to_owned()),
         // One more than asked, to know whether a next page exists.
@@ -357,7 +378,7 @@ pub async fn get_run(
     responses(
         (status = 200, description = "Server-Sent Events: `id` is the event's seq, `event` its type, \
             `data` its JSON ({seq, treeId, runId, atMs, type, ...}); ends after the run's final event",
-         content_type = "text/event-stream", body = String),
+         content_type = "text/event-stream", body = StreamEvent),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),
     )

@@ -31,6 +31,8 @@ pub fn in_subtree(candidate: &str, run: &str) -> bool {
 
 struct Follow {
     run_id: String,
+    /// The tree's root run: its end ends every stream of the tree.
+    root: String,
     tree_id: Arc<str>,
     last: u64,
     tx: mpsc::Sender<SseEvent>,
@@ -47,10 +49,11 @@ impl Follow {
         }
         self.last = seq;
         let run = event["runId"].as_str().unwrap_or_default().to_owned();
-        if !in_subtree(&run, &self.run_id) {
-            return false;
-        }
         let kind = event["type"].as_str().unwrap_or("event").to_owned();
+        let tree_over = run == self.root && FINAL.contains(&kind.as_str());
+        if !in_subtree(&run, &self.run_id) {
+            return tree_over;
+        }
         if let Value::Object(map) = &mut event {
             map.insert("treeId".into(), Value::from(&*self.tree_id));
         }
@@ -64,7 +67,7 @@ impl Follow {
         if self.tx.send(sse).await.is_err() {
             return true;
         }
-        run == self.run_id && FINAL.contains(&kind.as_str())
+        tree_over || (run == self.run_id && FINAL.contains(&kind.as_str()))
     }
 }
 
@@ -84,18 +87,28 @@ pub async fn stream(
     let mut live = supervisor.events().subscribe_tree(&tree_id);
     supervisor.flush().await?;
     let store = shared.store.clone();
+    let running = supervisor.is_running(&tree_id);
+    // A root whose tree runs here may not have started yet (a stream opened
+    // right after the 201): it is known all the same.
+    let root = format!("{tree_id}/0");
+    let known = running && run_id == root;
     let (run, tree) = (run_id.clone(), tree_id.clone());
     let journal = tokio::task::spawn_blocking(move || {
-        store.run(&run)?;
+        match store.run(&run) {
+            Err(arbor_supervisor::Error::UnknownRun(_)) if known => {}
+            other => {
+                other?;
+            }
+        }
         store.events(&tree, after)
     })
     .await
     .map_err(|e| ApiError::unavailable("the store reader failed", e))??;
-    let running = supervisor.is_running(&tree_id);
     let (tx, mut rx) = mpsc::channel(256);
     let mut shutdown = shared.shutdown.subscribe();
     let mut follow = Follow {
         run_id,
+        root,
         tree_id,
         last: after,
         tx,

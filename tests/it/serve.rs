@@ -119,8 +119,11 @@ fn config() -> String {
     fixtures().join("serve.toml").display().to_string()
 }
 
+/// A server on the fixture config, once it is ready (interrupted trees resumed).
 pub fn serve(dir: &Path) -> Server {
-    Server::start(dir, &["--config", &config()], Some(TOKEN))
+    let mut server = Server::start(dir, &["--config", &config()], Some(TOKEN));
+    server.wait_for("ready");
+    server
 }
 
 pub async fn post(server: &Server, path: &str, body: Value) -> (StatusCode, Value) {
@@ -566,8 +569,7 @@ async fn a_tree_cut_by_sigterm_finishes_after_a_restart() {
         .collect();
     assert!(finished_before.len() >= 3);
     let (status, tree, events) = {
-        let mut server = serve(dir.path());
-        server.wait_for("ready");
+        let server = serve(dir.path());
         let events = stream(&server, &run_id, None, |_| {}).await;
         assert_eq!(events.last().unwrap().data["status"], "completed");
         let (status, tree) = get(&server, &format!("/v1/trees/{tree_id}")).await;
