@@ -80,17 +80,23 @@ pub enum Error {
     Service(String),
 }
 
-/// A supervisor built from a config: the library's entry point.
+/// A supervisor built from a config (or from templates, models and tools in
+/// code): the library's entry point.
 pub struct Runtime {
-    config: Config,
+    config: Option<Config>,
     supervisor: Supervisor,
 }
 
 /// How to build a [`Runtime`] beyond the defaults.
 pub struct RuntimeBuilder {
-    config: Config,
+    source: Source,
     store: Option<std::path::PathBuf>,
     retain: Retain,
+}
+
+enum Source {
+    Config(Box<Config>),
+    Code(Box<arbor_supervisor::Catalog>, arbor_supervisor::TreeLimits),
 }
 
 impl RuntimeBuilder {
@@ -108,16 +114,19 @@ impl RuntimeBuilder {
     }
 
     pub fn build(self) -> Result<Runtime, Error> {
-        let catalog = self.config.catalog()?;
-        let mut supervisor =
-            Supervisor::with_retention(catalog, self.config.limits.clone(), self.retain);
+        let (config, catalog, limits) = match self.source {
+            Source::Config(config) => {
+                let catalog = config.catalog()?;
+                let limits = config.limits.clone();
+                (Some(*config), catalog, limits)
+            }
+            Source::Code(catalog, limits) => (None, *catalog, limits),
+        };
+        let mut supervisor = Supervisor::with_retention(catalog, limits, self.retain);
         if let Some(path) = &self.store {
             supervisor = supervisor.with_store(Arc::new(SqliteStore::open(path)?))?;
         }
-        Ok(Runtime {
-            config: self.config,
-            supervisor,
-        })
+        Ok(Runtime { config, supervisor })
     }
 }
 
@@ -135,14 +144,33 @@ impl Runtime {
 
     pub fn builder(config: Config) -> RuntimeBuilder {
         RuntimeBuilder {
-            config,
+            source: Source::Config(Box::new(config)),
             store: None,
             retain: Retain::All,
         }
     }
 
-    pub fn config(&self) -> &Config {
-        &self.config
+    /// A runtime over templates, models and tools built in code
+    /// (`Catalog::builder()`), with these tree limits.
+    pub fn from_catalog(
+        catalog: arbor_supervisor::Catalog,
+        limits: arbor_supervisor::TreeLimits,
+    ) -> RuntimeBuilder {
+        RuntimeBuilder {
+            source: Source::Code(Box::new(catalog), limits),
+            store: None,
+            retain: Retain::All,
+        }
+    }
+
+    /// The config it was built from (`None` when built in code).
+    pub fn config(&self) -> Option<&Config> {
+        self.config.as_ref()
+    }
+
+    /// Where its templates came from, recorded with each stored tree.
+    pub fn origin(&self) -> Option<String> {
+        self.config.as_ref().and_then(Config::origin)
     }
 
     pub fn supervisor(&self) -> &Supervisor {
@@ -162,7 +190,7 @@ impl Runtime {
             agent: agent.to_owned(),
             prompt: prompt.to_owned(),
             params,
-            origin: self.config.origin(),
+            origin: self.origin(),
             ..StartRequest::default()
         })
         .await

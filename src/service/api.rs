@@ -261,7 +261,7 @@ pub async fn create_run(
         params: body.params,
         model: body.model,
         limits: Some(limits),
-        origin: shared.runtime.config().origin(),
+        origin: shared.runtime.origin(),
         ..StartRequest::default()
     };
     let handle = shared.start(request, model.as_deref()).await?;
@@ -470,11 +470,11 @@ pub async fn get_tree(
     responses((status = 200, body = AgentList), (status = 401, body = ErrorBody))
 )]
 pub async fn list_agents(State(shared): State<Arc<Shared>>) -> Json<AgentList> {
-    let agents = shared
+    let mut agents: Vec<AgentInfo> = shared
         .runtime
-        .config()
-        .templates
-        .iter()
+        .supervisor()
+        .catalog()
+        .templates()
         .map(|t| AgentInfo {
             id: t.id.clone(),
             name: (!t.display_name.is_empty()).then(|| t.display_name.clone()),
@@ -482,6 +482,7 @@ pub async fn list_agents(State(shared): State<Arc<Shared>>) -> Json<AgentList> {
             spawnable_agents: t.spawnable_agents.clone(),
         })
         .collect();
+    agents.sort_by(|a, b| a.id.cmp(&b.id));
     Json(AgentList { agents })
 }
 

@@ -199,9 +199,9 @@ impl Service {
             .cloned()
             .ok_or(Error::NoStore)?;
         let models = runtime
-            .config()
-            .templates
-            .iter()
+            .supervisor()
+            .catalog()
+            .templates()
             .map(|t| (t.id.clone(), Arc::from(t.model.as_str())))
             .collect::<HashMap<_, _>>();
         let (shutdown, _) = watch::channel(false);

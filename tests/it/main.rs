@@ -5,6 +5,7 @@ mod aimock;
 mod cli;
 mod config;
 mod layers;
+mod library;
 mod loadtest;
 mod provider_faults;
 mod provider_limits;

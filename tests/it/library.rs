@@ -1,0 +1,87 @@
+//! The embedding API: a `Runtime` built in code, a started tree's events,
+//! cancel, result and lookups (paused tokio time: the simulated model's
+//! latency passes without waiting).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arbor::Runtime;
+use arbor::actors::models::{Latency, SimulatedConfig, SimulatedModel};
+use arbor::actors::{AgentStatus, AgentTemplate, Model};
+use arbor::supervisor::{Catalog, TreeLimits};
+
+fn runtime(latency: Duration) -> Runtime {
+    let model = SimulatedModel::new(
+        "sim",
+        SimulatedConfig {
+            latency: Latency::Fixed(latency),
+            ..SimulatedConfig::tree(2, 2)
+        },
+    );
+    let catalog = Catalog::builder()
+        .model(Arc::new(model) as Arc<dyn Model>)
+        .template(AgentTemplate::new("boss", "sim").spawns(&["boss"]))
+        .build()
+        .unwrap();
+    Runtime::from_catalog(catalog, TreeLimits::default())
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tree_built_in_code_streams_its_events_and_ends_with_its_result() {
+    let runtime = runtime(Duration::from_millis(50));
+    assert!(runtime.config().is_none());
+    let mut run = runtime.start("boss", "plan", None).await.unwrap();
+    assert_eq!(run.run_id, format!("{}/0", run.tree_id));
+    let mut events = run.take_events();
+    let mut started = Vec::new();
+    let mut last = None;
+    while let Some(event) = events.recv().await {
+        if event.kind.name() == "agentStarted" {
+            started.push(event.run_id.to_string());
+        }
+        last = Some(event);
+    }
+    // 1 + 2 + 4 agents; the stream ends with the root's final event.
+    assert_eq!(started.len(), 7);
+    let last = last.unwrap();
+    assert_eq!(
+        (&*last.run_id, last.kind.name()),
+        (run.run_id.as_str(), "agentFinished")
+    );
+    let result = run.result().await.unwrap();
+    assert_eq!(result.state.status, AgentStatus::Completed);
+    // Any run by id.
+    let child = runtime.state(&started[1]).await.unwrap();
+    assert_eq!(child.run_id, started[1]);
+    assert!(runtime.state("t-none/0").await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tree_cancelled_through_its_handle_ends_cancelled() {
+    let runtime = runtime(Duration::from_secs(3600));
+    let mut run = runtime.start("boss", "wait", None).await.unwrap();
+    let mut events = run.take_events();
+    let cancel = run.canceller();
+    // Cancel once its first model call is under way (an hour long).
+    while let Some(event) = events.recv().await {
+        if event.kind.name() == "stepStarted" {
+            cancel.cancel();
+        }
+    }
+    let result = run.result().await.unwrap();
+    assert_eq!(result.state.status, AgentStatus::Cancelled);
+}
+
+/// The events are taken once; taking them again gives a stream that has ended.
+#[tokio::test(start_paused = true)]
+async fn events_taken_twice_give_an_ended_stream_the_second_time() {
+    let runtime = runtime(Duration::ZERO);
+    let mut run = runtime.start("boss", "twice", None).await.unwrap();
+    let mut first = run.take_events();
+    let mut second = run.take_events();
+    assert!(second.recv().await.is_none());
+    assert!(first.recv().await.is_some());
+    run.result().await.unwrap();
+}
