@@ -99,8 +99,7 @@ impl Shared {
     }
 
     fn store_failed(&self) -> bool {
-        // A failed store refuses new trees: the supervisor says so on start.
-        false
+        self.runtime.supervisor().store_failure().is_some()
     }
 
     /// Starts a tree and keeps it running to its end in the background;

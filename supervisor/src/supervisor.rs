@@ -112,6 +112,11 @@ impl Supervisor {
         self.store.as_ref().map(|(store, _)| store)
     }
 
+    /// Why the store stopped taking writes, if it did (then no tree starts).
+    pub fn store_failure(&self) -> Option<String> {
+        self.store.as_ref().and_then(|(_, writer)| writer.failure())
+    }
+
     /// Waits until everything that happened so far is in the store.
     pub async fn flush(&self) -> Result<(), Error> {
         match &self.store {

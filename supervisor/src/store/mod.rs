@@ -138,11 +138,13 @@ pub(crate) fn still_running(owner: &str, heartbeat_ms: u64, now_ms: u64) -> bool
 pub struct TreeSummary {
     pub tree_id: String,
     pub root_run_id: String,
+    /// The root's agent type.
     pub agent: String,
     pub prompt: String,
     /// `running` (its process is alive), `interrupted`, or the root's final status.
     pub status: String,
     pub error: Option<String>,
+    /// Runs that have ended (all of the tree's, once it has ended).
     pub agents: u64,
     pub input_tokens: u64,
     pub output_tokens: u64,
