@@ -21,6 +21,8 @@ pub struct Server {
     child: Child,
     pub base: String,
     lines: std::sync::Mutex<mpsc::Receiver<String>>,
+    /// Every stdout line read so far.
+    pub seen: std::sync::Mutex<Vec<String>>,
 }
 
 impl Server {
@@ -53,6 +55,7 @@ impl Server {
             child,
             base: String::new(),
             lines: std::sync::Mutex::new(lines),
+            seen: Default::default(),
         };
         let line = server.wait_for("listening on http://");
         let at = line.find("http://").unwrap();
@@ -67,7 +70,11 @@ impl Server {
     /// The next stdout line containing `needle`.
     pub fn wait_for(&mut self, needle: &str) -> String {
         loop {
-            match self.lines.lock().unwrap().recv_timeout(GUARD) {
+            let line = self.lines.lock().unwrap().recv_timeout(GUARD);
+            if let Ok(line) = &line {
+                self.seen.lock().unwrap().push(line.clone());
+            }
+            match line {
                 Ok(line) if line.contains(needle) => return line,
                 Ok(_) => {}
                 Err(e) => panic!("no line with {needle:?} from arbor serve: {e}"),
@@ -79,8 +86,9 @@ impl Server {
         format!("{}{path}", self.base)
     }
 
-    /// Sends SIGTERM and waits (bounded) for the exit.
-    pub fn terminate(mut self) -> std::process::ExitStatus {
+    /// Sends SIGTERM and waits (bounded) for the exit; returns the exit status
+    /// and every line the server printed.
+    pub fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
         let pid = self.child.id().to_string();
         let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         assert!(sent.success());
@@ -95,12 +103,15 @@ impl Server {
             .unwrap();
         // The rest of its output, for the assertions of the caller.
         let lines = self.lines.lock().unwrap();
+        let mut seen = std::mem::take(&mut *self.seen.lock().unwrap());
         while let Ok(line) = lines.recv_timeout(Duration::from_secs(5)) {
-            if line.contains("stopped") {
+            let stopped = line.contains("stopped");
+            seen.push(line);
+            if stopped {
                 break;
             }
         }
-        status
+        (status, seen)
     }
 }
 
@@ -554,8 +565,10 @@ async fn a_tree_cut_by_sigterm_finishes_after_a_restart() {
         }
         before.push(text);
     }
-    let status = server.terminate();
+    let (status, logs) = server.terminate();
     assert!(status.success(), "exit status {status}");
+    // It stopped as a shutdown does: streams ended, the store flushed.
+    assert!(logs.iter().any(|l| l.contains("store flushed")), "{logs:?}");
 
     // The runs that had finished before the stop.
     let finished_before: Vec<String> = before[0]
@@ -779,7 +792,7 @@ async fn traces_go_to_the_configured_otlp_collector() {
     std::fs::write(&config, text).unwrap();
     let server = Server::start(
         dir.path(),
-        &["--config", config.to_str().unwrap()],
+        &["--config", config.to_str().unwrap(), "--log-format", "json"],
         Some(TOKEN),
     );
     let (status, created) = post(
@@ -792,7 +805,20 @@ async fn traces_go_to_the_configured_otlp_collector() {
     let events = stream(&server, created["runId"].as_str().unwrap(), None, |_| {}).await;
     assert_eq!(count(&events, "agentStarted"), 10);
     // Shutting down sends what the batch holds.
-    assert!(server.terminate().success());
+    let (status, logs) = server.terminate();
+    assert!(status.success());
+    // The logs are JSON lines (one per request among them), and no line
+    // carries the token.
+    assert!(logs.len() > 3);
+    for line in &logs {
+        let entry: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(entry["level"].is_string());
+        assert!(!line.contains(TOKEN), "{line}");
+    }
+    assert!(
+        logs.iter().any(|l| l.contains("\"path\":\"/v1/runs\"")),
+        "{logs:?}"
+    );
     let received = received.lock().unwrap();
     assert!(!received.is_empty(), "the collector got nothing");
     assert!(
