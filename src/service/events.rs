@@ -2,7 +2,9 @@
 //! Server-Sent Events. The journal first (from `Last-Event-ID` on), then live;
 //! one shape either way (`journal_view`), each event's `seq` as its SSE id, so
 //! a client that reconnects with the last id it saw misses nothing and sees
-//! nothing twice. The stream ends after the run's own final event.
+//! nothing twice. The stream ends after the run's own final event (or the
+//! tree's end, or shutdown); a client too slow to keep up is closed, to
+//! reconnect and go on from the journal.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -17,6 +19,9 @@ use super::Shared;
 use super::error::ApiError;
 
 const FINAL: [&str; 3] = ["agentFinished", "agentFailed", "agentCancelled"];
+
+/// Live events a stream may fall behind by before it is closed.
+const MAX_BEHIND: usize = 100_000;
 
 /// The run path without a retry's `~n`: a retry belongs to its run's node.
 fn node(run_id: &str) -> &str {
@@ -137,6 +142,13 @@ pub async fn stream(
                 _ = shutdown.changed() => return,
             };
             let Some(event) = event else { return };
+            // A client that reads slower than its tree runs is cut off rather
+            // than buffered without bound: it reconnects with Last-Event-ID
+            // and reads the rest from the journal, losing nothing.
+            if live.len() > MAX_BEHIND {
+                tracing::warn!(run = %follow.run_id, behind = live.len(), "event stream too slow; closed");
+                return;
+            }
             if let Some(view) = journal_view(&event) {
                 if follow.send(view).await {
                     return;
