@@ -234,6 +234,8 @@ impl Runtime {
         let Some(store) = self.supervisor.store().cloned() else {
             return Err(arbor_supervisor::Error::UnknownRun(run_id.to_owned()).into());
         };
+        // What happened so far, stored (a run that just ended included).
+        self.supervisor.flush().await?;
         let run_id = run_id.to_owned();
         let stored = tokio::task::spawn_blocking(move || store.run(&run_id))
             .await
@@ -276,7 +278,10 @@ impl Run {
 
     /// Waits for the root's final state (and for every agent of the tree to stop).
     pub async fn result(self) -> Result<RunResult, Error> {
-        Ok(self.handle.wait().await?)
+        // Events nobody took must not pile up while the tree runs.
+        let Run { handle, events, .. } = self;
+        drop(events);
+        Ok(handle.wait().await?)
     }
 }
 

@@ -849,7 +849,7 @@ fn serve(
     }
     let path = store_path(&config, store);
     let tokio = async_runtime()?;
-    tokio.block_on(async {
+    let served = tokio.block_on(async {
         let runtime = Runtime::builder(config)
             .store(&path)
             .retain(arbor_supervisor::Retain::None)
@@ -869,14 +869,21 @@ fn serve(
         tokio::spawn(async move {
             let resumed = resuming.resume_interrupted().await;
             tracing::info!(trees = resumed.len(), "ready (interrupted trees resumed)");
+            // Then trees whose owner crashed out of sight, once they go stale.
+            let stale = arbor_supervisor::store::STALE_AFTER_MS;
+            resuming
+                .adopt_interrupted(std::time::Duration::from_millis(stale + 1000))
+                .await;
         });
         service.serve(listener, shutdown_signal()).await?;
         tracing::info!("stopped");
         Ok::<_, anyhow::Error>(())
-    })?;
+    });
+    // The last spans go out whether or not the server ended well.
     if let Some(otlp) = otlp {
         otlp.shutdown();
     }
+    served?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -907,7 +914,6 @@ fn store_path(config: &Config, flag: Option<PathBuf>) -> PathBuf {
     flag.unwrap_or_else(|| config.file.store.path.clone())
 }
 
-/// The config file a stored tree was started with, to record with it.
 /// The config to resume or replay a tree with: `--config`, else the file it
 /// was started with (if it is still there), else the default.
 fn tree_config(

@@ -64,11 +64,10 @@ pub async fn require_token(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
+        .and_then(|v| v.split_once(' '))
+        // The scheme is case-insensitive (RFC 7235).
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
     let message = match presented {
         Some(token) if shared.tokens.accepts(token.as_bytes()) => {
             return next.run(request).await;

@@ -22,16 +22,19 @@ const FINAL: [&str; 3] = ["agentFinished", "agentFailed", "agentCancelled"];
 
 /// Live events a stream may fall behind by before it is closed.
 const MAX_BEHIND: usize = 100_000;
+/// How long a client may take no event before its stream is closed.
+const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often a live stream checks its tree still runs (a root lost without a
+/// final event ends the stream too).
+const TREE_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The run path without a retry's `~n`: a retry belongs to its run's node.
-fn node(run_id: &str) -> &str {
-    run_id.split('~').next().unwrap_or(run_id)
-}
-
-/// Whether `candidate` is `run` (or a retry of it) or below it.
+/// Whether `candidate` is `run` or below it. (A retry is a run of its own,
+/// `RUN~n`, with its own children `RUN~n.k`: streamed on its own id.)
 pub fn in_subtree(candidate: &str, run: &str) -> bool {
-    let (c, r) = (node(candidate), node(run));
-    c == r || (c.len() > r.len() && c.starts_with(r) && c.as_bytes()[r.len()] == b'.')
+    candidate == run
+        || (candidate.len() > run.len()
+            && candidate.starts_with(run)
+            && candidate.as_bytes()[run.len()] == b'.')
 }
 
 struct Follow {
@@ -49,16 +52,16 @@ impl Follow {
     /// client left).
     async fn send(&mut self, mut event: Value) -> bool {
         let seq = event["seq"].as_u64().unwrap_or(0);
-        if seq <= self.last {
-            return false;
-        }
-        self.last = seq;
         let run = event["runId"].as_str().unwrap_or_default().to_owned();
         let kind = event["type"].as_str().unwrap_or("event").to_owned();
-        let tree_over = run == self.root && FINAL.contains(&kind.as_str());
-        if !in_subtree(&run, &self.run_id) {
-            return tree_over;
+        let is_final = FINAL.contains(&kind.as_str());
+        // The end, judged before the de-duplication: a client whose last id is
+        // at or past the end (a reconnect after it) must not wait forever.
+        let ends = is_final && (run == self.root || run == self.run_id);
+        if seq <= self.last || !in_subtree(&run, &self.run_id) {
+            return ends;
         }
+        self.last = seq;
         if let Value::Object(map) = &mut event {
             map.insert("treeId".into(), Value::from(&*self.tree_id));
         }
@@ -67,12 +70,18 @@ impl Follow {
             .event(kind.as_str())
             .json_data(&event);
         let Ok(sse) = sse else {
-            return false;
+            return ends;
         };
-        if self.tx.send(sse).await.is_err() {
-            return true;
+        // A client that takes nothing for this long is closed; it can
+        // reconnect with Last-Event-ID and lose nothing.
+        match tokio::time::timeout(SEND_TIMEOUT, self.tx.send(sse)).await {
+            Ok(Ok(())) => ends,
+            Ok(Err(_)) => true,
+            Err(_) => {
+                tracing::warn!(run = %self.run_id, "event stream not read for {SEND_TIMEOUT:?}; closed");
+                true
+            }
         }
-        tree_over || (run == self.run_id && FINAL.contains(&kind.as_str()))
     }
 }
 
@@ -87,30 +96,35 @@ pub async fn stream(
         None => return Err(ApiError::not_found(format!("no run {run_id}"))),
     };
     let supervisor = shared.runtime.supervisor();
-    // Subscribed before the flush: whatever the journal does not have yet
-    // arrives live.
-    let mut live = supervisor.events().subscribe_tree(&tree_id);
+    // Ends with the server; subscribed first, so a stop during the set-up counts.
+    let mut shutdown = shared.shutdown.subscribe();
+    // Trees interrupted by a restart are resumed before they are followed.
+    shared.wait_ready().await;
     supervisor.flush().await?;
-    let store = shared.store.clone();
-    let running = supervisor.is_running(&tree_id);
+    let root = format!("{tree_id}/0");
     // A root whose tree runs here may not have started yet (a stream opened
     // right after the 201): it is known all the same.
-    let root = format!("{tree_id}/0");
-    let known = running && run_id == root;
-    let (run, tree) = (run_id.clone(), tree_id.clone());
-    let journal = tokio::task::spawn_blocking(move || {
-        match store.run(&run) {
-            Err(arbor_supervisor::Error::UnknownRun(_)) if known => {}
-            other => {
-                other?;
-            }
-        }
-        store.events(&tree, after)
+    let known = run_id == root && supervisor.is_running(&tree_id);
+    let store = shared.store.clone();
+    let run = run_id.clone();
+    tokio::task::spawn_blocking(move || match store.run(&run) {
+        Err(arbor_supervisor::Error::UnknownRun(_)) if known => Ok(()),
+        other => other.map(drop),
     })
     .await
     .map_err(|e| ApiError::unavailable("the store reader failed", e))??;
+    // Subscribed before the second flush: whatever the journal does not have
+    // yet arrives live.
+    let mut live = supervisor.events().subscribe_tree(&tree_id);
+    supervisor.flush().await?;
+    let running = supervisor.is_running(&tree_id);
+    let store = shared.store.clone();
+    let tree = tree_id.clone();
+    let journal = tokio::task::spawn_blocking(move || store.events(&tree, after))
+        .await
+        .map_err(|e| ApiError::unavailable("the store reader failed", e))??;
+    let check = (shared.clone(), tree_id.clone());
     let (tx, mut rx) = mpsc::channel(256);
-    let mut shutdown = shared.shutdown.subscribe();
     let mut follow = Follow {
         run_id,
         root,
@@ -124,22 +138,29 @@ pub async fn stream(
                 return;
             }
         }
-        if !running {
-            // Ended (or run elsewhere): only what came in since the flush.
-            while let Ok(event) = live.try_recv() {
-                if let Some(view) = journal_view(&event) {
-                    if follow.send(view).await {
-                        return;
+        let mut tick = tokio::time::interval(TREE_CHECK);
+        tick.tick().await;
+        let mut running = running;
+        loop {
+            if !running {
+                // Ended (or run elsewhere): only what came in until now.
+                while let Ok(event) = live.try_recv() {
+                    if let Some(view) = journal_view(&event) {
+                        if follow.send(view).await {
+                            return;
+                        }
                     }
                 }
+                return;
             }
-            return;
-        }
-        loop {
             let event = tokio::select! {
                 event = live.recv() => event,
                 () = follow.tx.closed() => return,
-                _ = shutdown.changed() => return,
+                _ = shutdown.wait_for(|stop| *stop) => return,
+                _ = tick.tick() => {
+                    running = check.0.runtime.supervisor().is_running(&check.1);
+                    continue;
+                }
             };
             let Some(event) = event else { return };
             // A client that reads slower than its tree runs is cut off rather
@@ -165,11 +186,14 @@ mod tests {
     use super::in_subtree;
 
     #[test]
-    fn a_subtree_is_the_run_its_retries_and_what_is_below() {
+    fn a_subtree_is_the_run_and_what_is_below_it() {
         assert!(in_subtree("t/0", "t/0"));
         assert!(in_subtree("t/0.1.2", "t/0"));
-        assert!(in_subtree("t/0.1~2", "t/0.1"));
         assert!(in_subtree("t/0.1.3~1", "t/0.1"));
+        assert!(in_subtree("t/0.1~1.2", "t/0.1~1"));
+        assert!(!in_subtree("t/0.1~1", "t/0.1"));
+        assert!(!in_subtree("t/0.1~1.3", "t/0.1~1.2"));
+        assert!(!in_subtree("t/0.1~12", "t/0.1~1"));
         assert!(!in_subtree("t/0.10", "t/0.1"));
         assert!(!in_subtree("t/0", "t/0.1"));
         assert!(!in_subtree("t/0.2", "t/0.1"));

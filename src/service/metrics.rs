@@ -136,6 +136,13 @@ impl Metrics {
         }
     }
 
+    /// A tree that did not start after all.
+    pub fn forget_tree(&self, tree_id: &str) {
+        if let Ok(mut trees) = self.tree_models.lock() {
+            trees.remove(tree_id);
+        }
+    }
+
     pub fn observe(&self, event: &Event) {
         let Ok(mut runs) = self.runs.lock() else {
             return;

@@ -16,7 +16,7 @@ mod metrics;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arbor_supervisor::store::{Store, TreeFilter};
@@ -80,7 +80,8 @@ pub(crate) struct Shared {
     body_limit: usize,
     shutdown_timeout: Duration,
     running: Arc<AtomicUsize>,
-    ready: AtomicBool,
+    /// Set once interrupted trees are resumed.
+    ready: watch::Sender<bool>,
     /// Set on shutdown: event streams end, readiness fails.
     shutdown: watch::Sender<bool>,
 }
@@ -89,13 +90,20 @@ impl Shared {
     fn readiness(&self) -> &'static str {
         if *self.shutdown.borrow() {
             "stopping"
-        } else if !self.ready.load(Ordering::Acquire) {
+        } else if !*self.ready.borrow() {
             "starting"
         } else if self.store_failed() {
             "store failed"
         } else {
             "ok"
         }
+    }
+
+    /// Until interrupted trees are resumed (a stream must not take a tree
+    /// about to resume for one that has ended).
+    async fn wait_ready(&self) {
+        let mut ready = self.ready.subscribe();
+        let _ = ready.wait_for(|r| *r).await;
     }
 
     fn store_failed(&self) -> bool {
@@ -136,7 +144,7 @@ impl Shared {
             self.metrics.tree_model(&tree_id, model);
         }
         let request = StartRequest {
-            tree_id: Some(tree_id),
+            tree_id: Some(tree_id.clone()),
             ..request
         };
         // On a task of its own: a client that hangs up mid-request must not
@@ -148,6 +156,7 @@ impl Shared {
                     Ok(handle) => Ok(shared.keep(handle)),
                     Err(error) => {
                         shared.running.fetch_sub(1, Ordering::AcqRel);
+                        shared.metrics.forget_tree(&tree_id);
                         Err(error)
                     }
                 }
@@ -213,7 +222,7 @@ impl Service {
             body_limit: options.body_limit,
             shutdown_timeout: options.shutdown_timeout,
             running: Arc::new(AtomicUsize::new(0)),
-            ready: AtomicBool::new(false),
+            ready: watch::channel(false).0,
             shutdown,
         });
         let observer = Arc::downgrade(&shared);
@@ -271,6 +280,9 @@ impl Service {
     /// Resumes every interrupted tree in the store (a server that stopped, or
     /// crashed, mid-run), then reports ready. Returns the trees resumed.
     pub async fn resume_interrupted(&self) -> Vec<String> {
+        if *self.shared.shutdown.borrow() {
+            return Vec::new();
+        }
         let store = self.shared.store.clone();
         let filter = TreeFilter {
             status: Some("interrupted".into()),
@@ -290,6 +302,9 @@ impl Service {
         };
         let mut resumed = Vec::new();
         for tree in trees {
+            if self.shared.runtime.supervisor().is_running(&tree.tree_id) {
+                continue;
+            }
             match self.shared.runtime.supervisor().resume(&tree.tree_id).await {
                 Ok(handle) => {
                     self.shared.running.fetch_add(1, Ordering::AcqRel);
@@ -300,8 +315,27 @@ impl Service {
                 Err(error) => tracing::warn!(tree = %tree.tree_id, %error, "not resumed"),
             }
         }
-        self.shared.ready.store(true, Ordering::Release);
+        self.shared.ready.send_replace(true);
         resumed
+    }
+
+    /// Keeps adopting interrupted trees after the start, every `every`, until
+    /// shutdown: a tree whose owner crashed where this process cannot see it
+    /// (another container, another host on a shared file) is interrupted only
+    /// once its heartbeat goes stale, after the start-up pass. Claims are
+    /// atomic, so servers sharing a store never run one tree twice.
+    pub async fn adopt_interrupted(&self, every: Duration) {
+        let mut shutdown = self.shared.shutdown.subscribe();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
+            let adopted = self.resume_interrupted().await;
+            if !adopted.is_empty() {
+                tracing::info!(trees = adopted.len(), "adopted interrupted trees");
+            }
+        }
     }
 
     /// Ends every event stream and fails readiness (a shutdown has begun).
@@ -319,35 +353,43 @@ impl Service {
         listener: TcpListener,
         signal: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), Error> {
-        let options_timeout = self.shared.shutdown_timeout;
+        let timeout = self.shared.shutdown_timeout;
         let app = self.router();
-        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<tokio::time::Instant>();
         let this = self.clone();
         let server = axum::serve(listener, app).with_graceful_shutdown(async move {
             signal.await;
             tracing::info!("shutting down: no new connections, ending event streams");
             this.stop();
-            let _ = stopped_tx.send(());
+            let _ = stopped_tx.send(tokio::time::Instant::now() + timeout);
         });
         let mut server = std::pin::pin!(server.into_future());
+        // One bound for the whole shutdown: open requests, then the store.
+        let mut deadline = None;
         let served = tokio::select! {
             served = &mut server => served.map_err(|e| Error::Service(format!("the server failed: {e}"))),
             () = async {
-                let _ = stopped_rx.await;
-                tokio::time::sleep(options_timeout).await;
+                if let Ok(at) = stopped_rx.await {
+                    deadline = Some(at);
+                    tokio::time::sleep_until(at).await;
+                }
             } => {
-                tracing::warn!("requests still open after {options_timeout:?}; closing them");
+                tracing::warn!("requests still open after {timeout:?}; closing them");
                 Ok(())
             }
         };
+        let left = deadline
+            .map(|at| at.saturating_duration_since(tokio::time::Instant::now()))
+            .unwrap_or(timeout)
+            .max(Duration::from_secs(1));
         let supervisor = self.shared.runtime.supervisor();
-        match tokio::time::timeout(options_timeout, supervisor.flush()).await {
-            Ok(Ok(())) => tracing::info!(
-                running = self.shared.running.load(Ordering::Acquire),
-                "store flushed; running trees resume on the next start"
+        match tokio::time::timeout(left, supervisor.release()).await {
+            Ok(Ok(trees)) => tracing::info!(
+                trees = trees.len(),
+                "store flushed; running trees handed over, to resume on the next start"
             ),
             Ok(Err(error)) => tracing::error!(%error, "the store failed while shutting down"),
-            Err(_) => tracing::error!("the store did not flush within {options_timeout:?}"),
+            Err(_) => tracing::error!("the store did not flush within {left:?}"),
         }
         served
     }
@@ -375,7 +417,13 @@ async fn page() -> Response {
 }
 
 async fn openapi() -> Response {
-    axum::Json(ApiDoc::openapi()).into_response()
+    static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let document = DOCUMENT.get_or_init(|| ApiDoc::openapi().to_json().unwrap_or_default());
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        document.as_str(),
+    )
+        .into_response()
 }
 
 async fn not_found() -> ApiError {

@@ -53,6 +53,8 @@ impl EventBus {
     fn add(&self, tree: Option<Arc<str>>) -> EventStream {
         let (tx, rx) = mpsc::unbounded_channel();
         if let Ok(mut subs) = self.subscribers.write() {
+            // Readers that have gone (of trees that may never emit again).
+            subs.retain(|s| !s.tx.is_closed());
             subs.push(Subscriber { tree, tx });
         }
         rx

@@ -112,6 +112,26 @@ impl Supervisor {
         self.store.as_ref().map(|(store, _)| store)
     }
 
+    /// Hands every tree still running here over to the next process, for a
+    /// shutdown: waits until everything so far is stored, then marks them
+    /// interrupted (a new process resumes them at once, without waiting for
+    /// this one's heartbeat to go stale) and records nothing more of them.
+    /// Returns the trees handed over.
+    pub async fn release(&self) -> Result<Vec<String>, Error> {
+        let Some((_, writer)) = &self.store else {
+            return Ok(Vec::new());
+        };
+        let trees: Vec<String> = self
+            .contexts()
+            .iter()
+            .map(|c| c.tree_id.to_string())
+            .collect();
+        writer.flush().await?;
+        writer.send(Write::Release(trees.clone()));
+        writer.flush().await?;
+        Ok(trees)
+    }
+
     /// Why the store stopped taking writes, if it did (then no tree starts).
     pub fn store_failure(&self) -> Option<String> {
         self.store.as_ref().and_then(|(_, writer)| writer.failure())

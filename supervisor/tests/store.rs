@@ -320,3 +320,47 @@ async fn live_events_seen_through_the_journal_view_equal_the_stored_ones() {
     let after = stored[4]["seq"].as_u64().unwrap();
     assert_eq!(store.events("t", after).unwrap(), stored[5..].to_vec());
 }
+
+/// A shutting-down process hands its running trees over: once `release`
+/// returns, the store lists them as interrupted although this process (their
+/// owner) is alive, and resume can claim them at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_trees_are_interrupted_at_once_and_recorded_no_more() {
+    use arbor_actors::models::{Latency, SimulatedConfig, SimulatedModel};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let store = Arc::new(SqliteStore::open(&path).unwrap());
+    let slow = SimulatedModel::new(
+        "slow",
+        SimulatedConfig {
+            latency: Latency::Fixed(std::time::Duration::from_secs(3600)),
+            ..SimulatedConfig::tree(2, 1)
+        },
+    );
+    let catalog = Catalog::builder()
+        .model(Arc::new(slow) as Arc<dyn Model>)
+        .template(arbor_actors::AgentTemplate::new("boss", "slow"))
+        .build()
+        .unwrap();
+    let sup = Supervisor::new(catalog, TreeLimits::default())
+        .with_store(store.clone())
+        .unwrap();
+    let mut events = sup.events().subscribe_tree("t");
+    let handle = start(&sup, "boss", "wait").await;
+    while events.recv().await.unwrap().kind.name() != "stepStarted" {}
+    let interrupted = TreeFilter {
+        status: Some("interrupted".into()),
+        limit: 10,
+        offset: 0,
+    };
+    assert!(store.trees(&interrupted).unwrap().is_empty());
+    assert_eq!(sup.release().await.unwrap(), vec!["t".to_owned()]);
+    let listed = store.trees(&interrupted).unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].tree_id, "t");
+    // Nothing more is recorded for it: cancelling it here leaves it interrupted.
+    handle.cancel();
+    finish(handle).await;
+    sup.flush().await.unwrap();
+    assert_eq!(store.trees(&interrupted).unwrap().len(), 1);
+}

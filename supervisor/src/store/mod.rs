@@ -65,6 +65,10 @@ pub enum Write {
     Event(Arc<Event>),
     /// These trees are still being run by this process.
     Heartbeat(Vec<String>),
+    /// This process stops running these trees (it is shutting down): they are
+    /// marked interrupted at once, for the next process to resume, and nothing
+    /// more is written for them.
+    Release(Vec<String>),
     /// What a resumed tree's store already holds: messages by their ids, and
     /// the model calls recorded, so neither is written (or counted) again.
     Known {
@@ -324,6 +328,7 @@ fn writer_loop(
 ) {
     // Trees this process runs, by root run id, so their heartbeat stays fresh.
     let mut owned: HashMap<String, String> = HashMap::new();
+    let mut released: std::collections::HashSet<String> = std::collections::HashSet::new();
     let mut last_beat = Instant::now();
     let mut batch: Vec<Write> = Vec::new();
     let mut flushes = Vec::new();
@@ -353,6 +358,9 @@ fn writer_loop(
             .chain(std::iter::from_fn(|| rx.try_recv().ok()))
         {
             match msg {
+                // Once released, a tree's later events are not recorded: the
+                // next process resumes it from what was stored until then.
+                Msg::Write(Write::Event(event)) if released.contains(&*event.tree_id) => {}
                 Msg::Write(write) => {
                     match &write {
                         Write::Tree(tree) => {
@@ -360,6 +368,10 @@ fn writer_loop(
                         }
                         Write::Event(event) if event.kind.final_state().is_some() => {
                             owned.remove(&*event.run_id);
+                        }
+                        Write::Release(trees) => {
+                            owned.retain(|_, tree| !trees.contains(tree));
+                            released.extend(trees.iter().cloned());
                         }
                         _ => {}
                     }

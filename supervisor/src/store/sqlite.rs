@@ -1228,6 +1228,16 @@ impl Store for SqliteStore {
                             stmt.execute(params![tree, now_ms() as i64])?;
                         }
                     }
+                    Write::Release(trees) => {
+                        // No owner and no heartbeat: interrupted, whoever looks.
+                        let mut stmt = tx.prepare_cached(
+                            "UPDATE trees SET owner = '-:released', heartbeat_ms = 0
+                             WHERE tree_id = ?1 AND status = 'running' AND owner = ?2",
+                        )?;
+                        for tree in trees {
+                            stmt.execute(params![tree, super::owner_id()])?;
+                        }
+                    }
                 }
             }
             let mut segments = std::mem::take(&mut b.closed);
