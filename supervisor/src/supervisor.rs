@@ -156,10 +156,18 @@ impl Supervisor {
         if self.is_running(tree_id) {
             return Err(Error::TreeExists(tree_id.to_owned()));
         }
-        let (record, _) = store.tree(tree_id)?;
-        // Atomic: of two processes resuming one tree, one gets it.
-        store.claim(tree_id)?;
-        let mut recovery = store.recovery(tree_id)?;
+        // Store reads and the claim on a blocking thread, off the runtime's.
+        let (record, mut recovery) = {
+            let (store, tree_id) = (store.clone(), tree_id.to_owned());
+            tokio::task::spawn_blocking(move || {
+                let (record, _) = store.tree(&tree_id)?;
+                // Atomic: of two processes resuming one tree, one gets it.
+                store.claim(&tree_id)?;
+                Ok::<_, Error>((record, store.recovery(&tree_id)?))
+            })
+            .await
+            .map_err(|e| Error::Store(format!("the store reader failed: {e}")))??
+        };
         for (state, _) in recovery.finished.values() {
             self.registry.record(state);
         }
@@ -260,8 +268,12 @@ impl Supervisor {
         }
         // A new tree must not land on a stored one (`resume` continues those).
         if let (Some((store, _)), None) = (&self.store, &recovery) {
-            match store.tree(&tree_id) {
-                Ok(_) => return Err(Error::TreeStored(tree_id.to_string())),
+            let (store, id) = (store.clone(), tree_id.clone());
+            let stored = tokio::task::spawn_blocking(move || store.tree(&id).map(drop))
+                .await
+                .map_err(|e| Error::Store(format!("the store reader failed: {e}")))?;
+            match stored {
+                Ok(()) => return Err(Error::TreeStored(tree_id.to_string())),
                 Err(Error::UnknownTree(_)) => {}
                 Err(error) => return Err(error),
             }
