@@ -5,7 +5,8 @@
 #
 # Starts the server on a scratch store with tests/fixtures/serve.toml, opens
 # STREAMS (default 50) SSE streams on `planner` trees (21 agents, 150 ms a
-# step, started again as each ends), then runs, in this order and in one run:
+# step here: the script sets the fixture's 20 ms to 150 ms; started again as
+# each ends), then runs, in this order and in one run:
 #   1. baseline: wrk GET /healthz        (the server's floor: routing, no work)
 #   2. wrk GET /v1/agents                (an authenticated read)
 #   3. wrk POST /v1/runs {"agent":"lead"} (start a 10-agent tree on the
@@ -24,9 +25,10 @@ port=18700
 cargo build --release --quiet
 dir=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$dir"' EXIT
+sed 's/^latency = "20ms"$/latency = "150ms"/' tests/fixtures/serve.toml > "$dir/serve.toml"
+grep -c '^latency = "150ms"$' "$dir/serve.toml" | grep -qx 3 || { echo "fixture changed: update the sed" >&2; exit 1; }
 (cd "$dir" && ARBOR_API_TOKENS=$token RUST_LOG=warn \
-    exec "$OLDPWD/target/release/arbor" serve --config "$OLDPWD/tests/fixtures/serve.toml" \
-    --bind 127.0.0.1:$port) &
+    exec "$OLDPWD/target/release/arbor" serve --config serve.toml --bind 127.0.0.1:$port) &
 base=http://127.0.0.1:$port
 until curl -sf $base/healthz >/dev/null; do sleep 0.1; done
 auth="Authorization: Bearer $token"
