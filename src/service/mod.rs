@@ -305,6 +305,14 @@ impl Service {
             if self.shared.runtime.supervisor().is_running(&tree.tree_id) {
                 continue;
             }
+            // The metrics label a resumed tree's agents by its model override too.
+            let (store, id) = (self.shared.store.clone(), tree.tree_id.clone());
+            if let Ok(Ok((record, _))) = tokio::task::spawn_blocking(move || store.tree(&id)).await
+            {
+                if let Some(model) = &record.model {
+                    self.shared.metrics.tree_model(&tree.tree_id, model);
+                }
+            }
             match self.shared.runtime.supervisor().resume(&tree.tree_id).await {
                 Ok(handle) => {
                     self.shared.running.fetch_add(1, Ordering::AcqRel);
@@ -312,7 +320,10 @@ impl Service {
                     tracing::info!(tree = %tree.tree_id, "resumed");
                     resumed.push(tree.tree_id);
                 }
-                Err(error) => tracing::warn!(tree = %tree.tree_id, %error, "not resumed"),
+                Err(error) => {
+                    self.shared.metrics.forget_tree(&tree.tree_id);
+                    tracing::warn!(tree = %tree.tree_id, %error, "not resumed");
+                }
             }
         }
         self.shared.ready.send_replace(true);

@@ -78,9 +78,15 @@ impl TreeContext {
     }
 
     /// Starts from what a previous run of this tree left: events continue its
-    /// numbering and its budget goes on from what it had spent.
+    /// numbering (a resume past any number a reader may have seen: see
+    /// `RESUME_SEQ_GAP`) and its budget goes on from what it had spent.
     pub(crate) fn recovering(mut self, recovery: Arc<Recovery>, replay: bool) -> Self {
-        self.seq = AtomicU64::new(recovery.last_seq);
+        let gap = if replay {
+            0
+        } else {
+            crate::store::RESUME_SEQ_GAP
+        };
+        self.seq = AtomicU64::new(recovery.last_seq + gap);
         self.budget.restore(&recovery.spent);
         self.recovery = Some(recovery);
         self.replay = replay;

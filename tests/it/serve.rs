@@ -612,6 +612,16 @@ async fn a_tree_cut_by_sigterm_finishes_after_a_restart() {
     ids.dedup();
     assert_eq!(ids.len(), 21, "{ids:?}");
     assert!(nodes.iter().all(|n| n["status"] == "completed"));
+    // Numbers never repeat: the resumed part jumps past anything a reader of
+    // the first server could have seen.
+    assert!(events.windows(2).all(|w| w[0].id < w[1].id));
+    assert_eq!(
+        events
+            .windows(2)
+            .filter(|w| w[1].id - w[0].id > 65_536)
+            .count(),
+        1
+    );
     // Every run finished exactly once in the whole journal.
     for id in &ids {
         let finished = events

@@ -250,6 +250,12 @@ impl Drop for StoreWriter {
 }
 
 const MAX_BATCH: usize = 8192;
+/// How far a resumed tree's event numbers jump past the last one stored.
+/// Events reach readers (an event stream) only once the writer's queue took
+/// them, so at most the queue and a batch in progress were seen but not
+/// stored when the process died; the jump is larger than that, with room for
+/// a shutdown's last moments, so a reader never sees a number twice.
+pub const RESUME_SEQ_GAP: u64 = 1 << 20;
 /// Writes waiting for the writer. When the store cannot keep up, an agent that
 /// emits an event waits for room (backpressure) instead of the queue, and the
 /// states it holds, growing without bound.
