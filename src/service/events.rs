@@ -100,11 +100,14 @@ pub async fn stream(
     let mut shutdown = shared.shutdown.subscribe();
     // Trees interrupted by a restart are resumed before they are followed.
     shared.wait_ready().await;
-    supervisor.flush().await?;
     let root = format!("{tree_id}/0");
-    // A root whose tree runs here may not have started yet (a stream opened
-    // right after the 201): it is known all the same.
-    let known = run_id == root && supervisor.is_running(&tree_id);
+    // A run of a tree running here may not have started yet (a root right
+    // after the 201, a child named by `childSpawned` that waits for a live
+    // slot): it is followed all the same, until it ends or the tree does.
+    // (Asked before the flush: a tree that ends after it may have events the
+    // store does not have yet; one that ended before has them all stored.)
+    let known = supervisor.is_running(&tree_id);
+    supervisor.flush().await?;
     let store = shared.store.clone();
     let run = run_id.clone();
     tokio::task::spawn_blocking(move || match store.run(&run) {

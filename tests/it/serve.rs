@@ -188,7 +188,10 @@ pub async fn stream(
         request = request.header("Last-Event-ID", id.to_string());
     }
     let response = request.send().await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    if response.status() != StatusCode::OK {
+        let status = response.status();
+        panic!("{run_id}: {status} {}", response.text().await.unwrap());
+    }
     assert_eq!(
         response.headers()["content-type"].to_str().unwrap(),
         "text/event-stream"
