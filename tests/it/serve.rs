@@ -865,3 +865,56 @@ async fn traces_go_to_the_configured_otlp_collector() {
         assert!(has(needle), "no {needle:?} in the exported spans");
     }
 }
+
+/// `GET /v1/runs` pages by status: newest first, `nextOffset` until the last
+/// page, finished and running trees told apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_are_listed_by_status_a_page_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path());
+    let mut done = Vec::new();
+    for i in 0..5 {
+        let (_, created) = post(
+            &server,
+            "/v1/runs",
+            json!({"agent": "lead", "prompt": format!("p{i}")}),
+        )
+        .await;
+        let run = created["runId"].as_str().unwrap().to_owned();
+        stream(&server, &run, None, |_| {}).await;
+        done.push(created["treeId"].as_str().unwrap().to_owned());
+    }
+    // One that runs (its model takes an hour a step).
+    let (_, sleeping) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "sleeper", "prompt": "z"}),
+    )
+    .await;
+    let ids = |list: &Value| -> Vec<String> {
+        list["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["treeId"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let newest_first: Vec<String> = done.iter().rev().cloned().collect();
+    let (_, page1) = get(&server, "/v1/runs?status=completed&limit=2").await;
+    assert_eq!(ids(&page1), newest_first[..2]);
+    assert_eq!(page1["nextOffset"], 2);
+    let (_, page2) = get(&server, "/v1/runs?status=completed&limit=2&offset=2").await;
+    assert_eq!(ids(&page2), newest_first[2..4]);
+    let (_, page3) = get(&server, "/v1/runs?status=completed&limit=2&offset=4").await;
+    assert_eq!(ids(&page3), newest_first[4..]);
+    assert_eq!(page3["nextOffset"], Value::Null);
+    let (_, running) = get(&server, "/v1/runs?status=running").await;
+    assert_eq!(
+        ids(&running),
+        vec![sleeping["treeId"].as_str().unwrap().to_owned()]
+    );
+    let (_, interrupted) = get(&server, "/v1/runs?status=interrupted").await;
+    assert_eq!(ids(&interrupted), Vec::<String>::new());
+    let (_, all) = get(&server, "/v1/runs?limit=3&offset=1").await;
+    assert_eq!(ids(&all), newest_first[..3]);
+}

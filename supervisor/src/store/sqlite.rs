@@ -1340,17 +1340,30 @@ impl Store for SqliteStore {
     fn trees(&self, filter: &TreeFilter) -> Result<Vec<TreeSummary>, Error> {
         let conn = self.conn()?;
         let now = now_ms();
-        let mut stmt = conn
-            .prepare(&format!("{SUMMARY} ORDER BY started_ms DESC, rowid DESC"))
-            .map_err(sql(&self.path))?;
+        // The stored status narrows the rows in SQL; `running` and
+        // `interrupted` are both stored as running (which one is judged by the
+        // owner's liveness), so only they are told apart here, and only for
+        // them is the offset counted here rather than in SQL.
+        let (stored, derived) = match filter.status.as_deref() {
+            Some(s @ ("running" | "interrupted")) => (Some("running"), Some(s)),
+            other => (other, None),
+        };
+        let sql_offset = if derived.is_some() { 0 } else { filter.offset };
+        let order = "ORDER BY started_ms DESC, rowid DESC LIMIT -1 OFFSET ?2";
+        let query = match stored {
+            Some(_) => format!("{SUMMARY} WHERE status = ?1 {order}"),
+            None => format!("{SUMMARY} WHERE ?1 IS NULL {order}"),
+        };
+        let mut stmt = conn.prepare(&query).map_err(sql(&self.path))?;
         let rows = stmt
-            .query_map([], |r| summary_row(r, now))
+            .query_map(params![stored, sql_offset as i64], |r| summary_row(r, now))
             .map_err(sql(&self.path))?;
         let limit = if filter.limit == 0 {
             usize::MAX
         } else {
             filter.limit
         };
+        let offset = filter.offset - sql_offset;
         let mut out = Vec::new();
         let mut skipped = 0;
         for row in rows {
@@ -1358,7 +1371,7 @@ impl Store for SqliteStore {
             if filter.status.as_ref().is_some_and(|s| *s != row.status) {
                 continue;
             }
-            if skipped < filter.offset {
+            if skipped < offset {
                 skipped += 1;
                 continue;
             }
