@@ -71,6 +71,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         runtime,
         ServiceOptions {
             tokens: Tokens::new(["demo-token"]),
+            tokens_env: "ARBOR_API_TOKENS".into(),
             body_limit: 1 << 20,
             max_running_trees: 100,
             shutdown_timeout: Duration::from_secs(5),

@@ -231,15 +231,14 @@ impl Runtime {
             Err(arbor_supervisor::Error::UnknownRun(_)) => {}
             found => return Ok(found?),
         }
-        let Some(store) = self.supervisor.store().cloned() else {
+        if self.supervisor.store().is_none() {
             return Err(arbor_supervisor::Error::UnknownRun(run_id.to_owned()).into());
-        };
-        // What happened so far, stored (a run that just ended included).
-        self.supervisor.flush().await?;
+        }
         let run_id = run_id.to_owned();
-        let stored = tokio::task::spawn_blocking(move || store.run(&run_id))
-            .await
-            .map_err(|e| Error::Service(format!("store reader: {e}")))??;
+        let stored = self
+            .supervisor
+            .read_store_now(move |store| store.run(&run_id))
+            .await?;
         stored
             .state
             .ok_or_else(|| arbor_supervisor::Error::UnknownRun(stored.node.run_id).into())

@@ -248,14 +248,10 @@ struct LoadtestArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = |default: &str| {
-        tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
-    };
     // A service sets up its own logs once its config is read (serve()).
     if !matches!(cli.command, Command::Serve { .. }) {
         tracing_subscriber::fmt()
-            .with_env_filter(filter("warn"))
+            .with_env_filter(log_filter("warn"))
             .with_writer(std::io::stderr)
             .init();
     }
@@ -783,6 +779,12 @@ fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
+/// RUST_LOG, else `default`.
+fn log_filter(default: &str) -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
+}
+
 /// A service's logs: stdout (where its supervisor collects them), as text or
 /// JSON, `info` unless RUST_LOG says otherwise; and spans to an OpenTelemetry
 /// collector when `[service] otlp_endpoint` is set.
@@ -794,8 +796,7 @@ fn service_logs(
     use tracing_subscriber::Layer;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = log_filter("info");
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stdout)
         .with_ansi(std::io::stdout().is_terminal());
@@ -831,14 +832,9 @@ fn serve(
         .parse()
         .with_context(|| format!("--bind {bind:?} is not an address like 127.0.0.1:8080"))?;
     let options = ServiceOptions::from_config(&config);
+    // Checked again by `serve`; here before the store is opened.
+    options.check_bind(addr)?;
     if options.tokens.is_empty() {
-        if !addr.ip().is_loopback() {
-            return Err(Error::Insecure {
-                addr: addr.to_string(),
-                env: config.file.service.tokens_env.clone(),
-            }
-            .into());
-        }
         tracing::warn!(
             "no API tokens ({} is unset): anyone on this machine can call the API",
             config.file.service.tokens_env

@@ -197,15 +197,6 @@ fn run_path(id: String) -> Result<String, ApiError> {
     }
 }
 
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, arbor_supervisor::Error> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::unavailable("the store reader failed", e))?
-        .map_err(ApiError::from)
-}
-
 /// Each of the server's limits, tightened (never loosened) by the request's.
 fn tightened(server: &TreeLimits, asked: Option<TreeLimits>) -> TreeLimits {
     fn min<T: PartialOrd + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
@@ -254,7 +245,6 @@ pub async fn create_run(
     }
     let supervisor = shared.runtime.supervisor();
     let limits = tightened(supervisor.default_limits(), body.limits);
-    let model = body.model.clone();
     let request = StartRequest {
         agent: body.agent,
         prompt: body.prompt,
@@ -264,7 +254,7 @@ pub async fn create_run(
         origin: shared.runtime.origin(),
         ..StartRequest::default()
     };
-    let handle = shared.start(request, model.as_deref()).await?;
+    let handle = shared.start(request).await?;
     let created = Created {
         tree_id: handle.0.to_string(),
         run_id: handle.1.clone(),
@@ -305,8 +295,11 @@ pub async fn list_runs(
         limit: limit as usize + 1,
         offset,
     };
-    let store = shared.store.clone();
-    let mut runs = blocking(move || store.trees(&filter)).await?;
+    let mut runs = shared
+        .runtime
+        .supervisor()
+        .read_store(move |store| store.trees(&filter))
+        .await?;
     let next_offset = (runs.len() > limit as usize).then(|| (offset + limit as usize) as u64);
     runs.truncate(limit as usize);
     Ok(Json(RunList { runs, next_offset }))
@@ -327,22 +320,20 @@ pub async fn get_run(
 ) -> Result<Json<RunView>, ApiError> {
     let run_id = run_path(run_id)?;
     let supervisor = shared.runtime.supervisor();
-    if supervisor.is_live(&run_id) {
-        if let Ok(state) = supervisor.state(&run_id).await {
-            return Ok(Json(RunView {
-                run_id,
-                live: true,
-                is_final: false,
-                state,
-                value: Value::Null,
-            }));
-        }
+    if let Some(state) = supervisor.live_state(&run_id).await {
+        return Ok(Json(RunView {
+            run_id,
+            live: true,
+            is_final: false,
+            state,
+            value: Value::Null,
+        }));
     }
     // Finished or interrupted: as stored (once the store has everything so far).
-    supervisor.flush().await?;
-    let store = shared.store.clone();
     let id = run_id.clone();
-    let stored = blocking(move || store.run(&id)).await?;
+    let stored = supervisor
+        .read_store_now(move |store| store.run(&id))
+        .await?;
     let state = stored
         .state
         .ok_or_else(|| ApiError::not_found(format!("run {run_id} has no stored state yet")))?;
@@ -431,10 +422,10 @@ pub async fn cancel_run(
             }),
         ));
     }
-    supervisor.flush().await?;
-    let store = shared.store.clone();
     let id = run_id.clone();
-    let stored = blocking(move || store.run(&id)).await?;
+    let stored = supervisor
+        .read_store_now(move |store| store.run(&id))
+        .await?;
     Err(ApiError::new(
         StatusCode::CONFLICT,
         "conflict",
@@ -455,13 +446,14 @@ pub async fn get_tree(
     State(shared): State<Arc<Shared>>,
     ApiPath(tree_id): ApiPath<String>,
 ) -> Result<Json<TreeView>, ApiError> {
-    shared.runtime.supervisor().flush().await?;
-    let store = shared.store.clone();
-    let (tree, nodes) = blocking(move || {
-        let (_, summary) = store.tree(&tree_id)?;
-        Ok((summary, store.runs(&tree_id)?))
-    })
-    .await?;
+    let (tree, nodes) = shared
+        .runtime
+        .supervisor()
+        .read_store_now(move |store| {
+            let (_, summary) = store.tree(&tree_id)?;
+            Ok((summary, store.runs(&tree_id)?))
+        })
+        .await?;
     Ok(Json(TreeView { tree, nodes }))
 }
 

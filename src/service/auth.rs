@@ -69,7 +69,7 @@ pub async fn require_token(
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim());
     let message = match presented {
-        Some(token) if shared.tokens.accepts(token.as_bytes()) => {
+        Some(token) if shared.options.tokens.accepts(token.as_bytes()) => {
             return next.run(request).await;
         }
         Some(_) => "the bearer token is not valid",

@@ -107,25 +107,21 @@ pub async fn stream(
     // (Asked before the flush: a tree that ends after it may have events the
     // store does not have yet; one that ended before has them all stored.)
     let known = supervisor.is_running(&tree_id);
-    supervisor.flush().await?;
-    let store = shared.store.clone();
     let run = run_id.clone();
-    tokio::task::spawn_blocking(move || match store.run(&run) {
-        Err(arbor_supervisor::Error::UnknownRun(_)) if known => Ok(()),
-        other => other.map(drop),
-    })
-    .await
-    .map_err(|e| ApiError::unavailable("the store reader failed", e))??;
+    supervisor
+        .read_store_now(move |store| match store.run(&run) {
+            Err(arbor_supervisor::Error::UnknownRun(_)) if known => Ok(()),
+            other => other.map(drop),
+        })
+        .await?;
     // Subscribed before the second flush: whatever the journal does not have
     // yet arrives live.
     let mut live = supervisor.events().subscribe_tree(&tree_id);
-    supervisor.flush().await?;
-    let running = supervisor.is_running(&tree_id);
-    let store = shared.store.clone();
     let tree = tree_id.clone();
-    let journal = tokio::task::spawn_blocking(move || store.events(&tree, after))
-        .await
-        .map_err(|e| ApiError::unavailable("the store reader failed", e))??;
+    let journal = supervisor
+        .read_store_now(move |store| store.events(&tree, after))
+        .await?;
+    let running = supervisor.is_running(&tree_id);
     let check = (shared.clone(), tree_id.clone());
     let (tx, mut rx) = mpsc::channel(256);
     let mut follow = Follow {

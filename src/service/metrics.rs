@@ -50,6 +50,7 @@ pub struct Metrics {
     tokens: Family<TokenLabel, Counter>,
     cost: Family<ModelLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
     step_seconds: Histogram,
+    /// Trees admitted and not ended (the service's count of running trees).
     pub trees_running: Gauge,
     /// The model each agent type runs on, and each tree's override.
     models: HashMap<String, Arc<str>>,

@@ -16,10 +16,9 @@ mod metrics;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use arbor_supervisor::store::{Store, TreeFilter};
+use arbor_supervisor::store::TreeFilter;
 use arbor_supervisor::{StartRequest, TreeHandle};
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request};
@@ -45,6 +44,8 @@ const PAGE: &str = include_str!("page.html");
 #[derive(Debug)]
 pub struct ServiceOptions {
     pub tokens: Tokens,
+    /// Where the tokens come from, named when they are missing.
+    pub tokens_env: String,
     /// Largest request body, in bytes.
     pub body_limit: usize,
     /// Trees running at once; more starts are refused (503).
@@ -60,6 +61,7 @@ impl ServiceOptions {
         let section = &config.file.service;
         ServiceOptions {
             tokens: Tokens::parse(&std::env::var(&section.tokens_env).unwrap_or_default()),
+            tokens_env: section.tokens_env.clone(),
             body_limit: section.body_limit,
             max_running_trees: section.max_running_trees,
             shutdown_timeout: arbor_actors::models::simulated::parse_duration(
@@ -68,18 +70,25 @@ impl ServiceOptions {
             .unwrap_or(Duration::from_secs(10)),
         }
     }
+
+    /// Whether the service may listen on `addr`: without tokens, only on a
+    /// loopback address.
+    pub fn check_bind(&self, addr: std::net::SocketAddr) -> Result<(), Error> {
+        if self.tokens.is_empty() && !addr.ip().is_loopback() {
+            return Err(Error::Insecure {
+                addr: addr.to_string(),
+                env: self.tokens_env.clone(),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// What every handler shares.
 pub(crate) struct Shared {
     runtime: Runtime,
-    store: Arc<dyn Store>,
-    tokens: Tokens,
+    options: ServiceOptions,
     metrics: Metrics,
-    max_running_trees: usize,
-    body_limit: usize,
-    shutdown_timeout: Duration,
-    running: Arc<AtomicUsize>,
     /// Set once interrupted trees are resumed.
     ready: watch::Sender<bool>,
     /// Set on shutdown: event streams end, readiness fails.
@@ -115,7 +124,6 @@ impl Shared {
     async fn start(
         self: &Arc<Self>,
         request: StartRequest,
-        model: Option<&str>,
     ) -> Result<(Arc<str>, String), ApiError> {
         if *self.shutdown.borrow() {
             return Err(ApiError::new(
@@ -124,9 +132,10 @@ impl Shared {
                 "the server is shutting down",
             ));
         }
-        let running = self.running.fetch_add(1, Ordering::AcqRel);
-        if running >= self.max_running_trees {
-            self.running.fetch_sub(1, Ordering::AcqRel);
+        // Counted from admission (the gauge of the metrics is the count).
+        let running = self.metrics.trees_running.inc();
+        if running >= self.options.max_running_trees as i64 {
+            self.metrics.trees_running.dec();
             return Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "busy",
@@ -140,7 +149,7 @@ impl Shared {
             .tree_id
             .clone()
             .unwrap_or_else(arbor_supervisor::new_tree_id);
-        if let Some(model) = model {
+        if let Some(model) = &request.model {
             self.metrics.tree_model(&tree_id, model);
         }
         let request = StartRequest {
@@ -155,7 +164,7 @@ impl Shared {
                 match shared.runtime.supervisor().start(request).await {
                     Ok(handle) => Ok(shared.keep(handle)),
                     Err(error) => {
-                        shared.running.fetch_sub(1, Ordering::AcqRel);
+                        shared.metrics.trees_running.dec();
                         shared.metrics.forget_tree(&tree_id);
                         Err(error)
                     }
@@ -168,12 +177,10 @@ impl Shared {
         }
     }
 
-    /// Lets a started tree run to its end, counted as running until then.
+    /// Lets a started (and counted) tree run to its end, and uncounts it then.
     fn keep(&self, handle: TreeHandle) -> (Arc<str>, String) {
         let ids = (handle.tree_id.clone(), handle.root_run_id.clone());
-        let running = self.running.clone();
         let gauge = self.metrics.trees_running.clone();
-        gauge.inc();
         tokio::spawn(async move {
             let tree_id = handle.tree_id.clone();
             match handle.wait().await {
@@ -184,7 +191,6 @@ impl Shared {
                 ),
                 Err(error) => tracing::warn!(tree = %tree_id, %error, "tree lost"),
             }
-            running.fetch_sub(1, Ordering::AcqRel);
             gauge.dec();
         });
         ids
@@ -201,11 +207,9 @@ impl Service {
     /// A service over `runtime`, which must have a store (event streams are
     /// resumable from its journal; finished runs are read from it).
     pub fn new(runtime: Runtime, options: ServiceOptions) -> Result<Service, Error> {
-        let store = runtime
-            .supervisor()
-            .store()
-            .cloned()
-            .ok_or(Error::NoStore)?;
+        if runtime.supervisor().store().is_none() {
+            return Err(Error::NoStore);
+        }
         let models = runtime
             .supervisor()
             .catalog()
@@ -215,13 +219,8 @@ impl Service {
         let (shutdown, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             runtime,
-            store,
-            tokens: options.tokens,
+            options,
             metrics: Metrics::new(models),
-            max_running_trees: options.max_running_trees,
-            body_limit: options.body_limit,
-            shutdown_timeout: options.shutdown_timeout,
-            running: Arc::new(AtomicUsize::new(0)),
             ready: watch::channel(false).0,
             shutdown,
         });
@@ -240,7 +239,7 @@ impl Service {
 
     /// Whether requests need no token (none configured): only for a loopback bind.
     pub fn is_open(&self) -> bool {
-        self.shared.tokens.is_empty()
+        self.shared.options.tokens.is_empty()
     }
 
     /// Every route, with the token check, the body limit and JSON errors for
@@ -272,7 +271,7 @@ impl Service {
             .merge(api)
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
-            .layer(DefaultBodyLimit::max(self.shared.body_limit))
+            .layer(DefaultBodyLimit::max(self.shared.options.body_limit))
             .layer(middleware::from_fn(log_request))
             .with_state(shared)
     }
@@ -283,39 +282,34 @@ impl Service {
         if *self.shared.shutdown.borrow() {
             return Vec::new();
         }
-        let store = self.shared.store.clone();
+        let supervisor = self.shared.runtime.supervisor();
         let filter = TreeFilter {
             status: Some("interrupted".into()),
             limit: usize::MAX,
             offset: 0,
         };
-        let trees = match tokio::task::spawn_blocking(move || store.trees(&filter)).await {
-            Ok(Ok(trees)) => trees,
-            Ok(Err(error)) => {
+        let trees = supervisor
+            .read_store(move |store| store.trees(&filter))
+            .await
+            .unwrap_or_else(|error| {
                 tracing::error!(%error, "cannot list interrupted trees");
                 Vec::new()
-            }
-            Err(error) => {
-                tracing::error!(%error, "cannot list interrupted trees");
-                Vec::new()
-            }
-        };
+            });
         let mut resumed = Vec::new();
         for tree in trees {
-            if self.shared.runtime.supervisor().is_running(&tree.tree_id) {
+            if supervisor.is_running(&tree.tree_id) {
                 continue;
             }
             // The metrics label a resumed tree's agents by its model override too.
-            let (store, id) = (self.shared.store.clone(), tree.tree_id.clone());
-            if let Ok(Ok((record, _))) = tokio::task::spawn_blocking(move || store.tree(&id)).await
-            {
+            let id = tree.tree_id.clone();
+            if let Ok((record, _)) = supervisor.read_store(move |store| store.tree(&id)).await {
                 if let Some(model) = &record.model {
                     self.shared.metrics.tree_model(&tree.tree_id, model);
                 }
             }
-            match self.shared.runtime.supervisor().resume(&tree.tree_id).await {
+            match supervisor.resume(&tree.tree_id).await {
                 Ok(handle) => {
-                    self.shared.running.fetch_add(1, Ordering::AcqRel);
+                    self.shared.metrics.trees_running.inc();
                     self.shared.keep(handle);
                     tracing::info!(tree = %tree.tree_id, "resumed");
                     resumed.push(tree.tree_id);
@@ -364,7 +358,11 @@ impl Service {
         listener: TcpListener,
         signal: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), Error> {
-        let timeout = self.shared.shutdown_timeout;
+        let timeout = self.shared.options.shutdown_timeout;
+        let local = listener
+            .local_addr()
+            .map_err(|e| Error::Service(format!("the listener has no address: {e}")))?;
+        self.shared.options.check_bind(local)?;
         let app = self.router();
         let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<tokio::time::Instant>();
         let this = self.clone();

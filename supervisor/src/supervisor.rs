@@ -137,6 +137,31 @@ impl Supervisor {
         self.store.as_ref().and_then(|(_, writer)| writer.failure())
     }
 
+    /// Runs `f` on the store, on a blocking thread (store calls are
+    /// synchronous; the runtime's threads must not wait on them).
+    pub async fn read_store<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn Store) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, Error> {
+        let Some((store, _)) = &self.store else {
+            return Err(Error::Store("this supervisor has no store".into()));
+        };
+        let store = store.clone();
+        tokio::task::spawn_blocking(move || f(&*store))
+            .await
+            .map_err(|e| Error::Store(format!("the store reader failed: {e}")))?
+    }
+
+    /// Like [`read_store`](Self::read_store), once everything that happened
+    /// so far is in the store (a run that just ended included).
+    pub async fn read_store_now<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn Store) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, Error> {
+        self.flush().await?;
+        self.read_store(f).await
+    }
+
     /// Waits until everything that happened so far is in the store.
     pub async fn flush(&self) -> Result<(), Error> {
         match &self.store {
@@ -150,24 +175,21 @@ impl Supervisor {
     /// last checkpoint, and recorded model replies are served instead of asking
     /// the model again.
     pub async fn resume(&self, tree_id: &str) -> Result<TreeHandle, Error> {
-        let Some((store, writer)) = &self.store else {
+        let Some((_, writer)) = &self.store else {
             return Err(Error::Store("resume needs a store".into()));
         };
         if self.is_running(tree_id) {
             return Err(Error::TreeExists(tree_id.to_owned()));
         }
-        // Store reads and the claim on a blocking thread, off the runtime's.
-        let (record, mut recovery) = {
-            let (store, tree_id) = (store.clone(), tree_id.to_owned());
-            tokio::task::spawn_blocking(move || {
-                let (record, _) = store.tree(&tree_id)?;
+        let id = tree_id.to_owned();
+        let (record, mut recovery) = self
+            .read_store(move |store| {
+                let (record, _) = store.tree(&id)?;
                 // Atomic: of two processes resuming one tree, one gets it.
-                store.claim(&tree_id)?;
-                Ok::<_, Error>((record, store.recovery(&tree_id)?))
+                store.claim(&id)?;
+                Ok((record, store.recovery(&id)?))
             })
-            .await
-            .map_err(|e| Error::Store(format!("the store reader failed: {e}")))??
-        };
+            .await?;
         for (state, _) in recovery.finished.values() {
             self.registry.record(state);
         }
@@ -267,12 +289,12 @@ impl Supervisor {
             return Err(Error::TreeExists(tree_id.to_string()));
         }
         // A new tree must not land on a stored one (`resume` continues those).
-        if let (Some((store, _)), None) = (&self.store, &recovery) {
-            let (store, id) = (store.clone(), tree_id.clone());
-            let stored = tokio::task::spawn_blocking(move || store.tree(&id).map(drop))
+        if self.store.is_some() && recovery.is_none() {
+            let id = tree_id.clone();
+            match self
+                .read_store(move |store| store.tree(&id).map(drop))
                 .await
-                .map_err(|e| Error::Store(format!("the store reader failed: {e}")))?;
-            match stored {
+            {
                 Ok(()) => return Err(Error::TreeStored(tree_id.to_string())),
                 Err(Error::UnknownTree(_)) => {}
                 Err(error) => return Err(error),
@@ -410,16 +432,20 @@ impl Supervisor {
 
     /// The current state of a live run, or the final state of a finished one.
     pub async fn state(&self, run_id: &str) -> Result<AgentState, Error> {
-        if let Some(actor) = self.live_actor(run_id) {
-            if let Ok(snapshot) = ractor::call!(actor, AgentMsg::Status) {
-                let snapshot: AgentSnapshot = snapshot;
-                return Ok(snapshot.state);
-            }
+        if let Some(state) = self.live_state(run_id).await {
+            return Ok(state);
         }
         self.registry
             .get(run_id)
             .map(|s| (*s).clone())
             .ok_or_else(|| Error::UnknownRun(run_id.to_owned()))
+    }
+
+    /// The current state of a run an actor runs now (asked of the actor).
+    pub async fn live_state(&self, run_id: &str) -> Option<AgentState> {
+        let actor = self.live_actor(run_id)?;
+        let snapshot: AgentSnapshot = ractor::call!(actor, AgentMsg::Status).ok()?;
+        Some(snapshot.state)
     }
 
     /// Cancels a run and its whole subtree; its parent sees it as cancelled.
@@ -430,11 +456,6 @@ impl Supervisor {
         actor
             .cast(AgentMsg::Cancel(CancelReason::Requested))
             .map_err(|_| Error::UnknownRun(run_id.to_owned()))
-    }
-
-    /// Whether an actor runs `run_id` now.
-    pub fn is_live(&self, run_id: &str) -> bool {
-        self.live_actor(run_id).is_some()
     }
 
     /// Agent actors alive in every tree.
@@ -479,7 +500,7 @@ impl Canceller {
 impl TreeHandle {
     /// Cancels the whole tree.
     pub fn cancel(&self) {
-        let _ = self.root.cast(AgentMsg::Cancel(CancelReason::Requested));
+        self.canceller().cancel();
     }
 
     pub fn canceller(&self) -> Canceller {

@@ -1344,11 +1344,13 @@ impl Store for SqliteStore {
         // `interrupted` are both stored as running (which one is judged by the
         // owner's liveness), so only they are told apart here, and only for
         // them is the offset counted here rather than in SQL.
-        let (stored, derived) = match filter.status.as_deref() {
-            Some(s @ ("running" | "interrupted")) => (Some("running"), Some(s)),
-            other => (other, None),
+        let derived = matches!(filter.status.as_deref(), Some("running" | "interrupted"));
+        let stored = if derived {
+            Some("running")
+        } else {
+            filter.status.as_deref()
         };
-        let sql_offset = if derived.is_some() { 0 } else { filter.offset };
+        let sql_offset = if derived { 0 } else { filter.offset };
         let order = "ORDER BY started_ms DESC, rowid DESC LIMIT -1 OFFSET ?2";
         let query = match stored {
             Some(_) => format!("{SUMMARY} WHERE status = ?1 {order}"),
