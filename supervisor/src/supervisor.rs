@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, Weak};
 use arbor_actors::history::History;
 use arbor_actors::spawn::prompt_message;
 use arbor_actors::{
-    AgentActor, AgentArgs, AgentMsg, AgentSnapshot, AgentState, AgentStatus, CancelReason, Limit,
-    LimitHit, Model, Reply, RunResult, StepMachine,
+    AgentActor, AgentArgs, AgentMsg, AgentSnapshot, AgentState, AgentStatus, CancelReason,
+    EventKind, Limit, LimitHit, Model, Reply, RunResult, StepMachine,
 };
 use ractor::{Actor, ActorRef};
 use serde_json::Value;
@@ -102,8 +102,12 @@ impl Supervisor {
             }),
         )?);
         let sink = writer.clone();
-        self.bus
-            .sink(move |event| sink.send(Write::Event(event.clone())));
+        // Streaming deltas are not stored: they need not cross the queue.
+        self.bus.sink(move |event| {
+            if !matches!(event.kind, EventKind::ModelDelta { .. }) {
+                sink.send(Write::Event(event.clone()));
+            }
+        });
         self.store = Some((store, writer));
         Ok(self)
     }

@@ -93,19 +93,21 @@ pub const STALE_AFTER_MS: u64 = 5_000;
 /// Where a process id means something: this machine's boot and this pid
 /// namespace (containers on one host share the boot id, not the pids). Linux
 /// only; elsewhere liveness rests on the heartbeat alone.
-fn process_scope() -> Option<String> {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-    let pid_ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
-    Some(format!("{}/{}", boot.trim(), pid_ns.display()))
+/// Read once: it does not change while the process lives.
+fn process_scope() -> Option<&'static str> {
+    static SCOPE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    SCOPE
+        .get_or_init(|| {
+            let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+            let pid_ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
+            Some(format!("{}/{}", boot.trim(), pid_ns.display()))
+        })
+        .as_deref()
 }
 
 /// Who runs a tree: `scope:pid`.
 pub(crate) fn owner_id() -> String {
-    format!(
-        "{}:{}",
-        process_scope().unwrap_or_else(|| "-".into()),
-        std::process::id()
-    )
+    format!("{}:{}", process_scope().unwrap_or("-"), std::process::id())
 }
 
 /// Whether the process that runs a tree is alive, when this process can tell
@@ -113,7 +115,7 @@ pub(crate) fn owner_id() -> String {
 /// zombie, `None` if it cannot tell (then the heartbeat decides).
 pub(crate) fn owner_alive(owner: &str) -> Option<bool> {
     let (scope, pid) = owner.rsplit_once(':')?;
-    if scope == "-" || process_scope().as_deref() != Some(scope) {
+    if scope == "-" || process_scope() != Some(scope) {
         return None;
     }
     if pid == std::process::id().to_string() {

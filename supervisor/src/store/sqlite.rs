@@ -1102,8 +1102,7 @@ impl SqliteStore {
         if found.is_none() {
             return Err(Error::UnknownTree(tree_id.to_owned()));
         }
-        let path = self.path.display().to_string();
-        let bad = move |what: String| Error::Store(format!("{path}: tree {tree_id}: {what}"));
+        let bad = self.bad(tree_id);
         let mut stmt = conn
             .prepare_cached("SELECT body FROM segments WHERE tree_id = ?1 ORDER BY n")
             .map_err(sql(&self.path))?;
