@@ -93,3 +93,19 @@ fn a_missing_file_is_a_clear_error() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn every_bad_service_key_is_named_with_its_line() {
+    let (code, err) = check("service.toml");
+    assert_eq!(code, Some(2));
+    for line in [
+        "service.toml:3: service.bind: \"localhost\" is not an address like 127.0.0.1:8080",
+        "service.toml:4: service.body_limit: must be at least 1024 bytes",
+        "service.toml:5: service.shutdown_timeout: duration \"soon\"",
+        "service.toml:6: service.max_running_trees: must be at least 1",
+        "service.toml:7: service.otlp_endpoint: \"collector:4318\" is not an http(s) URL",
+        "service.toml:8: service.tokens_env: must name an environment variable",
+    ] {
+        assert!(err.contains(line), "{line}\n{err}");
+    }
+}
