@@ -11,9 +11,12 @@ use arbor_actors::models::{Latency, ScriptedModel, SimulatedConfig, SimulatedMod
 use arbor_actors::schema::Schema;
 use arbor_actors::template::InputSchema;
 use arbor_actors::{AgentTemplate, FailurePolicy, OutputMode};
-use arbor_supervisor::{Catalog, TreeLimits};
+use arbor_supervisor::{Catalog, ToolPolicy, ToolRule, TreeLimits, check_pattern};
 
 use crate::providers::{HttpModel, HttpSection, ProviderKind, ProviderSettings};
+use crate::tools::ToolSet;
+use crate::tools::command::{CommandTool, CommandToolSection};
+use crate::tools::mcp::{McpServerSection, McpSettings};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -37,6 +40,36 @@ pub struct ConfigFile {
     pub store: StoreSection,
     #[serde(default)]
     pub service: ServiceSection,
+    /// MCP servers whose tools templates may name as `NAME/*` or `NAME/TOOL`.
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, McpServerSection>,
+    /// Command tools: programs on this machine, called with an argv template.
+    #[serde(default)]
+    pub tools: BTreeMap<String, CommandToolSection>,
+    /// Which tools any tree may use, whatever its templates list.
+    #[serde(default)]
+    pub policy: PolicySection,
+}
+
+/// `[policy]`: patterns over tool names (`fs/*`, `fs/write_*`, `rg`) that cap
+/// every template. A start request can narrow them for one tree, never widen.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySection {
+    /// Only tools matching one of these (absent: every tool).
+    pub allow_tools: Option<Vec<String>>,
+    /// No tool matching one of these.
+    #[serde(default)]
+    pub deny_tools: Vec<String>,
+}
+
+impl PolicySection {
+    pub fn rule(&self) -> ToolRule {
+        ToolRule {
+            allow: self.allow_tools.clone(),
+            deny: self.deny_tools.clone(),
+        }
+    }
 }
 
 /// `arbor serve`: where it listens and who may call it.
@@ -226,6 +259,14 @@ pub struct ScriptedSection {
 #[serde(deny_unknown_fields)]
 pub struct AgentSection {
     pub name: Option<String>,
+    /// What this agent is for (its parents' spawn tools tell their model).
+    pub description: Option<String>,
+    /// When a parent should spawn it.
+    pub spawner_prompt: Option<String>,
+    /// A user message added after the prompt.
+    pub instructions_prompt: Option<String>,
+    /// A short user message added to every model request (not stored).
+    pub step_prompt: Option<String>,
     pub model: String,
     #[serde(default)]
     pub system_prompt: String,
@@ -321,6 +362,13 @@ pub struct Config {
     pub source: String,
     pub limits: TreeLimits,
     pub templates: Vec<AgentTemplate>,
+    /// The MCP servers, validated (started only by a runtime that needs them).
+    pub mcp_servers: BTreeMap<String, McpSettings>,
+    /// The command tools, built.
+    pub command_tools: Vec<Arc<CommandTool>>,
+    /// Template tool entries nothing in the file provides: problems unless a
+    /// tool registered in code has that name (see [`Config::check_tools`]).
+    unresolved_tools: Vec<(String, Problem)>,
 }
 
 impl Config {
@@ -352,8 +400,23 @@ impl Config {
         };
         let file = parse_file(text).map_err(|p| error(vec![p]))?;
         let mut problems = Vec::new();
-        let limits = limits(&file.limits, text, &mut problems);
-        let templates = templates(&file, text, &mut problems);
+        let mut limits = limits(&file.limits, text, &mut problems);
+        let rule = file.policy.rule();
+        for (key, patterns) in [
+            ("allow_tools", file.policy.allow_tools.clone().unwrap_or_default()),
+            ("deny_tools", file.policy.deny_tools.clone()),
+        ] {
+            for pattern in patterns {
+                if let Err(why) = check_pattern(&pattern) {
+                    problems.push(at(text, "policy", key, format!("pattern {pattern:?}: {why}")));
+                }
+            }
+        }
+        limits.tools = ToolPolicy::new(rule);
+        let mcp_servers = mcp_servers(&file, &base_dir, text, &mut problems);
+        let command_tools = command_tools(&file, &base_dir, text, &mut problems);
+        let mut unresolved_tools = Vec::new();
+        let templates = templates(&file, text, &mut problems, &mut unresolved_tools);
         check_graph(&file, &limits, text, &mut problems);
         check_models(&file, &base_dir, text, &mut problems);
         check_service(&file.service, text, &mut problems);
@@ -376,7 +439,35 @@ impl Config {
             source: source.to_owned(),
             limits,
             templates,
+            mcp_servers,
+            command_tools,
+            unresolved_tools,
         })
+    }
+
+    /// Checks that every tool a template names is provided: by the file
+    /// (built-ins, `[tools]`, `[mcp_servers]`) or by a tool registered in code
+    /// under one of `code_tools`. Each unprovided name is a problem at its line.
+    pub fn check_tools(&self, code_tools: &[&str]) -> Result<(), ConfigError> {
+        let problems: Vec<Problem> = self
+            .unresolved_tools
+            .iter()
+            .filter(|(name, _)| !code_tools.contains(&name.as_str()))
+            .map(|(_, p)| p.clone())
+            .collect();
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(ConfigError {
+            file: self.source.clone(),
+            problems,
+        })
+    }
+
+    /// The tools this config declares, for one runtime: its MCP servers (not
+    /// started yet: a tree that needs one starts it) and its command tools.
+    pub fn tool_set(&self) -> ToolSet {
+        ToolSet::new(&self.mcp_servers, self.command_tools.clone())
     }
 
     /// Where this config came from, to record with a stored tree (so it can be
@@ -400,9 +491,24 @@ impl Config {
             .or_else(|| self.file.agents.keys().next().map(String::as_str))
     }
 
-    /// Builds the models and the catalog.
+    /// Builds the models and the catalog (with a tool set of its own).
     pub fn catalog(&self) -> Result<Catalog, ConfigError> {
-        let mut builder = Catalog::builder();
+        self.catalog_with(&self.tool_set(), &[])
+    }
+
+    /// Builds the models and the catalog over `tools` and the tools registered
+    /// in code (which templates may name).
+    pub fn catalog_with(
+        &self,
+        tools: &ToolSet,
+        code_tools: &[Arc<dyn arbor_actors::Tool>],
+    ) -> Result<Catalog, ConfigError> {
+        let names: Vec<&str> = code_tools.iter().map(|t| t.name()).collect();
+        self.check_tools(&names)?;
+        let mut builder = tools.register(Catalog::builder());
+        for tool in code_tools {
+            builder = builder.tool(tool.clone());
+        }
         for (name, section) in &self.file.models {
             let model: Arc<dyn arbor_actors::Model> = match section {
                 ModelSection::Simulated(s) => Arc::new(SimulatedModel::new(
@@ -621,10 +727,100 @@ fn limits(section: &LimitsSection, text: &str, problems: &mut Vec<Problem>) -> T
         max_tokens: section.max_tokens,
         max_credits: section.max_credits,
         deadline: duration(text, "limits", "deadline", &section.deadline, problems),
+        tools: ToolPolicy::default(),
     }
 }
 
-fn templates(file: &ConfigFile, text: &str, problems: &mut Vec<Problem>) -> Vec<AgentTemplate> {
+/// A name for a server or a command tool: what fits a tool name on the wire.
+fn check_tool_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 48 {
+        return Err("must have 1 to 48 characters".into());
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err("may hold only letters, digits, '_' and '-'".into());
+    }
+    Ok(())
+}
+
+fn mcp_servers(
+    file: &ConfigFile,
+    base_dir: &Path,
+    text: &str,
+    problems: &mut Vec<Problem>,
+) -> BTreeMap<String, McpSettings> {
+    let mut out = BTreeMap::new();
+    for (name, section) in &file.mcp_servers {
+        let table = format!("mcp_servers.{name}");
+        if let Err(why) = check_tool_name(name) {
+            problems.push(at(text, "mcp_servers", name, format!("server name {name:?} {why}")));
+            continue;
+        }
+        match section.settings(name, base_dir) {
+            Ok(settings) => {
+                out.insert(name.clone(), settings);
+            }
+            Err(found) => {
+                for (key, message) in found {
+                    problems.push(at(text, &table, &key, message));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn command_tools(
+    file: &ConfigFile,
+    base_dir: &Path,
+    text: &str,
+    problems: &mut Vec<Problem>,
+) -> Vec<Arc<CommandTool>> {
+    let mut out = Vec::new();
+    for (name, section) in &file.tools {
+        let table = format!("tools.{name}");
+        if let Err(why) = check_tool_name(name) {
+            problems.push(at(text, "tools", name, format!("tool name {name:?} {why}")));
+            continue;
+        }
+        if BUILTIN_TOOLS.contains(&name.as_str()) {
+            problems.push(at(
+                text,
+                &table,
+                "command",
+                format!("{name:?} is a built-in tool's name; choose another"),
+            ));
+            continue;
+        }
+        match section.build(name, base_dir) {
+            Ok(tool) => out.push(Arc::new(tool)),
+            Err(found) => {
+                for (key, message) in found {
+                    problems.push(at(text, &table, &key, message));
+                }
+            }
+        }
+    }
+    out
+}
+
+const BUILTIN_TOOLS: [&str; 6] = [
+    "add_message",
+    "set_messages",
+    "set_output",
+    "end_turn",
+    "spawn_agents",
+    "spawn_agent_inline",
+];
+
+fn templates(
+    file: &ConfigFile,
+    text: &str,
+    problems: &mut Vec<Problem>,
+    unresolved: &mut Vec<(String, Problem)>,
+) -> Vec<AgentTemplate> {
     let mut out = Vec::new();
     for (id, a) in &file.agents {
         let table = format!("agents.{id}");
@@ -668,14 +864,44 @@ fn templates(file: &ConfigFile, text: &str, problems: &mut Vec<Problem>) -> Vec<
             }
         }
         for tool in &a.tools {
-            if !arbor_actors::toolbox::OPTIONAL_BUILTINS.contains(&tool.as_str()) {
-                problems.push(at(
+            if arbor_actors::toolbox::OPTIONAL_BUILTINS.contains(&tool.as_str())
+                || file.tools.contains_key(tool)
+            {
+                continue;
+            }
+            if let Some((server, name)) = tool.split_once('/') {
+                if !file.mcp_servers.contains_key(server) {
+                    problems.push(at(
+                        text,
+                        &table,
+                        "tools",
+                        format!(
+                            "{tool:?} names MCP server {server:?}, which is not declared under [mcp_servers]"
+                        ),
+                    ));
+                } else if let Err(why) = check_pattern(tool).and_then(|()| {
+                    if name.is_empty() {
+                        Err("names no tool (write SERVER/* for all of its tools)".into())
+                    } else {
+                        Ok(())
+                    }
+                }) {
+                    problems.push(at(text, &table, "tools", format!("{tool:?}: {why}")));
+                }
+                continue;
+            }
+            unresolved.push((
+                tool.clone(),
+                at(
                     text,
                     &table,
                     "tools",
-                    format!("unknown tool {tool:?} (built-in tools here: add_message, set_messages; library users register their own)"),
-                ));
-            }
+                    format!(
+                        "unknown tool {tool:?}: not a built-in (add_message, set_messages), not under [tools], \
+                         not SERVER/TOOL of an [mcp_servers] entry, and no tool of that name is registered in code"
+                    ),
+                ),
+            ));
         }
         let failure = match &a.failure {
             FailureSection::Named(name) if name == "report" => FailurePolicy::Report,
@@ -704,6 +930,10 @@ fn templates(file: &ConfigFile, text: &str, problems: &mut Vec<Problem>) -> Vec<
         let step_timeout = duration(text, &table, "step_timeout", &a.step_timeout, problems);
         let mut t = AgentTemplate::new(id.clone(), a.model.clone());
         t.display_name = a.name.clone().unwrap_or_else(|| id.clone());
+        t.description = a.description.clone();
+        t.spawner_prompt = a.spawner_prompt.clone();
+        t.instructions_prompt = a.instructions_prompt.as_deref().map(Arc::from);
+        t.step_prompt = a.step_prompt.as_deref().map(Arc::from);
         t.system_prompt = Arc::from(a.system_prompt.as_str());
         t.tools = a.tools.clone();
         t.spawnable_agents = a.spawnable_agents.clone();

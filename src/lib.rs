@@ -45,6 +45,7 @@ pub mod render;
 pub mod runs;
 pub mod service;
 pub mod telemetry;
+pub mod tools;
 
 use std::path::Path;
 use std::pin::Pin;

@@ -22,7 +22,7 @@ use crate::model::{Delta, DeltaSink, ModelRequest, ModelResponse};
 use crate::state::{AgentState, AgentStatus};
 use crate::step::{Action, Catalog, StepMachine};
 use crate::template::AgentTemplate;
-use crate::tool::ToolContext;
+use crate::tool::{ToolContext, ToolOutput};
 
 pub use children::ChildKey;
 use children::Children;
@@ -103,7 +103,7 @@ pub enum AgentMsg {
 }
 
 pub enum ToolOutcome {
-    Done(Result<Value, String>),
+    Done(Result<ToolOutput, String>),
     Panicked(String),
 }
 
@@ -434,9 +434,10 @@ impl AgentRun {
                 Action::RunTool {
                     step,
                     index,
+                    call_id,
                     tool,
                     input,
-                } => self.run_tool(myself, step, index, tool, input),
+                } => self.run_tool(myself, step, index, call_id, tool, input),
                 Action::SpawnAgents {
                     step,
                     index,
@@ -567,6 +568,7 @@ impl AgentRun {
         myself: &ActorRef<AgentMsg>,
         step: u32,
         index: usize,
+        call_id: String,
         tool: Arc<dyn crate::tool::Tool>,
         input: Value,
     ) {
@@ -574,6 +576,7 @@ impl AgentRun {
             tree_id: self.hooks.tree_id().clone(),
             run_id: self.run_id.to_string(),
             agent_type: self.machine.state().agent_type.clone().unwrap_or_default(),
+            call_id,
         };
         let me = myself.clone();
         let span = tracing::info_span!(parent: &self.span, "tool", step, tool = tool.name());

@@ -36,4 +36,4 @@ pub use model::{
 pub use state::{AgentState, AgentStatus, ToolDefinition};
 pub use step::{Action, Catalog, StepMachine};
 pub use template::{AgentTemplate, FailurePolicy, OutputMode};
-pub use tool::{Tool, ToolContext, ToolError};
+pub use tool::{Tool, ToolContext, ToolError, ToolOutput};

@@ -136,6 +136,10 @@ pub const TOOL_CALL_ERROR: &str = "TOOL_CALL_ERROR";
 pub const SUBAGENT_SPAWN: &str = "SUBAGENT_SPAWN";
 /// Tag on the child's prompt message, so an inline merge can drop it.
 pub const SPAWN_PROMPT: &str = "SPAWN_PROMPT";
+/// Tag on a template's instructions message, added after the prompt.
+pub const INSTRUCTIONS_PROMPT: &str = "INSTRUCTIONS_PROMPT";
+/// Tag on a template's step prompt, added to each request (never stored).
+pub const STEP_PROMPT: &str = "STEP_PROMPT";
 
 impl Message {
     pub fn user(text: impl Into<String>) -> Self {
@@ -175,6 +179,16 @@ impl Message {
             tool_call_id: call.tool_call_id.clone(),
             tool_name: call.tool_name.clone(),
             content: vec![ToolResultPart::Json { value }],
+            meta: Meta::default(),
+        }
+    }
+
+    /// A tool result with these parts (a tool's JSON value, text, media).
+    pub fn tool_output(call: &ToolCall, content: Vec<ToolResultPart>) -> Self {
+        Message::Tool {
+            tool_call_id: call.tool_call_id.clone(),
+            tool_name: call.tool_name.clone(),
+            content,
             meta: Meta::default(),
         }
     }

@@ -8,7 +8,9 @@ use serde_json::{Value, json};
 
 use crate::history::History;
 use crate::hooks::RunIds;
-use crate::message::{Content, Message, Meta, Part, SPAWN_PROMPT, SUBAGENT_SPAWN};
+use crate::message::{
+    Content, INSTRUCTIONS_PROMPT, Message, Meta, Part, SPAWN_PROMPT, SUBAGENT_SPAWN,
+};
 use crate::state::{AgentState, AgentStatus, ToolDefinitions};
 use crate::template::AgentTemplate;
 use crate::toolbox::Toolbox;
@@ -138,8 +140,8 @@ impl ChildPlan {
                 .with_tag(SUBAGENT_SPAWN),
             );
         }
-        if let Some(prompt) = prompt_message(self.prompt.as_deref(), self.params.as_ref()) {
-            history.push(prompt);
+        for message in input_messages(t, self.prompt.as_deref(), self.params.as_ref()) {
+            history.push(message);
         }
         let system_prompt = if t.inherit_parent_system_prompt {
             parent.system_prompt.clone()
@@ -170,6 +172,27 @@ impl ChildPlan {
             toolbox,
         }
     }
+}
+
+/// What a run of `template` starts its turn with: the prompt message (if there
+/// is a prompt or params), then the template's instructions. Roots and children alike.
+pub fn input_messages(
+    template: &AgentTemplate,
+    prompt: Option<&str>,
+    params: Option<&Value>,
+) -> Vec<Message> {
+    let mut out: Vec<Message> = prompt_message(prompt, params).into_iter().collect();
+    if let Some(text) = template.instructions_prompt.as_deref().filter(|t| !t.is_empty()) {
+        out.push(Message::User {
+            content: Content::Text(text.to_owned()),
+            meta: Meta {
+                tags: vec![INSTRUCTIONS_PROMPT.to_owned()],
+                keep_during_truncation: Some(true),
+                ..Meta::default()
+            },
+        });
+    }
+    out
 }
 
 /// A spawn's prompt (and params as JSON) as one user message tagged

@@ -10,13 +10,13 @@ use serde_json::{Value, json};
 use crate::event::EventKind;
 use crate::handler::{Resume, StepProgram, Yield};
 use crate::history::{Expiry, History};
-use crate::message::{Message, SPAWN_PROMPT, ToolCall};
+use crate::message::{INSTRUCTIONS_PROMPT, Message, SPAWN_PROMPT, STEP_PROMPT, ToolCall};
 use crate::model::{ModelRequest, ModelResponse, RequestMeta};
 use crate::output::output_value;
 use crate::spawn::{ChildPlan, ChildReport, SpawnRequest, plan_child};
 use crate::state::{AgentState, AgentStatus};
 use crate::template::AgentTemplate;
-use crate::tool::Tool;
+use crate::tool::{Tool, ToolOutput};
 use crate::toolbox::{END_TURN, SET_OUTPUT, ToolKind, Toolbox};
 
 /// Work the actor must start; results come back through the machine's methods.
@@ -25,6 +25,8 @@ pub enum Action {
     RunTool {
         step: u32,
         index: usize,
+        /// The id of the model's call it answers.
+        call_id: String,
         tool: Arc<dyn Tool>,
         input: Value,
     },
@@ -301,7 +303,7 @@ impl StepMachine {
         &mut self,
         step: u32,
         index: usize,
-        result: Result<Value, String>,
+        result: Result<impl Into<ToolOutput>, String>,
         catalog: &dyn Catalog,
     ) -> Vec<Action> {
         let Some(pending) = self.pending_for(step, index) else {
@@ -309,7 +311,7 @@ impl StepMachine {
         };
         let call = &pending.calls[index];
         pending.results[index] = Some(match result {
-            Ok(value) => Message::tool_result(call, value),
+            Ok(output) => Message::tool_output(call, output.into().into_parts()),
             Err(error) => Message::tool_error(call, error),
         });
         self.resolved(catalog)
@@ -348,7 +350,7 @@ impl StepMachine {
             .state
             .message_history
             .iter()
-            .filter(|m| m.has_tag(SPAWN_PROMPT))
+            .filter(|m| m.has_tag(SPAWN_PROMPT) || m.has_tag(INSTRUCTIONS_PROMPT))
             .map(Arc::as_ptr)
             .collect();
         let Some(pending) = self.pending_for(step, index) else {
@@ -359,7 +361,8 @@ impl StepMachine {
             (Some(history), None) => {
                 let merged = history
                     .retain(|m| {
-                        !m.has_tag(SPAWN_PROMPT) || own_prompts.contains(&std::ptr::from_ref(m))
+                        !(m.has_tag(SPAWN_PROMPT) || m.has_tag(INSTRUCTIONS_PROMPT))
+                            || own_prompts.contains(&std::ptr::from_ref(m))
                     })
                     .expire(Expiry::TurnEnd);
                 pending.inline = Some((index, merged));
@@ -498,6 +501,10 @@ impl StepMachine {
                 .into_iter()
                 .collect();
         }
+        if let Some(text) = self.template.step_prompt.as_deref().filter(|t| !t.is_empty()) {
+            // Sent with this request only; the history never holds it.
+            messages.push(Message::user(text).with_tag(STEP_PROMPT));
+        }
         self.awaiting_model = Some(self.step);
         vec![Action::CallModel(ModelRequest {
             system_prompt: self.state.system_prompt.clone(),
@@ -569,6 +576,7 @@ impl StepMachine {
                     actions.push(Action::RunTool {
                         step: self.step,
                         index,
+                        call_id: call.tool_call_id.clone(),
                         tool,
                         input,
                     });
@@ -605,6 +613,11 @@ impl StepMachine {
     ) -> Result<(ToolKind, Value), String> {
         let name = call.tool_name.as_str();
         let Some(entry) = self.toolbox.get(name) else {
+            if let Some(denied) = self.toolbox.denied(name) {
+                return Err(format!(
+                    "Tool {name} ({denied}) is not allowed by this tree's tool policy"
+                ));
+            }
             return Err(format!(
                 "Tool {name} not found. Available tools: {}",
                 self.toolbox.names().join(", ")

@@ -46,6 +46,16 @@ pub struct AgentTemplate {
     /// The id spawns refer to, e.g. `researcher` or `acme/researcher@1.2.0`.
     pub id: String,
     pub display_name: String,
+    /// What this agent is for, as the spawn tools of its parents tell their model.
+    pub description: Option<String>,
+    /// When a parent should spawn it (added to the spawn tools' description).
+    pub spawner_prompt: Option<String>,
+    /// A user message added after the prompt (tagged `INSTRUCTIONS_PROMPT`, kept
+    /// during truncation), as Codebuff's `instructionsPrompt`.
+    pub instructions_prompt: Option<Arc<str>>,
+    /// A short user message added at the end of every model request (tagged
+    /// `STEP_PROMPT`); never stored in the history.
+    pub step_prompt: Option<Arc<str>>,
     /// Name of the model in the catalog.
     pub model: String,
     pub system_prompt: Arc<str>,
@@ -73,6 +83,10 @@ impl AgentTemplate {
         AgentTemplate {
             display_name: AgentTypeId::parse(&id).name.to_owned(),
             id,
+            description: None,
+            spawner_prompt: None,
+            instructions_prompt: None,
+            step_prompt: None,
             model: model.into(),
             system_prompt: Arc::from(""),
             tools: Vec::new(),

@@ -1,10 +1,18 @@
-//! The `Tool` port: external tools an agent may call. Input is checked against the
-//! tool's JSON Schema before `call` runs; a failure becomes a result the model reads.
+//! The `Tool` port: external tools an agent may call (code, command, MCP). Input
+//! is checked against the tool's JSON Schema before `call` runs; a failure
+//! becomes a result the model reads.
+//!
+//! **Cancellation**: a call is cancelled by dropping its future (the agent was
+//! cancelled, its step timed out, or its tree ended). A tool that starts work
+//! outside the process must end it on drop: an MCP call sends
+//! `notifications/cancelled`, a command tool kills its process group.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::Value;
+
+use crate::message::ToolResultPart;
 
 /// Who is calling, for tools that care.
 #[derive(Clone, Debug)]
@@ -12,6 +20,32 @@ pub struct ToolContext {
     pub tree_id: Arc<str>,
     pub run_id: String,
     pub agent_type: String,
+    /// The id of the model's tool call this call answers.
+    pub call_id: String,
+}
+
+/// What a tool gives back: one JSON value, or parts (text as JSON strings,
+/// images and other media) as the tool result's content.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolOutput {
+    Json(Value),
+    Parts(Vec<ToolResultPart>),
+}
+
+impl From<Value> for ToolOutput {
+    fn from(value: Value) -> Self {
+        ToolOutput::Json(value)
+    }
+}
+
+impl ToolOutput {
+    /// The content of the tool result message.
+    pub fn into_parts(self) -> Vec<ToolResultPart> {
+        match self {
+            ToolOutput::Json(value) => vec![ToolResultPart::Json { value }],
+            ToolOutput::Parts(parts) => parts,
+        }
+    }
 }
 
 /// A tool failure, shown to the model as a `TOOL_CALL_ERROR` result.
@@ -31,9 +65,12 @@ impl ToolError {
 
 #[async_trait]
 pub trait Tool: Send + Sync + 'static {
+    /// The name templates and policies use: `NAME` for a code or command tool,
+    /// `SERVER/TOOL` for a tool of an MCP server. The toolbox derives the name
+    /// the model sees from it (see `toolbox::wire_name`).
     fn name(&self) -> &str;
     fn description(&self) -> &str;
     /// JSON Schema of the input object.
     fn input_schema(&self) -> Value;
-    async fn call(&self, input: Value, ctx: ToolContext) -> Result<Value, ToolError>;
+    async fn call(&self, input: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError>;
 }

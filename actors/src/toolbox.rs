@@ -60,12 +60,17 @@ impl ToolKind {
 pub struct ToolEntry {
     pub kind: ToolKind,
     pub schema: Schema,
+    /// The name templates and policies use (`fs/read_file`); the toolbox is
+    /// keyed by the name the model sees (`fs__read_file`).
+    pub name: String,
 }
 
 #[derive(Clone, Debug)]
 pub struct Toolbox {
     entries: HashMap<String, ToolEntry>,
     definitions: ToolDefinitions,
+    /// Model-facing names a tree's policy took out, for the error a forged call gets.
+    denied: HashMap<String, String>,
 }
 
 struct Builtin {
@@ -142,104 +147,248 @@ static BUILTINS: LazyLock<HashMap<&'static str, Builtin>> = LazyLock::new(|| {
     ])
 });
 
+/// The longest tool name both OpenAI (`^[a-zA-Z0-9_-]{1,64}$`) and Anthropic accept.
+pub const MAX_WIRE_NAME: usize = 64;
+
+/// The name the model sees for a tool: `/` (an MCP server's namespace) becomes
+/// `__`, any other character outside `[A-Za-z0-9_-]` becomes `_`, and a name
+/// longer than [`MAX_WIRE_NAME`] keeps its start and ends in a hash of the
+/// whole name. The toolbox maps it back exactly (it is keyed by it).
+pub fn wire_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 1);
+    for c in name.chars() {
+        match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '_' | '-' => out.push(c),
+            '/' => out.push_str("__"),
+            _ => out.push('_'),
+        }
+    }
+    if out.is_empty() {
+        out.push('_');
+    }
+    if out.len() > MAX_WIRE_NAME {
+        out.truncate(MAX_WIRE_NAME - 9);
+        out.push('_');
+        out.push_str(&short_hash(name));
+    }
+    out
+}
+
+/// Eight hex digits of FNV-1a: stable across builds and platforms.
+fn short_hash(name: &str) -> String {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in name.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    format!("{h:08x}")
+}
+
+/// What a spawn tool tells the model of one agent it may spawn.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpawnableInfo {
+    /// The `spawnableAgents` entry (what `agent_type` should say).
+    pub agent_type: String,
+    pub description: Option<String>,
+    /// When to use it (the template's `spawner_prompt`).
+    pub spawner_prompt: Option<String>,
+    pub prompt_schema: Option<Value>,
+    pub params_schema: Option<Value>,
+}
+
+impl SpawnableInfo {
+    pub fn of(entry: &str, template: &AgentTemplate) -> Self {
+        SpawnableInfo {
+            agent_type: entry.to_owned(),
+            description: template.description.clone(),
+            spawner_prompt: template.spawner_prompt.clone(),
+            prompt_schema: template.input_schema.prompt.as_ref().map(|s| s.source().clone()),
+            params_schema: template.input_schema.params.as_ref().map(|s| s.source().clone()),
+        }
+    }
+}
+
+/// Where a toolbox finds what is not built in.
+pub struct ToolSources<'a> {
+    /// The tools one `tools` entry of a template names (`rg`, `fs/*`,
+    /// `fs/read_file`); `Err` says why it names none.
+    pub resolve: &'a dyn Fn(&str) -> Result<Vec<Arc<dyn Tool>>, String>,
+    /// The template a `spawnableAgents` entry names, for the spawn tools' descriptions.
+    pub spawnable: &'a dyn Fn(&str) -> Option<Arc<AgentTemplate>>,
+}
+
 impl Toolbox {
     /// The toolbox of `template`. `external` resolves tool names that are not built-ins.
     pub fn build(
         template: &AgentTemplate,
         external: impl Fn(&str) -> Option<Arc<dyn Tool>>,
     ) -> Result<Toolbox, String> {
-        let mut entries = HashMap::new();
-        let mut definitions = BTreeMap::new();
-        let add_builtin = |entries: &mut HashMap<String, ToolEntry>,
-                           definitions: &mut BTreeMap<String, ToolDefinition>,
-                           name: &str,
-                           kind: ToolKind| {
-            let b = &BUILTINS[name];
-            let mut schema = b.schema.source().clone();
-            if matches!(kind, ToolKind::SpawnAgents | ToolKind::SpawnAgentInline) {
-                describe_spawnable(&mut schema, &template.spawnable_agents);
-            }
-            definitions.insert(
-                name.to_owned(),
-                ToolDefinition {
-                    description: b.description.to_owned(),
-                    input_schema: schema,
-                },
-            );
-            entries.insert(
-                name.to_owned(),
-                ToolEntry {
-                    kind,
-                    schema: b.schema.clone(),
-                },
-            );
+        let resolve = |name: &str| {
+            external(name)
+                .map(|t| vec![t])
+                .ok_or_else(|| format!("unknown tool {name}"))
         };
-        add_builtin(
-            &mut entries,
-            &mut definitions,
-            SET_OUTPUT,
-            ToolKind::SetOutput,
-        );
-        add_builtin(&mut entries, &mut definitions, END_TURN, ToolKind::EndTurn);
-        if !template.spawnable_agents.is_empty() {
-            add_builtin(
-                &mut entries,
-                &mut definitions,
-                SPAWN_AGENTS,
-                ToolKind::SpawnAgents,
-            );
-            add_builtin(
-                &mut entries,
-                &mut definitions,
-                SPAWN_AGENT_INLINE,
-                ToolKind::SpawnAgentInline,
-            );
+        Self::build_with(
+            template,
+            &ToolSources {
+                resolve: &resolve,
+                spawnable: &|_| None,
+            },
+        )
+    }
+
+    /// The toolbox of `template`, its external tools and spawnable agents found through `sources`.
+    pub fn build_with(template: &AgentTemplate, sources: &ToolSources<'_>) -> Result<Toolbox, String> {
+        let mut tb = Toolbox {
+            entries: HashMap::new(),
+            definitions: Arc::new(BTreeMap::new()),
+            denied: HashMap::new(),
+        };
+        let mut definitions = BTreeMap::new();
+        let mut set_output = builtin_definition(SET_OUTPUT);
+        if let Some(schema) = &template.output_schema {
+            // The model sees the schema its output must match (set_output checks it).
+            set_output.input_schema = schema.source().clone();
+            set_output.description =
+                "Set your output to this object (replaces any earlier output). It must match the schema of the parameters.".into();
         }
+        tb.add_builtin(&mut definitions, SET_OUTPUT, ToolKind::SetOutput, set_output);
+        tb.add_builtin(&mut definitions, END_TURN, ToolKind::EndTurn, builtin_definition(END_TURN));
+        if !template.spawnable_agents.is_empty() {
+            let agents: Vec<SpawnableInfo> = template
+                .spawnable_agents
+                .iter()
+                .map(|entry| match (sources.spawnable)(entry) {
+                    Some(t) => SpawnableInfo::of(entry, &t),
+                    None => SpawnableInfo {
+                        agent_type: entry.clone(),
+                        description: None,
+                        spawner_prompt: None,
+                        prompt_schema: None,
+                        params_schema: None,
+                    },
+                })
+                .collect();
+            for (name, kind) in [
+                (SPAWN_AGENTS, ToolKind::SpawnAgents),
+                (SPAWN_AGENT_INLINE, ToolKind::SpawnAgentInline),
+            ] {
+                let mut def = builtin_definition(name);
+                describe_spawnable(&mut def, &agents);
+                tb.add_builtin(&mut definitions, name, kind, def);
+            }
+        }
+        let mut external: Vec<Arc<dyn Tool>> = Vec::new();
         for name in &template.tools {
             match name.as_str() {
-                ADD_MESSAGE => add_builtin(
-                    &mut entries,
+                ADD_MESSAGE => tb.add_builtin(
                     &mut definitions,
                     ADD_MESSAGE,
                     ToolKind::AddMessage,
+                    builtin_definition(ADD_MESSAGE),
                 ),
-                SET_MESSAGES => add_builtin(
-                    &mut entries,
+                SET_MESSAGES => tb.add_builtin(
                     &mut definitions,
                     SET_MESSAGES,
                     ToolKind::SetMessages,
+                    builtin_definition(SET_MESSAGES),
                 ),
                 SET_OUTPUT | END_TURN | SPAWN_AGENTS | SPAWN_AGENT_INLINE => {}
-                _ => {
-                    let tool = external(name).ok_or_else(|| format!("unknown tool {name}"))?;
-                    let source = tool.input_schema();
-                    let schema = Schema::compile(source.clone())
-                        .map_err(|e| format!("tool {name} has an invalid input schema: {e}"))?;
-                    definitions.insert(
-                        name.clone(),
-                        ToolDefinition {
-                            description: tool.description().to_owned(),
-                            input_schema: source,
-                        },
-                    );
-                    entries.insert(
-                        name.clone(),
-                        ToolEntry {
-                            kind: ToolKind::External(tool),
-                            schema,
-                        },
-                    );
-                }
+                _ => external.extend((sources.resolve)(name)?),
             }
         }
-        Ok(Toolbox {
+        // In name order, so a clash of model-facing names resolves the same way every time.
+        external.sort_by(|a, b| a.name().cmp(b.name()));
+        external.dedup_by(|a, b| a.name() == b.name());
+        for tool in external {
+            let name = tool.name().to_owned();
+            let source = tool.input_schema();
+            let schema = Schema::compile(source.clone())
+                .map_err(|e| format!("tool {name} has an invalid input schema: {e}"))?;
+            let mut wire = wire_name(&name);
+            if tb.entries.contains_key(&wire) {
+                wire.truncate(MAX_WIRE_NAME - 9);
+                wire.push('_');
+                wire.push_str(&short_hash(&name));
+            }
+            definitions.insert(
+                wire.clone(),
+                ToolDefinition {
+                    description: tool.description().to_owned(),
+                    input_schema: source,
+                },
+            );
+            tb.entries.insert(
+                wire,
+                ToolEntry {
+                    kind: ToolKind::External(tool),
+                    schema,
+                    name,
+                },
+            );
+        }
+        tb.definitions = Arc::new(definitions);
+        Ok(tb)
+    }
+
+    fn add_builtin(
+        &mut self,
+        definitions: &mut BTreeMap<String, ToolDefinition>,
+        name: &str,
+        kind: ToolKind,
+        definition: ToolDefinition,
+    ) {
+        definitions.insert(name.to_owned(), definition);
+        self.entries.insert(
+            name.to_owned(),
+            ToolEntry {
+                kind,
+                schema: BUILTINS[name].schema.clone(),
+                name: name.to_owned(),
+            },
+        );
+    }
+
+    /// This toolbox without the tools `allowed` refuses (by the name templates
+    /// and policies use). The structural built-ins (`set_output`, `end_turn`,
+    /// the spawn tools) stay: the template's output mode and spawnable agents
+    /// govern those. A refused tool is neither offered nor callable.
+    pub fn restricted(&self, allowed: impl Fn(&str) -> bool) -> Toolbox {
+        let mut entries = HashMap::new();
+        let mut definitions = BTreeMap::new();
+        let mut denied = self.denied.clone();
+        for (wire, entry) in &self.entries {
+            let structural = matches!(
+                entry.kind,
+                ToolKind::SetOutput
+                    | ToolKind::EndTurn
+                    | ToolKind::SpawnAgents
+                    | ToolKind::SpawnAgentInline
+            );
+            if structural || allowed(&entry.name) {
+                entries.insert(wire.clone(), entry.clone());
+                if let Some(def) = self.definitions.get(wire) {
+                    definitions.insert(wire.clone(), def.clone());
+                }
+            } else {
+                denied.insert(wire.clone(), entry.name.clone());
+            }
+        }
+        Toolbox {
             entries,
             definitions: Arc::new(definitions),
-        })
+            denied,
+        }
     }
 
     pub fn get(&self, name: &str) -> Option<&ToolEntry> {
         self.entries.get(name)
+    }
+
+    /// The name templates and policies use for a tool a policy took out of
+    /// this toolbox, by the name the model sees.
+    pub fn denied(&self, wire: &str) -> Option<&str> {
+        self.denied.get(wire).map(String::as_str)
     }
 
     pub fn definitions(&self) -> &ToolDefinitions {
@@ -250,20 +399,61 @@ impl Toolbox {
     pub fn names(&self) -> Vec<&str> {
         self.definitions.keys().map(String::as_str).collect()
     }
+
+    /// Every tool with the name templates use and the name the model sees.
+    pub fn entries(&self) -> impl Iterator<Item = (&str, &ToolEntry)> {
+        self.entries.iter().map(|(wire, e)| (wire.as_str(), e))
+    }
 }
 
-/// Lists the spawnable types in the schema the model sees (as `examples`, so a
-/// short id like `researcher` still validates against `acme/researcher@1`).
-fn describe_spawnable(schema: &mut Value, spawnable: &[String]) {
+fn builtin_definition(name: &str) -> ToolDefinition {
+    let b = &BUILTINS[name];
+    ToolDefinition {
+        description: b.description.to_owned(),
+        input_schema: b.schema.source().clone(),
+    }
+}
+
+/// Tells the model which agents it may spawn: each one's type, what it is for,
+/// when to use it and its input schemas, in the tool's description; the types
+/// in the schema too (as `examples`, so a short id like `researcher` still
+/// validates against `acme/researcher@1`).
+fn describe_spawnable(def: &mut ToolDefinition, agents: &[SpawnableInfo]) {
+    let mut text = String::from("\n\nAgents you can spawn:");
+    for a in agents {
+        text.push_str(&format!("\n- {}", a.agent_type));
+        if let Some(d) = &a.description {
+            text.push_str(&format!(": {d}"));
+        }
+        if let Some(p) = &a.spawner_prompt {
+            text.push_str(&format!(" When to use: {p}"));
+        }
+        if let Some(s) = &a.prompt_schema {
+            text.push_str(&format!("\n  prompt must match: {s}"));
+        }
+        if let Some(s) = &a.params_schema {
+            text.push_str(&format!("\n  params must match: {s}"));
+        }
+    }
+    def.description.push_str(&text);
+    let schema = &mut def.input_schema;
     let agent_type = match schema.pointer_mut("/properties/agents/items/properties/agent_type") {
         Some(v) => Some(v),
         None => schema.pointer_mut("/properties/agent_type"),
     };
     if let Some(Value::Object(obj)) = agent_type {
-        obj.insert("examples".into(), json!(spawnable));
+        let types: Vec<&str> = agents.iter().map(|a| a.agent_type.as_str()).collect();
+        obj.insert("examples".into(), json!(types));
+        let listed: Vec<String> = agents
+            .iter()
+            .map(|a| match &a.description {
+                Some(d) => format!("{} ({d})", a.agent_type),
+                None => a.agent_type.clone(),
+            })
+            .collect();
         obj.insert(
             "description".into(),
-            json!(format!("One of: {}", spawnable.join(", "))),
+            json!(format!("One of: {}", listed.join(", "))),
         );
     }
 }

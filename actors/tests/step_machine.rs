@@ -18,7 +18,7 @@ use arbor_actors::schema::Schema;
 use arbor_actors::spawn::{ChildPlan, ChildReport, ChildStart, ParentInfo};
 use arbor_actors::state::{AgentState, AgentStatus};
 use arbor_actors::template::{AgentTemplate, AgentTypeId, OutputMode};
-use arbor_actors::tool::{Tool, ToolContext, ToolError};
+use arbor_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
 use arbor_actors::toolbox::Toolbox;
 use arbor_actors::{Action, Catalog, StepMachine};
 use serde_json::{Value, json};
@@ -59,8 +59,8 @@ impl Tool for Echo {
     fn input_schema(&self) -> Value {
         json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
     }
-    async fn call(&self, input: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
-        Ok(input)
+    async fn call(&self, input: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        Ok(input.into())
     }
 }
 
@@ -362,6 +362,7 @@ fn tool_results_follow_the_call_order_whatever_order_they_finish_in() {
                 index,
                 tool,
                 input,
+                ..
             } => {
                 assert_eq!(tool.name(), "echo");
                 (*step, *index, input.clone())

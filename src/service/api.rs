@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use arbor_actors::AgentState;
 use arbor_supervisor::store::{RunNode, TreeFilter, TreeSummary};
-use arbor_supervisor::{StartRequest, TreeLimits};
+use arbor_supervisor::{StartRequest, ToolRule, TreeLimits};
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -63,6 +63,9 @@ pub struct CreateRun {
     pub model: Option<String>,
     /// Limits for this tree; each can only tighten the server's own.
     pub limits: Option<TreeLimits>,
+    /// A tool rule for this tree (`allow`/`deny` patterns over tool names such
+    /// as `fs/read_file`): it narrows the server's `[policy]`, never widens it.
+    pub tools: Option<ToolRule>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -217,6 +220,7 @@ fn tightened(server: &TreeLimits, asked: Option<TreeLimits>) -> TreeLimits {
         max_tokens: min(server.max_tokens, asked.max_tokens),
         max_credits: min(server.max_credits, asked.max_credits),
         deadline: min(server.deadline, asked.deadline),
+        tools: server.tools.clone().with(&asked.tools),
     }
 }
 
@@ -243,8 +247,18 @@ pub async fn create_run(
             return Err(ApiError::invalid("limits.maxCredits must be a number >= 0"));
         }
     }
+    if let Some(rule) = &body.tools {
+        if let Some((pattern, why)) = rule.problems().into_iter().next() {
+            return Err(ApiError::invalid(format!(
+                "tools: pattern {pattern:?}: {why}"
+            )));
+        }
+    }
     let supervisor = shared.runtime.supervisor();
-    let limits = tightened(supervisor.default_limits(), body.limits);
+    let mut limits = tightened(supervisor.default_limits(), body.limits);
+    if let Some(rule) = body.tools {
+        limits.tools = limits.tools.narrowed(rule);
+    }
     let request = StartRequest {
         agent: body.agent,
         prompt: body.prompt,

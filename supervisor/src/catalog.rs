@@ -1,20 +1,39 @@
 //! The catalog: every template, model and tool a supervisor can use, checked
-//! once when it is built. Immutable afterwards, so agents read it without locks.
+//! once when it is built. Templates and models are immutable afterwards, so
+//! agents read them without locks. Toolboxes are built once too, and again
+//! only when a [`ToolSource`] says its tools changed (an MCP server connected
+//! or changed its list): agents that start afterwards get the new ones.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use arbor_actors::template::AgentTypeId;
-use arbor_actors::toolbox::Toolbox;
+use arbor_actors::toolbox::{ToolSources, Toolbox};
 use arbor_actors::{AgentTemplate, Model, Tool};
+use futures::future::BoxFuture;
 
 use crate::error::Error;
+
+/// Tools whose list is known only at run time (an MCP server's). The catalog
+/// asks it for the tool entries of templates that it claims (`owns`).
+pub trait ToolSource: Send + Sync + 'static {
+    /// Whether this source provides the template entry `entry` (e.g. `fs/*`).
+    fn owns(&self, entry: &str) -> bool;
+    /// The tools `entry` names now; `Err` says why there are none.
+    fn resolve(&self, entry: &str) -> Result<Vec<Arc<dyn Tool>>, String>;
+    /// Grows whenever `resolve`'s answers may have changed.
+    fn generation(&self) -> u64;
+    /// Gets ready to serve these entries (starts the servers they need); never fails
+    /// (a server that cannot start is reported by `resolve` and by its calls).
+    fn prepare(&self, entries: Vec<String>) -> BoxFuture<'static, ()>;
+}
 
 #[derive(Default)]
 pub struct CatalogBuilder {
     templates: Vec<AgentTemplate>,
     models: HashMap<String, Arc<dyn Model>>,
     tools: HashMap<String, Arc<dyn Tool>>,
+    source: Option<Arc<dyn ToolSource>>,
 }
 
 impl CatalogBuilder {
@@ -39,41 +58,28 @@ impl CatalogBuilder {
         self
     }
 
+    /// Where template entries the registered tools do not name come from.
+    pub fn tool_source(mut self, source: Arc<dyn ToolSource>) -> Self {
+        self.source = Some(source);
+        self
+    }
+
     /// Checks that every template's model, tools and spawnable agents exist,
     /// and builds each template's toolbox.
     pub fn build(self) -> Result<Catalog, Error> {
-        let mut catalog = Catalog {
-            templates: HashMap::new(),
-            toolboxes: HashMap::new(),
-            models: self.models,
-        };
-        for template in &self.templates {
-            let tools = &self.tools;
-            let toolbox =
-                Toolbox::build(template, |name| tools.get(name).cloned()).map_err(|message| {
-                    Error::InvalidTemplate {
-                        agent: template.id.clone(),
-                        message,
-                    }
-                })?;
-            catalog
-                .toolboxes
-                .insert(template.id.clone(), Arc::new(toolbox));
-        }
+        let mut templates = HashMap::new();
         for template in self.templates {
-            if !catalog.models.contains_key(&template.model) {
+            if !self.models.contains_key(&template.model) {
                 return Err(Error::UnknownModel {
                     agent: template.id.clone(),
                     model: template.model.clone(),
                 });
             }
-            catalog
-                .templates
-                .insert(template.id.clone(), Arc::new(template));
+            templates.insert(template.id.clone(), Arc::new(template));
         }
-        for template in catalog.templates.values() {
+        for template in templates.values() {
             for entry in &template.spawnable_agents {
-                if !catalog.templates.contains_key(entry) {
+                if !templates.contains_key(entry) {
                     return Err(Error::InvalidTemplate {
                         agent: template.id.clone(),
                         message: format!("spawnable agent {entry} is not defined"),
@@ -81,19 +87,69 @@ impl CatalogBuilder {
                 }
             }
         }
+        let catalog = Catalog {
+            templates,
+            models: self.models,
+            tools: self.tools,
+            source: self.source,
+            toolboxes: RwLock::new((0, HashMap::new())),
+        };
+        let generation = catalog.source_generation();
+        let toolboxes = catalog.build_toolboxes()?;
+        *catalog
+            .toolboxes
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = (generation, toolboxes);
         Ok(catalog)
     }
 }
 
+type Toolboxes = HashMap<String, Arc<Toolbox>>;
+
 pub struct Catalog {
     templates: HashMap<String, Arc<AgentTemplate>>,
-    toolboxes: HashMap<String, Arc<Toolbox>>,
     models: HashMap<String, Arc<dyn Model>>,
+    tools: HashMap<String, Arc<dyn Tool>>,
+    source: Option<Arc<dyn ToolSource>>,
+    /// Every template's toolbox, as of the source's generation.
+    toolboxes: RwLock<(u64, Toolboxes)>,
 }
 
 impl Catalog {
     pub fn builder() -> CatalogBuilder {
         CatalogBuilder::default()
+    }
+
+    fn source_generation(&self) -> u64 {
+        self.source.as_ref().map_or(0, |s| s.generation())
+    }
+
+    fn build_toolboxes(&self) -> Result<Toolboxes, Error> {
+        let resolve = |entry: &str| -> Result<Vec<Arc<dyn Tool>>, String> {
+            if let Some(tool) = self.tools.get(entry) {
+                return Ok(vec![tool.clone()]);
+            }
+            match &self.source {
+                Some(source) if source.owns(entry) => source.resolve(entry),
+                _ => Err(format!("unknown tool {entry}")),
+            }
+        };
+        let spawnable = |id: &str| self.templates.get(id).cloned();
+        let sources = ToolSources {
+            resolve: &resolve,
+            spawnable: &spawnable,
+        };
+        let mut out = HashMap::new();
+        for template in self.templates.values() {
+            let toolbox = Toolbox::build_with(template, &sources).map_err(|message| {
+                Error::InvalidTemplate {
+                    agent: template.id.clone(),
+                    message,
+                }
+            })?;
+            out.insert(template.id.clone(), Arc::new(toolbox));
+        }
+        Ok(out)
     }
 
     pub fn template(&self, id: &str) -> Option<&Arc<AgentTemplate>> {
@@ -133,7 +189,70 @@ impl Catalog {
         self.models.keys().map(String::as_str)
     }
 
-    pub fn toolbox(&self, template_id: &str) -> Option<&Arc<Toolbox>> {
-        self.toolboxes.get(template_id)
+    /// The tools registered in code, by name.
+    pub fn tools(&self) -> impl Iterator<Item = &Arc<dyn Tool>> {
+        self.tools.values()
+    }
+
+    /// A template's toolbox as of now (rebuilt first if the tool source changed).
+    pub fn toolbox(&self, template_id: &str) -> Option<Arc<Toolbox>> {
+        let generation = self.source_generation();
+        {
+            let current = self
+                .toolboxes
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            if current.0 == generation {
+                return current.1.get(template_id).cloned();
+            }
+        }
+        match self.build_toolboxes() {
+            Ok(toolboxes) => {
+                let mut current = self
+                    .toolboxes
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if current.0 < generation {
+                    *current = (generation, toolboxes);
+                }
+                current.1.get(template_id).cloned()
+            }
+            Err(error) => {
+                // A changed list that no longer builds (e.g. a server now sends a
+                // bad schema): keep serving the last good toolboxes.
+                tracing::warn!(%error, "tool list changed but the toolboxes did not build; keeping the previous tools");
+                self.toolboxes
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .1
+                    .get(template_id)
+                    .cloned()
+            }
+        }
+    }
+
+    /// Makes the tool source ready for every template a tree rooted at
+    /// `root` can reach (starts the MCP servers they name, once per runtime).
+    pub fn prepare_tools(&self, root: &str) -> BoxFuture<'static, ()> {
+        let Some(source) = self.source.clone() else {
+            return Box::pin(async {});
+        };
+        let mut seen = HashSet::new();
+        let mut stack = vec![root.to_owned()];
+        let mut entries = Vec::new();
+        while let Some(id) = stack.pop() {
+            if !seen.insert(id.clone()) {
+                continue;
+            }
+            let Some(t) = self.templates.get(&id) else {
+                continue;
+            };
+            entries.extend(t.tools.iter().filter(|e| source.owns(e)).cloned());
+            stack.extend(t.spawnable_agents.iter().cloned());
+        }
+        if entries.is_empty() {
+            return Box::pin(async {});
+        }
+        source.prepare(entries)
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use arbor_actors::{Limit, LimitHit, Usage};
 
+use crate::policy::ToolPolicy;
 use crate::slots::Slots;
 
 /// Limits of one tree. `None` means unlimited.
@@ -28,6 +29,10 @@ pub struct TreeLimits {
     #[serde(rename = "deadlineMs", with = "millis")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
     pub deadline: Option<Duration>,
+    /// Which tools the tree's agents may use, whatever their templates list.
+    #[serde(skip_serializing_if = "ToolPolicy::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<crate::ToolRule>))]
+    pub tools: ToolPolicy,
 }
 
 /// A duration as whole milliseconds in JSON.

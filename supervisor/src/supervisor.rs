@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use arbor_actors::history::History;
-use arbor_actors::spawn::prompt_message;
+use arbor_actors::spawn::input_messages;
+use arbor_actors::TreeHooks as _;
 use arbor_actors::{
     AgentActor, AgentArgs, AgentMsg, AgentSnapshot, AgentState, AgentStatus, CancelReason,
     EventKind, Limit, LimitHit, Model, Reply, RunResult, StepMachine,
@@ -274,11 +275,6 @@ impl Supervisor {
             }
             None => None,
         };
-        let toolbox = self
-            .catalog
-            .toolbox(&template.id)
-            .cloned()
-            .ok_or_else(|| Error::UnknownAgent(template.id.clone()))?;
         let tree_id: Arc<str> = Arc::from(request.tree_id.clone().unwrap_or_else(new_tree_id));
         // Run ids are `TREE/PATH`: a tree id cannot hold the separator.
         if tree_id.is_empty()
@@ -304,10 +300,15 @@ impl Supervisor {
                 Err(error) => return Err(error),
             }
         }
-        let limits = request
+        let mut limits = request
             .limits
             .clone()
             .unwrap_or_else(|| self.limits.clone());
+        // A request narrows the supervisor's tool policy; it never widens it.
+        limits.tools = self.limits.tools.clone().with(&limits.tools);
+        // The servers of the tools the tree can reach are up (or known to be
+        // down) before its first agent builds a request.
+        self.catalog.prepare_tools(&template.id).await;
         let mut ctx = TreeContext::new(
             tree_id.clone(),
             self.catalog.clone(),
@@ -321,6 +322,9 @@ impl Supervisor {
             ctx = ctx.recovering(recovery, replay);
         }
         let ctx = Arc::new(ctx);
+        let toolbox = ctx
+            .toolbox(&template)
+            .map_err(|_| Error::UnknownAgent(template.id.clone()))?;
         let ids = ctx.ids("0", 0);
         let root_run_id = ids.run_id.clone();
         let resumed = ctx
@@ -336,9 +340,10 @@ impl Supervisor {
             None => {
                 let mut history = request.history.clone().unwrap_or_default();
                 let inherited = history.len();
-                if let Some(prompt) = prompt_message(Some(&request.prompt), request.params.as_ref())
+                for message in
+                    input_messages(&template, Some(&request.prompt), request.params.as_ref())
                 {
-                    history.push(prompt);
+                    history.push(message);
                 }
                 let state = AgentState {
                     agent_id: ids.agent_id,

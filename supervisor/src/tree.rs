@@ -43,7 +43,12 @@ pub(crate) struct TreeContext {
     recorded: Mutex<HashMap<String, Arc<dyn Model>>>,
     /// A replay: a reply missing from the tape fails instead of calling the model.
     replay: bool,
+    /// Toolboxes cut to the tree's tool policy, by template (with the catalog's
+    /// toolbox each was cut from, so a changed tool list is cut again).
+    toolboxes: Mutex<ToolboxCache>,
 }
+
+type ToolboxCache = HashMap<String, (Arc<Toolbox>, Arc<Toolbox>)>;
 
 impl TreeContext {
     pub(crate) fn new(
@@ -68,6 +73,7 @@ impl TreeContext {
             recovery: None,
             recorded: Mutex::new(HashMap::new()),
             replay: false,
+            toolboxes: Mutex::new(HashMap::new()),
         }
     }
 
@@ -167,11 +173,28 @@ impl TreeHooks for TreeContext {
         self.served(name, live)
     }
 
+    /// The template's toolbox, without what the tree's tool policy refuses.
     fn toolbox(&self, template: &AgentTemplate) -> Result<Arc<Toolbox>, String> {
-        self.catalog
+        let base = self
+            .catalog
             .toolbox(&template.id)
-            .cloned()
-            .ok_or_else(|| format!("agent type {} is not in the catalog", template.id))
+            .ok_or_else(|| format!("agent type {} is not in the catalog", template.id))?;
+        let policy = &self.budget.limits().tools;
+        if policy.is_empty() {
+            return Ok(base);
+        }
+        let mut cache = self
+            .toolboxes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((from, cut)) = cache.get(&template.id) {
+            if Arc::ptr_eq(from, &base) {
+                return Ok(cut.clone());
+            }
+        }
+        let cut = Arc::new(base.restricted(|name| policy.allows(name)));
+        cache.insert(template.id.clone(), (base, cut.clone()));
+        Ok(cut)
     }
 
     fn child_ids(&self, parent: &AgentState, ordinal: u32, attempt: u32) -> RunIds {

@@ -12,7 +12,7 @@ use arbor_actors::handler::{FnHandler, FnProgram, Resume, Yield};
 use arbor_actors::models::scripted::ScriptedModel;
 use arbor_actors::{
     AgentStatus, DeltaSink, EventKind, FailurePolicy, Model, ModelError, ModelRequest,
-    ModelResponse, Tool, ToolContext, ToolError,
+    ModelResponse, Tool, ToolContext, ToolError, ToolOutput,
 };
 use arbor_supervisor::TreeLimits;
 use async_trait::async_trait;
@@ -104,7 +104,7 @@ impl Tool for Bomb {
     fn input_schema(&self) -> Value {
         json!({"type": "object"})
     }
-    async fn call(&self, _input: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
+    async fn call(&self, _input: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         tokio::time::sleep(Duration::from_millis(5)).await;
         panic!("bomb went off");
     }

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arbor::Config;
 use arbor::actors::message::{Content, Message, Part, ToolResultPart};
 use arbor::actors::{
-    AgentState, AgentStatus, Delta, Event, EventKind, RunResult, Tool, ToolContext, ToolError,
+    AgentState, AgentStatus, Delta, Event, EventKind, RunResult, Tool, ToolContext, ToolError, ToolOutput,
 };
 use arbor::config::ModelSection;
 use arbor::providers::ProviderKind;
@@ -428,11 +428,11 @@ impl Tool for Lookup {
             "required": ["key"]
         })
     }
-    async fn call(&self, input: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
+    async fn call(&self, input: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let key = input["key"]
             .as_str()
             .ok_or_else(|| ToolError::new("no key"))?;
-        Ok(json!({ "value": format!("value of {key}") }))
+        Ok(json!({ "value": format!("value of {key}") }).into())
     }
 }
 

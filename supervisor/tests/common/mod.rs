@@ -9,7 +9,7 @@ use std::time::Duration;
 use arbor_actors::message::{Message, TOOL_CALL_ERROR};
 use arbor_actors::models::scripted::ScriptedModel;
 use arbor_actors::{
-    AgentState, AgentTemplate, Event, EventKind, Model, RunResult, Tool, ToolContext, ToolError,
+    AgentState, AgentTemplate, Event, EventKind, Model, RunResult, Tool, ToolContext, ToolError, ToolOutput,
 };
 use arbor_supervisor::{Catalog, EventStream, StartRequest, Supervisor, TreeHandle, TreeLimits};
 use async_trait::async_trait;
@@ -220,8 +220,8 @@ impl Tool for Echo {
     fn input_schema(&self) -> Value {
         json!({"type": "object"})
     }
-    async fn call(&self, input: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
-        Ok(json!({ "echo": input }))
+    async fn call(&self, input: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        Ok(json!({ "echo": input }).into())
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use arbor::actors::message::Message;
 use arbor::actors::state::ToolDefinition;
 use arbor::actors::{
-    Delta, DeltaSink, Event, EventKind, ModelRequest, Tool, ToolContext, ToolError,
+    Delta, DeltaSink, Event, EventKind, ModelRequest, Tool, ToolContext, ToolError, ToolOutput,
 };
 use arbor::providers::{ApiKey, HttpSection, ProviderKind, ProviderSettings};
 use arbor::supervisor::EventStream;
@@ -350,8 +350,8 @@ impl Tool for Echo {
     fn input_schema(&self) -> Value {
         json!({"type": "object"})
     }
-    async fn call(&self, input: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
-        Ok(json!({ "echo": input }))
+    async fn call(&self, input: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        Ok(json!({ "echo": input }).into())
     }
 }
 

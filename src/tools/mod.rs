@@ -1,0 +1,131 @@
+//! Tools from outside the agent runtime, declared in the config: MCP servers
+//! (`mcp`), command tools (`command`), and the process reaper both use
+//! (`reaper`). A [`ToolSet`] is what one runtime has of them; it registers the
+//! command tools in the catalog and serves the MCP servers' tools as the
+//! catalog's [`ToolSource`], whose lists can change at run time.
+
+pub mod command;
+pub mod mcp;
+pub mod reaper;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arbor_actors::Tool;
+use arbor_supervisor::{CatalogBuilder, ToolSource, pattern_matches};
+use futures::future::BoxFuture;
+use serde::Serialize;
+use serde_json::Value;
+
+use command::CommandTool;
+use mcp::{McpServers, McpSettings};
+
+/// The config's tools for one runtime: one connection per MCP server, shared
+/// by every agent of every tree, and the command tools.
+#[derive(Clone)]
+pub struct ToolSet {
+    mcp: Arc<McpServers>,
+    commands: Vec<Arc<CommandTool>>,
+}
+
+impl ToolSet {
+    pub fn new(servers: &BTreeMap<String, McpSettings>, commands: Vec<Arc<CommandTool>>) -> Self {
+        ToolSet {
+            mcp: McpServers::new(servers.clone()),
+            commands,
+        }
+    }
+
+    /// The MCP servers (for start-up, status and shutdown).
+    pub fn mcp(&self) -> &Arc<McpServers> {
+        &self.mcp
+    }
+
+    pub fn commands(&self) -> &[Arc<CommandTool>] {
+        &self.commands
+    }
+
+    /// Adds the command tools and the MCP servers to a catalog being built.
+    pub fn register(&self, mut builder: CatalogBuilder) -> CatalogBuilder {
+        for tool in &self.commands {
+            builder = builder.tool(tool.clone() as Arc<dyn Tool>);
+        }
+        if !self.mcp.names().is_empty() {
+            builder = builder.tool_source(Arc::new(McpSource(self.mcp.clone())));
+        }
+        builder
+    }
+}
+
+/// The MCP servers as the catalog's tool source: `SERVER/*` (or any pattern
+/// over the server's tool names) is the server's current list, `SERVER/TOOL`
+/// is that tool (a handle whose calls say why, while the server is down).
+struct McpSource(Arc<McpServers>);
+
+impl ToolSource for McpSource {
+    fn owns(&self, entry: &str) -> bool {
+        entry
+            .split_once('/')
+            .is_some_and(|(server, _)| self.0.names().iter().any(|n| n == server))
+    }
+
+    fn resolve(&self, entry: &str) -> Result<Vec<Arc<dyn Tool>>, String> {
+        let Some((server, tool)) = entry.split_once('/') else {
+            return Err(format!("{entry} is not SERVER/TOOL"));
+        };
+        if !tool.contains('*') {
+            return Ok(vec![self.0.tool(server, tool)]);
+        }
+        // A server that is down offers none of its tools until it is back.
+        let listed = self.0.tools(server).unwrap_or_default();
+        Ok(listed
+            .into_iter()
+            .filter(|t| pattern_matches(entry, t.name()))
+            .collect())
+    }
+
+    fn generation(&self) -> u64 {
+        self.0.generation()
+    }
+
+    fn prepare(&self, entries: Vec<String>) -> BoxFuture<'static, ()> {
+        let mcp = self.0.clone();
+        let mut servers: Vec<String> = entries
+            .iter()
+            .filter_map(|e| e.split_once('/').map(|(s, _)| s.to_owned()))
+            .collect();
+        servers.sort();
+        servers.dedup();
+        Box::pin(async move {
+            futures::future::join_all(servers.iter().map(|s| mcp.prepare(s))).await;
+        })
+    }
+}
+
+/// Where a tool comes from, for `arbor tools`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ToolOrigin {
+    Builtin,
+    Mcp,
+    Command,
+    Code,
+}
+
+/// One tool an agent could get, as `arbor tools` lists it.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolListing {
+    /// The name templates and policies use.
+    pub name: String,
+    /// The name the model sees.
+    pub wire_name: String,
+    pub origin: ToolOrigin,
+    /// The MCP server, for MCP tools.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+    pub description: String,
+    pub input_schema: Value,
+    /// Templates that list it.
+    pub agents: Vec<String>,
+}
