@@ -431,6 +431,10 @@ impl Config {
             }
         }
         if !problems.is_empty() {
+            // The file fails anyway: report the tool names nothing in it
+            // provides too, so one check shows every problem.
+            problems.extend(unresolved_tools.into_iter().map(|(_, p)| p));
+            problems.sort_by_key(|p| p.line);
             return Err(error(problems));
         }
         Ok(Config {

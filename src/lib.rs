@@ -60,6 +60,7 @@ use arbor_actors::{AgentState, Event, RunResult};
 use arbor_supervisor::store::SqliteStore;
 use arbor_supervisor::{Canceller, EventStream, Retain, StartRequest, Supervisor, TreeHandle};
 use serde_json::Value;
+use tools::ToolSet;
 
 /// Errors of the facade and the service.
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +87,9 @@ pub enum Error {
 pub struct Runtime {
     config: Option<Config>,
     supervisor: Supervisor,
+    /// The config's MCP servers and command tools (one connection per server,
+    /// shared by every tree of this runtime).
+    tools: Option<ToolSet>,
 }
 
 /// How to build a [`Runtime`] beyond the defaults.
@@ -93,6 +97,7 @@ pub struct RuntimeBuilder {
     source: Source,
     store: Option<std::path::PathBuf>,
     retain: Retain,
+    tools: Vec<Arc<dyn arbor_actors::Tool>>,
 }
 
 enum Source {
@@ -114,20 +119,37 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Registers a tool written in Rust; the config's templates may list it
+    /// by its name (`tools = ["lookup"]`), like the config's own tools.
+    pub fn tool(mut self, tool: Arc<dyn arbor_actors::Tool>) -> Self {
+        self.tools.push(tool);
+        self
+    }
+
+    /// Builds the runtime. Inside a tokio runtime, MCP servers marked
+    /// `eager = true` start now; the others start when a tree first needs them.
     pub fn build(self) -> Result<Runtime, Error> {
-        let (config, catalog, limits) = match self.source {
+        let (config, catalog, limits, tools) = match self.source {
             Source::Config(config) => {
-                let catalog = config.catalog()?;
+                let tools = config.tool_set();
+                let catalog = config.catalog_with(&tools, &self.tools)?;
                 let limits = config.limits.clone();
-                (Some(*config), catalog, limits)
+                (Some(*config), catalog, limits, Some(tools))
             }
-            Source::Code(catalog, limits) => (None, *catalog, limits),
+            Source::Code(catalog, limits) => (None, *catalog, limits, None),
         };
         let mut supervisor = Supervisor::with_retention(catalog, limits, self.retain);
         if let Some(path) = &self.store {
             supervisor = supervisor.with_store(Arc::new(SqliteStore::open(path)?))?;
         }
-        Ok(Runtime { config, supervisor })
+        if let (Some(tools), Ok(_)) = (&tools, tokio::runtime::Handle::try_current()) {
+            tools.mcp().start_eager();
+        }
+        Ok(Runtime {
+            config,
+            supervisor,
+            tools,
+        })
     }
 }
 
@@ -148,6 +170,7 @@ impl Runtime {
             source: Source::Config(Box::new(config)),
             store: None,
             retain: Retain::All,
+            tools: Vec::new(),
         }
     }
 
@@ -161,6 +184,7 @@ impl Runtime {
             source: Source::Code(Box::new(catalog), limits),
             store: None,
             retain: Retain::All,
+            tools: Vec::new(),
         }
     }
 
@@ -176,6 +200,19 @@ impl Runtime {
 
     pub fn supervisor(&self) -> &Supervisor {
         &self.supervisor
+    }
+
+    /// The config's MCP servers and command tools (`None` when built in code).
+    pub fn tools(&self) -> Option<&ToolSet> {
+        self.tools.as_ref()
+    }
+
+    /// Closes every MCP session and ends every tool process this runtime
+    /// started. (Dropping the runtime ends the processes too.)
+    pub async fn shutdown_tools(&self) {
+        if let Some(tools) = &self.tools {
+            tools.mcp().shutdown().await;
+        }
     }
 
     /// Starts `agent` on `prompt` (and `params`, checked against the agent's

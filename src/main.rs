@@ -60,6 +60,13 @@ enum Command {
         /// Print every event as a JSON line on stderr instead of the tree.
         #[arg(long)]
         events: bool,
+        /// Only tools matching one of these patterns (comma-separated, `*`
+        /// wildcards, e.g. `fs/read_*,rg`); narrows the config's [policy].
+        #[arg(long, value_delimiter = ',', value_name = "PATTERNS")]
+        allow_tools: Option<Vec<String>>,
+        /// No tool matching one of these patterns (comma-separated).
+        #[arg(long, value_delimiter = ',', value_name = "PATTERNS")]
+        deny_tools: Vec<String>,
         /// What to ask.
         prompt: String,
     },
@@ -145,10 +152,23 @@ enum Command {
         #[command(flatten)]
         at: Stored,
     },
-    /// List the agent templates of a config.
+    /// List the agent templates of a config: what each is for, its model,
+    /// tools and the agents it may spawn.
     Agents {
+        /// Config file (default: ./config.toml if present, else the built-in one).
         #[arg(long, short)]
         config: Option<PathBuf>,
+    },
+    /// List every tool an agent could get, with its source (built-in, MCP
+    /// server, command) and the agents that list it; starts the config's MCP
+    /// servers to ask them for their tools.
+    Tools {
+        /// Config file (default: ./config.toml if present, else the built-in one).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Print every tool with its input schema as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// List the models of a config.
     Models {
@@ -247,6 +267,9 @@ struct LoadtestArgs {
 }
 
 fn main() -> ExitCode {
+    // However `main` ends (a return, a panic unwinding out of it), no MCP
+    // server or command-tool process is left behind.
+    let _reaper = arbor::tools::reaper::ExitGuard;
     let cli = Cli::parse();
     // A service sets up its own logs once its config is read (serve()).
     if !matches!(cli.command, Command::Serve { .. }) {
@@ -299,9 +322,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             store,
             tree_id,
             events,
+            allow_tools,
+            deny_tools,
             prompt,
         } => {
             let config = load_config(config.as_deref())?;
+            let rule = arbor_supervisor::ToolRule {
+                allow: allow_tools,
+                deny: deny_tools,
+            };
+            if let Some((pattern, why)) = rule.problems().into_iter().next() {
+                anyhow::bail!("--allow-tools/--deny-tools: pattern {pattern:?}: {why}");
+            }
+            let mut limits = config.limits.clone();
+            limits.tools = limits.tools.narrowed(rule);
             let params = params
                 .map(|p| serde_json::from_str(&p))
                 .transpose()
@@ -336,10 +370,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         model,
                         tree_id,
                         origin,
+                        limits: Some(limits),
                         ..StartRequest::default()
                     })
                     .await?;
-                follow_tree(&runtime, handle, events, show, store.is_some()).await
+                until_signal(follow_tree(&runtime, handle, events, show, store.is_some())).await
             })
         }
         Command::Resume {
@@ -364,7 +399,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             tokio.block_on(async {
                 let events = runtime.supervisor().subscribe();
                 let handle = runtime.supervisor().resume(&tree_id).await?;
-                follow_tree(&runtime, handle, events, show, true).await
+                until_signal(follow_tree(&runtime, handle, events, show, true)).await
             })
         }
         Command::Replay {
@@ -505,16 +540,45 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Agents { config } => {
             let config = load_config(config.as_deref())?;
-            for t in &config.templates {
-                let spawns = if t.spawnable_agents.is_empty() {
+            let list = |items: &[String]| {
+                if items.is_empty() {
                     "-".to_owned()
                 } else {
-                    t.spawnable_agents.join(", ")
-                };
+                    items.join(", ")
+                }
+            };
+            for t in &config.templates {
+                let output = serde_json::to_value(t.output_mode)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default();
                 println!(
-                    "{:<20} model={:<10} steps={:<4} output={:?} spawns: {spawns}",
-                    t.id, t.model, t.max_steps, t.output_mode
+                    "{:<20} model={:<10} steps={:<4} output={output} spawns: {}",
+                    t.id,
+                    t.model,
+                    t.max_steps,
+                    list(&t.spawnable_agents)
                 );
+                if let Some(description) = &t.description {
+                    println!("    {description}");
+                }
+                println!("    tools: {}", list(&t.tools));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Tools { config, json } => {
+            let config = load_config(config.as_deref())?;
+            let tools = config.tool_set();
+            let listing =
+                async_runtime()?.block_on(until_signal(async {
+                    let listing = arbor::tools::listing(&config, &tools).await;
+                    tools.mcp().shutdown().await;
+                    Ok(listing)
+                }))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&listing)?);
+            } else {
+                print!("{}", arbor::tools::listing_table(&listing));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -945,6 +1009,23 @@ struct Show {
 }
 
 /// Shows a started tree until its root ends, then prints the root's output.
+/// Runs `work` until it ends or the process gets SIGTERM/SIGINT; on a signal
+/// every tool process is ended and the command exits 143 (SIGTERM) or 130
+/// (SIGINT). A stored tree is left as it was: `arbor resume` continues it.
+async fn until_signal<T>(work: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    let code = tokio::select! {
+        result = work => return result,
+        _ = term.recv() => 143,
+        _ = int.recv() => 130,
+    };
+    arbor::tools::reaper::kill_all();
+    eprintln!("stopped by a signal; tool processes ended");
+    std::process::exit(code);
+}
+
 async fn follow_tree(
     runtime: &Runtime,
     handle: arbor_supervisor::TreeHandle,

@@ -406,6 +406,17 @@ impl Toolbox {
     }
 }
 
+/// Every built-in tool with its plain definition (before a template's
+/// spawnable agents or output schema are written into it), by name.
+pub fn builtin_definitions() -> Vec<(&'static str, ToolDefinition)> {
+    let mut out: Vec<_> = BUILTINS
+        .keys()
+        .map(|name| (*name, builtin_definition(name)))
+        .collect();
+    out.sort_by_key(|(name, _)| *name);
+    out
+}
+
 fn builtin_definition(name: &str) -> ToolDefinition {
     let b = &BUILTINS[name];
     ToolDefinition {

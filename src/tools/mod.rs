@@ -129,3 +129,102 @@ pub struct ToolListing {
     /// Templates that list it.
     pub agents: Vec<String>,
 }
+
+/// Every tool an agent of `config` could get: the built-ins, the command
+/// tools, and each MCP server's tools (servers are started for this and
+/// waited for up to their `startup_timeout`; one that does not come up is
+/// listed as `SERVER/*` with why).
+pub async fn listing(config: &crate::Config, tools: &ToolSet) -> Vec<ToolListing> {
+    use arbor_actors::toolbox::{OPTIONAL_BUILTINS, builtin_definitions, wire_name};
+
+    let agents_listing = |name: &str, structural: bool| -> Vec<String> {
+        let mut agents: Vec<String> = config
+            .templates
+            .iter()
+            .filter(|t| structural || t.tools.iter().any(|e| pattern_matches(e, name)))
+            .map(|t| t.id.clone())
+            .collect();
+        agents.sort();
+        agents
+    };
+    let mut out = Vec::new();
+    for (name, def) in builtin_definitions() {
+        let structural = !OPTIONAL_BUILTINS.contains(&name);
+        out.push(ToolListing {
+            name: name.to_owned(),
+            wire_name: name.to_owned(),
+            origin: ToolOrigin::Builtin,
+            server: None,
+            description: def.description,
+            input_schema: def.input_schema,
+            agents: agents_listing(name, structural),
+        });
+    }
+    for tool in &tools.commands {
+        out.push(ToolListing {
+            name: tool.name().to_owned(),
+            wire_name: wire_name(tool.name()),
+            origin: ToolOrigin::Command,
+            server: None,
+            description: tool.description().to_owned(),
+            input_schema: tool.input_schema(),
+            agents: agents_listing(tool.name(), false),
+        });
+    }
+    let servers = tools.mcp.names();
+    futures::future::join_all(servers.iter().map(|s| tools.mcp.prepare(s))).await;
+    for server in servers {
+        match tools.mcp.tools(&server) {
+            Ok(list) => {
+                for tool in list {
+                    out.push(ToolListing {
+                        name: tool.name().to_owned(),
+                        wire_name: wire_name(tool.name()),
+                        origin: ToolOrigin::Mcp,
+                        server: Some(server.clone()),
+                        description: tool.description().to_owned(),
+                        input_schema: tool.input_schema(),
+                        agents: agents_listing(tool.name(), false),
+                    });
+                }
+            }
+            Err(why) => {
+                let name = format!("{server}/*");
+                out.push(ToolListing {
+                    wire_name: String::new(),
+                    origin: ToolOrigin::Mcp,
+                    server: Some(server.clone()),
+                    description: format!("unavailable: {why}"),
+                    input_schema: Value::Null,
+                    agents: agents_listing(&name, false),
+                    name,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// `arbor tools` as a table: name, source, the agents that list it, and the
+/// first line of its description.
+pub fn listing_table(listing: &[ToolListing]) -> String {
+    use std::fmt::Write;
+    let width = listing.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
+    let mut out = format!("{:<width$}  {:<8}  {:<24}  DESCRIPTION\n", "TOOL", "SOURCE", "AGENTS");
+    for t in listing {
+        let source = match (t.origin, &t.server) {
+            (ToolOrigin::Mcp, Some(server)) => format!("mcp:{server}"),
+            (ToolOrigin::Builtin, _) => "built-in".into(),
+            (ToolOrigin::Command, _) => "command".into(),
+            (ToolOrigin::Code, _) | (ToolOrigin::Mcp, None) => "code".into(),
+        };
+        let agents = if t.agents.is_empty() {
+            "-".to_owned()
+        } else {
+            t.agents.join(",")
+        };
+        let line = t.description.lines().next().unwrap_or("");
+        let _ = writeln!(out, "{:<width$}  {source:<8}  {agents:<24}  {line}", t.name);
+    }
+    out
+}

@@ -3,15 +3,18 @@
 
 mod aimock;
 mod cli;
+mod command_tools;
 mod config;
 mod layers;
 mod library;
 mod loadtest;
+mod mcp;
 mod provider_faults;
 mod provider_limits;
 mod provider_secrets;
 mod serve;
 mod store;
+mod tools;
 mod support;
 
 use std::path::{Path, PathBuf};

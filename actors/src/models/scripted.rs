@@ -90,6 +90,8 @@ pub struct RecordedRequest {
     pub step: u32,
     pub messages: Vec<Arc<Message>>,
     pub tools: Vec<String>,
+    /// The tool definitions as sent (descriptions and input schemas).
+    pub definitions: crate::state::ToolDefinitions,
     pub system_prompt: Arc<str>,
 }
 
@@ -191,6 +193,7 @@ impl Model for ScriptedModel {
                 step: request.meta.step,
                 messages: request.messages.to_vec(),
                 tools: request.tools.keys().cloned().collect(),
+                definitions: request.tools.clone(),
                 system_prompt: request.system_prompt.clone(),
             });
         }
