@@ -29,7 +29,7 @@ use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
         create_run, list_runs, get_run, run_events, cancel_run, get_tree, list_agents,
         healthz, readyz, metrics
     ),
-    components(schemas(ErrorBody, TreeSummary, RunNode, TreeLimits, StatusFilter)),
+    components(schemas(ErrorBody, TreeSummary, RunNode, TreeLimits, ToolRule, StatusFilter)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::fixtures;
 
-const TOKEN: &str = "test-token-1";
+pub const TOKEN: &str = "test-token-1";
 /// How long any one wait may take before the test fails (never a pass).
 const GUARD: Duration = Duration::from_secs(60);
 

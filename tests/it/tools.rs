@@ -462,3 +462,58 @@ fn arbor_tools_lists_builtins_and_commands_with_their_agents_and_schemas() {
         .unwrap();
     assert_eq!(spawn["origin"], "builtin");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_over_http_narrows_the_tool_policy_and_a_bad_pattern_is_a_422() {
+    use crate::serve::{Server, TOKEN, get, post};
+    let dir = scene(POLICY, &policy_script());
+    let config = dir.path().join("config.toml").display().to_string();
+    let mut server = Server::start(dir.path(), &["--config", &config], Some(TOKEN));
+    server.wait_for("ready");
+
+    let (status, body) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "lead", "prompt": "go", "tools": {"deny": ["fs read"]}}),
+    )
+    .await;
+    assert_eq!(status.as_u16(), 422, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tools: pattern \"fs read\""),
+        "{body}"
+    );
+
+    let (status, body) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "lead", "prompt": "go", "tools": {"deny": ["echo"]}}),
+    )
+    .await;
+    assert_eq!(status.as_u16(), 201, "{body}");
+    let root = body["runId"].as_str().unwrap().to_owned();
+    // Wait for the tree to end through its event stream, then read the worker.
+    crate::serve::stream(&server, &root, None, |_| {}).await;
+    let (_, tree) = get(&server, &format!("/v1/trees/{}", body["treeId"].as_str().unwrap())).await;
+    let worker_run = tree
+        .to_string()
+        .split("\"runId\":\"")
+        .filter_map(|s| s.split('"').next())
+        .find(|id| id.ends_with("/0.1"))
+        .expect("the worker's run")
+        .to_owned();
+    let (_, worker) = get(&server, &format!("/v1/runs/{}", crate::serve::encoded(&worker_run))).await;
+    let history = worker["state"]["messageHistory"].to_string();
+    assert!(
+        history.contains("Tool echo (echo) is not allowed by this tree's tool policy"),
+        "{history}"
+    );
+    assert!(
+        !worker["state"]["toolDefinitions"]
+            .as_object()
+            .unwrap()
+            .contains_key("echo")
+    );
+}
