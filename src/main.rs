@@ -358,7 +358,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Some(path) => Runtime::with_store(config, path)?,
                 None => Runtime::new(config)?,
             };
-            tokio.block_on(async {
+            tokio.block_on(until_signal(async {
                 // Subscribed before the start: a root can end at once.
                 let events = runtime.supervisor().subscribe();
                 let handle = runtime
@@ -374,8 +374,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         ..StartRequest::default()
                     })
                     .await?;
-                until_signal(follow_tree(&runtime, handle, events, show, store.is_some())).await
-            })
+                follow_tree(&runtime, handle, events, show, store.is_some()).await
+            }))
         }
         Command::Resume {
             tree_id,
@@ -396,11 +396,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 quiet,
                 events,
             };
-            tokio.block_on(async {
+            tokio.block_on(until_signal(async {
                 let events = runtime.supervisor().subscribe();
                 let handle = runtime.supervisor().resume(&tree_id).await?;
-                until_signal(follow_tree(&runtime, handle, events, show, true)).await
-            })
+                follow_tree(&runtime, handle, events, show, true).await
+            }))
         }
         Command::Replay {
             tree_id,

@@ -79,6 +79,19 @@ fn alive(pid: u32) -> bool {
     }
 }
 
+/// Whether `pid` ends within a bound (a SIGKILLed process takes a moment to
+/// be scheduled and die after the signal is sent).
+fn ends(pid: u32) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while alive(pid) {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+    true
+}
+
 /// Every stored final state of one tree, through `arbor export`.
 fn export(dir: &Path, tree: &str) -> Value {
     let out = arbor_in(dir, &["export", tree]);
@@ -239,7 +252,7 @@ tools = ["fs/*", "web/get-sum", "everything/get-tiny-image"]
     let offered = &reader_scribe["toolDefinitions"]["fs__read_text_file"]["inputSchema"];
     assert_eq!(offered["required"], json!(["path"]), "{offered}");
 
-    let left = processes_with(&marker);
+    let left: Vec<u32> = processes_with(&marker).into_iter().filter(|p| !ends(*p)).collect();
     assert!(left.is_empty(), "MCP server processes outlived arbor run: {left:?}");
 }
 
@@ -314,9 +327,9 @@ max_steps = 10
         .map(|l| l.trim().parse().unwrap())
         .collect();
     assert_eq!(started.len(), 3, "{started:?}");
-    let left: Vec<u32> = started.into_iter().filter(|p| alive(*p)).collect();
+    let left: Vec<u32> = started.into_iter().filter(|p| !ends(*p)).collect();
     assert!(left.is_empty(), "MCP server processes outlived arbor run: {left:?}");
-    assert!(processes_with(&marker).is_empty());
+    assert!(processes_with(&marker).into_iter().all(ends));
 }
 
 #[test]
@@ -539,4 +552,131 @@ async fn cancelling_a_tree_cancels_its_mcp_call_on_the_server() {
         }
     })
     .await;
+}
+
+/// `arbor run` on a lead that calls `counter__hang` (which never answers);
+/// the counter server appends its pid to `pids`.
+fn hanging_run(pids: &Path) -> tempfile::TempDir {
+    let config = format!(
+        r#"
+[models.script]
+provider = "scripted"
+file = "script.json"
+
+[mcp_servers.counter]
+command = "node"
+args = ["{counter}"]
+env = {{ COUNTER_PID_FILE = "{pids}" }}
+timeout = "1h"
+
+[agents.lead]
+model = "script"
+tools = ["counter/hang"]
+"#,
+        counter = counter(),
+        pids = pids.display(),
+    );
+    let script = json!({"replies": [{"agent": "lead", "steps": [
+        {"toolCalls": [call("counter__hang", json!({}))]},
+        {"text": "never"}
+    ]}]});
+    scene(&config, &script)
+}
+
+/// The pid the counter server wrote, once it has (bounded).
+fn server_pid(pids: &Path) -> u32 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Some(pid) = std::fs::read_to_string(pids)
+            .ok()
+            .and_then(|s| s.lines().next().and_then(|l| l.trim().parse().ok()))
+        {
+            return pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "the MCP server never started");
+        std::thread::yield_now();
+    }
+}
+
+/// Waits (bounded) for a child process to exit.
+fn exited(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(std::time::Instant::now() < deadline, "arbor did not exit");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn sigterm_mid_call_leaves_no_mcp_server_behind() {
+    let pids = tempfile::NamedTempFile::new().unwrap();
+    let dir = hanging_run(pids.path());
+    let mut arbor = std::process::Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(["run", "--quiet", "--no-store", "go"])
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let server = server_pid(pids.path());
+    assert!(alive(server));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(arbor.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = exited(&mut arbor);
+    assert_eq!(status.code(), Some(143));
+    assert!(ends(server), "MCP server {server} outlived a SIGTERM'd arbor");
+}
+
+#[test]
+fn a_panicking_arbor_leaves_no_mcp_server_behind() {
+    let pids = tempfile::NamedTempFile::new().unwrap();
+    let config = format!(
+        r#"
+[models.script]
+provider = "scripted"
+file = "script.json"
+
+[mcp_servers.counter]
+command = "node"
+args = ["{counter}"]
+env = {{ COUNTER_PID_FILE = "{pids}" }}
+
+[agents.lead]
+model = "script"
+tools = ["counter/work"]
+"#,
+        counter = counter(),
+        pids = pids.path().display(),
+    );
+    let script = json!({"replies": [{"agent": "lead", "steps": [
+        {"toolCalls": [call("counter__work", json!({"n": 1}))]},
+        {"text": "printed to a closed pipe"}
+    ]}]});
+    let dir = scene(&config, &script);
+    // Printing the output to a pipe nobody reads panics (EPIPE) while the
+    // runtime and its MCP server are still up.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut arbor = std::process::Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(["run", "--quiet", "--no-store", "go"])
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = exited(&mut arbor);
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(arbor.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(101), "{stderr}");
+    assert!(stderr.contains("panicked"), "{stderr}");
+    let server = server_pid(pids.path());
+    assert!(ends(server), "MCP server {server} outlived a panicking arbor");
 }
