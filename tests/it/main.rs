@@ -15,6 +15,7 @@ mod provider_secrets;
 mod serve;
 mod store;
 mod tools;
+mod tools_e2e;
 mod support;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,406 @@
+//! The `[mcp_servers.NAME]` table ([`McpServerSection`]) and the settings
+//! checked from it ([`McpSettings`]).
+//!
+//! Values of `env` and `headers` and the bearer token are secrets: a literal
+//! is kept in a [`ValueSource`] whose `Debug` is redacted, and a
+//! `{ env = "VAR" }` is read only when the server starts (an unset variable is
+//! that start's failure, naming the variable).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use arbor_actors::models::simulated::parse_duration;
+use reqwest::header::{AUTHORIZATION, HeaderName, HeaderValue};
+use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+
+/// Per-call timeout when `timeout` is not set.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a start (spawn or connect, initialize, `tools/list`) may take
+/// when `startup_timeout` is not set.
+pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Calls in flight per server when `max_concurrent` is not set.
+pub const DEFAULT_MAX_CONCURRENT: usize = 8;
+
+/// One `[mcp_servers.NAME]` table as written. A server is either a process
+/// spoken to over stdio (`command`, `args`, `env`, `cwd`) or a streamable
+/// HTTP endpoint (`url`, `headers`, `bearer_token_env`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerSection {
+    /// The program to run (found on `PATH` unless it is a path).
+    pub command: Option<String>,
+    pub args: Option<Vec<String>>,
+    /// Variables for the process, on top of a minimal inherited set
+    /// ([`INHERITED_ENV`]); Arbor's other variables are not passed.
+    pub env: Option<BTreeMap<String, ValueSource>>,
+    /// Working directory of the process; relative to the config's directory.
+    pub cwd: Option<PathBuf>,
+    /// The streamable HTTP endpoint (`http://` or `https://`).
+    pub url: Option<String>,
+    /// Headers sent with every request.
+    pub headers: Option<BTreeMap<String, ValueSource>>,
+    /// The variable holding a bearer token (sent as `Authorization: Bearer …`).
+    pub bearer_token_env: Option<String>,
+    /// Per-call timeout, e.g. `"60s"`.
+    pub timeout: Option<String>,
+    /// Calls in flight at once (all agents of all trees share them).
+    pub max_concurrent: Option<usize>,
+    /// How long starting the server may take, e.g. `"30s"`.
+    pub startup_timeout: Option<String>,
+    /// The server's tools that may be used (`*` matches any run of characters);
+    /// all of them when not set.
+    pub tools: Option<Vec<String>>,
+    /// Start the server when the runtime starts instead of on first use.
+    #[serde(default)]
+    pub eager: bool,
+}
+
+/// Variables a stdio server inherits from Arbor's environment; everything
+/// else it gets comes from its `env` table.
+pub const INHERITED_ENV: &[&str] = &[
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LC_ALL", "TMPDIR", "TZ",
+];
+
+/// A configured value: written in the config, or taken from Arbor's
+/// environment when the server starts. `Debug` never shows a literal.
+#[derive(Clone, PartialEq, Eq)]
+pub enum ValueSource {
+    Literal(String),
+    /// `{ env = "VAR" }`: the value of Arbor's variable `VAR`.
+    Env(String),
+}
+
+impl fmt::Debug for ValueSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ValueSource::Literal(_) => f.write_str("[REDACTED]"),
+            ValueSource::Env(var) => write!(f, "{{ env = {var:?} }}"),
+        }
+    }
+}
+
+impl ValueSource {
+    /// The value now. `Err` names the variable that is unset (never a value).
+    pub(crate) fn resolve(&self) -> Result<String, String> {
+        match self {
+            ValueSource::Literal(value) => Ok(value.clone()),
+            ValueSource::Env(var) => read_env(var),
+        }
+    }
+}
+
+/// Reads `var`; `Err` names it, never a value.
+pub(crate) fn read_env(var: &str) -> Result<String, String> {
+    std::env::var(var).map_err(|e| match e {
+        std::env::VarError::NotPresent => format!("environment variable {var} is not set"),
+        std::env::VarError::NotUnicode(_) => {
+            format!("environment variable {var} is not valid UTF-8")
+        }
+    })
+}
+
+impl<'de> Deserialize<'de> for ValueSource {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SourceVisitor;
+
+        impl<'de> Visitor<'de> for SourceVisitor {
+            type Value = ValueSource;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#"a string or { env = "VAR" }"#)
+            }
+
+            fn visit_str<E: de::Error>(self, value: &str) -> Result<ValueSource, E> {
+                Ok(ValueSource::Literal(value.to_owned()))
+            }
+
+            fn visit_string<E: de::Error>(self, value: String) -> Result<ValueSource, E> {
+                Ok(ValueSource::Literal(value))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ValueSource, A::Error> {
+                let mut var: Option<String> = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key != "env" {
+                        return Err(de::Error::unknown_field(&key, &["env"]));
+                    }
+                    if var.is_some() {
+                        return Err(de::Error::duplicate_field("env"));
+                    }
+                    var = Some(map.next_value()?);
+                }
+                match var {
+                    Some(var) if !var.is_empty() => Ok(ValueSource::Env(var)),
+                    Some(_) => Err(de::Error::custom("env: the variable name is empty")),
+                    None => Err(de::Error::missing_field("env")),
+                }
+            }
+        }
+
+        deserializer.deserialize_any(SourceVisitor)
+    }
+}
+
+/// How Arbor reaches a server.
+#[derive(Clone, Debug)]
+pub enum McpTransport {
+    /// A child process spoken to over its stdin/stdout.
+    Stdio {
+        command: String,
+        args: Vec<String>,
+        env: BTreeMap<String, ValueSource>,
+        /// Absolute, or relative to Arbor's working directory.
+        cwd: Option<PathBuf>,
+    },
+    /// A streamable HTTP endpoint.
+    Http {
+        url: String,
+        headers: BTreeMap<String, ValueSource>,
+        bearer_token_env: Option<String>,
+    },
+}
+
+/// One server's checked settings. `Debug` shows no secret: literals of `env`
+/// and `headers` are redacted, variables are shown by name only.
+#[derive(Clone, Debug)]
+pub struct McpSettings {
+    pub transport: McpTransport,
+    pub timeout: Duration,
+    pub max_concurrent: usize,
+    pub startup_timeout: Duration,
+    /// The allow-list of tool names (with `*` patterns); `None` allows all.
+    pub tools: Option<Vec<String>>,
+    pub eager: bool,
+}
+
+impl McpSettings {
+    /// Whether the allow-list lets agents use the server's tool `tool`.
+    pub fn allows(&self, tool: &str) -> bool {
+        self.tools
+            .as_ref()
+            .is_none_or(|patterns| patterns.iter().any(|p| glob_match(p, tool)))
+    }
+}
+
+/// `*` matches any run of characters (also none); everything else itself.
+pub(crate) fn glob_match(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let Some(first) = parts.next() else {
+        return text.is_empty();
+    };
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty(); // no `*`: an exact match
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+impl McpServerSection {
+    /// Checks the table of server `name`; relative `cwd`s are resolved against
+    /// `base_dir` (the config file's directory). `Err` lists every problem at
+    /// once as (key relative to the table, message); the empty key is the
+    /// table itself. Variables named by `{ env = "VAR" }` and
+    /// `bearer_token_env` are not read here: they are read when the server
+    /// starts, and one that is unset is that start's failure.
+    pub fn settings(
+        &self,
+        name: &str,
+        base_dir: &Path,
+    ) -> Result<McpSettings, Vec<(String, String)>> {
+        let mut problems: Vec<(String, String)> = Vec::new();
+        let mut problem = |key: &str, message: String| problems.push((key.to_owned(), message));
+
+        if name.is_empty() || name.contains('/') {
+            problem(
+                "",
+                format!(
+                    "server name {name:?} must be non-empty and have no '/' (tools are named SERVER/TOOL)"
+                ),
+            );
+        }
+
+        let duration = |key: &str, value: &Option<String>, default: Duration| match value {
+            None => Ok(default),
+            Some(text) => match parse_duration(text) {
+                Ok(d) if d.is_zero() => Err((key.to_owned(), "must be more than 0".to_owned())),
+                Ok(d) => Ok(d),
+                Err(e) => Err((key.to_owned(), e)),
+            },
+        };
+        let timeout =
+            duration("timeout", &self.timeout, DEFAULT_TIMEOUT).unwrap_or_else(|(k, m)| {
+                problem(&k, m);
+                DEFAULT_TIMEOUT
+            });
+        let startup_timeout = duration(
+            "startup_timeout",
+            &self.startup_timeout,
+            DEFAULT_STARTUP_TIMEOUT,
+        )
+        .unwrap_or_else(|(k, m)| {
+            problem(&k, m);
+            DEFAULT_STARTUP_TIMEOUT
+        });
+        let max_concurrent = self.max_concurrent.unwrap_or(DEFAULT_MAX_CONCURRENT);
+        if max_concurrent == 0 {
+            problem("max_concurrent", "must be at least 1".to_owned());
+        }
+        if let Some(patterns) = &self.tools
+            && patterns.iter().any(String::is_empty)
+        {
+            problem("tools", "a tool name or pattern is empty".to_owned());
+        }
+
+        let transport = match (&self.command, &self.url) {
+            (Some(_), Some(_)) => {
+                problem(
+                    "command",
+                    "has both command and url: a server is either a process (stdio) or a URL (streamable HTTP)"
+                        .to_owned(),
+                );
+                None
+            }
+            (None, None) => {
+                problem(
+                    "command",
+                    "needs a command (a process spoken to over stdio) or a url (streamable HTTP)"
+                        .to_owned(),
+                );
+                None
+            }
+            (Some(command), None) => self.stdio(command, base_dir, &mut problem),
+            (None, Some(url)) => self.http(url, &mut problem),
+        };
+
+        match transport {
+            Some(transport) if problems.is_empty() => Ok(McpSettings {
+                transport,
+                timeout,
+                max_concurrent,
+                startup_timeout,
+                tools: self.tools.clone(),
+                eager: self.eager,
+            }),
+            _ => Err(problems),
+        }
+    }
+
+    fn stdio(
+        &self,
+        command: &str,
+        base_dir: &Path,
+        problem: &mut impl FnMut(&str, String),
+    ) -> Option<McpTransport> {
+        let only_http = "is for a streamable HTTP server (url); this one is a process (command)";
+        if self.headers.is_some() {
+            problem("headers", only_http.to_owned());
+        }
+        if self.bearer_token_env.is_some() {
+            problem("bearer_token_env", only_http.to_owned());
+        }
+        if command.trim().is_empty() {
+            problem("command", "is empty".to_owned());
+        }
+        let env = self.env.clone().unwrap_or_default();
+        for key in env.keys() {
+            if key.is_empty() || key.contains('=') || key.contains('\0') {
+                problem(
+                    &format!("env.{key}"),
+                    "is not a valid variable name".to_owned(),
+                );
+            }
+        }
+        Some(McpTransport::Stdio {
+            command: command.to_owned(),
+            args: self.args.clone().unwrap_or_default(),
+            env,
+            cwd: self.cwd.as_ref().map(|cwd| base_dir.join(cwd)),
+        })
+    }
+
+    fn http(&self, url: &str, problem: &mut impl FnMut(&str, String)) -> Option<McpTransport> {
+        let only_stdio = "is for a process (command); this server is a URL (streamable HTTP)";
+        for (key, set) in [
+            ("args", self.args.is_some()),
+            ("env", self.env.is_some()),
+            ("cwd", self.cwd.is_some()),
+        ] {
+            if set {
+                problem(key, only_stdio.to_owned());
+            }
+        }
+        match reqwest::Url::parse(url) {
+            Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => {}
+            Ok(_) => problem("url", "must be an http:// or https:// URL".to_owned()),
+            Err(e) => problem("url", format!("is not a valid URL: {e}")),
+        }
+        let headers = self.headers.clone().unwrap_or_default();
+        for (name, value) in &headers {
+            let key = format!("headers.{name}");
+            match HeaderName::from_bytes(name.as_bytes()) {
+                Err(_) => problem(&key, "is not a valid header name".to_owned()),
+                Ok(header) if header == AUTHORIZATION && self.bearer_token_env.is_some() => {
+                    problem(&key, "is also set by bearer_token_env; keep one".to_owned());
+                }
+                Ok(_) => {}
+            }
+            if let ValueSource::Literal(literal) = value
+                && HeaderValue::from_str(literal).is_err()
+            {
+                // The value is a secret: say what is wrong, not what it is.
+                problem(&key, "is not a valid header value".to_owned());
+            }
+        }
+        if let Some(var) = &self.bearer_token_env
+            && var.is_empty()
+        {
+            problem("bearer_token_env", "the variable name is empty".to_owned());
+        }
+        Some(McpTransport::Http {
+            url: url.to_owned(),
+            headers,
+            bearer_token_env: self.bearer_token_env.clone(),
+        })
+    }
+}
+
+/// `60s`, `300ms`, `1500ms`: a duration as the config writes it.
+pub(crate) fn show_duration(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else if d.subsec_nanos().is_multiple_of(1_000_000) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{:.3}s", d.as_secs_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("read_file", "read_file"));
+        assert!(!glob_match("read_file", "read_file2"));
+        assert!(glob_match("read_*", "read_file"));
+        assert!(glob_match("*", ""));
+        assert!(glob_match("*_file", "read_file"));
+        assert!(glob_match("r*d*e", "read_file"));
+        assert!(!glob_match("r*x*e", "read_file"));
+        assert!(glob_match("a*a", "aa"));
+        assert!(!glob_match("a*a", "a"));
+    }
+}
