@@ -324,7 +324,7 @@ max_steps = 10
     let started: BTreeSet<u32> = std::fs::read_to_string(pids.path())
         .unwrap()
         .lines()
-        .map(|l| l.trim().parse().unwrap())
+        .filter_map(|l| l.trim().parse().ok())
         .collect();
     assert_eq!(started.len(), 3, "{started:?}");
     let left: Vec<u32> = started.into_iter().filter(|p| !ends(*p)).collect();
@@ -583,14 +583,14 @@ tools = ["counter/hang"]
     scene(&config, &script)
 }
 
-/// The pid the counter server wrote, once it has (bounded).
-fn server_pid(pids: &Path) -> u32 {
+/// The pid the counter server wrote, once it has (bounded); with `hanging`,
+/// once it also holds a `hang` call (so it is idle, connected, mid-call).
+fn server_pid(pids: &Path, hanging: bool) -> u32 {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
-        if let Some(pid) = std::fs::read_to_string(pids)
-            .ok()
-            .and_then(|s| s.lines().next().and_then(|l| l.trim().parse().ok()))
-        {
+        let written = std::fs::read_to_string(pids).unwrap_or_default();
+        let pid = written.lines().next().and_then(|l| l.trim().parse().ok());
+        if let Some(pid) = pid.filter(|_| !hanging || written.contains("hanging")) {
             return pid;
         }
         assert!(std::time::Instant::now() < deadline, "the MCP server never started");
@@ -622,7 +622,7 @@ fn sigterm_mid_call_leaves_no_mcp_server_behind() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let server = server_pid(pids.path());
+    let server = server_pid(pids.path(), true);
     assert!(alive(server));
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(arbor.id() as i32),
@@ -677,6 +677,6 @@ tools = ["counter/work"]
     std::io::Read::read_to_string(arbor.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert_eq!(status.code(), Some(101), "{stderr}");
     assert!(stderr.contains("panicked"), "{stderr}");
-    let server = server_pid(pids.path());
+    let server = server_pid(pids.path(), false);
     assert!(ends(server), "MCP server {server} outlived a panicking arbor");
 }

@@ -16,7 +16,8 @@
 //
 // It keeps running after its stdin closes (set COUNTER_STUBBORN=0 to let it
 // exit then). With COUNTER_PID_FILE set, the process appends its pid to that file when
-// it starts (so tests can check that no server outlives them).
+// it starts (so tests can check that no server outlives them), and the line
+// "hanging" when a hang call has arrived.
 import { appendFileSync } from "node:fs";
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
@@ -95,6 +96,9 @@ server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
     }
     case "hang":
       hanging += 1;
+      if (process.env.COUNTER_PID_FILE) {
+        appendFileSync(process.env.COUNTER_PID_FILE, "hanging\n");
+      }
       return new Promise(() => {
         extra.signal.addEventListener("abort", () => {
           hanging -= 1;
