@@ -420,8 +420,8 @@ impl Config {
         check_graph(&file, &limits, text, &mut problems);
         check_models(&file, &base_dir, text, &mut problems);
         check_service(&file.service, text, &mut problems);
-        if let Some(agent) = &file.run.agent {
-            if !file.agents.contains_key(agent) {
+        if let Some(agent) = &file.run.agent
+            && !file.agents.contains_key(agent) {
                 problems.push(at(
                     text,
                     "run",
@@ -429,7 +429,6 @@ impl Config {
                     format!("no agent named {agent:?}"),
                 ));
             }
-        }
         if !problems.is_empty() {
             // The file fails anyway: report the tool names nothing in it
             // provides too, so one check shows every problem.

@@ -757,11 +757,10 @@ async fn ping(config: Config, name: String) -> anyhow::Result<ExitCode> {
     let sink = {
         let retries = retries.clone();
         Arc::new(move |delta: Delta| {
-            if let Delta::Retry { reason, .. } = delta {
-                if let Ok(mut r) = retries.lock() {
+            if let Delta::Retry { reason, .. } = delta
+                && let Ok(mut r) = retries.lock() {
                     r.push(reason);
                 }
-            }
         })
     };
     let request = ModelRequest {
@@ -1053,11 +1052,10 @@ async fn follow_tree(
                 if let Ok(line) = serde_json::to_string(&*event) {
                     eprintln!("{line}");
                 }
-            } else if !show.quiet {
-                if let Some(line) = renderer.line(&event) {
+            } else if !show.quiet
+                && let Some(line) = renderer.line(&event) {
                     eprintln!("{line}");
                 }
-            }
             let root_ended = event.kind.final_state().is_some() && *event.run_id == *root_run;
             if root_ended {
                 break;

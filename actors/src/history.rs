@@ -185,8 +185,8 @@ impl History {
         }
         // The common case, a spawn mid-step: every open call is in the last
         // message and nothing else is broken. Only that message changes.
-        if self.broken == 0 {
-            if let Some(last) = self.items.last() {
+        if self.broken == 0
+            && let Some(last) = self.items.last() {
                 let in_last = |id: &Arc<str>| last.tool_calls().any(|c| c.tool_call_id == **id);
                 if self.open.iter().all(in_last) {
                     let open = &self.open;
@@ -208,7 +208,6 @@ impl History {
                     return out;
                 }
             }
-        }
         let answered: HashSet<&str> = self.items.iter().filter_map(|m| m.answers()).collect();
         let needs_change = |m: &Message| {
             m.tool_calls()
@@ -285,12 +284,11 @@ impl History {
             for call in m.tool_calls() {
                 called.insert(&call.tool_call_id);
             }
-            if let Some(id) = m.answers() {
-                if !called.contains(id) || !answered.insert(id) {
+            if let Some(id) = m.answers()
+                && (!called.contains(id) || !answered.insert(id)) {
                     keep_result[i] = false;
                     repair.orphan_results.push(id.to_owned());
                 }
-            }
         }
         let mut out = Vec::with_capacity(self.items.len());
         let mut kept_calls: HashSet<&str> = HashSet::new();

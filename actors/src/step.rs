@@ -303,7 +303,7 @@ impl StepMachine {
         &mut self,
         step: u32,
         index: usize,
-        result: Result<impl Into<ToolOutput>, String>,
+        result: Result<ToolOutput, String>,
         catalog: &dyn Catalog,
     ) -> Vec<Action> {
         let Some(pending) = self.pending_for(step, index) else {
@@ -311,7 +311,7 @@ impl StepMachine {
         };
         let call = &pending.calls[index];
         pending.results[index] = Some(match result {
-            Ok(output) => Message::tool_output(call, output.into().into_parts()),
+            Ok(output) => Message::tool_output(call, output.into_parts()),
             Err(error) => Message::tool_error(call, error),
         });
         self.resolved(catalog)

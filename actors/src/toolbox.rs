@@ -208,11 +208,13 @@ impl SpawnableInfo {
     }
 }
 
+/// The tools one `tools` entry of a template names (`rg`, `fs/*`,
+/// `fs/read_file`); `Err` says why it names none.
+pub type Resolve<'a> = &'a dyn Fn(&str) -> Result<Vec<Arc<dyn Tool>>, String>;
+
 /// Where a toolbox finds what is not built in.
 pub struct ToolSources<'a> {
-    /// The tools one `tools` entry of a template names (`rg`, `fs/*`,
-    /// `fs/read_file`); `Err` says why it names none.
-    pub resolve: &'a dyn Fn(&str) -> Result<Vec<Arc<dyn Tool>>, String>,
+    pub resolve: Resolve<'a>,
     /// The template a `spawnableAgents` entry names, for the spawn tools' descriptions.
     pub spawnable: &'a dyn Fn(&str) -> Option<Arc<AgentTemplate>>,
 }

@@ -147,11 +147,10 @@ impl Collector {
                 }
             }
             EventKind::ChildFinished { child_run_id, .. } => {
-                if let Ok(mut inner) = self.inner.lock() {
-                    if let Some(at) = inner.spawned_at.remove(child_run_id) {
+                if let Ok(mut inner) = self.inner.lock()
+                    && let Some(at) = inner.spawned_at.remove(child_run_id) {
                         Self::record(&mut inner.spawn_to_reply, now - at);
                     }
-                }
             }
             EventKind::StepStarted { step } => {
                 self.steps.fetch_add(1, Ordering::Relaxed);
@@ -165,11 +164,10 @@ impl Collector {
                 if matches!(
                     delta,
                     Delta::Text { .. } | Delta::ToolCallArgs { .. } | Delta::Reasoning { .. }
-                ) {
-                    if let Ok(mut inner) = self.inner.lock() {
+                )
+                    && let Ok(mut inner) = self.inner.lock() {
                         inner.first_delta.entry(event.run_id.clone()).or_insert(now);
                     }
-                }
             }
             EventKind::ModelRetrying { reason, .. } => {
                 self.retries.fetch_add(1, Ordering::Relaxed);

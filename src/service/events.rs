@@ -144,11 +144,10 @@ pub async fn stream(
             if !running {
                 // Ended (or run elsewhere): only what came in until now.
                 while let Ok(event) = live.try_recv() {
-                    if let Some(view) = journal_view(&event) {
-                        if follow.send(view).await {
+                    if let Some(view) = journal_view(&event)
+                        && follow.send(view).await {
                             return;
                         }
-                    }
                 }
                 return;
             }
@@ -169,11 +168,10 @@ pub async fn stream(
                 tracing::warn!(run = %follow.run_id, behind = live.len(), "event stream too slow; closed");
                 return;
             }
-            if let Some(view) = journal_view(&event) {
-                if follow.send(view).await {
+            if let Some(view) = journal_view(&event)
+                && follow.send(view).await {
                     return;
                 }
-            }
         }
     });
     let body = futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|e| e.map(Ok)));

@@ -229,11 +229,10 @@ impl Metrics {
                         self.errors.get_or_create(&label(&track)).inc();
                     }
                 }
-                if state.parent_id.is_none() {
-                    if let Ok(mut trees) = self.tree_models.lock() {
+                if state.parent_id.is_none()
+                    && let Ok(mut trees) = self.tree_models.lock() {
                         trees.remove(&event.tree_id);
                     }
-                }
             }
         }
     }

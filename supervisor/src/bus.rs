@@ -83,10 +83,9 @@ impl EventBus {
                 closed |= sub.tx.send(event.clone()).is_err();
             }
         }
-        if closed {
-            if let Ok(mut subs) = self.subscribers.write() {
+        if closed
+            && let Ok(mut subs) = self.subscribers.write() {
                 subs.retain(|s| !s.tx.is_closed());
             }
-        }
     }
 }
