@@ -403,12 +403,20 @@ impl Config {
         let mut limits = limits(&file.limits, text, &mut problems);
         let rule = file.policy.rule();
         for (key, patterns) in [
-            ("allow_tools", file.policy.allow_tools.clone().unwrap_or_default()),
+            (
+                "allow_tools",
+                file.policy.allow_tools.clone().unwrap_or_default(),
+            ),
             ("deny_tools", file.policy.deny_tools.clone()),
         ] {
             for pattern in patterns {
                 if let Err(why) = check_pattern(&pattern) {
-                    problems.push(at(text, "policy", key, format!("pattern {pattern:?}: {why}")));
+                    problems.push(at(
+                        text,
+                        "policy",
+                        key,
+                        format!("pattern {pattern:?}: {why}"),
+                    ));
                 }
             }
         }
@@ -421,14 +429,15 @@ impl Config {
         check_models(&file, &base_dir, text, &mut problems);
         check_service(&file.service, text, &mut problems);
         if let Some(agent) = &file.run.agent
-            && !file.agents.contains_key(agent) {
-                problems.push(at(
-                    text,
-                    "run",
-                    "agent",
-                    format!("no agent named {agent:?}"),
-                ));
-            }
+            && !file.agents.contains_key(agent)
+        {
+            problems.push(at(
+                text,
+                "run",
+                "agent",
+                format!("no agent named {agent:?}"),
+            ));
+        }
         if !problems.is_empty() {
             // The file fails anyway: report the tool names nothing in it
             // provides too, so one check shows every problem.
@@ -758,7 +767,12 @@ fn mcp_servers(
     for (name, section) in &file.mcp_servers {
         let table = format!("mcp_servers.{name}");
         if let Err(why) = check_tool_name(name) {
-            problems.push(at(text, "mcp_servers", name, format!("server name {name:?} {why}")));
+            problems.push(at(
+                text,
+                "mcp_servers",
+                name,
+                format!("server name {name:?} {why}"),
+            ));
             continue;
         }
         match section.settings(name, base_dir) {

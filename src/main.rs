@@ -569,12 +569,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tools { config, json } => {
             let config = load_config(config.as_deref())?;
             let tools = config.tool_set();
-            let listing =
-                async_runtime()?.block_on(until_signal(async {
-                    let listing = arbor::tools::listing(&config, &tools).await;
-                    tools.mcp().shutdown().await;
-                    Ok(listing)
-                }))?;
+            let listing = async_runtime()?.block_on(until_signal(async {
+                let listing = arbor::tools::listing(&config, &tools).await;
+                tools.mcp().shutdown().await;
+                Ok(listing)
+            }))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&listing)?);
             } else {
@@ -758,9 +757,10 @@ async fn ping(config: Config, name: String) -> anyhow::Result<ExitCode> {
         let retries = retries.clone();
         Arc::new(move |delta: Delta| {
             if let Delta::Retry { reason, .. } = delta
-                && let Ok(mut r) = retries.lock() {
-                    r.push(reason);
-                }
+                && let Ok(mut r) = retries.lock()
+            {
+                r.push(reason);
+            }
         })
     };
     let request = ModelRequest {
@@ -1011,7 +1011,9 @@ struct Show {
 /// Runs `work` until it ends or the process gets SIGTERM/SIGINT; on a signal
 /// every tool process is ended and the command exits 143 (SIGTERM) or 130
 /// (SIGINT). A stored tree is left as it was: `arbor resume` continues it.
-async fn until_signal<T>(work: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+async fn until_signal<T>(
+    work: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
@@ -1053,9 +1055,10 @@ async fn follow_tree(
                     eprintln!("{line}");
                 }
             } else if !show.quiet
-                && let Some(line) = renderer.line(&event) {
-                    eprintln!("{line}");
-                }
+                && let Some(line) = renderer.line(&event)
+            {
+                eprintln!("{line}");
+            }
             let root_ended = event.kind.final_state().is_some() && *event.run_id == *root_run;
             if root_ended {
                 break;

@@ -186,28 +186,29 @@ impl History {
         // The common case, a spawn mid-step: every open call is in the last
         // message and nothing else is broken. Only that message changes.
         if self.broken == 0
-            && let Some(last) = self.items.last() {
-                let in_last = |id: &Arc<str>| last.tool_calls().any(|c| c.tool_call_id == **id);
-                if self.open.iter().all(in_last) {
-                    let open = &self.open;
-                    let mut out = self.clone();
-                    out.items.pop_back();
-                    if last.meta().time_to_live.is_some() {
-                        out.ttl -= 1;
-                    }
-                    out.tokens -= last.estimated_tokens();
-                    for call in last.tool_calls() {
-                        out.ids.remove(call.tool_call_id.as_str());
-                    }
-                    out.open.clear();
-                    if let Some(kept) =
-                        last.retain_calls(|c| !open.iter().any(|o| **o == *c.tool_call_id))
-                    {
-                        out.push(kept);
-                    }
-                    return out;
+            && let Some(last) = self.items.last()
+        {
+            let in_last = |id: &Arc<str>| last.tool_calls().any(|c| c.tool_call_id == **id);
+            if self.open.iter().all(in_last) {
+                let open = &self.open;
+                let mut out = self.clone();
+                out.items.pop_back();
+                if last.meta().time_to_live.is_some() {
+                    out.ttl -= 1;
                 }
+                out.tokens -= last.estimated_tokens();
+                for call in last.tool_calls() {
+                    out.ids.remove(call.tool_call_id.as_str());
+                }
+                out.open.clear();
+                if let Some(kept) =
+                    last.retain_calls(|c| !open.iter().any(|o| **o == *c.tool_call_id))
+                {
+                    out.push(kept);
+                }
+                return out;
             }
+        }
         let answered: HashSet<&str> = self.items.iter().filter_map(|m| m.answers()).collect();
         let needs_change = |m: &Message| {
             m.tool_calls()
@@ -285,10 +286,11 @@ impl History {
                 called.insert(&call.tool_call_id);
             }
             if let Some(id) = m.answers()
-                && (!called.contains(id) || !answered.insert(id)) {
-                    keep_result[i] = false;
-                    repair.orphan_results.push(id.to_owned());
-                }
+                && (!called.contains(id) || !answered.insert(id))
+            {
+                keep_result[i] = false;
+                repair.orphan_results.push(id.to_owned());
+            }
         }
         let mut out = Vec::with_capacity(self.items.len());
         let mut kept_calls: HashSet<&str> = HashSet::new();

@@ -182,7 +182,11 @@ pub fn input_messages(
     params: Option<&Value>,
 ) -> Vec<Message> {
     let mut out: Vec<Message> = prompt_message(prompt, params).into_iter().collect();
-    if let Some(text) = template.instructions_prompt.as_deref().filter(|t| !t.is_empty()) {
+    if let Some(text) = template
+        .instructions_prompt
+        .as_deref()
+        .filter(|t| !t.is_empty())
+    {
         out.push(Message::User {
             content: Content::Text(text.to_owned()),
             meta: Meta {

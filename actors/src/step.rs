@@ -501,7 +501,12 @@ impl StepMachine {
                 .into_iter()
                 .collect();
         }
-        if let Some(text) = self.template.step_prompt.as_deref().filter(|t| !t.is_empty()) {
+        if let Some(text) = self
+            .template
+            .step_prompt
+            .as_deref()
+            .filter(|t| !t.is_empty())
+        {
             // Sent with this request only; the history never holds it.
             messages.push(Message::user(text).with_tag(STEP_PROMPT));
         }

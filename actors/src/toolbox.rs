@@ -202,8 +202,16 @@ impl SpawnableInfo {
             agent_type: entry.to_owned(),
             description: template.description.clone(),
             spawner_prompt: template.spawner_prompt.clone(),
-            prompt_schema: template.input_schema.prompt.as_ref().map(|s| s.source().clone()),
-            params_schema: template.input_schema.params.as_ref().map(|s| s.source().clone()),
+            prompt_schema: template
+                .input_schema
+                .prompt
+                .as_ref()
+                .map(|s| s.source().clone()),
+            params_schema: template
+                .input_schema
+                .params
+                .as_ref()
+                .map(|s| s.source().clone()),
         }
     }
 }
@@ -240,7 +248,10 @@ impl Toolbox {
     }
 
     /// The toolbox of `template`, its external tools and spawnable agents found through `sources`.
-    pub fn build_with(template: &AgentTemplate, sources: &ToolSources<'_>) -> Result<Toolbox, String> {
+    pub fn build_with(
+        template: &AgentTemplate,
+        sources: &ToolSources<'_>,
+    ) -> Result<Toolbox, String> {
         let mut tb = Toolbox {
             entries: HashMap::new(),
             definitions: Arc::new(BTreeMap::new()),
@@ -254,8 +265,18 @@ impl Toolbox {
             set_output.description =
                 "Set your output to this object (replaces any earlier output). It must match the schema of the parameters.".into();
         }
-        tb.add_builtin(&mut definitions, SET_OUTPUT, ToolKind::SetOutput, set_output);
-        tb.add_builtin(&mut definitions, END_TURN, ToolKind::EndTurn, builtin_definition(END_TURN));
+        tb.add_builtin(
+            &mut definitions,
+            SET_OUTPUT,
+            ToolKind::SetOutput,
+            set_output,
+        );
+        tb.add_builtin(
+            &mut definitions,
+            END_TURN,
+            ToolKind::EndTurn,
+            builtin_definition(END_TURN),
+        );
         if !template.spawnable_agents.is_empty() {
             let agents: Vec<SpawnableInfo> = template
                 .spawnable_agents

@@ -375,7 +375,11 @@ fn tool_results_follow_the_call_order_whatever_order_they_finish_in() {
         vec![(1, 0, json!({"n": 1})), (1, 1, json!({"n": 2}))]
     );
     // The second finishes first; nothing moves until both have.
-    assert!(run.m.tool_done(1, 1, Ok(json!("two").into()), &run.cat).is_empty());
+    assert!(
+        run.m
+            .tool_done(1, 1, Ok(json!("two").into()), &run.cat)
+            .is_empty()
+    );
     assert!(
         run.m
             .tool_done(1, 1, Ok(json!("late duplicate").into()), &run.cat)

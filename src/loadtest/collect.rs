@@ -148,9 +148,10 @@ impl Collector {
             }
             EventKind::ChildFinished { child_run_id, .. } => {
                 if let Ok(mut inner) = self.inner.lock()
-                    && let Some(at) = inner.spawned_at.remove(child_run_id) {
-                        Self::record(&mut inner.spawn_to_reply, now - at);
-                    }
+                    && let Some(at) = inner.spawned_at.remove(child_run_id)
+                {
+                    Self::record(&mut inner.spawn_to_reply, now - at);
+                }
             }
             EventKind::StepStarted { step } => {
                 self.steps.fetch_add(1, Ordering::Relaxed);
@@ -164,10 +165,10 @@ impl Collector {
                 if matches!(
                     delta,
                     Delta::Text { .. } | Delta::ToolCallArgs { .. } | Delta::Reasoning { .. }
-                )
-                    && let Ok(mut inner) = self.inner.lock() {
-                        inner.first_delta.entry(event.run_id.clone()).or_insert(now);
-                    }
+                ) && let Ok(mut inner) = self.inner.lock()
+                {
+                    inner.first_delta.entry(event.run_id.clone()).or_insert(now);
+                }
             }
             EventKind::ModelRetrying { reason, .. } => {
                 self.retries.fetch_add(1, Ordering::Relaxed);

@@ -248,11 +248,12 @@ pub async fn create_run(
         }
     }
     if let Some(rule) = &body.tools
-        && let Some((pattern, why)) = rule.problems().into_iter().next() {
-            return Err(ApiError::invalid(format!(
-                "tools: pattern {pattern:?}: {why}"
-            )));
-        }
+        && let Some((pattern, why)) = rule.problems().into_iter().next()
+    {
+        return Err(ApiError::invalid(format!(
+            "tools: pattern {pattern:?}: {why}"
+        )));
+    }
     let supervisor = shared.runtime.supervisor();
     let mut limits = tightened(supervisor.default_limits(), body.limits);
     if let Some(rule) = body.tools {

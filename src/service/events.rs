@@ -145,9 +145,10 @@ pub async fn stream(
                 // Ended (or run elsewhere): only what came in until now.
                 while let Ok(event) = live.try_recv() {
                     if let Some(view) = journal_view(&event)
-                        && follow.send(view).await {
-                            return;
-                        }
+                        && follow.send(view).await
+                    {
+                        return;
+                    }
                 }
                 return;
             }
@@ -169,9 +170,10 @@ pub async fn stream(
                 return;
             }
             if let Some(view) = journal_view(&event)
-                && follow.send(view).await {
-                    return;
-                }
+                && follow.send(view).await
+            {
+                return;
+            }
         }
     });
     let body = futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|e| e.map(Ok)));

@@ -230,9 +230,10 @@ impl Metrics {
                     }
                 }
                 if state.parent_id.is_none()
-                    && let Ok(mut trees) = self.tree_models.lock() {
-                        trees.remove(&event.tree_id);
-                    }
+                    && let Ok(mut trees) = self.tree_models.lock()
+                {
+                    trees.remove(&event.tree_id);
+                }
             }
         }
     }

@@ -303,9 +303,10 @@ impl Service {
             // The metrics label a resumed tree's agents by its model override too.
             let id = tree.tree_id.clone();
             if let Ok((record, _)) = supervisor.read_store(move |store| store.tree(&id)).await
-                && let Some(model) = &record.model {
-                    self.shared.metrics.tree_model(&tree.tree_id, model);
-                }
+                && let Some(model) = &record.model
+            {
+                self.shared.metrics.tree_model(&tree.tree_id, model);
+            }
             match supervisor.resume(&tree.tree_id).await {
                 Ok(handle) => {
                     self.shared.metrics.trees_running.inc();

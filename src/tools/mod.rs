@@ -209,8 +209,16 @@ pub async fn listing(config: &crate::Config, tools: &ToolSet) -> Vec<ToolListing
 /// first line of its description.
 pub fn listing_table(listing: &[ToolListing]) -> String {
     use std::fmt::Write;
-    let width = listing.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
-    let mut out = format!("{:<width$}  {:<8}  {:<24}  DESCRIPTION\n", "TOOL", "SOURCE", "AGENTS");
+    let width = listing
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let mut out = format!(
+        "{:<width$}  {:<8}  {:<24}  DESCRIPTION\n",
+        "TOOL", "SOURCE", "AGENTS"
+    );
     for t in listing {
         let source = match (t.origin, &t.server) {
             (ToolOrigin::Mcp, Some(server)) => format!("mcp:{server}"),

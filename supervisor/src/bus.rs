@@ -83,9 +83,8 @@ impl EventBus {
                 closed |= sub.tx.send(event.clone()).is_err();
             }
         }
-        if closed
-            && let Ok(mut subs) = self.subscribers.write() {
-                subs.retain(|s| !s.tx.is_closed());
-            }
+        if closed && let Ok(mut subs) = self.subscribers.write() {
+            subs.retain(|s| !s.tx.is_closed());
+        }
     }
 }

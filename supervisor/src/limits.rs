@@ -94,19 +94,21 @@ impl Budget {
 
     pub(crate) fn admit_child(&self, parent_depth: usize, index: usize) -> Result<(), LimitHit> {
         if let Some(max) = self.limits.max_depth
-            && parent_depth + 1 > max {
-                return Err(LimitHit::new(
-                    Limit::MaxDepth,
-                    format!("a child at depth {} is deeper than {max}", parent_depth + 1),
-                ));
-            }
+            && parent_depth + 1 > max
+        {
+            return Err(LimitHit::new(
+                Limit::MaxDepth,
+                format!("a child at depth {} is deeper than {max}", parent_depth + 1),
+            ));
+        }
         if let Some(max) = self.limits.max_children_per_call
-            && index >= max {
-                return Err(LimitHit::new(
-                    Limit::MaxChildrenPerCall,
-                    format!("child {} of one call is more than {max}", index + 1),
-                ));
-            }
+            && index >= max
+        {
+            return Err(LimitHit::new(
+                Limit::MaxChildrenPerCall,
+                format!("child {} of one call is more than {max}", index + 1),
+            ));
+        }
         let Some(max) = self.limits.max_agents else {
             self.agents.fetch_add(1, Ordering::Relaxed);
             return Ok(());

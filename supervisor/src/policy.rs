@@ -78,11 +78,7 @@ impl ToolPolicy {
 
     /// This policy with every rule of `other` added: never wider than either.
     pub fn with(self, other: &ToolPolicy) -> Self {
-        other
-            .rules
-            .iter()
-            .cloned()
-            .fold(self, ToolPolicy::narrowed)
+        other.rules.iter().cloned().fold(self, ToolPolicy::narrowed)
     }
 
     /// Every invalid pattern of every rule, with why.

@@ -7,9 +7,9 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+use arbor_actors::TreeHooks as _;
 use arbor_actors::history::History;
 use arbor_actors::spawn::input_messages;
-use arbor_actors::TreeHooks as _;
 use arbor_actors::{
     AgentActor, AgentArgs, AgentMsg, AgentSnapshot, AgentState, AgentStatus, CancelReason,
     EventKind, Limit, LimitHit, Model, Reply, RunResult, StepMachine,

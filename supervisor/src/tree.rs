@@ -188,9 +188,10 @@ impl TreeHooks for TreeContext {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((from, cut)) = cache.get(&template.id)
-            && Arc::ptr_eq(from, &base) {
-                return Ok(cut.clone());
-            }
+            && Arc::ptr_eq(from, &base)
+        {
+            return Ok(cut.clone());
+        }
         let cut = Arc::new(base.restricted(|name| policy.allows(name)));
         cache.insert(template.id.clone(), (base, cut.clone()));
         Ok(cut)

@@ -27,7 +27,11 @@ fn words(bytes: usize, seed: u64) -> String {
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         text.push_str(WORDS[(x >> 60) as usize]);
-        text.push_str(if (x >> 20).is_multiple_of(7) { ". " } else { " " });
+        text.push_str(if (x >> 20).is_multiple_of(7) {
+            ". "
+        } else {
+            " "
+        });
         text.push_str(&format!("{}", (x >> 33) % 1000));
         text.push(' ');
     }

@@ -21,7 +21,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arbor::Config;
 use arbor::actors::message::{Content, Message, Part, ToolResultPart};
 use arbor::actors::{
-    AgentState, AgentStatus, Delta, Event, EventKind, RunResult, Tool, ToolContext, ToolError, ToolOutput,
+    AgentState, AgentStatus, Delta, Event, EventKind, RunResult, Tool, ToolContext, ToolError,
+    ToolOutput,
 };
 use arbor::config::ModelSection;
 use arbor::providers::ProviderKind;

@@ -14,9 +14,9 @@ mod provider_limits;
 mod provider_secrets;
 mod serve;
 mod store;
+mod support;
 mod tools;
 mod tools_e2e;
-mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

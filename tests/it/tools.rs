@@ -100,9 +100,8 @@ async fn a_parent_model_is_told_each_spawnable_agents_description_and_input_sche
             {"text": "scored"}
         ]}
     ]});
-    let model = Arc::new(
-        ScriptedModel::from_json("script", &script.to_string(), "inline").unwrap(),
-    );
+    let model =
+        Arc::new(ScriptedModel::from_json("script", &script.to_string(), "inline").unwrap());
     let runtime = runtime_over(&config, model.clone());
     let result = runtime.run("lead", "Is it good?").await.unwrap();
     assert_eq!(result.state.status.as_str(), "completed");
@@ -148,10 +147,7 @@ async fn a_parent_model_is_told_each_spawnable_agents_description_and_input_sche
         judge.definitions["set_output"].input_schema["properties"]["score"]["maximum"],
         json!(10)
     );
-    let judge_state = runtime
-        .state(&result.state.child_run_ids[0])
-        .await
-        .unwrap();
+    let judge_state = runtime.state(&result.state.child_run_ids[0]).await.unwrap();
     assert_eq!(judge_state.output, Some(json!({"score": 7})));
     let shown = serde_json::to_string(&judge_state.message_history).unwrap();
     assert!(
@@ -167,9 +163,8 @@ async fn instructions_follow_the_prompt_and_the_step_prompt_is_sent_but_never_st
     let script = json!({"replies": [
         {"agent": "lead", "steps": [{"toolCalls": [call("end_turn", json!({}))], "text": "ok"}]}
     ]});
-    let model = Arc::new(
-        ScriptedModel::from_json("script", &script.to_string(), "inline").unwrap(),
-    );
+    let model =
+        Arc::new(ScriptedModel::from_json("script", &script.to_string(), "inline").unwrap());
     let runtime = runtime_over(&config, model.clone());
     let result = runtime.run("lead", "Is it good?").await.unwrap();
     let sent = serde_json::to_value(&model.requests()[0].messages).unwrap();
@@ -179,7 +174,10 @@ async fn instructions_follow_the_prompt_and_the_step_prompt_is_sent_but_never_st
         .iter()
         .filter_map(|m| m["content"].as_str())
         .collect();
-    assert_eq!(texts, vec!["Is it good?", "Delegate, then merge.", "Be brief."]);
+    assert_eq!(
+        texts,
+        vec!["Is it good?", "Delegate, then merge.", "Be brief."]
+    );
     let stored = serde_json::to_string(&result.state.message_history).unwrap();
     assert!(stored.contains("Delegate, then merge."), "{stored}");
     assert!(stored.contains("INSTRUCTIONS_PROMPT"), "{stored}");
@@ -235,7 +233,10 @@ async fn a_tool_registered_in_code_is_named_from_toml() {
         err.contains("config.toml:8: agents.lead.tools: unknown tool \"lookup\""),
         "{err}"
     );
-    let runtime = Runtime::builder(config).tool(Arc::new(Lookup)).build().unwrap();
+    let runtime = Runtime::builder(config)
+        .tool(Arc::new(Lookup))
+        .build()
+        .unwrap();
     let result = runtime.run("lead", "go").await.unwrap();
     let shown = serde_json::to_string(&result.state.message_history).unwrap();
     assert!(shown.contains(r#"\"alpha\" for lead"#), "{shown}");
@@ -298,7 +299,8 @@ fn worker_state(dir: &Path, tree: &str) -> Value {
 pub fn find_state(doc: &Value, agent_type: &str) -> Option<Value> {
     match doc {
         Value::Object(map) => {
-            if map.get("agentType") == Some(&json!(agent_type)) && map.contains_key("messageHistory")
+            if map.get("agentType") == Some(&json!(agent_type))
+                && map.contains_key("messageHistory")
             {
                 return Some(doc.clone());
             }
@@ -314,13 +316,28 @@ fn a_tree_wide_deny_stops_a_child_whose_template_lists_the_tool() {
     let dir = scene(POLICY, &policy_script());
     let out = arbor_in(
         dir.path(),
-        &["run", "--tree-id", "tpolicy", "--deny-tools", "ech*", "--quiet", "go"],
+        &[
+            "run",
+            "--tree-id",
+            "tpolicy",
+            "--deny-tools",
+            "ech*",
+            "--quiet",
+            "go",
+        ],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let worker = worker_state(dir.path(), "tpolicy");
     // Neither tool is offered to the worker's model …
-    let offered: Vec<&String> = worker["toolDefinitions"].as_object().unwrap().keys().collect();
-    assert!(!offered.iter().any(|t| *t == "echo" || *t == "add_message"), "{offered:?}");
+    let offered: Vec<&String> = worker["toolDefinitions"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .collect();
+    assert!(
+        !offered.iter().any(|t| *t == "echo" || *t == "add_message"),
+        "{offered:?}"
+    );
     // … and the calls it forged anyway got error results naming the policy.
     let history = worker["messageHistory"].to_string();
     assert!(
@@ -328,7 +345,8 @@ fn a_tree_wide_deny_stops_a_child_whose_template_lists_the_tool() {
         "{history}"
     );
     assert!(
-        history.contains("Tool add_message (add_message) is not allowed by this tree's tool policy"),
+        history
+            .contains("Tool add_message (add_message) is not allowed by this tree's tool policy"),
         "{history}"
     );
     assert!(!history.contains("forged\\n"), "{history}");
@@ -337,7 +355,10 @@ fn a_tree_wide_deny_stops_a_child_whose_template_lists_the_tool() {
 #[test]
 fn without_the_deny_the_same_child_runs_its_command_tool() {
     let dir = scene(POLICY, &policy_script());
-    let out = arbor_in(dir.path(), &["run", "--tree-id", "tpolicy2", "--quiet", "go"]);
+    let out = arbor_in(
+        dir.path(),
+        &["run", "--tree-id", "tpolicy2", "--quiet", "go"],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let worker = worker_state(dir.path(), "tpolicy2");
     let history = worker["messageHistory"].to_string();
@@ -354,7 +375,15 @@ fn a_start_request_cannot_widen_the_configs_policy() {
     let dir = scene(POLICY, &policy_script());
     let out = arbor_in(
         dir.path(),
-        &["run", "--tree-id", "tpolicy3", "--allow-tools", "*", "--quiet", "go"],
+        &[
+            "run",
+            "--tree-id",
+            "tpolicy3",
+            "--allow-tools",
+            "*",
+            "--quiet",
+            "go",
+        ],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let history = worker_state(dir.path(), "tpolicy3")["messageHistory"].to_string();
@@ -496,7 +525,11 @@ async fn a_start_over_http_narrows_the_tool_policy_and_a_bad_pattern_is_a_422() 
     let root = body["runId"].as_str().unwrap().to_owned();
     // Wait for the tree to end through its event stream, then read the worker.
     crate::serve::stream(&server, &root, None, |_| {}).await;
-    let (_, tree) = get(&server, &format!("/v1/trees/{}", body["treeId"].as_str().unwrap())).await;
+    let (_, tree) = get(
+        &server,
+        &format!("/v1/trees/{}", body["treeId"].as_str().unwrap()),
+    )
+    .await;
     let worker_run = tree
         .to_string()
         .split("\"runId\":\"")
@@ -504,7 +537,11 @@ async fn a_start_over_http_narrows_the_tool_policy_and_a_bad_pattern_is_a_422() 
         .find(|id| id.ends_with("/0.1"))
         .expect("the worker's run")
         .to_owned();
-    let (_, worker) = get(&server, &format!("/v1/runs/{}", crate::serve::encoded(&worker_run))).await;
+    let (_, worker) = get(
+        &server,
+        &format!("/v1/runs/{}", crate::serve::encoded(&worker_run)),
+    )
+    .await;
     let history = worker["state"]["messageHistory"].to_string();
     assert!(
         history.contains("Tool echo (echo) is not allowed by this tree's tool policy"),

@@ -237,10 +237,18 @@ tools = ["fs/*", "web/get-sum", "everything/get-tiny-image"]
 
     let doc = export(dir.path(), "tmcp");
     let lead = find_state(&doc, "lead").unwrap();
-    assert!(results(&lead)[0].contains("Echo: hello"), "{:?}", results(&lead));
+    assert!(
+        results(&lead)[0].contains("Echo: hello"),
+        "{:?}",
+        results(&lead)
+    );
     // The reader (a sibling of the writer) reads back what the writer wrote …
     let reader = find_state(&doc, "reader").unwrap();
-    assert!(results(&reader)[0].contains("from the writer"), "{:?}", results(&reader));
+    assert!(
+        results(&reader)[0].contains("from the writer"),
+        "{:?}",
+        results(&reader)
+    );
     // … and so does its child at depth 2, beside calls to the other servers.
     let reader_scribe = state_prompted(&doc, "scribe", "scribe: read");
     assert_eq!(reader_scribe["ancestorRunIds"].as_array().unwrap().len(), 2);
@@ -252,8 +260,14 @@ tools = ["fs/*", "web/get-sum", "everything/get-tiny-image"]
     let offered = &reader_scribe["toolDefinitions"]["fs__read_text_file"]["inputSchema"];
     assert_eq!(offered["required"], json!(["path"]), "{offered}");
 
-    let left: Vec<u32> = processes_with(&marker).into_iter().filter(|p| !ends(*p)).collect();
-    assert!(left.is_empty(), "MCP server processes outlived arbor run: {left:?}");
+    let left: Vec<u32> = processes_with(&marker)
+        .into_iter()
+        .filter(|p| !ends(*p))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "MCP server processes outlived arbor run: {left:?}"
+    );
 }
 
 #[test]
@@ -300,7 +314,10 @@ max_steps = 10
         {"text": "survived"}
     ]}]});
     let dir = scene(&config, &script);
-    let out = arbor_in(dir.path(), &["run", "--tree-id", "tfaults", "--quiet", "go"]);
+    let out = arbor_in(
+        dir.path(),
+        &["run", "--tree-id", "tfaults", "--quiet", "go"],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), "survived");
     let lead = find_state(&export(dir.path(), "tfaults"), "lead").unwrap();
@@ -318,7 +335,10 @@ max_steps = 10
         assert!(result.contains(needle), "{needle:?} not in {result}");
     }
     for result in &got[..4] {
-        assert!(result.contains("errorMessage"), "not an error result: {result}");
+        assert!(
+            result.contains("errorMessage"),
+            "not an error result: {result}"
+        );
     }
     // Started: counter (twice: it died once) and slow. None is left.
     let started: BTreeSet<u32> = std::fs::read_to_string(pids.path())
@@ -328,7 +348,10 @@ max_steps = 10
         .collect();
     assert_eq!(started.len(), 3, "{started:?}");
     let left: Vec<u32> = started.into_iter().filter(|p| !ends(*p)).collect();
-    assert!(left.is_empty(), "MCP server processes outlived arbor run: {left:?}");
+    assert!(
+        left.is_empty(),
+        "MCP server processes outlived arbor run: {left:?}"
+    );
     assert!(processes_with(&marker).into_iter().all(ends));
 }
 
@@ -371,10 +394,12 @@ tools = ["counter/work"]
         {"text": "all done"}
     ]})];
     for i in 0..100 {
-        replies.push(json!({"agent": "worker", "prompt": format!("[job {i:03}]"), "steps": [
-            {"toolCalls": [call("counter__work", json!({"n": i}))]},
-            {"text": format!("job {i} done")}
-        ]}));
+        replies.push(
+            json!({"agent": "worker", "prompt": format!("[job {i:03}]"), "steps": [
+                {"toolCalls": [call("counter__work", json!({"n": i}))]},
+                {"text": format!("job {i} done")}
+            ]}),
+        );
     }
     let dir = scene(&config, &json!({"replies": replies}));
     let out = arbor_in(dir.path(), &["run", "--tree-id", "tfan", "--quiet", "go"]);
@@ -396,7 +421,10 @@ tools = ["counter/work"]
         most = most.max(in_flight);
     }
     // The calls did overlap (the cap, not a lack of load, kept them at 4).
-    assert!(most >= 2, "at most {most} calls in flight: no overlap at all");
+    assert!(
+        most >= 2,
+        "at most {most} calls in flight: no overlap at all"
+    );
 }
 
 #[test]
@@ -449,7 +477,11 @@ tools = ["argv", "fails", "big"]
     assert_eq!(argv, vec!["-rf".to_owned(), format!("--flag={hostile}")]);
     assert!(got[1].contains("exited with code 3"), "{}", got[1]);
     assert!(got[1].contains("broken"), "{}", got[1]);
-    assert!(got[2].contains("output cut: showed the first 100 of 5001 bytes"), "{}", got[2]);
+    assert!(
+        got[2].contains("output cut: showed the first 100 of 5001 bytes"),
+        "{}",
+        got[2]
+    );
 }
 
 /// A runtime over a config that names the counter server, on `script`.
@@ -510,12 +542,20 @@ async fn a_changed_tool_list_reaches_agents_that_start_afterwards() {
         mcp.prepare("counter").await;
         let before = mcp.generation();
         // The server grows a tool and says so (notifications/tools/list_changed).
-        mcp.tool("counter", "grow").call(json!({}), tool_context()).await.unwrap();
+        mcp.tool("counter", "grow")
+            .call(json!({}), tool_context())
+            .await
+            .unwrap();
         mcp.changed(before).await;
         let result = runtime.run("lead", "go").await.unwrap();
         assert!(result.state.tool_definitions.contains_key("counter__extra"));
         let shown = serde_json::to_string(&result.state.message_history).unwrap();
-        assert!(shown.contains(r#""toolName":"counter__extra","content":[{"type":"json","value":"\"extra\""}]"#), "{shown}");
+        assert!(
+            shown.contains(
+                r#""toolName":"counter__extra","content":[{"type":"json","value":"\"extra\""}]"#
+            ),
+            "{shown}"
+        );
     })
     .await;
 }
@@ -593,7 +633,10 @@ fn server_pid(pids: &Path, hanging: bool) -> u32 {
         if let Some(pid) = pid.filter(|_| !hanging || written.contains("hanging")) {
             return pid;
         }
-        assert!(std::time::Instant::now() < deadline, "the MCP server never started");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the MCP server never started"
+        );
         std::thread::yield_now();
     }
 }
@@ -631,7 +674,10 @@ fn sigterm_mid_call_leaves_no_mcp_server_behind() {
     .unwrap();
     let status = exited(&mut arbor);
     assert_eq!(status.code(), Some(143));
-    assert!(ends(server), "MCP server {server} outlived a SIGTERM'd arbor");
+    assert!(
+        ends(server),
+        "MCP server {server} outlived a SIGTERM'd arbor"
+    );
 }
 
 #[test]
@@ -678,5 +724,8 @@ tools = ["counter/work"]
     assert_eq!(status.code(), Some(101), "{stderr}");
     assert!(stderr.contains("panicked"), "{stderr}");
     let server = server_pid(pids.path(), false);
-    assert!(ends(server), "MCP server {server} outlived a panicking arbor");
+    assert!(
+        ends(server),
+        "MCP server {server} outlived a panicking arbor"
+    );
 }

@@ -9,7 +9,8 @@ use std::time::Duration;
 use arbor_actors::message::{Message, TOOL_CALL_ERROR};
 use arbor_actors::models::scripted::ScriptedModel;
 use arbor_actors::{
-    AgentState, AgentTemplate, Event, EventKind, Model, RunResult, Tool, ToolContext, ToolError, ToolOutput,
+    AgentState, AgentTemplate, Event, EventKind, Model, RunResult, Tool, ToolContext, ToolError,
+    ToolOutput,
 };
 use arbor_supervisor::{Catalog, EventStream, StartRequest, Supervisor, TreeHandle, TreeLimits};
 use async_trait::async_trait;
