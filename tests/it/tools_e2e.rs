@@ -729,3 +729,65 @@ tools = ["counter/work"]
         "MCP server {server} outlived a panicking arbor"
     );
 }
+
+#[test]
+fn the_tools_example_checks_and_runs_its_swarm_over_the_filesystem_server_and_grep() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let example = root.join("examples/tools/config.toml");
+    let out = arbor_in(root, &["check-config", example.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // The same config with the server from tests/mcp instead of npx (which
+    // would fetch it from the registry).
+    let shipped = std::fs::read_to_string(&example).unwrap();
+    let npx = r#"command = "npx"
+args = ["-y", "@modelcontextprotocol/server-filesystem@2026.8.31", "examples/tools/notes"]"#;
+    assert!(shipped.contains(npx), "the example's server lines changed");
+    let local = shipped.replace(
+        npx,
+        &format!(
+            "command = \"node\"\nargs = [\"{}\", \"examples/tools/notes\"]",
+            filesystem()
+        ),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("arbor.db");
+    let local = local.replace(
+        "[store]\nenabled = false",
+        &format!("[store]\npath = \"{}\"", store.display()),
+    );
+    std::fs::write(dir.path().join("config.toml"), local).unwrap();
+    std::fs::copy(
+        root.join("examples/tools/script.json"),
+        dir.path().join("script.json"),
+    )
+    .unwrap();
+    let config = dir.path().join("config.toml");
+    let out = arbor_in(
+        root,
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--json",
+            "--tree-id",
+            "texample",
+            "What do the notes say?",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let root_state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(root_state["status"], "completed");
+    assert_eq!(root_state["childRunIds"].as_array().unwrap().len(), 2);
+    // Each researcher's answer came from grep and the filesystem server.
+    let out = arbor_in(
+        root,
+        &["export", "--config", config.to_str().unwrap(), "texample"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let caching = results(&state_prompted(&doc, "researcher", "about caching"));
+    assert!(caching[0].contains("caching.md:"), "{caching:?}");
+    assert!(caching[1].contains("pays for the shared prefix once"), "{caching:?}");
+    let limits = results(&state_prompted(&doc, "researcher", "about limits"));
+    assert!(limits[1].contains("wait for a slot"), "{limits:?}");
+}
