@@ -859,7 +859,7 @@ fn service_logs(
     use tracing_subscriber::Layer;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let filter = log_filter("info");
+    let filter = log_filter("info,rmcp=warn");
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stdout)
         .with_ansi(std::io::stdout().is_terminal());
