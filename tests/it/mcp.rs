@@ -25,12 +25,12 @@ async fn bounded<T>(f: impl Future<Output = T>) -> T {
         .expect("stuck: an MCP test ran past its guard")
 }
 
-fn mcp_dir() -> PathBuf {
+pub(crate) fn mcp_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp")
 }
 
 /// A file of the test servers' npm install, checked to exist.
-fn installed(relative: &str) -> String {
+pub(crate) fn installed(relative: &str) -> String {
     let path = mcp_dir().join("node_modules").join(relative);
     assert!(
         path.exists(),
@@ -44,7 +44,7 @@ fn everything_bin() -> String {
     installed(".bin/mcp-server-everything")
 }
 
-fn counter_script() -> String {
+pub(crate) fn counter_script() -> String {
     installed("@modelcontextprotocol/sdk/package.json");
     mcp_dir().join("counter.mjs").display().to_string()
 }

@@ -28,11 +28,11 @@ pub fn scene(config: &str, script: &Value) -> tempfile::TempDir {
     dir
 }
 
-fn call(name: &str, input: Value) -> Value {
+pub fn call(name: &str, input: Value) -> Value {
     json!({"name": name, "input": input})
 }
 
-fn spawn(agents: &[(&str, &str)]) -> Value {
+pub fn spawn(agents: &[(&str, &str)]) -> Value {
     let agents: Vec<Value> = agents
         .iter()
         .map(|(t, p)| json!({"agent_type": t, "prompt": p}))

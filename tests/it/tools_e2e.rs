@@ -6,27 +6,13 @@
 //! once `arbor run` exits.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::tools::{find_state, scene};
+use crate::mcp::{counter_script, installed};
+use crate::tools::{call, find_state, scene, spawn};
 use crate::{arbor_in, text};
-
-fn mcp_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp")
-}
-
-/// An installed file of the test servers (fails with how to install them).
-fn installed(relative: &str) -> String {
-    let path = mcp_dir().join("node_modules").join(relative);
-    assert!(
-        path.exists(),
-        "{} is missing: run `npm ci --prefix tests/mcp` (CI's .ci/run does)",
-        path.display()
-    );
-    path.display().to_string()
-}
 
 fn everything() -> String {
     installed("@modelcontextprotocol/server-everything/dist/index.js")
@@ -37,19 +23,7 @@ fn filesystem() -> String {
 }
 
 fn counter() -> String {
-    mcp_dir().join("counter.mjs").display().to_string()
-}
-
-fn call(name: &str, input: Value) -> Value {
-    json!({"name": name, "input": input})
-}
-
-fn spawn(agents: &[(&str, &str)]) -> Value {
-    let agents: Vec<Value> = agents
-        .iter()
-        .map(|(t, p)| json!({"agent_type": t, "prompt": p}))
-        .collect();
-    call("spawn_agents", json!({"agents": agents}))
+    counter_script()
 }
 
 /// Pids of live (not zombie) processes whose environment holds `marker`.
@@ -787,7 +761,10 @@ args = ["-y", "@modelcontextprotocol/server-filesystem@2026.8.31", "examples/too
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     let caching = results(&state_prompted(&doc, "researcher", "about caching"));
     assert!(caching[0].contains("caching.md:"), "{caching:?}");
-    assert!(caching[1].contains("pays for the shared prefix once"), "{caching:?}");
+    assert!(
+        caching[1].contains("pays for the shared prefix once"),
+        "{caching:?}"
+    );
     let limits = results(&state_prompted(&doc, "researcher", "about limits"));
     assert!(limits[1].contains("wait for a slot"), "{limits:?}");
 }
