@@ -375,11 +375,14 @@ impl History {
 pub fn check_pairing<'a>(
     messages: impl IntoIterator<Item = &'a Arc<Message>>,
 ) -> Result<(), PairingError> {
+    // Calls in order (the first unanswered one is the one reported) plus a
+    // set to look them up: linear in the history, not quadratic.
     let mut calls: Vec<&str> = Vec::new();
+    let mut known: HashSet<&str> = HashSet::new();
     let mut answered: HashSet<&str> = HashSet::new();
     for m in messages {
         if let Some(id) = m.answers() {
-            if !calls.contains(&id) {
+            if !known.contains(id) {
                 return Err(PairingError::Orphan(id.to_owned()));
             }
             if !answered.insert(id) {
@@ -388,7 +391,7 @@ pub fn check_pairing<'a>(
         }
         for call in m.tool_calls() {
             let id = call.tool_call_id.as_str();
-            if calls.contains(&id) {
+            if !known.insert(id) {
                 return Err(PairingError::DuplicateCall(id.to_owned()));
             }
             calls.push(id);
