@@ -516,6 +516,97 @@ mod tests {
         );
     }
 
+    fn valid_on_the_wire(name: &str) -> bool {
+        !name.is_empty()
+            && name.len() <= MAX_WIRE_NAME
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    }
+
+    #[test]
+    fn wire_names_fit_every_provider_and_keep_the_namespace() {
+        assert_eq!(wire_name("fs/read_file"), "fs__read_file");
+        assert_eq!(wire_name("web/get-sum"), "web__get-sum");
+        assert_eq!(wire_name("rg"), "rg");
+        assert_eq!(wire_name("docs/search.v2 (beta)"), "docs__search_v2__beta_");
+        let long = format!("server/{}", "x".repeat(100));
+        let wire = wire_name(&long);
+        assert!(valid_on_the_wire(&wire), "{wire}");
+        // Two long names that share their start stay apart.
+        let other = format!("server/{}y", "x".repeat(100));
+        assert_ne!(wire_name(&other), wire);
+        for name in ["ä/ö", "", "a/b/c", "//"] {
+            assert!(valid_on_the_wire(&wire_name(name)), "{name:?}");
+        }
+    }
+
+    struct Named(&'static str);
+
+    #[async_trait::async_trait]
+    impl Tool for Named {
+        fn name(&self) -> &str {
+            self.0
+        }
+        fn description(&self) -> &str {
+            "a tool"
+        }
+        fn input_schema(&self) -> Value {
+            json!({"type": "object"})
+        }
+        async fn call(
+            &self,
+            input: Value,
+            _ctx: crate::tool::ToolContext,
+        ) -> Result<crate::tool::ToolOutput, crate::tool::ToolError> {
+            Ok(input.into())
+        }
+    }
+
+    #[test]
+    fn tools_whose_wire_names_clash_stay_apart_and_map_back_exactly() {
+        let mut t = AgentTemplate::new("lead", "m");
+        t.tools = vec!["a.b/x".into(), "a_b/x".into()];
+        let tb = Toolbox::build(&t, |name| {
+            Some(Arc::new(Named(if name == "a.b/x" { "a.b/x" } else { "a_b/x" })) as Arc<dyn Tool>)
+        })
+        .unwrap();
+        let mut back: Vec<(String, String)> = tb
+            .entries()
+            .filter(|(_, e)| matches!(e.kind, ToolKind::External(_)))
+            .map(|(wire, e)| (wire.to_owned(), e.name.clone()))
+            .collect();
+        back.sort();
+        assert_eq!(back.len(), 2, "{back:?}");
+        assert_eq!(back[0].0, "a_b__x");
+        assert!(
+            back.iter().all(|(wire, _)| valid_on_the_wire(wire)),
+            "{back:?}"
+        );
+        let names: Vec<&str> = back.iter().map(|(_, n)| n.as_str()).collect();
+        assert!(names.contains(&"a.b/x") && names.contains(&"a_b/x"));
+    }
+
+    #[test]
+    fn a_policy_takes_tools_out_but_keeps_the_structural_builtins() {
+        let mut t = AgentTemplate::new("lead", "m").spawns(&["w"]);
+        t.tools = vec!["add_message".into(), "fs/read".into()];
+        let tb = Toolbox::build(&t, |_| Some(Arc::new(Named("fs/read")) as Arc<dyn Tool>)).unwrap();
+        let cut = tb.restricted(|name| name == "nothing");
+        assert_eq!(
+            cut.names(),
+            vec![
+                "end_turn",
+                "set_output",
+                "spawn_agent_inline",
+                "spawn_agents"
+            ]
+        );
+        assert_eq!(cut.denied("fs__read"), Some("fs/read"));
+        assert_eq!(cut.denied("add_message"), Some("add_message"));
+        assert!(cut.get("fs__read").is_none());
+    }
+
     #[test]
     fn an_unknown_external_tool_is_named() {
         let mut t = AgentTemplate::new("lead", "m");

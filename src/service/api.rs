@@ -175,8 +175,12 @@ pub struct Cancelled {
 pub struct AgentInfo {
     pub id: String,
     pub name: Option<String>,
+    /// What the agent is for.
+    pub description: Option<String>,
     pub model: String,
     pub spawnable_agents: Vec<String>,
+    /// The tools its template lists (`SERVER/*`, `SERVER/TOOL`, command and code tools).
+    pub tools: Vec<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -484,8 +488,10 @@ pub async fn list_agents(State(shared): State<Arc<Shared>>) -> Json<AgentList> {
         .map(|t| AgentInfo {
             id: t.id.clone(),
             name: (!t.display_name.is_empty()).then(|| t.display_name.clone()),
+            description: t.description.clone(),
             model: t.model.clone(),
             spawnable_agents: t.spawnable_agents.clone(),
+            tools: t.tools.clone(),
         })
         .collect();
     agents.sort_by(|a, b| a.id.cmp(&b.id));
