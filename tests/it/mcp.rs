@@ -632,7 +632,7 @@ async fn mcp_http_server_gone_fails_calls_at_once() {
     bounded(async {
         let server = http_everything().await;
         let servers = servers(&format!(
-            "[web]\nurl = {:?}\ntimeout = \"5s\"\n",
+            "[web]\nurl = {:?}\ntimeout = \"1h\"\n",
             server.url
         ));
         servers.prepare("web").await;
@@ -640,17 +640,11 @@ async fn mcp_http_server_gone_fails_calls_at_once() {
             _child: mut child, ..
         } = server;
         child.kill().await.unwrap();
-        // The call fails at once (not after its 5 s timeout), and the
-        // session is being re-opened.
-        let started = tokio::time::Instant::now();
+        // The call fails at once (its timeout is an hour: waiting for it
+        // would trip the test's guard), and the session is being re-opened.
         let err = call(&servers, "web", "echo", json!({"message": "anyone?"}))
             .await
             .unwrap_err();
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "took {:?}",
-            started.elapsed()
-        );
         assert!(
             err.message
                 .starts_with("MCP server web lost the connection (")
