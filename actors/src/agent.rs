@@ -203,7 +203,8 @@ fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
     } else if let Some(s) = panic.downcast_ref::<String>() {
         s.clone()
     } else {
-        "panic".to_owned()
+        // Not a string: nothing of it can be shown.
+        "Unknown error".to_owned()
     }
 }
 
@@ -747,5 +748,18 @@ impl AgentRun {
             None => {}
         }
         myself.stop(None);
+    }
+}
+
+#[cfg(test)]
+mod panic_tests {
+    use super::panic_message;
+
+    #[test]
+    fn a_panic_with_a_non_string_payload_reads_unknown_error() {
+        let payload = std::panic::catch_unwind(|| std::panic::panic_any(42_u8)).unwrap_err();
+        assert_eq!(panic_message(payload), "Unknown error");
+        let payload = std::panic::catch_unwind(|| panic!("bomb {}", 1)).unwrap_err();
+        assert_eq!(panic_message(payload), "bomb 1");
     }
 }

@@ -61,7 +61,7 @@ pub fn plan_child(
     let template = template_of(entry).ok_or_else(|| format!("Agent type {requested} not found"))?;
     template
         .check_input(request.prompt.as_deref(), request.params.as_ref())
-        .map_err(|e| format!("Invalid input for agent type {entry}: {e}"))?;
+        .map_err(|e| e.to_string())?;
     Ok(ChildPlan {
         agent_type: entry.to_owned(),
         template,
@@ -201,14 +201,17 @@ pub fn input_messages(
 
 /// A spawn's prompt (and params as JSON) as one user message tagged
 /// `SPAWN_PROMPT`; `None` when there is neither. Roots and children alike.
+/// An empty prompt and empty params say nothing: no message (and no empty
+/// content, which a provider like Anthropic refuses).
 pub fn prompt_message(prompt: Option<&str>, params: Option<&Value>) -> Option<Message> {
     let mut parts = Vec::new();
-    if let Some(prompt) = prompt {
+    if let Some(prompt) = prompt.filter(|p| !p.is_empty()) {
         parts.push(Part::Text {
             text: prompt.to_owned(),
         });
     }
-    if let Some(params) = params {
+    let said = |p: &&Value| !(p.is_null() || p.as_object().is_some_and(|o| o.is_empty()));
+    if let Some(params) = params.filter(said) {
         parts.push(Part::Text {
             text: format!("Params: {params}"),
         });
@@ -287,5 +290,26 @@ pub fn report_value(state: &AgentState, output: Value) -> Value {
                 .unwrap_or("Agent failed");
             json!({ "errorMessage": message })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_empty_prompt_and_empty_params_add_no_prompt_message() {
+        assert!(prompt_message(Some(""), None).is_none());
+        assert!(prompt_message(Some(""), Some(&json!({}))).is_none());
+        assert!(prompt_message(None, Some(&json!({}))).is_none());
+        assert!(prompt_message(None, Some(&Value::Null)).is_none());
+        let only_params = prompt_message(Some(""), Some(&json!({"n": 1}))).unwrap();
+        assert_eq!(
+            serde_json::to_value(&only_params).unwrap()["content"],
+            json!("Params: {\"n\":1}")
+        );
+        let t = AgentTemplate::new("a", "m");
+        assert!(input_messages(&t, Some(""), Some(&json!({}))).is_empty());
     }
 }

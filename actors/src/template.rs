@@ -144,14 +144,24 @@ impl AgentTemplate {
     }
 
     /// Checks a spawn's prompt and params against this template's input schema.
-    pub fn check_input(&self, prompt: Option<&str>, params: Option<&Value>) -> Result<(), String> {
+    pub fn check_input(
+        &self,
+        prompt: Option<&str>,
+        params: Option<&Value>,
+    ) -> Result<(), InputError> {
         if let Some(schema) = &self.input_schema.prompt {
             let prompt = prompt.map_or(Value::Null, |p| Value::String(p.to_owned()));
-            schema.check(&prompt).map_err(|e| format!("prompt {e}"))?;
+            schema.check(&prompt).map_err(|e| InputError::Prompt {
+                agent: self.id.clone(),
+                problem: e.to_string(),
+            })?;
         }
         if let Some(schema) = &self.input_schema.params {
             let params = params.cloned().unwrap_or(Value::Object(Default::default()));
-            schema.check(&params).map_err(|e| format!("params {e}"))?;
+            schema.check(&params).map_err(|e| InputError::Params {
+                agent: self.id.clone(),
+                problem: e.to_string(),
+            })?;
         }
         Ok(())
     }
@@ -169,6 +179,15 @@ impl fmt::Debug for AgentTemplate {
             .field("handler", &self.handler.is_some())
             .finish_non_exhaustive()
     }
+}
+
+/// A prompt or params that do not fit an agent's input schema.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InputError {
+    #[error("Invalid prompt for agent {agent}: {problem}")]
+    Prompt { agent: String, problem: String },
+    #[error("Invalid params for agent {agent}: {problem}")]
+    Params { agent: String, problem: String },
 }
 
 /// An agent type id, `publisher/name@version` with publisher and version optional.
@@ -262,8 +281,12 @@ mod tests {
         assert!(t.check_input(Some("go"), Some(&json!({"n": 3}))).is_ok());
         let err = t
             .check_input(Some("go"), Some(&json!({"n": "x"})))
-            .unwrap_err();
-        assert!(err.starts_with("params at /n"), "{err}");
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("Invalid params for agent c: at /n"),
+            "{err}"
+        );
         assert!(t.check_input(Some("go"), None).is_err());
     }
 }

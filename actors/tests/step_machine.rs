@@ -863,7 +863,7 @@ fn spawn_agents_plans_children_in_request_order_with_permission_checks() {
     };
     assert_eq!(t, "strict");
     assert!(
-        e.starts_with("Invalid input for agent type strict: params at /n"),
+        e.starts_with("Invalid params for agent strict: at /n"),
         "{e}"
     );
     assert_eq!(outcome[7], ok("acme/researcher@1.0.0", None));

@@ -9,7 +9,8 @@ pub enum Error {
     UnknownModel { agent: String, model: String },
     #[error("agent {agent}: {message}")]
     InvalidTemplate { agent: String, message: String },
-    #[error("invalid input for agent {agent}: {message}")]
+    /// The message names the agent and whether the prompt or the params failed.
+    #[error("{message}")]
     InvalidInput { agent: String, message: String },
     #[error("could not start the root agent: {0}")]
     Spawn(String),

@@ -46,6 +46,18 @@ pub struct StartRequest {
     pub origin: Option<String>,
 }
 
+/// What a JSON value is, when it is not an object (params must be one).
+fn not_an_object(value: &Value) -> Option<&'static str> {
+    Some(match value {
+        Value::Object(_) => return None,
+        Value::Array(_) => "an array",
+        Value::String(_) => "a string",
+        Value::Number(_) => "a number",
+        Value::Bool(_) => "a boolean",
+        Value::Null => "null",
+    })
+}
+
 type Trees = Arc<Mutex<HashMap<Arc<str>, (Weak<TreeContext>, ActorRef<AgentMsg>)>>>;
 
 pub struct Supervisor {
@@ -255,11 +267,17 @@ impl Supervisor {
             .find_template(&request.agent)
             .cloned()
             .ok_or_else(|| Error::UnknownAgent(request.agent.clone()))?;
+        if let Some(kind) = request.params.as_ref().and_then(not_an_object) {
+            return Err(Error::InvalidInput {
+                agent: template.id.clone(),
+                message: format!("params must be a JSON object, not {kind}"),
+            });
+        }
         template
             .check_input(Some(&request.prompt), request.params.as_ref())
-            .map_err(|message| Error::InvalidInput {
+            .map_err(|e| Error::InvalidInput {
                 agent: template.id.clone(),
-                message,
+                message: e.to_string(),
             })?;
         let model_override: Option<Arc<dyn Model>> = match &request.model {
             Some(name) => {

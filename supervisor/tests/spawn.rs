@@ -367,7 +367,7 @@ async fn params_rejected_by_the_input_schema_are_an_error_entry() {
     let entries = tool_result(&result.state, "spawn_agents");
     let error = error_of(&entries[0]).expect("rejected");
     assert!(
-        error.starts_with("Invalid input for agent type counter: params"),
+        error.starts_with("Invalid params for agent counter: "),
         "{error}"
     );
     assert_eq!(last_text(&entries[1]["value"]), "counted");

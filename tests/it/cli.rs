@@ -123,3 +123,36 @@ fn bad_params_json_is_a_clear_error() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn params_that_are_not_a_json_object_are_refused_by_name() {
+    for (params, kind) in [
+        ("[1,2]", "an array"),
+        ("\"str\"", "a string"),
+        ("7", "a number"),
+    ] {
+        let out = arbor(&["run", "--params", params, "--no-store", "go"]);
+        assert_eq!(out.status.code(), Some(1), "{params}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!("params must be a JSON object, not {kind}")),
+            "{params}: {err}"
+        );
+        assert!(text(&out.stdout).is_empty(), "{params}: nothing ran");
+    }
+}
+
+#[test]
+fn an_empty_prompt_adds_no_empty_message_to_the_root() {
+    let out = arbor(&["run", "--json", "--no-store", "--params", "{}", ""]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let history = state["messageHistory"].as_array().unwrap();
+    assert!(
+        history
+            .iter()
+            .all(|m| m["content"] != Value::String(String::new())
+                && !m["content"].to_string().contains("Params: {}")),
+        "{history:?}"
+    );
+}

@@ -421,6 +421,15 @@ async fn tokens_limits_and_bad_input_get_clear_json_errors() {
             json!({"agent": "coordinator", "prompt": "p", "limits": {"maxLiveAgents": 0}}),
             "maxLiveAgents",
         ),
+        // Params are a JSON object (issue 12, defect 5).
+        (
+            json!({"agent": "coordinator", "prompt": "p", "params": [1, 2]}),
+            "params must be a JSON object, not an array",
+        ),
+        (
+            json!({"agent": "coordinator", "prompt": "p", "params": "str"}),
+            "params must be a JSON object, not a string",
+        ),
     ];
     for (body, named) in cases {
         let (status, reply) = post(&server, "/v1/runs", body.clone()).await;
