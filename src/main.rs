@@ -276,6 +276,7 @@ fn main() -> ExitCode {
         tracing_subscriber::fmt()
             .with_env_filter(log_filter("warn"))
             .with_writer(std::io::stderr)
+            .with_ansi(colour(&std::io::stderr()))
             .init();
     }
     match run(cli) {
@@ -842,6 +843,12 @@ fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
+/// Whether to colour what goes to `stream`: a terminal, and `NO_COLOR` unset
+/// or empty (no-color.org).
+fn colour(stream: &impl std::io::IsTerminal) -> bool {
+    stream.is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
 /// RUST_LOG, else `default`.
 fn log_filter(default: &str) -> tracing_subscriber::EnvFilter {
     tracing_subscriber::EnvFilter::try_from_default_env()
@@ -855,14 +862,13 @@ fn service_logs(
     config: &Config,
     format: LogFormat,
 ) -> anyhow::Result<Option<arbor::telemetry::Otlp>> {
-    use std::io::IsTerminal;
     use tracing_subscriber::Layer;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let filter = log_filter("info,rmcp=warn");
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stdout)
-        .with_ansi(std::io::stdout().is_terminal());
+        .with_ansi(colour(&std::io::stdout()));
     let lines = match format {
         LogFormat::Text => lines.boxed(),
         LogFormat::Json => lines.json().boxed(),
@@ -1068,23 +1074,23 @@ async fn follow_tree(
     let result = handle.wait().await?;
     let _ = printer.await;
     supervisor.flush().await?;
+    let completed = result.state.status == AgentStatus::Completed;
     if show.json {
         println!("{}", serde_json::to_string_pretty(&result.state)?);
-    } else {
+    } else if completed {
         println!("{}", final_text(&result.state));
+    } else if show.quiet || show.events {
+        // The tree's last line says why when it is shown; this is the only place otherwise.
+        eprintln!(
+            "error: the root agent {}: {}",
+            result.state.status.as_str(),
+            result.state.error_message().unwrap_or("no detail")
+        );
     }
-    Ok(match result.state.status {
-        AgentStatus::Completed => ExitCode::SUCCESS,
-        _ => {
-            if !show.json {
-                eprintln!(
-                    "error: the root agent {}: {}",
-                    result.state.status.as_str(),
-                    result.state.error_message().unwrap_or("no detail")
-                );
-            }
-            ExitCode::from(1)
-        }
+    Ok(if completed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     })
 }
 

@@ -102,7 +102,7 @@ pub enum ModelError {
         message: String,
     },
     /// Rate limits, overload, server errors, dropped connections.
-    #[error("model {model} failed transiently: {message}")]
+    #[error("model {model} is unavailable: {message}")]
     Transient {
         model: String,
         message: String,
@@ -122,6 +122,16 @@ impl ModelError {
             self,
             ModelError::Transient { .. } | ModelError::Malformed { .. }
         )
+    }
+
+    /// The final error of a request tried `attempts` times: it says so.
+    pub fn after_attempts(mut self, attempts: u32) -> Self {
+        if let ModelError::Transient { message, .. } | ModelError::Malformed { message, .. } =
+            &mut self
+        {
+            message.push_str(&format!(" (gave up after {attempts} attempts)"));
+        }
+        self
     }
 }
 

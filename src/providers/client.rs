@@ -345,7 +345,14 @@ impl Model for HttpModel {
                     });
                     tokio::time::sleep(delay).await;
                 }
-                Err(failure) => return Err(self.error(failure)),
+                Err(failure) => {
+                    let error = self.error(failure);
+                    return Err(if retry > 0 {
+                        error.after_attempts(retry + 1)
+                    } else {
+                        error
+                    });
+                }
             }
         }
     }

@@ -156,3 +156,49 @@ fn an_empty_prompt_adds_no_empty_message_to_the_root() {
         "{history:?}"
     );
 }
+
+const UNREACHABLE: &str = r#"
+[models.m]
+provider = "openai"
+base_url = "http://127.0.0.1:9/v1"
+model = "x"
+retry = { max_retries = 1, base_delay = "1ms", max_delay = "2ms" }
+
+[agents.lead]
+model = "m"
+"#;
+
+#[test]
+fn a_failed_run_says_its_error_once_without_colour_codes_and_prints_nothing_on_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.toml"), UNREACHABLE).unwrap();
+    for quiet in [false, true] {
+        let mut args = vec!["run", "--no-store"];
+        if quiet {
+            args.push("--quiet");
+        }
+        args.push("go");
+        let out = crate::arbor_in(dir.path(), &args);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(
+            text(&out.stdout).is_empty(),
+            "stdout: {}",
+            text(&out.stdout)
+        );
+        let err = text(&out.stderr);
+        // stderr is a pipe here: no ANSI escapes, in the tree or the logs.
+        assert!(!err.contains('\u{1b}'), "{err:?}");
+        assert_eq!(
+            err.matches("Connection refused (os error 111) (gave up")
+                .count(),
+            1,
+            "{err}"
+        );
+        // A final failure is not worded as if it were passing.
+        assert!(
+            err.contains("is unavailable:") && !err.contains("transiently"),
+            "{err}"
+        );
+        assert!(err.contains("(gave up after 2 attempts)"), "{err}");
+    }
+}
