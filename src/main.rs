@@ -89,9 +89,12 @@ enum Command {
     /// Continue an interrupted tree from the store: finished runs are merged,
     /// cut-short runs go on from their last checkpoint.
     Resume {
+        /// The tree to continue (its id, as `arbor runs` lists it).
         tree_id: String,
+        /// Print the root's final AgentState as JSON instead of its output.
         #[arg(long)]
         json: bool,
+        /// Do not show the tree on stderr.
         #[arg(long, short)]
         quiet: bool,
         /// Print every event as a JSON line on stderr instead of the tree.
@@ -103,6 +106,7 @@ enum Command {
     /// Run a finished tree again on its recorded model replies (no network) and
     /// check that every final state matches.
     Replay {
+        /// The finished tree to replay.
         tree_id: String,
         #[command(flatten)]
         at: Stored,
@@ -112,8 +116,10 @@ enum Command {
         /// running, interrupted, completed, failed or cancelled.
         #[arg(long)]
         status: Option<String>,
+        /// How many trees to list.
         #[arg(long, default_value_t = 20)]
         limit: usize,
+        /// Print the trees as JSON.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -121,7 +127,9 @@ enum Command {
     },
     /// Show one stored run's state.
     Show {
+        /// The run: TREE/PATH, e.g. t3f0c.../0.2 (`arbor tree TREE` lists them).
         run_id: String,
+        /// Print the run's whole AgentState as JSON.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -129,7 +137,9 @@ enum Command {
     },
     /// Show a stored tree: every run with its status, steps, tokens and cost.
     Tree {
+        /// The tree (its id, as `arbor runs` lists it).
         tree_id: String,
+        /// Print the tree and its runs as JSON.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -137,6 +147,7 @@ enum Command {
     },
     /// Everything stored of a tree as one JSON document.
     Export {
+        /// The tree to export.
         tree_id: String,
         /// Write here instead of stdout.
         #[arg(long, short)]
@@ -172,11 +183,13 @@ enum Command {
     },
     /// List the models of a config.
     Models {
+        /// Config file (default: ./config.toml if present, else the built-in one).
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
     /// Send one tiny request to a model and report latency, usage and any problem in one line.
     Ping {
+        /// Config file (default: ./config.toml if present, else the built-in one).
         #[arg(long, short)]
         config: Option<PathBuf>,
         /// The model's name under [models].

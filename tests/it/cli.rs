@@ -202,3 +202,54 @@ fn a_failed_run_says_its_error_once_without_colour_codes_and_prints_nothing_on_s
         assert!(err.contains("(gave up after 2 attempts)"), "{err}");
     }
 }
+
+/// The arguments and options of `arbor <command> --help` that have no help
+/// text (only a default, or nothing).
+fn undocumented(command: &str) -> Vec<String> {
+    let out = arbor(&[command, "--help"]);
+    assert!(out.status.success(), "{command}: {}", text(&out.stderr));
+    let mut section = false;
+    let mut missing = Vec::new();
+    for line in text(&out.stdout).lines() {
+        if line == "Arguments:" || line == "Options:" {
+            section = true;
+            continue;
+        }
+        if !line.starts_with("  ") {
+            section = false;
+            continue;
+        }
+        if !section || line.starts_with("          ") {
+            continue;
+        }
+        let item = line.trim();
+        let help = item.split_once("  ").map_or("", |(_, h)| h.trim());
+        if help.is_empty() || help.starts_with("[default") {
+            missing.push(format!("{command}: {item}"));
+        }
+    }
+    missing
+}
+
+#[test]
+fn every_argument_and_option_of_every_command_has_help() {
+    let commands = [
+        "run",
+        "serve",
+        "resume",
+        "replay",
+        "runs",
+        "show",
+        "tree",
+        "export",
+        "gc",
+        "agents",
+        "tools",
+        "models",
+        "ping",
+        "loadtest",
+        "check-config",
+    ];
+    let missing: Vec<String> = commands.iter().flat_map(|c| undocumented(c)).collect();
+    assert!(missing.is_empty(), "no help text:\n{}", missing.join("\n"));
+}
