@@ -458,7 +458,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => {
             let config = load_config(config.as_deref())?;
             let store = open_store(&config, store)?;
-            let run = store.run(&run_id)?;
+            let run = match store.run(&run_id) {
+                Err(arbor_supervisor::Error::UnknownRun(_))
+                    if !run_id.contains('/') && store.tree(&run_id).is_ok() =>
+                {
+                    anyhow::bail!(
+                        "{run_id} is a tree, not a run: `arbor tree {run_id}` lists its runs \
+                         (a run id is TREE/PATH, e.g. {run_id}/0 for its root)"
+                    );
+                }
+                found => found?,
+            };
             let Some(state) = run.state else {
                 anyhow::bail!("run {run_id} started but has no checkpoint yet");
             };
@@ -917,10 +927,13 @@ fn serve(
     // Checked again by `serve`; here before the store is opened.
     options.check_bind(addr)?;
     if options.tokens.is_empty() {
-        tracing::warn!(
-            "no API tokens ({} is unset): anyone on this machine can call the API",
-            config.file.service.tokens_env
-        );
+        let env = &config.file.service.tokens_env;
+        let why = match std::env::var_os(env) {
+            None => "is unset",
+            Some(v) if v.is_empty() => "is empty",
+            Some(_) => "holds no token",
+        };
+        tracing::warn!("no API tokens ({env} {why}): anyone on this machine can call the API");
     }
     if store.is_none() && !config.file.store.enabled {
         return Err(Error::NoStore.into());

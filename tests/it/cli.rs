@@ -253,3 +253,30 @@ fn every_argument_and_option_of_every_command_has_help() {
     let missing: Vec<String> = commands.iter().flat_map(|c| undocumented(c)).collect();
     assert!(missing.is_empty(), "no help text:\n{}", missing.join("\n"));
 }
+
+#[test]
+fn show_given_a_tree_id_says_it_is_a_tree_and_how_to_name_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = crate::arbor_in(dir.path(), &["run", "--tree-id", "tshow", "--quiet", "go"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = crate::arbor_in(dir.path(), &["show", "tshow"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("tshow is a tree, not a run: `arbor tree tshow` lists its runs")
+            && err.contains("tshow/0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_empty_token_variable_is_called_empty_not_unset() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = fixtures().join("serve.toml").display().to_string();
+    let server = crate::serve::Server::start(dir.path(), &["--config", &config], Some(""));
+    let seen = server.seen.lock().unwrap().join("\n");
+    assert!(
+        seen.contains("no API tokens (ARBOR_API_TOKENS is empty)"),
+        "{seen}"
+    );
+}
