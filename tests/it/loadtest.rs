@@ -425,3 +425,89 @@ model = "fake"
     assert!(rows["retries"].contains("http 429: 3"), "{stdout}");
     assert_eq!(rows["errors"], "none", "{stdout}");
 }
+
+#[test]
+fn a_depth_of_a_hundred_is_refused_before_anything_runs() {
+    let out = arbor(&["loadtest", "--depth", "100", "--no-store"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("has more than 100000000 agents (the most a load test runs)"),
+        "{err}"
+    );
+    assert!(
+        text(&out.stdout).is_empty(),
+        "it ran: {}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn an_unwritable_json_or_plot_path_is_refused_before_the_run() {
+    for flag in ["--json", "--plot"] {
+        let out = arbor(&[
+            "loadtest",
+            "--fanout",
+            "2",
+            "--depth",
+            "1",
+            "--no-store",
+            flag,
+            "/nonexistent-dir/out",
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{flag}");
+        assert!(
+            text(&out.stderr).contains(&format!("{flag}: cannot write /nonexistent-dir/out")),
+            "{}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stdout).is_empty(),
+            "it ran: {}",
+            text(&out.stdout)
+        );
+    }
+}
+
+#[test]
+fn ctrl_c_mid_run_removes_the_scratch_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args([
+            "loadtest",
+            "--fanout",
+            "2",
+            "--depth",
+            "2",
+            "--latency",
+            "1h",
+        ])
+        .env("TMPDIR", tmp.path())
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let scratch = tmp.path().join(format!("arbor-loadtest-{}.db", child.id()));
+    // Bounded: until the run has created its store.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !scratch.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no scratch store appeared"
+        );
+        std::thread::yield_now();
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
