@@ -246,8 +246,13 @@ impl Message {
         matches!(self, Message::Assistant { .. })
     }
 
+    /// Whether truncation keeps this message: it says so, or it is an agent's
+    /// task (its prompt or instructions: without them a long history could
+    /// push the task out of the requests).
     pub fn keep_during_truncation(&self) -> bool {
         self.meta().keep_during_truncation.unwrap_or(false)
+            || self.has_tag(SPAWN_PROMPT)
+            || self.has_tag(INSTRUCTIONS_PROMPT)
     }
 
     /// The tool calls of an assistant message, in order; empty for other roles.

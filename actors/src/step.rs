@@ -677,14 +677,33 @@ impl StepMachine {
                 child,
             }));
         }
-        let requests: Vec<SpawnRequest> = input
+        // Each entry on its own: a bad one is refused by itself, the rest run.
+        let entries = input
             .get("agents")
+            .and_then(Value::as_array)
             .cloned()
-            .map(serde_json::from_value)
-            .transpose()
-            .map_err(|e| format!("Invalid input for spawn_agents: {e}"))?
             .unwrap_or_default();
-        let children = requests.into_iter().map(plan).collect();
+        let children = entries
+            .into_iter()
+            .enumerate()
+            .map(|(i, entry)| {
+                let named = entry
+                    .get("agent_type")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+                crate::toolbox::CHILD_SCHEMA
+                    .check(&entry)
+                    .map_err(|e| format!("Invalid input for spawn_agents: agents[{i}] {e}"))
+                    .and_then(|()| {
+                        serde_json::from_value::<SpawnRequest>(entry).map_err(|e| {
+                            format!("Invalid input for spawn_agents: agents[{i}]: {e}")
+                        })
+                    })
+                    .map_err(|e| (named.clone(), e))
+                    .and_then(plan)
+            })
+            .collect();
         Ok(Box::new(move |step, index| Action::SpawnAgents {
             step,
             index,

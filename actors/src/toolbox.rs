@@ -87,8 +87,8 @@ fn builtin(description: &'static str, schema: Value) -> Builtin {
     }
 }
 
-static BUILTINS: LazyLock<HashMap<&'static str, Builtin>> = LazyLock::new(|| {
-    let child = json!({
+fn child_schema() -> Value {
+    json!({
         "type": "object",
         "properties": {
             "agent_type": {"type": "string", "minLength": 1},
@@ -96,7 +96,27 @@ static BUILTINS: LazyLock<HashMap<&'static str, Builtin>> = LazyLock::new(|| {
             "params": {"type": "object"}
         },
         "required": ["agent_type"]
-    });
+    })
+}
+
+/// One child of a spawn call. `spawn_agents` checks each entry against it on
+/// its own, so one bad entry gets its own refusal and the others run; the
+/// call as a whole only needs a non-empty list of objects.
+pub static CHILD_SCHEMA: LazyLock<Schema> = LazyLock::new(|| {
+    Schema::compile(child_schema()).unwrap_or_else(|e| panic!("built-in schema: {e}"))
+});
+
+/// What `spawn_agents` checks of the whole call (the model is shown the full
+/// schema, with each entry's).
+static SPAWN_AGENTS_CALL: LazyLock<Schema> = LazyLock::new(|| {
+    Schema::compile(json!({"type": "object", "properties": {
+        "agents": {"type": "array", "minItems": 1, "items": {"type": "object"}}
+    }, "required": ["agents"]}))
+    .unwrap_or_else(|e| panic!("built-in schema: {e}"))
+});
+
+static BUILTINS: LazyLock<HashMap<&'static str, Builtin>> = LazyLock::new(|| {
+    let child = child_schema();
     HashMap::from([
         (
             ADD_MESSAGE,
@@ -362,11 +382,15 @@ impl Toolbox {
         definition: ToolDefinition,
     ) {
         definitions.insert(name.to_owned(), definition);
+        let schema = match kind {
+            ToolKind::SpawnAgents => SPAWN_AGENTS_CALL.clone(),
+            _ => BUILTINS[name].schema.clone(),
+        };
         self.entries.insert(
             name.to_owned(),
             ToolEntry {
                 kind,
-                schema: BUILTINS[name].schema.clone(),
+                schema,
                 name: name.to_owned(),
             },
         );

@@ -620,3 +620,26 @@ fn a_history_serialises_as_a_plain_message_array() {
         serde_json::from_value(serde_json::to_value(h(vec![m.clone()])).unwrap()).unwrap();
     assert_eq!(hvalues(&back), vec![m]);
 }
+
+#[test]
+fn an_agents_prompt_survives_truncation_of_a_long_history() {
+    use arbor_actors::message::{INSTRUCTIONS_PROMPT, SPAWN_PROMPT};
+    let history = h(vec![
+        u("the task").with_tag(SPAWN_PROMPT),
+        u("the instructions").with_tag(INSTRUCTIONS_PROMPT),
+        big_assistant("work1", 200, &[]),
+        big_user("more", 200),
+        big_assistant("work2", 200, &[]),
+        big_user("newest", 100),
+    ]);
+    let messages = history.to_vec();
+    let view = History::truncated_view(&messages, 150);
+    let texts: Vec<String> = view.iter().map(|m| m.text()).collect();
+    assert_eq!(view[0].text(), "the task", "{texts:?}");
+    assert_eq!(view[1].text(), "the instructions", "{texts:?}");
+    assert!(is_placeholder(&view[2]), "{texts:?}");
+    assert!(
+        view.last().unwrap().text().starts_with("newest"),
+        "{texts:?}"
+    );
+}

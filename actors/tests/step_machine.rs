@@ -1555,3 +1555,30 @@ fn a_run_that_is_not_durable_emits_no_checkpoint_and_keeps_no_reply() {
             .all(|e| !matches!(e, EventKind::ModelResponded { reply: Some(_), .. }))
     );
 }
+
+#[test]
+fn one_invalid_spawn_agents_entry_is_refused_alone_and_the_valid_ones_run() {
+    let mut run = spawn_run(vec![Message::user("task")]);
+    request(run.start());
+    let (_, _, children) = run.spawn_reply_action(json!([
+        {"agent_type": ""},
+        {"agent_type": "writer", "prompt": "go"},
+        {"prompt": "no type"},
+        {"agent_type": "historian", "prompt": 7}
+    ]));
+    assert_eq!(children.len(), 4);
+    let Err((t, e)) = &children[0] else {
+        panic!(
+            "an empty agent_type should be refused: {:?}",
+            children[0].is_ok()
+        )
+    };
+    assert_eq!(t, "");
+    assert!(
+        e.starts_with("Invalid input for spawn_agents: agents[0]"),
+        "{e}"
+    );
+    assert_eq!(children[1].as_ref().unwrap().agent_type, "writer");
+    assert!(matches!(&children[2], Err((t, e)) if t.is_empty() && e.contains("agents[2]")));
+    assert!(matches!(&children[3], Err((t, e)) if t == "historian" && e.contains("agents[3]")));
+}
