@@ -772,6 +772,11 @@ impl StepMachine {
             }
         }
         if p.origin == Origin::Program {
+            // A program's end_turn ends the turn: the program is not resumed.
+            if end_turn {
+                self.expire(Expiry::TurnEnd);
+                return self.complete();
+            }
             return self.resume_program(Some(results), false, catalog);
         }
         // A failed set_output does not end the turn: the model reads the error and retries.

@@ -1399,8 +1399,9 @@ fn a_program_yields_tool_calls_then_lets_the_model_finish_the_turn() {
 
 #[test]
 fn a_program_is_held_to_the_step_limit() {
+    // (A tool that does not end the turn: an `end_turn` now ends it.)
     let handler = FnHandler(|| {
-        FnProgram(|_: Resume<'_>| Yield::ToolCalls(vec![("end_turn".into(), json!({}))]))
+        FnProgram(|_: Resume<'_>| Yield::ToolCalls(vec![("no_such_tool".into(), json!({}))]))
     });
     let mut run = Run::solo(
         AgentTemplate::new("prog", "m")
@@ -1581,4 +1582,35 @@ fn one_invalid_spawn_agents_entry_is_refused_alone_and_the_valid_ones_run() {
     assert_eq!(children[1].as_ref().unwrap().agent_type, "writer");
     assert!(matches!(&children[2], Err((t, e)) if t.is_empty() && e.contains("agents[2]")));
     assert!(matches!(&children[3], Err((t, e)) if t == "historian" && e.contains("agents[3]")));
+}
+
+#[test]
+fn a_program_that_yields_end_turn_is_not_resumed_for_later_yields() {
+    let resumed = Arc::new(std::sync::Mutex::new(0));
+    let seen = resumed.clone();
+    let handler = FnHandler(move || {
+        let seen = seen.clone();
+        FnProgram(move |resume: Resume<'_>| match resume {
+            Resume::Start { .. } => Yield::ToolCalls(vec![("end_turn".into(), json!({}))]),
+            _ => {
+                *seen.lock().unwrap() += 1;
+                Yield::ToolCalls(vec![(
+                    "add_message".into(),
+                    json!({"role": "user", "content": "after the end"}),
+                )])
+            }
+        })
+    });
+    let mut t = AgentTemplate::new("prog", "m").handler(Arc::new(handler));
+    t.tools = vec!["add_message".into()];
+    let mut run = Run::new(t, Vec::new(), Vec::new());
+    finish(run.start());
+    assert_eq!(run.state().status, AgentStatus::Completed);
+    assert_eq!(
+        *resumed.lock().unwrap(),
+        0,
+        "the program ran after its end_turn"
+    );
+    let shown = serde_json::to_string(&run.state().message_history).unwrap();
+    assert!(!shown.contains("after the end"), "{shown}");
 }
