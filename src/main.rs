@@ -740,7 +740,7 @@ async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
         let bar = indicatif::ProgressBar::new(total);
         bar.set_style(
             indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} agents  {msg}  ETA {eta}",
+                "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} agents  {msg}",
             )
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );

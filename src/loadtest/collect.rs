@@ -108,6 +108,7 @@ impl Percentiles {
 
 /// A snapshot of what was measured.
 #[derive(Clone, Debug, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Measured {
     pub spawn_to_reply_us: Percentiles,
     pub step_latency_us: Percentiles,

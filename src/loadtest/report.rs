@@ -10,7 +10,18 @@ use serde::Serialize;
 use super::LoadOptions;
 use super::collect::{Collector, Measured};
 
+/// camelCase, like every other JSON Arbor writes.
+/// Microseconds in the unit that reads best: `850 µs`, `12.3 ms`, `4.20 s`.
+pub fn human_us(us: u64) -> String {
+    match us {
+        0..1_000 => format!("{us} µs"),
+        1_000..1_000_000 => format!("{:.1} ms", us as f64 / 1e3),
+        _ => format!("{:.2} s", us as f64 / 1e6),
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct LoadReport {
     pub tree_id: String,
     pub shape: Vec<usize>,
@@ -125,7 +136,7 @@ impl LoadReport {
         let p = &self.measured.spawn_to_reply_us;
         row(
             "spawn→reply p50/p90/p99/max",
-            format!("{} / {} / {} / {} µs", p.p50, p.p90, p.p99, p.max),
+            [p.p50, p.p90, p.p99, p.max].map(human_us).join(" / "),
         );
         row(
             "agents stepping / alive (max)",
@@ -155,12 +166,15 @@ impl LoadReport {
             let f = &self.measured.ttft_us;
             row(
                 "model latency p50/p99",
-                format!("{:.1} / {:.1} ms", s.p50 as f64 / 1e3, s.p99 as f64 / 1e3),
+                format!("{} / {}", human_us(s.p50), human_us(s.p99)),
             );
-            row(
-                "time to first token p50/p99",
-                format!("{:.1} / {:.1} ms", f.p50 as f64 / 1e3, f.p99 as f64 / 1e3),
-            );
+            // Only streamed replies have a first token: nothing to show otherwise.
+            if f.count > 0 {
+                row(
+                    "time to first token p50/p99",
+                    format!("{} / {}", human_us(f.p50), human_us(f.p99)),
+                );
+            }
             row(
                 "output tokens/s",
                 format!("{:.0}", self.measured.output_tokens_per_sec),
@@ -278,4 +292,16 @@ pub(super) fn store_bytes(path: &std::path::Path) -> u64 {
     let mut wal = path.as_os_str().to_owned();
     wal.push("-wal");
     size(path) + size(std::path::Path::new(&wal))
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::human_us;
+
+    #[test]
+    fn latencies_read_in_human_units() {
+        assert_eq!(human_us(850), "850 µs");
+        assert_eq!(human_us(12_345), "12.3 ms");
+        assert_eq!(human_us(4_200_000), "4.20 s");
+    }
 }

@@ -87,24 +87,39 @@ fn loadtest_f10_d4_prints_the_table_and_progress_and_writes_json_and_svg() {
     let json: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("out.json")).unwrap())
             .unwrap();
-    assert_eq!(json["agents_expected"], 11111, "{json:#}");
-    assert_eq!(json["agents_started"], 11111);
-    assert_eq!(json["agents_finished"], 11111);
+    assert_eq!(json["agentsExpected"], 11111, "{json:#}");
+    assert_eq!(json["agentsStarted"], 11111);
+    assert_eq!(json["agentsFinished"], 11111);
     assert_eq!(json["completed"], true);
-    for positive in ["wall_secs", "agents_per_sec", "us_per_agent"] {
+    for positive in ["wallSecs", "agentsPerSec", "usPerAgent"] {
         assert!(
             json[positive].as_f64().unwrap() > 0.0,
             "{positive}: {json:#}"
         );
     }
-    assert!(json["peak_rss_bytes"].as_u64().unwrap() > 0);
-    let p = &json["spawn_to_reply_us"];
+    assert!(json["peakRssBytes"].as_u64().unwrap() > 0);
+    let p = &json["spawnToReplyUs"];
     let [count, p50, p90, p99, max] =
         ["count", "p50", "p90", "p99", "max"].map(|k| p[k].as_u64().unwrap());
     // Every agent but the root is a child whose reply is timed.
     assert_eq!(count, 11110, "{p}");
     assert!(p50 <= p90 && p90 <= p99 && p99 <= max, "{p}");
     assert!(!json["timeline"].as_array().unwrap().is_empty());
+    // The JSON is camelCase like every other JSON Arbor writes (issue 12, 24).
+    let snake: Vec<&String> = json
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| k.contains('_'))
+        .collect();
+    assert!(snake.is_empty(), "snake_case keys: {snake:?}");
+    // Percentiles read in human units, not raw microseconds.
+    assert!(
+        rows["spawn→reply p50/p90/p99/max"]
+            .split(" / ")
+            .all(|v| v.ends_with(" µs") || v.ends_with(" ms") || v.ends_with(" s")),
+        "{stdout}"
+    );
 
     let svg = std::fs::read_to_string(dir.path().join("out.svg")).unwrap();
     let doc = roxmltree::Document::parse(&svg).unwrap();
@@ -393,9 +408,9 @@ model = "fake"
 
     let raw = std::fs::read_to_string(dir.path().join("out.json")).unwrap();
     let json: Value = serde_json::from_str(&raw).unwrap();
-    assert_eq!(json["agents_expected"], 13, "{json:#}");
-    assert_eq!(json["agents_started"], 13);
-    assert_eq!(json["agents_finished"], 13);
+    assert_eq!(json["agentsExpected"], 13, "{json:#}");
+    assert_eq!(json["agentsStarted"], 13);
+    assert_eq!(json["agentsFinished"], 13);
     assert_eq!(json["completed"], true);
 
     // 13 answers (9 leaves, 3 merges, the root) reach the endpoint; spawning
@@ -410,14 +425,14 @@ model = "fake"
 
     assert_eq!(json["retries"], json!(throttled), "{json:#}");
     assert_eq!(
-        json["retry_kinds"]["http 429"],
+        json["retryKinds"]["http 429"],
         json!(throttled),
         "retries are classified by the HTTP status their reason names: {json:#}"
     );
 
-    assert!(json["ttft_us"]["count"].as_u64().unwrap() > 0, "{json:#}");
+    assert!(json["ttftUs"]["count"].as_u64().unwrap() > 0, "{json:#}");
     assert!(
-        json["step_latency_us"]["count"].as_u64().unwrap() >= 13,
+        json["stepLatencyUs"]["count"].as_u64().unwrap() >= 13,
         "{json:#}"
     );
     let rows = table_rows(&stdout);
