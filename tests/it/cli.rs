@@ -280,3 +280,22 @@ fn an_empty_token_variable_is_called_empty_not_unset() {
         "{seen}"
     );
 }
+
+#[test]
+fn the_simulated_coordinator_does_not_claim_reports_from_children_that_never_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml"),
+    )
+    .unwrap()
+    .replace("max_agents = 200 ", "max_agents = 1   ");
+    assert!(config.contains("max_agents = 1 "));
+    std::fs::write(dir.path().join("config.toml"), config).unwrap();
+    let out = crate::arbor_in(dir.path(), &["run", "--no-store", "--quiet", "go"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.starts_with("None of the 3 sub-agents reported on \"go\"."),
+        "{said}"
+    );
+}

@@ -182,21 +182,28 @@ impl SimulatedModel {
     }
 
     fn answer(&self, request: &ModelRequest, seed: u64) -> String {
-        let children = match request.messages.last().map(|m| &**m) {
+        // The spawn's report entries: (asked for, reported); a child that was
+        // refused, failed or never ran reports `{errorMessage}`.
+        let (asked, reported) = match request.messages.last().map(|m| &**m) {
             Some(Message::Tool { content, .. }) => content
                 .iter()
                 .filter_map(|p| match p {
-                    ToolResultPart::Json { value } => value.as_array().map(Vec::len),
+                    ToolResultPart::Json { value } => value.as_array(),
                     ToolResultPart::Media { .. } => None,
                 })
-                .sum(),
-            _ => 0,
+                .flatten()
+                .fold((0, 0), |(asked, reported), entry| {
+                    let failed = entry["value"].get("errorMessage").is_some();
+                    (asked + 1, reported + usize::from(!failed))
+                }),
+            _ => (0, 0),
         };
         let task = task_of(request);
-        let mut text = if children > 0 {
-            format!("Merged the reports of {children} sub-agents on \"{task}\".")
-        } else {
-            format!("Findings on \"{task}\".")
+        let mut text = match (asked, reported) {
+            (0, _) => format!("Findings on \"{task}\"."),
+            (_, 0) => format!("None of the {asked} sub-agents reported on \"{task}\"."),
+            (a, r) if a == r => format!("Merged the reports of {r} sub-agents on \"{task}\"."),
+            (a, r) => format!("Merged the reports of {r} of {a} sub-agents on \"{task}\"."),
         };
         let mut rng = seed | 1;
         let mut words = text.split_whitespace().count();
