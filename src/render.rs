@@ -5,10 +5,17 @@ use std::collections::HashMap;
 
 use arbor_actors::{AgentState, Event, EventKind};
 
-/// Turns events into display lines; keeps what it needs to say how long each run took.
+/// Turns events into display lines; keeps what it needs to say how long each
+/// run took and what it used.
+///
+/// **Tokens**, here as everywhere Arbor shows them (`arbor tree`, `arbor show`,
+/// `/v1/trees`, the live page): the input plus output tokens of a run's own
+/// model calls, as the provider reported them (cached input included), not
+/// its children's.
 #[derive(Default)]
 pub struct TreeRenderer {
     started: HashMap<String, (u64, usize)>,
+    tokens: HashMap<String, u64>,
 }
 
 impl TreeRenderer {
@@ -27,6 +34,10 @@ impl TreeRenderer {
                     ));
                 }
                 Some(format!("{}▸ {agent_type} {}", indent(*depth), short(event)))
+            }
+            EventKind::ModelResponded { usage, .. } => {
+                *self.tokens.entry(event.run_id.to_string()).or_default() += usage.total_tokens();
+                None
             }
             EventKind::AgentFinished { state, .. } => {
                 Some(self.finished(event, state, "✓", "completed"))
@@ -56,13 +67,14 @@ impl TreeRenderer {
             .remove(event.run_id.as_ref())
             .unwrap_or((event.at_ms, state.depth()));
         let ms = event.at_ms.saturating_sub(start);
+        let tokens = self.tokens.remove(event.run_id.as_ref()).unwrap_or(0);
         format!(
             "{}{mark} {} {} {what} in {ms}ms ({} children, {} tokens)",
             indent(depth),
             state.agent_type.as_deref().unwrap_or("agent"),
             short(event),
             state.child_run_ids.len(),
-            state.context_token_count,
+            tokens,
         )
     }
 }

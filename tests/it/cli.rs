@@ -299,3 +299,44 @@ fn the_simulated_coordinator_does_not_claim_reports_from_children_that_never_ran
         "{said}"
     );
 }
+
+#[test]
+fn an_agent_shows_the_same_tokens_in_the_run_tree_and_in_arbor_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["scripted.toml", "script.json"] {
+        std::fs::copy(fixtures().join(file), dir.path().join(file)).unwrap();
+    }
+    let out = crate::arbor_in(
+        dir.path(),
+        &[
+            "run",
+            "--config",
+            "scripted.toml",
+            "--tree-id",
+            "ttok",
+            "go",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // "✓ worker 0.1 completed in 301ms (1 children, 43 tokens)"
+    let shown: std::collections::HashMap<String, u64> = text(&out.stderr)
+        .lines()
+        .filter(|l| l.contains(" completed in "))
+        .map(|l| {
+            let path = l.split_whitespace().nth(2).unwrap().to_owned();
+            let tokens = l.rsplit_once(", ").unwrap().1.trim_end_matches(" tokens)");
+            (format!("ttok/{path}"), tokens.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(shown.len(), 5, "{}", text(&out.stderr));
+    let out = crate::arbor_in(
+        dir.path(),
+        &["tree", "--config", "scripted.toml", "--json", "ttok"],
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for run in doc["runs"].as_array().unwrap() {
+        let id = run["runId"].as_str().unwrap();
+        let stored = run["inputTokens"].as_u64().unwrap() + run["outputTokens"].as_u64().unwrap();
+        assert_eq!(shown[id], stored, "{id}: run tree vs arbor tree");
+    }
+}
