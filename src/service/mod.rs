@@ -11,6 +11,7 @@ mod api;
 mod auth;
 mod error;
 mod events;
+mod guard;
 mod metrics;
 
 use std::collections::HashMap;
@@ -272,6 +273,10 @@ impl Service {
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
             .layer(DefaultBodyLimit::max(self.shared.options.body_limit))
+            .layer(middleware::from_fn_with_state(
+                self.shared.clone(),
+                guard::check,
+            ))
             .layer(middleware::from_fn(log_request))
             .with_state(shared)
     }
@@ -417,8 +422,10 @@ async fn page() -> Response {
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (
                 header::CONTENT_SECURITY_POLICY,
-                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'",
+                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                 frame-ancestors 'none'",
             ),
+            (header::X_FRAME_OPTIONS, "DENY"),
         ],
         Html(page),
     )

@@ -927,3 +927,88 @@ async fn runs_are_listed_by_status_a_page_at_a_time() {
     let (_, all) = get(&server, "/v1/runs?limit=3&offset=1").await;
     assert_eq!(ids(&all), newest_first[..3]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tokenless_server_refuses_rebound_hosts_and_cross_origin_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &["--config", &config()], None);
+    server.wait_for("ready");
+    let http = client();
+    let port = server.base.rsplit(':').next().unwrap().to_owned();
+    // DNS rebinding: a page whose name resolves to 127.0.0.1 sends its own Host.
+    let rebound = http
+        .get(server.url("/v1/runs"))
+        .header("Host", format!("evil.example:{port}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), StatusCode::FORBIDDEN);
+    let body: Value = rebound.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "forbidden");
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
+        let ok = http
+            .get(server.url("/v1/runs"))
+            .header("Host", &host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), StatusCode::OK, "{host}");
+    }
+    // A text/plain cross-origin POST (no preflight) to cancel: refused.
+    let (status, started) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "coordinator", "prompt": "p"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{started}");
+    let cancel = format!(
+        "/v1/runs/{}/cancel",
+        encoded(started["runId"].as_str().unwrap())
+    );
+    for (origin, site) in [
+        (Some("https://evil.example"), None),
+        (None, Some("cross-site")),
+    ] {
+        let mut request = http
+            .post(server.url(&cancel))
+            .header("Content-Type", "text/plain")
+            .body("x");
+        if let Some(origin) = origin {
+            request = request.header("Origin", origin);
+        }
+        if let Some(site) = site {
+            request = request.header("Sec-Fetch-Site", site);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::FORBIDDEN,
+            "{origin:?} {site:?}"
+        );
+        let body: Value = response.json().await.unwrap();
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("cross-origin request refused"),
+            "{body}"
+        );
+    }
+    // The page's own origin may write.
+    let own = http
+        .post(server.url(&cancel))
+        .header("Origin", server.base.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(own.status(), StatusCode::FORBIDDEN);
+    // The page may not be framed.
+    let page = http.get(server.url("/")).send().await.unwrap();
+    let csp = page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert_eq!(page.headers()["x-frame-options"], "DENY");
+}
