@@ -502,3 +502,42 @@ fn a_finished_tree_is_not_resumed_and_no_store_writes_nothing() {
         "--no-store wrote a file"
     );
 }
+
+#[test]
+fn a_truncated_store_and_one_with_a_broken_schema_version_each_get_their_own_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = fixtures().join("scripted.toml").display().to_string();
+    for name in ["cut.db", "v0.db", "vneg.db"] {
+        let out = arbor_in(
+            dir.path(),
+            &["run", "--config", &config, "--store", name, "-q", "go"],
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    // Truncated: past its header, but most of it gone.
+    let cut = dir.path().join("cut.db");
+    let bytes = std::fs::read(&cut).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len().min(20_000)]).unwrap();
+    let _ = std::fs::remove_file(dir.path().join("cut.db-wal"));
+    let out = arbor_in(dir.path(), &["runs", "--store", "cut.db"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(!err.contains("is not an Arbor store"), "{err}");
+    assert!(err.contains("damaged (truncated or corrupt)"), "{err}");
+    // A schema version of 0 or -1 on an Arbor store: named, no SQL printed.
+    for (name, version) in [("v0.db", 0), ("vneg.db", -1)] {
+        {
+            let db = rusqlite::Connection::open(dir.path().join(name)).unwrap();
+            db.pragma_update(None, "user_version", version).unwrap();
+        }
+        let out = arbor_in(dir.path(), &["runs", "--store", name]);
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{name}");
+        assert!(
+            err.contains(&format!("its schema version is {version} (user_version)")),
+            "{name}: {err}"
+        );
+        assert!(!err.contains("CREATE"), "{name}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{name}: {err}");
+    }
+}

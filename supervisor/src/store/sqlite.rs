@@ -232,11 +232,25 @@ impl SqliteStore {
         // One read transaction, so the three values are of one moment (another
         // process may be creating the store meanwhile). A lock held by that
         // process is not a sign of a foreign file: opening is tried again.
+        // Each failure gets its own message: a foreign file, a damaged one,
+        // and one that cannot be read are different problems.
         let header_err = |e: rusqlite::Error| match e.sqlite_error_code() {
             Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
                 open_err(e.to_string())
             }
-            _ => not_arbor(),
+            Some(rusqlite::ErrorCode::NotADatabase) => not_arbor(),
+            Some(rusqlite::ErrorCode::DatabaseCorrupt) => open_err(format!(
+                "the file is damaged (truncated or corrupt): {e}; restore it from a backup"
+            )),
+            Some(
+                rusqlite::ErrorCode::ReadOnly
+                | rusqlite::ErrorCode::CannotOpen
+                | rusqlite::ErrorCode::PermissionDenied,
+            ) => open_err(format!(
+                "cannot read it here ({e}): a read-only directory or filesystem needs the \
+                 store's -wal and -shm files to be writable"
+            )),
+            _ => open_err(e.to_string()),
         };
         let (app, version, tables) = {
             let read = conn.transaction().map_err(header_err)?;
@@ -254,6 +268,14 @@ impl SqliteStore {
         };
         if app != APPLICATION_ID && (app != 0 || tables > 0) {
             return Err(not_arbor());
+        }
+        // Arbor's id with tables but no schema version: the file was changed
+        // by something else (migrating it again would fail on every table).
+        if app == APPLICATION_ID && version <= 0 && tables > 0 {
+            return Err(open_err(format!(
+                "the file is marked as an Arbor store but its schema version is {version} \
+                 (user_version): it was changed by another program; restore it from a backup"
+            )));
         }
         let known = MIGRATIONS.len() as i64;
         let newer = |found| Error::NewerStore {
@@ -296,9 +318,14 @@ impl SqliteStore {
                 return Err(newer(version));
             }
             if version < known {
-                for migration in &MIGRATIONS[version.max(0) as usize..] {
-                    tx.execute_batch(migration)
-                        .map_err(|e| open_err(format!("migration failed: {e}")))?;
+                for (n, migration) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
+                    // The SQLite message only: the migration's SQL is no help to a user.
+                    tx.execute_batch(migration).map_err(|e| {
+                        let why = e
+                            .sqlite_error()
+                            .map_or_else(|| e.to_string(), |s| s.to_string());
+                        open_err(format!("migration {} of {known} failed: {why}", n + 1))
+                    })?;
                 }
                 tx.pragma_update(None, "application_id", APPLICATION_ID)
                     .map_err(|e| open_err(e.to_string()))?;
