@@ -99,6 +99,11 @@ pub enum AgentMsg {
         generation: u64,
     },
     Cancel(CancelReason),
+    /// Cancel this child of ours that has not started (it waits for a live
+    /// slot or a retry); a child that runs is cancelled directly.
+    CancelChild {
+        run_id: String,
+    },
     Status(RpcReplyPort<AgentSnapshot>),
 }
 
@@ -349,6 +354,7 @@ impl Actor for AgentActor {
             AgentMsg::SlotReady(permit) => run.resume(&myself, permit),
             AgentMsg::StepTimeout { step, generation } => run.step_timeout(step, generation),
             AgentMsg::Cancel(reason) => run.cancel(reason),
+            AgentMsg::CancelChild { run_id } => run.cancel_waiting_child(&run_id),
             AgentMsg::Status(reply) => {
                 let state = match &run.final_state {
                     Some(state) => AgentState::clone(state),

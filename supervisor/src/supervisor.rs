@@ -476,13 +476,29 @@ impl Supervisor {
     }
 
     /// Cancels a run and its whole subtree; its parent sees it as cancelled.
+    /// Cancels a running run and its subtree. A child that is spawned but
+    /// has not started (it waits for a live slot, or for a retry) ends
+    /// cancelled without starting: its parent is told.
     pub fn cancel_run(&self, run_id: &str) -> Result<(), Error> {
-        let actor = self
-            .live_actor(run_id)
-            .ok_or_else(|| Error::UnknownRun(run_id.to_owned()))?;
-        actor
-            .cast(AgentMsg::Cancel(CancelReason::Requested))
-            .map_err(|_| Error::UnknownRun(run_id.to_owned()))
+        let unknown = || Error::UnknownRun(run_id.to_owned());
+        if let Some(actor) = self.live_actor(run_id) {
+            return actor
+                .cast(AgentMsg::Cancel(CancelReason::Requested))
+                .map_err(|_| unknown());
+        }
+        let parent = self
+            .contexts()
+            .iter()
+            .find_map(|c| {
+                let parent = c.waiting_parent(run_id)?;
+                c.live_actor(&parent)
+            })
+            .ok_or_else(unknown)?;
+        parent
+            .cast(AgentMsg::CancelChild {
+                run_id: run_id.to_owned(),
+            })
+            .map_err(|_| unknown())
     }
 
     /// Agent actors alive in every tree.

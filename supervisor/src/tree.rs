@@ -35,6 +35,10 @@ pub(crate) struct TreeContext {
     /// a tree's events in `seq` order.
     order: Mutex<()>,
     live: Mutex<HashMap<Arc<str>, ActorRef<AgentMsg>>>,
+    /// Children spawned whose actor has not started yet (waiting for a live
+    /// slot or a retry), by run id, with their parent's run id: a cancel by
+    /// run id reaches them through the parent.
+    waiting: Mutex<HashMap<String, Arc<str>>>,
     /// Whether the tree is stored (its agents checkpoint every step).
     durable: bool,
     /// What a resumed or replayed tree starts from.
@@ -69,6 +73,7 @@ impl TreeContext {
             seq: AtomicU64::new(0),
             order: Mutex::new(()),
             live: Mutex::new(HashMap::new()),
+            waiting: Mutex::new(HashMap::new()),
             durable: false,
             recovery: None,
             recorded: Mutex::new(HashMap::new()),
@@ -126,6 +131,11 @@ impl TreeContext {
 
     pub(crate) fn live_actor(&self, run_id: &str) -> Option<ActorRef<AgentMsg>> {
         self.live.lock().ok()?.get(run_id).cloned()
+    }
+
+    /// The parent of a child that was spawned but has not started.
+    pub(crate) fn waiting_parent(&self, run_id: &str) -> Option<Arc<str>> {
+        self.waiting.lock().ok()?.get(run_id).cloned()
     }
 
     pub(crate) fn live_count(&self) -> usize {
@@ -231,6 +241,19 @@ impl TreeHooks for TreeContext {
         if let Some(state) = kind.final_state() {
             self.registry.record(state);
         }
+        match &kind {
+            EventKind::ChildSpawned { child_run_id, .. } => {
+                if let Ok(mut waiting) = self.waiting.lock() {
+                    waiting.insert(child_run_id.clone(), run_id.clone());
+                }
+            }
+            EventKind::ChildFinished { child_run_id, .. } => {
+                if let Ok(mut waiting) = self.waiting.lock() {
+                    waiting.remove(child_run_id);
+                }
+            }
+            _ => {}
+        }
         let _order = self.order.lock();
         let event = Event {
             seq: self.seq.fetch_add(1, Ordering::AcqRel) + 1,
@@ -246,6 +269,9 @@ impl TreeHooks for TreeContext {
     fn actor_started(&self, run_id: &Arc<str>, actor: &ActorRef<AgentMsg>) {
         if let Ok(mut live) = self.live.lock() {
             live.insert(run_id.clone(), actor.clone());
+        }
+        if let Ok(mut waiting) = self.waiting.lock() {
+            waiting.remove(run_id.as_ref());
         }
     }
 

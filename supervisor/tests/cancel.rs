@@ -317,3 +317,69 @@ async fn no_actor_outlives_wait_on_a_multi_thread_runtime() {
     assert!(outcomes.contains(&AgentStatus::Completed));
     assert!(outcomes.contains(&AgentStatus::Cancelled));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_child_cancelled_while_it_waits_for_a_live_slot_ends_cancelled_without_starting() {
+    // One live slot: the first worker runs (a minute), the second waits for it.
+    let model = scripted(json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [spawn_call(&[("worker", "first"), ("worker", "second")])]},
+            {"text": "lead done"}
+        ]},
+        {"agent": "worker", "steps": [{"text": "worked", "delayMs": 60000}]}
+    ]}));
+    let sup = supervisor(
+        &model,
+        vec![template("lead").spawns(&["worker"]), template("worker")],
+        TreeLimits {
+            max_live_agents: Some(1),
+            ..TreeLimits::default()
+        },
+    );
+    let mut rx = sup.subscribe();
+    let handle = start(&sup, "lead", "go").await;
+    let mut seen = Vec::new();
+    // Both are spawned; the first starts, the second waits for its slot.
+    let mut spawned = Vec::new();
+    while spawned.len() < 2 {
+        let e = wait_for(&mut rx, &mut seen, |e| {
+            matches!(e.kind, EventKind::ChildSpawned { .. })
+        })
+        .await;
+        if let EventKind::ChildSpawned { child_run_id, .. } = &e.kind {
+            spawned.push(child_run_id.clone());
+        }
+    }
+    wait_for(&mut rx, &mut seen, |e| started_type(e, "worker")).await;
+    let waiting = spawned[1].clone();
+
+    sup.cancel_run(&waiting)
+        .expect("the waiting child is cancelled, not unknown");
+    let result = finish(handle).await;
+    seen.extend(drain(&mut rx));
+
+    // It never started, and its entry says it was cancelled; the first ran.
+    assert!(
+        !seen
+            .iter()
+            .any(|e| *e.run_id == *waiting && matches!(e.kind, EventKind::AgentStarted { .. })),
+        "the cancelled child started"
+    );
+    assert_eq!(result.state.status, AgentStatus::Completed);
+    let entries = tool_result(&result.state, "spawn_agents");
+    assert_eq!(
+        error_of(&entries[1]),
+        Some("Agent was cancelled")
+    );
+    assert_eq!(last_text(&entries[0]["value"]), "worked");
+    assert!(seen.iter().any(|e| matches!(
+        &e.kind,
+        EventKind::ChildFinished { child_run_id, status: AgentStatus::Cancelled } if *child_run_id == waiting
+    )));
+    assert_eq!(sup.live_actors(), 0);
+    // An id nothing knows is still unknown.
+    assert!(matches!(
+        sup.cancel_run("nope/0.9"),
+        Err(Error::UnknownRun(_))
+    ));
+}

@@ -72,6 +72,10 @@ pub(super) struct Children {
     retrying: HashMap<ChildKey, JoinHandle<()>>,
     lost: HashMap<ActorId, String>,
     ended: HashSet<ActorId>,
+    /// Run ids of children cancelled before they started: the launch task
+    /// skips them (also while it waits for their slot: `skip_changed`).
+    skip: Arc<std::sync::Mutex<HashSet<String>>>,
+    skip_changed: Arc<tokio::sync::Notify>,
 }
 
 impl Children {
@@ -285,6 +289,8 @@ impl AgentRun {
             return;
         };
         self.children.starting += pending.len();
+        let skip = self.children.skip.clone();
+        let skip_changed = self.children.skip_changed.clone();
         let hooks = self.hooks.clone();
         let depth = parent.lineage.len();
         let mut cancelled = self.cancel_tx.subscribe();
@@ -315,6 +321,23 @@ impl AgentRun {
                     Some(Recovered::Checkpoint(checkpoint)) => Some(checkpoint),
                     None => None,
                 };
+                let skipped = || {
+                    skip.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .contains(&ids.run_id)
+                };
+                // Cancelled by its run id before it started: it never will.
+                let skip_wait = async {
+                    loop {
+                        let changed = skip_changed.notified();
+                        tokio::pin!(changed);
+                        changed.as_mut().enable();
+                        if skipped() {
+                            return;
+                        }
+                        changed.await;
+                    }
+                };
                 let acquire = hooks.acquire_slot(SlotPriority {
                     depth,
                     resume: false,
@@ -322,8 +345,18 @@ impl AgentRun {
                 let slot = tokio::select! {
                     biased;
                     _ = cancelled.wait_for(|c| *c) => None,
+                    () = skip_wait => {
+                        let error = "cancelled before it started".to_owned();
+                        let _ = me.cast(AgentMsg::ChildNotStarted { key, error });
+                        continue;
+                    }
                     slot = acquire => Some(slot),
                 };
+                if skipped() {
+                    let error = "cancelled before it started".to_owned();
+                    let _ = me.cast(AgentMsg::ChildNotStarted { key, error });
+                    continue;
+                }
                 // A cancel that raced the slot wins: nothing starts after it.
                 let Some(slot) = slot.filter(|_| !*cancelled.borrow()) else {
                     for key in std::iter::once(key).chain(pending.map(|p| p.0)) {
@@ -407,6 +440,60 @@ impl AgentRun {
         // An error here is ChildNotStarted; results come from children that ran.
         let started = outcome.is_ok();
         self.child_result(key, outcome, started)
+    }
+
+    /// Cancels the child whose attempt under way is `run_id`: one that runs
+    /// directly; one still waiting for its live slot ends `cancelled` now,
+    /// without starting (its launch task skips it).
+    pub(super) fn cancel_waiting_child(&mut self, run_id: &str) -> Vec<Action> {
+        let found = self.children.calls.iter().find_map(|(&(step, call), c)| {
+            c.slots.iter().enumerate().find_map(|(child, s)| {
+                (s.current_run_id == run_id && s.report.is_none()).then_some(ChildKey {
+                    step,
+                    call,
+                    child,
+                    attempt: s.attempt,
+                })
+            })
+        });
+        let Some(key) = found else {
+            return Vec::new();
+        };
+        if let Some((_, actor)) = self.children.live.values().find(|(k, _)| *k == key) {
+            let _ = actor.cast(AgentMsg::Cancel(CancelReason::Requested));
+            return Vec::new();
+        }
+        self.children
+            .skip
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(run_id.to_owned());
+        self.children.skip_changed.notify_waiters();
+        let Some(slot) = slot_mut(&mut self.children.calls, key) else {
+            return Vec::new();
+        };
+        let Some(plan) = slot.plan.take() else {
+            return Vec::new();
+        };
+        slot.toolbox = None;
+        slot.report = Some(ChildReport {
+            agent_type: plan.agent_type.clone(),
+            agent_name: plan.template.display_name.clone(),
+            agent_id: slot.agent_id.clone(),
+            run_ids: slot.run_ids.clone(),
+            status: AgentStatus::Cancelled,
+            value: json!({ "errorMessage": "Agent was cancelled" }),
+            credits: slot.credits,
+            history: None,
+        });
+        self.hooks.emit(
+            &self.run_id,
+            EventKind::ChildFinished {
+                child_run_id: run_id.to_owned(),
+                status: AgentStatus::Cancelled,
+            },
+        );
+        self.deliver_if_complete(key.step, key.call)
     }
 
     /// A child of a resumed tree had finished before: its stored result is merged.
