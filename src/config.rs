@@ -621,28 +621,34 @@ fn at(text: &str, table: &str, key: &str, message: String) -> Problem {
     }
 }
 
-/// The line of `key` inside `[table]` (or of the table header).
+/// The line of `key` inside `[table]` (or of the table's own key, in its
+/// header), from the TOML parser's spans: quoted keys (`[agents."acme/writer@1"]`)
+/// and dotted ones find their line too. `table` is `SECTION` or `SECTION.NAME`
+/// (the name may hold dots, as a version does).
 fn locate(text: &str, table: &str, key: &str) -> Option<usize> {
-    let header = format!("[{table}]");
-    let mut in_table = false;
-    let mut header_line = None;
-    for (i, line) in text.lines().enumerate() {
-        let trimmed = line.trim();
-        if trimmed.starts_with('[') {
-            in_table = trimmed == header;
-            if in_table {
-                header_line = Some(i + 1);
-            }
-            continue;
-        }
-        if in_table {
-            let name = trimmed.split('=').next().unwrap_or("").trim();
-            if name == key {
-                return Some(i + 1);
-            }
+    use toml::de::{DeTable, DeValue};
+    let root = DeTable::parse(text).ok()?;
+    let path: Vec<&str> = match table.split_once('.') {
+        Some((section, name)) => vec![section, name],
+        None => vec![table],
+    };
+    fn find<'i>(t: &DeTable<'i>, name: &str) -> Option<(usize, DeValue<'i>)> {
+        t.iter()
+            .find(|(k, _)| k.get_ref().as_ref() == name)
+            .map(|(k, v)| (k.span().start, v.get_ref().clone()))
+    }
+    let mut current = root.get_ref().clone();
+    let mut at = None;
+    for segment in path {
+        let (start, value) = find(&current, segment)?;
+        at = Some(start);
+        match value {
+            DeValue::Table(t) => current = t,
+            _ => return Some(line_of(text, start)),
         }
     }
-    header_line
+    let start = find(&current, key).map(|(start, _)| start).or(at)?;
+    Some(line_of(text, start))
 }
 
 fn duration(

@@ -109,3 +109,21 @@ fn every_bad_service_key_is_named_with_its_line() {
         assert!(err.contains(line), "{line}\n{err}");
     }
 }
+
+#[test]
+fn a_problem_under_a_quoted_table_header_has_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("quoted.toml");
+    std::fs::write(
+        &path,
+        "[models.m]\nprovider = \"simulated\"\n\n[agents.\"acme/writer@1.2\"]\nmodel = \"gpt-9\"\n",
+    )
+    .unwrap();
+    let out = arbor(&["check-config", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("quoted.toml:5: agents.acme/writer@1.2.model: unknown model \"gpt-9\""),
+        "{err}"
+    );
+}
