@@ -367,10 +367,7 @@ async fn a_child_cancelled_while_it_waits_for_a_live_slot_ends_cancelled_without
     );
     assert_eq!(result.state.status, AgentStatus::Completed);
     let entries = tool_result(&result.state, "spawn_agents");
-    assert_eq!(
-        error_of(&entries[1]),
-        Some("Agent was cancelled")
-    );
+    assert_eq!(error_of(&entries[1]), Some("Agent was cancelled"));
     assert_eq!(last_text(&entries[0]["value"]), "worked");
     assert!(seen.iter().any(|e| matches!(
         &e.kind,
