@@ -246,7 +246,9 @@ impl Collector {
 }
 
 /// A short kind for an error or retry reason: the HTTP status or limit it
-/// names, else its first words.
+/// names, else its first clause (up to the first `:`, without a leading
+/// `model NAME (…) …:`), at most six words: `stream chunk is not JSON`, not
+/// a cut `stream chunk is not`.
 pub fn error_kind(reason: &str) -> String {
     if let Some(status) = reason
         .split(|c: char| !c.is_ascii_digit())
@@ -260,9 +262,14 @@ pub fn error_kind(reason: &str) -> String {
     if reason.contains("timed out") || reason.contains("idle for") || reason.contains("within") {
         return "timeout".into();
     }
-    reason
+    let reason = match reason.strip_prefix("model ") {
+        Some(_) => reason.split_once(": ").map_or(reason, |(_, rest)| rest),
+        None => reason,
+    };
+    let clause = reason.split(':').next().unwrap_or(reason);
+    clause
         .split_whitespace()
-        .take(4)
+        .take(6)
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -283,5 +290,14 @@ mod tests {
         );
         assert_eq!(error_kind("the stream was idle for 2s"), "timeout");
         assert_eq!(error_kind("cancelled"), "cancelled");
+        // A label is a whole clause, not cut after four words.
+        assert_eq!(
+            error_kind("stream chunk is not JSON: expected value at line 1 column 4"),
+            "stream chunk is not JSON"
+        );
+        assert_eq!(
+            error_kind("model m (openai x) is unavailable: request failed: connection refused"),
+            "request failed"
+        );
     }
 }
