@@ -368,3 +368,54 @@ async fn released_trees_are_interrupted_at_once_and_recorded_no_more() {
     sup.flush().await.unwrap();
     assert_eq!(store.trees(&interrupted).unwrap().len(), 1);
 }
+
+/// Events written in the same batch as a release (a server's trees keep
+/// running while it hands them over) must not give the tree a fresh
+/// heartbeat: a process started right after sees it interrupted at once.
+#[test]
+fn a_tree_released_in_a_batch_with_its_events_stays_interrupted() {
+    use arbor_actors::{Event, EventKind};
+    use arbor_supervisor::store::{TreeRecord, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("r.db")).unwrap();
+    let event = |seq: u64| {
+        Write::Event(Arc::new(Event {
+            seq,
+            tree_id: "t".into(),
+            run_id: "t/0".into(),
+            at_ms: 1,
+            kind: EventKind::StepStarted { step: seq as u32 },
+        }))
+    };
+    store
+        .write(&[Write::Tree(Box::new(TreeRecord {
+            tree_id: "t".into(),
+            root_run_id: "t/0".into(),
+            agent: "boss".into(),
+            prompt: "p".into(),
+            params: None,
+            model: None,
+            limits: TreeLimits::default(),
+            origin: None,
+            history: None,
+            started_ms: 1,
+        }))])
+        .unwrap();
+    store
+        .write(&[event(1), Write::Release(vec!["t".into()]), event(2)])
+        .unwrap();
+    let interrupted = TreeFilter {
+        status: Some("interrupted".into()),
+        limit: 10,
+        offset: 0,
+    };
+    let listed = store.trees(&interrupted).unwrap();
+    assert_eq!(
+        listed.len(),
+        1,
+        "the released tree is not listed as interrupted"
+    );
+    // A later heartbeat does not take it back either.
+    store.write(&[Write::Heartbeat(vec!["t".into()])]).unwrap();
+    assert_eq!(store.trees(&interrupted).unwrap().len(), 1);
+}

@@ -1248,7 +1248,8 @@ impl Store for SqliteStore {
                     Write::Event(event) => b.event(&tx, event)?,
                     Write::Heartbeat(trees) => {
                         let mut stmt = tx.prepare_cached(
-                            "UPDATE trees SET heartbeat_ms = ?2 WHERE tree_id = ?1",
+                            "UPDATE trees SET heartbeat_ms = ?2
+                             WHERE tree_id = ?1 AND owner != '-:released'",
                         )?;
                         for tree in trees {
                             stmt.execute(params![tree, now_ms() as i64])?;
@@ -1290,7 +1291,10 @@ impl Store for SqliteStore {
             }
             {
                 let mut stmt = tx.prepare_cached(
-                    "UPDATE trees SET last_seq = max(last_seq, ?2), heartbeat_ms = ?3,
+                    // A tree released in this batch (or before) keeps no heartbeat:
+                    // it stays interrupted for the next process to resume at once.
+                    "UPDATE trees SET last_seq = max(last_seq, ?2),
+                         heartbeat_ms = CASE WHEN owner = '-:released' THEN 0 ELSE ?3 END,
                          next_id = ?4, segments = ?5, agents = agents + ?6,
                          input_tokens = input_tokens + ?7, output_tokens = output_tokens + ?8,
                          cost = cost + ?9
