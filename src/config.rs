@@ -808,7 +808,7 @@ fn command_tools(
             problems.push(at(text, "tools", name, format!("tool name {name:?} {why}")));
             continue;
         }
-        if BUILTIN_TOOLS.contains(&name.as_str()) {
+        if arbor_actors::toolbox::BUILTIN_NAMES.contains(&name.as_str()) {
             problems.push(at(
                 text,
                 &table,
@@ -828,15 +828,6 @@ fn command_tools(
     }
     out
 }
-
-const BUILTIN_TOOLS: [&str; 6] = [
-    "add_message",
-    "set_messages",
-    "set_output",
-    "end_turn",
-    "spawn_agents",
-    "spawn_agent_inline",
-];
 
 fn templates(
     file: &ConfigFile,

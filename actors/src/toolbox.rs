@@ -22,6 +22,16 @@ pub const SPAWN_AGENT_INLINE: &str = "spawn_agent_inline";
 /// Built-in tools a template may list by name (the others are always there when they apply).
 pub const OPTIONAL_BUILTINS: [&str; 2] = [ADD_MESSAGE, SET_MESSAGES];
 
+/// Every built-in tool's name (no other tool may take one).
+pub const BUILTIN_NAMES: [&str; 6] = [
+    ADD_MESSAGE,
+    SET_MESSAGES,
+    SET_OUTPUT,
+    END_TURN,
+    SPAWN_AGENTS,
+    SPAWN_AGENT_INLINE,
+];
+
 #[derive(Clone)]
 pub enum ToolKind {
     AddMessage,
