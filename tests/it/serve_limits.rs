@@ -1,0 +1,1 @@
+//! The service under hostile connection load (issue 12, defect 13).
