@@ -279,6 +279,43 @@ struct LoadtestArgs {
     no_store: bool,
 }
 
+/// `println!` that returns the write's error instead of panicking: a reader
+/// that closes the pipe (`arbor export T | head`) ends the command quietly
+/// (see [`closed_pipe`]). Every line the CLI prints on stdout goes through it.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*).map_err(StdoutError)
+    }};
+}
+
+/// `print!` that returns the write's error (see [`outln!`]).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut stdout = std::io::stdout().lock();
+        write!(stdout, $($arg)*).and_then(|()| stdout.flush()).map_err(StdoutError)
+    }};
+}
+
+/// A failed write to stdout (its own type, so a broken pipe elsewhere, say
+/// to a provider, is never taken for a closed stdout).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write to stdout: {0}")]
+struct StdoutError(#[source] std::io::Error);
+
+/// Whether `error` comes from writing to a pipe whose reader has gone.
+fn closed_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|e| {
+        e.downcast_ref::<StdoutError>()
+            .is_some_and(|e| e.0.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// The exit code of a command whose stdout reader went away: what a shell
+/// reports for a process ended by SIGPIPE (128 + 13), as `yes | head` does.
+const CLOSED_PIPE_EXIT: u8 = 141;
+
 fn main() -> ExitCode {
     // However `main` ends (a return, a panic unwinding out of it), no MCP
     // server or command-tool process is left behind.
@@ -294,6 +331,8 @@ fn main() -> ExitCode {
     }
     match run(cli) {
         Ok(code) => code,
+        // Nothing to say: whoever reads stdout has all it wanted.
+        Err(error) if closed_pipe(&error) => ExitCode::from(CLOSED_PIPE_EXIT),
         Err(error) => {
             if let Some(config) = config_error(&error) {
                 eprintln!("error: invalid config\n{config}");
@@ -445,9 +484,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 offset: 0,
             })?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&trees)?);
+                outln!("{}", serde_json::to_string_pretty(&trees)?)?;
             } else {
-                print!("{}", arbor::runs::runs_table(&trees));
+                out!("{}", arbor::runs::runs_table(&trees))?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -473,10 +512,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 anyhow::bail!("run {run_id} started but has no checkpoint yet");
             };
             if json {
-                println!("{}", serde_json::to_string_pretty(&state)?);
+                outln!("{}", serde_json::to_string_pretty(&state)?)?;
             } else {
                 let n = &run.node;
-                println!(
+                outln!(
                     "{} {} ({}{}): {} steps, {} tokens, cost {:.4}, {} messages, {} children",
                     n.agent_type,
                     n.run_id,
@@ -491,11 +530,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     n.cost,
                     state.message_history.len(),
                     state.child_run_ids.len()
-                );
+                )?;
                 if let Some(error) = &n.error {
-                    println!("error: {error}");
+                    outln!("error: {error}")?;
                 }
-                println!("{}", final_text(&state));
+                outln!("{}", final_text(&state))?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -509,22 +548,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let (_, summary) = store.tree(&tree_id)?;
             let runs = store.runs(&tree_id)?;
             if json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::to_string_pretty(
                         &serde_json::json!({"tree": summary, "runs": runs})
                     )?
-                );
+                )?;
             } else {
-                println!(
+                outln!(
                     "tree {} ({}): {} agents, {} tokens, cost {:.4}",
                     summary.tree_id,
                     summary.status,
                     summary.agents,
                     summary.input_tokens + summary.output_tokens,
                     summary.cost
-                );
-                print!("{}", arbor::runs::tree_text(&runs));
+                )?;
+                out!("{}", arbor::runs::tree_text(&runs))?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -539,7 +578,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             match output {
                 Some(path) => std::fs::write(&path, doc + "\n")
                     .with_context(|| format!("cannot write {}", path.display()))?,
-                None => println!("{doc}"),
+                None => outln!("{doc}")?,
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -556,10 +595,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .unwrap_or_default();
             let cutoff = now.saturating_sub(age).as_millis() as u64;
             let report = store.gc(cutoff)?;
-            println!(
+            outln!(
                 "removed {} trees ({} segments)",
-                report.trees, report.segments
-            );
+                report.trees,
+                report.segments
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Agents { config } => {
@@ -576,17 +616,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_owned))
                     .unwrap_or_default();
-                println!(
+                outln!(
                     "{:<20} model={:<10} steps={:<4} output={output} spawns: {}",
                     t.id,
                     t.model,
                     t.max_steps,
                     list(&t.spawnable_agents)
-                );
+                )?;
                 if let Some(description) = &t.description {
-                    println!("    {description}");
+                    outln!("    {description}")?;
                 }
-                println!("    tools: {}", list(&t.tools));
+                outln!("    tools: {}", list(&t.tools))?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -599,16 +639,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(listing)
             }))?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&listing)?);
+                outln!("{}", serde_json::to_string_pretty(&listing)?)?;
             } else {
-                print!("{}", arbor::tools::listing_table(&listing));
+                out!("{}", arbor::tools::listing_table(&listing))?;
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Models { config } => {
             let config = load_config(config.as_deref())?;
             for (name, model) in &config.file.models {
-                println!("{name:<16} {:<10} {}", model.provider(), model.describe());
+                outln!("{name:<16} {:<10} {}", model.provider(), model.describe())?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -629,12 +669,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::CheckConfig { file } => {
             let config = load_config(file.as_deref())?;
             config.catalog()?;
-            println!(
+            outln!(
                 "{}: ok ({} models, {} agents)",
                 config.source,
                 config.file.models.len(),
                 config.templates.len()
-            );
+            )?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -765,7 +805,7 @@ async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
         })
         .await?;
         bar.finish_and_clear();
-        println!(
+        outln!(
             "load test{}: {} agents in {:.3} s",
             if options.repeat > 1 {
                 format!(" {round}/{}", options.repeat)
@@ -774,8 +814,8 @@ async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
             },
             report.agents_started,
             report.wall_secs
-        );
-        print!("{}", report.table(options.model.is_some()));
+        )?;
+        out!("{}", report.table(options.model.is_some()))?;
         reports.push(report);
     }
     if args.baseline {
@@ -786,11 +826,11 @@ async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
             .iter()
             .map(|r| r.us_per_agent)
             .fold(f64::INFINITY, f64::min);
-        println!(
+        outln!(
             "  {:<28} {bare:.2} µs per agent (Arbor/bare: {:.2}×)",
             "bare ractor tree",
             arbor / bare
-        );
+        )?;
     }
     if let Some(path) = &args.json {
         let json = if reports.len() == 1 {
@@ -858,14 +898,16 @@ async fn ping(config: Config, name: String) -> anyhow::Result<ExitCode> {
     match result {
         Ok(response) => {
             let reply: String = response.message.text().chars().take(60).collect();
-            println!(
+            outln!(
                 "{name}: ok in {ms}ms, {} in / {} out tokens, cost {:.6}{retried}, reply {reply:?}",
-                response.usage.input_tokens, response.usage.output_tokens, response.usage.cost
-            );
+                response.usage.input_tokens,
+                response.usage.output_tokens,
+                response.usage.cost
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Err(error) => {
-            println!("{name}: failed after {ms}ms{retried}: {error}");
+            outln!("{name}: failed after {ms}ms{retried}: {error}")?;
             Ok(ExitCode::from(1))
         }
     }
@@ -1148,9 +1190,9 @@ async fn follow_tree(
     supervisor.flush().await?;
     let completed = result.state.status == AgentStatus::Completed;
     if show.json {
-        println!("{}", serde_json::to_string_pretty(&result.state)?);
+        outln!("{}", serde_json::to_string_pretty(&result.state)?)?;
     } else if completed {
-        println!("{}", final_text(&result.state));
+        outln!("{}", final_text(&result.state))?;
     } else if show.quiet || show.events {
         // The tree's last line says why when it is shown; this is the only place otherwise.
         eprintln!(
@@ -1182,11 +1224,11 @@ async fn replay(config: Config, store: SqliteStore, tree_id: String) -> anyhow::
     handle.wait().await?;
     match arbor::runs::compare_replay(&recorded, |run| supervisor.finished_state(run)) {
         Ok(n) => {
-            println!("match: {n} runs of tree {tree_id} replayed identically from the record");
+            outln!("match: {n} runs of tree {tree_id} replayed identically from the record")?;
             Ok(ExitCode::SUCCESS)
         }
         Err(divergence) => {
-            println!("mismatch: {divergence}");
+            outln!("mismatch: {divergence}")?;
             Ok(ExitCode::from(1))
         }
     }

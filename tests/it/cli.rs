@@ -340,3 +340,49 @@ fn an_agent_shows_the_same_tokens_in_the_run_tree_and_in_arbor_tree() {
         assert_eq!(shown[id], stored, "{id}: run tree vs arbor tree");
     }
 }
+
+#[test]
+fn a_closed_stdout_pipe_ends_every_printing_command_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = crate::arbor_in(dir.path(), &["run", "--tree-id", "tpipe", "--quiet", "go"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let commands: &[&[&str]] = &[
+        &["export", "tpipe"],
+        &["show", "tpipe/0"],
+        &["tree", "tpipe", "--json"],
+        &["tree", "tpipe"],
+        &["runs"],
+        &["runs", "--json"],
+        &["agents"],
+        &["tools"],
+        &["models"],
+        &["run", "--no-store", "--quiet", "go"],
+        &["run", "--no-store", "--json", "--quiet", "go"],
+        &["replay", "tpipe"],
+        &["check-config"],
+        &["loadtest", "--fanout", "2", "--depth", "1", "--no-store"],
+    ];
+    for args in commands {
+        // A pipe whose reader is gone before arbor writes: every write fails
+        // with EPIPE, as `arbor export T | head` does once head has exited.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_arbor"))
+            .args(*args)
+            .current_dir(dir.path())
+            .env_remove("RUST_LOG")
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "arbor {args:?}: {err}");
+        // Nothing about the pipe (the load test's progress lines are its own).
+        assert!(
+            !["panicked", "Broken pipe", "error"]
+                .iter()
+                .any(|w| err.contains(w)),
+            "arbor {args:?} said: {err}"
+        );
+    }
+}
