@@ -46,6 +46,17 @@ pub enum Error {
     Store(String),
     #[error("tree {tree} cannot be resumed: {reason}")]
     NotResumable { tree: String, reason: String },
+    /// Another process claimed the tree after this one (its fencing epoch is
+    /// higher): this process stops running it and writes nothing more of it.
+    #[error(
+        "tree {tree} was taken over by another process (claim epoch {current}; this process \
+         held {epoch}): it stopped here and goes on there"
+    )]
+    Fenced {
+        tree: String,
+        epoch: u64,
+        current: u64,
+    },
 }
 
 impl Error {

@@ -24,7 +24,7 @@ use crate::error::Error;
 use crate::limits::TreeLimits;
 use crate::recovery::{Recovery, Tape};
 use crate::registry::{Registry, Retain};
-use crate::store::{Store, StoreWriter, TreeRecord, Write};
+use crate::store::{Fenced, Store, StoreWriter, TreeRecord, Write};
 use crate::tree::TreeContext;
 
 /// What to start: an agent type, its prompt and params.
@@ -100,8 +100,14 @@ impl Supervisor {
     /// every step boundary, its events and its model replies. Writes go through
     /// a thread of their own, in batches. If a write fails, every running tree
     /// fails with the reason and no new tree starts.
+    ///
+    /// A tree another process takes over (it claimed it since, see
+    /// `Store::claim`) is stopped here: its agents are cancelled with the
+    /// reason (they end `failed`, naming it), nothing more of it is written,
+    /// and the other trees go on.
     pub fn with_store(mut self, store: Arc<dyn Store>) -> Result<Self, Error> {
         let trees = self.trees.clone();
+        let fenced_trees = self.trees.clone();
         let writer = Arc::new(StoreWriter::start(
             store.clone(),
             Box::new(move |reason| {
@@ -111,6 +117,16 @@ impl Supervisor {
                     .unwrap_or_default();
                 for root in roots {
                     let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(reason.clone())));
+                }
+            }),
+            Box::new(move |fenced: Fenced| {
+                let root = fenced_trees
+                    .lock()
+                    .ok()
+                    .and_then(|t| t.get(fenced.tree_id.as_str()).map(|(_, r)| r.clone()));
+                if let Some(root) = root {
+                    let reason = Error::from(fenced).to_string();
+                    let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(reason)));
                 }
             }),
         )?);
@@ -433,8 +449,12 @@ impl Supervisor {
             trees.insert(tree_id.clone(), (Arc::downgrade(&ctx), root.clone()));
         }
         // A store that failed while the root waited for its slot did not see
-        // this tree to fail it.
+        // this tree to fail it; nor did a claim that another process took
+        // over meanwhile (the tree is not run here then).
         if let Some(reason) = self.store.as_ref().and_then(|(_, w)| w.failure()) {
+            let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(reason)));
+        } else if let Some(fenced) = self.store.as_ref().and_then(|(_, w)| w.fenced(&tree_id)) {
+            let reason = Error::from(fenced).to_string();
             let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(reason)));
         }
         Ok(TreeHandle {
@@ -586,4 +606,117 @@ pub fn new_tree_id() -> String {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let hash = RandomState::new().hash_one((crate::tree::now_ms(), n, std::process::id()));
     format!("t{:012x}", hash & 0xffff_ffff_ffff)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::time::Duration;
+
+    use arbor_actors::{
+        AgentTemplate, DeltaSink, Message, ModelError, ModelRequest, ModelResponse, Usage,
+    };
+
+    use super::*;
+    use crate::store::SqliteStore;
+
+    /// A model that answers once its gate opens.
+    struct Gated(tokio::sync::watch::Receiver<bool>);
+
+    #[async_trait::async_trait]
+    impl Model for Gated {
+        fn name(&self) -> &str {
+            "gated"
+        }
+
+        async fn complete(
+            &self,
+            _request: ModelRequest,
+            _deltas: DeltaSink,
+        ) -> Result<ModelResponse, ModelError> {
+            let mut gate = self.0.clone();
+            let _ = gate.wait_for(|open| *open).await;
+            Ok(ModelResponse {
+                message: Message::assistant_text("done"),
+                usage: Usage::default(),
+            })
+        }
+    }
+
+    /// A guard on what is awaited (it fires only when something is stuck).
+    const GUARD: Duration = Duration::from_secs(60);
+
+    /// Issue 12, defect 12: a tree another process claimed while this one
+    /// still runs it is stopped here (its heartbeat is refused, so it need
+    /// not even write an event), failed with the reason, and nothing more of
+    /// it is written; the process's other tree goes on and completes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tree_another_process_took_over_stops_here_and_the_others_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let (open, gate) = tokio::sync::watch::channel(false);
+        let catalog = Catalog::builder()
+            .model(Arc::new(Gated(gate)) as Arc<dyn Model>)
+            .template(AgentTemplate::new("a", "gated"))
+            .build()
+            .unwrap();
+        let store = Arc::new(SqliteStore::open(&path).unwrap());
+        let sup = Supervisor::new(catalog, TreeLimits::default())
+            .with_store(store.clone())
+            .unwrap();
+        let start = |id: &str| StartRequest {
+            agent: "a".into(),
+            prompt: "p".into(),
+            tree_id: Some(id.into()),
+            ..StartRequest::default()
+        };
+        let t = sup.start(start("t")).await.unwrap();
+        let u = sup.start(start("u")).await.unwrap();
+        sup.flush().await.unwrap();
+        // Another process takes t over (as if this one had been paused
+        // past its lease).
+        let db = rusqlite::Connection::open(&path).unwrap();
+        db.execute(
+            "UPDATE trees SET owner = '-:1', heartbeat_ms = 0 WHERE tree_id = 't'",
+            [],
+        )
+        .unwrap();
+        let other = SqliteStore::open(&path).unwrap();
+        assert_eq!(other.claim("t").unwrap(), 2);
+        let before: i64 = db
+            .query_row("SELECT segments FROM trees WHERE tree_id = 't'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        let stopped = tokio::time::timeout(GUARD, t.wait())
+            .await
+            .expect("the fenced tree was not stopped")
+            .unwrap();
+        assert_eq!(stopped.state.status, AgentStatus::Failed);
+        let why = stopped.state.error_message().unwrap_or_default().to_owned();
+        assert!(why.contains("taken over by another process"), "{why}");
+        let fenced = sup.store.as_ref().unwrap().1.fenced("t").unwrap();
+        assert_eq!((fenced.epoch, fenced.current), (1, 2));
+        open.send(true).unwrap();
+        let done = tokio::time::timeout(GUARD, u.wait())
+            .await
+            .expect("the other tree is stuck")
+            .unwrap();
+        assert_eq!(done.state.status, AgentStatus::Completed);
+        sup.flush().await.unwrap();
+        let (segments, status): (i64, String) = db
+            .query_row(
+                "SELECT segments, status FROM trees WHERE tree_id = 't'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(segments, before, "the fenced tree's end was written");
+        assert_eq!(
+            status, "running",
+            "the new owner's tree was ended from here"
+        );
+        assert_eq!(store.tree("u").unwrap().1.status, "completed");
+    }
 }

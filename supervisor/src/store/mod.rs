@@ -87,6 +87,29 @@ pub struct TreeFilter {
     pub offset: usize,
 }
 
+/// A tree another process claimed after this one (a higher fencing epoch):
+/// nothing of it was written, and this process must stop running it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fenced {
+    pub tree_id: String,
+    /// The epoch this process claimed the tree with.
+    pub epoch: u64,
+    /// The tree's epoch in the store now (its new owner's claim).
+    pub current: u64,
+    /// Who holds that claim (`scope:pid`).
+    pub owner: String,
+}
+
+impl From<Fenced> for Error {
+    fn from(f: Fenced) -> Self {
+        Error::Fenced {
+            tree: f.tree_id,
+            epoch: f.epoch,
+            current: f.current,
+        }
+    }
+}
+
 /// A tree has not been seen by its process for this long: it was interrupted.
 pub const STALE_AFTER_MS: u64 = 5_000;
 
@@ -112,7 +135,10 @@ pub(crate) fn owner_id() -> String {
 
 /// Whether the process that runs a tree is alive, when this process can tell
 /// (same boot and pid namespace): `Some(false)` if its pid is gone or a
-/// zombie, `None` if it cannot tell (then the heartbeat decides).
+/// zombie, `None` if it cannot tell (then the heartbeat decides). A stopped
+/// process (SIGSTOP, a debugger) may never go on: its heartbeat decides too,
+/// and if it does go on after another process took its tree over, the
+/// tree's fencing epoch stops it there.
 pub(crate) fn owner_alive(owner: &str) -> Option<bool> {
     let (scope, pid) = owner.rsplit_once(':')?;
     if scope == "-" || process_scope() != Some(scope) {
@@ -124,9 +150,14 @@ pub(crate) fn owner_alive(owner: &str) -> Option<bool> {
     Some(
         match std::fs::read_to_string(Path::new("/proc").join(pid).join("stat")) {
             Err(_) => false,
-            Ok(stat) => !stat
+            Ok(stat) => match stat
                 .rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+                .and_then(|(_, rest)| rest.trim_start().chars().next())
+            {
+                Some('Z' | 'X') => false,
+                Some('T' | 't') => return None,
+                _ => true,
+            },
         },
     )
 }
@@ -199,8 +230,11 @@ pub struct GcReport {
 
 /// Where runs are kept. The embedded default is `SqliteStore`.
 pub trait Store: Send + Sync + 'static {
-    /// Writes a batch in one transaction: all of it, or nothing.
-    fn write(&self, batch: &[Write]) -> Result<(), Error>;
+    /// Writes a batch in one transaction: all of it, or nothing. Trees this
+    /// store claimed (`Write::Tree`, `claim`) are fenced: when another
+    /// process has claimed one since (a higher epoch), none of the batch's
+    /// writes for it are applied, and it is returned, the rest is written.
+    fn write(&self, batch: &[Write]) -> Result<Vec<Fenced>, Error>;
     /// Trees, newest first.
     fn trees(&self, filter: &TreeFilter) -> Result<Vec<TreeSummary>, Error>;
     fn tree(&self, tree_id: &str) -> Result<(TreeRecord, TreeSummary), Error>;
@@ -221,8 +255,10 @@ pub trait Store: Send + Sync + 'static {
     fn gc(&self, cutoff_ms: u64) -> Result<GcReport, Error>;
     /// Takes an interrupted tree over for this process, atomically (of two
     /// processes resuming one tree, one gets it): fails if it has ended or
-    /// another live process runs it.
-    fn claim(&self, tree_id: &str) -> Result<(), Error>;
+    /// another live process runs it. Returns the claim's fencing epoch (one
+    /// more than the last claim's): writes for the tree hold to it, and stop
+    /// applying once another process claims the tree after this one.
+    fn claim(&self, tree_id: &str) -> Result<u64, Error>;
 }
 
 enum Msg {
@@ -237,6 +273,8 @@ pub(crate) struct StoreWriter {
     /// `None` only while dropping.
     tx: Option<mpsc::SyncSender<Msg>>,
     failure: Arc<Mutex<Option<String>>>,
+    /// Trees another process took over: nothing more is written for them.
+    fenced: Arc<Mutex<HashMap<String, Fenced>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -268,13 +306,18 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 const GATHER: Duration = Duration::from_millis(2);
 
 impl StoreWriter {
+    /// `on_failure` is called once the store fails; `on_fenced` for each tree
+    /// another process took over (the supervisor stops it here).
     pub(crate) fn start(
         store: Arc<dyn Store>,
         on_failure: Box<dyn Fn(String) + Send>,
+        on_fenced: Box<dyn Fn(Fenced) + Send>,
     ) -> Result<Self, Error> {
         let (tx, rx) = mpsc::sync_channel::<Msg>(QUEUE);
         let failure = Arc::new(Mutex::new(None));
         let failed = failure.clone();
+        let fenced = Arc::new(Mutex::new(HashMap::new()));
+        let fenced_here = fenced.clone();
         let runtime = tokio::runtime::Handle::try_current().ok();
         let thread = std::thread::Builder::new()
             .name("arbor-store".into())
@@ -285,7 +328,13 @@ impl StoreWriter {
                 let notify = on_failure.clone();
                 let failure = failed.clone();
                 let run = std::panic::AssertUnwindSafe(move || {
-                    writer_loop(store, rx, failed, on_failure, runtime)
+                    let hooks = Hooks {
+                        failure: failed,
+                        on_failure,
+                        fenced: fenced_here,
+                        on_fenced,
+                    };
+                    writer_loop(store, rx, hooks, runtime)
                 });
                 if std::panic::catch_unwind(run).is_err() {
                     let reason = "the store failed: its writer panicked".to_owned();
@@ -299,8 +348,15 @@ impl StoreWriter {
         Ok(StoreWriter {
             tx: Some(tx),
             failure,
+            fenced,
             thread: Some(thread),
         })
+    }
+
+    /// Whether another process took this tree over (then this one must not
+    /// run it): the claim it holds now, if so.
+    pub(crate) fn fenced(&self, tree_id: &str) -> Option<Fenced> {
+        self.fenced.lock().ok()?.get(tree_id).cloned()
     }
 
     pub(crate) fn send(&self, write: Write) {
@@ -327,13 +383,27 @@ impl StoreWriter {
     }
 }
 
+/// What the writer reports to, besides the store.
+struct Hooks {
+    failure: Arc<Mutex<Option<String>>>,
+    on_failure: std::rc::Rc<Box<dyn Fn(String) + Send>>,
+    fenced: Arc<Mutex<HashMap<String, Fenced>>>,
+    on_fenced: Box<dyn Fn(Fenced) + Send>,
+}
+
 fn writer_loop(
     store: Arc<dyn Store>,
     rx: mpsc::Receiver<Msg>,
-    failure: Arc<Mutex<Option<String>>>,
-    on_failure: std::rc::Rc<Box<dyn Fn(String) + Send>>,
+    hooks: Hooks,
     runtime: Option<tokio::runtime::Handle>,
 ) {
+    let Hooks {
+        failure,
+        on_failure,
+        fenced,
+        on_fenced,
+    } = hooks;
+    let is_fenced = |tree: &str| fenced.lock().is_ok_and(|f| f.contains_key(tree));
     // Trees this process runs, by root run id, so their heartbeat stays fresh.
     let mut owned: HashMap<String, String> = HashMap::new();
     let mut released: std::collections::HashSet<String> = std::collections::HashSet::new();
@@ -369,15 +439,23 @@ fn writer_loop(
                 // Once released, a tree's later events are not recorded: the
                 // next process resumes it from what was stored until then.
                 Msg::Write(Write::Event(event)) if released.contains(&*event.tree_id) => {}
-                Msg::Write(write) => {
-                    match &write {
+                // Nor those of a tree another process took over.
+                Msg::Write(Write::Event(event)) if is_fenced(&event.tree_id) => {}
+                Msg::Write(Write::Known { tree_id, .. }) if is_fenced(&tree_id) => {}
+                Msg::Write(mut write) => {
+                    match &mut write {
                         Write::Tree(tree) => {
+                            // A new claim of its own (a resume after it was fenced).
+                            if let Ok(mut f) = fenced.lock() {
+                                f.remove(&tree.tree_id);
+                            }
                             owned.insert(tree.root_run_id.clone(), tree.tree_id.clone());
                         }
                         Write::Event(event) if event.kind.final_state().is_some() => {
                             owned.remove(&*event.run_id);
                         }
                         Write::Release(trees) => {
+                            trees.retain(|tree| !is_fenced(tree));
                             owned.retain(|_, tree| !trees.contains(tree));
                             released.extend(trees.iter().cloned());
                         }
@@ -403,14 +481,42 @@ fn writer_loop(
                 us = started.elapsed().as_micros() as u64,
                 "store batch"
             );
-            if let Err(error) = result {
-                let reason = format!("the store failed: {error}");
-                tracing::error!("{reason}");
-                if let Ok(mut slot) = failure.lock() {
-                    *slot = Some(reason.clone());
+            match result {
+                Ok(out) => {
+                    for f in out {
+                        let Ok(mut known) = fenced.lock() else {
+                            continue;
+                        };
+                        if known.contains_key(&f.tree_id) {
+                            continue;
+                        }
+                        tracing::warn!(
+                            tree = %f.tree_id,
+                            epoch = f.epoch,
+                            owner_epoch = f.current,
+                            owner = %f.owner,
+                            "fenced out of tree {}: another process claimed it since (epoch {} \
+                             there, {} here); stopping it in this process, nothing more is \
+                             written for it",
+                            f.tree_id,
+                            f.current,
+                            f.epoch
+                        );
+                        known.insert(f.tree_id.clone(), f.clone());
+                        drop(known);
+                        owned.retain(|_, tree| *tree != f.tree_id);
+                        on_fenced(f);
+                    }
                 }
-                on_failure(reason.clone());
-                failed = Some(reason);
+                Err(error) => {
+                    let reason = format!("the store failed: {error}");
+                    tracing::error!("{reason}");
+                    if let Ok(mut slot) = failure.lock() {
+                        *slot = Some(reason.clone());
+                    }
+                    on_failure(reason.clone());
+                    failed = Some(reason);
+                }
             }
         }
         // The writes hold the final states of finished runs; freeing them is

@@ -28,7 +28,9 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{GcReport, RunNode, Store, StoredRun, TreeFilter, TreeRecord, TreeSummary, Write};
+use super::{
+    Fenced, GcReport, RunNode, Store, StoredRun, TreeFilter, TreeRecord, TreeSummary, Write,
+};
 use crate::error::Error;
 use crate::recovery::{RecordedReply, Recovery, Spent};
 use crate::tree::now_ms;
@@ -37,7 +39,10 @@ use crate::tree::now_ms;
 const APPLICATION_ID: i64 = 0x4152_4252;
 
 /// Migrations, in order; `PRAGMA user_version` is how many have been applied.
-const MIGRATIONS: &[&str] = &[r#"
+/// Reads touch only what the first one made, so a read-only open can read an
+/// older store without migrating it.
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE trees (
     tree_id       TEXT PRIMARY KEY,
     root_run_id   TEXT NOT NULL,
@@ -70,7 +75,12 @@ CREATE TABLE segments (
     body    BLOB NOT NULL,
     PRIMARY KEY (tree_id, n)
 ) WITHOUT ROWID;
-"#];
+"#,
+    // 2: fencing. Every claim of a tree (its start, a resume, an adoption)
+    // takes the next epoch; a process writes a tree only while the row still
+    // has the epoch it claimed with.
+    "ALTER TABLE trees ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;",
+];
 
 /// How long a write waits for another process holding the file's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -163,6 +173,10 @@ pub struct SqliteStore {
     conn: Mutex<Connection>,
     cache: Mutex<HashMap<Arc<str>, TreeCache>>,
     buffers: Mutex<Buffers>,
+    /// The epoch this process claimed each of its trees with. Kept apart from
+    /// the cache (which a failed batch clears and reloads from the row), so a
+    /// later claim by another process is never mistaken for this one's.
+    claims: Mutex<HashMap<Arc<str>, u64>>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -339,6 +353,7 @@ impl SqliteStore {
             conn: Mutex::new(conn),
             cache: Mutex::new(HashMap::new()),
             buffers: Mutex::new(Buffers::default()),
+            claims: Mutex::new(HashMap::new()),
         })
     }
 
@@ -438,15 +453,63 @@ impl Records<'_> {
 }
 
 /// The writer's side: one batch in one transaction.
-struct Batch<'a> {
+struct Batch<'a, 'c> {
     cache: &'a mut HashMap<Arc<str>, TreeCache>,
     deltas: HashMap<Arc<str>, TreeDelta>,
     /// Segments closed during the batch: (tree, JSON array).
     closed: Vec<(Arc<str>, Vec<u8>)>,
     buffers: &'a mut Buffers,
+    /// The epochs this process holds (before this batch); 0 for a tree it
+    /// wrote without holding a claim (it is then fenced out at once).
+    claims: &'c HashMap<Arc<str>, u64>,
+    /// Claims made by this batch, held once it commits.
+    claimed: HashMap<Arc<str>, u64>,
+    /// Trees looked at in this batch: whether this process still holds them.
+    held: HashMap<Arc<str>, bool>,
+    /// Trees another process claimed since this one did.
+    fenced: Vec<Fenced>,
 }
 
-impl Batch<'_> {
+impl Batch<'_, '_> {
+    /// Whether this process may still write `tree_id`: the row keeps the
+    /// epoch it claimed the tree with. Looked up once per tree per batch (the
+    /// batch holds the write lock, so the row cannot change meanwhile). A tree
+    /// this store never claimed (written through the port directly) is not
+    /// fenced.
+    fn holds(&mut self, tx: &Transaction<'_>, tree_id: &str) -> rusqlite::Result<bool> {
+        if let Some(held) = self.held.get(tree_id) {
+            return Ok(*held);
+        }
+        let tree: Arc<str> = Arc::from(tree_id);
+        let Some(&epoch) = self
+            .claimed
+            .get(tree_id)
+            .or_else(|| self.claims.get(tree_id))
+        else {
+            self.held.insert(tree, true);
+            return Ok(true);
+        };
+        let row: Option<(i64, String)> = tx
+            .prepare_cached("SELECT epoch, owner FROM trees WHERE tree_id = ?1")?
+            .query_row([tree_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        let held = match row {
+            Some((current, _)) if current as u64 == epoch && epoch != 0 => true,
+            row => {
+                let (current, owner) = row.unwrap_or((0, String::new()));
+                self.fenced.push(Fenced {
+                    tree_id: tree_id.to_owned(),
+                    epoch,
+                    current: current as u64,
+                    owner,
+                });
+                false
+            }
+        };
+        self.held.insert(tree, held);
+        Ok(held)
+    }
+
     fn tree<'t>(
         cache: &'t mut HashMap<Arc<str>, TreeCache>,
         tx: &Transaction<'_>,
@@ -476,6 +539,9 @@ impl Batch<'_> {
     }
 
     fn event(&mut self, tx: &Transaction<'_>, event: &Event) -> rusqlite::Result<()> {
+        if !self.holds(tx, &event.tree_id)? {
+            return Ok(());
+        }
         let tree = Self::tree(self.cache, tx, &event.tree_id)?;
         let buffers = &mut *self.buffers;
         let delta = self
@@ -1176,7 +1242,7 @@ impl SqliteStore {
 }
 
 impl Store for SqliteStore {
-    fn write(&self, batch: &[Write]) -> Result<(), Error> {
+    fn write(&self, batch: &[Write]) -> Result<Vec<Fenced>, Error> {
         let mut conn = self.conn()?;
         let mut cache = self
             .cache
@@ -1186,10 +1252,15 @@ impl Store for SqliteStore {
             .buffers
             .lock()
             .map_err(|_| Error::Store("the store buffers were poisoned".into()))?;
+        let mut claims = self
+            .claims
+            .lock()
+            .map_err(|_| Error::Store("the store claims were poisoned".into()))?;
         let attempt = |conn: &mut Connection,
                        cache: &mut HashMap<Arc<str>, TreeCache>,
-                       buffers: &mut Buffers|
-         -> rusqlite::Result<()> {
+                       buffers: &mut Buffers,
+                       claims: &mut HashMap<Arc<str>, u64>|
+         -> rusqlite::Result<Vec<Fenced>> {
             // The write lock is taken first (the busy timeout applies), not
             // upgraded from a read lock half-way (which fails at once).
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
@@ -1198,44 +1269,78 @@ impl Store for SqliteStore {
                 deltas: HashMap::new(),
                 closed: Vec::new(),
                 buffers,
+                claims: &*claims,
+                claimed: HashMap::new(),
+                held: HashMap::new(),
+                fenced: Vec::new(),
             };
             for write in batch {
                 match write {
                     Write::Tree(tree) => {
+                        // A new tree takes epoch 1. A resumed one was claimed
+                        // (`claim`) just before: its row is taken up only if
+                        // that claim still stands; a new tree landing on a
+                        // stored id holds no claim, so it takes nothing over.
+                        let id: Arc<str> = Arc::from(tree.tree_id.as_str());
+                        let holding = b.claims.get(&id).map_or(-1, |e| *e as i64);
                         let mut stmt = tx.prepare_cached(
                             "INSERT INTO trees(tree_id, root_run_id, agent, prompt, params, model,
-                                 limits, origin, history, status, started_ms, heartbeat_ms, owner)
-                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'running', ?10, ?11, ?12)
+                                 limits, origin, history, status, started_ms, heartbeat_ms, owner,
+                                 epoch)
+                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'running', ?10, ?11, ?12, 1)
                              ON CONFLICT(tree_id) DO UPDATE SET status = 'running', error = NULL,
                                  finished_ms = NULL, heartbeat_ms = excluded.heartbeat_ms,
-                                 owner = excluded.owner, resumes = resumes + 1",
+                                 owner = excluded.owner, resumes = resumes + 1
+                             WHERE trees.epoch = ?13
+                             RETURNING epoch",
                         )?;
-                        stmt.execute(params![
-                            tree.tree_id,
-                            tree.root_run_id,
-                            tree.agent,
-                            tree.prompt,
-                            tree.params.as_ref().map(|p| p.to_string()),
-                            tree.model,
-                            serde_json::to_string(&tree.limits).map_err(json_err)?,
-                            tree.origin,
-                            tree.history
-                                .as_ref()
-                                .map(serde_json::to_string)
-                                .transpose()
-                                .map_err(json_err)?,
-                            tree.started_ms as i64,
-                            now_ms() as i64,
-                            super::owner_id(),
-                        ])?;
-                        let id: Arc<str> = Arc::from(tree.tree_id.as_str());
-                        Batch::tree(b.cache, &tx, &id)?;
+                        let claimed: Option<i64> = stmt
+                            .query_row(
+                                params![
+                                    tree.tree_id,
+                                    tree.root_run_id,
+                                    tree.agent,
+                                    tree.prompt,
+                                    tree.params.as_ref().map(|p| p.to_string()),
+                                    tree.model,
+                                    serde_json::to_string(&tree.limits).map_err(json_err)?,
+                                    tree.origin,
+                                    tree.history
+                                        .as_ref()
+                                        .map(serde_json::to_string)
+                                        .transpose()
+                                        .map_err(json_err)?,
+                                    tree.started_ms as i64,
+                                    now_ms() as i64,
+                                    super::owner_id(),
+                                    holding,
+                                ],
+                                |r| r.get(0),
+                            )
+                            .optional()?;
+                        b.held.remove(&id);
+                        match claimed {
+                            Some(epoch) => {
+                                b.claimed.insert(id.clone(), epoch as u64);
+                                b.held.insert(id.clone(), true);
+                                Batch::tree(b.cache, &tx, &id)?;
+                            }
+                            None => {
+                                // Someone else's: fenced out, now and later.
+                                b.claimed.insert(id.clone(), holding.max(0) as u64);
+                                b.holds(&tx, &id)?;
+                                debug_assert!(!b.held[&id]);
+                            }
+                        }
                     }
                     Write::Known {
                         tree_id,
                         messages,
                         calls,
                     } => {
+                        if !b.holds(&tx, tree_id)? {
+                            continue;
+                        }
                         let tree = Batch::tree(b.cache, &tx, &Arc::from(tree_id.as_str()))?;
                         for (message, id) in messages {
                             let key = Arc::as_ptr(message) as usize;
@@ -1252,7 +1357,9 @@ impl Store for SqliteStore {
                              WHERE tree_id = ?1 AND owner != '-:released'",
                         )?;
                         for tree in trees {
-                            stmt.execute(params![tree, now_ms() as i64])?;
+                            if b.holds(&tx, tree)? {
+                                stmt.execute(params![tree, now_ms() as i64])?;
+                            }
                         }
                     }
                     Write::Release(trees) => {
@@ -1262,7 +1369,9 @@ impl Store for SqliteStore {
                              WHERE tree_id = ?1 AND status = 'running' AND owner = ?2",
                         )?;
                         for tree in trees {
-                            stmt.execute(params![tree, super::owner_id()])?;
+                            if b.holds(&tx, tree)? {
+                                stmt.execute(params![tree, super::owner_id()])?;
+                            }
                         }
                     }
                 }
@@ -1334,17 +1443,31 @@ impl Store for SqliteStore {
                 .map(|(t, _)| t.clone())
                 .collect();
             tx.commit()?;
-            for tree in ended {
-                b.cache.remove(&tree);
+            // Claims made here hold from now on; a fenced tree keeps the
+            // epoch it had (so nothing more of it is written), and needs no
+            // cache; an ended tree needs neither.
+            let Batch {
+                cache,
+                claimed,
+                fenced,
+                ..
+            } = b;
+            claims.extend(claimed);
+            for f in &fenced {
+                cache.remove(f.tree_id.as_str());
             }
-            Ok(())
+            for tree in ended {
+                cache.remove(&tree);
+                claims.remove(&tree);
+            }
+            Ok(fenced)
         };
         // Another process holding the lock beyond the busy timeout is not a
         // broken store: try again a few times before failing the trees.
         let mut tries = 0;
         loop {
-            match attempt(&mut conn, &mut cache, &mut buffers) {
-                Ok(()) => return Ok(()),
+            match attempt(&mut conn, &mut cache, &mut buffers, &mut claims) {
+                Ok(fenced) => return Ok(fenced),
                 Err(e) => {
                     let busy = matches!(
                         e.sqlite_error_code(),
@@ -1619,7 +1742,7 @@ impl Store for SqliteStore {
         }))
     }
 
-    fn claim(&self, tree_id: &str) -> Result<(), Error> {
+    fn claim(&self, tree_id: &str) -> Result<u64, Error> {
         let mut conn = self.conn()?;
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
@@ -1647,12 +1770,22 @@ impl Store for SqliteStore {
                     .into(),
             ));
         }
-        tx.execute(
-            "UPDATE trees SET owner = ?2, heartbeat_ms = ?3 WHERE tree_id = ?1",
-            params![tree_id, super::owner_id(), now_ms() as i64],
-        )
-        .map_err(sql(&self.path))?;
-        tx.commit().map_err(sql(&self.path))
+        // The next epoch, in the transaction that takes the tree: whoever
+        // held it before writes nothing more of it.
+        let epoch: i64 = tx
+            .query_row(
+                "UPDATE trees SET owner = ?2, heartbeat_ms = ?3, epoch = epoch + 1
+                 WHERE tree_id = ?1 RETURNING epoch",
+                params![tree_id, super::owner_id(), now_ms() as i64],
+                |r| r.get(0),
+            )
+            .map_err(sql(&self.path))?;
+        tx.commit().map_err(sql(&self.path))?;
+        self.claims
+            .lock()
+            .map_err(|_| Error::Store("the store claims were poisoned".into()))?
+            .insert(Arc::from(tree_id), epoch as u64);
+        Ok(epoch as u64)
     }
 
     fn gc(&self, cutoff_ms: u64) -> Result<GcReport, Error> {
@@ -1680,5 +1813,184 @@ impl Store for SqliteStore {
             trees: trees.len() as u64,
             segments,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::limits::TreeLimits;
+
+    fn record(tree: &str) -> Write {
+        Write::Tree(Box::new(TreeRecord {
+            tree_id: tree.into(),
+            root_run_id: format!("{tree}/0"),
+            agent: "a".into(),
+            prompt: "p".into(),
+            params: None,
+            model: None,
+            limits: TreeLimits::default(),
+            origin: None,
+            history: None,
+            started_ms: 1,
+        }))
+    }
+
+    fn event(tree: &str, seq: u64) -> Write {
+        Write::Event(Arc::new(Event {
+            seq,
+            tree_id: tree.into(),
+            run_id: format!("{tree}/0").into(),
+            at_ms: 1,
+            kind: EventKind::StepStarted { step: seq as u32 },
+        }))
+    }
+
+    /// The segment numbers of a tree, in order.
+    fn segments(db: &Connection, tree: &str) -> Vec<i64> {
+        let mut stmt = db
+            .prepare("SELECT n FROM segments WHERE tree_id = ?1 ORDER BY n")
+            .unwrap();
+        stmt.query_map([tree], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    /// What its owner gone looks like (a crash out of sight): no live owner,
+    /// an old heartbeat.
+    fn abandon(db: &Connection, tree: &str) {
+        db.execute(
+            "UPDATE trees SET owner = '-:1', heartbeat_ms = 0 WHERE tree_id = ?1",
+            [tree],
+        )
+        .unwrap();
+    }
+
+    /// Split brain (issue 12, defect 12): a writer paused past its lease
+    /// goes on writing after another took its tree over. Its batch for that
+    /// tree is refused whole (no segment, no heartbeat, no release), the
+    /// rest of the batch lands, and the new owner's log stays contiguous.
+    #[test]
+    fn an_older_epochs_batch_is_refused_and_nothing_of_it_lands() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let old = SqliteStore::open(&path).unwrap();
+        assert!(
+            old.write(&[record("t"), record("u"), event("t", 1), event("u", 1)])
+                .unwrap()
+                .is_empty()
+        );
+        let db = Connection::open(&path).unwrap();
+        abandon(&db, "t");
+        let new = SqliteStore::open(&path).unwrap();
+        assert_eq!(new.claim("t").unwrap(), 2, "the second claim of t");
+        let owner: String = db
+            .query_row("SELECT owner FROM trees WHERE tree_id = 't'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        let fenced = old
+            .write(&[
+                event("t", 2),
+                event("u", 2),
+                Write::Heartbeat(vec!["t".into(), "u".into()]),
+            ])
+            .unwrap();
+        assert_eq!(
+            fenced,
+            vec![Fenced {
+                tree_id: "t".into(),
+                epoch: 1,
+                current: 2,
+                owner: owner.clone(),
+            }]
+        );
+        assert_eq!(segments(&db, "t"), vec![1], "the fenced batch wrote to t");
+        assert_eq!(segments(&db, "u"), vec![1, 2], "u's writes were lost");
+        let (beat, seq): (i64, i64) = db
+            .query_row(
+                "SELECT heartbeat_ms, last_seq FROM trees WHERE tree_id = 't'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(seq, 1);
+        assert!(beat > 0, "the new owner's heartbeat was kept");
+        // Still refused later, and a release does not undo the new claim.
+        let again = old
+            .write(&[event("t", 3), Write::Release(vec!["t".into()])])
+            .unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(segments(&db, "t"), vec![1]);
+        // The new owner writes on where the log ends: no UNIQUE clash.
+        assert!(new.write(&[record("t"), event("t", 2)]).unwrap().is_empty());
+        assert!(new.write(&[event("t", 3)]).unwrap().is_empty());
+        assert_eq!(segments(&db, "t"), vec![1, 2, 3]);
+        assert_eq!(new.events("t", 0).unwrap().len(), 3);
+        let (status, owner_now): (String, String) = db
+            .query_row(
+                "SELECT status, owner FROM trees WHERE tree_id = 't'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((status.as_str(), owner_now), ("running", owner));
+    }
+
+    /// A new tree that lands on a stored id holds no claim: it takes
+    /// nothing over, and is reported fenced out.
+    #[test]
+    fn a_new_tree_on_a_stored_id_is_fenced_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let first = SqliteStore::open(&path).unwrap();
+        first.write(&[record("t"), event("t", 1)]).unwrap();
+        let second = SqliteStore::open(&path).unwrap();
+        let fenced = second.write(&[record("t"), event("t", 1)]).unwrap();
+        assert_eq!(fenced.len(), 1);
+        assert_eq!((fenced[0].epoch, fenced[0].current), (0, 1));
+        let db = Connection::open(&path).unwrap();
+        assert_eq!(segments(&db, "t"), vec![1]);
+        assert!(first.write(&[event("t", 2)]).unwrap().is_empty());
+    }
+
+    /// A store of schema version 1 (before epochs) is upgraded when opened
+    /// for writing: its trees get epoch 0, and the next claim takes 1.
+    #[test]
+    fn a_store_from_before_fencing_is_upgraded_and_its_trees_can_be_claimed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v1.db");
+        {
+            let db = Connection::open(&path).unwrap();
+            db.execute_batch(MIGRATIONS[0]).unwrap();
+            db.pragma_update(None, "application_id", APPLICATION_ID)
+                .unwrap();
+            db.pragma_update(None, "user_version", 1).unwrap();
+            db.execute(
+                "INSERT INTO trees(tree_id, root_run_id, agent, prompt, limits, status,
+                     started_ms, heartbeat_ms, owner)
+                 VALUES ('t', 't/0', 'a', 'p', '{}', 'running', 1, 0, '-:1')",
+                [],
+            )
+            .unwrap();
+        }
+        let store = SqliteStore::open(&path).unwrap();
+        let db = Connection::open(&path).unwrap();
+        let version: i64 = db
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, MIGRATIONS.len() as i64);
+        let epoch: i64 = db
+            .query_row("SELECT epoch FROM trees WHERE tree_id = 't'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(epoch, 0);
+        assert_eq!(store.claim("t").unwrap(), 1);
+        assert!(store.write(&[event("t", 1)]).unwrap().is_empty());
+        assert_eq!(segments(&db, "t"), vec![1]);
     }
 }
