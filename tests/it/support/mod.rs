@@ -534,3 +534,114 @@ fn answer(n: usize, request: &Value) -> Value {
         "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
     })
 }
+
+/// Raises this process's soft limit on open files to its hard limit (child
+/// processes started afterwards inherit it) and returns the limit; fails the
+/// test if even the hard limit is below `needed`.
+pub fn raise_open_files_limit(needed: u64) -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    }
+    assert!(
+        hard >= needed,
+        "this test needs {needed} open files; the hard limit is {hard} (raise it: ulimit -Hn)"
+    );
+    hard
+}
+
+/// Connections waiting in the accept queue of the loopback listener on
+/// `port` (from /proc/net/tcp: a listening socket's rx_queue is its backlog).
+pub fn accept_queue(port: u16) -> Option<usize> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let local = format!("0100007F:{port:04X}");
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // sl, local_address, rem_address, st (0A: listening), tx_queue:rx_queue
+        if fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A") {
+            let (_, rx) = fields.get(4)?.split_once(':')?;
+            usize::from_str_radix(rx, 16).ok()
+        } else {
+            None
+        }
+    })
+}
+
+/// The lines a child process writes to one of its pipes, read on a thread of
+/// their own: every line is kept, and awaited with a bound.
+pub struct Lines {
+    rx: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Lines {
+    pub fn read(pipe: impl std::io::Read + Send + 'static) -> Lines {
+        use std::io::BufRead;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines {
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (at most `within`) for a line `found` accepts; `None` if the
+    /// pipe closed or the time ran out first.
+    pub fn wait_for(&mut self, within: Duration, found: impl Fn(&str) -> bool) -> Option<String> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let left = deadline.checked_duration_since(std::time::Instant::now())?;
+            let line = self.rx.recv_timeout(left).ok()?;
+            self.seen.push(line.clone());
+            if found(&line) {
+                return Some(line);
+            }
+        }
+    }
+
+    /// Everything read so far and up to the pipe's end (the process has exited).
+    pub fn rest(&mut self) -> String {
+        while let Ok(line) = self.rx.recv_timeout(GUARD) {
+            self.seen.push(line);
+        }
+        self.seen.join("\n")
+    }
+}
+
+/// Waits (at most `within`) for a child process to exit.
+pub fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {} still running after {within:?}",
+            child.id()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Polls `check` (at most `within`) until it gives a value.
+pub fn poll<T>(within: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(value) = check() {
+            return Some(value);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
