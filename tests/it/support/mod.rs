@@ -535,39 +535,6 @@ fn answer(n: usize, request: &Value) -> Value {
     })
 }
 
-/// Raises this process's soft limit on open files to its hard limit (child
-/// processes started afterwards inherit it) and returns the limit; fails the
-/// test if even the hard limit is below `needed`.
-pub fn raise_open_files_limit(needed: u64) -> u64 {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
-    if soft < hard {
-        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
-    }
-    assert!(
-        hard >= needed,
-        "this test needs {needed} open files; the hard limit is {hard} (raise it: ulimit -Hn)"
-    );
-    hard
-}
-
-/// Connections waiting in the accept queue of the loopback listener on
-/// `port` (from /proc/net/tcp: a listening socket's rx_queue is its backlog).
-pub fn accept_queue(port: u16) -> Option<usize> {
-    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
-    let local = format!("0100007F:{port:04X}");
-    table.lines().skip(1).find_map(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        // sl, local_address, rem_address, st (0A: listening), tx_queue:rx_queue
-        if fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A") {
-            let (_, rx) = fields.get(4)?.split_once(':')?;
-            usize::from_str_radix(rx, 16).ok()
-        } else {
-            None
-        }
-    })
-}
-
 /// The lines a child process writes to one of its pipes, read on a thread of
 /// their own: every line is kept, and awaited with a bound.
 pub struct Lines {
