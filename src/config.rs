@@ -92,6 +92,22 @@ pub struct ServiceSection {
     /// Trees running at once; a start beyond it is refused with 503.
     #[serde(default = "default_max_running_trees")]
     pub max_running_trees: usize,
+    /// How long a client has to send a whole request head (also the most a
+    /// kept-alive connection waits for its next request).
+    #[serde(default = "default_header_read_timeout")]
+    pub header_read_timeout: String,
+    /// A connection on which no byte moves for this long is closed.
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout: String,
+    /// Connections open at once (kept under the open-files limit).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Event streams open at once, over every tree; more get 503.
+    #[serde(default = "default_max_event_streams")]
+    pub max_event_streams: usize,
+    /// Event streams open at once on one tree; more get 429.
+    #[serde(default = "default_max_event_streams_per_tree")]
+    pub max_event_streams_per_tree: usize,
     /// Send traces (agent, step, tool and request spans) to this OpenTelemetry
     /// collector's OTLP/HTTP traces URL, e.g. `http://127.0.0.1:4318/v1/traces`.
     #[serde(default)]
@@ -106,7 +122,29 @@ impl Default for ServiceSection {
             body_limit: default_body_limit(),
             shutdown_timeout: default_shutdown_timeout(),
             max_running_trees: default_max_running_trees(),
+            header_read_timeout: default_header_read_timeout(),
+            idle_timeout: default_idle_timeout(),
+            max_connections: default_max_connections(),
+            max_event_streams: default_max_event_streams(),
+            max_event_streams_per_tree: default_max_event_streams_per_tree(),
             otlp_endpoint: None,
+        }
+    }
+}
+
+/// `[service]`, validated and typed by `check_service` (each value within
+/// its documented range), for `ServiceOptions` and the server's limits.
+#[derive(Clone, Debug)]
+pub struct ServiceSettings {
+    pub shutdown_timeout: std::time::Duration,
+    pub limits: crate::service::ServiceLimits,
+}
+
+impl Default for ServiceSettings {
+    fn default() -> Self {
+        ServiceSettings {
+            shutdown_timeout: std::time::Duration::from_secs(10),
+            limits: crate::service::ServiceLimits::default(),
         }
     }
 }
@@ -129,6 +167,26 @@ fn default_shutdown_timeout() -> String {
 
 fn default_max_running_trees() -> usize {
     1000
+}
+
+fn default_header_read_timeout() -> String {
+    "10s".into()
+}
+
+fn default_idle_timeout() -> String {
+    "60s".into()
+}
+
+fn default_max_connections() -> usize {
+    crate::service::ServiceLimits::default().max_connections
+}
+
+fn default_max_event_streams() -> usize {
+    crate::service::ServiceLimits::default().max_event_streams
+}
+
+fn default_max_event_streams_per_tree() -> usize {
+    crate::service::ServiceLimits::default().max_event_streams_per_tree
 }
 
 /// Where runs are kept (`arbor runs`, `resume`, `replay`).
@@ -366,6 +424,8 @@ pub struct Config {
     pub mcp_servers: BTreeMap<String, McpSettings>,
     /// The command tools, built.
     pub command_tools: Vec<Arc<CommandTool>>,
+    /// `[service]`, validated and typed.
+    pub service: ServiceSettings,
     /// Template tool entries nothing in the file provides: problems unless a
     /// tool registered in code has that name (see [`Config::check_tools`]).
     unresolved_tools: Vec<(String, Problem)>,
@@ -427,7 +487,7 @@ impl Config {
         let templates = templates(&file, text, &mut problems, &mut unresolved_tools);
         check_graph(&file, &limits, text, &mut problems);
         check_models(&file, &base_dir, text, &mut problems);
-        check_service(&file.service, text, &mut problems);
+        let service = check_service(&file.service, text, &mut problems);
         if let Some(agent) = &file.run.agent
             && !file.agents.contains_key(agent)
         {
@@ -453,6 +513,7 @@ impl Config {
             templates,
             mcp_servers,
             command_tools,
+            service,
             unresolved_tools,
         })
     }
@@ -668,7 +729,15 @@ fn duration(
     }
 }
 
-fn check_service(service: &ServiceSection, text: &str, problems: &mut Vec<Problem>) {
+/// Checks `[service]`, each numeric and duration key against its range
+/// (README's service section lists them), and gives the typed values.
+fn check_service(
+    service: &ServiceSection,
+    text: &str,
+    problems: &mut Vec<Problem>,
+) -> ServiceSettings {
+    use std::time::Duration;
+    let defaults = ServiceSettings::default();
     if let Err(e) = service.bind.parse::<std::net::SocketAddr>() {
         problems.push(at(
             text,
@@ -680,29 +749,125 @@ fn check_service(service: &ServiceSection, text: &str, problems: &mut Vec<Proble
             ),
         ));
     }
-    duration(
-        text,
-        "service",
+    // A duration within [min, max] (the names as the docs write them), or
+    // the default after a problem.
+    let mut within = |key: &str,
+                      value: &String,
+                      (min, min_text): (Duration, &str),
+                      (max, max_text): (Duration, &str),
+                      default: Duration| {
+        let parsed = duration(text, "service", key, &Some(value.clone()), problems);
+        match parsed {
+            Some(d) if d < min => {
+                problems.push(at(
+                    text,
+                    "service",
+                    key,
+                    format!("must be at least {min_text} (got {value:?})"),
+                ));
+                default
+            }
+            Some(d) if d > max => {
+                problems.push(at(
+                    text,
+                    "service",
+                    key,
+                    format!("must be at most {max_text} (got {value:?})"),
+                ));
+                default
+            }
+            Some(d) => d,
+            None => default,
+        }
+    };
+    let secs = Duration::from_secs;
+    let shutdown_timeout = within(
         "shutdown_timeout",
-        &Some(service.shutdown_timeout.clone()),
-        problems,
+        &service.shutdown_timeout,
+        (Duration::ZERO, "0s"),
+        (secs(3600), "1h"),
+        defaults.shutdown_timeout,
     );
-    if service.body_limit < 1024 {
-        problems.push(at(
-            text,
-            "service",
-            "body_limit",
-            "must be at least 1024 bytes".into(),
-        ));
-    }
-    if service.max_running_trees == 0 {
-        problems.push(at(
-            text,
-            "service",
-            "max_running_trees",
-            "must be at least 1".into(),
-        ));
-    }
+    let header_read_timeout = within(
+        "header_read_timeout",
+        &service.header_read_timeout,
+        (Duration::from_millis(100), "100ms"),
+        (secs(300), "5m"),
+        defaults.limits.header_read_timeout,
+    );
+    let idle_timeout = within(
+        "idle_timeout",
+        &service.idle_timeout,
+        (secs(1), "1s"),
+        (secs(3600), "1h"),
+        defaults.limits.idle_timeout,
+    );
+    // A count within [min, max], or the default after a problem.
+    let mut count =
+        |key: &str, value: usize, min: usize, max: usize, unit: &str, default: usize| {
+            if value < min {
+                problems.push(at(
+                    text,
+                    "service",
+                    key,
+                    format!("must be at least {min}{unit}"),
+                ));
+                default
+            } else if value > max {
+                problems.push(at(
+                    text,
+                    "service",
+                    key,
+                    format!("must be at most {max}{unit} (got {value})"),
+                ));
+                default
+            } else {
+                value
+            }
+        };
+    count(
+        "body_limit",
+        service.body_limit,
+        1024,
+        64 << 20,
+        " bytes",
+        1 << 20,
+    );
+    count(
+        "max_running_trees",
+        service.max_running_trees,
+        1,
+        100_000,
+        "",
+        1000,
+    );
+    let max_connections = count(
+        "max_connections",
+        service.max_connections,
+        1,
+        1_000_000,
+        "",
+        defaults.limits.max_connections,
+    );
+    let max_event_streams = count(
+        "max_event_streams",
+        service.max_event_streams,
+        1,
+        100_000,
+        "",
+        defaults.limits.max_event_streams,
+    );
+    let max_event_streams_per_tree = count(
+        "max_event_streams_per_tree",
+        service.max_event_streams_per_tree,
+        1,
+        max_event_streams,
+        " (max_event_streams)",
+        defaults
+            .limits
+            .max_event_streams_per_tree
+            .min(max_event_streams),
+    );
     if let Some(endpoint) = &service.otlp_endpoint {
         let ok = endpoint
             .strip_prefix("http://")
@@ -724,6 +889,16 @@ fn check_service(service: &ServiceSection, text: &str, problems: &mut Vec<Proble
             "tokens_env",
             "must name an environment variable".into(),
         ));
+    }
+    ServiceSettings {
+        shutdown_timeout,
+        limits: crate::service::ServiceLimits {
+            header_read_timeout,
+            idle_timeout,
+            max_connections,
+            max_event_streams,
+            max_event_streams_per_tree,
+        },
     }
 }
 

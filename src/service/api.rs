@@ -389,7 +389,11 @@ pub async fn get_run(
             `data` its JSON ({seq, treeId, runId, atMs, type, ...}); ends after the run's final event",
          content_type = "text/event-stream", body = StreamEvent),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),
+        (status = 422, body = ErrorBody),
+        (status = 429, description = "`too_many_streams`: the tree has `[service] max_event_streams_per_tree` \
+            streams open already", body = ErrorBody),
+        (status = 503, description = "`busy`: the server has `[service] max_event_streams` streams open \
+            already; or `unavailable`", body = ErrorBody),
     )
 )]
 pub async fn run_events(

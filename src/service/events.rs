@@ -4,7 +4,8 @@
 //! a client that reconnects with the last id it saw misses nothing and sees
 //! nothing twice. The stream ends after the run's own final event (or the
 //! tree's end, or shutdown); a client too slow to keep up is closed, to
-//! reconnect and go on from the journal.
+//! reconnect and go on from the journal. Open streams are capped, in total
+//! and per tree (`[service] max_event_streams`, `max_event_streams_per_tree`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -95,6 +96,9 @@ pub async fn stream(
         Some((tree, _)) => Arc::from(tree),
         None => return Err(ApiError::not_found(format!("no run {run_id}"))),
     };
+    // Held until the stream ends; refused (503 or 429, naming the cap) before
+    // anything else is done for it.
+    let slot = shared.streams.open(&tree_id, &shared.limits)?;
     let supervisor = shared.runtime.supervisor();
     // Ends with the server; subscribed first, so a stop during the set-up counts.
     let mut shutdown = shared.shutdown.subscribe();
@@ -132,6 +136,7 @@ pub async fn stream(
         tx,
     };
     tokio::spawn(async move {
+        let _slot = slot;
         for event in journal {
             if follow.send(event).await {
                 return;
@@ -177,7 +182,9 @@ pub async fn stream(
         }
     });
     let body = futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|e| e.map(Ok)));
-    Ok(Sse::new(body).keep_alive(KeepAlive::default()))
+    // Often enough that a quiet stream is never taken for an idle connection.
+    let keep_alive = KeepAlive::new().interval(shared.limits.stream_keep_alive());
+    Ok(Sse::new(body).keep_alive(keep_alive))
 }
 
 #[cfg(test)]

@@ -9,9 +9,11 @@
 
 mod api;
 mod auth;
+mod conn;
 mod error;
 mod events;
 mod guard;
+mod limits;
 mod metrics;
 
 use std::collections::HashMap;
@@ -34,6 +36,7 @@ use utoipa::OpenApi;
 pub use api::ApiDoc;
 pub use auth::Tokens;
 pub use error::{ApiError, ErrorBody};
+pub use limits::{ServiceLimits, connection_cap};
 
 use crate::{Error, Runtime};
 use metrics::Metrics;
@@ -57,7 +60,8 @@ pub struct ServiceOptions {
 }
 
 impl ServiceOptions {
-    /// From the config's `[service]`, with the tokens read from its `tokens_env`.
+    /// From the config's `[service]` (validated, so typed already), with the
+    /// tokens read from its `tokens_env`.
     pub fn from_config(config: &crate::Config) -> ServiceOptions {
         let section = &config.file.service;
         ServiceOptions {
@@ -65,10 +69,7 @@ impl ServiceOptions {
             tokens_env: section.tokens_env.clone(),
             body_limit: section.body_limit,
             max_running_trees: section.max_running_trees,
-            shutdown_timeout: arbor_actors::models::simulated::parse_duration(
-                &section.shutdown_timeout,
-            )
-            .unwrap_or(Duration::from_secs(10)),
+            shutdown_timeout: config.service.shutdown_timeout,
         }
     }
 
@@ -89,6 +90,9 @@ impl ServiceOptions {
 pub(crate) struct Shared {
     runtime: Runtime,
     options: ServiceOptions,
+    limits: ServiceLimits,
+    /// The event streams open now (capped by `limits`).
+    streams: Arc<limits::StreamCounts>,
     metrics: Metrics,
     /// Set once interrupted trees are resumed.
     ready: watch::Sender<bool>,
@@ -206,8 +210,24 @@ pub struct Service {
 
 impl Service {
     /// A service over `runtime`, which must have a store (event streams are
-    /// resumable from its journal; finished runs are read from it).
+    /// resumable from its journal; finished runs are read from it). Its
+    /// connection and stream limits are the `[service]` ones of the config
+    /// the runtime was built from (the defaults for a runtime built in code;
+    /// see [`with_limits`](Self::with_limits)).
     pub fn new(runtime: Runtime, options: ServiceOptions) -> Result<Service, Error> {
+        let limits = runtime
+            .config()
+            .map(|config| config.service.limits)
+            .unwrap_or_default();
+        Self::with_limits(runtime, options, limits)
+    }
+
+    /// A service with the connection and stream limits given.
+    pub fn with_limits(
+        runtime: Runtime,
+        options: ServiceOptions,
+        limits: ServiceLimits,
+    ) -> Result<Service, Error> {
         if runtime.supervisor().store().is_none() {
             return Err(Error::NoStore);
         }
@@ -221,6 +241,8 @@ impl Service {
         let shared = Arc::new(Shared {
             runtime,
             options,
+            limits,
+            streams: Default::default(),
             metrics: Metrics::new(models),
             ready: watch::channel(false).0,
             shutdown,
@@ -358,6 +380,11 @@ impl Service {
     /// finish, and waits for the store to take everything emitted so far
     /// (every run's last checkpoint), each within `shutdown_timeout`. Trees
     /// still running are left interrupted, to resume on the next start.
+    ///
+    /// Connections are HTTP/1.1 under the service's [`ServiceLimits`]: a
+    /// header-read and an idle timeout, and a cap on open connections kept
+    /// under the process's open-files limit (raised to its hard limit first);
+    /// `conn.rs` says what happens at the cap.
     pub async fn serve(
         self,
         listener: TcpListener,
@@ -368,20 +395,44 @@ impl Service {
             .local_addr()
             .map_err(|e| Error::Service(format!("the listener has no address: {e}")))?;
         self.shared.options.check_bind(local)?;
+        let limits = self.shared.limits;
+        let fd_limit = conn::raise_fd_limit();
+        let cap = connection_cap(limits.max_connections, fd_limit);
+        if cap < limits.max_connections {
+            tracing::warn!(
+                max_connections = limits.max_connections,
+                open_files = fd_limit,
+                "accepting at most {cap} connections: the open-files limit leaves room for no more"
+            );
+        }
+        let connections = conn::Connections::new(cap);
         let app = self.router();
         let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<tokio::time::Instant>();
         let this = self.clone();
-        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-            signal.await;
+        let mut stopping = self.shared.shutdown.subscribe();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = signal => {}
+                // Stopped some other way (`Service::stop`): the signal is moot.
+                _ = stopping.wait_for(|stop| *stop) => {}
+            }
             tracing::info!("shutting down: no new connections, ending event streams");
-            this.stop();
+            // The deadline before the stop, which lets the server's future end.
             let _ = stopped_tx.send(tokio::time::Instant::now() + timeout);
+            this.stop();
         });
-        let mut server = std::pin::pin!(server.into_future());
+        let server = conn::serve(
+            listener,
+            app,
+            limits,
+            connections.clone(),
+            self.shared.shutdown.subscribe(),
+        );
+        let mut server = std::pin::pin!(server);
         // One bound for the whole shutdown: open requests, then the store.
         let mut deadline = None;
-        let served = tokio::select! {
-            served = &mut server => served.map_err(|e| Error::Service(format!("the server failed: {e}"))),
+        tokio::select! {
+            () = &mut server => {}
             () = async {
                 if let Ok(at) = stopped_rx.await {
                     deadline = Some(at);
@@ -389,7 +440,7 @@ impl Service {
                 }
             } => {
                 tracing::warn!("requests still open after {timeout:?}; closing them");
-                Ok(())
+                connections.close_all();
             }
         };
         let left = deadline
@@ -405,7 +456,7 @@ impl Service {
             Ok(Err(error)) => tracing::error!(%error, "the store failed while shutting down"),
             Err(_) => tracing::error!("the store did not flush within {left:?}"),
         }
-        served
+        Ok(())
     }
 }
 

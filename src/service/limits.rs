@@ -1,0 +1,232 @@
+//! What one server accepts at once: connections, how long a connection may
+//! take to send a request head or sit idle, and how many event streams are
+//! open (in total and per tree). The values come from `[service]`
+//! (`Config::service`, validated there) or from code; the defaults are safe
+//! for a server on the open network.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+
+use super::error::ApiError;
+
+/// Connection and event-stream limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceLimits {
+    /// How long a client has to send a whole request head, from its connect
+    /// or, on a kept-alive connection, from the end of the previous response
+    /// (so it also bounds an idle keep-alive connection).
+    pub header_read_timeout: Duration,
+    /// A connection on which no byte is read or written for this long is
+    /// closed (a stalled upload, a client that stopped reading).
+    pub idle_timeout: Duration,
+    /// Connections open at once (lowered at start to stay under the process's
+    /// file-descriptor limit).
+    pub max_connections: usize,
+    /// Event streams open at once, over every tree.
+    pub max_event_streams: usize,
+    /// Event streams open at once on one tree.
+    pub max_event_streams_per_tree: usize,
+}
+
+impl Default for ServiceLimits {
+    fn default() -> Self {
+        ServiceLimits {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 10_000,
+            max_event_streams: 1_000,
+            max_event_streams_per_tree: 64,
+        }
+    }
+}
+
+impl ServiceLimits {
+    /// How often an event stream sends a keep-alive comment: often enough
+    /// that a quiet stream is never taken for an idle connection.
+    pub fn stream_keep_alive(&self) -> Duration {
+        (self.idle_timeout / 3).clamp(Duration::from_millis(100), Duration::from_secs(15))
+    }
+}
+
+/// File descriptors kept free of connections for everything else a server
+/// opens (its store, MCP servers, tool processes, model connections): a
+/// quarter of the limit, at least 64 and at most 1024.
+pub fn fd_reserve(fd_limit: u64) -> u64 {
+    (fd_limit / 4).clamp(64, 1024)
+}
+
+/// The connections a server accepts at once: the configured cap, lowered to
+/// stay under the file-descriptor limit (`None`: unknown) less the reserve.
+pub fn connection_cap(configured: usize, fd_limit: Option<u64>) -> usize {
+    let Some(limit) = fd_limit else {
+        return configured.max(1);
+    };
+    let room = limit.saturating_sub(fd_reserve(limit)).max(1);
+    configured
+        .min(usize::try_from(room).unwrap_or(usize::MAX))
+        .max(1)
+}
+
+/// The event streams open now, in total and per tree.
+#[derive(Default)]
+pub(crate) struct StreamCounts {
+    open: Mutex<Open>,
+}
+
+#[derive(Default)]
+struct Open {
+    total: usize,
+    per_tree: HashMap<Arc<str>, usize>,
+}
+
+/// One open stream; closing it (dropping) frees its place.
+pub(crate) struct StreamSlot {
+    counts: Arc<StreamCounts>,
+    tree: Arc<str>,
+}
+
+impl StreamCounts {
+    /// A place for one more stream of `tree`, or the error that names the
+    /// cap it would pass: 503 `busy` for the server's total, 429
+    /// `too_many_streams` for the tree's own.
+    pub(crate) fn open(
+        self: &Arc<Self>,
+        tree: &Arc<str>,
+        limits: &ServiceLimits,
+    ) -> Result<StreamSlot, ApiError> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if open.total >= limits.max_event_streams {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                format!(
+                    "{} event streams are open, the most this server serves at once \
+                     ([service] max_event_streams); try again later",
+                    open.total
+                ),
+            ));
+        }
+        let of_tree = open.per_tree.get(tree).copied().unwrap_or(0);
+        if of_tree >= limits.max_event_streams_per_tree {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_streams",
+                format!(
+                    "{of_tree} event streams of tree {tree} are open, the most one tree may have \
+                     ([service] max_event_streams_per_tree); close one or try again later"
+                ),
+            ));
+        }
+        open.total += 1;
+        *open.per_tree.entry(tree.clone()).or_insert(0) += 1;
+        Ok(StreamSlot {
+            counts: self.clone(),
+            tree: tree.clone(),
+        })
+    }
+
+    /// Streams open now: in total, and of `tree`.
+    #[cfg(test)]
+    fn count(&self, tree: &str) -> (usize, usize) {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        (open.total, open.per_tree.get(tree).copied().unwrap_or(0))
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.counts.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.total = open.total.saturating_sub(1);
+        if let Some(n) = open.per_tree.get_mut(&self.tree) {
+            *n -= 1;
+            if *n == 0 {
+                // No entry is kept for a tree without streams.
+                open.per_tree.remove(&self.tree);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(total: usize, per_tree: usize) -> ServiceLimits {
+        ServiceLimits {
+            max_event_streams: total,
+            max_event_streams_per_tree: per_tree,
+            ..ServiceLimits::default()
+        }
+    }
+
+    #[test]
+    fn a_stream_beyond_a_trees_cap_is_refused_with_429_naming_the_key() {
+        let counts = Arc::new(StreamCounts::default());
+        let (a, b): (Arc<str>, Arc<str>) = ("ta".into(), "tb".into());
+        let limits = limits(10, 2);
+        let first = counts.open(&a, &limits).unwrap();
+        let _second = counts.open(&a, &limits).unwrap();
+        let refused = counts.open(&a, &limits).err().unwrap();
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.code, "too_many_streams");
+        assert!(refused.message.contains("max_event_streams_per_tree"));
+        // Another tree is not held back; a closed stream frees its place.
+        let _other = counts.open(&b, &limits).unwrap();
+        drop(first);
+        let _third = counts.open(&a, &limits).unwrap();
+        assert_eq!(counts.count("ta"), (3, 2));
+    }
+
+    #[test]
+    fn a_stream_beyond_the_total_cap_is_refused_with_503_naming_the_key() {
+        let counts = Arc::new(StreamCounts::default());
+        let limits = limits(2, 2);
+        let slots: Vec<_> = ["t1", "t2"]
+            .iter()
+            .map(|t| counts.open(&Arc::from(*t), &limits).unwrap())
+            .collect();
+        let refused = counts.open(&Arc::from("t3"), &limits).err().unwrap();
+        assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refused.code, "busy");
+        assert!(refused.message.contains("[service] max_event_streams)"));
+        drop(slots);
+        // Nothing is kept for trees whose streams are closed.
+        assert_eq!(counts.count("t1"), (0, 0));
+        assert!(
+            counts
+                .open
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .per_tree
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn the_connection_cap_stays_under_the_file_descriptor_limit() {
+        assert_eq!(connection_cap(10_000, None), 10_000);
+        assert_eq!(connection_cap(10_000, Some(1024)), 768);
+        assert_eq!(connection_cap(10_000, Some(20_000)), 10_000);
+        assert_eq!(connection_cap(100_000, Some(20_000)), 18_976);
+        assert_eq!(connection_cap(500, Some(1024)), 500);
+        assert_eq!(connection_cap(10, Some(16)), 1);
+        assert_eq!(connection_cap(0, None), 1);
+    }
+
+    #[test]
+    fn a_quiet_stream_sends_keep_alives_well_within_the_idle_timeout() {
+        let at = |idle| {
+            ServiceLimits {
+                idle_timeout: Duration::from_secs(idle),
+                ..ServiceLimits::default()
+            }
+            .stream_keep_alive()
+        };
+        assert_eq!(at(60), Duration::from_secs(15));
+        assert_eq!(at(3), Duration::from_secs(1));
+        assert!(at(1) < Duration::from_secs(1));
+    }
+}
