@@ -459,7 +459,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             tree_id,
             at: Stored { config, store },
         } => {
-            let store = open_store(&load_config(config.as_deref())?, store)?;
+            let store = open_store_read_only(&load_config(config.as_deref())?, store)?;
             let config = tree_config(config, &store, &tree_id)?;
             async_runtime()?.block_on(replay(config, store, tree_id))
         }
@@ -477,7 +477,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 );
             }
             let config = load_config(config.as_deref())?;
-            let store = open_store(&config, store)?;
+            let store = open_store_read_only(&config, store)?;
             let trees = store.trees(&TreeFilter {
                 status,
                 limit,
@@ -496,7 +496,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             at: Stored { config, store },
         } => {
             let config = load_config(config.as_deref())?;
-            let store = open_store(&config, store)?;
+            let store = open_store_read_only(&config, store)?;
             let run = match store.run(&run_id) {
                 Err(arbor_supervisor::Error::UnknownRun(_))
                     if !run_id.contains('/') && store.tree(&run_id).is_ok() =>
@@ -544,7 +544,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             at: Stored { config, store },
         } => {
             let config = load_config(config.as_deref())?;
-            let store = open_store(&config, store)?;
+            let store = open_store_read_only(&config, store)?;
             let (_, summary) = store.tree(&tree_id)?;
             let runs = store.runs(&tree_id)?;
             if json {
@@ -573,7 +573,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             at: Stored { config, store },
         } => {
             let config = load_config(config.as_deref())?;
-            let store = open_store(&config, store)?;
+            let store = open_store_read_only(&config, store)?;
             let doc = serde_json::to_string_pretty(&store.export(&tree_id)?)?;
             match output {
                 Some(path) => std::fs::write(&path, doc + "\n")
@@ -1114,9 +1114,16 @@ fn tree_config(
     }
 }
 
-/// An existing store, for the commands that read one.
+/// An existing store, for the commands that change one (gc).
 fn open_store(config: &Config, flag: Option<PathBuf>) -> anyhow::Result<SqliteStore> {
     Ok(SqliteStore::open_existing(&store_path(config, flag))?)
+}
+
+/// An existing store opened read-only, for the commands that only read one:
+/// they write nothing to it (no migration either), and read a store on a
+/// read-only file or filesystem.
+fn open_store_read_only(config: &Config, flag: Option<PathBuf>) -> anyhow::Result<SqliteStore> {
+    Ok(SqliteStore::open_read_only(&store_path(config, flag))?)
 }
 
 /// How `run` and `resume` show a tree.

@@ -541,3 +541,215 @@ fn a_truncated_store_and_one_with_a_broken_schema_version_each_get_their_own_mes
         assert_eq!(err.trim_end().lines().count(), 1, "{name}: {err}");
     }
 }
+
+/// A quick two-agent tree on the simulated model.
+const QUICK: &str = r#"
+[run]
+agent = "a"
+[models.sim]
+provider = "simulated"
+fanout = 1
+depth = 1
+latency = "0"
+[agents.a]
+model = "sim"
+spawnable_agents = ["b"]
+[agents.b]
+model = "sim"
+"#;
+
+/// A store `s.db` in `dir` holding the finished tree `t`.
+fn quick_store(dir: &Path) -> std::path::PathBuf {
+    std::fs::write(dir.join("quick.toml"), QUICK).unwrap();
+    let out = arbor_in(
+        dir,
+        &[
+            "run",
+            "--config",
+            "quick.toml",
+            "--store",
+            "s.db",
+            "--tree-id",
+            "t",
+            "-q",
+            "go",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    dir.join("s.db")
+}
+
+/// Leaves a write in the store's -wal, not yet in the file (as a process
+/// that died, or one still running, leaves it): the tree's cost edited.
+fn write_into_wal(store: &Path) {
+    let db = rusqlite::Connection::open(store).unwrap();
+    db.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+        true,
+    )
+    .unwrap();
+    db.execute("UPDATE trees SET cost = 42.5 WHERE tree_id = 't'", [])
+        .unwrap();
+}
+
+fn wal(store: &Path) -> std::path::PathBuf {
+    store.with_file_name(format!(
+        "{}-wal",
+        store.file_name().unwrap().to_string_lossy()
+    ))
+}
+
+/// A file's bytes and modification time.
+fn snapshot(path: &Path) -> (Vec<u8>, std::time::SystemTime) {
+    (
+        std::fs::read(path).unwrap(),
+        std::fs::metadata(path).unwrap().modified().unwrap(),
+    )
+}
+
+/// The read-only commands, each expected to succeed on the store `s.db` of `dir`.
+fn read_everything(dir: &Path) -> Vec<String> {
+    [
+        &["runs", "--store", "s.db", "--json"][..],
+        &["tree", "t", "--store", "s.db", "--json"],
+        &["show", "t/0", "--store", "s.db", "--json"],
+        &["export", "t", "--store", "s.db"],
+        &["replay", "t", "--store", "s.db", "--config", "quick.toml"],
+    ]
+    .iter()
+    .map(|args| {
+        let out = arbor_in(dir, args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        text(&out.stdout)
+    })
+    .collect()
+}
+
+/// Issue 12, defect 16: read-only commands opened the store for writing, so
+/// the last of them to close folded the -wal into the file (a write) and one
+/// on a read-only store was refused. They must read what the -wal holds and
+/// change neither file.
+#[test]
+fn read_only_commands_leave_a_store_and_its_wal_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = quick_store(dir.path());
+    write_into_wal(&store);
+    let (file, wal_file) = (snapshot(&store), snapshot(&wal(&store)));
+    assert!(!wal_file.0.is_empty(), "no write waits in the -wal");
+    let outputs = read_everything(dir.path());
+    assert!(outputs[0].contains("\"cost\": 42.5"), "{}", outputs[0]);
+    assert!(outputs[4].starts_with("match: 2 runs"), "{}", outputs[4]);
+    assert!(snapshot(&store) == file, "the store file was written");
+    assert!(snapshot(&wal(&store)) == wal_file, "the -wal was written");
+}
+
+/// Issue 12, defect 16: a read-only command on a store of an older schema
+/// reads it as it is (no migration, nothing written); a command that runs a
+/// tree upgrades it.
+#[test]
+fn a_read_only_command_does_not_migrate_an_older_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = quick_store(dir.path());
+    let version = |db: &rusqlite::Connection| -> i64 {
+        db.pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap()
+    };
+    {
+        // Schema version 1: before fencing epochs.
+        let db = rusqlite::Connection::open(&store).unwrap();
+        db.execute_batch("ALTER TABLE trees DROP COLUMN epoch; PRAGMA user_version = 1;")
+            .unwrap();
+    }
+    let before = snapshot(&store);
+    let outputs = read_everything(dir.path());
+    assert!(outputs[0].contains("\"completed\""), "{}", outputs[0]);
+    assert!(snapshot(&store) == before, "the older store was written");
+    assert_eq!(version(&rusqlite::Connection::open(&store).unwrap()), 1);
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "run",
+            "--config",
+            "quick.toml",
+            "--store",
+            "s.db",
+            "--tree-id",
+            "t2",
+            "-q",
+            "go",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let db = rusqlite::Connection::open(&store).unwrap();
+    assert_eq!(version(&db), 2, "running a tree did not upgrade the store");
+    let epoch: i64 = db
+        .query_row("SELECT epoch FROM trees WHERE tree_id = 't2'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(epoch, 1);
+}
+
+/// Runs `arbor ARGS` in `dir` with `dir` mounted read-only (a bind mount in
+/// a mount namespace of its own). `None` where this cannot be set up.
+fn arbor_on_read_only_mount(dir: &Path, args: &[&str]) -> Option<std::process::Output> {
+    let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+    let script = format!(
+        "mount --bind -o ro '{d}' '{d}' || exit 97; cd '{d}' && exec '{bin}' {args}",
+        d = dir.display(),
+        bin = env!("CARGO_BIN_EXE_arbor"),
+        args = quoted.join(" ")
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .env_remove("RUST_LOG")
+        .output()
+        .ok()?;
+    (out.status.code() != Some(97)).then_some(out)
+}
+
+/// Issue 12, defect 16: on a read-only filesystem a store reads (by
+/// `runs`, `tree`, `show`, `export`); one whose -wal holds writes that
+/// cannot be read there without a -shm gets a message that says so.
+#[test]
+fn read_only_commands_read_a_store_on_a_read_only_filesystem() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = quick_store(dir.path());
+    let Some(out) = arbor_on_read_only_mount(dir.path(), &["runs", "--store", "s.db"]) else {
+        eprintln!("skipped: no read-only bind mount here (needs unshare -m and mount)");
+        return;
+    };
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("completed"),
+        "{}",
+        text(&out.stdout)
+    );
+    for args in [
+        &["tree", "t", "--store", "s.db"][..],
+        &["show", "t/0", "--store", "s.db"],
+        &["export", "t", "--store", "s.db"],
+    ] {
+        let out = arbor_on_read_only_mount(dir.path(), args).unwrap();
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    }
+    // Writes waiting in the -wal, its -shm index left behind too: read.
+    write_into_wal(&store);
+    let out = arbor_on_read_only_mount(dir.path(), &["runs", "--store", "s.db", "--json"]).unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("\"cost\": 42.5"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Without the -shm, they cannot be read there: said so, in one line.
+    let shm = store.with_file_name("s.db-shm");
+    if shm.exists() {
+        std::fs::remove_file(&shm).unwrap();
+    }
+    let out = arbor_on_read_only_mount(dir.path(), &["runs", "--store", "s.db"]).unwrap();
+    let err = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("holds writes not yet in the store"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
