@@ -3,7 +3,7 @@
 //!
 //! - **Header-read timeout**: a client has `header_read_timeout` to send a
 //!   whole request head, from its connect or, on a kept-alive connection,
-//!   from the end of the previous response; then hyper answers 408 and closes.
+//!   from the end of the previous response; then the connection is closed.
 //! - **Idle timeout**: a connection on which no byte is read or written for
 //!   `idle_timeout` is closed (a stalled upload, a client that stopped
 //!   reading). Event streams send keep-alives well within it.

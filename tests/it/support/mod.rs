@@ -612,3 +612,43 @@ pub fn poll<T>(within: Duration, mut check: impl FnMut() -> Option<T>) -> Option
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Raises this process's soft limit on open files to its hard limit (child
+/// processes started afterwards inherit it) and returns the limit; fails the
+/// test if even the hard limit is below `needed`.
+pub fn raise_open_files_limit(needed: u64) -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    }
+    assert!(
+        hard >= needed,
+        "this test needs {needed} open files; the hard limit is {hard} (raise it: ulimit -Hn)"
+    );
+    hard
+}
+
+/// The process that listens on loopback `port` (among the processes this
+/// user may look into), found by its listening socket's inode.
+pub fn listening_pid(port: u16) -> Option<u32> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let local = format!("0100007F:{port:04X}");
+    let inode = table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A"))
+            .then(|| fields.get(9).map(|s| s.to_string()))
+            .flatten()
+    })?;
+    let socket = format!("socket:[{inode}]");
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let fds = std::fs::read_dir(entry.path().join("fd")).ok()?;
+            fds.flatten()
+                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.to_str() == Some(&socket)))
+                .then_some(pid)
+        })
+}
