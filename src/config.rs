@@ -6,7 +6,6 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arbor_actors::models::simulated::parse_duration;
 use arbor_actors::models::{Latency, ScriptedModel, SimulatedConfig, SimulatedModel};
 use arbor_actors::schema::Schema;
 use arbor_actors::template::InputSchema;
@@ -458,8 +457,7 @@ impl Config {
             file: source.to_owned(),
             problems,
         };
-        let file = parse_file(text).map_err(|p| error(vec![p]))?;
-        let mut problems = Vec::new();
+        let (file, mut problems, broken) = parse_file(text).map_err(|p| error(vec![p]))?;
         let mut limits = limits(&file.limits, text, &mut problems);
         let rule = file.policy.rule();
         for (key, patterns) in [
@@ -484,12 +482,21 @@ impl Config {
         let mcp_servers = mcp_servers(&file, &base_dir, text, &mut problems);
         let command_tools = command_tools(&file, &base_dir, text, &mut problems);
         let mut unresolved_tools = Vec::new();
-        let templates = templates(&file, text, &mut problems, &mut unresolved_tools);
+        let templates = templates(&file, &broken, text, &mut problems, &mut unresolved_tools);
         check_graph(&file, &limits, text, &mut problems);
         check_models(&file, &base_dir, text, &mut problems);
+        if file.store.path.as_os_str().is_empty() {
+            problems.push(at(
+                text,
+                "store",
+                "path",
+                "must name a file (to store nothing, set enabled = false)".into(),
+            ));
+        }
         let service = check_service(&file.service, text, &mut problems);
         if let Some(agent) = &file.run.agent
             && !file.agents.contains_key(agent)
+            && !broken.contains(&format!("agents.{agent}"))
         {
             problems.push(at(
                 text,
@@ -647,26 +654,226 @@ fn simulated_config(s: &SimulatedSection) -> Result<SimulatedConfig, String> {
     })
 }
 
-/// Parses TOML into the file structure; a problem names the key and the line.
-fn parse_file(text: &str) -> Result<ConfigFile, Problem> {
-    let de = toml::Deserializer::parse(text).map_err(|e| Problem {
+/// Parses TOML into the file structure, reporting every problem it can
+/// find, each with its key and line: a value of the wrong type is dropped and
+/// the rest of its table read on, so one `check-config` shows them all. An
+/// entry that cannot be read at all (a required key missing) is left out and
+/// its name returned in `broken`, so that what names it is not reported too.
+fn parse_file(text: &str) -> Result<(ConfigFile, Vec<Problem>, HashSet<String>), Problem> {
+    let root: toml::Table = toml::from_str(text).map_err(|e| Problem {
         line: e.span().map(|s| line_of(text, s.start)),
         key: "(syntax)".into(),
         message: e.message().trim().to_owned(),
     })?;
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let key = e.path().to_string();
-        let inner = e.into_inner();
-        Problem {
-            line: inner.span().map(|s| line_of(text, s.start)),
-            key: if key == "." {
-                "(top level)".into()
-            } else {
-                key
-            },
-            message: inner.message().trim().to_owned(),
+    let mut reader = Reader {
+        text,
+        problems: Vec::new(),
+        broken: HashSet::new(),
+    };
+    let mut file = ConfigFile::default();
+    for (key, value) in root {
+        match key.as_str() {
+            "run" => reader.section(&key, value, &mut file.run),
+            "limits" => reader.section(&key, value, &mut file.limits),
+            "store" => reader.section(&key, value, &mut file.store),
+            "service" => reader.section(&key, value, &mut file.service),
+            "policy" => reader.section(&key, value, &mut file.policy),
+            "models" => {
+                for (name, entry) in reader.entries(&key, value) {
+                    if let Some(model) = reader.model(&name, entry) {
+                        file.models.insert(name, model);
+                    }
+                }
+            }
+            "agents" => reader.map(&key, value, &mut file.agents),
+            "mcp_servers" => reader.map(&key, value, &mut file.mcp_servers),
+            "tools" => reader.map(&key, value, &mut file.tools),
+            _ => reader.problems.push(Problem {
+                line: locate_path(text, &[key.as_str()]),
+                key: key.clone(),
+                message: format!(
+                    "unknown section `{key}` (run, limits, models, agents, store, service, \
+                     mcp_servers, tools, policy)"
+                ),
+            }),
         }
-    })
+    }
+    Ok((file, reader.problems, reader.broken))
+}
+
+/// Reads the file's tables one entry at a time, collecting problems.
+struct Reader<'t> {
+    text: &'t str,
+    problems: Vec<Problem>,
+    broken: HashSet<String>,
+}
+
+impl Reader<'_> {
+    /// Deserializes `value` (at `path`); a bad key is reported and removed,
+    /// and the rest read again, until it reads or cannot be read at all.
+    fn read<T: serde::de::DeserializeOwned>(
+        &mut self,
+        path: &[&str],
+        mut value: toml::Value,
+    ) -> Option<T> {
+        loop {
+            match serde_path_to_error::deserialize::<_, T>(value.clone()) {
+                Ok(t) => return Some(t),
+                Err(e) => {
+                    let inner: Vec<String> = e
+                        .path()
+                        .iter()
+                        .filter_map(|s| match s {
+                            serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+                            serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
+                            _ => None,
+                        })
+                        .collect();
+                    let full: Vec<&str> = path
+                        .iter()
+                        .copied()
+                        .chain(inner.iter().map(String::as_str))
+                        .collect();
+                    let message = e.into_inner().message().trim().to_owned();
+                    self.problems.push(Problem {
+                        line: locate_path(self.text, &full),
+                        key: full.join("."),
+                        message,
+                    });
+                    if inner.is_empty() || !remove(&mut value, &inner) {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    fn section<T: serde::de::DeserializeOwned>(
+        &mut self,
+        key: &str,
+        value: toml::Value,
+        into: &mut T,
+    ) {
+        if let Some(section) = self.read(&[key], value) {
+            *into = section;
+        }
+    }
+
+    /// The named entries of a table of tables (`[agents.NAME]`).
+    fn entries(&mut self, key: &str, value: toml::Value) -> Vec<(String, toml::Value)> {
+        match value {
+            toml::Value::Table(table) => table.into_iter().collect(),
+            other => {
+                self.problems.push(Problem {
+                    line: locate_path(self.text, &[key]),
+                    key: key.to_owned(),
+                    message: format!(
+                        "must be a table of named entries, not a {}",
+                        other.type_str()
+                    ),
+                });
+                Vec::new()
+            }
+        }
+    }
+
+    fn map<T: serde::de::DeserializeOwned>(
+        &mut self,
+        key: &str,
+        value: toml::Value,
+        into: &mut BTreeMap<String, T>,
+    ) {
+        for (name, entry) in self.entries(key, value) {
+            match self.read(&[key, name.as_str()], entry) {
+                Some(t) => {
+                    into.insert(name, t);
+                }
+                None => {
+                    self.broken.insert(format!("{key}.{name}"));
+                }
+            }
+        }
+    }
+
+    /// `[models.NAME]`: its `provider` picks the table's shape.
+    fn model(&mut self, name: &str, value: toml::Value) -> Option<ModelSection> {
+        let path = ["models", name];
+        let mut table = match value {
+            toml::Value::Table(t) => t,
+            other => {
+                self.problems.push(Problem {
+                    line: locate_path(self.text, &path),
+                    key: path.join("."),
+                    message: format!("must be a table, not a {}", other.type_str()),
+                });
+                return None;
+            }
+        };
+        let provider = table.remove("provider");
+        let known = "simulated, scripted, openai, anthropic";
+        let problem = |message: String| Problem {
+            line: locate_path(self.text, &["models", name, "provider"])
+                .or_else(|| locate_path(self.text, &path)),
+            key: format!("models.{name}.provider"),
+            message,
+        };
+        let rest = toml::Value::Table(table);
+        let model = match provider.as_ref().and_then(toml::Value::as_str) {
+            Some("simulated") => self.read(&path, rest).map(ModelSection::Simulated),
+            Some("scripted") => self.read(&path, rest).map(ModelSection::Scripted),
+            Some("openai") => self.read(&path, rest).map(ModelSection::Openai),
+            Some("anthropic") => self.read(&path, rest).map(ModelSection::Anthropic),
+            Some(other) => {
+                self.problems
+                    .push(problem(format!("unknown provider {other:?} ({known})")));
+                None
+            }
+            None => {
+                self.problems
+                    .push(problem(format!("missing: say which provider ({known})")));
+                None
+            }
+        };
+        if model.is_none() {
+            self.broken.insert(format!("models.{name}"));
+        }
+        model
+    }
+}
+
+/// Removes the value at `path` inside `value`; whether there was one.
+fn remove(value: &mut toml::Value, path: &[String]) -> bool {
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let mut current = value;
+    for segment in parents {
+        current = match current {
+            toml::Value::Table(t) => match t.get_mut(segment) {
+                Some(v) => v,
+                None => return false,
+            },
+            toml::Value::Array(a) => match segment.parse::<usize>().ok().and_then(|i| a.get_mut(i))
+            {
+                Some(v) => v,
+                None => return false,
+            },
+            _ => return false,
+        };
+    }
+    match current {
+        toml::Value::Table(t) => t.remove(last).is_some(),
+        toml::Value::Array(a) => match last.parse::<usize>() {
+            Ok(i) if i < a.len() => {
+                // The array cannot lose an element without shifting the
+                // others' indices; drop it whole instead.
+                a.clear();
+                true
+            }
+            _ => false,
+        },
+        _ => false,
+    }
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -683,33 +890,47 @@ fn at(text: &str, table: &str, key: &str, message: String) -> Problem {
 }
 
 /// The line of `key` inside `[table]` (or of the table's own key, in its
-/// header), from the TOML parser's spans: quoted keys (`[agents."acme/writer@1"]`)
-/// and dotted ones find their line too. `table` is `SECTION` or `SECTION.NAME`
-/// (the name may hold dots, as a version does).
+/// header). `table` is `SECTION` or `SECTION.NAME` (the name may hold dots,
+/// as a version does).
 fn locate(text: &str, table: &str, key: &str) -> Option<usize> {
-    use toml::de::{DeTable, DeValue};
-    let root = DeTable::parse(text).ok()?;
-    let path: Vec<&str> = match table.split_once('.') {
+    let mut path: Vec<&str> = match table.split_once('.') {
         Some((section, name)) => vec![section, name],
         None => vec![table],
     };
-    fn find<'i>(t: &DeTable<'i>, name: &str) -> Option<(usize, DeValue<'i>)> {
-        t.iter()
-            .find(|(k, _)| k.get_ref().as_ref() == name)
-            .map(|(k, v)| (k.span().start, v.get_ref().clone()))
-    }
-    let mut current = root.get_ref().clone();
+    path.push(key);
+    locate_path(text, &path)
+}
+
+/// The line of the deepest key of `path` the file has, from the TOML
+/// parser's spans: quoted keys (`[agents."acme/writer@1"]`), dotted ones and
+/// array elements find their line too.
+fn locate_path(text: &str, path: &[&str]) -> Option<usize> {
+    use toml::de::{DeTable, DeValue};
+    let root = DeTable::parse(text).ok()?;
+    let mut current = DeValue::Table(root.get_ref().clone());
     let mut at = None;
     for segment in path {
-        let (start, value) = find(&current, segment)?;
-        at = Some(start);
-        match value {
-            DeValue::Table(t) => current = t,
-            _ => return Some(line_of(text, start)),
+        let next = match &current {
+            DeValue::Table(t) => t
+                .iter()
+                .find(|(k, _)| k.get_ref().as_ref() == *segment)
+                .map(|(k, v)| (k.span().start, v.get_ref().clone())),
+            DeValue::Array(a) => segment
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| a.get(i))
+                .map(|v| (v.span().start, v.get_ref().clone())),
+            _ => None,
+        };
+        match next {
+            Some((start, value)) => {
+                at = Some(start);
+                current = value;
+            }
+            None => break,
         }
     }
-    let start = find(&current, key).map(|(start, _)| start).or(at)?;
-    Some(line_of(text, start))
+    at.map(|start| line_of(text, start))
 }
 
 fn duration(
@@ -720,13 +941,85 @@ fn duration(
     problems: &mut Vec<Problem>,
 ) -> Option<std::time::Duration> {
     let value = value.as_ref()?;
-    match parse_duration(value) {
+    match arbor_actors::duration::parse(value) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            problems.push(at(text, table, key, e.to_string()));
+            None
+        }
+    }
+}
+
+/// A duration key within `range` (inclusive), or its problem.
+fn duration_in(
+    text: &str,
+    table: &str,
+    key: &str,
+    value: &Option<String>,
+    range: (std::time::Duration, std::time::Duration),
+    problems: &mut Vec<Problem>,
+) -> Option<std::time::Duration> {
+    let value = value.as_ref()?;
+    match arbor_actors::duration::parse(value)
+        .map_err(|e| e.to_string())
+        .and_then(|d| arbor_actors::duration::within(d, range.0, range.1))
+    {
         Ok(d) => Some(d),
         Err(e) => {
             problems.push(at(text, table, key, e));
             None
         }
     }
+}
+
+/// A number key within `min..=max`, or its problem (NaN is outside every range).
+fn number<T: PartialOrd + fmt::Display + Copy>(
+    text: &str,
+    table: &str,
+    key: &str,
+    value: Option<T>,
+    (min, max): (T, T),
+    problems: &mut Vec<Problem>,
+) {
+    if let Some(v) = value
+        && !(v >= min && v <= max)
+    {
+        problems.push(at(
+            text,
+            table,
+            key,
+            format!("{v} is out of range: must be from {min} to {max}"),
+        ));
+    }
+}
+
+/// The documented range of every numeric and duration key outside
+/// `[service]` (docs/config.md lists them).
+pub mod ranges {
+    use std::time::Duration;
+
+    const MS: Duration = Duration::from_millis(1);
+    const HOUR: Duration = Duration::from_secs(3600);
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    pub const MAX_DEPTH: (usize, usize) = (0, 1_000);
+    pub const MAX_CHILDREN_PER_CALL: (usize, usize) = (1, 10_000);
+    pub const MAX_LIVE_AGENTS: (usize, usize) = (1, 1_000_000);
+    pub const MAX_AGENTS: (usize, usize) = (1, 100_000_000);
+    pub const MAX_STEPS: (u64, u64) = (1, 1_000_000_000);
+    pub const MAX_TOKENS: (u64, u64) = (1, 1_000_000_000_000);
+    pub const MAX_CREDITS: (f64, f64) = (0.0, 1e12);
+    pub const DEADLINE: (Duration, Duration) = (MS, Duration::from_secs(365 * 86_400));
+    pub const AGENT_MAX_STEPS: (u32, u32) = (1, 100_000);
+    pub const STEP_TIMEOUT: (Duration, Duration) = (MS, DAY);
+    pub const CONTEXT_WINDOW: (u64, u64) = (256, 100_000_000);
+    pub const RETRY_MAX: (u32, u32) = (0, 100);
+    pub const RETRY_BACKOFF: (Duration, Duration) = (Duration::ZERO, HOUR);
+    pub const FANOUT: (usize, usize) = (0, 10_000);
+    pub const DEPTH: (usize, usize) = (0, 100);
+    pub const REPLY_TOKENS: (usize, usize) = (0, 100_000);
+    /// A simulated model's whole tree, root included.
+    pub const SIMULATED_AGENTS: u64 = 100_000_000;
 }
 
 /// Checks `[service]`, each numeric and duration key against its range
@@ -903,14 +1196,63 @@ fn check_service(
 }
 
 fn limits(section: &LimitsSection, text: &str, problems: &mut Vec<Problem>) -> TreeLimits {
-    if section.max_live_agents == Some(0) {
-        problems.push(at(
-            text,
-            "limits",
-            "max_live_agents",
-            "must be at least 1".into(),
-        ));
-    }
+    let t = "limits";
+    number(
+        text,
+        t,
+        "max_depth",
+        section.max_depth,
+        ranges::MAX_DEPTH,
+        problems,
+    );
+    number(
+        text,
+        t,
+        "max_children_per_call",
+        section.max_children_per_call,
+        ranges::MAX_CHILDREN_PER_CALL,
+        problems,
+    );
+    number(
+        text,
+        t,
+        "max_live_agents",
+        section.max_live_agents,
+        ranges::MAX_LIVE_AGENTS,
+        problems,
+    );
+    number(
+        text,
+        t,
+        "max_agents",
+        section.max_agents,
+        ranges::MAX_AGENTS,
+        problems,
+    );
+    number(
+        text,
+        t,
+        "max_steps",
+        section.max_steps,
+        ranges::MAX_STEPS,
+        problems,
+    );
+    number(
+        text,
+        t,
+        "max_tokens",
+        section.max_tokens,
+        ranges::MAX_TOKENS,
+        problems,
+    );
+    number(
+        text,
+        t,
+        "max_credits",
+        section.max_credits,
+        ranges::MAX_CREDITS,
+        problems,
+    );
     TreeLimits {
         max_depth: section.max_depth,
         max_children_per_call: section.max_children_per_call,
@@ -919,7 +1261,14 @@ fn limits(section: &LimitsSection, text: &str, problems: &mut Vec<Problem>) -> T
         max_steps: section.max_steps,
         max_tokens: section.max_tokens,
         max_credits: section.max_credits,
-        deadline: duration(text, "limits", "deadline", &section.deadline, problems),
+        deadline: duration_in(
+            text,
+            t,
+            "deadline",
+            &section.deadline,
+            ranges::DEADLINE,
+            problems,
+        ),
         tools: ToolPolicy::default(),
     }
 }
@@ -1006,6 +1355,7 @@ fn command_tools(
 
 fn templates(
     file: &ConfigFile,
+    broken: &HashSet<String>,
     text: &str,
     problems: &mut Vec<Problem>,
     unresolved: &mut Vec<(String, Problem)>,
@@ -1029,7 +1379,7 @@ fn templates(
             },
             None => InputSchema::default(),
         };
-        if !file.models.contains_key(&a.model) {
+        if !file.models.contains_key(&a.model) && !broken.contains(&format!("models.{}", a.model)) {
             let known: Vec<&str> = file.models.keys().map(String::as_str).collect();
             problems.push(at(
                 text,
@@ -1043,7 +1393,7 @@ fn templates(
             ));
         }
         for entry in &a.spawnable_agents {
-            if !file.agents.contains_key(entry) {
+            if !file.agents.contains_key(entry) && !broken.contains(&format!("agents.{entry}")) {
                 problems.push(at(
                     text,
                     &table,
@@ -1106,17 +1456,51 @@ fn templates(
             }
             FailureSection::Retry { retry } => FailurePolicy::Retry {
                 max: retry.max,
-                backoff: duration(
+                backoff: duration_in(
                     text,
                     &table,
                     "failure",
                     &Some(retry.backoff.clone()),
+                    ranges::RETRY_BACKOFF,
                     problems,
                 )
                 .unwrap_or_default(),
             },
         };
-        let step_timeout = duration(text, &table, "step_timeout", &a.step_timeout, problems);
+        if let FailureSection::Retry { retry } = &a.failure {
+            number(
+                text,
+                &table,
+                "failure",
+                Some(retry.max),
+                ranges::RETRY_MAX,
+                problems,
+            );
+        }
+        number(
+            text,
+            &table,
+            "max_steps",
+            Some(a.max_steps),
+            ranges::AGENT_MAX_STEPS,
+            problems,
+        );
+        number(
+            text,
+            &table,
+            "context_window",
+            a.context_window,
+            ranges::CONTEXT_WINDOW,
+            problems,
+        );
+        let step_timeout = duration_in(
+            text,
+            &table,
+            "step_timeout",
+            &a.step_timeout,
+            ranges::STEP_TIMEOUT,
+            problems,
+        );
         let mut t = AgentTemplate::new(id.clone(), a.model.clone());
         t.display_name = a.name.clone().unwrap_or_else(|| id.clone());
         t.description = a.description.clone();
@@ -1194,6 +1578,60 @@ fn check_models(file: &ConfigFile, base_dir: &Path, text: &str, problems: &mut V
                 if let Err(e) = Latency::parse(&s.latency) {
                     problems.push(at(text, &table, "latency", e));
                 }
+                number(
+                    text,
+                    &table,
+                    "fanout",
+                    Some(s.fanout),
+                    ranges::FANOUT,
+                    problems,
+                );
+                number(
+                    text,
+                    &table,
+                    "depth",
+                    Some(s.depth),
+                    ranges::DEPTH,
+                    problems,
+                );
+                number(
+                    text,
+                    &table,
+                    "reply_tokens",
+                    Some(s.reply_tokens),
+                    ranges::REPLY_TOKENS,
+                    problems,
+                );
+                if let Some(shape) = &s.shape {
+                    if shape.len() > ranges::DEPTH.1 {
+                        problems.push(at(
+                            text,
+                            &table,
+                            "shape",
+                            format!("has {} levels: at most {}", shape.len(), ranges::DEPTH.1),
+                        ));
+                    }
+                    if let Some(&wide) = shape.iter().find(|&&f| f > ranges::FANOUT.1) {
+                        problems.push(at(
+                            text,
+                            &table,
+                            "shape",
+                            format!("a level of {wide} children: at most {}", ranges::FANOUT.1),
+                        ));
+                    }
+                }
+                let agents = simulated_config(s).map(|c| c.agents()).unwrap_or(0);
+                if agents > ranges::SIMULATED_AGENTS {
+                    problems.push(at(
+                        text,
+                        &table,
+                        if s.shape.is_some() { "shape" } else { "fanout" },
+                        format!(
+                            "makes a tree of {agents} agents: at most {} (a smaller fanout, depth or shape)",
+                            ranges::SIMULATED_AGENTS
+                        ),
+                    ));
+                }
             }
             ModelSection::Scripted(s) => {
                 let path = base_dir.join(&s.file);
@@ -1207,12 +1645,13 @@ fn check_models(file: &ConfigFile, base_dir: &Path, text: &str, problems: &mut V
                     _ => ProviderKind::OpenAi,
                 };
                 if let Err((key, message)) = ProviderSettings::from_section(kind, s) {
-                    problems.push(at(
-                        text,
-                        &table,
-                        key.split('.').next().unwrap_or(&key),
-                        format!("{key}: {message}"),
-                    ));
+                    let mut path = vec!["models", name.as_str()];
+                    path.extend(key.split('.'));
+                    problems.push(Problem {
+                        line: locate_path(text, &path),
+                        key: path.join("."),
+                        message,
+                    });
                 }
             }
         }

@@ -157,9 +157,10 @@ enum Command {
     },
     /// Delete trees that ended longer ago than --older-than.
     Gc {
-        /// An age: 30d, 12h, 90m, 45s.
-        #[arg(long)]
-        older_than: String,
+        /// An age: 30d, 12h, 1h30m, 500ms, "30 days" (the duration grammar
+        /// of every key and flag, see README).
+        #[arg(long, value_parser = duration_arg)]
+        older_than: std::time::Duration,
         #[command(flatten)]
         at: Stored,
     },
@@ -303,6 +304,11 @@ macro_rules! out {
 #[derive(Debug, thiserror::Error)]
 #[error("cannot write to stdout: {0}")]
 struct StdoutError(#[source] std::io::Error);
+
+/// A duration flag, in the one grammar Arbor reads durations in.
+fn duration_arg(text: &str) -> Result<std::time::Duration, String> {
+    arbor_actors::duration::parse(text).map_err(|e| e.why)
+}
 
 /// Whether `error` comes from writing to a pipe whose reader has gone.
 fn closed_pipe(error: &anyhow::Error) -> bool {
@@ -586,8 +592,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             older_than,
             at: Stored { config, store },
         } => {
-            let age = arbor::runs::parse_age(&older_than)
-                .map_err(|e| anyhow::anyhow!("--older-than: {e}"))?;
+            let age = older_than;
             let config = load_config(config.as_deref())?;
             let store = open_store(&config, store)?;
             let now = std::time::SystemTime::now()

@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod checkpoint;
+pub mod duration;
 pub mod event;
 pub mod handler;
 pub mod history;

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use arbor_actors::models::simulated::parse_duration;
 use serde::Deserialize;
 
 use super::limiter::LimiterConfig;
@@ -176,10 +175,60 @@ impl ProviderSettings {
     /// Settings from a config table; reads the key from the environment now.
     /// `Err` names the key of the table that is wrong.
     pub fn from_section(kind: ProviderKind, s: &HttpSection) -> Result<Self, (String, String)> {
+        let ms = Duration::from_millis(1);
+        let day = Duration::from_secs(86_400);
         let duration = |key: &str, value: &Option<String>, default: Duration| match value {
-            Some(v) => parse_duration(v).map_err(|e| (key.to_owned(), e)),
+            Some(v) => {
+                let (min, max) = match key {
+                    "retry.base_delay" => (Duration::ZERO, Duration::from_secs(600)),
+                    "retry.max_delay" => (Duration::ZERO, Duration::from_secs(3600)),
+                    _ => (ms, day),
+                };
+                arbor_actors::duration::parse(v)
+                    .map_err(|e| e.to_string())
+                    .and_then(|d| arbor_actors::duration::within(d, min, max))
+                    .map_err(|e| (key.to_owned(), e))
+            }
             None => Ok(default),
         };
+        fn range<T: PartialOrd + fmt::Display + Copy>(
+            key: &str,
+            value: Option<T>,
+            (min, max): (T, T),
+        ) -> Result<(), (String, String)> {
+            match value {
+                Some(v) if !(v >= min && v <= max) => Err((
+                    key.to_owned(),
+                    format!("{v} is out of range: must be from {min} to {max}"),
+                )),
+                _ => Ok(()),
+            }
+        }
+        range("max_tokens", s.max_tokens, (1, 10_000_000))?;
+        range("retry.max_retries", s.retry.max_retries, (0, 100))?;
+        range(
+            "limits.max_concurrent",
+            s.limits.max_concurrent,
+            (1, 100_000),
+        )?;
+        range(
+            "limits.requests_per_minute",
+            s.limits.requests_per_minute,
+            (1, 100_000_000),
+        )?;
+        range(
+            "limits.tokens_per_minute",
+            s.limits.tokens_per_minute,
+            (1, u32::MAX),
+        )?;
+        for (key, price) in [
+            ("pricing.input", s.pricing.input),
+            ("pricing.output", s.pricing.output),
+            ("pricing.cache_read", s.pricing.cache_read),
+            ("pricing.cache_write", s.pricing.cache_write),
+        ] {
+            range(key, Some(price), (0.0, 1e6))?;
+        }
         let base_url = s
             .base_url
             .clone()

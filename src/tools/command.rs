@@ -66,7 +66,6 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use arbor_actors::models::simulated::parse_duration;
 use arbor_actors::schema::Schema;
 use arbor_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
 use async_trait::async_trait;
@@ -100,6 +99,13 @@ fn default_timeout() -> String {
 fn default_max_output_bytes() -> usize {
     100_000
 }
+
+/// How long one call may take: from 1 ms to a day.
+pub const TIMEOUT_RANGE: (Duration, Duration) =
+    (Duration::from_millis(1), Duration::from_secs(86_400));
+
+/// The most output a call may keep (64 MiB): what a model can be sent.
+pub const MAX_OUTPUT_BYTES: usize = 64 << 20;
 
 /// A `[tools.NAME]` table of the config: a program run once per call.
 /// [`CommandToolSection::build`] checks it and makes the [`CommandTool`].
@@ -216,11 +222,10 @@ impl CommandToolSection {
             }
         }
 
-        let timeout = match parse_duration(&self.timeout) {
-            Ok(d) if d.is_zero() => {
-                problem("timeout", "must be more than 0".to_owned());
-                None
-            }
+        let timeout = match arbor_actors::duration::parse(&self.timeout)
+            .map_err(|e| e.to_string())
+            .and_then(|d| arbor_actors::duration::within(d, TIMEOUT_RANGE.0, TIMEOUT_RANGE.1))
+        {
             Ok(d) => Some(d),
             Err(e) => {
                 problem("timeout", e);
@@ -228,8 +233,11 @@ impl CommandToolSection {
             }
         };
 
-        if self.max_output_bytes == 0 {
-            problem("max_output_bytes", "must be at least 1".to_owned());
+        if !(1..=MAX_OUTPUT_BYTES).contains(&self.max_output_bytes) {
+            problem(
+                "max_output_bytes",
+                format!("must be from 1 to {MAX_OUTPUT_BYTES}"),
+            );
         }
 
         match (schema, program, timeout) {

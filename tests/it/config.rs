@@ -127,3 +127,163 @@ fn a_problem_under_a_quoted_table_header_has_its_line() {
         "{err}"
     );
 }
+
+/// `check-config` on `text` (written to a temp file): exit code and stderr.
+fn check_text(config: &str) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = arbor(&["check-config", path.to_str().unwrap()]);
+    (out.status.code(), text(&out.stderr))
+}
+
+#[test]
+fn values_that_panicked_aborted_or_hung_at_run_time_are_refused_with_key_and_line() {
+    // Each was accepted by check-config and then panicked, aborted on
+    // allocation, hung, or silently misbehaved in `arbor run`.
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "latency = \"lognormal:1s,1000\"",
+            "models.sim.latency",
+            "sigma",
+        ),
+        (
+            "latency = \"lognormal:1s,nan\"",
+            "models.sim.latency",
+            "sigma",
+        ),
+        (
+            "latency = \"lognormal:1s,inf\"",
+            "models.sim.latency",
+            "sigma",
+        ),
+        (
+            "latency = \"99999999999999999999ms\"",
+            "models.sim.latency",
+            "too big",
+        ),
+        ("latency = \"2h\"", "models.sim.latency", "at most 1h"),
+        ("fanout = 1000000", "models.sim.fanout", "out of range"),
+        (
+            "reply_tokens = 100000000",
+            "models.sim.reply_tokens",
+            "out of range",
+        ),
+        (
+            "reply_tokens = 4294967296",
+            "models.sim.reply_tokens",
+            "out of range",
+        ),
+        ("fanout = -3", "models.sim.fanout", "invalid value"),
+        (
+            "depth = 50\nfanout = 10",
+            "models.sim.fanout",
+            "agents: at most",
+        ),
+    ];
+    for (line, key, why) in cases {
+        let config = format!(
+            "[models.sim]\nprovider = \"simulated\"\n{line}\n\n[agents.lead]\nmodel = \"sim\"\n"
+        );
+        let (code, err) = check_text(&config);
+        assert_eq!(code, Some(2), "{line}: {err}");
+        let wanted_line = if line.starts_with("depth") { 4 } else { 3 };
+        assert!(
+            err.contains(&format!("c.toml:{wanted_line}: {key}: ")) && err.contains(why),
+            "{line}: {err}"
+        );
+    }
+    let limits: &[(&str, &str)] = &[
+        ("max_credits = -1.0", "limits.max_credits"),
+        ("max_credits = nan", "limits.max_credits"),
+        ("max_agents = 0", "limits.max_agents"),
+        ("max_live_agents = 0", "limits.max_live_agents"),
+        ("deadline = \"0\"", "limits.deadline"),
+    ];
+    for (line, key) in limits {
+        let config = format!(
+            "[limits]\n{line}\n\n[models.sim]\nprovider = \"simulated\"\n\n[agents.lead]\nmodel = \"sim\"\n"
+        );
+        let (code, err) = check_text(&config);
+        assert_eq!(code, Some(2), "{line}: {err}");
+        assert!(err.contains(&format!("c.toml:2: {key}: ")), "{line}: {err}");
+    }
+    let http = "[models.m]\nprovider = \"openai\"\nmodel = \"x\"\nbase_url = \"http://127.0.0.1:9\"\ntimeouts = { connect = \"0\" }\n\n[agents.lead]\nmodel = \"m\"\n";
+    let (code, err) = check_text(http);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("c.toml:5: models.m.timeouts.connect: must be at least 1ms"),
+        "{err}"
+    );
+    let store = "[store]\npath = \"\"\n\n[models.sim]\nprovider = \"simulated\"\n\n[agents.lead]\nmodel = \"sim\"\n";
+    let (code, err) = check_text(store);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("c.toml:2: store.path: must name a file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn check_config_reports_every_wrong_value_of_a_file_in_file_order() {
+    let config = "\
+[limits]
+max_depth = \"deep\"
+
+[models.sim]
+provider = \"simulated\"
+fanout = -3
+depth = \"two\"
+
+[agents.lead]
+model = \"sim\"
+max_steps = \"many\"
+context_window = 10
+";
+    let (code, err) = check_text(config);
+    assert_eq!(code, Some(2), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("c.toml:")).collect();
+    let keys: Vec<String> = lines
+        .iter()
+        .map(|l| l.split(": ").nth(1).unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "limits.max_depth",
+            "models.sim.fanout",
+            "models.sim.depth",
+            "agents.lead.max_steps",
+            "agents.lead.context_window",
+        ],
+        "{err}"
+    );
+    for (line, n) in lines.iter().zip([2, 6, 7, 11, 12]) {
+        assert!(line.contains(&format!("c.toml:{n}: ")), "{err}");
+    }
+}
+
+#[test]
+fn one_duration_grammar_reads_combined_units_and_days_everywhere() {
+    let config = "[limits]\ndeadline = \"1h30m\"\n\n[models.sim]\nprovider = \"simulated\"\nlatency = \"1.5ms\"\n\n[agents.lead]\nmodel = \"sim\"\nstep_timeout = \"2 minutes\"\n";
+    let (code, err) = check_text(config);
+    assert_eq!(code, Some(0), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = crate::arbor_in(dir.path(), &["run", "--quiet", "go"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for age in ["500ms", "1.5h", "30 days", "1d12h"] {
+        let out = crate::arbor_in(dir.path(), &["gc", "--older-than", age]);
+        assert!(
+            out.status.success(),
+            "--older-than {age}: {}",
+            text(&out.stderr)
+        );
+    }
+    let out = crate::arbor_in(dir.path(), &["gc", "--older-than", "1.5d"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("fractional days are not supported"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -5,6 +5,7 @@ mod aimock;
 mod cli;
 mod command_tools;
 mod config;
+mod config_fuzz;
 mod fencing;
 mod layers;
 mod library;

@@ -25,10 +25,25 @@ pub enum Latency {
     },
 }
 
+/// The longest latency a simulated call takes: a parsed one above it is
+/// refused, a sampled one is capped to it.
+pub const MAX_LATENCY: Duration = Duration::from_secs(3600);
+
+/// The widest log-normal shape: at 3 the slowest of a million calls is
+/// about 10^7 times the median, already past any load test's interest.
+pub const MAX_SIGMA: f64 = 3.0;
+
 impl Latency {
-    /// Parses `0`, `50ms`, `2s` or `lognormal:200ms,0.5`.
+    /// Parses `0`, `50ms`, `2s` or `lognormal:200ms,0.5` (durations in
+    /// [`crate::duration`]'s grammar, at most [`MAX_LATENCY`]; a sigma from 0
+    /// to [`MAX_SIGMA`]).
     pub fn parse(text: &str) -> Result<Latency, String> {
         let text = text.trim();
+        let duration = |d: &str| {
+            let value = crate::duration::parse(d).map_err(|e| format!("latency {text:?}: {e}"))?;
+            crate::duration::within(value, Duration::ZERO, MAX_LATENCY)
+                .map_err(|why| format!("latency {text:?}: {why}"))
+        };
         if let Some(rest) = text.strip_prefix("lognormal:") {
             let (median, sigma) = rest
                 .split_once(',')
@@ -37,12 +52,17 @@ impl Latency {
                 .trim()
                 .parse()
                 .map_err(|_| format!("latency {text:?}: sigma must be a number"))?;
+            if !(0.0..=MAX_SIGMA).contains(&sigma) {
+                return Err(format!(
+                    "latency {text:?}: sigma must be from 0 to {MAX_SIGMA}"
+                ));
+            }
             return Ok(Latency::LogNormal {
-                median: parse_duration(median)?,
+                median: duration(median)?,
                 sigma,
             });
         }
-        parse_duration(text).map(Latency::Fixed)
+        duration(text).map(Latency::Fixed)
     }
 
     fn sample(&self, seed: u64) -> Duration {
@@ -58,38 +78,12 @@ impl Latency {
                 };
                 let (u1, u2) = (next().max(f64::MIN_POSITIVE), next());
                 let normal = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
-                median.mul_f64((sigma * normal).exp())
+                let secs = median.as_secs_f64() * (sigma * normal).exp();
+                Duration::try_from_secs_f64(secs.min(MAX_LATENCY.as_secs_f64()))
+                    .unwrap_or(MAX_LATENCY)
             }
         }
     }
-}
-
-/// Parses `0`, `250ms`, `2s`, `1.5s`, `3m`, `1h`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("duration {text:?} needs a unit (ms, s, m, h)"))?;
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("duration {text:?}: {number:?} is not a number"))?;
-    let secs = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        "d" => value * 86400.0,
-        _ => {
-            return Err(format!(
-                "duration {text:?}: unknown unit {unit:?} (ms, s, m, h, d)"
-            ));
-        }
-    };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("duration {text:?}: {e}"))
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -323,12 +317,19 @@ mod tests {
 
     #[test]
     fn durations_and_latencies_parse() {
-        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
-        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert!(parse_duration("12").unwrap_err().contains("unit"));
-        assert!(parse_duration("5 parsecs").is_err());
+        for bad in [
+            "lognormal:1s,1000",
+            "lognormal:1s,nan",
+            "lognormal:1s,inf",
+            "lognormal:1s,-1",
+            "99999999999999999999ms",
+            "2h",
+        ] {
+            assert!(Latency::parse(bad).is_err(), "{bad}");
+        }
+        // The widest shape allowed never samples past the cap (nor panics).
+        let wide = Latency::parse("lognormal:1ms,3").unwrap();
+        assert!((0..100_000).all(|seed| wide.sample(seed) <= MAX_LATENCY));
         assert_eq!(
             Latency::parse("lognormal:200ms,0.5").unwrap(),
             Latency::LogNormal {

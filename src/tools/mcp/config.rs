@@ -11,7 +11,6 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use arbor_actors::models::simulated::parse_duration;
 use reqwest::header::{AUTHORIZATION, HeaderName, HeaderValue};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
@@ -23,6 +22,13 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Calls in flight per server when `max_concurrent` is not set.
 pub const DEFAULT_MAX_CONCURRENT: usize = 8;
+
+/// `timeout` and `startup_timeout`: from 1 ms to a day.
+pub const TIMEOUT_RANGE: (Duration, Duration) =
+    (Duration::from_millis(1), Duration::from_secs(86_400));
+
+/// Calls in flight to one server, at most.
+pub const MAX_CONCURRENT: usize = 1024;
 
 /// One `[mcp_servers.NAME]` table as written. A server is either a process
 /// spoken to over stdio (`command`, `args`, `env`, `cwd`) or a streamable
@@ -233,11 +239,10 @@ impl McpServerSection {
 
         let duration = |key: &str, value: &Option<String>, default: Duration| match value {
             None => Ok(default),
-            Some(text) => match parse_duration(text) {
-                Ok(d) if d.is_zero() => Err((key.to_owned(), "must be more than 0".to_owned())),
-                Ok(d) => Ok(d),
-                Err(e) => Err((key.to_owned(), e)),
-            },
+            Some(text) => arbor_actors::duration::parse(text)
+                .map_err(|e| e.to_string())
+                .and_then(|d| arbor_actors::duration::within(d, TIMEOUT_RANGE.0, TIMEOUT_RANGE.1))
+                .map_err(|e| (key.to_owned(), e)),
         };
         let timeout =
             duration("timeout", &self.timeout, DEFAULT_TIMEOUT).unwrap_or_else(|(k, m)| {
@@ -254,8 +259,11 @@ impl McpServerSection {
             DEFAULT_STARTUP_TIMEOUT
         });
         let max_concurrent = self.max_concurrent.unwrap_or(DEFAULT_MAX_CONCURRENT);
-        if max_concurrent == 0 {
-            problem("max_concurrent", "must be at least 1".to_owned());
+        if !(1..=MAX_CONCURRENT).contains(&max_concurrent) {
+            problem(
+                "max_concurrent",
+                format!("must be from 1 to {MAX_CONCURRENT}"),
+            );
         }
         if let Some(patterns) = &self.tools
             && patterns.iter().any(String::is_empty)
