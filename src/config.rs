@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use arbor_actors::models::{Latency, ScriptedModel, SimulatedConfig, SimulatedModel};
 use arbor_actors::schema::Schema;
@@ -993,8 +994,9 @@ fn number<T: PartialOrd + fmt::Display + Copy>(
     }
 }
 
-/// The documented range of every numeric and duration key outside
-/// `[service]` (docs/config.md lists them).
+/// The documented range of the agent and simulated-model keys (docs/config.md
+/// lists every key's; `[limits]` ranges are the supervisor's, `[service]`'s
+/// are in `check_service`).
 pub mod ranges {
     use std::time::Duration;
 
@@ -1002,14 +1004,6 @@ pub mod ranges {
     const HOUR: Duration = Duration::from_secs(3600);
     const DAY: Duration = Duration::from_secs(86_400);
 
-    pub const MAX_DEPTH: (usize, usize) = (0, 1_000);
-    pub const MAX_CHILDREN_PER_CALL: (usize, usize) = (1, 10_000);
-    pub const MAX_LIVE_AGENTS: (usize, usize) = (1, 1_000_000);
-    pub const MAX_AGENTS: (usize, usize) = (1, 100_000_000);
-    pub const MAX_STEPS: (u64, u64) = (1, 1_000_000_000);
-    pub const MAX_TOKENS: (u64, u64) = (1, 1_000_000_000_000);
-    pub const MAX_CREDITS: (f64, f64) = (0.0, 1e12);
-    pub const DEADLINE: (Duration, Duration) = (MS, Duration::from_secs(365 * 86_400));
     pub const AGENT_MAX_STEPS: (u32, u32) = (1, 100_000);
     pub const STEP_TIMEOUT: (Duration, Duration) = (MS, DAY);
     pub const CONTEXT_WINDOW: (u64, u64) = (256, 100_000_000);
@@ -1197,63 +1191,8 @@ fn check_service(
 
 fn limits(section: &LimitsSection, text: &str, problems: &mut Vec<Problem>) -> TreeLimits {
     let t = "limits";
-    number(
-        text,
-        t,
-        "max_depth",
-        section.max_depth,
-        ranges::MAX_DEPTH,
-        problems,
-    );
-    number(
-        text,
-        t,
-        "max_children_per_call",
-        section.max_children_per_call,
-        ranges::MAX_CHILDREN_PER_CALL,
-        problems,
-    );
-    number(
-        text,
-        t,
-        "max_live_agents",
-        section.max_live_agents,
-        ranges::MAX_LIVE_AGENTS,
-        problems,
-    );
-    number(
-        text,
-        t,
-        "max_agents",
-        section.max_agents,
-        ranges::MAX_AGENTS,
-        problems,
-    );
-    number(
-        text,
-        t,
-        "max_steps",
-        section.max_steps,
-        ranges::MAX_STEPS,
-        problems,
-    );
-    number(
-        text,
-        t,
-        "max_tokens",
-        section.max_tokens,
-        ranges::MAX_TOKENS,
-        problems,
-    );
-    number(
-        text,
-        t,
-        "max_credits",
-        section.max_credits,
-        ranges::MAX_CREDITS,
-        problems,
-    );
-    TreeLimits {
+    let mut deadline_problem = Vec::new();
+    let limits = TreeLimits {
         max_depth: section.max_depth,
         max_children_per_call: section.max_children_per_call,
         max_live_agents: section.max_live_agents,
@@ -1266,11 +1205,16 @@ fn limits(section: &LimitsSection, text: &str, problems: &mut Vec<Problem>) -> T
             t,
             "deadline",
             &section.deadline,
-            ranges::DEADLINE,
-            problems,
+            (Duration::ZERO, Duration::MAX),
+            &mut deadline_problem,
         ),
         tools: ToolPolicy::default(),
+    };
+    problems.extend(deadline_problem);
+    for (key, problem) in limits.problems() {
+        problems.push(at(text, t, key, problem));
     }
+    limits
 }
 
 /// A name for a server or a command tool: what fits a tool name on the wire.

@@ -204,6 +204,23 @@ fn run_path(id: String) -> Result<String, ApiError> {
     }
 }
 
+/// `max_live_agents` as `maxLiveAgents`.
+fn camel(snake: &str) -> String {
+    let mut out = String::new();
+    let mut upper = false;
+    for c in snake.chars() {
+        if c == '_' {
+            upper = true;
+        } else if upper {
+            out.push(c.to_ascii_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Each of the server's limits, tightened (never loosened) by the request's.
 fn tightened(server: &TreeLimits, asked: Option<TreeLimits>) -> TreeLimits {
     fn min<T: PartialOrd + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
@@ -243,13 +260,15 @@ pub async fn create_run(
     State(shared): State<Arc<Shared>>,
     ApiJson(body): ApiJson<CreateRun>,
 ) -> Result<Response, ApiError> {
-    if let Some(limits) = &body.limits {
-        if limits.max_live_agents == Some(0) {
-            return Err(ApiError::invalid("limits.maxLiveAgents must be at least 1"));
-        }
-        if limits.max_credits.is_some_and(|c| c.is_nan() || c < 0.0) {
-            return Err(ApiError::invalid("limits.maxCredits must be a number >= 0"));
-        }
+    if let Some(limits) = &body.limits
+        && let Some((key, problem)) = limits.problems().into_iter().next()
+    {
+        // The request's own spelling of the key: maxLiveAgents, deadlineMs.
+        let key = match key {
+            "deadline" => "deadlineMs".to_owned(),
+            key => camel(key),
+        };
+        return Err(ApiError::invalid(format!("limits.{key}: {problem}")));
     }
     if let Some(rule) = &body.tools
         && let Some((pattern, why)) = rule.problems().into_iter().next()

@@ -35,6 +35,80 @@ pub struct TreeLimits {
     pub tools: ToolPolicy,
 }
 
+/// The documented range of each limit (inclusive); config files and start
+/// requests are both checked against these, by [`TreeLimits::problems`].
+pub mod ranges {
+    use std::time::Duration;
+
+    pub const MAX_DEPTH: (usize, usize) = (0, 1_000);
+    pub const MAX_CHILDREN_PER_CALL: (usize, usize) = (1, 10_000);
+    pub const MAX_LIVE_AGENTS: (usize, usize) = (1, 1_000_000);
+    pub const MAX_AGENTS: (usize, usize) = (1, 100_000_000);
+    pub const MAX_STEPS: (u64, u64) = (1, 1_000_000_000);
+    pub const MAX_TOKENS: (u64, u64) = (1, 1_000_000_000_000);
+    pub const MAX_CREDITS: (f64, f64) = (0.0, 1e12);
+    pub const DEADLINE: (Duration, Duration) =
+        (Duration::from_millis(1), Duration::from_secs(365 * 86_400));
+}
+
+impl TreeLimits {
+    /// Each limit outside its range, as `(key, problem)` with the config's
+    /// snake_case key (`max_agents`); NaN is outside every range.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        fn check<T: PartialOrd + std::fmt::Display + Copy>(
+            out: &mut Vec<(&'static str, String)>,
+            key: &'static str,
+            value: Option<T>,
+            (min, max): (T, T),
+        ) {
+            if let Some(v) = value
+                && !(v >= min && v <= max)
+            {
+                out.push((
+                    key,
+                    format!("{v} is out of range: must be from {min} to {max}"),
+                ));
+            }
+        }
+        let mut out = Vec::new();
+        check(&mut out, "max_depth", self.max_depth, ranges::MAX_DEPTH);
+        check(
+            &mut out,
+            "max_children_per_call",
+            self.max_children_per_call,
+            ranges::MAX_CHILDREN_PER_CALL,
+        );
+        check(
+            &mut out,
+            "max_live_agents",
+            self.max_live_agents,
+            ranges::MAX_LIVE_AGENTS,
+        );
+        check(&mut out, "max_agents", self.max_agents, ranges::MAX_AGENTS);
+        check(&mut out, "max_steps", self.max_steps, ranges::MAX_STEPS);
+        check(&mut out, "max_tokens", self.max_tokens, ranges::MAX_TOKENS);
+        check(
+            &mut out,
+            "max_credits",
+            self.max_credits,
+            ranges::MAX_CREDITS,
+        );
+        if let Some(d) = self.deadline
+            && !(ranges::DEADLINE.0..=ranges::DEADLINE.1).contains(&d)
+        {
+            out.push((
+                "deadline",
+                format!(
+                    "must be from {} to {}",
+                    arbor_actors::duration::Human(ranges::DEADLINE.0),
+                    arbor_actors::duration::Human(ranges::DEADLINE.1)
+                ),
+            ));
+        }
+        out
+    }
+}
+
 /// A duration as whole milliseconds in JSON.
 mod millis {
     use std::time::Duration;

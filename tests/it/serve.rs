@@ -421,6 +421,19 @@ async fn tokens_limits_and_bad_input_get_clear_json_errors() {
             json!({"agent": "coordinator", "prompt": "p", "limits": {"maxLiveAgents": 0}}),
             "maxLiveAgents",
         ),
+        // The same ranges as the config's (issue 12, defect 7).
+        (
+            json!({"agent": "coordinator", "prompt": "p", "limits": {"maxAgents": 0}}),
+            "limits.maxAgents: 0 is out of range: must be from 1 to 100000000",
+        ),
+        (
+            json!({"agent": "coordinator", "prompt": "p", "limits": {"maxCredits": -1.0}}),
+            "limits.maxCredits: -1 is out of range",
+        ),
+        (
+            json!({"agent": "coordinator", "prompt": "p", "limits": {"deadlineMs": 0}}),
+            "limits.deadlineMs: must be from 1ms to 365d",
+        ),
         // Params are a JSON object (issue 12, defect 5).
         (
             json!({"agent": "coordinator", "prompt": "p", "params": [1, 2]}),
