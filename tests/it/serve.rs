@@ -1025,3 +1025,154 @@ async fn a_tokenless_server_refuses_rebound_hosts_and_cross_origin_writes() {
     assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
     assert_eq!(page.headers()["x-frame-options"], "DENY");
 }
+
+/// Issue 12, defect 11: a SIGTERM hands the running trees over, and a server
+/// started on the same store right after the exit resumes every one of them
+/// in its start-up pass (not 20 s later as adoptions, once heartbeats go
+/// stale), all of them complete, and a stream reconnected across the restart
+/// ends with its run's final event. Each tree is one agent whose one step
+/// takes 5 s: nothing can finish before the SIGTERM; the resumed step (asked
+/// again from its checkpoint) takes another 5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restarted_right_after_sigterm_resumes_all_300_running_trees_at_start() {
+    use futures::StreamExt;
+    const TREES: usize = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(fixtures().join("serve.toml")).unwrap();
+    let text = text.replace(
+        "[service]\n",
+        &format!("[service]\nmax_running_trees = {TREES}\n"),
+    ) + r#"
+# One agent a tree, one 5 s step (the handover test).
+[models.held]
+provider = "simulated"
+fanout = 0
+depth = 0
+latency = "5s"
+reply_tokens = 4
+
+[agents.solo]
+model = "held"
+"#;
+    let config = dir.path().join("held.toml");
+    std::fs::write(&config, text).unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    let mut server = Server::start(dir.path(), &["--config", &config], Some(TOKEN));
+    server.wait_for("ready");
+    let server = std::sync::Arc::new(server);
+
+    let starts: Vec<_> = (0..TREES)
+        .map(|i| {
+            let server = server.clone();
+            tokio::spawn(async move {
+                let (status, created) = post(
+                    &server,
+                    "/v1/runs",
+                    json!({"agent": "solo", "prompt": format!("job {i}")}),
+                )
+                .await;
+                assert_eq!(status, StatusCode::CREATED, "{created}");
+                created["runId"].as_str().unwrap().to_owned()
+            })
+        })
+        .collect();
+    let mut runs = Vec::new();
+    for start in starts {
+        runs.push(start.await.unwrap());
+    }
+    // All 300 running at once (each in its one model call).
+    async fn listed(server: &Server, status: &str) -> usize {
+        let (code, list) = get(server, &format!("/v1/runs?status={status}&limit=500")).await;
+        assert_eq!(code, StatusCode::OK, "{list}");
+        list["runs"].as_array().unwrap().len()
+    }
+    assert_eq!(listed(&server, "running").await, TREES);
+
+    // Follow one tree into its model call; its stream stays open across the stop.
+    let followed = runs[TREES / 2].clone();
+    let response = client()
+        .get(server.url(&format!("/v1/runs/{}/events", encoded(&followed))))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.bytes_stream();
+    let mut seen = String::new();
+    let mut last_id = None;
+    while !seen.contains("event: stepStarted") {
+        let chunk = tokio::time::timeout(GUARD, body.next())
+            .await
+            .expect("the followed tree starts its step")
+            .expect("the stream goes on")
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    for line in seen.lines() {
+        if let Some(id) = line.strip_prefix("id: ") {
+            last_id = Some(id.parse::<u64>().unwrap());
+        }
+    }
+    let last_id = last_id.expect("the stream sent events with ids");
+    assert!(!seen.contains("agentFinished"), "{seen}");
+    // Nothing ended before the stop.
+    assert_eq!(listed(&server, "running").await, TREES);
+    assert_eq!(listed(&server, "completed").await, 0);
+
+    // SIGTERM, the exit, and at once (nothing in between) a new server on
+    // the same store: well inside the 5 s a fresh heartbeat would hold.
+    let server = std::sync::Arc::into_inner(server).unwrap();
+    let (status, first_logs) = server.terminate();
+    let mut server = Server::start(dir.path(), &["--config", &config], Some(TOKEN));
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        first_logs
+            .iter()
+            .any(|l| l.contains("handed over") && l.contains(&format!("trees={TREES}"))),
+        "{first_logs:?}"
+    );
+    // The stream of the first server ended with it, without a final event.
+    let rest = tokio::time::timeout(GUARD, async {
+        let mut rest = String::new();
+        while let Some(Ok(chunk)) = body.next().await {
+            rest.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        rest
+    })
+    .await
+    .unwrap();
+    assert!(!rest.contains("agentFinished"), "{rest}");
+
+    // The start-up pass resumed all of them (not the later adoption pass).
+    let ready = server.wait_for("ready (interrupted trees resumed)");
+    assert!(ready.contains(&format!("trees={TREES}")), "{ready}");
+
+    // The reconnected stream goes on after the last id it saw and ends with
+    // the run's own final event.
+    let events = stream(&server, &followed, Some(last_id), |_| {}).await;
+    assert!(events.iter().all(|e| e.id > last_id), "{events:?}");
+    let end = events.last().expect("events after the restart");
+    assert_eq!(end.event, "agentFinished", "{events:?}");
+    assert_eq!(end.data["runId"], followed.as_str());
+    assert_eq!(end.data["status"], "completed");
+
+    // Every tree completes.
+    let mut done = 0;
+    let deadline = tokio::time::Instant::now() + GUARD;
+    while done < TREES {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{done} of {TREES} trees completed after {GUARD:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        done = listed(&server, "completed").await;
+    }
+    let (_, list) = get(&server, "/v1/runs?limit=500").await;
+    let runs = list["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), TREES);
+    assert!(
+        runs.iter()
+            .all(|r| r["status"] == "completed" && r["resumes"].as_u64() == Some(1)),
+        "{runs:?}"
+    );
+}
