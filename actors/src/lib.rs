@@ -33,6 +33,7 @@ pub use limit::{Limit, LimitHit};
 pub use message::{Content, Message, Part, ToolCall, ToolResultPart};
 pub use model::{
     Delta, DeltaSink, Model, ModelError, ModelRequest, ModelResponse, RequestMeta, Usage,
+    UsageSource,
 };
 pub use state::{AgentState, AgentStatus, ToolDefinition};
 pub use step::{Action, Catalog, StepMachine};

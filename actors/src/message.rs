@@ -295,8 +295,9 @@ impl Message {
         }
     }
 
-    /// A rough token estimate (4 bytes a token) used when no provider usage is
-    /// known. Cheap: JSON values are sized, not serialised.
+    /// A rough token estimate (`ESTIMATED_BYTES_PER_TOKEN` bytes a token, plus
+    /// 4 a message) used when no provider usage is known. Cheap: JSON values
+    /// are sized, not serialised.
     pub fn estimated_tokens(&self) -> u64 {
         let bytes = match self {
             Message::System { content, .. }
@@ -310,7 +311,7 @@ impl Message {
                 })
                 .sum(),
         };
-        (bytes as u64).div_ceil(4) + 4
+        (bytes as u64).div_ceil(crate::model::ESTIMATED_BYTES_PER_TOKEN) + 4
     }
 
     /// This message with the tool-call parts that `keep` rejects removed.

@@ -36,6 +36,32 @@ pub struct RequestMeta {
     pub step: u32,
 }
 
+/// Bytes per token of Arbor's one token estimate (`Message::estimated_tokens`,
+/// `History::estimated_tokens`), used wherever a count is not reported: a
+/// rough average for English text and code in BPE tokenizers.
+pub const ESTIMATED_BYTES_PER_TOKEN: u64 = 4;
+
+/// Where the counts of a `Usage` come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum UsageSource {
+    /// The endpoint (or the model itself) reported them.
+    #[default]
+    Reported,
+    /// The reply carried no usage: the counts are 0 because nothing was
+    /// reported, not because nothing was used.
+    Absent,
+    /// The reply carried no usage; the counts are an estimate from the text
+    /// (`ESTIMATED_BYTES_PER_TOKEN`).
+    Estimated,
+}
+
+impl UsageSource {
+    pub fn is_reported(&self) -> bool {
+        *self == UsageSource::Reported
+    }
+}
+
 /// Token counts (and cost, when the model prices its own calls) of one call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -49,11 +75,26 @@ pub struct Usage {
     /// Credits this call cost.
     #[serde(default)]
     pub cost: f64,
+    /// Whether the counts were reported (the default, and then not written),
+    /// absent from the reply, or estimated.
+    #[serde(default, skip_serializing_if = "UsageSource::is_reported")]
+    pub source: UsageSource,
 }
 
 impl Usage {
     pub fn total_tokens(&self) -> u64 {
         self.input_tokens + self.output_tokens
+    }
+
+    /// The usage of a reply that reported none: input and output estimated
+    /// from the request's messages and the reply (`ESTIMATED_BYTES_PER_TOKEN`).
+    pub fn estimated(request: &ModelRequest, reply: &Message) -> Usage {
+        Usage {
+            input_tokens: request.messages.estimated_tokens(),
+            output_tokens: reply.estimated_tokens(),
+            source: UsageSource::Estimated,
+            ..Usage::default()
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use arbor_actors::hooks::RunIds;
 use arbor_actors::message::{
     Content, Message, Part, SPAWN_PROMPT, SUBAGENT_SPAWN, TOOL_CALL_ERROR, TimeToLive, ToolCall,
 };
-use arbor_actors::model::{ModelRequest, ModelResponse, Usage};
+use arbor_actors::model::{ModelRequest, ModelResponse, Usage, UsageSource};
 use arbor_actors::schema::Schema;
 use arbor_actors::spawn::{ChildPlan, ChildReport, ChildStart, ParentInfo};
 use arbor_actors::state::{AgentState, AgentStatus};
@@ -79,6 +79,7 @@ const USAGE: Usage = Usage {
     cache_read_tokens: 0,
     cache_write_tokens: 0,
     cost: 0.5,
+    source: UsageSource::Reported,
 };
 
 /// A machine and the catalog it plans spawns with.

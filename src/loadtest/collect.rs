@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arbor_actors::{Delta, Event, EventKind};
+use arbor_actors::{Delta, Event, EventKind, UsageSource};
 use hdrhistogram::Histogram;
 
 /// Counters and histograms of one run, updated from events.
@@ -39,7 +39,11 @@ struct Inner {
     step_latency: Histogram<u64>,
     /// Time to first token, microseconds.
     ttft: Histogram<u64>,
-    output_tokens: u64,
+    /// Answers (replies without tool calls: on an endpoint, the replies it
+    /// sent) and their counts by where they come from.
+    answers: Answers,
+    /// Time the answers took to generate: from the first token when streamed,
+    /// from the request otherwise.
     generation: Duration,
     errors: HashMap<String, u64>,
     retry_reasons: HashMap<String, u64>,
@@ -74,7 +78,7 @@ impl Default for Collector {
                 spawn_to_reply: histogram(),
                 step_latency: histogram(),
                 ttft: histogram(),
-                output_tokens: 0,
+                answers: Answers::default(),
                 generation: Duration::ZERO,
                 errors: HashMap::new(),
                 retry_reasons: HashMap::new(),
@@ -106,6 +110,42 @@ impl Percentiles {
     }
 }
 
+/// The answers of a run and their tokens. Planned spawning steps (tool
+/// calls) are left out: in an endpoint run the simulated model makes them
+/// locally, and their counts are not the endpoint's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Answers {
+    pub replies: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Replies that reported no usage and whose counts were estimated from
+    /// their text (`arbor_actors::model::ESTIMATED_BYTES_PER_TOKEN`).
+    pub replies_estimated: u64,
+    /// Replies that reported no usage and were counted as 0 (nothing estimated them).
+    pub replies_unreported: u64,
+}
+
+impl Answers {
+    /// Whether any figure includes an estimate.
+    pub fn estimated(&self) -> bool {
+        self.replies_estimated > 0
+    }
+}
+
+/// The token figures of an endpoint run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenFigures {
+    /// Output tokens over the time the answers took to generate.
+    pub output_tokens_per_sec: f64,
+    /// Some (or all) counts are estimates: `repliesEstimated` of `replies`
+    /// reported no usage.
+    pub tokens_estimated: bool,
+    #[serde(flatten)]
+    pub answers: Answers,
+}
+
 /// A snapshot of what was measured.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -113,7 +153,9 @@ pub struct Measured {
     pub spawn_to_reply_us: Percentiles,
     pub step_latency_us: Percentiles,
     pub ttft_us: Percentiles,
-    pub output_tokens_per_sec: f64,
+    /// Only for a run on an endpoint (`--model`).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokenFigures>,
     pub errors: HashMap<String, u64>,
     /// Retries by kind (the total is `LoadReport::retries`).
     pub retry_kinds: HashMap<String, u64>,
@@ -179,18 +221,38 @@ impl Collector {
                     inner.first_delta.remove(&event.run_id);
                 }
             }
-            EventKind::ModelResponded { step, usage, .. } => {
+            EventKind::ModelResponded {
+                step,
+                usage,
+                tool_calls,
+                ..
+            } => {
                 if let Ok(mut inner) = self.inner.lock() {
                     let started = inner.step_started.remove(&event.run_id);
                     let first = inner.first_delta.remove(&event.run_id);
+                    let answer = *tool_calls == 0;
                     if let Some((_, at)) = started.filter(|(s, _)| s == step) {
                         Self::record(&mut inner.step_latency, now - at);
                         if let Some(first) = first {
                             Self::record(&mut inner.ttft, first - at);
-                            inner.generation += now - first;
+                        }
+                        if answer {
+                            // A reply that was not streamed took its whole
+                            // request to generate.
+                            inner.generation += now - first.unwrap_or(at);
                         }
                     }
-                    inner.output_tokens += usage.output_tokens;
+                    if answer {
+                        let a = &mut inner.answers;
+                        a.replies += 1;
+                        a.input_tokens += usage.input_tokens;
+                        a.output_tokens += usage.output_tokens;
+                        match usage.source {
+                            UsageSource::Reported => {}
+                            UsageSource::Estimated => a.replies_estimated += 1,
+                            UsageSource::Absent => a.replies_unreported += 1,
+                        }
+                    }
                 }
             }
             EventKind::AgentFinished { .. } => self.ended(event, &self.finished, None),
@@ -233,11 +295,15 @@ impl Collector {
             spawn_to_reply_us: Percentiles::of(&inner.spawn_to_reply),
             step_latency_us: Percentiles::of(&inner.step_latency),
             ttft_us: Percentiles::of(&inner.ttft),
-            output_tokens_per_sec: if secs > 0.0 {
-                inner.output_tokens as f64 / secs
-            } else {
-                0.0
-            },
+            tokens: Some(TokenFigures {
+                output_tokens_per_sec: if secs > 0.0 {
+                    inner.answers.output_tokens as f64 / secs
+                } else {
+                    0.0
+                },
+                tokens_estimated: inner.answers.estimated(),
+                answers: inner.answers,
+            }),
             errors: inner.errors.clone(),
             retry_kinds: inner.retry_reasons.clone(),
             timeline: inner.timeline.clone(),

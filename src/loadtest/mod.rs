@@ -16,7 +16,7 @@ use arbor_actors::{AgentStatus, AgentTemplate, Model};
 use arbor_supervisor::{Catalog, Retain, StartRequest, Supervisor, TreeLimits};
 
 pub use bare::run_bare_tree;
-pub use collect::{Collector, Measured, Percentiles};
+pub use collect::{Answers, Collector, Measured, Percentiles, TokenFigures};
 pub use report::{LoadReport, write_plot};
 pub use shaped::ShapedModel;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::LoadOptions;
-use super::collect::{Collector, Measured};
+use super::collect::{Collector, Measured, TokenFigures};
 
 /// camelCase, like every other JSON Arbor writes.
 /// Microseconds in the unit that reads best: `850 µs`, `12.3 ms`, `4.20 s`.
@@ -69,6 +69,7 @@ impl LoadReport {
         let peak = peak_rss_bytes().unwrap_or(0);
         let live_max = c.live_max.load(Ordering::Acquire);
         let alive_max = c.alive_max.load(Ordering::Acquire);
+        let measured = c.measured();
         LoadReport {
             tree_id,
             shape: options.shape.clone(),
@@ -105,7 +106,11 @@ impl LoadReport {
             },
             store_bytes: None,
             store_tail_secs: None,
-            measured: c.measured(),
+            measured: Measured {
+                // Tokens are the endpoint's: a simulated run has none to report.
+                tokens: options.model.as_ref().and(measured.tokens),
+                ..measured
+            },
         }
     }
 
@@ -175,10 +180,9 @@ impl LoadReport {
                     format!("{} / {}", human_us(f.p50), human_us(f.p99)),
                 );
             }
-            row(
-                "output tokens/s",
-                format!("{:.0}", self.measured.output_tokens_per_sec),
-            );
+            if let Some(tokens) = &self.measured.tokens {
+                row("output tokens/s", tokens_per_sec(tokens));
+            }
         }
         row(
             "retries",
@@ -187,6 +191,31 @@ impl LoadReport {
         row("errors", kinds(&self.measured.errors));
         t
     }
+}
+
+/// The output rate, marked when any count behind it is an estimate, and how
+/// many: measured and estimated figures are never mixed silently.
+pub fn tokens_per_sec(t: &TokenFigures) -> String {
+    let a = &t.answers;
+    let rate = t.output_tokens_per_sec;
+    let mut text = if a.replies_estimated == 0 {
+        format!("{rate:.0}")
+    } else if a.replies_estimated == a.replies {
+        format!("≈ {rate:.0} (estimated: the endpoint reported no usage)")
+    } else {
+        format!(
+            "≈ {rate:.0} (estimated in part: {} of {} replies reported no usage)",
+            a.replies_estimated, a.replies
+        )
+    };
+    if a.replies_unreported > 0 {
+        let _ = write!(
+            text,
+            " ({} of {} replies reported no usage and count as 0)",
+            a.replies_unreported, a.replies
+        );
+    }
+    text
 }
 
 fn kinds(map: &std::collections::HashMap<String, u64>) -> String {
@@ -296,7 +325,40 @@ pub(super) fn store_bytes(path: &std::path::Path) -> u64 {
 
 #[cfg(test)]
 mod unit_tests {
-    use super::human_us;
+    use super::super::collect::Answers;
+    use super::{TokenFigures, human_us, tokens_per_sec};
+
+    #[test]
+    fn estimated_token_rates_say_so_and_how_many_replies_were_estimated() {
+        let figures = |replies, estimated, unreported| TokenFigures {
+            output_tokens_per_sec: 1234.4,
+            tokens_estimated: estimated > 0,
+            answers: Answers {
+                replies,
+                input_tokens: 100,
+                output_tokens: 50,
+                replies_estimated: estimated,
+                replies_unreported: unreported,
+            },
+        };
+        assert_eq!(tokens_per_sec(&figures(13, 0, 0)), "1234");
+        assert_eq!(
+            tokens_per_sec(&figures(13, 13, 0)),
+            "≈ 1234 (estimated: the endpoint reported no usage)"
+        );
+        assert_eq!(
+            tokens_per_sec(&figures(13, 4, 0)),
+            "≈ 1234 (estimated in part: 4 of 13 replies reported no usage)"
+        );
+        assert_eq!(
+            tokens_per_sec(&figures(13, 0, 2)),
+            "1234 (2 of 13 replies reported no usage and count as 0)"
+        );
+        let json = serde_json::to_value(figures(13, 4, 0)).unwrap();
+        assert_eq!(json["tokensEstimated"], true);
+        assert_eq!(json["repliesEstimated"], 4);
+        assert_eq!(json["replies"], 13);
+    }
 
     #[test]
     fn latencies_read_in_human_units() {

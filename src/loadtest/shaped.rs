@@ -1,11 +1,12 @@
 //! Agent-shaped load on a real endpoint: the tree's shape comes from the
 //! simulated model (which decides the spawns), every answer comes from the
-//! endpoint, with the agent's real, growing history.
+//! endpoint, with the agent's real, growing history. A reply that reports no
+//! usage gets estimated counts (`Usage::estimated`), marked as estimates.
 
 use std::sync::Arc;
 
 use arbor_actors::models::SimulatedModel;
-use arbor_actors::{DeltaSink, Model, ModelError, ModelRequest, ModelResponse};
+use arbor_actors::{DeltaSink, Model, ModelError, ModelRequest, ModelResponse, Usage, UsageSource};
 use async_trait::async_trait;
 
 pub struct ShapedModel {
@@ -41,6 +42,78 @@ impl Model for ShapedModel {
         }
         let mut real = request;
         real.tools = Default::default();
-        self.endpoint.complete(real, deltas).await
+        let mut response = self.endpoint.complete(real.clone(), deltas).await?;
+        if response.usage.source == UsageSource::Absent {
+            response.usage = Usage::estimated(&real, &response.message);
+        }
+        Ok(response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arbor_actors::RequestMeta;
+    use arbor_actors::message::Message;
+    use arbor_actors::models::SimulatedConfig;
+
+    /// An endpoint that answers with a fixed text and the usage it is given.
+    struct Fixed(Usage);
+
+    #[async_trait]
+    impl Model for Fixed {
+        fn name(&self) -> &str {
+            "fixed"
+        }
+        async fn complete(
+            &self,
+            _: ModelRequest,
+            _: DeltaSink,
+        ) -> Result<ModelResponse, ModelError> {
+            Ok(ModelResponse {
+                message: Message::assistant_text("forty bytes of answer text, give or take"),
+                usage: self.0,
+            })
+        }
+    }
+
+    async fn answer(usage: Usage) -> Usage {
+        let shape = SimulatedModel::new(
+            "plan",
+            SimulatedConfig {
+                shape: vec![],
+                ..SimulatedConfig::default()
+            },
+        );
+        let model = ShapedModel::new(shape, Arc::new(Fixed(usage)));
+        let request = ModelRequest {
+            system_prompt: "".into(),
+            messages: [Message::user("a prompt of some thirty-odd bytes")]
+                .into_iter()
+                .collect(),
+            tools: Default::default(),
+            meta: RequestMeta::default(),
+        };
+        model
+            .complete(request, Arc::new(|_| {}))
+            .await
+            .unwrap()
+            .usage
+    }
+
+    #[tokio::test]
+    async fn an_answer_without_usage_gets_estimated_counts_marked_as_estimates() {
+        let usage = answer(Usage {
+            source: UsageSource::Absent,
+            ..Usage::default()
+        })
+        .await;
+        assert_eq!(usage.source, UsageSource::Estimated);
+        // ⌈40 bytes / 4⌉ + 4 a message; ⌈33 bytes / 4⌉ + 4.
+        assert_eq!(usage.output_tokens, 14);
+        assert_eq!(usage.input_tokens, 13);
+        // Reported counts, zeros included, are left as they are.
+        let reported = Usage::default();
+        assert_eq!(answer(reported).await, reported);
     }
 }

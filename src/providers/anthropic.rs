@@ -365,15 +365,18 @@ fn assistant(blocks: impl IntoIterator<Item = Block>) -> Message {
 /// (`message_start`, then `message_delta`), so a count only grows: a later event
 /// that leaves one out or reports 0 or null keeps the earlier value.
 fn update_tokens(tokens: &mut Tokens, usage: &Value) {
-    let set = |field: &mut u64, key: &str| {
+    let mut reported = false;
+    let mut set = |field: &mut u64, key: &str| {
         if let Some(n) = usage.get(key).and_then(Value::as_u64) {
             *field = (*field).max(n);
+            reported = true;
         }
     };
     set(&mut tokens.input, "input_tokens");
     set(&mut tokens.output, "output_tokens");
     set(&mut tokens.cache_read, "cache_read_input_tokens");
     set(&mut tokens.cache_write, "cache_creation_input_tokens");
+    tokens.reported |= reported;
 }
 
 /// An `{"type":"error"}` body or stream event. HTTP errors are handled before
@@ -711,6 +714,7 @@ data: {"type":"message_stop"}
             output,
             cache_read,
             cache_write,
+            reported: true,
         }
     }
 
@@ -1003,7 +1007,8 @@ data: {"type":"message_stop"}
             reply.message,
             Message::assistant(Some("Hi there! How can I help?".into()), vec![])
         );
-        assert_eq!(reply.tokens, Tokens::default());
+        // Zeros that were reported are counts, not an absence.
+        assert_eq!(reply.tokens, tokens(0, 0, 0, 0));
     }
 
     #[test]

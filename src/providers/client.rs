@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use arbor_actors::message::Message;
-use arbor_actors::{Delta, DeltaSink, Model, ModelError, ModelRequest, ModelResponse, Usage};
+use arbor_actors::{
+    Delta, DeltaSink, Model, ModelError, ModelRequest, ModelResponse, Usage, UsageSource,
+};
 use async_trait::async_trait;
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
@@ -17,12 +19,15 @@ use super::settings::{ProviderKind, ProviderSettings};
 use super::{anthropic, openai};
 
 /// Token counts as the API reports them; `input` excludes cached tokens.
+/// `reported` is false while the reply has carried no usage (the counts are
+/// then 0 for want of a report, not measured as 0).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Tokens {
     pub input: u64,
     pub output: u64,
     pub cache_read: u64,
     pub cache_write: u64,
+    pub reported: bool,
 }
 
 /// One assembled reply.
@@ -268,6 +273,11 @@ impl HttpModel {
                 tokens.cache_read,
                 tokens.cache_write,
             ),
+            source: if tokens.reported {
+                UsageSource::Reported
+            } else {
+                UsageSource::Absent
+            },
         }
     }
 }

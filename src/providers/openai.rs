@@ -130,6 +130,7 @@ fn tokens(usage: &Value) -> Tokens {
         output: n("/completion_tokens"),
         cache_read: cached,
         cache_write: 0,
+        reported: true,
     }
 }
 
@@ -217,7 +218,11 @@ pub(crate) fn parse_response(body: &Value) -> Result<Reply, Failure> {
             content,
             calls,
         ),
-        tokens: body.get("usage").map(tokens).unwrap_or_default(),
+        tokens: body
+            .get("usage")
+            .filter(|u| !u.is_null())
+            .map(tokens)
+            .unwrap_or_default(),
     })
 }
 
@@ -593,6 +598,7 @@ data: [DONE]
             output,
             cache_read,
             cache_write: 0,
+            reported: true,
         }
     }
 
@@ -746,6 +752,27 @@ data: [DONE]
         );
         assert_eq!(reply.message.text(), "Paris is 18°C and Berlin is 12°C.");
         assert_eq!(reply.tokens, tokens(17, 9, 0));
+    }
+
+    #[test]
+    fn a_reply_without_usage_says_its_counts_were_not_reported() {
+        let mut body: Value = serde_json::from_str(TEXT_REPLY).unwrap();
+        body.as_object_mut().unwrap().remove("usage");
+        let reply = parse_response(&body).unwrap();
+        assert_eq!(reply.tokens, Tokens::default());
+        assert!(!reply.tokens.reported);
+        body["usage"] = Value::Null;
+        assert!(!parse_response(&body).unwrap().tokens.reported);
+        // A stream whose usage chunk never comes (no `include_usage` support).
+        let stream: String = TOOL_STREAM
+            .split("\n\n")
+            .filter(|event| !event.trim().is_empty() && !event.contains("\"usage\""))
+            .map(|event| format!("{event}\n\n"))
+            .collect();
+        let (reply, _) = assemble(Box::new(StreamState::default()), &stream);
+        assert!(!reply.unwrap().tokens.reported);
+        // Reported zeros are counts.
+        assert!(parse(TEXT_REPLY).unwrap().tokens.reported);
     }
 
     #[test]

@@ -526,3 +526,99 @@ fn ctrl_c_mid_run_removes_the_scratch_store() {
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// Defect 24: an endpoint that sends no `usage` (streamed or not) made the
+/// load test report 0 output tokens/s. The counts are now estimated from the
+/// text, and the table and JSON say they are estimates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_reports_no_usage_gets_estimated_token_rates_marked_as_estimates() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let server = MockServer::start().await;
+    // An OpenAI Chat Completions reply with no `usage` field at all, 5 ms late
+    // (so the generation time is not rounded to nothing).
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({
+                    "id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+                    "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                        "role": "assistant",
+                        "content": "The report of this node, in a few dozen words of text."
+                    }}]
+                }))
+                .set_delay(Duration::from_millis(5)),
+        )
+        .mount(&server)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("nousage.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[models.nousage]
+provider = "openai"
+base_url = "{}/v1"
+model = "m"
+stream = false
+
+[agents.x]
+model = "nousage"
+"#,
+            server.uri()
+        ),
+    )
+    .unwrap();
+    let out = guarded(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_arbor"))
+            .args(["loadtest", "--model", "nousage", "--config"])
+            .arg(&config)
+            .args(["--fanout", "2", "--depth", "1", "--json", "out.json"])
+            .current_dir(dir.path())
+            .env_remove("RUST_LOG")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "status {:?}\nstdout: {stdout}\nstderr: {stderr}",
+        out.status
+    );
+    // The root's merge and the two leaves' answers reached the endpoint.
+    assert_eq!(server.received_requests().await.unwrap().len(), 3);
+
+    let rows = table_rows(&stdout);
+    let rate = &rows["output tokens/s"];
+    assert!(
+        rate.starts_with("≈ ") && rate.ends_with("(estimated: the endpoint reported no usage)"),
+        "{stdout}"
+    );
+    let figure: f64 = rate
+        .trim_start_matches("≈ ")
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(figure > 0.0, "{stdout}");
+
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("out.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["tokensEstimated"], true, "{json:#}");
+    assert_eq!(json["replies"], 3, "{json:#}");
+    assert_eq!(json["repliesEstimated"], 3, "{json:#}");
+    assert_eq!(json["repliesUnreported"], 0, "{json:#}");
+    assert!(json["outputTokens"].as_u64().unwrap() > 0, "{json:#}");
+    assert!(json["inputTokens"].as_u64().unwrap() > 0, "{json:#}");
+    assert!(
+        json["outputTokensPerSec"].as_f64().unwrap() > 0.0,
+        "{json:#}"
+    );
+}
