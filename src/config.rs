@@ -426,6 +426,9 @@ pub struct Config {
     pub command_tools: Vec<Arc<CommandTool>>,
     /// `[service]`, validated and typed.
     pub service: ServiceSettings,
+    /// What trees started from this config store with them (see
+    /// [`Config::snapshot`]).
+    snapshot: Arc<str>,
     /// Template tool entries nothing in the file provides: problems unless a
     /// tool registered in code has that name (see [`Config::check_tools`]).
     unresolved_tools: Vec<(String, Problem)>,
@@ -516,6 +519,7 @@ impl Config {
         Ok(Config {
             file,
             base_dir,
+            snapshot: redacted(text),
             source: source.to_owned(),
             limits,
             templates,
@@ -561,6 +565,64 @@ impl Config {
         std::fs::canonicalize(&self.source)
             .ok()
             .map(|p| p.display().to_string())
+    }
+
+    /// What a tree started from this config stores with it, so that resume
+    /// and replay run it on what it started with: the file's text, every
+    /// literal header value of a `[models]` entry removed (it may be a
+    /// credential; API keys come from environment variables and are never in
+    /// it). [`Config::from_snapshot`] reads it back.
+    pub fn snapshot(&self) -> Arc<str> {
+        self.snapshot.clone()
+    }
+
+    /// The config a tree stored (`snapshot`), read back as it was: removed
+    /// header values are taken from `current` (the same model's same
+    /// header), or left out with a warning. Relative paths (a script) are
+    /// resolved against `base_dir`.
+    pub fn from_snapshot(
+        snapshot: &str,
+        tree_id: &str,
+        base_dir: PathBuf,
+        current: Option<&Config>,
+    ) -> Result<Config, ConfigError> {
+        let mut config = Config::parse(
+            snapshot,
+            &format!("<the config tree {tree_id} started with>"),
+            base_dir,
+        )?;
+        for (name, model) in config.file.models.iter_mut() {
+            let (ModelSection::Openai(section) | ModelSection::Anthropic(section)) = model else {
+                continue;
+            };
+            let theirs = current.and_then(|c| match c.file.models.get(name) {
+                Some(ModelSection::Openai(s) | ModelSection::Anthropic(s)) => Some(&s.headers),
+                _ => None,
+            });
+            section.headers.retain(|header, value| {
+                if value != REDACTED {
+                    return true;
+                }
+                match theirs.and_then(|h| h.get(header)) {
+                    Some(now) => {
+                        value.clone_from(now);
+                        true
+                    }
+                    None => {
+                        tracing::warn!(
+                            tree = tree_id,
+                            model = %name,
+                            header = %header,
+                            "the header's value is not stored with the tree and the current \
+                             config has none: sent without it"
+                        );
+                        false
+                    }
+                }
+            });
+        }
+        config.snapshot = Arc::from(snapshot);
+        Ok(config)
     }
 
     /// The agent `arbor run` starts by default.
@@ -700,6 +762,53 @@ fn parse_file(text: &str) -> Result<(ConfigFile, Vec<Problem>, HashSet<String>),
         }
     }
     Ok((file, reader.problems, reader.broken))
+}
+
+/// What a header value removed from a stored config reads.
+const REDACTED: &str = "(not stored)";
+
+/// `text` with the value of every `[models.NAME.headers]` entry replaced by
+/// [`REDACTED`], found by the TOML parser's spans (so the rest of the text,
+/// its comments and its lines, stay as they were).
+fn redacted(text: &str) -> Arc<str> {
+    use toml::de::{DeTable, DeValue};
+    let Ok(root) = DeTable::parse(text) else {
+        return Arc::from(text);
+    };
+    let mut spans = Vec::new();
+    let models = root.get_ref().iter().find(|(k, _)| k.get_ref() == "models");
+    if let Some((_, models)) = models
+        && let DeValue::Table(models) = models.get_ref()
+    {
+        for (_, model) in models.iter() {
+            let DeValue::Table(model) = model.get_ref() else {
+                continue;
+            };
+            if let Some((_, headers)) = model.iter().find(|(k, _)| k.get_ref() == "headers")
+                && let DeValue::Table(headers) = headers.get_ref()
+            {
+                spans.extend(
+                    headers
+                        .iter()
+                        .filter(|(_, v)| matches!(v.get_ref(), DeValue::String(_)))
+                        .map(|(_, v)| v.span()),
+                );
+            }
+        }
+    }
+    if spans.is_empty() {
+        return Arc::from(text);
+    }
+    spans.sort_by_key(|s| s.start);
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    for span in spans {
+        out.push_str(&text[at..span.start]);
+        out.push_str(&format!("{REDACTED:?}"));
+        at = span.end;
+    }
+    out.push_str(&text[at..]);
+    Arc::from(out)
 }
 
 /// Reads the file's tables one entry at a time, collecting problems.
@@ -1688,5 +1797,35 @@ input_schema = { params = { type = "object", required = ["topic"] } }
             err.contains("models.m") && err.contains("telepathy"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_stored_config_keeps_no_header_value_and_takes_it_back_from_the_current_file() {
+        let text = "[models.m]\nprovider = \"openai\"\nmodel = \"x\"\nbase_url = \"http://127.0.0.1:9\"\n\
+                    headers = { Authorization = \"Bearer sk-secret\", X-Title = \"arbor\" }\n\n\
+                    [agents.a]\nmodel = \"m\"\n";
+        let config = Config::parse(text, "c.toml", PathBuf::from(".")).unwrap();
+        let snapshot = config.snapshot();
+        assert!(!snapshot.contains("sk-secret"), "{snapshot}");
+        assert!(
+            !snapshot.contains("\"arbor\""),
+            "every literal header value goes"
+        );
+        assert!(
+            snapshot.contains("model = \"x\""),
+            "the rest stays: {snapshot}"
+        );
+        let headers = |c: &Config| match &c.file.models["m"] {
+            ModelSection::Openai(s) => s.headers.clone(),
+            _ => unreachable!(),
+        };
+        // Back with the current file's values.
+        let back =
+            Config::from_snapshot(&snapshot, "t", PathBuf::from("."), Some(&config)).unwrap();
+        assert_eq!(headers(&back), headers(&config));
+        assert_eq!(&*back.snapshot(), &*snapshot, "stored again as it was");
+        // Without a current file, the header is left out (not sent as a placeholder).
+        let alone = Config::from_snapshot(&snapshot, "t", PathBuf::from("."), None).unwrap();
+        assert!(headers(&alone).is_empty());
     }
 }

@@ -90,7 +90,19 @@ pub struct Runtime {
     /// The config's MCP servers and command tools (one connection per server,
     /// shared by every tree of this runtime).
     tools: Option<ToolSet>,
+    /// The catalogs (and tools) of other configs stored trees started with.
+    others: Option<Arc<OtherConfigs>>,
 }
+
+/// The catalogs built from stored configs, one per distinct text, kept for
+/// the runtime's life (their tool processes end with it).
+#[derive(Default)]
+struct OtherConfigs {
+    built: std::sync::Mutex<std::collections::HashMap<Arc<str>, Built>>,
+}
+
+/// A stored config's catalog, and the tools it runs.
+type Built = (Arc<arbor_supervisor::Catalog>, ToolSet);
 
 /// How to build a [`Runtime`] beyond the defaults.
 pub struct RuntimeBuilder {
@@ -98,6 +110,7 @@ pub struct RuntimeBuilder {
     store: Option<std::path::PathBuf>,
     retain: Retain,
     tools: Vec<Arc<dyn arbor_actors::Tool>>,
+    per_tree_configs: bool,
 }
 
 enum Source {
@@ -126,6 +139,15 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Runs every resumed tree on the config it started with (stored with it),
+    /// even when it differs from this runtime's: what a service restarted on
+    /// an edited file wants. Without it, a tree resumed here runs on this
+    /// runtime's config, and that override is recorded with the tree.
+    pub fn per_tree_configs(mut self) -> Self {
+        self.per_tree_configs = true;
+        self
+    }
+
     /// Builds the runtime. Inside a tokio runtime, MCP servers marked
     /// `eager = true` start now; the others start when a tree first needs them.
     pub fn build(self) -> Result<Runtime, Error> {
@@ -139,6 +161,19 @@ impl RuntimeBuilder {
             Source::Code(catalog, limits) => (None, *catalog, limits, None),
         };
         let mut supervisor = Supervisor::with_retention(catalog, limits, self.retain);
+        let mut others = None;
+        if let Some(config) = &config {
+            supervisor = supervisor.with_config(config.snapshot());
+            if self.per_tree_configs {
+                let built = Arc::new(OtherConfigs::default());
+                let (current, code_tools) = (config.clone(), self.tools.clone());
+                let cache = built.clone();
+                supervisor = supervisor.with_catalogs(Box::new(move |text: &str| {
+                    cache.catalog(text, &current, &code_tools)
+                }));
+                others = Some(built);
+            }
+        }
         if let Some(path) = &self.store {
             supervisor = supervisor.with_store(Arc::new(SqliteStore::open(path)?))?;
         }
@@ -149,7 +184,45 @@ impl RuntimeBuilder {
             config,
             supervisor,
             tools,
+            others,
         })
+    }
+}
+
+impl OtherConfigs {
+    /// The catalog of a stored config (built once per text).
+    fn catalog(
+        &self,
+        text: &str,
+        current: &Config,
+        code_tools: &[Arc<dyn arbor_actors::Tool>],
+    ) -> Result<Arc<arbor_supervisor::Catalog>, String> {
+        let mut built = self
+            .built
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((catalog, _)) = built.get(text) {
+            return Ok(catalog.clone());
+        }
+        let config =
+            Config::from_snapshot(text, "resumed", current.base_dir.clone(), Some(current))
+                .map_err(|e| e.to_string())?;
+        let tools = config.tool_set();
+        let catalog = Arc::new(
+            config
+                .catalog_with(&tools, code_tools)
+                .map_err(|e| e.to_string())?,
+        );
+        tracing::info!("a resumed tree runs on the config it started with, not the current one");
+        built.insert(Arc::from(text), (catalog.clone(), tools));
+        Ok(catalog)
+    }
+
+    fn tool_sets(&self) -> Vec<ToolSet> {
+        self.built
+            .lock()
+            .map(|b| b.values().map(|(_, t)| t.clone()).collect())
+            .unwrap_or_default()
     }
 }
 
@@ -171,6 +244,7 @@ impl Runtime {
             store: None,
             retain: Retain::All,
             tools: Vec::new(),
+            per_tree_configs: false,
         }
     }
 
@@ -185,6 +259,7 @@ impl Runtime {
             store: None,
             retain: Retain::All,
             tools: Vec::new(),
+            per_tree_configs: false,
         }
     }
 
@@ -211,6 +286,9 @@ impl Runtime {
     /// started. (Dropping the runtime ends the processes too.)
     pub async fn shutdown_tools(&self) {
         if let Some(tools) = &self.tools {
+            tools.mcp().shutdown().await;
+        }
+        for tools in self.others.iter().flat_map(|o| o.tool_sets()) {
             tools.mcp().shutdown().await;
         }
     }

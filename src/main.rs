@@ -1034,9 +1034,12 @@ fn serve(
     let path = store_path(&config, store);
     let tokio = async_runtime()?;
     let served = tokio.block_on(async {
+        // A tree resumed after a restart runs on the config it started with,
+        // whatever the file says now.
         let runtime = Runtime::builder(config)
             .store(&path)
             .retain(arbor_supervisor::Retain::None)
+            .per_tree_configs()
             .build()?;
         let service = Service::new(runtime, options)?;
         let listener = tokio::net::TcpListener::bind(addr)
@@ -1106,16 +1109,40 @@ fn tree_config(
     tree_id: &str,
 ) -> anyhow::Result<Config> {
     if flag.is_some() {
-        return Ok(load_config(flag.as_deref())?);
+        // An explicit override: the tree runs on it, and the supervisor
+        // records the change with the tree.
+        let config = load_config(flag.as_deref())?;
+        eprintln!(
+            "note: tree {tree_id} runs on {} instead of the config it started with",
+            config.source
+        );
+        return Ok(config);
     }
     let (record, _) = store.tree(tree_id)?;
-    match record.origin.map(PathBuf::from) {
-        Some(path) if path.is_file() => Ok(Config::load(&path)?),
-        Some(path) => anyhow::bail!(
+    let base_dir = record
+        .origin
+        .as_deref()
+        .and_then(|o| Path::new(o).parent())
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    match (record.config, record.origin.map(PathBuf::from)) {
+        // What the tree started with, whatever the file says now.
+        (Some(snapshot), origin) => {
+            let current = origin.as_deref().and_then(|p| Config::load(p).ok());
+            Ok(Config::from_snapshot(
+                &snapshot,
+                tree_id,
+                base_dir,
+                current.as_ref(),
+            )?)
+        }
+        // A tree stored before configs were: its file, as it is now.
+        (None, Some(path)) if path.is_file() => Ok(Config::load(&path)?),
+        (None, Some(path)) => anyhow::bail!(
             "tree {tree_id} was started with {}, which is gone; pass --config",
             path.display()
         ),
-        None => Ok(load_config(None)?),
+        (None, None) => Ok(load_config(None)?),
     }
 }
 

@@ -3,6 +3,9 @@
 /// What can go wrong when starting or querying a tree.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A stored tree's config cannot be built into a catalog here.
+    #[error("the config the tree started with: {0}")]
+    TreeConfig(String),
     #[error("agent type {0} not found")]
     UnknownAgent(String),
     #[error("model {model} (used by agent {agent}) is not configured")]

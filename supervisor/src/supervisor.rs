@@ -44,7 +44,16 @@ pub struct StartRequest {
     /// Where the templates came from (a config file), kept with a stored tree so
     /// it can be resumed or replayed with the same ones.
     pub origin: Option<String>,
+    /// What the tree is started with, as its builder wrote it down (the
+    /// facade's config, without secrets; opaque here): stored with the tree,
+    /// so resume and replay use what it started with, not what a file says
+    /// now. `None`: the supervisor's own (see [`Supervisor::with_config`]).
+    pub config: Option<Arc<str>>,
 }
+
+/// Builds the catalog of a stored tree's config, for a supervisor that runs
+/// every tree on the config it started with ([`Supervisor::with_catalogs`]).
+pub type CatalogResolver = Box<dyn Fn(&str) -> Result<Arc<Catalog>, String> + Send + Sync>;
 
 /// What a JSON value is, when it is not an object (params must be one).
 fn not_an_object(value: &Value) -> Option<&'static str> {
@@ -62,6 +71,10 @@ type Trees = Arc<Mutex<HashMap<Arc<str>, (Weak<TreeContext>, ActorRef<AgentMsg>)
 
 pub struct Supervisor {
     catalog: Arc<Catalog>,
+    /// What this supervisor's catalog was built from (see `StartRequest::config`).
+    config: Option<Arc<str>>,
+    /// The catalogs of other configs, for trees that started on one.
+    catalogs: Option<CatalogResolver>,
     limits: TreeLimits,
     bus: EventBus,
     registry: Arc<Registry>,
@@ -88,6 +101,8 @@ impl Supervisor {
     pub fn with_retention(catalog: Catalog, limits: TreeLimits, retain: Retain) -> Self {
         Supervisor {
             catalog: Arc::new(catalog),
+            config: None,
+            catalogs: None,
             limits,
             bus: EventBus::default(),
             registry: Arc::new(Registry::new(retain)),
@@ -139,6 +154,33 @@ impl Supervisor {
         });
         self.store = Some((store, writer));
         Ok(self)
+    }
+
+    /// Names what this supervisor's catalog was built from; it is stored with
+    /// every tree started here that brings no config of its own.
+    pub fn with_config(mut self, config: Arc<str>) -> Self {
+        self.config = Some(config);
+        self
+    }
+
+    /// Runs every resumed tree on the config it started with: a tree whose
+    /// stored config differs from this supervisor's gets the catalog
+    /// `resolve` builds from it. Without this, a tree resumed here runs on
+    /// this supervisor's catalog, and that change of config is recorded with
+    /// the tree (an explicit override, as `arbor resume --config` is).
+    pub fn with_catalogs(mut self, resolve: CatalogResolver) -> Self {
+        self.catalogs = Some(resolve);
+        self
+    }
+
+    /// The catalog a tree with `config` runs on.
+    fn catalog_for(&self, config: Option<&Arc<str>>) -> Result<Arc<Catalog>, Error> {
+        match (config, &self.catalogs) {
+            (Some(config), Some(resolve)) if Some(config) != self.config.as_ref() => {
+                resolve(config).map_err(Error::TreeConfig)
+            }
+            _ => Ok(self.catalog.clone()),
+        }
     }
 
     pub fn store(&self) -> Option<&Arc<dyn Store>> {
@@ -226,13 +268,22 @@ impl Supervisor {
         for (state, _) in recovery.finished.values() {
             self.registry.record(state);
         }
+        let mut request = record.request();
+        if self.catalogs.is_none() && request.config != self.config && self.config.is_some() {
+            // It runs on this supervisor's catalog: say so, and record it.
+            tracing::warn!(
+                tree = tree_id,
+                "resuming on this process's config, not the one the tree started with; \
+                 the change is recorded with the tree"
+            );
+            request.config = self.config.clone();
+        }
         writer.send(Write::Known {
             tree_id: tree_id.to_owned(),
             messages: std::mem::take(&mut recovery.message_ids),
             calls: recovery.replies.keys().cloned().collect(),
         });
-        self.begin(record.request(), Some((Arc::new(recovery), false)))
-            .await
+        self.begin(request, Some((Arc::new(recovery), false))).await
     }
 
     /// Runs a tree again on its recorded model replies only (no model is called;
@@ -278,8 +329,9 @@ impl Supervisor {
         if let Some(reason) = self.store.as_ref().and_then(|(_, w)| w.failure()) {
             return Err(Error::Store(reason));
         }
-        let template = self
-            .catalog
+        let config = request.config.clone().or_else(|| self.config.clone());
+        let catalog = self.catalog_for(config.as_ref())?;
+        let template = catalog
             .find_template(&request.agent)
             .cloned()
             .ok_or_else(|| Error::UnknownAgent(request.agent.clone()))?;
@@ -298,7 +350,7 @@ impl Supervisor {
         let model_override: Option<Arc<dyn Model>> = match &request.model {
             Some(name) => {
                 Some(
-                    self.catalog
+                    catalog
                         .model(name)
                         .cloned()
                         .ok_or_else(|| Error::UnknownModel {
@@ -342,10 +394,10 @@ impl Supervisor {
         limits.tools = self.limits.tools.clone().with(&limits.tools);
         // The servers of the tools the tree can reach are up (or known to be
         // down) before its first agent builds a request.
-        self.catalog.prepare_tools(&template.id).await;
+        catalog.prepare_tools(&template.id).await;
         let mut ctx = TreeContext::new(
             tree_id.clone(),
-            self.catalog.clone(),
+            catalog.clone(),
             limits.clone(),
             self.bus.clone(),
             self.registry.clone(),
@@ -405,6 +457,7 @@ impl Supervisor {
                 model: request.model.clone(),
                 limits,
                 origin: request.origin.clone(),
+                config,
                 history: request.history.clone(),
                 started_ms: crate::tree::now_ms(),
             })));

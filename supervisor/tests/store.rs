@@ -397,6 +397,7 @@ fn a_tree_released_in_a_batch_with_its_events_stays_interrupted() {
             model: None,
             limits: TreeLimits::default(),
             origin: None,
+            config: None,
             history: None,
             started_ms: 1,
         }))])

@@ -85,3 +85,78 @@ async fn events_taken_twice_give_an_ended_stream_the_second_time() {
     assert!(first.recv().await.is_some());
     run.result().await.unwrap();
 }
+
+/// A config of one simulated model that spawns `fanout` children (depth 1).
+fn sim_config(fanout: usize) -> arbor::Config {
+    let text = format!(
+        "[models.sim]\nprovider = \"simulated\"\nfanout = {fanout}\ndepth = 1\nlatency = \"300ms\"\n\n\
+         [agents.boss]\nmodel = \"sim\"\nspawnable_agents = [\"boss\"]\n\n[limits]\nmax_depth = 1\n"
+    );
+    arbor::Config::parse(&text, "sim.toml", std::path::PathBuf::from(".")).unwrap()
+}
+
+/// Starts a tree on fanout 3 and hands it over at once, as a SIGTERM does.
+async fn a_handed_over_tree(store: &std::path::Path, tree: &str) {
+    let runtime = Runtime::builder(sim_config(3))
+        .store(store)
+        .build()
+        .unwrap();
+    let run = runtime
+        .start_with(arbor::supervisor::StartRequest {
+            agent: "boss".into(),
+            prompt: "go".into(),
+            tree_id: Some(tree.into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(runtime.supervisor().release().await.unwrap(), [tree]);
+    run.cancel();
+}
+
+#[tokio::test]
+async fn a_service_restarted_on_an_edited_config_resumes_trees_on_the_one_they_started_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s.db");
+    a_handed_over_tree(&store, "p1").await;
+    // Restarted on a config that spawns one child, not three.
+    let runtime = Runtime::builder(sim_config(1))
+        .store(&store)
+        .per_tree_configs()
+        .build()
+        .unwrap();
+    let handle = runtime.supervisor().resume("p1").await.unwrap();
+    let result = handle.wait().await.unwrap();
+    assert_eq!(result.state.status, AgentStatus::Completed);
+    assert_eq!(
+        result.state.child_run_ids.len(),
+        3,
+        "the tree ran on the config it started with"
+    );
+
+    // Without per-tree configs, the runtime's own config is used: an
+    // override, recorded with the tree.
+    a_handed_over_tree(&store, "p2").await;
+    let runtime = Runtime::builder(sim_config(1))
+        .store(&store)
+        .build()
+        .unwrap();
+    let result = runtime
+        .supervisor()
+        .resume("p2")
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    assert_eq!(result.state.child_run_ids.len(), 1);
+    let (record, _) = runtime
+        .supervisor()
+        .read_store_now(|s| s.tree("p2"))
+        .await
+        .unwrap();
+    assert!(
+        record.config.as_deref().unwrap().contains("fanout = 1"),
+        "the override is recorded"
+    );
+}

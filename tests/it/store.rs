@@ -753,3 +753,100 @@ fn read_only_commands_read_a_store_on_a_read_only_filesystem() {
     assert!(err.contains("holds writes not yet in the store"), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
+
+#[test]
+fn an_edited_config_does_not_change_a_resumed_tree_and_an_override_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["crash.toml", "crash.json"] {
+        std::fs::copy(fixtures().join(file), dir.path().join(file)).unwrap();
+    }
+    let start = |tree: &str| {
+        let killed = kill_when(
+            spawn_in(
+                dir.path(),
+                &[
+                    "run",
+                    "--config",
+                    "crash.toml",
+                    "--store",
+                    "s.db",
+                    "--tree-id",
+                    tree,
+                    "--events",
+                    "go",
+                ],
+            ),
+            counter("agentStarted", 2),
+        );
+        assert!(killed, "tree {tree} finished before the kill");
+    };
+    start("e1");
+    // The file changes under the stored tree: no helpers any more (depth 1).
+    let path = dir.path().join("crash.toml");
+    let original = std::fs::read_to_string(&path).unwrap();
+    let edited = original.replace("max_depth = 2", "max_depth = 1");
+    assert_ne!(original, edited);
+    std::fs::write(&path, &edited).unwrap();
+
+    let resumed = json_out(&arbor_in(
+        dir.path(),
+        &["resume", "e1", "--store", "s.db", "--json", "-q"],
+    ));
+    assert_eq!(resumed["status"], "completed", "{resumed}");
+    let tree = json_out(&arbor_in(
+        dir.path(),
+        &["tree", "e1", "--store", "s.db", "--json"],
+    ));
+    assert_eq!(
+        tree["runs"].as_array().unwrap().len(),
+        36,
+        "the tree grew on the config it started with (depth 2), not the edited one"
+    );
+    let replay = arbor_in(dir.path(), &["replay", "e1", "--store", "s.db"]);
+    assert!(
+        text(&replay.stdout).starts_with("match: 36 runs"),
+        "{}{}",
+        text(&replay.stdout),
+        text(&replay.stderr)
+    );
+
+    // An explicit --config is an override: said, and recorded with the tree.
+    std::fs::write(&path, &original).unwrap();
+    start("e2");
+    std::fs::write(&path, &edited).unwrap();
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "resume",
+            "e2",
+            "--store",
+            "s.db",
+            "--config",
+            "crash.toml",
+            "--json",
+            "-q",
+        ],
+    );
+    assert!(
+        text(&out.stderr)
+            .contains("note: tree e2 runs on crash.toml instead of the config it started with"),
+        "{}",
+        text(&out.stderr)
+    );
+    let db = rusqlite::Connection::open(dir.path().join("s.db")).unwrap();
+    let stored = |tree: &str| -> String {
+        db.query_row(
+            "SELECT c.text FROM trees t JOIN configs c ON c.hash = t.config WHERE t.tree_id = ?1",
+            [tree],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    assert_eq!(stored("e1"), original, "e1 keeps what it started with");
+    assert_eq!(stored("e2"), edited, "e2 records the override");
+    // One row per distinct text.
+    let configs: i64 = db
+        .query_row("SELECT count(*) FROM configs", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(configs, 2);
+}

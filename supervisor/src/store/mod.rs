@@ -35,6 +35,10 @@ pub struct TreeRecord {
     pub limits: TreeLimits,
     /// Where the templates came from (a config file path), if known.
     pub origin: Option<String>,
+    /// What the tree started with (see `StartRequest::config`); `None` for a
+    /// tree stored before configs were.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config: Option<Arc<str>>,
     /// The conversation the root started with, before its prompt.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history: Option<History>,
@@ -53,6 +57,7 @@ impl TreeRecord {
             tree_id: Some(self.tree_id),
             history: self.history,
             origin: self.origin,
+            config: self.config,
         }
     }
 }

@@ -80,7 +80,23 @@ CREATE TABLE segments (
     // takes the next epoch; a process writes a tree only while the row still
     // has the epoch it claimed with.
     "ALTER TABLE trees ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;",
+    // 3: what each tree started with (its config, without secrets), kept
+    // once per distinct text and named by its SHA-256.
+    r#"
+CREATE TABLE configs (
+    hash TEXT PRIMARY KEY,
+    text TEXT NOT NULL
+) WITHOUT ROWID;
+ALTER TABLE trees ADD COLUMN config TEXT;
+"#,
 ];
+
+/// The key of a config text in `configs`.
+fn config_hash(text: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
 
 /// How long a write waits for another process holding the file's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -1415,14 +1431,27 @@ impl Store for SqliteStore {
                         // stored id holds no claim, so it takes nothing over.
                         let id: Arc<str> = Arc::from(tree.tree_id.as_str());
                         let holding = b.claims.get(&id).map_or(-1, |e| *e as i64);
+                        let config = match &tree.config {
+                            Some(text) => {
+                                let hash = config_hash(text);
+                                tx.prepare_cached(
+                                    "INSERT OR IGNORE INTO configs(hash, text) VALUES (?1, ?2)",
+                                )?
+                                .execute(params![hash, &**text])?;
+                                Some(hash)
+                            }
+                            None => None,
+                        };
                         let mut stmt = tx.prepare_cached(
                             "INSERT INTO trees(tree_id, root_run_id, agent, prompt, params, model,
                                  limits, origin, history, status, started_ms, heartbeat_ms, owner,
-                                 epoch)
-                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'running', ?10, ?11, ?12, 1)
+                                 epoch, config)
+                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'running', ?10, ?11, ?12, 1,
+                                 ?14)
                              ON CONFLICT(tree_id) DO UPDATE SET status = 'running', error = NULL,
                                  finished_ms = NULL, heartbeat_ms = excluded.heartbeat_ms,
-                                 owner = excluded.owner, resumes = resumes + 1
+                                 owner = excluded.owner, resumes = resumes + 1,
+                                 config = COALESCE(excluded.config, trees.config)
                              WHERE trees.epoch = ?13
                              RETURNING epoch",
                         )?;
@@ -1446,6 +1475,7 @@ impl Store for SqliteStore {
                                     now_ms() as i64,
                                     super::owner_id(),
                                     holding,
+                                    config,
                                 ],
                                 |r| r.get(0),
                             )
@@ -1693,6 +1723,22 @@ impl Store for SqliteStore {
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
             )
             .map_err(sql(&self.path))?;
+        // Stores from before configs were kept (read as they are) have none.
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(sql(&self.path))?;
+        let config: Option<String> = if version >= 3 {
+            conn.query_row(
+                "SELECT c.text FROM trees t JOIN configs c ON c.hash = t.config
+                 WHERE t.tree_id = ?1",
+                [tree_id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sql(&self.path))?
+        } else {
+            None
+        };
         let bad = self.bad(tree_id);
         let record = TreeRecord {
             tree_id: summary.tree_id.clone(),
@@ -1706,6 +1752,7 @@ impl Store for SqliteStore {
             model,
             limits: serde_json::from_str(&limits_json).map_err(|e| bad(format!("limits: {e}")))?,
             origin,
+            config: config.map(Arc::from),
             history: history_json
                 .map(|h| serde_json::from_str(&h))
                 .transpose()
@@ -1940,6 +1987,13 @@ impl Store for SqliteStore {
             tx.execute("DELETE FROM trees WHERE tree_id = ?1", [tree])
                 .map_err(sql(&self.path))?;
         }
+        // Configs no tree names any more.
+        tx.execute(
+            "DELETE FROM configs WHERE hash NOT IN
+                 (SELECT config FROM trees WHERE config IS NOT NULL)",
+            [],
+        )
+        .map_err(sql(&self.path))?;
         tx.commit().map_err(sql(&self.path))?;
         Ok(GcReport {
             trees: trees.len() as u64,
@@ -1965,6 +2019,7 @@ mod tests {
             model: None,
             limits: TreeLimits::default(),
             origin: None,
+            config: None,
             history: None,
             started_ms: 1,
         }))
