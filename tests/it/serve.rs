@@ -1176,3 +1176,133 @@ model = "held"
         "{runs:?}"
     );
 }
+
+/// Issue 12, defect 24: the live page's run list showed a running tree's
+/// agents as the store counted them then, only the runs that had ended (2 of
+/// 4 here; the store now counts a run when it starts). In real Chromium, a
+/// tree that is not on view (its item is what `GET /v1/runs` says) reads
+/// "running 4 agents" (2 ended, 2 alive), then "running 6 agents" once the
+/// opener (its one step takes 8 s) starts its 2 children, and "cancelled 6
+/// agents" after the page's Cancel button ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_run_list_counts_a_running_trees_agents_as_they_start_in_chromium() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let chromium = std::env::var("ARBOR_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        Path::new(&chromium).exists(),
+        "no Chromium at {chromium}: install Debian's `chromium` (or set ARBOR_CHROMIUM); .ci/run does"
+    );
+    assert!(
+        root.join("tests/browser/node_modules/playwright-core")
+            .is_dir(),
+        "run `npm ci --prefix tests/browser` first (.ci/run does)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(fixtures().join("serve.toml")).unwrap()
+        + r#"
+# The run-list test: a counter spawns quick, opener, quick; the quick ones end
+# at once, the opener spawns two held children after 8 s.
+[models.counting]
+provider = "simulated"
+fanout = 3
+depth = 1
+latency = "0"
+reply_tokens = 4
+
+[models.quick]
+provider = "simulated"
+fanout = 0
+depth = 0
+latency = "0"
+reply_tokens = 4
+
+[models.opening]
+provider = "simulated"
+fanout = 2
+depth = 2
+latency = "8s"
+reply_tokens = 4
+
+[agents.counter]
+model = "counting"
+spawnable_agents = ["quick", "opener"]
+
+[agents.quick]
+model = "quick"
+
+[agents.opener]
+model = "opening"
+spawnable_agents = ["held"]
+
+[agents.held]
+model = "slow"
+"#;
+    let config = dir.path().join("runlist.toml");
+    std::fs::write(&config, text).unwrap();
+    let mut server = Server::start(
+        dir.path(),
+        &["--config", config.to_str().unwrap()],
+        Some(TOKEN),
+    );
+    server.wait_for("ready");
+    let (status, created) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "counter", "prompt": "count us"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let tree_id = created["treeId"].as_str().unwrap().to_owned();
+    // The store has the two quick runs ended and the root and opener running:
+    // a count of ended runs would say 2.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, tree) = get(&server, &format!("/v1/trees/{tree_id}")).await;
+        let nodes = tree["nodes"].as_array().cloned().unwrap_or_default();
+        let ended = nodes.iter().filter(|n| n["status"] == "completed").count();
+        if ended == 2 && nodes.len() == 4 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{tree:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, list) = get(&server, "/v1/runs").await;
+    assert_eq!(list["runs"][0]["status"], "running", "{list:#}");
+    assert_eq!(
+        list["runs"][0]["agents"], 4,
+        "GET /v1/runs counts a running tree's live runs: {list:#}"
+    );
+
+    let base = server.base.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg(root.join("tests/browser/run_list.mjs"))
+            .args([base.as_str(), TOKEN, tree_id.as_str(), "4", "6"])
+            .env("ARBOR_CHROMIUM", &chromium)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the page test failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(report["first"], "running 4 agents", "{report}");
+    assert_eq!(report["then"], "running 6 agents", "{report}");
+    assert_eq!(report["ended"], "cancelled 6 agents", "{report}");
+    // While it ran, the item never showed fewer agents than had started.
+    for seen in report["seen"].as_array().unwrap() {
+        let seen = seen.as_str().unwrap();
+        assert!(
+            ["running 4 agents", "running 6 agents", "cancelled 6 agents"].contains(&seen),
+            "{report}"
+        );
+    }
+    let (_, list) = get(&server, "/v1/runs").await;
+    assert_eq!(list["runs"][0]["status"], "cancelled", "{list:#}");
+    assert_eq!(list["runs"][0]["agents"], 6, "{list:#}");
+}
