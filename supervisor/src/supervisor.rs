@@ -80,6 +80,9 @@ pub struct Supervisor {
     registry: Arc<Registry>,
     trees: Trees,
     store: Option<(Arc<dyn Store>, Arc<StoreWriter>)>,
+    /// Held by each tree's deadline timer while it waits (counted by
+    /// `retained`).
+    deadlines: Arc<()>,
 }
 
 /// A started tree: its ids, its events, and its result.
@@ -108,6 +111,7 @@ impl Supervisor {
             registry: Arc::new(Registry::new(retain)),
             trees: Arc::new(Mutex::new(HashMap::new())),
             store: None,
+            deadlines: Arc::new(()),
         }
     }
 
@@ -407,7 +411,22 @@ impl Supervisor {
         if let Some((recovery, replay)) = recovery {
             ctx = ctx.recovering(recovery, replay);
         }
-        let ctx = Arc::new(ctx);
+        // When the tree is gone (every agent and every handle on it), nothing
+        // of it stays here: its deadline timer stops and its entry goes (a
+        // server that has run a million trees holds what is running, no more).
+        let (ended, tree_ended) = oneshot::channel::<()>();
+        let trees = Arc::downgrade(&self.trees);
+        let id = tree_id.clone();
+        let ctx = Arc::new(ctx.on_drop(move || {
+            drop(ended);
+            if let Some(trees) = trees.upgrade()
+                && let Ok(mut trees) = trees.lock()
+                // Not a later tree of the same id (a resume).
+                && trees.get(&id).is_some_and(|(t, _)| t.strong_count() == 0)
+            {
+                trees.remove(&id);
+            }
+        }));
         let toolbox = ctx
             .toolbox(&template)
             .map_err(|_| Error::UnknownAgent(template.id.clone()))?;
@@ -488,13 +507,20 @@ impl Supervisor {
         .map_err(|e| Error::Spawn(e.to_string()))?;
         if let Some(deadline) = ctx.budget.limits().deadline {
             let root = root.clone();
+            let held = self.deadlines.clone();
             tokio::spawn(async move {
-                tokio::time::sleep(deadline).await;
-                let limit = LimitHit::new(
-                    Limit::Deadline,
-                    format!("the tree ran longer than {deadline:?}"),
-                );
-                let _ = root.cast(AgentMsg::Cancel(CancelReason::Limit(limit)));
+                let _held = held;
+                tokio::select! {
+                    () = tokio::time::sleep(deadline) => {
+                        let limit = LimitHit::new(
+                            Limit::Deadline,
+                            format!("the tree ran longer than {deadline:?}"),
+                        );
+                        let _ = root.cast(AgentMsg::Cancel(CancelReason::Limit(limit)));
+                    }
+                    // The tree is gone: the timer (and the root it holds) with it.
+                    _ = tree_ended => {}
+                }
             });
         }
         if let Ok(mut trees) = self.trees.lock() {
@@ -588,6 +614,15 @@ impl Supervisor {
                     .is_some_and(|(ctx, _)| ctx.strong_count() > 0)
             })
             .unwrap_or(false)
+    }
+
+    /// What this supervisor holds for trees: entries of its tree map, and
+    /// deadline timers still waiting. Both count running trees only: a tree
+    /// that has ended (and whose handle is gone) leaves nothing behind.
+    #[doc(hidden)]
+    pub fn retained(&self) -> (usize, usize) {
+        let trees = self.trees.lock().map(|t| t.len()).unwrap_or(0);
+        (trees, Arc::strong_count(&self.deadlines) - 1)
     }
 
     fn contexts(&self) -> Vec<Arc<TreeContext>> {
@@ -771,5 +806,83 @@ mod tests {
             "the new owner's tree was ended from here"
         );
         assert_eq!(store.tree("u").unwrap().1.status, "completed");
+    }
+
+    /// Issue 12, defect 15: a server's memory grew with every wave of trees
+    /// it ran, because what the supervisor kept of a tree outlived it: each
+    /// tree's deadline timer (holding the root's actor cell) waited out the
+    /// whole deadline, and the tree map kept ended trees until the next
+    /// start. Waves of trees with a long deadline, on a store as the service
+    /// runs them (no finished state in memory): while a wave's handles are
+    /// held every tree is counted, and once they are gone nothing is left.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_waves_of_trees_nothing_of_the_ended_trees_is_retained() {
+        use arbor_actors::models::{SimulatedConfig, SimulatedModel};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SqliteStore::open(&dir.path().join("s.db")).unwrap());
+        let mut lead = AgentTemplate::new("lead", "sim");
+        lead.spawnable_agents = vec!["lead".into()];
+        let catalog = Catalog::builder()
+            .model(
+                Arc::new(SimulatedModel::new("sim", SimulatedConfig::tree(3, 1))) as Arc<dyn Model>,
+            )
+            .template(lead)
+            .build()
+            .unwrap();
+        let limits = TreeLimits {
+            deadline: Some(Duration::from_secs(3600)),
+            ..TreeLimits::default()
+        };
+        let sup = Supervisor::with_retention(catalog, limits, Retain::None)
+            .with_store(store.clone())
+            .unwrap();
+        const WAVE: usize = 50;
+        for wave in 0..3 {
+            let mut handles = Vec::new();
+            for i in 0..WAVE {
+                let request = StartRequest {
+                    agent: "lead".into(),
+                    prompt: "go".into(),
+                    tree_id: Some(format!("w{wave}-{i}")),
+                    ..StartRequest::default()
+                };
+                handles.push(sup.start(request).await.unwrap());
+            }
+            assert_eq!(
+                sup.retained(),
+                (WAVE, WAVE),
+                "wave {wave}: not every tree is counted"
+            );
+            for handle in handles {
+                let done = tokio::time::timeout(GUARD, handle.wait())
+                    .await
+                    .expect("a tree is stuck")
+                    .unwrap();
+                assert_eq!(done.state.status, AgentStatus::Completed);
+            }
+            // The last holders of a tree (its agents' tasks) go a moment after
+            // its root's result; then nothing of it may be left.
+            let left = tokio::time::timeout(GUARD, async {
+                while sup.retained() != (0, 0) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+            .await;
+            assert!(
+                left.is_ok(),
+                "wave {wave}: ended trees are still held (tree map entries, deadline timers): {:?}",
+                sup.retained()
+            );
+            assert_eq!(sup.live_actors(), 0);
+        }
+        sup.flush().await.unwrap();
+        let completed = store
+            .trees(&crate::store::TreeFilter {
+                status: Some("completed".into()),
+                limit: 1000,
+                offset: 0,
+            })
+            .unwrap();
+        assert_eq!(completed.len(), 3 * WAVE);
     }
 }

@@ -50,6 +50,17 @@ pub(crate) struct TreeContext {
     /// Toolboxes cut to the tree's tool policy, by template (with the catalog's
     /// toolbox each was cut from, so a changed tool list is cut again).
     toolboxes: Mutex<ToolboxCache>,
+    /// Called once when the context goes: its tree has ended and nothing
+    /// holds it any more (what the supervisor keeps of the tree goes then).
+    on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl Drop for TreeContext {
+    fn drop(&mut self) {
+        if let Some(f) = self.on_drop.take() {
+            f();
+        }
+    }
 }
 
 type ToolboxCache = HashMap<String, (Arc<Toolbox>, Arc<Toolbox>)>;
@@ -79,7 +90,15 @@ impl TreeContext {
             recorded: Mutex::new(HashMap::new()),
             replay: false,
             toolboxes: Mutex::new(HashMap::new()),
+            on_drop: None,
         }
+    }
+
+    /// Calls `f` when the context goes (once every agent of the tree and
+    /// every handle on it are gone).
+    pub(crate) fn on_drop(mut self, f: impl FnOnce() + Send + Sync + 'static) -> Self {
+        self.on_drop = Some(Box::new(f));
+        self
     }
 
     /// Checkpoints every step (the supervisor stores the tree).
