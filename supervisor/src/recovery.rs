@@ -41,6 +41,8 @@ pub struct Recovery {
     /// The last event number the tree used; new events follow it.
     pub last_seq: u64,
     pub spent: Spent,
+    /// Every run the log has, ended or not.
+    pub runs: Vec<String>,
     /// The store's ids of the messages above (so a resumed tree does not write
     /// them again).
     pub message_ids: Vec<(Arc<Message>, u64)>,

@@ -286,6 +286,7 @@ impl Supervisor {
             tree_id: tree_id.to_owned(),
             messages: std::mem::take(&mut recovery.message_ids),
             calls: recovery.replies.keys().cloned().collect(),
+            runs: std::mem::take(&mut recovery.runs),
         });
         self.begin(request, Some((Arc::new(recovery), false))).await
     }

@@ -657,8 +657,11 @@ fn a_read_only_command_does_not_migrate_an_older_store() {
     {
         // Schema version 1: before fencing epochs.
         let db = rusqlite::Connection::open(&store).unwrap();
-        db.execute_batch("ALTER TABLE trees DROP COLUMN epoch; PRAGMA user_version = 1;")
-            .unwrap();
+        db.execute_batch(
+            "ALTER TABLE trees DROP COLUMN epoch; ALTER TABLE trees DROP COLUMN config;
+             DROP TABLE configs; PRAGMA user_version = 1;",
+        )
+        .unwrap();
     }
     let before = snapshot(&store);
     let outputs = read_everything(dir.path());
@@ -681,7 +684,7 @@ fn a_read_only_command_does_not_migrate_an_older_store() {
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let db = rusqlite::Connection::open(&store).unwrap();
-    assert_eq!(version(&db), 2, "running a tree did not upgrade the store");
+    assert_eq!(version(&db), 3, "running a tree did not upgrade the store");
     let epoch: i64 = db
         .query_row("SELECT epoch FROM trees WHERE tree_id = 't2'", [], |r| {
             r.get(0)
@@ -849,4 +852,69 @@ fn an_edited_config_does_not_change_a_resumed_tree_and_an_override_is_recorded()
         .query_row("SELECT count(*) FROM configs", [], |r| r.get(0))
         .unwrap();
     assert_eq!(configs, 2);
+}
+
+#[test]
+fn an_interrupted_tree_counts_the_runs_it_started_and_its_resume_counts_none_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = crash_config();
+    let run = [
+        "run",
+        "--config",
+        &config,
+        "--store",
+        "a.db",
+        "--tree-id",
+        "ag",
+        "--events",
+        "go",
+    ];
+    // Killed once eight agents have started, before most have ended.
+    assert!(kill_when(
+        spawn_in(dir.path(), &run),
+        counter("agentStarted", 8)
+    ));
+    let runs = json_out(&arbor_in(
+        dir.path(),
+        &["runs", "--config", &config, "--store", "a.db", "--json"],
+    ));
+    assert_eq!(runs[0]["status"], "interrupted", "{runs}");
+    let started = runs[0]["agents"].as_u64().unwrap();
+    let tree = json_out(&arbor_in(
+        dir.path(),
+        &[
+            "tree", "ag", "--config", &config, "--store", "a.db", "--json",
+        ],
+    ));
+    let listed = tree["runs"].as_array().unwrap();
+    let ended = listed.iter().filter(|r| r["status"] != "running").count();
+    assert!(
+        started as usize == listed.len() && started as usize > ended,
+        "an interrupted tree counts the runs `arbor tree` lists ({}), not only the {ended} that ended: {runs}",
+        listed.len()
+    );
+    let table = text(
+        &arbor_in(
+            dir.path(),
+            &["runs", "--config", &config, "--store", "a.db"],
+        )
+        .stdout,
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("ag ") && l.contains(&format!(" {started} "))),
+        "{table}"
+    );
+    let resumed = arbor_in(
+        dir.path(),
+        &["resume", "ag", "--config", &config, "--store", "a.db", "-q"],
+    );
+    assert!(resumed.status.success(), "{}", text(&resumed.stderr));
+    let runs = json_out(&arbor_in(
+        dir.path(),
+        &["runs", "--config", &config, "--store", "a.db", "--json"],
+    ));
+    assert_eq!(runs[0]["status"], "completed");
+    assert_eq!(runs[0]["agents"], 36, "each run once: {runs}");
 }

@@ -80,6 +80,8 @@ pub enum Write {
         tree_id: String,
         messages: Vec<(Arc<Message>, u64)>,
         calls: Vec<(String, u32)>,
+        /// Every run the log has (each started once already).
+        runs: Vec<String>,
     },
 }
 
@@ -186,7 +188,8 @@ pub struct TreeSummary {
     /// `running` (its process is alive), `interrupted`, or the root's final status.
     pub status: String,
     pub error: Option<String>,
-    /// Runs that have ended (all of the tree's, once it has ended).
+    /// Runs that have started, each once (a resumed tree's runs that go on
+    /// are not counted again), so a running or interrupted tree shows them.
     pub agents: u64,
     pub input_tokens: u64,
     pub output_tokens: u64,

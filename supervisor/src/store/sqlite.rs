@@ -153,6 +153,9 @@ struct TreeCache {
     /// again from the record, they are not written (or counted) twice. Empty
     /// for a tree started here (a call is never answered twice in one life).
     calls: HashSet<(Arc<str>, u32)>,
+    /// Runs that started before this process resumed the tree: starting
+    /// again, they are not counted again (each leaves the set as it does).
+    started: HashSet<Arc<str>>,
     /// Messages held after the last sweep.
     swept: usize,
 }
@@ -731,6 +734,13 @@ impl Batch<'_, '_> {
             }
             _ => {}
         }
+        // A run counts once, when it starts (not again when a resumed tree
+        // goes on with it), so a running or interrupted tree shows its runs.
+        if matches!(event.kind, EventKind::AgentStarted { .. })
+            && !tree.started.remove(&*event.run_id)
+        {
+            delta.agents += 1;
+        }
         if let Some(state) = event.kind.final_state() {
             let inherited = event.kind.final_inherited().unwrap_or(0);
             write_checkpoint(
@@ -741,7 +751,6 @@ impl Batch<'_, '_> {
                 (0, 0, inherited),
                 true,
             )?;
-            delta.agents += 1;
             if *event.run_id == *tree.root_run_id {
                 let error = match &event.kind {
                     EventKind::AgentFailed { error, .. } => Some(error.clone()),
@@ -1500,6 +1509,7 @@ impl Store for SqliteStore {
                         tree_id,
                         messages,
                         calls,
+                        runs,
                     } => {
                         if !b.holds(&tx, tree_id)? {
                             continue;
@@ -1512,6 +1522,8 @@ impl Store for SqliteStore {
                         for (run, step) in calls {
                             tree.calls.insert((Arc::from(run.as_str()), *step));
                         }
+                        tree.started
+                            .extend(runs.iter().map(|r| Arc::from(r.as_str())));
                     }
                     Write::Event(event) => b.event(&tx, event)?,
                     Write::Heartbeat(trees) => {
@@ -1819,12 +1831,15 @@ impl Store for SqliteStore {
                 agents.insert(last.state.agent_id.clone());
                 recovery
                     .finished
-                    .insert(run_id, (Arc::new(last.state), last.inherited));
+                    .insert(run_id.clone(), (Arc::new(last.state), last.inherited));
             } else if let Some(point) = checkpoint {
                 let checkpoint = log.state(&point, &bad)?;
                 agents.insert(checkpoint.state.agent_id.clone());
-                recovery.checkpoints.insert(run_id, Arc::new(checkpoint));
+                recovery
+                    .checkpoints
+                    .insert(run_id.clone(), Arc::new(checkpoint));
             }
+            recovery.runs.push(run_id);
         }
         // The root counts even when nothing of it is stored yet.
         agents.insert(format!("{tree_id}/0"));
