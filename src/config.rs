@@ -1043,23 +1043,6 @@ fn locate_path(text: &str, path: &[&str]) -> Option<usize> {
     at.map(|start| line_of(text, start))
 }
 
-fn duration(
-    text: &str,
-    table: &str,
-    key: &str,
-    value: &Option<String>,
-    problems: &mut Vec<Problem>,
-) -> Option<std::time::Duration> {
-    let value = value.as_ref()?;
-    match arbor_actors::duration::parse(value) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            problems.push(at(text, table, key, e.to_string()));
-            None
-        }
-    }
-}
-
 /// A duration key within `range` (inclusive), or its problem.
 fn duration_in(
     text: &str,
@@ -1145,57 +1128,38 @@ fn check_service(
             ),
         ));
     }
-    // A duration within [min, max] (the names as the docs write them), or
-    // the default after a problem.
-    let mut within = |key: &str,
-                      value: &String,
-                      (min, min_text): (Duration, &str),
-                      (max, max_text): (Duration, &str),
-                      default: Duration| {
-        let parsed = duration(text, "service", key, &Some(value.clone()), problems);
-        match parsed {
-            Some(d) if d < min => {
-                problems.push(at(
-                    text,
-                    "service",
-                    key,
-                    format!("must be at least {min_text} (got {value:?})"),
-                ));
-                default
-            }
-            Some(d) if d > max => {
-                problems.push(at(
-                    text,
-                    "service",
-                    key,
-                    format!("must be at most {max_text} (got {value:?})"),
-                ));
-                default
-            }
-            Some(d) => d,
-            None => default,
-        }
+    // A duration within [min, max], or the default after a problem.
+    let mut within = |key: &str, value: &String, min: Duration, max: Duration, default| {
+        duration_in(
+            text,
+            "service",
+            key,
+            &Some(value.clone()),
+            (min, max),
+            problems,
+        )
+        .unwrap_or(default)
     };
     let secs = Duration::from_secs;
     let shutdown_timeout = within(
         "shutdown_timeout",
         &service.shutdown_timeout,
-        (Duration::ZERO, "0s"),
-        (secs(3600), "1h"),
+        Duration::ZERO,
+        secs(3600),
         defaults.shutdown_timeout,
     );
     let header_read_timeout = within(
         "header_read_timeout",
         &service.header_read_timeout,
-        (Duration::from_millis(100), "100ms"),
-        (secs(300), "5m"),
+        Duration::from_millis(100),
+        secs(300),
         defaults.limits.header_read_timeout,
     );
     let idle_timeout = within(
         "idle_timeout",
         &service.idle_timeout,
-        (secs(1), "1s"),
-        (secs(3600), "1h"),
+        secs(1),
+        secs(3600),
         defaults.limits.idle_timeout,
     );
     // A count within [min, max], or the default after a problem.
