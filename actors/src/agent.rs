@@ -232,7 +232,7 @@ impl Actor for AgentActor {
         machine.set_checkpointing(hooks.durable());
         let state = machine.state();
         let run_id: Arc<str> = Arc::from(state.run_id.as_str());
-        hooks.actor_started(&run_id, &myself);
+        hooks.actor_started(&run_id, &myself.get_cell());
         let span = tracing::info_span!(
             "agent",
             run_id = %state.run_id,

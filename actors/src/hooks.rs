@@ -5,9 +5,8 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use ractor::ActorRef;
+use ractor::ActorCell;
 
-use crate::agent::AgentMsg;
 use crate::checkpoint::Recovered;
 use crate::event::EventKind;
 use crate::limit::LimitHit;
@@ -87,7 +86,10 @@ pub trait TreeHooks: Send + Sync + 'static {
     fn emit(&self, run_id: &Arc<str>, kind: EventKind);
 
     /// An agent actor started: the supervisor may now cancel it by run id.
-    fn actor_started(&self, run_id: &Arc<str>, actor: &ActorRef<AgentMsg>);
+    /// `actor` is the agent's actor (its messages are `AgentMsg`; the port
+    /// stays free of the actor's types, so the actor module depends on the
+    /// port and not the other way round).
+    fn actor_started(&self, run_id: &Arc<str>, actor: &ActorCell);
 
     /// An agent actor's state was dropped: it is gone.
     fn actor_stopped(&self, run_id: &Arc<str>);

@@ -6,6 +6,11 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// Bytes per token of Arbor's one token estimate (`Message::estimated_tokens`,
+/// `History::estimated_tokens`), used wherever a count is not reported: a
+/// rough average for English text and code in BPE tokenizers.
+pub const ESTIMATED_BYTES_PER_TOKEN: u64 = 4;
+
 /// One message of a conversation, tagged by `role`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "role", rename_all = "lowercase")]
@@ -311,7 +316,7 @@ impl Message {
                 })
                 .sum(),
         };
-        (bytes as u64).div_ceil(crate::model::ESTIMATED_BYTES_PER_TOKEN) + 4
+        (bytes as u64).div_ceil(ESTIMATED_BYTES_PER_TOKEN) + 4
     }
 
     /// This message with the tool-call parts that `keep` rejects removed.

@@ -36,10 +36,7 @@ pub struct RequestMeta {
     pub step: u32,
 }
 
-/// Bytes per token of Arbor's one token estimate (`Message::estimated_tokens`,
-/// `History::estimated_tokens`), used wherever a count is not reported: a
-/// rough average for English text and code in BPE tokenizers.
-pub const ESTIMATED_BYTES_PER_TOKEN: u64 = 4;
+pub use crate::message::ESTIMATED_BYTES_PER_TOKEN;
 
 /// Where the counts of a `Usage` come from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -285,9 +285,10 @@ impl TreeHooks for TreeContext {
         self.bus.publish(event);
     }
 
-    fn actor_started(&self, run_id: &Arc<str>, actor: &ActorRef<AgentMsg>) {
+    fn actor_started(&self, run_id: &Arc<str>, actor: &ractor::ActorCell) {
         if let Ok(mut live) = self.live.lock() {
-            live.insert(run_id.clone(), actor.clone());
+            // An agent's actor: its messages are `AgentMsg`.
+            live.insert(run_id.clone(), ActorRef::from(actor.clone()));
         }
         if let Ok(mut waiting) = self.waiting.lock() {
             waiting.remove(run_id.as_ref());

@@ -59,3 +59,96 @@ fn supervisor_knows_no_http_cli_or_the_facade() {
     }
     assert!(deps.iter().any(|d| d == "arbor-actors"));
 }
+
+/// The modules of `dir` (`src/NAME.rs` and `src/NAME/…`) and which of them
+/// each names as `crate::OTHER` outside its tests.
+fn module_graph(
+    dir: &str,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let mut graph = std::collections::BTreeMap::new();
+    let mut stack = vec![root.clone()];
+    while let Some(path) = stack.pop() {
+        for entry in std::fs::read_dir(&path).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let rel = path.strip_prefix(&root).unwrap();
+            let module = rel
+                .components()
+                .next()
+                .unwrap()
+                .as_os_str()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_owned();
+            if module == "lib" {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            let uses: &mut std::collections::BTreeSet<String> =
+                graph.entry(module.clone()).or_default();
+            for (at, _) in code.match_indices("crate::") {
+                let name: String = code[at + 7..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                if !name.is_empty() && name != module {
+                    uses.insert(name);
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// A cycle among `graph`'s modules, if there is one.
+fn find_cycle(
+    graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+) -> Option<Vec<String>> {
+    fn visit(
+        graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        node: &str,
+        path: &mut Vec<String>,
+        done: &mut std::collections::BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|p| p == node) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(node.to_owned());
+            return Some(cycle);
+        }
+        if !done.insert(node.to_owned()) {
+            return None;
+        }
+        path.push(node.to_owned());
+        for next in graph.get(node).into_iter().flatten() {
+            if graph.contains_key(next)
+                && let Some(c) = visit(graph, next, path, done)
+            {
+                return Some(c);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|m| visit(graph, m, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_modules_of_arbor_actors_import_each_other_without_a_cycle() {
+    let graph = module_graph("actors/src");
+    assert!(graph.contains_key("hooks") && graph.contains_key("agent"));
+    assert!(graph["agent"].contains("hooks"), "the graph sees imports");
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!("arbor-actors has an import cycle: {}", cycle.join(" -> "));
+    }
+}
