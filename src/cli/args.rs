@@ -1,0 +1,277 @@
+//! The clap types: the commands and their flags. Their doc comments are the
+//! `--help` texts.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "arbor", version, about = "Run trees of LLM agents")]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// Run an agent tree on a prompt; shows the tree on stderr, prints the root's output.
+    Run(RunArgs),
+    /// Serve the HTTP API, live event streams and the live tree page; resumes
+    /// the store's interrupted trees on start.
+    Serve {
+        /// Config file (default: ./config.toml if present, else the built-in one).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Address to listen on (default: [service] bind, 127.0.0.1:8080).
+        #[arg(long)]
+        bind: Option<String>,
+        /// The store (default: [store] path of the config).
+        #[arg(long)]
+        store: Option<PathBuf>,
+        /// Log lines on stdout as text or JSON.
+        #[arg(long, value_enum, default_value = "text")]
+        log_format: LogFormat,
+    },
+    /// Continue an interrupted tree from the store: finished runs are merged,
+    /// cut-short runs go on from their last checkpoint.
+    Resume {
+        /// The tree to continue (its id, as `arbor runs` lists it).
+        tree_id: String,
+        /// Print the root's final AgentState as JSON instead of its output.
+        #[arg(long)]
+        json: bool,
+        /// Do not show the tree on stderr.
+        #[arg(long, short)]
+        quiet: bool,
+        /// Print every event as a JSON line on stderr instead of the tree.
+        #[arg(long)]
+        events: bool,
+        #[command(flatten)]
+        at: Stored,
+    },
+    /// Run a finished tree again on its recorded model replies (no network) and
+    /// check that every final state matches.
+    Replay {
+        /// The finished tree to replay.
+        tree_id: String,
+        #[command(flatten)]
+        at: Stored,
+    },
+    /// List stored trees, newest first.
+    Runs {
+        /// running, interrupted, completed, failed or cancelled.
+        #[arg(long)]
+        status: Option<String>,
+        /// How many trees to list.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// Print the trees as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        at: Stored,
+    },
+    /// Show one stored run's state.
+    Show {
+        /// The run: TREE/PATH, e.g. t3f0c.../0.2 (`arbor tree TREE` lists them).
+        run_id: String,
+        /// Print the run's whole AgentState as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        at: Stored,
+    },
+    /// Show a stored tree: every run with its status, steps, tokens and cost.
+    Tree {
+        /// The tree (its id, as `arbor runs` lists it).
+        tree_id: String,
+        /// Print the tree and its runs as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        at: Stored,
+    },
+    /// Everything stored of a tree as one JSON document.
+    Export {
+        /// The tree to export.
+        tree_id: String,
+        /// Write here instead of stdout.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        at: Stored,
+    },
+    /// Delete trees that ended longer ago than --older-than.
+    Gc {
+        /// An age: 30d, 12h, 1h30m, 500ms, "30 days" (the duration grammar
+        /// of every key and flag, see README).
+        #[arg(long, value_parser = duration_arg)]
+        older_than: std::time::Duration,
+        #[command(flatten)]
+        at: Stored,
+    },
+    /// List the agent templates of a config: what each is for, its model,
+    /// tools and the agents it may spawn.
+    Agents {
+        /// Config file (default: ./config.toml if present, else the built-in one).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// List every tool an agent could get, with its source (built-in, MCP
+    /// server, command) and the agents that list it; starts the config's MCP
+    /// servers to ask them for their tools.
+    Tools {
+        /// Config file (default: ./config.toml if present, else the built-in one).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Print every tool with its input schema as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the models of a config.
+    Models {
+        /// Config file (default: ./config.toml if present, else the built-in one).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Send one tiny request to a model and report latency, usage and any problem in one line.
+    Ping {
+        /// Config file (default: ./config.toml if present, else the built-in one).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// The model's name under [models].
+        model: String,
+    },
+    /// Run a load-test tree on the simulated model (or agent-shaped load on a real
+    /// model) and report throughput, latency percentiles and memory.
+    Loadtest(LoadtestArgs),
+    /// Validate a config file and report every problem with its location.
+    CheckConfig {
+        /// The file (default: ./config.toml if present, else the built-in one).
+        file: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args)]
+pub(crate) struct RunArgs {
+    /// Config file (default: ./config.toml if present, else the built-in one).
+    #[arg(long, short)]
+    pub(crate) config: Option<PathBuf>,
+    /// Agent to start (default: [run] agent in the config).
+    #[arg(long, short)]
+    pub(crate) agent: Option<String>,
+    /// Run every agent on this model instead of its template's.
+    #[arg(long, short)]
+    pub(crate) model: Option<String>,
+    /// Print the root's final AgentState as JSON instead of its output.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Do not show the tree on stderr.
+    #[arg(long, short)]
+    pub(crate) quiet: bool,
+    /// Params for the root agent, as a JSON object.
+    #[arg(long)]
+    pub(crate) params: Option<String>,
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
+    /// Use this tree id (every run id derives from it) instead of a random one.
+    #[arg(long)]
+    pub(crate) tree_id: Option<String>,
+    /// Print every event as a JSON line on stderr instead of the tree.
+    #[arg(long)]
+    pub(crate) events: bool,
+    /// Only tools matching one of these patterns (comma-separated, `*`
+    /// wildcards, e.g. `fs/read_*,rg`); narrows the config's [policy].
+    #[arg(long, value_delimiter = ',', value_name = "PATTERNS")]
+    pub(crate) allow_tools: Option<Vec<String>>,
+    /// No tool matching one of these patterns (comma-separated).
+    #[arg(long, value_delimiter = ',', value_name = "PATTERNS")]
+    pub(crate) deny_tools: Vec<String>,
+    /// What to ask.
+    pub(crate) prompt: String,
+}
+
+/// Where stored trees are: the config names the store unless `--store` does.
+#[derive(clap::Args)]
+pub(crate) struct Stored {
+    /// Config file (default: ./config.toml if present, else the built-in one).
+    #[arg(long, short)]
+    pub(crate) config: Option<PathBuf>,
+    /// The store file (default: [store] path in the config).
+    #[arg(long)]
+    pub(crate) store: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Clone, Default)]
+pub(crate) struct StoreArgs {
+    /// Store the tree in this SQLite file (default: [store] path in the config).
+    #[arg(long)]
+    pub(crate) store: Option<PathBuf>,
+    /// Do not store the tree.
+    #[arg(long, conflicts_with = "store")]
+    pub(crate) no_store: bool,
+}
+
+#[derive(clap::Args)]
+pub(crate) struct LoadtestArgs {
+    /// Children per agent.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) fanout: usize,
+    /// Levels below the root.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) depth: usize,
+    /// Children per level instead, e.g. 10,10,5 (overrides --fanout/--depth).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) shape: Option<Vec<usize>>,
+    /// Messages of history the root starts with; every agent inherits them.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) history: usize,
+    /// Bytes per inherited message.
+    #[arg(long, default_value_t = 200)]
+    pub(crate) msg_bytes: usize,
+    /// Simulated model latency: 0, 50ms, lognormal:200ms,0.5.
+    #[arg(long, default_value = "0")]
+    pub(crate) latency: String,
+    /// Words per simulated reply.
+    #[arg(long, default_value_t = 20)]
+    pub(crate) reply_tokens: usize,
+    /// Agents stepping at once (spawns wait for a slot).
+    #[arg(long)]
+    pub(crate) max_live: Option<usize>,
+    /// Drive this configured model with agent-shaped load instead.
+    #[arg(long)]
+    pub(crate) model: Option<String>,
+    /// Config file for --model (default: ./config.toml if present, else the built-in one).
+    #[arg(long, short)]
+    pub(crate) config: Option<PathBuf>,
+    /// Run the tree this many times.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) repeat: usize,
+    /// Write every figure as JSON.
+    #[arg(long)]
+    pub(crate) json: Option<PathBuf>,
+    /// Draw live agents over time and the latency distribution as SVG.
+    #[arg(long)]
+    pub(crate) plot: Option<PathBuf>,
+    /// Also run a bare ractor tree of the same shape and report the ratio.
+    #[arg(long)]
+    pub(crate) baseline: bool,
+    /// Store the trees in this SQLite file and keep it (default: a temporary
+    /// file, removed after the run).
+    #[arg(long)]
+    pub(crate) store: Option<PathBuf>,
+    /// Do not store the trees (measures Arbor without its store).
+    #[arg(long, conflicts_with = "store")]
+    pub(crate) no_store: bool,
+}
+
+/// A duration flag, in the one grammar Arbor reads durations in.
+fn duration_arg(text: &str) -> Result<std::time::Duration, String> {
+    arbor_actors::duration::parse(text).map_err(|e| e.why)
+}

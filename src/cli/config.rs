@@ -1,0 +1,137 @@
+//! The commands on a config: `agents`, `tools`, `models`, `check-config`
+//! and `ping`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use arbor::config::Config;
+
+use super::run::until_signal;
+use super::{async_runtime, configured_model, load_config};
+
+pub(super) fn agents(config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let config = load_config(config.as_deref())?;
+    let list = |items: &[String]| {
+        if items.is_empty() {
+            "-".to_owned()
+        } else {
+            items.join(", ")
+        }
+    };
+    for t in &config.templates {
+        let output = serde_json::to_value(t.output_mode)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        outln!(
+            "{:<20} model={:<10} steps={:<4} output={output} spawns: {}",
+            t.id,
+            t.model,
+            t.max_steps,
+            list(&t.spawnable_agents)
+        )?;
+        if let Some(description) = &t.description {
+            outln!("    {description}")?;
+        }
+        outln!("    tools: {}", list(&t.tools))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(super) fn tools(config: Option<PathBuf>, json: bool) -> anyhow::Result<ExitCode> {
+    let config = load_config(config.as_deref())?;
+    let tools = config.tool_set();
+    let listing = async_runtime()?.block_on(until_signal(async {
+        let listing = arbor::tools::listing(&config, &tools).await;
+        tools.mcp().shutdown().await;
+        Ok(listing)
+    }))?;
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&listing)?)?;
+    } else {
+        out!("{}", arbor::tools::listing_table(&listing))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(super) fn models(config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let config = load_config(config.as_deref())?;
+    for (name, model) in &config.file.models {
+        outln!("{name:<16} {:<10} {}", model.provider(), model.describe())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(super) fn check_config(file: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let config = load_config(file.as_deref())?;
+    config.catalog()?;
+    outln!(
+        "{}: ok ({} models, {} agents)",
+        config.source,
+        config.file.models.len(),
+        config.templates.len()
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(super) async fn ping(config: Config, name: String) -> anyhow::Result<ExitCode> {
+    use std::sync::{Arc, Mutex};
+
+    use arbor_actors::{Delta, Message, ModelRequest, RequestMeta};
+
+    let catalog = config.catalog()?;
+    let model = configured_model(&catalog, &name)?;
+    let retries = Arc::new(Mutex::new(Vec::new()));
+    let sink = {
+        let retries = retries.clone();
+        Arc::new(move |delta: Delta| {
+            if let Delta::Retry { reason, .. } = delta
+                && let Ok(mut r) = retries.lock()
+            {
+                r.push(reason);
+            }
+        })
+    };
+    let request = ModelRequest {
+        system_prompt: Arc::from("You are a health check. Answer with one word."),
+        messages: [Message::user("Reply with the single word: pong")]
+            .into_iter()
+            .collect(),
+        tools: Default::default(),
+        meta: RequestMeta {
+            agent_type: "ping".into(),
+            run_id: "ping".into(),
+            step: 1,
+            ..RequestMeta::default()
+        },
+    };
+    let start = std::time::Instant::now();
+    let result = model.complete(request, sink).await;
+    let ms = start.elapsed().as_millis();
+    let retries = retries.lock().map(|r| r.clone()).unwrap_or_default();
+    let retried = if retries.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ", {} retries (last: {})",
+            retries.len(),
+            retries.last().map(String::as_str).unwrap_or("")
+        )
+    };
+    match result {
+        Ok(response) => {
+            let reply: String = response.message.text().chars().take(60).collect();
+            outln!(
+                "{name}: ok in {ms}ms, {} in / {} out tokens, cost {:.6}{retried}, reply {reply:?}",
+                response.usage.input_tokens,
+                response.usage.output_tokens,
+                response.usage.cost
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(error) => {
+            outln!("{name}: failed after {ms}ms{retried}: {error}")?;
+            Ok(ExitCode::from(1))
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! The commands of the `arbor` binary: the clap types (`args`), one module
+//! per command family, and the helpers they share.
+
+mod args;
+mod config;
+mod loadtest;
+mod run;
+mod service;
+mod store;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use arbor::config::{Config, ConfigError};
+
+pub(crate) use args::{Cli, Command};
+
+/// Runs the command `cli` names.
+pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Resume {
+            tree_id,
+            json,
+            quiet,
+            events,
+            at,
+        } => run::resume(tree_id, json, quiet, events, at),
+        Command::Replay { tree_id, at } => store::replay(tree_id, at),
+        Command::Runs {
+            status,
+            limit,
+            json,
+            at,
+        } => store::runs(status, limit, json, at),
+        Command::Show { run_id, json, at } => store::show(run_id, json, at),
+        Command::Tree { tree_id, json, at } => store::tree(tree_id, json, at),
+        Command::Export {
+            tree_id,
+            output,
+            at,
+        } => store::export(tree_id, output, at),
+        Command::Gc { older_than, at } => store::gc(older_than, at),
+        Command::Agents { config } => config::agents(config),
+        Command::Tools { config, json } => config::tools(config, json),
+        Command::Models { config } => config::models(config),
+        Command::Serve {
+            config,
+            bind,
+            store,
+            log_format,
+        } => {
+            let config = load_config(config.as_deref())?;
+            service::serve(config, bind, store, log_format)
+        }
+        Command::Ping { config, model } => {
+            let config = load_config(config.as_deref())?;
+            async_runtime()?.block_on(config::ping(config, model))
+        }
+        Command::Loadtest(args) => async_runtime()?.block_on(loadtest::loadtest(args)),
+        Command::CheckConfig { file } => config::check_config(file),
+    }
+}
+
+/// `--config F`, else ./config.toml if it exists, else the built-in config.
+fn load_config(path: Option<&Path>) -> Result<Config, ConfigError> {
+    match path {
+        Some(path) => Config::load(path),
+        None if Path::new("config.toml").is_file() => Config::load(Path::new("config.toml")),
+        None => Config::default_config(),
+    }
+}
+
+/// `--store F`, else the config's `[store] path`.
+fn store_path(config: &Config, flag: Option<PathBuf>) -> PathBuf {
+    flag.unwrap_or_else(|| config.file.store.path.clone())
+}
+
+/// The model `name` of a catalog, or an error listing the configured ones.
+fn configured_model(
+    catalog: &arbor_supervisor::Catalog,
+    name: &str,
+) -> anyhow::Result<std::sync::Arc<dyn arbor_actors::Model>> {
+    catalog.model(name).cloned().with_context(|| {
+        let known: Vec<&str> = catalog.model_names().collect();
+        format!("no model named {name:?} (configured: {})", known.join(", "))
+    })
+}
+
+fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Whether to colour what goes to `stream`: a terminal, and `NO_COLOR` unset
+/// or empty (no-color.org).
+pub(crate) fn colour(stream: &impl std::io::IsTerminal) -> bool {
+    stream.is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// RUST_LOG, else `default`.
+pub(crate) fn log_filter(default: &str) -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
+}

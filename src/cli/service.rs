@@ -1,0 +1,136 @@
+//! `arbor serve`: the service's logs, the server and its shutdown signal.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use arbor::config::Config;
+use arbor::{Error, Runtime};
+
+use super::args::LogFormat;
+use super::{async_runtime, colour, log_filter, store_path};
+
+/// A service's logs: stdout (where its supervisor collects them), as text or
+/// JSON, `info` unless RUST_LOG says otherwise; and spans to an OpenTelemetry
+/// collector when `[service] otlp_endpoint` is set.
+fn service_logs(
+    config: &Config,
+    format: LogFormat,
+) -> anyhow::Result<Option<arbor::telemetry::Otlp>> {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = log_filter("info,rmcp=warn");
+    let lines = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stdout)
+        .with_ansi(colour(&std::io::stdout()));
+    let lines = match format {
+        LogFormat::Text => lines.boxed(),
+        LogFormat::Json => lines.json().boxed(),
+    };
+    let otlp = config
+        .file
+        .service
+        .otlp_endpoint
+        .as_deref()
+        .map(|endpoint| arbor::telemetry::Otlp::new(endpoint, "arbor"))
+        .transpose()?;
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(lines)
+        .with(otlp.as_ref().map(|o| o.layer()))
+        .init();
+    Ok(otlp)
+}
+
+pub(super) fn serve(
+    config: Config,
+    bind: Option<String>,
+    store: Option<PathBuf>,
+    log_format: LogFormat,
+) -> anyhow::Result<ExitCode> {
+    use arbor::service::{Service, ServiceOptions};
+    let otlp = service_logs(&config, log_format)?;
+    let bind = bind.unwrap_or_else(|| config.file.service.bind.clone());
+    let addr: std::net::SocketAddr = bind
+        .parse()
+        .with_context(|| format!("--bind {bind:?} is not an address like 127.0.0.1:8080"))?;
+    let options = ServiceOptions::from_config(&config);
+    // Checked again by `serve`; here before the store is opened.
+    options.check_bind(addr)?;
+    if options.tokens.is_empty() {
+        let env = &config.file.service.tokens_env;
+        let why = match std::env::var_os(env) {
+            None => "is unset",
+            Some(v) if v.is_empty() => "is empty",
+            Some(_) => "holds no token",
+        };
+        tracing::warn!("no API tokens ({env} {why}): anyone on this machine can call the API");
+    }
+    if store.is_none() && !config.file.store.enabled {
+        return Err(Error::NoStore.into());
+    }
+    let path = store_path(&config, store);
+    let tokio = async_runtime()?;
+    let served = tokio.block_on(async {
+        // A tree resumed after a restart runs on the config it started with,
+        // whatever the file says now.
+        let runtime = Runtime::builder(config)
+            .store(&path)
+            .retain(arbor_supervisor::Retain::None)
+            .per_tree_configs()
+            .build()?;
+        let service = Service::new(runtime, options)?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| Error::Bind {
+                addr: addr.to_string(),
+                reason: e.to_string(),
+            })?;
+        let local = listener
+            .local_addr()
+            .context("the listener has no address")?;
+        tracing::info!(store = %path.display(), "listening on http://{local}");
+        let resuming = service.clone();
+        tokio::spawn(async move {
+            let resumed = resuming.resume_interrupted().await;
+            tracing::info!(trees = resumed.len(), "ready (interrupted trees resumed)");
+            // Then trees whose owner crashed out of sight, once they go stale.
+            let stale = arbor_supervisor::store::STALE_AFTER_MS;
+            resuming
+                .adopt_interrupted(std::time::Duration::from_millis(stale + 1000))
+                .await;
+        });
+        service.serve(listener, shutdown_signal()).await?;
+        tracing::info!("stopped");
+        Ok::<_, anyhow::Error>(())
+    });
+    // The last spans go out whether or not the server ended well.
+    if let Some(otlp) = otlp {
+        otlp.shutdown();
+    }
+    served?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}

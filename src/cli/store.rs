@@ -1,0 +1,243 @@
+//! The commands on stored trees: `runs`, `tree`, `show`, `export`, `replay`
+//! and `gc`, and how they open the store and find a tree's config.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use arbor::Runtime;
+use arbor::config::Config;
+use arbor::render::final_text;
+use arbor_supervisor::store::{SqliteStore, Store, TreeFilter};
+
+use super::args::Stored;
+use super::{async_runtime, load_config, store_path};
+
+pub(super) fn runs(
+    status: Option<String>,
+    limit: usize,
+    json: bool,
+    at: Stored,
+) -> anyhow::Result<ExitCode> {
+    let Stored { config, store } = at;
+    if let Some(status) = &status {
+        anyhow::ensure!(
+            ["running", "interrupted", "completed", "failed", "cancelled"]
+                .contains(&status.as_str()),
+            "--status: {status:?} is not one of running, interrupted, completed, failed, cancelled"
+        );
+    }
+    let config = load_config(config.as_deref())?;
+    let store = open_store_read_only(&config, store)?;
+    let trees = store.trees(&TreeFilter {
+        status,
+        limit,
+        offset: 0,
+    })?;
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&trees)?)?;
+    } else {
+        out!("{}", arbor::runs::runs_table(&trees))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(super) fn tree(tree_id: String, json: bool, at: Stored) -> anyhow::Result<ExitCode> {
+    let Stored { config, store } = at;
+    let config = load_config(config.as_deref())?;
+    let store = open_store_read_only(&config, store)?;
+    let (_, summary) = store.tree(&tree_id)?;
+    let runs = store.runs(&tree_id)?;
+    if json {
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({"tree": summary, "runs": runs}))?
+        )?;
+    } else {
+        outln!(
+            "tree {} ({}): {} agents, {} tokens, cost {:.4}",
+            summary.tree_id,
+            summary.status,
+            summary.agents,
+            summary.input_tokens + summary.output_tokens,
+            summary.cost
+        )?;
+        out!("{}", arbor::runs::tree_text(&runs))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(super) fn show(run_id: String, json: bool, at: Stored) -> anyhow::Result<ExitCode> {
+    let Stored { config, store } = at;
+    let config = load_config(config.as_deref())?;
+    let store = open_store_read_only(&config, store)?;
+    let run = match store.run(&run_id) {
+        Err(arbor_supervisor::Error::UnknownRun(_))
+            if !run_id.contains('/') && store.tree(&run_id).is_ok() =>
+        {
+            anyhow::bail!(
+                "{run_id} is a tree, not a run: `arbor tree {run_id}` lists its runs \
+                 (a run id is TREE/PATH, e.g. {run_id}/0 for its root)"
+            );
+        }
+        found => found?,
+    };
+    let Some(state) = run.state else {
+        anyhow::bail!("run {run_id} started but has no checkpoint yet");
+    };
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&state)?)?;
+    } else {
+        let n = &run.node;
+        outln!(
+            "{} {} ({}{}): {} steps, {} tokens, cost {:.4}, {} messages, {} children",
+            n.agent_type,
+            n.run_id,
+            n.status,
+            if run.is_final {
+                ""
+            } else {
+                ", last checkpoint"
+            },
+            n.steps,
+            n.input_tokens + n.output_tokens,
+            n.cost,
+            state.message_history.len(),
+            state.child_run_ids.len()
+        )?;
+        if let Some(error) = &n.error {
+            outln!("error: {error}")?;
+        }
+        outln!("{}", final_text(&state))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(super) fn export(
+    tree_id: String,
+    output: Option<PathBuf>,
+    at: Stored,
+) -> anyhow::Result<ExitCode> {
+    let Stored { config, store } = at;
+    let config = load_config(config.as_deref())?;
+    let store = open_store_read_only(&config, store)?;
+    let doc = serde_json::to_string_pretty(&store.export(&tree_id)?)?;
+    match output {
+        Some(path) => std::fs::write(&path, doc + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?,
+        None => outln!("{doc}")?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(super) fn replay(tree_id: String, at: Stored) -> anyhow::Result<ExitCode> {
+    let Stored { config, store } = at;
+    let store = open_store_read_only(&load_config(config.as_deref())?, store)?;
+    let config = tree_config(config, &store, &tree_id)?;
+    async_runtime()?.block_on(replay_tree(config, store, tree_id))
+}
+
+/// Runs a stored tree again on its recorded replies and compares every final state.
+async fn replay_tree(
+    config: Config,
+    store: SqliteStore,
+    tree_id: String,
+) -> anyhow::Result<ExitCode> {
+    let (record, summary) = store.tree(&tree_id)?;
+    anyhow::ensure!(
+        !["running", "interrupted"].contains(&summary.status.as_str()),
+        "tree {tree_id} has not finished ({}); resume it first",
+        summary.status
+    );
+    let recorded = store.final_states(&tree_id)?;
+    let replies = store.recovery(&tree_id)?.replies;
+    let runtime = Runtime::new(config)?;
+    let supervisor = runtime.supervisor();
+    let handle = supervisor.replay(record.request(), replies).await?;
+    handle.wait().await?;
+    match arbor::runs::compare_replay(&recorded, |run| supervisor.finished_state(run)) {
+        Ok(n) => {
+            outln!("match: {n} runs of tree {tree_id} replayed identically from the record")?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(divergence) => {
+            outln!("mismatch: {divergence}")?;
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+pub(super) fn gc(older_than: std::time::Duration, at: Stored) -> anyhow::Result<ExitCode> {
+    let Stored { config, store } = at;
+    let age = older_than;
+    let config = load_config(config.as_deref())?;
+    let store = open_store(&config, store)?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let cutoff = now.saturating_sub(age).as_millis() as u64;
+    let report = store.gc(cutoff)?;
+    outln!(
+        "removed {} trees ({} segments)",
+        report.trees,
+        report.segments
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The config to resume or replay a tree with: `--config`, else the file it
+/// was started with (if it is still there), else the default.
+pub(super) fn tree_config(
+    flag: Option<PathBuf>,
+    store: &SqliteStore,
+    tree_id: &str,
+) -> anyhow::Result<Config> {
+    if flag.is_some() {
+        // An explicit override: the tree runs on it, and the supervisor
+        // records the change with the tree.
+        let config = load_config(flag.as_deref())?;
+        eprintln!(
+            "note: tree {tree_id} runs on {} instead of the config it started with",
+            config.source
+        );
+        return Ok(config);
+    }
+    let (record, _) = store.tree(tree_id)?;
+    let base_dir = record
+        .origin
+        .as_deref()
+        .and_then(|o| Path::new(o).parent())
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    match (record.config, record.origin.map(PathBuf::from)) {
+        // What the tree started with, whatever the file says now.
+        (Some(snapshot), origin) => {
+            let current = origin.as_deref().and_then(|p| Config::load(p).ok());
+            Ok(Config::from_snapshot(
+                &snapshot,
+                tree_id,
+                base_dir,
+                current.as_ref(),
+            )?)
+        }
+        // A tree stored before configs were: its file, as it is now.
+        (None, Some(path)) if path.is_file() => Ok(Config::load(&path)?),
+        (None, Some(path)) => anyhow::bail!(
+            "tree {tree_id} was started with {}, which is gone; pass --config",
+            path.display()
+        ),
+        (None, None) => Ok(load_config(None)?),
+    }
+}
+
+/// An existing store, for the commands that change one (gc).
+fn open_store(config: &Config, flag: Option<PathBuf>) -> anyhow::Result<SqliteStore> {
+    Ok(SqliteStore::open_existing(&store_path(config, flag))?)
+}
+
+/// An existing store opened read-only, for the commands that only read one:
+/// they write nothing to it (no migration either), and read a store on a
+/// read-only file or filesystem.
+fn open_store_read_only(config: &Config, flag: Option<PathBuf>) -> anyhow::Result<SqliteStore> {
+    Ok(SqliteStore::open_read_only(&store_path(config, flag))?)
+}
