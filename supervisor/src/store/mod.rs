@@ -2,6 +2,7 @@
 //! feeds it from the event bus on a thread of its own, in batches, off the
 //! agents' path. Only the supervisor side writes; agents never see the store.
 
+mod journal;
 mod sqlite;
 
 use std::collections::HashMap;
@@ -20,7 +21,8 @@ use crate::error::Error;
 use crate::limits::TreeLimits;
 use crate::recovery::Recovery;
 
-pub use sqlite::{SqliteStore, journal_view};
+pub use journal::journal_view;
+pub use sqlite::SqliteStore;
 
 /// A tree as it was started: enough to start it again (resume, replay).
 #[derive(Clone, Debug, PartialEq, Serialize)]

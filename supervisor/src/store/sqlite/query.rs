@@ -1,0 +1,346 @@
+//! The `Store` port over the file: listing and reading trees, claiming one
+//! (fencing's epochs), and collecting old ones.
+
+use std::sync::Arc;
+
+use arbor_actors::AgentState;
+use rusqlite::{OptionalExtension, params};
+use serde_json::{Value, json};
+
+use super::log::Point;
+use super::{SqliteStore, sql};
+use crate::error::Error;
+use crate::recovery::Recovery;
+use crate::store::{
+    Fenced, GcReport, RunNode, Store, StoredRun, TreeFilter, TreeRecord, TreeSummary, Write,
+};
+use crate::tree::now_ms;
+
+const SUMMARY: &str = "SELECT tree_id, root_run_id, agent, prompt, status, error, agents,
+        input_tokens, output_tokens, cost, started_ms, finished_ms, heartbeat_ms, resumes, owner
+    FROM trees";
+
+fn summary_row(r: &rusqlite::Row<'_>, now: u64) -> rusqlite::Result<TreeSummary> {
+    let mut status: String = r.get(4)?;
+    let heartbeat: i64 = r.get(12)?;
+    let owner: String = r.get(14)?;
+    if status == "running" && !crate::store::still_running(&owner, heartbeat as u64, now) {
+        status = "interrupted".into();
+    }
+    Ok(TreeSummary {
+        tree_id: r.get(0)?,
+        root_run_id: r.get(1)?,
+        agent: r.get(2)?,
+        prompt: r.get(3)?,
+        status,
+        error: r.get(5)?,
+        agents: r.get::<_, i64>(6)? as u64,
+        input_tokens: r.get::<_, i64>(7)? as u64,
+        output_tokens: r.get::<_, i64>(8)? as u64,
+        cost: r.get(9)?,
+        started_ms: r.get::<_, i64>(10)? as u64,
+        finished_ms: r.get::<_, Option<i64>>(11)?.map(|v| v as u64),
+        resumes: r.get::<_, i64>(13)? as u64,
+    })
+}
+
+/// The tree a run belongs to: run ids are `TREE/PATH`.
+fn tree_of(run_id: &str) -> &str {
+    run_id.split_once('/').map_or(run_id, |(tree, _)| tree)
+}
+
+impl Store for SqliteStore {
+    fn write(&self, batch: &[Write]) -> Result<Vec<Fenced>, Error> {
+        self.write_batch(batch)
+    }
+
+    fn trees(&self, filter: &TreeFilter) -> Result<Vec<TreeSummary>, Error> {
+        let conn = self.conn()?;
+        let now = now_ms();
+        // The stored status narrows the rows in SQL; `running` and
+        // `interrupted` are both stored as running (which one is judged by the
+        // owner's liveness), so only they are told apart here, and only for
+        // them is the offset counted here rather than in SQL.
+        let derived = matches!(filter.status.as_deref(), Some("running" | "interrupted"));
+        let stored = if derived {
+            Some("running")
+        } else {
+            filter.status.as_deref()
+        };
+        let sql_offset = if derived { 0 } else { filter.offset };
+        let order = "ORDER BY started_ms DESC, rowid DESC LIMIT -1 OFFSET ?2";
+        let query = match stored {
+            Some(_) => format!("{SUMMARY} WHERE status = ?1 {order}"),
+            None => format!("{SUMMARY} WHERE ?1 IS NULL {order}"),
+        };
+        let mut stmt = conn.prepare(&query).map_err(sql(&self.path))?;
+        let rows = stmt
+            .query_map(params![stored, sql_offset as i64], |r| summary_row(r, now))
+            .map_err(sql(&self.path))?;
+        let limit = if filter.limit == 0 {
+            usize::MAX
+        } else {
+            filter.limit
+        };
+        let offset = filter.offset - sql_offset;
+        let mut out = Vec::new();
+        let mut skipped = 0;
+        for row in rows {
+            let row = row.map_err(sql(&self.path))?;
+            if filter.status.as_ref().is_some_and(|s| *s != row.status) {
+                continue;
+            }
+            if skipped < offset {
+                skipped += 1;
+                continue;
+            }
+            out.push(row);
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn tree(&self, tree_id: &str) -> Result<(TreeRecord, TreeSummary), Error> {
+        let conn = self.conn()?;
+        let now = now_ms();
+        let summary = conn
+            .query_row(&format!("{SUMMARY} WHERE tree_id = ?1"), [tree_id], |r| {
+                summary_row(r, now)
+            })
+            .optional()
+            .map_err(sql(&self.path))?
+            .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+        let (params_json, model, limits_json, origin, history_json): (
+            Option<String>,
+            Option<String>,
+            String,
+            Option<String>,
+            Option<String>,
+        ) = conn
+            .query_row(
+                "SELECT params, model, limits, origin, history FROM trees WHERE tree_id = ?1",
+                [tree_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+            )
+            .map_err(sql(&self.path))?;
+        // Stores from before configs were kept (read as they are) have none.
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(sql(&self.path))?;
+        let config: Option<String> = if version >= 3 {
+            conn.query_row(
+                "SELECT c.text FROM trees t JOIN configs c ON c.hash = t.config
+                 WHERE t.tree_id = ?1",
+                [tree_id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sql(&self.path))?
+        } else {
+            None
+        };
+        let bad = self.bad(tree_id);
+        let record = TreeRecord {
+            tree_id: summary.tree_id.clone(),
+            root_run_id: summary.root_run_id.clone(),
+            agent: summary.agent.clone(),
+            prompt: summary.prompt.clone(),
+            params: params_json
+                .map(|p| serde_json::from_str(&p))
+                .transpose()
+                .map_err(|e| bad(format!("params: {e}")))?,
+            model,
+            limits: serde_json::from_str(&limits_json).map_err(|e| bad(format!("limits: {e}")))?,
+            origin,
+            config: config.map(Arc::from),
+            history: history_json
+                .map(|h| serde_json::from_str(&h))
+                .transpose()
+                .map_err(|e| bad(format!("history: {e}")))?,
+            started_ms: summary.started_ms,
+        };
+        Ok((record, summary))
+    }
+
+    fn runs(&self, tree_id: &str) -> Result<Vec<RunNode>, Error> {
+        let conn = self.conn()?;
+        Ok(self.log(&conn, tree_id)?.nodes())
+    }
+
+    fn run(&self, run_id: &str) -> Result<StoredRun, Error> {
+        let conn = self.conn()?;
+        let tree_id = tree_of(run_id);
+        let mut log = match self.log(&conn, tree_id) {
+            Err(Error::UnknownTree(_)) => return Err(Error::UnknownRun(run_id.to_owned())),
+            other => other?,
+        };
+        let bad = self.bad(tree_id);
+        let Some(&at) = log.index.get(run_id) else {
+            return Err(Error::UnknownRun(run_id.to_owned()));
+        };
+        let run = &log.runs[at].1;
+        let node = run
+            .node
+            .clone()
+            .filter(|n| !n.run_id.is_empty())
+            .ok_or_else(|| Error::UnknownRun(run_id.to_owned()))?;
+        let (point, is_final) = match (&run.last_final, &run.checkpoint) {
+            (Some(f), _) => (Some(f.clone()), true),
+            (None, Some(c)) => (Some(c.clone()), false),
+            (None, None) => (None, false),
+        };
+        let checkpoint = point.map(|p| log.state(&p, &bad)).transpose()?;
+        let inherited = checkpoint.as_ref().map_or(0, |c| c.inherited);
+        Ok(StoredRun {
+            node,
+            state: checkpoint.map(|c| c.state),
+            is_final,
+            inherited,
+        })
+    }
+
+    fn recovery(&self, tree_id: &str) -> Result<Recovery, Error> {
+        self.load_recovery(tree_id)
+    }
+
+    fn final_states(&self, tree_id: &str) -> Result<Vec<AgentState>, Error> {
+        let conn = self.conn()?;
+        let mut log = self.log(&conn, tree_id)?;
+        let bad = self.bad(tree_id);
+        let mut finals: Vec<(usize, Point)> = log
+            .runs
+            .iter()
+            .filter_map(|(_, r)| Some((r.finished_at?, r.last_final.clone()?)))
+            .collect();
+        finals.sort_by_key(|(at, _)| *at);
+        finals
+            .into_iter()
+            .map(|(_, point)| log.state(&point, &bad).map(|c| c.state))
+            .collect()
+    }
+
+    fn events(&self, tree_id: &str, after: u64) -> Result<Vec<Value>, Error> {
+        let conn = self.conn()?;
+        let log = self.log(&conn, tree_id)?;
+        Ok(log
+            .events
+            .into_iter()
+            .filter(|e| e["seq"].as_u64().is_some_and(|s| s > after))
+            .collect())
+    }
+
+    fn export(&self, tree_id: &str) -> Result<Value, Error> {
+        let (record, summary) = self.tree(tree_id)?;
+        let conn = self.conn()?;
+        let mut log = self.log(&conn, tree_id)?;
+        let bad = self.bad(tree_id);
+        let mut runs = Vec::new();
+        let points: Vec<(Option<RunNode>, bool, Option<Point>)> = log
+            .runs
+            .iter()
+            .map(|(_, r)| {
+                let point = r.last_final.clone().or_else(|| r.checkpoint.clone());
+                (r.node.clone(), r.last_final.is_some(), point)
+            })
+            .collect();
+        for (node, is_final, point) in points {
+            let state = point.map(|p| log.state(&p, &bad)).transpose()?;
+            runs.push(json!({"run": node, "final": is_final, "state": state.map(|c| c.state)}));
+        }
+        let mut model_calls = Vec::new();
+        for (run_id, step, id, usage) in log.replies.clone() {
+            model_calls.push(json!({
+                "runId": run_id, "step": step, "reply": *log.message(id, &bad)?, "usage": usage,
+            }));
+        }
+        Ok(json!({
+            "tree": record,
+            "summary": summary,
+            "runs": runs,
+            "events": log.events,
+            "modelCalls": model_calls,
+        }))
+    }
+
+    fn claim(&self, tree_id: &str) -> Result<u64, Error> {
+        let mut conn = self.conn()?;
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql(&self.path))?;
+        let row: Option<(String, String, i64)> = tx
+            .query_row(
+                "SELECT status, owner, heartbeat_ms FROM trees WHERE tree_id = ?1",
+                [tree_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()
+            .map_err(sql(&self.path))?;
+        let (status, owner, heartbeat) =
+            row.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+        let not = |reason: String| Error::NotResumable {
+            tree: tree_id.to_owned(),
+            reason,
+        };
+        if status != "running" {
+            return Err(not(format!("it already ended ({status})")));
+        }
+        if crate::store::still_running(&owner, heartbeat as u64, now_ms()) {
+            return Err(not(
+                "another process is running it (it is alive, or its heartbeat is recent); stop that one first"
+                    .into(),
+            ));
+        }
+        // The next epoch, in the transaction that takes the tree: whoever
+        // held it before writes nothing more of it.
+        let epoch: i64 = tx
+            .query_row(
+                "UPDATE trees SET owner = ?2, heartbeat_ms = ?3, epoch = epoch + 1
+                 WHERE tree_id = ?1 RETURNING epoch",
+                params![tree_id, crate::store::owner_id(), now_ms() as i64],
+                |r| r.get(0),
+            )
+            .map_err(sql(&self.path))?;
+        tx.commit().map_err(sql(&self.path))?;
+        self.claims
+            .lock()
+            .map_err(|_| Error::Store("the store claims were poisoned".into()))?
+            .insert(Arc::from(tree_id), epoch as u64);
+        Ok(epoch as u64)
+    }
+
+    fn gc(&self, cutoff_ms: u64) -> Result<GcReport, Error> {
+        let mut conn = self.conn()?;
+        let tx = conn.transaction().map_err(sql(&self.path))?;
+        let trees: Vec<String> = {
+            let mut stmt = tx
+                .prepare("SELECT tree_id FROM trees WHERE status != 'running' AND finished_ms < ?1")
+                .map_err(sql(&self.path))?;
+            stmt.query_map([cutoff_ms as i64], |r| r.get(0))
+                .map_err(sql(&self.path))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(sql(&self.path))?
+        };
+        let mut segments = 0;
+        for tree in &trees {
+            segments += tx
+                .execute("DELETE FROM segments WHERE tree_id = ?1", [tree])
+                .map_err(sql(&self.path))? as u64;
+            tx.execute("DELETE FROM trees WHERE tree_id = ?1", [tree])
+                .map_err(sql(&self.path))?;
+        }
+        // Configs no tree names any more.
+        tx.execute(
+            "DELETE FROM configs WHERE hash NOT IN
+                 (SELECT config FROM trees WHERE config IS NOT NULL)",
+            [],
+        )
+        .map_err(sql(&self.path))?;
+        tx.commit().map_err(sql(&self.path))?;
+        Ok(GcReport {
+            trees: trees.len() as u64,
+            segments,
+        })
+    }
+}

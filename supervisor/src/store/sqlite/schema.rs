@@ -1,0 +1,371 @@
+//! The file itself: the schema and its migrations, opening (creating,
+//! migrating, or reading only) and the checks of a file's header.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+
+use super::SqliteStore;
+use super::write::Buffers;
+use crate::error::Error;
+
+/// "ARBR": tells an Arbor store from any other SQLite file.
+pub(super) const APPLICATION_ID: i64 = 0x4152_4252;
+
+/// Migrations, in order; `PRAGMA user_version` is how many have been applied.
+/// Reads touch only what the first one made, so a read-only open can read an
+/// older store without migrating it.
+pub(super) const MIGRATIONS: &[&str] = &[
+    r#"
+CREATE TABLE trees (
+    tree_id       TEXT PRIMARY KEY,
+    root_run_id   TEXT NOT NULL,
+    agent         TEXT NOT NULL,
+    prompt        TEXT NOT NULL,
+    params        TEXT,
+    model         TEXT,
+    limits        TEXT NOT NULL,
+    origin        TEXT,
+    history       TEXT,
+    status        TEXT NOT NULL,
+    error         TEXT,
+    started_ms    INTEGER NOT NULL,
+    finished_ms   INTEGER,
+    heartbeat_ms  INTEGER NOT NULL,
+    owner         TEXT NOT NULL,
+    last_seq      INTEGER NOT NULL DEFAULT 0,
+    next_id       INTEGER NOT NULL DEFAULT 1,
+    segments      INTEGER NOT NULL DEFAULT 0,
+    resumes       INTEGER NOT NULL DEFAULT 0,
+    agents        INTEGER NOT NULL DEFAULT 0,
+    input_tokens  INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    cost          REAL NOT NULL DEFAULT 0
+);
+CREATE INDEX trees_started ON trees(started_ms);
+CREATE TABLE segments (
+    tree_id TEXT NOT NULL,
+    n       INTEGER NOT NULL,
+    body    BLOB NOT NULL,
+    PRIMARY KEY (tree_id, n)
+) WITHOUT ROWID;
+"#,
+    // 2: fencing. Every claim of a tree (its start, a resume, an adoption)
+    // takes the next epoch; a process writes a tree only while the row still
+    // has the epoch it claimed with.
+    "ALTER TABLE trees ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;",
+    // 3: what each tree started with (its config, without secrets), kept
+    // once per distinct text and named by its SHA-256.
+    r#"
+CREATE TABLE configs (
+    hash TEXT PRIMARY KEY,
+    text TEXT NOT NULL
+) WITHOUT ROWID;
+ALTER TABLE trees ADD COLUMN config TEXT;
+"#,
+];
+
+/// How long a write waits for another process holding the file's write lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl SqliteStore {
+    /// Opens the store at `path`, creating it (and its migrations) if needed.
+    pub fn open(path: &Path) -> Result<Self, Error> {
+        Self::open_with(path, true)
+    }
+
+    /// Opens an existing store; fails if there is none at `path`.
+    pub fn open_existing(path: &Path) -> Result<Self, Error> {
+        if !path.is_file() {
+            return Err(Error::StoreOpen {
+                path: path.display().to_string(),
+                reason: "no store there (run a tree first, or pass --store)".into(),
+            });
+        }
+        Self::open_with(path, false)
+    }
+
+    /// Opens an existing store for reading only (`runs`, `tree`, `show`,
+    /// `export`, `replay`): nothing is written to it, not even a migration
+    /// (reads touch only what the first schema version has, so an older store
+    /// is read as it is). It opens on a read-only file too. A store in WAL
+    /// mode needs its `-shm` (and `-wal`) to be there or creatable (SQLite
+    /// makes them if the directory is writable); where neither is possible (a
+    /// read-only filesystem) and no writes are waiting in a `-wal`, the file
+    /// is read as immutable, which nothing can change there anyway.
+    pub fn open_read_only(path: &Path) -> Result<Self, Error> {
+        if !path.is_file() {
+            return Err(Error::StoreOpen {
+                path: path.display().to_string(),
+                reason: "no store there (run a tree first, or pass --store)".into(),
+            });
+        }
+        let open_err = |reason: String| Error::StoreOpen {
+            path: path.display().to_string(),
+            reason,
+        };
+        let connect = |immutable: bool| -> Result<Connection, Error> {
+            let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_URI;
+            let mut uri = url_path(path);
+            uri.insert_str(0, "file:");
+            uri.push_str(if immutable {
+                "?immutable=1"
+            } else {
+                "?mode=ro"
+            });
+            let conn =
+                Connection::open_with_flags(&uri, flags).map_err(|e| open_err(e.to_string()))?;
+            conn.busy_timeout(BUSY_TIMEOUT)
+                .map_err(|e| open_err(e.to_string()))?;
+            Ok(conn)
+        };
+        let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+        let (conn, version, tables) = loop {
+            let mut conn = connect(false)?;
+            let values = header_values(&mut conn);
+            let cannot_index = matches!(
+                values
+                    .as_ref()
+                    .err()
+                    .and_then(rusqlite::Error::sqlite_error_code),
+                Some(rusqlite::ErrorCode::CannotOpen | rusqlite::ErrorCode::ReadOnly)
+            );
+            if cannot_index {
+                // The WAL index cannot be made here. Without writes waiting in
+                // a -wal, the file alone is the store, and no one can write it
+                // here either (that needs the -wal): read it as immutable.
+                let wal = path.with_file_name(format!(
+                    "{}-wal",
+                    path.file_name().unwrap_or_default().to_string_lossy()
+                ));
+                let pending = std::fs::metadata(&wal)
+                    .map(|m| m.len() > 0)
+                    .unwrap_or(false);
+                if pending {
+                    return Err(open_err(format!(
+                        "cannot read it here: its {} holds writes not yet in the store, and \
+                         SQLite cannot open the store's -shm index beside it (a read-only \
+                         directory or filesystem); read it where its directory is writable, \
+                         or let an arbor that writes it (run, resume, serve, gc) open it there \
+                         once first",
+                        wal.display()
+                    )));
+                }
+                let mut conn = connect(true)?;
+                let values = header_values(&mut conn);
+                let (version, tables) = check_header(path, values)?;
+                break (conn, version, tables);
+            }
+            match check_header(path, values) {
+                Err(Error::StoreOpen { reason, .. })
+                    if (reason.contains("locked") || reason.contains("busy"))
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(error) => return Err(error),
+                Ok((version, tables)) => break (conn, version, tables),
+            }
+        };
+        if version < 1 || tables == 0 {
+            return Err(open_err("it holds no Arbor store yet (it is empty)".into()));
+        }
+        // A second guard: this connection cannot write even by mistake.
+        conn.pragma_update(None, "query_only", true)
+            .map_err(|e| open_err(e.to_string()))?;
+        Ok(SqliteStore {
+            path: path.to_owned(),
+            conn: Mutex::new(conn),
+            cache: Mutex::new(HashMap::new()),
+            buffers: Mutex::new(Buffers::default()),
+            claims: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn open_with(path: &Path, create: bool) -> Result<Self, Error> {
+        // Another process opening (or migrating) the same file at this moment
+        // can make setup fail with "locked" before the busy timeout applies.
+        let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+        loop {
+            match Self::try_open(path, create) {
+                Err(Error::StoreOpen { reason, .. })
+                    if (reason.contains("locked") || reason.contains("busy"))
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn try_open(path: &Path, create: bool) -> Result<Self, Error> {
+        let open_err = |reason: String| Error::StoreOpen {
+            path: path.display().to_string(),
+            reason,
+        };
+        let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        if create {
+            flags |= OpenFlags::SQLITE_OPEN_CREATE;
+        }
+        let mut conn =
+            Connection::open_with_flags(path, flags).map_err(|e| open_err(e.to_string()))?;
+        conn.busy_timeout(BUSY_TIMEOUT)
+            .map_err(|e| open_err(e.to_string()))?;
+        let (version, tables) = read_header(&mut conn, path)?;
+        let known = MIGRATIONS.len() as i64;
+        let newer = |found| Error::NewerStore {
+            path: path.display().to_string(),
+            found,
+            known,
+        };
+        // Before the first table: 16 KiB pages measured faster than 4 KiB for
+        // the writer's batches; an existing file keeps its own.
+        if tables == 0 {
+            conn.pragma_update(None, "page_size", 16384)
+                .map_err(|e| open_err(e.to_string()))?;
+        }
+        // SQLite opens a file it may not write read-only, without an error.
+        if conn
+            .is_readonly(rusqlite::MAIN_DB)
+            .map_err(|e| open_err(e.to_string()))?
+        {
+            return Err(open_err(
+                "the file is read-only (runs could not be stored)".into(),
+            ));
+        }
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(|e| open_err(e.to_string()))?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(|e| open_err(e.to_string()))?;
+        if version < known {
+            // Under the write lock, and looked at again: another process may
+            // have migrated the file since it was read above.
+            let tx = conn
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(|e| open_err(e.to_string()))?;
+            let version: i64 = tx
+                .pragma_query_value(None, "user_version", |r| r.get(0))
+                .map_err(|e| open_err(e.to_string()))?;
+            if version > known {
+                return Err(newer(version));
+            }
+            if version < known {
+                for (n, migration) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
+                    // The SQLite message only: the migration's SQL is no help to a user.
+                    tx.execute_batch(migration).map_err(|e| {
+                        let why = e
+                            .sqlite_error()
+                            .map_or_else(|| e.to_string(), |s| s.to_string());
+                        open_err(format!("migration {} of {known} failed: {why}", n + 1))
+                    })?;
+                }
+                tx.pragma_update(None, "application_id", APPLICATION_ID)
+                    .map_err(|e| open_err(e.to_string()))?;
+                tx.pragma_update(None, "user_version", known)
+                    .map_err(|e| open_err(e.to_string()))?;
+            }
+            tx.commit().map_err(|e| open_err(e.to_string()))?;
+        }
+        Ok(SqliteStore {
+            path: path.to_owned(),
+            conn: Mutex::new(conn),
+            cache: Mutex::new(HashMap::new()),
+            buffers: Mutex::new(Buffers::default()),
+            claims: Mutex::new(HashMap::new()),
+        })
+    }
+}
+
+/// A path as the path part of a `file:` URI: `%`, `?` and `#` escaped.
+fn url_path(path: &Path) -> String {
+    let mut out = String::new();
+    for c in path.to_string_lossy().chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '?' => out.push_str("%3f"),
+            '#' => out.push_str("%23"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Reads and checks a store's header (application id, schema version, tables)
+/// in one read transaction: `(user_version, tables)` of an Arbor store (or of
+/// an empty file) this build can read. Reading the header is the first thing
+/// that touches the file: a file that is not SQLite fails here, before
+/// anything is written.
+fn read_header(conn: &mut Connection, path: &Path) -> Result<(i64, i64), Error> {
+    check_header(path, header_values(conn))
+}
+
+/// `(application_id, user_version, tables)`, of one moment.
+fn header_values(conn: &mut Connection) -> rusqlite::Result<(i64, i64, i64)> {
+    let read = conn.transaction()?;
+    let app: i64 = read.pragma_query_value(None, "application_id", |r| r.get(0))?;
+    let version: i64 = read.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    let tables: i64 = read.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
+    read.commit()?;
+    Ok((app, version, tables))
+}
+
+/// What `header_values` found, checked: each failure gets its own message
+/// (a foreign file, a damaged one, and one that cannot be read are different
+/// problems). A lock held by another process (creating the store meanwhile)
+/// is not a sign of a foreign file: opening is tried again.
+fn check_header(
+    path: &Path,
+    values: rusqlite::Result<(i64, i64, i64)>,
+) -> Result<(i64, i64), Error> {
+    let open_err = |reason: String| Error::StoreOpen {
+        path: path.display().to_string(),
+        reason,
+    };
+    let not_arbor = || Error::NotAStore {
+        path: path.display().to_string(),
+    };
+    let (app, version, tables) = values.map_err(|e| match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+            open_err(e.to_string())
+        }
+        Some(rusqlite::ErrorCode::NotADatabase) => not_arbor(),
+        Some(rusqlite::ErrorCode::DatabaseCorrupt) => open_err(format!(
+            "the file is damaged (truncated or corrupt): {e}; restore it from a backup"
+        )),
+        Some(
+            rusqlite::ErrorCode::ReadOnly
+            | rusqlite::ErrorCode::CannotOpen
+            | rusqlite::ErrorCode::PermissionDenied,
+        ) => open_err(format!(
+            "cannot read it here ({e}): a read-only directory or filesystem needs the \
+             store's -wal and -shm files to be writable"
+        )),
+        _ => open_err(e.to_string()),
+    })?;
+    if app != APPLICATION_ID && (app != 0 || tables > 0) {
+        return Err(not_arbor());
+    }
+    // Arbor's id with tables but no schema version: the file was changed
+    // by something else (migrating it again would fail on every table).
+    if app == APPLICATION_ID && version <= 0 && tables > 0 {
+        return Err(open_err(format!(
+            "the file is marked as an Arbor store but its schema version is {version} \
+             (user_version): it was changed by another program; restore it from a backup"
+        )));
+    }
+    let known = MIGRATIONS.len() as i64;
+    if version > known {
+        return Err(Error::NewerStore {
+            path: path.display().to_string(),
+            found: version,
+            known,
+        });
+    }
+    Ok((version, tables))
+}
