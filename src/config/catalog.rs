@@ -1,0 +1,133 @@
+//! Building from a checked config: the models, the catalog and the tool set.
+
+use std::sync::Arc;
+
+use arbor_actors::models::{Latency, ScriptedModel, SimulatedConfig, SimulatedModel};
+use arbor_supervisor::Catalog;
+
+use super::{Config, ConfigError, ModelSection, Problem, SimulatedSection};
+use crate::providers::{HttpModel, HttpSection, ProviderKind, ProviderSettings};
+use crate::tools::ToolSet;
+
+impl Config {
+    /// The tools this config declares, for one runtime: its MCP servers (not
+    /// started yet: a tree that needs one starts it) and its command tools.
+    pub fn tool_set(&self) -> ToolSet {
+        ToolSet::new(&self.mcp_servers, self.command_tools.clone())
+    }
+    /// Builds the models and the catalog (with a tool set of its own).
+    pub fn catalog(&self) -> Result<Catalog, ConfigError> {
+        self.catalog_with(&self.tool_set(), &[])
+    }
+
+    /// Builds the models and the catalog over `tools` and the tools registered
+    /// in code (which templates may name).
+    pub fn catalog_with(
+        &self,
+        tools: &ToolSet,
+        code_tools: &[Arc<dyn arbor_actors::Tool>],
+    ) -> Result<Catalog, ConfigError> {
+        let names: Vec<&str> = code_tools.iter().map(|t| t.name()).collect();
+        self.check_tools(&names)?;
+        let mut builder = tools.register(Catalog::builder());
+        for tool in code_tools {
+            builder = builder.tool(tool.clone());
+        }
+        for (name, section) in &self.file.models {
+            let model: Arc<dyn arbor_actors::Model> = match section {
+                ModelSection::Simulated(s) => Arc::new(SimulatedModel::new(
+                    name,
+                    simulated_config(s).map_err(|m| self.problem("models", name, "latency", m))?,
+                )),
+                ModelSection::Scripted(s) => Arc::new(
+                    ScriptedModel::from_file(name, &self.base_dir.join(&s.file))
+                        .map_err(|e| self.problem("models", name, "file", e.to_string()))?,
+                ),
+                ModelSection::Openai(s) => {
+                    Arc::new(self.http_model(name, ProviderKind::OpenAi, s)?)
+                }
+                ModelSection::Anthropic(s) => {
+                    Arc::new(self.http_model(name, ProviderKind::Anthropic, s)?)
+                }
+            };
+            builder = builder.model_as(name, model);
+        }
+        for template in &self.templates {
+            builder = builder.template(template.clone());
+        }
+        builder.build().map_err(|e| ConfigError {
+            file: self.source.clone(),
+            problems: vec![Problem {
+                line: None,
+                key: "agents".into(),
+                message: e.to_string(),
+            }],
+        })
+    }
+
+    /// The HTTP model of `[models.NAME]`; the key is read from the environment now.
+    pub fn http_model(
+        &self,
+        name: &str,
+        kind: ProviderKind,
+        section: &HttpSection,
+    ) -> Result<HttpModel, ConfigError> {
+        let settings = ProviderSettings::from_section(kind, section)
+            .map_err(|(key, message)| self.problem("models", name, &key, message))?;
+        HttpModel::new(name, settings)
+            .map_err(|message| self.problem("models", name, "provider", message))
+    }
+
+    fn problem(&self, table: &str, name: &str, key: &str, message: String) -> ConfigError {
+        ConfigError {
+            file: self.source.clone(),
+            problems: vec![Problem {
+                line: None,
+                key: format!("{table}.{name}.{key}"),
+                message,
+            }],
+        }
+    }
+}
+
+pub(super) fn simulated_config(s: &SimulatedSection) -> Result<SimulatedConfig, String> {
+    Ok(SimulatedConfig {
+        shape: s.shape.clone().unwrap_or_else(|| vec![s.fanout; s.depth]),
+        latency: Latency::parse(&s.latency)?,
+        reply_tokens: s.reply_tokens,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use arbor_actors::FailurePolicy;
+
+    use crate::config::Config;
+
+    #[test]
+    fn the_shipped_config_loads_and_builds_a_catalog() {
+        let config = Config::default_config().unwrap();
+        assert_eq!(config.default_agent(), Some("coordinator"));
+        assert_eq!(config.limits.max_live_agents, Some(64));
+        assert_eq!(
+            config.limits.deadline,
+            Some(std::time::Duration::from_secs(300))
+        );
+        let researcher = config
+            .templates
+            .iter()
+            .find(|t| t.id == "researcher")
+            .unwrap();
+        assert_eq!(
+            researcher.failure,
+            FailurePolicy::Retry {
+                max: 2,
+                backoff: std::time::Duration::from_millis(200)
+            }
+        );
+        let catalog = config.catalog().unwrap();
+        assert!(catalog.template("analyst").is_some());
+        assert!(catalog.model("sim").is_some());
+    }
+}

@@ -1,0 +1,713 @@
+//! The checks: every section's values against their ranges and each other
+//! (limits, templates, models, `[service]`, the spawn graph), turned into the
+//! validated values a [`Config`](super::Config) holds.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arbor_actors::models::{Latency, ScriptedModel};
+use arbor_actors::schema::Schema;
+use arbor_actors::template::InputSchema;
+use arbor_actors::{AgentTemplate, FailurePolicy};
+use arbor_supervisor::{ToolPolicy, TreeLimits, check_pattern};
+
+use super::catalog::simulated_config;
+use super::read::{at, locate_path};
+use super::{
+    ConfigFile, FailureSection, LimitsSection, ModelSection, Problem, ServiceSection,
+    ServiceSettings,
+};
+use crate::providers::{ProviderKind, ProviderSettings};
+use crate::tools::command::CommandTool;
+use crate::tools::mcp::McpSettings;
+use serde_json::Value;
+
+/// A duration key within `range` (inclusive), or its problem.
+fn duration_in(
+    text: &str,
+    table: &str,
+    key: &str,
+    value: &Option<String>,
+    range: (std::time::Duration, std::time::Duration),
+    problems: &mut Vec<Problem>,
+) -> Option<std::time::Duration> {
+    let value = value.as_ref()?;
+    match arbor_actors::duration::parse(value)
+        .map_err(|e| e.to_string())
+        .and_then(|d| arbor_actors::duration::within(d, range.0, range.1))
+    {
+        Ok(d) => Some(d),
+        Err(e) => {
+            problems.push(at(text, table, key, e));
+            None
+        }
+    }
+}
+
+/// A number key within `min..=max`, or its problem (NaN is outside every range).
+fn number<T: PartialOrd + fmt::Display + Copy>(
+    text: &str,
+    table: &str,
+    key: &str,
+    value: Option<T>,
+    (min, max): (T, T),
+    problems: &mut Vec<Problem>,
+) {
+    if let Some(v) = value
+        && !(v >= min && v <= max)
+    {
+        problems.push(at(
+            text,
+            table,
+            key,
+            format!("{v} is out of range: must be from {min} to {max}"),
+        ));
+    }
+}
+
+/// The documented range of the agent and simulated-model keys (docs/config.md
+/// lists every key's; `[limits]` ranges are the supervisor's, `[service]`'s
+/// are in `check_service`).
+pub mod ranges {
+    use std::time::Duration;
+
+    const MS: Duration = Duration::from_millis(1);
+    const HOUR: Duration = Duration::from_secs(3600);
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    pub const AGENT_MAX_STEPS: (u32, u32) = (1, 100_000);
+    pub const STEP_TIMEOUT: (Duration, Duration) = (MS, DAY);
+    pub const CONTEXT_WINDOW: (u64, u64) = (256, 100_000_000);
+    pub const RETRY_MAX: (u32, u32) = (0, 100);
+    pub const RETRY_BACKOFF: (Duration, Duration) = (Duration::ZERO, HOUR);
+    pub const FANOUT: (usize, usize) = (0, 10_000);
+    pub const DEPTH: (usize, usize) = (0, 100);
+    pub const REPLY_TOKENS: (usize, usize) = (0, 100_000);
+    /// A simulated model's whole tree, root included.
+    pub const SIMULATED_AGENTS: u64 = 100_000_000;
+}
+
+/// Checks `[service]`, each numeric and duration key against its range
+/// (README's service section lists them), and gives the typed values.
+pub(super) fn check_service(
+    service: &ServiceSection,
+    text: &str,
+    problems: &mut Vec<Problem>,
+) -> ServiceSettings {
+    use std::time::Duration;
+    let defaults = ServiceSettings::default();
+    if let Err(e) = service.bind.parse::<std::net::SocketAddr>() {
+        problems.push(at(
+            text,
+            "service",
+            "bind",
+            format!(
+                "{:?} is not an address like 127.0.0.1:8080 ({e})",
+                service.bind
+            ),
+        ));
+    }
+    // A duration within [min, max], or the default after a problem.
+    let mut within = |key: &str, value: &String, min: Duration, max: Duration, default| {
+        duration_in(
+            text,
+            "service",
+            key,
+            &Some(value.clone()),
+            (min, max),
+            problems,
+        )
+        .unwrap_or(default)
+    };
+    let secs = Duration::from_secs;
+    let shutdown_timeout = within(
+        "shutdown_timeout",
+        &service.shutdown_timeout,
+        Duration::ZERO,
+        secs(3600),
+        defaults.shutdown_timeout,
+    );
+    let header_read_timeout = within(
+        "header_read_timeout",
+        &service.header_read_timeout,
+        Duration::from_millis(100),
+        secs(300),
+        defaults.limits.header_read_timeout,
+    );
+    let idle_timeout = within(
+        "idle_timeout",
+        &service.idle_timeout,
+        secs(1),
+        secs(3600),
+        defaults.limits.idle_timeout,
+    );
+    // A count within [min, max], or the default after a problem.
+    let mut count =
+        |key: &str, value: usize, min: usize, max: usize, unit: &str, default: usize| {
+            if value < min {
+                problems.push(at(
+                    text,
+                    "service",
+                    key,
+                    format!("must be at least {min}{unit}"),
+                ));
+                default
+            } else if value > max {
+                problems.push(at(
+                    text,
+                    "service",
+                    key,
+                    format!("must be at most {max}{unit} (got {value})"),
+                ));
+                default
+            } else {
+                value
+            }
+        };
+    count(
+        "body_limit",
+        service.body_limit,
+        1024,
+        64 << 20,
+        " bytes",
+        1 << 20,
+    );
+    count(
+        "max_running_trees",
+        service.max_running_trees,
+        1,
+        100_000,
+        "",
+        1000,
+    );
+    let max_connections = count(
+        "max_connections",
+        service.max_connections,
+        1,
+        1_000_000,
+        "",
+        defaults.limits.max_connections,
+    );
+    let max_event_streams = count(
+        "max_event_streams",
+        service.max_event_streams,
+        1,
+        100_000,
+        "",
+        defaults.limits.max_event_streams,
+    );
+    let max_event_streams_per_tree = count(
+        "max_event_streams_per_tree",
+        service.max_event_streams_per_tree,
+        1,
+        max_event_streams,
+        " (max_event_streams)",
+        defaults
+            .limits
+            .max_event_streams_per_tree
+            .min(max_event_streams),
+    );
+    if let Some(endpoint) = &service.otlp_endpoint {
+        let ok = endpoint
+            .strip_prefix("http://")
+            .or_else(|| endpoint.strip_prefix("https://"))
+            .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'));
+        if !ok {
+            problems.push(at(
+                text,
+                "service",
+                "otlp_endpoint",
+                format!("{endpoint:?} is not an http(s) URL like http://127.0.0.1:4318/v1/traces"),
+            ));
+        }
+    }
+    if service.tokens_env.is_empty() {
+        problems.push(at(
+            text,
+            "service",
+            "tokens_env",
+            "must name an environment variable".into(),
+        ));
+    }
+    ServiceSettings {
+        shutdown_timeout,
+        limits: crate::service::ServiceLimits {
+            header_read_timeout,
+            idle_timeout,
+            max_connections,
+            max_event_streams,
+            max_event_streams_per_tree,
+        },
+    }
+}
+
+pub(super) fn limits(
+    section: &LimitsSection,
+    text: &str,
+    problems: &mut Vec<Problem>,
+) -> TreeLimits {
+    let t = "limits";
+    let mut deadline_problem = Vec::new();
+    let limits = TreeLimits {
+        max_depth: section.max_depth,
+        max_children_per_call: section.max_children_per_call,
+        max_live_agents: section.max_live_agents,
+        max_agents: section.max_agents,
+        max_steps: section.max_steps,
+        max_tokens: section.max_tokens,
+        max_credits: section.max_credits,
+        deadline: duration_in(
+            text,
+            t,
+            "deadline",
+            &section.deadline,
+            (Duration::ZERO, Duration::MAX),
+            &mut deadline_problem,
+        ),
+        tools: ToolPolicy::default(),
+    };
+    problems.extend(deadline_problem);
+    for (key, problem) in limits.problems() {
+        problems.push(at(text, t, key, problem));
+    }
+    limits
+}
+
+/// A name for a server or a command tool: what fits a tool name on the wire.
+fn check_tool_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 48 {
+        return Err("must have 1 to 48 characters".into());
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err("may hold only letters, digits, '_' and '-'".into());
+    }
+    Ok(())
+}
+
+pub(super) fn mcp_servers(
+    file: &ConfigFile,
+    base_dir: &Path,
+    text: &str,
+    problems: &mut Vec<Problem>,
+) -> BTreeMap<String, McpSettings> {
+    let mut out = BTreeMap::new();
+    for (name, section) in &file.mcp_servers {
+        let table = format!("mcp_servers.{name}");
+        if let Err(why) = check_tool_name(name) {
+            problems.push(at(
+                text,
+                "mcp_servers",
+                name,
+                format!("server name {name:?} {why}"),
+            ));
+            continue;
+        }
+        match section.settings(name, base_dir) {
+            Ok(settings) => {
+                out.insert(name.clone(), settings);
+            }
+            Err(found) => {
+                for (key, message) in found {
+                    problems.push(at(text, &table, &key, message));
+                }
+            }
+        }
+    }
+    out
+}
+
+pub(super) fn command_tools(
+    file: &ConfigFile,
+    base_dir: &Path,
+    text: &str,
+    problems: &mut Vec<Problem>,
+) -> Vec<Arc<CommandTool>> {
+    let mut out = Vec::new();
+    for (name, section) in &file.tools {
+        let table = format!("tools.{name}");
+        if let Err(why) = check_tool_name(name) {
+            problems.push(at(text, "tools", name, format!("tool name {name:?} {why}")));
+            continue;
+        }
+        if arbor_actors::toolbox::BUILTIN_NAMES.contains(&name.as_str()) {
+            problems.push(at(
+                text,
+                &table,
+                "command",
+                format!("{name:?} is a built-in tool's name; choose another"),
+            ));
+            continue;
+        }
+        match section.build(name, base_dir) {
+            Ok(tool) => out.push(Arc::new(tool)),
+            Err(found) => {
+                for (key, message) in found {
+                    problems.push(at(text, &table, &key, message));
+                }
+            }
+        }
+    }
+    out
+}
+
+pub(super) fn templates(
+    file: &ConfigFile,
+    broken: &HashSet<String>,
+    text: &str,
+    problems: &mut Vec<Problem>,
+    unresolved: &mut Vec<(String, Problem)>,
+) -> Vec<AgentTemplate> {
+    let mut out = Vec::new();
+    for (id, a) in &file.agents {
+        let table = format!("agents.{id}");
+        let mut schema = |key: &str, value: &Option<Value>| -> Option<Schema> {
+            let value = value.clone()?;
+            Schema::compile(value)
+                .map_err(|e| {
+                    problems.push(at(text, &table, key, format!("invalid JSON Schema: {e}")))
+                })
+                .ok()
+        };
+        let output_schema = schema("output_schema", &a.output_schema);
+        let input_schema = match &a.input_schema {
+            Some(s) => InputSchema {
+                prompt: schema("input_schema", &s.prompt),
+                params: schema("input_schema", &s.params),
+            },
+            None => InputSchema::default(),
+        };
+        if !file.models.contains_key(&a.model) && !broken.contains(&format!("models.{}", a.model)) {
+            let known: Vec<&str> = file.models.keys().map(String::as_str).collect();
+            problems.push(at(
+                text,
+                &table,
+                "model",
+                format!(
+                    "unknown model {:?} (configured: {})",
+                    a.model,
+                    known.join(", ")
+                ),
+            ));
+        }
+        for entry in &a.spawnable_agents {
+            if !file.agents.contains_key(entry) && !broken.contains(&format!("agents.{entry}")) {
+                problems.push(at(
+                    text,
+                    &table,
+                    "spawnable_agents",
+                    format!("spawns {entry:?}, which is not defined under [agents]"),
+                ));
+            }
+        }
+        for tool in &a.tools {
+            if arbor_actors::toolbox::OPTIONAL_BUILTINS.contains(&tool.as_str())
+                || file.tools.contains_key(tool)
+            {
+                continue;
+            }
+            if let Some((server, name)) = tool.split_once('/') {
+                if !file.mcp_servers.contains_key(server) {
+                    problems.push(at(
+                        text,
+                        &table,
+                        "tools",
+                        format!(
+                            "{tool:?} names MCP server {server:?}, which is not declared under [mcp_servers]"
+                        ),
+                    ));
+                } else if let Err(why) = check_pattern(tool).and_then(|()| {
+                    if name.is_empty() {
+                        Err("names no tool (write SERVER/* for all of its tools)".into())
+                    } else {
+                        Ok(())
+                    }
+                }) {
+                    problems.push(at(text, &table, "tools", format!("{tool:?}: {why}")));
+                }
+                continue;
+            }
+            unresolved.push((
+                tool.clone(),
+                at(
+                    text,
+                    &table,
+                    "tools",
+                    format!(
+                        "unknown tool {tool:?}: not a built-in (add_message, set_messages), not under [tools], \
+                         not SERVER/TOOL of an [mcp_servers] entry, and no tool of that name is registered in code"
+                    ),
+                ),
+            ));
+        }
+        let failure = match &a.failure {
+            FailureSection::Named(name) if name == "report" => FailurePolicy::Report,
+            FailureSection::Named(name) if name == "escalate" => FailurePolicy::Escalate,
+            FailureSection::Named(name) => {
+                problems.push(at(
+                    text,
+                    &table,
+                    "failure",
+                    format!("unknown policy {name:?} (report, escalate, or {{ retry = {{ max, backoff }} }})"),
+                ));
+                FailurePolicy::Report
+            }
+            FailureSection::Retry { retry } => FailurePolicy::Retry {
+                max: retry.max,
+                backoff: duration_in(
+                    text,
+                    &table,
+                    "failure",
+                    &Some(retry.backoff.clone()),
+                    ranges::RETRY_BACKOFF,
+                    problems,
+                )
+                .unwrap_or_default(),
+            },
+        };
+        if let FailureSection::Retry { retry } = &a.failure {
+            number(
+                text,
+                &table,
+                "failure",
+                Some(retry.max),
+                ranges::RETRY_MAX,
+                problems,
+            );
+        }
+        number(
+            text,
+            &table,
+            "max_steps",
+            Some(a.max_steps),
+            ranges::AGENT_MAX_STEPS,
+            problems,
+        );
+        number(
+            text,
+            &table,
+            "context_window",
+            a.context_window,
+            ranges::CONTEXT_WINDOW,
+            problems,
+        );
+        let step_timeout = duration_in(
+            text,
+            &table,
+            "step_timeout",
+            &a.step_timeout,
+            ranges::STEP_TIMEOUT,
+            problems,
+        );
+        let mut t = AgentTemplate::new(id.clone(), a.model.clone());
+        t.display_name = a.name.clone().unwrap_or_else(|| id.clone());
+        t.description = a.description.clone();
+        t.spawner_prompt = a.spawner_prompt.clone();
+        t.instructions_prompt = a.instructions_prompt.as_deref().map(Arc::from);
+        t.step_prompt = a.step_prompt.as_deref().map(Arc::from);
+        t.system_prompt = Arc::from(a.system_prompt.as_str());
+        t.tools = a.tools.clone();
+        t.spawnable_agents = a.spawnable_agents.clone();
+        t.output_mode = a.output_mode;
+        t.output_schema = output_schema;
+        t.input_schema = input_schema;
+        t.include_message_history = a.include_message_history;
+        t.inherit_parent_system_prompt = a.inherit_parent_system_prompt;
+        t.max_steps = a.max_steps;
+        t.step_timeout = step_timeout;
+        t.context_window = a.context_window;
+        t.failure = failure;
+        out.push(t);
+    }
+    out
+}
+
+/// A spawn cycle needs `limits.max_depth`, or a tree could grow without end.
+pub(super) fn check_graph(
+    file: &ConfigFile,
+    limits: &TreeLimits,
+    text: &str,
+    problems: &mut Vec<Problem>,
+) {
+    if limits.max_depth.is_some() {
+        return;
+    }
+    let mut reported = HashSet::new();
+    for start in file.agents.keys() {
+        let mut path = vec![start.as_str()];
+        if let Some(cycle) = find_cycle(file, &mut path) {
+            let mut members: Vec<&str> = cycle.clone();
+            members.sort();
+            if reported.insert(members) {
+                problems.push(at(
+                    text,
+                    &format!("agents.{}", cycle[0]),
+                    "spawnable_agents",
+                    format!(
+                        "spawn cycle {} with no limits.max_depth: set max_depth so the tree ends",
+                        cycle.join(" -> ")
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+fn find_cycle<'a>(file: &'a ConfigFile, path: &mut Vec<&'a str>) -> Option<Vec<&'a str>> {
+    let current = *path.last()?;
+    let agent = file.agents.get(current)?;
+    for next in &agent.spawnable_agents {
+        if let Some(pos) = path.iter().position(|p| *p == next.as_str()) {
+            let mut cycle: Vec<&str> = path[pos..].to_vec();
+            cycle.push(next.as_str());
+            return Some(cycle);
+        }
+        if file.agents.contains_key(next) {
+            path.push(next.as_str());
+            if let Some(c) = find_cycle(file, path) {
+                return Some(c);
+            }
+            path.pop();
+        }
+    }
+    None
+}
+
+pub(super) fn check_models(
+    file: &ConfigFile,
+    base_dir: &Path,
+    text: &str,
+    problems: &mut Vec<Problem>,
+) {
+    for (name, model) in &file.models {
+        let table = format!("models.{name}");
+        match model {
+            ModelSection::Simulated(s) => {
+                if let Err(e) = Latency::parse(&s.latency) {
+                    problems.push(at(text, &table, "latency", e));
+                }
+                number(
+                    text,
+                    &table,
+                    "fanout",
+                    Some(s.fanout),
+                    ranges::FANOUT,
+                    problems,
+                );
+                number(
+                    text,
+                    &table,
+                    "depth",
+                    Some(s.depth),
+                    ranges::DEPTH,
+                    problems,
+                );
+                number(
+                    text,
+                    &table,
+                    "reply_tokens",
+                    Some(s.reply_tokens),
+                    ranges::REPLY_TOKENS,
+                    problems,
+                );
+                if let Some(shape) = &s.shape {
+                    if shape.len() > ranges::DEPTH.1 {
+                        problems.push(at(
+                            text,
+                            &table,
+                            "shape",
+                            format!("has {} levels: at most {}", shape.len(), ranges::DEPTH.1),
+                        ));
+                    }
+                    if let Some(&wide) = shape.iter().find(|&&f| f > ranges::FANOUT.1) {
+                        problems.push(at(
+                            text,
+                            &table,
+                            "shape",
+                            format!("a level of {wide} children: at most {}", ranges::FANOUT.1),
+                        ));
+                    }
+                }
+                let agents = simulated_config(s).map(|c| c.agents()).unwrap_or(0);
+                if agents > ranges::SIMULATED_AGENTS {
+                    problems.push(at(
+                        text,
+                        &table,
+                        if s.shape.is_some() { "shape" } else { "fanout" },
+                        format!(
+                            "makes a tree of {agents} agents: at most {} (a smaller fanout, depth or shape)",
+                            ranges::SIMULATED_AGENTS
+                        ),
+                    ));
+                }
+            }
+            ModelSection::Scripted(s) => {
+                let path = base_dir.join(&s.file);
+                if let Err(e) = ScriptedModel::from_file(name, &path) {
+                    problems.push(at(text, &table, "file", e.to_string()));
+                }
+            }
+            ModelSection::Openai(s) | ModelSection::Anthropic(s) => {
+                let kind = match model {
+                    ModelSection::Anthropic(_) => ProviderKind::Anthropic,
+                    _ => ProviderKind::OpenAi,
+                };
+                if let Err((key, message)) = ProviderSettings::from_section(kind, s) {
+                    let mut path = vec!["models", name.as_str()];
+                    path.extend(key.split('.'));
+                    problems.push(Problem {
+                        line: locate_path(text, &path),
+                        key: path.join("."),
+                        message,
+                    });
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::path::PathBuf;
+
+    use crate::config::Config;
+
+    #[test]
+    fn schemas_in_toml_become_json_schemas() {
+        let text = r#"
+[models.m]
+provider = "simulated"
+
+[agents.judge]
+model = "m"
+output_mode = "structured_output"
+output_schema = { type = "object", required = ["score"], properties = { score = { type = "number" } } }
+input_schema = { params = { type = "object", required = ["topic"] } }
+"#;
+        let config = Config::parse(text, "inline.toml", PathBuf::new()).unwrap();
+        let judge = &config.templates[0];
+        let schema = judge.output_schema.as_ref().unwrap();
+        assert!(schema.check(&serde_json::json!({"score": 1})).is_ok());
+        assert!(schema.check(&serde_json::json!({})).is_err());
+        assert!(
+            judge
+                .check_input(Some("x"), Some(&serde_json::json!({"topic": "t"})))
+                .is_ok()
+        );
+        assert!(judge.check_input(Some("x"), None).is_err());
+    }
+
+    #[test]
+    fn an_invalid_schema_is_a_problem_with_its_key() {
+        let text = "[models.m]\nprovider = \"simulated\"\n\n[agents.a]\nmodel = \"m\"\noutput_schema = { type = 5 }\n";
+        let err = Config::parse(text, "s.toml", PathBuf::new()).unwrap_err();
+        assert_eq!(err.problems[0].key, "agents.a.output_schema");
+        assert_eq!(err.problems[0].line, Some(6));
+    }
+}

@@ -1,0 +1,369 @@
+//! The file format: `config.toml`'s sections as serde structs, with their
+//! defaults. [`super::read`] reads them key by key; [`super::check`] checks them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use arbor_actors::OutputMode;
+use arbor_supervisor::ToolRule;
+
+use crate::providers::HttpSection;
+use crate::tools::command::CommandToolSection;
+use crate::tools::mcp::McpServerSection;
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    #[serde(default)]
+    pub run: RunSection,
+    #[serde(default)]
+    pub limits: LimitsSection,
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelSection>,
+    #[serde(default)]
+    pub agents: BTreeMap<String, AgentSection>,
+    #[serde(default)]
+    pub store: StoreSection,
+    #[serde(default)]
+    pub service: ServiceSection,
+    /// MCP servers whose tools templates may name as `NAME/*` or `NAME/TOOL`.
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, McpServerSection>,
+    /// Command tools: programs on this machine, called with an argv template.
+    #[serde(default)]
+    pub tools: BTreeMap<String, CommandToolSection>,
+    /// Which tools any tree may use, whatever its templates list.
+    #[serde(default)]
+    pub policy: PolicySection,
+}
+
+/// `[policy]`: patterns over tool names (`fs/*`, `fs/write_*`, `rg`) that cap
+/// every template. A start request can narrow them for one tree, never widen.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySection {
+    /// Only tools matching one of these (absent: every tool).
+    pub allow_tools: Option<Vec<String>>,
+    /// No tool matching one of these.
+    #[serde(default)]
+    pub deny_tools: Vec<String>,
+}
+
+impl PolicySection {
+    pub fn rule(&self) -> ToolRule {
+        ToolRule {
+            allow: self.allow_tools.clone(),
+            deny: self.deny_tools.clone(),
+        }
+    }
+}
+
+/// `arbor serve`: where it listens and who may call it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSection {
+    /// Address to listen on; a non-loopback one needs tokens.
+    #[serde(default = "default_bind")]
+    pub bind: String,
+    /// The environment variable holding the API's bearer tokens, comma-separated.
+    /// (Tokens are never written in the config file.)
+    #[serde(default = "default_tokens_env")]
+    pub tokens_env: String,
+    /// Largest request body, in bytes.
+    #[serde(default = "default_body_limit")]
+    pub body_limit: usize,
+    /// How long a shutdown waits for the store to take what is in flight.
+    #[serde(default = "default_shutdown_timeout")]
+    pub shutdown_timeout: String,
+    /// Trees running at once; a start beyond it is refused with 503.
+    #[serde(default = "default_max_running_trees")]
+    pub max_running_trees: usize,
+    /// How long a client has to send a whole request head (also the most a
+    /// kept-alive connection waits for its next request).
+    #[serde(default = "default_header_read_timeout")]
+    pub header_read_timeout: String,
+    /// A connection on which no byte moves for this long is closed.
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout: String,
+    /// Connections open at once (kept under the open-files limit).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Event streams open at once, over every tree; more get 503.
+    #[serde(default = "default_max_event_streams")]
+    pub max_event_streams: usize,
+    /// Event streams open at once on one tree; more get 429.
+    #[serde(default = "default_max_event_streams_per_tree")]
+    pub max_event_streams_per_tree: usize,
+    /// Send traces (agent, step, tool and request spans) to this OpenTelemetry
+    /// collector's OTLP/HTTP traces URL, e.g. `http://127.0.0.1:4318/v1/traces`.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+}
+
+impl Default for ServiceSection {
+    fn default() -> Self {
+        ServiceSection {
+            bind: default_bind(),
+            tokens_env: default_tokens_env(),
+            body_limit: default_body_limit(),
+            shutdown_timeout: default_shutdown_timeout(),
+            max_running_trees: default_max_running_trees(),
+            header_read_timeout: default_header_read_timeout(),
+            idle_timeout: default_idle_timeout(),
+            max_connections: default_max_connections(),
+            max_event_streams: default_max_event_streams(),
+            max_event_streams_per_tree: default_max_event_streams_per_tree(),
+            otlp_endpoint: None,
+        }
+    }
+}
+
+/// `[service]`, validated and typed by `check_service` (each value within
+/// its documented range), for `ServiceOptions` and the server's limits.
+#[derive(Clone, Debug)]
+pub struct ServiceSettings {
+    pub shutdown_timeout: std::time::Duration,
+    pub limits: crate::service::ServiceLimits,
+}
+
+impl Default for ServiceSettings {
+    fn default() -> Self {
+        ServiceSettings {
+            shutdown_timeout: std::time::Duration::from_secs(10),
+            limits: crate::service::ServiceLimits::default(),
+        }
+    }
+}
+
+fn default_bind() -> String {
+    "127.0.0.1:8080".into()
+}
+
+fn default_tokens_env() -> String {
+    "ARBOR_API_TOKENS".into()
+}
+
+fn default_body_limit() -> usize {
+    1 << 20
+}
+
+fn default_shutdown_timeout() -> String {
+    "10s".into()
+}
+
+fn default_max_running_trees() -> usize {
+    1000
+}
+
+fn default_header_read_timeout() -> String {
+    "10s".into()
+}
+
+fn default_idle_timeout() -> String {
+    "60s".into()
+}
+
+fn default_max_connections() -> usize {
+    crate::service::ServiceLimits::default().max_connections
+}
+
+fn default_max_event_streams() -> usize {
+    crate::service::ServiceLimits::default().max_event_streams
+}
+
+fn default_max_event_streams_per_tree() -> usize {
+    crate::service::ServiceLimits::default().max_event_streams_per_tree
+}
+
+/// Where runs are kept (`arbor runs`, `resume`, `replay`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSection {
+    /// Whether `arbor run` stores its trees.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// The SQLite file, relative to the working directory.
+    #[serde(default = "default_store_path")]
+    pub path: PathBuf,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        StoreSection {
+            enabled: true,
+            path: default_store_path(),
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_store_path() -> PathBuf {
+    PathBuf::from("arbor.db")
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSection {
+    /// The agent `arbor run` starts when `--agent` is not given.
+    pub agent: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    pub max_depth: Option<usize>,
+    pub max_children_per_call: Option<usize>,
+    pub max_live_agents: Option<usize>,
+    pub max_agents: Option<usize>,
+    pub max_steps: Option<u64>,
+    pub max_tokens: Option<u64>,
+    pub max_credits: Option<f64>,
+    pub deadline: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "provider", rename_all = "lowercase")]
+pub enum ModelSection {
+    Simulated(SimulatedSection),
+    Scripted(ScriptedSection),
+    /// The OpenAI Chat Completions API (and compatible servers).
+    Openai(HttpSection),
+    /// The Anthropic Messages API.
+    Anthropic(HttpSection),
+}
+
+impl ModelSection {
+    pub fn provider(&self) -> &'static str {
+        match self {
+            ModelSection::Simulated(_) => "simulated",
+            ModelSection::Scripted(_) => "scripted",
+            ModelSection::Openai(_) => "openai",
+            ModelSection::Anthropic(_) => "anthropic",
+        }
+    }
+
+    /// One line describing the model, without secrets.
+    pub fn describe(&self) -> String {
+        match self {
+            ModelSection::Simulated(s) => format!(
+                "fanout {} depth {} latency {} reply {} tokens",
+                s.fanout, s.depth, s.latency, s.reply_tokens
+            ),
+            ModelSection::Scripted(s) => format!("script {}", s.file.display()),
+            ModelSection::Openai(s) | ModelSection::Anthropic(s) => format!(
+                "{} at {} (key from {}){}",
+                s.model,
+                s.base_url.as_deref().unwrap_or("the default URL"),
+                s.api_key_env.as_deref().unwrap_or("no variable"),
+                if s.stream { ", streaming" } else { "" }
+            ),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimulatedSection {
+    #[serde(default = "default_fanout")]
+    pub fanout: usize,
+    #[serde(default = "default_depth")]
+    pub depth: usize,
+    #[serde(default = "default_latency")]
+    pub latency: String,
+    #[serde(default = "default_reply_tokens")]
+    pub reply_tokens: usize,
+    /// Children per level (e.g. `[10, 10, 5]`), instead of `fanout` and `depth`.
+    pub shape: Option<Vec<usize>>,
+}
+
+fn default_fanout() -> usize {
+    3
+}
+fn default_depth() -> usize {
+    2
+}
+fn default_latency() -> String {
+    "0".into()
+}
+fn default_reply_tokens() -> usize {
+    40
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedSection {
+    /// The script (JSON), relative to the config file.
+    pub file: PathBuf,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSection {
+    pub name: Option<String>,
+    /// What this agent is for (its parents' spawn tools tell their model).
+    pub description: Option<String>,
+    /// When a parent should spawn it.
+    pub spawner_prompt: Option<String>,
+    /// A user message added after the prompt.
+    pub instructions_prompt: Option<String>,
+    /// A short user message added to every model request (not stored).
+    pub step_prompt: Option<String>,
+    pub model: String,
+    #[serde(default)]
+    pub system_prompt: String,
+    #[serde(default)]
+    pub tools: Vec<String>,
+    #[serde(default)]
+    pub spawnable_agents: Vec<String>,
+    #[serde(default)]
+    pub output_mode: OutputMode,
+    pub output_schema: Option<Value>,
+    pub input_schema: Option<InputSchemaSection>,
+    #[serde(default)]
+    pub include_message_history: bool,
+    #[serde(default)]
+    pub inherit_parent_system_prompt: bool,
+    #[serde(default = "default_max_steps")]
+    pub max_steps: u32,
+    pub step_timeout: Option<String>,
+    pub context_window: Option<u64>,
+    #[serde(default)]
+    pub failure: FailureSection,
+}
+
+fn default_max_steps() -> u32 {
+    20
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputSchemaSection {
+    pub prompt: Option<Value>,
+    pub params: Option<Value>,
+}
+
+/// `"report"`, `"escalate"` or `{ retry = { max = 2, backoff = "500ms" } }`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum FailureSection {
+    Named(String),
+    Retry { retry: RetrySection },
+}
+
+impl Default for FailureSection {
+    fn default() -> Self {
+        FailureSection::Named("report".into())
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySection {
+    pub max: u32,
+    pub backoff: String,
+}

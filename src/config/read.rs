@@ -1,0 +1,367 @@
+//! Reading the file: TOML into [`ConfigFile`], every problem reported with
+//! its key and line (the `Reader`), and the stored snapshot's redaction.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use super::{ConfigFile, ModelSection, Problem};
+
+/// Parses TOML into the file structure, reporting every problem it can
+/// find, each with its key and line: a value of the wrong type is dropped and
+/// the rest of its table read on, so one `check-config` shows them all. An
+/// entry that cannot be read at all (a required key missing) is left out and
+/// its name returned in `broken`, so that what names it is not reported too.
+pub(super) fn parse_file(
+    text: &str,
+) -> Result<(ConfigFile, Vec<Problem>, HashSet<String>), Problem> {
+    let root: toml::Table = toml::from_str(text).map_err(|e| Problem {
+        line: e.span().map(|s| line_of(text, s.start)),
+        key: "(syntax)".into(),
+        message: e.message().trim().to_owned(),
+    })?;
+    let mut reader = Reader {
+        text,
+        problems: Vec::new(),
+        broken: HashSet::new(),
+    };
+    let mut file = ConfigFile::default();
+    for (key, value) in root {
+        match key.as_str() {
+            "run" => reader.section(&key, value, &mut file.run),
+            "limits" => reader.section(&key, value, &mut file.limits),
+            "store" => reader.section(&key, value, &mut file.store),
+            "service" => reader.section(&key, value, &mut file.service),
+            "policy" => reader.section(&key, value, &mut file.policy),
+            "models" => {
+                for (name, entry) in reader.entries(&key, value) {
+                    if let Some(model) = reader.model(&name, entry) {
+                        file.models.insert(name, model);
+                    }
+                }
+            }
+            "agents" => reader.map(&key, value, &mut file.agents),
+            "mcp_servers" => reader.map(&key, value, &mut file.mcp_servers),
+            "tools" => reader.map(&key, value, &mut file.tools),
+            _ => reader.problems.push(Problem {
+                line: locate_path(text, &[key.as_str()]),
+                key: key.clone(),
+                message: format!(
+                    "unknown section `{key}` (run, limits, models, agents, store, service, \
+                     mcp_servers, tools, policy)"
+                ),
+            }),
+        }
+    }
+    Ok((file, reader.problems, reader.broken))
+}
+
+/// What a header value removed from a stored config reads.
+pub(super) const REDACTED: &str = "(not stored)";
+
+/// `text` with the value of every `[models.NAME.headers]` entry replaced by
+/// [`REDACTED`], found by the TOML parser's spans (so the rest of the text,
+/// its comments and its lines, stay as they were).
+pub(super) fn redacted(text: &str) -> Arc<str> {
+    use toml::de::{DeTable, DeValue};
+    let Ok(root) = DeTable::parse(text) else {
+        return Arc::from(text);
+    };
+    let mut spans = Vec::new();
+    let models = root.get_ref().iter().find(|(k, _)| k.get_ref() == "models");
+    if let Some((_, models)) = models
+        && let DeValue::Table(models) = models.get_ref()
+    {
+        for (_, model) in models.iter() {
+            let DeValue::Table(model) = model.get_ref() else {
+                continue;
+            };
+            if let Some((_, headers)) = model.iter().find(|(k, _)| k.get_ref() == "headers")
+                && let DeValue::Table(headers) = headers.get_ref()
+            {
+                spans.extend(
+                    headers
+                        .iter()
+                        .filter(|(_, v)| matches!(v.get_ref(), DeValue::String(_)))
+                        .map(|(_, v)| v.span()),
+                );
+            }
+        }
+    }
+    if spans.is_empty() {
+        return Arc::from(text);
+    }
+    spans.sort_by_key(|s| s.start);
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    for span in spans {
+        out.push_str(&text[at..span.start]);
+        out.push_str(&format!("{REDACTED:?}"));
+        at = span.end;
+    }
+    out.push_str(&text[at..]);
+    Arc::from(out)
+}
+
+/// Reads the file's tables one entry at a time, collecting problems.
+struct Reader<'t> {
+    text: &'t str,
+    problems: Vec<Problem>,
+    broken: HashSet<String>,
+}
+
+impl Reader<'_> {
+    /// Deserializes `value` (at `path`); a bad key is reported and removed,
+    /// and the rest read again, until it reads or cannot be read at all.
+    fn read<T: serde::de::DeserializeOwned>(
+        &mut self,
+        path: &[&str],
+        mut value: toml::Value,
+    ) -> Option<T> {
+        loop {
+            match serde_path_to_error::deserialize::<_, T>(value.clone()) {
+                Ok(t) => return Some(t),
+                Err(e) => {
+                    let inner: Vec<String> = e
+                        .path()
+                        .iter()
+                        .filter_map(|s| match s {
+                            serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+                            serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
+                            _ => None,
+                        })
+                        .collect();
+                    let full: Vec<&str> = path
+                        .iter()
+                        .copied()
+                        .chain(inner.iter().map(String::as_str))
+                        .collect();
+                    let message = e.into_inner().message().trim().to_owned();
+                    self.problems.push(Problem {
+                        line: locate_path(self.text, &full),
+                        key: full.join("."),
+                        message,
+                    });
+                    if inner.is_empty() || !remove(&mut value, &inner) {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    fn section<T: serde::de::DeserializeOwned>(
+        &mut self,
+        key: &str,
+        value: toml::Value,
+        into: &mut T,
+    ) {
+        if let Some(section) = self.read(&[key], value) {
+            *into = section;
+        }
+    }
+
+    /// The named entries of a table of tables (`[agents.NAME]`).
+    fn entries(&mut self, key: &str, value: toml::Value) -> Vec<(String, toml::Value)> {
+        match value {
+            toml::Value::Table(table) => table.into_iter().collect(),
+            other => {
+                self.problems.push(Problem {
+                    line: locate_path(self.text, &[key]),
+                    key: key.to_owned(),
+                    message: format!(
+                        "must be a table of named entries, not a {}",
+                        other.type_str()
+                    ),
+                });
+                Vec::new()
+            }
+        }
+    }
+
+    fn map<T: serde::de::DeserializeOwned>(
+        &mut self,
+        key: &str,
+        value: toml::Value,
+        into: &mut BTreeMap<String, T>,
+    ) {
+        for (name, entry) in self.entries(key, value) {
+            match self.read(&[key, name.as_str()], entry) {
+                Some(t) => {
+                    into.insert(name, t);
+                }
+                None => {
+                    self.broken.insert(format!("{key}.{name}"));
+                }
+            }
+        }
+    }
+
+    /// `[models.NAME]`: its `provider` picks the table's shape.
+    fn model(&mut self, name: &str, value: toml::Value) -> Option<ModelSection> {
+        let path = ["models", name];
+        let mut table = match value {
+            toml::Value::Table(t) => t,
+            other => {
+                self.problems.push(Problem {
+                    line: locate_path(self.text, &path),
+                    key: path.join("."),
+                    message: format!("must be a table, not a {}", other.type_str()),
+                });
+                return None;
+            }
+        };
+        let provider = table.remove("provider");
+        let known = "simulated, scripted, openai, anthropic";
+        let problem = |message: String| Problem {
+            line: locate_path(self.text, &["models", name, "provider"])
+                .or_else(|| locate_path(self.text, &path)),
+            key: format!("models.{name}.provider"),
+            message,
+        };
+        let rest = toml::Value::Table(table);
+        let model = match provider.as_ref().and_then(toml::Value::as_str) {
+            Some("simulated") => self.read(&path, rest).map(ModelSection::Simulated),
+            Some("scripted") => self.read(&path, rest).map(ModelSection::Scripted),
+            Some("openai") => self.read(&path, rest).map(ModelSection::Openai),
+            Some("anthropic") => self.read(&path, rest).map(ModelSection::Anthropic),
+            Some(other) => {
+                self.problems
+                    .push(problem(format!("unknown provider {other:?} ({known})")));
+                None
+            }
+            None => {
+                self.problems
+                    .push(problem(format!("missing: say which provider ({known})")));
+                None
+            }
+        };
+        if model.is_none() {
+            self.broken.insert(format!("models.{name}"));
+        }
+        model
+    }
+}
+
+/// Removes the value at `path` inside `value`; whether there was one.
+fn remove(value: &mut toml::Value, path: &[String]) -> bool {
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let mut current = value;
+    for segment in parents {
+        current = match current {
+            toml::Value::Table(t) => match t.get_mut(segment) {
+                Some(v) => v,
+                None => return false,
+            },
+            toml::Value::Array(a) => match segment.parse::<usize>().ok().and_then(|i| a.get_mut(i))
+            {
+                Some(v) => v,
+                None => return false,
+            },
+            _ => return false,
+        };
+    }
+    match current {
+        toml::Value::Table(t) => t.remove(last).is_some(),
+        toml::Value::Array(a) => match last.parse::<usize>() {
+            Ok(i) if i < a.len() => {
+                // The array cannot lose an element without shifting the
+                // others' indices; drop it whole instead.
+                a.clear();
+                true
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// A problem at `table.name.key`, with the line where that key (or table) is.
+pub(super) fn at(text: &str, table: &str, key: &str, message: String) -> Problem {
+    Problem {
+        line: locate(text, table, key),
+        key: format!("{table}.{key}"),
+        message,
+    }
+}
+
+/// The line of `key` inside `[table]` (or of the table's own key, in its
+/// header). `table` is `SECTION` or `SECTION.NAME` (the name may hold dots,
+/// as a version does).
+fn locate(text: &str, table: &str, key: &str) -> Option<usize> {
+    let mut path: Vec<&str> = match table.split_once('.') {
+        Some((section, name)) => vec![section, name],
+        None => vec![table],
+    };
+    path.push(key);
+    locate_path(text, &path)
+}
+
+/// The line of the deepest key of `path` the file has, from the TOML
+/// parser's spans: quoted keys (`[agents."acme/writer@1"]`), dotted ones and
+/// array elements find their line too.
+pub(super) fn locate_path(text: &str, path: &[&str]) -> Option<usize> {
+    use toml::de::{DeTable, DeValue};
+    let root = DeTable::parse(text).ok()?;
+    let mut current = DeValue::Table(root.get_ref().clone());
+    let mut at = None;
+    for segment in path {
+        let next = match &current {
+            DeValue::Table(t) => t
+                .iter()
+                .find(|(k, _)| k.get_ref().as_ref() == *segment)
+                .map(|(k, v)| (k.span().start, v.get_ref().clone())),
+            DeValue::Array(a) => segment
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| a.get(i))
+                .map(|v| (v.span().start, v.get_ref().clone())),
+            _ => None,
+        };
+        match next {
+            Some((start, value)) => {
+                at = Some(start);
+                current = value;
+            }
+            None => break,
+        }
+    }
+    at.map(|start| line_of(text, start))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::path::PathBuf;
+
+    use crate::config::Config;
+
+    #[test]
+    fn an_unknown_key_is_refused_by_name() {
+        let text =
+            "[models.m]\nprovider = \"simulated\"\n\n[agents.a]\nmodel = \"m\"\nmax_stepz = 3\n";
+        let err = Config::parse(text, "k.toml", PathBuf::new()).unwrap_err();
+        let shown = err.to_string();
+        assert!(
+            shown.starts_with("k.toml:6: agents.a.max_stepz: unknown field `max_stepz`"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_provider_is_named() {
+        let text = "[models.m]\nprovider = \"telepathy\"\n";
+        let err = Config::parse(text, "p.toml", PathBuf::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("models.m") && err.contains("telepathy"),
+            "{err}"
+        );
+    }
+}
