@@ -530,7 +530,8 @@ fn build_reports_every_problem_with_its_key() {
     assert!(message("cwd").contains("no-such-directory"));
     assert!(message("input_schema").contains("type = \"object\""));
     assert!(message("timeout").contains("soon"));
-    assert!(message("max_output_bytes").contains("at least 1"));
+    // Its range (issue 12, defect 7): from 1 byte to 64 MiB.
+    assert!(message("max_output_bytes").contains("must be from 1 to 67108864"));
 }
 
 #[test]
@@ -567,7 +568,10 @@ fn build_reports_template_problems() {
     assert!(messages[3].contains("command[4]") && messages[3].contains("unmatched `}`"));
     assert!(messages[4].contains("command[5]") && messages[4].contains("empty placeholder"));
     assert!(messages[5].contains("placeholder {missing}"));
-    assert!(messages[6].contains("more than 0"));
+    assert!(
+        messages[6].contains("must be at least 1ms"),
+        "{messages:#?}"
+    );
 
     // No properties at all.
     let found = problems(
