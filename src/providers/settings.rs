@@ -227,7 +227,7 @@ impl ProviderSettings {
             ("pricing.cache_read", s.pricing.cache_read),
             ("pricing.cache_write", s.pricing.cache_write),
         ] {
-            range(key, Some(price), (0.0, 1e6))?;
+            range(key, Some(price), (0.0, 1e12))?;
         }
         let base_url = s
             .base_url

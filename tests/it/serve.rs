@@ -552,8 +552,9 @@ fn a_public_address_without_tokens_is_refused() {
 /// SIGTERM mid-run: the server stops within its bound, ends its event
 /// streams and hands the tree over (the store says `interrupted` at once);
 /// started again, it resumes the tree, which finishes with every agent
-/// accounted for. (The first server's checkers take an hour a step, so the
-/// stop is surely mid-run; the second server's take 20 ms.)
+/// accounted for. The checkers take 10 s a step, so the stop is surely
+/// mid-run. The second server's file says 20 ms, but a resumed tree runs on
+/// the config it started with (issue 12, defect 10): 10 s again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tree_cut_by_sigterm_finishes_after_a_restart() {
     use futures::StreamExt;
@@ -561,7 +562,7 @@ async fn a_tree_cut_by_sigterm_finishes_after_a_restart() {
     let text = std::fs::read_to_string(fixtures().join("serve.toml")).unwrap();
     let slow = text.replace(
         "[models.checking]\nprovider = \"simulated\"\nfanout = 4\ndepth = 2\nlatency = \"20ms\"",
-        "[models.checking]\nprovider = \"simulated\"\nfanout = 4\ndepth = 2\nlatency = \"1h\"",
+        "[models.checking]\nprovider = \"simulated\"\nfanout = 4\ndepth = 2\nlatency = \"10s\"",
     );
     assert_ne!(slow, text);
     let slow_config = dir.path().join("slow.toml");
@@ -582,8 +583,8 @@ async fn a_tree_cut_by_sigterm_finishes_after_a_restart() {
     let tree_id = created["treeId"].as_str().unwrap().to_owned();
     let run_id = created["runId"].as_str().unwrap().to_owned();
 
-    // Follow the tree until all 16 checkers are in their (hour-long) first
-    // step; keep the stream open across the stop.
+    // Follow the tree until all 16 checkers are in their (10 s) first step;
+    // keep the stream open across the stop.
     let response = client()
         .get(server.url(&format!("/v1/runs/{}/events", encoded(&run_id))))
         .bearer_auth(TOKEN)
@@ -620,12 +621,17 @@ async fn a_tree_cut_by_sigterm_finishes_after_a_restart() {
         super::text(&listed.stderr)
     );
 
-    let (status, tree, events) = {
+    let (status, tree, events, logs) = {
         let server = serve(dir.path());
         let events = stream(&server, &run_id, None, |_| {}).await;
         let (status, tree) = get(&server, &format!("/v1/trees/{tree_id}")).await;
-        (status, tree, events)
+        let logs = server.seen.lock().unwrap().join("\n");
+        (status, tree, events, logs)
     };
+    assert!(
+        logs.contains("a resumed tree runs on the config it started with"),
+        "{logs}"
+    );
     assert_eq!(events.last().unwrap().data["status"], "completed");
     assert_eq!(status, StatusCode::OK);
     assert_eq!(tree["tree"]["status"], "completed");
