@@ -32,7 +32,7 @@ pub use file::{
 use read::{REDACTED, at, parse_file, redacted};
 
 /// The configuration a fresh checkout runs with (the repository's `config.toml`).
-pub const DEFAULT_CONFIG: &str = include_str!("../config.toml");
+pub const DEFAULT_CONFIG: &str = include_str!("../../config.toml");
 /// How the embedded default is named in messages.
 pub const DEFAULT_CONFIG_NAME: &str = "<built-in config.toml>";
 
