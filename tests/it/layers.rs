@@ -35,10 +35,10 @@ const SQL: [&str; 3] = ["rusqlite", "sqlx", "libsqlite3-sys"];
 #[test]
 fn actors_knows_no_http_sql_cli_toml_or_supervisor() {
     let deps = normal_deps("arbor-actors");
-    for banned in WEB
-        .iter()
-        .chain(&SQL)
-        .chain(&["clap", "toml", "arbor-supervisor", "arbor"])
+    for banned in
+        WEB.iter()
+            .chain(&SQL)
+            .chain(&["clap", "toml", "arbor-supervisor", "arbor-agents"])
     {
         assert!(
             !deps.iter().any(|d| d == banned),
@@ -51,7 +51,7 @@ fn actors_knows_no_http_sql_cli_toml_or_supervisor() {
 #[test]
 fn supervisor_knows_no_http_cli_or_the_facade() {
     let deps = normal_deps("arbor-supervisor");
-    for banned in WEB.iter().chain(&["clap", "arbor"]) {
+    for banned in WEB.iter().chain(&["clap", "arbor-agents"]) {
         assert!(
             !deps.iter().any(|d| d == banned),
             "arbor-supervisor depends on {banned}"
