@@ -53,8 +53,12 @@ const tools = [
   },
   {
     name: "stats",
-    description: "How many hang calls are waiting, and were cancelled.",
-    inputSchema: { type: "object", properties: {} },
+    description:
+      "How many hang calls are waiting, and were cancelled; with cancelled_at_least, once that many were (or after 10 s).",
+    inputSchema: {
+      type: "object",
+      properties: { cancelled_at_least: { type: "integer" } },
+    },
   },
   {
     name: "die",
@@ -72,6 +76,15 @@ let inFlight = 0;
 let maxInFlight = 0;
 let cancelled = 0;
 let hanging = 0;
+// Stats calls waiting for `cancelled` to reach a count: a client's
+// notifications/cancelled is sent on its own, so a request that follows it
+// may arrive first.
+let waiters = [];
+const cancelledOnce = () => {
+  const ready = waiters.filter((w) => cancelled >= w.count);
+  waiters = waiters.filter((w) => cancelled < w.count);
+  ready.forEach((w) => w.resolve());
+};
 
 const text = (value) => ({
   content: [{ type: "text", text: JSON.stringify(value) }],
@@ -103,6 +116,7 @@ server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
         extra.signal.addEventListener("abort", () => {
           hanging -= 1;
           cancelled += 1;
+          cancelledOnce();
         });
       });
     case "fail":
@@ -113,6 +127,18 @@ server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
     case "throw":
       throw new Error("thrown on purpose");
     case "stats":
+      if (args.cancelled_at_least > cancelled) {
+        await new Promise((resolve) => {
+          const timer = setTimeout(resolve, 10000);
+          waiters.push({
+            count: args.cancelled_at_least,
+            resolve: () => {
+              clearTimeout(timer);
+              resolve();
+            },
+          });
+        });
+      }
       return text({ hanging, cancelled });
     case "grow":
       if (!tools.some((tool) => tool.name === "extra")) {
