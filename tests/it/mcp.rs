@@ -412,9 +412,14 @@ async fn mcp_call_timeout_cancels_the_request() {
         assert_eq!(err.message, "MCP tool counter/hang timed out after 300ms");
         // The notification goes on its own: awaited (bounded) by the server.
         let stats = json_answer(
-            &call(&servers, "counter", "stats", json!({"cancelled_at_least": 1}))
-                .await
-                .unwrap(),
+            &call(
+                &servers,
+                "counter",
+                "stats",
+                json!({"cancelled_at_least": 1}),
+            )
+            .await
+            .unwrap(),
         );
         assert_eq!(
             stats,
@@ -441,9 +446,14 @@ async fn mcp_dropped_call_releases_its_permit() {
             .unwrap();
         assert_eq!(json_answer(&out)["n"], 1);
         let stats = json_answer(
-            &call(&servers, "counter", "stats", json!({"cancelled_at_least": 1}))
-                .await
-                .unwrap(),
+            &call(
+                &servers,
+                "counter",
+                "stats",
+                json!({"cancelled_at_least": 1}),
+            )
+            .await
+            .unwrap(),
         );
         assert_eq!(stats["cancelled"], 1, "{stats}");
         servers.shutdown().await;
