@@ -56,15 +56,8 @@ fn number<T: PartialOrd + fmt::Display + Copy>(
     (min, max): (T, T),
     problems: &mut Vec<Problem>,
 ) {
-    if let Some(v) = value
-        && !(v >= min && v <= max)
-    {
-        problems.push(at(
-            text,
-            table,
-            key,
-            format!("{v} is out of range: must be from {min} to {max}"),
-        ));
+    if let Some(why) = value.and_then(|v| arbor_supervisor::out_of_range(v, (min, max))) {
+        problems.push(at(text, table, key, why));
     }
 }
 

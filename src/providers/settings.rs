@@ -196,12 +196,9 @@ impl ProviderSettings {
             value: Option<T>,
             (min, max): (T, T),
         ) -> Result<(), (String, String)> {
-            match value {
-                Some(v) if !(v >= min && v <= max) => Err((
-                    key.to_owned(),
-                    format!("{v} is out of range: must be from {min} to {max}"),
-                )),
-                _ => Ok(()),
+            match value.and_then(|v| arbor_supervisor::out_of_range(v, (min, max))) {
+                Some(why) => Err((key.to_owned(), why)),
+                None => Ok(()),
             }
         }
         range("max_tokens", s.max_tokens, (1, 10_000_000))?;

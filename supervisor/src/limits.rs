@@ -51,6 +51,16 @@ pub mod ranges {
         (Duration::from_millis(1), Duration::from_secs(365 * 86_400));
 }
 
+/// Why `value` is outside `min..=max` (inclusive; NaN is outside every
+/// range), in the words every range check of a setting uses.
+pub fn out_of_range<T: PartialOrd + std::fmt::Display + Copy>(
+    value: T,
+    (min, max): (T, T),
+) -> Option<String> {
+    (!(value >= min && value <= max))
+        .then(|| format!("{value} is out of range: must be from {min} to {max}"))
+}
+
 impl TreeLimits {
     /// Each limit outside its range, as `(key, problem)` with the config's
     /// snake_case key (`max_agents`); NaN is outside every range.
@@ -61,13 +71,8 @@ impl TreeLimits {
             value: Option<T>,
             (min, max): (T, T),
         ) {
-            if let Some(v) = value
-                && !(v >= min && v <= max)
-            {
-                out.push((
-                    key,
-                    format!("{v} is out of range: must be from {min} to {max}"),
-                ));
+            if let Some(why) = value.and_then(|v| out_of_range(v, (min, max))) {
+                out.push((key, why));
             }
         }
         let mut out = Vec::new();
