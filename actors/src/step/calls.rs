@@ -1,0 +1,232 @@
+//! Step 3 of the loop: every call of a step classified (built-in, external,
+//! spawn, or an error the model reads), spawns planned, built-ins' effects.
+
+use serde_json::{Value, json};
+
+use super::{Action, Catalog, Effect, Origin, Pending, StepMachine};
+use crate::history::History;
+use crate::message::{Message, ToolCall};
+use crate::spawn::{SpawnRequest, plan_child};
+use crate::template::AgentTemplate;
+use crate::toolbox::ToolKind;
+
+impl StepMachine {
+    /// Step 3: classify every call; built-ins and bad calls resolve at once.
+    pub(super) fn run_calls(
+        &mut self,
+        calls: Vec<ToolCall>,
+        origin: Origin,
+        catalog: &dyn Catalog,
+    ) -> Vec<Action> {
+        let n = calls.len();
+        let mut pending = Pending {
+            step: self.step,
+            calls,
+            results: vec![None; n],
+            child_runs: vec![Vec::new(); n],
+            effects: Vec::new(),
+            inline: None,
+            awaiting: 0,
+            origin,
+        };
+        let mut actions = Vec::new();
+        let mut snapshot: Option<History> = None;
+        let mut inline_seen = false;
+        for index in 0..n {
+            let call = pending.calls[index].clone();
+            let outcome = self.classify(&call, &mut inline_seen);
+            let (kind, input) = match outcome {
+                Ok(ok) => ok,
+                Err(error) => {
+                    pending.results[index] = Some(Message::tool_error(&call, error));
+                    continue;
+                }
+            };
+            match kind {
+                ToolKind::AddMessage
+                | ToolKind::SetMessages
+                | ToolKind::SetOutput
+                | ToolKind::EndTurn => match builtin_effect(&kind, input, &self.template) {
+                    Ok(effect) => {
+                        pending.effects.push((index, effect));
+                        pending.results[index] =
+                            Some(Message::tool_result(&call, json!({"ok": true})));
+                    }
+                    Err(error) => pending.results[index] = Some(Message::tool_error(&call, error)),
+                },
+                ToolKind::External(tool) => {
+                    pending.awaiting += 1;
+                    actions.push(Action::RunTool {
+                        step: self.step,
+                        index,
+                        call_id: call.tool_call_id.clone(),
+                        tool,
+                        input,
+                    });
+                }
+                ToolKind::SpawnAgents | ToolKind::SpawnAgentInline => {
+                    let inline = matches!(kind, ToolKind::SpawnAgentInline);
+                    let snapshot = snapshot.get_or_insert_with(|| {
+                        self.state.message_history.filter_unfinished_tool_calls()
+                    });
+                    match self.plan_spawn(input, snapshot, inline, catalog) {
+                        Ok(action) => {
+                            pending.awaiting += 1;
+                            actions.push(action(self.step, index));
+                        }
+                        Err(error) => {
+                            pending.results[index] = Some(Message::tool_error(&call, error))
+                        }
+                    }
+                }
+            }
+        }
+        self.pending = Some(pending);
+        if actions.is_empty() {
+            return self.commit(catalog);
+        }
+        actions
+    }
+
+    /// Finds the tool and checks the input; `Err` is the message the model will read.
+    fn classify(
+        &self,
+        call: &ToolCall,
+        inline_seen: &mut bool,
+    ) -> Result<(ToolKind, Value), String> {
+        let name = call.tool_name.as_str();
+        let Some(entry) = self.toolbox.get(name) else {
+            if let Some(denied) = self.toolbox.denied(name) {
+                return Err(format!(
+                    "Tool {name} ({denied}) is not allowed by this tree's tool policy"
+                ));
+            }
+            return Err(format!(
+                "Tool {name} not found. Available tools: {}",
+                self.toolbox.names().join(", ")
+            ));
+        };
+        let input = match &call.input {
+            Value::String(text) => serde_json::from_str(text)
+                .map_err(|e| format!("Arguments of {name} are not valid JSON: {e}"))?,
+            Value::Null => json!({}),
+            other => other.clone(),
+        };
+        entry
+            .schema
+            .check(&input)
+            .map_err(|e| format!("Invalid input for {name}: {e}"))?;
+        if matches!(entry.kind, ToolKind::SpawnAgentInline) {
+            if *inline_seen {
+                return Err("Only one spawn_agent_inline call is allowed per step".into());
+            }
+            *inline_seen = true;
+        }
+        Ok((entry.kind.clone(), input))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn plan_spawn(
+        &self,
+        input: Value,
+        snapshot: &History,
+        inline: bool,
+        catalog: &dyn Catalog,
+    ) -> Result<Box<dyn FnOnce(u32, usize) -> Action>, String> {
+        let plan = |request: SpawnRequest| {
+            let agent_type = request.agent_type.clone();
+            plan_child(
+                &self.template,
+                request,
+                snapshot,
+                inline,
+                |id| catalog.template(id),
+                |id| catalog.knows_agent(id),
+            )
+            .map_err(|e| (agent_type, e))
+        };
+        if inline {
+            let request: SpawnRequest = serde_json::from_value(input)
+                .map_err(|e| format!("Invalid input for spawn_agent_inline: {e}"))?;
+            let child = plan(request).map_err(|(_, e)| e)?;
+            return Ok(Box::new(move |step, index| Action::SpawnInline {
+                step,
+                index,
+                child,
+            }));
+        }
+        // Each entry on its own: a bad one is refused by itself, the rest run.
+        let entries = input
+            .get("agents")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let children = entries
+            .into_iter()
+            .enumerate()
+            .map(|(i, entry)| {
+                let named = entry
+                    .get("agent_type")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+                crate::toolbox::CHILD_SCHEMA
+                    .check(&entry)
+                    .map_err(|e| format!("Invalid input for spawn_agents: agents[{i}] {e}"))
+                    .and_then(|()| {
+                        serde_json::from_value::<SpawnRequest>(entry).map_err(|e| {
+                            format!("Invalid input for spawn_agents: agents[{i}]: {e}")
+                        })
+                    })
+                    .map_err(|e| (named.clone(), e))
+                    .and_then(plan)
+            })
+            .collect();
+        Ok(Box::new(move |step, index| Action::SpawnAgents {
+            step,
+            index,
+            children,
+        }))
+    }
+}
+
+/// The effect of a built-in call, or the error the model reads.
+fn builtin_effect(
+    kind: &ToolKind,
+    input: Value,
+    template: &AgentTemplate,
+) -> Result<Effect, String> {
+    match kind {
+        ToolKind::AddMessage => {
+            let content = input["content"].as_str().unwrap_or_default().to_owned();
+            Ok(Effect::Add(match input["role"].as_str() {
+                Some("assistant") => Message::assistant_text(content),
+                _ => Message::user(content),
+            }))
+        }
+        ToolKind::SetMessages => {
+            let list = input["messages"].as_array().cloned().unwrap_or_default();
+            let messages = list
+                .into_iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    serde_json::from_value::<Message>(m)
+                        .map_err(|e| format!("Invalid input for set_messages: messages[{i}]: {e}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Effect::Replace(messages))
+        }
+        ToolKind::SetOutput => {
+            if let Some(schema) = &template.output_schema {
+                schema
+                    .check(&input)
+                    .map_err(|e| format!("Output does not match the output schema: {e}"))?;
+            }
+            Ok(Effect::Output(input))
+        }
+        ToolKind::EndTurn => Ok(Effect::EndTurn),
+        ToolKind::External(_) | ToolKind::SpawnAgents | ToolKind::SpawnAgentInline => {
+            Err("internal: not a built-in".into())
+        }
+    }
+}
