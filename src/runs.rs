@@ -84,15 +84,11 @@ pub fn tree_text(nodes: &[RunNode]) -> String {
     out
 }
 
-/// `T/0.10.2~1` as numbers, so siblings sort as spawned (0.2 before 0.10).
-fn path_key(run_id: &str) -> Vec<(u64, u64)> {
-    let path = run_id.rsplit_once('/').map_or(run_id, |(_, p)| p);
-    path.split('.')
-        .map(|part| {
-            let (n, attempt) = part.split_once('~').unwrap_or((part, "0"));
-            (n.parse().unwrap_or(u64::MAX), attempt.parse().unwrap_or(0))
-        })
-        .collect()
+/// `T/0.10.2~1` as numbers, so siblings sort as spawned (0.2 before 0.10);
+/// a run id that does not read as one sorts last.
+fn path_key(run_id: &str) -> Option<Vec<arbor_actors::id::Step>> {
+    let path = run_id.parse::<arbor_actors::RunId>().ok()?.path().to_vec();
+    Some(path)
 }
 
 fn walk(nodes: &[RunNode], node: &RunNode, depth: usize, out: &mut String) {
@@ -122,7 +118,7 @@ fn walk(nodes: &[RunNode], node: &RunNode, depth: usize, out: &mut String) {
         .iter()
         .filter(|n| n.parent_run_id.as_deref() == Some(&node.run_id))
         .collect();
-    children.sort_by_key(|n| path_key(&n.run_id));
+    children.sort_by_key(|n| path_key(&n.run_id).ok_or(()));
     for child in children {
         walk(nodes, child, depth + 1, out);
     }
@@ -244,7 +240,7 @@ mod tests {
     #[test]
     fn siblings_sort_by_spawn_order_not_by_text() {
         let mut ids = vec!["t/0.10", "t/0.2", "t/0.2~1", "t/0.1.3"];
-        ids.sort_by_key(|id| path_key(id));
+        ids.sort_by_key(|id| path_key(id).ok_or(()));
         assert_eq!(ids, vec!["t/0.1.3", "t/0.2", "t/0.2~1", "t/0.10"]);
     }
 

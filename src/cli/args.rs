@@ -67,7 +67,7 @@ pub(crate) enum Command {
     Runs {
         /// running, interrupted, completed, failed or cancelled.
         #[arg(long)]
-        status: Option<String>,
+        status: Option<arbor_supervisor::TreeStatus>,
         /// How many trees to list.
         #[arg(long, default_value_t = 20)]
         limit: usize,

@@ -14,19 +14,12 @@ use super::args::Stored;
 use super::{async_runtime, load_config, store_path};
 
 pub(super) fn runs(
-    status: Option<String>,
+    status: Option<arbor_supervisor::TreeStatus>,
     limit: usize,
     json: bool,
     at: Stored,
 ) -> anyhow::Result<ExitCode> {
     let Stored { config, store } = at;
-    if let Some(status) = &status {
-        anyhow::ensure!(
-            ["running", "interrupted", "completed", "failed", "cancelled"]
-                .contains(&status.as_str()),
-            "--status: {status:?} is not one of running, interrupted, completed, failed, cancelled"
-        );
-    }
     let config = load_config(config.as_deref())?;
     let store = open_store_read_only(&config, store)?;
     let trees = store.trees(&TreeFilter {
@@ -145,7 +138,7 @@ async fn replay_tree(
 ) -> anyhow::Result<ExitCode> {
     let (record, summary) = store.tree(&tree_id)?;
     anyhow::ensure!(
-        !["running", "interrupted"].contains(&summary.status.as_str()),
+        summary.status.is_final(),
         "tree {tree_id} has not finished ({}); resume it first",
         summary.status
     );

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use arbor_actors::AgentState;
-use arbor_supervisor::store::{RunNode, TreeFilter, TreeSummary};
+use arbor_supervisor::store::{RunNode, TreeFilter, TreeStatus, TreeSummary};
 use arbor_supervisor::{StartRequest, ToolRule, TreeLimits};
 use axum::Json;
 use axum::extract::State;
@@ -29,7 +29,7 @@ use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
         create_run, list_runs, get_run, run_events, cancel_run, get_tree, list_agents,
         healthz, readyz, metrics
     ),
-    components(schemas(ErrorBody, TreeSummary, RunNode, TreeLimits, ToolRule, StatusFilter)),
+    components(schemas(ErrorBody, TreeSummary, RunNode, TreeLimits, ToolRule, TreeStatus)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
@@ -76,34 +76,12 @@ pub struct Created {
     pub run_id: String,
 }
 
-#[derive(Clone, Copy, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum StatusFilter {
-    Running,
-    Interrupted,
-    Completed,
-    Failed,
-    Cancelled,
-}
-
-impl StatusFilter {
-    fn as_str(self) -> &'static str {
-        match self {
-            StatusFilter::Running => "running",
-            StatusFilter::Interrupted => "interrupted",
-            StatusFilter::Completed => "completed",
-            StatusFilter::Failed => "failed",
-            StatusFilter::Cancelled => "cancelled",
-        }
-    }
-}
-
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Only trees with this status.
-    pub status: Option<StatusFilter>,
+    pub status: Option<TreeStatus>,
     /// Trees per page (1 to 500, default 50).
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
@@ -196,10 +174,10 @@ pub struct Health {
 
 /// A stored or live run id from the path (URL-encoded: `t1/0` is `t1%2F0`).
 fn run_path(id: String) -> Result<String, ApiError> {
-    match id.split_once('/') {
-        Some((tree, path)) if !tree.is_empty() && !path.is_empty() => Ok(id),
-        _ => Err(ApiError::not_found(format!(
-            "no run {id:?} (a run id is TREE/PATH, URL-encoded in the path: t1%2F0)"
+    match id.parse::<arbor_actors::RunId>() {
+        Ok(_) => Ok(id),
+        Err(e) => Err(ApiError::not_found(format!(
+            "no run {id:?} ({e}; URL-encoded in the path: t1%2F0)"
         ))),
     }
 }
@@ -327,7 +305,7 @@ pub async fn list_runs(
     }
     let offset = offset as usize;
     let filter = TreeFilter {
-        status: query.status.map(|s| s.as_str().to_owned()),
+        status: query.status,
         // One more than asked, to know whether a next page exists.
         limit: limit as usize + 1,
         offset,

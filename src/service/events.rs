@@ -32,10 +32,7 @@ const TREE_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 /// Whether `candidate` is `run` or below it. (A retry is a run of its own,
 /// `RUN~n`, with its own children `RUN~n.k`: streamed on its own id.)
 pub fn in_subtree(candidate: &str, run: &str) -> bool {
-    candidate == run
-        || (candidate.len() > run.len()
-            && candidate.starts_with(run)
-            && candidate.as_bytes()[run.len()] == b'.')
+    arbor_actors::id::is_within(candidate, run)
 }
 
 struct Follow {
@@ -92,10 +89,11 @@ pub async fn stream(
     run_id: String,
     after: u64,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
-    let tree_id: Arc<str> = match run_id.split_once('/') {
-        Some((tree, _)) => Arc::from(tree),
-        None => return Err(ApiError::not_found(format!("no run {run_id}"))),
+    let id = match run_id.parse::<arbor_actors::RunId>() {
+        Ok(id) => id,
+        Err(e) => return Err(ApiError::not_found(format!("no run {run_id} ({e})"))),
     };
+    let tree_id: Arc<str> = id.tree().as_arc().clone();
     // Held until the stream ends; refused (503 or 429, naming the cap) before
     // anything else is done for it.
     let slot = shared.streams.open(&tree_id, &shared.limits)?;
@@ -104,7 +102,7 @@ pub async fn stream(
     let mut shutdown = shared.shutdown.subscribe();
     // Trees interrupted by a restart are resumed before they are followed.
     shared.wait_ready().await;
-    let root = format!("{tree_id}/0");
+    let root = id.tree().root().to_string();
     // A run of a tree running here may not have started yet (a root right
     // after the 201, a child named by `childSpawned` that waits for a live
     // slot): it is followed all the same, until it ends or the tree does.

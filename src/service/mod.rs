@@ -311,7 +311,7 @@ impl Service {
         }
         let supervisor = self.shared.runtime.supervisor();
         let filter = TreeFilter {
-            status: Some("interrupted".into()),
+            status: Some(arbor_supervisor::TreeStatus::Interrupted),
             limit: usize::MAX,
             offset: 0,
         };

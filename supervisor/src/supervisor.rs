@@ -879,7 +879,7 @@ mod tests {
         sup.flush().await.unwrap();
         let completed = store
             .trees(&crate::store::TreeFilter {
-                status: Some("completed".into()),
+                status: Some(crate::TreeStatus::Completed),
                 limit: 1000,
                 offset: 0,
             })

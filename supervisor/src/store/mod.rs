@@ -4,6 +4,7 @@
 
 mod journal;
 mod sqlite;
+mod status;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -23,6 +24,7 @@ use crate::recovery::Recovery;
 
 pub use journal::journal_view;
 pub use sqlite::SqliteStore;
+pub use status::{TreeStatus, UnknownStatus};
 
 /// A tree as it was started: enough to start it again (resume, replay).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -90,8 +92,7 @@ pub enum Write {
 /// Which trees `Store::trees` lists.
 #[derive(Clone, Debug, Default)]
 pub struct TreeFilter {
-    /// `running`, `interrupted`, `completed`, `failed` or `cancelled`.
-    pub status: Option<String>,
+    pub status: Option<TreeStatus>,
     pub limit: usize,
     pub offset: usize,
 }
@@ -187,8 +188,7 @@ pub struct TreeSummary {
     /// The root's agent type.
     pub agent: String,
     pub prompt: String,
-    /// `running` (its process is alive), `interrupted`, or the root's final status.
-    pub status: String,
+    pub status: TreeStatus,
     pub error: Option<String>,
     /// Runs that have started, each once (a resumed tree's runs that go on
     /// are not counted again), so a running or interrupted tree shows them.

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use arbor_actors::AgentState;
+use arbor_actors::{AgentState, RunId};
 use rusqlite::{OptionalExtension, params};
 use serde_json::{Value, json};
 
@@ -12,7 +12,8 @@ use super::{SqliteStore, sql};
 use crate::error::Error;
 use crate::recovery::Recovery;
 use crate::store::{
-    Fenced, GcReport, RunNode, Store, StoredRun, TreeFilter, TreeRecord, TreeSummary, Write,
+    Fenced, GcReport, RunNode, Store, StoredRun, TreeFilter, TreeRecord, TreeStatus, TreeSummary,
+    Write,
 };
 use crate::tree::now_ms;
 
@@ -21,11 +22,12 @@ const SUMMARY: &str = "SELECT tree_id, root_run_id, agent, prompt, status, error
     FROM trees";
 
 fn summary_row(r: &rusqlite::Row<'_>, now: u64) -> rusqlite::Result<TreeSummary> {
-    let mut status: String = r.get(4)?;
+    let mut status: TreeStatus = r.get(4)?;
     let heartbeat: i64 = r.get(12)?;
     let owner: String = r.get(14)?;
-    if status == "running" && !crate::store::still_running(&owner, heartbeat as u64, now) {
-        status = "interrupted".into();
+    if status == TreeStatus::Running && !crate::store::still_running(&owner, heartbeat as u64, now)
+    {
+        status = TreeStatus::Interrupted;
     }
     Ok(TreeSummary {
         tree_id: r.get(0)?,
@@ -44,9 +46,20 @@ fn summary_row(r: &rusqlite::Row<'_>, now: u64) -> rusqlite::Result<TreeSummary>
     })
 }
 
-/// The tree a run belongs to: run ids are `TREE/PATH`.
-fn tree_of(run_id: &str) -> &str {
-    run_id.split_once('/').map_or(run_id, |(tree, _)| tree)
+/// Stored as its name; a name no build wrote is an error naming the column.
+impl rusqlite::types::FromSql for TreeStatus {
+    fn column_result(value: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+        value
+            .as_str()?
+            .parse()
+            .map_err(|e| rusqlite::types::FromSqlError::Other(Box::new(e)))
+    }
+}
+
+impl rusqlite::types::ToSql for TreeStatus {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        Ok(self.as_str().into())
+    }
 }
 
 impl Store for SqliteStore {
@@ -61,12 +74,8 @@ impl Store for SqliteStore {
         // `interrupted` are both stored as running (which one is judged by the
         // owner's liveness), so only they are told apart here, and only for
         // them is the offset counted here rather than in SQL.
-        let derived = matches!(filter.status.as_deref(), Some("running" | "interrupted"));
-        let stored = if derived {
-            Some("running")
-        } else {
-            filter.status.as_deref()
-        };
+        let stored = filter.status.map(TreeStatus::stored);
+        let derived = stored == Some(TreeStatus::Running);
         let sql_offset = if derived { 0 } else { filter.offset };
         let order = "ORDER BY started_ms DESC, rowid DESC LIMIT -1 OFFSET ?2";
         let query = match stored {
@@ -87,7 +96,7 @@ impl Store for SqliteStore {
         let mut skipped = 0;
         for row in rows {
             let row = row.map_err(sql(&self.path))?;
-            if filter.status.as_ref().is_some_and(|s| *s != row.status) {
+            if filter.status.is_some_and(|s| s != row.status) {
                 continue;
             }
             if skipped < offset {
@@ -171,7 +180,10 @@ impl Store for SqliteStore {
 
     fn run(&self, run_id: &str) -> Result<StoredRun, Error> {
         let conn = self.conn()?;
-        let tree_id = tree_of(run_id);
+        let Ok(id) = run_id.parse::<RunId>() else {
+            return Err(Error::UnknownRun(run_id.to_owned()));
+        };
+        let tree_id = id.tree().as_str();
         let mut log = match self.log(&conn, tree_id) {
             Err(Error::UnknownTree(_)) => return Err(Error::UnknownRun(run_id.to_owned())),
             other => other?,
@@ -269,7 +281,7 @@ impl Store for SqliteStore {
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(sql(&self.path))?;
-        let row: Option<(String, String, i64)> = tx
+        let row: Option<(TreeStatus, String, i64)> = tx
             .query_row(
                 "SELECT status, owner, heartbeat_ms FROM trees WHERE tree_id = ?1",
                 [tree_id],
@@ -283,7 +295,7 @@ impl Store for SqliteStore {
             tree: tree_id.to_owned(),
             reason,
         };
-        if status != "running" {
+        if status != TreeStatus::Running {
             return Err(not(format!("it already ended ({status})")));
         }
         if crate::store::still_running(&owner, heartbeat as u64, now_ms()) {

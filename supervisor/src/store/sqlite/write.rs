@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use super::SqliteStore;
 use crate::error::Error;
 use crate::store::journal::journal_body;
-use crate::store::{Fenced, Write};
+use crate::store::{Fenced, TreeStatus, Write};
 use crate::tree::now_ms;
 
 /// The key of a config text in `configs`.
@@ -108,7 +108,7 @@ struct TreeDelta {
     input_tokens: u64,
     output_tokens: u64,
     cost: f64,
-    end: Option<(&'static str, Option<String>, u64)>,
+    end: Option<(TreeStatus, Option<String>, u64)>,
     segment: Vec<u8>,
 }
 
@@ -317,7 +317,7 @@ impl Batch<'_, '_> {
                     EventKind::AgentFailed { error, .. } => Some(error.clone()),
                     _ => state.error_message().map(str::to_owned),
                 };
-                delta.end = Some((state.status.as_str(), error, event.at_ms));
+                delta.end = Some((TreeStatus::from(state.status), error, event.at_ms));
             }
         }
         out.open();

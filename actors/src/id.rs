@@ -1,0 +1,351 @@
+//! Tree and run identities, and their arithmetic, in one place.
+//!
+//! A tree id is `t` and 12 hex digits (any non-empty text without `/` is
+//! accepted, so a caller may pick its own). A run id is `TREE/PATH`: the root
+//! is `T/0`, the `n`-th child a run spawns is its run id plus `.n`, and attempt
+//! `a > 0` of a run (a retry) appends `~a` to its last step: `T/0.1~1` is the
+//! second attempt of the root's child 1, and `T/0.1~1.0` that attempt's first
+//! child. The agent id of a run is its run id without the last attempt, shared
+//! by every attempt. Both serialise as today's strings (semantics §2).
+
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::BuildHasher;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// What is wrong with a text given as a tree or run id.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    #[error("a tree id is not empty and has no '/' (got {0:?})")]
+    Tree(String),
+    #[error(
+        "a run id is TREE/PATH, PATH being numbers joined by '.', each with an optional \
+         ~ATTEMPT, and starting at 0 (e.g. t1/0.2~1); got {0:?}"
+    )]
+    Run(String),
+}
+
+/// The id of a spawn tree.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TreeId(Arc<str>);
+
+impl TreeId {
+    /// A fresh tree id: `t` and 12 hex digits, unique within a process and
+    /// very likely across. The one generator of tree ids.
+    pub fn generate() -> Self {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let hash = RandomState::new().hash_one((now, n, std::process::id()));
+        TreeId(format!("t{:012x}", hash & 0xffff_ffff_ffff).into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn as_arc(&self) -> &Arc<str> {
+        &self.0
+    }
+
+    /// The root run of this tree, `T/0`.
+    pub fn root(&self) -> RunId {
+        RunId {
+            tree: self.clone(),
+            path: vec![Step {
+                ordinal: 0,
+                attempt: 0,
+            }],
+        }
+    }
+}
+
+impl FromStr for TreeId {
+    type Err = IdError;
+
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        if s.is_empty() || s.contains('/') {
+            return Err(IdError::Tree(s.to_owned()));
+        }
+        Ok(TreeId(s.into()))
+    }
+}
+
+impl fmt::Display for TreeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(&self.0)
+    }
+}
+
+impl From<TreeId> for String {
+    fn from(id: TreeId) -> String {
+        id.0.to_string()
+    }
+}
+
+/// One step of a run's path: the ordinal among its parent's children (0 for
+/// the root) and the attempt (0 for the first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Step {
+    pub ordinal: u32,
+    pub attempt: u32,
+}
+
+/// The id of one attempt of one run of a tree.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RunId {
+    tree: TreeId,
+    /// Never empty; the first step is the root (`0`).
+    path: Vec<Step>,
+}
+
+impl RunId {
+    pub fn tree(&self) -> &TreeId {
+        &self.tree
+    }
+
+    pub fn path(&self) -> &[Step] {
+        &self.path
+    }
+
+    /// The attempt of this run (0 for the first).
+    pub fn attempt(&self) -> u32 {
+        self.path.last().map_or(0, |s| s.attempt)
+    }
+
+    /// The first attempt of the `ordinal`-th child this run spawns.
+    pub fn child(&self, ordinal: u32) -> RunId {
+        let mut path = self.path.clone();
+        path.push(Step {
+            ordinal,
+            attempt: 0,
+        });
+        RunId {
+            tree: self.tree.clone(),
+            path,
+        }
+    }
+
+    /// Attempt `attempt` of the same run (0 is the first).
+    pub fn retry(&self, attempt: u32) -> RunId {
+        let mut path = self.path.clone();
+        if let Some(last) = path.last_mut() {
+            last.attempt = attempt;
+        }
+        RunId {
+            tree: self.tree.clone(),
+            path,
+        }
+    }
+
+    /// The agent id: this run id without its last attempt, shared by every
+    /// attempt of the run.
+    pub fn agent_id(&self) -> RunId {
+        self.retry(0)
+    }
+
+    /// Whether this run is `ancestor` or runs below it (any attempt of its
+    /// children counts; an other attempt of `ancestor` itself does not).
+    pub fn is_within(&self, ancestor: &RunId) -> bool {
+        self.tree == ancestor.tree && self.path.starts_with(&ancestor.path)
+    }
+
+    /// Numbers in spawn order, for sorting siblings as spawned (`0.2` before
+    /// `0.10`, attempt 0 before attempt 1).
+    pub fn sort_key(&self) -> impl Ord + '_ {
+        (&self.tree, &self.path)
+    }
+}
+
+impl FromStr for RunId {
+    type Err = IdError;
+
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        let bad = || IdError::Run(s.to_owned());
+        let (tree, path) = s.split_once('/').ok_or_else(bad)?;
+        let tree = TreeId::from_str(tree).map_err(|_| bad())?;
+        let number = |text: &str| -> Result<u32, IdError> {
+            // Canonical digits only, so that one run has one spelling.
+            if text.is_empty()
+                || !text.bytes().all(|b| b.is_ascii_digit())
+                || (text.len() > 1 && text.starts_with('0'))
+            {
+                return Err(bad());
+            }
+            text.parse().map_err(|_| bad())
+        };
+        let path = path
+            .split('.')
+            .map(|part| {
+                let (ordinal, attempt) = match part.split_once('~') {
+                    Some((n, a)) => (number(n)?, number(a)?),
+                    None => (number(part)?, 0),
+                };
+                if attempt == 0 && part.contains('~') {
+                    return Err(bad());
+                }
+                Ok(Step { ordinal, attempt })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if path.first().map(|s| s.ordinal) != Some(0) {
+            return Err(bad());
+        }
+        Ok(RunId { tree, path })
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/", self.tree)?;
+        for (i, step) in self.path.iter().enumerate() {
+            if i > 0 {
+                f.write_str(".")?;
+            }
+            write!(f, "{}", step.ordinal)?;
+            if step.attempt > 0 {
+                write!(f, "~{}", step.attempt)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// [`RunId::is_within`] on the printed ids, without reading them: whether
+/// `candidate` is `run` or runs below it. (For filtering many events by one
+/// run; both are taken to be run ids.)
+pub fn is_within(candidate: &str, run: &str) -> bool {
+    candidate == run
+        || (candidate.len() > run.len()
+            && candidate.starts_with(run)
+            && candidate.as_bytes()[run.len()] == b'.')
+}
+
+macro_rules! as_string {
+    ($ty:ty) => {
+        impl Serialize for $ty {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+as_string!(TreeId);
+as_string!(RunId);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(s: &str) -> RunId {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn run_ids_read_and_print_the_same() {
+        for s in ["t1/0", "t1/0.2", "t1/0.1~1", "t1/0.1~1.0", "tabc/0.10.2~3"] {
+            assert_eq!(run(s).to_string(), s);
+        }
+    }
+
+    #[test]
+    fn run_ids_that_are_not_canonical_are_refused_with_the_expected_form() {
+        for s in [
+            "", "t1", "/0", "t1/", "t1/1", "t1/0.", "t1/0..1", "t1/0.x", "t1/0.01", "t1/0~0",
+            "t1/0.1~", "t1/0.-1", "a/b/0",
+        ] {
+            let err = s.parse::<RunId>().unwrap_err();
+            assert!(err.to_string().contains("TREE/PATH"), "{s:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn children_and_retries_follow_the_run_id_arithmetic() {
+        let root = TreeId::from_str("t1").unwrap().root();
+        assert_eq!(root.to_string(), "t1/0");
+        let child = root.child(1);
+        assert_eq!(child.to_string(), "t1/0.1");
+        let retried = child.retry(1);
+        assert_eq!(retried.to_string(), "t1/0.1~1");
+        assert_eq!(retried.attempt(), 1);
+        assert_eq!(retried.child(0).to_string(), "t1/0.1~1.0");
+        assert_eq!(retried.agent_id(), child);
+        assert_eq!(retried.child(0).agent_id().to_string(), "t1/0.1~1.0");
+    }
+
+    #[test]
+    fn a_run_is_within_itself_and_its_ancestors_only() {
+        assert!(run("t/0").is_within(&run("t/0")));
+        assert!(run("t/0.1.2").is_within(&run("t/0")));
+        assert!(run("t/0.1~1.2").is_within(&run("t/0.1~1")));
+        assert!(!run("t/0.1~1.2").is_within(&run("t/0.1")));
+        assert!(!run("t/0").is_within(&run("t/0.1")));
+        assert!(!run("u/0.1").is_within(&run("t/0")));
+        assert!(!run("t/0.10").is_within(&run("t/0.1")));
+    }
+
+    #[test]
+    fn the_text_form_of_is_within_agrees_with_the_typed_one() {
+        let ids = [
+            "t/0",
+            "t/0.1",
+            "t/0.1~1",
+            "t/0.1~12",
+            "t/0.1.2",
+            "t/0.1~1.2",
+            "t/0.10",
+            "t/0.1.3~1",
+            "u/0.1",
+        ];
+        for a in ids {
+            for b in ids {
+                assert_eq!(is_within(a, b), run(a).is_within(&run(b)), "{a} within {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn siblings_sort_in_spawn_order() {
+        let mut ids = vec![run("t/0.10"), run("t/0.2~1"), run("t/0.2"), run("t/0")];
+        ids.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+        let printed: Vec<String> = ids.iter().map(ToString::to_string).collect();
+        assert_eq!(printed, ["t/0", "t/0.2", "t/0.2~1", "t/0.10"]);
+    }
+
+    #[test]
+    fn ids_serialise_as_their_strings() {
+        let id = run("t/0.1~2");
+        assert_eq!(serde_json::to_string(&id).unwrap(), "\"t/0.1~2\"");
+        let back: RunId = serde_json::from_str("\"t/0.1~2\"").unwrap();
+        assert_eq!(back, id);
+        assert!(serde_json::from_str::<RunId>("\"nope\"").is_err());
+        let tree: TreeId = serde_json::from_str("\"t9\"").unwrap();
+        assert_eq!(tree.as_str(), "t9");
+    }
+
+    #[test]
+    fn generated_tree_ids_are_t_and_twelve_hex_digits_and_differ() {
+        let a = TreeId::generate();
+        let b = TreeId::generate();
+        assert_ne!(a, b);
+        for id in [a, b] {
+            let s = id.as_str();
+            assert_eq!(s.len(), 13, "{s}");
+            assert!(s.starts_with('t') && s[1..].bytes().all(|c| c.is_ascii_hexdigit()));
+        }
+    }
+}
