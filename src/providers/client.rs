@@ -1,9 +1,9 @@
-//! The HTTP client core shared by both wire formats: limiter, retries, timeouts,
-//! streaming, usage and cost. The wire modules only convert.
+//! The HTTP client core shared by every wire format: limiter, retries, timeouts,
+//! streaming, usage and cost. The wire format (a [`WireFormat`]) only converts;
+//! this module names none.
 
-use std::time::Duration;
+use std::sync::Arc;
 
-use arbor_actors::message::Message;
 use arbor_actors::{
     Delta, DeltaSink, Model, ModelError, ModelRequest, ModelResponse, Usage, UsageSource,
 };
@@ -15,80 +15,25 @@ use serde_json::Value;
 
 use super::limiter::Limiter;
 use super::retry::{jitter, retry_after, retryable_status};
-use super::settings::{ProviderKind, ProviderSettings};
-use super::{anthropic, openai};
+use super::settings::ProviderSettings;
+use super::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
 
-/// Token counts as the API reports them; `input` excludes cached tokens.
-/// `reported` is false while the reply has carried no usage (the counts are
-/// then 0 for want of a report, not measured as 0).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Tokens {
-    pub input: u64,
-    pub output: u64,
-    pub cache_read: u64,
-    pub cache_write: u64,
-    pub reported: bool,
-}
-
-/// One assembled reply.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Reply {
-    pub message: Message,
-    pub tokens: Tokens,
-}
-
-/// Builds a reply from a stream of server-sent events.
-pub(crate) trait Assembler: Send {
-    /// Handles one event; `Ok(true)` when the reply is complete.
-    fn event(&mut self, event: &str, data: &str, sink: &DeltaSink) -> Result<bool, Failure>;
-    fn finish(self: Box<Self>) -> Result<Reply, Failure>;
-
-    /// Whether the reply is whole even though the stream ended without its end
-    /// marker (some OpenAI-compatible servers close after the finish reason).
-    fn complete_without_end(&self) -> bool {
-        false
-    }
-}
-
-/// Why one attempt failed.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Failure {
-    /// Worth another attempt (rate limit, overload, server error, transport, timeout).
-    Transient {
-        status: Option<u16>,
-        message: String,
-        retry_after: Option<Duration>,
-    },
-    /// The reply could not be understood (also retried).
-    Malformed(String),
-    /// The endpoint refused the request: do not retry.
-    Rejected { status: u16, message: String },
-}
-
-impl Failure {
-    pub(crate) fn transient(message: impl Into<String>) -> Self {
-        Failure::Transient {
-            status: None,
-            message: message.into(),
-            retry_after: None,
-        }
-    }
-
-    fn retryable(&self) -> bool {
-        !matches!(self, Failure::Rejected { .. })
-    }
-}
-
-/// A model behind an OpenAI-compatible or Anthropic endpoint.
+/// A model behind an HTTP endpoint that speaks one wire format.
 pub struct HttpModel {
     name: String,
     settings: ProviderSettings,
+    format: Arc<dyn WireFormat>,
     client: reqwest::Client,
     limiter: Limiter,
 }
 
 impl HttpModel {
-    pub fn new(name: impl Into<String>, settings: ProviderSettings) -> Result<Self, String> {
+    /// A model speaking `format` (`HttpModel::new` picks it from the settings).
+    pub(crate) fn with_format(
+        name: impl Into<String>,
+        settings: ProviderSettings,
+        format: Arc<dyn WireFormat>,
+    ) -> Result<Self, String> {
         let client = reqwest::Client::builder()
             .connect_timeout(settings.timeouts.connect)
             .build()
@@ -97,6 +42,7 @@ impl HttpModel {
             name: name.into(),
             limiter: Limiter::new(&settings.limits),
             settings,
+            format,
             client,
         })
     }
@@ -106,26 +52,20 @@ impl HttpModel {
     }
 
     fn endpoint(&self) -> String {
-        match self.settings.kind {
-            ProviderKind::OpenAi => format!("{}/chat/completions", self.settings.base_url),
-            ProviderKind::Anthropic => format!("{}/v1/messages", self.settings.base_url),
-        }
+        format!("{}{}", self.settings.base_url, self.format.path())
     }
 
     fn headers(&self) -> Result<HeaderMap, String> {
         let mut headers = HeaderMap::new();
         if let Some(key) = &self.settings.api_key {
-            let (name, value) = match self.settings.kind {
-                ProviderKind::OpenAi => ("authorization", format!("Bearer {}", key.expose())),
-                ProviderKind::Anthropic => ("x-api-key", key.expose().to_owned()),
-            };
+            let (name, value) = self.format.auth_header(key.expose());
             let mut value = HeaderValue::from_str(&value)
                 .map_err(|_| "the API key is not a valid header value".to_owned())?;
             value.set_sensitive(true);
             headers.insert(name, value);
         }
-        if self.settings.kind == ProviderKind::Anthropic {
-            headers.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
+        for &(name, value) in self.format.fixed_headers() {
+            headers.insert(name, HeaderValue::from_static(value));
         }
         for (name, value) in &self.settings.headers {
             let name = HeaderName::from_bytes(name.as_bytes())
@@ -138,24 +78,15 @@ impl HttpModel {
     }
 
     fn body(&self, request: &ModelRequest) -> Value {
-        match self.settings.kind {
-            ProviderKind::OpenAi => openai::request_body(&self.settings, request),
-            ProviderKind::Anthropic => anthropic::request_body(&self.settings, request),
-        }
+        self.format.request_body(&self.settings, request)
     }
 
     fn assembler(&self) -> Box<dyn Assembler> {
-        match self.settings.kind {
-            ProviderKind::OpenAi => Box::new(openai::StreamState::default()),
-            ProviderKind::Anthropic => Box::new(anthropic::StreamState::default()),
-        }
+        self.format.assembler()
     }
 
     fn parse(&self, body: &Value) -> Result<Reply, Failure> {
-        match self.settings.kind {
-            ProviderKind::OpenAi => openai::parse_response(body),
-            ProviderKind::Anthropic => anthropic::parse_response(body),
-        }
+        self.format.parse_response(body)
     }
 
     /// One HTTP exchange, streamed or not.
@@ -228,7 +159,7 @@ impl HttpModel {
         let model = format!(
             "{} ({} {})",
             self.name,
-            self.settings.kind.name(),
+            self.format.name(),
             self.settings.model
         );
         let scrub = |text: String| match &self.settings.api_key {
@@ -399,59 +330,4 @@ fn error_message(body: &str, status: reqwest::StatusCode) -> String {
             format!("{reason}: {}", body.chars().take(200).collect::<String>())
         }
     })
-}
-
-/// Shared by both wire formats.
-pub(crate) mod convert {
-    use std::collections::HashMap;
-    use std::sync::Arc;
-
-    use arbor_actors::message::{Message, ToolResultPart};
-    use serde_json::Value;
-
-    /// The messages with each assistant message's results moved right after it,
-    /// in call order (APIs want them adjacent; Arbor pairs by id).
-    pub fn adjacent_results(messages: &[Arc<Message>]) -> Vec<Arc<Message>> {
-        let mut results: HashMap<&str, &Arc<Message>> = messages
-            .iter()
-            .filter_map(|m| Some((m.answers()?, m)))
-            .collect();
-        let mut out = Vec::with_capacity(messages.len());
-        for m in messages {
-            if m.answers().is_some() {
-                continue;
-            }
-            out.push(m.clone());
-            for call in m.tool_calls() {
-                if let Some(result) = results.remove(call.tool_call_id.as_str()) {
-                    out.push(result.clone());
-                }
-            }
-        }
-        out
-    }
-
-    /// A tool result's JSON parts as text (strings unquoted).
-    pub fn result_text(content: &[ToolResultPart]) -> String {
-        content
-            .iter()
-            .filter_map(|p| match p {
-                ToolResultPart::Json {
-                    value: Value::String(s),
-                } => Some(s.clone()),
-                ToolResultPart::Json { value } => Some(value.to_string()),
-                ToolResultPart::Media { .. } => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-
-    /// Tool arguments as the API sent them: parsed JSON, or the raw text when it is
-    /// not JSON (the step machine turns that into an error the model reads).
-    pub fn arguments(text: &str) -> Value {
-        if text.trim().is_empty() {
-            return Value::Object(Default::default());
-        }
-        serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
-    }
 }

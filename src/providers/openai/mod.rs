@@ -1,0 +1,260 @@
+//! The OpenAI Chat Completions wire format, both ways.
+
+mod stream;
+
+use arbor_actors::ModelRequest;
+use arbor_actors::message::{Content, Message, Part, ToolCall, ToolResultPart};
+use serde_json::{Value, json};
+
+pub(crate) use self::stream::StreamState;
+use crate::providers::settings::ProviderSettings;
+use crate::providers::wire::convert::{adjacent_results, arguments, result_text};
+use crate::providers::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
+
+/// The Chat Completions API (OpenAI and the servers compatible with it).
+pub(crate) struct OpenAi;
+
+impl WireFormat for OpenAi {
+    fn name(&self) -> &'static str {
+        "openai"
+    }
+
+    fn path(&self) -> &'static str {
+        "/chat/completions"
+    }
+
+    fn auth_header(&self, key: &str) -> (&'static str, String) {
+        ("authorization", format!("Bearer {key}"))
+    }
+
+    fn request_body(&self, settings: &ProviderSettings, request: &ModelRequest) -> Value {
+        request_body(settings, request)
+    }
+
+    fn parse_response(&self, body: &Value) -> Result<Reply, Failure> {
+        parse_response(body)
+    }
+
+    fn assembler(&self) -> Box<dyn Assembler> {
+        Box::new(StreamState::default())
+    }
+}
+
+pub(crate) fn request_body(settings: &ProviderSettings, request: &ModelRequest) -> Value {
+    let mut messages = Vec::new();
+    if !request.system_prompt.is_empty() {
+        messages.push(json!({"role": "system", "content": &*request.system_prompt}));
+    }
+    for m in adjacent_results(&request.messages.to_vec()) {
+        // An assistant message with neither text nor calls (reasoning only) has
+        // nothing to send, and `content: null` without `tool_calls` is refused.
+        if m.is_assistant() && m.tool_calls().next().is_none() && m.text().is_empty() {
+            continue;
+        }
+        messages.push(message(&m));
+    }
+    let mut body = json!({
+        "model": settings.model,
+        "messages": messages,
+    });
+    if let Some(max) = settings.max_tokens {
+        body["max_tokens"] = json!(max);
+    }
+    if !request.tools.is_empty() {
+        let tools: Vec<Value> = request
+            .tools
+            .iter()
+            .map(|(name, def)| {
+                json!({"type": "function", "function": {
+                    "name": name, "description": def.description, "parameters": def.input_schema
+                }})
+            })
+            .collect();
+        body["tools"] = json!(tools);
+    }
+    if settings.stream {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    body
+}
+
+fn message(m: &Message) -> Value {
+    match m {
+        Message::System { content, .. } => json!({"role": "system", "content": content.text()}),
+        Message::User { content, .. } => json!({"role": "user", "content": user_content(content)}),
+        Message::Assistant { content, .. } => {
+            let text = content.text();
+            let calls: Vec<Value> = m
+                .tool_calls()
+                .map(|c| {
+                    json!({"id": c.tool_call_id, "type": "function", "function": {
+                        "name": c.tool_name,
+                        "arguments": match &c.input { Value::String(s) => s.clone(), v => v.to_string() }
+                    }})
+                })
+                .collect();
+            let mut out = json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { json!(text) }});
+            if !calls.is_empty() {
+                out["tool_calls"] = json!(calls);
+            }
+            out
+        }
+        Message::Tool {
+            tool_call_id,
+            content,
+            ..
+        } => {
+            let mut text = result_text(content);
+            for part in content {
+                if let ToolResultPart::Media { media_type, .. } = part {
+                    text.push_str(&format!(
+                        "\n[{media_type} attachment omitted: not supported in tool results]"
+                    ));
+                }
+            }
+            json!({"role": "tool", "tool_call_id": tool_call_id, "content": text})
+        }
+    }
+}
+
+fn user_content(content: &Content) -> Value {
+    let Content::Parts(parts) = content else {
+        return json!(content.text());
+    };
+    let parts: Vec<Value> = parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Text { text } => Some(json!({"type": "text", "text": text})),
+            Part::Image { image, media_type } => Some(json!({"type": "image_url", "image_url": {
+                "url": data_url(image, media_type.as_deref().unwrap_or("image/png"))
+            }})),
+            Part::File {
+                data,
+                filename,
+                media_type,
+            } => Some(json!({"type": "file", "file": {
+                "filename": filename.clone().unwrap_or_else(|| "file".into()),
+                "file_data": data_url(data, media_type)
+            }})),
+            Part::Reasoning { .. } | Part::ToolCall(_) => None,
+        })
+        .collect();
+    json!(parts)
+}
+
+/// A URL as is, or base64 data as a `data:` URL.
+fn data_url(data: &str, media_type: &str) -> String {
+    if data.starts_with("http://") || data.starts_with("https://") || data.starts_with("data:") {
+        data.to_owned()
+    } else {
+        format!("data:{media_type};base64,{data}")
+    }
+}
+
+fn tokens(usage: &Value) -> Tokens {
+    let n = |p: &str| usage.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    let cached = n("/prompt_tokens_details/cached_tokens");
+    Tokens {
+        input: n("/prompt_tokens").saturating_sub(cached),
+        output: n("/completion_tokens"),
+        cache_read: cached,
+        cache_write: 0,
+        reported: true,
+    }
+}
+
+fn assistant(reasoning: String, text: String, calls: Vec<ToolCall>) -> Message {
+    let mut parts = Vec::new();
+    if !reasoning.is_empty() {
+        parts.push(Part::Reasoning { text: reasoning });
+    }
+    if !text.is_empty() {
+        parts.push(Part::Text { text });
+    }
+    parts.extend(calls.into_iter().map(Part::ToolCall));
+    Message::Assistant {
+        content: Content::Parts(parts),
+        meta: Default::default(),
+    }
+}
+
+/// An `error` object sent with status 200 (some compatible servers do).
+fn error_failure(error: &Value) -> Failure {
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .or_else(|| error.as_str())
+        .unwrap_or("the server reported an error");
+    Failure::transient(message.to_owned())
+}
+
+/// The reasoning text of a message or delta: `reasoning_content` (DeepSeek, vLLM)
+/// or `reasoning` (OpenRouter, Ollama).
+fn reasoning(value: &Value) -> Option<&str> {
+    ["reasoning_content", "reasoning"]
+        .iter()
+        .find_map(|key| value.get(key).and_then(Value::as_str))
+        .filter(|t| !t.is_empty())
+}
+
+pub(crate) fn parse_response(body: &Value) -> Result<Reply, Failure> {
+    if let Some(error) = body.get("error").filter(|e| !e.is_null()) {
+        return Err(error_failure(error));
+    }
+    let message = body
+        .pointer("/choices/0/message")
+        .ok_or_else(|| Failure::Malformed("reply has no choices[0].message".into()))?;
+    let text = |key: &str| {
+        message
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let mut content = text("content");
+    if content.is_empty() {
+        content = text("refusal");
+    }
+    let calls = message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .map(|calls| {
+            calls
+                .iter()
+                .map(|c| ToolCall {
+                    tool_call_id: c
+                        .get("id")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned(),
+                    tool_name: c
+                        .pointer("/function/name")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned(),
+                    input: arguments(
+                        c.pointer("/function/arguments")
+                            .and_then(Value::as_str)
+                            .unwrap_or(""),
+                    ),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Reply {
+        message: assistant(
+            reasoning(message).unwrap_or_default().to_owned(),
+            content,
+            calls,
+        ),
+        tokens: body
+            .get("usage")
+            .filter(|u| !u.is_null())
+            .map(tokens)
+            .unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests;
