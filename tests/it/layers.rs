@@ -143,6 +143,134 @@ fn find_cycle(
         .find_map(|m| visit(graph, m, &mut Vec::new(), &mut done))
 }
 
+/// The modules of `src/providers` (`NAME.rs` and `NAME/…`, the unit tests'
+/// `tests.rs` files aside) and which of them each names, as
+/// `crate::providers::OTHER` or as `super::OTHER` where `super` is
+/// `providers`, outside its tests.
+fn provider_module_graph() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>>
+{
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/providers");
+    let mut graph = std::collections::BTreeMap::new();
+    let mut stack = vec![root.clone()];
+    while let Some(path) = stack.pop() {
+        for entry in std::fs::read_dir(&path).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") || path.ends_with("tests.rs") {
+                continue;
+            }
+            let rel = path.strip_prefix(&root).unwrap();
+            let parts: Vec<String> = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            let module = parts[0].trim_end_matches(".rs").to_owned();
+            if module == "mod" {
+                continue;
+            }
+            // What `super::` means here: `providers` for `NAME.rs` and
+            // `NAME/mod.rs`, one more `super::` for the files below `NAME/`.
+            let depth = parts.len() - usize::from(parts.last().unwrap() == "mod.rs");
+            let up = "super::".repeat(depth);
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            let uses: &mut std::collections::BTreeSet<String> =
+                graph.entry(module.clone()).or_default();
+            for prefix in ["crate::providers::", up.as_str()] {
+                for (at, _) in code.match_indices(prefix) {
+                    // `super::super::x` is not `super::x` one level down.
+                    if code[..at].ends_with("super::") {
+                        continue;
+                    }
+                    let rest = &code[at + prefix.len()..];
+                    let names = match rest.strip_prefix('{') {
+                        Some(group) => {
+                            let mut depth = 0;
+                            let end = group
+                                .find(|c| {
+                                    match c {
+                                        '{' => depth += 1,
+                                        '}' if depth == 0 => return true,
+                                        '}' => depth -= 1,
+                                        _ => {}
+                                    }
+                                    false
+                                })
+                                .unwrap_or(group.len());
+                            let mut depth = 0;
+                            let mut names = vec![String::new()];
+                            for c in group[..end].chars() {
+                                match c {
+                                    '{' => depth += 1,
+                                    '}' => depth -= 1,
+                                    ',' if depth == 0 => names.push(String::new()),
+                                    _ => names.last_mut().unwrap().push(c),
+                                }
+                            }
+                            names
+                        }
+                        None => vec![rest.to_owned()],
+                    };
+                    for name in names {
+                        let name: String = name
+                            .trim_start()
+                            .chars()
+                            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                            .collect();
+                        if !name.is_empty() && name != module {
+                            uses.insert(name);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    graph
+}
+
+#[test]
+fn the_provider_modules_import_each_other_without_a_cycle() {
+    let graph = provider_module_graph();
+    for module in ["client", "wire", "openai", "anthropic", "settings"] {
+        assert!(graph.contains_key(module), "no module {module}: {graph:?}");
+    }
+    assert!(graph["client"].contains("wire"), "the graph sees imports");
+    assert!(
+        graph["openai"].contains("wire"),
+        "the graph sees nested files"
+    );
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!("src/providers has an import cycle: {}", cycle.join(" -> "));
+    }
+}
+
+#[test]
+fn the_http_client_names_no_provider() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/providers/client.rs");
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(
+        text.contains("WireFormat"),
+        "the client speaks through the trait"
+    );
+    for (n, line) in text.lines().enumerate() {
+        let code = line.trim_start();
+        if code.starts_with("//") {
+            continue;
+        }
+        let lower = code.to_lowercase();
+        for name in ["openai", "anthropic", "providerkind"] {
+            assert!(
+                !lower.contains(name),
+                "src/providers/client.rs:{} names {name}: {line}",
+                n + 1
+            );
+        }
+    }
+}
+
 #[test]
 fn the_modules_of_arbor_actors_import_each_other_without_a_cycle() {
     let graph = module_graph("actors/src");
