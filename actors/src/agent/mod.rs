@@ -21,19 +21,12 @@ use crate::limit::{Limit, LimitHit};
 use crate::model::{Delta, DeltaSink, ModelRequest, ModelResponse};
 use crate::state::{AgentState, AgentStatus};
 use crate::step::{Action, Catalog, StepMachine};
+use crate::supervision;
 use crate::template::AgentTemplate;
 use crate::tool::{ToolContext, ToolOutput};
 
-pub use children::ChildKey;
-use children::Children;
-
-/// The final result of a run, as its parent or the supervisor receives it.
-#[derive(Clone, Debug)]
-pub struct RunResult {
-    pub state: Arc<AgentState>,
-    /// The output value of semantics §7.
-    pub value: Value,
-}
+pub use crate::supervision::{CancelReason, ChildKey, RunResult};
+use children::ChildActors;
 
 /// Where a run's result goes.
 pub enum Reply {
@@ -41,19 +34,6 @@ pub enum Reply {
     Parent(ChildKey),
     /// The supervisor of a root run.
     Root(oneshot::Sender<RunResult>),
-}
-
-/// Why an agent is asked to stop early.
-#[derive(Clone, Debug, PartialEq)]
-pub enum CancelReason {
-    /// A user (or the service) cancelled this agent or an ancestor.
-    Requested,
-    /// A tree-wide limit ran out: the agent fails, naming it.
-    Limit(LimitHit),
-    /// The parent is ending (it failed); the child is cancelled.
-    ParentEnded,
-    /// Something the tree depends on broke (e.g. its store): the agent fails with this.
-    Failed(String),
 }
 
 /// What `Status` answers.
@@ -145,13 +125,11 @@ pub struct AgentRun {
     /// Tokens reserved against the tree's budget for the model call in flight.
     reserved: u64,
     cancel_tx: watch::Sender<bool>,
-    children: Children,
+    children: ChildActors,
     finished: bool,
     cancel_reason: Option<CancelReason>,
     /// The state once the run is over (the machine no longer holds it).
     final_state: Option<Arc<AgentState>>,
-    /// Why the children were told to stop (also told to children that start late).
-    children_reason: Option<CancelReason>,
     result: Option<RunResult>,
     _live: LiveGuard,
 }
@@ -258,11 +236,10 @@ impl Actor for AgentActor {
             suspended: false,
             reserved: 0,
             cancel_tx,
-            children: Children::default(),
+            children: ChildActors::default(),
             finished: false,
             cancel_reason: None,
             final_state: None,
-            children_reason: None,
             result: None,
         })
     }
@@ -348,13 +325,18 @@ impl Actor for AgentActor {
                 }
             }
             AgentMsg::ChildStarted { key, actor } => run.child_started(key, actor),
-            AgentMsg::ChildNotStarted { key, error } => run.child_ended(&myself, key, Err(error)),
-            AgentMsg::ChildRecovered { key, result } => run.child_recovered(key, *result),
-            AgentMsg::RetryDue { key } => run.retry_due(&myself, key),
+            AgentMsg::ChildNotStarted { key, error } => {
+                run.feed(supervision::Input::NotStarted { key, error })
+            }
+            AgentMsg::ChildRecovered { key, result } => run.feed(supervision::Input::Recovered {
+                key,
+                result: *result,
+            }),
+            AgentMsg::RetryDue { key } => run.retry_due(key),
             AgentMsg::SlotReady(permit) => run.resume(&myself, permit),
             AgentMsg::StepTimeout { step, generation } => run.step_timeout(step, generation),
             AgentMsg::Cancel(reason) => run.cancel(reason),
-            AgentMsg::CancelChild { run_id } => run.cancel_waiting_child(&run_id),
+            AgentMsg::CancelChild { run_id } => run.feed(supervision::Input::Cancel { run_id }),
             AgentMsg::Status(reply) => {
                 let state = match &run.final_state {
                     Some(state) => AgentState::clone(state),
@@ -386,24 +368,16 @@ impl Actor for AgentActor {
                     .ok()
                     .and_then(|mut child| child.take_result())
                 {
-                    Some((key, result)) => {
-                        run.children.forget(cell.get_id());
-                        run.child_ended(&myself, key, Ok(result))
-                    }
-                    None => run.child_lost(
-                        &myself,
-                        cell.get_id(),
-                        "agent stopped without a result".into(),
-                    ),
+                    Some((key, result)) => run.child_ended(cell.get_id(), key, result),
+                    None => run.child_lost(cell.get_id(), "agent stopped without a result".into()),
                 }
             }
             SupervisionEvent::ActorTerminated(cell, None, reason) => run.child_lost(
-                &myself,
                 cell.get_id(),
                 format!("agent was killed ({})", reason.unwrap_or_default()),
             ),
             SupervisionEvent::ActorFailed(cell, error) => {
-                run.child_lost(&myself, cell.get_id(), format!("agent panicked: {error}"))
+                run.child_lost(cell.get_id(), format!("agent panicked: {error}"))
             }
             _ => Vec::new(),
         };
@@ -450,14 +424,17 @@ impl AgentRun {
                     index,
                     children,
                 } => {
-                    let actions = self.spawn_agents(myself, step, index, children);
+                    let actions = self.spawn_agents(step, index, children);
                     self.execute(myself, actions);
                 }
                 Action::SpawnInline { step, index, child } => {
-                    let actions = self.spawn_inline(myself, step, index, child);
+                    let actions = self.spawn_inline(step, index, child);
                     self.execute(myself, actions);
                 }
-                Action::Finish => self.finish_requested(myself),
+                Action::Finish => {
+                    let actions = self.finish_requested();
+                    self.execute(myself, actions);
+                }
             }
         }
         for event in self.machine.take_events() {
@@ -687,7 +664,7 @@ impl AgentRun {
     }
 
     /// The machine is done: stop the work in flight, end the children, then finish.
-    fn finish_requested(&mut self, _myself: &ActorRef<AgentMsg>) {
+    fn finish_requested(&mut self) -> Vec<Action> {
         if let Some(task) = self.model_task.take() {
             task.abort();
         }
@@ -698,14 +675,9 @@ impl AgentRun {
         self.parked = None;
         self.release_reservation();
         let _ = self.cancel_tx.send_replace(true);
-        let reason = match &self.cancel_reason {
-            Some(CancelReason::Limit(limit)) => CancelReason::Limit(limit.clone()),
-            Some(CancelReason::Failed(error)) => CancelReason::Failed(error.clone()),
-            Some(CancelReason::Requested) => CancelReason::Requested,
-            _ => CancelReason::ParentEnded,
-        };
-        self.children_reason = Some(reason.clone());
-        self.children.cancel_all(reason);
+        self.feed(supervision::Input::ParentEnded {
+            cancelled: self.cancel_reason.clone(),
+        })
     }
 
     /// Finishes once the machine is done and no child is left.

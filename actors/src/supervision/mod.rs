@@ -1,0 +1,641 @@
+//! Supervision as data (semantics §8): a parent's table of its children and
+//! every decision about them, with no I/O, no runtime and no clock.
+//!
+//! The agent actor feeds the table what happened ([`Input`]: a spawn call
+//! opened, a child started, ended, was lost, a retry timer fired, a cancel
+//! asked for, the parent ended) and carries out what it answers ([`Output`]:
+//! start children, schedule a retry, cancel a child, emit an event, hand a
+//! call's reports to the step machine in request order, fail the parent).
+//! Children are named by `A`, the driver's handle of a child actor (its actor
+//! id); the table never touches one.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::event::EventKind;
+use crate::hooks::{RunIds, SlotPriority};
+use crate::limit::LimitHit;
+use crate::spawn::{ChildPlan, ChildReport, ParentInfo, report_value};
+use crate::state::{AgentState, AgentStatus};
+use crate::template::FailurePolicy;
+use crate::toolbox::Toolbox;
+
+/// Identifies one attempt of one child of one spawn call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ChildKey {
+    pub step: u32,
+    pub call: usize,
+    pub child: usize,
+    pub attempt: u32,
+}
+
+/// The final result of a run, as its parent or the supervisor receives it.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    pub state: Arc<AgentState>,
+    /// The output value of semantics §7.
+    pub value: Value,
+}
+
+/// Why an agent is asked to stop early.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CancelReason {
+    /// A user (or the service) cancelled this agent or an ancestor.
+    Requested,
+    /// A tree-wide limit ran out: the agent fails, naming it.
+    Limit(LimitHit),
+    /// The parent is ending (it failed); the child is cancelled.
+    ParentEnded,
+    /// Something the tree depends on broke (e.g. its store): the agent fails with this.
+    Failed(String),
+}
+
+/// One requested child of a spawn call, as the tree admitted it.
+// Short-lived (built and taken apart by one spawn call), so not boxed.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Admission {
+    /// Not permitted, over a limit, or without a toolbox: reported as is.
+    Refused { agent_type: String, error: String },
+    /// Admitted: it starts when it gets a live slot.
+    Admitted {
+        plan: ChildPlan,
+        toolbox: Arc<Toolbox>,
+        agent_id: String,
+        /// Its ordinal among the parent's children (ids derive from it).
+        ordinal: u32,
+    },
+}
+
+/// What happened to the parent's children.
+#[derive(Debug)]
+pub enum Input<A> {
+    /// A spawn call (`inline` for `spawn_agent_inline`) of step `step`, call
+    /// `call`: its children in request order.
+    Open {
+        step: u32,
+        call: usize,
+        inline: bool,
+        /// What the children take from the parent, as of the spawn.
+        parent: Arc<ParentInfo>,
+        children: Vec<Admission>,
+    },
+    /// A child's actor is running.
+    Started { key: ChildKey, actor: A },
+    /// A child's actor ended with its result.
+    Ended {
+        key: ChildKey,
+        actor: A,
+        result: RunResult,
+    },
+    /// A child could not be started (or was cancelled before it started).
+    NotStarted { key: ChildKey, error: String },
+    /// A child of a resumed tree had finished before: its stored result.
+    Recovered { key: ChildKey, result: RunResult },
+    /// A child's actor died without a result (a panic, a kill).
+    Lost { actor: A, error: String },
+    /// The retry timer of `key` (the next attempt) fired.
+    RetryDue { key: ChildKey },
+    /// Cancel the child whose attempt under way is `run_id`.
+    Cancel { run_id: String },
+    /// The parent's run is over (finished, failed, or cancelled for
+    /// `cancelled`): its children are told to stop.
+    ParentEnded { cancelled: Option<CancelReason> },
+}
+
+/// Children to start, in order, one after the other as live slots free up.
+#[derive(Debug)]
+pub struct Launch {
+    pub parent: Arc<ParentInfo>,
+    pub priority: SlotPriority,
+    pub children: Vec<Start>,
+}
+
+/// One attempt of a child to start.
+#[derive(Debug)]
+pub struct Start {
+    pub key: ChildKey,
+    pub plan: ChildPlan,
+    pub toolbox: Arc<Toolbox>,
+    pub ids: RunIds,
+}
+
+/// Every report of one spawn call, in request order.
+#[derive(Debug)]
+pub struct Delivery {
+    pub step: u32,
+    pub call: usize,
+    pub inline: bool,
+    pub reports: Vec<ChildReport>,
+}
+
+/// What the driver must do, in order.
+#[derive(Debug)]
+pub enum Output<A> {
+    Emit(EventKind),
+    /// Children are out: the parent waits for them (it gives its live slot
+    /// back, unless its step's tools still run).
+    Wait,
+    Launch(Launch),
+    /// A child waiting for its slot was cancelled: it must not start.
+    Skip {
+        run_id: String,
+    },
+    Cancel {
+        actor: A,
+        reason: CancelReason,
+    },
+    /// Feed `RetryDue { key }` after `delay`.
+    Retry {
+        key: ChildKey,
+        delay: Duration,
+    },
+    /// The retry timer of `key` is no longer wanted.
+    StopRetry {
+        key: ChildKey,
+    },
+    /// Hand the call's reports to the step machine (`spawn_done` / `inline_done`).
+    Deliver(Delivery),
+    /// A child with the `escalate` policy failed: the parent fails with this.
+    Fail {
+        error: String,
+    },
+}
+
+/// One requested child: its attempts so far and its report once it has one.
+#[derive(Debug)]
+struct Slot {
+    plan: Option<ChildPlan>,
+    /// The run id of the attempt under way.
+    current_run_id: String,
+    toolbox: Option<Arc<Toolbox>>,
+    agent_id: String,
+    ordinal: u32,
+    attempt: u32,
+    run_ids: Vec<String>,
+    credits: f64,
+    last_failure: Option<ChildReport>,
+    report: Option<ChildReport>,
+}
+
+#[derive(Debug)]
+struct Call {
+    inline: bool,
+    slots: Vec<Slot>,
+    parent: Arc<ParentInfo>,
+}
+
+/// A parent's children: every spawn call not yet delivered, the children that
+/// run, start or wait to retry, and the races between their messages.
+#[derive(Debug)]
+pub struct Children<A> {
+    calls: BTreeMap<(u32, usize), Call>,
+    live: HashMap<A, ChildKey>,
+    starting: usize,
+    retrying: HashSet<ChildKey>,
+    /// Children lost before their start was seen.
+    lost: HashMap<A, String>,
+    /// Children that ended before their start was seen.
+    ended: HashSet<A>,
+    /// Set once the parent's run is over.
+    parent_ended: Option<CancelReason>,
+}
+
+impl<A> Default for Children<A> {
+    fn default() -> Self {
+        Children {
+            calls: BTreeMap::new(),
+            live: HashMap::new(),
+            starting: 0,
+            retrying: HashSet::new(),
+            lost: HashMap::new(),
+            ended: HashSet::new(),
+            parent_ended: None,
+        }
+    }
+}
+
+impl<A: Clone + Eq + Hash> Children<A> {
+    /// Children whose actor runs.
+    pub fn live_count(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Whether this actor is a running child.
+    pub fn is_live(&self, actor: &A) -> bool {
+        self.live.contains_key(actor)
+    }
+
+    /// Children that have not reported yet (starting, running or waiting to retry).
+    pub fn outstanding(&self) -> usize {
+        self.starting + self.live.len() + self.retrying.len()
+    }
+
+    /// Call index, credits and run ids of the calls never handed to the
+    /// machine, in call order (for `StepMachine::close_children`).
+    pub fn undelivered(&self) -> Vec<(usize, f64, Vec<String>)> {
+        self.calls
+            .iter()
+            .flat_map(|((_, index), c)| {
+                c.slots
+                    .iter()
+                    .map(|s| (*index, s.credits, s.run_ids.clone()))
+            })
+            .collect()
+    }
+
+    /// Takes one input; `ids` gives the run ids of attempt `attempt` of the
+    /// child with ordinal `ordinal`.
+    pub fn handle(&mut self, input: Input<A>, ids: &dyn Fn(u32, u32) -> RunIds) -> Vec<Output<A>> {
+        let mut out = Vec::new();
+        match input {
+            Input::Open {
+                step,
+                call,
+                inline,
+                parent,
+                children,
+            } => self.open(step, call, inline, parent, children, ids, &mut out),
+            Input::Started { key, actor } => self.started(key, actor, &mut out),
+            Input::Ended { key, actor, result } => {
+                if self.live.remove(&actor).is_none() {
+                    self.ended.insert(actor);
+                }
+                self.result(key, Ok(result), true, &mut out);
+            }
+            Input::NotStarted { key, error } => {
+                if !self.live.values().any(|k| *k == key) {
+                    self.starting = self.starting.saturating_sub(1);
+                }
+                self.result(key, Err(error), false, &mut out);
+            }
+            Input::Recovered { key, result } => {
+                self.starting = self.starting.saturating_sub(1);
+                self.result(key, Ok(result), true, &mut out);
+            }
+            Input::Lost { actor, error } => match self.live.remove(&actor) {
+                Some(key) => self.result(key, Err(error), true, &mut out),
+                None => {
+                    self.lost.insert(actor, error);
+                }
+            },
+            Input::RetryDue { key } => {
+                if self.retrying.remove(&key) && self.parent_ended.is_none() {
+                    self.launch(vec![key], ids, &mut out);
+                }
+            }
+            Input::Cancel { run_id } => self.cancel(run_id, &mut out),
+            Input::ParentEnded { cancelled } => {
+                // A cancel goes down the tree as it came; a parent that ended
+                // by itself ends its children as `ParentEnded`.
+                let reason = cancelled.unwrap_or(CancelReason::ParentEnded);
+                self.parent_ended(reason, &mut out);
+            }
+        }
+        out
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn open(
+        &mut self,
+        step: u32,
+        call: usize,
+        inline: bool,
+        parent: Arc<ParentInfo>,
+        children: Vec<Admission>,
+        ids: &dyn Fn(u32, u32) -> RunIds,
+        out: &mut Vec<Output<A>>,
+    ) {
+        let slots: Vec<Slot> = children.into_iter().map(slot_of).collect();
+        let to_launch: Vec<ChildKey> = (0..slots.len())
+            .filter(|i| slots[*i].plan.is_some() && slots[*i].report.is_none())
+            .map(|child| ChildKey {
+                step,
+                call,
+                child,
+                attempt: 0,
+            })
+            .collect();
+        self.calls.insert(
+            (step, call),
+            Call {
+                inline,
+                slots,
+                parent,
+            },
+        );
+        if to_launch.is_empty() {
+            return self.deliver_if_complete(step, call, out);
+        }
+        out.push(Output::Wait);
+        self.launch(to_launch, ids, out);
+    }
+
+    /// Starts attempts of one spawn call's children, each announced first.
+    fn launch(
+        &mut self,
+        keys: Vec<ChildKey>,
+        ids: &dyn Fn(u32, u32) -> RunIds,
+        out: &mut Vec<Output<A>>,
+    ) {
+        let mut children = Vec::with_capacity(keys.len());
+        let mut parent = None;
+        for key in keys {
+            let Some(call) = self.calls.get_mut(&(key.step, key.call)) else {
+                continue;
+            };
+            parent.get_or_insert_with(|| call.parent.clone());
+            let Some(slot) = call.slots.get_mut(key.child) else {
+                continue;
+            };
+            let (Some(plan), Some(toolbox)) = (slot.plan.clone(), slot.toolbox.clone()) else {
+                continue;
+            };
+            let ids = ids(slot.ordinal, key.attempt);
+            slot.attempt = key.attempt;
+            // Recorded in `run_ids` once it has run (a run that never started has
+            // no state to retrieve, so it is not a child run).
+            slot.current_run_id = ids.run_id.clone();
+            out.push(Output::Emit(EventKind::ChildSpawned {
+                child_run_id: ids.run_id.clone(),
+                agent_type: plan.agent_type.clone(),
+                attempt: key.attempt,
+            }));
+            children.push(Start {
+                key,
+                plan,
+                toolbox,
+                ids,
+            });
+        }
+        let Some(parent) = parent else {
+            return;
+        };
+        if children.is_empty() {
+            return;
+        }
+        self.starting += children.len();
+        let priority = SlotPriority {
+            depth: parent.lineage.len(),
+            resume: false,
+        };
+        out.push(Output::Launch(Launch {
+            parent,
+            priority,
+            children,
+        }));
+    }
+
+    fn started(&mut self, key: ChildKey, actor: A, out: &mut Vec<Output<A>>) {
+        self.starting = self.starting.saturating_sub(1);
+        if self.ended.remove(&actor) {
+            return;
+        }
+        if let Some(error) = self.lost.remove(&actor) {
+            return self.result(key, Err(error), true, out);
+        }
+        if let Some(reason) = &self.parent_ended {
+            // Started after its parent ended: it stops at once.
+            out.push(Output::Cancel {
+                actor: actor.clone(),
+                reason: reason.clone(),
+            });
+        }
+        self.live.insert(actor, key);
+    }
+
+    /// A child that runs is cancelled directly; one still waiting for its live
+    /// slot ends `cancelled` now, without starting.
+    fn cancel(&mut self, run_id: String, out: &mut Vec<Output<A>>) {
+        let found = self.calls.iter().find_map(|(&(step, call), c)| {
+            c.slots.iter().enumerate().find_map(|(child, s)| {
+                (s.current_run_id == run_id && s.report.is_none()).then_some(ChildKey {
+                    step,
+                    call,
+                    child,
+                    attempt: s.attempt,
+                })
+            })
+        });
+        let Some(key) = found else {
+            return;
+        };
+        if let Some((actor, _)) = self.live.iter().find(|(_, k)| **k == key) {
+            out.push(Output::Cancel {
+                actor: actor.clone(),
+                reason: CancelReason::Requested,
+            });
+            return;
+        }
+        out.push(Output::Skip {
+            run_id: run_id.clone(),
+        });
+        let Some(slot) = self.slot_mut(key) else {
+            return;
+        };
+        let Some(plan) = slot.plan.take() else {
+            return;
+        };
+        slot.toolbox = None;
+        slot.report = Some(ChildReport {
+            agent_type: plan.agent_type.clone(),
+            agent_name: plan.template.display_name.clone(),
+            agent_id: slot.agent_id.clone(),
+            run_ids: slot.run_ids.clone(),
+            status: AgentStatus::Cancelled,
+            value: json!({ "errorMessage": "Agent was cancelled" }),
+            credits: slot.credits,
+            history: None,
+        });
+        out.push(Output::Emit(EventKind::ChildFinished {
+            child_run_id: run_id,
+            status: AgentStatus::Cancelled,
+        }));
+        self.deliver_if_complete(key.step, key.call, out);
+    }
+
+    fn parent_ended(&mut self, reason: CancelReason, out: &mut Vec<Output<A>>) {
+        self.parent_ended = Some(reason.clone());
+        let mut live: Vec<(&A, &ChildKey)> = self.live.iter().collect();
+        live.sort_by_key(|(_, key)| **key);
+        for (actor, _) in live {
+            out.push(Output::Cancel {
+                actor: actor.clone(),
+                reason: reason.clone(),
+            });
+        }
+        let mut retrying: Vec<ChildKey> = self.retrying.drain().collect();
+        retrying.sort();
+        for key in retrying {
+            out.push(Output::StopRetry { key });
+            // It stays failed, as its last attempt ended.
+            if let Some(slot) = self.slot_mut(key) {
+                slot.report = slot.last_failure.take();
+            }
+        }
+    }
+
+    /// A child's attempt ended (`started`: it ran, so its run id is on record):
+    /// report it, retry it, or escalate, per its template's policy.
+    fn result(
+        &mut self,
+        key: ChildKey,
+        outcome: Result<RunResult, String>,
+        started: bool,
+        out: &mut Vec<Output<A>>,
+    ) {
+        let parent_ended = self.parent_ended.is_some();
+        let Some(slot) = self.slot_mut(key) else {
+            return;
+        };
+        // A stale attempt, or a child that has its report already.
+        if slot.attempt != key.attempt || slot.report.is_some() {
+            return;
+        }
+        let run_id = slot.current_run_id.clone();
+        if started && !slot.run_ids.contains(&run_id) {
+            slot.run_ids.push(run_id.clone());
+        }
+        let inline = slot.plan.as_ref().is_some_and(|p| p.inline);
+        let (status, value, credits, history) = match outcome {
+            Ok(result) => (
+                result.state.status,
+                report_value(&result.state, result.value),
+                result.state.credits_used,
+                // Only an inline merge needs the child's history; a spawn_agents
+                // parent would otherwise keep every finished child's history alive.
+                inline.then(|| result.state.message_history.clone()),
+            ),
+            Err(error) => (
+                AgentStatus::Failed,
+                json!({ "errorMessage": error }),
+                0.0,
+                None,
+            ),
+        };
+        slot.credits += credits;
+        let Some(plan) = slot.plan.as_ref() else {
+            return;
+        };
+        let failure = plan.template.failure;
+        let report = ChildReport {
+            agent_type: plan.agent_type.clone(),
+            agent_name: plan.template.display_name.clone(),
+            agent_id: slot.agent_id.clone(),
+            run_ids: slot.run_ids.clone(),
+            status,
+            value,
+            credits: slot.credits,
+            history,
+        };
+        out.push(Output::Emit(EventKind::ChildFinished {
+            child_run_id: run_id.clone(),
+            status,
+        }));
+        if parent_ended || status != AgentStatus::Failed {
+            slot.report = Some(report);
+            slot.plan = None;
+            slot.toolbox = None;
+            return self.deliver_if_complete(key.step, key.call, out);
+        }
+        let error = report.error_message().unwrap_or_default().to_owned();
+        match failure {
+            FailurePolicy::Retry { max, backoff } if key.attempt < max => {
+                slot.last_failure = Some(report);
+                let delay = backoff.saturating_mul(1 << key.attempt.min(16));
+                let next = ChildKey {
+                    attempt: key.attempt + 1,
+                    ..key
+                };
+                out.push(Output::Emit(EventKind::ChildRetrying {
+                    failed_run_id: run_id,
+                    attempt: next.attempt,
+                    delay_ms: delay.as_millis() as u64,
+                    error,
+                }));
+                out.push(Output::Retry { key: next, delay });
+                self.retrying.insert(next);
+            }
+            FailurePolicy::Escalate => {
+                let agent_type = report.agent_type.clone();
+                slot.report = Some(report);
+                out.push(Output::Fail {
+                    error: format!("child {agent_type} ({run_id}) failed: {error}"),
+                });
+            }
+            FailurePolicy::Report | FailurePolicy::Retry { .. } => {
+                slot.report = Some(report);
+                slot.plan = None;
+                slot.toolbox = None;
+                self.deliver_if_complete(key.step, key.call, out);
+            }
+        }
+    }
+
+    /// Once every child of the call has its report (and the parent still
+    /// runs), the reports go to the machine, in request order.
+    fn deliver_if_complete(&mut self, step: u32, call: usize, out: &mut Vec<Output<A>>) {
+        let Some(c) = self.calls.get(&(step, call)) else {
+            return;
+        };
+        if c.slots.iter().any(|s| s.report.is_none()) || self.parent_ended.is_some() {
+            return;
+        }
+        let Some(mut c) = self.calls.remove(&(step, call)) else {
+            return;
+        };
+        let reports = c.slots.iter_mut().filter_map(|s| s.report.take()).collect();
+        out.push(Output::Deliver(Delivery {
+            step,
+            call,
+            inline: c.inline,
+            reports,
+        }));
+    }
+
+    fn slot_mut(&mut self, key: ChildKey) -> Option<&mut Slot> {
+        self.calls
+            .get_mut(&(key.step, key.call))?
+            .slots
+            .get_mut(key.child)
+    }
+}
+
+fn slot_of(admission: Admission) -> Slot {
+    let mut slot = Slot {
+        plan: None,
+        current_run_id: String::new(),
+        toolbox: None,
+        agent_id: String::new(),
+        ordinal: 0,
+        attempt: 0,
+        run_ids: Vec::new(),
+        credits: 0.0,
+        last_failure: None,
+        report: None,
+    };
+    match admission {
+        Admission::Refused { agent_type, error } => {
+            slot.report = Some(ChildReport::refused(&agent_type, &error));
+        }
+        Admission::Admitted {
+            plan,
+            toolbox,
+            agent_id,
+            ordinal,
+        } => {
+            slot.plan = Some(plan);
+            slot.toolbox = Some(toolbox);
+            slot.agent_id = agent_id;
+            slot.ordinal = ordinal;
+        }
+    }
+    slot
+}
+
+#[cfg(test)]
+mod tests;

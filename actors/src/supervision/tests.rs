@@ -1,0 +1,1361 @@
+//! The child table without a runtime: each case feeds inputs and checks the
+//! outputs of each, rendered as short lines. Cases named after a runtime test
+//! of `supervisor/tests/` mirror its supervision part (the parent's view).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::history::History;
+use crate::message::Message;
+use crate::template::AgentTemplate;
+
+type Table = Children<u32>;
+
+const STEP: u32 = 1;
+
+/// The tree's id arithmetic, as the supervisor's: `t/0.N`, retries `t/0.N~A`.
+fn ids(ordinal: u32, attempt: u32) -> RunIds {
+    let agent_id = format!("t/0.{ordinal}");
+    let run_id = if attempt == 0 {
+        agent_id.clone()
+    } else {
+        format!("{agent_id}~{attempt}")
+    };
+    RunIds { agent_id, run_id }
+}
+
+/// Child `child`, attempt `attempt`, of call 0 of step 1.
+fn key(child: usize, attempt: u32) -> ChildKey {
+    key_in(0, child, attempt)
+}
+
+fn key_in(call: usize, child: usize, attempt: u32) -> ChildKey {
+    ChildKey {
+        step: STEP,
+        call,
+        child,
+        attempt,
+    }
+}
+
+fn toolbox() -> Arc<Toolbox> {
+    Arc::new(Toolbox::build(&AgentTemplate::new("x", "m"), |_| None).unwrap())
+}
+
+fn parent() -> Arc<ParentInfo> {
+    Arc::new(ParentInfo {
+        agent_id: "t/0".into(),
+        run_id: "t/0".into(),
+        lineage: vec!["t/0".into()],
+        system_prompt: Arc::from(""),
+        context_token_count: 0,
+        toolbox: toolbox(),
+    })
+}
+
+fn admitted(agent_type: &str, ordinal: u32, policy: FailurePolicy, inline: bool) -> Admission {
+    Admission::Admitted {
+        plan: ChildPlan {
+            agent_type: agent_type.into(),
+            template: Arc::new(AgentTemplate::new(agent_type, "m").failure(policy)),
+            prompt: None,
+            params: None,
+            snapshot: History::new(),
+            inline,
+        },
+        toolbox: toolbox(),
+        agent_id: ids(ordinal, 0).agent_id,
+        ordinal,
+    }
+}
+
+/// An admitted child with the `report` policy.
+fn child(agent_type: &str, ordinal: u32) -> Admission {
+    admitted(agent_type, ordinal, FailurePolicy::Report, false)
+}
+
+fn with_policy(agent_type: &str, ordinal: u32, policy: FailurePolicy) -> Admission {
+    admitted(agent_type, ordinal, policy, false)
+}
+
+fn retry(max: u32, backoff_ms: u64) -> FailurePolicy {
+    FailurePolicy::Retry {
+        max,
+        backoff: Duration::from_millis(backoff_ms),
+    }
+}
+
+fn refused(agent_type: &str, error: &str) -> Admission {
+    Admission::Refused {
+        agent_type: agent_type.into(),
+        error: error.into(),
+    }
+}
+
+fn open(call: usize, children: Vec<Admission>) -> Input<u32> {
+    Input::Open {
+        step: STEP,
+        call,
+        inline: false,
+        parent: parent(),
+        children,
+    }
+}
+
+fn open_inline(child: Admission) -> Input<u32> {
+    Input::Open {
+        step: STEP,
+        call: 0,
+        inline: true,
+        parent: parent(),
+        children: vec![child],
+    }
+}
+
+fn started(key: ChildKey, actor: u32) -> Input<u32> {
+    Input::Started { key, actor }
+}
+
+fn result(status: AgentStatus, value: Value, credits: f64) -> RunResult {
+    let history: History = [Message::user("prompt"), Message::assistant_text("reply")]
+        .into_iter()
+        .collect();
+    RunResult {
+        state: Arc::new(AgentState {
+            status,
+            credits_used: credits,
+            message_history: history,
+            ..AgentState::default()
+        }),
+        value,
+    }
+}
+
+/// The child's actor ended completed, with output `text`.
+fn ok(key: ChildKey, actor: u32, text: &str) -> Input<u32> {
+    Input::Ended {
+        key,
+        actor,
+        result: result(AgentStatus::Completed, json!(text), 0.0),
+    }
+}
+
+/// The child's actor ended failed (it ran, then failed with `error`).
+fn failed(key: ChildKey, actor: u32, error: &str) -> Input<u32> {
+    failed_costing(key, actor, error, 0.0)
+}
+
+fn failed_costing(key: ChildKey, actor: u32, error: &str, credits: f64) -> Input<u32> {
+    Input::Ended {
+        key,
+        actor,
+        result: result(
+            AgentStatus::Failed,
+            json!({"type": "error", "message": error}),
+            credits,
+        ),
+    }
+}
+
+fn cancelled(key: ChildKey, actor: u32) -> Input<u32> {
+    Input::Ended {
+        key,
+        actor,
+        result: result(
+            AgentStatus::Cancelled,
+            json!({"type": "error", "message": "Agent was cancelled"}),
+            0.0,
+        ),
+    }
+}
+
+fn lost(actor: u32, error: &str) -> Input<u32> {
+    Input::Lost {
+        actor,
+        error: error.into(),
+    }
+}
+
+fn not_started(key: ChildKey) -> Input<u32> {
+    Input::NotStarted {
+        key,
+        error: "cancelled before it started".into(),
+    }
+}
+
+fn due(key: ChildKey) -> Input<u32> {
+    Input::RetryDue { key }
+}
+
+fn cancel(run_id: &str) -> Input<u32> {
+    Input::Cancel {
+        run_id: run_id.into(),
+    }
+}
+
+/// The parent ended by itself (it failed, or completed).
+fn parent_ended() -> Input<u32> {
+    Input::ParentEnded { cancelled: None }
+}
+
+fn parent_cancelled(reason: CancelReason) -> Input<u32> {
+    Input::ParentEnded {
+        cancelled: Some(reason),
+    }
+}
+
+fn show_key(k: &ChildKey) -> String {
+    format!("{}.{}.{}#{}", k.step, k.call, k.child, k.attempt)
+}
+
+fn show_status(status: AgentStatus) -> String {
+    format!("{status:?}").to_lowercase()
+}
+
+fn show_reason(reason: &CancelReason) -> String {
+    match reason {
+        CancelReason::Requested => "requested".into(),
+        CancelReason::ParentEnded => "parent ended".into(),
+        CancelReason::Limit(limit) => format!("limit {limit}"),
+        CancelReason::Failed(error) => format!("failed: {error}"),
+    }
+}
+
+fn show_report(r: &ChildReport) -> String {
+    let runs = if r.run_ids.is_empty() {
+        "-".to_owned()
+    } else {
+        r.run_ids.join(",")
+    };
+    let value = match r.error_message() {
+        Some(error) => error.to_owned(),
+        None => r.value.to_string(),
+    };
+    let mut line = format!("{runs} {} {value}", show_status(r.status));
+    if r.credits != 0.0 {
+        line.push_str(&format!(" ({} credits)", r.credits));
+    }
+    if r.history.is_some() {
+        line.push_str(" +history");
+    }
+    line
+}
+
+fn show(output: &Output<u32>) -> String {
+    match output {
+        Output::Emit(EventKind::ChildSpawned {
+            child_run_id,
+            agent_type,
+            attempt,
+        }) => format!("spawned {child_run_id} ({agent_type}, attempt {attempt})"),
+        Output::Emit(EventKind::ChildFinished {
+            child_run_id,
+            status,
+        }) => format!("finished {child_run_id} {}", show_status(*status)),
+        Output::Emit(EventKind::ChildRetrying {
+            failed_run_id,
+            attempt,
+            delay_ms,
+            error,
+        }) => format!("retrying {failed_run_id} as attempt {attempt} in {delay_ms}ms: {error}"),
+        Output::Emit(other) => format!("event {}", other.name()),
+        Output::Wait => "wait".into(),
+        Output::Launch(launch) => {
+            let runs: Vec<&str> = launch
+                .children
+                .iter()
+                .map(|s| s.ids.run_id.as_str())
+                .collect();
+            format!(
+                "launch {} at depth {}",
+                runs.join(", "),
+                launch.priority.depth
+            )
+        }
+        Output::Skip { run_id } => format!("skip {run_id}"),
+        Output::Cancel { actor, reason } => {
+            format!("cancel actor {actor}: {}", show_reason(reason))
+        }
+        Output::Retry { key, delay } => format!("retry {} in {delay:?}", show_key(key)),
+        Output::StopRetry { key } => format!("stop retry {}", show_key(key)),
+        Output::Deliver(d) => {
+            let reports: Vec<String> = d.reports.iter().map(show_report).collect();
+            let kind = if d.inline { "inline " } else { "" };
+            format!(
+                "deliver {kind}{}.{} [{}]",
+                d.step,
+                d.call,
+                reports.join("; ")
+            )
+        }
+        Output::Fail { error } => format!("fail: {error}"),
+    }
+}
+
+/// Feeds each input to one table and checks the outputs it answers, in
+/// order; returns the table for checks of what it holds.
+fn check(steps: Vec<(Input<u32>, &[&str])>) -> Table {
+    let mut table = Table::default();
+    for (i, (input, expected)) in steps.into_iter().enumerate() {
+        let shown_input = format!("{input:?}");
+        let got: Vec<String> = table.handle(input, &ids).iter().map(show).collect();
+        assert_eq!(
+            got,
+            expected,
+            "outputs of input {i}: {}",
+            shown_input.chars().take(120).collect::<String>()
+        );
+    }
+    table
+}
+
+fn late(table: &Table) -> Vec<(usize, Vec<String>)> {
+    table
+        .undelivered()
+        .into_iter()
+        .map(|(index, _, runs)| (index, runs))
+        .collect()
+}
+
+fn strings(ids: &[&str]) -> Vec<String> {
+    ids.iter().map(|s| (*s).to_owned()).collect()
+}
+
+// ---- retry, escalate, report ----
+
+/// Mirrors failure.rs `retry_runs_again_with_doubling_backoff_and_records_every_attempt`
+/// (the child that works the second time).
+#[test]
+fn retry_with_doubling_backoff_then_success() {
+    let table = check(vec![
+        (
+            open(0, vec![with_policy("once", 1, retry(3, 100))]),
+            &[
+                "wait",
+                "spawned t/0.1 (once, attempt 0)",
+                "launch t/0.1 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (
+            failed(key(0, 0), 1, "first call fails"),
+            &[
+                "finished t/0.1 failed",
+                "retrying t/0.1 as attempt 1 in 100ms: first call fails",
+                "retry 1.0.0#1 in 100ms",
+            ],
+        ),
+        (
+            due(key(0, 1)),
+            &[
+                "spawned t/0.1~1 (once, attempt 1)",
+                "launch t/0.1~1 at depth 1",
+            ],
+        ),
+        (started(key(0, 1), 2), &[]),
+        (
+            lost(2, "agent panicked: again"),
+            &[
+                "finished t/0.1~1 failed",
+                "retrying t/0.1~1 as attempt 2 in 200ms: agent panicked: again",
+                "retry 1.0.0#2 in 200ms",
+            ],
+        ),
+        (
+            due(key(0, 2)),
+            &[
+                "spawned t/0.1~2 (once, attempt 2)",
+                "launch t/0.1~2 at depth 1",
+            ],
+        ),
+        (started(key(0, 2), 3), &[]),
+        (
+            ok(key(0, 2), 3, "finally"),
+            &[
+                "finished t/0.1~2 completed",
+                "deliver 1.0 [t/0.1,t/0.1~1,t/0.1~2 completed \"finally\"]",
+            ],
+        ),
+    ]);
+    assert_eq!(table.outstanding(), 0);
+}
+
+/// Mirrors failure.rs `retry_runs_again_with_doubling_backoff_and_records_every_attempt`
+/// (the doomed child, next to the one that works the second time).
+#[test]
+fn retry_exhausted_is_a_reported_failure_with_every_attempt() {
+    check(vec![
+        (
+            open(
+                0,
+                vec![
+                    with_policy("doomed", 1, retry(2, 100)),
+                    with_policy("once", 2, retry(2, 100)),
+                ],
+            ),
+            &[
+                "wait",
+                "spawned t/0.1 (doomed, attempt 0)",
+                "spawned t/0.2 (once, attempt 0)",
+                "launch t/0.1, t/0.2 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (started(key(1, 0), 2), &[]),
+        (
+            failed(key(0, 0), 1, "always down"),
+            &[
+                "finished t/0.1 failed",
+                "retrying t/0.1 as attempt 1 in 100ms: always down",
+                "retry 1.0.0#1 in 100ms",
+            ],
+        ),
+        (
+            failed(key(1, 0), 2, "first call fails"),
+            &[
+                "finished t/0.2 failed",
+                "retrying t/0.2 as attempt 1 in 100ms: first call fails",
+                "retry 1.0.1#1 in 100ms",
+            ],
+        ),
+        (
+            due(key(1, 1)),
+            &[
+                "spawned t/0.2~1 (once, attempt 1)",
+                "launch t/0.2~1 at depth 1",
+            ],
+        ),
+        (
+            due(key(0, 1)),
+            &[
+                "spawned t/0.1~1 (doomed, attempt 1)",
+                "launch t/0.1~1 at depth 1",
+            ],
+        ),
+        (started(key(1, 1), 3), &[]),
+        (started(key(0, 1), 4), &[]),
+        (ok(key(1, 1), 3, "finally"), &["finished t/0.2~1 completed"]),
+        (
+            failed(key(0, 1), 4, "always down"),
+            &[
+                "finished t/0.1~1 failed",
+                "retrying t/0.1~1 as attempt 2 in 200ms: always down",
+                "retry 1.0.0#2 in 200ms",
+            ],
+        ),
+        (
+            due(key(0, 2)),
+            &[
+                "spawned t/0.1~2 (doomed, attempt 2)",
+                "launch t/0.1~2 at depth 1",
+            ],
+        ),
+        (started(key(0, 2), 5), &[]),
+        (
+            failed(key(0, 2), 5, "always down"),
+            &[
+                "finished t/0.1~2 failed",
+                "deliver 1.0 [t/0.1,t/0.1~1,t/0.1~2 failed always down; \
+                 t/0.2,t/0.2~1 completed \"finally\"]",
+            ],
+        ),
+    ]);
+}
+
+#[test]
+fn the_backoff_doubles_from_the_template_backoff_per_attempt() {
+    let mut steps: Vec<(Input<u32>, &[&str])> = vec![(
+        open(0, vec![with_policy("w", 1, retry(3, 10))]),
+        &[
+            "wait",
+            "spawned t/0.1 (w, attempt 0)",
+            "launch t/0.1 at depth 1",
+        ],
+    )];
+    let delays: [&[&str]; 3] = [
+        &[
+            "finished t/0.1 failed",
+            "retrying t/0.1 as attempt 1 in 10ms: down",
+            "retry 1.0.0#1 in 10ms",
+        ],
+        &[
+            "finished t/0.1~1 failed",
+            "retrying t/0.1~1 as attempt 2 in 20ms: down",
+            "retry 1.0.0#2 in 20ms",
+        ],
+        &[
+            "finished t/0.1~2 failed",
+            "retrying t/0.1~2 as attempt 3 in 40ms: down",
+            "retry 1.0.0#3 in 40ms",
+        ],
+    ];
+    let launches: [&[&str]; 3] = [
+        &[
+            "spawned t/0.1~1 (w, attempt 1)",
+            "launch t/0.1~1 at depth 1",
+        ],
+        &[
+            "spawned t/0.1~2 (w, attempt 2)",
+            "launch t/0.1~2 at depth 1",
+        ],
+        &[
+            "spawned t/0.1~3 (w, attempt 3)",
+            "launch t/0.1~3 at depth 1",
+        ],
+    ];
+    for attempt in 0..3u32 {
+        let actor = attempt + 1;
+        steps.push((started(key(0, attempt), actor), &[]));
+        steps.push((
+            failed(key(0, attempt), actor, "down"),
+            delays[attempt as usize],
+        ));
+        steps.push((due(key(0, attempt + 1)), launches[attempt as usize]));
+    }
+    steps.push((started(key(0, 3), 4), &[]));
+    steps.push((
+        failed(key(0, 3), 4, "down"),
+        &[
+            "finished t/0.1~3 failed",
+            "deliver 1.0 [t/0.1,t/0.1~1,t/0.1~2,t/0.1~3 failed down]",
+        ],
+    ));
+    check(steps);
+}
+
+#[test]
+fn every_attempts_credits_are_in_the_report() {
+    check(vec![
+        (
+            open(0, vec![with_policy("w", 1, retry(1, 10))]),
+            &[
+                "wait",
+                "spawned t/0.1 (w, attempt 0)",
+                "launch t/0.1 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (
+            failed_costing(key(0, 0), 1, "down", 1.5),
+            &[
+                "finished t/0.1 failed",
+                "retrying t/0.1 as attempt 1 in 10ms: down",
+                "retry 1.0.0#1 in 10ms",
+            ],
+        ),
+        (
+            due(key(0, 1)),
+            &[
+                "spawned t/0.1~1 (w, attempt 1)",
+                "launch t/0.1~1 at depth 1",
+            ],
+        ),
+        (started(key(0, 1), 2), &[]),
+        (
+            failed_costing(key(0, 1), 2, "down again", 2.0),
+            &[
+                "finished t/0.1~1 failed",
+                "deliver 1.0 [t/0.1,t/0.1~1 failed down again (3.5 credits)]",
+            ],
+        ),
+    ]);
+}
+
+/// Mirrors failure.rs `escalate_fails_the_parent_and_cancels_its_other_children`
+/// (the lead's view: `bad` escalates, `slow` is cancelled, both stay on record).
+#[test]
+fn escalate_fails_the_parent_and_cancels_its_other_children() {
+    let table = check(vec![
+        (
+            open(
+                0,
+                vec![
+                    with_policy("bad", 1, FailurePolicy::Escalate),
+                    child("slow", 2),
+                ],
+            ),
+            &[
+                "wait",
+                "spawned t/0.1 (bad, attempt 0)",
+                "spawned t/0.2 (slow, attempt 0)",
+                "launch t/0.1, t/0.2 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (started(key(1, 0), 2), &[]),
+        (
+            failed(key(0, 0), 1, "fatal"),
+            &[
+                "finished t/0.1 failed",
+                "fail: child bad (t/0.1) failed: fatal",
+            ],
+        ),
+        // The machine fails; the driver ends the parent's children.
+        (parent_ended(), &["cancel actor 2: parent ended"]),
+        (cancelled(key(1, 0), 2), &["finished t/0.2 cancelled"]),
+    ]);
+    assert_eq!(table.outstanding(), 0);
+    assert_eq!(
+        late(&table),
+        vec![(0, strings(&["t/0.1"])), (0, strings(&["t/0.2"]))]
+    );
+}
+
+#[test]
+fn an_escalating_child_that_fails_after_its_parent_ended_is_only_recorded() {
+    let table = check(vec![
+        (
+            open(0, vec![with_policy("bad", 1, FailurePolicy::Escalate)]),
+            &[
+                "wait",
+                "spawned t/0.1 (bad, attempt 0)",
+                "launch t/0.1 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (
+            parent_cancelled(CancelReason::Requested),
+            &["cancel actor 1: requested"],
+        ),
+        (failed(key(0, 0), 1, "fatal"), &["finished t/0.1 failed"]),
+    ]);
+    assert_eq!(late(&table), vec![(0, strings(&["t/0.1"]))]);
+}
+
+/// Mirrors failure.rs `panics_errors_and_step_limits_are_error_values_beside_a_working_sibling`.
+#[test]
+fn panics_errors_and_step_limits_are_error_values_beside_a_working_sibling() {
+    check(vec![
+        (
+            open(
+                0,
+                vec![
+                    child("worker", 1),
+                    child("worker", 2),
+                    child("looper", 3),
+                    child("worker", 4),
+                ],
+            ),
+            &[
+                "wait",
+                "spawned t/0.1 (worker, attempt 0)",
+                "spawned t/0.2 (worker, attempt 0)",
+                "spawned t/0.3 (looper, attempt 0)",
+                "spawned t/0.4 (worker, attempt 0)",
+                "launch t/0.1, t/0.2, t/0.3, t/0.4 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (started(key(1, 0), 2), &[]),
+        (started(key(2, 0), 3), &[]),
+        (started(key(3, 0), 4), &[]),
+        (
+            failed(key(2, 0), 3, "limit max_steps (agent) reached"),
+            &["finished t/0.3 failed"],
+        ),
+        (
+            failed(key(0, 0), 1, "model panicked: model blew up"),
+            &["finished t/0.1 failed"],
+        ),
+        (
+            failed(key(1, 0), 2, "service down"),
+            &["finished t/0.2 failed"],
+        ),
+        (
+            ok(key(3, 0), 4, "all good"),
+            &[
+                "finished t/0.4 completed",
+                "deliver 1.0 [t/0.1 failed model panicked: model blew up; \
+                 t/0.2 failed service down; \
+                 t/0.3 failed limit max_steps (agent) reached; \
+                 t/0.4 completed \"all good\"]",
+            ],
+        ),
+    ]);
+}
+
+/// Mirrors failure.rs `a_panicking_tool_fails_its_agent_not_the_process`.
+#[test]
+fn a_panicking_tool_fails_its_agent_not_the_process() {
+    check(vec![
+        (
+            open(0, vec![child("bomber", 1), child("worker", 2)]),
+            &[
+                "wait",
+                "spawned t/0.1 (bomber, attempt 0)",
+                "spawned t/0.2 (worker, attempt 0)",
+                "launch t/0.1, t/0.2 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (started(key(1, 0), 2), &[]),
+        (ok(key(1, 0), 2, "calm"), &["finished t/0.2 completed"]),
+        (
+            failed(key(0, 0), 1, "a tool panicked: bomb went off"),
+            &[
+                "finished t/0.1 failed",
+                "deliver 1.0 [t/0.1 failed a tool panicked: bomb went off; \
+                 t/0.2 completed \"calm\"]",
+            ],
+        ),
+    ]);
+}
+
+/// Mirrors failure.rs `a_panicking_step_handler_fails_its_agent_and_the_parent_goes_on`.
+#[test]
+fn a_panicking_step_handler_fails_its_agent_and_the_parent_goes_on() {
+    check(vec![
+        (
+            open(0, vec![child("prog", 1), child("worker", 2)]),
+            &[
+                "wait",
+                "spawned t/0.1 (prog, attempt 0)",
+                "spawned t/0.2 (worker, attempt 0)",
+                "launch t/0.1, t/0.2 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (started(key(1, 0), 2), &[]),
+        (
+            failed(key(0, 0), 1, "agent panicked: program bug"),
+            &["finished t/0.1 failed"],
+        ),
+        (
+            ok(key(1, 0), 2, "calm"),
+            &[
+                "finished t/0.2 completed",
+                "deliver 1.0 [t/0.1 failed agent panicked: program bug; \
+                 t/0.2 completed \"calm\"]",
+            ],
+        ),
+    ]);
+}
+
+/// A panic in the actor outside the guarded code: the child dies without a
+/// result, and is reported failed (the report policy).
+#[test]
+fn a_child_lost_without_a_result_is_a_reported_failure() {
+    let table = check(vec![
+        (
+            open(0, vec![child("w", 1)]),
+            &[
+                "wait",
+                "spawned t/0.1 (w, attempt 0)",
+                "launch t/0.1 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (
+            lost(1, "agent panicked: boom"),
+            &[
+                "finished t/0.1 failed",
+                "deliver 1.0 [t/0.1 failed agent panicked: boom]",
+            ],
+        ),
+    ]);
+    assert_eq!(table.live_count(), 0);
+}
+
+#[test]
+fn a_child_that_could_not_start_is_reported_without_a_run() {
+    check(vec![
+        (
+            open(0, vec![child("w", 1)]),
+            &[
+                "wait",
+                "spawned t/0.1 (w, attempt 0)",
+                "launch t/0.1 at depth 1",
+            ],
+        ),
+        (
+            Input::NotStarted {
+                key: key(0, 0),
+                error: "could not start: boom".into(),
+            },
+            &[
+                "finished t/0.1 failed",
+                "deliver 1.0 [- failed could not start: boom]",
+            ],
+        ),
+    ]);
+}
+
+// ---- delivery ----
+
+#[test]
+fn delivery_waits_for_every_child_and_keeps_request_order() {
+    let table = check(vec![
+        (
+            open(0, vec![child("a", 1), child("b", 2), child("c", 3)]),
+            &[
+                "wait",
+                "spawned t/0.1 (a, attempt 0)",
+                "spawned t/0.2 (b, attempt 0)",
+                "spawned t/0.3 (c, attempt 0)",
+                "launch t/0.1, t/0.2, t/0.3 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (started(key(1, 0), 2), &[]),
+        (started(key(2, 0), 3), &[]),
+        (ok(key(2, 0), 3, "c"), &["finished t/0.3 completed"]),
+        (ok(key(0, 0), 1, "a"), &["finished t/0.1 completed"]),
+        (
+            ok(key(1, 0), 2, "b"),
+            &[
+                "finished t/0.2 completed",
+                "deliver 1.0 [t/0.1 completed \"a\"; t/0.2 completed \"b\"; t/0.3 completed \"c\"]",
+            ],
+        ),
+    ]);
+    assert_eq!(table.outstanding(), 0);
+    assert!(table.undelivered().is_empty());
+}
+
+#[test]
+fn each_spawn_call_is_delivered_when_its_own_children_are_done() {
+    check(vec![
+        (
+            open(0, vec![child("slow", 1)]),
+            &[
+                "wait",
+                "spawned t/0.1 (slow, attempt 0)",
+                "launch t/0.1 at depth 1",
+            ],
+        ),
+        (
+            open(1, vec![child("fast", 2)]),
+            &[
+                "wait",
+                "spawned t/0.2 (fast, attempt 0)",
+                "launch t/0.2 at depth 1",
+            ],
+        ),
+        (started(key_in(0, 0, 0), 1), &[]),
+        (started(key_in(1, 0, 0), 2), &[]),
+        (
+            ok(key_in(1, 0, 0), 2, "fast"),
+            &[
+                "finished t/0.2 completed",
+                "deliver 1.1 [t/0.2 completed \"fast\"]",
+            ],
+        ),
+        (
+            ok(key_in(0, 0, 0), 1, "slow"),
+            &[
+                "finished t/0.1 completed",
+                "deliver 1.0 [t/0.1 completed \"slow\"]",
+            ],
+        ),
+    ]);
+}
+
+#[test]
+fn refused_children_keep_their_place_and_a_call_of_only_refused_ones_is_delivered_at_once() {
+    check(vec![
+        (
+            open(
+                0,
+                vec![
+                    refused("ghost", "Agent type ghost not found"),
+                    child("w", 1),
+                ],
+            ),
+            &[
+                "wait",
+                "spawned t/0.1 (w, attempt 0)",
+                "launch t/0.1 at depth 1",
+            ],
+        ),
+        (started(key(1, 0), 1), &[]),
+        (
+            ok(key(1, 0), 1, "done"),
+            &[
+                "finished t/0.1 completed",
+                "deliver 1.0 [- failed Agent type ghost not found; t/0.1 completed \"done\"]",
+            ],
+        ),
+        (
+            open(1, vec![refused("w", "limit max_agents reached")]),
+            &["deliver 1.1 [- failed limit max_agents reached]"],
+        ),
+    ]);
+}
+
+#[test]
+fn an_inline_child_is_delivered_with_its_history() {
+    check(vec![
+        (
+            open_inline(admitted("helper", 1, FailurePolicy::Report, true)),
+            &[
+                "wait",
+                "spawned t/0.1 (helper, attempt 0)",
+                "launch t/0.1 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (
+            ok(key(0, 0), 1, "merged"),
+            &[
+                "finished t/0.1 completed",
+                "deliver inline 1.0 [t/0.1 completed \"merged\" +history]",
+            ],
+        ),
+    ]);
+}
+
+/// A resumed tree's child that had finished before is merged as it was.
+#[test]
+fn a_recovered_child_is_reported_from_its_stored_result() {
+    let table = check(vec![
+        (
+            open(0, vec![child("w", 1)]),
+            &[
+                "wait",
+                "spawned t/0.1 (w, attempt 0)",
+                "launch t/0.1 at depth 1",
+            ],
+        ),
+        (
+            Input::Recovered {
+                key: key(0, 0),
+                result: result(AgentStatus::Completed, json!("stored"), 0.0),
+            },
+            &[
+                "finished t/0.1 completed",
+                "deliver 1.0 [t/0.1 completed \"stored\"]",
+            ],
+        ),
+    ]);
+    assert_eq!(table.outstanding(), 0);
+}
+
+// ---- cancel ----
+
+/// Mirrors cancel.rs `a_child_cancelled_while_it_waits_for_a_live_slot_ends_cancelled_without_starting`.
+#[test]
+fn a_child_cancelled_while_it_waits_for_a_live_slot_ends_cancelled_without_starting() {
+    let mut table = check(vec![
+        (
+            open(0, vec![child("worker", 1), child("worker", 2)]),
+            &[
+                "wait",
+                "spawned t/0.1 (worker, attempt 0)",
+                "spawned t/0.2 (worker, attempt 0)",
+                "launch t/0.1, t/0.2 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (cancel("t/0.2"), &["skip t/0.2", "finished t/0.2 cancelled"]),
+    ]);
+    assert_eq!(
+        table.outstanding(),
+        2,
+        "the second still counts as starting"
+    );
+    // Its launch task skips it and says so; that changes nothing else.
+    assert!(table.handle(not_started(key(1, 0)), &ids).is_empty());
+    assert_eq!(table.outstanding(), 1);
+    let got: Vec<String> = table
+        .handle(ok(key(0, 0), 1, "worked"), &ids)
+        .iter()
+        .map(show)
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "finished t/0.1 completed",
+            "deliver 1.0 [t/0.1 completed \"worked\"; - cancelled Agent was cancelled]"
+        ]
+    );
+    assert_eq!(table.outstanding(), 0);
+}
+
+/// Mirrors cancel.rs `cancelling_a_mid_tree_agent_cancels_its_subtree_only`
+/// (the lead's view: mid is cancelled, an error entry; the sibling is fine).
+#[test]
+fn cancelling_a_mid_tree_agent_cancels_its_subtree_only() {
+    check(vec![
+        (
+            open(
+                0,
+                vec![with_policy("mid", 1, retry(2, 10)), child("sib", 2)],
+            ),
+            &[
+                "wait",
+                "spawned t/0.1 (mid, attempt 0)",
+                "spawned t/0.2 (sib, attempt 0)",
+                "launch t/0.1, t/0.2 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (started(key(1, 0), 2), &[]),
+        // A running child is cancelled directly (the supervisor casts to it;
+        // through its parent it is the same).
+        (cancel("t/0.1"), &["cancel actor 1: requested"]),
+        // Cancelled is not failed: no retry.
+        (cancelled(key(0, 0), 1), &["finished t/0.1 cancelled"]),
+        (
+            ok(key(1, 0), 2, "sibling done"),
+            &[
+                "finished t/0.2 completed",
+                "deliver 1.0 [t/0.1 cancelled Agent was cancelled; t/0.2 completed \"sibling done\"]",
+            ],
+        ),
+    ]);
+}
+
+/// Mirrors cancel.rs `cancelling_a_mid_tree_agent_cancels_its_subtree_only`
+/// (mid's view: cancelled, it cancels its leaves; they stay on record).
+#[test]
+fn a_cancelled_parent_cancels_its_children_and_keeps_them_on_record() {
+    let table = check(vec![
+        (
+            open(0, vec![child("leaf", 1), child("leaf", 2)]),
+            &[
+                "wait",
+                "spawned t/0.1 (leaf, attempt 0)",
+                "spawned t/0.2 (leaf, attempt 0)",
+                "launch t/0.1, t/0.2 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (started(key(1, 0), 2), &[]),
+        (
+            parent_cancelled(CancelReason::Requested),
+            &["cancel actor 1: requested", "cancel actor 2: requested"],
+        ),
+        (cancelled(key(1, 0), 2), &["finished t/0.2 cancelled"]),
+        (cancelled(key(0, 0), 1), &["finished t/0.1 cancelled"]),
+    ]);
+    assert_eq!(table.outstanding(), 0);
+    assert_eq!(
+        late(&table),
+        vec![(0, strings(&["t/0.1"])), (0, strings(&["t/0.2"]))]
+    );
+}
+
+/// Mirrors cancel.rs `cancelling_the_tree_cancels_every_agent` (the root's
+/// view: every child is told, none is delivered, all stay on record).
+#[test]
+fn cancelling_the_tree_cancels_every_agent() {
+    let table = check(vec![
+        (
+            open(0, vec![child("mid", 1), child("sib", 2)]),
+            &[
+                "wait",
+                "spawned t/0.1 (mid, attempt 0)",
+                "spawned t/0.2 (sib, attempt 0)",
+                "launch t/0.1, t/0.2 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (started(key(1, 0), 2), &[]),
+        (
+            parent_cancelled(CancelReason::Requested),
+            &["cancel actor 1: requested", "cancel actor 2: requested"],
+        ),
+        (cancelled(key(0, 0), 1), &["finished t/0.1 cancelled"]),
+        (cancelled(key(1, 0), 2), &["finished t/0.2 cancelled"]),
+    ]);
+    assert_eq!(table.outstanding(), 0);
+    assert_eq!(
+        late(&table),
+        vec![(0, strings(&["t/0.1"])), (0, strings(&["t/0.2"]))]
+    );
+}
+
+#[test]
+fn a_tree_limit_reason_is_passed_to_the_children() {
+    let limit = LimitHit::new(crate::limit::Limit::Deadline, "deadline passed");
+    let shown = format!("cancel actor 1: limit {limit}");
+    check(vec![
+        (
+            open(0, vec![child("w", 1)]),
+            &[
+                "wait",
+                "spawned t/0.1 (w, attempt 0)",
+                "launch t/0.1 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (
+            parent_cancelled(CancelReason::Limit(limit)),
+            &[shown.as_str()],
+        ),
+    ]);
+}
+
+#[test]
+fn cancelling_an_unknown_or_reported_run_does_nothing() {
+    check(vec![
+        (
+            open(0, vec![child("w", 1)]),
+            &[
+                "wait",
+                "spawned t/0.1 (w, attempt 0)",
+                "launch t/0.1 at depth 1",
+            ],
+        ),
+        (cancel("t/0.9"), &[]),
+        (started(key(0, 0), 1), &[]),
+        (
+            ok(key(0, 0), 1, "done"),
+            &[
+                "finished t/0.1 completed",
+                "deliver 1.0 [t/0.1 completed \"done\"]",
+            ],
+        ),
+        (cancel("t/0.1"), &[]),
+    ]);
+}
+
+// ---- races ----
+
+/// Part of cancel.rs `no_actor_outlives_wait_on_a_multi_thread_runtime`: a
+/// child that ends before its start is seen is reported once, and its late
+/// start changes nothing.
+#[test]
+fn a_child_that_ended_before_its_start_was_seen() {
+    let mut table = check(vec![
+        (
+            open(0, vec![child("w", 1)]),
+            &[
+                "wait",
+                "spawned t/0.1 (w, attempt 0)",
+                "launch t/0.1 at depth 1",
+            ],
+        ),
+        (
+            ok(key(0, 0), 1, "quick"),
+            &[
+                "finished t/0.1 completed",
+                "deliver 1.0 [t/0.1 completed \"quick\"]",
+            ],
+        ),
+    ]);
+    assert_eq!(table.outstanding(), 1, "its start is still to come");
+    assert!(table.handle(started(key(0, 0), 1), &ids).is_empty());
+    assert_eq!(table.outstanding(), 0);
+    assert!(!table.is_live(&1));
+}
+
+/// Part of cancel.rs `no_actor_outlives_wait_on_a_multi_thread_runtime`: a
+/// child lost before its start is seen is reported when the start comes.
+#[test]
+fn a_child_lost_before_its_start_was_seen() {
+    let table = check(vec![
+        (
+            open(0, vec![child("w", 1)]),
+            &[
+                "wait",
+                "spawned t/0.1 (w, attempt 0)",
+                "launch t/0.1 at depth 1",
+            ],
+        ),
+        (lost(1, "agent was killed (boom)"), &[]),
+        (
+            started(key(0, 0), 1),
+            &[
+                "finished t/0.1 failed",
+                "deliver 1.0 [t/0.1 failed agent was killed (boom)]",
+            ],
+        ),
+    ]);
+    assert_eq!(table.outstanding(), 0);
+    assert_eq!(table.live_count(), 0);
+}
+
+/// Part of cancel.rs `no_actor_outlives_wait_on_a_multi_thread_runtime`: the
+/// parent ends while children start; one that starts afterwards is cancelled
+/// at once, one its launch task skips ends failed, and the parent waits for both.
+#[test]
+fn a_child_that_starts_after_its_parent_ended_is_cancelled_at_once() {
+    let mut table = check(vec![
+        (
+            open(0, vec![child("x", 1), child("y", 2)]),
+            &[
+                "wait",
+                "spawned t/0.1 (x, attempt 0)",
+                "spawned t/0.2 (y, attempt 0)",
+                "launch t/0.1, t/0.2 at depth 1",
+            ],
+        ),
+        (parent_cancelled(CancelReason::Requested), &[]),
+        (started(key(0, 0), 1), &["cancel actor 1: requested"]),
+    ]);
+    assert_eq!(table.outstanding(), 2);
+    let got: Vec<String> = table
+        .handle(not_started(key(1, 0)), &ids)
+        .iter()
+        .map(show)
+        .collect();
+    assert_eq!(got, ["finished t/0.2 failed"]);
+    let got: Vec<String> = table
+        .handle(cancelled(key(0, 0), 1), &ids)
+        .iter()
+        .map(show)
+        .collect();
+    assert_eq!(got, ["finished t/0.1 cancelled"]);
+    assert_eq!(table.outstanding(), 0);
+    assert_eq!(late(&table), vec![(0, strings(&["t/0.1"])), (0, vec![])]);
+}
+
+#[test]
+fn results_after_the_parent_ended_are_recorded_not_delivered_nor_retried() {
+    let table = check(vec![
+        (
+            open(0, vec![child("a", 1), with_policy("b", 2, retry(3, 10))]),
+            &[
+                "wait",
+                "spawned t/0.1 (a, attempt 0)",
+                "spawned t/0.2 (b, attempt 0)",
+                "launch t/0.1, t/0.2 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (started(key(1, 0), 2), &[]),
+        (ok(key(0, 0), 1, "a"), &["finished t/0.1 completed"]),
+        (parent_ended(), &["cancel actor 2: parent ended"]),
+        (failed(key(1, 0), 2, "broke"), &["finished t/0.2 failed"]),
+    ]);
+    assert_eq!(table.outstanding(), 0);
+    assert_eq!(
+        late(&table),
+        vec![(0, strings(&["t/0.1"])), (0, strings(&["t/0.2"]))]
+    );
+}
+
+#[test]
+fn a_retry_still_waiting_when_the_parent_ends_is_stopped_and_stays_failed() {
+    let table = check(vec![
+        (
+            open(0, vec![with_policy("w", 1, retry(3, 10))]),
+            &[
+                "wait",
+                "spawned t/0.1 (w, attempt 0)",
+                "launch t/0.1 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (
+            failed(key(0, 0), 1, "down"),
+            &[
+                "finished t/0.1 failed",
+                "retrying t/0.1 as attempt 1 in 10ms: down",
+                "retry 1.0.0#1 in 10ms",
+            ],
+        ),
+        (
+            parent_cancelled(CancelReason::Requested),
+            &["stop retry 1.0.0#1"],
+        ),
+        // A timer that fired anyway starts nothing.
+        (due(key(0, 1)), &[]),
+    ]);
+    assert_eq!(table.outstanding(), 0);
+    assert_eq!(late(&table), vec![(0, strings(&["t/0.1"]))]);
+}
+
+#[test]
+fn results_of_a_stale_attempt_are_ignored() {
+    check(vec![
+        (
+            open(0, vec![with_policy("w", 1, retry(1, 10))]),
+            &[
+                "wait",
+                "spawned t/0.1 (w, attempt 0)",
+                "launch t/0.1 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (
+            lost(1, "agent panicked: boom"),
+            &[
+                "finished t/0.1 failed",
+                "retrying t/0.1 as attempt 1 in 10ms: agent panicked: boom",
+                "retry 1.0.0#1 in 10ms",
+            ],
+        ),
+        (
+            due(key(0, 1)),
+            &[
+                "spawned t/0.1~1 (w, attempt 1)",
+                "launch t/0.1~1 at depth 1",
+            ],
+        ),
+        (started(key(0, 1), 2), &[]),
+        // Attempt 0 again (defensive: the table keys results by attempt).
+        (ok(key(0, 0), 9, "stale"), &[]),
+        (
+            ok(key(0, 1), 2, "fresh"),
+            &[
+                "finished t/0.1~1 completed",
+                "deliver 1.0 [t/0.1,t/0.1~1 completed \"fresh\"]",
+            ],
+        ),
+        // A second result of a child that has reported.
+        (ok(key(0, 1), 2, "again"), &[]),
+    ]);
+}
+
+/// Mirrors failure.rs `the_children_of_every_attempt_have_their_own_run_ids`:
+/// each attempt starts with its own run id (same agent id), from which its
+/// own children's ids derive.
+#[test]
+fn the_children_of_every_attempt_have_their_own_run_ids() {
+    let mut table = Table::default();
+    let mut starts = Vec::new();
+    let mut take = |outputs: Vec<Output<u32>>| {
+        for output in outputs {
+            if let Output::Launch(launch) = output {
+                starts.extend(launch.children.into_iter().map(|s| (s.key, s.ids)));
+            }
+        }
+    };
+    take(table.handle(open(0, vec![with_policy("mid", 1, retry(1, 10))]), &ids));
+    take(table.handle(started(key(0, 0), 1), &ids));
+    take(table.handle(failed(key(0, 0), 1, "mid broke"), &ids));
+    take(table.handle(due(key(0, 1)), &ids));
+    assert_eq!(
+        starts,
+        [
+            (
+                key(0, 0),
+                RunIds {
+                    agent_id: "t/0.1".into(),
+                    run_id: "t/0.1".into()
+                }
+            ),
+            (
+                key(0, 1),
+                RunIds {
+                    agent_id: "t/0.1".into(),
+                    run_id: "t/0.1~1".into()
+                }
+            ),
+        ]
+    );
+}
+
+/// Part of cancel.rs `status_is_served_while_a_model_call_is_pending`: the
+/// parent's status counts the children that run.
+#[test]
+fn live_children_are_those_whose_start_was_seen() {
+    let mut table = check(vec![(
+        open(0, vec![child("w", 1), child("w", 2)]),
+        &[
+            "wait",
+            "spawned t/0.1 (w, attempt 0)",
+            "spawned t/0.2 (w, attempt 0)",
+            "launch t/0.1, t/0.2 at depth 1",
+        ],
+    )]);
+    assert_eq!((table.live_count(), table.outstanding()), (0, 2));
+    table.handle(started(key(0, 0), 1), &ids);
+    assert_eq!((table.live_count(), table.outstanding()), (1, 2));
+    assert!(table.is_live(&1));
+}
