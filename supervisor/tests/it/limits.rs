@@ -1,8 +1,5 @@
 //! Tree-wide and per-agent limits (semantics §8): a spawn over a limit is an
 //! `errorMessage`, an exhausted budget fails the agents it affects, naming it.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,7 +9,7 @@ use arbor_actors::{AgentStatus, Event, EventKind, Limit};
 use arbor_supervisor::{StartRequest, TreeLimits};
 use serde_json::{Value, json};
 
-use common::*;
+use crate::common::*;
 
 fn limit_hits(events: &[Arc<Event>]) -> Vec<Limit> {
     events

@@ -2,7 +2,6 @@
 //! performs on it: pushes (with call ids from a small pool, so ids collide and
 //! results may be orphans), expiry, child snapshots, `set_messages`-style
 //! replacement with repair, and truncated request views.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashSet;
 use std::sync::Arc;

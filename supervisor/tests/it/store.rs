@@ -1,15 +1,12 @@
 //! The SQLite store under a real tree: what a long history costs on disk, and
 //! a store that fills up mid-run.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::sync::Arc;
 
+use crate::common::*;
 use arbor_actors::{AgentStatus, Model, Tool};
 use arbor_supervisor::store::{SqliteStore, Store, TreeFilter};
 use arbor_supervisor::{Catalog, Supervisor, TreeLimits};
-use common::*;
 use serde_json::{Value, json};
 
 /// `bytes` of pseudo-random words (text that compresses about as well as prose).
@@ -353,7 +350,7 @@ async fn released_trees_are_interrupted_at_once_and_recorded_no_more() {
     let handle = start(&sup, "boss", "wait").await;
     while events.recv().await.unwrap().kind.name() != "stepStarted" {}
     let interrupted = TreeFilter {
-        status: Some("interrupted".into()),
+        status: Some(arbor_supervisor::TreeStatus::Interrupted),
         limit: 10,
         offset: 0,
     };
@@ -406,7 +403,7 @@ fn a_tree_released_in_a_batch_with_its_events_stays_interrupted() {
         .write(&[event(1), Write::Release(vec!["t".into()]), event(2)])
         .unwrap();
     let interrupted = TreeFilter {
-        status: Some("interrupted".into()),
+        status: Some(arbor_supervisor::TreeStatus::Interrupted),
         limit: 10,
         offset: 0,
     };

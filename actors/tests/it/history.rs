@@ -1,6 +1,5 @@
 //! Semantics §3 as data: each operation on `History` is checked against the
 //! examples of the spec (verbatim) and the invariants it names.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 

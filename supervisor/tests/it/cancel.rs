@@ -1,9 +1,6 @@
 //! Cancellation (semantics §8): cancelling an agent cancels its whole subtree,
 //! the rest of the tree goes on, and no actor is left behind. Status is served
 //! while a step is in flight.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -12,7 +9,7 @@ use arbor_actors::{AgentStatus, Event, EventKind};
 use arbor_supervisor::{Error, StartRequest, TreeLimits};
 use serde_json::json;
 
-use common::*;
+use crate::common::*;
 
 fn started_type(e: &Event, t: &str) -> bool {
     matches!(&e.kind, EventKind::AgentStarted { agent_type, .. } if agent_type == t)

@@ -1,8 +1,5 @@
 //! Failures inside a tree (semantics §8): reported, retried or escalated, and a
 //! panic anywhere is a failure, never a crash.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -18,7 +15,7 @@ use arbor_supervisor::TreeLimits;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
-use common::*;
+use crate::common::*;
 
 #[tokio::test(start_paused = true)]
 async fn panics_errors_and_step_limits_are_error_values_beside_a_working_sibling() {

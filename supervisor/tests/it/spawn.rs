@@ -1,7 +1,4 @@
 //! Spawning and merging across a live tree (semantics §6, §7).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::time::Duration;
 
@@ -11,7 +8,7 @@ use arbor_actors::{AgentState, AgentStatus, EventKind, OutputMode};
 use arbor_supervisor::TreeLimits;
 use serde_json::{Value, json};
 
-use common::*;
+use crate::common::*;
 
 #[tokio::test(start_paused = true)]
 async fn spawn_agents_merges_in_request_order_whatever_the_finish_order() {

@@ -1,0 +1,10 @@
+//! The supervisor's integration tests, one test binary: trees under paused
+//! tokio time.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod cancel;
+mod common;
+mod failure;
+mod limits;
+mod spawn;
+mod store;
