@@ -1,7 +1,8 @@
 //! Tree and run identities, and their arithmetic, in one place.
 //!
-//! A tree id is `t` and 12 hex digits (any non-empty text without `/` is
-//! accepted, so a caller may pick its own). A run id is `TREE/PATH`: the root
+//! A tree id is `t` and 12 hex digits when Arbor picks it; a caller may pick
+//! its own, of 1 to 128 letters, digits, `-`, `_`, `.` or `:` (never the `/`
+//! that run ids use as the separator). A run id is `TREE/PATH`: the root
 //! is `T/0`, the `n`-th child a run spawns is its run id plus `.n`, and attempt
 //! `a > 0` of a run (a retry) appends `~a` to its last step: `T/0.1~1` is the
 //! second attempt of the root's child 1, and `T/0.1~1.0` that attempt's first
@@ -21,7 +22,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// What is wrong with a text given as a tree or run id.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IdError {
-    #[error("a tree id is not empty and has no '/' (got {0:?})")]
+    #[error("tree id {0:?} is not valid: use 1 to 128 letters, digits, '-', '_', '.' or ':'")]
     Tree(String),
     #[error(
         "a run id is TREE/PATH, PATH being numbers joined by '.', each with an optional \
@@ -71,7 +72,12 @@ impl FromStr for TreeId {
     type Err = IdError;
 
     fn from_str(s: &str) -> Result<Self, IdError> {
-        if s.is_empty() || s.contains('/') {
+        if s.is_empty()
+            || s.len() > 128
+            || !s
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+        {
             return Err(IdError::Tree(s.to_owned()));
         }
         Ok(TreeId(s.into()))

@@ -3,8 +3,7 @@
 //! answers for any run by id.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::str::FromStr;
 use std::sync::{Arc, Mutex, Weak};
 
 use arbor_actors::TreeHooks as _;
@@ -12,7 +11,7 @@ use arbor_actors::history::History;
 use arbor_actors::spawn::input_messages;
 use arbor_actors::{
     AgentActor, AgentArgs, AgentMsg, AgentSnapshot, AgentState, AgentStatus, CancelReason,
-    EventKind, Limit, LimitHit, Model, Reply, RunResult, StepMachine,
+    EventKind, Limit, LimitHit, Model, Reply, RunResult, StepMachine, TreeId,
 };
 use ractor::{Actor, ActorRef};
 use serde_json::Value;
@@ -366,16 +365,11 @@ impl Supervisor {
             }
             None => None,
         };
-        let tree_id: Arc<str> = Arc::from(request.tree_id.clone().unwrap_or_else(new_tree_id));
-        // Run ids are `TREE/PATH`: a tree id cannot hold the separator.
-        if tree_id.is_empty()
-            || tree_id.len() > 128
-            || !tree_id
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
-        {
-            return Err(Error::InvalidTreeId(tree_id.to_string()));
-        }
+        let tree_id = match &request.tree_id {
+            Some(id) => TreeId::from_str(id).map_err(|_| Error::InvalidTreeId(id.clone()))?,
+            None => TreeId::generate(),
+        };
+        let tree_id: Arc<str> = tree_id.as_arc().clone();
         if self.is_running(&tree_id) {
             return Err(Error::TreeExists(tree_id.to_string()));
         }
@@ -431,7 +425,7 @@ impl Supervisor {
         let toolbox = ctx
             .toolbox(&template)
             .map_err(|_| Error::UnknownAgent(template.id.clone()))?;
-        let ids = ctx.ids("0", 0);
+        let ids = ctx.root_ids();
         let root_run_id = ids.run_id.clone();
         let resumed = ctx
             .recovery()
@@ -691,10 +685,7 @@ impl TreeHandle {
 /// likely across. (To subscribe to a tree's events before it starts, pick its id
 /// with this and pass it in `StartRequest::tree_id`.)
 pub fn new_tree_id() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let hash = RandomState::new().hash_one((crate::tree::now_ms(), n, std::process::id()));
-    format!("t{:012x}", hash & 0xffff_ffff_ffff)
+    TreeId::generate().into()
 }
 
 #[cfg(test)]

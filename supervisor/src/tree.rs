@@ -9,8 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use arbor_actors::hooks::{RunIds, Slot, SlotPriority};
 use arbor_actors::toolbox::Toolbox;
 use arbor_actors::{
-    AgentMsg, AgentState, AgentTemplate, Event, EventKind, LimitHit, Model, Recovered, TreeHooks,
-    Usage,
+    AgentMsg, AgentState, AgentTemplate, Event, EventKind, LimitHit, Model, Recovered, RunId,
+    TreeHooks, Usage,
 };
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -161,16 +161,13 @@ impl TreeContext {
         self.live.lock().map(|l| l.len()).unwrap_or(0)
     }
 
-    /// Ids of a run at `path` (`0` for the root, `0.2.1` for the first child of
-    /// its second child), deterministic from the tree id.
-    pub(crate) fn ids(&self, path: &str, attempt: u32) -> RunIds {
-        let agent_id = format!("{}/{path}", self.tree_id);
-        let run_id = if attempt == 0 {
-            agent_id.clone()
-        } else {
-            format!("{agent_id}~{attempt}")
-        };
-        RunIds { agent_id, run_id }
+    /// Ids of the root run, `T/0`.
+    pub(crate) fn root_ids(&self) -> RunIds {
+        let root = format!("{}/0", self.tree_id);
+        RunIds {
+            agent_id: root.clone(),
+            run_id: root,
+        }
     }
 }
 
@@ -227,14 +224,26 @@ impl TreeHooks for TreeContext {
     }
 
     fn child_ids(&self, parent: &AgentState, ordinal: u32, attempt: u32) -> RunIds {
-        let prefix = format!("{}/", self.tree_id);
         // From the parent's run id, not its agent id: the children of a retried
-        // attempt (`T/0.1~1`) get ids of their own (`T/0.1~1.1`).
-        let parent_path = parent
-            .run_id
-            .strip_prefix(&prefix)
-            .unwrap_or(&parent.run_id);
-        self.ids(&format!("{parent_path}.{ordinal}"), attempt)
+        // attempt (`T/0.1~1`) get ids of their own (`T/0.1~1.1`). Every run
+        // of a tree has a run id of the tree's making.
+        match parent.run_id.parse::<RunId>() {
+            Ok(parent) => {
+                let child = parent.child(ordinal);
+                RunIds {
+                    run_id: child.retry(attempt).to_string(),
+                    agent_id: child.to_string(),
+                }
+            }
+            Err(_) => {
+                let agent_id = format!("{}.{ordinal}", parent.run_id);
+                let run_id = match attempt {
+                    0 => agent_id.clone(),
+                    n => format!("{agent_id}~{n}"),
+                };
+                RunIds { agent_id, run_id }
+            }
+        }
     }
 
     fn admit_child(&self, parent_depth: usize, index: usize) -> Result<(), LimitHit> {
