@@ -27,6 +27,7 @@ use arbor::actors::{
 use arbor::config::ModelSection;
 use arbor::providers::ProviderKind;
 use arbor::supervisor::{Catalog, StartRequest, Supervisor};
+use arbor_test_support::drain;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
@@ -269,11 +270,7 @@ async fn run(
         .await
         .unwrap_or_else(|_| panic!("[{combo}] the tree did not end within {GUARD:?}"))
         .unwrap_or_else(|e| panic!("[{combo}] the tree did not run: {e}"));
-    let mut events = Vec::new();
-    while let Ok(e) = rx.try_recv() {
-        events.push(e);
-    }
-    (result, events)
+    (result, drain(&mut rx))
 }
 
 /// Asserts a run completed, showing its error and history otherwise.

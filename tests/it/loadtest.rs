@@ -13,6 +13,7 @@ use std::time::Duration;
 use arbor::actors::EventKind;
 use arbor::actors::models::Latency;
 use arbor::loadtest::{Collector, LoadOptions, run_once};
+use arbor_test_support::drain;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -197,10 +198,7 @@ async fn a_20k_tree_with_max_live_100_ends_every_run_once_and_never_exceeds_the_
     .unwrap();
     assert!(report.completed, "{report:?}");
 
-    let mut all = Vec::new();
-    while let Ok(e) = events.try_recv() {
-        all.push(e);
-    }
+    let mut all = drain(&mut events);
     all.sort_by_key(|e| e.seq);
     // Lossless: one tree, numbered from 1 without a gap.
     assert!(

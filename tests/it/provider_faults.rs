@@ -9,15 +9,13 @@ use std::time::Duration;
 use arbor::actors::message::Message;
 use arbor::actors::{AgentStatus, AgentTemplate, Delta, Model, ModelError};
 use arbor::providers::{HttpModel, ProviderKind, ProviderSettings};
-use arbor::supervisor::{Catalog, StartRequest, Supervisor, TreeLimits};
+use arbor::supervisor::{StartRequest, Supervisor, TreeLimits};
+use arbor_test_support::{catalog, echo, run_request};
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::support::{
-    self, Echo, MODEL_ID, collector, count, drain, guarded, request, retries, retry_events, sse,
-    wire,
-};
+use crate::support::{self, MODEL_ID, collector, count, request, retries, retry_events, sse, wire};
 
 /// Runs each case once per wire format: `provider_faults::openai::CASE` and
 /// `provider_faults::anthropic::CASE`.
@@ -287,22 +285,16 @@ async fn a_stream_cut_mid_tool_call_leaves_one_assistant_message_in_a_tree(kind:
     let mut template = AgentTemplate::new("solo", "m");
     template.tools.push("echo".into());
     template.max_steps = 4;
-    let catalog = Catalog::builder()
-        .model_as("m", model)
-        .tool(Arc::new(Echo))
-        .template(template)
-        .build()
-        .expect("valid catalog");
-    let supervisor = Supervisor::new(catalog, TreeLimits::default());
-    let mut rx = supervisor.subscribe();
-    let result = guarded(supervisor.run(StartRequest {
+    let supervisor = Supervisor::new(
+        catalog(vec![("m", model)], vec![template], vec![echo()]),
+        TreeLimits::default(),
+    );
+    let start = StartRequest {
         agent: "solo".into(),
         prompt: "echo hi, then say all done".into(),
         ..StartRequest::default()
-    }))
-    .await
-    .expect("the tree runs");
-    let events = drain(&mut rx);
+    };
+    let (result, events) = run_request(&supervisor, start, support::GUARD).await;
     let state = &result.state;
     assert_eq!(
         state.status,

@@ -10,9 +10,10 @@ use std::time::Duration;
 use arbor::Config;
 use arbor::actors::{AgentStatus, Event, EventKind, RunResult};
 use arbor::supervisor::{StartRequest, Supervisor};
+use arbor_test_support::run_request;
 use serde_json::json;
 
-use crate::support::{FakeOpenAi, Fault, drain, guarded, retry_events};
+use crate::support::{FakeOpenAi, Fault, GUARD, retry_events};
 
 /// A config of three levels on one OpenAI model at `base_url`: the lead spawns
 /// `mids` mids, each mid spawns `workers` workers.
@@ -55,15 +56,12 @@ max_steps = 2
 /// Runs the lead on a prompt; returns its result and every event of the tree.
 async fn run_tree(config: &Config) -> (RunResult, Vec<Arc<Event>>) {
     let supervisor = Supervisor::new(config.catalog().expect("catalog"), config.limits.clone());
-    let mut rx = supervisor.subscribe();
-    let result = guarded(supervisor.run(StartRequest {
+    let start = StartRequest {
         agent: "lead".into(),
         prompt: "go".into(),
         ..StartRequest::default()
-    }))
-    .await
-    .expect("the tree runs");
-    (result, drain(&mut rx))
+    };
+    run_request(&supervisor, start, GUARD).await
 }
 
 /// Every agent started finished and completed; returns how many there were.

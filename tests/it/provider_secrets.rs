@@ -12,10 +12,11 @@ use std::sync::Arc;
 use arbor::Config;
 use arbor::actors::{AgentStatus, AgentTemplate, Event, Model, ModelError, RunResult};
 use arbor::providers::{ApiKey, HttpModel, ProviderKind, ProviderSettings};
-use arbor::supervisor::{Catalog, StartRequest, Supervisor, TreeLimits};
+use arbor::supervisor::{StartRequest, Supervisor, TreeLimits};
+use arbor_test_support::{catalog, run_request};
 use serde_json::json;
 
-use crate::support::{self, FakeOpenAi, Fault, FaultFn, collector, drain, guarded, retry_events};
+use crate::support::{self, FakeOpenAi, Fault, FaultFn, collector, guarded, retry_events};
 
 const VAR: &str = "ARBOR_TEST_SENTINEL_KEY";
 const SENTINEL: &str = "sk-SENTINEL-4f1c9e";
@@ -71,25 +72,19 @@ fn supervisor(model: Arc<dyn Model>) -> Supervisor {
     lead.spawnable_agents = vec!["worker".into()];
     let mut worker = AgentTemplate::new("worker", "m");
     worker.system_prompt = Arc::from("answer");
-    let catalog = Catalog::builder()
-        .model_as("m", model)
-        .template(lead)
-        .template(worker)
-        .build()
-        .expect("valid catalog");
-    Supervisor::new(catalog, TreeLimits::default())
+    Supervisor::new(
+        catalog(vec![("m", model)], vec![lead, worker], Vec::new()),
+        TreeLimits::default(),
+    )
 }
 
 async fn run(supervisor: &Supervisor) -> (RunResult, Vec<Arc<Event>>) {
-    let mut rx = supervisor.subscribe();
-    let result = guarded(supervisor.run(StartRequest {
+    let start = StartRequest {
         agent: "lead".into(),
         prompt: "go".into(),
         ..StartRequest::default()
-    }))
-    .await
-    .expect("the tree runs");
-    (result, drain(&mut rx))
+    };
+    run_request(supervisor, start, support::GUARD).await
 }
 
 /// Fails if the sentinel is in any event or in the final state.

@@ -11,6 +11,7 @@ use arbor::actors::models::ScriptedModel;
 use arbor::actors::{Tool, ToolContext, ToolError, ToolOutput};
 use arbor::config::Config;
 use arbor::supervisor::{Catalog, ToolRule};
+use arbor_test_support::{call, scripted_as, spawn_call};
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
@@ -26,18 +27,6 @@ pub fn scene(config: &str, script: &Value) -> tempfile::TempDir {
     )
     .unwrap();
     dir
-}
-
-pub fn call(name: &str, input: Value) -> Value {
-    json!({"name": name, "input": input})
-}
-
-pub fn spawn(agents: &[(&str, &str)]) -> Value {
-    let agents: Vec<Value> = agents
-        .iter()
-        .map(|(t, p)| json!({"agent_type": t, "prompt": p}))
-        .collect();
-    call("spawn_agents", json!({"agents": agents}))
 }
 
 const TOLD: &str = r#"
@@ -100,8 +89,7 @@ async fn a_parent_model_is_told_each_spawnable_agents_description_and_input_sche
             {"text": "scored"}
         ]}
     ]});
-    let model =
-        Arc::new(ScriptedModel::from_json("script", &script.to_string(), "inline").unwrap());
+    let model = scripted_as("script", &script);
     let runtime = runtime_over(&config, model.clone());
     let result = runtime.run("lead", "Is it good?").await.unwrap();
     assert_eq!(result.state.status.as_str(), "completed");
@@ -163,8 +151,7 @@ async fn instructions_follow_the_prompt_and_the_step_prompt_is_sent_but_never_st
     let script = json!({"replies": [
         {"agent": "lead", "steps": [{"toolCalls": [call("end_turn", json!({}))], "text": "ok"}]}
     ]});
-    let model =
-        Arc::new(ScriptedModel::from_json("script", &script.to_string(), "inline").unwrap());
+    let model = scripted_as("script", &script);
     let runtime = runtime_over(&config, model.clone());
     let result = runtime.run("lead", "Is it good?").await.unwrap();
     let sent = serde_json::to_value(&model.requests()[0].messages).unwrap();
@@ -274,7 +261,7 @@ tools = ["echo", "add_message"]
 fn policy_script() -> Value {
     json!({"replies": [
         {"agent": "lead", "steps": [
-            {"toolCalls": [spawn(&[("worker", "go")])]},
+            {"toolCalls": [spawn_call(&[("worker", "go")])]},
             {"text": "done"}
         ]},
         {"agent": "worker", "steps": [

@@ -8,10 +8,11 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use arbor_test_support::{call, spawn_call};
 use serde_json::{Value, json};
 
 use crate::mcp::{counter_script, installed};
-use crate::tools::{call, find_state, scene, spawn};
+use crate::tools::{find_state, scene};
 use crate::{arbor_in, text};
 
 fn everything() -> String {
@@ -167,21 +168,21 @@ tools = ["fs/*", "web/get-sum", "everything/get-tiny-image"]
     let path = note.display().to_string();
     let script = json!({"replies": [
         {"agent": "lead", "steps": [
-            {"toolCalls": [call("everything__echo", json!({"message": "hello"})), spawn(&[("writer", "write it")])]},
-            {"toolCalls": [spawn(&[("reader", "read it")])]},
+            {"toolCalls": [call("everything__echo", json!({"message": "hello"})), spawn_call(&[("writer", "write it")])]},
+            {"toolCalls": [spawn_call(&[("reader", "read it")])]},
             {"text": "done"}
         ]},
         {"agent": "writer", "steps": [
             {"toolCalls": [
                 call("fs__write_file", json!({"path": path, "content": "from the writer"})),
-                spawn(&[("scribe", "scribe: sum")])
+                spawn_call(&[("scribe", "scribe: sum")])
             ]},
             {"text": "written"}
         ]},
         {"agent": "reader", "steps": [
             {"toolCalls": [
                 call("fs__read_text_file", json!({"path": path})),
-                spawn(&[("scribe", "scribe: read")])
+                spawn_call(&[("scribe", "scribe: read")])
             ]},
             {"text": "read"}
         ]},
@@ -364,7 +365,7 @@ tools = ["counter/work"]
         .map(|i| ("worker".to_owned(), format!("[job {i:03}]")))
         .collect();
     let mut replies = vec![json!({"agent": "lead", "steps": [
-        {"toolCalls": [spawn(&jobs.iter().map(|(a, p)| (a.as_str(), p.as_str())).collect::<Vec<_>>())]},
+        {"toolCalls": [spawn_call(&jobs.iter().map(|(a, p)| (a.as_str(), p.as_str())).collect::<Vec<_>>())]},
         {"text": "all done"}
     ]})];
     for i in 0..100 {

@@ -1,6 +1,8 @@
 //! Shared helpers for the provider tests: settings pointing at a local server,
 //! reply bodies in both wire formats, a delta collector, and a tiny
-//! OpenAI-compatible server (axum) that counts and shapes what it serves.
+//! OpenAI-compatible server (axum) that counts and shapes what it serves. The
+//! helpers every crate's tests share (the echo tool, scripted models, catalogs,
+//! tree runners) are in the `arbor-test-support` crate.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -11,12 +13,8 @@ use std::time::Duration;
 
 use arbor::actors::message::Message;
 use arbor::actors::state::ToolDefinition;
-use arbor::actors::{
-    Delta, DeltaSink, Event, EventKind, ModelRequest, Tool, ToolContext, ToolError, ToolOutput,
-};
+use arbor::actors::{Delta, DeltaSink, Event, EventKind, ModelRequest};
 use arbor::providers::{ApiKey, HttpSection, ProviderKind, ProviderSettings};
-use arbor::supervisor::EventStream;
-use async_trait::async_trait;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -33,9 +31,7 @@ pub const GUARD: Duration = Duration::from_secs(60);
 
 /// Awaits `f`, failing the test if it is still pending after [`GUARD`].
 pub async fn guarded<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(GUARD, f)
-        .await
-        .expect("stuck: still pending after the guard")
+    arbor_test_support::within(GUARD, f).await
 }
 
 /// The path a provider posts to.
@@ -120,15 +116,6 @@ pub fn retries(deltas: &Mutex<Vec<Delta>>) -> Vec<(u32, u64, String)> {
             _ => None,
         })
         .collect()
-}
-
-/// Every event already queued.
-pub fn drain(rx: &mut EventStream) -> Vec<Arc<Event>> {
-    let mut events = Vec::new();
-    while let Ok(e) = rx.try_recv() {
-        events.push(e);
-    }
-    events
 }
 
 /// `(step, attempt, delay_ms, reason)` of every `modelRetrying` event.
@@ -333,25 +320,6 @@ pub mod wire {
                 "type": "invalid_request_error", "message": message
             }}),
         }
-    }
-}
-
-/// A tool that answers with its input.
-pub struct Echo;
-
-#[async_trait]
-impl Tool for Echo {
-    fn name(&self) -> &str {
-        "echo"
-    }
-    fn description(&self) -> &str {
-        "Answers with its input."
-    }
-    fn input_schema(&self) -> Value {
-        json!({"type": "object"})
-    }
-    async fn call(&self, input: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        Ok(json!({ "echo": input }).into())
     }
 }
 
