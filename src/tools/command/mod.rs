@@ -58,7 +58,6 @@
 //! On `timeout`, or when the call is cancelled (its future dropped), the whole
 //! group is killed.
 
-use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::os::unix::process::ExitStatusExt;
@@ -72,11 +71,17 @@ use async_trait::async_trait;
 use nix::sys::signal::Signal;
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 use tokio::time::Instant;
 
 use crate::tools::reaper;
+
+mod output;
+mod template;
+
+use output::{Head, Tail};
+use template::Template;
 
 /// How much of stderr's end a failure shows.
 const STDERR_TAIL_BYTES: usize = 4096;
@@ -350,111 +355,6 @@ fn on_path(program: &Path) -> PathBuf {
         .unwrap_or_else(|| program.to_path_buf())
 }
 
-/// One piece of a template.
-#[derive(Clone, Debug, PartialEq)]
-enum Piece {
-    Text(String),
-    Field(String),
-}
-
-/// A parsed `{name}` template.
-#[derive(Clone, Debug, PartialEq)]
-struct Template {
-    pieces: Vec<Piece>,
-}
-
-impl Template {
-    fn parse(source: &str) -> Result<Template, String> {
-        let mut pieces = Vec::new();
-        let mut text = String::new();
-        let mut chars = source.char_indices().peekable();
-        while let Some((at, c)) = chars.next() {
-            match c {
-                '{' if chars.next_if(|&(_, c)| c == '{').is_some() => text.push('{'),
-                '{' => {
-                    let mut name = String::new();
-                    loop {
-                        match chars.next() {
-                            Some((_, '}')) => break,
-                            Some((_, '{')) | None => {
-                                return Err(format!(
-                                    "unclosed `{{` at byte {at} (write `{{{{` for a literal brace)"
-                                ));
-                            }
-                            Some((_, c)) => name.push(c),
-                        }
-                    }
-                    if name.is_empty() {
-                        return Err(format!(
-                            "empty placeholder `{{}}` at byte {at} (write `{{{{}}}}` for literal braces)"
-                        ));
-                    }
-                    if !text.is_empty() {
-                        pieces.push(Piece::Text(std::mem::take(&mut text)));
-                    }
-                    pieces.push(Piece::Field(name));
-                }
-                '}' if chars.next_if(|&(_, c)| c == '}').is_some() => text.push('}'),
-                '}' => {
-                    return Err(format!(
-                        "unmatched `}}` at byte {at} (write `}}}}` for a literal brace)"
-                    ));
-                }
-                c => text.push(c),
-            }
-        }
-        if !text.is_empty() {
-            pieces.push(Piece::Text(text));
-        }
-        Ok(Template { pieces })
-    }
-
-    fn fields(&self) -> impl Iterator<Item = &str> {
-        self.pieces.iter().filter_map(|p| match p {
-            Piece::Field(name) => Some(name.as_str()),
-            Piece::Text(_) => None,
-        })
-    }
-
-    /// The rendered text, or None if a field is absent from `input`.
-    fn render(&self, input: &Value) -> Option<String> {
-        let mut out = String::new();
-        for piece in &self.pieces {
-            match piece {
-                Piece::Text(text) => out.push_str(text),
-                Piece::Field(name) => out.push_str(&value_text(input.get(name)?)?),
-            }
-        }
-        Some(out)
-    }
-
-    /// The rendered text, with absent fields as empty strings.
-    fn render_or_empty(&self, input: &Value) -> String {
-        let mut out = String::new();
-        for piece in &self.pieces {
-            match piece {
-                Piece::Text(text) => out.push_str(text),
-                Piece::Field(name) => {
-                    if let Some(text) = input.get(name).and_then(value_text) {
-                        out.push_str(&text);
-                    }
-                }
-            }
-        }
-        out
-    }
-}
-
-/// A value's text in a template: a string as is, others as JSON text; None
-/// for `null` (which counts as absent).
-fn value_text(value: &Value) -> Option<Cow<'_, str>> {
-    match value {
-        Value::Null => None,
-        Value::String(s) => Some(Cow::Borrowed(s)),
-        other => Some(Cow::Owned(other.to_string())),
-    }
-}
-
 /// A command tool, built from a [`CommandToolSection`]: each call renders the
 /// argv and stdin from the input and runs the program (see the module docs).
 #[derive(Clone, Debug)]
@@ -693,108 +593,6 @@ async fn feed(pipe: Option<tokio::process::ChildStdin>, text: Option<String>) {
     if let (Some(mut pipe), Some(text)) = (pipe, text) {
         let _ = pipe.write_all(text.as_bytes()).await;
         let _ = pipe.shutdown().await;
-    }
-}
-
-/// The first `limit` bytes of a stream, and how long it was.
-struct Head {
-    kept: Vec<u8>,
-    limit: usize,
-    total: u64,
-}
-
-impl Head {
-    fn new(limit: usize) -> Self {
-        Head {
-            kept: Vec::new(),
-            limit,
-            total: 0,
-        }
-    }
-
-    /// Reads `pipe` to its end (or a read error), keeping the head and
-    /// counting the rest.
-    async fn fill(&mut self, pipe: Option<impl AsyncRead + Unpin>) {
-        let Some(mut pipe) = pipe else { return };
-        let mut buf = vec![0u8; 16 * 1024];
-        while let Ok(n) = pipe.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            self.total += n as u64;
-            let room = self.limit.saturating_sub(self.kept.len());
-            self.kept.extend_from_slice(&buf[..n.min(room)]);
-        }
-    }
-
-    /// The kept bytes as text (lossy UTF-8), with a note when cut. A cut
-    /// that splits a character ends before it.
-    fn text(&self) -> String {
-        if self.total <= self.kept.len() as u64 {
-            return String::from_utf8_lossy(&self.kept).into_owned();
-        }
-        let shown = match std::str::from_utf8(&self.kept) {
-            Err(e) if e.error_len().is_none() => &self.kept[..e.valid_up_to()],
-            _ => &self.kept[..],
-        };
-        let mut text = String::from_utf8_lossy(shown).into_owned();
-        let _ = write!(
-            text,
-            "\n[output cut: showed the first {} of {} bytes]",
-            shown.len(),
-            self.total
-        );
-        text
-    }
-}
-
-/// The last `limit` bytes of a stream, and how long it was.
-struct Tail {
-    kept: Vec<u8>,
-    limit: usize,
-    total: u64,
-}
-
-impl Tail {
-    fn new(limit: usize) -> Self {
-        Tail {
-            kept: Vec::new(),
-            limit,
-            total: 0,
-        }
-    }
-
-    /// Reads `pipe` to its end (or a read error), keeping the tail.
-    async fn fill(&mut self, pipe: Option<impl AsyncRead + Unpin>) {
-        let Some(mut pipe) = pipe else { return };
-        let mut buf = vec![0u8; 8 * 1024];
-        while let Ok(n) = pipe.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            self.total += n as u64;
-            self.kept.extend_from_slice(&buf[..n]);
-            // Trim in bulk, not on every read.
-            if self.kept.len() > 2 * self.limit {
-                self.kept.drain(..self.kept.len() - self.limit);
-            }
-        }
-        if self.kept.len() > self.limit {
-            self.kept.drain(..self.kept.len() - self.limit);
-        }
-    }
-
-    /// The kept bytes as text (lossy UTF-8); a cut that splits a character
-    /// starts after it.
-    fn text(&self) -> String {
-        let mut start = 0;
-        if self.total > self.kept.len() as u64 {
-            // Skip UTF-8 continuation bytes (0b10xx_xxxx) left by the cut.
-            while start < self.kept.len().min(3) && self.kept[start] & 0xC0 == 0x80 {
-                start += 1;
-            }
-        }
-        String::from_utf8_lossy(&self.kept[start..]).into_owned()
     }
 }
 
