@@ -1359,3 +1359,59 @@ fn live_children_are_those_whose_start_was_seen() {
     assert_eq!((table.live_count(), table.outstanding()), (1, 2));
     assert!(table.is_live(&1));
 }
+
+/// Mirrors failure.rs `child_run_ids_keep_request_order_when_a_step_is_cut_short`:
+/// the second call is delivered, the first is cut short by an escalation; its
+/// children are left for the machine to record in call order.
+#[test]
+fn child_run_ids_keep_request_order_when_a_step_is_cut_short() {
+    let table = check(vec![
+        (
+            open(
+                0,
+                vec![
+                    with_policy("bad", 1, FailurePolicy::Escalate),
+                    child("worker", 2),
+                ],
+            ),
+            &[
+                "wait",
+                "spawned t/0.1 (bad, attempt 0)",
+                "spawned t/0.2 (worker, attempt 0)",
+                "launch t/0.1, t/0.2 at depth 1",
+            ],
+        ),
+        (
+            open(1, vec![child("worker", 3)]),
+            &[
+                "wait",
+                "spawned t/0.3 (worker, attempt 0)",
+                "launch t/0.3 at depth 1",
+            ],
+        ),
+        (started(key_in(0, 0, 0), 1), &[]),
+        (started(key_in(0, 1, 0), 2), &[]),
+        (started(key_in(1, 0, 0), 3), &[]),
+        (
+            ok(key_in(1, 0, 0), 3, "fast done"),
+            &[
+                "finished t/0.3 completed",
+                "deliver 1.1 [t/0.3 completed \"fast done\"]",
+            ],
+        ),
+        (
+            failed(key_in(0, 0, 0), 1, "broke"),
+            &[
+                "finished t/0.1 failed",
+                "fail: child bad (t/0.1) failed: broke",
+            ],
+        ),
+        (parent_ended(), &["cancel actor 2: parent ended"]),
+        (cancelled(key_in(0, 1, 0), 2), &["finished t/0.2 cancelled"]),
+    ]);
+    assert_eq!(table.outstanding(), 0);
+    assert_eq!(
+        late(&table),
+        vec![(0, strings(&["t/0.1"])), (0, strings(&["t/0.2"]))]
+    );
+}
