@@ -5,6 +5,12 @@
 //! [`arbor_actors`] (re-exported as [`actors`]) and tree-wide policy in
 //! [`arbor_supervisor`] (re-exported as [`supervisor`]).
 //!
+//! Features: the default builds everything the `arbor` binary needs (`cli`).
+//! Without default features the library is the runtime, the model providers,
+//! the tools (MCP servers, command tools) and the config; `server` adds
+//! `service` (the HTTP API, on axum), `otel` adds `telemetry` (OTLP traces)
+//! and `loadtest` adds `loadtest` (histograms, SVG plots).
+//!
 //! Embedding: build a [`Runtime`] from a config, [`start`](Runtime::start) a
 //! tree, watch its events, cancel it or wait for its final state, and look any
 //! run up by id.
@@ -39,11 +45,14 @@
 //! ```
 
 pub mod config;
+#[cfg(feature = "loadtest")]
 pub mod loadtest;
 pub mod providers;
 pub mod render;
 pub mod runs;
+#[cfg(feature = "server")]
 pub mod service;
+#[cfg(feature = "otel")]
 pub mod telemetry;
 pub mod tools;
 

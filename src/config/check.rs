@@ -227,7 +227,7 @@ pub(super) fn check_service(
     }
     ServiceSettings {
         shutdown_timeout,
-        limits: crate::service::ServiceLimits {
+        limits: super::ServiceLimits {
             header_read_timeout,
             idle_timeout,
             max_connections,

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use arbor_actors::OutputMode;
 use arbor_supervisor::ToolRule;
@@ -125,15 +126,55 @@ impl Default for ServiceSection {
 #[derive(Clone, Debug)]
 pub struct ServiceSettings {
     pub shutdown_timeout: std::time::Duration,
-    pub limits: crate::service::ServiceLimits,
+    pub limits: ServiceLimits,
 }
 
 impl Default for ServiceSettings {
     fn default() -> Self {
         ServiceSettings {
             shutdown_timeout: std::time::Duration::from_secs(10),
-            limits: crate::service::ServiceLimits::default(),
+            limits: ServiceLimits::default(),
         }
+    }
+}
+
+/// Connection and event-stream limits of `arbor serve` (`[service]`, or set
+/// in code); plain values, so a build without the `server` feature reads them too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceLimits {
+    /// How long a client has to send a whole request head, from its connect
+    /// or, on a kept-alive connection, from the end of the previous response
+    /// (so it also bounds an idle keep-alive connection).
+    pub header_read_timeout: Duration,
+    /// A connection on which no byte is read or written for this long is
+    /// closed (a stalled upload, a client that stopped reading).
+    pub idle_timeout: Duration,
+    /// Connections open at once (lowered at start to stay under the process's
+    /// file-descriptor limit).
+    pub max_connections: usize,
+    /// Event streams open at once, over every tree.
+    pub max_event_streams: usize,
+    /// Event streams open at once on one tree.
+    pub max_event_streams_per_tree: usize,
+}
+
+impl Default for ServiceLimits {
+    fn default() -> Self {
+        ServiceLimits {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 10_000,
+            max_event_streams: 1_000,
+            max_event_streams_per_tree: 64,
+        }
+    }
+}
+
+impl ServiceLimits {
+    /// How often an event stream sends a keep-alive comment: often enough
+    /// that a quiet stream is never taken for an idle connection.
+    pub fn stream_keep_alive(&self) -> Duration {
+        (self.idle_timeout / 3).clamp(Duration::from_millis(100), Duration::from_secs(15))
     }
 }
 
@@ -166,15 +207,15 @@ fn default_idle_timeout() -> String {
 }
 
 fn default_max_connections() -> usize {
-    crate::service::ServiceLimits::default().max_connections
+    ServiceLimits::default().max_connections
 }
 
 fn default_max_event_streams() -> usize {
-    crate::service::ServiceLimits::default().max_event_streams
+    ServiceLimits::default().max_event_streams
 }
 
 fn default_max_event_streams_per_tree() -> usize {
-    crate::service::ServiceLimits::default().max_event_streams_per_tree
+    ServiceLimits::default().max_event_streams_per_tree
 }
 
 /// Where runs are kept (`arbor runs`, `resume`, `replay`).

@@ -26,8 +26,8 @@ use check::{
 };
 pub use file::{
     AgentSection, ConfigFile, FailureSection, InputSchemaSection, LimitsSection, ModelSection,
-    PolicySection, RetrySection, RunSection, ScriptedSection, ServiceSection, ServiceSettings,
-    SimulatedSection, StoreSection,
+    PolicySection, RetrySection, RunSection, ScriptedSection, ServiceLimits, ServiceSection,
+    ServiceSettings, SimulatedSection, StoreSection,
 };
 use read::{REDACTED, at, parse_file, redacted};
 

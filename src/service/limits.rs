@@ -6,50 +6,12 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::http::StatusCode;
 
 use super::error::ApiError;
 
-/// Connection and event-stream limits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ServiceLimits {
-    /// How long a client has to send a whole request head, from its connect
-    /// or, on a kept-alive connection, from the end of the previous response
-    /// (so it also bounds an idle keep-alive connection).
-    pub header_read_timeout: Duration,
-    /// A connection on which no byte is read or written for this long is
-    /// closed (a stalled upload, a client that stopped reading).
-    pub idle_timeout: Duration,
-    /// Connections open at once (lowered at start to stay under the process's
-    /// file-descriptor limit).
-    pub max_connections: usize,
-    /// Event streams open at once, over every tree.
-    pub max_event_streams: usize,
-    /// Event streams open at once on one tree.
-    pub max_event_streams_per_tree: usize,
-}
-
-impl Default for ServiceLimits {
-    fn default() -> Self {
-        ServiceLimits {
-            header_read_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            max_connections: 10_000,
-            max_event_streams: 1_000,
-            max_event_streams_per_tree: 64,
-        }
-    }
-}
-
-impl ServiceLimits {
-    /// How often an event stream sends a keep-alive comment: often enough
-    /// that a quiet stream is never taken for an idle connection.
-    pub fn stream_keep_alive(&self) -> Duration {
-        (self.idle_timeout / 3).clamp(Duration::from_millis(100), Duration::from_secs(15))
-    }
-}
+pub use crate::config::ServiceLimits;
 
 /// File descriptors kept free of connections for everything else a server
 /// opens (its store, MCP servers, tool processes, model connections): a
@@ -152,6 +114,8 @@ impl Drop for StreamSlot {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn limits(total: usize, per_tree: usize) -> ServiceLimits {

@@ -280,3 +280,59 @@ fn the_modules_of_arbor_actors_import_each_other_without_a_cycle() {
         panic!("arbor-actors has an import cycle: {}", cycle.join(" -> "));
     }
 }
+
+/// The facade's normal dependencies without default features: what an
+/// embedder compiles.
+fn light_deps() -> Vec<String> {
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "-p",
+            "arbor-agents",
+            "-e",
+            "normal",
+            "--no-default-features",
+            "--prefix",
+            "none",
+            "--offline",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn the_library_without_default_features_has_no_server_otel_plots_or_cli() {
+    let deps = light_deps();
+    for banned in [
+        "axum",
+        "clap",
+        "plotters",
+        "opentelemetry",
+        "opentelemetry_sdk",
+        "utoipa",
+        "tracing-opentelemetry",
+        "indicatif",
+        "hdrhistogram",
+    ] {
+        assert!(
+            !deps.iter().any(|d| d == banned),
+            "arbor-agents without default features depends on {banned}"
+        );
+    }
+    for needed in ["reqwest", "rmcp", "arbor-supervisor", "toml"] {
+        assert!(
+            deps.iter().any(|d| d == needed),
+            "arbor-agents without default features lacks {needed}"
+        );
+    }
+}
