@@ -104,6 +104,20 @@ pub struct AgentArgs {
 
 pub struct AgentActor;
 
+/// Where a run is, as far as its actor is concerned (how the machine stands is
+/// the machine's: a run whose machine is done but has children out still runs).
+// One per actor, holding the parked request inline as the actor always did.
+#[allow(clippy::large_enum_variant)]
+enum Phase {
+    /// It steps, in its live slot (if live agents are limited).
+    Running,
+    /// It gave its live slot back while its children run; `parked` is a step
+    /// that waits for a slot again.
+    Suspended { parked: Option<ModelRequest> },
+    /// Its result is out: the actor stops.
+    Finished,
+}
+
 /// The actor's state: the machine plus the work in flight.
 pub struct AgentRun {
     myself: ActorRef<AgentMsg>,
@@ -119,14 +133,11 @@ pub struct AgentRun {
     tools_running: usize,
     timer_generation: u64,
     timer: Option<JoinHandle<()>>,
-    /// A model request waiting for a live slot.
-    parked: Option<ModelRequest>,
-    suspended: bool,
+    phase: Phase,
     /// Tokens reserved against the tree's budget for the model call in flight.
     reserved: u64,
     cancel_tx: watch::Sender<bool>,
     children: ChildActors,
-    finished: bool,
     cancel_reason: Option<CancelReason>,
     /// The state once the run is over (the machine no longer holds it).
     final_state: Option<Arc<AgentState>>,
@@ -232,12 +243,10 @@ impl Actor for AgentActor {
             tools_running: 0,
             timer_generation: 0,
             timer: None,
-            parked: None,
-            suspended: false,
+            phase: Phase::Running,
             reserved: 0,
             cancel_tx,
             children: ChildActors::default(),
-            finished: false,
             cancel_reason: None,
             final_state: None,
             result: None,
@@ -452,8 +461,8 @@ impl AgentRun {
     /// Sends the step, or parks it until a live slot is free again (a parent
     /// that gave its slot back while its children ran).
     fn call_model(&mut self, myself: &ActorRef<AgentMsg>, request: ModelRequest) {
-        if self.suspended {
-            self.parked = Some(request);
+        if let Phase::Suspended { parked } = &mut self.phase {
+            *parked = Some(request);
             let acquire = self.hooks.acquire_slot(SlotPriority {
                 depth: self.machine.state().depth(),
                 resume: true,
@@ -629,8 +638,8 @@ impl AgentRun {
 
     /// Gives the live slot back while children run.
     fn suspend(&mut self) {
-        if !self.suspended {
-            self.suspended = true;
+        if matches!(self.phase, Phase::Running) {
+            self.phase = Phase::Suspended { parked: None };
             // Announce before the slot is released, so no agent taking it is seen
             // starting while this one still counts as live.
             self.emit(EventKind::Suspended);
@@ -639,13 +648,16 @@ impl AgentRun {
     }
 
     fn resume(&mut self, myself: &ActorRef<AgentMsg>, permit: Option<Slot>) -> Vec<Action> {
-        if self.finished || self.machine.state().status.is_final() {
+        if matches!(self.phase, Phase::Finished) || self.machine.state().status.is_final() {
             return Vec::new();
         }
         self.slot = permit;
-        self.suspended = false;
+        let parked = match std::mem::replace(&mut self.phase, Phase::Running) {
+            Phase::Suspended { parked } => parked,
+            Phase::Running | Phase::Finished => None,
+        };
         self.emit(EventKind::Resumed);
-        if let Some(request) = self.parked.take() {
+        if let Some(request) = parked {
             self.send_model(myself, request);
         }
         Vec::new()
@@ -672,7 +684,9 @@ impl AgentRun {
             task.abort();
         }
         self.stop_timer();
-        self.parked = None;
+        if let Phase::Suspended { parked } = &mut self.phase {
+            *parked = None;
+        }
         self.release_reservation();
         let _ = self.cancel_tx.send_replace(true);
         self.feed(supervision::Input::ParentEnded {
@@ -682,13 +696,13 @@ impl AgentRun {
 
     /// Finishes once the machine is done and no child is left.
     fn maybe_finish(&mut self, myself: &ActorRef<AgentMsg>) {
-        if self.finished
+        if matches!(self.phase, Phase::Finished)
             || !self.machine.state().status.is_final()
             || self.children.outstanding() > 0
         {
             return;
         }
-        self.finished = true;
+        self.phase = Phase::Finished;
         let late = self.children.undelivered();
         self.machine.close_children(late);
         let value = self.machine.output_value();
