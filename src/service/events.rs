@@ -10,16 +10,14 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use arbor_supervisor::journal_view;
+use arbor_supervisor::{JournalEntry, journal_view};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures::Stream;
-use serde_json::Value;
+use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::Shared;
 use super::error::ApiError;
-
-const FINAL: [&str; 3] = ["agentFinished", "agentFailed", "agentCancelled"];
 
 /// Live events a stream may fall behind by before it is closed.
 const MAX_BEHIND: usize = 100_000;
@@ -44,29 +42,36 @@ struct Follow {
     tx: mpsc::Sender<SseEvent>,
 }
 
+/// An event's SSE data: its journal entry and the tree it is of.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Data<'a> {
+    #[serde(flatten)]
+    entry: &'a JournalEntry,
+    tree_id: &'a str,
+}
+
 impl Follow {
     /// Sends one journal-shaped event if it is of the subtree and new; returns
     /// whether the stream is over (the run's final event went out, or the
     /// client left).
-    async fn send(&mut self, mut event: Value) -> bool {
-        let seq = event["seq"].as_u64().unwrap_or(0);
-        let run = event["runId"].as_str().unwrap_or_default().to_owned();
-        let kind = event["type"].as_str().unwrap_or("event").to_owned();
-        let is_final = FINAL.contains(&kind.as_str());
+    async fn send(&mut self, entry: JournalEntry) -> bool {
+        let run = &*entry.run_id;
         // The end, judged before the de-duplication: a client whose last id is
         // at or past the end (a reconnect after it) must not wait forever.
-        let ends = is_final && (run == self.root || run == self.run_id);
-        if seq <= self.last || !in_subtree(&run, &self.run_id) {
+        let ends = entry.is_final() && (run == self.root || run == self.run_id);
+        if entry.seq <= self.last || !in_subtree(run, &self.run_id) {
             return ends;
         }
-        self.last = seq;
-        if let Value::Object(map) = &mut event {
-            map.insert("treeId".into(), Value::from(&*self.tree_id));
-        }
+        self.last = entry.seq;
+        let data = Data {
+            entry: &entry,
+            tree_id: &self.tree_id,
+        };
         let sse = SseEvent::default()
-            .id(seq.to_string())
-            .event(kind.as_str())
-            .json_data(&event);
+            .id(entry.seq.to_string())
+            .event(entry.kind.name())
+            .json_data(&data);
         let Ok(sse) = sse else {
             return ends;
         };

@@ -22,5 +22,5 @@ pub use limits::{TreeLimits, out_of_range};
 pub use policy::{ToolPolicy, ToolRule, check_pattern, matches as pattern_matches};
 pub use recovery::{RecordedReply, Recovery, Spent, Tape};
 pub use registry::{Registry, Retain};
-pub use store::{TreeStatus, journal_view};
+pub use store::{BadRecord, EventType, JournalEntry, TreeStatus, UnknownEventType, journal_view};
 pub use supervisor::{Canceller, StartRequest, Supervisor, TreeHandle, new_tree_id};

@@ -22,7 +22,7 @@ use crate::error::Error;
 use crate::limits::TreeLimits;
 use crate::recovery::Recovery;
 
-pub use journal::journal_view;
+pub use journal::{BadRecord, EventType, JournalEntry, UnknownEventType, journal_view};
 pub use sqlite::SqliteStore;
 pub use status::{TreeStatus, UnknownStatus};
 
@@ -255,10 +255,10 @@ pub trait Store: Send + Sync + 'static {
     fn recovery(&self, tree_id: &str) -> Result<Recovery, Error>;
     /// The final states of every finished run, in the order they finished.
     fn final_states(&self, tree_id: &str) -> Result<Vec<AgentState>, Error>;
-    /// A tree's journaled events with `seq` above `after`, in order, as JSON
-    /// (as emitted, without the states and replies stored elsewhere, and without
-    /// streaming deltas and checkpoints).
-    fn events(&self, tree_id: &str, after: u64) -> Result<Vec<Value>, Error>;
+    /// A tree's journaled events with `seq` above `after`, in order, each as
+    /// `journal_view` gives the live event (as emitted, without the states and
+    /// replies stored elsewhere, and without streaming deltas and checkpoints).
+    fn events(&self, tree_id: &str, after: u64) -> Result<Vec<JournalEntry>, Error>;
     /// Everything stored of a tree, as one JSON document.
     fn export(&self, tree_id: &str) -> Result<Value, Error>;
     /// Removes trees that ended before `cutoff_ms`, and what only they used.

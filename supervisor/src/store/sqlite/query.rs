@@ -12,8 +12,8 @@ use super::{SqliteStore, sql};
 use crate::error::Error;
 use crate::recovery::Recovery;
 use crate::store::{
-    Fenced, GcReport, RunNode, Store, StoredRun, TreeFilter, TreeRecord, TreeStatus, TreeSummary,
-    Write,
+    Fenced, GcReport, JournalEntry, RunNode, Store, StoredRun, TreeFilter, TreeRecord, TreeStatus,
+    TreeSummary, Write,
 };
 use crate::tree::now_ms;
 
@@ -233,14 +233,21 @@ impl Store for SqliteStore {
             .collect()
     }
 
-    fn events(&self, tree_id: &str, after: u64) -> Result<Vec<Value>, Error> {
+    fn events(&self, tree_id: &str, after: u64) -> Result<Vec<JournalEntry>, Error> {
         let conn = self.conn()?;
         let log = self.log(&conn, tree_id)?;
-        Ok(log
-            .events
-            .into_iter()
-            .filter(|e| e["seq"].as_u64().is_some_and(|s| s > after))
-            .collect())
+        let bad = self.bad(tree_id);
+        let mut entries = Vec::new();
+        for event in log.events {
+            let Value::Object(record) = event else {
+                return Err(bad("an event is not an object".into()));
+            };
+            let entry = JournalEntry::from_record(record).map_err(|e| bad(e.to_string()))?;
+            if entry.seq > after {
+                entries.push(entry);
+            }
+        }
+        Ok(entries)
     }
 
     fn export(&self, tree_id: &str) -> Result<Value, Error> {
