@@ -27,15 +27,20 @@ use crate::toolbox::Toolbox;
 /// Identifies one attempt of one child of one spawn call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ChildKey {
+    /// The parent's step that spawned it.
     pub step: u32,
+    /// The index of the spawn call among the step's tool calls.
     pub call: usize,
+    /// The child's place in the call's request.
     pub child: usize,
+    /// 0 for the first run, n for the n-th retry.
     pub attempt: u32,
 }
 
 /// The final result of a run, as its parent or the supervisor receives it.
 #[derive(Clone, Debug)]
 pub struct RunResult {
+    /// The run's final state.
     pub state: Arc<AgentState>,
     /// The output value of semantics §7.
     pub value: Value,
@@ -60,11 +65,19 @@ pub enum CancelReason {
 #[derive(Debug)]
 pub enum Admission {
     /// Not permitted, over a limit, or without a toolbox: reported as is.
-    Refused { agent_type: String, error: String },
+    Refused {
+        /// The agent type as requested.
+        agent_type: String,
+        /// Why it was refused (what its entry's `errorMessage` says).
+        error: String,
+    },
     /// Admitted: it starts when it gets a live slot.
     Admitted {
+        /// What it runs.
         plan: ChildPlan,
+        /// Its template's toolbox.
         toolbox: Arc<Toolbox>,
+        /// The agent id every attempt shares.
         agent_id: String,
         /// Its ordinal among the parent's children (ids derive from it).
         ordinal: u32,
@@ -76,6 +89,7 @@ pub enum Admission {
 pub enum Input<A> {
     /// A spawn call (`inline` for `spawn_agent_inline`) of step `step`, call
     /// `call`: its children in request order.
+    #[allow(missing_docs)]
     Open {
         step: u32,
         call: usize,
@@ -85,85 +99,100 @@ pub enum Input<A> {
         children: Vec<Admission>,
     },
     /// A child's actor is running.
+    #[allow(missing_docs)]
     Started { key: ChildKey, actor: A },
     /// A child's actor ended with its result.
+    #[allow(missing_docs)]
     Ended {
         key: ChildKey,
         actor: A,
         result: RunResult,
     },
     /// A child could not be started (or was cancelled before it started).
+    #[allow(missing_docs)]
     NotStarted { key: ChildKey, error: String },
     /// A child of a resumed tree had finished before: its stored result.
+    #[allow(missing_docs)]
     Recovered { key: ChildKey, result: RunResult },
     /// A child's actor died without a result (a panic, a kill).
+    #[allow(missing_docs)]
     Lost { actor: A, error: String },
     /// The retry timer of `key` (the next attempt) fired.
+    #[allow(missing_docs)]
     RetryDue { key: ChildKey },
     /// Cancel the child whose attempt under way is `run_id`.
+    #[allow(missing_docs)]
     Cancel { run_id: String },
     /// The parent's run is over (finished, failed, or cancelled for
     /// `cancelled`): its children are told to stop.
+    #[allow(missing_docs)]
     ParentEnded { cancelled: Option<CancelReason> },
 }
 
 /// Children to start, in order, one after the other as live slots free up.
 #[derive(Debug)]
 pub struct Launch {
+    /// What the children take from their parent.
     pub parent: Arc<ParentInfo>,
+    /// How they wait for a live slot.
     pub priority: SlotPriority,
+    /// The attempts to start, in request order.
     pub children: Vec<Start>,
 }
 
 /// One attempt of a child to start.
 #[derive(Debug)]
 pub struct Start {
+    /// The child and attempt (its reply goes back under this key).
     pub key: ChildKey,
+    /// What it runs.
     pub plan: ChildPlan,
+    /// Its template's toolbox.
     pub toolbox: Arc<Toolbox>,
+    /// Its agent id and this attempt's run id.
     pub ids: RunIds,
 }
 
 /// Every report of one spawn call, in request order.
 #[derive(Debug)]
 pub struct Delivery {
+    /// The step of the spawn call.
     pub step: u32,
+    /// The spawn call's index in its step.
     pub call: usize,
+    /// A `spawn_agent_inline` call (one report, with its history).
     pub inline: bool,
+    /// One per requested child, in request order.
     pub reports: Vec<ChildReport>,
 }
 
 /// What the driver must do, in order.
 #[derive(Debug)]
 pub enum Output<A> {
+    /// An event of the parent's run (`childSpawned`, `childFinished`, `childRetrying`).
     Emit(EventKind),
     /// Children are out: the parent waits for them (it gives its live slot
     /// back, unless its step's tools still run).
     Wait,
+    /// Start these children, each when it gets a live slot.
     Launch(Launch),
     /// A child waiting for its slot was cancelled: it must not start.
-    Skip {
-        run_id: String,
-    },
-    Cancel {
-        actor: A,
-        reason: CancelReason,
-    },
+    #[allow(missing_docs)]
+    Skip { run_id: String },
+    /// Tell this running child to stop.
+    #[allow(missing_docs)]
+    Cancel { actor: A, reason: CancelReason },
     /// Feed `RetryDue { key }` after `delay`.
-    Retry {
-        key: ChildKey,
-        delay: Duration,
-    },
+    #[allow(missing_docs)]
+    Retry { key: ChildKey, delay: Duration },
     /// The retry timer of `key` is no longer wanted.
-    StopRetry {
-        key: ChildKey,
-    },
+    #[allow(missing_docs)]
+    StopRetry { key: ChildKey },
     /// Hand the call's reports to the step machine (`spawn_done` / `inline_done`).
     Deliver(Delivery),
     /// A child with the `escalate` policy failed: the parent fails with this.
-    Fail {
-        error: String,
-    },
+    #[allow(missing_docs)]
+    Fail { error: String },
 }
 
 /// One requested child: its attempts so far and its report once it has one.
