@@ -14,6 +14,7 @@
 
 use std::time::Duration;
 
+use arbor::actors::EventKind;
 use arbor::service::{Service, ServiceOptions, Tokens};
 use arbor::supervisor::Retain;
 use arbor::{Config, Runtime};
@@ -45,7 +46,7 @@ async fn ask(
     let counting = tokio::spawn(async move {
         let mut agents = 0;
         while let Some(event) = events.recv().await {
-            agents += usize::from(event.kind.name() == "agentStarted");
+            agents += usize::from(matches!(event.kind, EventKind::AgentStarted { .. }));
         }
         agents
     });

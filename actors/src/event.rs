@@ -28,6 +28,7 @@ pub struct Event {
 
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "type", rename_all = "camelCase")]
+#[non_exhaustive]
 pub enum EventKind {
     #[serde(rename_all = "camelCase")]
     AgentStarted {

@@ -326,7 +326,7 @@ mod tests {
 
     #[test]
     fn siblings_sort_in_spawn_order() {
-        let mut ids = vec![run("t/0.10"), run("t/0.2~1"), run("t/0.2"), run("t/0")];
+        let mut ids = [run("t/0.10"), run("t/0.2~1"), run("t/0.2"), run("t/0")];
         ids.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
         let printed: Vec<String> = ids.iter().map(ToString::to_string).collect();
         assert_eq!(printed, ["t/0", "t/0.2", "t/0.2~1", "t/0.10"]);

@@ -7,6 +7,7 @@ use serde::Serialize;
 /// Which limit was hit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Limit {
     MaxDepth,
     MaxChildrenPerCall,

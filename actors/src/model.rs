@@ -131,6 +131,7 @@ pub type DeltaSink = Arc<dyn Fn(Delta) + Send + Sync>;
 
 /// Why a model call failed. `is_retryable` says whether trying again may help.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ModelError {
     /// The endpoint refused the request (bad request, auth, not found): do not retry.
     #[error("model {model} refused the request ({status}): {message}")]
