@@ -7,6 +7,8 @@ use std::sync::{Arc, RwLock};
 use arbor_actors::Event;
 use tokio::sync::mpsc;
 
+use crate::sync::RwLockExt;
+
 type Observer = Arc<dyn Fn(&Event) + Send + Sync>;
 type Sink = Arc<dyn Fn(&Arc<Event>) + Send + Sync>;
 
@@ -38,53 +40,105 @@ impl EventBus {
 
     /// Calls `f` with every event, on the emitting agent's task: keep it short.
     pub fn observe(&self, f: impl Fn(&Event) + Send + Sync + 'static) {
-        if let Ok(mut observers) = self.observers.write() {
-            observers.push(Arc::new(f));
-        }
+        self.observers.write_locked().push(Arc::new(f));
     }
 
     /// Like `observe`, for a reader that keeps the event (the store's writer).
     pub(crate) fn sink(&self, f: impl Fn(&Arc<Event>) + Send + Sync + 'static) {
-        if let Ok(mut sinks) = self.sinks.write() {
-            sinks.push(Arc::new(f));
-        }
+        self.sinks.write_locked().push(Arc::new(f));
     }
 
     fn add(&self, tree: Option<Arc<str>>) -> EventStream {
         let (tx, rx) = mpsc::unbounded_channel();
-        if let Ok(mut subs) = self.subscribers.write() {
-            // Readers that have gone (of trees that may never emit again).
-            subs.retain(|s| !s.tx.is_closed());
-            subs.push(Subscriber { tree, tx });
-        }
+        let mut subs = self.subscribers.write_locked();
+        // Readers that have gone (of trees that may never emit again).
+        subs.retain(|s| !s.tx.is_closed());
+        subs.push(Subscriber { tree, tx });
+        drop(subs);
         rx
     }
 
     pub(crate) fn publish(&self, event: Event) {
-        if let Ok(observers) = self.observers.read() {
-            for observe in observers.iter() {
-                observe(&event);
-            }
+        for observe in self.observers.read_locked().iter() {
+            observe(&event);
         }
-        let sinks = self.sinks.read().ok().filter(|s| !s.is_empty());
+        let sinks = self.sinks.read_locked();
+        let subs = self.subscribers.read_locked();
+        if subs.is_empty() && sinks.is_empty() {
+            return;
+        }
+        let event = Arc::new(event);
+        for sink in sinks.iter() {
+            sink(&event);
+        }
         let mut closed = false;
-        if let Ok(subs) = self.subscribers.read() {
-            if subs.is_empty() && sinks.is_none() {
-                return;
+        for sub in subs.iter() {
+            if sub.tree.as_ref().is_some_and(|t| *t != event.tree_id) {
+                continue;
             }
-            let event = Arc::new(event);
-            for sink in sinks.iter().flat_map(|s| s.iter()) {
-                sink(&event);
-            }
-            for sub in subs.iter() {
-                if sub.tree.as_ref().is_some_and(|t| *t != event.tree_id) {
-                    continue;
-                }
-                closed |= sub.tx.send(event.clone()).is_err();
-            }
+            closed |= sub.tx.send(event.clone()).is_err();
         }
-        if closed && let Ok(mut subs) = self.subscribers.write() {
-            subs.retain(|s| !s.tx.is_closed());
+        drop((subs, sinks));
+        if closed {
+            self.subscribers
+                .write_locked()
+                .retain(|s| !s.tx.is_closed());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use arbor_actors::{Event, EventKind};
+
+    use super::EventBus;
+
+    fn event(seq: u64) -> Event {
+        Event {
+            seq,
+            tree_id: Arc::from("t"),
+            run_id: Arc::from("t/0"),
+            at_ms: 0,
+            kind: EventKind::Suspended,
+        }
+    }
+
+    /// A thread that panicked while it held the bus's locks (a write guard
+    /// poisons an `RwLock`) does not make the bus drop events, observers or
+    /// subscribers.
+    #[test]
+    fn a_poisoned_bus_still_delivers_every_event() {
+        let bus = EventBus::default();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let counted = seen.clone();
+        bus.observe(move |_| {
+            counted.fetch_add(1, Ordering::Relaxed);
+        });
+        let poisoner = bus.clone();
+        let _ = std::thread::spawn(move || {
+            let _subscribers = poisoner.subscribers.write();
+            let _observers = poisoner.observers.write();
+            let _sinks = poisoner.sinks.write();
+            panic!("poison the bus");
+        })
+        .join();
+        assert!(bus.subscribers.is_poisoned() && bus.observers.is_poisoned());
+        let mut all = bus.subscribe();
+        let mut one = bus.subscribe_tree("t");
+        let sunk = Arc::new(AtomicUsize::new(0));
+        let sink = sunk.clone();
+        bus.sink(move |_| {
+            sink.fetch_add(1, Ordering::Relaxed);
+        });
+        bus.publish(event(1));
+        bus.publish(event(2));
+        assert_eq!(all.try_recv().map(|e| e.seq).ok(), Some(1));
+        assert_eq!(all.try_recv().map(|e| e.seq).ok(), Some(2));
+        assert_eq!(one.try_recv().map(|e| e.seq).ok(), Some(1));
+        assert_eq!(seen.load(Ordering::Relaxed), 2);
+        assert_eq!(sunk.load(Ordering::Relaxed), 2);
     }
 }

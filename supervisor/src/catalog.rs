@@ -5,7 +5,7 @@
 //! or changed its list): agents that start afterwards get the new ones.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
 
 use arbor_actors::template::AgentTypeId;
 use arbor_actors::toolbox::{ToolSources, Toolbox};
@@ -13,6 +13,7 @@ use arbor_actors::{AgentTemplate, Model, Tool};
 use futures::future::BoxFuture;
 
 use crate::error::Error;
+use crate::sync::RwLockExt;
 
 /// Tools whose list is known only at run time (an MCP server's). The catalog
 /// asks it for the tool entries of templates that it claims (`owns`).
@@ -96,10 +97,7 @@ impl CatalogBuilder {
         };
         let generation = catalog.source_generation();
         let toolboxes = catalog.build_toolboxes()?;
-        *catalog
-            .toolboxes
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = (generation, toolboxes);
+        *catalog.toolboxes.write_locked() = (generation, toolboxes);
         Ok(catalog)
     }
 }
@@ -198,20 +196,14 @@ impl Catalog {
     pub fn toolbox(&self, template_id: &str) -> Option<Arc<Toolbox>> {
         let generation = self.source_generation();
         {
-            let current = self
-                .toolboxes
-                .read()
-                .unwrap_or_else(PoisonError::into_inner);
+            let current = self.toolboxes.read_locked();
             if current.0 == generation {
                 return current.1.get(template_id).cloned();
             }
         }
         match self.build_toolboxes() {
             Ok(toolboxes) => {
-                let mut current = self
-                    .toolboxes
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner);
+                let mut current = self.toolboxes.write_locked();
                 if current.0 < generation {
                     *current = (generation, toolboxes);
                 }
@@ -221,12 +213,7 @@ impl Catalog {
                 // A changed list that no longer builds (e.g. a server now sends a
                 // bad schema): keep serving the last good toolboxes.
                 tracing::warn!(%error, "tool list changed but the toolboxes did not build; keeping the previous tools");
-                self.toolboxes
-                    .read()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .1
-                    .get(template_id)
-                    .cloned()
+                self.toolboxes.read_locked().1.get(template_id).cloned()
             }
         }
     }

@@ -1,5 +1,7 @@
 //! The supervisor's error type.
 
+use std::path::PathBuf;
+
 /// What can go wrong when starting or querying a tree.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -45,6 +47,43 @@ pub enum Error {
         found: i64,
         known: i64,
     },
+    /// The supervisor has no store, and the call needs one (`read_store`,
+    /// `resume`).
+    #[error(
+        "{}",
+        if *.resume { "resume needs a store" } else { "this supervisor has no store" }
+    )]
+    NoStore { resume: bool },
+    /// A replay was asked of a supervisor with a store (a replay must never
+    /// overwrite what it is checked against).
+    #[error("a replay runs on a supervisor without a store")]
+    ReplayWithStore,
+    /// A read or write of the store's file failed (SQL or I/O).
+    #[error("{}: {source}", path.display())]
+    StoreIo {
+        path: PathBuf,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A batch could not be written (after retrying while the file was busy).
+    #[error("cannot write {}: {source}", path.display())]
+    StoreWrite {
+        path: PathBuf,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A stored tree's records are not what this build can read.
+    #[error("{path}: tree {tree}: {reason}")]
+    StoreCorrupt {
+        path: String,
+        tree: String,
+        reason: String,
+    },
+    /// A lock of the store was poisoned by a panic while a write held it
+    /// (the data it guards may be half-written, so the store refuses).
+    #[error("{0}")]
+    StorePoisoned(&'static str),
+    /// The store stopped taking writes (a write failed, its writer panicked
+    /// or stopped) or a store task failed: the reason says which. No new
+    /// tree starts on this supervisor's store after a write failed.
     #[error("{0}")]
     Store(String),
     #[error("tree {tree} cannot be resumed: {reason}")]

@@ -13,6 +13,7 @@ mod registry;
 mod slots;
 pub mod store;
 mod supervisor;
+mod sync;
 mod tree;
 
 pub use bus::{EventBus, EventStream};

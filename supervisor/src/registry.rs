@@ -5,6 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use arbor_actors::AgentState;
 
+use crate::sync::LockExt;
+
 /// Which final states the registry keeps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Retain {
@@ -37,20 +39,53 @@ impl Registry {
             Retain::Roots if state.parent_id.is_none() => {}
             Retain::Roots | Retain::None => return,
         }
-        if let Ok(mut finished) = self.finished.lock() {
-            finished.insert(state.run_id.clone(), state.clone());
-        }
+        self.finished
+            .locked()
+            .insert(state.run_id.clone(), state.clone());
     }
 
     pub fn get(&self, run_id: &str) -> Option<Arc<AgentState>> {
-        self.finished.lock().ok()?.get(run_id).cloned()
+        self.finished.locked().get(run_id).cloned()
     }
 
     pub fn len(&self) -> usize {
-        self.finished.lock().map(|f| f.len()).unwrap_or(0)
+        self.finished.locked().len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arbor_actors::AgentState;
+
+    use super::{Registry, Retain};
+
+    /// A registry whose lock a panicking thread poisoned still records and
+    /// serves final states (before, `record` skipped them silently).
+    #[test]
+    fn a_poisoned_registry_still_records_and_serves_final_states() {
+        let registry = Arc::new(Registry::new(Retain::All));
+        let poisoner = registry.clone();
+        let _ = std::thread::spawn(move || {
+            let _finished = poisoner.finished.lock();
+            panic!("poison the registry");
+        })
+        .join();
+        assert!(registry.finished.is_poisoned());
+        let state = Arc::new(AgentState {
+            run_id: "t/0".into(),
+            ..AgentState::default()
+        });
+        registry.record(&state);
+        assert_eq!(registry.len(), 1);
+        assert_eq!(
+            registry.get("t/0").map(|s| s.run_id.clone()).as_deref(),
+            Some("t/0")
+        );
     }
 }

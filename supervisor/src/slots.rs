@@ -13,6 +13,8 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
+use crate::sync::LockExt;
+
 pub(crate) struct Slots {
     inner: Mutex<Inner>,
 }
@@ -86,9 +88,7 @@ impl Slots {
         self: &Arc<Self>,
         priority: SlotPriority,
     ) -> BoxFuture<'static, Option<Slot>> {
-        let Ok(mut inner) = self.inner.lock() else {
-            return futures::future::ready(None).boxed();
-        };
+        let mut inner = self.inner.locked();
         if inner.free > 0 {
             inner.free -= 1;
             let slot = self.slot();
@@ -109,9 +109,7 @@ impl Slots {
 
     /// Hands a freed slot to the best waiter still waiting, or keeps it.
     fn release(self: &Arc<Self>) {
-        let Ok(mut inner) = self.inner.lock() else {
-            return;
-        };
+        let mut inner = self.inner.locked();
         while let Some(waiter) = inner.waiters.pop() {
             match waiter.tx.send(self.slot()) {
                 Ok(()) => return,
@@ -125,7 +123,7 @@ impl Slots {
 
     #[cfg(test)]
     fn free(&self) -> usize {
-        self.inner.lock().map(|i| i.free).unwrap_or(0)
+        self.inner.locked().free
     }
 }
 

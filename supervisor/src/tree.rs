@@ -21,6 +21,7 @@ use crate::catalog::Catalog;
 use crate::limits::{Budget, TreeLimits};
 use crate::recovery::{Recorded, Recovery};
 use crate::registry::Registry;
+use crate::sync::LockExt;
 
 pub(crate) struct TreeContext {
     pub(crate) tree_id: Arc<str>,
@@ -132,7 +133,7 @@ impl TreeContext {
         let Some(recovery) = &self.recovery else {
             return live;
         };
-        let mut recorded = self.recorded.lock().ok()?;
+        let mut recorded = self.recorded.locked();
         if let Some(model) = recorded.get(name) {
             return Some(model.clone());
         }
@@ -149,16 +150,16 @@ impl TreeContext {
     }
 
     pub(crate) fn live_actor(&self, run_id: &str) -> Option<ActorRef<AgentMsg>> {
-        self.live.lock().ok()?.get(run_id).cloned()
+        self.live.locked().get(run_id).cloned()
     }
 
     /// The parent of a child that was spawned but has not started.
     pub(crate) fn waiting_parent(&self, run_id: &str) -> Option<Arc<str>> {
-        self.waiting.lock().ok()?.get(run_id).cloned()
+        self.waiting.locked().get(run_id).cloned()
     }
 
     pub(crate) fn live_count(&self) -> usize {
-        self.live.lock().map(|l| l.len()).unwrap_or(0)
+        self.live.locked().len()
     }
 
     /// Ids of the root run, `T/0`.
@@ -209,10 +210,7 @@ impl TreeHooks for TreeContext {
         if policy.is_empty() {
             return Ok(base);
         }
-        let mut cache = self
-            .toolboxes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cache = self.toolboxes.locked();
         if let Some((from, cut)) = cache.get(&template.id)
             && Arc::ptr_eq(from, &base)
         {
@@ -271,18 +269,16 @@ impl TreeHooks for TreeContext {
         }
         match &kind {
             EventKind::ChildSpawned { child_run_id, .. } => {
-                if let Ok(mut waiting) = self.waiting.lock() {
-                    waiting.insert(child_run_id.clone(), run_id.clone());
-                }
+                self.waiting
+                    .locked()
+                    .insert(child_run_id.clone(), run_id.clone());
             }
             EventKind::ChildFinished { child_run_id, .. } => {
-                if let Ok(mut waiting) = self.waiting.lock() {
-                    waiting.remove(child_run_id);
-                }
+                self.waiting.locked().remove(child_run_id);
             }
             _ => {}
         }
-        let _order = self.order.lock();
+        let _order = self.order.locked();
         let event = Event {
             seq: self.seq.fetch_add(1, Ordering::AcqRel) + 1,
             tree_id: self.tree_id.clone(),
@@ -295,19 +291,15 @@ impl TreeHooks for TreeContext {
     }
 
     fn actor_started(&self, run_id: &Arc<str>, actor: &ractor::ActorCell) {
-        if let Ok(mut live) = self.live.lock() {
-            // An agent's actor: its messages are `AgentMsg`.
-            live.insert(run_id.clone(), ActorRef::from(actor.clone()));
-        }
-        if let Ok(mut waiting) = self.waiting.lock() {
-            waiting.remove(run_id.as_ref());
-        }
+        // An agent's actor: its messages are `AgentMsg`.
+        self.live
+            .locked()
+            .insert(run_id.clone(), ActorRef::from(actor.clone()));
+        self.waiting.locked().remove(run_id.as_ref());
     }
 
     fn actor_stopped(&self, run_id: &Arc<str>) {
-        if let Ok(mut live) = self.live.lock() {
-            live.remove(run_id);
-        }
+        self.live.locked().remove(run_id);
     }
 
     fn durable(&self) -> bool {

@@ -3,7 +3,7 @@
 //! records every request so a test can assert what an agent sent.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -129,7 +129,11 @@ impl ScriptedModel {
 
     /// Every request answered so far, in arrival order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
-        self.requests.lock().map(|r| r.clone()).unwrap_or_default()
+        // A poisoned list is recovered: it is only pushed to, whole entries at a time.
+        self.requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn reply_for(&self, request: &ModelRequest) -> Result<&ScriptedReply, String> {
@@ -186,7 +190,8 @@ impl Model for ScriptedModel {
             message,
         };
         check_pairing(&request.messages).map_err(|e| invalid(format!("invalid request: {e}")))?;
-        if let Ok(mut requests) = self.requests.lock() {
+        {
+            let mut requests = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
             requests.push(RecordedRequest {
                 run_id: request.meta.run_id.clone(),
                 agent_type: request.meta.agent_type.clone(),

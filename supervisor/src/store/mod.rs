@@ -21,6 +21,7 @@ use tokio::sync::oneshot;
 use crate::error::Error;
 use crate::limits::TreeLimits;
 use crate::recovery::Recovery;
+use crate::sync::LockExt;
 
 pub use journal::{BadRecord, EventType, JournalEntry, UnknownEventType, journal_view};
 pub use sqlite::SqliteStore;
@@ -348,9 +349,7 @@ impl StoreWriter {
                 });
                 if std::panic::catch_unwind(run).is_err() {
                     let reason = "the store failed: its writer panicked".to_owned();
-                    if let Ok(mut slot) = failure.lock() {
-                        *slot = Some(reason.clone());
-                    }
+                    *failure.locked() = Some(reason.clone());
                     notify(reason);
                 }
             })
@@ -366,7 +365,7 @@ impl StoreWriter {
     /// Whether another process took this tree over (then this one must not
     /// run it): the claim it holds now, if so.
     pub(crate) fn fenced(&self, tree_id: &str) -> Option<Fenced> {
-        self.fenced.lock().ok()?.get(tree_id).cloned()
+        self.fenced.locked().get(tree_id).cloned()
     }
 
     pub(crate) fn send(&self, write: Write) {
@@ -377,7 +376,7 @@ impl StoreWriter {
 
     /// Why the store stopped taking writes, if it did.
     pub(crate) fn failure(&self) -> Option<String> {
-        self.failure.lock().ok()?.clone()
+        self.failure.locked().clone()
     }
 
     /// Waits until everything sent so far is written.
@@ -413,7 +412,7 @@ fn writer_loop(
         fenced,
         on_fenced,
     } = hooks;
-    let is_fenced = |tree: &str| fenced.lock().is_ok_and(|f| f.contains_key(tree));
+    let is_fenced = |tree: &str| fenced.locked().contains_key(tree);
     // Trees this process runs, by root run id, so their heartbeat stays fresh.
     let mut owned: HashMap<String, String> = HashMap::new();
     let mut released: std::collections::HashSet<String> = std::collections::HashSet::new();
@@ -456,9 +455,7 @@ fn writer_loop(
                     match &mut write {
                         Write::Tree(tree) => {
                             // A new claim of its own (a resume after it was fenced).
-                            if let Ok(mut f) = fenced.lock() {
-                                f.remove(&tree.tree_id);
-                            }
+                            fenced.locked().remove(&tree.tree_id);
                             owned.insert(tree.root_run_id.clone(), tree.tree_id.clone());
                         }
                         Write::Event(event) if event.kind.final_state().is_some() => {
@@ -494,9 +491,7 @@ fn writer_loop(
             match result {
                 Ok(out) => {
                     for f in out {
-                        let Ok(mut known) = fenced.lock() else {
-                            continue;
-                        };
+                        let mut known = fenced.locked();
                         if known.contains_key(&f.tree_id) {
                             continue;
                         }
@@ -521,9 +516,7 @@ fn writer_loop(
                 Err(error) => {
                     let reason = format!("the store failed: {error}");
                     tracing::error!("{reason}");
-                    if let Ok(mut slot) = failure.lock() {
-                        *slot = Some(reason.clone());
-                    }
+                    *failure.locked() = Some(reason.clone());
                     on_failure(reason.clone());
                     failed = Some(reason);
                 }

@@ -379,7 +379,11 @@ impl SqliteStore {
     pub(super) fn bad(&self, tree_id: &str) -> impl Fn(String) -> Error + use<> {
         let path = self.path.display().to_string();
         let tree_id = tree_id.to_owned();
-        move |what| Error::Store(format!("{path}: tree {tree_id}: {what}"))
+        move |reason| Error::StoreCorrupt {
+            path: path.clone(),
+            tree: tree_id.clone(),
+            reason,
+        }
     }
 }
 

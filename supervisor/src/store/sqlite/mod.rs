@@ -50,7 +50,10 @@ impl std::fmt::Debug for SqliteStore {
 }
 
 fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> Error + '_ {
-    move |e| Error::Store(format!("{}: {e}", path.display()))
+    move |e| Error::StoreIo {
+        path: path.to_owned(),
+        source: Box::new(e),
+    }
 }
 
 impl SqliteStore {
@@ -72,6 +75,6 @@ impl SqliteStore {
     fn conn(&self) -> Result<std::sync::MutexGuard<'_, Connection>, Error> {
         self.conn
             .lock()
-            .map_err(|_| Error::Store("the store connection was poisoned".into()))
+            .map_err(|_| Error::StorePoisoned("the store connection was poisoned"))
     }
 }

@@ -324,7 +324,7 @@ impl Store for SqliteStore {
         tx.commit().map_err(sql(&self.path))?;
         self.claims
             .lock()
-            .map_err(|_| Error::Store("the store claims were poisoned".into()))?
+            .map_err(|_| Error::StorePoisoned("the store claims were poisoned"))?
             .insert(Arc::from(tree_id), epoch as u64);
         Ok(epoch as u64)
     }

@@ -512,15 +512,15 @@ impl SqliteStore {
         let mut cache = self
             .cache
             .lock()
-            .map_err(|_| Error::Store("the store cache was poisoned".into()))?;
+            .map_err(|_| Error::StorePoisoned("the store cache was poisoned"))?;
         let mut buffers = self
             .buffers
             .lock()
-            .map_err(|_| Error::Store("the store buffers were poisoned".into()))?;
+            .map_err(|_| Error::StorePoisoned("the store buffers were poisoned"))?;
         let mut claims = self
             .claims
             .lock()
-            .map_err(|_| Error::Store("the store claims were poisoned".into()))?;
+            .map_err(|_| Error::StorePoisoned("the store claims were poisoned"))?;
         let attempt = |conn: &mut Connection,
                        cache: &mut HashMap<Arc<str>, TreeCache>,
                        buffers: &mut Buffers,
@@ -761,10 +761,10 @@ impl SqliteStore {
                     cache.clear();
                     tries += 1;
                     if !busy || tries >= BUSY_RETRIES {
-                        return Err(Error::Store(format!(
-                            "cannot write {}: {e}",
-                            self.path.display()
-                        )));
+                        return Err(Error::StoreWrite {
+                            path: self.path.clone(),
+                            source: Box::new(e),
+                        });
                     }
                     std::thread::sleep(Duration::from_millis(100 * tries));
                 }
