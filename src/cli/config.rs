@@ -85,10 +85,12 @@ pub(super) async fn ping(config: Config, name: String) -> anyhow::Result<ExitCod
     let sink = {
         let retries = retries.clone();
         Arc::new(move |delta: Delta| {
-            if let Delta::Retry { reason, .. } = delta
-                && let Ok(mut r) = retries.lock()
-            {
-                r.push(reason);
+            // Poisoning is recovered: the list is only pushed to.
+            if let Delta::Retry { reason, .. } = delta {
+                retries
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(reason);
             }
         })
     };
@@ -108,7 +110,10 @@ pub(super) async fn ping(config: Config, name: String) -> anyhow::Result<ExitCod
     let start = std::time::Instant::now();
     let result = model.complete(request, sink).await;
     let ms = start.elapsed().as_millis();
-    let retries = retries.lock().map(|r| r.clone()).unwrap_or_default();
+    let retries = retries
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
     let retried = if retries.is_empty() {
         String::new()
     } else {

@@ -87,6 +87,14 @@ impl From<arbor_supervisor::Error> for ApiError {
             E::TreeExists(_) | E::TreeStored(_) | E::NotResumable { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "conflict", error.to_string())
             }
+            // The server's own store (or none): a 503, the detail in the log only.
+            E::NoStore { .. }
+            | E::ReplayWithStore
+            | E::StoreIo { .. }
+            | E::StoreWrite { .. }
+            | E::StoreCorrupt { .. }
+            | E::StorePoisoned(_)
+            | E::Store(_) => ApiError::unavailable("the run store or runtime failed", error),
             _ => ApiError::unavailable("the run store or runtime failed", error),
         }
     }
