@@ -11,7 +11,7 @@ use crate::hooks::RunIds;
 use crate::message::{
     Content, INSTRUCTIONS_PROMPT, Message, Meta, Part, SPAWN_PROMPT, SUBAGENT_SPAWN,
 };
-use crate::state::{AgentState, AgentStatus, ToolDefinitions};
+use crate::state::{AgentState, AgentStatus, Start, ToolDefinitions};
 use crate::template::AgentTemplate;
 use crate::toolbox::Toolbox;
 
@@ -152,23 +152,16 @@ impl ChildPlan {
         let tool_definitions: ToolDefinitions = toolbox.definitions().clone();
         ChildStart {
             inherited: history.len(),
-            state: AgentState {
-                agent_id: ids.agent_id,
-                agent_type: Some(self.agent_type.clone()),
-                run_id: ids.run_id,
-                parent_id: Some(parent.agent_id.clone()),
-                ancestor_run_ids: parent.lineage.clone(),
-                child_run_ids: Vec::new(),
-                message_history: history,
-                output: None,
+            state: AgentState::initial(Start {
+                ids,
+                agent_type: self.agent_type.clone(),
+                parent: Some((parent.agent_id.clone(), parent.lineage.clone())),
+                history,
                 system_prompt,
                 tool_definitions,
                 context_token_count: parent.context_token_count,
                 steps_remaining: t.max_steps,
-                credits_used: 0.0,
-                direct_credits_used: 0.0,
-                status: AgentStatus::Running,
-            },
+            }),
             toolbox,
         }
     }

@@ -79,7 +79,52 @@ pub struct AgentState {
     pub status: AgentStatus,
 }
 
+/// Where a run starts: what [`AgentState::initial`] builds its state from,
+/// for a root and a child alike.
+#[derive(Clone, Debug)]
+pub struct Start {
+    pub ids: crate::hooks::RunIds,
+    pub agent_type: String,
+    /// The parent's agent id and the run ids above the new run (the parent's
+    /// ancestors, then the parent); `None` for a root.
+    pub parent: Option<(String, Vec<String>)>,
+    /// The history the run starts its turn with (inherited messages, then its
+    /// input messages).
+    pub history: History,
+    pub system_prompt: Arc<str>,
+    pub tool_definitions: ToolDefinitions,
+    /// What the parent's context held when it spawned the run (0 for a root).
+    pub context_token_count: u64,
+    pub steps_remaining: u32,
+}
+
 impl AgentState {
+    /// The state a run starts with: running, nothing spent, no children, no
+    /// output. The one constructor of an initial state (roots and children).
+    pub fn initial(start: Start) -> AgentState {
+        let (parent_id, ancestor_run_ids) = match start.parent {
+            Some((parent, lineage)) => (Some(parent), lineage),
+            None => (None, Vec::new()),
+        };
+        AgentState {
+            agent_id: start.ids.agent_id,
+            agent_type: Some(start.agent_type),
+            run_id: start.ids.run_id,
+            parent_id,
+            ancestor_run_ids,
+            child_run_ids: Vec::new(),
+            message_history: start.history,
+            output: None,
+            system_prompt: start.system_prompt,
+            tool_definitions: start.tool_definitions,
+            context_token_count: start.context_token_count,
+            steps_remaining: start.steps_remaining,
+            credits_used: 0.0,
+            direct_credits_used: 0.0,
+            status: AgentStatus::Running,
+        }
+    }
+
     /// Depth in the tree: 0 for a root.
     pub fn depth(&self) -> usize {
         self.ancestor_run_ids.len()

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use arbor_actors::{
-    AgentTemplate, DeltaSink, Message, ModelError, ModelRequest, ModelResponse, Usage,
+    AgentStatus, AgentTemplate, DeltaSink, Message, ModelError, ModelRequest, ModelResponse, Usage,
 };
 
 use super::*;
