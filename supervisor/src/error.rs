@@ -34,7 +34,13 @@ pub enum Error {
     #[error("no tree {0} in the store")]
     UnknownTree(String),
     #[error("cannot open store {path}: {reason}")]
-    StoreOpen { path: String, reason: String },
+    StoreOpen {
+        path: String,
+        reason: String,
+        /// Another process held the file's lock (opening is tried again
+        /// until the busy timeout; a caller may try again later).
+        busy: bool,
+    },
     #[error(
         "{path} is not an Arbor store (it is not a SQLite file, or belongs to another program)"
     )]

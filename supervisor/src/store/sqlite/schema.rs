@@ -83,6 +83,7 @@ impl SqliteStore {
             return Err(Error::StoreOpen {
                 path: path.display().to_string(),
                 reason: "no store there (run a tree first, or pass --store)".into(),
+                busy: false,
             });
         }
         Self::open_with(path, false)
@@ -101,12 +102,15 @@ impl SqliteStore {
             return Err(Error::StoreOpen {
                 path: path.display().to_string(),
                 reason: "no store there (run a tree first, or pass --store)".into(),
+                busy: false,
             });
         }
         let open_err = |reason: String| Error::StoreOpen {
             path: path.display().to_string(),
             reason,
+            busy: false,
         };
+        let sql_err = |e: rusqlite::Error| open_sql_err(path, e);
         let connect = |immutable: bool| -> Result<Connection, Error> {
             let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX
@@ -118,10 +122,8 @@ impl SqliteStore {
             } else {
                 "?mode=ro"
             });
-            let conn =
-                Connection::open_with_flags(&uri, flags).map_err(|e| open_err(e.to_string()))?;
-            conn.busy_timeout(BUSY_TIMEOUT)
-                .map_err(|e| open_err(e.to_string()))?;
+            let conn = Connection::open_with_flags(&uri, flags).map_err(sql_err)?;
+            conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_err)?;
             Ok(conn)
         };
         let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
@@ -162,9 +164,8 @@ impl SqliteStore {
                 break (conn, version, tables);
             }
             match check_header(path, values) {
-                Err(Error::StoreOpen { reason, .. })
-                    if (reason.contains("locked") || reason.contains("busy"))
-                        && std::time::Instant::now() < deadline =>
+                Err(Error::StoreOpen { busy: true, .. })
+                    if std::time::Instant::now() < deadline =>
                 {
                     std::thread::sleep(Duration::from_millis(20));
                 }
@@ -177,7 +178,7 @@ impl SqliteStore {
         }
         // A second guard: this connection cannot write even by mistake.
         conn.pragma_update(None, "query_only", true)
-            .map_err(|e| open_err(e.to_string()))?;
+            .map_err(sql_err)?;
         Ok(SqliteStore {
             path: path.to_owned(),
             conn: Mutex::new(conn),
@@ -193,9 +194,8 @@ impl SqliteStore {
         let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
         loop {
             match Self::try_open(path, create) {
-                Err(Error::StoreOpen { reason, .. })
-                    if (reason.contains("locked") || reason.contains("busy"))
-                        && std::time::Instant::now() < deadline =>
+                Err(Error::StoreOpen { busy: true, .. })
+                    if std::time::Instant::now() < deadline =>
                 {
                     std::thread::sleep(Duration::from_millis(20));
                 }
@@ -208,15 +208,15 @@ impl SqliteStore {
         let open_err = |reason: String| Error::StoreOpen {
             path: path.display().to_string(),
             reason,
+            busy: false,
         };
+        let sql_err = |e: rusqlite::Error| open_sql_err(path, e);
         let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         if create {
             flags |= OpenFlags::SQLITE_OPEN_CREATE;
         }
-        let mut conn =
-            Connection::open_with_flags(path, flags).map_err(|e| open_err(e.to_string()))?;
-        conn.busy_timeout(BUSY_TIMEOUT)
-            .map_err(|e| open_err(e.to_string()))?;
+        let mut conn = Connection::open_with_flags(path, flags).map_err(sql_err)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_err)?;
         let (version, tables) = read_header(&mut conn, path)?;
         let known = MIGRATIONS.len() as i64;
         let newer = |found| Error::NewerStore {
@@ -228,30 +228,27 @@ impl SqliteStore {
         // the writer's batches; an existing file keeps its own.
         if tables == 0 {
             conn.pragma_update(None, "page_size", 16384)
-                .map_err(|e| open_err(e.to_string()))?;
+                .map_err(sql_err)?;
         }
         // SQLite opens a file it may not write read-only, without an error.
-        if conn
-            .is_readonly(rusqlite::MAIN_DB)
-            .map_err(|e| open_err(e.to_string()))?
-        {
+        if conn.is_readonly(rusqlite::MAIN_DB).map_err(sql_err)? {
             return Err(open_err(
                 "the file is read-only (runs could not be stored)".into(),
             ));
         }
         conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(|e| open_err(e.to_string()))?;
+            .map_err(sql_err)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(|e| open_err(e.to_string()))?;
+            .map_err(sql_err)?;
         if version < known {
             // Under the write lock, and looked at again: another process may
             // have migrated the file since it was read above.
             let tx = conn
                 .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-                .map_err(|e| open_err(e.to_string()))?;
+                .map_err(sql_err)?;
             let version: i64 = tx
                 .pragma_query_value(None, "user_version", |r| r.get(0))
-                .map_err(|e| open_err(e.to_string()))?;
+                .map_err(sql_err)?;
             if version > known {
                 return Err(newer(version));
             }
@@ -262,15 +259,19 @@ impl SqliteStore {
                         let why = e
                             .sqlite_error()
                             .map_or_else(|| e.to_string(), |s| s.to_string());
-                        open_err(format!("migration {} of {known} failed: {why}", n + 1))
+                        Error::StoreOpen {
+                            path: path.display().to_string(),
+                            reason: format!("migration {} of {known} failed: {why}", n + 1),
+                            busy: is_busy(&e),
+                        }
                     })?;
                 }
                 tx.pragma_update(None, "application_id", APPLICATION_ID)
-                    .map_err(|e| open_err(e.to_string()))?;
+                    .map_err(sql_err)?;
                 tx.pragma_update(None, "user_version", known)
-                    .map_err(|e| open_err(e.to_string()))?;
+                    .map_err(sql_err)?;
             }
-            tx.commit().map_err(|e| open_err(e.to_string()))?;
+            tx.commit().map_err(sql_err)?;
         }
         Ok(SqliteStore {
             path: path.to_owned(),
@@ -305,6 +306,24 @@ fn read_header(conn: &mut Connection, path: &Path) -> Result<(i64, i64), Error> 
     check_header(path, header_values(conn))
 }
 
+/// Whether SQLite failed because another process holds the file's lock
+/// (opening is tried again then).
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+/// A SQLite error opening the store at `path`, busy if it is a lock.
+fn open_sql_err(path: &Path, e: rusqlite::Error) -> Error {
+    Error::StoreOpen {
+        path: path.display().to_string(),
+        busy: is_busy(&e),
+        reason: e.to_string(),
+    }
+}
+
 /// `(application_id, user_version, tables)`, of one moment.
 fn header_values(conn: &mut Connection) -> rusqlite::Result<(i64, i64, i64)> {
     let read = conn.transaction()?;
@@ -326,13 +345,14 @@ fn check_header(
     let open_err = |reason: String| Error::StoreOpen {
         path: path.display().to_string(),
         reason,
+        busy: false,
     };
     let not_arbor = || Error::NotAStore {
         path: path.display().to_string(),
     };
     let (app, version, tables) = values.map_err(|e| match e.sqlite_error_code() {
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
-            open_err(e.to_string())
+            open_sql_err(path, e)
         }
         Some(rusqlite::ErrorCode::NotADatabase) => not_arbor(),
         Some(rusqlite::ErrorCode::DatabaseCorrupt) => open_err(format!(
@@ -346,7 +366,7 @@ fn check_header(
             "cannot read it here ({e}): a read-only directory or filesystem needs the \
              store's -wal and -shm files to be writable"
         )),
-        _ => open_err(e.to_string()),
+        _ => open_sql_err(path, e),
     })?;
     if app != APPLICATION_ID && (app != 0 || tables > 0) {
         return Err(not_arbor());
