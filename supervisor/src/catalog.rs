@@ -193,7 +193,7 @@ impl Catalog {
     }
 
     /// A template's toolbox as of now (rebuilt first if the tool source changed).
-    pub fn toolbox(&self, template_id: &str) -> Option<Arc<Toolbox>> {
+    pub(crate) fn toolbox(&self, template_id: &str) -> Option<Arc<Toolbox>> {
         let generation = self.source_generation();
         {
             let current = self.toolboxes.read_locked();
@@ -220,7 +220,7 @@ impl Catalog {
 
     /// Makes the tool source ready for every template a tree rooted at
     /// `root` can reach (starts the MCP servers they name, once per runtime).
-    pub fn prepare_tools(&self, root: &str) -> BoxFuture<'static, ()> {
+    pub(crate) fn prepare_tools(&self, root: &str) -> BoxFuture<'static, ()> {
         let Some(source) = self.source.clone() else {
             return Box::pin(async {});
         };

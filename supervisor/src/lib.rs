@@ -22,6 +22,8 @@ pub use error::Error;
 pub use limits::{TreeLimits, out_of_range};
 pub use policy::{ToolPolicy, ToolRule, check_pattern, matches as pattern_matches};
 pub use recovery::{RecordedReply, Recovery, Spent, Tape};
-pub use registry::{Registry, Retain};
-pub use store::{BadRecord, EventType, JournalEntry, TreeStatus, UnknownEventType, journal_view};
-pub use supervisor::{Canceller, StartRequest, Supervisor, TreeHandle, new_tree_id};
+pub use registry::Retain;
+pub use store::{EventType, JournalEntry, TreeStatus, UnknownEventType, journal_view};
+pub use supervisor::{
+    Canceller, CatalogResolver, StartRequest, Supervisor, TreeHandle, new_tree_id,
+};

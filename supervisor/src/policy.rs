@@ -21,7 +21,7 @@ pub struct ToolRule {
 }
 
 impl ToolRule {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.allow.is_none() && self.deny.is_empty()
     }
 
@@ -35,7 +35,7 @@ impl ToolRule {
             .collect()
     }
 
-    pub fn allows(&self, tool: &str) -> bool {
+    pub(crate) fn allows(&self, tool: &str) -> bool {
         let allowed = self
             .allow
             .as_ref()
@@ -56,7 +56,7 @@ impl ToolPolicy {
         ToolPolicy::default().narrowed(rule)
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.rules.is_empty()
     }
 
@@ -64,7 +64,7 @@ impl ToolPolicy {
         &self.rules
     }
 
-    pub fn allows(&self, tool: &str) -> bool {
+    pub(crate) fn allows(&self, tool: &str) -> bool {
         self.rules.iter().all(|r| r.allows(tool))
     }
 
@@ -77,7 +77,7 @@ impl ToolPolicy {
     }
 
     /// This policy with every rule of `other` added: never wider than either.
-    pub fn with(self, other: &ToolPolicy) -> Self {
+    pub(crate) fn with(self, other: &ToolPolicy) -> Self {
         other.rules.iter().cloned().fold(self, ToolPolicy::narrowed)
     }
 

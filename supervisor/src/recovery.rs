@@ -50,7 +50,7 @@ pub struct Recovery {
 
 impl Recovery {
     /// A replay: only the recorded replies, every run starts afresh.
-    pub fn replay(replies: Tape) -> Self {
+    pub(crate) fn replay(replies: Tape) -> Self {
         Recovery {
             replies,
             ..Recovery::default()

@@ -20,13 +20,13 @@ pub enum Retain {
 }
 
 #[derive(Default)]
-pub struct Registry {
+pub(crate) struct Registry {
     retain: Retain,
     finished: Mutex<HashMap<String, Arc<AgentState>>>,
 }
 
 impl Registry {
-    pub fn new(retain: Retain) -> Self {
+    pub(crate) fn new(retain: Retain) -> Self {
         Registry {
             retain,
             finished: Mutex::new(HashMap::new()),
@@ -44,16 +44,13 @@ impl Registry {
             .insert(state.run_id.clone(), state.clone());
     }
 
-    pub fn get(&self, run_id: &str) -> Option<Arc<AgentState>> {
+    pub(crate) fn get(&self, run_id: &str) -> Option<Arc<AgentState>> {
         self.finished.locked().get(run_id).cloned()
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.finished.locked().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -38,7 +38,7 @@ pub enum EventType {
 
 impl EventType {
     /// Every journal type.
-    pub const ALL: [EventType; 16] = [
+    pub(crate) const ALL: [EventType; 16] = [
         EventType::AgentStarted,
         EventType::StepStarted,
         EventType::ModelRetrying,
@@ -59,7 +59,7 @@ impl EventType {
 
     /// The journal type of an event; `None` for what the journal leaves out
     /// (streaming deltas and checkpoints).
-    pub fn of(kind: &EventKind) -> Option<EventType> {
+    pub(crate) fn of(kind: &EventKind) -> Option<EventType> {
         Some(match kind {
             EventKind::ModelDelta { .. } | EventKind::Checkpointed { .. } => return None,
             EventKind::AgentStarted { .. } => EventType::AgentStarted,
@@ -108,7 +108,7 @@ impl EventType {
 
     /// Whether it ends a run (`agentFinished`, `agentFailed`,
     /// `agentCancelled`): its entry carries the run's output.
-    pub fn is_final(self) -> bool {
+    pub(crate) fn is_final(self) -> bool {
         matches!(
             self,
             EventType::AgentFinished | EventType::AgentFailed | EventType::AgentCancelled
@@ -136,7 +136,7 @@ impl std::error::Error for UnknownEventType {}
 
 /// A journal record that is no event (`JournalEntry::from_record`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BadRecord {
+pub(crate) enum BadRecord {
     /// Its `type` is missing or not a string.
     NoType,
     /// Its `type` names no journal type.
@@ -211,7 +211,7 @@ impl JournalEntry {
     /// body with `seq`, `runId` and `atMs`, a final event's `output` and a
     /// responded event's `usage` put back (anywhere in the record). Fails on
     /// a record that is no event.
-    pub fn from_record(mut record: Map<String, Value>) -> Result<JournalEntry, BadRecord> {
+    pub(crate) fn from_record(mut record: Map<String, Value>) -> Result<JournalEntry, BadRecord> {
         let kind: EventType = match record.shift_remove("type") {
             Some(Value::String(name)) => name.parse().map_err(BadRecord::UnknownType)?,
             _ => return Err(BadRecord::NoType),

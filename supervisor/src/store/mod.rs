@@ -23,7 +23,7 @@ use crate::limits::TreeLimits;
 use crate::recovery::Recovery;
 use crate::sync::LockExt;
 
-pub use journal::{BadRecord, EventType, JournalEntry, UnknownEventType, journal_view};
+pub use journal::{EventType, JournalEntry, UnknownEventType, journal_view};
 pub use sqlite::SqliteStore;
 pub use status::{TreeStatus, UnknownStatus};
 
@@ -306,7 +306,7 @@ const MAX_BATCH: usize = 8192;
 /// them, so at most the queue and a batch in progress were seen but not
 /// stored when the process died; the jump is larger than that, with room for
 /// a shutdown's last moments, so a reader never sees a number twice.
-pub const RESUME_SEQ_GAP: u64 = 1 << 20;
+pub(crate) const RESUME_SEQ_GAP: u64 = 1 << 20;
 /// Writes waiting for the writer. When the store cannot keep up, an agent that
 /// emits an event waits for room (backpressure) instead of the queue, and the
 /// states it holds, growing without bound.

@@ -21,7 +21,7 @@ pub enum TreeStatus {
 }
 
 impl TreeStatus {
-    pub const ALL: [TreeStatus; 5] = [
+    pub(crate) const ALL: [TreeStatus; 5] = [
         TreeStatus::Running,
         TreeStatus::Interrupted,
         TreeStatus::Completed,
@@ -29,7 +29,7 @@ impl TreeStatus {
         TreeStatus::Cancelled,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TreeStatus::Running => "running",
             TreeStatus::Interrupted => "interrupted",
@@ -46,7 +46,7 @@ impl TreeStatus {
 
     /// The status a store keeps: an interrupted tree is stored as running
     /// (which of the two it is is judged from its owner's liveness).
-    pub fn stored(self) -> TreeStatus {
+    pub(crate) fn stored(self) -> TreeStatus {
         match self {
             TreeStatus::Interrupted => TreeStatus::Running,
             other => other,
