@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 /// What can go wrong when starting or querying a tree.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A stored tree's config cannot be built into a catalog here.
     #[error("the config the tree started with: {0}")]

@@ -17,6 +17,7 @@ use serde_json::{Map, Value};
 /// its name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub enum EventType {
     AgentStarted,
     StepStarted,
