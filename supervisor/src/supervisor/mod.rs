@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex, Weak};
 use arbor_actors::TreeHooks as _;
 use arbor_actors::history::History;
 use arbor_actors::spawn::input_messages;
+use arbor_actors::state::Start;
 use arbor_actors::{
-    AgentActor, AgentArgs, AgentMsg, AgentSnapshot, AgentState, AgentStatus, CancelReason,
-    EventKind, Limit, LimitHit, Model, Reply, RunResult, StepMachine, TreeId,
+    AgentActor, AgentArgs, AgentMsg, AgentSnapshot, AgentState, CancelReason, EventKind, Limit,
+    LimitHit, Model, Reply, RunResult, StepMachine, TreeId,
 };
 use ractor::{Actor, ActorRef};
 use serde_json::Value;
@@ -24,6 +25,7 @@ use crate::limits::TreeLimits;
 use crate::recovery::{Recovery, Tape};
 use crate::registry::{Registry, Retain};
 use crate::store::{Fenced, Store, StoreWriter, TreeRecord, Write};
+use crate::sync::LockExt;
 use crate::tree::TreeContext;
 
 /// What to start: an agent type, its prompt and params.
@@ -130,18 +132,19 @@ impl Supervisor {
             store.clone(),
             Box::new(move |reason| {
                 let roots: Vec<ActorRef<AgentMsg>> = trees
-                    .lock()
-                    .map(|t| t.values().map(|(_, root)| root.clone()).collect())
-                    .unwrap_or_default();
+                    .locked()
+                    .values()
+                    .map(|(_, root)| root.clone())
+                    .collect();
                 for root in roots {
                     let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(reason.clone())));
                 }
             }),
             Box::new(move |fenced: Fenced| {
                 let root = fenced_trees
-                    .lock()
-                    .ok()
-                    .and_then(|t| t.get(fenced.tree_id.as_str()).map(|(_, r)| r.clone()));
+                    .locked()
+                    .get(fenced.tree_id.as_str())
+                    .map(|(_, r)| r.clone());
                 if let Some(root) = root {
                     let reason = Error::from(fenced).to_string();
                     let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(reason)));
@@ -222,7 +225,7 @@ impl Supervisor {
         f: impl FnOnce(&dyn Store) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
         let Some((store, _)) = &self.store else {
-            return Err(Error::Store("this supervisor has no store".into()));
+            return Err(Error::NoStore { resume: false });
         };
         let store = store.clone();
         tokio::task::spawn_blocking(move || f(&*store))
@@ -254,7 +257,7 @@ impl Supervisor {
     /// the model again.
     pub async fn resume(&self, tree_id: &str) -> Result<TreeHandle, Error> {
         let Some((_, writer)) = &self.store else {
-            return Err(Error::Store("resume needs a store".into()));
+            return Err(Error::NoStore { resume: true });
         };
         if self.is_running(tree_id) {
             return Err(Error::TreeExists(tree_id.to_owned()));
@@ -295,9 +298,7 @@ impl Supervisor {
     /// so the replay never overwrites what it is checked against.
     pub async fn replay(&self, request: StartRequest, replies: Tape) -> Result<TreeHandle, Error> {
         if self.store.is_some() {
-            return Err(Error::Store(
-                "a replay runs on a supervisor without a store".into(),
-            ));
+            return Err(Error::ReplayWithStore);
         }
         self.begin(request, Some((Arc::new(Recovery::replay(replies)), true)))
             .await
@@ -414,12 +415,12 @@ impl Supervisor {
         let id = tree_id.clone();
         let ctx = Arc::new(ctx.on_drop(move || {
             drop(ended);
-            if let Some(trees) = trees.upgrade()
-                && let Ok(mut trees) = trees.lock()
+            if let Some(trees) = trees.upgrade() {
+                let mut trees = trees.locked();
                 // Not a later tree of the same id (a resume).
-                && trees.get(&id).is_some_and(|(t, _)| t.strong_count() == 0)
-            {
-                trees.remove(&id);
+                if trees.get(&id).is_some_and(|(t, _)| t.strong_count() == 0) {
+                    trees.remove(&id);
+                }
             }
         }));
         let toolbox = ctx
@@ -445,17 +446,16 @@ impl Supervisor {
                 {
                     history.push(message);
                 }
-                let state = AgentState {
-                    agent_id: ids.agent_id,
-                    agent_type: Some(template.id.clone()),
-                    run_id: ids.run_id,
-                    message_history: history,
+                let state = AgentState::initial(Start {
+                    ids,
+                    agent_type: template.id.clone(),
+                    parent: None,
+                    history,
                     system_prompt: template.system_prompt.clone(),
                     tool_definitions: toolbox.definitions().clone(),
+                    context_token_count: 0,
                     steps_remaining: template.max_steps,
-                    status: AgentStatus::Running,
-                    ..AgentState::default()
-                };
+                });
                 StepMachine::new(state, template.clone(), toolbox, inherited, tree_id.clone())
                     .with_input(Some(request.prompt.clone()), request.params.clone())
             }
@@ -518,7 +518,8 @@ impl Supervisor {
                 }
             });
         }
-        if let Ok(mut trees) = self.trees.lock() {
+        {
+            let mut trees = self.trees.locked();
             trees.retain(|_, (t, _)| t.strong_count() > 0);
             trees.insert(tree_id.clone(), (Arc::downgrade(&ctx), root.clone()));
         }
@@ -603,28 +604,26 @@ impl Supervisor {
     /// Whether a tree with this id runs in this supervisor.
     pub fn is_running(&self, tree_id: &str) -> bool {
         self.trees
-            .lock()
-            .map(|t| {
-                t.get(tree_id)
-                    .is_some_and(|(ctx, _)| ctx.strong_count() > 0)
-            })
-            .unwrap_or(false)
+            .locked()
+            .get(tree_id)
+            .is_some_and(|(ctx, _)| ctx.strong_count() > 0)
     }
 
     /// What this supervisor holds for trees: entries of its tree map, and
     /// deadline timers still waiting. Both count running trees only: a tree
     /// that has ended (and whose handle is gone) leaves nothing behind.
-    #[doc(hidden)]
-    pub fn retained(&self) -> (usize, usize) {
-        let trees = self.trees.lock().map(|t| t.len()).unwrap_or(0);
+    #[cfg(test)]
+    pub(crate) fn retained(&self) -> (usize, usize) {
+        let trees = self.trees.locked().len();
         (trees, Arc::strong_count(&self.deadlines) - 1)
     }
 
     fn contexts(&self) -> Vec<Arc<TreeContext>> {
         self.trees
-            .lock()
-            .map(|t| t.values().filter_map(|(t, _)| t.upgrade()).collect())
-            .unwrap_or_default()
+            .locked()
+            .values()
+            .filter_map(|(t, _)| t.upgrade())
+            .collect()
     }
 
     fn live_actor(&self, run_id: &str) -> Option<ActorRef<AgentMsg>> {
