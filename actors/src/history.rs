@@ -135,7 +135,7 @@ impl History {
     /// This history with its leading messages that equal `other`'s replaced by
     /// `other`'s own `Arc`s. A history read back from a store holds copies;
     /// this makes it share (and compare by address) with the live one again.
-    pub fn sharing_prefix_with(&self, other: &History) -> History {
+    pub(crate) fn sharing_prefix_with(&self, other: &History) -> History {
         let shared = self
             .items
             .iter()

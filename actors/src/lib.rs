@@ -4,15 +4,15 @@
 //! This crate knows no HTTP, SQL, CLI or TOML; the supervisor and the binary
 //! build on it.
 
-pub mod agent;
-pub mod checkpoint;
+mod agent;
+mod checkpoint;
 pub mod duration;
-pub mod event;
+mod event;
 pub mod handler;
 pub mod history;
 pub mod hooks;
 pub mod id;
-pub mod limit;
+mod limit;
 pub mod message;
 pub mod model;
 pub mod models;
@@ -20,8 +20,8 @@ pub mod output;
 pub mod schema;
 pub mod spawn;
 pub mod state;
-pub mod step;
-pub mod supervision;
+mod step;
+mod supervision;
 pub mod template;
 pub mod tool;
 pub mod toolbox;

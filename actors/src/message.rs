@@ -189,7 +189,7 @@ impl Message {
     }
 
     /// A tool result with these parts (a tool's JSON value, text, media).
-    pub fn tool_output(call: &ToolCall, content: Vec<ToolResultPart>) -> Self {
+    pub(crate) fn tool_output(call: &ToolCall, content: Vec<ToolResultPart>) -> Self {
         Message::Tool {
             tool_call_id: call.tool_call_id.clone(),
             tool_name: call.tool_name.clone(),
@@ -321,7 +321,7 @@ impl Message {
 
     /// This message with the tool-call parts that `keep` rejects removed.
     /// `None` when nothing is left of an assistant message.
-    pub fn retain_calls(&self, keep: impl Fn(&ToolCall) -> bool) -> Option<Message> {
+    pub(crate) fn retain_calls(&self, keep: impl Fn(&ToolCall) -> bool) -> Option<Message> {
         let Message::Assistant {
             content: Content::Parts(parts),
             meta,

@@ -54,7 +54,7 @@ pub enum UsageSource {
 }
 
 impl UsageSource {
-    pub fn is_reported(&self) -> bool {
+    pub(crate) fn is_reported(&self) -> bool {
         *self == UsageSource::Reported
     }
 }

@@ -33,7 +33,7 @@ pub fn output_value(state: &AgentState, mode: OutputMode, inherited: usize) -> V
     }
 }
 
-pub fn error_value(message: &str) -> Value {
+pub(crate) fn error_value(message: &str) -> Value {
     json!({"type": "error", "message": message})
 }
 

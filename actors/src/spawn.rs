@@ -17,7 +17,7 @@ use crate::toolbox::Toolbox;
 
 /// One child as a spawn tool asks for it.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
-pub struct SpawnRequest {
+pub(crate) struct SpawnRequest {
     pub agent_type: String,
     #[serde(default)]
     pub prompt: Option<String>,
@@ -39,7 +39,7 @@ pub struct ChildPlan {
 }
 
 /// Checks permission (first matching entry wins) and the child's input schema.
-pub fn plan_child(
+pub(crate) fn plan_child(
     parent: &AgentTemplate,
     request: SpawnRequest,
     snapshot: &History,
@@ -110,7 +110,11 @@ impl ParentInfo {
 impl ChildPlan {
     /// The toolbox the child runs with: its own, or its parent's under
     /// `inheritParentSystemPrompt`.
-    pub fn toolbox_for(&self, parent: &ParentInfo, own_toolbox: Arc<Toolbox>) -> Arc<Toolbox> {
+    pub(crate) fn toolbox_for(
+        &self,
+        parent: &ParentInfo,
+        own_toolbox: Arc<Toolbox>,
+    ) -> Arc<Toolbox> {
         if self.template.inherit_parent_system_prompt {
             parent.toolbox.clone()
         } else {
@@ -196,7 +200,7 @@ pub fn input_messages(
 /// `SPAWN_PROMPT`; `None` when there is neither. Roots and children alike.
 /// An empty prompt and empty params say nothing: no message (and no empty
 /// content, which a provider like Anthropic refuses).
-pub fn prompt_message(prompt: Option<&str>, params: Option<&Value>) -> Option<Message> {
+pub(crate) fn prompt_message(prompt: Option<&str>, params: Option<&Value>) -> Option<Message> {
     let mut parts = Vec::new();
     if let Some(prompt) = prompt.filter(|p| !p.is_empty()) {
         parts.push(Part::Text {
@@ -273,7 +277,7 @@ impl ChildReport {
 }
 
 /// The value a finished child reports: its output, or `{errorMessage}` on failure.
-pub fn report_value(state: &AgentState, output: Value) -> Value {
+pub(crate) fn report_value(state: &AgentState, output: Value) -> Value {
     match state.status {
         AgentStatus::Completed => output,
         _ => {

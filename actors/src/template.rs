@@ -135,7 +135,7 @@ impl AgentTemplate {
     }
 
     /// The first `spawnableAgents` entry that `requested` names (semantics §6).
-    pub fn match_spawnable(&self, requested: &str) -> Option<&str> {
+    pub(crate) fn match_spawnable(&self, requested: &str) -> Option<&str> {
         let want = AgentTypeId::parse(requested);
         self.spawnable_agents
             .iter()

@@ -112,7 +112,7 @@ fn child_schema() -> Value {
 /// One child of a spawn call. `spawn_agents` checks each entry against it on
 /// its own, so one bad entry gets its own refusal and the others run; the
 /// call as a whole only needs a non-empty list of objects.
-pub static CHILD_SCHEMA: LazyLock<Schema> = LazyLock::new(|| {
+pub(crate) static CHILD_SCHEMA: LazyLock<Schema> = LazyLock::new(|| {
     Schema::compile(child_schema()).unwrap_or_else(|e| panic!("built-in schema: {e}"))
 });
 
@@ -178,7 +178,7 @@ static BUILTINS: LazyLock<HashMap<&'static str, Builtin>> = LazyLock::new(|| {
 });
 
 /// The longest tool name both OpenAI (`^[a-zA-Z0-9_-]{1,64}$`) and Anthropic accept.
-pub const MAX_WIRE_NAME: usize = 64;
+pub(crate) const MAX_WIRE_NAME: usize = 64;
 
 /// The name the model sees for a tool: `/` (an MCP server's namespace) becomes
 /// `__`, any other character outside `[A-Za-z0-9_-]` becomes `_`, and a name
@@ -216,7 +216,7 @@ fn short_hash(name: &str) -> String {
 
 /// What a spawn tool tells the model of one agent it may spawn.
 #[derive(Clone, Debug, PartialEq)]
-pub struct SpawnableInfo {
+pub(crate) struct SpawnableInfo {
     /// The `spawnableAgents` entry (what `agent_type` should say).
     pub agent_type: String,
     pub description: Option<String>,

@@ -147,7 +147,7 @@ pub struct AgentRun {
 
 impl AgentRun {
     /// Takes the result out of a child's final actor state.
-    pub fn take_result(&mut self) -> Option<(ChildKey, RunResult)> {
+    pub(crate) fn take_result(&mut self) -> Option<(ChildKey, RunResult)> {
         let key = match self.reply.as_ref()? {
             Reply::Parent(key) => *key,
             Reply::Root(_) => return None,

@@ -2,7 +2,7 @@
 //! tests and demos) and `simulated` (a procedural tree for demos and load).
 
 pub mod scripted;
-pub mod simulated;
+mod simulated;
 
 pub use scripted::{ScriptError, ScriptedModel};
 pub use simulated::{Latency, SimulatedConfig, SimulatedModel};

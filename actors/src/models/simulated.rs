@@ -27,11 +27,11 @@ pub enum Latency {
 
 /// The longest latency a simulated call takes: a parsed one above it is
 /// refused, a sampled one is capped to it.
-pub const MAX_LATENCY: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_LATENCY: Duration = Duration::from_secs(3600);
 
 /// The widest log-normal shape: at 3 the slowest of a million calls is
 /// about 10^7 times the median, already past any load test's interest.
-pub const MAX_SIGMA: f64 = 3.0;
+pub(crate) const MAX_SIGMA: f64 = 3.0;
 
 impl Latency {
     /// Parses `0`, `50ms`, `2s` or `lognormal:200ms,0.5` (durations in

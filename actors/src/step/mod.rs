@@ -175,7 +175,7 @@ impl StepMachine {
     }
 
     /// The ordinal of the next child this run spawns (1 for the first).
-    pub fn next_child_ordinal(&mut self) -> u32 {
+    pub(crate) fn next_child_ordinal(&mut self) -> u32 {
         self.children_spawned += 1;
         self.children_spawned
     }
@@ -211,7 +211,7 @@ impl StepMachine {
     }
 
     /// Takes the state out of a finished machine (it keeps an empty one).
-    pub fn take_state(&mut self) -> AgentState {
+    pub(crate) fn take_state(&mut self) -> AgentState {
         std::mem::take(&mut self.state)
     }
 
@@ -408,7 +408,7 @@ impl StepMachine {
     /// At the end of a run cut short: records the children of the unfinished
     /// step, both the calls that had reported and those still out (`late`: call
     /// index, credits, run ids), in call order.
-    pub fn close_children(&mut self, late: Vec<(usize, f64, Vec<String>)>) {
+    pub(crate) fn close_children(&mut self, late: Vec<(usize, f64, Vec<String>)>) {
         let mut calls = std::mem::take(&mut self.abandoned);
         for (index, credits, runs) in late {
             self.state.credits_used += credits;

@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use arbor_actors::event::EventKind;
 use arbor_actors::handler::{FnHandler, FnProgram, Resume, Yield};
 use arbor_actors::history::{History, check_pairing};
 use arbor_actors::hooks::RunIds;
@@ -19,7 +18,7 @@ use arbor_actors::state::{AgentState, AgentStatus};
 use arbor_actors::template::{AgentTemplate, AgentTypeId, OutputMode};
 use arbor_actors::tool::Tool;
 use arbor_actors::toolbox::Toolbox;
-use arbor_actors::{Action, Catalog, StepMachine};
+use arbor_actors::{Action, Catalog, EventKind, StepMachine};
 use arbor_test_support::Echo;
 use serde_json::{Value, json};
 
