@@ -918,3 +918,60 @@ fn an_interrupted_tree_counts_the_runs_it_started_and_its_resume_counts_none_twi
     assert_eq!(runs[0]["status"], "completed");
     assert_eq!(runs[0]["agents"], 36, "each run once: {runs}");
 }
+
+/// `tests/fixtures/store/before-issue-13.db` was written by the build before
+/// issue 13's redesign (commit 6d20b50) with `tests/fixtures/crash.toml`: tree
+/// `before13` ran to the end, tree `cut13` was killed (SIGKILL) after 60
+/// events (its owner then renamed to a boot no machine has, so it reads as
+/// interrupted anywhere). This build lists both as that build did, replays the finished one
+/// to a match, and resumes the cut one to the end of its 36 runs.
+#[test]
+fn a_store_written_by_the_build_before_the_redesign_lists_replays_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixtures().join("store/before-issue-13.db"),
+        dir.path().join("s.db"),
+    )
+    .unwrap();
+    let runs = json_out(&arbor_in(
+        dir.path(),
+        &["runs", "--store", "s.db", "--json"],
+    ));
+    let summary = |tree: &str| {
+        runs.as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["treeId"] == tree)
+            .cloned()
+            .unwrap_or_else(|| panic!("no tree {tree} in {runs}"))
+    };
+    assert_eq!(summary("before13")["status"], "completed");
+    assert_eq!(summary("before13")["agents"], 36);
+    assert_eq!(summary("cut13")["status"], "interrupted");
+
+    let replay = arbor_in(dir.path(), &["replay", "before13", "--store", "s.db"]);
+    assert!(
+        text(&replay.stdout).starts_with("match: 36 runs"),
+        "{}{}",
+        text(&replay.stdout),
+        text(&replay.stderr)
+    );
+
+    let resumed = json_out(&arbor_in(
+        dir.path(),
+        &["resume", "cut13", "--store", "s.db", "--json", "-q"],
+    ));
+    assert_eq!(resumed["status"], "completed", "{resumed}");
+    let tree = json_out(&arbor_in(
+        dir.path(),
+        &["tree", "cut13", "--store", "s.db", "--json"],
+    ));
+    assert_eq!(tree["runs"].as_array().unwrap().len(), 36, "{tree}");
+    let replay = arbor_in(dir.path(), &["replay", "cut13", "--store", "s.db"]);
+    assert!(
+        text(&replay.stdout).starts_with("match: 36 runs"),
+        "{}{}",
+        text(&replay.stdout),
+        text(&replay.stderr)
+    );
+}
