@@ -105,6 +105,7 @@ pub struct ModelResponse {
 /// A piece of a streamed reply, surfaced as an event while the step runs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
+#[non_exhaustive]
 pub enum Delta {
     Text {
         text: String,

@@ -51,6 +51,7 @@ impl ToolOutput {
 /// A tool failure, shown to the model as a `TOOL_CALL_ERROR` result.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("{message}")]
+#[non_exhaustive]
 pub struct ToolError {
     pub message: String,
 }

@@ -130,7 +130,7 @@ pub(crate) fn joined(deltas: &Deltas) -> (String, String, BTreeMap<usize, String
             Delta::ToolCallArgs { index, text: t } => {
                 args.entry(*index).or_insert_with(String::new).push_str(t)
             }
-            Delta::Retry { .. } => panic!("unexpected {d:?}"),
+            _ => panic!("unexpected {d:?}"),
         }
     }
     (text, reasoning, args)

@@ -48,6 +48,7 @@ pub struct RunResult {
 
 /// Why an agent is asked to stop early.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum CancelReason {
     /// A user (or the service) cancelled this agent or an ancestor.
     Requested,
