@@ -17,6 +17,8 @@ struct Subscriber {
     tx: mpsc::UnboundedSender<Arc<Event>>,
 }
 
+/// Where a supervisor's events go out: subscriptions (all trees or one) and
+/// observers. Cloning it shares the same bus.
 #[derive(Clone, Default)]
 pub struct EventBus {
     subscribers: Arc<RwLock<Vec<Subscriber>>>,

@@ -29,6 +29,8 @@ pub trait ToolSource: Send + Sync + 'static {
     fn prepare(&self, entries: Vec<String>) -> BoxFuture<'static, ()>;
 }
 
+/// Collects templates, models and tools; `build` checks them into a
+/// [`Catalog`].
 #[derive(Default)]
 pub struct CatalogBuilder {
     templates: Vec<AgentTemplate>,
@@ -38,11 +40,13 @@ pub struct CatalogBuilder {
 }
 
 impl CatalogBuilder {
+    /// Adds a template; of two with one id, the later is kept.
     pub fn template(mut self, template: AgentTemplate) -> Self {
         self.templates.push(template);
         self
     }
 
+    /// Registers a model under its own name (replacing one of that name).
     pub fn model(mut self, model: Arc<dyn Model>) -> Self {
         self.models.insert(model.name().to_owned(), model);
         self
@@ -54,6 +58,7 @@ impl CatalogBuilder {
         self
     }
 
+    /// Registers a tool under its own name (replacing one of that name).
     pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
         self.tools.insert(tool.name().to_owned(), tool);
         self
@@ -104,6 +109,8 @@ impl CatalogBuilder {
 
 type Toolboxes = HashMap<String, Arc<Toolbox>>;
 
+/// The checked templates, models and tools of a supervisor, and every
+/// template's toolbox. Built with [`Catalog::builder`].
 pub struct Catalog {
     templates: HashMap<String, Arc<AgentTemplate>>,
     models: HashMap<String, Arc<dyn Model>>,
@@ -114,6 +121,7 @@ pub struct Catalog {
 }
 
 impl Catalog {
+    /// An empty builder.
     pub fn builder() -> CatalogBuilder {
         CatalogBuilder::default()
     }
@@ -150,6 +158,7 @@ impl Catalog {
         Ok(out)
     }
 
+    /// The template with exactly this id.
     pub fn template(&self, id: &str) -> Option<&Arc<AgentTemplate>> {
         self.templates.get(id)
     }
@@ -168,6 +177,8 @@ impl Catalog {
         matching.next().is_none().then_some(first)
     }
 
+    /// Whether some template matches `requested` (an id, or a
+    /// `publisher/name@version` pattern of one).
     pub fn knows_agent(&self, requested: &str) -> bool {
         let want = AgentTypeId::parse(requested);
         self.templates
@@ -175,14 +186,17 @@ impl Catalog {
             .any(|id| want.matches(&AgentTypeId::parse(id)))
     }
 
+    /// Every template, in no particular order.
     pub fn templates(&self) -> impl Iterator<Item = &Arc<AgentTemplate>> {
         self.templates.values()
     }
 
+    /// The model registered under `name`.
     pub fn model(&self, name: &str) -> Option<&Arc<dyn Model>> {
         self.models.get(name)
     }
 
+    /// The names models are registered under, in no particular order.
     pub fn model_names(&self) -> impl Iterator<Item = &str> {
         self.models.keys().map(String::as_str)
     }

@@ -9,49 +9,94 @@ pub enum Error {
     /// A stored tree's config cannot be built into a catalog here.
     #[error("the config the tree started with: {0}")]
     TreeConfig(String),
+    /// No template of the catalog matches the requested agent type (named
+    /// here as it was asked for).
     #[error("agent type {0} not found")]
     UnknownAgent(String),
+    /// A template's model, or the model a start request asks for, is not in
+    /// the catalog.
     #[error("model {model} (used by agent {agent}) is not configured")]
-    UnknownModel { agent: String, model: String },
+    UnknownModel {
+        /// The template's id.
+        agent: String,
+        /// The model name that is not configured.
+        model: String,
+    },
+    /// A template cannot be built: a spawnable agent that is not defined, or
+    /// a toolbox that does not build (an unknown tool, a bad schema).
     #[error("agent {agent}: {message}")]
-    InvalidTemplate { agent: String, message: String },
-    /// The message names the agent and whether the prompt or the params failed.
+    InvalidTemplate {
+        /// The template's id.
+        agent: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A start request's prompt or params do not fit the template's input
+    /// (params must be a JSON object that passes its schema). The message
+    /// names the agent and whether the prompt or the params failed.
     #[error("{message}")]
-    InvalidInput { agent: String, message: String },
+    InvalidInput {
+        /// The id of the template the input was checked against.
+        agent: String,
+        /// What failed, as shown to the user.
+        message: String,
+    },
+    /// The root agent's actor could not be started (the actor system's reason).
     #[error("could not start the root agent: {0}")]
     Spawn(String),
+    /// The root of this tree stopped without sending its result.
     #[error("the root agent of tree {0} ended without a result")]
     Lost(String),
+    /// No run has this id where it was looked up (the live trees, the
+    /// finished states this supervisor keeps, or the store).
     #[error("no run {0}")]
     UnknownRun(String),
+    /// A tree with this id is running in this supervisor.
     #[error("a tree with id {0} is still running (tree ids must be unique)")]
     TreeExists(String),
+    /// A start request's tree id is not a valid one.
     #[error("tree id {0:?} is not valid: use 1 to 128 letters, digits, '-', '_', '.' or ':'")]
     InvalidTreeId(String),
+    /// A new tree would take the id of a tree the store has (resume continues
+    /// that one).
     #[error(
         "the store already has a tree {0} (resume it with `arbor resume {0}`, or choose another id)"
     )]
     TreeStored(String),
+    /// The store has no tree with this id.
     #[error("no tree {0} in the store")]
     UnknownTree(String),
+    /// The store's file cannot be opened or made ready: there is none, it
+    /// is busy, damaged or empty, or a migration failed (the reason says).
     #[error("cannot open store {path}: {reason}")]
     StoreOpen {
+        /// The store's file.
         path: String,
+        /// Why it cannot be opened.
         reason: String,
         /// Another process held the file's lock (opening is tried again
         /// until the busy timeout; a caller may try again later).
         busy: bool,
     },
+    /// The file is not an Arbor store: not SQLite, or another application's.
     #[error(
         "{path} is not an Arbor store (it is not a SQLite file, or belongs to another program)"
     )]
-    NotAStore { path: String },
+    NotAStore {
+        /// The file.
+        path: String,
+    },
+    /// The store's schema is newer than this build knows; nothing was
+    /// written to it.
     #[error(
         "store {path} was written by a newer Arbor (schema version {found}; this build knows up to {known}): upgrade arbor to use it"
     )]
     NewerStore {
+        /// The store's file.
         path: String,
+        /// The file's schema version.
         found: i64,
+        /// The newest schema version this build knows.
         known: i64,
     },
     /// The supervisor has no store, and the call needs one (`read_store`,
@@ -60,7 +105,10 @@ pub enum Error {
         "{}",
         if *.resume { "resume needs a store" } else { "this supervisor has no store" }
     )]
-    NoStore { resume: bool },
+    NoStore {
+        /// Whether the call was a resume (the message says so).
+        resume: bool,
+    },
     /// A replay was asked of a supervisor with a store (a replay must never
     /// overwrite what it is checked against).
     #[error("a replay runs on a supervisor without a store")]
@@ -68,20 +116,27 @@ pub enum Error {
     /// A read or write of the store's file failed (SQL or I/O).
     #[error("{}: {source}", path.display())]
     StoreIo {
+        /// The store's file.
         path: PathBuf,
+        /// The SQL or I/O error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A batch could not be written (after retrying while the file was busy).
     #[error("cannot write {}: {source}", path.display())]
     StoreWrite {
+        /// The store's file.
         path: PathBuf,
+        /// The error of the last attempt.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A stored tree's records are not what this build can read.
     #[error("{path}: tree {tree}: {reason}")]
     StoreCorrupt {
+        /// The store's file.
         path: String,
+        /// The tree whose records these are.
         tree: String,
+        /// What could not be read.
         reason: String,
     },
     /// A lock of the store was poisoned by a panic while a write held it
@@ -93,8 +148,15 @@ pub enum Error {
     /// tree starts on this supervisor's store after a write failed.
     #[error("{0}")]
     Store(String),
+    /// A stored tree cannot be claimed for a resume: it has ended, or
+    /// another live process runs it.
     #[error("tree {tree} cannot be resumed: {reason}")]
-    NotResumable { tree: String, reason: String },
+    NotResumable {
+        /// The tree's id.
+        tree: String,
+        /// Why not.
+        reason: String,
+    },
     /// Another process claimed the tree after this one (its fencing epoch is
     /// higher): this process stops running it and writes nothing more of it.
     #[error(
@@ -102,8 +164,11 @@ pub enum Error {
          held {epoch}): it stopped here and goes on there"
     )]
     Fenced {
+        /// The tree's id.
         tree: String,
+        /// The fencing epoch this process claimed the tree with.
         epoch: u64,
+        /// The tree's epoch in the store now (the other process's claim).
         current: u64,
     },
 }

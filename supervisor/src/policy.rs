@@ -52,6 +52,7 @@ pub struct ToolPolicy {
 }
 
 impl ToolPolicy {
+    /// A policy of one rule (none if the rule is empty).
     pub fn new(rule: ToolRule) -> Self {
         ToolPolicy::default().narrowed(rule)
     }
@@ -60,6 +61,7 @@ impl ToolPolicy {
         self.rules.is_empty()
     }
 
+    /// Its rules, in the order they were added.
     pub fn rules(&self) -> &[ToolRule] {
         &self.rules
     }

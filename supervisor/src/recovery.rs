@@ -14,7 +14,9 @@ use async_trait::async_trait;
 /// A model reply as the store recorded it.
 #[derive(Clone, Debug)]
 pub struct RecordedReply {
+    /// The assistant message the model replied with.
     pub message: Arc<Message>,
+    /// What the call used (tokens, credits).
     pub usage: Usage,
 }
 
@@ -24,9 +26,14 @@ pub type Tape = HashMap<(String, u32), RecordedReply>;
 /// What the tree had spent when it stopped (so its limits hold across a restart).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Spent {
+    /// Agents the tree admitted, the root included (a retry is the same agent).
     pub agents: usize,
+    /// Model steps that are not taken again: every step of a finished run,
+    /// and a cut-short run's steps up to its checkpoint.
     pub steps: u64,
+    /// Input and output tokens of those steps.
     pub tokens: u64,
+    /// Credits those steps cost.
     pub credits: f64,
 }
 
@@ -37,9 +44,11 @@ pub struct Recovery {
     pub finished: HashMap<String, (Arc<AgentState>, usize)>,
     /// Runs that were cut short: each goes on from its last checkpoint.
     pub checkpoints: HashMap<String, Arc<Checkpoint>>,
+    /// The model replies recorded, served instead of calling the model again.
     pub replies: Tape,
     /// The last event number the tree used; new events follow it.
     pub last_seq: u64,
+    /// What the tree had spent, which its budget goes on from.
     pub spent: Spent,
     /// Every run the log has, ended or not.
     pub runs: Vec<String>,

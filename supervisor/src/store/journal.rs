@@ -19,21 +19,39 @@ use serde_json::{Map, Value};
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub enum EventType {
+    /// `agentStarted`: a run started.
     AgentStarted,
+    /// `stepStarted`: a run began a step.
     StepStarted,
+    /// `modelRetrying`: a model request failed and is tried again.
     ModelRetrying,
+    /// `modelResponded`: the model answered a step (with its usage).
     ModelResponded,
+    /// `toolCalled`: a tool call of a step ended (with the error the model
+    /// was shown, if it failed).
     ToolCalled,
+    /// `historyRepaired`: the request builder dropped calls or results that
+    /// would have broken pairing.
     HistoryRepaired,
+    /// `childSpawned`: a run spawned a child (or an attempt of one).
     ChildSpawned,
+    /// `childRetrying`: a failed child is tried again after a delay.
     ChildRetrying,
+    /// `childFinished`: a child ended, with its status.
     ChildFinished,
+    /// `outputSet`: a run set its output value.
     OutputSet,
+    /// `suspended`: a run gave back its live slot to wait for its children.
     Suspended,
+    /// `resumed`: a run holds a live slot again.
     Resumed,
+    /// `agentFinished`: a run completed.
     AgentFinished,
+    /// `agentFailed`: a run failed.
     AgentFailed,
+    /// `agentCancelled`: a run was cancelled.
     AgentCancelled,
+    /// `limitHit`: a limit of the tree was reached.
     LimitHit,
 }
 

@@ -31,12 +31,20 @@ pub use status::{TreeStatus, UnknownStatus};
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TreeRecord {
+    /// The tree's id.
     pub tree_id: String,
+    /// The root's run id (`<tree>/0`).
     pub root_run_id: String,
+    /// The root's agent type (the template id it started as).
     pub agent: String,
+    /// The root's prompt.
     pub prompt: String,
+    /// The root's params; `None` when it had none.
     pub params: Option<Value>,
+    /// The model every agent of the tree ran on; `None`: each its template's.
     pub model: Option<String>,
+    /// The limits the tree runs under: the request's or the supervisor's,
+    /// with the supervisor's tool policy added.
     pub limits: TreeLimits,
     /// Where the templates came from (a config file path), if known.
     pub origin: Option<String>,
@@ -47,6 +55,7 @@ pub struct TreeRecord {
     /// The conversation the root started with, before its prompt.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history: Option<History>,
+    /// When it first started, in milliseconds since the Unix epoch.
     pub started_ms: u64,
 }
 
@@ -72,6 +81,7 @@ impl TreeRecord {
 pub enum Write {
     /// A tree started, or was resumed by this process.
     Tree(Box<TreeRecord>),
+    /// An event of a tree, in the tree's `seq` order.
     Event(Arc<Event>),
     /// These trees are still being run by this process.
     Heartbeat(Vec<String>),
@@ -82,8 +92,11 @@ pub enum Write {
     /// What a resumed tree's store already holds: messages by their ids, and
     /// the model calls recorded, so neither is written (or counted) again.
     Known {
+        /// The resumed tree.
         tree_id: String,
+        /// Messages the store holds, each with its id there.
         messages: Vec<(Arc<Message>, u64)>,
+        /// The model calls recorded, by run id and step.
         calls: Vec<(String, u32)>,
         /// Every run the log has (each started once already).
         runs: Vec<String>,
@@ -93,8 +106,11 @@ pub enum Write {
 /// Which trees `Store::trees` lists.
 #[derive(Clone, Debug, Default)]
 pub struct TreeFilter {
+    /// Only trees with this status; `None`: every tree.
     pub status: Option<TreeStatus>,
+    /// At most this many trees; 0: no limit.
     pub limit: usize,
+    /// Trees skipped first (of those that match, newest first).
     pub offset: usize,
 }
 
@@ -102,6 +118,7 @@ pub struct TreeFilter {
 /// nothing of it was written, and this process must stop running it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fenced {
+    /// The tree taken over.
     pub tree_id: String,
     /// The epoch this process claimed the tree with.
     pub epoch: u64,
@@ -184,21 +201,35 @@ pub(crate) fn still_running(owner: &str, heartbeat_ms: u64, now_ms: u64) -> bool
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TreeSummary {
+    /// The tree's id.
     pub tree_id: String,
+    /// The root's run id.
     pub root_run_id: String,
     /// The root's agent type.
     pub agent: String,
+    /// The root's prompt.
     pub prompt: String,
+    /// Where the tree is: `interrupted` is judged when it is read (stored as
+    /// running, its owner gone).
     pub status: TreeStatus,
+    /// What went wrong, when the root ended with an error (why it failed, or
+    /// the error message its output carries); `None` otherwise.
     pub error: Option<String>,
     /// Runs that have started, each once (a resumed tree's runs that go on
     /// are not counted again), so a running or interrupted tree shows them.
     pub agents: u64,
+    /// Input tokens of every model call of the tree.
     pub input_tokens: u64,
+    /// Output tokens of every model call of the tree.
     pub output_tokens: u64,
+    /// Credits every model call of the tree cost.
     pub cost: f64,
+    /// When it first started, in milliseconds since the Unix epoch.
     pub started_ms: u64,
+    /// When its root ended, in milliseconds since the Unix epoch; `None`
+    /// while it runs or is interrupted.
     pub finished_ms: Option<u64>,
+    /// How many times it was resumed.
     pub resumes: u64,
 }
 
@@ -207,25 +238,42 @@ pub struct TreeSummary {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RunNode {
+    /// The run's id.
     pub run_id: String,
+    /// The run that spawned it; `None` for the root.
     pub parent_run_id: Option<String>,
+    /// Its agent type (template id).
     pub agent_type: String,
+    /// How far below the root it is (the root is 0).
     pub depth: u64,
+    /// `running`, or its final status (`completed`, `failed`, `cancelled`).
     pub status: String,
+    /// The error its final event names; `None` otherwise.
     pub error: Option<String>,
+    /// Model replies recorded for it (one per model step).
     pub steps: u64,
+    /// Input tokens of its own model calls.
     pub input_tokens: u64,
+    /// Output tokens of its own model calls.
     pub output_tokens: u64,
+    /// Credits its own model calls cost.
     pub cost: f64,
+    /// When it started, in milliseconds since the Unix epoch.
     pub started_ms: u64,
+    /// When it ended, in milliseconds since the Unix epoch; `None` while it
+    /// has not.
     pub finished_ms: Option<u64>,
 }
 
 /// A run's state as stored: final, or its last checkpoint.
 #[derive(Clone, Debug)]
 pub struct StoredRun {
+    /// The run and what it spent.
     pub node: RunNode,
+    /// Its final state, or else its last checkpoint's; `None` when neither
+    /// was stored (it had not reached its first checkpoint).
     pub state: Option<AgentState>,
+    /// Whether `state` is the final one.
     pub is_final: bool,
     /// Messages at the start of the state's history the run inherited (its
     /// output value leaves them out).
@@ -235,7 +283,9 @@ pub struct StoredRun {
 /// What `Store::gc` removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct GcReport {
+    /// Trees removed.
     pub trees: u64,
+    /// Log segments removed with them.
     pub segments: u64,
 }
 
@@ -248,9 +298,13 @@ pub trait Store: Send + Sync + 'static {
     fn write(&self, batch: &[Write]) -> Result<Vec<Fenced>, Error>;
     /// Trees, newest first.
     fn trees(&self, filter: &TreeFilter) -> Result<Vec<TreeSummary>, Error>;
+    /// A tree as it was started and as it is listed; `Error::UnknownTree` if
+    /// the store has none with this id.
     fn tree(&self, tree_id: &str) -> Result<(TreeRecord, TreeSummary), Error>;
     /// Every run of a tree, in the order they started.
     fn runs(&self, tree_id: &str) -> Result<Vec<RunNode>, Error>;
+    /// One run, with its final state or last checkpoint; `Error::UnknownRun`
+    /// if the store has none with this id.
     fn run(&self, run_id: &str) -> Result<StoredRun, Error>;
     /// What a resume (or, with its replies, a replay) of the tree starts from.
     fn recovery(&self, tree_id: &str) -> Result<Recovery, Error>;

@@ -13,10 +13,15 @@ use serde::{Deserialize, Serialize};
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum TreeStatus {
+    /// Its process runs it (alive, or its heartbeat is fresh).
     Running,
+    /// Stored as running, but its process is gone: it can be resumed.
     Interrupted,
+    /// Its root completed.
     Completed,
+    /// Its root failed.
     Failed,
+    /// Its root was cancelled.
     Cancelled,
 }
 

@@ -31,8 +31,13 @@ use crate::tree::TreeContext;
 /// What to start: an agent type, its prompt and params.
 #[derive(Clone, Debug, Default)]
 pub struct StartRequest {
+    /// The root's agent type: a template id, or a name that matches exactly
+    /// one template (see [`Catalog::find_template`]).
     pub agent: String,
+    /// The root's prompt.
     pub prompt: String,
+    /// The root's params: a JSON object, checked against its template's
+    /// input schema; `None`: no params.
     pub params: Option<Value>,
     /// Limits for this tree instead of the supervisor's defaults.
     pub limits: Option<TreeLimits>,
@@ -70,6 +75,8 @@ fn not_an_object(value: &Value) -> Option<&'static str> {
 
 type Trees = Arc<Mutex<HashMap<Arc<str>, (Weak<TreeContext>, ActorRef<AgentMsg>)>>>;
 
+/// Starts trees and answers for them: their events, their runs' states by
+/// run id, cancellation, and (with a store) resume and replay.
 pub struct Supervisor {
     catalog: Arc<Catalog>,
     /// What this supervisor's catalog was built from (see `StartRequest::config`).
@@ -88,7 +95,9 @@ pub struct Supervisor {
 
 /// A started tree: its ids, its events, and its result.
 pub struct TreeHandle {
+    /// The tree's id.
     pub tree_id: Arc<str>,
+    /// The root's run id.
     pub root_run_id: String,
     root: ActorRef<AgentMsg>,
     result: oneshot::Receiver<RunResult>,
@@ -98,10 +107,14 @@ pub struct TreeHandle {
 }
 
 impl Supervisor {
+    /// A supervisor of this catalog, whose trees run under `limits` unless a
+    /// start request brings its own; it keeps every run's final state.
     pub fn new(catalog: Catalog, limits: TreeLimits) -> Self {
         Self::with_retention(catalog, limits, Retain::All)
     }
 
+    /// Like [`new`](Self::new), keeping only the final states `retain` says
+    /// (for [`finished_state`](Self::finished_state) and [`state`](Self::state)).
     pub fn with_retention(catalog: Catalog, limits: TreeLimits, retain: Retain) -> Self {
         Supervisor {
             catalog: Arc::new(catalog),
@@ -189,6 +202,7 @@ impl Supervisor {
         }
     }
 
+    /// The store trees are written to; `None` without one.
     pub fn store(&self) -> Option<&Arc<dyn Store>> {
         self.store.as_ref().map(|(store, _)| store)
     }
@@ -304,14 +318,17 @@ impl Supervisor {
             .await
     }
 
+    /// The catalog new trees run on.
     pub fn catalog(&self) -> &Catalog {
         &self.catalog
     }
 
+    /// The limits of a tree whose start request brings none.
     pub fn default_limits(&self) -> &TreeLimits {
         &self.limits
     }
 
+    /// The bus every event of every tree goes out on.
     pub fn events(&self) -> &EventBus {
         &self.bus
     }
@@ -648,6 +665,8 @@ impl TreeHandle {
         self.canceller().cancel();
     }
 
+    /// A handle that cancels this tree from anywhere, also after this
+    /// handle is gone.
     pub fn canceller(&self) -> Canceller {
         Canceller(self.root.clone())
     }
@@ -667,6 +686,7 @@ impl TreeHandle {
         self.ctx.budget.steps()
     }
 
+    /// Tokens the tree's model calls used so far (input and output).
     pub fn tokens(&self) -> u64 {
         self.ctx.budget.tokens()
     }

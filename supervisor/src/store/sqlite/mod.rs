@@ -30,6 +30,8 @@ use rusqlite::Connection;
 use self::write::{Buffers, TreeCache};
 use crate::error::Error;
 
+/// The embedded `Store`: one SQLite file (see the module doc). Open it with
+/// `open`, `open_existing` or `open_read_only`.
 pub struct SqliteStore {
     path: PathBuf,
     conn: Mutex<Connection>,
@@ -57,6 +59,7 @@ fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> Error + '_ {
 }
 
 impl SqliteStore {
+    /// The store's file.
     pub fn path(&self) -> &Path {
         &self.path
     }
