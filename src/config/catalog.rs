@@ -2,12 +2,26 @@
 
 use std::sync::Arc;
 
+use arbor_actors::models::scripted::Script;
 use arbor_actors::models::{Latency, ScriptedModel, SimulatedConfig, SimulatedModel};
 use arbor_supervisor::Catalog;
 
-use super::{Config, ConfigError, ModelSection, Problem, SimulatedSection};
+use super::{Config, ConfigError, Problem, SimulatedSection};
 use crate::providers::{HttpModel, HttpSection, ProviderKind, ProviderSettings};
 use crate::tools::ToolSet;
+
+/// A `[models.NAME]` entry as its checks left it: what its model is built
+/// from, so a catalog reads and validates nothing again.
+#[derive(Clone, Debug)]
+pub(super) enum ModelSpec {
+    Simulated(SimulatedConfig),
+    /// The script, read and parsed; each catalog gets a model of its own
+    /// (with its own record of requests).
+    Scripted(Script),
+    /// The provider's settings, validated, without the key: that is read
+    /// from the environment when a catalog is built, and kept only there.
+    Http(Box<ProviderSettings>),
+}
 
 impl Config {
     /// The tools this config declares, for one runtime: its MCP servers (not
@@ -33,21 +47,12 @@ impl Config {
         for tool in code_tools {
             builder = builder.tool(tool.clone());
         }
-        for (name, section) in &self.file.models {
-            let model: Arc<dyn arbor_actors::Model> = match section {
-                ModelSection::Simulated(s) => Arc::new(SimulatedModel::new(
-                    name,
-                    simulated_config(s).map_err(|m| self.problem("models", name, "latency", m))?,
-                )),
-                ModelSection::Scripted(s) => Arc::new(
-                    ScriptedModel::from_file(name, &self.base_dir.join(&s.file))
-                        .map_err(|e| self.problem("models", name, "file", e.to_string()))?,
-                ),
-                ModelSection::Openai(s) => {
-                    Arc::new(self.http_model(name, ProviderKind::OpenAi, s)?)
-                }
-                ModelSection::Anthropic(s) => {
-                    Arc::new(self.http_model(name, ProviderKind::Anthropic, s)?)
+        for (name, spec) in &self.models {
+            let model: Arc<dyn arbor_actors::Model> = match spec {
+                ModelSpec::Simulated(config) => Arc::new(SimulatedModel::new(name, config.clone())),
+                ModelSpec::Scripted(script) => Arc::new(ScriptedModel::new(name, script.clone())),
+                ModelSpec::Http(settings) => {
+                    Arc::new(self.http_model_from(name, (**settings).clone())?)
                 }
             };
             builder = builder.model_as(name, model);
@@ -74,6 +79,16 @@ impl Config {
     ) -> Result<HttpModel, ConfigError> {
         let settings = ProviderSettings::from_section(kind, section)
             .map_err(|(key, message)| self.problem("models", name, &key, message))?;
+        self.http_model_from(name, settings)
+    }
+
+    /// The HTTP model over checked settings, with its key read now.
+    fn http_model_from(
+        &self,
+        name: &str,
+        mut settings: ProviderSettings,
+    ) -> Result<HttpModel, ConfigError> {
+        settings.read_api_key();
         HttpModel::new(name, settings)
             .map_err(|message| self.problem("models", name, "provider", message))
     }
@@ -90,12 +105,13 @@ impl Config {
     }
 }
 
-pub(super) fn simulated_config(s: &SimulatedSection) -> Result<SimulatedConfig, String> {
-    Ok(SimulatedConfig {
+/// A simulated model's tree, with its latency parsed.
+pub(super) fn simulated_config(s: &SimulatedSection, latency: Latency) -> SimulatedConfig {
+    SimulatedConfig {
         shape: s.shape.clone().unwrap_or_else(|| vec![s.fanout; s.depth]),
-        latency: Latency::parse(&s.latency)?,
+        latency,
         reply_tokens: s.reply_tokens,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -109,7 +125,10 @@ mod tests {
     fn the_shipped_config_loads_and_builds_a_catalog() {
         let config = Config::default_config().unwrap();
         assert_eq!(config.default_agent(), Some("coordinator"));
-        assert_eq!(config.limits.max_live_agents, Some(64));
+        assert_eq!(
+            config.limits.max_live_agents,
+            std::num::NonZeroUsize::new(64)
+        );
         assert_eq!(
             config.limits.deadline,
             Some(std::time::Duration::from_secs(300))
@@ -129,5 +148,19 @@ mod tests {
         let catalog = config.catalog().unwrap();
         assert!(catalog.template("analyst").is_some());
         assert!(catalog.model("sim").is_some());
+    }
+
+    #[test]
+    fn a_catalog_is_built_from_what_the_checks_read_not_from_the_files_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("script.json");
+        std::fs::write(&script, r#"{"replies": []}"#).unwrap();
+        let text = "[models.s]\nprovider = \"scripted\"\nfile = \"script.json\"\n\n\
+                    [agents.a]\nmodel = \"s\"\n";
+        let config = Config::parse(text, "c.toml", dir.path().to_path_buf()).unwrap();
+        std::fs::remove_file(&script).unwrap();
+        // Each catalog gets its own model from the script read once.
+        assert!(config.catalog().unwrap().model("s").is_some());
+        assert!(config.catalog().unwrap().model("s").is_some());
     }
 }

@@ -6,20 +6,17 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
-use arbor_actors::models::{Latency, ScriptedModel};
+use arbor_actors::models::scripted::Script;
+use arbor_actors::models::{Latency, ScriptError};
 use arbor_actors::schema::Schema;
 use arbor_actors::template::InputSchema;
 use arbor_actors::{AgentTemplate, FailurePolicy};
-use arbor_supervisor::{ToolPolicy, TreeLimits, check_pattern};
+use arbor_supervisor::{TreeLimits, check_pattern};
 
-use super::catalog::simulated_config;
-use super::read::{at, locate_path};
-use super::{
-    ConfigFile, FailureSection, LimitsSection, ModelSection, Problem, ServiceSection,
-    ServiceSettings,
-};
+use super::catalog::{ModelSpec, simulated_config};
+use super::read::{Source, at, locate_path};
+use super::{ConfigFile, FailureSection, ModelSection, Problem, ServiceSection, ServiceSettings};
 use crate::providers::{ProviderKind, ProviderSettings};
 use crate::tools::command::CommandTool;
 use crate::tools::mcp::McpSettings;
@@ -27,7 +24,7 @@ use serde_json::Value;
 
 /// A duration key within `range` (inclusive), or its problem.
 fn duration_in(
-    text: &str,
+    text: &Source<'_>,
     table: &str,
     key: &str,
     value: &Option<String>,
@@ -49,7 +46,7 @@ fn duration_in(
 
 /// A number key within `min..=max`, or its problem (NaN is outside every range).
 fn number<T: PartialOrd + fmt::Display + Copy>(
-    text: &str,
+    text: &Source<'_>,
     table: &str,
     key: &str,
     value: Option<T>,
@@ -87,7 +84,7 @@ pub mod ranges {
 /// (README's service section lists them), and gives the typed values.
 pub(super) fn check_service(
     service: &ServiceSection,
-    text: &str,
+    text: &Source<'_>,
     problems: &mut Vec<Problem>,
 ) -> ServiceSettings {
     use std::time::Duration;
@@ -237,36 +234,11 @@ pub(super) fn check_service(
     }
 }
 
-pub(super) fn limits(
-    section: &LimitsSection,
-    text: &str,
-    problems: &mut Vec<Problem>,
-) -> TreeLimits {
-    let t = "limits";
-    let mut deadline_problem = Vec::new();
-    let limits = TreeLimits {
-        max_depth: section.max_depth,
-        max_children_per_call: section.max_children_per_call,
-        max_live_agents: section.max_live_agents,
-        max_agents: section.max_agents,
-        max_steps: section.max_steps,
-        max_tokens: section.max_tokens,
-        max_credits: section.max_credits,
-        deadline: duration_in(
-            text,
-            t,
-            "deadline",
-            &section.deadline,
-            (Duration::ZERO, Duration::MAX),
-            &mut deadline_problem,
-        ),
-        tools: ToolPolicy::default(),
-    };
-    problems.extend(deadline_problem);
+/// The range of each of `[limits]`' values (zeros were refused as it was read).
+pub(super) fn check_limits(limits: &TreeLimits, text: &Source<'_>, problems: &mut Vec<Problem>) {
     for (key, problem) in limits.problems() {
-        problems.push(at(text, t, key, problem));
+        problems.push(at(text, "limits", key, problem));
     }
-    limits
 }
 
 /// A name for a server or a command tool: what fits a tool name on the wire.
@@ -286,7 +258,7 @@ fn check_tool_name(name: &str) -> Result<(), String> {
 pub(super) fn mcp_servers(
     file: &ConfigFile,
     base_dir: &Path,
-    text: &str,
+    text: &Source<'_>,
     problems: &mut Vec<Problem>,
 ) -> BTreeMap<String, McpSettings> {
     let mut out = BTreeMap::new();
@@ -318,7 +290,7 @@ pub(super) fn mcp_servers(
 pub(super) fn command_tools(
     file: &ConfigFile,
     base_dir: &Path,
-    text: &str,
+    text: &Source<'_>,
     problems: &mut Vec<Problem>,
 ) -> Vec<Arc<CommandTool>> {
     let mut out = Vec::new();
@@ -352,7 +324,7 @@ pub(super) fn command_tools(
 pub(super) fn templates(
     file: &ConfigFile,
     broken: &HashSet<String>,
-    text: &str,
+    text: &Source<'_>,
     problems: &mut Vec<Problem>,
     unresolved: &mut Vec<(String, Problem)>,
 ) -> Vec<AgentTemplate> {
@@ -524,7 +496,7 @@ pub(super) fn templates(
 pub(super) fn check_graph(
     file: &ConfigFile,
     limits: &TreeLimits,
-    text: &str,
+    text: &Source<'_>,
     problems: &mut Vec<Problem>,
 ) {
     if limits.max_depth.is_some() {
@@ -571,19 +543,22 @@ fn find_cycle<'a>(file: &'a ConfigFile, path: &mut Vec<&'a str>) -> Option<Vec<&
     None
 }
 
+/// Checks every `[models.NAME]` entry and gives what each model is built
+/// from (an entry with a problem gives nothing).
 pub(super) fn check_models(
     file: &ConfigFile,
     base_dir: &Path,
-    text: &str,
+    text: &Source<'_>,
     problems: &mut Vec<Problem>,
-) {
+) -> BTreeMap<String, ModelSpec> {
+    let mut out = BTreeMap::new();
     for (name, model) in &file.models {
         let table = format!("models.{name}");
-        match model {
+        let spec = match model {
             ModelSection::Simulated(s) => {
-                if let Err(e) = Latency::parse(&s.latency) {
-                    problems.push(at(text, &table, "latency", e));
-                }
+                let latency = Latency::parse(&s.latency)
+                    .map_err(|e| problems.push(at(text, &table, "latency", e)))
+                    .ok();
                 number(
                     text,
                     &table,
@@ -626,7 +601,8 @@ pub(super) fn check_models(
                         ));
                     }
                 }
-                let agents = simulated_config(s).map(|c| c.agents()).unwrap_or(0);
+                let config = latency.map(|latency| simulated_config(s, latency));
+                let agents = config.as_ref().map(|c| c.agents()).unwrap_or(0);
                 if agents > ranges::SIMULATED_AGENTS {
                     problems.push(at(
                         text,
@@ -638,30 +614,58 @@ pub(super) fn check_models(
                         ),
                     ));
                 }
+                config.map(ModelSpec::Simulated)
             }
-            ModelSection::Scripted(s) => {
-                let path = base_dir.join(&s.file);
-                if let Err(e) = ScriptedModel::from_file(name, &path) {
+            ModelSection::Scripted(s) => match read_script(&base_dir.join(&s.file)) {
+                Ok(script) => Some(ModelSpec::Scripted(script)),
+                Err(e) => {
                     problems.push(at(text, &table, "file", e.to_string()));
+                    None
                 }
-            }
+            },
             ModelSection::Openai(s) | ModelSection::Anthropic(s) => {
                 let kind = match model {
                     ModelSection::Anthropic(_) => ProviderKind::Anthropic,
                     _ => ProviderKind::OpenAi,
                 };
-                if let Err((key, message)) = ProviderSettings::from_section(kind, s) {
-                    let mut path = vec!["models", name.as_str()];
-                    path.extend(key.split('.'));
-                    problems.push(Problem {
-                        line: locate_path(text, &path),
-                        key: path.join("."),
-                        message,
-                    });
+                match ProviderSettings::from_section(kind, s) {
+                    Ok(mut settings) => {
+                        // Read again when a catalog is built; never kept in a config.
+                        settings.api_key = None;
+                        Some(ModelSpec::Http(Box::new(settings)))
+                    }
+                    Err((key, message)) => {
+                        let mut path = vec!["models", name.as_str()];
+                        path.extend(key.split('.'));
+                        problems.push(Problem {
+                            line: locate_path(text, &path),
+                            key: path.join("."),
+                            message,
+                        });
+                        None
+                    }
                 }
             }
+        };
+        if let Some(spec) = spec {
+            out.insert(name.clone(), spec);
         }
     }
+    out
+}
+
+/// A scripted model's script (JSON), read and parsed, or why not (in the
+/// words of [`ScriptedModel::from_file`](arbor_actors::models::ScriptedModel::from_file)).
+fn read_script(path: &Path) -> Result<Script, ScriptError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ScriptError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| ScriptError::Parse {
+        path: shown,
+        source,
+    })
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use arbor_actors::OutputMode;
-use arbor_supervisor::ToolRule;
+use arbor_supervisor::{ToolRule, TreeLimits};
 
 use crate::providers::HttpSection;
 use crate::tools::command::CommandToolSection;
@@ -19,8 +19,10 @@ use serde_json::Value;
 pub struct ConfigFile {
     #[serde(default)]
     pub run: RunSection,
-    #[serde(default)]
-    pub limits: LimitsSection,
+    /// `[limits]`, read straight into the supervisor's type (its zeros refused
+    /// as it is read; the rest of each range checked by `check`).
+    #[serde(default, deserialize_with = "TreeLimits::deserialize_config")]
+    pub limits: TreeLimits,
     #[serde(default)]
     pub models: BTreeMap<String, ModelSection>,
     #[serde(default)]
@@ -252,19 +254,6 @@ fn default_store_path() -> PathBuf {
 pub struct RunSection {
     /// The agent `arbor run` starts when `--agent` is not given.
     pub agent: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LimitsSection {
-    pub max_depth: Option<usize>,
-    pub max_children_per_call: Option<usize>,
-    pub max_live_agents: Option<usize>,
-    pub max_agents: Option<usize>,
-    pub max_steps: Option<u64>,
-    pub max_tokens: Option<u64>,
-    pub max_credits: Option<f64>,
-    pub deadline: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

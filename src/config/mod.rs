@@ -20,16 +20,17 @@ use arbor_supervisor::{ToolPolicy, TreeLimits, check_pattern};
 
 use crate::tools::command::CommandTool;
 use crate::tools::mcp::McpSettings;
+use catalog::ModelSpec;
 pub use check::ranges;
 use check::{
-    check_graph, check_models, check_service, command_tools, limits, mcp_servers, templates,
+    check_graph, check_limits, check_models, check_service, command_tools, mcp_servers, templates,
 };
 pub use file::{
-    AgentSection, ConfigFile, FailureSection, InputSchemaSection, LimitsSection, ModelSection,
-    PolicySection, RetrySection, RunSection, ScriptedSection, ServiceLimits, ServiceSection,
-    ServiceSettings, SimulatedSection, StoreSection,
+    AgentSection, ConfigFile, FailureSection, InputSchemaSection, ModelSection, PolicySection,
+    RetrySection, RunSection, ScriptedSection, ServiceLimits, ServiceSection, ServiceSettings,
+    SimulatedSection, StoreSection,
 };
-use read::{REDACTED, at, parse_file, redacted};
+use read::{REDACTED, Source, at, parse_file};
 
 /// The configuration a fresh checkout runs with (the repository's `config.toml`).
 pub const DEFAULT_CONFIG: &str = include_str!("../../config.toml");
@@ -82,8 +83,13 @@ pub struct Config {
     pub command_tools: Vec<Arc<CommandTool>>,
     /// `[service]`, validated and typed.
     pub service: ServiceSettings,
+    /// What each `[models]` entry's model is built from, checked.
+    models: BTreeMap<String, ModelSpec>,
     /// What trees started from this config store with them (see
-    /// [`Config::snapshot`]).
+    /// [`Config::snapshot`]): the file's text with its header values removed.
+    /// Text, not the checked values, because that is what a stored tree keeps
+    /// (the store's format) and what resume and replay read back with
+    /// [`Config::from_snapshot`]; the unredacted text is not kept.
     snapshot: Arc<str>,
     /// Template tool entries nothing in the file provides: problems unless a
     /// tool registered in code has that name (see [`Config::check_tools`]).
@@ -113,12 +119,28 @@ impl Config {
 
     /// Parses and validates config text; `source` names it in errors.
     pub fn parse(text: &str, source: &str, base_dir: PathBuf) -> Result<Config, ConfigError> {
+        Self::parse_with(text, source, base_dir, |_| {})
+    }
+
+    /// Parses config text, lets `restore` complete the file's sections (what
+    /// a stored snapshot left out), then checks them once, into the values
+    /// the catalog is built from.
+    fn parse_with(
+        raw: &str,
+        source: &str,
+        base_dir: PathBuf,
+        restore: impl FnOnce(&mut ConfigFile),
+    ) -> Result<Config, ConfigError> {
         let error = |problems| ConfigError {
             file: source.to_owned(),
             problems,
         };
-        let (file, mut problems, broken) = parse_file(text).map_err(|p| error(vec![p]))?;
-        let mut limits = limits(&file.limits, text, &mut problems);
+        let parsed = Source::parse(raw).map_err(|p| error(vec![p]))?;
+        let text = &parsed;
+        let (mut file, mut problems, broken) = parse_file(text).map_err(|p| error(vec![p]))?;
+        restore(&mut file);
+        check_limits(&file.limits, text, &mut problems);
+        let mut limits = file.limits.clone();
         let rule = file.policy.rule();
         for (key, patterns) in [
             (
@@ -144,7 +166,7 @@ impl Config {
         let mut unresolved_tools = Vec::new();
         let templates = templates(&file, &broken, text, &mut problems, &mut unresolved_tools);
         check_graph(&file, &limits, text, &mut problems);
-        check_models(&file, &base_dir, text, &mut problems);
+        let models = check_models(&file, &base_dir, text, &mut problems);
         if file.store.path.as_os_str().is_empty() {
             problems.push(at(
                 text,
@@ -175,10 +197,11 @@ impl Config {
         Ok(Config {
             file,
             base_dir,
-            snapshot: redacted(text),
+            snapshot: text.redacted(),
             source: source.to_owned(),
             limits,
             templates,
+            models,
             mcp_servers,
             command_tools,
             service,
@@ -236,41 +259,12 @@ impl Config {
         base_dir: PathBuf,
         current: Option<&Config>,
     ) -> Result<Config, ConfigError> {
-        let mut config = Config::parse(
+        let mut config = Config::parse_with(
             snapshot,
             &format!("<the config tree {tree_id} started with>"),
             base_dir,
+            |file| restore_headers(file, tree_id, current),
         )?;
-        for (name, model) in config.file.models.iter_mut() {
-            let (ModelSection::Openai(section) | ModelSection::Anthropic(section)) = model else {
-                continue;
-            };
-            let theirs = current.and_then(|c| match c.file.models.get(name) {
-                Some(ModelSection::Openai(s) | ModelSection::Anthropic(s)) => Some(&s.headers),
-                _ => None,
-            });
-            section.headers.retain(|header, value| {
-                if value != REDACTED {
-                    return true;
-                }
-                match theirs.and_then(|h| h.get(header)) {
-                    Some(now) => {
-                        value.clone_from(now);
-                        true
-                    }
-                    None => {
-                        tracing::warn!(
-                            tree = tree_id,
-                            model = %name,
-                            header = %header,
-                            "the header's value is not stored with the tree and the current \
-                             config has none: sent without it"
-                        );
-                        false
-                    }
-                }
-            });
-        }
         config.snapshot = Arc::from(snapshot);
         Ok(config)
     }
@@ -282,6 +276,41 @@ impl Config {
             .agent
             .as_deref()
             .or_else(|| self.file.agents.keys().next().map(String::as_str))
+    }
+}
+
+/// A stored snapshot's removed header values, taken back from `current`
+/// (the same model's same header), or the header left out with a warning.
+fn restore_headers(file: &mut ConfigFile, tree_id: &str, current: Option<&Config>) {
+    for (name, model) in file.models.iter_mut() {
+        let (ModelSection::Openai(section) | ModelSection::Anthropic(section)) = model else {
+            continue;
+        };
+        let theirs = current.and_then(|c| match c.file.models.get(name) {
+            Some(ModelSection::Openai(s) | ModelSection::Anthropic(s)) => Some(&s.headers),
+            _ => None,
+        });
+        section.headers.retain(|header, value| {
+            if value != REDACTED {
+                return true;
+            }
+            match theirs.and_then(|h| h.get(header)) {
+                Some(now) => {
+                    value.clone_from(now);
+                    true
+                }
+                None => {
+                    tracing::warn!(
+                        tree = tree_id,
+                        model = %name,
+                        header = %header,
+                        "the header's value is not stored with the tree and the current \
+                         config has none: sent without it"
+                    );
+                    false
+                }
+            }
+        });
     }
 }
 

@@ -1,8 +1,14 @@
-//! Reading the file: TOML into [`ConfigFile`], every problem reported with
-//! its key and line (the `Reader`), and the stored snapshot's redaction.
+//! Reading the file: TOML parsed once (the `Source`), read into
+//! [`ConfigFile`] with every problem reported with its key and line (the
+//! `Reader`), and the stored snapshot's redaction.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
+
+use arbor_supervisor::TreeLimits;
+use serde::Deserialize as _;
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
 
 use super::{ConfigFile, ModelSection, Problem};
 
@@ -12,13 +18,11 @@ use super::{ConfigFile, ModelSection, Problem};
 /// entry that cannot be read at all (a required key missing) is left out and
 /// its name returned in `broken`, so that what names it is not reported too.
 pub(super) fn parse_file(
-    text: &str,
+    text: &Source<'_>,
 ) -> Result<(ConfigFile, Vec<Problem>, HashSet<String>), Problem> {
-    let root: toml::Table = toml::from_str(text).map_err(|e| Problem {
-        line: e.span().map(|s| line_of(text, s.start)),
-        key: "(syntax)".into(),
-        message: e.message().trim().to_owned(),
-    })?;
+    // The tree the parser built, as values: no second parse.
+    let root = toml::Table::deserialize(toml::de::Deserializer::from(text.root.clone()))
+        .map_err(|e| text.syntax(&e))?;
     let mut reader = Reader {
         text,
         problems: Vec::new(),
@@ -28,7 +32,11 @@ pub(super) fn parse_file(
     for (key, value) in root {
         match key.as_str() {
             "run" => reader.section(&key, value, &mut file.run),
-            "limits" => reader.section(&key, value, &mut file.limits),
+            "limits" => {
+                let mut limits = LimitsTable::default();
+                reader.section(&key, value, &mut limits);
+                file.limits = limits.0;
+            }
             "store" => reader.section(&key, value, &mut file.store),
             "service" => reader.section(&key, value, &mut file.service),
             "policy" => reader.section(&key, value, &mut file.policy),
@@ -55,56 +63,130 @@ pub(super) fn parse_file(
     Ok((file, reader.problems, reader.broken))
 }
 
+/// `[limits]` in the file's spelling (see [`TreeLimits::deserialize_config`]).
+#[derive(Default)]
+struct LimitsTable(TreeLimits);
+
+impl<'de> serde::Deserialize<'de> for LimitsTable {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        TreeLimits::deserialize_config(d).map(LimitsTable)
+    }
+}
+
 /// What a header value removed from a stored config reads.
 pub(super) const REDACTED: &str = "(not stored)";
 
-/// `text` with the value of every `[models.NAME.headers]` entry replaced by
-/// [`REDACTED`], found by the TOML parser's spans (so the rest of the text,
-/// its comments and its lines, stay as they were).
-pub(super) fn redacted(text: &str) -> Arc<str> {
-    use toml::de::{DeTable, DeValue};
-    let Ok(root) = DeTable::parse(text) else {
-        return Arc::from(text);
-    };
-    let mut spans = Vec::new();
-    let models = root.get_ref().iter().find(|(k, _)| k.get_ref() == "models");
-    if let Some((_, models)) = models
-        && let DeValue::Table(models) = models.get_ref()
-    {
-        for (_, model) in models.iter() {
-            let DeValue::Table(model) = model.get_ref() else {
-                continue;
-            };
-            if let Some((_, headers)) = model.iter().find(|(k, _)| k.get_ref() == "headers")
-                && let DeValue::Table(headers) = headers.get_ref()
-            {
-                spans.extend(
-                    headers
-                        .iter()
-                        .filter(|(_, v)| matches!(v.get_ref(), DeValue::String(_)))
-                        .map(|(_, v)| v.span()),
-                );
-            }
+/// A config file's text and the tree the TOML parser made of it: parsed
+/// once, then read into sections, searched for the line of each problem and
+/// redacted from it.
+pub(super) struct Source<'t> {
+    text: &'t str,
+    root: Spanned<DeTable<'t>>,
+}
+
+impl<'t> Source<'t> {
+    /// Parses `text`, or gives its syntax error as a problem.
+    pub(super) fn parse(text: &'t str) -> Result<Self, Problem> {
+        let root = DeTable::parse(text).map_err(|e| Source::syntax_in(text, &e))?;
+        Ok(Source { text, root })
+    }
+
+    fn syntax(&self, e: &toml::de::Error) -> Problem {
+        Source::syntax_in(self.text, e)
+    }
+
+    fn syntax_in(text: &str, e: &toml::de::Error) -> Problem {
+        Problem {
+            line: e.span().map(|s| line_of(text, s.start)),
+            key: "(syntax)".into(),
+            message: e.message().trim().to_owned(),
         }
     }
-    if spans.is_empty() {
-        return Arc::from(text);
+
+    /// The text with the value of every `[models.NAME.headers]` entry
+    /// replaced by [`REDACTED`], found by the parser's spans (so the rest of
+    /// the text, its comments and its lines, stay as they were).
+    pub(super) fn redacted(&self) -> Arc<str> {
+        let text = self.text;
+        let mut spans = Vec::new();
+        let models = self
+            .root
+            .get_ref()
+            .iter()
+            .find(|(k, _)| k.get_ref() == "models");
+        if let Some((_, models)) = models
+            && let DeValue::Table(models) = models.get_ref()
+        {
+            for (_, model) in models.iter() {
+                let DeValue::Table(model) = model.get_ref() else {
+                    continue;
+                };
+                if let Some((_, headers)) = model.iter().find(|(k, _)| k.get_ref() == "headers")
+                    && let DeValue::Table(headers) = headers.get_ref()
+                {
+                    spans.extend(
+                        headers
+                            .iter()
+                            .filter(|(_, v)| matches!(v.get_ref(), DeValue::String(_)))
+                            .map(|(_, v)| v.span()),
+                    );
+                }
+            }
+        }
+        if spans.is_empty() {
+            return Arc::from(text);
+        }
+        spans.sort_by_key(|s| s.start);
+        let mut out = String::with_capacity(text.len());
+        let mut at = 0;
+        for span in spans {
+            out.push_str(&text[at..span.start]);
+            out.push_str(&format!("{REDACTED:?}"));
+            at = span.end;
+        }
+        out.push_str(&text[at..]);
+        Arc::from(out)
     }
-    spans.sort_by_key(|s| s.start);
-    let mut out = String::with_capacity(text.len());
-    let mut at = 0;
-    for span in spans {
-        out.push_str(&text[at..span.start]);
-        out.push_str(&format!("{REDACTED:?}"));
-        at = span.end;
+
+    /// The line of the deepest key of `path` the file has, from the
+    /// parser's spans: quoted keys (`[agents."acme/writer@1"]`), dotted ones
+    /// and array elements find their line too.
+    fn line(&self, path: &[&str]) -> Option<usize> {
+        let (first, rest) = path.split_first()?;
+        let (key, mut value) = self
+            .root
+            .get_ref()
+            .iter()
+            .find(|(k, _)| k.get_ref().as_ref() == *first)?;
+        let mut at = key.span().start;
+        for segment in rest {
+            let next = match value.get_ref() {
+                DeValue::Table(t) => t
+                    .iter()
+                    .find(|(k, _)| k.get_ref().as_ref() == *segment)
+                    .map(|(k, v)| (k.span().start, v)),
+                DeValue::Array(a) => segment
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|i| a.get(i))
+                    .map(|v| (v.span().start, v)),
+                _ => None,
+            };
+            match next {
+                Some((start, v)) => {
+                    at = start;
+                    value = v;
+                }
+                None => break,
+            }
+        }
+        Some(line_of(self.text, at))
     }
-    out.push_str(&text[at..]);
-    Arc::from(out)
 }
 
 /// Reads the file's tables one entry at a time, collecting problems.
 struct Reader<'t> {
-    text: &'t str,
+    text: &'t Source<'t>,
     problems: Vec<Problem>,
     broken: HashSet<String>,
 }
@@ -282,7 +364,7 @@ fn line_of(text: &str, offset: usize) -> usize {
 }
 
 /// A problem at `table.name.key`, with the line where that key (or table) is.
-pub(super) fn at(text: &str, table: &str, key: &str, message: String) -> Problem {
+pub(super) fn at(text: &Source<'_>, table: &str, key: &str, message: String) -> Problem {
     Problem {
         line: locate(text, table, key),
         key: format!("{table}.{key}"),
@@ -293,7 +375,7 @@ pub(super) fn at(text: &str, table: &str, key: &str, message: String) -> Problem
 /// The line of `key` inside `[table]` (or of the table's own key, in its
 /// header). `table` is `SECTION` or `SECTION.NAME` (the name may hold dots,
 /// as a version does).
-fn locate(text: &str, table: &str, key: &str) -> Option<usize> {
+fn locate(text: &Source<'_>, table: &str, key: &str) -> Option<usize> {
     let mut path: Vec<&str> = match table.split_once('.') {
         Some((section, name)) => vec![section, name],
         None => vec![table],
@@ -302,36 +384,9 @@ fn locate(text: &str, table: &str, key: &str) -> Option<usize> {
     locate_path(text, &path)
 }
 
-/// The line of the deepest key of `path` the file has, from the TOML
-/// parser's spans: quoted keys (`[agents."acme/writer@1"]`), dotted ones and
-/// array elements find their line too.
-pub(super) fn locate_path(text: &str, path: &[&str]) -> Option<usize> {
-    use toml::de::{DeTable, DeValue};
-    let root = DeTable::parse(text).ok()?;
-    let mut current = DeValue::Table(root.get_ref().clone());
-    let mut at = None;
-    for segment in path {
-        let next = match &current {
-            DeValue::Table(t) => t
-                .iter()
-                .find(|(k, _)| k.get_ref().as_ref() == *segment)
-                .map(|(k, v)| (k.span().start, v.get_ref().clone())),
-            DeValue::Array(a) => segment
-                .parse::<usize>()
-                .ok()
-                .and_then(|i| a.get(i))
-                .map(|v| (v.span().start, v.get_ref().clone())),
-            _ => None,
-        };
-        match next {
-            Some((start, value)) => {
-                at = Some(start);
-                current = value;
-            }
-            None => break,
-        }
-    }
-    at.map(|start| line_of(text, start))
+/// The line of the deepest key of `path` the file has (see [`Source::line`]).
+pub(super) fn locate_path(text: &Source<'_>, path: &[&str]) -> Option<usize> {
+    text.line(path)
 }
 
 #[cfg(test)]

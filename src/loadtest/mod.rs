@@ -6,6 +6,7 @@ mod collect;
 mod report;
 mod shaped;
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -98,8 +99,8 @@ impl LoadOptions {
             .build()?;
         let limits = TreeLimits {
             max_depth: Some(self.shape.len()),
-            max_children_per_call: self.shape.iter().copied().max(),
-            max_live_agents: self.max_live,
+            max_children_per_call: self.shape.iter().copied().max().and_then(NonZeroUsize::new),
+            max_live_agents: self.max_live.and_then(NonZeroUsize::new),
             ..TreeLimits::default()
         };
         let supervisor = Supervisor::with_retention(catalog, limits, Retain::Roots);

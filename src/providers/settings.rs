@@ -238,18 +238,12 @@ impl ProviderSettings {
         }
         let retry_default = RetryPolicy::default();
         let timeouts_default = Timeouts::default();
-        let api_key = s
-            .api_key_env
-            .as_ref()
-            .and_then(|var| std::env::var(var).ok())
-            .filter(|k| !k.is_empty())
-            .map(ApiKey::new);
-        Ok(ProviderSettings {
+        let mut settings = ProviderSettings {
             kind,
             base_url: base_url.trim_end_matches('/').to_owned(),
             model: s.model.clone(),
             api_key_env: s.api_key_env.clone(),
-            api_key,
+            api_key: None,
             stream: s.stream,
             max_tokens: s.max_tokens,
             pricing: s.pricing,
@@ -289,6 +283,18 @@ impl ProviderSettings {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
-        })
+        };
+        settings.read_api_key();
+        Ok(settings)
+    }
+
+    /// (Re)reads the key from `api_key_env` (none when it is unset or empty).
+    pub fn read_api_key(&mut self) {
+        self.api_key = self
+            .api_key_env
+            .as_ref()
+            .and_then(|var| std::env::var(var).ok())
+            .filter(|k| !k.is_empty())
+            .map(ApiKey::new);
     }
 }

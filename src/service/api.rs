@@ -199,30 +199,6 @@ fn camel(snake: &str) -> String {
     out
 }
 
-/// Each of the server's limits, tightened (never loosened) by the request's.
-fn tightened(server: &TreeLimits, asked: Option<TreeLimits>) -> TreeLimits {
-    fn min<T: PartialOrd + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
-        match (a, b) {
-            (Some(a), Some(b)) => Some(if b < a { b } else { a }),
-            (a, b) => a.or(b),
-        }
-    }
-    let Some(asked) = asked else {
-        return server.clone();
-    };
-    TreeLimits {
-        max_depth: min(server.max_depth, asked.max_depth),
-        max_children_per_call: min(server.max_children_per_call, asked.max_children_per_call),
-        max_live_agents: min(server.max_live_agents, asked.max_live_agents),
-        max_agents: min(server.max_agents, asked.max_agents),
-        max_steps: min(server.max_steps, asked.max_steps),
-        max_tokens: min(server.max_tokens, asked.max_tokens),
-        max_credits: min(server.max_credits, asked.max_credits),
-        deadline: min(server.deadline, asked.deadline),
-        tools: server.tools.clone().with(&asked.tools),
-    }
-}
-
 #[utoipa::path(
     post, path = "/v1/runs", tag = "runs", request_body = CreateRun,
     responses(
@@ -256,7 +232,10 @@ pub async fn create_run(
         )));
     }
     let supervisor = shared.runtime.supervisor();
-    let mut limits = tightened(supervisor.default_limits(), body.limits);
+    let mut limits = match &body.limits {
+        Some(asked) => supervisor.default_limits().tighten(asked),
+        None => supervisor.default_limits().clone(),
+    };
     if let Some(rule) = body.tools {
         limits.tools = limits.tools.narrowed(rule);
     }

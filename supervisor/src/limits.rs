@@ -1,30 +1,49 @@
 //! Tree-wide limits (semantics §8) and the counters that enforce them.
 
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arbor_actors::{Limit, LimitHit, Usage};
+use serde::{Deserialize, Deserializer};
 
 use crate::policy::ToolPolicy;
 use crate::slots::Slots;
 
 /// Limits of one tree. `None` means unlimited.
+///
+/// One type, two spellings: the API's (this type's serde form: camelCase
+/// keys, the deadline as `deadlineMs`) and a config file's `[limits]`
+/// ([`TreeLimits::deserialize_config`]: snake_case keys, the deadline a
+/// duration such as `"5m"`). A limit that cannot be zero is a `NonZero*`,
+/// refused at zero in its range's words when read; the rest of each range
+/// is [`TreeLimits::problems`].
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct TreeLimits {
-    /// Deepest level a child may be at (the root is at 0).
+    /// Deepest level a child may be at (the root is at 0; 0 allows no child).
     pub max_depth: Option<usize>,
-    pub max_children_per_call: Option<usize>,
+    #[serde(deserialize_with = "nonzero::children_per_call")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<usize>))]
+    pub max_children_per_call: Option<NonZeroUsize>,
     /// Agents stepping at once; a spawn waits for a slot, a parent waiting for its
     /// children gives its slot back.
-    pub max_live_agents: Option<usize>,
+    #[serde(deserialize_with = "nonzero::live_agents")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<usize>))]
+    pub max_live_agents: Option<NonZeroUsize>,
     /// Agents in the whole tree, the root included.
-    pub max_agents: Option<usize>,
+    #[serde(deserialize_with = "nonzero::agents")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<usize>))]
+    pub max_agents: Option<NonZeroUsize>,
     /// Model steps in the whole tree.
-    pub max_steps: Option<u64>,
-    pub max_tokens: Option<u64>,
+    #[serde(deserialize_with = "nonzero::steps")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
+    pub max_steps: Option<NonZeroU64>,
+    #[serde(deserialize_with = "nonzero::tokens")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
+    pub max_tokens: Option<NonZeroU64>,
     pub max_credits: Option<f64>,
     #[serde(rename = "deadlineMs", with = "millis")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
@@ -33,6 +52,89 @@ pub struct TreeLimits {
     #[serde(skip_serializing_if = "ToolPolicy::is_empty")]
     #[cfg_attr(feature = "openapi", schema(value_type = Vec<crate::ToolRule>))]
     pub tools: ToolPolicy,
+}
+
+/// `[limits]` of a config file: [`TreeLimits`] read straight into, with the
+/// file's keys (the tool policy is the file's `[policy]`, not a limit).
+#[derive(Deserialize)]
+#[serde(remote = "TreeLimits", deny_unknown_fields)]
+struct ConfigLimits {
+    #[serde(default)]
+    max_depth: Option<usize>,
+    #[serde(default, deserialize_with = "nonzero::children_per_call")]
+    max_children_per_call: Option<NonZeroUsize>,
+    #[serde(default, deserialize_with = "nonzero::live_agents")]
+    max_live_agents: Option<NonZeroUsize>,
+    #[serde(default, deserialize_with = "nonzero::agents")]
+    max_agents: Option<NonZeroUsize>,
+    #[serde(default, deserialize_with = "nonzero::steps")]
+    max_steps: Option<NonZeroU64>,
+    #[serde(default, deserialize_with = "nonzero::tokens")]
+    max_tokens: Option<NonZeroU64>,
+    #[serde(default)]
+    max_credits: Option<f64>,
+    #[serde(default, deserialize_with = "human_duration")]
+    deadline: Option<Duration>,
+    #[serde(skip)]
+    tools: ToolPolicy,
+}
+
+/// A duration in the config's words (`"90s"`, `"1h30m"`).
+fn human_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    Option::<String>::deserialize(d)?
+        .map(|text| arbor_actors::duration::parse(&text).map_err(serde::de::Error::custom))
+        .transpose()
+}
+
+/// The limits that cannot be zero, read as a count whose zero is refused
+/// with the words of its range (the same as [`TreeLimits::problems`]').
+mod nonzero {
+    use std::num::{NonZeroU64, NonZeroUsize};
+
+    use serde::{Deserialize, Deserializer, de::Error};
+
+    use super::{out_of_range, ranges};
+
+    fn count<'de, D: Deserializer<'de>, T, N>(
+        d: D,
+        range: (T, T),
+        nonzero: fn(T) -> Option<N>,
+    ) -> Result<Option<N>, D::Error>
+    where
+        T: Deserialize<'de> + PartialOrd + std::fmt::Display + Copy,
+    {
+        let Some(value) = Option::<T>::deserialize(d)? else {
+            return Ok(None);
+        };
+        match nonzero(value) {
+            Some(n) => Ok(Some(n)),
+            None => Err(D::Error::custom(
+                out_of_range(value, range).unwrap_or_default(),
+            )),
+        }
+    }
+
+    pub fn children_per_call<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<NonZeroUsize>, D::Error> {
+        count(d, ranges::MAX_CHILDREN_PER_CALL, NonZeroUsize::new)
+    }
+
+    pub fn live_agents<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NonZeroUsize>, D::Error> {
+        count(d, ranges::MAX_LIVE_AGENTS, NonZeroUsize::new)
+    }
+
+    pub fn agents<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NonZeroUsize>, D::Error> {
+        count(d, ranges::MAX_AGENTS, NonZeroUsize::new)
+    }
+
+    pub fn steps<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NonZeroU64>, D::Error> {
+        count(d, ranges::MAX_STEPS, NonZeroU64::new)
+    }
+
+    pub fn tokens<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NonZeroU64>, D::Error> {
+        count(d, ranges::MAX_TOKENS, NonZeroU64::new)
+    }
 }
 
 /// The documented range of each limit (inclusive); config files and start
@@ -62,8 +164,15 @@ pub fn out_of_range<T: PartialOrd + std::fmt::Display + Copy>(
 }
 
 impl TreeLimits {
+    /// Reads a config file's `[limits]` table (snake_case keys, the deadline
+    /// a duration string); unknown keys are refused. Its tool policy is empty.
+    pub fn deserialize_config<'de, D: Deserializer<'de>>(d: D) -> Result<TreeLimits, D::Error> {
+        ConfigLimits::deserialize(d)
+    }
+
     /// Each limit outside its range, as `(key, problem)` with the config's
-    /// snake_case key (`max_agents`); NaN is outside every range.
+    /// snake_case key (`max_agents`); NaN is outside every range. (Zero,
+    /// outside the ranges that start at 1, cannot be held: reading refuses it.)
     pub fn problems(&self) -> Vec<(&'static str, String)> {
         fn check<T: PartialOrd + std::fmt::Display + Copy>(
             out: &mut Vec<(&'static str, String)>,
@@ -80,18 +189,33 @@ impl TreeLimits {
         check(
             &mut out,
             "max_children_per_call",
-            self.max_children_per_call,
+            self.max_children_per_call.map(NonZeroUsize::get),
             ranges::MAX_CHILDREN_PER_CALL,
         );
         check(
             &mut out,
             "max_live_agents",
-            self.max_live_agents,
+            self.max_live_agents.map(NonZeroUsize::get),
             ranges::MAX_LIVE_AGENTS,
         );
-        check(&mut out, "max_agents", self.max_agents, ranges::MAX_AGENTS);
-        check(&mut out, "max_steps", self.max_steps, ranges::MAX_STEPS);
-        check(&mut out, "max_tokens", self.max_tokens, ranges::MAX_TOKENS);
+        check(
+            &mut out,
+            "max_agents",
+            self.max_agents.map(NonZeroUsize::get),
+            ranges::MAX_AGENTS,
+        );
+        check(
+            &mut out,
+            "max_steps",
+            self.max_steps.map(NonZeroU64::get),
+            ranges::MAX_STEPS,
+        );
+        check(
+            &mut out,
+            "max_tokens",
+            self.max_tokens.map(NonZeroU64::get),
+            ranges::MAX_TOKENS,
+        );
         check(
             &mut out,
             "max_credits",
@@ -111,6 +235,29 @@ impl TreeLimits {
             ));
         }
         out
+    }
+
+    /// These limits narrowed by `other`'s: each the smaller of the two (one
+    /// set on one side only is kept; unlimited on both stays unlimited), and
+    /// the tool policy this one's rules then `other`'s. Never loosens.
+    pub fn tighten(&self, other: &TreeLimits) -> TreeLimits {
+        fn min<T: PartialOrd + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(if b < a { b } else { a }),
+                (a, b) => a.or(b),
+            }
+        }
+        TreeLimits {
+            max_depth: min(self.max_depth, other.max_depth),
+            max_children_per_call: min(self.max_children_per_call, other.max_children_per_call),
+            max_live_agents: min(self.max_live_agents, other.max_live_agents),
+            max_agents: min(self.max_agents, other.max_agents),
+            max_steps: min(self.max_steps, other.max_steps),
+            max_tokens: min(self.max_tokens, other.max_tokens),
+            max_credits: min(self.max_credits, other.max_credits),
+            deadline: min(self.deadline, other.deadline),
+            tools: self.tools.clone().with(&other.tools),
+        }
     }
 }
 
@@ -148,7 +295,7 @@ pub(crate) struct Budget {
 impl Budget {
     pub(crate) fn new(limits: TreeLimits) -> Self {
         Budget {
-            slots: limits.max_live_agents.map(Slots::new),
+            slots: limits.max_live_agents.map(|n| Slots::new(n.get())),
             limits,
             agents: AtomicUsize::new(1),
             steps: AtomicU64::new(0),
@@ -181,14 +328,14 @@ impl Budget {
             ));
         }
         if let Some(max) = self.limits.max_children_per_call
-            && index >= max
+            && index >= max.get()
         {
             return Err(LimitHit::new(
                 Limit::MaxChildrenPerCall,
                 format!("child {} of one call is more than {max}", index + 1),
             ));
         }
-        let Some(max) = self.limits.max_agents else {
+        let Some(max) = self.limits.max_agents.map(NonZeroUsize::get) else {
             self.agents.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         };
@@ -218,7 +365,7 @@ impl Budget {
                 ));
             }
         }
-        if let Some(max) = self.limits.max_tokens {
+        if let Some(max) = self.limits.max_tokens.map(NonZeroU64::get) {
             let used = self.tokens.load(Ordering::Acquire);
             self.reserved
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |reserved| {
@@ -234,7 +381,7 @@ impl Budget {
                     )
                 })?;
         }
-        let Some(max) = self.limits.max_steps else {
+        let Some(max) = self.limits.max_steps.map(NonZeroU64::get) else {
             self.steps.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         };
@@ -297,8 +444,8 @@ mod tests {
     fn depth_children_and_total_refuse_cleanly() {
         let b = Budget::new(TreeLimits {
             max_depth: Some(2),
-            max_children_per_call: Some(3),
-            max_agents: Some(3),
+            max_children_per_call: NonZeroUsize::new(3),
+            max_agents: NonZeroUsize::new(3),
             ..TreeLimits::default()
         });
         assert_eq!(b.admit_child(2, 0).unwrap_err().limit, Limit::MaxDepth);
@@ -318,10 +465,61 @@ mod tests {
     }
 
     #[test]
+    fn both_spellings_read_one_type_and_refuse_zero_in_the_range_words() {
+        let api: TreeLimits =
+            serde_json::from_str(r#"{"maxAgents": 5, "deadlineMs": 1500, "maxDepth": 0}"#).unwrap();
+        let config = TreeLimits::deserialize_config(serde_json::json!({
+            "max_agents": 5, "deadline": "1.5s", "max_depth": 0
+        }))
+        .unwrap();
+        assert_eq!(api, config);
+        assert_eq!(api.max_agents, NonZeroUsize::new(5));
+        assert_eq!(api.deadline, Some(Duration::from_millis(1500)));
+        let zero = serde_json::from_str::<TreeLimits>(r#"{"maxAgents": 0}"#).unwrap_err();
+        assert!(
+            zero.to_string()
+                .starts_with("0 is out of range: must be from 1 to 100000000"),
+            "{zero}"
+        );
+        let zero = TreeLimits::deserialize_config(serde_json::json!({"max_live_agents": 0}));
+        assert!(zero.is_err());
+        // The file's keys only: no camelCase, no tool policy.
+        assert!(TreeLimits::deserialize_config(serde_json::json!({"maxAgents": 5})).is_err());
+        assert!(TreeLimits::deserialize_config(serde_json::json!({"tools": []})).is_err());
+        // The upper ends are problems, by the config's key.
+        let big =
+            TreeLimits::deserialize_config(serde_json::json!({"max_agents": 100_000_001})).unwrap();
+        assert_eq!(big.problems()[0].0, "max_agents");
+    }
+
+    #[test]
+    fn tighten_keeps_the_smaller_of_each_and_never_loosens() {
+        let server = TreeLimits {
+            max_depth: Some(3),
+            max_agents: NonZeroUsize::new(100),
+            deadline: Some(Duration::from_secs(60)),
+            ..TreeLimits::default()
+        };
+        let asked = TreeLimits {
+            max_depth: Some(5),
+            max_agents: NonZeroUsize::new(10),
+            max_steps: NonZeroU64::new(7),
+            ..TreeLimits::default()
+        };
+        let both = server.tighten(&asked);
+        assert_eq!(both.max_depth, Some(3));
+        assert_eq!(both.max_agents, NonZeroUsize::new(10));
+        assert_eq!(both.max_steps, NonZeroU64::new(7));
+        assert_eq!(both.deadline, Some(Duration::from_secs(60)));
+        assert_eq!(both.max_tokens, None);
+        assert_eq!(asked.tighten(&server), both);
+    }
+
+    #[test]
     fn steps_tokens_and_credits_are_budgets() {
         let b = Budget::new(TreeLimits {
-            max_steps: Some(2),
-            max_tokens: Some(100),
+            max_steps: NonZeroU64::new(2),
+            max_tokens: NonZeroU64::new(100),
             ..TreeLimits::default()
         });
         assert!(b.admit_step(10).is_ok());
@@ -342,7 +540,7 @@ mod tests {
         assert_eq!(b.credits(), 0.25);
 
         let b = Budget::new(TreeLimits {
-            max_steps: Some(1),
+            max_steps: NonZeroU64::new(1),
             ..TreeLimits::default()
         });
         assert!(b.admit_step(0).is_ok());

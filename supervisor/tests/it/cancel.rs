@@ -3,6 +3,7 @@
 //! while a step is in flight.
 
 use std::collections::HashSet;
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use arbor_actors::{AgentStatus, Event, EventKind};
@@ -329,7 +330,7 @@ async fn a_child_cancelled_while_it_waits_for_a_live_slot_ends_cancelled_without
         &model,
         vec![template("lead").spawns(&["worker"]), template("worker")],
         TreeLimits {
-            max_live_agents: Some(1),
+            max_live_agents: NonZeroUsize::new(1),
             ..TreeLimits::default()
         },
     );

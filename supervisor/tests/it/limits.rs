@@ -2,6 +2,7 @@
 //! `errorMessage`, an exhausted budget fails the agents it affects, naming it.
 
 use std::collections::HashMap;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,7 +79,7 @@ async fn spawns_past_max_agents_are_error_entries() {
         &model,
         vec![template("lead").spawns(&["w"]), template("w")],
         TreeLimits {
-            max_agents: Some(3),
+            max_agents: NonZeroUsize::new(3),
             ..TreeLimits::default()
         },
     );
@@ -115,7 +116,7 @@ async fn children_past_max_children_per_call_are_error_entries() {
         &model,
         vec![template("lead").spawns(&["w"]), template("w")],
         TreeLimits {
-            max_children_per_call: Some(2),
+            max_children_per_call: NonZeroUsize::new(2),
             ..TreeLimits::default()
         },
     );
@@ -210,7 +211,7 @@ async fn fifty_agents_complete_with_never_more_than_two_live() {
         &model,
         fifty_agent_templates(),
         TreeLimits {
-            max_live_agents: Some(2),
+            max_live_agents: NonZeroUsize::new(2),
             ..TreeLimits::default()
         },
     );
@@ -242,7 +243,7 @@ async fn live_slots_hold_on_a_multi_thread_runtime() {
         &model,
         fifty_agent_templates(),
         TreeLimits {
-            max_live_agents: Some(2),
+            max_live_agents: NonZeroUsize::new(2),
             ..TreeLimits::default()
         },
     );
@@ -359,7 +360,7 @@ async fn the_tree_step_budget_fails_every_agent_it_stops() {
             with_echo(template("looper")),
         ],
         TreeLimits {
-            max_steps: Some(4),
+            max_steps: NonZeroU64::new(4),
             ..TreeLimits::default()
         },
     );
@@ -411,7 +412,7 @@ async fn the_token_budget_fails_the_agents_that_exhaust_it() {
             with_echo(template("worker")),
         ],
         TreeLimits {
-            max_tokens: Some(100),
+            max_tokens: NonZeroU64::new(100),
             ..TreeLimits::default()
         },
     );
@@ -454,8 +455,8 @@ async fn a_resumed_parent_counts_its_step_once() {
         TreeLimits {
             // Exactly the four steps the tree takes, with one live slot so the
             // lead is suspended and resumed.
-            max_steps: Some(4),
-            max_live_agents: Some(1),
+            max_steps: NonZeroU64::new(4),
+            max_live_agents: NonZeroUsize::new(1),
             ..TreeLimits::default()
         },
     );
@@ -487,7 +488,7 @@ async fn concurrent_calls_reserve_the_token_budget() {
         &model,
         vec![template("lead").spawns(&["worker"]), template("worker")],
         TreeLimits {
-            max_tokens: Some(250),
+            max_tokens: NonZeroU64::new(250),
             ..TreeLimits::default()
         },
     );
