@@ -25,6 +25,7 @@ use crate::slots::Slots;
 pub struct TreeLimits {
     /// Deepest level a child may be at (the root is at 0; 0 allows no child).
     pub max_depth: Option<usize>,
+    /// Children one spawn call may ask for.
     #[serde(deserialize_with = "nonzero::children_per_call")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<usize>))]
     pub max_children_per_call: Option<NonZeroUsize>,
@@ -41,10 +42,14 @@ pub struct TreeLimits {
     #[serde(deserialize_with = "nonzero::steps")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
     pub max_steps: Option<NonZeroU64>,
+    /// Model tokens (input and output) in the whole tree; the tokens of
+    /// calls in flight are reserved against it.
     #[serde(deserialize_with = "nonzero::tokens")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
     pub max_tokens: Option<NonZeroU64>,
+    /// Credits (the models' priced cost) in the whole tree.
     pub max_credits: Option<f64>,
+    /// How long the tree may run, from its start (`deadlineMs` in the API).
     #[serde(rename = "deadlineMs", with = "millis")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
     pub deadline: Option<Duration>,
