@@ -19,6 +19,7 @@ pub struct Checkpoint {
     pub children_spawned: u32,
     /// Messages the run inherited from its parent (for its output, semantics §7).
     pub inherited: usize,
+    /// The run's state at this point.
     pub state: AgentState,
 }
 
@@ -27,7 +28,9 @@ pub struct Checkpoint {
 pub enum Recovered {
     /// The run finished before: its final state is merged, it does not run again.
     Finished {
+        /// Its final state.
         state: Arc<AgentState>,
+        /// Messages of that state's history the run inherited (for its output).
         inherited: usize,
     },
     /// The run was cut short: it goes on from its last checkpoint.

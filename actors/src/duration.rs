@@ -19,7 +19,9 @@ use jiff::{Span, SpanRelativeTo};
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("duration {text:?}: {why}")]
 pub struct DurationError {
+    /// The text as given.
     pub text: String,
+    /// What is wrong with it.
     pub why: String,
 }
 

@@ -12,64 +12,91 @@ use crate::message::Message;
 use crate::model::{Delta, Usage};
 use crate::state::{AgentState, AgentStatus};
 
+/// One thing that happened in a tree, as subscribers receive it.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Event {
     /// Position in the tree's event sequence, from 1.
     pub seq: u64,
+    /// The tree it happened in.
     pub tree_id: Arc<str>,
     /// The run the event is about.
     pub run_id: Arc<str>,
     /// Wall-clock milliseconds since the Unix epoch.
     pub at_ms: u64,
+    /// What happened (serialised inline, tagged by `type`).
     #[serde(flatten)]
     pub kind: EventKind,
 }
 
+/// What an [`Event`] says happened; the JSON's `type` tag is [`EventKind::name`].
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "type", rename_all = "camelCase")]
 #[non_exhaustive]
 pub enum EventKind {
+    /// A run started (a root, a child, or a child's retry).
     #[serde(rename_all = "camelCase")]
     AgentStarted {
+        /// The agent's id (the same for every attempt of it).
         agent_id: String,
+        /// Its template's id (empty if it has none).
         agent_type: String,
+        /// The parent's run id; `None` for the root.
         parent_run_id: Option<String>,
+        /// 0 for the root, 1 for its children, and so on.
         depth: usize,
     },
     /// The run's state at a step boundary (only in a durable tree).
     Checkpointed {
+        /// The state and counters a resumed run starts from.
         checkpoint: Arc<Checkpoint>,
     },
+    /// A step began (its model call or handler batch follows).
     StepStarted {
+        /// The step's number, from 1.
         step: u32,
     },
+    /// A piece of the model's reply streamed in.
     ModelDelta {
+        /// The step whose model call it belongs to.
         step: u32,
+        /// The piece.
         delta: Delta,
     },
     /// A model request failed and is tried again after `delay_ms`.
     #[serde(rename_all = "camelCase")]
     ModelRetrying {
+        /// The step whose model call failed.
         step: u32,
+        /// The retry that comes next (1 for the first).
         attempt: u32,
+        /// The wait before it, in milliseconds.
         delay_ms: u64,
+        /// Why the attempt failed.
         reason: String,
     },
+    /// The model replied to a step's request.
     #[serde(rename_all = "camelCase")]
     ModelResponded {
+        /// The step.
         step: u32,
+        /// The tokens the call used.
         usage: Usage,
+        /// How many tool calls the reply makes.
         tool_calls: usize,
         /// The reply as the model sent it (kept only in a durable tree, so the
         /// run can be resumed or replayed without the model).
         #[serde(skip_serializing_if = "Option::is_none")]
         reply: Option<Arc<Message>>,
     },
+    /// A tool call ended and its result joined the history.
     #[serde(rename_all = "camelCase")]
     ToolCalled {
+        /// The step that made the call.
         step: u32,
+        /// The tool's name as the model called it.
         tool: String,
+        /// The call's id.
         tool_call_id: String,
         /// The error the model was shown, if the call failed.
         error: Option<String>,
@@ -77,53 +104,80 @@ pub enum EventKind {
     /// The request builder dropped calls or results that would have broken pairing.
     #[serde(rename_all = "camelCase")]
     HistoryRepaired {
+        /// Ids of tool calls dropped because no result answers them.
         unanswered_calls: Vec<String>,
+        /// Ids of tool results dropped because no call asks for them.
         orphan_results: Vec<String>,
     },
+    /// A child run was started (a first run or a retry).
     #[serde(rename_all = "camelCase")]
     ChildSpawned {
+        /// The child's run id.
         child_run_id: String,
+        /// The child's template id.
         agent_type: String,
+        /// 0 for the first run, n for the n-th retry.
         attempt: u32,
     },
+    /// A child failed and is run again after `delay_ms` (its failure policy retries).
     #[serde(rename_all = "camelCase")]
     ChildRetrying {
+        /// The run id of the attempt that failed.
         failed_run_id: String,
+        /// The attempt that comes next (1 for the first retry).
         attempt: u32,
+        /// The backoff before it, in milliseconds.
         delay_ms: u64,
+        /// Why the attempt failed.
         error: String,
     },
+    /// A child run ended.
     #[serde(rename_all = "camelCase")]
     ChildFinished {
+        /// The child's run id.
         child_run_id: String,
+        /// How it ended.
         status: AgentStatus,
     },
+    /// The agent set its output (`set_output`).
     OutputSet {
+        /// The value set.
         output: Value,
     },
     /// The agent gave back its live slot while it waits for its children.
     Suspended,
     /// The agent holds a live slot again.
     Resumed,
+    /// The run ended normally.
     AgentFinished {
+        /// Its final state.
         state: Arc<AgentState>,
         /// Messages of the final history the run inherited (its output
         /// depends on it; the store keeps it with the final state).
         #[serde(skip)]
         inherited: usize,
     },
+    /// The run failed.
     AgentFailed {
+        /// Why.
         error: String,
+        /// Its final state.
         state: Arc<AgentState>,
+        /// Messages of the final history the run inherited.
         #[serde(skip)]
         inherited: usize,
     },
+    /// The run was cancelled.
     AgentCancelled {
+        /// Its final state.
         state: Arc<AgentState>,
+        /// Messages of the final history the run inherited.
         #[serde(skip)]
         inherited: usize,
     },
+    /// A tree-wide limit stopped the run.
     LimitHit {
+        /// Which limit, and how.
         limit: LimitHit,
     },
 }
@@ -149,6 +203,7 @@ impl EventKind {
         }
     }
 
+    /// The wire name of the kind (the `type` tag of its JSON).
     pub fn name(&self) -> &'static str {
         match self {
             EventKind::AgentStarted { .. } => "agentStarted",

@@ -16,18 +16,25 @@ use crate::state::AgentState;
 pub enum Resume<'a> {
     /// The run begins.
     Start {
+        /// The run's prompt, if it was given one.
         prompt: Option<&'a str>,
+        /// The run's params, if it was given any.
         params: Option<&'a Value>,
+        /// The run's state as it starts.
         state: &'a AgentState,
     },
     /// The tool calls it yielded have run; their results, in call order.
     ToolResults {
+        /// One tool result message per call.
         results: Vec<Arc<Message>>,
+        /// The run's state.
         state: &'a AgentState,
     },
     /// The model step(s) it asked for are done.
     StepsDone {
+        /// The run's state after them.
         state: &'a AgentState,
+        /// Whether the model ended its turn (`end_turn`, or a reply without tool calls).
         turn_ended: bool,
     },
 }
@@ -47,11 +54,13 @@ pub enum Yield {
 
 /// One run of a programmatic agent.
 pub trait StepProgram: Send {
+    /// Takes what happened since the last yield and says what comes next.
     fn resume(&mut self, input: Resume<'_>) -> Yield;
 }
 
 /// Makes a program for each run of a template.
 pub trait StepHandler: Send + Sync {
+    /// The program of a new run.
     fn start(&self) -> Box<dyn StepProgram>;
 }
 

@@ -39,18 +39,23 @@ impl PartialEq for History {
 /// When expiry runs: at the start of a step, or at the end of a turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expiry {
+    /// A step starts: `agentStep` messages expire.
     StepStart,
+    /// A turn ends: `agentStep` and `userPrompt` messages expire.
     TurnEnd,
 }
 
 /// What `repaired` had to drop to make a history valid for a model request.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Repair {
+    /// Ids of tool calls dropped because no result answers them.
     pub unanswered_calls: Vec<String>,
+    /// Ids of tool results dropped because they answer no call.
     pub orphan_results: Vec<String>,
 }
 
 impl Repair {
+    /// Whether nothing was dropped.
     pub fn is_empty(&self) -> bool {
         self.unanswered_calls.is_empty() && self.orphan_results.is_empty()
     }
@@ -59,21 +64,27 @@ impl Repair {
 /// Why a message list breaks the pairing invariant.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PairingError {
+    /// A tool call (by id) has no result before the next model request.
     #[error("tool call {0} has no result before the next model request")]
     Unanswered(String),
+    /// A tool result (by call id) answers no earlier tool call.
     #[error("tool result {0} answers no earlier tool call")]
     Orphan(String),
+    /// A tool call (by id) is answered more than once.
     #[error("tool call {0} is answered more than once")]
     Duplicate(String),
+    /// Two tool calls use the same id.
     #[error("tool call id {0} is used by more than one call")]
     DuplicateCall(String),
 }
 
 impl History {
+    /// An empty history.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// The number of messages.
     pub fn len(&self) -> usize {
         self.items.len()
     }
@@ -119,14 +130,17 @@ impl History {
         }
     }
 
+    /// Whether it has no message.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
 
+    /// Appends a message.
     pub fn push(&mut self, message: Message) {
         self.push_shared(Arc::new(message));
     }
 
+    /// Appends a message already shared (its body is not copied).
     pub fn push_shared(&mut self, message: Arc<Message>) {
         self.note(&message);
         self.items.push_back(message);
@@ -151,14 +165,17 @@ impl History {
             .collect()
     }
 
+    /// The messages, oldest first.
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = &Arc<Message>> + ExactSizeIterator {
         self.items.iter()
     }
 
+    /// The message at `index` (0 is the oldest), if there is one.
     pub fn get(&self, index: usize) -> Option<&Arc<Message>> {
         self.items.get(index)
     }
 
+    /// The newest message, if any.
     pub fn last(&self) -> Option<&Arc<Message>> {
         self.items.last()
     }
@@ -168,6 +185,7 @@ impl History {
         self.items.iter().skip(start).cloned().collect()
     }
 
+    /// The messages as a vector, sharing their bodies.
     pub fn to_vec(&self) -> Vec<Arc<Message>> {
         self.items.iter().cloned().collect()
     }

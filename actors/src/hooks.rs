@@ -19,6 +19,7 @@ use crate::toolbox::Toolbox;
 pub struct Slot(Box<dyn std::any::Any + Send>);
 
 impl Slot {
+    /// A slot holding `held` (the supervisor's permit); dropping the slot drops it.
     pub fn new(held: impl std::any::Any + Send) -> Self {
         Slot(Box::new(held))
     }
@@ -39,18 +40,24 @@ impl std::fmt::Debug for Slot {
 /// agent at `depth`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlotPriority {
+    /// The depth of the agent that waits (0 for the root).
     pub depth: usize,
+    /// Whether it is a parent taking its slot back to finish (served first).
     pub resume: bool,
 }
 
 /// Ids of a new run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunIds {
+    /// The agent's id, the same for all its attempts.
     pub agent_id: String,
+    /// This attempt's run id.
     pub run_id: String,
 }
 
+/// What an agent may ask of its tree; the supervisor implements it, once per tree.
 pub trait TreeHooks: Send + Sync + 'static {
+    /// The tree's id.
     fn tree_id(&self) -> &Arc<str>;
 
     /// The template with exactly this id.
@@ -59,6 +66,7 @@ pub trait TreeHooks: Send + Sync + 'static {
     /// Whether any template answers to `requested` (for "not found" vs "not allowed").
     fn knows_agent(&self, requested: &str) -> bool;
 
+    /// The model configured under `name`.
     fn model(&self, name: &str) -> Option<Arc<dyn Model>>;
 
     /// The toolbox of a template (built once and cached).
@@ -83,6 +91,7 @@ pub trait TreeHooks: Send + Sync + 'static {
     /// Waits for a live-agent slot. `None` when live agents are not limited.
     fn acquire_slot(&self, priority: SlotPriority) -> BoxFuture<'static, Option<Slot>>;
 
+    /// Publishes an event about the run `run_id` (the tree numbers it).
     fn emit(&self, run_id: &Arc<str>, kind: EventKind);
 
     /// An agent actor started: the supervisor may now cancel it by run id.

@@ -22,12 +22,14 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// What is wrong with a text given as a tree or run id.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IdError {
+    /// Not a tree id (the text as given).
     #[error("tree id {0:?} is not valid: use 1 to 128 letters, digits, '-', '_', '.' or ':'")]
     Tree(String),
     #[error(
         "a run id is TREE/PATH, PATH being numbers joined by '.', each with an optional \
          ~ATTEMPT, and starting at 0 (e.g. t1/0.2~1); got {0:?}"
     )]
+    /// Not a run id (the text as given).
     Run(String),
 }
 
@@ -48,10 +50,12 @@ impl TreeId {
         TreeId(format!("t{:012x}", hash & 0xffff_ffff_ffff).into())
     }
 
+    /// The id as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 
+    /// The id as shared text (cloned without copying).
     pub fn as_arc(&self) -> &Arc<str> {
         &self.0
     }
@@ -100,7 +104,9 @@ impl From<TreeId> for String {
 /// the root) and the attempt (0 for the first).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Step {
+    /// The ordinal among the parent's children, counted over the parent's run.
     pub ordinal: u32,
+    /// 0 for the first attempt, n for the n-th retry.
     pub attempt: u32,
 }
 
@@ -113,10 +119,12 @@ pub struct RunId {
 }
 
 impl RunId {
+    /// The tree the run belongs to.
     pub fn tree(&self) -> &TreeId {
         &self.tree
     }
 
+    /// The spawn path from the root (never empty; the root's step first).
     pub fn path(&self) -> &[Step] {
         &self.path
     }

@@ -9,14 +9,23 @@ use serde::Serialize;
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Limit {
+    /// A spawn would go deeper than the tree allows.
     MaxDepth,
+    /// A spawn call asked for more children than one call may start.
     MaxChildrenPerCall,
+    /// The tree has started as many agents as it may.
     MaxAgents,
+    /// The tree has taken as many steps (all its agents together) as it may.
     MaxSteps,
+    /// One agent has taken as many steps as its template allows.
     AgentSteps,
+    /// The tree's token budget is spent.
     TokenBudget,
+    /// The tree's credit budget is spent.
     CostBudget,
+    /// The tree's deadline passed.
     Deadline,
+    /// A step ran longer than its template's step timeout.
     StepTimeout,
 }
 
@@ -40,11 +49,14 @@ impl Limit {
 /// A limit that refused something, with what was refused.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, thiserror::Error)]
 pub struct LimitHit {
+    /// Which limit.
     pub limit: Limit,
+    /// What it refused, for people (e.g. the count against the maximum).
     pub detail: String,
 }
 
 impl LimitHit {
+    /// A hit of `limit`, described by `detail`.
     pub fn new(limit: Limit, detail: impl Into<String>) -> Self {
         LimitHit {
             limit,

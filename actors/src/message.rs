@@ -15,27 +15,41 @@ pub const ESTIMATED_BYTES_PER_TOKEN: u64 = 4;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "role", rename_all = "lowercase")]
 pub enum Message {
+    /// Instructions to the model (text parts only).
     System {
+        /// The body.
         content: Content,
+        /// The optional fields.
         #[serde(flatten)]
         meta: Meta,
     },
+    /// A prompt (text, image and file parts).
     User {
+        /// The body.
         content: Content,
+        /// The optional fields.
         #[serde(flatten)]
         meta: Meta,
     },
+    /// A model reply (text, reasoning and tool-call parts).
     Assistant {
+        /// The body.
         content: Content,
+        /// The optional fields.
         #[serde(flatten)]
         meta: Meta,
     },
+    /// The result of one tool call.
     Tool {
+        /// The id of the call it answers.
         #[serde(rename = "toolCallId")]
         tool_call_id: String,
+        /// The tool's wire name, as the model called it.
         #[serde(rename = "toolName")]
         tool_name: String,
+        /// The result.
         content: Vec<ToolResultPart>,
+        /// The optional fields.
         #[serde(flatten)]
         meta: Meta,
     },
@@ -45,7 +59,9 @@ pub enum Message {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Content {
+    /// A plain string.
     Text(String),
+    /// Typed parts, in order.
     Parts(Vec<Part>),
 }
 
@@ -53,34 +69,49 @@ pub enum Content {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum Part {
+    /// Text.
     Text {
+        /// The text.
         text: String,
     },
+    /// The model's reasoning, as it reported it.
     Reasoning {
+        /// The reasoning text.
         text: String,
     },
+    /// An image.
     Image {
+        /// An `http(s):` or `data:` URL, or base64 data.
         image: String,
+        /// Its media type (`None`: providers assume `image/png`).
         #[serde(rename = "mediaType", default, skip_serializing_if = "Option::is_none")]
         media_type: Option<String>,
     },
+    /// A file (e.g. a PDF).
     File {
+        /// An `http(s):` or `data:` URL, or base64 data.
         data: String,
+        /// Its name, if known.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         filename: Option<String>,
+        /// Its media type.
         #[serde(rename = "mediaType")]
         media_type: String,
     },
+    /// A tool call (assistant messages only).
     ToolCall(ToolCall),
 }
 
 /// A request by the model to run one tool; answered by the tool message with the same id.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
+    /// The call's id, unique in the history (semantics §3).
     #[serde(rename = "toolCallId")]
     pub tool_call_id: String,
+    /// The tool's wire name.
     #[serde(rename = "toolName")]
     pub tool_name: String,
+    /// The tool's input (`null` if the model sent none).
     #[serde(default)]
     pub input: Value,
 }
@@ -89,11 +120,16 @@ pub struct ToolCall {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum ToolResultPart {
+    /// A JSON value (a text result is a JSON string).
     Json {
+        /// The value.
         value: Value,
     },
+    /// Media, such as an image a tool returned.
     Media {
+        /// Base64 data.
         data: String,
+        /// Its media type.
         #[serde(rename = "mediaType")]
         media_type: String,
     },
@@ -102,8 +138,10 @@ pub enum ToolResultPart {
 /// When a message expires (semantics §3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TimeToLive {
+    /// `agentStep`: removed when the next step starts.
     #[serde(rename = "agentStep")]
     AgentStep,
+    /// `userPrompt`: removed when the turn ends.
     #[serde(rename = "userPrompt")]
     UserPrompt,
 }
@@ -111,26 +149,31 @@ pub enum TimeToLive {
 /// The optional fields every message may carry.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Meta {
+    /// Markers such as [`TOOL_CALL_ERROR`] or [`SPAWN_PROMPT`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
+    /// When the message expires (`None`: never).
     #[serde(
         rename = "timeToLive",
         default,
         skip_serializing_if = "Option::is_none"
     )]
     pub time_to_live: Option<TimeToLive>,
+    /// Whether truncation must keep the message (`None`: it may drop it).
     #[serde(
         rename = "keepDuringTruncation",
         default,
         skip_serializing_if = "Option::is_none"
     )]
     pub keep_during_truncation: Option<bool>,
+    /// Options passed through to the provider as they are.
     #[serde(
         rename = "providerOptions",
         default,
         skip_serializing_if = "Option::is_none"
     )]
     pub provider_options: Option<Value>,
+    /// When the message was sent, in milliseconds since the Unix epoch.
     #[serde(rename = "sentAt", default, skip_serializing_if = "Option::is_none")]
     pub sent_at: Option<f64>,
 }
@@ -147,6 +190,7 @@ pub const INSTRUCTIONS_PROMPT: &str = "INSTRUCTIONS_PROMPT";
 pub const STEP_PROMPT: &str = "STEP_PROMPT";
 
 impl Message {
+    /// A user message with this text.
     pub fn user(text: impl Into<String>) -> Self {
         Message::User {
             content: Content::Text(text.into()),
@@ -154,6 +198,7 @@ impl Message {
         }
     }
 
+    /// A system message with this text.
     pub fn system(text: impl Into<String>) -> Self {
         Message::System {
             content: Content::Text(text.into()),
@@ -161,6 +206,7 @@ impl Message {
         }
     }
 
+    /// An assistant message with this text and no tool call.
     pub fn assistant_text(text: impl Into<String>) -> Self {
         Message::Assistant {
             content: Content::Text(text.into()),
@@ -206,6 +252,7 @@ impl Message {
         msg
     }
 
+    /// The `role` tag: `system`, `user`, `assistant` or `tool`.
     pub fn role(&self) -> &'static str {
         match self {
             Message::System { .. } => "system",
@@ -215,6 +262,7 @@ impl Message {
         }
     }
 
+    /// The optional fields.
     pub fn meta(&self) -> &Meta {
         match self {
             Message::System { meta, .. }
@@ -224,6 +272,7 @@ impl Message {
         }
     }
 
+    /// The optional fields, to change.
     pub fn meta_mut(&mut self) -> &mut Meta {
         match self {
             Message::System { meta, .. }
@@ -233,20 +282,24 @@ impl Message {
         }
     }
 
+    /// This message with `tag` added.
     pub fn with_tag(mut self, tag: &str) -> Self {
         self.meta_mut().tags.push(tag.to_owned());
         self
     }
 
+    /// This message with a time to live.
     pub fn with_ttl(mut self, ttl: TimeToLive) -> Self {
         self.meta_mut().time_to_live = Some(ttl);
         self
     }
 
+    /// Whether it carries `tag`.
     pub fn has_tag(&self, tag: &str) -> bool {
         self.meta().tags.iter().any(|t| t == tag)
     }
 
+    /// Whether it is an assistant message.
     pub fn is_assistant(&self) -> bool {
         matches!(self, Message::Assistant { .. })
     }
@@ -348,6 +401,7 @@ impl Message {
 }
 
 impl Content {
+    /// The text parts, joined (a plain string as it is).
     pub fn text(&self) -> String {
         match self {
             Content::Text(text) => text.clone(),

@@ -16,19 +16,25 @@ use crate::state::ToolDefinitions;
 /// One model call.
 #[derive(Clone, Debug)]
 pub struct ModelRequest {
+    /// The agent's system prompt, sent as the system message.
     pub system_prompt: Arc<str>,
     /// The history view: paired by id, expired messages removed, truncated to
     /// fit. A `History`, so building a request copies nothing.
     pub messages: History,
+    /// The tools the model is offered, by wire name.
     pub tools: ToolDefinitions,
+    /// Who is asking.
     pub meta: RequestMeta,
 }
 
 /// Who is asking; providers ignore it, built-in models use it.
 #[derive(Clone, Debug, Default)]
 pub struct RequestMeta {
+    /// The agent's tree.
     pub tree_id: Arc<str>,
+    /// The agent's run id.
     pub run_id: String,
+    /// The agent's template id (empty if it has none).
     pub agent_type: String,
     /// 0 for a root agent.
     pub depth: usize,
@@ -63,10 +69,14 @@ impl UsageSource {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Usage {
+    /// Tokens of the request.
     pub input_tokens: u64,
+    /// Tokens of the reply.
     pub output_tokens: u64,
+    /// Request tokens read from the provider's prompt cache.
     #[serde(default)]
     pub cache_read_tokens: u64,
+    /// Request tokens written to the provider's prompt cache.
     #[serde(default)]
     pub cache_write_tokens: u64,
     /// Credits this call cost.
@@ -79,6 +89,7 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// Input plus output tokens.
     pub fn total_tokens(&self) -> u64 {
         self.input_tokens + self.output_tokens
     }
@@ -98,7 +109,9 @@ impl Usage {
 /// What a model call returns: one assistant message and its usage.
 #[derive(Clone, Debug)]
 pub struct ModelResponse {
+    /// The reply, an assistant message.
     pub message: Message,
+    /// What the call used.
     pub usage: Usage,
 }
 
@@ -107,22 +120,32 @@ pub struct ModelResponse {
 #[serde(tag = "kind", rename_all = "camelCase")]
 #[non_exhaustive]
 pub enum Delta {
+    /// More reply text.
     Text {
+        /// The text, appended to what came before.
         text: String,
     },
+    /// More reasoning text.
     Reasoning {
+        /// The text, appended to what came before.
         text: String,
     },
+    /// More of a tool call's input (JSON text, in pieces).
     ToolCallArgs {
+        /// The call's index among the reply's tool calls.
         index: usize,
+        /// The piece, appended to what came before.
         text: String,
     },
     /// The attempt failed and will be retried after `delay_ms` (the partial reply
     /// streamed so far is discarded).
     #[serde(rename_all = "camelCase")]
     Retry {
+        /// The retry that comes next (1 for the first).
         attempt: u32,
+        /// The wait before it, in milliseconds.
         delay_ms: u64,
+        /// Why the attempt failed.
         reason: String,
     },
 }
@@ -137,26 +160,43 @@ pub enum ModelError {
     /// The endpoint refused the request (bad request, auth, not found): do not retry.
     #[error("model {model} refused the request ({status}): {message}")]
     Rejected {
+        /// The model's catalog name.
         model: String,
+        /// The HTTP status.
         status: u16,
+        /// What the endpoint said.
         message: String,
     },
     /// Rate limits, overload, server errors, dropped connections.
     #[error("model {model} is unavailable: {message}")]
     Transient {
+        /// The model's catalog name.
         model: String,
+        /// What went wrong.
         message: String,
+        /// How long the endpoint asked to wait (`None`: it did not say).
         retry_after: Option<Duration>,
     },
     /// The reply could not be understood.
     #[error("model {model} sent a malformed reply: {message}")]
-    Malformed { model: String, message: String },
+    Malformed {
+        /// The model's catalog name.
+        model: String,
+        /// What is wrong with the reply.
+        message: String,
+    },
     /// The request itself is invalid for this model (e.g. the scripted model ran out of replies).
     #[error("model {model}: {message}")]
-    Invalid { model: String, message: String },
+    Invalid {
+        /// The model's catalog name.
+        model: String,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 impl ModelError {
+    /// Whether trying again may help (transient failures and malformed replies).
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,

@@ -22,6 +22,7 @@ impl Schema {
         })
     }
 
+    /// The schema as it was given.
     pub fn source(&self) -> &Value {
         &self.source
     }

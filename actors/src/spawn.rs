@@ -30,11 +30,16 @@ pub(crate) struct SpawnRequest {
 pub struct ChildPlan {
     /// The matched `spawnableAgents` entry: the child's `agentType`.
     pub agent_type: String,
+    /// The child's template.
     pub template: Arc<AgentTemplate>,
+    /// The prompt the parent gave it, if any.
     pub prompt: Option<String>,
+    /// The params the parent gave it, if any (checked against its input schema).
     pub params: Option<Value>,
     /// The parent's filtered history as of the spawn (shared, not copied).
     pub snapshot: History,
+    /// Whether it runs inline (`spawn_agent_inline`, semantics §6): on the
+    /// parent's history, merged back into it.
     pub inline: bool,
 }
 
@@ -74,8 +79,11 @@ pub(crate) fn plan_child(
 
 /// What a child starts with: its state and how many messages it inherited.
 pub struct ChildStart {
+    /// The child's first state.
     pub state: AgentState,
+    /// Messages of its history taken from the parent and its input (for its output, semantics §7).
     pub inherited: usize,
+    /// The toolbox it runs with.
     pub toolbox: Arc<Toolbox>,
 }
 
@@ -83,16 +91,22 @@ pub struct ChildStart {
 /// shared, so a child's state is built only when it gets to run.
 #[derive(Clone, Debug)]
 pub struct ParentInfo {
+    /// The parent's agent id: the children's `parentId`.
     pub agent_id: String,
+    /// The parent's run id.
     pub run_id: String,
     /// The parent's ancestors plus the parent: the children's `ancestorRunIds`.
     pub lineage: Vec<String>,
+    /// The parent's system prompt (a child may inherit it).
     pub system_prompt: Arc<str>,
+    /// The parent's latest context size in tokens; a child starts from it.
     pub context_token_count: u64,
+    /// The parent's toolbox (a child that inherits the system prompt runs with it).
     pub toolbox: Arc<Toolbox>,
 }
 
 impl ParentInfo {
+    /// What `parent`, running with `toolbox`, passes on.
     pub fn of(parent: &AgentState, toolbox: &Arc<Toolbox>) -> Self {
         let mut lineage = parent.ancestor_run_ids.clone();
         lineage.push(parent.run_id.clone());
@@ -230,11 +244,16 @@ pub(crate) fn prompt_message(prompt: Option<&str>, params: Option<&Value>) -> Op
 /// What a parent learns about one requested child.
 #[derive(Clone, Debug)]
 pub struct ChildReport {
+    /// The child's `agentType` (the matched `spawnableAgents` entry, or the
+    /// requested type when it was refused).
     pub agent_type: String,
+    /// The template's display name (the requested type when it was refused).
     pub agent_name: String,
+    /// The child's agent id (empty when it never started).
     pub agent_id: String,
     /// Every attempt's run id, in order (empty when it never started).
     pub run_ids: Vec<String>,
+    /// How it ended (`failed` when it never started).
     pub status: AgentStatus,
     /// The child's output value, or `{errorMessage}` when it could not start or failed.
     pub value: Value,

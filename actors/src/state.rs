@@ -12,18 +12,24 @@ use crate::history::History;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AgentStatus {
+    /// Still going (the default).
     #[default]
     Running,
+    /// Ended normally.
     Completed,
+    /// Ended by an error or a limit.
     Failed,
+    /// Cancelled.
     Cancelled,
 }
 
 impl AgentStatus {
+    /// Whether the run is over.
     pub fn is_final(self) -> bool {
         self != AgentStatus::Running
     }
 
+    /// The wire name (`running`, `completed`, `failed`, `cancelled`).
     pub fn as_str(self) -> &'static str {
         match self {
             AgentStatus::Running => "running",
@@ -37,7 +43,9 @@ impl AgentStatus {
 /// A tool as the model sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ToolDefinition {
+    /// What the tool does, for the model.
     pub description: String,
+    /// The JSON Schema of its input.
     #[serde(rename = "inputSchema")]
     pub input_schema: Value,
 }
@@ -45,36 +53,53 @@ pub struct ToolDefinition {
 /// Tool definitions by name; shared between every agent of a template.
 pub type ToolDefinitions = Arc<BTreeMap<String, ToolDefinition>>;
 
+/// One run's state (semantics §2); every field but `agentId` may be absent
+/// on input and takes its default.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentState {
+    /// This agent's id (the same for all its attempts).
     pub agent_id: String,
+    /// The template it runs; for a child, the matched `spawnableAgents` entry.
     #[serde(default)]
     pub agent_type: Option<String>,
+    /// This run's id.
     #[serde(default)]
     pub run_id: String,
+    /// The parent's agent id; `None` for a root.
     #[serde(default)]
     pub parent_id: Option<String>,
+    /// Run ids from the root down to the parent; its length is the depth.
     #[serde(default)]
     pub ancestor_run_ids: Vec<String>,
+    /// Every child run that started, in request order.
     #[serde(default)]
     pub child_run_ids: Vec<String>,
+    /// The conversation.
     #[serde(default)]
     pub message_history: History,
+    /// The last accepted `set_output` value; a failed run's is `{errorMessage}`.
     #[serde(default)]
     pub output: Option<Value>,
+    /// Sent as the system message of every model call.
     #[serde(default)]
     pub system_prompt: Arc<str>,
+    /// Exactly the tools the model is offered, by wire name.
     #[serde(default)]
     pub tool_definitions: ToolDefinitions,
+    /// Input plus output tokens of the latest model call (reported, else estimated).
     #[serde(default)]
     pub context_token_count: u64,
+    /// Steps left before the agent's step limit.
     #[serde(default)]
     pub steps_remaining: u32,
+    /// Credits spent by this agent and all its descendants.
     #[serde(default)]
     pub credits_used: f64,
+    /// Credits spent by this agent's own model calls.
     #[serde(default)]
     pub direct_credits_used: f64,
+    /// Whether it runs, or how it ended.
     #[serde(default)]
     pub status: AgentStatus,
 }
@@ -83,7 +108,9 @@ pub struct AgentState {
 /// for a root and a child alike.
 #[derive(Clone, Debug)]
 pub struct Start {
+    /// The run's agent id and run id.
     pub ids: crate::hooks::RunIds,
+    /// The template it runs (for a child, the matched `spawnableAgents` entry).
     pub agent_type: String,
     /// The parent's agent id and the run ids above the new run (the parent's
     /// ancestors, then the parent); `None` for a root.
@@ -91,10 +118,13 @@ pub struct Start {
     /// The history the run starts its turn with (inherited messages, then its
     /// input messages).
     pub history: History,
+    /// Its system prompt.
     pub system_prompt: Arc<str>,
+    /// The tools its model is offered.
     pub tool_definitions: ToolDefinitions,
     /// What the parent's context held when it spawned the run (0 for a root).
     pub context_token_count: u64,
+    /// Its step limit (the template's `max_steps`).
     pub steps_remaining: u32,
 }
 

@@ -39,69 +39,104 @@ pub enum Reply {
 /// What `Status` answers.
 #[derive(Clone, Debug)]
 pub struct AgentSnapshot {
+    /// The run's state as it stands (mid-step included).
     pub state: AgentState,
+    /// The step the run is in (0 before its first).
     pub step: u32,
+    /// Its children whose actors are running now.
     pub live_children: usize,
 }
 
+/// The messages of an agent actor. The supervisor sends `Cancel`,
+/// `CancelChild` and `Status`; the others are the actor's own work coming
+/// back (from its tasks, timers and children).
 pub enum AgentMsg {
+    /// The model call of `step` ended.
     /// Boxed: the mailbox allocates blocks of messages, so every variant's size
     /// is paid per slot by every agent.
     ModelDone {
+        /// The step that made the call; a reply for an other step is ignored.
         step: u32,
+        /// The reply, or why the call failed.
         result: Box<Result<ModelResponse, String>>,
     },
+    /// A tool call of `step` ended.
     ToolDone {
+        /// The step that made the call.
         step: u32,
+        /// The call's index among the step's tool calls.
         index: usize,
+        /// What the tool returned (or that it panicked).
         outcome: ToolOutcome,
     },
+    /// A child's actor started.
     ChildStarted {
+        /// Which child.
         key: ChildKey,
+        /// Its actor.
         actor: ActorRef<AgentMsg>,
     },
+    /// A child's actor could not be started.
     ChildNotStarted {
+        /// Which child.
         key: ChildKey,
+        /// Why.
         error: String,
     },
     /// A child of a resumed tree that had finished before (it is not run again).
     ChildRecovered {
+        /// Which child.
         key: ChildKey,
+        /// Its recorded result.
         result: Box<RunResult>,
     },
+    /// The backoff before a child's retry is over.
     RetryDue {
+        /// The child to run again.
         key: ChildKey,
     },
+    /// The live slot the agent waited for (`None`: live agents are not limited).
     SlotReady(Option<Slot>),
+    /// The step timeout of `step` fired.
     StepTimeout {
+        /// The step it was started for.
         step: u32,
         /// Which timer sent it; a stale one (from a timer already stopped) is ignored.
         generation: u64,
     },
+    /// Stop the run early, for this reason (its children are cancelled too).
     Cancel(CancelReason),
     /// Cancel this child of ours that has not started (it waits for a live
     /// slot or a retry); a child that runs is cancelled directly.
     CancelChild {
+        /// The child's run id.
         run_id: String,
     },
+    /// Answer with a snapshot of the run.
     Status(RpcReplyPort<AgentSnapshot>),
 }
 
+/// How a tool call's task ended.
 pub enum ToolOutcome {
+    /// The tool returned: its output, or its error message.
     Done(Result<ToolOutput, String>),
+    /// The tool panicked, with this message.
     Panicked(String),
 }
 
 /// What an agent actor starts with.
 pub struct AgentArgs {
+    /// The agent's tree.
     pub hooks: Arc<dyn TreeHooks>,
     /// Boxed: it moves through spawning several times.
     pub machine: Box<StepMachine>,
+    /// Where its result goes.
     pub reply: Reply,
     /// The live slot the agent runs in (acquired before it was started).
     pub slot: Option<Slot>,
 }
 
+/// The ractor actor of one agent run (its state is an [`AgentRun`]).
 pub struct AgentActor;
 
 /// Where a run is, as far as its actor is concerned (how the machine stands is

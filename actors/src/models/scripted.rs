@@ -19,9 +19,11 @@ use crate::template::AgentTypeId;
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Script {
+    /// The entries; the first that matches a run answers it.
     pub replies: Vec<ScriptEntry>,
 }
 
+/// The replies of one agent type (or of its runs whose prompt matches).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScriptEntry {
@@ -34,18 +36,23 @@ pub struct ScriptEntry {
     pub steps: Vec<ScriptedReply>,
 }
 
+/// One scripted step: the reply the model gives (or how it fails).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ScriptedReply {
+    /// The reply's text, if any.
     #[serde(default)]
     pub text: Option<String>,
+    /// The reply's reasoning part, if any.
     #[serde(default)]
     pub reasoning: Option<String>,
+    /// The tool calls the reply makes, in order.
     #[serde(default)]
     pub tool_calls: Vec<ScriptedCall>,
     /// Wait this long (tokio time, so tests can pause it) before answering.
     #[serde(default)]
     pub delay_ms: u64,
+    /// The usage reported (`None`: estimated from the request and the reply).
     #[serde(default)]
     pub usage: Option<Usage>,
     /// Fail the call with this message instead of answering.
@@ -56,13 +63,16 @@ pub struct ScriptedReply {
     pub panic: Option<String>,
 }
 
+/// One tool call of a scripted reply.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScriptedCall {
+    /// The tool's wire name.
     pub name: String,
     /// The arguments; a string is sent as raw (possibly malformed) JSON text.
     #[serde(default)]
     pub input: Value,
+    /// The call's id (`None`: `RUN-sSTEP-cINDEX`).
     #[serde(default)]
     pub id: Option<String>,
 }
@@ -70,14 +80,20 @@ pub struct ScriptedCall {
 /// A script that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ScriptError {
+    /// The file could not be read.
     #[error("cannot read script {path}: {source}")]
     Read {
+        /// The script's path.
         path: String,
+        /// Why.
         source: std::io::Error,
     },
+    /// The text is not a valid script.
     #[error("script {path} is invalid: {source}")]
     Parse {
+        /// The script's path (as given to `from_json`).
         path: String,
+        /// Why.
         source: serde_json::Error,
     },
 }
@@ -85,16 +101,23 @@ pub enum ScriptError {
 /// What one request looked like, for assertions.
 #[derive(Clone, Debug)]
 pub struct RecordedRequest {
+    /// The asking agent's run id.
     pub run_id: String,
+    /// Its template id.
     pub agent_type: String,
+    /// The step (from 1).
     pub step: u32,
+    /// The messages sent.
     pub messages: Vec<Arc<Message>>,
+    /// The wire names of the tools offered, sorted.
     pub tools: Vec<String>,
     /// The tool definitions as sent (descriptions and input schemas).
     pub definitions: crate::state::ToolDefinitions,
+    /// The system prompt sent.
     pub system_prompt: Arc<str>,
 }
 
+/// A model that answers from a [`Script`] and records every request.
 pub struct ScriptedModel {
     name: String,
     script: Script,
@@ -102,6 +125,7 @@ pub struct ScriptedModel {
 }
 
 impl ScriptedModel {
+    /// A scripted model named `name` (its catalog name).
     pub fn new(name: impl Into<String>, script: Script) -> Self {
         ScriptedModel {
             name: name.into(),
@@ -110,6 +134,7 @@ impl ScriptedModel {
         }
     }
 
+    /// A scripted model from a script's JSON text; `path` names it in errors.
     pub fn from_json(name: impl Into<String>, json: &str, path: &str) -> Result<Self, ScriptError> {
         let script = serde_json::from_str(json).map_err(|source| ScriptError::Parse {
             path: path.to_owned(),
@@ -118,6 +143,7 @@ impl ScriptedModel {
         Ok(Self::new(name, script))
     }
 
+    /// A scripted model from a script file.
     pub fn from_file(name: impl Into<String>, path: &Path) -> Result<Self, ScriptError> {
         let shown = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| ScriptError::Read {

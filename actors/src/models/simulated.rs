@@ -17,10 +17,13 @@ use crate::toolbox::SPAWN_AGENTS;
 /// How long a simulated call takes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Latency {
+    /// Always this long.
     Fixed(Duration),
     /// Log-normal with this median and shape `sigma`.
     LogNormal {
+        /// The median latency.
         median: Duration,
+        /// The shape: 0 is always the median, larger spreads wider.
         sigma: f64,
     },
 }
@@ -35,8 +38,7 @@ pub(crate) const MAX_SIGMA: f64 = 3.0;
 
 impl Latency {
     /// Parses `0`, `50ms`, `2s` or `lognormal:200ms,0.5` (durations in
-    /// [`crate::duration`]'s grammar, at most [`MAX_LATENCY`]; a sigma from 0
-    /// to [`MAX_SIGMA`]).
+    /// [`crate::duration`]'s grammar, at most an hour; a sigma from 0 to 3).
     pub fn parse(text: &str) -> Result<Latency, String> {
         let text = text.trim();
         let duration = |d: &str| {
@@ -86,12 +88,15 @@ impl Latency {
     }
 }
 
+/// The shape of a simulated tree and the cost of its calls.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimulatedConfig {
     /// Children an agent at depth `d` spawns: `shape[d]`; agents deeper than
     /// the shape answer. `[3, 3]` is fanout 3, depth 2.
     pub shape: Vec<usize>,
+    /// How long each call takes.
     pub latency: Latency,
+    /// Words in a leaf agent's answer.
     pub reply_tokens: usize,
 }
 
@@ -126,12 +131,14 @@ impl Default for SimulatedConfig {
     }
 }
 
+/// A model that plays a procedural fan-out tree (see [`SimulatedConfig`]).
 pub struct SimulatedModel {
     name: String,
     config: SimulatedConfig,
 }
 
 impl SimulatedModel {
+    /// A simulated model named `name` (its catalog name).
     pub fn new(name: impl Into<String>, config: SimulatedConfig) -> Self {
         SimulatedModel {
             name: name.into(),
