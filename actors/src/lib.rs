@@ -4,6 +4,8 @@
 //! This crate knows no HTTP, SQL, CLI or TOML; the supervisor and the binary
 //! build on it.
 
+#![deny(missing_docs)]
+
 mod agent;
 mod checkpoint;
 pub mod duration;

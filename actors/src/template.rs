@@ -14,9 +14,12 @@ use crate::schema::Schema;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OutputMode {
+    /// `last_message` (the default): the last assistant turn.
     #[default]
     LastMessage,
+    /// `all_messages`: the messages the run added.
     AllMessages,
+    /// `structured_output`: the value of `set_output` (or null).
     StructuredOutput,
 }
 
@@ -28,7 +31,12 @@ pub enum FailurePolicy {
     Report,
     /// Run again from the initial state, up to `max` more times, waiting `backoff`
     /// (doubled each attempt) in between.
-    Retry { max: u32, backoff: Duration },
+    Retry {
+        /// Retries after the first run.
+        max: u32,
+        /// The wait before the first retry.
+        backoff: Duration,
+    },
     /// The parent fails too.
     Escalate,
 }
@@ -36,7 +44,9 @@ pub enum FailurePolicy {
 /// The JSON Schemas a spawn's `prompt` and `params` must satisfy.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct InputSchema {
+    /// The schema of `prompt` (a JSON string); `None`: any prompt, or none.
     pub prompt: Option<Schema>,
+    /// The schema of `params`; `None`: any params, or none.
     pub params: Option<Schema>,
 }
 
@@ -45,6 +55,7 @@ pub struct InputSchema {
 pub struct AgentTemplate {
     /// The id spawns refer to, e.g. `researcher` or `acme/researcher@1.2.0`.
     pub id: String,
+    /// The name a parent's spawn result shows (`agentName`); by default the id's name part.
     pub display_name: String,
     /// What this agent is for, as the spawn tools of its parents tell their model.
     pub description: Option<String>,
@@ -58,19 +69,31 @@ pub struct AgentTemplate {
     pub step_prompt: Option<Arc<str>>,
     /// Name of the model in the catalog.
     pub model: String,
+    /// The system message of every model call.
     pub system_prompt: Arc<str>,
     /// External tools by name (built-ins are always available).
     pub tools: Vec<String>,
+    /// The agent types it may spawn (`publisher/name@version`, parts optional).
     pub spawnable_agents: Vec<String>,
+    /// How its run becomes its parent's `value`.
     pub output_mode: OutputMode,
+    /// The schema `set_output` values must satisfy (`None`: any value).
     pub output_schema: Option<Schema>,
+    /// The schemas its spawn input must satisfy.
     pub input_schema: InputSchema,
+    /// Whether a child starts from its parent's history (filtered), then a
+    /// `SUBAGENT_SPAWN` notice.
     pub include_message_history: bool,
+    /// Whether a child runs with its parent's system prompt and toolbox.
     pub inherit_parent_system_prompt: bool,
+    /// Model steps one run may take (its `stepsRemaining` at the start).
     pub max_steps: u32,
+    /// The longest a step's model call and tools may take (not waiting for
+    /// children); `None`: no limit.
     pub step_timeout: Option<Duration>,
     /// Estimated tokens a request may hold before truncation builds a shorter view.
     pub context_window: Option<u64>,
+    /// What its parent does when its run fails.
     pub failure: FailurePolicy,
     /// A programmatic driver (semantics §4.5); `None` lets the model drive.
     pub handler: Option<Arc<dyn StepHandler>>,
@@ -104,31 +127,37 @@ impl AgentTemplate {
         }
     }
 
+    /// This template with a system prompt.
     pub fn system_prompt(mut self, prompt: &str) -> Self {
         self.system_prompt = Arc::from(prompt);
         self
     }
 
+    /// This template allowed to spawn these agent types.
     pub fn spawns(mut self, agents: &[&str]) -> Self {
         self.spawnable_agents = agents.iter().map(|a| (*a).to_owned()).collect();
         self
     }
 
+    /// This template with an output mode.
     pub fn output_mode(mut self, mode: OutputMode) -> Self {
         self.output_mode = mode;
         self
     }
 
+    /// This template with a step limit per run.
     pub fn max_steps(mut self, steps: u32) -> Self {
         self.max_steps = steps;
         self
     }
 
+    /// This template with a failure policy.
     pub fn failure(mut self, policy: FailurePolicy) -> Self {
         self.failure = policy;
         self
     }
 
+    /// This template driven by a step handler.
     pub fn handler(mut self, handler: Arc<dyn StepHandler>) -> Self {
         self.handler = Some(handler);
         self
@@ -184,21 +213,37 @@ impl fmt::Debug for AgentTemplate {
 /// A prompt or params that do not fit an agent's input schema.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InputError {
+    /// The prompt does not fit.
     #[error("Invalid prompt for agent {agent}: {problem}")]
-    Prompt { agent: String, problem: String },
+    Prompt {
+        /// The agent's template id.
+        agent: String,
+        /// What the schema check found.
+        problem: String,
+    },
+    /// The params do not fit.
     #[error("Invalid params for agent {agent}: {problem}")]
-    Params { agent: String, problem: String },
+    Params {
+        /// The agent's template id.
+        agent: String,
+        /// What the schema check found.
+        problem: String,
+    },
 }
 
 /// An agent type id, `publisher/name@version` with publisher and version optional.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AgentTypeId<'a> {
+    /// The publisher, if the id names one.
     pub publisher: Option<&'a str>,
+    /// The name.
     pub name: &'a str,
+    /// The version, if the id names one.
     pub version: Option<&'a str>,
 }
 
 impl<'a> AgentTypeId<'a> {
+    /// Splits an id into its parts (no validation: every text is an id).
     pub fn parse(id: &'a str) -> Self {
         let (rest, version) = match id.rsplit_once('@') {
             Some((rest, version)) => (rest, Some(version)),

@@ -17,8 +17,11 @@ use crate::message::ToolResultPart;
 /// Who is calling, for tools that care.
 #[derive(Clone, Debug)]
 pub struct ToolContext {
+    /// The calling agent's tree.
     pub tree_id: Arc<str>,
+    /// The calling agent's run id.
     pub run_id: String,
+    /// The calling agent's template id (empty if it has none).
     pub agent_type: String,
     /// The id of the model's tool call this call answers.
     pub call_id: String,
@@ -28,7 +31,9 @@ pub struct ToolContext {
 /// images and other media) as the tool result's content.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ToolOutput {
+    /// One JSON value (the result's one `json` part).
     Json(Value),
+    /// The result's parts, as they are.
     Parts(Vec<ToolResultPart>),
 }
 
@@ -53,10 +58,12 @@ impl ToolOutput {
 #[error("{message}")]
 #[non_exhaustive]
 pub struct ToolError {
+    /// What the model reads (as the result's `errorMessage`).
     pub message: String,
 }
 
 impl ToolError {
+    /// A failure with this message.
     pub fn new(message: impl Into<String>) -> Self {
         ToolError {
             message: message.into(),
@@ -64,14 +71,18 @@ impl ToolError {
     }
 }
 
+/// An external tool (code, command or MCP), as agents see it.
 #[async_trait]
 pub trait Tool: Send + Sync + 'static {
     /// The name templates and policies use: `NAME` for a code or command tool,
     /// `SERVER/TOOL` for a tool of an MCP server. The toolbox derives the name
     /// the model sees from it (see `toolbox::wire_name`).
     fn name(&self) -> &str;
+    /// What the tool does, for the model.
     fn description(&self) -> &str;
     /// JSON Schema of the input object.
     fn input_schema(&self) -> Value;
+    /// Runs the tool on an input that satisfies its schema; cancelled by
+    /// dropping the future.
     async fn call(&self, input: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError>;
 }

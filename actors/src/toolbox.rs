@@ -12,11 +12,17 @@ use crate::state::{ToolDefinition, ToolDefinitions};
 use crate::template::AgentTemplate;
 use crate::tool::Tool;
 
+/// The built-in that appends a message to the history.
 pub const ADD_MESSAGE: &str = "add_message";
+/// The built-in that replaces the history.
 pub const SET_MESSAGES: &str = "set_messages";
+/// The built-in that sets the run's output.
 pub const SET_OUTPUT: &str = "set_output";
+/// The built-in that ends the turn.
 pub const END_TURN: &str = "end_turn";
+/// The built-in that spawns children, each in its own actor.
 pub const SPAWN_AGENTS: &str = "spawn_agents";
+/// The built-in that spawns one child on the parent's history.
 pub const SPAWN_AGENT_INLINE: &str = "spawn_agent_inline";
 
 /// Built-in tools a template may list by name (the others are always there when they apply).
@@ -32,14 +38,22 @@ pub const BUILTIN_NAMES: [&str; 6] = [
     SPAWN_AGENT_INLINE,
 ];
 
+/// What a toolbox entry runs: a built-in (by name) or an external tool.
 #[derive(Clone)]
 pub enum ToolKind {
+    /// [`ADD_MESSAGE`].
     AddMessage,
+    /// [`SET_MESSAGES`].
     SetMessages,
+    /// [`SET_OUTPUT`].
     SetOutput,
+    /// [`END_TURN`].
     EndTurn,
+    /// [`SPAWN_AGENTS`].
     SpawnAgents,
+    /// [`SPAWN_AGENT_INLINE`].
     SpawnAgentInline,
+    /// An external tool.
     External(Arc<dyn Tool>),
 }
 
@@ -66,15 +80,19 @@ impl ToolKind {
     }
 }
 
+/// One tool of a toolbox.
 #[derive(Clone, Debug)]
 pub struct ToolEntry {
+    /// What it runs.
     pub kind: ToolKind,
+    /// Its input schema, checked before it runs.
     pub schema: Schema,
     /// The name templates and policies use (`fs/read_file`); the toolbox is
     /// keyed by the name the model sees (`fs__read_file`).
     pub name: String,
 }
 
+/// The tools one template's agents may call, keyed by the name the model sees.
 #[derive(Clone, Debug)]
 pub struct Toolbox {
     entries: HashMap<String, ToolEntry>,
@@ -178,7 +196,7 @@ static BUILTINS: LazyLock<HashMap<&'static str, Builtin>> = LazyLock::new(|| {
 });
 
 /// The longest tool name both OpenAI (`^[a-zA-Z0-9_-]{1,64}$`) and Anthropic accept.
-pub(crate) const MAX_WIRE_NAME: usize = 64;
+pub const MAX_WIRE_NAME: usize = 64;
 
 /// The name the model sees for a tool: `/` (an MCP server's namespace) becomes
 /// `__`, any other character outside `[A-Za-z0-9_-]` becomes `_`, and a name
@@ -252,6 +270,7 @@ pub type Resolve<'a> = &'a dyn Fn(&str) -> Result<Vec<Arc<dyn Tool>>, String>;
 
 /// Where a toolbox finds what is not built in.
 pub struct ToolSources<'a> {
+    /// The external tools a template's `tools` entry names.
     pub resolve: Resolve<'a>,
     /// The template a `spawnableAgents` entry names, for the spawn tools' descriptions.
     pub spawnable: &'a dyn Fn(&str) -> Option<Arc<AgentTemplate>>,
@@ -438,6 +457,7 @@ impl Toolbox {
         }
     }
 
+    /// The tool the model calls `name` (its wire name).
     pub fn get(&self, name: &str) -> Option<&ToolEntry> {
         self.entries.get(name)
     }
@@ -448,6 +468,7 @@ impl Toolbox {
         self.denied.get(wire).map(String::as_str)
     }
 
+    /// The tools as the model is offered them, by wire name.
     pub fn definitions(&self) -> &ToolDefinitions {
         &self.definitions
     }

@@ -136,7 +136,7 @@ pub struct AgentArgs {
     pub slot: Option<Slot>,
 }
 
-/// The ractor actor of one agent run (its state is an [`AgentRun`]).
+/// The ractor actor of one agent run (its state is an `AgentRun`).
 pub struct AgentActor;
 
 /// Where a run is, as far as its actor is concerned (how the machine stands is

@@ -27,23 +27,38 @@ use ids::{call_ids_ok, fresh_id, with_call_ids};
 
 /// Work the actor must start; results come back through the machine's methods.
 pub enum Action {
+    /// Send this request to the template's model; answer with `model_replied`.
     CallModel(ModelRequest),
+    /// Run an external tool; answer with `tool_done`.
     RunTool {
+        /// The step of the call.
         step: u32,
+        /// The call's index among the step's tool calls.
         index: usize,
         /// The id of the model's call it answers.
         call_id: String,
+        /// The tool.
         tool: Arc<dyn Tool>,
+        /// Its input, checked against its schema.
         input: Value,
     },
+    /// Start the children of a `spawn_agents` call; answer with `spawn_done`.
     SpawnAgents {
+        /// The step of the call.
         step: u32,
+        /// The call's index among the step's tool calls.
         index: usize,
+        /// Each requested child, in request order: its plan, or the requested
+        /// agent type and why it is refused.
         children: Vec<Result<ChildPlan, (String, String)>>,
     },
+    /// Start the child of a `spawn_agent_inline` call; answer with `inline_done`.
     SpawnInline {
+        /// The step of the call.
         step: u32,
+        /// The call's index among the step's tool calls.
         index: usize,
+        /// The child.
         child: ChildPlan,
     },
     /// The run is over; `state().status` says how.
@@ -52,7 +67,9 @@ pub enum Action {
 
 /// Lookups the machine needs to plan spawns (pure reads of the catalog).
 pub trait Catalog {
+    /// The template with exactly this id.
     fn template(&self, id: &str) -> Option<Arc<AgentTemplate>>;
+    /// Whether any template answers to `requested` (for "not found" vs "not allowed").
     fn knows_agent(&self, requested: &str) -> bool;
 }
 
@@ -92,6 +109,8 @@ struct Pending {
     origin: Origin,
 }
 
+/// The pure decisions of one run (semantics §4–§7): fed model replies, tool
+/// results and child reports, it answers with [`Action`]s and events.
 pub struct StepMachine {
     state: AgentState,
     template: Arc<AgentTemplate>,
@@ -206,6 +225,7 @@ impl StepMachine {
         self
     }
 
+    /// The run's state as it stands.
     pub fn state(&self) -> &AgentState {
         &self.state
     }
@@ -215,18 +235,22 @@ impl StepMachine {
         std::mem::take(&mut self.state)
     }
 
+    /// The template the run follows.
     pub fn template(&self) -> &Arc<AgentTemplate> {
         &self.template
     }
 
+    /// The tools the run may call.
     pub fn toolbox(&self) -> &Arc<Toolbox> {
         &self.toolbox
     }
 
+    /// The current step (0 before the first).
     pub fn step(&self) -> u32 {
         self.step
     }
 
+    /// Messages of the history the run inherited (semantics §7).
     pub fn inherited(&self) -> usize {
         self.inherited
     }
