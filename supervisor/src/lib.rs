@@ -2,6 +2,13 @@
 //! limits, live slots, the deadline, cancellation, events and the run registry.
 //!
 //! Knows no HTTP and no CLI; the binary and the service build on it.
+//!
+//! Entry points: a [`Catalog`] (templates, models, tools, checked once), a
+//! [`Supervisor`] built on it that starts trees ([`StartRequest`] →
+//! [`TreeHandle`]) under [`TreeLimits`], its [`EventBus`], and, for durable
+//! trees, the [`store`] ([`store::Store`], [`store::SqliteStore`]).
+
+#![deny(missing_docs)]
 
 mod bus;
 mod catalog;

@@ -119,42 +119,46 @@ mod nonzero {
         }
     }
 
-    pub fn children_per_call<'de, D: Deserializer<'de>>(
+    pub(super) fn children_per_call<'de, D: Deserializer<'de>>(
         d: D,
     ) -> Result<Option<NonZeroUsize>, D::Error> {
         count(d, ranges::MAX_CHILDREN_PER_CALL, NonZeroUsize::new)
     }
 
-    pub fn live_agents<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NonZeroUsize>, D::Error> {
+    pub(super) fn live_agents<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<NonZeroUsize>, D::Error> {
         count(d, ranges::MAX_LIVE_AGENTS, NonZeroUsize::new)
     }
 
-    pub fn agents<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NonZeroUsize>, D::Error> {
+    pub(super) fn agents<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<NonZeroUsize>, D::Error> {
         count(d, ranges::MAX_AGENTS, NonZeroUsize::new)
     }
 
-    pub fn steps<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NonZeroU64>, D::Error> {
+    pub(super) fn steps<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NonZeroU64>, D::Error> {
         count(d, ranges::MAX_STEPS, NonZeroU64::new)
     }
 
-    pub fn tokens<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NonZeroU64>, D::Error> {
+    pub(super) fn tokens<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NonZeroU64>, D::Error> {
         count(d, ranges::MAX_TOKENS, NonZeroU64::new)
     }
 }
 
 /// The documented range of each limit (inclusive); config files and start
 /// requests are both checked against these, by [`TreeLimits::problems`].
-pub mod ranges {
+pub(crate) mod ranges {
     use std::time::Duration;
 
-    pub const MAX_DEPTH: (usize, usize) = (0, 1_000);
-    pub const MAX_CHILDREN_PER_CALL: (usize, usize) = (1, 10_000);
-    pub const MAX_LIVE_AGENTS: (usize, usize) = (1, 1_000_000);
-    pub const MAX_AGENTS: (usize, usize) = (1, 100_000_000);
-    pub const MAX_STEPS: (u64, u64) = (1, 1_000_000_000);
-    pub const MAX_TOKENS: (u64, u64) = (1, 1_000_000_000_000);
-    pub const MAX_CREDITS: (f64, f64) = (0.0, 1e12);
-    pub const DEADLINE: (Duration, Duration) =
+    pub(crate) const MAX_DEPTH: (usize, usize) = (0, 1_000);
+    pub(crate) const MAX_CHILDREN_PER_CALL: (usize, usize) = (1, 10_000);
+    pub(crate) const MAX_LIVE_AGENTS: (usize, usize) = (1, 1_000_000);
+    pub(crate) const MAX_AGENTS: (usize, usize) = (1, 100_000_000);
+    pub(crate) const MAX_STEPS: (u64, u64) = (1, 1_000_000_000);
+    pub(crate) const MAX_TOKENS: (u64, u64) = (1, 1_000_000_000_000);
+    pub(crate) const MAX_CREDITS: (f64, f64) = (0.0, 1e12);
+    pub(crate) const DEADLINE: (Duration, Duration) =
         (Duration::from_millis(1), Duration::from_secs(365 * 86_400));
 }
 
@@ -272,14 +276,16 @@ mod millis {
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
         match d {
             Some(d) => s.serialize_some(&(d.as_millis() as u64)),
             None => s.serialize_none(),
         }
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
         Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
     }
 }
