@@ -279,7 +279,7 @@ impl ChildReport {
     }
 
     /// The entry of a `spawn_agents` result.
-    pub fn entry(&self) -> Value {
+    pub(crate) fn entry(&self) -> Value {
         json!({
             "agentName": self.agent_name,
             "agentType": self.agent_type,
@@ -290,7 +290,7 @@ impl ChildReport {
     }
 
     /// The `{errorMessage}` of a failed child, if it failed.
-    pub fn error_message(&self) -> Option<&str> {
+    pub(crate) fn error_message(&self) -> Option<&str> {
         self.value.get("errorMessage").and_then(Value::as_str)
     }
 }

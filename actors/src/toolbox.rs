@@ -40,7 +40,7 @@ pub const BUILTIN_NAMES: [&str; 6] = [
 
 /// What a toolbox entry runs: a built-in (by name) or an external tool.
 #[derive(Clone)]
-pub enum ToolKind {
+pub(crate) enum ToolKind {
     /// [`ADD_MESSAGE`].
     AddMessage,
     /// [`SET_MESSAGES`].
@@ -82,7 +82,7 @@ impl ToolKind {
 
 /// One tool of a toolbox.
 #[derive(Clone, Debug)]
-pub struct ToolEntry {
+pub(crate) struct ToolEntry {
     /// What it runs.
     pub kind: ToolKind,
     /// Its input schema, checked before it runs.
@@ -458,13 +458,13 @@ impl Toolbox {
     }
 
     /// The tool the model calls `name` (its wire name).
-    pub fn get(&self, name: &str) -> Option<&ToolEntry> {
+    pub(crate) fn get(&self, name: &str) -> Option<&ToolEntry> {
         self.entries.get(name)
     }
 
     /// The name templates and policies use for a tool a policy took out of
     /// this toolbox, by the name the model sees.
-    pub fn denied(&self, wire: &str) -> Option<&str> {
+    pub(crate) fn denied(&self, wire: &str) -> Option<&str> {
         self.denied.get(wire).map(String::as_str)
     }
 
@@ -474,12 +474,13 @@ impl Toolbox {
     }
 
     /// Tool names, sorted, for error messages.
-    pub fn names(&self) -> Vec<&str> {
+    pub(crate) fn names(&self) -> Vec<&str> {
         self.definitions.keys().map(String::as_str).collect()
     }
 
     /// Every tool with the name templates use and the name the model sees.
-    pub fn entries(&self) -> impl Iterator<Item = (&str, &ToolEntry)> {
+    #[cfg(test)]
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (&str, &ToolEntry)> {
         self.entries.iter().map(|(wire, e)| (wire.as_str(), e))
     }
 }

@@ -189,7 +189,7 @@ impl StepMachine {
     }
 
     /// Children given an ordinal so far.
-    pub fn children_spawned(&self) -> u32 {
+    pub(crate) fn children_spawned(&self) -> u32 {
         self.children_spawned
     }
 
@@ -251,7 +251,7 @@ impl StepMachine {
     }
 
     /// Messages of the history the run inherited (semantics §7).
-    pub fn inherited(&self) -> usize {
+    pub(crate) fn inherited(&self) -> usize {
         self.inherited
     }
 
