@@ -39,7 +39,7 @@ pub enum EventKind {
     AgentStarted {
         /// The agent's id (the same for every attempt of it).
         agent_id: String,
-        /// Its template's id (empty if it has none).
+        /// Its `agentType` (empty if it has none).
         agent_type: String,
         /// The parent's run id; `None` for the root.
         parent_run_id: Option<String>,
@@ -114,7 +114,7 @@ pub enum EventKind {
     ChildSpawned {
         /// The child's run id.
         child_run_id: String,
-        /// The child's template id.
+        /// The child's `agentType` (the matched `spawnableAgents` entry).
         agent_type: String,
         /// 0 for the first run, n for the n-th retry.
         attempt: u32,

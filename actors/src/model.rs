@@ -34,7 +34,7 @@ pub struct RequestMeta {
     pub tree_id: Arc<str>,
     /// The agent's run id.
     pub run_id: String,
-    /// The agent's template id (empty if it has none).
+    /// The agent's `agentType` (empty if it has none).
     pub agent_type: String,
     /// 0 for a root agent.
     pub depth: usize,

@@ -21,7 +21,7 @@ pub struct ToolContext {
     pub tree_id: Arc<str>,
     /// The calling agent's run id.
     pub run_id: String,
-    /// The calling agent's template id (empty if it has none).
+    /// The calling agent's `agentType` (empty if it has none).
     pub agent_type: String,
     /// The id of the model's tool call this call answers.
     pub call_id: String,

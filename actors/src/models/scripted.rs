@@ -103,7 +103,7 @@ pub enum ScriptError {
 pub struct RecordedRequest {
     /// The asking agent's run id.
     pub run_id: String,
-    /// Its template id.
+    /// Its `agentType`.
     pub agent_type: String,
     /// The step (from 1).
     pub step: u32,
