@@ -331,17 +331,16 @@ impl Runtime {
             .clone();
         let events = self.supervisor.events().subscribe_tree(&tree_id);
         let handle = self.supervisor.start(request).await?;
-        let run_id = handle.root_run_id.clone();
-        Ok(Run {
-            tree_id: handle.tree_id.clone(),
-            events: Some(Events {
-                rx: events,
-                root: run_id.clone(),
-                done: false,
-            }),
-            run_id,
-            handle,
-        })
+        Ok(Run::new(handle, events))
+    }
+
+    /// Resumes a stored tree that was interrupted (see
+    /// [`Supervisor::resume`]): its events from the resume on, and its result.
+    pub async fn resume(&self, tree_id: &str) -> Result<Run, Error> {
+        // Subscribed before the tree goes on, so no event is missed.
+        let events = self.supervisor.events().subscribe_tree(tree_id);
+        let handle = self.supervisor.resume(tree_id).await?;
+        Ok(Run::new(handle, events))
     }
 
     /// Runs `agent` on `prompt` to the end.
@@ -380,8 +379,22 @@ pub struct Run {
 }
 
 impl Run {
-    /// The tree's events from its start. Taken once; later calls get a stream
-    /// that has ended.
+    fn new(handle: TreeHandle, events: EventStream) -> Run {
+        let run_id = handle.root_run_id.clone();
+        Run {
+            tree_id: handle.tree_id.clone(),
+            events: Some(Events {
+                rx: events,
+                root: run_id.clone(),
+                done: false,
+            }),
+            run_id,
+            handle,
+        }
+    }
+
+    /// The tree's events from its start (or its resume). Taken once; later
+    /// calls get a stream that has ended.
     pub fn take_events(&mut self) -> Events {
         self.events.take().unwrap_or_else(|| Events {
             rx: tokio::sync::mpsc::unbounded_channel().1,

@@ -4,8 +4,8 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use arbor::Runtime;
 use arbor::render::{TreeRenderer, final_text};
+use arbor::{Run, Runtime};
 use arbor_actors::AgentStatus;
 use arbor_supervisor::StartRequest;
 use arbor_supervisor::store::SqliteStore;
@@ -48,7 +48,6 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let agent = agent
         .or_else(|| config.default_agent().map(str::to_owned))
         .context("no agent given and the config defines none")?;
-    let origin = config.origin();
     let show = Show {
         json,
         quiet,
@@ -62,22 +61,19 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         None => Runtime::new(config)?,
     };
     tokio.block_on(until_signal(async {
-        // Subscribed before the start: a root can end at once.
-        let events = runtime.supervisor().subscribe();
-        let handle = runtime
-            .supervisor()
-            .start(StartRequest {
+        let run = runtime
+            .start_with(StartRequest {
                 agent,
                 prompt,
                 params,
                 model,
                 tree_id,
-                origin,
+                origin: runtime.origin(),
                 limits: Some(limits),
                 ..StartRequest::default()
             })
             .await?;
-        follow_tree(&runtime, handle, events, show, store.is_some()).await
+        follow_tree(&runtime, run, show, store.is_some()).await
     }))
 }
 
@@ -102,9 +98,8 @@ pub(super) fn resume(
         events,
     };
     tokio.block_on(until_signal(async {
-        let events = runtime.supervisor().subscribe();
-        let handle = runtime.supervisor().resume(&tree_id).await?;
-        follow_tree(&runtime, handle, events, show, true).await
+        let run = runtime.resume(&tree_id).await?;
+        follow_tree(&runtime, run, show, true).await
     }))
 }
 
@@ -135,16 +130,15 @@ pub(super) async fn until_signal<T>(
     std::process::exit(code);
 }
 
-/// Shows a started tree until its root ends, then prints the root's output.
+/// Shows a started tree until its root ends (its events end there), then
+/// prints the root's output.
 async fn follow_tree(
     runtime: &Runtime,
-    handle: arbor_supervisor::TreeHandle,
-    mut events: arbor_supervisor::EventStream,
+    mut run: Run,
     show: Show,
     stored: bool,
 ) -> anyhow::Result<ExitCode> {
-    let supervisor = runtime.supervisor();
-    let tree_id = handle.tree_id.to_string();
+    let tree_id = &run.tree_id;
     if !show.quiet && !show.events {
         if stored {
             eprintln!("tree {tree_id} (if interrupted: arbor resume {tree_id})");
@@ -152,13 +146,10 @@ async fn follow_tree(
             eprintln!("tree {tree_id}");
         }
     }
-    let root_run = handle.root_run_id.clone();
+    let mut events = run.take_events();
     let printer = tokio::spawn(async move {
         let mut renderer = TreeRenderer::default();
         while let Some(event) = events.recv().await {
-            if *event.tree_id != *tree_id {
-                continue;
-            }
             if show.events {
                 if let Ok(line) = serde_json::to_string(&*event) {
                     eprintln!("{line}");
@@ -168,15 +159,11 @@ async fn follow_tree(
             {
                 eprintln!("{line}");
             }
-            let root_ended = event.kind.final_state().is_some() && *event.run_id == *root_run;
-            if root_ended {
-                break;
-            }
         }
     });
-    let result = handle.wait().await?;
+    let result = run.result().await?;
     let _ = printer.await;
-    supervisor.flush().await?;
+    runtime.supervisor().flush().await?;
     let completed = result.state.status == AgentStatus::Completed;
     if show.json {
         outln!("{}", serde_json::to_string_pretty(&result.state)?)?;
