@@ -52,6 +52,7 @@ pub mod render;
 pub mod runs;
 #[cfg(feature = "server")]
 pub mod service;
+mod sync;
 #[cfg(feature = "otel")]
 pub mod telemetry;
 pub mod tools;
@@ -69,6 +70,7 @@ use arbor_actors::{AgentState, Event, RunResult};
 use arbor_supervisor::store::SqliteStore;
 use arbor_supervisor::{Canceller, EventStream, Retain, StartRequest, Supervisor, TreeHandle};
 use serde_json::Value;
+use sync::LockExt as _;
 use tools::ToolSet;
 
 /// Errors of the facade and the service.
@@ -206,10 +208,7 @@ impl OtherConfigs {
         current: &Config,
         code_tools: &[Arc<dyn arbor_actors::Tool>],
     ) -> Result<Arc<arbor_supervisor::Catalog>, String> {
-        let mut built = self
-            .built
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut built = self.built.locked();
         if let Some((catalog, _)) = built.get(text) {
             return Ok(catalog.clone());
         }
@@ -229,9 +228,10 @@ impl OtherConfigs {
 
     fn tool_sets(&self) -> Vec<ToolSet> {
         self.built
-            .lock()
-            .map(|b| b.values().map(|(_, t)| t.clone()).collect())
-            .unwrap_or_default()
+            .locked()
+            .values()
+            .map(|(_, t)| t.clone())
+            .collect()
     }
 }
 

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use arbor_actors::{Delta, Event, EventKind, UsageSource};
 use hdrhistogram::Histogram;
 
+use crate::sync::LockExt as _;
+
 /// Counters and histograms of one run, updated from events.
 pub struct Collector {
     start: Instant,
@@ -185,41 +187,42 @@ impl Collector {
             EventKind::Suspended => self.live_add(-1),
             EventKind::Resumed => self.live_add(1),
             EventKind::ChildSpawned { child_run_id, .. } => {
-                if let Ok(mut inner) = self.inner.lock() {
-                    inner.spawned_at.insert(child_run_id.clone(), now);
-                }
+                self.inner
+                    .locked()
+                    .spawned_at
+                    .insert(child_run_id.clone(), now);
             }
             EventKind::ChildFinished { child_run_id, .. } => {
-                if let Ok(mut inner) = self.inner.lock()
-                    && let Some(at) = inner.spawned_at.remove(child_run_id)
-                {
+                let mut inner = self.inner.locked();
+                if let Some(at) = inner.spawned_at.remove(child_run_id) {
                     Self::record(&mut inner.spawn_to_reply, now - at);
                 }
             }
             EventKind::StepStarted { step } => {
                 self.steps.fetch_add(1, Ordering::Relaxed);
-                if let Ok(mut inner) = self.inner.lock() {
-                    inner
-                        .step_started
-                        .insert(event.run_id.clone(), (*step, now));
-                }
+                self.inner
+                    .locked()
+                    .step_started
+                    .insert(event.run_id.clone(), (*step, now));
             }
             EventKind::ModelDelta { delta, .. } => {
                 if matches!(
                     delta,
                     Delta::Text { .. } | Delta::ToolCallArgs { .. } | Delta::Reasoning { .. }
-                ) && let Ok(mut inner) = self.inner.lock()
-                {
-                    inner.first_delta.entry(event.run_id.clone()).or_insert(now);
+                ) {
+                    self.inner
+                        .locked()
+                        .first_delta
+                        .entry(event.run_id.clone())
+                        .or_insert(now);
                 }
             }
             EventKind::ModelRetrying { reason, .. } => {
                 self.retries.fetch_add(1, Ordering::Relaxed);
-                if let Ok(mut inner) = self.inner.lock() {
-                    *inner.retry_reasons.entry(error_kind(reason)).or_default() += 1;
-                    // The next attempt's first token counts, not this one's.
-                    inner.first_delta.remove(&event.run_id);
-                }
+                let mut inner = self.inner.locked();
+                *inner.retry_reasons.entry(error_kind(reason)).or_default() += 1;
+                // The next attempt's first token counts, not this one's.
+                inner.first_delta.remove(&event.run_id);
             }
             EventKind::ModelResponded {
                 step,
@@ -227,7 +230,8 @@ impl Collector {
                 tool_calls,
                 ..
             } => {
-                if let Ok(mut inner) = self.inner.lock() {
+                {
+                    let mut inner = self.inner.locked();
                     let started = inner.step_started.remove(&event.run_id);
                     let first = inner.first_delta.remove(&event.run_id);
                     let answer = *tool_calls == 0;
@@ -268,28 +272,23 @@ impl Collector {
         counter.fetch_add(1, Ordering::Relaxed);
         self.live_add(-1);
         self.alive.fetch_sub(1, Ordering::AcqRel);
-        if let Ok(mut inner) = self.inner.lock() {
-            if let Some(error) = error {
-                *inner.errors.entry(error_kind(error)).or_default() += 1;
-            }
-            inner.step_started.remove(&event.run_id);
-            inner.first_delta.remove(&event.run_id);
+        let mut inner = self.inner.locked();
+        if let Some(error) = error {
+            *inner.errors.entry(error_kind(error)).or_default() += 1;
         }
+        inner.step_started.remove(&event.run_id);
+        inner.first_delta.remove(&event.run_id);
     }
 
     /// Records a (time, live agents) sample for the plot.
     pub fn sample(&self) {
         let t = self.start.elapsed().as_secs_f64() * 1000.0;
         let live = self.live.load(Ordering::Acquire);
-        if let Ok(mut inner) = self.inner.lock() {
-            inner.timeline.push((t, live));
-        }
+        self.inner.locked().timeline.push((t, live));
     }
 
     pub fn measured(&self) -> Measured {
-        let Ok(inner) = self.inner.lock() else {
-            return Measured::default();
-        };
+        let inner = self.inner.locked();
         let secs = inner.generation.as_secs_f64();
         Measured {
             spawn_to_reply_us: Percentiles::of(&inner.spawn_to_reply),

@@ -8,6 +8,8 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use crate::sync::LockExt as _;
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LimiterConfig {
     pub max_concurrent: Option<usize>,
@@ -88,9 +90,7 @@ impl Bucket {
         let amount = amount.min(self.capacity);
         loop {
             let wait = {
-                let Ok(mut state) = self.state.lock() else {
-                    return;
-                };
+                let mut state = self.state.locked();
                 self.refill(&mut state);
                 if state.0 >= amount {
                     state.0 -= amount;
@@ -103,10 +103,9 @@ impl Bucket {
     }
 
     fn adjust(&self, delta: f64) {
-        if let Ok(mut state) = self.state.lock() {
-            self.refill(&mut state);
-            state.0 = (state.0 + delta).min(self.capacity);
-        }
+        let mut state = self.state.locked();
+        self.refill(&mut state);
+        state.0 = (state.0 + delta).min(self.capacity);
     }
 }
 

@@ -47,6 +47,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 
 use super::limits::ServiceLimits;
+use crate::sync::LockExt as _;
 
 /// The open connections of one server, and its cap.
 pub(crate) struct Connections {
@@ -112,7 +113,7 @@ impl Connections {
     }
 
     fn open(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
-        self.open.lock().unwrap_or_else(|e| e.into_inner())
+        self.open.locked()
     }
 
     /// A slot for a new connection: a free one, or the one of the connection

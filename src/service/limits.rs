@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use axum::http::StatusCode;
 
 use super::error::ApiError;
+use crate::sync::LockExt as _;
 
 pub use crate::config::ServiceLimits;
 
@@ -59,7 +60,7 @@ impl StreamCounts {
         tree: &Arc<str>,
         limits: &ServiceLimits,
     ) -> Result<StreamSlot, ApiError> {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.open.locked();
         if open.total >= limits.max_event_streams {
             return Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -93,14 +94,14 @@ impl StreamCounts {
     /// Streams open now: in total, and of `tree`.
     #[cfg(test)]
     fn count(&self, tree: &str) -> (usize, usize) {
-        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let open = self.open.locked();
         (open.total, open.per_tree.get(tree).copied().unwrap_or(0))
     }
 }
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        let mut open = self.counts.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.counts.open.locked();
         open.total = open.total.saturating_sub(1);
         if let Some(n) = open.per_tree.get_mut(&self.tree) {
             *n -= 1;

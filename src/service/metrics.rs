@@ -14,6 +14,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::sync::LockExt as _;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabel {
     model: String,
@@ -132,22 +134,18 @@ impl Metrics {
 
     /// The tree runs every agent on `model` (a start request's override).
     pub fn tree_model(&self, tree_id: &str, model: &str) {
-        if let Ok(mut trees) = self.tree_models.lock() {
-            trees.insert(tree_id.into(), model.into());
-        }
+        self.tree_models
+            .locked()
+            .insert(tree_id.into(), model.into());
     }
 
     /// A tree that did not start after all.
     pub fn forget_tree(&self, tree_id: &str) {
-        if let Ok(mut trees) = self.tree_models.lock() {
-            trees.remove(tree_id);
-        }
+        self.tree_models.locked().remove(tree_id);
     }
 
     pub fn observe(&self, event: &Event) {
-        let Ok(mut runs) = self.runs.lock() else {
-            return;
-        };
+        let mut runs = self.runs.locked();
         let label = |track: &Track| ModelLabel {
             model: track.model.to_string(),
         };
@@ -157,9 +155,9 @@ impl Metrics {
                 self.agents_spawned.inc();
                 let model = self
                     .tree_models
-                    .lock()
-                    .ok()
-                    .and_then(|t| t.get(&event.tree_id).cloned())
+                    .locked()
+                    .get(&event.tree_id)
+                    .cloned()
                     .or_else(|| self.models.get(agent_type).cloned())
                     .unwrap_or_else(|| Arc::from("unknown"));
                 runs.insert(
@@ -229,10 +227,8 @@ impl Metrics {
                         self.errors.get_or_create(&label(&track)).inc();
                     }
                 }
-                if state.parent_id.is_none()
-                    && let Ok(mut trees) = self.tree_models.lock()
-                {
-                    trees.remove(&event.tree_id);
+                if state.parent_id.is_none() {
+                    self.tree_models.locked().remove(&event.tree_id);
                 }
             }
         }

@@ -5,11 +5,13 @@
 //! (the SIGTERM/SIGINT handler and [`ExitGuard`] call it).
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+
+use crate::sync::LockExt as _;
 
 static GROUPS: Mutex<Option<HashMap<u64, i32>>> = Mutex::new(None);
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -30,8 +32,7 @@ pub fn register(pgid: u32) -> Registration {
     let key = NEXT.fetch_add(1, Ordering::Relaxed);
     let pgid = i32::try_from(pgid).unwrap_or(i32::MAX);
     GROUPS
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
+        .locked()
         .get_or_insert_with(HashMap::new)
         .insert(key, pgid);
     Registration {
@@ -61,11 +62,7 @@ impl Registration {
 
     fn forget(&mut self) {
         self.armed = false;
-        if let Some(groups) = GROUPS
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_mut()
-        {
+        if let Some(groups) = GROUPS.locked().as_mut() {
             groups.remove(&self.key);
         }
     }
@@ -89,8 +86,7 @@ fn kill_group(pgid: i32) {
 /// is a no-op kill of a dead group).
 pub fn kill_all() {
     let groups: Vec<i32> = GROUPS
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
+        .locked()
         .as_ref()
         .map(|g| g.values().copied().collect())
         .unwrap_or_default();
@@ -101,11 +97,7 @@ pub fn kill_all() {
 
 /// How many process groups are registered now (for tests and metrics).
 pub fn live() -> usize {
-    GROUPS
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .as_ref()
-        .map_or(0, HashMap::len)
+    GROUPS.locked().as_ref().map_or(0, HashMap::len)
 }
 
 /// Kills every registered group when dropped: `main` holds one, so a panic

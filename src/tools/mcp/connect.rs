@@ -6,7 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::os::unix::process::ExitStatusExt as _;
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -21,6 +21,7 @@ use tokio::process::{Child, ChildStderr, Command};
 use tokio::sync::mpsc;
 
 use super::config::{INHERITED_ENV, McpTransport, read_env};
+use crate::sync::LockExt as _;
 use crate::tools::reaper;
 
 /// Longest stderr line logged as one (longer ones are cut in pieces).
@@ -196,11 +197,7 @@ pub(super) async fn connect(name: &str, transport: &McpTransport) -> Result<Conn
                         // Let the stderr reader catch up with the end of the pipe.
                         tokio::task::yield_now().await;
                     }
-                    let last = tail
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .back()
-                        .cloned();
+                    let last = tail.locked().back().cloned();
                     if let Some(last) = last {
                         why.push_str(&format!("; its stderr ends: {last}"));
                     }
@@ -335,7 +332,7 @@ async fn drain_stderr(
                     continue;
                 }
                 tracing::debug!(server = %server, "MCP server stderr: {text}");
-                let mut tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut tail = tail.locked();
                 if tail.len() == STDERR_TAIL {
                     tail.pop_front();
                 }

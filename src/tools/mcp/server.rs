@@ -11,7 +11,7 @@
 use std::collections::HashSet;
 use std::io;
 use std::process::ExitStatus;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arbor_actors::schema::Schema;
@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use super::call::output;
 use super::config::{McpSettings, show_duration};
 use super::connect::{Connection, Process, Secrets, connect, exit_phrase, transport_error};
+use crate::sync::LockExt as _;
 
 /// The first wait before a restart; it doubles up to [`BACKOFF_MAX`].
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -136,7 +137,7 @@ impl Server {
     }
 
     fn update<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
-        let result = f(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner));
+        let result = f(&mut self.state.locked());
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
         result
     }
@@ -145,7 +146,7 @@ impl Server {
     /// bumped before waiters of either hear of it, so whoever sees the new
     /// state also sees the new generation.
     fn update_tools<T>(&self, f: impl FnOnce(&mut State) -> (bool, T)) -> T {
-        let (changed, result) = f(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner));
+        let (changed, result) = f(&mut self.state.locked());
         if changed {
             self.generation.send_modify(|g| *g += 1);
         }
@@ -154,12 +155,12 @@ impl Server {
     }
 
     fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
-        f(&self.state.lock().unwrap_or_else(PoisonError::into_inner))
+        f(&self.state.locked())
     }
 
     /// Starts the server's task unless it runs already or was shut down.
     pub(super) fn ensure_started(self: &Arc<Self>) {
-        let mut task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut task = self.task.locked();
         if task.is_some() || *self.stop.borrow() {
             return;
         }
@@ -188,11 +189,7 @@ impl Server {
     /// Asks the task to stop and takes its handle (to await it).
     pub(super) fn begin_shutdown(&self) -> Option<JoinHandle<()>> {
         self.stop.send_replace(true);
-        let task = self
-            .task
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let task = self.task.locked().take();
         if task.is_none() {
             self.update(|s| s.phase = Phase::Stopped);
         }
