@@ -18,6 +18,7 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), arbor::Error> {
+//! use arbor::actors::EventKind;
 //! use arbor::{Config, Runtime};
 //!
 //! // The built-in config: a research swarm on the simulated model.
@@ -30,7 +31,7 @@
 //! let mut events = run.take_events();
 //! let mut agents = 0;
 //! while let Some(event) = events.recv().await {
-//!     if event.kind.name() == "agentStarted" {
+//!     if let EventKind::AgentStarted { .. } = event.kind {
 //!         agents += 1;
 //!     }
 //! }
