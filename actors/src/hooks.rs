@@ -46,14 +46,7 @@ pub struct SlotPriority {
     pub resume: bool,
 }
 
-/// Ids of a new run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RunIds {
-    /// The agent's id, the same for all its attempts.
-    pub agent_id: String,
-    /// This attempt's run id.
-    pub run_id: String,
-}
+pub use crate::id::RunIds;
 
 /// What an agent may ask of its tree; the supervisor implements it, once per tree.
 pub trait TreeHooks: Send + Sync + 'static {

@@ -19,6 +19,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+/// Ids of a new run, as the state carries them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunIds {
+    /// The agent's id, the same for all its attempts.
+    pub agent_id: String,
+    /// This attempt's run id.
+    pub run_id: String,
+}
+
 /// What is wrong with a text given as a tree or run id.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IdError {

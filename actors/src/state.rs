@@ -109,7 +109,7 @@ pub struct AgentState {
 #[derive(Clone, Debug)]
 pub struct Start {
     /// The run's agent id and run id.
-    pub ids: crate::hooks::RunIds,
+    pub ids: crate::id::RunIds,
     /// The template it runs (for a child, the matched `spawnableAgents` entry).
     pub agent_type: String,
     /// The parent's agent id and the run ids above the new run (the parent's

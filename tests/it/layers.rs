@@ -4,6 +4,12 @@
 use std::process::Command;
 
 fn normal_deps(package: &str) -> Vec<String> {
+    tree_deps(package, &[])
+}
+
+/// The names of `package`'s normal dependencies, transitively, per `cargo
+/// tree` with `extra` arguments (features).
+fn tree_deps(package: &str, extra: &[&str]) -> Vec<String> {
     let out = Command::new(env!("CARGO"))
         .args([
             "tree",
@@ -15,6 +21,7 @@ fn normal_deps(package: &str) -> Vec<String> {
             "none",
             "--offline",
         ])
+        .args(extra)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap();
@@ -284,30 +291,7 @@ fn the_modules_of_arbor_actors_import_each_other_without_a_cycle() {
 /// The facade's normal dependencies without default features: what an
 /// embedder compiles.
 fn light_deps() -> Vec<String> {
-    let out = Command::new(env!("CARGO"))
-        .args([
-            "tree",
-            "-p",
-            "arbor-agents",
-            "-e",
-            "normal",
-            "--no-default-features",
-            "--prefix",
-            "none",
-            "--offline",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-        .collect()
+    tree_deps("arbor-agents", &["--no-default-features"])
 }
 
 #[test]
