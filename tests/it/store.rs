@@ -922,8 +922,9 @@ fn an_interrupted_tree_counts_the_runs_it_started_and_its_resume_counts_none_twi
 /// `tests/fixtures/store/before-issue-13.db` was written by the build before
 /// issue 13's redesign (commit 6d20b50) with `tests/fixtures/crash.toml`: tree
 /// `before13` ran to the end, tree `cut13` was killed (SIGKILL) after 60
-/// events (its owner then renamed to a boot no machine has, so it reads as
-/// interrupted anywhere). This build lists both as that build did, replays the finished one
+/// events (then its owner was renamed to a boot no machine has, so it reads
+/// as interrupted anywhere, and both trees' config origin to a bare
+/// `crash.toml`, so no path of the machine that wrote it is in the file). This build lists both as that build did, replays the finished one
 /// to a match, and resumes the cut one to the end of its 36 runs.
 #[test]
 fn a_store_written_by_the_build_before_the_redesign_lists_replays_and_resumes() {
@@ -933,6 +934,11 @@ fn a_store_written_by_the_build_before_the_redesign_lists_replays_and_resumes() 
         dir.path().join("s.db"),
     )
     .unwrap();
+    // The trees record their config file as `crash.toml`, relative: its
+    // script resolves from the directory the commands run in.
+    for file in ["crash.toml", "crash.json"] {
+        std::fs::copy(fixtures().join(file), dir.path().join(file)).unwrap();
+    }
     let runs = json_out(&arbor_in(
         dir.path(),
         &["runs", "--store", "s.db", "--json"],
