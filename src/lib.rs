@@ -53,7 +53,6 @@ pub mod render;
 pub mod runs;
 #[cfg(feature = "server")]
 pub mod service;
-mod sync;
 #[cfg(feature = "otel")]
 pub mod telemetry;
 pub mod tools;
@@ -67,11 +66,11 @@ pub use arbor_actors as actors;
 pub use arbor_supervisor as supervisor;
 pub use config::{Config, ConfigError};
 
+use arbor_actors::sync::LockExt as _;
 use arbor_actors::{AgentState, Event, RunResult};
 use arbor_supervisor::store::SqliteStore;
 use arbor_supervisor::{Canceller, EventStream, Retain, StartRequest, Supervisor, TreeHandle};
 use serde_json::Value;
-use sync::LockExt as _;
 use tools::ToolSet;
 
 /// Errors of the facade and the service.

@@ -24,6 +24,7 @@ pub mod spawn;
 pub mod state;
 mod step;
 mod supervision;
+pub mod sync;
 pub mod template;
 pub mod tool;
 pub mod toolbox;

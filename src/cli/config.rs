@@ -77,6 +77,7 @@ pub(super) fn check_config(file: Option<PathBuf>) -> anyhow::Result<ExitCode> {
 pub(super) async fn ping(config: Config, name: String) -> anyhow::Result<ExitCode> {
     use std::sync::{Arc, Mutex};
 
+    use arbor_actors::sync::LockExt as _;
     use arbor_actors::{Delta, Message, ModelRequest, RequestMeta};
 
     let catalog = config.catalog()?;
@@ -87,10 +88,7 @@ pub(super) async fn ping(config: Config, name: String) -> anyhow::Result<ExitCod
         Arc::new(move |delta: Delta| {
             // Poisoning is recovered: the list is only pushed to.
             if let Delta::Retry { reason, .. } = delta {
-                retries
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push(reason);
+                retries.locked().push(reason);
             }
         })
     };
@@ -110,10 +108,7 @@ pub(super) async fn ping(config: Config, name: String) -> anyhow::Result<ExitCod
     let start = std::time::Instant::now();
     let result = model.complete(request, sink).await;
     let ms = start.elapsed().as_millis();
-    let retries = retries
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
+    let retries = retries.locked().clone();
     let retried = if retries.is_empty() {
         String::new()
     } else {

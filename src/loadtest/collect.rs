@@ -6,10 +6,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use arbor_actors::sync::LockExt as _;
 use arbor_actors::{Delta, Event, EventKind, UsageSource};
 use hdrhistogram::Histogram;
-
-use crate::sync::LockExt as _;
 
 /// Counters and histograms of one run, updated from events.
 pub struct Collector {

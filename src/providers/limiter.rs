@@ -5,10 +5,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arbor_actors::sync::LockExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-
-use crate::sync::LockExt as _;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LimiterConfig {

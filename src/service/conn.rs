@@ -35,6 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use arbor_actors::sync::LockExt as _;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
@@ -47,7 +48,6 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 
 use super::limits::ServiceLimits;
-use crate::sync::LockExt as _;
 
 /// The open connections of one server, and its cap.
 pub(crate) struct Connections {

@@ -7,10 +7,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use arbor_actors::sync::LockExt as _;
 use axum::http::StatusCode;
 
 use super::error::ApiError;
-use crate::sync::LockExt as _;
 
 pub use crate::config::ServiceLimits;
 

@@ -8,10 +8,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use arbor_actors::sync::LockExt as _;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-
-use crate::sync::LockExt as _;
 
 static GROUPS: Mutex<Option<HashMap<u64, i32>>> = Mutex::new(None);
 static NEXT: AtomicU64 = AtomicU64::new(0);

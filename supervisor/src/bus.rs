@@ -5,9 +5,8 @@
 use std::sync::{Arc, RwLock};
 
 use arbor_actors::Event;
+use arbor_actors::sync::RwLockExt;
 use tokio::sync::mpsc;
-
-use crate::sync::RwLockExt;
 
 type Observer = Arc<dyn Fn(&Event) + Send + Sync>;
 type Sink = Arc<dyn Fn(&Arc<Event>) + Send + Sync>;

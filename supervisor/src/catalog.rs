@@ -7,13 +7,13 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
+use arbor_actors::sync::RwLockExt;
 use arbor_actors::template::AgentTypeId;
 use arbor_actors::toolbox::{ToolSources, Toolbox};
 use arbor_actors::{AgentTemplate, Model, Tool};
 use futures::future::BoxFuture;
 
 use crate::error::Error;
-use crate::sync::RwLockExt;
 
 /// Tools whose list is known only at run time (an MCP server's). The catalog
 /// asks it for the tool entries of templates that it claims (`owns`).

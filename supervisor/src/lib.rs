@@ -20,7 +20,6 @@ mod registry;
 mod slots;
 pub mod store;
 mod supervisor;
-mod sync;
 mod tree;
 
 pub use bus::{EventBus, EventStream};

@@ -4,8 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use arbor_actors::AgentState;
-
-use crate::sync::LockExt;
+use arbor_actors::sync::LockExt;
 
 /// Which final states the registry keeps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

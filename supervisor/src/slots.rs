@@ -9,11 +9,10 @@ use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex};
 
 use arbor_actors::hooks::{Slot, SlotPriority};
+use arbor_actors::sync::LockExt;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
-
-use crate::sync::LockExt;
 
 pub(crate) struct Slots {
     inner: Mutex<Inner>,

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use arbor_actors::hooks::{RunIds, Slot, SlotPriority};
+use arbor_actors::sync::LockExt;
 use arbor_actors::toolbox::Toolbox;
 use arbor_actors::{
     AgentMsg, AgentState, AgentTemplate, Event, EventKind, LimitHit, Model, Recovered, RunId,
@@ -21,7 +22,6 @@ use crate::catalog::Catalog;
 use crate::limits::{Budget, TreeLimits};
 use crate::recovery::{Recorded, Recovery};
 use crate::registry::Registry;
-use crate::sync::LockExt;
 
 pub(crate) struct TreeContext {
     pub(crate) tree_id: Arc<str>,

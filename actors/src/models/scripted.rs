@@ -3,7 +3,7 @@
 //! records every request so a test can assert what an agent sent.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,6 +13,7 @@ use serde_json::Value;
 use crate::history::check_pairing;
 use crate::message::{Message, Part, SPAWN_PROMPT, ToolCall};
 use crate::model::{Delta, DeltaSink, Model, ModelError, ModelRequest, ModelResponse, Usage};
+use crate::sync::LockExt as _;
 use crate::template::AgentTypeId;
 
 /// A script: for each agent type (optionally narrowed by prompt), its replies by step.
@@ -156,10 +157,7 @@ impl ScriptedModel {
     /// Every request answered so far, in arrival order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         // A poisoned list is recovered: it is only pushed to, whole entries at a time.
-        self.requests
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.requests.locked().clone()
     }
 
     fn reply_for(&self, request: &ModelRequest) -> Result<&ScriptedReply, String> {
@@ -217,7 +215,7 @@ impl Model for ScriptedModel {
         };
         check_pairing(&request.messages).map_err(|e| invalid(format!("invalid request: {e}")))?;
         {
-            let mut requests = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut requests = self.requests.locked();
             requests.push(RecordedRequest {
                 run_id: request.meta.run_id.clone(),
                 agent_type: request.meta.agent_type.clone(),

@@ -9,6 +9,7 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arbor_actors::sync::LockExt as _;
 use nix::sys::signal::Signal;
 use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
@@ -21,7 +22,6 @@ use tokio::process::{Child, ChildStderr, Command};
 use tokio::sync::mpsc;
 
 use super::config::{INHERITED_ENV, McpTransport, read_env};
-use crate::sync::LockExt as _;
 use crate::tools::reaper;
 
 /// Longest stderr line logged as one (longer ones are cut in pieces).

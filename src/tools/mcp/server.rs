@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arbor_actors::schema::Schema;
+use arbor_actors::sync::LockExt as _;
 use arbor_actors::{ToolError, ToolOutput};
 use rmcp::model::{CallToolRequestParams, JsonObject};
 use rmcp::{Peer, RoleClient, ServiceError};
@@ -26,7 +27,6 @@ use tokio::time::Instant;
 use super::call::output;
 use super::config::{McpSettings, show_duration};
 use super::connect::{Connection, Process, Secrets, connect, exit_phrase, transport_error};
-use crate::sync::LockExt as _;
 
 /// The first wait before a restart; it doubles up to [`BACKOFF_MAX`].
 const BACKOFF_MIN: Duration = Duration::from_millis(100);

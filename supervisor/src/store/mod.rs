@@ -13,6 +13,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use arbor_actors::sync::LockExt;
 use arbor_actors::{AgentState, Event, History, Message};
 use serde::Serialize;
 use serde_json::Value;
@@ -21,7 +22,6 @@ use tokio::sync::oneshot;
 use crate::error::Error;
 use crate::limits::TreeLimits;
 use crate::recovery::Recovery;
-use crate::sync::LockExt;
 
 pub use journal::{EventType, JournalEntry, UnknownEventType, journal_view};
 pub use sqlite::SqliteStore;

@@ -10,6 +10,7 @@ use arbor_actors::TreeHooks as _;
 use arbor_actors::history::History;
 use arbor_actors::spawn::input_messages;
 use arbor_actors::state::Start;
+use arbor_actors::sync::LockExt;
 use arbor_actors::{
     AgentActor, AgentArgs, AgentMsg, AgentSnapshot, AgentState, CancelReason, EventKind, Limit,
     LimitHit, Model, Reply, RunResult, StepMachine, TreeId,
@@ -25,7 +26,6 @@ use crate::limits::TreeLimits;
 use crate::recovery::{Recovery, Tape};
 use crate::registry::{Registry, Retain};
 use crate::store::{Fenced, Store, StoreWriter, TreeRecord, Write};
-use crate::sync::LockExt;
 use crate::tree::TreeContext;
 
 /// What to start: an agent type, its prompt and params.
