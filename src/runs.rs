@@ -84,11 +84,18 @@ pub fn tree_text(nodes: &[RunNode]) -> String {
     out
 }
 
-/// `T/0.10.2~1` as numbers, so siblings sort as spawned (0.2 before 0.10);
-/// a run id that does not read as one sorts last.
-fn path_key(run_id: &str) -> Option<Vec<arbor_actors::id::Step>> {
-    let path = run_id.parse::<arbor_actors::RunId>().ok()?.path().to_vec();
-    Some(path)
+/// `T/0.10.2~1` as numbers, so siblings sort as spawned (0.2 before 0.10,
+/// attempt 0 before attempt 1); a run id that does not read as one sorts last
+/// (`Err` after every `Ok`).
+fn path_key(run_id: &str) -> Result<Vec<arbor_actors::id::Step>, ()> {
+    let id = run_id.parse::<arbor_actors::RunId>().map_err(|_| ())?;
+    Ok(id.path().to_vec())
+}
+
+/// Sorts sibling runs in spawn order, parsing each run id once (not once per
+/// comparison); runs with ids that do not parse keep their order, last.
+fn sort_siblings(children: &mut [&RunNode]) {
+    children.sort_by_cached_key(|n| path_key(&n.run_id));
 }
 
 fn walk(nodes: &[RunNode], node: &RunNode, depth: usize, out: &mut String) {
@@ -118,7 +125,7 @@ fn walk(nodes: &[RunNode], node: &RunNode, depth: usize, out: &mut String) {
         .iter()
         .filter(|n| n.parent_run_id.as_deref() == Some(&node.run_id))
         .collect();
-    children.sort_by_key(|n| path_key(&n.run_id).ok_or(()));
+    sort_siblings(&mut children);
     for child in children {
         walk(nodes, child, depth + 1, out);
     }
@@ -239,9 +246,45 @@ mod tests {
 
     #[test]
     fn siblings_sort_by_spawn_order_not_by_text() {
-        let mut ids = vec!["t/0.10", "t/0.2", "t/0.2~1", "t/0.1.3"];
-        ids.sort_by_key(|id| path_key(id).ok_or(()));
-        assert_eq!(ids, vec!["t/0.1.3", "t/0.2", "t/0.2~1", "t/0.10"]);
+        let ids = [
+            "t/0.10",
+            "not an id",
+            "t/0.2",
+            "t/0.2~1",
+            "also not",
+            "t/0.1.3",
+        ];
+        let nodes: Vec<RunNode> = ids
+            .iter()
+            .map(|id| RunNode {
+                run_id: (*id).to_owned(),
+                parent_run_id: Some("t/0".into()),
+                agent_type: "worker".into(),
+                depth: 1,
+                status: "completed".into(),
+                error: None,
+                steps: 1,
+                input_tokens: 0,
+                output_tokens: 0,
+                cost: 0.0,
+                started_ms: 0,
+                finished_ms: None,
+            })
+            .collect();
+        let mut children: Vec<&RunNode> = nodes.iter().collect();
+        sort_siblings(&mut children);
+        let sorted: Vec<&str> = children.iter().map(|n| n.run_id.as_str()).collect();
+        assert_eq!(
+            sorted,
+            [
+                "t/0.1.3",
+                "t/0.2",
+                "t/0.2~1",
+                "t/0.10",
+                "not an id",
+                "also not"
+            ]
+        );
     }
 
     #[test]
