@@ -1,6 +1,8 @@
 //! The closed set of things that happen in a tree. Events are the only way the
 //! world learns what an agent did: the CLI, logs, stores and streams subscribe.
 
+use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -225,5 +227,156 @@ impl EventKind {
             EventKind::AgentCancelled { .. } => "agentCancelled",
             EventKind::LimitHit { .. } => "limitHit",
         }
+    }
+}
+
+/// The type of a journal entry (a store's record of an [`Event`]): its
+/// `type` on the wire (and an event stream's event name). Every `EventKind`
+/// but the two the journal leaves out (`modelDelta`, `checkpointed`); each
+/// variant is the `EventKind` of its name ([`EventType::of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub enum EventType {
+    /// `agentStarted`: a run started.
+    AgentStarted,
+    /// `stepStarted`: a run began a step.
+    StepStarted,
+    /// `modelRetrying`: a model request failed and is tried again.
+    ModelRetrying,
+    /// `modelResponded`: the model answered a step (with its usage).
+    ModelResponded,
+    /// `toolCalled`: a tool call of a step ended (with the error the model
+    /// was shown, if it failed).
+    ToolCalled,
+    /// `historyRepaired`: the request builder dropped calls or results that
+    /// would have broken pairing.
+    HistoryRepaired,
+    /// `childSpawned`: a run spawned a child (or an attempt of one).
+    ChildSpawned,
+    /// `childRetrying`: a failed child is tried again after a delay.
+    ChildRetrying,
+    /// `childFinished`: a child ended, with its status.
+    ChildFinished,
+    /// `outputSet`: a run set its output value.
+    OutputSet,
+    /// `suspended`: a run gave back its live slot to wait for its children.
+    Suspended,
+    /// `resumed`: a run holds a live slot again.
+    Resumed,
+    /// `agentFinished`: a run completed.
+    AgentFinished,
+    /// `agentFailed`: a run failed.
+    AgentFailed,
+    /// `agentCancelled`: a run was cancelled.
+    AgentCancelled,
+    /// `limitHit`: a limit of the tree was reached.
+    LimitHit,
+}
+
+impl EventType {
+    /// Every journal type.
+    pub const ALL: [EventType; 16] = [
+        EventType::AgentStarted,
+        EventType::StepStarted,
+        EventType::ModelRetrying,
+        EventType::ModelResponded,
+        EventType::ToolCalled,
+        EventType::HistoryRepaired,
+        EventType::ChildSpawned,
+        EventType::ChildRetrying,
+        EventType::ChildFinished,
+        EventType::OutputSet,
+        EventType::Suspended,
+        EventType::Resumed,
+        EventType::AgentFinished,
+        EventType::AgentFailed,
+        EventType::AgentCancelled,
+        EventType::LimitHit,
+    ];
+
+    /// The journal type of an event; `None` for what the journal leaves out
+    /// (streaming deltas and checkpoints). Exhaustive: a new `EventKind`
+    /// must say here whether it is journaled, and as what.
+    pub fn of(kind: &EventKind) -> Option<EventType> {
+        Some(match kind {
+            EventKind::ModelDelta { .. } | EventKind::Checkpointed { .. } => return None,
+            EventKind::AgentStarted { .. } => EventType::AgentStarted,
+            EventKind::StepStarted { .. } => EventType::StepStarted,
+            EventKind::ModelRetrying { .. } => EventType::ModelRetrying,
+            EventKind::ModelResponded { .. } => EventType::ModelResponded,
+            EventKind::ToolCalled { .. } => EventType::ToolCalled,
+            EventKind::HistoryRepaired { .. } => EventType::HistoryRepaired,
+            EventKind::ChildSpawned { .. } => EventType::ChildSpawned,
+            EventKind::ChildRetrying { .. } => EventType::ChildRetrying,
+            EventKind::ChildFinished { .. } => EventType::ChildFinished,
+            EventKind::OutputSet { .. } => EventType::OutputSet,
+            EventKind::Suspended => EventType::Suspended,
+            EventKind::Resumed => EventType::Resumed,
+            EventKind::AgentFinished { .. } => EventType::AgentFinished,
+            EventKind::AgentFailed { .. } => EventType::AgentFailed,
+            EventKind::AgentCancelled { .. } => EventType::AgentCancelled,
+            EventKind::LimitHit { .. } => EventType::LimitHit,
+        })
+    }
+
+    /// Its name on the wire (the same as `EventKind::name`).
+    pub fn name(self) -> &'static str {
+        match self {
+            EventType::AgentStarted => "agentStarted",
+            EventType::StepStarted => "stepStarted",
+            EventType::ModelRetrying => "modelRetrying",
+            EventType::ModelResponded => "modelResponded",
+            EventType::ToolCalled => "toolCalled",
+            EventType::HistoryRepaired => "historyRepaired",
+            EventType::ChildSpawned => "childSpawned",
+            EventType::ChildRetrying => "childRetrying",
+            EventType::ChildFinished => "childFinished",
+            EventType::OutputSet => "outputSet",
+            EventType::Suspended => "suspended",
+            EventType::Resumed => "resumed",
+            EventType::AgentFinished => "agentFinished",
+            EventType::AgentFailed => "agentFailed",
+            EventType::AgentCancelled => "agentCancelled",
+            EventType::LimitHit => "limitHit",
+        }
+    }
+
+    /// Whether it ends a run (`agentFinished`, `agentFailed`,
+    /// `agentCancelled`): its entry carries the run's output.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            EventType::AgentFinished | EventType::AgentFailed | EventType::AgentCancelled
+        )
+    }
+}
+
+impl fmt::Display for EventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is no journal type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownEventType(pub String);
+
+impl fmt::Display for UnknownEventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown event type {:?}", self.0)
+    }
+}
+
+impl std::error::Error for UnknownEventType {}
+
+impl FromStr for EventType {
+    type Err = UnknownEventType;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EventType::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| UnknownEventType(s.to_owned()))
     }
 }

@@ -31,7 +31,7 @@ pub mod toolbox;
 
 pub use agent::{AgentActor, AgentArgs, AgentMsg, AgentSnapshot, CancelReason, Reply, RunResult};
 pub use checkpoint::{Checkpoint, Recovered};
-pub use event::{Event, EventKind};
+pub use event::{Event, EventKind, EventType, UnknownEventType};
 pub use history::History;
 pub use hooks::{RunIds, TreeHooks};
 pub use id::{IdError, RunId, TreeId};
