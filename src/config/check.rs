@@ -629,11 +629,9 @@ pub(super) fn check_models(
                     _ => ProviderKind::OpenAi,
                 };
                 match ProviderSettings::from_section(kind, s) {
-                    Ok(mut settings) => {
-                        // Read again when a catalog is built; never kept in a config.
-                        settings.api_key = None;
-                        Some(ModelSpec::Http(Box::new(settings)))
-                    }
+                    // Without the key: that is read when a catalog is built,
+                    // and never kept in a config.
+                    Ok(settings) => Some(ModelSpec::Http(Box::new(settings))),
                     Err((key, message)) => {
                         let mut path = vec!["models", name.as_str()];
                         path.extend(key.split('.'));

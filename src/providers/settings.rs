@@ -172,7 +172,8 @@ pub struct ProviderSettings {
 }
 
 impl ProviderSettings {
-    /// Settings from a config table; reads the key from the environment now.
+    /// Settings from a config table, without the key (`api_key` is `None`:
+    /// [`ProviderSettings::read_api_key`] reads it when a model is built).
     /// `Err` names the key of the table that is wrong.
     pub fn from_section(kind: ProviderKind, s: &HttpSection) -> Result<Self, (String, String)> {
         let ms = Duration::from_millis(1);
@@ -238,7 +239,7 @@ impl ProviderSettings {
         }
         let retry_default = RetryPolicy::default();
         let timeouts_default = Timeouts::default();
-        let mut settings = ProviderSettings {
+        Ok(ProviderSettings {
             kind,
             base_url: base_url.trim_end_matches('/').to_owned(),
             model: s.model.clone(),
@@ -283,12 +284,11 @@ impl ProviderSettings {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
-        };
-        settings.read_api_key();
-        Ok(settings)
+        })
     }
 
-    /// (Re)reads the key from `api_key_env` (none when it is unset or empty).
+    /// Reads the key from `api_key_env` (none when it is unset or empty): the
+    /// one place the environment is read for it.
     pub fn read_api_key(&mut self) {
         self.api_key = self
             .api_key_env
