@@ -25,6 +25,11 @@ pub struct HttpModel {
     format: Arc<dyn WireFormat>,
     client: reqwest::Client,
     limiter: Limiter,
+    /// The base URL and the format's path, joined once.
+    endpoint: String,
+    /// Every request's headers, built once from the settings; `Err` (a bad
+    /// key or header) is reported by each request, as the model's error.
+    headers: Result<HeaderMap, String>,
 }
 
 impl HttpModel {
@@ -41,6 +46,8 @@ impl HttpModel {
         Ok(HttpModel {
             name: name.into(),
             limiter: Limiter::new(&settings.limits),
+            endpoint: format!("{}{}", settings.base_url, format.path()),
+            headers: headers(&settings, &*format),
             settings,
             format,
             client,
@@ -49,32 +56,6 @@ impl HttpModel {
 
     pub fn settings(&self) -> &ProviderSettings {
         &self.settings
-    }
-
-    fn endpoint(&self) -> String {
-        format!("{}{}", self.settings.base_url, self.format.path())
-    }
-
-    fn headers(&self) -> Result<HeaderMap, String> {
-        let mut headers = HeaderMap::new();
-        if let Some(key) = &self.settings.api_key {
-            let (name, value) = self.format.auth_header(key.expose());
-            let mut value = HeaderValue::from_str(&value)
-                .map_err(|_| "the API key is not a valid header value".to_owned())?;
-            value.set_sensitive(true);
-            headers.insert(name, value);
-        }
-        for &(name, value) in self.format.fixed_headers() {
-            headers.insert(name, HeaderValue::from_static(value));
-        }
-        for (name, value) in &self.settings.headers {
-            let name = HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| format!("header name {name:?} is invalid"))?;
-            let value = HeaderValue::from_str(value)
-                .map_err(|_| format!("header {name} has an invalid value"))?;
-            headers.insert(name, value);
-        }
-        Ok(headers)
     }
 
     fn body(&self, request: &ModelRequest) -> Value {
@@ -92,14 +73,14 @@ impl HttpModel {
     /// One HTTP exchange, streamed or not.
     async fn attempt(
         &self,
-        headers: HeaderMap,
+        headers: &HeaderMap,
         body: &Value,
         sink: &DeltaSink,
     ) -> Result<Reply, Failure> {
         let response = self
             .client
-            .post(self.endpoint())
-            .headers(headers)
+            .post(self.endpoint.as_str())
+            .headers(headers.clone()) // reqwest takes the map by value
             .json(body)
             .send()
             .await
@@ -230,10 +211,13 @@ impl Model for HttpModel {
                 message: format!("the API key variable {var} is not set"),
             });
         }
-        let headers = self.headers().map_err(|message| ModelError::Invalid {
-            model: self.name.clone(),
-            message,
-        })?;
+        let headers = self
+            .headers
+            .as_ref()
+            .map_err(|message| ModelError::Invalid {
+                model: self.name.clone(),
+                message: message.clone(),
+            })?;
         let body = self.body(&request);
         let estimate = request.messages.estimated_tokens();
         let policy = &self.settings.retry;
@@ -242,7 +226,7 @@ impl Model for HttpModel {
             let admission = self.limiter.admit(estimate).await;
             let outcome = tokio::time::timeout(
                 self.settings.timeouts.request,
-                self.attempt(headers.clone(), &body, &deltas),
+                self.attempt(headers, &body, &deltas),
             )
             .await
             .unwrap_or_else(|_| {
@@ -297,6 +281,30 @@ impl Model for HttpModel {
             }
         }
     }
+}
+
+/// The headers of every request: the key's, the format's fixed ones, then
+/// the configured ones.
+fn headers(settings: &ProviderSettings, format: &dyn WireFormat) -> Result<HeaderMap, String> {
+    let mut headers = HeaderMap::new();
+    if let Some(key) = &settings.api_key {
+        let (name, value) = format.auth_header(key.expose());
+        let mut value = HeaderValue::from_str(&value)
+            .map_err(|_| "the API key is not a valid header value".to_owned())?;
+        value.set_sensitive(true);
+        headers.insert(name, value);
+    }
+    for &(name, value) in format.fixed_headers() {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    for (name, value) in &settings.headers {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("header name {name:?} is invalid"))?;
+        let value = HeaderValue::from_str(value)
+            .map_err(|_| format!("header {name} has an invalid value"))?;
+        headers.insert(name, value);
+    }
+    Ok(headers)
 }
 
 /// A transport error with its causes (reqwest's top-level text alone says
