@@ -140,7 +140,7 @@ impl HttpModel {
         let model = format!(
             "{} ({} {})",
             self.name,
-            self.format.name(),
+            self.format.kind().name(),
             self.settings.model
         );
         let scrub = |text: String| match &self.settings.api_key {

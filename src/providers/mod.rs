@@ -50,7 +50,7 @@ mod tests {
     #[test]
     fn each_kind_maps_to_the_format_of_its_name() {
         for kind in [ProviderKind::OpenAi, ProviderKind::Anthropic] {
-            assert_eq!(wire_format(kind).name(), kind.name());
+            assert_eq!(wire_format(kind).kind().name(), kind.name());
         }
     }
 }

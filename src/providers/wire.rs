@@ -8,12 +8,12 @@ use arbor_actors::message::Message;
 use arbor_actors::{DeltaSink, ModelRequest};
 use serde_json::Value;
 
-use super::settings::ProviderSettings;
+use super::settings::{ProviderKind, ProviderSettings};
 
 /// One API's wire format, both ways.
 pub(crate) trait WireFormat: Send + Sync {
-    /// The provider's name, as errors show it.
-    fn name(&self) -> &'static str;
+    /// The provider it is (whose name errors show).
+    fn kind(&self) -> ProviderKind;
 
     /// The endpoint's path after the base URL (`/chat/completions`).
     fn path(&self) -> &'static str;

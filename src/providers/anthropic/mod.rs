@@ -13,7 +13,7 @@ use arbor_actors::message::{Content, Message, Part, TOOL_CALL_ERROR, ToolCall, T
 use serde_json::{Value, json};
 
 pub(crate) use self::stream::StreamState;
-use crate::providers::settings::ProviderSettings;
+use crate::providers::settings::{ProviderKind, ProviderSettings};
 use crate::providers::wire::convert::{adjacent_results, result_text};
 use crate::providers::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
 
@@ -21,8 +21,8 @@ use crate::providers::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
 pub(crate) struct Anthropic;
 
 impl WireFormat for Anthropic {
-    fn name(&self) -> &'static str {
-        "anthropic"
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::Anthropic
     }
 
     fn path(&self) -> &'static str {

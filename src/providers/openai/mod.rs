@@ -7,7 +7,7 @@ use arbor_actors::message::{Content, Message, Part, ToolCall, ToolResultPart};
 use serde_json::{Value, json};
 
 pub(crate) use self::stream::StreamState;
-use crate::providers::settings::ProviderSettings;
+use crate::providers::settings::{ProviderKind, ProviderSettings};
 use crate::providers::wire::convert::{adjacent_results, arguments, result_text};
 use crate::providers::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
 
@@ -15,8 +15,8 @@ use crate::providers::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
 pub(crate) struct OpenAi;
 
 impl WireFormat for OpenAi {
-    fn name(&self) -> &'static str {
-        "openai"
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::OpenAi
     }
 
     fn path(&self) -> &'static str {
