@@ -6,7 +6,7 @@ use arbor_actors::models::scripted::Script;
 use arbor_actors::models::{Latency, ScriptedModel, SimulatedConfig, SimulatedModel};
 use arbor_supervisor::Catalog;
 
-use super::{Config, ConfigError, Problem, SimulatedSection};
+use super::{Config, ConfigError, ModelSection, Problem, SimulatedSection};
 use crate::providers::{HttpModel, HttpSection, ProviderKind, ProviderSettings};
 use crate::tools::ToolSet;
 
@@ -70,15 +70,25 @@ impl Config {
         })
     }
 
-    /// The HTTP model of `[models.NAME]`; the key is read from the environment now.
+    /// The HTTP model of `[models.NAME]`, `kind` and `section` being that
+    /// entry's (as [`Config::file`] has them): built from the settings
+    /// checked when the config was read, not validated again. The key is read
+    /// from the environment now.
     pub fn http_model(
         &self,
         name: &str,
         kind: ProviderKind,
         section: &HttpSection,
     ) -> Result<HttpModel, ConfigError> {
-        let settings = ProviderSettings::from_section(kind, section)
-            .map_err(|(key, message)| self.problem("models", name, &key, message))?;
+        let settings = match (self.models.get(name), self.file.models.get(name)) {
+            (
+                Some(ModelSpec::Http(settings)),
+                Some(ModelSection::Openai(checked) | ModelSection::Anthropic(checked)),
+            ) if settings.kind == kind && checked == section => (**settings).clone(),
+            // Not this config's entry, so not checked yet: checked now.
+            _ => ProviderSettings::from_section(kind, section)
+                .map_err(|(key, message)| self.problem("models", name, &key, message))?,
+        };
         self.http_model_from(name, settings)
     }
 

@@ -33,7 +33,7 @@ impl ProviderKind {
 }
 
 /// `[models.NAME]` with `provider = "openai"` or `"anthropic"`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSection {
     /// The API's base URL (OpenAI: up to `/v1`; Anthropic: the host).
@@ -88,7 +88,7 @@ impl Pricing {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsSection {
     pub max_concurrent: Option<usize>,
@@ -96,7 +96,7 @@ pub struct LimitsSection {
     pub tokens_per_minute: Option<u32>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetrySection {
     pub max_retries: Option<u32>,
@@ -104,7 +104,7 @@ pub struct RetrySection {
     pub max_delay: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TimeoutsSection {
     pub connect: Option<String>,
