@@ -15,7 +15,7 @@ use arbor_actors::{AgentTemplate, FailurePolicy};
 use arbor_supervisor::{TreeLimits, check_pattern};
 
 use super::catalog::{ModelSpec, simulated_config};
-use super::read::{Source, at, locate_path};
+use super::read::{Source, at};
 use super::{ConfigFile, FailureSection, ModelSection, Problem, ServiceSection, ServiceSettings};
 use crate::providers::{ProviderKind, ProviderSettings};
 use crate::tools::command::CommandTool;
@@ -636,7 +636,7 @@ pub(super) fn check_models(
                         let mut path = vec!["models", name.as_str()];
                         path.extend(key.split('.'));
                         problems.push(Problem {
-                            line: locate_path(text, &path),
+                            line: text.line(&path),
                             key: path.join("."),
                             message,
                         });

@@ -22,7 +22,7 @@ pub(super) fn parse_file(
 ) -> Result<(ConfigFile, Vec<Problem>, HashSet<String>), Problem> {
     // The tree the parser built, as values: no second parse.
     let root = toml::Table::deserialize(toml::de::Deserializer::from(text.root.clone()))
-        .map_err(|e| text.syntax(&e))?;
+        .map_err(|e| Source::syntax(text.text, &e))?;
     let mut reader = Reader {
         text,
         problems: Vec::new(),
@@ -51,7 +51,7 @@ pub(super) fn parse_file(
             "mcp_servers" => reader.map(&key, value, &mut file.mcp_servers),
             "tools" => reader.map(&key, value, &mut file.tools),
             _ => reader.problems.push(Problem {
-                line: locate_path(text, &[key.as_str()]),
+                line: text.line(&[key.as_str()]),
                 key: key.clone(),
                 message: format!(
                     "unknown section `{key}` (run, limits, models, agents, store, service, \
@@ -87,15 +87,12 @@ pub(super) struct Source<'t> {
 impl<'t> Source<'t> {
     /// Parses `text`, or gives its syntax error as a problem.
     pub(super) fn parse(text: &'t str) -> Result<Self, Problem> {
-        let root = DeTable::parse(text).map_err(|e| Source::syntax_in(text, &e))?;
+        let root = DeTable::parse(text).map_err(|e| Source::syntax(text, &e))?;
         Ok(Source { text, root })
     }
 
-    fn syntax(&self, e: &toml::de::Error) -> Problem {
-        Source::syntax_in(self.text, e)
-    }
-
-    fn syntax_in(text: &str, e: &toml::de::Error) -> Problem {
+    /// A syntax error in `text` as a problem.
+    fn syntax(text: &str, e: &toml::de::Error) -> Problem {
         Problem {
             line: e.span().map(|s| line_of(text, s.start)),
             key: "(syntax)".into(),
@@ -151,7 +148,7 @@ impl<'t> Source<'t> {
     /// The line of the deepest key of `path` the file has, from the
     /// parser's spans: quoted keys (`[agents."acme/writer@1"]`), dotted ones
     /// and array elements find their line too.
-    fn line(&self, path: &[&str]) -> Option<usize> {
+    pub(super) fn line(&self, path: &[&str]) -> Option<usize> {
         let (first, rest) = path.split_first()?;
         let (key, mut value) = self
             .root
@@ -219,7 +216,7 @@ impl Reader<'_> {
                         .collect();
                     let message = e.into_inner().message().trim().to_owned();
                     self.problems.push(Problem {
-                        line: locate_path(self.text, &full),
+                        line: self.text.line(&full),
                         key: full.join("."),
                         message,
                     });
@@ -248,7 +245,7 @@ impl Reader<'_> {
             toml::Value::Table(table) => table.into_iter().collect(),
             other => {
                 self.problems.push(Problem {
-                    line: locate_path(self.text, &[key]),
+                    line: self.text.line(&[key]),
                     key: key.to_owned(),
                     message: format!(
                         "must be a table of named entries, not a {}",
@@ -285,7 +282,7 @@ impl Reader<'_> {
             toml::Value::Table(t) => t,
             other => {
                 self.problems.push(Problem {
-                    line: locate_path(self.text, &path),
+                    line: self.text.line(&path),
                     key: path.join("."),
                     message: format!("must be a table, not a {}", other.type_str()),
                 });
@@ -295,8 +292,10 @@ impl Reader<'_> {
         let provider = table.remove("provider");
         let known = "simulated, scripted, openai, anthropic";
         let problem = |message: String| Problem {
-            line: locate_path(self.text, &["models", name, "provider"])
-                .or_else(|| locate_path(self.text, &path)),
+            line: self
+                .text
+                .line(&["models", name, "provider"])
+                .or_else(|| self.text.line(&path)),
             key: format!("models.{name}.provider"),
             message,
         };
@@ -381,12 +380,7 @@ fn locate(text: &Source<'_>, table: &str, key: &str) -> Option<usize> {
         None => vec![table],
     };
     path.push(key);
-    locate_path(text, &path)
-}
-
-/// The line of the deepest key of `path` the file has (see [`Source::line`]).
-pub(super) fn locate_path(text: &Source<'_>, path: &[&str]) -> Option<usize> {
-    text.line(path)
+    text.line(&path)
 }
 
 #[cfg(test)]
