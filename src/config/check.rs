@@ -68,13 +68,21 @@ pub mod ranges {
     const HOUR: Duration = Duration::from_secs(3600);
     const DAY: Duration = Duration::from_secs(86_400);
 
+    /// An agent's `max_steps`.
     pub const AGENT_MAX_STEPS: (u32, u32) = (1, 100_000);
+    /// An agent's `step_timeout`.
     pub const STEP_TIMEOUT: (Duration, Duration) = (MS, DAY);
+    /// An agent's `context_window`, in tokens.
     pub const CONTEXT_WINDOW: (u64, u64) = (256, 100_000_000);
+    /// An agent's `failure = { retry = { max } }`.
     pub const RETRY_MAX: (u32, u32) = (0, 100);
+    /// An agent's `failure = { retry = { backoff } }`.
     pub const RETRY_BACKOFF: (Duration, Duration) = (Duration::ZERO, HOUR);
+    /// A simulated model's `fanout` (and each level of its `shape`).
     pub const FANOUT: (usize, usize) = (0, 10_000);
+    /// A simulated model's `depth` (and the levels of its `shape`).
     pub const DEPTH: (usize, usize) = (0, 100);
+    /// A simulated model's `reply_tokens`.
     pub const REPLY_TOKENS: (usize, usize) = (0, 100_000);
     /// A simulated model's whole tree, root included.
     pub const SIMULATED_AGENTS: u64 = 100_000_000;

@@ -14,21 +14,27 @@ use crate::tools::mcp::McpServerSection;
 use serde::Deserialize;
 use serde_json::Value;
 
+/// A whole `config.toml`, section by section, as read (not yet checked).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
+    /// `[run]`: what `arbor run` starts by default.
     #[serde(default)]
     pub run: RunSection,
     /// `[limits]`, read straight into the supervisor's type (its zeros refused
     /// as it is read; the rest of each range checked by `check`).
     #[serde(default, deserialize_with = "TreeLimits::deserialize_config")]
     pub limits: TreeLimits,
+    /// `[models.NAME]`: the models templates name.
     #[serde(default)]
     pub models: BTreeMap<String, ModelSection>,
+    /// `[agents.NAME]`: the agent templates.
     #[serde(default)]
     pub agents: BTreeMap<String, AgentSection>,
+    /// `[store]`: where trees are stored.
     #[serde(default)]
     pub store: StoreSection,
+    /// `[service]`: `arbor serve`.
     #[serde(default)]
     pub service: ServiceSection,
     /// MCP servers whose tools templates may name as `NAME/*` or `NAME/TOOL`.
@@ -55,6 +61,7 @@ pub struct PolicySection {
 }
 
 impl PolicySection {
+    /// The section as the supervisor's tool rule.
     pub fn rule(&self) -> ToolRule {
         ToolRule {
             allow: self.allow_tools.clone(),
@@ -127,7 +134,9 @@ impl Default for ServiceSection {
 /// its documented range), for `ServiceOptions` and the server's limits.
 #[derive(Clone, Debug)]
 pub struct ServiceSettings {
+    /// How long a shutdown waits for the store to take what is in flight.
     pub shutdown_timeout: std::time::Duration,
+    /// The server's limits.
     pub limits: ServiceLimits,
 }
 
@@ -249,6 +258,7 @@ fn default_store_path() -> PathBuf {
     PathBuf::from("arbor.db")
 }
 
+/// `[run]`: what `arbor run` does without options.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunSection {
@@ -256,10 +266,13 @@ pub struct RunSection {
     pub agent: Option<String>,
 }
 
+/// `[models.NAME]`, its shape picked by its `provider`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(tag = "provider", rename_all = "lowercase")]
 pub enum ModelSection {
+    /// A simulated model that spawns a tree of a given shape.
     Simulated(SimulatedSection),
+    /// A model that replays a script.
     Scripted(ScriptedSection),
     /// The OpenAI Chat Completions API (and compatible servers).
     Openai(HttpSection),
@@ -268,6 +281,7 @@ pub enum ModelSection {
 }
 
 impl ModelSection {
+    /// The `provider` value that names this kind of model.
     pub fn provider(&self) -> &'static str {
         match self {
             ModelSection::Simulated(_) => "simulated",
@@ -296,15 +310,20 @@ impl ModelSection {
     }
 }
 
+/// `[models.NAME]` with `provider = "simulated"`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SimulatedSection {
+    /// Children each agent spawns, down to `depth`.
     #[serde(default = "default_fanout")]
     pub fanout: usize,
+    /// Levels of children below the root.
     #[serde(default = "default_depth")]
     pub depth: usize,
+    /// Each reply's latency: a duration, or `lognormal:MEDIAN,SIGMA`.
     #[serde(default = "default_latency")]
     pub latency: String,
+    /// Words in each reply.
     #[serde(default = "default_reply_tokens")]
     pub reply_tokens: usize,
     /// Children per level (e.g. `[10, 10, 5]`), instead of `fanout` and `depth`.
@@ -324,6 +343,7 @@ fn default_reply_tokens() -> usize {
     40
 }
 
+/// `[models.NAME]` with `provider = "scripted"`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScriptedSection {
@@ -331,9 +351,11 @@ pub struct ScriptedSection {
     pub file: PathBuf,
 }
 
+/// `[agents.NAME]`: one agent template (see `AgentTemplate` for each field).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentSection {
+    /// The name a parent's spawn result shows; by default the id's name part.
     pub name: Option<String>,
     /// What this agent is for (its parents' spawn tools tell their model).
     pub description: Option<String>,
@@ -343,25 +365,38 @@ pub struct AgentSection {
     pub instructions_prompt: Option<String>,
     /// A short user message added to every model request (not stored).
     pub step_prompt: Option<String>,
+    /// The `[models]` entry it runs on.
     pub model: String,
+    /// The system message of every model call.
     #[serde(default)]
     pub system_prompt: String,
+    /// External tools by name or pattern (built-ins are always available).
     #[serde(default)]
     pub tools: Vec<String>,
+    /// The agent types it may spawn.
     #[serde(default)]
     pub spawnable_agents: Vec<String>,
+    /// How its run becomes its parent's value.
     #[serde(default)]
     pub output_mode: OutputMode,
+    /// The JSON schema `set_output` values must satisfy (absent: any value).
     pub output_schema: Option<Value>,
+    /// The schemas its spawn input must satisfy.
     pub input_schema: Option<InputSchemaSection>,
+    /// Whether a child starts from its parent's history.
     #[serde(default)]
     pub include_message_history: bool,
+    /// Whether a child runs with its parent's system prompt and toolbox.
     #[serde(default)]
     pub inherit_parent_system_prompt: bool,
+    /// Model steps one run may take.
     #[serde(default = "default_max_steps")]
     pub max_steps: u32,
+    /// The longest a step's model call and tools may take (a duration).
     pub step_timeout: Option<String>,
+    /// Estimated tokens a request may hold before truncation shortens it.
     pub context_window: Option<u64>,
+    /// What its parent does when its run fails.
     #[serde(default)]
     pub failure: FailureSection,
 }
@@ -370,10 +405,13 @@ fn default_max_steps() -> u32 {
     20
 }
 
+/// An agent's `input_schema`: the schemas of its spawn input.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InputSchemaSection {
+    /// The JSON schema of `prompt` (absent: any prompt, or none).
     pub prompt: Option<Value>,
+    /// The JSON schema of `params` (absent: any params, or none).
     pub params: Option<Value>,
 }
 
@@ -381,8 +419,13 @@ pub struct InputSchemaSection {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(untagged)]
 pub enum FailureSection {
+    /// `"report"` or `"escalate"`.
     Named(String),
-    Retry { retry: RetrySection },
+    /// Run the agent again, up to `max` times.
+    Retry {
+        /// How often, and how long to wait before each.
+        retry: RetrySection,
+    },
 }
 
 impl Default for FailureSection {
@@ -391,9 +434,12 @@ impl Default for FailureSection {
     }
 }
 
+/// `failure = { retry = { max, backoff } }`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetrySection {
+    /// Runs after the first.
     pub max: u32,
+    /// The wait before each (a duration).
     pub backoff: String,
 }

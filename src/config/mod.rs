@@ -40,15 +40,20 @@ pub const DEFAULT_CONFIG_NAME: &str = "<built-in config.toml>";
 /// One problem in a config file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {
+    /// The line of the key (or of its table), when the file has it.
     pub line: Option<usize>,
+    /// The dotted key, e.g. `agents.writer.max_steps`.
     pub key: String,
+    /// What is wrong with it.
     pub message: String,
 }
 
 /// A config that cannot be used, with every problem found.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub struct ConfigError {
+    /// The file's name as messages show it.
     pub file: String,
+    /// Every problem found, in file order.
     pub problems: Vec<Problem>,
 }
 
@@ -70,12 +75,15 @@ impl fmt::Display for ConfigError {
 /// A parsed and validated config, ready to build a catalog from.
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// The file's sections as read.
     pub file: ConfigFile,
     /// Where relative paths (scripts) are resolved.
     pub base_dir: PathBuf,
     /// The name used in messages (the path, or the built-in marker).
     pub source: String,
+    /// `[limits]` with `[policy]`'s tool rule, checked.
     pub limits: TreeLimits,
+    /// The agent templates, built from `[agents]`.
     pub templates: Vec<AgentTemplate>,
     /// The MCP servers, validated (started only by a runtime that needs them).
     pub mcp_servers: BTreeMap<String, McpSettings>,

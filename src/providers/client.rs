@@ -54,6 +54,7 @@ impl HttpModel {
         })
     }
 
+    /// The settings it was built from.
     pub fn settings(&self) -> &ProviderSettings {
         &self.settings
     }

@@ -9,13 +9,18 @@ use arbor_actors::sync::LockExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+/// A limiter's bounds; `None` leaves that one out.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LimiterConfig {
+    /// Requests in flight at once.
     pub max_concurrent: Option<usize>,
+    /// Requests started per minute.
     pub requests_per_minute: Option<u32>,
+    /// Tokens (estimated, then settled) per minute.
     pub tokens_per_minute: Option<u32>,
 }
 
+/// The limiter of one model (see the module's text).
 pub struct Limiter {
     concurrent: Option<Arc<Semaphore>>,
     requests: Option<Bucket>,
@@ -28,6 +33,7 @@ pub struct Admission {
 }
 
 impl Limiter {
+    /// A limiter with `config`'s bounds.
     pub fn new(config: &LimiterConfig) -> Self {
         let per_minute = |n: u32| Bucket::new(f64::from(n.max(1)), f64::from(n.max(1)) / 60.0);
         Limiter {

@@ -10,7 +10,9 @@ use reqwest::header::HeaderMap;
 pub struct RetryPolicy {
     /// Retries after the first attempt.
     pub max_retries: u32,
+    /// The wait before the first retry, doubled for each next one.
     pub base_delay: Duration,
+    /// The longest wait before a retry.
     pub max_delay: Duration,
 }
 

@@ -10,13 +10,17 @@ use serde::Deserialize;
 use super::limiter::LimiterConfig;
 use super::retry::RetryPolicy;
 
+/// The API an HTTP model speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProviderKind {
+    /// OpenAI Chat Completions (and the servers compatible with it).
     OpenAi,
+    /// Anthropic Messages.
     Anthropic,
 }
 
 impl ProviderKind {
+    /// The provider's name: its `provider` value in a config, and how errors show it.
     pub fn name(self) -> &'static str {
         match self {
             ProviderKind::OpenAi => "openai",
@@ -24,6 +28,7 @@ impl ProviderKind {
         }
     }
 
+    /// The base URL used when a config gives none.
     pub fn default_base_url(self) -> &'static str {
         match self {
             ProviderKind::OpenAi => "https://api.openai.com/v1",
@@ -42,16 +47,21 @@ pub struct HttpSection {
     pub model: String,
     /// The environment variable holding the API key.
     pub api_key_env: Option<String>,
+    /// Whether replies are streamed (server-sent events).
     #[serde(default = "default_stream")]
     pub stream: bool,
     /// Most tokens a reply may have (OpenAI: sent only when set; Anthropic: 4096 by default).
     pub max_tokens: Option<u32>,
+    /// What its tokens cost.
     #[serde(default)]
     pub pricing: Pricing,
+    /// `limits = { ... }`: the model's limiter.
     #[serde(default)]
     pub limits: LimitsSection,
+    /// `retry = { ... }`: how failed requests are retried.
     #[serde(default)]
     pub retry: RetrySection,
+    /// `timeouts = { ... }` (durations).
     #[serde(default)]
     pub timeouts: TimeoutsSection,
     /// Extra request headers (e.g. OpenRouter's `HTTP-Referer`).
@@ -67,12 +77,16 @@ fn default_stream() -> bool {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Pricing {
+    /// Per million uncached input tokens.
     #[serde(default)]
     pub input: f64,
+    /// Per million output tokens.
     #[serde(default)]
     pub output: f64,
+    /// Per million input tokens read from the cache.
     #[serde(default)]
     pub cache_read: f64,
+    /// Per million input tokens written to the cache.
     #[serde(default)]
     pub cache_write: f64,
 }
@@ -88,32 +102,46 @@ impl Pricing {
     }
 }
 
+/// `limits = { ... }` of an HTTP model (see [`LimiterConfig`]).
 #[derive(Clone, Debug, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsSection {
+    /// Requests in flight at once.
     pub max_concurrent: Option<usize>,
+    /// Requests started per minute.
     pub requests_per_minute: Option<u32>,
+    /// Tokens per minute.
     pub tokens_per_minute: Option<u32>,
 }
 
+/// `retry = { ... }` of an HTTP model (see [`RetryPolicy`]).
 #[derive(Clone, Debug, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetrySection {
+    /// Retries after the first attempt.
     pub max_retries: Option<u32>,
+    /// The wait before the first retry (a duration).
     pub base_delay: Option<String>,
+    /// The longest wait before a retry (a duration).
     pub max_delay: Option<String>,
 }
 
+/// `timeouts = { ... }` of an HTTP model (see [`Timeouts`]).
 #[derive(Clone, Debug, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TimeoutsSection {
+    /// Connecting (a duration).
     pub connect: Option<String>,
+    /// The whole request (a duration).
     pub request: Option<String>,
+    /// Longest silence in a stream (a duration).
     pub idle: Option<String>,
 }
 
+/// An HTTP model's timeouts.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Timeouts {
+    /// Connecting to the endpoint.
     pub connect: Duration,
     /// The whole request, streaming included.
     pub request: Duration,
@@ -136,6 +164,7 @@ impl Default for Timeouts {
 pub struct ApiKey(String);
 
 impl ApiKey {
+    /// Wraps a key.
     pub fn new(key: String) -> Self {
         ApiKey(key)
     }
@@ -154,20 +183,30 @@ impl fmt::Debug for ApiKey {
 /// Everything a provider needs, validated.
 #[derive(Clone, Debug)]
 pub struct ProviderSettings {
+    /// The API it speaks.
     pub kind: ProviderKind,
+    /// The API's base URL, without a trailing `/`.
     pub base_url: String,
+    /// The model id the API knows.
     pub model: String,
     /// The variable the key comes from (reported when it is missing).
     pub api_key_env: Option<String>,
+    /// The key, once read (see [`ProviderSettings::read_api_key`]).
     pub api_key: Option<ApiKey>,
+    /// Whether replies are streamed.
     pub stream: bool,
     /// Most tokens a reply may have. OpenAI: sent only when set (newer models
     /// refuse the field); Anthropic: required, 4096 when not set.
     pub max_tokens: Option<u32>,
+    /// What its tokens cost.
     pub pricing: Pricing,
+    /// The model's limiter.
     pub limits: LimiterConfig,
+    /// How failed requests are retried.
     pub retry: RetryPolicy,
+    /// Its timeouts.
     pub timeouts: Timeouts,
+    /// Extra request headers, name and value.
     pub headers: Vec<(String, String)>,
 }
 
