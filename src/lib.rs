@@ -76,19 +76,40 @@ use tools::ToolSet;
 /// Errors of the facade and the service.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The config could not be read or is invalid (every problem it has).
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The supervisor refused or failed: an unknown agent, model, run or
+    /// tree, input that does not fit the agent, a tree that could not start
+    /// or be resumed, a store that cannot be opened, read or written.
     #[error(transparent)]
     Supervisor(#[from] arbor_supervisor::Error),
+    /// The service's listening socket could not be bound.
     #[error("cannot listen on {addr}: {reason}")]
-    Bind { addr: String, reason: String },
+    Bind {
+        /// The address asked for (`host:port`).
+        addr: String,
+        /// Why binding failed (the operating system's error).
+        reason: String,
+    },
+    /// The service was asked to listen on a non-loopback address with no API
+    /// tokens configured: it would serve anyone who can reach it.
     #[error(
         "refusing to listen on {addr} without API tokens: a non-loopback address needs \
          [service] tokens (set {env})"
     )]
-    Insecure { addr: String, env: String },
+    Insecure {
+        /// The address asked for.
+        addr: String,
+        /// The environment variable the tokens are read from.
+        env: String,
+    },
+    /// The service was started on a runtime without a store (it serves
+    /// stored trees: `[store] enabled = true`).
     #[error("the service needs a store: set [store] enabled = true")]
     NoStore,
+    /// Another failure of the service or the telemetry exporter, as text
+    /// (setting up the OTLP client, reading the listener's address).
     #[error("{0}")]
     Service(String),
 }
@@ -247,6 +268,8 @@ impl Runtime {
         Self::builder(config).store(path).build()
     }
 
+    /// A builder over `config`, to add a store, a retention policy, code
+    /// tools or per-tree configs before [`build`](RuntimeBuilder::build).
     pub fn builder(config: Config) -> RuntimeBuilder {
         RuntimeBuilder {
             source: Source::Config(Box::new(config)),
@@ -282,6 +305,8 @@ impl Runtime {
         self.config.as_ref().and_then(Config::origin)
     }
 
+    /// The supervisor underneath, for what the runtime does not wrap: the
+    /// event bus of every tree, the store, flushing it, tree-wide queries.
     pub fn supervisor(&self) -> &Supervisor {
         &self.supervisor
     }
@@ -371,6 +396,7 @@ impl Runtime {
 
 /// A started tree: its ids, its events, a way to cancel it, and its result.
 pub struct Run {
+    /// The tree's id (the prefix of every run id in it).
     pub tree_id: Arc<str>,
     /// The root run's id.
     pub run_id: String,
@@ -431,6 +457,8 @@ pub struct Events {
 }
 
 impl Events {
+    /// The next event, waiting for it; `None` once the root's final event
+    /// has been returned (or the stream was already taken).
     pub async fn recv(&mut self) -> Option<Arc<Event>> {
         std::future::poll_fn(|cx| self.poll(cx)).await
     }

@@ -134,8 +134,13 @@ fn walk(nodes: &[RunNode], node: &RunNode, depth: usize, out: &mut String) {
 /// Where a replay first differs from the record.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Divergence {
+    /// The run whose replayed final state differs (or that did not finish).
     pub run_id: String,
+    /// Its agent type (empty when the record has none).
     pub agent_type: String,
+    /// What differs: the first message that does (index, recorded and
+    /// replayed, each cut to 160 characters), else the first field, or
+    /// `did not finish in the replay`.
     pub detail: String,
 }
 

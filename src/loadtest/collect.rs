@@ -11,19 +11,31 @@ use arbor_actors::{Delta, Event, EventKind, UsageSource};
 use hdrhistogram::Histogram;
 
 /// Counters and histograms of one run, updated from events.
+///
+/// The counters are public so that a progress display (`run_once`'s `tick`)
+/// can read them while the tree runs; they are only written by
+/// [`observe`](Collector::observe).
 pub struct Collector {
     start: Instant,
+    /// Agents started so far (root included).
     pub started: AtomicU64,
+    /// Agents that ended with an answer.
     pub finished: AtomicU64,
+    /// Agents that ended with an error.
     pub failed: AtomicU64,
+    /// Agents that were cancelled.
     pub cancelled: AtomicU64,
     /// Agents holding a live slot (stepping) now.
     pub live: AtomicI64,
+    /// The most agents that held a live slot at once.
     pub live_max: AtomicI64,
     /// Agents started and not yet ended (stepping, suspended or finishing).
     pub alive: AtomicI64,
+    /// The most agents alive at once.
     pub alive_max: AtomicI64,
+    /// Model steps started, over all agents.
     pub steps: AtomicU64,
+    /// Model calls retried (each retry counts once).
     pub retries: AtomicU64,
     inner: Mutex<Inner>,
 }
@@ -89,13 +101,19 @@ impl Default for Collector {
     }
 }
 
-/// Latency percentiles in microseconds.
+/// Latency percentiles in microseconds (of a histogram that records at
+/// least 1 µs, to 3 significant digits).
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Percentiles {
+    /// How many latencies were recorded (the others are 0 when none was).
     pub count: u64,
+    /// The median, µs.
     pub p50: u64,
+    /// The 90th percentile, µs.
     pub p90: u64,
+    /// The 99th percentile, µs.
     pub p99: u64,
+    /// The largest recorded, µs.
     pub max: u64,
 }
 
@@ -117,8 +135,11 @@ impl Percentiles {
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Answers {
+    /// Answers received (model replies without tool calls).
     pub replies: u64,
+    /// Input (prompt) tokens of those answers, summed.
     pub input_tokens: u64,
+    /// Output tokens of those answers, summed.
     pub output_tokens: u64,
     /// Replies that reported no usage and whose counts were estimated from
     /// their text (`arbor_actors::model::ESTIMATED_BYTES_PER_TOKEN`).
@@ -143,6 +164,7 @@ pub struct TokenFigures {
     /// Some (or all) counts are estimates: `repliesEstimated` of `replies`
     /// reported no usage.
     pub tokens_estimated: bool,
+    /// The counts the rate is computed from.
     #[serde(flatten)]
     pub answers: Answers,
 }
@@ -151,15 +173,24 @@ pub struct TokenFigures {
 #[derive(Clone, Debug, Default, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Measured {
+    /// From a child's spawn to its parent receiving its result.
     pub spawn_to_reply_us: Percentiles,
+    /// One model step, from its start to the model's reply (retries included).
     pub step_latency_us: Percentiles,
+    /// Time to the first streamed token (text, tool-call arguments or
+    /// reasoning) of a step; steps that streamed nothing are not counted.
     pub ttft_us: Percentiles,
     /// Only for a run on an endpoint (`--model`).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<TokenFigures>,
+    /// Agents that ended failed or cancelled, by a short label of the error
+    /// (`http 429`, `limit max_depth`, `timeout`, `cancelled`, or the error's
+    /// first clause).
     pub errors: HashMap<String, u64>,
     /// Retries by kind (the total is `LoadReport::retries`).
     pub retry_kinds: HashMap<String, u64>,
+    /// `(milliseconds since the collector was made, live agents)` samples,
+    /// one per [`Collector::sample`], in time order: the plot's curve.
     pub timeline: Vec<(f64, i64)>,
 }
 
@@ -286,7 +317,8 @@ impl Collector {
         self.inner.locked().timeline.push((t, live));
     }
 
-    pub fn measured(&self) -> Measured {
+    /// A snapshot of the histograms, counts and samples so far.
+    pub(crate) fn measured(&self) -> Measured {
         let inner = self.inner.locked();
         let secs = inner.generation.as_secs_f64();
         Measured {

@@ -19,7 +19,7 @@ use arbor_supervisor::{Catalog, Retain, StartRequest, Supervisor, TreeLimits};
 pub use bare::run_bare_tree;
 pub use collect::{Answers, Collector, Measured, Percentiles, TokenFigures};
 pub use report::{LoadReport, write_plot};
-pub use shaped::ShapedModel;
+use shaped::ShapedModel;
 
 /// What to run.
 #[derive(Clone)]
@@ -30,11 +30,20 @@ pub struct LoadOptions {
     pub history: usize,
     /// Bytes per inherited message.
     pub msg_bytes: usize,
+    /// How long each simulated model step takes (fixed, or drawn from a
+    /// distribution). A run on an endpoint (`model`) ignores it: the endpoint
+    /// takes the time it takes.
     pub latency: Latency,
+    /// Words in each answer of the simulated model (a leaf's answer, or a
+    /// parent's merge of its children's), padded with filler text.
     pub reply_tokens: usize,
+    /// At most this many agents stepping at once (the tree's
+    /// `max_live_agents`); `None` is no limit.
     pub max_live: Option<usize>,
     /// Drive this model (from the catalog) instead of the simulated one.
     pub model: Option<Arc<dyn Model>>,
+    /// How many trees `arbor loadtest` runs one after the other, each on a
+    /// fresh supervisor (at least 1; `run_once` runs one whatever it says).
     pub repeat: usize,
     /// Store the trees in this SQLite file (the run then includes writing it).
     pub store: Option<std::path::PathBuf>,
@@ -57,6 +66,8 @@ impl Default for LoadOptions {
 }
 
 impl LoadOptions {
+    /// How many agents a tree of `shape` has, the root included
+    /// (`[10, 10]` is 1 + 10 + 100).
     pub fn agents(&self) -> u64 {
         SimulatedConfig {
             shape: self.shape.clone(),
@@ -76,7 +87,13 @@ impl LoadOptions {
         )
     }
 
-    /// The supervisor of one run: one template that spawns itself.
+    /// The supervisor of one run: one template that spawns itself, on the
+    /// simulated model (or on `model`, shaped by the simulated one), kept to
+    /// `shape` by its tree limits and storing into `store` when set.
+    ///
+    /// # Errors
+    ///
+    /// The store file cannot be opened, or the catalog is invalid.
     pub fn supervisor(&self) -> Result<Supervisor, arbor_supervisor::Error> {
         let model: Arc<dyn Model> = match &self.model {
             Some(endpoint) => {

@@ -10,7 +10,6 @@ use serde::Serialize;
 use super::LoadOptions;
 use super::collect::{Collector, Measured, TokenFigures};
 
-/// camelCase, like every other JSON Arbor writes.
 /// Microseconds in the unit that reads best: `850 µs`, `12.3 ms`, `4.20 s`.
 pub fn human_us(us: u64) -> String {
     match us {
@@ -20,29 +19,53 @@ pub fn human_us(us: u64) -> String {
     }
 }
 
+/// What one load-test tree measured: the `--json` file (camelCase, like
+/// every other JSON Arbor writes), the printed table and the plot's data.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LoadReport {
+    /// The id of the tree that ran.
     pub tree_id: String,
+    /// Children per level, as in [`LoadOptions::shape`].
     pub shape: Vec<usize>,
+    /// Messages the root started with.
     pub history: usize,
+    /// Bytes per inherited message.
     pub msg_bytes: usize,
+    /// The live-agent limit the tree ran under (`None`: no limit).
     pub max_live: Option<usize>,
+    /// Whether the root completed (not failed or cancelled).
     pub completed: bool,
+    /// Agents a whole tree of this shape has.
     pub agents_expected: u64,
+    /// Agents that started (fewer than expected when the tree ended early).
     pub agents_started: u64,
+    /// Agents that ended with an answer.
     pub agents_finished: u64,
+    /// Agents that ended with an error.
     pub agents_failed: u64,
+    /// Agents that were cancelled.
     pub agents_cancelled: u64,
+    /// Model steps, over all agents.
     pub steps: u64,
+    /// Model calls retried.
     pub retries: u64,
+    /// Seconds from the start request to the tree's end (and, with a store,
+    /// to the last write).
     pub wall_secs: f64,
+    /// Agents started per second of `wall_secs`.
     pub agents_per_sec: f64,
+    /// Microseconds of `wall_secs` per agent started.
     pub us_per_agent: f64,
+    /// Most agents stepping (holding a live slot) at once.
     pub live_max: i64,
     /// Most agents alive at once (stepping, suspended while children run, finishing).
     pub alive_max: i64,
+    /// Peak resident set size of the process, bytes (0 where it cannot be
+    /// read: outside Linux). It is the process's peak, so a later tree of
+    /// `--repeat` reports at least the earlier ones' peak.
     pub peak_rss_bytes: u64,
+    /// Resident set size just before the tree started, bytes (0 outside Linux).
     pub rss_before_bytes: u64,
     /// (peak RSS − RSS before the run) / the most agents alive at once.
     pub bytes_per_live_agent: f64,
@@ -51,6 +74,7 @@ pub struct LoadReport {
     /// How long the store took to write what was left after the tree ended
     /// (included in `wall_secs`).
     pub store_tail_secs: Option<f64>,
+    /// The latencies, token figures, errors and live-agent samples.
     #[serde(flatten)]
     pub measured: Measured,
 }
@@ -114,7 +138,8 @@ impl LoadReport {
         }
     }
 
-    /// The summary table.
+    /// The summary table `arbor loadtest` prints, one `name value` row a
+    /// line; with `endpoint`, the token rows of a run on a real model too.
     pub fn table(&self, endpoint: bool) -> String {
         let mut t = String::new();
         let mut row = |k: &str, v: String| {

@@ -9,13 +9,19 @@ use arbor_actors::models::SimulatedModel;
 use arbor_actors::{DeltaSink, Model, ModelError, ModelRequest, ModelResponse, Usage, UsageSource};
 use async_trait::async_trait;
 
-pub struct ShapedModel {
+/// A model that plans like the simulated one (it decides whether a step
+/// spawns children, and how many) and answers like the endpoint: every
+/// answer is the endpoint's reply to the agent's real history (sent
+/// without the tool list).
+pub(crate) struct ShapedModel {
     shape: SimulatedModel,
     endpoint: Arc<dyn Model>,
 }
 
 impl ShapedModel {
-    pub fn new(shape: SimulatedModel, endpoint: Arc<dyn Model>) -> Self {
+    /// Plans with `shape` (give it zero latency: the endpoint's is the one
+    /// measured) and answers with `endpoint`.
+    pub(crate) fn new(shape: SimulatedModel, endpoint: Arc<dyn Model>) -> Self {
         ShapedModel { shape, endpoint }
     }
 }

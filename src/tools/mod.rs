@@ -29,6 +29,9 @@ pub struct ToolSet {
 }
 
 impl ToolSet {
+    /// The MCP servers by name (none started yet: each starts when a tree
+    /// first needs it, or at once when `eager`) and the command tools.
+    /// [`Config::tool_set`](crate::Config::tool_set) makes the config's.
     pub fn new(servers: &BTreeMap<String, McpSettings>, commands: Vec<Arc<CommandTool>>) -> Self {
         ToolSet {
             mcp: McpServers::new(servers.clone()),
@@ -41,6 +44,7 @@ impl ToolSet {
         &self.mcp
     }
 
+    /// The command tools, in the order they were given.
     pub fn commands(&self) -> &[Arc<CommandTool>] {
         &self.commands
     }
@@ -106,9 +110,15 @@ impl ToolSource for McpSource {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub enum ToolOrigin {
+    /// One of the runtime's own tools (`spawn_agents`, `end_turn`, ...;
+    /// `add_message` and `set_messages` only for the templates that list them).
     Builtin,
+    /// A tool an MCP server offers (named `SERVER/TOOL`).
     Mcp,
+    /// A command tool of the config (`[tools.NAME]`).
     Command,
+    /// A tool written in Rust and registered in code
+    /// ([`RuntimeBuilder::tool`](crate::RuntimeBuilder::tool)).
     Code,
 }
 
@@ -120,11 +130,16 @@ pub struct ToolListing {
     pub name: String,
     /// The name the model sees.
     pub wire_name: String,
+    /// Where it comes from.
     pub origin: ToolOrigin,
     /// The MCP server, for MCP tools.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,
+    /// What the model is told the tool does (for an MCP server that is
+    /// down: `unavailable:` and why).
     pub description: String,
+    /// The JSON Schema of its input, as the model gets it (`null` for an
+    /// MCP server that is down).
     pub input_schema: Value,
     /// Templates that list it.
     pub agents: Vec<String>,

@@ -42,6 +42,8 @@ pub fn register(pgid: u32) -> Registration {
 }
 
 impl Registration {
+    /// The id of the process group that [`kill`](Registration::kill) and
+    /// [`kill_all`] send SIGKILL to (the pid given to [`register`]).
     pub fn pgid(&self) -> i32 {
         self.pgid
     }

@@ -38,6 +38,7 @@ pub const MAX_CONCURRENT: usize = 1024;
 pub struct McpServerSection {
     /// The program to run (found on `PATH` unless it is a path).
     pub command: Option<String>,
+    /// The program's arguments, passed as they are (no shell, no expansion).
     pub args: Option<Vec<String>>,
     /// Variables for the process, on top of a minimal inherited set
     /// ([`INHERITED_ENV`]); Arbor's other variables are not passed.
@@ -74,6 +75,7 @@ pub const INHERITED_ENV: &[&str] = &[
 /// environment when the server starts. `Debug` never shows a literal.
 #[derive(Clone, PartialEq, Eq)]
 pub enum ValueSource {
+    /// A string written in the config itself (a secret: never shown).
     Literal(String),
     /// `{ env = "VAR" }`: the value of Arbor's variable `VAR`.
     Env(String),
@@ -155,16 +157,24 @@ impl<'de> Deserialize<'de> for ValueSource {
 pub enum McpTransport {
     /// A child process spoken to over its stdin/stdout.
     Stdio {
+        /// The program (found on `PATH` unless it is a path).
         command: String,
+        /// Its arguments, as they are (no shell).
         args: Vec<String>,
+        /// Variables set for it on top of [`INHERITED_ENV`], resolved when
+        /// it starts.
         env: BTreeMap<String, ValueSource>,
         /// Absolute, or relative to Arbor's working directory.
         cwd: Option<PathBuf>,
     },
     /// A streamable HTTP endpoint.
     Http {
+        /// The endpoint (`http://` or `https://`, checked).
         url: String,
+        /// Headers sent with every request, resolved when it connects.
         headers: BTreeMap<String, ValueSource>,
+        /// The variable read at connect time for an `Authorization: Bearer`
+        /// token (never together with an `Authorization` header).
         bearer_token_env: Option<String>,
     },
 }
@@ -173,12 +183,21 @@ pub enum McpTransport {
 /// and `headers` are redacted, variables are shown by name only.
 #[derive(Clone, Debug)]
 pub struct McpSettings {
+    /// How the server is reached: a child process or an HTTP endpoint.
     pub transport: McpTransport,
+    /// How long one tool call may take before it fails with a timeout
+    /// (from 1 ms to a day; [`DEFAULT_TIMEOUT`] when not set).
     pub timeout: Duration,
+    /// Calls in flight to this server at once, shared by every agent of
+    /// every tree (1 to [`MAX_CONCURRENT`]); further calls wait.
     pub max_concurrent: usize,
+    /// How long a start (spawn or connect, `initialize`, `tools/list`) may
+    /// take ([`DEFAULT_STARTUP_TIMEOUT`] when not set).
     pub startup_timeout: Duration,
     /// The allow-list of tool names (with `*` patterns); `None` allows all.
     pub tools: Option<Vec<String>>,
+    /// Start the server when the runtime is built (inside a tokio runtime)
+    /// rather than when a tree first needs one of its tools.
     pub eager: bool,
 }
 
