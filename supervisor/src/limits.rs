@@ -26,25 +26,25 @@ pub struct TreeLimits {
     /// Deepest level a child may be at (the root is at 0; 0 allows no child).
     pub max_depth: Option<usize>,
     /// Children one spawn call may ask for.
-    #[serde(deserialize_with = "nonzero::children_per_call")]
+    #[serde(deserialize_with = "nonzero::<_, _, { ranges::MAX_CHILDREN_PER_CALL.1 as u64 }>")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<usize>))]
     pub max_children_per_call: Option<NonZeroUsize>,
     /// Agents stepping at once; a spawn waits for a slot, a parent waiting for its
     /// children gives its slot back.
-    #[serde(deserialize_with = "nonzero::live_agents")]
+    #[serde(deserialize_with = "nonzero::<_, _, { ranges::MAX_LIVE_AGENTS.1 as u64 }>")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<usize>))]
     pub max_live_agents: Option<NonZeroUsize>,
     /// Agents in the whole tree, the root included.
-    #[serde(deserialize_with = "nonzero::agents")]
+    #[serde(deserialize_with = "nonzero::<_, _, { ranges::MAX_AGENTS.1 as u64 }>")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<usize>))]
     pub max_agents: Option<NonZeroUsize>,
     /// Model steps in the whole tree.
-    #[serde(deserialize_with = "nonzero::steps")]
+    #[serde(deserialize_with = "nonzero::<_, _, { ranges::MAX_STEPS.1 }>")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
     pub max_steps: Option<NonZeroU64>,
     /// Model tokens (input and output) in the whole tree; the tokens of
     /// calls in flight are reserved against it.
-    #[serde(deserialize_with = "nonzero::tokens")]
+    #[serde(deserialize_with = "nonzero::<_, _, { ranges::MAX_TOKENS.1 }>")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
     pub max_tokens: Option<NonZeroU64>,
     /// Credits (the models' priced cost) in the whole tree.
@@ -61,20 +61,34 @@ pub struct TreeLimits {
 
 /// `[limits]` of a config file: [`TreeLimits`] read straight into, with the
 /// file's keys (the tool policy is the file's `[policy]`, not a limit).
+/// Not a second declaration: serde's remote derive builds a `TreeLimits`
+/// from these fields, so the compiler refuses any that differ from its.
 #[derive(Deserialize)]
 #[serde(remote = "TreeLimits", deny_unknown_fields)]
 struct ConfigLimits {
     #[serde(default)]
     max_depth: Option<usize>,
-    #[serde(default, deserialize_with = "nonzero::children_per_call")]
+    #[serde(
+        default,
+        deserialize_with = "nonzero::<_, _, { ranges::MAX_CHILDREN_PER_CALL.1 as u64 }>"
+    )]
     max_children_per_call: Option<NonZeroUsize>,
-    #[serde(default, deserialize_with = "nonzero::live_agents")]
+    #[serde(
+        default,
+        deserialize_with = "nonzero::<_, _, { ranges::MAX_LIVE_AGENTS.1 as u64 }>"
+    )]
     max_live_agents: Option<NonZeroUsize>,
-    #[serde(default, deserialize_with = "nonzero::agents")]
+    #[serde(
+        default,
+        deserialize_with = "nonzero::<_, _, { ranges::MAX_AGENTS.1 as u64 }>"
+    )]
     max_agents: Option<NonZeroUsize>,
-    #[serde(default, deserialize_with = "nonzero::steps")]
+    #[serde(default, deserialize_with = "nonzero::<_, _, { ranges::MAX_STEPS.1 }>")]
     max_steps: Option<NonZeroU64>,
-    #[serde(default, deserialize_with = "nonzero::tokens")]
+    #[serde(
+        default,
+        deserialize_with = "nonzero::<_, _, { ranges::MAX_TOKENS.1 }>"
+    )]
     max_tokens: Option<NonZeroU64>,
     #[serde(default)]
     max_credits: Option<f64>,
@@ -91,58 +105,43 @@ fn human_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D
         .transpose()
 }
 
-/// The limits that cannot be zero, read as a count whose zero is refused
-/// with the words of its range (the same as [`TreeLimits::problems`]').
-mod nonzero {
-    use std::num::{NonZeroU64, NonZeroUsize};
+/// A limit that cannot be zero, read as a count whose zero is refused in
+/// the words of its range, `1..=MAX` (the same as [`TreeLimits::problems`]').
+/// One helper for every such limit: the field's type picks the integer read
+/// (`NonZeroUsize` a `usize`, `NonZeroU64` a `u64`) and the attribute names
+/// the range, as in `nonzero::<_, _, { ranges::MAX_AGENTS.1 as u64 }>`.
+fn nonzero<'de, D, N, const MAX: u64>(d: D) -> Result<Option<N>, D::Error>
+where
+    D: Deserializer<'de>,
+    N: NonZeroCount,
+{
+    let Some(value) = Option::<N::Int>::deserialize(d)? else {
+        return Ok(None);
+    };
+    N::new(value)
+        .map(Some)
+        .ok_or_else(|| serde::de::Error::custom(out_of_range(0, (1, MAX)).unwrap_or_default()))
+}
 
-    use serde::{Deserialize, Deserializer, de::Error};
+/// A `NonZero*` count and the integer it holds.
+trait NonZeroCount: Sized {
+    /// The integer it is read as.
+    type Int: for<'de> Deserialize<'de>;
+    /// `None` for zero.
+    fn new(n: Self::Int) -> Option<Self>;
+}
 
-    use super::{out_of_range, ranges};
-
-    fn count<'de, D: Deserializer<'de>, T, N>(
-        d: D,
-        range: (T, T),
-        nonzero: fn(T) -> Option<N>,
-    ) -> Result<Option<N>, D::Error>
-    where
-        T: Deserialize<'de> + PartialOrd + std::fmt::Display + Copy,
-    {
-        let Some(value) = Option::<T>::deserialize(d)? else {
-            return Ok(None);
-        };
-        match nonzero(value) {
-            Some(n) => Ok(Some(n)),
-            None => Err(D::Error::custom(
-                out_of_range(value, range).unwrap_or_default(),
-            )),
-        }
+impl NonZeroCount for NonZeroUsize {
+    type Int = usize;
+    fn new(n: usize) -> Option<Self> {
+        NonZeroUsize::new(n)
     }
+}
 
-    pub(super) fn children_per_call<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<NonZeroUsize>, D::Error> {
-        count(d, ranges::MAX_CHILDREN_PER_CALL, NonZeroUsize::new)
-    }
-
-    pub(super) fn live_agents<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<NonZeroUsize>, D::Error> {
-        count(d, ranges::MAX_LIVE_AGENTS, NonZeroUsize::new)
-    }
-
-    pub(super) fn agents<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<NonZeroUsize>, D::Error> {
-        count(d, ranges::MAX_AGENTS, NonZeroUsize::new)
-    }
-
-    pub(super) fn steps<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NonZeroU64>, D::Error> {
-        count(d, ranges::MAX_STEPS, NonZeroU64::new)
-    }
-
-    pub(super) fn tokens<'de, D: Deserializer<'de>>(d: D) -> Result<Option<NonZeroU64>, D::Error> {
-        count(d, ranges::MAX_TOKENS, NonZeroU64::new)
+impl NonZeroCount for NonZeroU64 {
+    type Int = u64;
+    fn new(n: u64) -> Option<Self> {
+        NonZeroU64::new(n)
     }
 }
 
