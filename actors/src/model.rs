@@ -167,7 +167,17 @@ pub enum ModelError {
         /// What the endpoint said.
         message: String,
     },
-    /// Rate limits, overload, server errors, dropped connections.
+    /// The endpoint rate-limited the request (HTTP 429).
+    #[error("model {model} is rate-limited: {message}")]
+    RateLimited {
+        /// The model's catalog name.
+        model: String,
+        /// What the endpoint said.
+        message: String,
+        /// How long the endpoint asked to wait (`None`: it did not say).
+        retry_after: Option<Duration>,
+    },
+    /// Overload, server errors, timeouts, dropped connections.
     #[error("model {model} is unavailable: {message}")]
     Transient {
         /// The model's catalog name.
@@ -200,14 +210,39 @@ impl ModelError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            ModelError::Transient { .. } | ModelError::Malformed { .. }
+            ModelError::RateLimited { .. }
+                | ModelError::Transient { .. }
+                | ModelError::Malformed { .. }
         )
+    }
+
+    /// How long the endpoint asked to wait before trying again, if it said.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ModelError::RateLimited { retry_after, .. } | ModelError::Transient { retry_after, .. } => {
+                *retry_after
+            }
+            _ => None,
+        }
+    }
+
+    /// The kind of failure this error makes of the run it ends.
+    pub fn kind(&self) -> crate::failure::FailureKind {
+        use crate::failure::FailureKind;
+        match self {
+            ModelError::Rejected { .. } => FailureKind::ModelRejected,
+            ModelError::RateLimited { .. } => FailureKind::ModelRateLimited,
+            ModelError::Transient { .. } => FailureKind::ModelUnavailable,
+            ModelError::Malformed { .. } => FailureKind::ModelMalformed,
+            ModelError::Invalid { .. } => FailureKind::ModelInvalid,
+        }
     }
 
     /// The final error of a request tried `attempts` times: it says so.
     pub fn after_attempts(mut self, attempts: u32) -> Self {
-        if let ModelError::Transient { message, .. } | ModelError::Malformed { message, .. } =
-            &mut self
+        if let ModelError::RateLimited { message, .. }
+        | ModelError::Transient { message, .. }
+        | ModelError::Malformed { message, .. } = &mut self
         {
             message.push_str(&format!(" (gave up after {attempts} attempts)"));
         }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::failure::FailureKind;
 use crate::history::History;
 use crate::hooks::RunIds;
 use crate::message::{
@@ -261,6 +262,9 @@ pub struct ChildReport {
     pub credits: f64,
     /// The final history, for inline merges.
     pub history: Option<History>,
+    /// What kind of failure ended it (`None` when it completed); `value`'s
+    /// `errorMessage` says it in words.
+    pub error_kind: Option<FailureKind>,
 }
 
 impl ChildReport {
@@ -275,6 +279,7 @@ impl ChildReport {
             value: json!({ "errorMessage": message }),
             credits: 0.0,
             history: None,
+            error_kind: Some(FailureKind::NotStarted),
         }
     }
 

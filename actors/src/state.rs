@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::failure::FailureKind;
 use crate::history::History;
 
 /// How a run ended, or that it is still going.
@@ -102,6 +103,11 @@ pub struct AgentState {
     /// Whether it runs, or how it ended.
     #[serde(default)]
     pub status: AgentStatus,
+    /// What kind of failure ended a failed run (its `output` says it in words).
+    /// Absent while it runs, when it did not fail, and in states stored by a
+    /// build before kinds were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<FailureKind>,
 }
 
 /// Where a run starts: what [`AgentState::initial`] builds its state from,
@@ -152,6 +158,7 @@ impl AgentState {
             credits_used: 0.0,
             direct_credits_used: 0.0,
             status: AgentStatus::Running,
+            error_kind: None,
         }
     }
 

@@ -232,7 +232,7 @@ impl AgentRun {
                     }
                 }
                 Output::Deliver(delivery) => actions.extend(self.deliver(delivery)),
-                Output::Fail { error } => actions.extend(self.machine.fail(error)),
+                Output::Fail { failure } => actions.extend(self.machine.fail(failure)),
             }
         }
         actions

@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::event::EventKind;
+use crate::failure::{Failure, FailureKind};
 use crate::hooks::{Slot, SlotPriority, TreeHooks};
 use crate::limit::{Limit, LimitHit};
 use crate::model::{Delta, DeltaSink, ModelRequest, ModelResponse};
@@ -58,7 +59,7 @@ pub enum AgentMsg {
         /// The step that made the call; a reply for an other step is ignored.
         step: u32,
         /// The reply, or why the call failed.
-        result: Box<Result<ModelResponse, String>>,
+        result: Box<Result<ModelResponse, Failure>>,
     },
     /// A tool call of `step` ended.
     ToolDone {
@@ -363,7 +364,10 @@ impl Actor for AgentActor {
                         run.guarded(|m| m.tool_done(step, index, result, &catalog))
                     }
                     ToolOutcome::Panicked(error) if step == run.machine.step() => {
-                        run.machine.fail(format!("a tool panicked: {error}"))
+                        run.machine.fail(Failure::new(
+                            FailureKind::Panicked,
+                            format!("a tool panicked: {error}"),
+                        ))
                     }
                     ToolOutcome::Panicked(_) => Vec::new(),
                 }
@@ -436,9 +440,10 @@ impl AgentRun {
     fn guarded(&mut self, f: impl FnOnce(&mut StepMachine) -> Vec<Action>) -> Vec<Action> {
         match std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut self.machine))) {
             Ok(actions) => actions,
-            Err(panic) => self
-                .machine
-                .fail(format!("agent panicked: {}", panic_message(panic))),
+            Err(panic) => self.machine.fail(Failure::new(
+                FailureKind::Panicked,
+                format!("agent panicked: {}", panic_message(panic)),
+            )),
         }
     }
 
@@ -525,15 +530,16 @@ impl AgentRun {
             self.emit(EventKind::LimitHit {
                 limit: limit.clone(),
             });
-            let actions = self.machine.fail(limit.to_string());
+            let actions = self.machine.fail(&limit);
             return self.execute(myself, actions);
         }
         self.reserved = estimate;
         let model_name = &self.machine.template().model;
         let Some(model) = self.hooks.model(model_name) else {
-            let actions = self
-                .machine
-                .fail(format!("model {model_name} is not configured"));
+            let actions = self.machine.fail(Failure::new(
+                FailureKind::ModelNotConfigured,
+                format!("model {model_name} is not configured"),
+            ));
             return self.execute(myself, actions);
         };
         let step = request.meta.step;
@@ -563,8 +569,11 @@ impl AgentRun {
                     .await;
                 match result {
                     Ok(Ok(response)) => Ok(response),
-                    Ok(Err(error)) => Err(error.to_string()),
-                    Err(panic) => Err(format!("model panicked: {}", panic_message(panic))),
+                    Ok(Err(error)) => Err(Failure::from(error)),
+                    Err(panic) => Err(Failure::new(
+                        FailureKind::Panicked,
+                        format!("model panicked: {}", panic_message(panic)),
+                    )),
                 }
             }
             .instrument(span),
@@ -668,7 +677,7 @@ impl AgentRun {
         self.emit(EventKind::LimitHit {
             limit: limit.clone(),
         });
-        self.machine.fail(limit.to_string())
+        self.machine.fail(limit)
     }
 
     /// Gives the live slot back while children run.
@@ -704,8 +713,8 @@ impl AgentRun {
         }
         self.cancel_reason = Some(reason.clone());
         match reason {
-            CancelReason::Limit(limit) => self.machine.fail(limit.to_string()),
-            CancelReason::Failed(error) => self.machine.fail(error),
+            CancelReason::Limit(limit) => self.machine.fail(limit),
+            CancelReason::Failed(failure) => self.machine.fail(failure),
             CancelReason::Requested | CancelReason::ParentEnded => self.machine.cancel(),
         }
     }

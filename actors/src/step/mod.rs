@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use crate::event::EventKind;
+use crate::failure::{Failure, FailureKind};
 use crate::handler::{Resume, StepProgram};
 use crate::history::{Expiry, History};
 use crate::message::{INSTRUCTIONS_PROMPT, Message, SPAWN_PROMPT, STEP_PROMPT, ToolCall};
@@ -293,7 +294,10 @@ impl StepMachine {
         self.awaiting_model = None;
         let ModelResponse { message, usage } = response;
         if !message.is_assistant() {
-            return self.fail(format!("model replied with a {} message", message.role()));
+            return self.fail(Failure::new(
+                FailureKind::ModelInvalid,
+                format!("model replied with a {} message", message.role()),
+            ));
         }
         // A durable tree records the reply as the model sent it; it is the very
         // message the history keeps unless its call ids had to be fixed.
@@ -408,14 +412,17 @@ impl StepMachine {
         self.resolved(catalog)
     }
 
-    /// Ends the run as failed, with an error output naming the cause.
-    pub fn fail(&mut self, message: impl Into<String>) -> Vec<Action> {
+    /// Ends the run as failed: the output is `{errorMessage}` (what a parent's
+    /// model reads) and the state keeps the failure's kind beside it.
+    pub fn fail(&mut self, failure: impl Into<Failure>) -> Vec<Action> {
         if self.state.status.is_final() {
             return Vec::new();
         }
+        let Failure { kind, message } = failure.into();
         self.abandon_pending();
         self.state.status = AgentStatus::Failed;
-        self.state.output = Some(json!({ "errorMessage": message.into() }));
+        self.state.output = Some(json!({ "errorMessage": message }));
+        self.state.error_kind = Some(kind);
         vec![Action::Finish]
     }
 
@@ -557,9 +564,12 @@ impl StepMachine {
 
     fn step_limit(&mut self) -> Vec<Action> {
         let max = self.template.max_steps;
-        self.fail(format!(
-            "limit max_steps (agent) reached: {} stopped after {max} step(s)",
-            self.state.agent_type.as_deref().unwrap_or("agent")
+        self.fail(Failure::new(
+            FailureKind::Limit,
+            format!(
+                "limit max_steps (agent) reached: {} stopped after {max} step(s)",
+                self.state.agent_type.as_deref().unwrap_or("agent")
+            ),
         ))
     }
 }

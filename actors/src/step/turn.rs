@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::{Action, Catalog, Drive, Effect, Origin, StepMachine, fresh_id};
 use crate::event::EventKind;
+use crate::failure::{Failure, FailureKind};
 use crate::handler::{Resume, Yield};
 use crate::history::{Expiry, History};
 use crate::message::{Message, ToolCall};
@@ -107,7 +108,10 @@ impl StepMachine {
                 self.resume_program(None, turn_ended, catalog)
             }
             (Drive::ProgramTools, _) => {
-                self.fail("internal: model step while a program waits for tools")
+                self.fail(Failure::new(
+                    FailureKind::Internal,
+                    "internal: model step while a program waits for tools",
+                ))
             }
         }
     }

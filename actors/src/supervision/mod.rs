@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::event::EventKind;
+use crate::failure::{Failure, FailureKind};
 use crate::hooks::{RunIds, SlotPriority};
 use crate::limit::LimitHit;
 use crate::spawn::{ChildPlan, ChildReport, ParentInfo, report_value};
@@ -57,7 +58,7 @@ pub enum CancelReason {
     /// The parent is ending (it failed); the child is cancelled.
     ParentEnded,
     /// Something the tree depends on broke (e.g. its store): the agent fails with this.
-    Failed(String),
+    Failed(Failure),
 }
 
 /// One requested child of a spawn call, as the tree admitted it.
@@ -193,7 +194,7 @@ pub enum Output<A> {
     Deliver(Delivery),
     /// A child with the `escalate` policy failed: the parent fails with this.
     #[allow(missing_docs)]
-    Fail { error: String },
+    Fail { failure: Failure },
 }
 
 /// One requested child: its attempts so far and its report once it has one.
@@ -480,6 +481,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             value: json!({ "errorMessage": "Agent was cancelled" }),
             credits: slot.credits,
             history: None,
+            error_kind: Some(FailureKind::Cancelled),
         });
         out.push(Output::Emit(EventKind::ChildFinished {
             child_run_id: run_id,
@@ -531,7 +533,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             slot.run_ids.push(run_id.clone());
         }
         let inline = slot.plan.as_ref().is_some_and(|p| p.inline);
-        let (status, value, credits, history) = match outcome {
+        let (status, value, credits, history, error_kind) = match outcome {
             Ok(result) => (
                 result.state.status,
                 report_value(&result.state, result.value),
@@ -539,12 +541,25 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 // Only an inline merge needs the child's history; a spawn_agents
                 // parent would otherwise keep every finished child's history alive.
                 inline.then(|| result.state.message_history.clone()),
+                match result.state.status {
+                    AgentStatus::Completed | AgentStatus::Running => None,
+                    AgentStatus::Cancelled => Some(FailureKind::Cancelled),
+                    // A failed state stored before kinds were recorded has none.
+                    AgentStatus::Failed => {
+                        Some(result.state.error_kind.unwrap_or(FailureKind::Internal))
+                    }
+                },
             ),
             Err(error) => (
                 AgentStatus::Failed,
                 json!({ "errorMessage": error }),
                 0.0,
                 None,
+                Some(if started {
+                    FailureKind::Lost
+                } else {
+                    FailureKind::NotStarted
+                }),
             ),
         };
         slot.credits += credits;
@@ -561,6 +576,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             value,
             credits: slot.credits,
             history,
+            error_kind,
         };
         out.push(Output::Emit(EventKind::ChildFinished {
             child_run_id: run_id.clone(),
@@ -594,7 +610,10 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 let agent_type = report.agent_type.clone();
                 slot.report = Some(report);
                 out.push(Output::Fail {
-                    error: format!("child {agent_type} ({run_id}) failed: {error}"),
+                    failure: Failure::new(
+                        FailureKind::ChildFailed,
+                        format!("child {agent_type} ({run_id}) failed: {error}"),
+                    ),
                 });
             }
             FailurePolicy::Report | FailurePolicy::Retry { .. } => {

@@ -220,7 +220,7 @@ fn show_reason(reason: &CancelReason) -> String {
         CancelReason::Requested => "requested".into(),
         CancelReason::ParentEnded => "parent ended".into(),
         CancelReason::Limit(limit) => format!("limit {limit}"),
-        CancelReason::Failed(error) => format!("failed: {error}"),
+        CancelReason::Failed(failure) => format!("failed: {failure}"),
     }
 }
 
@@ -291,7 +291,7 @@ fn show(output: &Output<u32>) -> String {
                 reports.join("; ")
             )
         }
-        Output::Fail { error } => format!("fail: {error}"),
+        Output::Fail { failure } => format!("fail: {failure}"),
     }
 }
 

@@ -14,6 +14,7 @@ use arbor_actors::message::{
 use arbor_actors::model::{ModelRequest, ModelResponse, Usage, UsageSource};
 use arbor_actors::schema::Schema;
 use arbor_actors::spawn::{ChildPlan, ChildReport, ChildStart, ParentInfo};
+use arbor_actors::{Failure, FailureKind};
 use arbor_actors::state::{AgentState, AgentStatus};
 use arbor_actors::template::{AgentTemplate, AgentTypeId, OutputMode};
 use arbor_actors::tool::Tool;

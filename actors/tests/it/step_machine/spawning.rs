@@ -172,6 +172,7 @@ fn spawn_results_come_back_as_one_array_in_request_order() {
             value,
             credits,
             history: None,
+            error_kind: (status == AgentStatus::Failed).then_some(FailureKind::ModelInvalid),
         };
     let reports = vec![
         report(
@@ -437,6 +438,7 @@ fn inline_spawn_hands_the_history_over_and_takes_it_back() {
         value: json!({"type": "lastMessage", "value": []}),
         credits: 2.0,
         history: Some(final_history),
+        error_kind: None,
     };
     let before = run.state().credits_used;
     let req = request(run.m.inline_done(step, index, report, &run.cat));
@@ -485,6 +487,7 @@ fn inline_spawn_alongside_other_calls_keeps_their_results() {
         value: json!({}),
         credits: 0.0,
         history: Some(final_history),
+        error_kind: None,
     };
     let req = request(run.m.inline_done(step, index, report, &run.cat));
     let h = run.history();
@@ -521,6 +524,7 @@ fn a_failed_inline_child_is_an_error_result_and_the_history_stays() {
         value: json!({"errorMessage": "it broke"}),
         credits: 0.75,
         history: Some(child_history),
+        error_kind: Some(FailureKind::ModelInvalid),
     };
     let before = run.state().credits_used;
     request(run.m.inline_done(step, index, report, &run.cat));

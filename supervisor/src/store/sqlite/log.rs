@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arbor_actors::state::ToolDefinitions;
-use arbor_actors::{AgentState, AgentStatus, Checkpoint, History, Message, Usage};
+use arbor_actors::{AgentState, AgentStatus, Checkpoint, FailureKind, History, Message, Usage};
 use rusqlite::{Connection, OptionalExtension};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -36,7 +36,12 @@ struct StateRowOwned(
     u32,
     u32,
     usize,
+    Option<FailureKind>,
 );
+
+/// How many fields a state row had before it kept the failure's kind (a
+/// row a build before that wrote; it is read with no kind).
+const STATE_ROW_BEFORE_KINDS: usize = 17;
 
 /// A state as a tree's segments hold it: its message ids and its state row.
 pub(super) type Point = (Vec<u64>, Value);
@@ -247,8 +252,16 @@ impl TreeLog {
             step,
             children_spawned,
             inherited,
-        ) = serde_json::from_value(row.clone())
-            .map_err(|e| bad(format!("a state is not valid: {e}")))?;
+            error_kind,
+        ) = match row {
+            Value::Array(fields) if fields.len() == STATE_ROW_BEFORE_KINDS => {
+                let mut fields = fields.clone();
+                fields.push(Value::Null);
+                serde_json::from_value(Value::Array(fields))
+            }
+            row => serde_json::from_value(row.clone()),
+        }
+        .map_err(|e| bad(format!("a state is not valid: {e}")))?;
         let full = |id: String| {
             if id.contains('/') {
                 id
@@ -293,6 +306,7 @@ impl TreeLog {
                 credits_used,
                 direct_credits_used,
                 status,
+                error_kind,
             },
         })
     }

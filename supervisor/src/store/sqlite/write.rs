@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arbor_actors::state::ToolDefinitions;
-use arbor_actors::{AgentState, AgentStatus, Event, EventKind, History, Message};
+use arbor_actors::{AgentState, AgentStatus, Event, EventKind, FailureKind, History, Message};
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -138,6 +138,7 @@ struct StateRow<'a>(
     u32,
     u32,
     usize,
+    Option<FailureKind>,
 );
 
 /// Where a `StateRow` keeps the output.
@@ -443,6 +444,7 @@ fn write_checkpoint<'s>(
         step,
         children_spawned,
         inherited,
+        state.error_kind,
     );
     out.open();
     out.raw("{\"c\":");
