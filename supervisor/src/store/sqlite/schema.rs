@@ -307,8 +307,8 @@ fn read_header(conn: &mut Connection, path: &Path) -> Result<(i64, i64), Error> 
 }
 
 /// Whether SQLite failed because another process holds the file's lock
-/// (opening is tried again then).
-fn is_busy(e: &rusqlite::Error) -> bool {
+/// (opening, and a write, is tried again then).
+pub(super) fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(
         e.sqlite_error_code(),
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
@@ -351,9 +351,7 @@ fn check_header(
         path: path.display().to_string(),
     };
     let (app, version, tables) = values.map_err(|e| match e.sqlite_error_code() {
-        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
-            open_sql_err(path, e)
-        }
+        _ if is_busy(&e) => open_sql_err(path, e),
         Some(rusqlite::ErrorCode::NotADatabase) => not_arbor(),
         Some(rusqlite::ErrorCode::DatabaseCorrupt) => open_err(format!(
             "the file is damaged (truncated or corrupt): {e}; restore it from a backup"

@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::SqliteStore;
+use super::schema::is_busy;
 use crate::error::Error;
 use crate::store::journal::journal_body;
 use crate::store::{Fenced, TreeStatus, Write};
@@ -753,12 +754,7 @@ impl SqliteStore {
             match attempt(&mut conn, &mut cache, &mut buffers, &mut claims) {
                 Ok(fenced) => return Ok(fenced),
                 Err(e) => {
-                    let busy = matches!(
-                        e.sqlite_error_code(),
-                        Some(
-                            rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
-                        )
-                    );
+                    let busy = is_busy(&e);
                     // What the cache says was written was rolled back.
                     cache.clear();
                     tries += 1;
