@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arbor_actors::sync::LockExt as _;
-use arbor_actors::{Delta, Event, EventKind, UsageSource};
+use arbor_actors::{Delta, Event, EventKind, FailureKind, UsageSource};
 use hdrhistogram::Histogram;
 
 /// Counters and histograms of one run, updated from events.
@@ -290,7 +290,10 @@ impl Collector {
                 }
             }
             EventKind::AgentFinished { .. } => self.ended(event, &self.finished, None),
-            EventKind::AgentFailed { error, .. } => self.ended(event, &self.failed, Some(error)),
+            EventKind::AgentFailed { error, state, .. } => {
+                let label = failure_label(state.error_kind, error);
+                self.ended(event, &self.failed, Some(&label))
+            }
             EventKind::AgentCancelled { .. } => {
                 self.ended(event, &self.cancelled, Some("cancelled"))
             }
@@ -304,7 +307,7 @@ impl Collector {
         self.alive.fetch_sub(1, Ordering::AcqRel);
         let mut inner = self.inner.locked();
         if let Some(error) = error {
-            *inner.errors.entry(error_kind(error)).or_default() += 1;
+            *inner.errors.entry(error.to_owned()).or_default() += 1;
         }
         inner.step_started.remove(&event.run_id);
         inner.first_delta.remove(&event.run_id);
@@ -341,6 +344,18 @@ impl Collector {
     }
 }
 
+/// How a failed agent is counted: its failure's kind with the short reason
+/// beside it (`model_unavailable: http 503`, `limit max_depth`), or the short
+/// reason alone for a state that has no kind.
+pub fn failure_label(kind: Option<FailureKind>, error: &str) -> String {
+    let detail = error_kind(error);
+    match kind {
+        Some(FailureKind::Limit) | None => detail,
+        Some(kind) if detail.is_empty() => kind.name().to_owned(),
+        Some(kind) => format!("{kind}: {detail}"),
+    }
+}
+
 /// A short kind for an error or retry reason: the HTTP status or limit it
 /// names, else its first clause (up to the first `:`, without a leading
 /// `model NAME (…) …:`), at most six words: `stream chunk is not JSON`, not
@@ -373,6 +388,29 @@ pub fn error_kind(reason: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_agent_is_counted_by_its_failure_kind() {
+        assert_eq!(
+            failure_label(
+                Some(FailureKind::ModelRateLimited),
+                "model m (openai x) is rate-limited: 429: slow down"
+            ),
+            "model_rate_limited: http 429"
+        );
+        assert_eq!(
+            failure_label(
+                Some(FailureKind::ModelRejected),
+                "model m (openai x) refused the request (401): bad key"
+            ),
+            "model_rejected: http 401"
+        );
+        assert_eq!(
+            failure_label(Some(FailureKind::Limit), "limit max_steps reached: 3 of 3"),
+            "limit max_steps"
+        );
+        assert_eq!(failure_label(None, "it broke: badly"), "it broke");
+    }
 
     #[test]
     fn error_kinds_are_short() {

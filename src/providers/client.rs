@@ -155,6 +155,15 @@ impl HttpModel {
                 message: scrub(message),
             },
             Failure::Transient {
+                status: Some(429),
+                message,
+                retry_after,
+            } => ModelError::RateLimited {
+                model,
+                message: scrub(format!("429: {message}")),
+                retry_after,
+            },
+            Failure::Transient {
                 status,
                 message,
                 retry_after,
