@@ -7,8 +7,8 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
+use arbor_actors::models::Latency;
 use arbor_actors::models::scripted::Script;
-use arbor_actors::models::{Latency, ScriptError};
 use arbor_actors::schema::Schema;
 use arbor_actors::template::InputSchema;
 use arbor_actors::{AgentTemplate, FailurePolicy};
@@ -624,7 +624,7 @@ pub(super) fn check_models(
                 }
                 config.map(ModelSpec::Simulated)
             }
-            ModelSection::Scripted(s) => match read_script(&base_dir.join(&s.file)) {
+            ModelSection::Scripted(s) => match Script::from_file(&base_dir.join(&s.file)) {
                 Ok(script) => Some(ModelSpec::Scripted(script)),
                 Err(e) => {
                     problems.push(at(text, &table, "file", e.to_string()));
@@ -658,20 +658,6 @@ pub(super) fn check_models(
         }
     }
     out
-}
-
-/// A scripted model's script (JSON), read and parsed, or why not (in the
-/// words of [`ScriptedModel::from_file`](arbor_actors::models::ScriptedModel::from_file)).
-fn read_script(path: &Path) -> Result<Script, ScriptError> {
-    let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ScriptError::Read {
-        path: shown.clone(),
-        source,
-    })?;
-    serde_json::from_str(&text).map_err(|source| ScriptError::Parse {
-        path: shown,
-        source,
-    })
 }
 
 #[cfg(test)]

@@ -24,6 +24,26 @@ pub struct Script {
     pub replies: Vec<ScriptEntry>,
 }
 
+impl Script {
+    /// A script from its JSON text; `path` names it in errors.
+    pub fn from_json(json: &str, path: &str) -> Result<Script, ScriptError> {
+        serde_json::from_str(json).map_err(|source| ScriptError::Parse {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    /// A script read from a file and parsed; errors name the file as given.
+    pub fn from_file(path: &Path) -> Result<Script, ScriptError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ScriptError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        Script::from_json(&text, &shown)
+    }
+}
+
 /// The replies of one agent type (or of its runs whose prompt matches).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -137,21 +157,12 @@ impl ScriptedModel {
 
     /// A scripted model from a script's JSON text; `path` names it in errors.
     pub fn from_json(name: impl Into<String>, json: &str, path: &str) -> Result<Self, ScriptError> {
-        let script = serde_json::from_str(json).map_err(|source| ScriptError::Parse {
-            path: path.to_owned(),
-            source,
-        })?;
-        Ok(Self::new(name, script))
+        Ok(Self::new(name, Script::from_json(json, path)?))
     }
 
     /// A scripted model from a script file.
     pub fn from_file(name: impl Into<String>, path: &Path) -> Result<Self, ScriptError> {
-        let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ScriptError::Read {
-            path: shown.clone(),
-            source,
-        })?;
-        Self::from_json(name, &text, &shown)
+        Ok(Self::new(name, Script::from_file(path)?))
     }
 
     /// Every request answered so far, in arrival order.
