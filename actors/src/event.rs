@@ -169,6 +169,14 @@ pub enum EventKind {
         #[serde(skip)]
         inherited: usize,
     },
+    /// A person sent the run a steering message (semantics §9); it joins the
+    /// history at the next step boundary.
+    Steered {
+        /// The step the run was on when it arrived.
+        step: u32,
+        /// What they said.
+        text: Arc<str>,
+    },
     /// The run was cancelled.
     AgentCancelled {
         /// Its final state.
@@ -226,6 +234,7 @@ impl EventKind {
             EventKind::AgentFailed { .. } => "agentFailed",
             EventKind::AgentCancelled { .. } => "agentCancelled",
             EventKind::LimitHit { .. } => "limitHit",
+            EventKind::Steered { .. } => "steered",
         }
     }
 }
@@ -272,11 +281,13 @@ pub enum EventType {
     AgentCancelled,
     /// `limitHit`: a limit of the tree was reached.
     LimitHit,
+    /// `steered`: a person sent a running agent a message.
+    Steered,
 }
 
 impl EventType {
     /// Every journal type.
-    pub const ALL: [EventType; 16] = [
+    pub const ALL: [EventType; 17] = [
         EventType::AgentStarted,
         EventType::StepStarted,
         EventType::ModelRetrying,
@@ -293,6 +304,7 @@ impl EventType {
         EventType::AgentFailed,
         EventType::AgentCancelled,
         EventType::LimitHit,
+        EventType::Steered,
     ];
 
     /// The journal type of an event; `None` for what the journal leaves out
@@ -317,6 +329,7 @@ impl EventType {
             EventKind::AgentFailed { .. } => EventType::AgentFailed,
             EventKind::AgentCancelled { .. } => EventType::AgentCancelled,
             EventKind::LimitHit { .. } => EventType::LimitHit,
+            EventKind::Steered { .. } => EventType::Steered,
         })
     }
 
@@ -339,6 +352,7 @@ impl EventType {
             EventType::AgentFailed => "agentFailed",
             EventType::AgentCancelled => "agentCancelled",
             EventType::LimitHit => "limitHit",
+            EventType::Steered => "steered",
         }
     }
 

@@ -23,6 +23,7 @@ pub mod output;
 pub mod schema;
 pub mod spawn;
 pub mod state;
+pub mod steer;
 mod step;
 mod supervision;
 pub mod sync;

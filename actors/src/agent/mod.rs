@@ -17,6 +17,7 @@ use tracing::Instrument;
 
 use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
+use crate::steer::SteerRefused;
 use crate::hooks::{Slot, SlotPriority, TreeHooks};
 use crate::limit::{Limit, LimitHit};
 use crate::model::{Delta, DeltaSink, ModelRequest, ModelResponse};
@@ -115,6 +116,14 @@ pub enum AgentMsg {
     },
     /// Answer with a snapshot of the run.
     Status(RpcReplyPort<AgentSnapshot>),
+    /// A steering message for this run (semantics §9): accepted (it joins the
+    /// history at the next step boundary) or refused, answered at once.
+    Steer {
+        /// What the person said.
+        text: Arc<str>,
+        /// Where the answer goes.
+        reply: RpcReplyPort<Result<(), SteerRefused>>,
+    },
 }
 
 /// How a tool call's task ended.
@@ -385,6 +394,10 @@ impl Actor for AgentActor {
             AgentMsg::StepTimeout { step, generation } => run.step_timeout(step, generation),
             AgentMsg::Cancel(reason) => run.cancel(reason),
             AgentMsg::CancelChild { run_id } => run.feed(supervision::Input::Cancel { run_id }),
+            AgentMsg::Steer { text, reply } => {
+                let _ = reply.send(run.machine.steer(text));
+                Vec::new()
+            }
             AgentMsg::Status(reply) => {
                 let state = match &run.final_state {
                     Some(state) => AgentState::clone(state),

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
+use crate::steer::{STEERING, Steer, SteerRefused};
 use crate::handler::{Resume, StepProgram};
 use crate::history::{Expiry, History};
 use crate::message::{INSTRUCTIONS_PROMPT, Message, SPAWN_PROMPT, STEP_PROMPT, ToolCall};
@@ -133,6 +134,12 @@ pub struct StepMachine {
     /// Whether to emit a `Checkpointed` event at every step boundary (and keep
     /// each raw model reply in `ModelResponded`), for a durable tree.
     checkpointing: bool,
+    /// Steering messages accepted and not yet in the history (the next step
+    /// boundary applies them).
+    steers: Vec<Arc<str>>,
+    /// Steers a replay sends again, each when the run is at the step it
+    /// first arrived in.
+    scheduled_steers: Vec<Steer>,
 }
 
 impl StepMachine {
@@ -161,6 +168,8 @@ impl StepMachine {
             abandoned: Vec::new(),
             children_spawned: 0,
             checkpointing: false,
+            steers: Vec::new(),
+            scheduled_steers: Vec::new(),
         }
     }
 
@@ -182,6 +191,58 @@ impl StepMachine {
         machine.step = checkpoint.step;
         machine.children_spawned = checkpoint.children_spawned;
         machine
+    }
+
+    /// Accepts a steering message (semantics §9): it joins the history at the
+    /// next step boundary, and a `steered` event records it now.
+    pub fn steer(&mut self, text: impl Into<Arc<str>>) -> Result<(), SteerRefused> {
+        if self.state.status.is_final() {
+            return Err(SteerRefused::Ended);
+        }
+        let text: Arc<str> = text.into();
+        if text.trim().is_empty() {
+            return Err(SteerRefused::Empty);
+        }
+        self.events.push(EventKind::Steered {
+            step: self.step,
+            text: text.clone(),
+        });
+        self.steers.push(text);
+        Ok(())
+    }
+
+    /// Steers accepted before a restart that no checkpoint holds yet: applied
+    /// at the first step boundary, with no new event (they were recorded).
+    pub fn with_pending_steers(mut self, steers: Vec<Arc<str>>) -> Self {
+        self.steers.extend(steers);
+        self
+    }
+
+    /// For a replay: each steer is accepted again when the run reaches the
+    /// step it first arrived in.
+    pub fn with_scheduled_steers(mut self, steers: Vec<Steer>) -> Self {
+        self.scheduled_steers = steers;
+        self.take_scheduled_steers();
+        self
+    }
+
+    fn take_scheduled_steers(&mut self) {
+        let step = self.step;
+        let due: Vec<Steer> = self
+            .scheduled_steers
+            .iter()
+            .filter(|s| s.step == step)
+            .cloned()
+            .collect();
+        self.scheduled_steers.retain(|s| s.step != step);
+        for steer in due {
+            let _ = self.steer(steer.text);
+        }
+    }
+
+    /// Whether steering messages wait for the next step boundary.
+    pub(crate) fn has_pending_steers(&self) -> bool {
+        !self.steers.is_empty()
     }
 
     /// Emits a `Checkpointed` event at every step boundary from now on.
@@ -513,6 +574,12 @@ impl StepMachine {
 
     /// Step 1 of the loop: expire, count the step, build the request.
     fn begin_step(&mut self) -> Vec<Action> {
+        // Before the checkpoint: a checkpoint holds every steer applied before it.
+        for text in std::mem::take(&mut self.steers) {
+            self.state
+                .message_history
+                .push(Message::user(&*text).with_tag(STEERING));
+        }
         self.checkpoint();
         self.expire(Expiry::StepStart);
         if self.state.steps_remaining == 0 {
@@ -521,6 +588,7 @@ impl StepMachine {
         self.state.steps_remaining -= 1;
         self.step += 1;
         self.events.push(EventKind::StepStarted { step: self.step });
+        self.take_scheduled_steers();
         let (mut messages, repair) = self.state.message_history.request_view();
         if !repair.is_empty() {
             self.events.push(EventKind::HistoryRepaired {

@@ -103,6 +103,8 @@ impl StepMachine {
         }
         match (self.drive, turn_ended) {
             (Drive::Model, false) | (Drive::AllSteps, false) => self.begin_step(),
+            // A steer that arrived during the last step is answered first.
+            (Drive::Model, true) if self.has_pending_steers() => self.begin_step(),
             (Drive::Model, true) => self.complete(),
             (Drive::OneStep, _) | (Drive::AllSteps, true) => {
                 self.resume_program(None, turn_ended, catalog)

@@ -27,6 +27,7 @@ mod checkpoints;
 mod plain;
 mod programs;
 mod spawning;
+mod steering;
 
 // ------------------------------------------------------------ test doubles
 
