@@ -15,6 +15,7 @@ use super::{AgentActor, AgentArgs, AgentMsg, AgentRun, Reply, RunResult};
 use crate::checkpoint::{Checkpoint, Recovered};
 use crate::event::EventKind;
 use crate::history::History;
+use crate::id::RunId;
 use crate::output::output_value;
 use crate::spawn::{ChildPlan, ParentInfo};
 use crate::state::AgentState;
@@ -96,6 +97,17 @@ impl AgentRun {
         // A child a resumed tree already ran was admitted then; it is not counted twice.
         let next = self.machine.children_spawned() + 1;
         let ids = self.hooks.child_ids(self.machine.state(), next, 0);
+        // Every attempt's run id derives from the agent id (the tree makes
+        // them all: one that does not read as a run id has no children).
+        let id = match ids.agent_id.parse::<RunId>() {
+            Ok(id) => id,
+            Err(error) => {
+                return Admission::Refused {
+                    agent_type: plan.agent_type,
+                    error: error.to_string(),
+                };
+            }
+        };
         let known = self.hooks.recovered(&ids.run_id).is_some();
         let admitted = if known {
             Ok(())
@@ -119,12 +131,9 @@ impl AgentRun {
                 };
             }
         };
-        Admission::Admitted {
-            ordinal: self.machine.next_child_ordinal(),
-            agent_id: ids.agent_id,
-            toolbox,
-            plan,
-        }
+        // The child is counted: `id` has the ordinal this returns.
+        self.machine.next_child_ordinal();
+        Admission::Admitted { id, toolbox, plan }
     }
 
     fn open_call(
@@ -187,12 +196,7 @@ impl AgentRun {
     /// Feeds the child table and carries out what it answers; returns the
     /// machine's actions (from a delivery or an escalation).
     pub(super) fn feed(&mut self, input: Input<ActorId>) -> Vec<Action> {
-        let outputs = {
-            let (hooks, machine) = (&self.hooks, &self.machine);
-            self.children.table.handle(input, &|ordinal, attempt| {
-                hooks.child_ids(machine.state(), ordinal, attempt)
-            })
-        };
+        let outputs = self.children.table.handle(input);
         let mut actions = Vec::new();
         for output in outputs {
             match output {

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
 use crate::hooks::{RunIds, SlotPriority};
+use crate::id::RunId;
 use crate::limit::LimitHit;
 use crate::spawn::{ChildPlan, ChildReport, ParentInfo, report_value};
 use crate::state::{AgentState, AgentStatus};
@@ -79,10 +80,9 @@ pub enum Admission {
         plan: ChildPlan,
         /// Its template's toolbox.
         toolbox: Arc<Toolbox>,
-        /// The agent id every attempt shares.
-        agent_id: String,
-        /// Its ordinal among the parent's children (ids derive from it).
-        ordinal: u32,
+        /// The agent id every attempt shares (the first attempt's run id;
+        /// attempt `n` runs as `id.retry(n)`).
+        id: RunId,
     },
 }
 
@@ -204,8 +204,8 @@ struct Slot {
     /// The run id of the attempt under way.
     current_run_id: String,
     toolbox: Option<Arc<Toolbox>>,
-    agent_id: String,
-    ordinal: u32,
+    /// The agent id of an admitted child (attempt `n` runs as `id.retry(n)`).
+    id: Option<RunId>,
     attempt: u32,
     run_ids: Vec<String>,
     credits: f64,
@@ -279,9 +279,8 @@ impl<A: Clone + Eq + Hash> Children<A> {
             .collect()
     }
 
-    /// Takes one input; `ids` gives the run ids of attempt `attempt` of the
-    /// child with ordinal `ordinal`.
-    pub fn handle(&mut self, input: Input<A>, ids: &dyn Fn(u32, u32) -> RunIds) -> Vec<Output<A>> {
+    /// Takes one input.
+    pub fn handle(&mut self, input: Input<A>) -> Vec<Output<A>> {
         let mut out = Vec::new();
         match input {
             Input::Open {
@@ -290,7 +289,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 inline,
                 parent,
                 children,
-            } => self.open(step, call, inline, parent, children, ids, &mut out),
+            } => self.open(step, call, inline, parent, children, &mut out),
             Input::Started { key, actor } => self.started(key, actor, &mut out),
             Input::Ended { key, actor, result } => {
                 if self.live.remove(&actor).is_none() {
@@ -316,7 +315,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             },
             Input::RetryDue { key } => {
                 if self.retrying.remove(&key) && self.parent_ended.is_none() {
-                    self.launch(vec![key], ids, &mut out);
+                    self.launch(vec![key], &mut out);
                 }
             }
             Input::Cancel { run_id } => self.cancel(run_id, &mut out),
@@ -330,7 +329,6 @@ impl<A: Clone + Eq + Hash> Children<A> {
         out
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn open(
         &mut self,
         step: u32,
@@ -338,7 +336,6 @@ impl<A: Clone + Eq + Hash> Children<A> {
         inline: bool,
         parent: Arc<ParentInfo>,
         children: Vec<Admission>,
-        ids: &dyn Fn(u32, u32) -> RunIds,
         out: &mut Vec<Output<A>>,
     ) {
         let slots: Vec<Slot> = children.into_iter().map(slot_of).collect();
@@ -363,16 +360,11 @@ impl<A: Clone + Eq + Hash> Children<A> {
             return self.deliver_if_complete(step, call, out);
         }
         out.push(Output::Wait);
-        self.launch(to_launch, ids, out);
+        self.launch(to_launch, out);
     }
 
     /// Starts attempts of one spawn call's children, each announced first.
-    fn launch(
-        &mut self,
-        keys: Vec<ChildKey>,
-        ids: &dyn Fn(u32, u32) -> RunIds,
-        out: &mut Vec<Output<A>>,
-    ) {
+    fn launch(&mut self, keys: Vec<ChildKey>, out: &mut Vec<Output<A>>) {
         let mut children = Vec::with_capacity(keys.len());
         let mut parent = None;
         for key in keys {
@@ -383,10 +375,15 @@ impl<A: Clone + Eq + Hash> Children<A> {
             let Some(slot) = call.slots.get_mut(key.child) else {
                 continue;
             };
-            let (Some(plan), Some(toolbox)) = (slot.plan.clone(), slot.toolbox.clone()) else {
+            let (Some(plan), Some(toolbox), Some(id)) =
+                (slot.plan.clone(), slot.toolbox.clone(), slot.id.as_ref())
+            else {
                 continue;
             };
-            let ids = ids(slot.ordinal, key.attempt);
+            let ids = RunIds {
+                agent_id: id.to_string(),
+                run_id: id.retry(key.attempt).to_string(),
+            };
             slot.attempt = key.attempt;
             // Recorded in `run_ids` once it has run (a run that never started has
             // no state to retrieve, so it is not a child run).
@@ -475,7 +472,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
         slot.report = Some(ChildReport {
             agent_type: plan.agent_type.clone(),
             agent_name: plan.template.display_name.clone(),
-            agent_id: slot.agent_id.clone(),
+            agent_id: slot.id.as_ref().map(RunId::to_string).unwrap_or_default(),
             run_ids: slot.run_ids.clone(),
             status: AgentStatus::Cancelled,
             value: json!({ "errorMessage": "Agent was cancelled" }),
@@ -570,7 +567,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
         let report = ChildReport {
             agent_type: plan.agent_type.clone(),
             agent_name: plan.template.display_name.clone(),
-            agent_id: slot.agent_id.clone(),
+            agent_id: slot.id.as_ref().map(RunId::to_string).unwrap_or_default(),
             run_ids: slot.run_ids.clone(),
             status,
             value,
@@ -659,8 +656,7 @@ fn slot_of(admission: Admission) -> Slot {
         plan: None,
         current_run_id: String::new(),
         toolbox: None,
-        agent_id: String::new(),
-        ordinal: 0,
+        id: None,
         attempt: 0,
         run_ids: Vec::new(),
         credits: 0.0,
@@ -671,16 +667,10 @@ fn slot_of(admission: Admission) -> Slot {
         Admission::Refused { agent_type, error } => {
             slot.report = Some(ChildReport::refused(&agent_type, &error));
         }
-        Admission::Admitted {
-            plan,
-            toolbox,
-            agent_id,
-            ordinal,
-        } => {
+        Admission::Admitted { plan, toolbox, id } => {
             slot.plan = Some(plan);
             slot.toolbox = Some(toolbox);
-            slot.agent_id = agent_id;
-            slot.ordinal = ordinal;
+            slot.id = Some(id);
         }
     }
     slot

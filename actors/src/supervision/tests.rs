@@ -16,15 +16,10 @@ type Table = Children<u32>;
 
 const STEP: u32 = 1;
 
-/// The tree's id arithmetic, as the supervisor's: `t/0.N`, retries `t/0.N~A`.
-fn ids(ordinal: u32, attempt: u32) -> RunIds {
-    let agent_id = format!("t/0.{ordinal}");
-    let run_id = if attempt == 0 {
-        agent_id.clone()
-    } else {
-        format!("{agent_id}~{attempt}")
-    };
-    RunIds { agent_id, run_id }
+/// The agent id of the root's `ordinal`-th child, as the supervisor gives it:
+/// `t/0.N` (its retries run as `t/0.N~A`).
+fn agent_id(ordinal: u32) -> RunId {
+    format!("t/0.{ordinal}").parse().unwrap()
 }
 
 /// Child `child`, attempt `attempt`, of call 0 of step 1.
@@ -67,8 +62,7 @@ fn admitted(agent_type: &str, ordinal: u32, policy: FailurePolicy, inline: bool)
             inline,
         },
         toolbox: toolbox(),
-        agent_id: ids(ordinal, 0).agent_id,
-        ordinal,
+        id: agent_id(ordinal),
     }
 }
 
@@ -301,7 +295,7 @@ fn check(steps: Vec<(Input<u32>, &[&str])>) -> Table {
     let mut table = Table::default();
     for (i, (input, expected)) in steps.into_iter().enumerate() {
         let shown_input = format!("{input:?}");
-        let got: Vec<String> = table.handle(input, &ids).iter().map(show).collect();
+        let got: Vec<String> = table.handle(input).iter().map(show).collect();
         assert_eq!(
             got,
             expected,
@@ -957,10 +951,10 @@ fn a_child_cancelled_while_it_waits_for_a_live_slot_ends_cancelled_without_start
         "the second still counts as starting"
     );
     // Its launch task skips it and says so; that changes nothing else.
-    assert!(table.handle(not_started(key(1, 0)), &ids).is_empty());
+    assert!(table.handle(not_started(key(1, 0))).is_empty());
     assert_eq!(table.outstanding(), 1);
     let got: Vec<String> = table
-        .handle(ok(key(0, 0), 1, "worked"), &ids)
+        .handle(ok(key(0, 0), 1, "worked"))
         .iter()
         .map(show)
         .collect();
@@ -1138,7 +1132,7 @@ fn a_child_that_ended_before_its_start_was_seen() {
         ),
     ]);
     assert_eq!(table.outstanding(), 1, "its start is still to come");
-    assert!(table.handle(started(key(0, 0), 1), &ids).is_empty());
+    assert!(table.handle(started(key(0, 0), 1)).is_empty());
     assert_eq!(table.outstanding(), 0);
     assert!(!table.is_live(&1));
 }
@@ -1189,13 +1183,13 @@ fn a_child_that_starts_after_its_parent_ended_is_cancelled_at_once() {
     ]);
     assert_eq!(table.outstanding(), 2);
     let got: Vec<String> = table
-        .handle(not_started(key(1, 0)), &ids)
+        .handle(not_started(key(1, 0)))
         .iter()
         .map(show)
         .collect();
     assert_eq!(got, ["finished t/0.2 failed"]);
     let got: Vec<String> = table
-        .handle(cancelled(key(0, 0), 1), &ids)
+        .handle(cancelled(key(0, 0), 1))
         .iter()
         .map(show)
         .collect();
@@ -1316,10 +1310,10 @@ fn the_children_of_every_attempt_have_their_own_run_ids() {
             }
         }
     };
-    take(table.handle(open(0, vec![with_policy("mid", 1, retry(1, 10))]), &ids));
-    take(table.handle(started(key(0, 0), 1), &ids));
-    take(table.handle(failed(key(0, 0), 1, "mid broke"), &ids));
-    take(table.handle(due(key(0, 1)), &ids));
+    take(table.handle(open(0, vec![with_policy("mid", 1, retry(1, 10))])));
+    take(table.handle(started(key(0, 0), 1)));
+    take(table.handle(failed(key(0, 0), 1, "mid broke")));
+    take(table.handle(due(key(0, 1))));
     assert_eq!(
         starts,
         [
@@ -1355,7 +1349,7 @@ fn live_children_are_those_whose_start_was_seen() {
         ],
     )]);
     assert_eq!((table.live_count(), table.outstanding()), (0, 2));
-    table.handle(started(key(0, 0), 1), &ids);
+    table.handle(started(key(0, 0), 1));
     assert_eq!((table.live_count(), table.outstanding()), (1, 2));
     assert!(table.is_live(&1));
 }
