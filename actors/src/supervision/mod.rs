@@ -298,9 +298,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 self.result(key, Ok(result), true, &mut out);
             }
             Input::NotStarted { key, error } => {
-                if !self.live.values().any(|k| *k == key) {
-                    self.starting = self.starting.saturating_sub(1);
-                }
+                self.starting = self.starting.saturating_sub(1);
                 self.result(key, Err(error), false, &mut out);
             }
             Input::Recovered { key, result } => {
