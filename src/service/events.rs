@@ -10,6 +10,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use arbor_actors::Event;
 use arbor_supervisor::{JournalEntry, journal_view};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures::Stream;
@@ -29,6 +30,10 @@ const TREE_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Whether `candidate` is `run` or below it. (A retry is a run of its own,
 /// `RUN~n`, with its own children `RUN~n.k`: streamed on its own id.)
+///
+/// `RunId::is_within` on the printed ids: the id module's text form of it,
+/// tested there to agree with the typed one on run ids, so that a stream
+/// does not parse the run id of every event it filters.
 pub fn in_subtree(candidate: &str, run: &str) -> bool {
     arbor_actors::id::is_within(candidate, run)
 }
@@ -52,20 +57,51 @@ struct Data<'a> {
 }
 
 impl Follow {
-    /// Sends one journal-shaped event if it is of the subtree and new; returns
-    /// whether the stream is over (the run's final event went out, or the
-    /// client left).
-    async fn send(&mut self, entry: JournalEntry) -> bool {
-        let run = &*entry.run_id;
-        // The end, judged before the de-duplication: a client whose last id is
-        // at or past the end (a reconnect after it) must not wait forever.
-        let ends = entry.is_final() && (run == self.root || run == self.run_id);
-        if entry.seq <= self.last || !in_subtree(run, &self.run_id) {
+    /// Whether an event of `run` ends the stream: the run's own final event,
+    /// or its tree's root's. Judged before the de-duplication: a client whose
+    /// last id is at or past the end (a reconnect after it) must not wait
+    /// forever.
+    fn ends(&self, run: &str, is_final: bool) -> bool {
+        is_final && (run == self.root || run == self.run_id)
+    }
+
+    /// Whether an event is new to the client and of the subtree.
+    fn wanted(&self, seq: u64, run: &str) -> bool {
+        seq > self.last && in_subtree(run, &self.run_id)
+    }
+
+    /// Sends a journal entry (read from the store) if it is of the subtree
+    /// and new; returns whether the stream is over (the run's final event
+    /// went out, or the client left).
+    async fn send_entry(&mut self, entry: JournalEntry) -> bool {
+        let ends = self.ends(&entry.run_id, entry.is_final());
+        if !self.wanted(entry.seq, &entry.run_id) {
             return ends;
         }
+        self.deliver(&entry, ends).await
+    }
+
+    /// The same for a live event, judged on the event itself: its journal
+    /// entry is built only when it is sent (and not at all for what the
+    /// journal leaves out, which `journal_view` tells before any JSON).
+    async fn send_event(&mut self, event: &Event) -> bool {
+        // The final kinds are the journal's final types (and always journaled).
+        let ends = self.ends(&event.run_id, event.kind.final_state().is_some());
+        if !self.wanted(event.seq, &event.run_id) {
+            return ends;
+        }
+        match journal_view(event) {
+            Some(entry) => self.deliver(&entry, ends).await,
+            None => ends,
+        }
+    }
+
+    /// Sends an entry that is wanted; returns `ends`, or true if the client
+    /// left or took nothing for too long.
+    async fn deliver(&mut self, entry: &JournalEntry, ends: bool) -> bool {
         self.last = entry.seq;
         let data = Data {
-            entry: &entry,
+            entry,
             tree_id: &self.tree_id,
         };
         let sse = SseEvent::default()
@@ -140,8 +176,8 @@ pub async fn stream(
     };
     tokio::spawn(async move {
         let _slot = slot;
-        for event in journal {
-            if follow.send(event).await {
+        for entry in journal {
+            if follow.send_entry(entry).await {
                 return;
             }
         }
@@ -152,9 +188,7 @@ pub async fn stream(
             if !running {
                 // Ended (or run elsewhere): only what came in until now.
                 while let Ok(event) = live.try_recv() {
-                    if let Some(view) = journal_view(&event)
-                        && follow.send(view).await
-                    {
+                    if follow.send_event(&event).await {
                         return;
                     }
                 }
@@ -177,9 +211,7 @@ pub async fn stream(
                 tracing::warn!(run = %follow.run_id, behind = live.len(), "event stream too slow; closed");
                 return;
             }
-            if let Some(view) = journal_view(&event)
-                && follow.send(view).await
-            {
+            if follow.send_event(&event).await {
                 return;
             }
         }
