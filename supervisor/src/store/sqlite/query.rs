@@ -242,10 +242,17 @@ impl Store for SqliteStore {
             let Value::Object(record) = event else {
                 return Err(bad("an event is not an object".into()));
             };
-            let entry = JournalEntry::from_record(record).map_err(|e| bad(e.to_string()))?;
-            if entry.seq > after {
-                entries.push(entry);
+            // Judged on the record: only the events asked for are converted
+            // (one without a whole-number `seq` is, to be refused).
+            if record
+                .get("seq")
+                .and_then(Value::as_u64)
+                .is_some_and(|seq| seq <= after)
+            {
+                continue;
             }
+            let entry = JournalEntry::from_record(record).map_err(|e| bad(e.to_string()))?;
+            entries.push(entry);
         }
         Ok(entries)
     }
