@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
+use crate::history::History;
 use crate::hooks::{RunIds, SlotPriority};
 use crate::id::RunId;
 use crate::limit::LimitHit;
@@ -200,6 +201,7 @@ pub enum Output<A> {
 /// One requested child: its attempts so far and its report once it has one.
 #[derive(Debug)]
 struct Slot {
+    /// What it runs, until it has its report.
     plan: Option<ChildPlan>,
     /// The run id of the attempt under way.
     current_run_id: String,
@@ -211,6 +213,38 @@ struct Slot {
     credits: f64,
     last_failure: Option<ChildReport>,
     report: Option<ChildReport>,
+}
+
+impl Slot {
+    /// The report of an admitted child whose attempt ended so: its type, name,
+    /// ids and credits so far are the slot's. `None` once it has its report.
+    fn report(
+        &self,
+        status: AgentStatus,
+        value: Value,
+        history: Option<History>,
+        error_kind: Option<FailureKind>,
+    ) -> Option<ChildReport> {
+        let plan = self.plan.as_ref()?;
+        Some(ChildReport {
+            agent_type: plan.agent_type.clone(),
+            agent_name: plan.template.display_name.clone(),
+            agent_id: self.id.as_ref().map(RunId::to_string).unwrap_or_default(),
+            run_ids: self.run_ids.clone(),
+            status,
+            value,
+            credits: self.credits,
+            history,
+            error_kind,
+        })
+    }
+
+    /// Gives the child its final report (its plan is no longer needed).
+    fn settle(&mut self, report: ChildReport) {
+        self.report = Some(report);
+        self.plan = None;
+        self.toolbox = None;
+    }
 }
 
 #[derive(Debug)]
@@ -463,21 +497,15 @@ impl<A: Clone + Eq + Hash> Children<A> {
         let Some(slot) = self.slot_mut(key) else {
             return;
         };
-        let Some(plan) = slot.plan.take() else {
+        let Some(report) = slot.report(
+            AgentStatus::Cancelled,
+            json!({ "errorMessage": "Agent was cancelled" }),
+            None,
+            Some(FailureKind::Cancelled),
+        ) else {
             return;
         };
-        slot.toolbox = None;
-        slot.report = Some(ChildReport {
-            agent_type: plan.agent_type.clone(),
-            agent_name: plan.template.display_name.clone(),
-            agent_id: slot.id.as_ref().map(RunId::to_string).unwrap_or_default(),
-            run_ids: slot.run_ids.clone(),
-            status: AgentStatus::Cancelled,
-            value: json!({ "errorMessage": "Agent was cancelled" }),
-            credits: slot.credits,
-            history: None,
-            error_kind: Some(FailureKind::Cancelled),
-        });
+        slot.settle(report);
         out.push(Output::Emit(EventKind::ChildFinished {
             child_run_id: run_id,
             status: AgentStatus::Cancelled,
@@ -500,8 +528,10 @@ impl<A: Clone + Eq + Hash> Children<A> {
         for key in retrying {
             out.push(Output::StopRetry { key });
             // It stays failed, as its last attempt ended.
-            if let Some(slot) = self.slot_mut(key) {
-                slot.report = slot.last_failure.take();
+            if let Some(slot) = self.slot_mut(key)
+                && let Some(report) = slot.last_failure.take()
+            {
+                slot.settle(report);
             }
         }
     }
@@ -562,25 +592,15 @@ impl<A: Clone + Eq + Hash> Children<A> {
             return;
         };
         let failure = plan.template.failure;
-        let report = ChildReport {
-            agent_type: plan.agent_type.clone(),
-            agent_name: plan.template.display_name.clone(),
-            agent_id: slot.id.as_ref().map(RunId::to_string).unwrap_or_default(),
-            run_ids: slot.run_ids.clone(),
-            status,
-            value,
-            credits: slot.credits,
-            history,
-            error_kind,
+        let Some(report) = slot.report(status, value, history, error_kind) else {
+            return;
         };
         out.push(Output::Emit(EventKind::ChildFinished {
             child_run_id: run_id.clone(),
             status,
         }));
         if parent_ended || status != AgentStatus::Failed {
-            slot.report = Some(report);
-            slot.plan = None;
-            slot.toolbox = None;
+            slot.settle(report);
             return self.deliver_if_complete(key.step, key.call, out);
         }
         let error = report.error_message().unwrap_or_default().to_owned();
@@ -603,7 +623,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             }
             FailurePolicy::Escalate => {
                 let agent_type = report.agent_type.clone();
-                slot.report = Some(report);
+                slot.settle(report);
                 out.push(Output::Fail {
                     failure: Failure::new(
                         FailureKind::ChildFailed,
@@ -612,9 +632,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 });
             }
             FailurePolicy::Report | FailurePolicy::Retry { .. } => {
-                slot.report = Some(report);
-                slot.plan = None;
-                slot.toolbox = None;
+                slot.settle(report);
                 self.deliver_if_complete(key.step, key.call, out);
             }
         }
