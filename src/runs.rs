@@ -352,7 +352,7 @@ mod tests {
             ..old.clone()
         };
         assert_eq!(
-            compare_replay(&[old.clone()], |_| Some(Arc::new(new.clone()))),
+            compare_replay(std::slice::from_ref(&old), |_| Some(Arc::new(new.clone()))),
             Ok(1)
         );
         // A kind the record has is compared like any other field.

@@ -107,4 +107,12 @@ pub trait TreeHooks: Send + Sync + 'static {
         let _ = run_id;
         None
     }
+
+    /// The steers a resumed or replayed tree gives the run `run_id` back:
+    /// those no checkpoint it starts from holds (semantics §9; none for a
+    /// new tree).
+    fn steers(&self, run_id: &str) -> Vec<crate::steer::Steer> {
+        let _ = run_id;
+        Vec::new()
+    }
 }

@@ -5,9 +5,10 @@
 //! checkpoint, so a checkpoint holds every steer applied before it. A steer
 //! that arrives while the turn is ending keeps the turn going for one more
 //! step, so it is always answered. Every accepted steer is a `steered`
-//! event, journaled with the step the agent was on; that is all a restart
-//! (re-queue the steers after the run's last checkpoint) and a replay
-//! (re-send each at the step it arrived in) need.
+//! event, journaled with the step the agent was on. A restarted run (from its
+//! last checkpoint, or afresh) and a replayed one get back the steers no
+//! checkpoint of theirs holds and take each when they reach the step it
+//! arrived in, as the live run did: the same history, and no second event.
 
 use std::sync::Arc;
 
@@ -34,4 +35,8 @@ pub enum SteerRefused {
     /// The message is empty.
     #[error("the message is empty")]
     Empty,
+    /// The run is spawned but has not started (it waits for a live slot or
+    /// a retry): send it once it runs.
+    #[error("the run has not started yet")]
+    NotStarted,
 }

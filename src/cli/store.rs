@@ -143,10 +143,12 @@ async fn replay_tree(
         summary.status
     );
     let recorded = store.final_states(&tree_id)?;
-    let replies = store.recovery(&tree_id)?.replies;
+    let recovery = store.recovery(&tree_id)?;
     let runtime = Runtime::new(config)?;
     let supervisor = runtime.supervisor();
-    let handle = supervisor.replay(record.request(), replies).await?;
+    let handle = supervisor
+        .replay(record.request(), recovery.replies, recovery.steers)
+        .await?;
     handle.wait().await?;
     match arbor::runs::compare_replay(&recorded, |run| supervisor.finished_state(run)) {
         Ok(n) => {

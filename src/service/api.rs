@@ -26,7 +26,7 @@ use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
         license(name = "MIT OR Apache-2.0")
     ),
     paths(
-        create_run, list_runs, get_run, run_events, cancel_run, get_tree, list_agents,
+        create_run, list_runs, get_run, run_events, cancel_run, steer_run, get_tree, list_agents,
         healthz, readyz, metrics
     ),
     components(schemas(ErrorBody, TreeSummary, RunNode, TreeLimits, ToolRule, TreeStatus)),
@@ -146,6 +146,27 @@ pub struct StreamEvent {
 pub struct Cancelled {
     pub run_id: String,
     pub cancelled: bool,
+}
+
+/// A steering message for a running agent (semantics §9).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SteerMessage {
+    /// What to tell the agent; it joins its history as a user message at its
+    /// next step boundary.
+    #[schema(min_length = 1)]
+    pub text: String,
+}
+
+/// A steering message was accepted.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Steered {
+    /// The run it was sent to.
+    pub run_id: String,
+    /// Always `true`: the message is journaled (a `steered` event) and will
+    /// be in the run's history from its next step.
+    pub accepted: bool,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -429,6 +450,53 @@ pub async fn cancel_run(
         "conflict",
         format!("run {run_id} is not running (it is {})", stored.node.status),
     ))
+}
+
+#[utoipa::path(
+    post, path = "/v1/runs/{runId}/messages", tag = "runs",
+    params(("runId" = String, Path, description = "A run id, URL-encoded")),
+    request_body = SteerMessage,
+    responses(
+        (status = 202, description = "Accepted: the message joins the run's history at its next step boundary", body = Steered),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "The run has ended (start a follow-up turn instead) or has not started yet", body = ErrorBody),
+        (status = 422, description = "An empty message or a body that is not a SteerMessage", body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn steer_run(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(run_id): ApiPath<String>,
+    ApiJson(body): ApiJson<SteerMessage>,
+) -> Result<(StatusCode, Json<Steered>), ApiError> {
+    let run_id = run_path(run_id)?;
+    let supervisor = shared.runtime.supervisor();
+    match supervisor.steer(&run_id, &body.text).await {
+        Ok(()) => Ok((
+            StatusCode::ACCEPTED,
+            Json(Steered {
+                run_id,
+                accepted: true,
+            }),
+        )),
+        // Not running here: a stored run has ended (or lives in another
+        // process); one the store does not know is a 404.
+        Err(arbor_supervisor::Error::UnknownRun(_)) => {
+            let id = run_id.clone();
+            let stored = supervisor
+                .read_store_now(move |store| store.run(&id))
+                .await?;
+            Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                format!(
+                    "run {run_id} is not running (it is {}); start a follow-up turn instead",
+                    stored.node.status
+                ),
+            ))
+        }
+        Err(error) => Err(error.into()),
+    }
 }
 
 #[utoipa::path(

@@ -84,6 +84,13 @@ impl From<arbor_supervisor::Error> for ApiError {
             | E::InvalidInput { .. }
             | E::InvalidTreeId(_) => ApiError::invalid(error.to_string()),
             E::UnknownRun(_) | E::UnknownTree(_) => ApiError::not_found(error.to_string()),
+            E::SteerRefused {
+                reason: arbor_actors::steer::SteerRefused::Empty,
+                ..
+            } => ApiError::invalid(error.to_string()),
+            E::SteerRefused { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "conflict", error.to_string())
+            }
             E::TreeExists(_) | E::TreeStored(_) | E::NotResumable { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "conflict", error.to_string())
             }

@@ -274,6 +274,7 @@ impl Service {
             .route("/v1/runs/{run_id}", get(api::get_run))
             .route("/v1/runs/{run_id}/events", get(api::run_events))
             .route("/v1/runs/{run_id}/cancel", post(api::cancel_run))
+            .route("/v1/runs/{run_id}/messages", post(api::steer_run))
             .route("/v1/trees/{tree_id}", get(api::get_tree))
             .route("/v1/agents", get(api::list_agents))
             .route("/metrics", get(api::metrics))

@@ -51,6 +51,14 @@ pub enum Error {
     /// finished states this supervisor keeps, or the store).
     #[error("no run {0}")]
     UnknownRun(String),
+    /// A steering message was refused (semantics §9).
+    #[error("run {run_id} refused the message: {reason}")]
+    SteerRefused {
+        /// The run it was for.
+        run_id: String,
+        /// Why.
+        reason: arbor_actors::steer::SteerRefused,
+    },
     /// A tree with this id is running in this supervisor.
     #[error("a tree with id {0} is still running (tree ids must be unique)")]
     TreeExists(String),

@@ -9,6 +9,7 @@ use arbor_actors::{
     AgentState, Checkpoint, DeltaSink, Message, Model, ModelError, ModelRequest, ModelResponse,
     Recovered, Usage,
 };
+use arbor_actors::steer::Steer;
 use async_trait::async_trait;
 
 /// A model reply as the store recorded it.
@@ -55,15 +56,39 @@ pub struct Recovery {
     /// The store's ids of the messages above (so a resumed tree does not write
     /// them again).
     pub message_ids: Vec<(Arc<Message>, u64)>,
+    /// Every run's `steered` events, in order (semantics §9).
+    pub steers: HashMap<String, Vec<Steer>>,
+    /// Whether this is a replay (steers are sent again at their steps) rather
+    /// than a resume (steers no checkpoint holds are given back).
+    pub replaying: bool,
 }
 
 impl Recovery {
     /// A replay: only the recorded replies, every run starts afresh.
-    pub(crate) fn replay(replies: Tape) -> Self {
+    pub(crate) fn replay(replies: Tape, steers: HashMap<String, Vec<Steer>>) -> Self {
         Recovery {
             replies,
+            steers,
+            replaying: true,
             ..Recovery::default()
         }
+    }
+
+    /// What the run `run_id` gets back of its steers: in a replay, every one;
+    /// in a resume, those after its last checkpoint (a checkpoint at step `c`
+    /// holds every steer that arrived up to step `c`).
+    pub(crate) fn steers_for(&self, run_id: &str) -> Vec<Steer> {
+        let Some(steers) = self.steers.get(run_id) else {
+            return Vec::new();
+        };
+        if self.replaying {
+            return steers.clone();
+        }
+        if self.finished.contains_key(run_id) {
+            return Vec::new();
+        }
+        let after = self.checkpoints.get(run_id).map_or(0, |c| c.step);
+        steers.iter().filter(|s| s.step > after).cloned().collect()
     }
 
     pub(crate) fn recovered(&self, run_id: &str) -> Option<Recovered> {

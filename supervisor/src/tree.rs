@@ -309,4 +309,11 @@ impl TreeHooks for TreeContext {
     fn recovered(&self, run_id: &str) -> Option<Recovered> {
         self.recovery.as_ref()?.recovered(run_id)
     }
+
+    fn steers(&self, run_id: &str) -> Vec<arbor_actors::steer::Steer> {
+        self.recovery
+            .as_ref()
+            .map(|r| r.steers_for(run_id))
+            .unwrap_or_default()
+    }
 }

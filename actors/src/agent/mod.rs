@@ -314,6 +314,10 @@ impl Actor for AgentActor {
             },
         );
         let hooks = run.hooks.clone();
+        let steers = hooks.steers(&run.run_id);
+        if !steers.is_empty() {
+            run.machine.recover_steers(steers);
+        }
         let actions = run.guarded(|m| m.start(&HookCatalog(hooks.as_ref())));
         run.execute(&myself, actions);
         // A run can end before its first message (a refused first step).

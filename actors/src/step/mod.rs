@@ -134,6 +134,8 @@ pub struct StepMachine {
     /// Whether to emit a `Checkpointed` event at every step boundary (and keep
     /// each raw model reply in `ModelResponded`), for a durable tree.
     checkpointing: bool,
+    /// The loop watchdog: the last call and its identical repeats.
+    loops: watch::LoopWatch,
     /// Steering messages accepted and not yet in the history (the next step
     /// boundary applies them).
     steers: Vec<Arc<str>>,
@@ -168,6 +170,7 @@ impl StepMachine {
             abandoned: Vec::new(),
             children_spawned: 0,
             checkpointing: false,
+            loops: watch::LoopWatch::default(),
             steers: Vec::new(),
             scheduled_steers: Vec::new(),
         }
@@ -211,19 +214,13 @@ impl StepMachine {
         Ok(())
     }
 
-    /// Steers accepted before a restart that no checkpoint holds yet: applied
-    /// at the first step boundary, with no new event (they were recorded).
-    pub fn with_pending_steers(mut self, steers: Vec<Arc<str>>) -> Self {
-        self.steers.extend(steers);
-        self
-    }
-
-    /// For a replay: each steer is accepted again when the run reaches the
-    /// step it first arrived in.
-    pub fn with_scheduled_steers(mut self, steers: Vec<Steer>) -> Self {
+    /// Gives back the steers a restart or a replay kept of this run (those
+    /// no checkpoint it starts from holds): each is taken again when the run
+    /// reaches the step it first arrived in, as the live run took it, with no
+    /// new event (it was recorded).
+    pub fn recover_steers(&mut self, steers: Vec<Steer>) {
         self.scheduled_steers = steers;
         self.take_scheduled_steers();
-        self
     }
 
     fn take_scheduled_steers(&mut self) {
@@ -235,9 +232,7 @@ impl StepMachine {
             .cloned()
             .collect();
         self.scheduled_steers.retain(|s| s.step != step);
-        for steer in due {
-            let _ = self.steer(steer.text);
-        }
+        self.steers.extend(due.into_iter().map(|s| s.text));
     }
 
     /// Whether steering messages wait for the next step boundary.

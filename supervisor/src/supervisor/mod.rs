@@ -3,6 +3,8 @@
 //! answers for any run by id.
 
 use std::collections::HashMap;
+
+use arbor_actors::steer::{Steer, SteerRefused};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -311,12 +313,19 @@ impl Supervisor {
     /// Runs a tree again on its recorded model replies only (no model is called;
     /// a missing reply fails that agent). Needs a supervisor without a store,
     /// so the replay never overwrites what it is checked against.
-    pub async fn replay(&self, request: StartRequest, replies: Tape) -> Result<TreeHandle, Error> {
+    /// `steers` are the tree's recorded steering messages by run id (its
+    /// store's `Recovery::steers`), each sent again at the step it arrived in.
+    pub async fn replay(
+        &self,
+        request: StartRequest,
+        replies: Tape,
+        steers: HashMap<String, Vec<Steer>>,
+    ) -> Result<TreeHandle, Error> {
         if self.store.is_some() {
             return Err(Error::ReplayWithStore);
         }
-        self.begin(request, Some((Arc::new(Recovery::replay(replies)), true)))
-            .await
+        let recovery = Recovery::replay(replies, steers);
+        self.begin(request, Some((Arc::new(recovery), true))).await
     }
 
     /// The catalog new trees run on.
@@ -612,6 +621,40 @@ impl Supervisor {
                 run_id: run_id.to_owned(),
             })
             .map_err(|_| unknown())
+    }
+
+    /// Sends a running agent a steering message (semantics §9): it joins
+    /// the agent's history at its next step boundary and is journaled as a
+    /// `steered` event. Refused for a run that has ended, has not started, or
+    /// an empty message; [`Error::UnknownRun`] for a run this supervisor does
+    /// not run or keep.
+    pub async fn steer(&self, run_id: &str, text: &str) -> Result<(), Error> {
+        let refused = |reason| Error::SteerRefused {
+            run_id: run_id.to_owned(),
+            reason,
+        };
+        if text.trim().is_empty() {
+            return Err(refused(SteerRefused::Empty));
+        }
+        let Some(actor) = self.live_actor(run_id) else {
+            if self.finished_state(run_id).is_some() {
+                return Err(refused(SteerRefused::Ended));
+            }
+            let waiting = self
+                .contexts()
+                .iter()
+                .any(|c| c.waiting_parent(run_id).is_some());
+            if waiting {
+                return Err(refused(SteerRefused::NotStarted));
+            }
+            return Err(Error::UnknownRun(run_id.to_owned()));
+        };
+        let text: Arc<str> = text.into();
+        match ractor::call!(actor, |reply| AgentMsg::Steer { text, reply }) {
+            Ok(answer) => answer.map_err(refused),
+            // The actor stopped between the lookup and the call: it ended.
+            Err(_) => Err(refused(SteerRefused::Ended)),
+        }
     }
 
     /// Agent actors alive in every tree.

@@ -7,4 +7,5 @@ mod common;
 mod failure;
 mod limits;
 mod spawn;
+mod steer;
 mod store;

@@ -68,7 +68,7 @@ fn stored_supervisor(store: Arc<SqliteStore>, script: Value) -> Supervisor {
 }
 
 /// Every record of every segment, decoded.
-fn records(db: &rusqlite::Connection) -> Vec<Value> {
+pub(crate) fn records(db: &rusqlite::Connection) -> Vec<Value> {
     let mut stmt = db
         .prepare("SELECT body FROM segments ORDER BY tree_id, n")
         .unwrap();
@@ -215,7 +215,7 @@ fn resumed(path: &std::path::Path) -> arbor_actors::AgentState {
 
 /// A copy of the store at `from` whose tree `t` holds only the first `keep`
 /// records of its log, as if the process had died there, its owner gone.
-fn cut(from: &std::path::Path, to: &std::path::Path, records: &[Value], keep: usize) {
+pub(crate) fn cut(from: &std::path::Path, to: &std::path::Path, records: &[Value], keep: usize) {
     let db = rusqlite::Connection::open(from).unwrap();
     db.execute("VACUUM INTO ?1", [to.to_str().unwrap()])
         .unwrap();

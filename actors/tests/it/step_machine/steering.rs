@@ -89,19 +89,7 @@ fn a_checkpoint_holds_the_steers_applied_before_it() {
 }
 
 #[test]
-fn a_pending_steer_given_back_after_a_restart_is_applied_without_a_second_event() {
-    let run = Run::solo(AgentTemplate::new("solo", "m"));
-    let mut m = run.m.with_pending_steers(vec!["carry on".into()]);
-    let req = request(m.start(&run.cat));
-    assert_eq!(
-        values(&req.messages.to_vec()).last().unwrap(),
-        &Message::user("carry on").with_tag(STEERING)
-    );
-    assert!(steered(&m.take_events()).is_empty(), "it was recorded before");
-}
-
-#[test]
-fn a_replay_sends_each_steer_again_at_the_step_it_arrived_in() {
+fn a_replayed_or_restarted_run_takes_each_steer_again_at_the_step_it_arrived_in() {
     // What a live run did: a steer in step 2, answered in step 3.
     let mut live = Run::solo(AgentTemplate::new("solo", "m"));
     request(live.start());
@@ -112,23 +100,23 @@ fn a_replay_sends_each_steer_again_at_the_step_it_arrived_in() {
     let recorded = steered(&live.m.take_events());
     assert_eq!(recorded, [(2, "wrap up".to_owned())]);
 
-    let replay = Run::solo(AgentTemplate::new("solo", "m"));
-    let mut again = Run {
-        m: replay.m.with_scheduled_steers(
-            recorded
-                .iter()
-                .map(|(step, text)| Steer {
-                    step: *step,
-                    text: text.as_str().into(),
-                })
-                .collect(),
-        ),
-        cat: replay.cat,
-    };
+    let mut again = Run::solo(AgentTemplate::new("solo", "m"));
+    again.m.recover_steers(
+        recorded
+            .iter()
+            .map(|(step, text)| Steer {
+                step: *step,
+                text: text.as_str().into(),
+            })
+            .collect(),
+    );
     request(again.start());
     request(again.reply(calls("a", &[add_user("more")])));
     request(again.reply(Message::assistant_text("ok")));
     finish(again.reply(Message::assistant_text("wrapped")));
     assert_eq!(again.history(), live.history());
-    assert_eq!(steered(&again.m.take_events()), recorded);
+    assert!(
+        steered(&again.m.take_events()).is_empty(),
+        "taken again without a second event: it was recorded"
+    );
 }

@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arbor_actors::state::ToolDefinitions;
+use arbor_actors::steer::Steer;
 use arbor_actors::{AgentState, AgentStatus, Checkpoint, FailureKind, History, Message, Usage};
 use rusqlite::{Connection, OptionalExtension};
 use serde::Deserialize;
@@ -54,6 +55,8 @@ pub(super) struct RunLog {
     pub(super) checkpoint: Option<Point>,
     /// The same for its final state.
     pub(super) last_final: Option<Point>,
+    /// Its `steered` events, in order (semantics §9).
+    pub(super) steers: Vec<Steer>,
     /// Message ids of the history being rebuilt from deltas.
     ids: Vec<u64>,
     /// Where it finished among the tree's runs.
@@ -166,6 +169,11 @@ impl TreeLog {
         let at = e.get("atMs").and_then(Value::as_u64).unwrap_or(0);
         let str_of = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_owned);
         match e.get("type").and_then(Value::as_str) {
+            Some("steered") => {
+                let step = e.get("step").and_then(Value::as_u64).unwrap_or(0) as u32;
+                let text: Arc<str> = e.get("text").and_then(Value::as_str).unwrap_or("").into();
+                self.run(run_id).steers.push(Steer { step, text });
+            }
             Some("modelResponded") if !e.contains_key("usage") => {
                 let step = e.get("step").and_then(Value::as_u64).unwrap_or(0) as u32;
                 let usage = self
@@ -414,6 +422,11 @@ impl SqliteStore {
             .iter()
             .map(|(id, r)| (id.clone(), r.last_final.clone(), r.checkpoint.clone()))
             .collect();
+        for (id, r) in &log.runs {
+            if !r.steers.is_empty() {
+                recovery.steers.insert(id.clone(), r.steers.clone());
+            }
+        }
         for (run_id, last_final, checkpoint) in runs {
             if let Some(point) = last_final {
                 // Its output depends on how much of its final history it
