@@ -239,9 +239,12 @@ impl Slot {
         })
     }
 
-    /// Gives the child its final report (its plan is no longer needed).
-    fn settle(&mut self, report: ChildReport) {
-        self.report = Some(report);
+    /// Gives the child its final report (its plan is no longer needed);
+    /// `pending` counts the call's children without one.
+    fn settle(&mut self, report: ChildReport, pending: &mut usize) {
+        if self.report.replace(report).is_none() {
+            *pending = pending.saturating_sub(1);
+        }
         self.plan = None;
         self.toolbox = None;
     }
@@ -251,6 +254,8 @@ impl Slot {
 struct Call {
     inline: bool,
     slots: Vec<Slot>,
+    /// Slots without their report yet: the call is delivered at 0.
+    pending: usize,
     parent: Arc<ParentInfo>,
 }
 
@@ -385,6 +390,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             Call {
                 inline,
                 slots,
+                pending: to_launch.len(),
                 parent,
             },
         );
@@ -494,7 +500,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
         out.push(Output::Skip {
             run_id: run_id.clone(),
         });
-        let Some(slot) = self.slot_mut(key) else {
+        let Some((slot, pending)) = self.slot_mut(key) else {
             return;
         };
         let Some(report) = slot.report(
@@ -505,7 +511,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
         ) else {
             return;
         };
-        slot.settle(report);
+        slot.settle(report, pending);
         out.push(Output::Emit(EventKind::ChildFinished {
             child_run_id: run_id,
             status: AgentStatus::Cancelled,
@@ -528,10 +534,10 @@ impl<A: Clone + Eq + Hash> Children<A> {
         for key in retrying {
             out.push(Output::StopRetry { key });
             // It stays failed, as its last attempt ended.
-            if let Some(slot) = self.slot_mut(key)
+            if let Some((slot, pending)) = self.slot_mut(key)
                 && let Some(report) = slot.last_failure.take()
             {
-                slot.settle(report);
+                slot.settle(report, pending);
             }
         }
     }
@@ -546,7 +552,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
         out: &mut Vec<Output<A>>,
     ) {
         let parent_ended = self.parent_ended.is_some();
-        let Some(slot) = self.slot_mut(key) else {
+        let Some((slot, pending)) = self.slot_mut(key) else {
             return;
         };
         // A stale attempt, or a child that has its report already.
@@ -600,7 +606,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             status,
         }));
         if parent_ended || status != AgentStatus::Failed {
-            slot.settle(report);
+            slot.settle(report, pending);
             return self.deliver_if_complete(key.step, key.call, out);
         }
         let error = report.error_message().unwrap_or_default().to_owned();
@@ -623,7 +629,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             }
             FailurePolicy::Escalate => {
                 let agent_type = report.agent_type.clone();
-                slot.settle(report);
+                slot.settle(report, pending);
                 out.push(Output::Fail {
                     failure: Failure::new(
                         FailureKind::ChildFailed,
@@ -632,7 +638,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 });
             }
             FailurePolicy::Report | FailurePolicy::Retry { .. } => {
-                slot.settle(report);
+                slot.settle(report, pending);
                 self.deliver_if_complete(key.step, key.call, out);
             }
         }
@@ -644,7 +650,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
         let Some(c) = self.calls.get(&(step, call)) else {
             return;
         };
-        if c.slots.iter().any(|s| s.report.is_none()) || self.parent_ended.is_some() {
+        if c.pending > 0 || self.parent_ended.is_some() {
             return;
         }
         let Some(mut c) = self.calls.remove(&(step, call)) else {
@@ -659,11 +665,10 @@ impl<A: Clone + Eq + Hash> Children<A> {
         }));
     }
 
-    fn slot_mut(&mut self, key: ChildKey) -> Option<&mut Slot> {
-        self.calls
-            .get_mut(&(key.step, key.call))?
-            .slots
-            .get_mut(key.child)
+    /// The slot of `key`, and its call's count of children without a report.
+    fn slot_mut(&mut self, key: ChildKey) -> Option<(&mut Slot, &mut usize)> {
+        let call = self.calls.get_mut(&(key.step, key.call))?;
+        Some((call.slots.get_mut(key.child)?, &mut call.pending))
     }
 }
 
