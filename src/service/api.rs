@@ -460,6 +460,7 @@ pub async fn cancel_run(
         (status = 202, description = "Accepted: the message joins the run's history at its next step boundary", body = Steered),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "The run has ended (start a follow-up turn instead) or has not started yet", body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
         (status = 422, description = "An empty message or a body that is not a SteerMessage", body = ErrorBody),
         (status = 503, body = ErrorBody),
     )

@@ -1381,3 +1381,66 @@ model = "slow"
     assert_eq!(list["runs"][0]["status"], "cancelled", "{list:#}");
     assert_eq!(list["runs"][0]["agents"], 6, "{list:#}");
 }
+
+/// Steering over HTTP (semantics §9): a message to a running agent is
+/// accepted (202) and journaled as a `steered` event on its stream; an empty
+/// one is refused (422), one to an ended run is a conflict (409), one to an
+/// unknown run is a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_to_a_running_agent_is_journaled_and_one_to_an_ended_run_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path());
+    let (status, created) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "sleeper", "prompt": "wait"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let run_id = created["runId"].as_str().unwrap().to_owned();
+    let messages = format!("/v1/runs/{}/messages", encoded(&run_id));
+    let send = |path: String, body: Value| {
+        let url = server.url(&path);
+        async move {
+            let response = client()
+                .post(url)
+                .bearer_auth(TOKEN)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (response.status(), response.json::<Value>().await.unwrap())
+        }
+    };
+    let cancel = server.url(&format!("/v1/runs/{}/cancel", encoded(&run_id)));
+    let mut steered = None;
+    let events = stream(&server, &run_id, None, |event| {
+        // Once its (hour-long) first model call is under way: steer, then cancel.
+        if event.event == "stepStarted" && steered.is_none() {
+            let (first, empty) = (
+                send(messages.clone(), json!({"text": "Use metric units."})),
+                send(messages.clone(), json!({"text": "  "})),
+            );
+            let cancel = cancel.clone();
+            steered = Some(tokio::spawn(async move {
+                let answers = (first.await, empty.await);
+                client().post(cancel).bearer_auth(TOKEN).send().await.unwrap();
+                answers
+            }));
+        }
+    })
+    .await;
+    let ((status, body), (empty_status, empty_body)) = steered.unwrap().await.unwrap();
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["accepted"], true);
+    assert_eq!(empty_status, StatusCode::UNPROCESSABLE_ENTITY, "{empty_body}");
+    let journaled: Vec<&Sse> = events.iter().filter(|e| e.event == "steered").collect();
+    assert_eq!(journaled.len(), 1, "{events:?}");
+    assert_eq!(journaled[0].data["text"], "Use metric units.");
+    assert_eq!(journaled[0].data["step"], 1);
+    assert_eq!(events.last().unwrap().event, "agentCancelled");
+    let (status, body) = send(messages.clone(), json!({"text": "too late"})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (status, body) = send("/v1/runs/t404%2F0/messages".into(), json!({"text": "hi"})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+}
