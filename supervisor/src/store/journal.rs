@@ -126,6 +126,7 @@ pub fn journal_view(event: &Event) -> Option<JournalEntry> {
     let Ok(mut map) = serde_json::from_slice::<Map<String, Value>>(&body) else {
         return None;
     };
+    // The record's `type`: the entry's is its `kind`.
     map.shift_remove("type");
     Some(JournalEntry {
         kind,
@@ -141,18 +142,26 @@ pub fn journal_view(event: &Event) -> Option<JournalEntry> {
 }
 
 /// An event as the journal keeps it: without the states and replies, which are
-/// stored once elsewhere in the segment (checkpoints, model calls).
+/// stored once elsewhere in the segment (checkpoints, model calls). Its `type`
+/// first: `EventKind`'s tag, or for the two shapes of the journal's own
+/// (`Typed`), the same name written in one place.
 pub(super) fn journal_body(
     kind: &EventKind,
     out: &mut Vec<u8>,
     reply_written: bool,
 ) -> serde_json::Result<()> {
+    /// A shape of the journal's own, after its `type` (the kind's name).
+    #[derive(Serialize)]
+    struct Typed<T> {
+        r#type: &'static str,
+        #[serde(flatten)]
+        fields: T,
+    }
     /// (Its usage is the reply record's when one was written just before it:
     /// put back when the journal is read.)
     #[derive(Serialize)]
     #[serde(rename_all = "camelCase")]
     struct Responded<'a> {
-        r#type: &'static str,
         step: u32,
         #[serde(skip_serializing_if = "Option::is_none")]
         usage: Option<&'a Usage>,
@@ -162,39 +171,37 @@ pub(super) fn journal_body(
     #[derive(Serialize)]
     #[serde(rename_all = "camelCase")]
     struct Ended<'a> {
-        r#type: &'static str,
         status: AgentStatus,
         #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<&'a str>,
     }
+    let r#type = kind.name();
     match kind {
         EventKind::ModelResponded {
             step,
             usage,
             tool_calls,
             ..
-        } => serde_json::to_writer(
-            out,
-            &Responded {
-                r#type: kind.name(),
+        } => {
+            let fields = Responded {
                 step: *step,
                 usage: (!reply_written).then_some(usage),
                 tool_calls: *tool_calls,
-            },
-        ),
+            };
+            serde_json::to_writer(out, &Typed { r#type, fields })
+        }
         EventKind::AgentFinished { state, .. }
         | EventKind::AgentCancelled { state, .. }
-        | EventKind::AgentFailed { state, .. } => serde_json::to_writer(
-            out,
-            &Ended {
-                r#type: kind.name(),
+        | EventKind::AgentFailed { state, .. } => {
+            let fields = Ended {
                 status: state.status,
                 error: match kind {
                     EventKind::AgentFailed { error, .. } => Some(error),
                     _ => state.error_message(),
                 },
-            },
-        ),
+            };
+            serde_json::to_writer(out, &Typed { r#type, fields })
+        }
         _ => serde_json::to_writer(out, kind),
     }
 }
