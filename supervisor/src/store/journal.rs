@@ -97,10 +97,16 @@ impl JournalEntry {
         let output = kind
             .is_final()
             .then(|| record.shift_remove("output").unwrap_or(Value::Null));
+        // Where the event has it: after the step. (A store that puts it
+        // there, as the SQLite one does, has nothing moved.)
+        let after_step = |record: &Map<String, Value>| {
+            let mut keys = record.keys();
+            keys.any(|k| k == "step") && keys.next().is_some_and(|k| k == "usage")
+        };
         if kind == EventType::ModelResponded
+            && !after_step(&record)
             && let Some(usage) = record.shift_remove("usage")
         {
-            // Where the event has it: after the step.
             let at = record.keys().position(|k| k == "step").map_or(0, |i| i + 1);
             record.shift_insert(at, "usage".into(), usage);
         }

@@ -183,7 +183,10 @@ impl TreeLog {
                     .find(|(run, s, _, _)| run == run_id && *s == step)
                     .map(|(_, _, _, usage)| json!(usage))
                     .unwrap_or(Value::Null);
-                e.insert("usage".into(), usage);
+                // Where the event has it: after the step (as a record that
+                // kept its usage has it).
+                let at = e.keys().position(|k| k == "step").map_or(1, |i| i + 1);
+                e.shift_insert(at, "usage".into(), usage);
             }
             Some("agentStarted") => {
                 let node = self.run(run_id).node.get_or_insert_with(RunNode::default);
