@@ -33,6 +33,8 @@ use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
+/// The service's OpenAPI document (`GET /openapi.json`): every route, its
+/// schemas and the bearer-token security scheme.
 pub struct ApiDoc;
 
 struct BearerAuth;
