@@ -224,23 +224,18 @@ impl TreeHooks for TreeContext {
     fn child_ids(&self, parent: &AgentState, ordinal: u32, attempt: u32) -> RunIds {
         // From the parent's run id, not its agent id: the children of a retried
         // attempt (`T/0.1~1`) get ids of their own (`T/0.1~1.1`). Every run
-        // of a tree has a run id of the tree's making.
-        match parent.run_id.parse::<RunId>() {
-            Ok(parent) => {
-                let child = parent.child(ordinal);
-                RunIds {
-                    run_id: child.retry(attempt).to_string(),
-                    agent_id: child.to_string(),
-                }
-            }
-            Err(_) => {
-                let agent_id = format!("{}.{ordinal}", parent.run_id);
-                let run_id = match attempt {
-                    0 => agent_id.clone(),
-                    n => format!("{agent_id}~{n}"),
-                };
-                RunIds { agent_id, run_id }
-            }
+        // of a tree has a run id of the tree's making; were one not, its
+        // children get its id unchanged, which the agent refuses as no run id.
+        let Ok(parent_id) = parent.run_id.parse::<RunId>() else {
+            return RunIds {
+                agent_id: parent.run_id.clone(),
+                run_id: parent.run_id.clone(),
+            };
+        };
+        let child = parent_id.child(ordinal);
+        RunIds {
+            run_id: child.retry(attempt).to_string(),
+            agent_id: child.to_string(),
         }
     }
 
