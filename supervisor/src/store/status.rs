@@ -77,19 +77,6 @@ impl fmt::Display for TreeStatus {
     }
 }
 
-/// A status equals its name (`summary.status == "completed"`).
-impl PartialEq<str> for TreeStatus {
-    fn eq(&self, other: &str) -> bool {
-        self.as_str() == other
-    }
-}
-
-impl PartialEq<&str> for TreeStatus {
-    fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
-    }
-}
-
 /// Text that names no tree status.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0:?} is not one of running, interrupted, completed, failed, cancelled")]

@@ -105,7 +105,10 @@ async fn a_tree_another_process_took_over_stops_here_and_the_others_go_on() {
         status, "running",
         "the new owner's tree was ended from here"
     );
-    assert_eq!(store.tree("u").unwrap().1.status, "completed");
+    assert_eq!(
+        store.tree("u").unwrap().1.status,
+        crate::TreeStatus::Completed
+    );
 }
 
 /// Issue 12, defect 15: a server's memory grew with every wave of trees

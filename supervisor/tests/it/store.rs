@@ -161,7 +161,7 @@ async fn a_full_store_fails_the_run_with_the_reason_and_stays_readable() {
     let trees = reopened.trees(&TreeFilter::default()).unwrap();
     assert_eq!(trees.len(), 1);
     assert_eq!(trees[0].tree_id, "t");
-    assert_ne!(trees[0].status, "completed");
+    assert_ne!(trees[0].status, arbor_supervisor::TreeStatus::Completed);
 }
 
 /// A boss whose first step hands its history to an inline scribe, which takes
