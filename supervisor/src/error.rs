@@ -111,11 +111,14 @@ pub enum Error {
     /// `resume`).
     #[error(
         "{}",
-        if *.resume { "resume needs a store" } else { "this supervisor has no store" }
+        match .needed_for {
+            StoreUse::Resume => "resume needs a store",
+            StoreUse::Read => "this supervisor has no store",
+        }
     )]
     NoStore {
-        /// Whether the call was a resume (the message says so).
-        resume: bool,
+        /// What the call needed the store for (the message says so).
+        needed_for: StoreUse,
     },
     /// A replay was asked of a supervisor with a store (a replay must never
     /// overwrite what it is checked against).
@@ -186,4 +189,13 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         matches!(self, Error::Spawn(_))
     }
+}
+
+/// What a call needed the store for, when the supervisor has none ([`Error::NoStore`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreUse {
+    /// Reading it (`Supervisor::read_store`).
+    Read,
+    /// Resuming a stored tree (`Supervisor::resume`).
+    Resume,
 }

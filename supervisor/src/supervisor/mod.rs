@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 
 use crate::bus::{EventBus, EventStream};
 use crate::catalog::Catalog;
-use crate::error::Error;
+use crate::error::{Error, StoreUse};
 use crate::limits::TreeLimits;
 use crate::recovery::{Recovery, Tape};
 use crate::registry::{Registry, Retain};
@@ -242,7 +242,9 @@ impl Supervisor {
         f: impl FnOnce(&dyn Store) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
         let Some((store, _)) = &self.store else {
-            return Err(Error::NoStore { resume: false });
+            return Err(Error::NoStore {
+                needed_for: StoreUse::Read,
+            });
         };
         let store = store.clone();
         tokio::task::spawn_blocking(move || f(&*store))
@@ -274,7 +276,9 @@ impl Supervisor {
     /// the model again.
     pub async fn resume(&self, tree_id: &str) -> Result<TreeHandle, Error> {
         let Some((_, writer)) = &self.store else {
-            return Err(Error::NoStore { resume: true });
+            return Err(Error::NoStore {
+                needed_for: StoreUse::Resume,
+            });
         };
         if self.is_running(tree_id) {
             return Err(Error::TreeExists(tree_id.to_owned()));
