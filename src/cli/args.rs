@@ -77,6 +77,20 @@ pub(crate) enum Command {
         #[command(flatten)]
         at: Stored,
     },
+    /// Send a running agent a message through `arbor serve` (semantics §9): it
+    /// joins the agent's history at its next step boundary.
+    Say {
+        /// The run to tell: TREE/PATH, e.g. t3f0c.../0.2.
+        run_id: String,
+        /// What to tell it.
+        text: String,
+        /// The server (default: $ARBOR_SERVER, else http://127.0.0.1:8080).
+        #[arg(long)]
+        server: Option<String>,
+        /// A bearer token of the server (default: $ARBOR_API_TOKEN).
+        #[arg(long)]
+        token: Option<String>,
+    },
     /// Show one stored run's state.
     Show {
         /// The run: TREE/PATH, e.g. t3f0c.../0.2 (`arbor tree TREE` lists them).

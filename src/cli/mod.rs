@@ -35,6 +35,18 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             at,
         } => store::runs(status, limit, json, at),
         Command::Show { run_id, json, at } => store::show(run_id, json, at),
+        Command::Say {
+            run_id,
+            text,
+            server,
+            token,
+        } => {
+            let server = server
+                .or_else(|| std::env::var("ARBOR_SERVER").ok())
+                .unwrap_or_else(|| "http://127.0.0.1:8080".to_owned());
+            let token = token.or_else(|| std::env::var("ARBOR_API_TOKEN").ok());
+            async_runtime()?.block_on(service::say(&server, token.as_deref(), &run_id, &text))
+        }
         Command::Tree { tree_id, json, at } => store::tree(tree_id, json, at),
         Command::Export {
             tree_id,

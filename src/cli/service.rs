@@ -134,3 +134,39 @@ async fn shutdown_signal() {
         () = terminate => {}
     }
 }
+
+/// `arbor say`: posts a steering message to a server's
+/// `/v1/runs/{runId}/messages`; the server's refusal (its JSON error) is the
+/// command's error.
+pub(super) async fn say(
+    server: &str,
+    token: Option<&str>,
+    run_id: &str,
+    text: &str,
+) -> anyhow::Result<ExitCode> {
+    let mut url =
+        reqwest::Url::parse(server).with_context(|| format!("--server {server:?} is not a URL"))?;
+    url.path_segments_mut()
+        .map_err(|()| anyhow::anyhow!("--server {server:?} cannot have a path"))?
+        .pop_if_empty()
+        // The run id's `/` is encoded: it is one path segment.
+        .extend(["v1", "runs", run_id, "messages"]);
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .json(&serde_json::json!({ "text": text }));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the server at {server}"))?;
+    let status = response.status();
+    let body: serde_json::Value = response.json().await.unwrap_or_default();
+    if status.is_success() {
+        outln!("accepted: run {run_id} takes the message at its next step")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let message = body["error"]["message"].as_str().unwrap_or("no detail");
+    anyhow::bail!("the server refused the message ({status}): {message}")
+}

@@ -1387,7 +1387,8 @@ model = "slow"
 /// one is refused (422), one to an ended run is a conflict (409), one to an
 /// unknown run is a 404.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_to_a_running_agent_is_journaled_and_one_to_an_ended_run_is_refused() {
+async fn a_message_to_a_running_agent_over_http_or_arbor_say_is_journaled_and_one_to_an_ended_run_is_refused()
+ {
     let dir = tempfile::tempdir().unwrap();
     let server = serve(dir.path());
     let (status, created) = post(
@@ -1422,9 +1423,31 @@ async fn a_message_to_a_running_agent_is_journaled_and_one_to_an_ended_run_is_re
                 send(messages.clone(), json!({"text": "  "})),
             );
             let cancel = cancel.clone();
+            let (base, run) = (server.base.clone(), run_id.clone());
             steered = Some(tokio::spawn(async move {
                 let answers = (first.await, empty.await);
-                client().post(cancel).bearer_auth(TOKEN).send().await.unwrap();
+                // The CLI's way in: `arbor say`, through the same server.
+                let said = tokio::task::spawn_blocking(move || {
+                    crate::arbor(&[
+                        "say",
+                        &run,
+                        "Also in French.",
+                        "--server",
+                        &base,
+                        "--token",
+                        TOKEN,
+                    ])
+                })
+                .await
+                .unwrap();
+                assert!(said.status.success(), "{}", crate::text(&said.stderr));
+                assert!(crate::text(&said.stdout).contains("accepted"));
+                client()
+                    .post(cancel)
+                    .bearer_auth(TOKEN)
+                    .send()
+                    .await
+                    .unwrap();
                 answers
             }));
         }
@@ -1433,14 +1456,26 @@ async fn a_message_to_a_running_agent_is_journaled_and_one_to_an_ended_run_is_re
     let ((status, body), (empty_status, empty_body)) = steered.unwrap().await.unwrap();
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     assert_eq!(body["accepted"], true);
-    assert_eq!(empty_status, StatusCode::UNPROCESSABLE_ENTITY, "{empty_body}");
+    assert_eq!(
+        empty_status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{empty_body}"
+    );
     let journaled: Vec<&Sse> = events.iter().filter(|e| e.event == "steered").collect();
-    assert_eq!(journaled.len(), 1, "{events:?}");
+    assert_eq!(journaled.len(), 2, "{events:?}");
     assert_eq!(journaled[0].data["text"], "Use metric units.");
     assert_eq!(journaled[0].data["step"], 1);
+    assert_eq!(journaled[1].data["text"], "Also in French.");
     assert_eq!(events.last().unwrap().event, "agentCancelled");
     let (status, body) = send(messages.clone(), json!({"text": "too late"})).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let base = server.base.clone();
+    let late = crate::arbor(&[
+        "say", &run_id, "too late", "--server", &base, "--token", TOKEN,
+    ]);
+    assert!(!late.status.success());
+    let err = crate::text(&late.stderr);
+    assert!(err.contains("409") && err.contains("not running"), "{err}");
     let (status, body) = send("/v1/runs/t404%2F0/messages".into(), json!({"text": "hi"})).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
 }

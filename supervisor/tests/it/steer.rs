@@ -5,8 +5,7 @@ use std::sync::Arc;
 
 use arbor_actors::steer::{STEERING, SteerRefused};
 use arbor_actors::{
-    AgentStatus, DeltaSink, EventKind, Model, ModelError, ModelRequest, ModelResponse,
-    Tool,
+    AgentStatus, DeltaSink, EventKind, Model, ModelError, ModelRequest, ModelResponse, Tool,
 };
 use arbor_supervisor::store::{SqliteStore, Store};
 use arbor_supervisor::{Catalog, Error, Supervisor, TreeLimits};
@@ -100,7 +99,11 @@ async fn a_steer_sent_mid_step_joins_the_history_at_the_next_step_and_is_journal
     assert_eq!(state.status, AgentStatus::Completed);
     let texts: Vec<String> = state.message_history.iter().map(|m| m.text()).collect();
     let at = texts.iter().position(|t| t == "Use metric units.").unwrap();
-    assert_eq!(texts[at - 2], "Still looking.", "after step 2's reply and its result: {texts:?}");
+    assert_eq!(
+        texts[at - 2],
+        "Still looking.",
+        "after step 2's reply and its result: {texts:?}"
+    );
     assert_eq!(texts.last().unwrap(), "Done.");
     assert_eq!(steers_in(&state.message_history), ["Use metric units."]);
     let steered: Vec<(u32, String)> = drain(&mut rx)
@@ -181,7 +184,8 @@ fn a_steered_tree_resumed_from_every_cut_after_the_steer_and_replayed_ends_as_it
             (*finish(sup.resume("t").await.unwrap()).await.state).clone()
         });
         assert_eq!(
-            state, whole,
+            state,
+            whole,
             "resumed after record {keep} ({})",
             records[keep - 1]["type"]
         );
