@@ -49,6 +49,16 @@ impl TreeRenderer {
                 Some(self.finished(event, state, "○", "cancelled"))
             }
             EventKind::LimitHit { limit } => Some(format!("{}! {limit}", indent(0))),
+            EventKind::Looping {
+                tool,
+                repeats,
+                fatal,
+                ..
+            } => Some(format!(
+                "  ! {} looping: {tool} repeated {repeats} times with the same input and result{}",
+                short(event),
+                if *fatal { ", stopped" } else { "" }
+            )),
             EventKind::ChildRetrying {
                 failed_run_id,
                 attempt,

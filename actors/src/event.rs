@@ -190,6 +190,19 @@ pub enum EventKind {
         /// Which limit, and how.
         limit: LimitHit,
     },
+    /// The run called the same tool with the same input and got the same
+    /// result `repeats` times in a row (its template's `loop_detection`).
+    Looping {
+        /// The step of the latest of those calls.
+        step: u32,
+        /// The tool's name as the model called it.
+        tool: String,
+        /// Identical calls in a row so far.
+        repeats: u32,
+        /// Whether the run fails for it (`fail_after`), or is only warned
+        /// about (`warn_after`).
+        fatal: bool,
+    },
 }
 
 impl EventKind {
@@ -235,6 +248,7 @@ impl EventKind {
             EventKind::AgentCancelled { .. } => "agentCancelled",
             EventKind::LimitHit { .. } => "limitHit",
             EventKind::Steered { .. } => "steered",
+            EventKind::Looping { .. } => "looping",
         }
     }
 }
@@ -283,11 +297,13 @@ pub enum EventType {
     LimitHit,
     /// `steered`: a person sent a running agent a message.
     Steered,
+    /// `looping`: a run repeated the same tool call with the same result.
+    Looping,
 }
 
 impl EventType {
     /// Every journal type.
-    pub const ALL: [EventType; 17] = [
+    pub const ALL: [EventType; 18] = [
         EventType::AgentStarted,
         EventType::StepStarted,
         EventType::ModelRetrying,
@@ -305,6 +321,7 @@ impl EventType {
         EventType::AgentCancelled,
         EventType::LimitHit,
         EventType::Steered,
+        EventType::Looping,
     ];
 
     /// The journal type of an event; `None` for what the journal leaves out
@@ -330,6 +347,7 @@ impl EventType {
             EventKind::AgentCancelled { .. } => EventType::AgentCancelled,
             EventKind::LimitHit { .. } => EventType::LimitHit,
             EventKind::Steered { .. } => EventType::Steered,
+            EventKind::Looping { .. } => EventType::Looping,
         })
     }
 
@@ -353,6 +371,7 @@ impl EventType {
             EventType::AgentCancelled => "agentCancelled",
             EventType::LimitHit => "limitHit",
             EventType::Steered => "steered",
+            EventType::Looping => "looping",
         }
     }
 

@@ -50,6 +50,9 @@ pub enum FailureKind {
     Store,
     /// An invariant of the runtime broke (a bug, reported as a failure).
     Internal,
+    /// The run repeated the same tool call with the same result until its
+    /// template's `loop_detection.fail_after`.
+    Looping,
 }
 
 impl FailureKind {
@@ -70,6 +73,7 @@ impl FailureKind {
             FailureKind::Panicked => "panicked",
             FailureKind::Store => "store",
             FailureKind::Internal => "internal",
+            FailureKind::Looping => "looping",
         }
     }
 }
@@ -145,6 +149,7 @@ mod tests {
             FailureKind::Panicked,
             FailureKind::Store,
             FailureKind::Internal,
+            FailureKind::Looping,
         ] {
             let json = serde_json::to_value(kind).unwrap();
             assert_eq!(json, serde_json::json!(kind.name()));

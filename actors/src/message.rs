@@ -433,7 +433,7 @@ impl Content {
 }
 
 /// About how many bytes `value` takes as JSON text, without writing it.
-fn json_len(value: &Value) -> usize {
+pub(crate) fn json_len(value: &Value) -> usize {
     match value {
         Value::Null | Value::Bool(_) => 5,
         Value::Number(_) => 8,

@@ -283,14 +283,17 @@ impl ChildReport {
         }
     }
 
-    /// The entry of a `spawn_agents` result.
-    pub(crate) fn entry(&self) -> Value {
+    /// The entry of a `spawn_agents` result; with a `budget` (estimated
+    /// tokens), a larger `value` is cut to it ([`cut_report`]).
+    pub(crate) fn entry(&self, budget: Option<u64>) -> Value {
+        let run_id = self.run_ids.last();
+        let cut = budget.and_then(|b| cut_report(&self.value, b, run_id.map(String::as_str)));
         json!({
             "agentName": self.agent_name,
             "agentType": self.agent_type,
             "agentId": self.agent_id,
-            "runId": self.run_ids.last(),
-            "value": self.value,
+            "runId": run_id,
+            "value": cut.as_ref().unwrap_or(&self.value),
         })
     }
 
@@ -298,6 +301,57 @@ impl ChildReport {
     pub(crate) fn error_message(&self) -> Option<&str> {
         self.value.get("errorMessage").and_then(Value::as_str)
     }
+}
+
+/// A child's report `value` cut to `budget` estimated tokens, or `None` when
+/// it fits (semantics §10). A string keeps its first bytes
+/// (on a char boundary) followed by the note; any other value is cut as its
+/// JSON text inside `{type: "truncated", text, cutBytes, runId, note}`. The
+/// note says how many bytes were left out and where the full value is.
+pub fn cut_report(value: &Value, budget: u64, run_id: Option<&str>) -> Option<Value> {
+    use crate::message::{ESTIMATED_BYTES_PER_TOKEN, json_len};
+    if (json_len(value) as u64).div_ceil(ESTIMATED_BYTES_PER_TOKEN) <= budget {
+        return None;
+    }
+    let text = match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let budget_bytes =
+        usize::try_from(budget.saturating_mul(ESTIMATED_BYTES_PER_TOKEN)).unwrap_or(usize::MAX);
+    if text.len() <= budget_bytes {
+        // Only the estimate was over: the text itself fits.
+        return None;
+    }
+    // The last char boundary within the budget (MSRV 1.88 has no floor_char_boundary).
+    let keep = (0..=budget_bytes)
+        .rev()
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
+    let cut = text.len() - keep;
+    let mut kept = text;
+    kept.truncate(keep);
+    let note = match run_id {
+        Some(run) => format!(
+            "[report cut to fit the context window: {cut} of {} bytes left out; \
+             the full value is in run {run} (arbor show {run}, GET /v1/runs/{run})]",
+            keep + cut
+        ),
+        None => format!(
+            "[report cut to fit the context window: {cut} of {} bytes left out]",
+            keep + cut
+        ),
+    };
+    Some(match value {
+        Value::String(_) => Value::String(format!("{kept}\n{note}")),
+        _ => json!({
+            "type": "truncated",
+            "text": kept,
+            "cutBytes": cut,
+            "runId": run_id,
+            "note": note,
+        }),
+    })
 }
 
 /// The value a finished child reports: its output, or `{errorMessage}` on failure.
@@ -318,6 +372,47 @@ pub(crate) fn report_value(state: &AgentState, output: Value) -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_report_under_its_share_is_untouched() {
+        let value = json!({"type": "lastMessage", "value": "short"});
+        assert_eq!(cut_report(&value, 100, Some("T/0.1")), None);
+        assert_eq!(cut_report(&json!("é".repeat(10)), 100, None), None);
+    }
+
+    #[test]
+    fn a_string_report_over_its_share_is_cut_on_a_char_boundary_with_a_note() {
+        // 3 bytes a char: a budget of 4 tokens (16 bytes) keeps 5 chars (15 bytes).
+        let long = "€".repeat(100);
+        let cut = cut_report(&json!(long), 4, Some("T/0.2")).unwrap();
+        let text = cut.as_str().unwrap();
+        let (kept, note) = text.split_once('\n').unwrap();
+        assert_eq!(kept, "€".repeat(5));
+        assert!(note.contains("285 of 300 bytes left out"), "{note}");
+        assert!(note.contains("arbor show T/0.2"), "{note}");
+        assert!(note.contains("GET /v1/runs/T/0.2"), "{note}");
+    }
+
+    #[test]
+    fn a_json_report_over_its_share_is_cut_as_text_in_a_truncated_wrapper() {
+        let value = json!({"type": "lastMessage", "value": "x".repeat(1000)});
+        let full = value.to_string();
+        let cut = cut_report(&value, 10, Some("T/0.3")).unwrap();
+        assert_eq!(cut["type"], "truncated");
+        assert_eq!(cut["text"], json!(full[..40]));
+        assert_eq!(cut["cutBytes"], json!(full.len() - 40));
+        assert_eq!(cut["runId"], "T/0.3");
+        let note = cut["note"].as_str().unwrap();
+        assert!(
+            note.contains(&format!(
+                "{} of {} bytes left out",
+                full.len() - 40,
+                full.len()
+            )),
+            "{note}"
+        );
+        assert!(note.contains("the full value is in run T/0.3"), "{note}");
+    }
 
     #[test]
     fn an_empty_prompt_and_empty_params_add_no_prompt_message() {

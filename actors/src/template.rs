@@ -41,6 +41,58 @@ pub enum FailurePolicy {
     Escalate,
 }
 
+/// A fraction in (0, 1], such as a template's `report_share`.
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+pub struct Share(f64);
+
+impl Share {
+    /// A template's `report_share` unless it says otherwise: a quarter.
+    pub const DEFAULT_REPORT: Share = Share(0.25);
+
+    /// `fraction` as a share, or `None` if it is not in (0, 1] (NaN included).
+    pub fn new(fraction: f64) -> Option<Share> {
+        (fraction > 0.0 && fraction <= 1.0).then_some(Share(fraction))
+    }
+
+    /// The fraction.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+
+    /// This share of `total`, rounded down.
+    pub fn of(self, total: u64) -> u64 {
+        // Exact for any window a config accepts (at most 10^8 tokens).
+        (total as f64 * self.0).floor() as u64
+    }
+}
+
+/// When the same tool call, made again and again with the same result,
+/// counts as a loop (semantics §11). A count of 0 turns that stage off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoopDetection {
+    /// Identical calls in a row that emit a `looping` event (default 3).
+    pub warn_after: u32,
+    /// Identical calls in a row that fail the run (default 5).
+    pub fail_after: u32,
+}
+
+impl LoopDetection {
+    /// Never warns, never fails.
+    pub const OFF: LoopDetection = LoopDetection {
+        warn_after: 0,
+        fail_after: 0,
+    };
+}
+
+impl Default for LoopDetection {
+    fn default() -> Self {
+        LoopDetection {
+            warn_after: 3,
+            fail_after: 5,
+        }
+    }
+}
+
 /// The JSON Schemas a spawn's `prompt` and `params` must satisfy.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct InputSchema {
@@ -93,6 +145,12 @@ pub struct AgentTemplate {
     pub step_timeout: Option<Duration>,
     /// Estimated tokens a request may hold before truncation builds a shorter view.
     pub context_window: Option<u64>,
+    /// The share of its remaining context window (`context_window` less
+    /// `contextTokenCount`) one child's report may take in a spawn result;
+    /// a larger one is cut (semantics §10). Only with a `context_window`.
+    pub report_share: Share,
+    /// When repeating the same tool call warns and fails (semantics §11).
+    pub loop_detection: LoopDetection,
     /// What its parent does when its run fails.
     pub failure: FailurePolicy,
     /// A programmatic driver (semantics §4.5); `None` lets the model drive.
@@ -122,6 +180,8 @@ impl AgentTemplate {
             max_steps: 20,
             step_timeout: None,
             context_window: None,
+            report_share: Share::DEFAULT_REPORT,
+            loop_detection: LoopDetection::default(),
             failure: FailurePolicy::Report,
             handler: None,
         }

@@ -10,11 +10,12 @@ use std::sync::Arc;
 use arbor_actors::models::Latency;
 use arbor_actors::models::scripted::Script;
 use arbor_actors::schema::Schema;
-use arbor_actors::template::InputSchema;
+use arbor_actors::template::{InputSchema, LoopDetection, Share};
 use arbor_actors::{AgentTemplate, FailurePolicy};
 use arbor_supervisor::{TreeLimits, check_pattern};
 
 use super::catalog::{ModelSpec, simulated_config};
+use super::file::LoopDetectionSection;
 use super::read::{Source, at};
 use super::{ConfigFile, FailureSection, ModelSection, Problem, ServiceSection, ServiceSettings};
 use crate::providers::{ProviderKind, ProviderSettings};
@@ -74,6 +75,8 @@ pub mod ranges {
     pub const STEP_TIMEOUT: (Duration, Duration) = (MS, DAY);
     /// An agent's `context_window`, in tokens.
     pub const CONTEXT_WINDOW: (u64, u64) = (256, 100_000_000);
+    /// An agent's `loop_detection` counts (`warn_after`, `fail_after`; 0 is off).
+    pub const LOOP_COUNT: (u32, u32) = (0, 1000);
     /// An agent's `failure = { retry = { max } }`.
     pub const RETRY_MAX: (u32, u32) = (0, 100);
     /// An agent's `failure = { retry = { backoff } }`.
@@ -477,6 +480,20 @@ pub(super) fn templates(
             ranges::STEP_TIMEOUT,
             problems,
         );
+        let report_share = match a.report_share {
+            None => Share::DEFAULT_REPORT,
+            Some(fraction) => Share::new(fraction).unwrap_or_else(|| {
+                problems.push(at(
+                    text,
+                    &table,
+                    "report_share",
+                    format!("{fraction} is not a fraction in (0, 1] (0.25 is a quarter of the remaining context window)"),
+                ));
+                Share::DEFAULT_REPORT
+            }),
+        };
+        let loop_detection =
+            check_loop_detection(a.loop_detection.as_ref(), text, &table, problems);
         let mut t = AgentTemplate::new(id.clone(), a.model.clone());
         t.display_name = a.name.clone().unwrap_or_else(|| id.clone());
         t.description = a.description.clone();
@@ -494,10 +511,52 @@ pub(super) fn templates(
         t.max_steps = a.max_steps;
         t.step_timeout = step_timeout;
         t.context_window = a.context_window;
+        t.report_share = report_share;
+        t.loop_detection = loop_detection;
         t.failure = failure;
         out.push(t);
     }
     out
+}
+
+/// An agent's `loop_detection`: each count within its range, and a warning
+/// that comes before the failure (absent keys take the defaults).
+fn check_loop_detection(
+    section: Option<&LoopDetectionSection>,
+    text: &Source<'_>,
+    table: &str,
+    problems: &mut Vec<Problem>,
+) -> LoopDetection {
+    let defaults = LoopDetection::default();
+    let Some(section) = section else {
+        return defaults;
+    };
+    let warn_after = section.warn_after.unwrap_or(defaults.warn_after);
+    let fail_after = section.fail_after.unwrap_or(defaults.fail_after);
+    let before = problems.len();
+    for (name, value) in [("warn_after", warn_after), ("fail_after", fail_after)] {
+        if let Some(why) = arbor_supervisor::out_of_range(value, ranges::LOOP_COUNT) {
+            problems.push(at(text, table, "loop_detection", format!("{name}: {why}")));
+        }
+    }
+    if warn_after > 0 && fail_after > 0 && warn_after >= fail_after {
+        problems.push(at(
+            text,
+            table,
+            "loop_detection",
+            format!(
+                "warn_after ({warn_after}) must be below fail_after ({fail_after}), \
+                 or 0 to fail without a warning"
+            ),
+        ));
+    }
+    if problems.len() > before {
+        return defaults;
+    }
+    LoopDetection {
+        warn_after,
+        fail_after,
+    }
 }
 
 /// A spawn cycle needs `limits.max_depth`, or a tree could grow without end.

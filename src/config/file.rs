@@ -396,6 +396,11 @@ pub struct AgentSection {
     pub step_timeout: Option<String>,
     /// Estimated tokens a request may hold before truncation shortens it.
     pub context_window: Option<u64>,
+    /// The share of its remaining context window one child's report may take
+    /// (a fraction in (0, 1]; only with `context_window`).
+    pub report_share: Option<f64>,
+    /// When the same tool call repeated warns and fails.
+    pub loop_detection: Option<LoopDetectionSection>,
     /// What its parent does when its run fails.
     #[serde(default)]
     pub failure: FailureSection,
@@ -403,6 +408,16 @@ pub struct AgentSection {
 
 fn default_max_steps() -> u32 {
     20
+}
+
+/// An agent's `loop_detection = { warn_after, fail_after }` (0 turns a stage off).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoopDetectionSection {
+    /// Identical calls in a row that emit a `looping` event (absent: 3).
+    pub warn_after: Option<u32>,
+    /// Identical calls in a row that fail the run (absent: 5).
+    pub fail_after: Option<u32>,
 }
 
 /// An agent's `input_schema`: the schemas of its spawn input.

@@ -287,3 +287,32 @@ fn one_duration_grammar_reads_combined_units_and_days_everywhere() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn a_bad_report_share_or_loop_detection_is_refused_by_name() {
+    let base = "[models.sim]\nprovider = \"simulated\"\n\n[agents.lead]\nmodel = \"sim\"\n";
+    let cases = [
+        ("report_share = 0.0", "agents.lead.report_share", "(0, 1]"),
+        ("report_share = 1.5", "agents.lead.report_share", "(0, 1]"),
+        (
+            "loop_detection = { warn_after = 5, fail_after = 3 }",
+            "agents.lead.loop_detection",
+            "warn_after (5) must be below fail_after (3)",
+        ),
+        (
+            "loop_detection = { fail_after = 100000 }",
+            "agents.lead.loop_detection",
+            "fail_after: 100000 is out of range",
+        ),
+        ("loop_detection = { warn_afterr = 2 }", "warn_afterr", "unknown field"),
+    ];
+    for (line, key, why) in cases {
+        let (code, err) = check_text(&format!("{base}{line}\n"));
+        assert_eq!(code, Some(2), "{line}: {err}");
+        assert!(err.contains(key) && err.contains(why), "{line}: {err}");
+        assert!(err.contains("c.toml:6"), "{line}: {err}");
+    }
+    let fine = "report_share = 1.0\nloop_detection = { warn_after = 0, fail_after = 4 }\n";
+    let (code, err) = check_text(&format!("{base}{fine}"));
+    assert_eq!(code, Some(0), "{err}");
+}

@@ -10,6 +10,7 @@ mod fencing;
 mod layers;
 mod library;
 mod loadtest;
+mod long_running;
 mod mcp;
 mod provider_faults;
 mod provider_limits;

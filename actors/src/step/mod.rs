@@ -24,6 +24,7 @@ use crate::toolbox::Toolbox;
 mod calls;
 mod ids;
 mod turn;
+mod watch;
 
 use ids::{call_ids_ok, fresh_id, with_call_ids};
 
@@ -416,10 +417,11 @@ impl StepMachine {
         catalog: &dyn Catalog,
     ) -> Vec<Action> {
         let credits: f64 = reports.iter().map(|r| r.credits).sum();
+        let budget = self.report_budget();
         let Some(pending) = self.pending_for(step, index) else {
             return Vec::new();
         };
-        let entries: Vec<Value> = reports.iter().map(ChildReport::entry).collect();
+        let entries: Vec<Value> = reports.iter().map(|r| r.entry(budget)).collect();
         pending.results[index] = Some(Message::tool_result(&pending.calls[index], json!(entries)));
         pending.child_runs[index] = reports.into_iter().flat_map(|r| r.run_ids).collect();
         self.state.credits_used += credits;
@@ -443,6 +445,7 @@ impl StepMachine {
             .filter(|m| m.has_tag(SPAWN_PROMPT) || m.has_tag(INSTRUCTIONS_PROMPT))
             .map(Arc::as_ptr)
             .collect();
+        let budget = self.report_budget();
         let Some(pending) = self.pending_for(step, index) else {
             return Vec::new();
         };
@@ -456,7 +459,7 @@ impl StepMachine {
                     })
                     .expire(Expiry::TurnEnd);
                 pending.inline = Some((index, merged));
-                pending.results[index] = Some(Message::tool_result(call, report.entry()));
+                pending.results[index] = Some(Message::tool_result(call, report.entry(budget)));
             }
             (_, error) => {
                 let error = error.unwrap_or("inline agent failed").to_owned();
@@ -466,6 +469,15 @@ impl StepMachine {
         pending.child_runs[index] = report.run_ids;
         self.state.credits_used += report.credits;
         self.resolved(catalog)
+    }
+
+    /// The estimated tokens one child's report may take in a spawn result:
+    /// the template's `report_share` of what is left of its context window
+    /// (`None`: no `context_window`, no cut).
+    fn report_budget(&self) -> Option<u64> {
+        let window = self.template.context_window?;
+        let left = window.saturating_sub(self.state.context_token_count);
+        Some(self.template.report_share.of(left))
     }
 
     /// Ends the run as failed: the output is `{errorMessage}` (what a parent's

@@ -56,6 +56,9 @@ impl StepMachine {
         for runs in p.child_runs {
             self.state.child_run_ids.extend(runs);
         }
+        if let Some(stopped) = self.watch_loops(p.step, &p.calls, &results) {
+            return stopped;
+        }
         let mut end_turn = false;
         for (_, effect) in p.effects {
             match effect {

@@ -28,6 +28,7 @@ mod plain;
 mod programs;
 mod spawning;
 mod steering;
+mod watchdogs;
 
 // ------------------------------------------------------------ test doubles
 

@@ -584,3 +584,65 @@ fn one_invalid_spawn_agents_entry_is_refused_alone_and_the_valid_ones_run() {
     assert!(matches!(&children[2], Err((t, e)) if t.is_empty() && e.contains("agents[2]")));
     assert!(matches!(&children[3], Err((t, e)) if t == "historian" && e.contains("agents[3]")));
 }
+
+#[test]
+fn a_child_report_larger_than_its_share_of_the_parents_window_is_cut_with_a_note() {
+    let mut parent = spawner();
+    parent.context_window = Some(1_000);
+    parent.report_share = arbor_actors::template::Share::new(0.25).unwrap();
+    let mut run = Run::new(parent, spawning_catalog(), vec![Message::user("task")]);
+    request(run.start());
+    let (step, index, _) = run.spawn_reply_action(json!([
+        {"agent_type": "writer", "prompt": "short"},
+        {"agent_type": "writer", "prompt": "long"}
+    ]));
+    // The reply used 120 tokens: 880 are left, a quarter is 220 tokens (880 bytes).
+    assert_eq!(run.state().context_token_count, 120);
+    let report = |id: &str, value: Value| ChildReport {
+        agent_type: "writer".into(),
+        agent_name: "writer".into(),
+        agent_id: id.into(),
+        run_ids: vec![format!("T/0.{id}")],
+        status: AgentStatus::Completed,
+        value,
+        credits: 0.0,
+        history: None,
+        error_kind: None,
+    };
+    let short = json!({"type": "lastMessage", "value": "fine"});
+    let long = json!({"type": "lastMessage", "value": "y".repeat(5_000)});
+    let reports = vec![report("1", short.clone()), report("2", long.clone())];
+    request(run.m.spawn_done(step, index, reports, &run.cat));
+    let entries = result_value(&run.history()[2]);
+    assert_eq!(entries[0]["value"], short, "under the share: untouched");
+    let cut = &entries[1]["value"];
+    assert_eq!(cut["type"], "truncated");
+    assert_eq!(cut["text"].as_str().unwrap().len(), 880);
+    assert_eq!(cut["runId"], "T/0.2");
+    let full = long.to_string().len();
+    assert_eq!(cut["cutBytes"], json!(full - 880));
+    let note = cut["note"].as_str().unwrap();
+    assert!(note.contains("arbor show T/0.2"), "{note}");
+    assert_eq!(entries[1]["runId"], "T/0.2");
+}
+
+#[test]
+fn without_a_context_window_a_large_report_is_not_cut() {
+    let mut run = spawn_run(vec![Message::user("task")]);
+    request(run.start());
+    let (step, index, _) = run.spawn_reply_action(json!([{"agent_type": "writer"}]));
+    let long = json!({"type": "lastMessage", "value": "y".repeat(50_000)});
+    let report = ChildReport {
+        agent_type: "writer".into(),
+        agent_name: "writer".into(),
+        agent_id: "a".into(),
+        run_ids: vec!["T/0.1".into()],
+        status: AgentStatus::Completed,
+        value: long.clone(),
+        credits: 0.0,
+        history: None,
+        error_kind: None,
+    };
+    request(run.m.spawn_done(step, index, vec![report], &run.cat));
+    assert_eq!(result_value(&run.history()[2])[0]["value"], long);
+}
