@@ -45,6 +45,8 @@
 //! # Ok(()) }
 //! ```
 
+#![deny(missing_docs)]
+
 pub mod config;
 #[cfg(feature = "loadtest")]
 pub mod loadtest;

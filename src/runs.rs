@@ -271,6 +271,7 @@ mod tests {
                 depth: 1,
                 status: "completed".into(),
                 error: None,
+                error_kind: None,
                 steps: 1,
                 input_tokens: 0,
                 output_tokens: 0,

@@ -20,6 +20,7 @@ use super::error::ApiError;
 pub struct Tokens(Vec<Box<[u8]>>);
 
 impl Tokens {
+    /// These tokens (trimmed; empty ones dropped).
     pub fn new<S: AsRef<str>>(tokens: impl IntoIterator<Item = S>) -> Tokens {
         Tokens(
             tokens
@@ -36,10 +37,12 @@ impl Tokens {
         Tokens::new(list.split(','))
     }
 
+    /// Whether there is no token (the service then refuses a public address).
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
+    /// Whether `presented` is one of the tokens (compared in constant time).
     pub fn accepts(&self, presented: &[u8]) -> bool {
         let mut ok = subtle::Choice::from(0);
         for token in &self.0 {

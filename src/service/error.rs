@@ -14,17 +14,22 @@ use utoipa::ToSchema;
 /// An error response.
 #[derive(Debug)]
 pub struct ApiError {
+    /// The response's HTTP status.
     pub status: StatusCode,
+    /// Its stable, machine-readable code (`not_found`, `conflict`, …).
     pub code: &'static str,
+    /// What was wrong, for a person.
     pub message: String,
 }
 
 /// The body of every error response.
 #[derive(Serialize, ToSchema)]
 pub struct ErrorBody {
+    /// The error.
     pub error: ErrorDetail,
 }
 
+/// What an error response says.
 #[derive(Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// A stable, machine-readable code (`unauthorized`, `not_found`,
@@ -35,6 +40,7 @@ pub struct ErrorDetail {
 }
 
 impl ApiError {
+    /// An error with this status, code and message.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,
@@ -43,10 +49,12 @@ impl ApiError {
         }
     }
 
+    /// A 422: the request is not valid (the message names what is wrong).
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
     }
 
+    /// A 404: no such run, tree or route.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", message)
     }

@@ -47,6 +47,7 @@ const PAGE: &str = include_str!("page.html");
 /// How the service runs (from `[service]` of the config, or in code).
 #[derive(Debug)]
 pub struct ServiceOptions {
+    /// The bearer tokens a request may present (none: only loopback serves).
     pub tokens: Tokens,
     /// Where the tokens come from, named when they are missing.
     pub tokens_env: String,
@@ -256,6 +257,7 @@ impl Service {
         Ok(Service { shared })
     }
 
+    /// The runtime the service starts its trees in.
     pub fn runtime(&self) -> &Runtime {
         &self.shared.runtime
     }

@@ -24,7 +24,7 @@ mod tree;
 
 pub use bus::{EventBus, EventStream};
 pub use catalog::{Catalog, CatalogBuilder, ToolSource};
-pub use error::Error;
+pub use error::{Error, StoreUse};
 pub use limits::{TreeLimits, out_of_range};
 pub use policy::{ToolPolicy, ToolRule, check_pattern, matches as pattern_matches};
 pub use recovery::{RecordedReply, Recovery, Spent, Tape};

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arbor_actors::{AgentStatus, Event, EventKind, Usage};
+use arbor_actors::{AgentStatus, Event, EventKind, FailureKind, Usage};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -180,6 +180,8 @@ pub(super) fn journal_body(
         status: AgentStatus,
         #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error_kind: Option<FailureKind>,
     }
     let r#type = kind.name();
     match kind {
@@ -205,6 +207,7 @@ pub(super) fn journal_body(
                     EventKind::AgentFailed { error, .. } => Some(error),
                     _ => state.error_message(),
                 },
+                error_kind: state.error_kind,
             };
             serde_json::to_writer(out, &Typed { r#type, fields })
         }
@@ -285,6 +288,30 @@ mod tests {
 
     fn record(json: &str) -> JournalEntry {
         JournalEntry::from_record(serde_json::from_str(json).unwrap()).unwrap()
+    }
+
+    /// A failed run's final entry carries its failure's kind beside the text
+    /// (semantics §7); one without a kind (stored before kinds) has none.
+    #[test]
+    fn a_failed_runs_entry_names_its_error_kind() {
+        let mut state = AgentState {
+            run_id: "t/0.2".into(),
+            status: AgentStatus::Failed,
+            error_kind: Some(arbor_actors::FailureKind::ModelRateLimited),
+            ..AgentState::default()
+        };
+        let failed = |state: &AgentState| {
+            let kind = EventKind::AgentFailed {
+                error: "model m is rate-limited: 429".into(),
+                state: Arc::new(state.clone()),
+                inherited: 0,
+            };
+            let entry = journal_view(&event(3, "t/0.2", 1, kind)).unwrap();
+            serde_json::to_value(&entry).unwrap()
+        };
+        assert_eq!(failed(&state)["errorKind"], "model_rate_limited");
+        state.error_kind = None;
+        assert!(failed(&state).get("errorKind").is_none());
     }
 
     /// The JSON `journal_view` gave (as a `Value`) before the entry was typed,

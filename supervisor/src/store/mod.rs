@@ -250,6 +250,11 @@ pub struct RunNode {
     pub status: String,
     /// The error its final event names; `None` otherwise.
     pub error: Option<String>,
+    /// The kind of that error (`model_rate_limited`, `limit`, …; semantics
+    /// §7); `None` when it did not fail or was stored before kinds were.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub error_kind: Option<arbor_actors::FailureKind>,
     /// Model replies recorded for it (one per model step).
     pub steps: u64,
     /// Input tokens of its own model calls.

@@ -196,6 +196,7 @@ impl TreeLog {
                 node.depth = e.get("depth").and_then(Value::as_u64).unwrap_or(0);
                 node.status = "running".into();
                 node.error = None;
+                node.error_kind = None;
                 node.finished_ms = None;
                 if node.started_ms == 0 {
                     node.started_ms = at;
@@ -203,6 +204,9 @@ impl TreeLog {
             }
             Some("agentFinished" | "agentFailed" | "agentCancelled") => {
                 let (status, error) = (str_of("status"), str_of("error"));
+                let kind = e
+                    .get("errorKind")
+                    .and_then(|k| serde_json::from_value::<FailureKind>(k.clone()).ok());
                 let run_id = run_id.to_owned();
                 let r = self.run(&run_id);
                 let output = r
@@ -214,6 +218,7 @@ impl TreeLog {
                 node.run_id = run_id;
                 node.status = status.unwrap_or_default();
                 node.error = error;
+                node.error_kind = kind;
                 node.finished_ms = Some(at);
                 e.insert("output".into(), output);
             }
@@ -340,6 +345,7 @@ impl Default for RunNode {
             depth: 0,
             status: "running".into(),
             error: None,
+            error_kind: None,
             steps: 0,
             input_tokens: 0,
             output_tokens: 0,
