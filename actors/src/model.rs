@@ -219,9 +219,8 @@ impl ModelError {
     /// How long the endpoint asked to wait before trying again, if it said.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            ModelError::RateLimited { retry_after, .. } | ModelError::Transient { retry_after, .. } => {
-                *retry_after
-            }
+            ModelError::RateLimited { retry_after, .. }
+            | ModelError::Transient { retry_after, .. } => *retry_after,
             _ => None,
         }
     }

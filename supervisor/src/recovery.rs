@@ -5,11 +5,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use arbor_actors::steer::Steer;
 use arbor_actors::{
     AgentState, Checkpoint, DeltaSink, Message, Model, ModelError, ModelRequest, ModelResponse,
     Recovered, Usage,
 };
-use arbor_actors::steer::Steer;
 use async_trait::async_trait;
 
 /// A model reply as the store recorded it.

@@ -304,7 +304,11 @@ fn a_bad_report_share_or_loop_detection_is_refused_by_name() {
             "agents.lead.loop_detection",
             "fail_after: 100000 is out of range",
         ),
-        ("loop_detection = { warn_afterr = 2 }", "warn_afterr", "unknown field"),
+        (
+            "loop_detection = { warn_afterr = 2 }",
+            "warn_afterr",
+            "unknown field",
+        ),
     ];
     for (line, key, why) in cases {
         let (code, err) = check_text(&format!("{base}{line}\n"));

@@ -17,11 +17,11 @@ use tracing::Instrument;
 
 use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
-use crate::steer::SteerRefused;
 use crate::hooks::{Slot, SlotPriority, TreeHooks};
 use crate::limit::{Limit, LimitHit};
 use crate::model::{Delta, DeltaSink, ModelRequest, ModelResponse};
 use crate::state::{AgentState, AgentStatus};
+use crate::steer::SteerRefused;
 use crate::step::{Action, Catalog, StepMachine};
 use crate::supervision;
 use crate::template::AgentTemplate;
@@ -376,12 +376,9 @@ impl Actor for AgentActor {
                     ToolOutcome::Done(result) => {
                         run.guarded(|m| m.tool_done(step, index, result, &catalog))
                     }
-                    ToolOutcome::Panicked(error) if step == run.machine.step() => {
-                        run.machine.fail(Failure::new(
-                            FailureKind::Panicked,
-                            format!("a tool panicked: {error}"),
-                        ))
-                    }
+                    ToolOutcome::Panicked(error) if step == run.machine.step() => run.machine.fail(
+                        Failure::new(FailureKind::Panicked, format!("a tool panicked: {error}")),
+                    ),
                     ToolOutcome::Panicked(_) => Vec::new(),
                 }
             }

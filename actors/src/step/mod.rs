@@ -9,7 +9,6 @@ use serde_json::{Value, json};
 
 use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
-use crate::steer::{STEERING, Steer, SteerRefused};
 use crate::handler::{Resume, StepProgram};
 use crate::history::{Expiry, History};
 use crate::message::{INSTRUCTIONS_PROMPT, Message, SPAWN_PROMPT, STEP_PROMPT, ToolCall};
@@ -17,6 +16,7 @@ use crate::model::{ModelRequest, ModelResponse, RequestMeta};
 use crate::output::output_value;
 use crate::spawn::{ChildPlan, ChildReport};
 use crate::state::{AgentState, AgentStatus};
+use crate::steer::{STEERING, Steer, SteerRefused};
 use crate::template::AgentTemplate;
 use crate::tool::{Tool, ToolOutput};
 use crate::toolbox::Toolbox;

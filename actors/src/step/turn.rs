@@ -112,12 +112,10 @@ impl StepMachine {
             (Drive::OneStep, _) | (Drive::AllSteps, true) => {
                 self.resume_program(None, turn_ended, catalog)
             }
-            (Drive::ProgramTools, _) => {
-                self.fail(Failure::new(
-                    FailureKind::Internal,
-                    "internal: model step while a program waits for tools",
-                ))
-            }
+            (Drive::ProgramTools, _) => self.fail(Failure::new(
+                FailureKind::Internal,
+                "internal: model step while a program waits for tools",
+            )),
         }
     }
 

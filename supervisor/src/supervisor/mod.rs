@@ -8,7 +8,6 @@ use arbor_actors::steer::{Steer, SteerRefused};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, Weak};
 
-use arbor_actors::{Failure, FailureKind};
 use arbor_actors::TreeHooks as _;
 use arbor_actors::history::History;
 use arbor_actors::spawn::input_messages;
@@ -18,6 +17,7 @@ use arbor_actors::{
     AgentActor, AgentArgs, AgentMsg, AgentSnapshot, AgentState, CancelReason, EventKind, Limit,
     LimitHit, Model, Reply, RunResult, StepMachine, TreeId,
 };
+use arbor_actors::{Failure, FailureKind};
 use ractor::{Actor, ActorRef};
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -153,7 +153,10 @@ impl Supervisor {
                     .map(|(_, root)| root.clone())
                     .collect();
                 for root in roots {
-                    let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(Failure::new(FailureKind::Store, reason.clone()))));
+                    let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(Failure::new(
+                        FailureKind::Store,
+                        reason.clone(),
+                    ))));
                 }
             }),
             Box::new(move |fenced: Fenced| {
@@ -163,7 +166,10 @@ impl Supervisor {
                     .map(|(_, r)| r.clone());
                 if let Some(root) = root {
                     let reason = Error::from(fenced).to_string();
-                    let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(Failure::new(FailureKind::Store, reason))));
+                    let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(Failure::new(
+                        FailureKind::Store,
+                        reason,
+                    ))));
                 }
             }),
         )?);
@@ -558,10 +564,16 @@ impl Supervisor {
         // this tree to fail it; nor did a claim that another process took
         // over meanwhile (the tree is not run here then).
         if let Some(reason) = self.store.as_ref().and_then(|(_, w)| w.failure()) {
-            let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(Failure::new(FailureKind::Store, reason))));
+            let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(Failure::new(
+                FailureKind::Store,
+                reason,
+            ))));
         } else if let Some(fenced) = self.store.as_ref().and_then(|(_, w)| w.fenced(&tree_id)) {
             let reason = Error::from(fenced).to_string();
-            let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(Failure::new(FailureKind::Store, reason))));
+            let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(Failure::new(
+                FailureKind::Store,
+                reason,
+            ))));
         }
         Ok(TreeHandle {
             tree_id,

@@ -14,12 +14,12 @@ use arbor_actors::message::{
 use arbor_actors::model::{ModelRequest, ModelResponse, Usage, UsageSource};
 use arbor_actors::schema::Schema;
 use arbor_actors::spawn::{ChildPlan, ChildReport, ChildStart, ParentInfo};
-use arbor_actors::{Failure, FailureKind};
 use arbor_actors::state::{AgentState, AgentStatus};
 use arbor_actors::template::{AgentTemplate, AgentTypeId, OutputMode};
 use arbor_actors::tool::Tool;
 use arbor_actors::toolbox::Toolbox;
 use arbor_actors::{Action, Catalog, EventKind, StepMachine};
+use arbor_actors::{Failure, FailureKind};
 use arbor_test_support::Echo;
 use serde_json::{Value, json};
 

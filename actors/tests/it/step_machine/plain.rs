@@ -397,7 +397,11 @@ fn stale_replies_and_events_after_the_end_are_ignored() {
     assert_eq!(run.history().len(), 1);
     finish(run.reply(Message::assistant_text("done")));
     assert!(run.reply(Message::assistant_text("again")).is_empty());
-    assert!(run.m.fail(Failure::new(FailureKind::Internal, "too late")).is_empty());
+    assert!(
+        run.m
+            .fail(Failure::new(FailureKind::Internal, "too late"))
+            .is_empty()
+    );
     assert!(run.m.cancel().is_empty());
     assert_eq!(run.state().status, AgentStatus::Completed);
     assert_eq!(run.history().len(), 2);
