@@ -443,15 +443,28 @@ pub async fn cancel_run(
             }),
         ));
     }
+    Err(not_running(supervisor, run_id, "").await)
+}
+
+/// A 409 for a run the store has but this process does not run (a 404, or
+/// the store's error, when it has none): names the status it is in.
+async fn not_running(
+    supervisor: &arbor_supervisor::Supervisor,
+    run_id: String,
+    hint: &str,
+) -> ApiError {
     let id = run_id.clone();
-    let stored = supervisor
-        .read_store_now(move |store| store.run(&id))
-        .await?;
-    Err(ApiError::new(
-        StatusCode::CONFLICT,
-        "conflict",
-        format!("run {run_id} is not running (it is {})", stored.node.status),
-    ))
+    match supervisor.read_store_now(move |store| store.run(&id)).await {
+        Ok(stored) => ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!(
+                "run {run_id} is not running (it is {}){hint}",
+                stored.node.status
+            ),
+        ),
+        Err(error) => error.into(),
+    }
 }
 
 #[utoipa::path(
@@ -485,18 +498,7 @@ pub async fn steer_run(
         // Not running here: a stored run has ended (or lives in another
         // process); one the store does not know is a 404.
         Err(arbor_supervisor::Error::UnknownRun(_)) => {
-            let id = run_id.clone();
-            let stored = supervisor
-                .read_store_now(move |store| store.run(&id))
-                .await?;
-            Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "conflict",
-                format!(
-                    "run {run_id} is not running (it is {}); start a follow-up turn instead",
-                    stored.node.status
-                ),
-            ))
+            Err(not_running(supervisor, run_id, "; start a follow-up turn instead").await)
         }
         Err(error) => Err(error.into()),
     }
