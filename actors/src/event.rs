@@ -169,6 +169,29 @@ pub enum EventKind {
         #[serde(skip)]
         inherited: usize,
     },
+    /// A tool call waits for a person's decision (semantics §12); the run
+    /// holds its step's calls and gives its live slot back.
+    #[serde(rename_all = "camelCase")]
+    ApprovalRequested {
+        /// The step of the call.
+        step: u32,
+        /// The model's call id (what a decision names).
+        tool_call_id: String,
+        /// The tool, by the name templates and policies use.
+        tool: String,
+        /// The input the model gave it.
+        input: Value,
+    },
+    /// A person decided on a tool call (semantics §12).
+    #[serde(rename_all = "camelCase")]
+    ApprovalDecided {
+        /// The step of the call.
+        step: u32,
+        /// The model's call id.
+        tool_call_id: String,
+        /// What they decided.
+        decision: crate::approval::Decision,
+    },
     /// A person sent the run a steering message (semantics §9); it joins the
     /// history at the next step boundary.
     Steered {
@@ -248,6 +271,8 @@ impl EventKind {
             EventKind::AgentCancelled { .. } => "agentCancelled",
             EventKind::LimitHit { .. } => "limitHit",
             EventKind::Steered { .. } => "steered",
+            EventKind::ApprovalRequested { .. } => "approvalRequested",
+            EventKind::ApprovalDecided { .. } => "approvalDecided",
             EventKind::Looping { .. } => "looping",
         }
     }
@@ -297,13 +322,17 @@ pub enum EventType {
     LimitHit,
     /// `steered`: a person sent a running agent a message.
     Steered,
+    /// `approvalRequested`: a tool call waits for a person's decision.
+    ApprovalRequested,
+    /// `approvalDecided`: a person decided on a tool call.
+    ApprovalDecided,
     /// `looping`: a run repeated the same tool call with the same result.
     Looping,
 }
 
 impl EventType {
     /// Every journal type.
-    pub const ALL: [EventType; 18] = [
+    pub const ALL: [EventType; 20] = [
         EventType::AgentStarted,
         EventType::StepStarted,
         EventType::ModelRetrying,
@@ -322,6 +351,8 @@ impl EventType {
         EventType::LimitHit,
         EventType::Steered,
         EventType::Looping,
+        EventType::ApprovalRequested,
+        EventType::ApprovalDecided,
     ];
 
     /// The journal type of an event; `None` for what the journal leaves out
@@ -347,6 +378,8 @@ impl EventType {
             EventKind::AgentCancelled { .. } => EventType::AgentCancelled,
             EventKind::LimitHit { .. } => EventType::LimitHit,
             EventKind::Steered { .. } => EventType::Steered,
+            EventKind::ApprovalRequested { .. } => EventType::ApprovalRequested,
+            EventKind::ApprovalDecided { .. } => EventType::ApprovalDecided,
             EventKind::Looping { .. } => EventType::Looping,
         })
     }
@@ -371,6 +404,8 @@ impl EventType {
             EventType::AgentCancelled => "agentCancelled",
             EventType::LimitHit => "limitHit",
             EventType::Steered => "steered",
+            EventType::ApprovalRequested => "approvalRequested",
+            EventType::ApprovalDecided => "approvalDecided",
             EventType::Looping => "looping",
         }
     }

@@ -115,4 +115,14 @@ pub trait TreeHooks: Send + Sync + 'static {
         let _ = run_id;
         Vec::new()
     }
+
+    /// The decisions on tool calls a resumed or replayed tree recorded for
+    /// the run `run_id`, by call id (semantics §12; none for a new tree).
+    fn decisions(
+        &self,
+        run_id: &str,
+    ) -> std::collections::HashMap<String, crate::approval::Decision> {
+        let _ = run_id;
+        std::collections::HashMap::new()
+    }
 }

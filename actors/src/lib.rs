@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 
 mod agent;
+pub mod approval;
 mod checkpoint;
 pub mod duration;
 mod event;

@@ -151,6 +151,10 @@ pub struct AgentTemplate {
     pub report_share: Share,
     /// When repeating the same tool call warns and fails (semantics §11).
     pub loop_detection: LoopDetection,
+    /// Patterns of the tools (by the names templates use, `fs/write_*`)
+    /// whose calls wait for a person's decision (semantics §12); the
+    /// supervisor marks them when it builds the template's toolbox.
+    pub approve: Vec<String>,
     /// What its parent does when its run fails.
     pub failure: FailurePolicy,
     /// A programmatic driver (semantics §4.5); `None` lets the model drive.
@@ -182,6 +186,7 @@ impl AgentTemplate {
             context_window: None,
             report_share: Share::DEFAULT_REPORT,
             loop_detection: LoopDetection::default(),
+            approve: Vec::new(),
             failure: FailurePolicy::Report,
             handler: None,
         }

@@ -90,6 +90,9 @@ pub(crate) struct ToolEntry {
     /// The name templates and policies use (`fs/read_file`); the toolbox is
     /// keyed by the name the model sees (`fs__read_file`).
     pub name: String,
+    /// Whether a call waits for a person's decision before it runs
+    /// (semantics §12; external tools only).
+    pub approval: bool,
 }
 
 /// The tools one template's agents may call, keyed by the name the model sees.
@@ -396,6 +399,7 @@ impl Toolbox {
                     kind: ToolKind::External(tool),
                     schema,
                     name,
+                    approval: false,
                 },
             );
         }
@@ -421,8 +425,27 @@ impl Toolbox {
                 kind,
                 schema,
                 name: name.to_owned(),
+                approval: false,
             },
         );
+    }
+
+    /// This toolbox with the external tools `needs` names (by the name
+    /// templates and policies use) waiting for a person's decision before
+    /// each call runs (semantics §12). The built-ins never wait.
+    pub fn with_approval(&self, needs: impl Fn(&str) -> bool) -> Toolbox {
+        let mut tb = self.clone();
+        for entry in tb.entries.values_mut() {
+            if matches!(entry.kind, ToolKind::External(_)) && needs(&entry.name) {
+                entry.approval = true;
+            }
+        }
+        tb
+    }
+
+    /// Whether any tool of this toolbox waits for approval.
+    pub fn needs_approval(&self) -> bool {
+        self.entries.values().any(|e| e.approval)
     }
 
     /// This toolbox without the tools `allowed` refuses (by the name templates

@@ -21,6 +21,7 @@ use crate::hooks::{Slot, SlotPriority, TreeHooks};
 use crate::limit::{Limit, LimitHit};
 use crate::model::{Delta, DeltaSink, ModelRequest, ModelResponse};
 use crate::state::{AgentState, AgentStatus};
+use crate::approval::{DecideRefused, Decision};
 use crate::steer::SteerRefused;
 use crate::step::{Action, Catalog, StepMachine};
 use crate::supervision;
@@ -124,6 +125,16 @@ pub enum AgentMsg {
         /// Where the answer goes.
         reply: RpcReplyPort<Result<(), SteerRefused>>,
     },
+    /// A person's decision on a tool call that waits for approval
+    /// (semantics §12), answered at once.
+    Decide {
+        /// The model's call id.
+        call_id: String,
+        /// What they decided.
+        decision: Decision,
+        /// Where the answer goes.
+        reply: RpcReplyPort<Result<(), DecideRefused>>,
+    },
 }
 
 /// How a tool call's task ended.
@@ -156,11 +167,21 @@ pub struct AgentActor;
 enum Phase {
     /// It steps, in its live slot (if live agents are limited).
     Running,
-    /// It gave its live slot back while its children run; `parked` is a step
-    /// that waits for a slot again.
-    Suspended { parked: Option<ModelRequest> },
+    /// It gave its live slot back while its children run or its calls wait
+    /// for approval; `parked` is work that waits for a slot again.
+    Suspended { parked: Option<Parked> },
     /// Its result is out: the actor stops.
     Finished,
+}
+
+/// Work a suspended agent does once it holds a live slot again.
+// At most one per actor, inline like the phase that holds it.
+#[allow(clippy::large_enum_variant)]
+enum Parked {
+    /// The next step's model request.
+    Request(ModelRequest),
+    /// A step's calls, let go by their approvals.
+    Actions(Vec<Action>),
 }
 
 /// The actor's state: the machine plus the work in flight.
@@ -318,6 +339,10 @@ impl Actor for AgentActor {
         if !steers.is_empty() {
             run.machine.recover_steers(steers);
         }
+        let decisions = hooks.decisions(&run.run_id);
+        if !decisions.is_empty() {
+            run.machine.recover_decisions(decisions);
+        }
         let actions = run.guarded(|m| m.start(&HookCatalog(hooks.as_ref())));
         run.execute(&myself, actions);
         // A run can end before its first message (a refused first step).
@@ -395,6 +420,33 @@ impl Actor for AgentActor {
             AgentMsg::StepTimeout { step, generation } => run.step_timeout(step, generation),
             AgentMsg::Cancel(reason) => run.cancel(reason),
             AgentMsg::CancelChild { run_id } => run.feed(supervision::Input::Cancel { run_id }),
+            AgentMsg::Decide {
+                call_id,
+                decision,
+                reply,
+            } => match run.machine.decide(&call_id, decision, &catalog) {
+                Ok(actions) => {
+                    let _ = reply.send(Ok(()));
+                    let runs_calls = actions.iter().any(|a| {
+                        matches!(
+                            a,
+                            Action::RunTool { .. }
+                                | Action::SpawnAgents { .. }
+                                | Action::SpawnInline { .. }
+                        )
+                    });
+                    if runs_calls && matches!(run.phase, Phase::Suspended { .. }) {
+                        run.park(&myself, Parked::Actions(actions));
+                        Vec::new()
+                    } else {
+                        actions
+                    }
+                }
+                Err(refused) => {
+                    let _ = reply.send(Err(refused));
+                    Vec::new()
+                }
+            },
             AgentMsg::Steer { text, reply } => {
                 let _ = reply.send(run.machine.steer(text));
                 Vec::new()
@@ -475,6 +527,12 @@ impl AgentRun {
         for action in actions {
             match action {
                 Action::CallModel(request) => self.call_model(myself, request),
+                // Its calls wait for a person: the slot is not needed meanwhile.
+                Action::AwaitApproval => {
+                    if self.tools_running == 0 && self.model_task.is_none() {
+                        self.suspend();
+                    }
+                }
                 Action::RunTool {
                     step,
                     index,
@@ -516,23 +574,35 @@ impl AgentRun {
     /// that gave its slot back while its children ran).
     fn call_model(&mut self, myself: &ActorRef<AgentMsg>, request: ModelRequest) {
         if let Phase::Suspended { parked } = &mut self.phase {
-            *parked = Some(request);
-            let acquire = self.hooks.acquire_slot(SlotPriority {
-                depth: self.machine.state().depth(),
-                resume: true,
-            });
-            let me = myself.clone();
-            let mut cancelled = self.cancel_tx.subscribe();
-            tokio::spawn(async move {
-                tokio::select! {
-                    biased;
-                    _ = cancelled.wait_for(|c| *c) => {}
-                    permit = acquire => { let _ = me.cast(AgentMsg::SlotReady(permit)); }
-                }
-            });
-            return;
+            *parked = Some(Parked::Request(request));
+            return self.await_slot(myself);
         }
         self.send_model(myself, request);
+    }
+
+    /// Keeps `work` until the agent holds a live slot again, and asks for one.
+    fn park(&mut self, myself: &ActorRef<AgentMsg>, work: Parked) {
+        if let Phase::Suspended { parked } = &mut self.phase {
+            *parked = Some(work);
+            self.await_slot(myself);
+        }
+    }
+
+    /// Asks for a live slot in a task; `SlotReady` answers (unless cancelled).
+    fn await_slot(&mut self, myself: &ActorRef<AgentMsg>) {
+        let acquire = self.hooks.acquire_slot(SlotPriority {
+            depth: self.machine.state().depth(),
+            resume: true,
+        });
+        let me = myself.clone();
+        let mut cancelled = self.cancel_tx.subscribe();
+        tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                _ = cancelled.wait_for(|c| *c) => {}
+                permit = acquire => { let _ = me.cast(AgentMsg::SlotReady(permit)); }
+            }
+        });
     }
 
     /// Admits the step against the tree's budgets (only now that it holds a
@@ -715,8 +785,10 @@ impl AgentRun {
             Phase::Running | Phase::Finished => None,
         };
         self.emit(EventKind::Resumed);
-        if let Some(request) = parked {
-            self.send_model(myself, request);
+        match parked {
+            Some(Parked::Request(request)) => self.send_model(myself, request),
+            Some(Parked::Actions(actions)) => return actions,
+            None => {}
         }
         Vec::new()
     }

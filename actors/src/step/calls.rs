@@ -28,14 +28,16 @@ impl StepMachine {
             inline: None,
             awaiting: 0,
             origin,
+            held: Default::default(),
         };
+        let mut needing = Vec::new();
         let mut actions = Vec::new();
         let mut snapshot: Option<History> = None;
         let mut inline_seen = false;
         for index in 0..n {
             let call = pending.calls[index].clone();
             let outcome = self.classify(&call, &mut inline_seen);
-            let (kind, input) = match outcome {
+            let (kind, input, approval) = match outcome {
                 Ok(ok) => ok,
                 Err(error) => {
                     pending.results[index] = Some(Message::tool_error(&call, error));
@@ -56,6 +58,9 @@ impl StepMachine {
                 },
                 ToolKind::External(tool) => {
                     pending.awaiting += 1;
+                    if approval {
+                        needing.push(index);
+                    }
                     actions.push(Action::RunTool {
                         step: self.step,
                         index,
@@ -81,6 +86,9 @@ impl StepMachine {
                 }
             }
         }
+        if !needing.is_empty() {
+            return self.hold_for_approval(pending, needing, actions, catalog);
+        }
         self.pending = Some(pending);
         if actions.is_empty() {
             return self.commit(catalog);
@@ -93,7 +101,7 @@ impl StepMachine {
         &self,
         call: &ToolCall,
         inline_seen: &mut bool,
-    ) -> Result<(ToolKind, Value), String> {
+    ) -> Result<(ToolKind, Value, bool), String> {
         let name = call.tool_name.as_str();
         let Some(entry) = self.toolbox.get(name) else {
             if let Some(denied) = self.toolbox.denied(name) {
@@ -122,7 +130,7 @@ impl StepMachine {
             }
             *inline_seen = true;
         }
-        Ok((entry.kind.clone(), input))
+        Ok((entry.kind.clone(), input, entry.approval))
     }
 
     #[allow(clippy::type_complexity)]

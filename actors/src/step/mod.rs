@@ -21,6 +21,7 @@ use crate::template::AgentTemplate;
 use crate::tool::{Tool, ToolOutput};
 use crate::toolbox::Toolbox;
 
+mod approve;
 mod calls;
 mod ids;
 mod turn;
@@ -64,6 +65,9 @@ pub enum Action {
         /// The child.
         child: ChildPlan,
     },
+    /// Calls of this step wait for a person's decision (`approvalRequested`
+    /// events say which): give the live slot back; `decide` answers.
+    AwaitApproval,
     /// The run is over; `state().status` says how.
     Finish,
 }
@@ -110,6 +114,8 @@ struct Pending {
     inline: Option<(usize, History)>,
     awaiting: usize,
     origin: Origin,
+    /// The calls that wait for a person's decision (semantics §12).
+    held: approve::Held,
 }
 
 /// The pure decisions of one run (semantics §4–§7): fed model replies, tool
@@ -143,6 +149,8 @@ pub struct StepMachine {
     /// Steers a replay sends again, each when the run is at the step it
     /// first arrived in.
     scheduled_steers: Vec<Steer>,
+    /// Decisions on tool calls recorded before a restart, by call id.
+    recorded_decisions: std::collections::HashMap<String, crate::approval::Decision>,
 }
 
 impl StepMachine {
@@ -174,6 +182,7 @@ impl StepMachine {
             loops: watch::LoopWatch::default(),
             steers: Vec::new(),
             scheduled_steers: Vec::new(),
+            recorded_decisions: std::collections::HashMap::new(),
         }
     }
 

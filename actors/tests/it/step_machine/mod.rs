@@ -23,6 +23,7 @@ use arbor_actors::{Failure, FailureKind};
 use arbor_test_support::Echo;
 use serde_json::{Value, json};
 
+mod approvals;
 mod checkpoints;
 mod plain;
 mod programs;
@@ -179,7 +180,9 @@ fn kind(action: &Action) -> &'static str {
         Action::RunTool { .. } => "RunTool",
         Action::SpawnAgents { .. } => "SpawnAgents",
         Action::SpawnInline { .. } => "SpawnInline",
+        Action::AwaitApproval => "AwaitApproval",
         Action::Finish => "Finish",
+        _ => "other",
     }
 }
 

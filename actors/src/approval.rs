@@ -1,0 +1,60 @@
+//! Approvals: a person decides on a tool call before it runs (semantics §12).
+//!
+//! A call to a tool that needs approval (the template's `approve` patterns,
+//! the tree policy's) does not run when the model asks for it: the machine
+//! holds every call of that step, emits an `approvalRequested` event per call
+//! that needs a decision, and the actor gives its live slot back. Each
+//! decision (approve, approve with an edited input, deny with a reason) is an
+//! `approvalDecided` event; once the step's last one is in, its calls go on
+//! (a denied one answers the model with the reason). A restarted or replayed
+//! run asks again for the same calls (their ids are the same) and takes the
+//! decisions already recorded without asking anyone.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A person's decision on one tool call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Decision {
+    /// Run it: with the model's input, or with this one instead (checked
+    /// against the tool's schema like the model's).
+    Approve {
+        /// The input to run it with instead of the model's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        input: Option<Value>,
+    },
+    /// Do not run it: the model reads an error result with the reason.
+    Deny {
+        /// Why, for the model.
+        #[serde(default)]
+        reason: String,
+    },
+}
+
+impl Decision {
+    /// The error text a denied call answers the model with.
+    pub fn denial(reason: &str) -> String {
+        if reason.trim().is_empty() {
+            "The user denied this tool call".to_owned()
+        } else {
+            format!("The user denied this tool call: {reason}")
+        }
+    }
+}
+
+/// Why a decision was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecideRefused {
+    /// No call of that id waits for a decision in this run (never asked, or
+    /// decided already).
+    #[error("no tool call {0} waits for a decision")]
+    NotPending(String),
+    /// The edited input does not fit the tool's schema.
+    #[error("the edited input does not fit the tool: {0}")]
+    InvalidInput(String),
+    /// The run has ended.
+    #[error("the run has ended")]
+    Ended,
+}
