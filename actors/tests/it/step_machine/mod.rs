@@ -182,7 +182,6 @@ fn kind(action: &Action) -> &'static str {
         Action::SpawnInline { .. } => "SpawnInline",
         Action::AwaitApproval => "AwaitApproval",
         Action::Finish => "Finish",
-        _ => "other",
     }
 }
 
