@@ -33,6 +33,7 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let rule = arbor_supervisor::ToolRule {
         allow: allow_tools,
         deny: deny_tools,
+        ..Default::default()
     };
     if let Some((pattern, why)) = rule.problems().into_iter().next() {
         anyhow::bail!("--allow-tools/--deny-tools: pattern {pattern:?}: {why}");

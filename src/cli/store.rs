@@ -146,9 +146,7 @@ async fn replay_tree(
     let recovery = store.recovery(&tree_id)?;
     let runtime = Runtime::new(config)?;
     let supervisor = runtime.supervisor();
-    let handle = supervisor
-        .replay(record.request(), recovery.replies, recovery.steers)
-        .await?;
+    let handle = supervisor.replay(record.request(), recovery).await?;
     handle.wait().await?;
     match arbor::runs::compare_replay(&recorded, |run| supervisor.finished_state(run)) {
         Ok(n) => {

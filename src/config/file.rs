@@ -58,6 +58,10 @@ pub struct PolicySection {
     /// No tool matching one of these.
     #[serde(default)]
     pub deny_tools: Vec<String>,
+    /// Calls of the tools matching one of these wait for a person's decision
+    /// (semantics §12).
+    #[serde(default)]
+    pub approve_tools: Vec<String>,
 }
 
 impl PolicySection {
@@ -66,6 +70,7 @@ impl PolicySection {
         ToolRule {
             allow: self.allow_tools.clone(),
             deny: self.deny_tools.clone(),
+            approve: self.approve_tools.clone(),
         }
     }
 }

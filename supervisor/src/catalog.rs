@@ -147,12 +147,23 @@ impl Catalog {
         };
         let mut out = HashMap::new();
         for template in self.templates.values() {
-            let toolbox = Toolbox::build_with(template, &sources).map_err(|message| {
-                Error::InvalidTemplate {
-                    agent: template.id.clone(),
-                    message,
+            let invalid = |message| Error::InvalidTemplate {
+                agent: template.id.clone(),
+                message,
+            };
+            let mut toolbox = Toolbox::build_with(template, &sources).map_err(invalid)?;
+            if !template.approve.is_empty() {
+                for pattern in &template.approve {
+                    crate::policy::check_pattern(pattern)
+                        .map_err(|e| invalid(format!("approve pattern {pattern:?}: {e}")))?;
                 }
-            })?;
+                toolbox = toolbox.with_approval(|name| {
+                    template
+                        .approve
+                        .iter()
+                        .any(|p| crate::policy::matches(p, name))
+                });
+            }
             out.insert(template.id.clone(), Arc::new(toolbox));
         }
         Ok(out)

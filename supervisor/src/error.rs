@@ -51,6 +51,24 @@ pub enum Error {
     /// finished states this supervisor keeps, or the store).
     #[error("no run {0}")]
     UnknownRun(String),
+    /// No tool call of that id waits for a decision in that tree.
+    #[error("no tool call {call_id} of tree {tree_id} waits for a decision")]
+    UnknownApproval {
+        /// The tree.
+        tree_id: String,
+        /// The call id.
+        call_id: String,
+    },
+    /// A decision on a waiting tool call was refused (semantics §12).
+    #[error("the decision on tool call {call_id} of tree {tree_id} was refused: {reason}")]
+    DecisionRefused {
+        /// The tree.
+        tree_id: String,
+        /// The call id.
+        call_id: String,
+        /// Why.
+        reason: arbor_actors::approval::DecideRefused,
+    },
     /// A steering message was refused (semantics §9).
     #[error("run {run_id} refused the message: {reason}")]
     SteerRefused {

@@ -10,6 +10,7 @@
 
 #![deny(missing_docs)]
 
+mod approvals;
 mod bus;
 mod catalog;
 mod error;
@@ -22,6 +23,7 @@ pub mod store;
 mod supervisor;
 mod tree;
 
+pub use approvals::PendingApproval;
 pub use bus::{EventBus, EventStream};
 pub use catalog::{Catalog, CatalogBuilder, ToolSource};
 pub use error::{Error, StoreUse};

@@ -18,11 +18,15 @@ pub struct ToolRule {
     /// Patterns of the tools refused.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub deny: Vec<String>,
+    /// Patterns of the tools whose calls wait for a person's decision
+    /// (semantics §12): a rule can add approvals, never take one away.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub approve: Vec<String>,
 }
 
 impl ToolRule {
     pub(crate) fn is_empty(&self) -> bool {
-        self.allow.is_none() && self.deny.is_empty()
+        self.allow.is_none() && self.deny.is_empty() && self.approve.is_empty()
     }
 
     /// Every pattern that is not a valid one, with why.
@@ -31,6 +35,7 @@ impl ToolRule {
             .iter()
             .flatten()
             .chain(&self.deny)
+            .chain(&self.approve)
             .filter_map(|p| check_pattern(p).err().map(|e| (p.clone(), e)))
             .collect()
     }
@@ -68,6 +73,18 @@ impl ToolPolicy {
 
     pub(crate) fn allows(&self, tool: &str) -> bool {
         self.rules.iter().all(|r| r.allows(tool))
+    }
+
+    /// Whether some rule says the tool's calls wait for approval.
+    pub(crate) fn needs_approval(&self, tool: &str) -> bool {
+        self.rules
+            .iter()
+            .any(|r| r.approve.iter().any(|p| matches(p, tool)))
+    }
+
+    /// Whether some rule asks for approvals at all.
+    pub(crate) fn approves(&self) -> bool {
+        self.rules.iter().any(|r| !r.approve.is_empty())
     }
 
     /// This policy with one more rule (an empty rule or one already there adds nothing).
@@ -160,6 +177,7 @@ mod tests {
         let config = ToolRule {
             allow: Some(vec!["fs/*".into(), "rg".into()]),
             deny: vec!["fs/write_*".into()],
+            approve: Vec::new(),
         };
         let policy = ToolPolicy::new(config);
         assert!(policy.allows("fs/read_file"));
@@ -169,11 +187,16 @@ mod tests {
         let narrowed = policy.clone().narrowed(ToolRule {
             allow: Some(vec!["*".into()]),
             deny: vec!["rg".into()],
+            approve: vec!["fs/*".into()],
         });
         assert!(!narrowed.allows("rg"));
         assert!(!narrowed.allows("fs/write_file"));
         assert!(!narrowed.allows("curl"));
         assert!(narrowed.allows("fs/read_file"));
+        // A rule adds approvals; the config's own rule asked for none.
+        assert!(!policy.needs_approval("fs/read_file"));
+        assert!(narrowed.needs_approval("fs/read_file"));
+        assert!(!narrowed.needs_approval("curl"));
         assert_eq!(policy.clone().with(&policy), policy);
     }
 

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use arbor_actors::approval::Decision;
 use arbor_actors::steer::Steer;
 use arbor_actors::{
     AgentState, Checkpoint, DeltaSink, Message, Model, ModelError, ModelRequest, ModelResponse,
@@ -58,6 +59,8 @@ pub struct Recovery {
     pub message_ids: Vec<(Arc<Message>, u64)>,
     /// Every run's `steered` events, in order (semantics §9).
     pub steers: HashMap<String, Vec<Steer>>,
+    /// Every run's decisions on tool calls, by call id (semantics §12).
+    pub decisions: HashMap<String, HashMap<String, Decision>>,
     /// Whether this is a replay (steers are sent again at their steps) rather
     /// than a resume (steers no checkpoint holds are given back).
     pub replaying: bool,
@@ -65,13 +68,21 @@ pub struct Recovery {
 
 impl Recovery {
     /// A replay: only the recorded replies, every run starts afresh.
-    pub(crate) fn replay(replies: Tape, steers: HashMap<String, Vec<Steer>>) -> Self {
+    /// A replay of what `recorded` (a store's recovery of the tree) holds:
+    /// only its replies, steers and decisions; every run starts afresh.
+    pub(crate) fn replay(recorded: Recovery) -> Self {
         Recovery {
-            replies,
-            steers,
+            replies: recorded.replies,
+            steers: recorded.steers,
+            decisions: recorded.decisions,
             replaying: true,
             ..Recovery::default()
         }
+    }
+
+    /// The decisions recorded for the run `run_id`'s tool calls.
+    pub(crate) fn decisions_for(&self, run_id: &str) -> HashMap<String, Decision> {
+        self.decisions.get(run_id).cloned().unwrap_or_default()
     }
 
     /// What the run `run_id` gets back of its steers: in a replay, every one;

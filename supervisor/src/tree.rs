@@ -216,7 +216,11 @@ impl TreeHooks for TreeContext {
         {
             return Ok(cut.clone());
         }
-        let cut = Arc::new(base.restricted(|name| policy.allows(name)));
+        let mut cut = base.restricted(|name| policy.allows(name));
+        if policy.approves() {
+            cut = cut.with_approval(|name| policy.needs_approval(name));
+        }
+        let cut = Arc::new(cut);
         cache.insert(template.id.clone(), (base, cut.clone()));
         Ok(cut)
     }
@@ -303,6 +307,16 @@ impl TreeHooks for TreeContext {
 
     fn recovered(&self, run_id: &str) -> Option<Recovered> {
         self.recovery.as_ref()?.recovered(run_id)
+    }
+
+    fn decisions(
+        &self,
+        run_id: &str,
+    ) -> std::collections::HashMap<String, arbor_actors::approval::Decision> {
+        self.recovery
+            .as_ref()
+            .map(|r| r.decisions_for(run_id))
+            .unwrap_or_default()
     }
 
     fn steers(&self, run_id: &str) -> Vec<arbor_actors::steer::Steer> {

@@ -381,6 +381,7 @@ fn a_start_request_cannot_widen_the_configs_policy() {
     let rule = ToolRule {
         allow: Some(vec!["*".into()]),
         deny: vec![],
+        approve: vec![],
     };
     assert!(rule.problems().is_empty());
 }

@@ -4,7 +4,8 @@
 
 use std::collections::HashMap;
 
-use arbor_actors::steer::{Steer, SteerRefused};
+use arbor_actors::approval::{DecideRefused, Decision};
+use arbor_actors::steer::SteerRefused;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -26,7 +27,7 @@ use crate::bus::{EventBus, EventStream};
 use crate::catalog::Catalog;
 use crate::error::{Error, StoreUse};
 use crate::limits::TreeLimits;
-use crate::recovery::{Recovery, Tape};
+use crate::recovery::Recovery;
 use crate::registry::{Registry, Retain};
 use crate::store::{Fenced, Store, StoreWriter, TreeRecord, Write};
 use crate::tree::TreeContext;
@@ -94,6 +95,8 @@ pub struct Supervisor {
     /// Held by each tree's deadline timer while it waits (counted by
     /// `retained`).
     deadlines: Arc<()>,
+    /// The tool calls that wait for a person's decision, in every tree.
+    approvals: Arc<crate::approvals::Approvals>,
 }
 
 /// A started tree: its ids, its events, and its result.
@@ -119,16 +122,63 @@ impl Supervisor {
     /// Like [`new`](Self::new), keeping only the final states `retain` says
     /// (for [`finished_state`](Self::finished_state) and [`state`](Self::state)).
     pub fn with_retention(catalog: Catalog, limits: TreeLimits, retain: Retain) -> Self {
+        let bus = EventBus::default();
+        let approvals = Arc::new(crate::approvals::Approvals::default());
+        let follow = approvals.clone();
+        bus.observe(move |event| follow.observe(event));
         Supervisor {
             catalog: Arc::new(catalog),
             config: None,
             catalogs: None,
             limits,
-            bus: EventBus::default(),
+            bus,
             registry: Arc::new(Registry::new(retain)),
             trees: Arc::new(Mutex::new(HashMap::new())),
             store: None,
             deadlines: Arc::new(()),
+            approvals,
+        }
+    }
+
+    /// The tool calls that wait for a person's decision (semantics §12), in
+    /// one tree or in all, oldest first. A restarted tree's are listed again
+    /// once its agents are back at the waiting step.
+    pub fn approvals(&self, tree_id: Option<&str>) -> Vec<crate::PendingApproval> {
+        self.approvals.list(tree_id)
+    }
+
+    /// Decides on the waiting call `call_id` of tree `tree_id`: approve (with
+    /// the model's input, or an edited one checked against the tool's schema)
+    /// or deny with a reason (the model reads it). Journaled as an
+    /// `approvalDecided` event; once a step's last decision is in, its calls go on.
+    pub async fn decide(
+        &self,
+        tree_id: &str,
+        call_id: &str,
+        decision: Decision,
+    ) -> Result<(), Error> {
+        let refused = |reason| Error::DecisionRefused {
+            tree_id: tree_id.to_owned(),
+            call_id: call_id.to_owned(),
+            reason,
+        };
+        let unknown = || Error::UnknownApproval {
+            tree_id: tree_id.to_owned(),
+            call_id: call_id.to_owned(),
+        };
+        let run_id = self
+            .approvals
+            .run_of(tree_id, call_id)
+            .ok_or_else(unknown)?;
+        let actor = self.live_actor(&run_id).ok_or_else(unknown)?;
+        let call_id = call_id.to_owned();
+        match ractor::call!(actor, |reply| AgentMsg::Decide {
+            call_id: call_id.clone(),
+            decision,
+            reply
+        }) {
+            Ok(answer) => answer.map_err(refused),
+            Err(_) => Err(refused(DecideRefused::Ended)),
         }
     }
 
@@ -323,18 +373,18 @@ impl Supervisor {
     /// Runs a tree again on its recorded model replies only (no model is called;
     /// a missing reply fails that agent). Needs a supervisor without a store,
     /// so the replay never overwrites what it is checked against.
-    /// `steers` are the tree's recorded steering messages by run id (its
-    /// store's `Recovery::steers`), each sent again at the step it arrived in.
+    /// `recorded` is what the store recovered of the tree: its replies, its
+    /// steering messages (each taken again at the step it arrived in) and
+    /// its decisions on tool calls (taken without asking).
     pub async fn replay(
         &self,
         request: StartRequest,
-        replies: Tape,
-        steers: HashMap<String, Vec<Steer>>,
+        recorded: Recovery,
     ) -> Result<TreeHandle, Error> {
         if self.store.is_some() {
             return Err(Error::ReplayWithStore);
         }
-        let recovery = Recovery::replay(replies, steers);
+        let recovery = Recovery::replay(recorded);
         self.begin(request, Some((Arc::new(recovery), true))).await
     }
 

@@ -2,6 +2,7 @@
 //! tokio time.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod approve;
 mod cancel;
 mod common;
 mod failure;

@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use arbor_actors::approval::Decision;
 use arbor_actors::state::ToolDefinitions;
 use arbor_actors::steer::Steer;
 use arbor_actors::{AgentState, AgentStatus, Checkpoint, FailureKind, History, Message, Usage};
@@ -57,6 +58,8 @@ pub(super) struct RunLog {
     pub(super) last_final: Option<Point>,
     /// Its `steered` events, in order (semantics §9).
     pub(super) steers: Vec<Steer>,
+    /// Its decisions on tool calls, by call id (semantics §12).
+    pub(super) decisions: HashMap<String, Decision>,
     /// Message ids of the history being rebuilt from deltas.
     ids: Vec<u64>,
     /// Where it finished among the tree's runs.
@@ -169,6 +172,15 @@ impl TreeLog {
         let at = e.get("atMs").and_then(Value::as_u64).unwrap_or(0);
         let str_of = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_owned);
         match e.get("type").and_then(Value::as_str) {
+            Some("approvalDecided") => {
+                let id = str_of("toolCallId").unwrap_or_default();
+                let decision = e
+                    .get("decision")
+                    .and_then(|d| serde_json::from_value::<Decision>(d.clone()).ok());
+                if let Some(decision) = decision {
+                    self.run(run_id).decisions.insert(id, decision);
+                }
+            }
             Some("steered") => {
                 let step = e.get("step").and_then(Value::as_u64).unwrap_or(0) as u32;
                 let text: Arc<str> = e.get("text").and_then(Value::as_str).unwrap_or("").into();
@@ -434,6 +446,9 @@ impl SqliteStore {
         for (id, r) in &log.runs {
             if !r.steers.is_empty() {
                 recovery.steers.insert(id.clone(), r.steers.clone());
+            }
+            if !r.decisions.is_empty() {
+                recovery.decisions.insert(id.clone(), r.decisions.clone());
             }
         }
         for (run_id, last_final, checkpoint) in runs {

@@ -1,0 +1,106 @@
+//! The tool calls that wait for a person's decision, across every tree of a
+//! supervisor (semantics §12): kept from the events, so a restarted tree's
+//! agents, which ask again for the calls still undecided, fill it back in.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use arbor_actors::sync::LockExt;
+use arbor_actors::{Event, EventKind};
+use serde::Serialize;
+use serde_json::Value;
+
+/// One tool call waiting for a decision.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct PendingApproval {
+    /// The tree it is in.
+    pub tree_id: String,
+    /// The run that made the call.
+    pub run_id: String,
+    /// The model's call id: what a decision names.
+    pub tool_call_id: String,
+    /// The step of the call.
+    pub step: u32,
+    /// The tool, by the name templates and policies use.
+    pub tool: String,
+    /// The input the model gave it.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub input: Value,
+    /// When it was asked for (ms since the Unix epoch).
+    pub requested_ms: u64,
+}
+
+/// The pending approvals, by tree and call id.
+#[derive(Default)]
+pub(crate) struct Approvals {
+    pending: Mutex<BTreeMap<(String, String), PendingApproval>>,
+}
+
+impl Approvals {
+    /// Follows one event: a request adds, a decision or the run's end removes.
+    pub(crate) fn observe(&self, event: &Event) {
+        match &event.kind {
+            EventKind::ApprovalRequested {
+                step,
+                tool_call_id,
+                tool,
+                input,
+            } => {
+                let pending = PendingApproval {
+                    tree_id: event.tree_id.to_string(),
+                    run_id: event.run_id.to_string(),
+                    tool_call_id: tool_call_id.clone(),
+                    step: *step,
+                    tool: tool.clone(),
+                    input: input.clone(),
+                    requested_ms: event.at_ms,
+                };
+                let key = (pending.tree_id.clone(), tool_call_id.clone());
+                self.pending.locked().insert(key, pending);
+            }
+            EventKind::ApprovalDecided { tool_call_id, .. } => {
+                let key = (event.tree_id.to_string(), tool_call_id.clone());
+                self.pending.locked().remove(&key);
+            }
+            EventKind::AgentFinished { .. }
+            | EventKind::AgentFailed { .. }
+            | EventKind::AgentCancelled { .. } => {
+                let tree = &*event.tree_id;
+                let run = &*event.run_id;
+                self.pending
+                    .locked()
+                    .retain(|(t, _), p| !(t == tree && p.run_id == run));
+            }
+            _ => {}
+        }
+    }
+
+    /// The pending approvals of one tree, or of every tree, oldest first.
+    pub(crate) fn list(&self, tree_id: Option<&str>) -> Vec<PendingApproval> {
+        let mut list: Vec<PendingApproval> = self
+            .pending
+            .locked()
+            .values()
+            .filter(|p| tree_id.is_none_or(|t| p.tree_id == t))
+            .cloned()
+            .collect();
+        list.sort_by(|a, b| {
+            (a.requested_ms, &a.tree_id, &a.tool_call_id).cmp(&(
+                b.requested_ms,
+                &b.tree_id,
+                &b.tool_call_id,
+            ))
+        });
+        list
+    }
+
+    /// The run whose call `call_id` of tree `tree_id` waits, if one does.
+    pub(crate) fn run_of(&self, tree_id: &str, call_id: &str) -> Option<String> {
+        self.pending
+            .locked()
+            .get(&(tree_id.to_owned(), call_id.to_owned()))
+            .map(|p| p.run_id.clone())
+    }
+}

@@ -1,0 +1,250 @@
+//! Approvals (semantics §12): a call that needs a person's decision parks
+//! its agent, wherever it is in the tree, while the rest of the tree goes on;
+//! the decision is journaled, survives a restart and replays.
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+
+use arbor_actors::approval::{DecideRefused, Decision};
+use arbor_actors::{AgentStatus, Event, EventKind, Model, Tool};
+use arbor_supervisor::store::{SqliteStore, Store};
+use arbor_supervisor::{Catalog, Error, Supervisor, TreeLimits};
+use serde_json::{Value, json};
+
+use crate::common::*;
+
+/// lead → [mid → [sub → [leaf]], sib]: the leaf (depth 3) calls `echo`,
+/// which needs approval; the sibling only answers.
+fn script() -> Value {
+    json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [spawn_call(&[("mid", "branch"), ("sib", "sibling")])]},
+            {"text": "lead done"}
+        ]},
+        {"agent": "mid", "steps": [
+            {"toolCalls": [spawn_call(&[("sub", "deeper")])]},
+            {"text": "mid done"}
+        ]},
+        {"agent": "sub", "steps": [
+            {"toolCalls": [spawn_call(&[("leaf", "deepest")])]},
+            {"text": "sub done"}
+        ]},
+        {"agent": "leaf", "steps": [
+            {"text": "Writing.", "toolCalls": [{"name": "echo", "input": {"n": 1}}]},
+            {"text": "leaf done"}
+        ]},
+        {"agent": "sib", "steps": [{"text": "sibling done"}]}
+    ]})
+}
+
+/// One live slot: a parked agent that kept its slot would starve the sibling.
+fn tree(store: Option<Arc<SqliteStore>>) -> Supervisor {
+    let mut leaf = with_echo(template("leaf"));
+    leaf.approve = vec!["echo".into()];
+    let catalog = Catalog::builder()
+        .model(scripted(script()) as Arc<dyn Model>)
+        .tool(echo() as Arc<dyn Tool>)
+        .template(template("lead").spawns(&["mid", "sib"]))
+        .template(template("mid").spawns(&["sub"]))
+        .template(template("sub").spawns(&["leaf"]))
+        .template(leaf)
+        .template(template("sib"))
+        .build()
+        .unwrap();
+    let limits = TreeLimits {
+        max_live_agents: NonZeroUsize::new(1),
+        ..TreeLimits::default()
+    };
+    let sup = Supervisor::new(catalog, limits);
+    match store {
+        Some(store) => sup.with_store(store).unwrap(),
+        None => sup,
+    }
+}
+
+fn ended(e: &Event, agent: &str) -> bool {
+    matches!(&e.kind, EventKind::AgentFinished { state, .. }
+        if state.agent_type.as_deref() == Some(agent))
+}
+
+fn asked(e: &Event) -> bool {
+    matches!(e.kind, EventKind::ApprovalRequested { .. })
+}
+
+/// The leaf's echo result in the final tree: what the tool ran with.
+fn leaf_echo(sup: &Supervisor) -> Value {
+    let leaf = sup
+        .approvals(None)
+        .first()
+        .map(|p| p.run_id.clone())
+        .unwrap_or_else(|| "t/0.1.1.1".into());
+    let state = sup.finished_state(&leaf).expect("the leaf finished");
+    tool_result(&state, "echo")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_at_depth_three_parks_only_its_agent_and_an_edited_input_runs() {
+    let sup = tree(None);
+    let mut rx = sup.subscribe();
+    let mut seen = Vec::new();
+    let handle = start(&sup, "lead", "go").await;
+    let request = wait_for(&mut rx, &mut seen, asked).await;
+    assert_eq!(request.run_id.as_ref(), "t/0.1.1.1", "the leaf, at depth 3");
+    // The sibling gets the one live slot and finishes while the leaf waits.
+    if !seen.iter().any(|e| ended(e, "sib")) {
+        wait_for(&mut rx, &mut seen, |e| ended(e, "sib")).await;
+    }
+    let pending = sup.approvals(Some("t"));
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(
+        (
+            pending[0].tool.as_str(),
+            pending[0].input.clone(),
+            pending[0].step
+        ),
+        ("echo", json!({"n": 1}), 1)
+    );
+    let call = pending[0].tool_call_id.clone();
+    // A decision for a call that does not wait is refused, naming it.
+    assert!(matches!(
+        sup.decide("t", "nope", Decision::Approve { input: None }).await,
+        Err(Error::UnknownApproval { call_id, .. }) if call_id == "nope"
+    ));
+    let bad = sup
+        .decide(
+            "t",
+            &call,
+            Decision::Approve {
+                input: Some(json!("not an object")),
+            },
+        )
+        .await;
+    assert!(
+        matches!(
+            bad,
+            Err(Error::DecisionRefused {
+                reason: DecideRefused::InvalidInput(_),
+                ..
+            })
+        ),
+        "{bad:?}"
+    );
+    sup.decide(
+        "t",
+        &call,
+        Decision::Approve {
+            input: Some(json!({"n": 7})),
+        },
+    )
+    .await
+    .unwrap();
+    let result = finish(handle).await;
+    assert_eq!(result.state.status, AgentStatus::Completed);
+    assert!(sup.approvals(None).is_empty());
+    let echo = tool_result(&sup.finished_state("t/0.1.1.1").unwrap(), "echo");
+    assert_eq!(
+        echo,
+        json!({"echo": {"n": 7}}),
+        "it ran with the edited input"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_call_gives_the_model_the_reason() {
+    let sup = tree(None);
+    let mut rx = sup.subscribe();
+    let mut seen = Vec::new();
+    let handle = start(&sup, "lead", "go").await;
+    wait_for(&mut rx, &mut seen, asked).await;
+    let call = sup.approvals(Some("t"))[0].tool_call_id.clone();
+    sup.decide(
+        "t",
+        &call,
+        Decision::Deny {
+            reason: "not today".into(),
+        },
+    )
+    .await
+    .unwrap();
+    finish(handle).await;
+    let leaf = sup.finished_state("t/0.1.1.1").unwrap();
+    let denied = leaf
+        .message_history
+        .iter()
+        .find(|m| is_tool_error(m))
+        .expect("an error result")
+        .text();
+    assert!(
+        denied.contains("The user denied this tool call: not today"),
+        "{denied}"
+    );
+}
+
+/// A pending approval survives its process: the tree is handed over while the
+/// leaf waits, resumed by another supervisor on the same store, where the
+/// approval is pending again; deciding it there completes the tree, and a
+/// replay of the stored tree (replies, decisions) matches every final state.
+#[test]
+fn a_pending_approval_survives_a_restart_and_the_tree_replays() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    rt.block_on(async {
+        let sup = tree(Some(Arc::new(SqliteStore::open(&path).unwrap())));
+        let mut rx = sup.subscribe();
+        let mut seen = Vec::new();
+        let handle = start(&sup, "lead", "go").await;
+        wait_for(&mut rx, &mut seen, asked).await;
+        sup.flush().await.unwrap();
+        assert_eq!(sup.release().await.unwrap(), vec!["t".to_owned()]);
+        handle.cancel();
+        let _ = tokio::time::timeout(GUARD, handle.wait()).await;
+    });
+    let finals = rt.block_on(async {
+        let store = Arc::new(SqliteStore::open(&path).unwrap());
+        let sup = tree(Some(store.clone()));
+        let mut rx = sup.events().subscribe_tree("t");
+        let mut seen = Vec::new();
+        let handle = sup.resume("t").await.unwrap();
+        if sup.approvals(Some("t")).is_empty() {
+            wait_for(&mut rx, &mut seen, asked).await;
+        }
+        let pending = sup.approvals(Some("t"));
+        assert_eq!(
+            pending.len(),
+            1,
+            "pending again after the restart: {pending:?}"
+        );
+        sup.decide(
+            "t",
+            &pending[0].tool_call_id,
+            Decision::Approve { input: None },
+        )
+        .await
+        .unwrap();
+        let result = finish(handle).await;
+        assert_eq!(result.state.status, AgentStatus::Completed);
+        sup.flush().await.unwrap();
+        store.final_states("t").unwrap()
+    });
+    rt.block_on(async {
+        let store = SqliteStore::open(&path).unwrap();
+        let (record, _) = store.tree("t").unwrap();
+        let sup = tree(None);
+        let handle = sup
+            .replay(record.request(), store.recovery("t").unwrap())
+            .await
+            .unwrap();
+        finish(handle).await;
+        assert!(sup.approvals(None).is_empty(), "a replay asks no one");
+        for want in &finals {
+            let got = sup.finished_state(&want.run_id).expect("replayed");
+            assert_eq!(*got, *want, "run {}", want.run_id);
+        }
+        assert_eq!(leaf_echo(&sup), json!({"echo": {"n": 1}}));
+    });
+}
