@@ -494,6 +494,16 @@ pub(super) fn templates(
         };
         let loop_detection =
             check_loop_detection(a.loop_detection.as_ref(), text, &table, problems);
+        for pattern in &a.approve {
+            if let Err(why) = arbor_supervisor::check_pattern(pattern) {
+                problems.push(at(
+                    text,
+                    &table,
+                    "approve",
+                    format!("pattern {pattern:?}: {why}"),
+                ));
+            }
+        }
         let mut t = AgentTemplate::new(id.clone(), a.model.clone());
         t.display_name = a.name.clone().unwrap_or_else(|| id.clone());
         t.description = a.description.clone();
@@ -513,6 +523,7 @@ pub(super) fn templates(
         t.context_window = a.context_window;
         t.report_share = report_share;
         t.loop_detection = loop_detection;
+        t.approve = a.approve.clone();
         t.failure = failure;
         out.push(t);
     }

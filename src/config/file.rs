@@ -406,6 +406,10 @@ pub struct AgentSection {
     pub report_share: Option<f64>,
     /// When the same tool call repeated warns and fails.
     pub loop_detection: Option<LoopDetectionSection>,
+    /// Patterns of its tools (`fs/write_*`) whose calls wait for a person's
+    /// decision (semantics §12).
+    #[serde(default)]
+    pub approve: Vec<String>,
     /// What its parent does when its run fails.
     #[serde(default)]
     pub failure: FailureSection,

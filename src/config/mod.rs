@@ -156,6 +156,7 @@ impl Config {
                 file.policy.allow_tools.clone().unwrap_or_default(),
             ),
             ("deny_tools", file.policy.deny_tools.clone()),
+            ("approve_tools", file.policy.approve_tools.clone()),
         ] {
             for pattern in patterns {
                 if let Err(why) = check_pattern(&pattern) {

@@ -27,6 +27,7 @@ use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
     ),
     paths(
         create_run, list_runs, get_run, run_events, cancel_run, steer_run, get_tree, list_agents,
+        list_approvals, tree_approvals, decide_approval,
         healthz, readyz, metrics
     ),
     components(schemas(ErrorBody, TreeSummary, RunNode, TreeLimits, ToolRule, TreeStatus)),
@@ -148,6 +149,53 @@ pub struct StreamEvent {
 pub struct Cancelled {
     pub run_id: String,
     pub cancelled: bool,
+}
+
+/// Tool calls waiting for a person's decision (semantics §12), oldest first.
+#[derive(Serialize, ToSchema)]
+pub struct ApprovalList {
+    /// The waiting calls.
+    pub approvals: Vec<arbor_supervisor::PendingApproval>,
+}
+
+/// A person's decision on a waiting tool call (semantics §12).
+#[derive(Deserialize, ToSchema)]
+#[serde(tag = "decision", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DecisionBody {
+    /// Run it, with the model's input or with `input` instead (checked
+    /// against the tool's schema).
+    Approve {
+        /// The input to run it with instead of the model's.
+        #[schema(value_type = Option<Object>)]
+        input: Option<Value>,
+    },
+    /// Do not run it: the model reads an error result with the reason.
+    Deny {
+        /// Why, for the model.
+        #[serde(default)]
+        reason: String,
+    },
+}
+
+impl From<DecisionBody> for arbor_actors::approval::Decision {
+    fn from(body: DecisionBody) -> Self {
+        match body {
+            DecisionBody::Approve { input } => Self::Approve { input },
+            DecisionBody::Deny { reason } => Self::Deny { reason },
+        }
+    }
+}
+
+/// A decision was taken.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Decided {
+    /// The tree of the call.
+    pub tree_id: String,
+    /// The call decided on.
+    pub tool_call_id: String,
+    /// Always `true`: the decision is journaled (an `approvalDecided` event).
+    pub decided: bool,
 }
 
 /// A steering message for a running agent (semantics §9).
@@ -502,6 +550,68 @@ pub async fn steer_run(
         }
         Err(error) => Err(error.into()),
     }
+}
+
+#[utoipa::path(
+    get, path = "/v1/approvals", tag = "approvals",
+    responses(
+        (status = 200, description = "Every tool call waiting for a decision, in every tree", body = ApprovalList),
+        (status = 401, body = ErrorBody),
+    )
+)]
+pub async fn list_approvals(State(shared): State<Arc<Shared>>) -> Json<ApprovalList> {
+    let approvals = shared.runtime.supervisor().approvals(None);
+    Json(ApprovalList { approvals })
+}
+
+#[utoipa::path(
+    get, path = "/v1/trees/{treeId}/approvals", tag = "approvals",
+    params(("treeId" = String, Path)),
+    responses(
+        (status = 200, description = "The tree's tool calls waiting for a decision", body = ApprovalList),
+        (status = 401, body = ErrorBody),
+    )
+)]
+pub async fn tree_approvals(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(tree_id): ApiPath<String>,
+) -> Json<ApprovalList> {
+    let approvals = shared.runtime.supervisor().approvals(Some(&tree_id));
+    Json(ApprovalList { approvals })
+}
+
+#[utoipa::path(
+    post, path = "/v1/trees/{treeId}/approvals/{callId}", tag = "approvals",
+    params(("treeId" = String, Path), ("callId" = String, Path, description = "The model's tool call id")),
+    request_body = DecisionBody,
+    responses(
+        (status = 202, description = "Decided: the call runs (or answers the model with the denial) once its step's last decision is in", body = Decided),
+        (status = 401, body = ErrorBody),
+        (status = 404, description = "No call of that id waits in that tree", body = ErrorBody),
+        (status = 409, description = "The run has ended", body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 422, description = "Not a decision, or an edited input the tool refuses", body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn decide_approval(
+    State(shared): State<Arc<Shared>>,
+    ApiPath((tree_id, call_id)): ApiPath<(String, String)>,
+    ApiJson(body): ApiJson<DecisionBody>,
+) -> Result<(StatusCode, Json<Decided>), ApiError> {
+    shared
+        .runtime
+        .supervisor()
+        .decide(&tree_id, &call_id, body.into())
+        .await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Decided {
+            tree_id,
+            tool_call_id: call_id,
+            decided: true,
+        }),
+    ))
 }
 
 #[utoipa::path(

@@ -96,6 +96,14 @@ impl From<arbor_supervisor::Error> for ApiError {
                 reason: arbor_actors::steer::SteerRefused::Empty,
                 ..
             } => ApiError::invalid(error.to_string()),
+            E::UnknownApproval { .. } => ApiError::not_found(error.to_string()),
+            E::DecisionRefused {
+                reason: arbor_actors::approval::DecideRefused::InvalidInput(_),
+                ..
+            } => ApiError::invalid(error.to_string()),
+            E::DecisionRefused { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "conflict", error.to_string())
+            }
             E::SteerRefused { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "conflict", error.to_string())
             }

@@ -277,6 +277,12 @@ impl Service {
             .route("/v1/runs/{run_id}/events", get(api::run_events))
             .route("/v1/runs/{run_id}/cancel", post(api::cancel_run))
             .route("/v1/runs/{run_id}/messages", post(api::steer_run))
+            .route("/v1/approvals", get(api::list_approvals))
+            .route("/v1/trees/{tree_id}/approvals", get(api::tree_approvals))
+            .route(
+                "/v1/trees/{tree_id}/approvals/{call_id}",
+                post(api::decide_approval),
+            )
             .route("/v1/trees/{tree_id}", get(api::get_tree))
             .route("/v1/agents", get(api::list_agents))
             .route("/metrics", get(api::metrics))

@@ -15,13 +15,13 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::approval::{DecideRefused, Decision};
 use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
 use crate::hooks::{Slot, SlotPriority, TreeHooks};
 use crate::limit::{Limit, LimitHit};
 use crate::model::{Delta, DeltaSink, ModelRequest, ModelResponse};
 use crate::state::{AgentState, AgentStatus};
-use crate::approval::{DecideRefused, Decision};
 use crate::steer::SteerRefused;
 use crate::step::{Action, Catalog, StepMachine};
 use crate::supervision;

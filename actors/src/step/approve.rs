@@ -108,7 +108,12 @@ impl StepMachine {
             .pending
             .take()
             .ok_or_else(|| DecideRefused::NotPending(call_id.to_owned()))?;
-        let Some(at) = pending.held.waiting.iter().position(|(_, id)| id == call_id) else {
+        let Some(at) = pending
+            .held
+            .waiting
+            .iter()
+            .position(|(_, id)| id == call_id)
+        else {
             self.pending = Some(pending);
             return Err(DecideRefused::NotPending(call_id.to_owned()));
         };
@@ -158,7 +163,9 @@ fn apply(
 ) -> Result<(), DecideRefused> {
     match decision {
         Decision::Approve { input: None } => Ok(()),
-        Decision::Approve { input: Some(edited) } => {
+        Decision::Approve {
+            input: Some(edited),
+        } => {
             let call = &pending.calls[index];
             if let Some(entry) = machine.toolbox.get(&call.tool_name) {
                 entry
@@ -167,7 +174,9 @@ fn apply(
                     .map_err(|e| DecideRefused::InvalidInput(e.to_string()))?;
             }
             for action in &mut pending.held.actions {
-                if let Action::RunTool { index: i, input, .. } = action
+                if let Action::RunTool {
+                    index: i, input, ..
+                } = action
                     && *i == index
                 {
                     *input = edited.clone();
@@ -176,9 +185,10 @@ fn apply(
             Ok(())
         }
         Decision::Deny { reason } => {
-            pending.held.actions.retain(
-                |a| !matches!(a, Action::RunTool { index: i, .. } if *i == index),
-            );
+            pending
+                .held
+                .actions
+                .retain(|a| !matches!(a, Action::RunTool { index: i, .. } if *i == index));
             let call = &pending.calls[index];
             pending.results[index] = Some(Message::tool_error(call, Decision::denial(reason)));
             pending.awaiting -= 1;

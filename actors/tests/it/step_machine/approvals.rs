@@ -91,10 +91,7 @@ fn a_call_that_needs_approval_holds_its_whole_step_until_it_is_decided() {
 fn a_denied_call_answers_the_model_with_the_reason_and_the_step_goes_on() {
     let mut run = guarded();
     request(run.start());
-    let actions = run.reply(calls(
-        "s1",
-        &[("echo", json!({"n": 1})), add_user("note")],
-    ));
+    let actions = run.reply(calls("s1", &[("echo", json!({"n": 1})), add_user("note")]));
     assert_eq!(kinds(&actions), ["AwaitApproval"]);
     let next = run
         .m
@@ -138,7 +135,10 @@ fn a_decision_for_no_waiting_call_or_with_an_input_the_tool_refuses_is_refused()
         &run.cat,
     );
     let bad = bad.err();
-    assert!(matches!(bad, Some(DecideRefused::InvalidInput(_))), "{bad:?}");
+    assert!(
+        matches!(bad, Some(DecideRefused::InvalidInput(_))),
+        "{bad:?}"
+    );
     // Still waiting: a valid decision then goes through.
     let ok = run
         .m
