@@ -248,3 +248,82 @@ fn a_pending_approval_survives_a_restart_and_the_tree_replays() {
         assert_eq!(leaf_echo(&sup), json!({"echo": {"n": 1}}));
     });
 }
+
+/// 200 approvals waiting across 50 trees of one supervisor: all listed, no
+/// waiting agent counts as live (each gave its slot back: `suspended` after
+/// its requests), and deciding every one completes every tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_approvals_across_fifty_trees_are_listed_decided_and_hold_no_slot() {
+    let four: Vec<Value> = (0..4)
+        .map(|n| json!({"name": "echo", "input": {"n": n}}))
+        .collect();
+    let model = scripted(json!({"replies": [{"agent": "asker", "steps": [
+        {"toolCalls": four},
+        {"text": "all done"}
+    ]}]}));
+    let mut asker = with_echo(template("asker"));
+    asker.approve = vec!["echo".into()];
+    let catalog = Catalog::builder()
+        .model(model as Arc<dyn Model>)
+        .tool(echo() as Arc<dyn Tool>)
+        .template(asker)
+        .build()
+        .unwrap();
+    let sup = Supervisor::new(catalog, TreeLimits::default());
+    let mut rx = sup.subscribe();
+    let mut handles = Vec::new();
+    for i in 0..50 {
+        let request = arbor_supervisor::StartRequest {
+            tree_id: Some(format!("t{i}")),
+            ..crate::common::request("asker", "ask")
+        };
+        handles.push(sup.start(request).await.unwrap());
+    }
+    // Every root suspends once its four requests are out.
+    let mut seen = Vec::new();
+    let mut suspended = std::collections::HashSet::new();
+    while suspended.len() < 50 {
+        let e = wait_for(&mut rx, &mut seen, |e| {
+            matches!(e.kind, EventKind::Suspended)
+        })
+        .await;
+        suspended.insert(e.tree_id.to_string());
+    }
+    let pending = sup.approvals(None);
+    assert_eq!(pending.len(), 200);
+    assert_eq!(sup.approvals(Some("t7")).len(), 4);
+    // Live = started, not suspended, not ended: none.
+    let mut live = std::collections::HashMap::<String, bool>::new();
+    for e in &seen {
+        match e.kind {
+            EventKind::AgentStarted { .. } | EventKind::Resumed => {
+                live.insert(e.run_id.to_string(), true);
+            }
+            EventKind::Suspended
+            | EventKind::AgentFinished { .. }
+            | EventKind::AgentFailed { .. }
+            | EventKind::AgentCancelled { .. } => {
+                live.insert(e.run_id.to_string(), false);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        live.values().filter(|l| **l).count(),
+        0,
+        "parked agents hold no slot"
+    );
+    for p in &pending {
+        sup.decide(
+            &p.tree_id,
+            &p.tool_call_id,
+            Decision::Approve { input: None },
+        )
+        .await
+        .unwrap();
+    }
+    for handle in handles {
+        assert_eq!(finish(handle).await.state.status, AgentStatus::Completed);
+    }
+    assert!(sup.approvals(None).is_empty());
+}
