@@ -582,7 +582,7 @@ pub async fn tree_approvals(
 
 #[utoipa::path(
     post, path = "/v1/trees/{treeId}/approvals/{callId}", tag = "approvals",
-    params(("treeId" = String, Path), ("callId" = String, Path, description = "The model's tool call id")),
+    params(("treeId" = String, Path), ("callId" = String, Path, description = "The tool call id, URL-encoded (it holds the run id: t1%2F0.1-s2-c0)")),
     request_body = DecisionBody,
     responses(
         (status = 202, description = "Decided: the call runs (or answers the model with the denial) once its step's last decision is in", body = Decided),
