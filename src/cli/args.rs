@@ -84,12 +84,46 @@ pub(crate) enum Command {
         run_id: String,
         /// What to tell it.
         text: String,
-        /// The server (default: $ARBOR_SERVER, else http://127.0.0.1:8080).
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// List the tool calls that wait for a person's decision on `arbor serve`
+    /// (semantics §12), oldest first.
+    Approvals {
+        /// Only this tree's calls (default: every tree's).
+        tree_id: Option<String>,
+        /// Print the list as JSON.
         #[arg(long)]
-        server: Option<String>,
-        /// A bearer token of the server (default: $ARBOR_API_TOKEN).
-        #[arg(long)]
-        token: Option<String>,
+        json: bool,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// Approve a waiting tool call through `arbor serve`: it runs, with the
+    /// model's input or the one --input gives.
+    Approve {
+        /// The tree the call is in (its id, as `arbor approvals` lists it).
+        tree_id: String,
+        /// The tool call's id (the CALL column of `arbor approvals`).
+        call_id: String,
+        /// Run it with this input instead of the model's: a JSON value,
+        /// checked against the tool's input schema.
+        #[arg(long, value_name = "JSON")]
+        input: Option<String>,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// Deny a waiting tool call through `arbor serve`: it does not run, and
+    /// the model reads an error result with the reason.
+    Deny {
+        /// The tree the call is in (its id, as `arbor approvals` lists it).
+        tree_id: String,
+        /// The tool call's id (the CALL column of `arbor approvals`).
+        call_id: String,
+        /// Why, for the model to read.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        #[command(flatten)]
+        server: ServerArgs,
     },
     /// Show one stored run's state.
     Show {
@@ -209,6 +243,29 @@ pub(crate) struct RunArgs {
     pub(crate) deny_tools: Vec<String>,
     /// What to ask.
     pub(crate) prompt: String,
+}
+
+/// Which `arbor serve` a command talks to, and how it proves who it is.
+#[derive(clap::Args)]
+pub(crate) struct ServerArgs {
+    /// The server (default: $ARBOR_SERVER, else http://127.0.0.1:8080).
+    #[arg(long)]
+    pub(crate) server: Option<String>,
+    /// A bearer token of the server (default: $ARBOR_API_TOKEN).
+    #[arg(long)]
+    pub(crate) token: Option<String>,
+}
+
+impl ServerArgs {
+    /// The server's URL and the token: the flags, else the environment.
+    pub(crate) fn resolve(self) -> (String, Option<String>) {
+        let server = self
+            .server
+            .or_else(|| std::env::var("ARBOR_SERVER").ok())
+            .unwrap_or_else(|| "http://127.0.0.1:8080".to_owned());
+        let token = self.token.or_else(|| std::env::var("ARBOR_API_TOKEN").ok());
+        (server, token)
+    }
 }
 
 /// Where stored trees are: the config names the store unless `--store` does.

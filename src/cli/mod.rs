@@ -1,6 +1,7 @@
 //! The commands of the `arbor` binary: the clap types (`args`), one module
 //! per command family, and the helpers they share.
 
+mod approvals;
 mod args;
 mod config;
 mod loadtest;
@@ -39,13 +40,39 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             run_id,
             text,
             server,
-            token,
         } => {
-            let server = server
-                .or_else(|| std::env::var("ARBOR_SERVER").ok())
-                .unwrap_or_else(|| "http://127.0.0.1:8080".to_owned());
-            let token = token.or_else(|| std::env::var("ARBOR_API_TOKEN").ok());
+            let (server, token) = server.resolve();
             async_runtime()?.block_on(service::say(&server, token.as_deref(), &run_id, &text))
+        }
+        Command::Approvals {
+            tree_id,
+            json,
+            server,
+        } => {
+            let api = service::Api::new(server)?;
+            async_runtime()?.block_on(approvals::list(&api, tree_id.as_deref(), json))
+        }
+        Command::Approve {
+            tree_id,
+            call_id,
+            input,
+            server,
+        } => {
+            let decision = approvals::approval(input.as_deref())?;
+            let api = service::Api::new(server)?;
+            async_runtime()?.block_on(approvals::decide(&api, &tree_id, &call_id, decision))
+        }
+        Command::Deny {
+            tree_id,
+            call_id,
+            reason,
+            server,
+        } => {
+            let decision = arbor_actors::approval::Decision::Deny {
+                reason: reason.unwrap_or_default(),
+            };
+            let api = service::Api::new(server)?;
+            async_runtime()?.block_on(approvals::decide(&api, &tree_id, &call_id, decision))
         }
         Command::Tree { tree_id, json, at } => store::tree(tree_id, json, at),
         Command::Export {

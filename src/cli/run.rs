@@ -6,9 +6,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 use arbor::render::{TreeRenderer, final_text};
 use arbor::{Run, Runtime};
-use arbor_actors::AgentStatus;
-use arbor_supervisor::StartRequest;
+use arbor_actors::approval::{DecideRefused, Decision};
+use arbor_actors::{AgentStatus, EventKind};
 use arbor_supervisor::store::SqliteStore;
+use arbor_supervisor::{StartRequest, Supervisor};
 
 use super::args::{RunArgs, Stored};
 use super::store::tree_config;
@@ -148,9 +149,27 @@ async fn follow_tree(
         }
     }
     let mut events = run.take_events();
+    // Approval requests go from the printer to the approver, which decides
+    // them one at a time (a person answers one question at once).
+    let (asks, asked) = tokio::sync::mpsc::unbounded_channel();
     let printer = tokio::spawn(async move {
         let mut renderer = TreeRenderer::default();
         while let Some(event) = events.recv().await {
+            if let EventKind::ApprovalRequested {
+                tool_call_id,
+                tool,
+                input,
+                ..
+            } = &event.kind
+            {
+                let _ = asks.send(Ask {
+                    tree_id: event.tree_id.to_string(),
+                    run_id: event.run_id.to_string(),
+                    call_id: tool_call_id.clone(),
+                    tool: tool.clone(),
+                    input: input.clone(),
+                });
+            }
             if show.events {
                 if let Ok(line) = serde_json::to_string(&*event) {
                     eprintln!("{line}");
@@ -162,7 +181,15 @@ async fn follow_tree(
             }
         }
     });
-    let result = run.result().await?;
+    let approver = async {
+        approve(runtime.supervisor(), asked).await;
+        std::future::pending::<std::convert::Infallible>().await
+    };
+    // The approver never ends on its own; it is dropped with the tree.
+    let result = tokio::select! {
+        result = run.result() => result?,
+        never = approver => match never {},
+    };
     let _ = printer.await;
     runtime.supervisor().flush().await?;
     let completed = result.state.status == AgentStatus::Completed;
@@ -183,4 +210,129 @@ async fn follow_tree(
     } else {
         ExitCode::from(1)
     })
+}
+
+/// A tool call of the tree that waits for a decision (semantics §12).
+struct Ask {
+    tree_id: String,
+    run_id: String,
+    call_id: String,
+    tool: String,
+    input: serde_json::Value,
+}
+
+/// Why `arbor run` denies every call that needs approval when no one can answer.
+const NO_TERMINAL: &str =
+    "no one to approve it: arbor run has no terminal (run it in arbor serve and use arbor approve)";
+
+/// Decides the tree's approval requests as they come: asks at the terminal
+/// when stdin is one, else denies each at once (a run never waits for nobody).
+async fn approve(supervisor: &Supervisor, mut asked: tokio::sync::mpsc::UnboundedReceiver<Ask>) {
+    use std::io::IsTerminal;
+    let terminal = std::io::stdin().is_terminal();
+    let mut lines = None;
+    while let Some(ask) = asked.recv().await {
+        // Decided meanwhile (or by a recorded decision): nothing to ask.
+        let waiting = supervisor
+            .approvals(Some(&ask.tree_id))
+            .iter()
+            .any(|p| p.tool_call_id == ask.call_id);
+        if !waiting {
+            continue;
+        }
+        if !terminal {
+            eprintln!(
+                "warning: {} call {} of run {} needs approval; denied: {NO_TERMINAL}",
+                ask.tool, ask.call_id, ask.run_id
+            );
+            let deny = Decision::Deny {
+                reason: NO_TERMINAL.to_owned(),
+            };
+            if let Err(e) = supervisor.decide(&ask.tree_id, &ask.call_id, deny).await {
+                eprintln!("warning: {e}");
+            }
+            continue;
+        }
+        let lines = lines.get_or_insert_with(stdin_lines);
+        ask_at_terminal(supervisor, &ask, lines).await;
+    }
+}
+
+/// Asks the person at the terminal about one call until a decision is taken
+/// (an edited input the tool refuses is asked for again).
+async fn ask_at_terminal(
+    supervisor: &Supervisor,
+    ask: &Ask,
+    lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let input = serde_json::to_string_pretty(&ask.input).unwrap_or_default();
+    eprintln!(
+        "\napproval needed: run {} wants to call {} (call {}) with\n{input}",
+        ask.run_id, ask.tool, ask.call_id
+    );
+    loop {
+        eprint!("approve? [y]es / [n]o / [e]dit input: ");
+        let Some(answer) = lines.recv().await else {
+            eprintln!();
+            let reason = "no answer: stdin closed";
+            eprintln!("warning: call {} denied: {reason}", ask.call_id);
+            let deny = Decision::Deny {
+                reason: reason.to_owned(),
+            };
+            if let Err(e) = supervisor.decide(&ask.tree_id, &ask.call_id, deny).await {
+                eprintln!("warning: {e}");
+            }
+            return;
+        };
+        let decision = match answer.trim().to_ascii_lowercase().as_str() {
+            "y" | "yes" => Decision::Approve { input: None },
+            "n" | "no" => Decision::Deny {
+                reason: String::new(),
+            },
+            "e" | "edit" => {
+                eprint!("input (one line of JSON): ");
+                let Some(line) = lines.recv().await else {
+                    continue;
+                };
+                match serde_json::from_str(&line) {
+                    Ok(input) => Decision::Approve { input: Some(input) },
+                    Err(e) => {
+                        eprintln!("not valid JSON: {e}");
+                        continue;
+                    }
+                }
+            }
+            _ => continue,
+        };
+        match supervisor
+            .decide(&ask.tree_id, &ask.call_id, decision)
+            .await
+        {
+            Ok(()) => return,
+            Err(arbor_supervisor::Error::DecisionRefused {
+                reason: DecideRefused::InvalidInput(why),
+                ..
+            }) => eprintln!("the tool refuses that input: {why}"),
+            Err(e) => {
+                eprintln!("warning: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// Stdin's lines, read on a thread of their own (never on the async
+/// runtime); the channel closes at end of input. A plain thread, not a
+/// blocking task, so a read still waiting when the tree ends holds nothing up.
+fn stdin_lines() -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }

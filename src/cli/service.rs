@@ -7,7 +7,7 @@ use anyhow::Context;
 use arbor::config::Config;
 use arbor::{Error, Runtime};
 
-use super::args::LogFormat;
+use super::args::{LogFormat, ServerArgs};
 use super::{async_runtime, colour, log_filter, store_path};
 
 /// A service's logs: stdout (where its supervisor collects them), as text or
@@ -135,6 +135,79 @@ async fn shutdown_signal() {
     }
 }
 
+/// A running `arbor serve` that a command talks to (`arbor say`, `arbor
+/// approvals`, `arbor approve`, `arbor deny`).
+pub(super) struct Api {
+    /// The server as given (for messages).
+    pub(super) server: String,
+    base: reqwest::Url,
+    token: Option<String>,
+    client: reqwest::Client,
+}
+
+impl Api {
+    /// The server `--server`/`$ARBOR_SERVER` names, with the token of
+    /// `--token`/`$ARBOR_API_TOKEN`.
+    pub(super) fn new(args: ServerArgs) -> anyhow::Result<Api> {
+        let (server, token) = args.resolve();
+        Api::at(&server, token.as_deref())
+    }
+
+    fn at(server: &str, token: Option<&str>) -> anyhow::Result<Api> {
+        let base = reqwest::Url::parse(server)
+            .with_context(|| format!("--server {server:?} is not a URL"))?;
+        if base.cannot_be_a_base() {
+            anyhow::bail!("--server {server:?} cannot have a path");
+        }
+        Ok(Api {
+            server: server.to_owned(),
+            base,
+            token: token.map(str::to_owned),
+            client: reqwest::Client::new(),
+        })
+    }
+
+    /// The URL of the path `segments` (each one segment: a run id's `/` is
+    /// encoded) under the server's.
+    fn url(&self, segments: &[&str]) -> anyhow::Result<reqwest::Url> {
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .map_err(|()| anyhow::anyhow!("--server {:?} cannot have a path", self.server))?
+            .pop_if_empty()
+            .extend(segments);
+        Ok(url)
+    }
+
+    /// Sends a request (a JSON body when `body` is given) and reads the
+    /// answer's status and JSON body (`null` when it has none).
+    pub(super) async fn send(
+        &self,
+        method: reqwest::Method,
+        segments: &[&str],
+        body: Option<&serde_json::Value>,
+    ) -> anyhow::Result<(reqwest::StatusCode, serde_json::Value)> {
+        let mut request = self.client.request(method, self.url(segments)?);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the server at {}", self.server))?;
+        let status = response.status();
+        let body = response.json().await.unwrap_or_default();
+        Ok((status, body))
+    }
+}
+
+/// The message of the server's JSON error (`{"error": {"code", "message"}}`).
+pub(super) fn error_message(body: &serde_json::Value) -> &str {
+    body["error"]["message"].as_str().unwrap_or("no detail")
+}
+
 /// `arbor say`: posts a steering message to a server's
 /// `/v1/runs/{runId}/messages`; the server's refusal (its JSON error) is the
 /// command's error.
@@ -144,29 +217,18 @@ pub(super) async fn say(
     run_id: &str,
     text: &str,
 ) -> anyhow::Result<ExitCode> {
-    let mut url =
-        reqwest::Url::parse(server).with_context(|| format!("--server {server:?} is not a URL"))?;
-    url.path_segments_mut()
-        .map_err(|()| anyhow::anyhow!("--server {server:?} cannot have a path"))?
-        .pop_if_empty()
-        // The run id's `/` is encoded: it is one path segment.
-        .extend(["v1", "runs", run_id, "messages"]);
-    let mut request = reqwest::Client::new()
-        .post(url)
-        .json(&serde_json::json!({ "text": text }));
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    let response = request
-        .send()
-        .await
-        .with_context(|| format!("cannot reach the server at {server}"))?;
-    let status = response.status();
-    let body: serde_json::Value = response.json().await.unwrap_or_default();
+    let api = Api::at(server, token)?;
+    let (status, body) = api
+        .send(
+            reqwest::Method::POST,
+            &["v1", "runs", run_id, "messages"],
+            Some(&serde_json::json!({ "text": text })),
+        )
+        .await?;
     if status.is_success() {
         outln!("accepted: run {run_id} takes the message at its next step")?;
         return Ok(ExitCode::SUCCESS);
     }
-    let message = body["error"]["message"].as_str().unwrap_or("no detail");
+    let message = error_message(&body);
     anyhow::bail!("the server refused the message ({status}): {message}")
 }

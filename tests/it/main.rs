@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod aimock;
+mod approvals_cli;
 mod approvals_restart;
 mod cli;
 mod command_tools;

@@ -1,0 +1,220 @@
+//! `arbor approvals`, `arbor approve` and `arbor deny`: the tool calls that
+//! wait for a person's decision on a running `arbor serve` (semantics §12).
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use arbor_actors::approval::Decision;
+use serde_json::Value;
+
+use super::service::{Api, error_message};
+
+/// How much of a call's input the table shows.
+const INPUT_WIDTH: usize = 48;
+
+/// `arbor approvals [TREE]`: `GET /v1/approvals` (or a tree's), as a table
+/// or as the server's JSON list.
+pub(super) async fn list(api: &Api, tree_id: Option<&str>, json: bool) -> anyhow::Result<ExitCode> {
+    let segments: Vec<&str> = match tree_id {
+        Some(tree) => vec!["v1", "trees", tree, "approvals"],
+        None => vec!["v1", "approvals"],
+    };
+    let (status, body) = api.send(reqwest::Method::GET, &segments, None).await?;
+    if !status.is_success() {
+        let message = error_message(&body);
+        anyhow::bail!("the server refused to list the approvals ({status}): {message}");
+    }
+    let approvals = body["approvals"]
+        .as_array()
+        .with_context(|| format!("the server at {} sent no approvals list", api.server))?;
+    if json {
+        outln!("{}", serde_json::to_string_pretty(approvals)?)?;
+    } else if approvals.is_empty() {
+        let scope = tree_id.map_or_else(String::new, |t| format!(" in tree {t}"));
+        eprintln!("no tool call waits for a decision{scope}");
+    } else {
+        out!("{}", table(approvals, now_ms()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The decision `arbor approve` sends: the model's input, or `--input`'s
+/// JSON (read here, so a typo is named before the server is asked).
+pub(super) fn approval(input: Option<&str>) -> anyhow::Result<Decision> {
+    let input = input
+        .map(|text| {
+            serde_json::from_str::<Value>(text)
+                .with_context(|| format!("--input is not valid JSON: {text:?}"))
+        })
+        .transpose()?;
+    Ok(Decision::Approve { input })
+}
+
+/// `arbor approve` / `arbor deny`: posts the decision to
+/// `/v1/trees/{treeId}/approvals/{callId}`; the server's refusal is the
+/// command's error.
+pub(super) async fn decide(
+    api: &Api,
+    tree_id: &str,
+    call_id: &str,
+    decision: Decision,
+) -> anyhow::Result<ExitCode> {
+    let body = serde_json::to_value(&decision)?;
+    let (status, answer) = api
+        .send(
+            reqwest::Method::POST,
+            &["v1", "trees", tree_id, "approvals", call_id],
+            Some(&body),
+        )
+        .await?;
+    let verb = match decision {
+        Decision::Approve { .. } => "approve",
+        Decision::Deny { .. } => "deny",
+    };
+    if !status.is_success() {
+        let message = error_message(&answer);
+        anyhow::bail!(
+            "cannot {verb} tool call {call_id} of tree {tree_id}: the server refused ({status}): {message}"
+        );
+    }
+    match decision {
+        Decision::Approve { input: None } => {
+            outln!("approved: tool call {call_id} of tree {tree_id} runs")?;
+        }
+        Decision::Approve { input: Some(_) } => {
+            outln!("approved: tool call {call_id} of tree {tree_id} runs with the edited input")?;
+        }
+        Decision::Deny { .. } => {
+            outln!(
+                "denied: tool call {call_id} of tree {tree_id} does not run; the model reads why"
+            )?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The table of pending approvals: tree, call id, run, tool, input
+/// (compact JSON, clipped), age.
+fn table(approvals: &[Value], now_ms: u64) -> String {
+    let text = |v: &Value, key: &str| v[key].as_str().unwrap_or("-").to_owned();
+    let rows: Vec<[String; 6]> = approvals
+        .iter()
+        .map(|a| {
+            let input = serde_json::to_string(&a["input"]).unwrap_or_default();
+            let age = a["requestedMs"]
+                .as_u64()
+                .map_or_else(|| "-".to_owned(), |at| age(now_ms.saturating_sub(at)));
+            [
+                text(a, "treeId"),
+                text(a, "toolCallId"),
+                text(a, "runId"),
+                text(a, "tool"),
+                clip(&input, INPUT_WIDTH),
+                age,
+            ]
+        })
+        .collect();
+    let header = ["TREE", "CALL", "RUN", "TOOL", "INPUT", "AGE"];
+    let mut widths = header.map(|h| h.chars().count());
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in std::iter::once(header.map(str::to_owned)).chain(rows) {
+        let mut line = String::new();
+        for (i, (cell, width)) in row.iter().zip(widths).enumerate() {
+            if i + 1 == row.len() {
+                let _ = write!(line, "{cell:>width$}");
+            } else {
+                let _ = write!(line, "{cell:<width$} ");
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `text` cut to `width` characters, the cut marked with `…`.
+fn clip(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_owned();
+    }
+    let kept: String = text.chars().take(width.saturating_sub(1)).collect();
+    format!("{kept}…")
+}
+
+/// An age in its largest whole unit: 12s, 5m, 3h, 2d.
+fn age(ms: u64) -> String {
+    let secs = ms / 1000;
+    match secs {
+        0..60 => format!("{secs}s"),
+        60..3600 => format!("{}m", secs / 60),
+        3600..86_400 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86_400),
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::{age, approval, clip, table};
+    use arbor_actors::approval::Decision;
+
+    #[test]
+    fn the_table_clips_the_input_and_shows_the_age() {
+        let long = "x".repeat(100);
+        let approvals = [json!({
+            "treeId": "tabc", "runId": "tabc/0.1", "toolCallId": "call_1", "step": 2,
+            "tool": "echo", "input": {"word": long}, "requestedMs": 1_000
+        })];
+        let shown = table(&approvals, 126_000);
+        let lines: Vec<&str> = shown.lines().collect();
+        assert_eq!(lines.len(), 2, "{shown}");
+        assert!(lines[0].starts_with("TREE "), "{shown}");
+        for cell in [
+            "tabc",
+            "call_1",
+            "tabc/0.1",
+            "echo",
+            "{\"word\":\"xxx",
+            "…",
+            "2m",
+        ] {
+            assert!(lines[1].contains(cell), "{cell} in {shown}");
+        }
+        assert!(!lines[1].contains(&long), "{shown}");
+    }
+
+    #[test]
+    fn clip_and_age() {
+        assert_eq!(clip("abc", 3), "abc");
+        assert_eq!(clip("abcdef", 4), "abc…");
+        assert_eq!(age(59_999), "59s");
+        assert_eq!(age(3_600_000), "1h");
+        assert_eq!(age(2 * 86_400_000), "2d");
+    }
+
+    #[test]
+    fn an_edited_input_is_read_as_json_before_the_server_is_asked() {
+        assert_eq!(
+            approval(Some(r#"{"word":"hi"}"#)).unwrap(),
+            Decision::Approve {
+                input: Some(json!({"word": "hi"}))
+            }
+        );
+        assert_eq!(approval(None).unwrap(), Decision::Approve { input: None });
+        let error = format!("{:#}", approval(Some("{word: hi}")).unwrap_err());
+        assert!(error.starts_with("--input is not valid JSON"), "{error}");
+    }
+}
