@@ -14,6 +14,7 @@ mod library;
 mod loadtest;
 mod long_running;
 mod mcp;
+mod page_approvals;
 mod provider_faults;
 mod provider_limits;
 mod provider_secrets;
