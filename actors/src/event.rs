@@ -213,6 +213,26 @@ pub enum EventKind {
         /// Which limit, and how.
         limit: LimitHit,
     },
+    /// A budget of the tree is spent and the tree pauses instead of failing
+    /// (`on_budget = "pause"`, semantics §13): the run waits, holding no live
+    /// slot, until the budget is raised.
+    BudgetReached {
+        /// Which budget, and how.
+        limit: LimitHit,
+    },
+    /// The tree's budgets were raised (semantics §13); paused runs go on.
+    #[serde(rename_all = "camelCase")]
+    LimitsRaised {
+        /// The tree's model steps now allowed, if raised.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        max_steps: Option<u64>,
+        /// Its tokens now allowed, if raised.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        max_tokens: Option<u64>,
+        /// Its credits now allowed, if raised.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        max_credits: Option<f64>,
+    },
     /// The run called the same tool with the same input and got the same
     /// result `repeats` times in a row (its template's `loop_detection`).
     Looping {
@@ -271,6 +291,8 @@ impl EventKind {
             EventKind::AgentCancelled { .. } => "agentCancelled",
             EventKind::LimitHit { .. } => "limitHit",
             EventKind::Steered { .. } => "steered",
+            EventKind::BudgetReached { .. } => "budgetReached",
+            EventKind::LimitsRaised { .. } => "limitsRaised",
             EventKind::ApprovalRequested { .. } => "approvalRequested",
             EventKind::ApprovalDecided { .. } => "approvalDecided",
             EventKind::Looping { .. } => "looping",
@@ -322,6 +344,10 @@ pub enum EventType {
     LimitHit,
     /// `steered`: a person sent a running agent a message.
     Steered,
+    /// `budgetReached`: a budget is spent and the run waits for more.
+    BudgetReached,
+    /// `limitsRaised`: the tree's budgets were raised.
+    LimitsRaised,
     /// `approvalRequested`: a tool call waits for a person's decision.
     ApprovalRequested,
     /// `approvalDecided`: a person decided on a tool call.
@@ -332,7 +358,7 @@ pub enum EventType {
 
 impl EventType {
     /// Every journal type.
-    pub const ALL: [EventType; 20] = [
+    pub const ALL: [EventType; 22] = [
         EventType::AgentStarted,
         EventType::StepStarted,
         EventType::ModelRetrying,
@@ -353,6 +379,8 @@ impl EventType {
         EventType::Looping,
         EventType::ApprovalRequested,
         EventType::ApprovalDecided,
+        EventType::BudgetReached,
+        EventType::LimitsRaised,
     ];
 
     /// The journal type of an event; `None` for what the journal leaves out
@@ -378,6 +406,8 @@ impl EventType {
             EventKind::AgentCancelled { .. } => EventType::AgentCancelled,
             EventKind::LimitHit { .. } => EventType::LimitHit,
             EventKind::Steered { .. } => EventType::Steered,
+            EventKind::BudgetReached { .. } => EventType::BudgetReached,
+            EventKind::LimitsRaised { .. } => EventType::LimitsRaised,
             EventKind::ApprovalRequested { .. } => EventType::ApprovalRequested,
             EventKind::ApprovalDecided { .. } => EventType::ApprovalDecided,
             EventKind::Looping { .. } => EventType::Looping,
@@ -404,6 +434,8 @@ impl EventType {
             EventType::AgentCancelled => "agentCancelled",
             EventType::LimitHit => "limitHit",
             EventType::Steered => "steered",
+            EventType::BudgetReached => "budgetReached",
+            EventType::LimitsRaised => "limitsRaised",
             EventType::ApprovalRequested => "approvalRequested",
             EventType::ApprovalDecided => "approvalDecided",
             EventType::Looping => "looping",

@@ -108,6 +108,12 @@ pub trait TreeHooks: Send + Sync + 'static {
         None
     }
 
+    /// Whether a spent budget (steps, tokens, credits) pauses the tree's
+    /// agents instead of failing them (`on_budget = "pause"`, semantics §13).
+    fn pauses_on_budget(&self) -> bool {
+        false
+    }
+
     /// The steers a resumed or replayed tree gives the run `run_id` back:
     /// those no checkpoint it starts from holds (semantics §9; none for a
     /// new tree).

@@ -30,6 +30,12 @@ pub enum Limit {
 }
 
 impl Limit {
+    /// Whether it is one of the tree's budgets (steps, tokens, credits),
+    /// which can pause a tree instead of failing it (semantics §13).
+    pub fn is_budget(self) -> bool {
+        matches!(self, Limit::MaxSteps | Limit::TokenBudget | Limit::CostBudget)
+    }
+
     /// The config key that sets this limit.
     pub fn key(self) -> &'static str {
         match self {

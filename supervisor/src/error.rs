@@ -51,6 +51,9 @@ pub enum Error {
     /// finished states this supervisor keeps, or the store).
     #[error("no run {0}")]
     UnknownRun(String),
+    /// A request to raise a tree's budgets named none of them.
+    #[error("raise at least one of maxSteps, maxTokens, maxCredits")]
+    NothingRaised,
     /// No tool call of that id waits for a decision in that tree.
     #[error("no tool call {call_id} of tree {tree_id} waits for a decision")]
     UnknownApproval {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use arbor_actors::sync::RwLockExt;
 use arbor_actors::{Limit, LimitHit, Usage};
 use serde::{Deserialize, Deserializer};
 
@@ -57,6 +58,23 @@ pub struct TreeLimits {
     #[serde(skip_serializing_if = "ToolPolicy::is_empty")]
     #[cfg_attr(feature = "openapi", schema(value_type = Vec<crate::ToolRule>))]
     pub tools: ToolPolicy,
+    /// What a spent budget (`max_steps`, `max_tokens`, `max_credits`) does:
+    /// fail the agents it refuses (the default), or pause them until the
+    /// budget is raised (semantics §13).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_budget: Option<OnBudget>,
+}
+
+/// What a spent budget does to the agents that need more (semantics §13).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum OnBudget {
+    /// They fail, naming the budget.
+    #[default]
+    Fail,
+    /// They wait, holding no live slot, until the budget is raised.
+    Pause,
 }
 
 /// `[limits]` of a config file: [`TreeLimits`] read straight into, with the
@@ -96,6 +114,8 @@ struct ConfigLimits {
     deadline: Option<Duration>,
     #[serde(skip)]
     tools: ToolPolicy,
+    #[serde(default)]
+    on_budget: Option<OnBudget>,
 }
 
 /// A duration in the config's words (`"90s"`, `"1h30m"`).
@@ -265,6 +285,8 @@ impl TreeLimits {
             max_credits: min(self.max_credits, other.max_credits),
             deadline: min(self.deadline, other.deadline),
             tools: self.tools.clone().with(&other.tools),
+            // Not a bound: the request's choice, else this one's.
+            on_budget: other.on_budget.or(self.on_budget),
         }
     }
 }
@@ -289,9 +311,55 @@ mod millis {
     }
 }
 
+/// Budgets raised while a tree runs (semantics §13): each replaces the
+/// limit it names.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Raised {
+    /// Model steps in the whole tree.
+    pub max_steps: Option<u64>,
+    /// Tokens in the whole tree.
+    pub max_tokens: Option<u64>,
+    /// Credits in the whole tree.
+    pub max_credits: Option<f64>,
+}
+
+impl Raised {
+    /// `later` over this: what each names replaces this one's.
+    pub fn then(self, later: Raised) -> Raised {
+        Raised {
+            max_steps: later.max_steps.or(self.max_steps),
+            max_tokens: later.max_tokens.or(self.max_tokens),
+            max_credits: later.max_credits.or(self.max_credits),
+        }
+    }
+
+    /// Whether it raises nothing.
+    pub fn is_empty(&self) -> bool {
+        self.max_steps.is_none() && self.max_tokens.is_none() && self.max_credits.is_none()
+    }
+
+    /// These budgets with `more` added to each (a budget with no limit
+    /// stays unlimited: there is nothing to add to).
+    pub fn plus(self, more: Raised) -> Raised {
+        Raised {
+            max_steps: self
+                .max_steps
+                .map(|n| n.saturating_add(more.max_steps.unwrap_or(0))),
+            max_tokens: self
+                .max_tokens
+                .map(|n| n.saturating_add(more.max_tokens.unwrap_or(0))),
+            max_credits: self
+                .max_credits
+                .map(|c| c + more.max_credits.unwrap_or(0.0)),
+        }
+    }
+}
+
 /// The running counts of one tree, shared by its agents through the hooks.
 pub(crate) struct Budget {
     limits: TreeLimits,
+    /// Budgets raised since the tree started (they replace `limits`' own).
+    raised: std::sync::RwLock<Raised>,
     agents: AtomicUsize,
     steps: AtomicU64,
     tokens: AtomicU64,
@@ -307,6 +375,7 @@ impl Budget {
         Budget {
             slots: limits.max_live_agents.map(|n| Slots::new(n.get())),
             limits,
+            raised: std::sync::RwLock::new(Raised::default()),
             agents: AtomicUsize::new(1),
             steps: AtomicU64::new(0),
             tokens: AtomicU64::new(0),
@@ -326,6 +395,45 @@ impl Budget {
 
     pub(crate) fn limits(&self) -> &TreeLimits {
         &self.limits
+    }
+
+    /// Sets the budgets `set` names, then adds `add` to the ones in force;
+    /// the agents paused on them can go on. Returns what changed, as the
+    /// budgets it set (what a journal records to do the same again).
+    pub(crate) fn raise(&self, set: Raised, add: Raised) -> Raised {
+        let mut current = self.raised.write_locked();
+        let now = self.in_force(current.then(set)).plus(add);
+        let changed = Raised {
+            max_steps: (set.max_steps.is_some() || add.max_steps.is_some())
+                .then_some(now.max_steps)
+                .flatten(),
+            max_tokens: (set.max_tokens.is_some() || add.max_tokens.is_some())
+                .then_some(now.max_tokens)
+                .flatten(),
+            max_credits: (set.max_credits.is_some() || add.max_credits.is_some())
+                .then_some(now.max_credits)
+                .flatten(),
+        };
+        *current = current.then(changed);
+        changed
+    }
+
+    fn in_force(&self, raised: Raised) -> Raised {
+        Raised {
+            max_steps: raised.max_steps.or(self.limits.max_steps.map(NonZeroU64::get)),
+            max_tokens: raised.max_tokens.or(self.limits.max_tokens.map(NonZeroU64::get)),
+            max_credits: raised.max_credits.or(self.limits.max_credits),
+        }
+    }
+
+    /// The budgets in force: the tree's limits with the raised ones over them.
+    pub(crate) fn budgets(&self) -> Raised {
+        self.in_force(*self.raised.read_locked())
+    }
+
+    /// Whether a spent budget pauses the tree's agents instead of failing them.
+    pub(crate) fn pauses(&self) -> bool {
+        self.limits.on_budget == Some(OnBudget::Pause)
     }
 
     pub(crate) fn admit_child(&self, parent_depth: usize, index: usize) -> Result<(), LimitHit> {
@@ -366,7 +474,12 @@ impl Budget {
     /// token budget (so concurrent calls cannot all overshoot it), checks the cost
     /// budget, and counts the step.
     pub(crate) fn admit_step(&self, estimate: u64) -> Result<(), LimitHit> {
-        if let Some(max) = self.limits.max_credits {
+        let Raised {
+            max_steps,
+            max_tokens,
+            max_credits,
+        } = self.budgets();
+        if let Some(max) = max_credits {
             let used = self.credits();
             if used >= max {
                 return Err(LimitHit::new(
@@ -375,7 +488,7 @@ impl Budget {
                 ));
             }
         }
-        if let Some(max) = self.limits.max_tokens.map(NonZeroU64::get) {
+        if let Some(max) = max_tokens {
             let used = self.tokens.load(Ordering::Acquire);
             self.reserved
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |reserved| {
@@ -391,7 +504,7 @@ impl Budget {
                     )
                 })?;
         }
-        let Some(max) = self.limits.max_steps.map(NonZeroU64::get) else {
+        let Some(max) = max_steps else {
             self.steps.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         };
@@ -419,7 +532,7 @@ impl Budget {
     }
 
     fn release(&self, reserved: u64) {
-        if self.limits.max_tokens.is_some() && reserved > 0 {
+        if self.budgets().max_tokens.is_some() && reserved > 0 {
             let _ = self
                 .reserved
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {

@@ -61,6 +61,8 @@ pub struct Recovery {
     pub steers: HashMap<String, Vec<Steer>>,
     /// Every run's decisions on tool calls, by call id (semantics §12).
     pub decisions: HashMap<String, HashMap<String, Decision>>,
+    /// The tree's budgets as raised while it ran (semantics §13).
+    pub raised: crate::Raised,
     /// Whether this is a replay (steers are sent again at their steps) rather
     /// than a resume (steers no checkpoint holds are given back).
     pub replaying: bool,
@@ -75,6 +77,9 @@ impl Recovery {
             replies: recorded.replies,
             steers: recorded.steers,
             decisions: recorded.decisions,
+            // A replay starts with the budgets the tree ended with: it never
+            // pauses where the live tree waited to be raised.
+            raised: recorded.raised,
             replaying: true,
             ..Recovery::default()
         }

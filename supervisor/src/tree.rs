@@ -119,6 +119,7 @@ impl TreeContext {
         };
         self.seq = AtomicU64::new(recovery.last_seq + gap);
         self.budget.restore(&recovery.spent);
+        self.budget.raise(recovery.raised, crate::Raised::default());
         self.recovery = Some(recovery);
         self.replay = replay;
         self
@@ -160,6 +161,27 @@ impl TreeContext {
 
     pub(crate) fn live_count(&self) -> usize {
         self.live.locked().len()
+    }
+
+    /// Raises the tree's budgets and wakes its agents paused on them.
+    /// Journaled as a `limitsRaised` event of the root; returns the budgets
+    /// in force.
+    pub(crate) fn raise(&self, set: crate::Raised, add: crate::Raised) -> crate::Raised {
+        let raised = self.budget.raise(set, add);
+        let root: Arc<str> = Arc::from(format!("{}/0", self.tree_id()).as_str());
+        self.emit(
+            &root,
+            EventKind::LimitsRaised {
+                max_steps: raised.max_steps,
+                max_tokens: raised.max_tokens,
+                max_credits: raised.max_credits,
+            },
+        );
+        let actors: Vec<ActorRef<AgentMsg>> = self.live.locked().values().cloned().collect();
+        for actor in actors {
+            let _ = actor.cast(AgentMsg::BudgetRaised);
+        }
+        self.budget.budgets()
     }
 
     /// Ids of the root run, `T/0`.
@@ -249,6 +271,10 @@ impl TreeHooks for TreeContext {
 
     fn admit_step(&self, estimate: u64) -> Result<(), LimitHit> {
         self.budget.admit_step(estimate)
+    }
+
+    fn pauses_on_budget(&self) -> bool {
+        self.budget.pauses()
     }
 
     fn settle(&self, usage: &Usage, reserved: u64) {

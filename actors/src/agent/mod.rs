@@ -125,6 +125,9 @@ pub enum AgentMsg {
         /// Where the answer goes.
         reply: RpcReplyPort<Result<(), SteerRefused>>,
     },
+    /// The tree's budgets were raised: a run paused on its budget asks for
+    /// a live slot and tries its step again.
+    BudgetRaised,
     /// A person's decision on a tool call that waits for approval
     /// (semantics §12), answered at once.
     Decide {
@@ -182,6 +185,9 @@ enum Parked {
     Request(ModelRequest),
     /// A step's calls, let go by their approvals.
     Actions(Vec<Action>),
+    /// A step its tree's budget could not admit: it waits for the budget
+    /// to be raised (`BudgetRaised`), then for a slot.
+    Budget(ModelRequest),
 }
 
 /// The actor's state: the machine plus the work in flight.
@@ -447,6 +453,15 @@ impl Actor for AgentActor {
                     Vec::new()
                 }
             },
+            AgentMsg::BudgetRaised => {
+                if let Phase::Suspended { parked } = &mut run.phase
+                    && matches!(parked, Some(Parked::Budget(_)))
+                    && let Some(Parked::Budget(request)) = parked.take()
+                {
+                    run.park(&myself, Parked::Request(request));
+                }
+                Vec::new()
+            }
             AgentMsg::Steer { text, reply } => {
                 let _ = reply.send(run.machine.steer(text));
                 Vec::new()
@@ -611,6 +626,15 @@ impl AgentRun {
     fn send_model(&mut self, myself: &ActorRef<AgentMsg>, request: ModelRequest) {
         let estimate = request.messages.estimated_tokens();
         if let Err(limit) = self.hooks.admit_step(estimate) {
+            if limit.limit.is_budget() && self.hooks.pauses_on_budget() {
+                // Paused, not failed: no slot is held while it waits.
+                self.emit(EventKind::BudgetReached { limit });
+                self.suspend();
+                if let Phase::Suspended { parked } = &mut self.phase {
+                    *parked = Some(Parked::Budget(request));
+                }
+                return;
+            }
             self.emit(EventKind::LimitHit {
                 limit: limit.clone(),
             });
@@ -788,6 +812,8 @@ impl AgentRun {
         match parked {
             Some(Parked::Request(request)) => self.send_model(myself, request),
             Some(Parked::Actions(actions)) => return actions,
+            // A slot came while it waits for budget (it asked before it paused).
+            Some(Parked::Budget(request)) => self.send_model(myself, request),
             None => {}
         }
         Vec::new()

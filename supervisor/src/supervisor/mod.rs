@@ -27,6 +27,7 @@ use crate::bus::{EventBus, EventStream};
 use crate::catalog::Catalog;
 use crate::error::{Error, StoreUse};
 use crate::limits::TreeLimits;
+use crate::Raised;
 use crate::recovery::Recovery;
 use crate::registry::{Registry, Retain};
 use crate::store::{Fenced, Store, StoreWriter, TreeRecord, Write};
@@ -726,6 +727,23 @@ impl Supervisor {
     /// Agent actors alive in every tree.
     pub fn live_actors(&self) -> usize {
         self.contexts().iter().map(|c| c.live_count()).sum()
+    }
+
+    /// Sets the budgets `set` names and adds `add` to the ones in force, for
+    /// the running tree `tree_id` (semantics §13): its agents paused on a
+    /// spent budget try their step again. The change is a `limitsRaised`
+    /// event, so a resumed tree keeps it. Returns the budgets now in force.
+    pub fn raise_limits(&self, tree_id: &str, set: Raised, add: Raised) -> Result<Raised, Error> {
+        if set.is_empty() && add.is_empty() {
+            return Err(Error::NothingRaised);
+        }
+        let ctx = self
+            .trees
+            .locked()
+            .get(tree_id)
+            .and_then(|(ctx, _)| ctx.upgrade())
+            .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+        Ok(ctx.raise(set, add))
     }
 
     /// Whether a tree with this id runs in this supervisor.

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod approve;
+mod budget;
 mod cancel;
 mod common;
 mod failure;

@@ -74,6 +74,8 @@ pub(super) struct TreeLog {
     pub(super) runs: Vec<(String, RunLog)>,
     pub(super) index: HashMap<String, usize>,
     pub(super) replies: Vec<(String, u32, u64, Usage)>,
+    /// The budgets raised while the tree ran, the latest of each.
+    pub(super) raised: crate::Raised,
     finished: usize,
     /// Decoded values, shared between the states built from them.
     decoded: HashMap<u64, Arc<Message>>,
@@ -172,6 +174,14 @@ impl TreeLog {
         let at = e.get("atMs").and_then(Value::as_u64).unwrap_or(0);
         let str_of = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_owned);
         match e.get("type").and_then(Value::as_str) {
+            Some("limitsRaised") => {
+                let raised = crate::Raised {
+                    max_steps: e.get("maxSteps").and_then(Value::as_u64),
+                    max_tokens: e.get("maxTokens").and_then(Value::as_u64),
+                    max_credits: e.get("maxCredits").and_then(Value::as_f64),
+                };
+                self.raised = self.raised.then(raised);
+            }
             Some("approvalDecided") => {
                 let id = str_of("toolCallId").unwrap_or_default();
                 let decision = e
@@ -394,6 +404,7 @@ impl SqliteStore {
             runs: Vec::new(),
             index: HashMap::new(),
             replies: Vec::new(),
+            raised: crate::Raised::default(),
             finished: 0,
             decoded: HashMap::new(),
             texts: HashMap::new(),
@@ -471,6 +482,7 @@ impl SqliteStore {
         }
         // The root counts even when nothing of it is stored yet.
         agents.insert(format!("{tree_id}/0"));
+        recovery.raised = log.raised;
         let mut spent = Spent {
             agents: agents.len(),
             ..Spent::default()
