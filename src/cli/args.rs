@@ -87,6 +87,32 @@ pub(crate) enum Command {
         #[command(flatten)]
         server: ServerArgs,
     },
+    /// Raise a running tree's budgets on `arbor serve` (semantics §13): agents
+    /// paused on a spent budget go on.
+    Budget {
+        /// The tree (its id, as `arbor runs` lists it).
+        tree_id: String,
+        /// Credits to add to the tree's budget in force.
+        #[arg(long)]
+        add_credits: Option<f64>,
+        /// Tokens to add to the tree's budget in force.
+        #[arg(long)]
+        add_tokens: Option<u64>,
+        /// Model steps to add to the tree's budget in force.
+        #[arg(long)]
+        add_steps: Option<u64>,
+        /// Set the tree's credit budget to this.
+        #[arg(long)]
+        max_credits: Option<f64>,
+        /// Set the tree's token budget to this.
+        #[arg(long)]
+        max_tokens: Option<u64>,
+        /// Set the tree's step budget to this.
+        #[arg(long)]
+        max_steps: Option<u64>,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
     /// List the tool calls that wait for a person's decision on `arbor serve`
     /// (semantics §12), oldest first.
     Approvals {

@@ -36,6 +36,23 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             at,
         } => store::runs(status, limit, json, at),
         Command::Show { run_id, json, at } => store::show(run_id, json, at),
+        Command::Budget {
+            tree_id,
+            add_credits,
+            add_tokens,
+            add_steps,
+            max_credits,
+            max_tokens,
+            max_steps,
+            server,
+        } => {
+            let body = serde_json::json!({
+                "addCredits": add_credits, "addTokens": add_tokens, "addSteps": add_steps,
+                "maxCredits": max_credits, "maxTokens": max_tokens, "maxSteps": max_steps,
+            });
+            let api = service::Api::new(server)?;
+            async_runtime()?.block_on(service::budget(&api, &tree_id, body))
+        }
         Command::Say {
             run_id,
             text,

@@ -232,3 +232,48 @@ pub(super) async fn say(
     let message = error_message(&body);
     anyhow::bail!("the server refused the message ({status}): {message}")
 }
+
+/// `arbor budget`: `PATCH /v1/trees/{treeId}/limits` with the given budgets
+/// (absent ones left out); prints the budgets now in force.
+pub(super) async fn budget(
+    api: &Api,
+    tree_id: &str,
+    body: serde_json::Value,
+) -> anyhow::Result<ExitCode> {
+    let body: serde_json::Map<String, serde_json::Value> = body
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if body.is_empty() {
+        anyhow::bail!(
+            "nothing to raise: give --add-credits, --add-tokens, --add-steps or a --max-* budget"
+        );
+    }
+    let (status, answer) = api
+        .send(
+            reqwest::Method::PATCH,
+            &["v1", "trees", tree_id, "limits"],
+            Some(&serde_json::Value::Object(body)),
+        )
+        .await?;
+    if !status.is_success() {
+        let message = error_message(&answer);
+        anyhow::bail!(
+            "cannot raise the budgets of tree {tree_id}: the server refused ({status}): {message}"
+        );
+    }
+    let show = |key: &str| match &answer[key] {
+        serde_json::Value::Null => "unlimited".to_owned(),
+        v => v.to_string(),
+    };
+    outln!(
+        "tree {tree_id}: max_steps {}, max_tokens {}, max_credits {}",
+        show("maxSteps"),
+        show("maxTokens"),
+        show("maxCredits")
+    )?;
+    Ok(ExitCode::SUCCESS)
+}

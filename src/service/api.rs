@@ -27,7 +27,7 @@ use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
     ),
     paths(
         create_run, list_runs, get_run, run_events, cancel_run, steer_run, get_tree, list_agents,
-        list_approvals, tree_approvals, decide_approval,
+        list_approvals, tree_approvals, decide_approval, raise_limits,
         healthz, readyz, metrics
     ),
     components(schemas(ErrorBody, TreeSummary, RunNode, TreeLimits, ToolRule, TreeStatus)),
@@ -184,6 +184,43 @@ impl From<DecisionBody> for arbor_actors::approval::Decision {
             DecisionBody::Deny { reason } => Self::Deny { reason },
         }
     }
+}
+
+/// Raises a running tree's budgets (semantics §13): each `max*` sets that
+/// budget, each `add*` adds to the one in force.
+#[derive(Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RaiseLimits {
+    /// Model steps the whole tree may take.
+    #[schema(minimum = 1)]
+    pub max_steps: Option<u64>,
+    /// Tokens the whole tree may use.
+    #[schema(minimum = 1)]
+    pub max_tokens: Option<u64>,
+    /// Credits the whole tree may spend.
+    #[schema(minimum = 0.0)]
+    pub max_credits: Option<f64>,
+    /// Steps to add to the budget in force.
+    pub add_steps: Option<u64>,
+    /// Tokens to add to the budget in force.
+    pub add_tokens: Option<u64>,
+    /// Credits to add to the budget in force.
+    #[schema(minimum = 0.0)]
+    pub add_credits: Option<f64>,
+}
+
+/// The budgets in force after a raise (absent: unlimited).
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Budgets {
+    /// The tree.
+    pub tree_id: String,
+    /// Model steps the whole tree may take.
+    pub max_steps: Option<u64>,
+    /// Tokens the whole tree may use.
+    pub max_tokens: Option<u64>,
+    /// Credits the whole tree may spend.
+    pub max_credits: Option<f64>,
 }
 
 /// A decision was taken.
@@ -612,6 +649,56 @@ pub async fn decide_approval(
             decided: true,
         }),
     ))
+}
+
+#[utoipa::path(
+    patch, path = "/v1/trees/{treeId}/limits", tag = "runs",
+    params(("treeId" = String, Path)),
+    request_body = RaiseLimits,
+    responses(
+        (status = 200, description = "Raised: the budgets in force; agents paused on a spent budget go on", body = Budgets),
+        (status = 401, body = ErrorBody),
+        (status = 404, description = "No tree of that id runs here", body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 422, description = "Nothing to raise, a negative or non-finite credit amount, or a body that is not RaiseLimits", body = ErrorBody),
+    )
+)]
+pub async fn raise_limits(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(tree_id): ApiPath<String>,
+    ApiJson(body): ApiJson<RaiseLimits>,
+) -> Result<Json<Budgets>, ApiError> {
+    let credits = [body.max_credits, body.add_credits];
+    if credits.iter().flatten().any(|c| !c.is_finite() || *c < 0.0) {
+        return Err(ApiError::invalid(
+            "maxCredits and addCredits must be finite and not negative",
+        ));
+    }
+    if body.max_steps == Some(0) || body.max_tokens == Some(0) {
+        return Err(ApiError::invalid(
+            "maxSteps and maxTokens must be at least 1",
+        ));
+    }
+    let set = arbor_supervisor::Raised {
+        max_steps: body.max_steps,
+        max_tokens: body.max_tokens,
+        max_credits: body.max_credits,
+    };
+    let add = arbor_supervisor::Raised {
+        max_steps: body.add_steps,
+        max_tokens: body.add_tokens,
+        max_credits: body.add_credits,
+    };
+    let now = shared
+        .runtime
+        .supervisor()
+        .raise_limits(&tree_id, set, add)?;
+    Ok(Json(Budgets {
+        tree_id,
+        max_steps: now.max_steps,
+        max_tokens: now.max_tokens,
+        max_credits: now.max_credits,
+    }))
 }
 
 #[utoipa::path(

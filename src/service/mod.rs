@@ -28,7 +28,7 @@ use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, patch, post};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use utoipa::OpenApi;
@@ -278,6 +278,7 @@ impl Service {
             .route("/v1/runs/{run_id}/cancel", post(api::cancel_run))
             .route("/v1/runs/{run_id}/messages", post(api::steer_run))
             .route("/v1/approvals", get(api::list_approvals))
+            .route("/v1/trees/{tree_id}/limits", patch(api::raise_limits))
             .route("/v1/trees/{tree_id}/approvals", get(api::tree_approvals))
             .route(
                 "/v1/trees/{tree_id}/approvals/{call_id}",
