@@ -78,7 +78,8 @@ fn script() -> Value {
 /// Drives the page: `node - <base> <token> <treeA>` with the script on stdin.
 /// Tree A (two pending calls, the page opened after they were asked for):
 /// Approve the first, Edit the second (invalid JSON is refused on the page,
-/// then a valid input is sent); the root ends completed. Then a clerk started
+/// an input the schema refuses gets the server's 422 under the call, then a
+/// valid input is sent); the root ends completed. Then a clerk started
 /// from the page's form asks live; Deny with a reason. Prints one JSON line.
 const DRIVER: &str = r#"
 import { createRequire } from 'node:module';
@@ -145,6 +146,16 @@ async function main() {
   await second.locator('button.edit-send').click();
   report.invalid = (await second.locator('.a-msg').textContent()).trim();
   report.stillPending = await count();
+
+  stage = 'sending an edited input the tool\'s schema refuses';
+  await second.locator('textarea.a-edit').fill('{"word": 5}');
+  await second.locator('button.edit-send').click();
+  await page.waitForFunction((sel) => {
+    const li = document.querySelector(sel);
+    return li && li.querySelector('.a-msg').textContent !== '' && !li.querySelector('button.edit-send').disabled;
+  }, items);
+  report.refused = (await second.locator('.a-msg').textContent()).trim();
+  report.stillPendingAfterRefusal = await count();
 
   stage = 'approving the second call with an edited input';
   await second.locator('textarea.a-edit').fill('{"word": "edited by a person"}');
@@ -232,7 +243,8 @@ fn decisions(events: &[Sse]) -> Vec<Value> {
 /// In real Chromium: a tree whose clerk waits on two `echo` calls, the page
 /// opened after they were asked for (so the panel comes from GET): both are
 /// listed, the markup input as text, the clerk's node marked; Approve and
-/// Edit (invalid JSON refused on the page, then a valid input) let the tree
+/// Edit (invalid JSON refused on the page, the server's 422 on a wrong
+/// input shown under the call, then a valid input) let the tree
 /// complete. A clerk started from the page asks live; Deny with a reason,
 /// and its stream carries approvalDecided with that reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,10 +356,28 @@ async fn the_live_page_approves_edits_and_denies_waiting_calls_in_chromium() {
         "{report:#}"
     );
     assert_eq!(report["stillPending"], 1, "{report:#}");
+    // The server's 422 shows under the call, which still waits.
+    assert!(
+        !report["refused"].as_str().unwrap().is_empty()
+            && !report["refused"]
+                .as_str()
+                .unwrap()
+                .starts_with("Not valid JSON"),
+        "{report:#}"
+    );
+    assert_eq!(report["stillPendingAfterRefusal"], 1, "{report:#}");
     assert_eq!(report["panelHiddenAfter"], true, "{report:#}");
     assert_eq!(report["aBadges"], 0, "{report:#}");
     assert_eq!(report["bBadges"], 0, "{report:#}");
-    assert_eq!(report["consoleErrors"], json!([]), "{report:#}");
+    // No script error; Chromium logs the refused POST (422) itself.
+    assert!(
+        report["consoleErrors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e.as_str().unwrap().contains("status of 422")),
+        "{report:#}"
+    );
 
     // What the page decided is what the server recorded.
     let (_, tree) = get(&server, &format!("/v1/trees/{tree_a}")).await;
