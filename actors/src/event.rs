@@ -246,6 +246,15 @@ pub enum EventKind {
         /// about (`warn_after`).
         fatal: bool,
     },
+    /// The run's own work in flight (its model call or tools) made no
+    /// progress for its template's `idle_timeout`; the run fails next.
+    #[serde(rename_all = "camelCase")]
+    Stalled {
+        /// The step the run was on.
+        step: u32,
+        /// How long it went without progress, in milliseconds.
+        idle_ms: u64,
+    },
 }
 
 impl EventKind {
@@ -296,6 +305,7 @@ impl EventKind {
             EventKind::ApprovalRequested { .. } => "approvalRequested",
             EventKind::ApprovalDecided { .. } => "approvalDecided",
             EventKind::Looping { .. } => "looping",
+            EventKind::Stalled { .. } => "stalled",
         }
     }
 }
@@ -354,11 +364,13 @@ pub enum EventType {
     ApprovalDecided,
     /// `looping`: a run repeated the same tool call with the same result.
     Looping,
+    /// `stalled`: a run's own work in flight made no progress for its `idle_timeout`.
+    Stalled,
 }
 
 impl EventType {
     /// Every journal type.
-    pub const ALL: [EventType; 22] = [
+    pub const ALL: [EventType; 23] = [
         EventType::AgentStarted,
         EventType::StepStarted,
         EventType::ModelRetrying,
@@ -381,6 +393,7 @@ impl EventType {
         EventType::ApprovalDecided,
         EventType::BudgetReached,
         EventType::LimitsRaised,
+        EventType::Stalled,
     ];
 
     /// The journal type of an event; `None` for what the journal leaves out
@@ -411,6 +424,7 @@ impl EventType {
             EventKind::ApprovalRequested { .. } => EventType::ApprovalRequested,
             EventKind::ApprovalDecided { .. } => EventType::ApprovalDecided,
             EventKind::Looping { .. } => EventType::Looping,
+            EventKind::Stalled { .. } => EventType::Stalled,
         })
     }
 
@@ -439,6 +453,7 @@ impl EventType {
             EventType::ApprovalRequested => "approvalRequested",
             EventType::ApprovalDecided => "approvalDecided",
             EventType::Looping => "looping",
+            EventType::Stalled => "stalled",
         }
     }
 

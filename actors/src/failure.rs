@@ -4,14 +4,14 @@
 //! reads (semantics §7). The kind travels beside that text, never inside it:
 //! in the final state (`errorKind`), in a child's report to its parent, and so
 //! in the journal, the API and the load test's error counts. "Rate-limited"
-//! and "rejected" stay two different things all the way up the tree.
+//! and "rejected" stay two different things all the way up the tree (a
+//! model error's kind is `ModelError::kind`).
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 use crate::limit::LimitHit;
-use crate::model::ModelError;
 
 /// What kind of failure ended a run (or kept a child from starting).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -53,6 +53,9 @@ pub enum FailureKind {
     /// The run repeated the same tool call with the same result until its
     /// template's `loop_detection.fail_after`.
     Looping,
+    /// The run's own work in flight (its model call or tools) made no
+    /// progress for its template's `idle_timeout`.
+    Stalled,
 }
 
 impl FailureKind {
@@ -74,6 +77,7 @@ impl FailureKind {
             FailureKind::Store => "store",
             FailureKind::Internal => "internal",
             FailureKind::Looping => "looping",
+            FailureKind::Stalled => "stalled",
         }
     }
 }
@@ -106,12 +110,6 @@ impl Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)
-    }
-}
-
-impl From<ModelError> for Failure {
-    fn from(error: ModelError) -> Self {
-        Failure::new(error.kind(), error.to_string())
     }
 }
 
@@ -150,35 +148,12 @@ mod tests {
             FailureKind::Store,
             FailureKind::Internal,
             FailureKind::Looping,
+            FailureKind::Stalled,
         ] {
             let json = serde_json::to_value(kind).unwrap();
             assert_eq!(json, serde_json::json!(kind.name()));
             assert_eq!(serde_json::from_value::<FailureKind>(json).unwrap(), kind);
         }
-    }
-
-    #[test]
-    fn a_rate_limited_and_a_rejected_model_error_stay_apart() {
-        let limited = ModelError::RateLimited {
-            model: "m".into(),
-            message: "429: slow down".into(),
-            retry_after: None,
-        };
-        let down = ModelError::Transient {
-            model: "m".into(),
-            message: "503: down".into(),
-            retry_after: None,
-        };
-        let rejected = ModelError::Rejected {
-            model: "m".into(),
-            status: 401,
-            message: "bad key".into(),
-        };
-        assert_eq!(Failure::from(limited).kind, FailureKind::ModelRateLimited);
-        assert_eq!(Failure::from(down).kind, FailureKind::ModelUnavailable);
-        let rejected = Failure::from(rejected);
-        assert_eq!(rejected.kind, FailureKind::ModelRejected);
-        assert!(rejected.message.contains("bad key"), "{}", rejected.message);
     }
 
     #[test]

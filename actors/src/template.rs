@@ -143,6 +143,10 @@ pub struct AgentTemplate {
     /// The longest a step's model call and tools may take (not waiting for
     /// children); `None`: no limit.
     pub step_timeout: Option<Duration>,
+    /// The longest the run's own work in flight (its model call, its tools)
+    /// may go without progress (a delta, a tool ending, a step starting)
+    /// before it fails as stalled (semantics §11); `None`: not watched.
+    pub idle_timeout: Option<Duration>,
     /// Estimated tokens a request may hold before truncation builds a shorter view.
     pub context_window: Option<u64>,
     /// The share of its remaining context window (`context_window` less
@@ -183,6 +187,7 @@ impl AgentTemplate {
             inherit_parent_system_prompt: false,
             max_steps: 20,
             step_timeout: None,
+            idle_timeout: None,
             context_window: None,
             report_share: Share::DEFAULT_REPORT,
             loop_detection: LoopDetection::default(),

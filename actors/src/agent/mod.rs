@@ -3,6 +3,7 @@
 //! comes back as an `AgentMsg`, so `Cancel` and `Status` are served at any time.
 
 mod children;
+mod idle;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -107,6 +108,11 @@ pub enum AgentMsg {
         /// Which timer sent it; a stale one (from a timer already stopped) is ignored.
         generation: u64,
     },
+    /// The idle watchdog's timer fired (`idle_timeout`).
+    IdleCheck {
+        /// Which timer sent it; a stale one is ignored.
+        generation: u64,
+    },
     /// Stop the run early, for this reason (its children are cancelled too).
     Cancel(CancelReason),
     /// Cancel this child of ours that has not started (it waits for a live
@@ -205,6 +211,8 @@ pub struct AgentRun {
     tools_running: usize,
     timer_generation: u64,
     timer: Option<JoinHandle<()>>,
+    /// The `idle_timeout` watchdog (`None`: the template has none).
+    idle: Option<idle::IdleWatch>,
     phase: Phase,
     /// Tokens reserved against the tree's budget for the model call in flight.
     reserved: u64,
@@ -304,6 +312,7 @@ impl Actor for AgentActor {
         Ok(AgentRun {
             myself,
             _live: LiveGuard(hooks.clone(), run_id.clone()),
+            idle: idle::IdleWatch::new(machine.template().idle_timeout),
             hooks,
             machine,
             reply: Some(reply),
@@ -424,6 +433,7 @@ impl Actor for AgentActor {
             AgentMsg::RetryDue { key } => run.retry_due(key),
             AgentMsg::SlotReady(permit) => run.resume(&myself, permit),
             AgentMsg::StepTimeout { step, generation } => run.step_timeout(step, generation),
+            AgentMsg::IdleCheck { generation } => run.idle_check(&myself, generation),
             AgentMsg::Cancel(reason) => run.cancel(reason),
             AgentMsg::CancelChild { run_id } => run.feed(supervision::Input::Cancel { run_id }),
             AgentMsg::Decide {
@@ -529,6 +539,7 @@ impl AgentRun {
     }
 
     fn emit(&self, kind: EventKind) {
+        self.touch_progress();
         self.hooks.emit(&self.run_id, kind);
     }
 
@@ -653,7 +664,11 @@ impl AgentRun {
         let step = request.meta.step;
         let hooks = self.hooks.clone();
         let run_id = self.run_id.clone();
+        let progress = self.idle.as_ref().map(|idle| idle.progress.clone());
         let sink: DeltaSink = Arc::new(move |delta| {
+            if let Some(progress) = &progress {
+                progress.touch();
+            }
             let kind = match delta {
                 Delta::Retry {
                     attempt,
@@ -706,6 +721,7 @@ impl AgentRun {
             });
         }));
         self.start_timer(myself, step);
+        self.watch_idle(myself);
     }
 
     fn run_tool(
@@ -740,6 +756,7 @@ impl AgentRun {
             .instrument(span),
         ));
         self.tools_running += 1;
+        self.watch_idle(myself);
         if self.timer.is_none() {
             self.start_timer(myself, step);
         }

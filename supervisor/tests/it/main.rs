@@ -11,3 +11,4 @@ mod limits;
 mod spawn;
 mod steer;
 mod store;
+mod watchdogs;
