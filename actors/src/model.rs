@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::failure::{Failure, FailureKind};
 use crate::history::History;
 use crate::message::Message;
 use crate::state::ToolDefinitions;
@@ -226,8 +227,7 @@ impl ModelError {
     }
 
     /// The kind of failure this error makes of the run it ends.
-    pub fn kind(&self) -> crate::failure::FailureKind {
-        use crate::failure::FailureKind;
+    pub fn kind(&self) -> FailureKind {
         match self {
             ModelError::Rejected { .. } => FailureKind::ModelRejected,
             ModelError::RateLimited { .. } => FailureKind::ModelRateLimited,
@@ -262,4 +262,39 @@ pub trait Model: Send + Sync + 'static {
         request: ModelRequest,
         deltas: DeltaSink,
     ) -> Result<ModelResponse, ModelError>;
+}
+
+impl From<ModelError> for Failure {
+    fn from(error: ModelError) -> Self {
+        Failure::new(error.kind(), error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rate_limited_and_a_rejected_model_error_stay_apart() {
+        let limited = ModelError::RateLimited {
+            model: "m".into(),
+            message: "429: slow down".into(),
+            retry_after: None,
+        };
+        let down = ModelError::Transient {
+            model: "m".into(),
+            message: "503: down".into(),
+            retry_after: None,
+        };
+        let rejected = ModelError::Rejected {
+            model: "m".into(),
+            status: 401,
+            message: "bad key".into(),
+        };
+        assert_eq!(Failure::from(limited).kind, FailureKind::ModelRateLimited);
+        assert_eq!(Failure::from(down).kind, FailureKind::ModelUnavailable);
+        let rejected = Failure::from(rejected);
+        assert_eq!(rejected.kind, FailureKind::ModelRejected);
+        assert!(rejected.message.contains("bad key"), "{}", rejected.message);
+    }
 }
