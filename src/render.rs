@@ -59,6 +59,10 @@ impl TreeRenderer {
                 short(event),
                 if *fatal { ", stopped" } else { "" }
             )),
+            EventKind::Stalled { idle_ms, .. } => Some(format!(
+                "  ! {} stalled: no progress for {idle_ms}ms (idle_timeout)",
+                short(event)
+            )),
             EventKind::ChildRetrying {
                 failed_run_id,
                 attempt,

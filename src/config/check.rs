@@ -73,6 +73,8 @@ pub mod ranges {
     pub const AGENT_MAX_STEPS: (u32, u32) = (1, 100_000);
     /// An agent's `step_timeout`.
     pub const STEP_TIMEOUT: (Duration, Duration) = (MS, DAY);
+    /// An agent's `idle_timeout`.
+    pub const IDLE_TIMEOUT: (Duration, Duration) = (MS, DAY);
     /// An agent's `context_window`, in tokens.
     pub const CONTEXT_WINDOW: (u64, u64) = (256, 100_000_000);
     /// An agent's `loop_detection` counts (`warn_after`, `fail_after`; 0 is off).
@@ -480,6 +482,14 @@ pub(super) fn templates(
             ranges::STEP_TIMEOUT,
             problems,
         );
+        let idle_timeout = duration_in(
+            text,
+            &table,
+            "idle_timeout",
+            &a.idle_timeout,
+            ranges::IDLE_TIMEOUT,
+            problems,
+        );
         let report_share = match a.report_share {
             None => Share::DEFAULT_REPORT,
             Some(fraction) => Share::new(fraction).unwrap_or_else(|| {
@@ -520,6 +530,7 @@ pub(super) fn templates(
         t.inherit_parent_system_prompt = a.inherit_parent_system_prompt;
         t.max_steps = a.max_steps;
         t.step_timeout = step_timeout;
+        t.idle_timeout = idle_timeout;
         t.context_window = a.context_window;
         t.report_share = report_share;
         t.loop_detection = loop_detection;

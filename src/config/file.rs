@@ -399,6 +399,9 @@ pub struct AgentSection {
     pub max_steps: u32,
     /// The longest a step's model call and tools may take (a duration).
     pub step_timeout: Option<String>,
+    /// The longest its own work in flight (model call, tools) may go without
+    /// progress before it fails as stalled (a duration; semantics §11).
+    pub idle_timeout: Option<String>,
     /// Estimated tokens a request may hold before truncation shortens it.
     pub context_window: Option<u64>,
     /// The share of its remaining context window one child's report may take

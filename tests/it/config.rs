@@ -320,3 +320,16 @@ fn a_bad_report_share_or_loop_detection_is_refused_by_name() {
     let (code, err) = check_text(&format!("{base}{fine}"));
     assert_eq!(code, Some(0), "{err}");
 }
+
+#[test]
+fn an_idle_timeout_is_a_duration_of_1ms_to_1d_named_with_its_line() {
+    let base = "[models.sim]\nprovider = \"simulated\"\n\n[agents.lead]\nmodel = \"sim\"\n";
+    for bad in ["\"0s\"", "\"2d\"", "\"soon\"", "30"] {
+        let (code, err) = check_text(&format!("{base}idle_timeout = {bad}\n"));
+        assert_eq!(code, Some(2), "{bad}: {err}");
+        assert!(err.contains("agents.lead.idle_timeout"), "{bad}: {err}");
+        assert!(err.contains("c.toml:6"), "{bad}: {err}");
+    }
+    let (code, err) = check_text(&format!("{base}idle_timeout = \"30s\"\n"));
+    assert_eq!(code, Some(0), "{err}");
+}

@@ -112,6 +112,7 @@ const EXTRA_KEYS: &[(&str, &str)] = &[
     ("[models.sim]", "reply_tokens"),
     ("[agents.coordinator]", "context_window"),
     ("[agents.coordinator]", "step_timeout"),
+    ("[agents.coordinator]", "idle_timeout"),
     ("[agents.analyst]", "failure"),
     ("[agents.analyst]", "max_steps"),
     ("[store]", "path"),

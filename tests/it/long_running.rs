@@ -1,5 +1,6 @@
 //! Interactive, long-running trees through the binary: a child's report cut
-//! to its share of the parent's window, and a looping agent stopped.
+//! to its share of the parent's window, a looping agent stopped, and a hung
+//! tool stopped by the idle watchdog.
 
 use serde_json::{Value, json};
 
@@ -89,5 +90,58 @@ loop_detection = { warn_after = 2, fail_after = 4 }
     assert!(
         stderr.contains("looping: add_message repeated 2 times"),
         "the warning: {stderr}"
+    );
+}
+
+#[test]
+fn a_command_tool_that_hangs_is_stopped_by_the_idle_timeout() {
+    let config = r#"
+[models.script]
+provider = "scripted"
+file = "script.json"
+
+[tools.wait]
+description = "waits an hour"
+command = ["sleep", "3600"]
+timeout = "2h"
+[tools.wait.input_schema]
+type = "object"
+
+[agents.lead]
+model = "script"
+tools = ["wait"]
+idle_timeout = "200ms"
+"#;
+    let script = json!({"replies": [{"agent": "lead", "steps": [
+        {"toolCalls": [{"name": "wait", "input": {}}]},
+        {"text": "never reached"}
+    ]}]});
+    let dir = scripted(config, &script);
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(["run", "--no-store", "go"])
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    // The guard: without the watchdog the run would wait out the hour.
+    let Ok(out) = rx.recv_timeout(std::time::Duration::from_secs(60)) else {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+        panic!("the hung tool was not stopped within the guard");
+    };
+    let out = out.unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("idle_timeout = 200ms") && stderr.contains("stalled"),
+        "{stderr}"
     );
 }
