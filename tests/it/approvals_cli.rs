@@ -395,38 +395,3 @@ fn tool_result(doc: &Value) -> Option<Value> {
     }
 }
 
-/// The arguments and options of `arbor <command> --help` with no help text.
-fn undocumented(command: &str) -> Vec<String> {
-    let out = crate::arbor(&[command, "--help"]);
-    assert!(out.status.success(), "{command}: {}", text(&out.stderr));
-    let mut section = false;
-    let mut missing = Vec::new();
-    for line in text(&out.stdout).lines() {
-        if line == "Arguments:" || line == "Options:" {
-            section = true;
-            continue;
-        }
-        if !line.starts_with("  ") {
-            section = false;
-            continue;
-        }
-        if !section || line.starts_with("          ") {
-            continue;
-        }
-        let item = line.trim();
-        let help = item.split_once("  ").map_or("", |(_, h)| h.trim());
-        if help.is_empty() || help.starts_with("[default") {
-            missing.push(format!("{command}: {item}"));
-        }
-    }
-    missing
-}
-
-#[test]
-fn every_argument_and_option_of_the_server_commands_has_help() {
-    let missing: Vec<String> = ["approvals", "approve", "deny", "say"]
-        .iter()
-        .flat_map(|c| undocumented(c))
-        .collect();
-    assert!(missing.is_empty(), "no help text:\n{}", missing.join("\n"));
-}

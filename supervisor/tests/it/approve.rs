@@ -186,11 +186,7 @@ async fn a_denied_call_gives_the_model_the_reason() {
 /// replay of the stored tree (replies, decisions) matches every final state.
 #[test]
 fn a_pending_approval_survives_a_restart_and_the_tree_replays() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = crate::store::runtime();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
     rt.block_on(async {

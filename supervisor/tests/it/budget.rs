@@ -120,11 +120,7 @@ async fn without_pause_a_spent_budget_still_fails_the_agents_it_refuses() {
 #[test]
 fn a_paused_tree_survives_a_restart_paused_and_keeps_its_raised_budget() {
     use arbor_supervisor::store::SqliteStore;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = crate::store::runtime();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
     let limits = TreeLimits {

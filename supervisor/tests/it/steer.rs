@@ -144,11 +144,7 @@ async fn a_steer_to_an_ended_an_unknown_or_an_empty_run_is_refused_with_the_reas
 /// applied once. And replayed on its recorded replies and steers, it matches.
 #[test]
 fn a_steered_tree_resumed_from_every_cut_after_the_steer_and_replayed_ends_as_it_did() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = crate::store::runtime();
     let dir = tempfile::tempdir().unwrap();
     let whole_path = dir.path().join("whole.db");
     let whole = rt.block_on(async {

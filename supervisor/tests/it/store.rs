@@ -196,7 +196,9 @@ fn boss_and_scribe(store: Arc<SqliteStore>) -> Supervisor {
         .unwrap()
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+/// A two-thread runtime for a test that runs trees on it one after another
+/// (a store's writer needs real threads; each `block_on` is a process's life).
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
