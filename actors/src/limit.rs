@@ -33,7 +33,10 @@ impl Limit {
     /// Whether it is one of the tree's budgets (steps, tokens, credits),
     /// which can pause a tree instead of failing it (semantics §13).
     pub fn is_budget(self) -> bool {
-        matches!(self, Limit::MaxSteps | Limit::TokenBudget | Limit::CostBudget)
+        matches!(
+            self,
+            Limit::MaxSteps | Limit::TokenBudget | Limit::CostBudget
+        )
     }
 
     /// The config key that sets this limit.

@@ -420,8 +420,12 @@ impl Budget {
 
     fn in_force(&self, raised: Raised) -> Raised {
         Raised {
-            max_steps: raised.max_steps.or(self.limits.max_steps.map(NonZeroU64::get)),
-            max_tokens: raised.max_tokens.or(self.limits.max_tokens.map(NonZeroU64::get)),
+            max_steps: raised
+                .max_steps
+                .or(self.limits.max_steps.map(NonZeroU64::get)),
+            max_tokens: raised
+                .max_tokens
+                .or(self.limits.max_tokens.map(NonZeroU64::get)),
             max_credits: raised.max_credits.or(self.limits.max_credits),
         }
     }

@@ -394,4 +394,3 @@ fn tool_result(doc: &Value) -> Option<Value> {
         _ => None,
     }
 }
-

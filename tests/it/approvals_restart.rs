@@ -42,7 +42,12 @@ fn setup(dir: &Path) -> String {
 
 /// Reads the run's event stream (from the start of its journal) until
 /// `needle` has been seen `times` times; returns the text read.
-pub(crate) async fn read_until(server: &Server, run_id: &str, needle: &str, times: usize) -> String {
+pub(crate) async fn read_until(
+    server: &Server,
+    run_id: &str,
+    needle: &str,
+    times: usize,
+) -> String {
     let response = client()
         .get(server.url(&format!("/v1/runs/{}/events", encoded(run_id))))
         .bearer_auth(TOKEN)

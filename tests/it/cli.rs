@@ -244,7 +244,15 @@ fn every_argument_and_option_of_every_command_has_help() {
         .filter_map(|l| l.split_whitespace().next())
         .filter(|c| *c != "help")
         .collect();
-    for expected in ["run", "serve", "say", "approvals", "approve", "deny", "budget"] {
+    for expected in [
+        "run",
+        "serve",
+        "say",
+        "approvals",
+        "approve",
+        "deny",
+        "budget",
+    ] {
         assert!(commands.contains(&expected), "{expected} in {commands:?}");
     }
     let missing: Vec<String> = commands.iter().flat_map(|c| undocumented(c)).collect();

@@ -23,11 +23,11 @@ use ractor::{Actor, ActorRef};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+use crate::Raised;
 use crate::bus::{EventBus, EventStream};
 use crate::catalog::Catalog;
 use crate::error::{Error, StoreUse};
 use crate::limits::TreeLimits;
-use crate::Raised;
 use crate::recovery::Recovery;
 use crate::registry::{Registry, Retain};
 use crate::store::{Fenced, Store, StoreWriter, TreeRecord, Write};

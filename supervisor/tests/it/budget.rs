@@ -55,9 +55,10 @@ async fn a_tree_paused_at_its_credit_limit_goes_on_when_raised_and_spends_what_i
     }
     seen.extend(drain(&mut rx));
     assert!(
-        !seen
-            .iter()
-            .any(|e| matches!(e.kind, EventKind::AgentFailed { .. } | EventKind::LimitHit { .. })),
+        !seen.iter().any(|e| matches!(
+            e.kind,
+            EventKind::AgentFailed { .. } | EventKind::LimitHit { .. }
+        )),
         "paused, not failed"
     );
     // A paused agent holds no live slot: each suspended after its budgetReached.
@@ -90,9 +91,9 @@ async fn a_tree_paused_at_its_credit_limit_goes_on_when_raised_and_spends_what_i
     assert_eq!(result.state.credits_used, 6.0);
     assert_eq!(own, 6.0, "the tree spent what its agents did");
     assert!(
-        events
-            .iter()
-            .any(|e| matches!(e.kind, EventKind::LimitsRaised { max_credits: Some(c), .. } if c == 10.0)),
+        events.iter().any(
+            |e| matches!(e.kind, EventKind::LimitsRaised { max_credits: Some(c), .. } if c == 10.0)
+        ),
         "the raise is journaled"
     );
 }
