@@ -37,11 +37,20 @@ struct Track {
     model: Arc<str>,
     step_started: Option<Instant>,
     in_model_call: bool,
+    /// It gave its live slot back (waiting for children, a person, a budget).
+    suspended: bool,
+    /// Its tool calls waiting for a person's decision.
+    approvals: i64,
 }
 
 pub struct Metrics {
     registry: Registry,
     live_agents: Gauge,
+    /// Agents alive that hold no live slot: waiting for children, for a
+    /// person's decision or for a budget to be raised.
+    agents_parked: Gauge,
+    /// Tool calls waiting for a person's decision.
+    approvals_pending: Gauge,
     agents_spawned: Counter,
     runs_finished: Family<StatusLabel, Counter>,
     steps: Counter,
@@ -65,6 +74,8 @@ impl Metrics {
         let mut m = Metrics {
             registry: Registry::with_prefix("arbor"),
             live_agents: Gauge::default(),
+            agents_parked: Gauge::default(),
+            approvals_pending: Gauge::default(),
             agents_spawned: Counter::default(),
             runs_finished: Family::default(),
             steps: Counter::default(),
@@ -85,6 +96,16 @@ impl Metrics {
             "live_agents",
             "Agent actors alive now",
             m.live_agents.clone(),
+        );
+        r.register(
+            "agents_parked",
+            "Agents alive that hold no live slot (waiting for children, an approval or a budget)",
+            m.agents_parked.clone(),
+        );
+        r.register(
+            "approvals_pending",
+            "Tool calls waiting for a person's decision",
+            m.approvals_pending.clone(),
         );
         r.register(
             "trees_running",
@@ -165,6 +186,8 @@ impl Metrics {
                         model,
                         step_started: None,
                         in_model_call: false,
+                        suspended: false,
+                        approvals: 0,
                     },
                 );
             }
@@ -178,6 +201,26 @@ impl Metrics {
                     }
                     track.in_model_call = true;
                     self.requests.get_or_create(&label(track)).inc();
+                }
+            }
+            EventKind::Suspended | EventKind::Resumed => {
+                let suspended = matches!(event.kind, EventKind::Suspended);
+                if let Some(track) = runs.get_mut(&event.run_id)
+                    && track.suspended != suspended
+                {
+                    track.suspended = suspended;
+                    self.agents_parked.inc_by(if suspended { 1 } else { -1 });
+                }
+            }
+            EventKind::ApprovalRequested { .. } | EventKind::ApprovalDecided { .. } => {
+                let asked = matches!(event.kind, EventKind::ApprovalRequested { .. });
+                if let Some(track) = runs.get_mut(&event.run_id) {
+                    let step = if asked { 1 } else { -1 };
+                    // A resumed run asks again for a call it asked before.
+                    if asked || track.approvals > 0 {
+                        track.approvals += step;
+                        self.approvals_pending.inc_by(step);
+                    }
                 }
             }
             EventKind::ModelRetrying { .. } => {
@@ -219,6 +262,10 @@ impl Metrics {
                     })
                     .inc();
                 if let Some(track) = runs.remove(&event.run_id) {
+                    if track.suspended {
+                        self.agents_parked.dec();
+                    }
+                    self.approvals_pending.dec_by(track.approvals);
                     if let Some(started) = track.step_started {
                         self.step_seconds.observe(started.elapsed().as_secs_f64());
                     }

@@ -40,6 +40,22 @@ fn setup(dir: &Path) -> String {
     config.display().to_string()
 }
 
+/// The value of one metric of the server's `/metrics`.
+async fn metric(server: &Server, name: &str) -> f64 {
+    let text = client()
+        .get(server.url("/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
 /// Reads the run's event stream (from the start of its journal) until
 /// `needle` has been seen `times` times; returns the text read.
 pub(crate) async fn read_until(
@@ -87,6 +103,10 @@ async fn an_approval_pending_at_a_kill_is_pending_after_the_restart_and_the_tree
     read_until(&server, &run_id, "event: approvalRequested", 1).await;
     let (_, listed) = get(&server, &format!("/v1/trees/{tree_id}/approvals")).await;
     assert_eq!(listed["approvals"].as_array().unwrap().len(), 1, "{listed}");
+    // The waiting agent is alive but holds no live slot.
+    assert_eq!(metric(&server, "arbor_approvals_pending").await, 1.0);
+    assert_eq!(metric(&server, "arbor_agents_parked").await, 1.0);
+    assert_eq!(metric(&server, "arbor_live_agents").await, 1.0);
 
     // SIGKILL, then a new server on the same store.
     drop(server);
@@ -113,6 +133,8 @@ async fn an_approval_pending_at_a_kill_is_pending_after_the_restart_and_the_tree
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     let text = read_until(&server, &run_id, "event: agentFinished", 1).await;
     assert!(text.contains("event: approvalDecided"), "{text}");
+    assert_eq!(metric(&server, "arbor_approvals_pending").await, 0.0);
+    assert_eq!(metric(&server, "arbor_agents_parked").await, 0.0);
     let (_, run) = get(&server, &format!("/v1/runs/{}", encoded(&run_id))).await;
     assert_eq!(run["state"]["status"], "completed", "{run}");
     let history = run["state"]["messageHistory"].to_string();
