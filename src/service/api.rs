@@ -31,7 +31,7 @@ use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
         healthz, readyz, metrics
     ),
     components(schemas(ErrorBody, TreeSummary, RunNode, TreeLimits, ToolRule, TreeStatus)),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &EventTypes),
     security(("bearer" = []))
 )]
 /// The service's OpenAPI document (`GET /openapi.json`): every route, its
@@ -39,6 +39,39 @@ use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
 pub struct ApiDoc;
 
 struct BearerAuth;
+
+/// Names every event type a stream sends (`EventType::ALL`, so the document
+/// cannot fall behind the events): the `EventType` schema, which a stream
+/// event's `event` field is.
+struct EventTypes;
+
+impl utoipa::Modify for EventTypes {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+        use utoipa::openapi::{Ref, RefOr};
+        let names: Vec<&str> = arbor_actors::EventType::ALL
+            .iter()
+            .map(|t| t.name())
+            .collect();
+        let schema = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(
+                "The type of a journal entry and of a stream's event (semantics: docs/semantics.md)",
+            ))
+            .enum_values(Some(names))
+            .build();
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components
+            .schemas
+            .insert("EventType".into(), RefOr::T(Schema::Object(schema)));
+        if let Some(RefOr::T(Schema::Object(stream))) = components.schemas.get_mut("StreamEvent") {
+            stream.properties.insert(
+                "event".into(),
+                RefOr::Ref(Ref::from_schema_name("EventType")),
+            );
+        }
+    }
+}
 
 impl utoipa::Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
@@ -135,9 +168,8 @@ pub struct StreamEvent {
     /// The event's `seq` in its tree: send it back as `Last-Event-ID`.
     #[schema(pattern = "^[0-9]+$")]
     pub id: String,
-    /// The event's type: agentStarted, stepStarted, modelResponded, toolCalled,
-    /// childSpawned, childFinished, outputSet, agentFinished, agentFailed,
-    /// agentCancelled, ...
+    /// The event's type (an `EventType`: agentStarted, stepStarted, …,
+    /// approvalRequested, steered, budgetReached, …).
     pub event: String,
     /// The event as JSON: `{seq, treeId, runId, atMs, type, ...}`.
     #[schema(content_media_type = "application/json")]
@@ -797,4 +829,49 @@ pub async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         shared.metrics.encode(),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use utoipa::OpenApi as _;
+
+    use super::ApiDoc;
+
+    /// The document names every event a stream can send (a new event kind is
+    /// in it without an edit here) and every route of approvals, steering
+    /// and budgets.
+    #[test]
+    fn the_document_names_every_event_type_and_the_new_routes() {
+        let json = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let listed: Vec<&str> = json["components"]["schemas"]["EventType"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        for t in arbor_actors::EventType::ALL {
+            assert!(listed.contains(&t.name()), "{} missing", t.name());
+        }
+        for name in [
+            "approvalRequested",
+            "approvalDecided",
+            "steered",
+            "budgetReached",
+        ] {
+            assert!(listed.contains(&name), "{name}");
+        }
+        assert_eq!(
+            json["components"]["schemas"]["StreamEvent"]["properties"]["event"]["$ref"],
+            "#/components/schemas/EventType"
+        );
+        for path in [
+            "/v1/approvals",
+            "/v1/trees/{treeId}/approvals",
+            "/v1/trees/{treeId}/approvals/{callId}",
+            "/v1/trees/{treeId}/limits",
+            "/v1/runs/{runId}/messages",
+        ] {
+            assert!(json["paths"][path].is_object(), "{path}");
+        }
+    }
 }
