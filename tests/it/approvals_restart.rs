@@ -157,3 +157,65 @@ async fn an_approval_pending_at_a_kill_is_pending_after_the_restart_and_the_tree
         crate::text(&replay.stderr)
     );
 }
+
+/// 200 approvals waiting across 50 trees of one server: listed by
+/// `GET /v1/approvals`, counted by `/metrics` (50 agents parked, holding no
+/// live slot), and every tree completes once all are decided over HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_approvals_across_fifty_trees_of_one_server_are_listed_and_decided() {
+    let dir = tempfile::tempdir().unwrap();
+    let four: Vec<serde_json::Value> = (0..4)
+        .map(|n| json!({"name": "say", "input": {"text": format!("n{n}")}}))
+        .collect();
+    let script = json!({"replies": [{"agent": "writer", "steps": [
+        {"toolCalls": four},
+        {"text": "Said."}
+    ]}]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let config = dir.path().join("approve.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let config = config.display().to_string();
+    let mut server = Server::start(dir.path(), &["--config", &config], Some(TOKEN));
+    server.wait_for("ready");
+    let mut runs = Vec::new();
+    for i in 0..50 {
+        let (status, created) = post(
+            &server,
+            "/v1/runs",
+            json!({"agent": "writer", "prompt": format!("say {i}")}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+        runs.push((
+            created["treeId"].as_str().unwrap().to_owned(),
+            created["runId"].as_str().unwrap().to_owned(),
+        ));
+    }
+    for (_, run) in &runs {
+        read_until(&server, run, "event: suspended", 1).await;
+    }
+    let (_, listed) = get(&server, "/v1/approvals").await;
+    let pending = listed["approvals"].as_array().unwrap().clone();
+    assert_eq!(pending.len(), 200);
+    assert_eq!(metric(&server, "arbor_approvals_pending").await, 200.0);
+    assert_eq!(metric(&server, "arbor_agents_parked").await, 50.0);
+    for p in &pending {
+        let (tree, call) = (
+            p["treeId"].as_str().unwrap(),
+            p["toolCallId"].as_str().unwrap(),
+        );
+        let (status, body) = post(
+            &server,
+            &format!("/v1/trees/{tree}/approvals/{}", encoded(call)),
+            json!({"decision": "approve"}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    }
+    for (_, run) in &runs {
+        read_until(&server, run, "event: agentFinished", 1).await;
+    }
+    let (_, listed) = get(&server, "/v1/approvals").await;
+    assert!(listed["approvals"].as_array().unwrap().is_empty());
+    assert_eq!(metric(&server, "arbor_approvals_pending").await, 0.0);
+}
