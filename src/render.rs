@@ -63,6 +63,41 @@ impl TreeRenderer {
                 "  ! {} stalled: no progress for {idle_ms}ms (idle_timeout)",
                 short(event)
             )),
+            EventKind::ApprovalRequested {
+                tool,
+                tool_call_id,
+                input,
+                ..
+            } => Some(format!(
+                "  ? {} waits for approval: {tool} {} (call {tool_call_id}; arbor approve|deny)",
+                short(event),
+                clip(&input.to_string(), 60)
+            )),
+            EventKind::ApprovalDecided {
+                tool_call_id,
+                decision,
+                ..
+            } => Some(format!(
+                "  ✎ {} {}: call {tool_call_id}",
+                short(event),
+                match decision {
+                    arbor_actors::approval::Decision::Approve { input: None } =>
+                        "approved".to_owned(),
+                    arbor_actors::approval::Decision::Approve { input: Some(_) } => {
+                        "approved with an edited input".to_owned()
+                    }
+                    arbor_actors::approval::Decision::Deny { reason } =>
+                        format!("denied ({reason})"),
+                }
+            )),
+            EventKind::BudgetReached { limit } => Some(format!(
+                "  ‖ {} paused: {limit} (arbor budget raises it)",
+                short(event)
+            )),
+            EventKind::LimitsRaised { .. } => Some(format!("{}↑ budgets raised", indent(0))),
+            EventKind::Steered { text, .. } => {
+                Some(format!("  » {} told: {}", short(event), clip(text, 60)))
+            }
             EventKind::ChildRetrying {
                 failed_run_id,
                 attempt,
@@ -121,4 +156,73 @@ pub fn final_text(state: &AgentState) -> String {
         .filter(|t| !t.is_empty())
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// `text` cut to `max` characters (with `…` when cut), on one line.
+fn clip(text: &str, max: usize) -> String {
+    let line = text.replace('\n', " ");
+    match line.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &line[..at]),
+        None => line,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(kind: EventKind) -> Event {
+        Event {
+            seq: 1,
+            tree_id: "t".into(),
+            run_id: "t/0.1".into(),
+            at_ms: 0,
+            kind,
+        }
+    }
+
+    #[test]
+    fn the_tree_shows_who_waits_for_a_person_or_a_budget() {
+        let mut r = TreeRenderer::default();
+        let asked = r
+            .line(&event(EventKind::ApprovalRequested {
+                step: 1,
+                tool_call_id: "c1".into(),
+                tool: "fs/write_file".into(),
+                input: json!({"path": "a".repeat(200)}),
+            }))
+            .unwrap();
+        assert!(
+            asked.contains("waits for approval: fs/write_file"),
+            "{asked}"
+        );
+        assert!(asked.contains("call c1") && asked.contains('…'), "{asked}");
+        let denied = r
+            .line(&event(EventKind::ApprovalDecided {
+                step: 1,
+                tool_call_id: "c1".into(),
+                decision: arbor_actors::approval::Decision::Deny {
+                    reason: "no".into(),
+                },
+            }))
+            .unwrap();
+        assert!(denied.contains("denied (no)"), "{denied}");
+        let paused = r
+            .line(&event(EventKind::BudgetReached {
+                limit: arbor_actors::LimitHit::new(arbor_actors::Limit::CostBudget, "2 of 2"),
+            }))
+            .unwrap();
+        assert!(
+            paused.contains("paused: limit max_credits reached"),
+            "{paused}"
+        );
+        let told = r
+            .line(&event(EventKind::Steered {
+                step: 2,
+                text: "use metric".into(),
+            }))
+            .unwrap();
+        assert!(told.contains("told: use metric"), "{told}");
+    }
 }
