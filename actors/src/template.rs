@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::approval::ApprovalDefault;
 use crate::handler::StepHandler;
 use crate::schema::Schema;
 
@@ -159,6 +160,11 @@ pub struct AgentTemplate {
     /// whose calls wait for a person's decision (semantics §12); the
     /// supervisor marks them when it builds the template's toolbox.
     pub approve: Vec<String>,
+    /// How long a step's calls wait for decisions before each one still
+    /// waiting gets `approval_default` (semantics §12); `None`: for ever.
+    pub approval_timeout: Option<Duration>,
+    /// The decision a call gets when `approval_timeout` passes without one.
+    pub approval_default: ApprovalDefault,
     /// What its parent does when its run fails.
     pub failure: FailurePolicy,
     /// A programmatic driver (semantics §4.5); `None` lets the model drive.
@@ -192,6 +198,8 @@ impl AgentTemplate {
             report_share: Share::DEFAULT_REPORT,
             loop_detection: LoopDetection::default(),
             approve: Vec::new(),
+            approval_timeout: None,
+            approval_default: ApprovalDefault::Deny,
             failure: FailurePolicy::Report,
             handler: None,
         }

@@ -7,6 +7,7 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
+use arbor_actors::approval::ApprovalDefault;
 use arbor_actors::models::Latency;
 use arbor_actors::models::scripted::Script;
 use arbor_actors::schema::Schema;
@@ -75,6 +76,8 @@ pub mod ranges {
     pub const STEP_TIMEOUT: (Duration, Duration) = (MS, DAY);
     /// An agent's `idle_timeout`.
     pub const IDLE_TIMEOUT: (Duration, Duration) = (MS, DAY);
+    /// An agent's `approval_timeout`.
+    pub const APPROVAL_TIMEOUT: (Duration, Duration) = (MS, Duration::from_secs(30 * 86_400));
     /// An agent's `context_window`, in tokens.
     pub const CONTEXT_WINDOW: (u64, u64) = (256, 100_000_000);
     /// An agent's `loop_detection` counts (`warn_after`, `fail_after`; 0 is off).
@@ -490,6 +493,26 @@ pub(super) fn templates(
             ranges::IDLE_TIMEOUT,
             problems,
         );
+        let approval_timeout = duration_in(
+            text,
+            &table,
+            "approval_timeout",
+            &a.approval_timeout,
+            ranges::APPROVAL_TIMEOUT,
+            problems,
+        );
+        let approval_default = match a.approval_default.as_deref() {
+            None => ApprovalDefault::Deny,
+            Some(name) => ApprovalDefault::parse(name).unwrap_or_else(|| {
+                problems.push(at(
+                    text,
+                    &table,
+                    "approval_default",
+                    format!("unknown decision {name:?} (deny or approve)"),
+                ));
+                ApprovalDefault::Deny
+            }),
+        };
         let report_share = match a.report_share {
             None => Share::DEFAULT_REPORT,
             Some(fraction) => Share::new(fraction).unwrap_or_else(|| {
@@ -535,6 +558,8 @@ pub(super) fn templates(
         t.report_share = report_share;
         t.loop_detection = loop_detection;
         t.approve = a.approve.clone();
+        t.approval_timeout = approval_timeout;
+        t.approval_default = approval_default;
         t.failure = failure;
         out.push(t);
     }
@@ -771,6 +796,60 @@ input_schema = { params = { type = "object", required = ["topic"] } }
                 .is_ok()
         );
         assert!(judge.check_input(Some("x"), None).is_err());
+    }
+
+    #[test]
+    fn approval_timeout_and_default_are_checked_by_key_and_line() {
+        use arbor_actors::approval::ApprovalDefault;
+        let base = "[models.m]\nprovider = \"simulated\"\n\n[agents.a]\nmodel = \"m\"\n";
+        let cases = [
+            (
+                "approval_timeout = \"soon\"",
+                "agents.a.approval_timeout",
+                "\"soon\"",
+            ),
+            (
+                "approval_timeout = \"0s\"",
+                "agents.a.approval_timeout",
+                "at least 1ms",
+            ),
+            (
+                "approval_timeout = \"31d\"",
+                "agents.a.approval_timeout",
+                "at most 30d",
+            ),
+            (
+                "approval_default = \"allow\"",
+                "agents.a.approval_default",
+                "unknown decision \"allow\" (deny or approve)",
+            ),
+        ];
+        for (line, key, why) in cases {
+            let err =
+                Config::parse(&format!("{base}{line}\n"), "s.toml", PathBuf::new()).unwrap_err();
+            assert_eq!(err.problems.len(), 1, "{line}: {err:?}");
+            assert_eq!(err.problems[0].key, key, "{line}");
+            assert_eq!(err.problems[0].line, Some(6), "{line}");
+            assert!(
+                err.problems[0].message.contains(why),
+                "{line}: {}",
+                err.problems[0].message
+            );
+        }
+        let fine = "approval_timeout = \"10m\"\napproval_default = \"approve\"\n";
+        let config = Config::parse(&format!("{base}{fine}"), "s.toml", PathBuf::new()).unwrap();
+        let a = &config.templates[0];
+        assert_eq!(
+            a.approval_timeout,
+            Some(std::time::Duration::from_secs(600))
+        );
+        assert_eq!(a.approval_default, ApprovalDefault::Approve);
+        let config = Config::parse(base, "s.toml", PathBuf::new()).unwrap();
+        let a = &config.templates[0];
+        assert_eq!(
+            (a.approval_timeout, a.approval_default),
+            (None, ApprovalDefault::Deny)
+        );
     }
 
     #[test]

@@ -413,6 +413,11 @@ pub struct AgentSection {
     /// decision (semantics §12).
     #[serde(default)]
     pub approve: Vec<String>,
+    /// How long a step's calls wait for decisions before each one still
+    /// waiting gets `approval_default` (a duration; absent: for ever).
+    pub approval_timeout: Option<String>,
+    /// `"deny"` (absent) or `"approve"`: the decision `approval_timeout` gives.
+    pub approval_default: Option<String>,
     /// What its parent does when its run fails.
     #[serde(default)]
     pub failure: FailureSection,

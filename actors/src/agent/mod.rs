@@ -2,6 +2,7 @@
 //! model call, a tool or a child: they start the work in a task, and the result
 //! comes back as an `AgentMsg`, so `Cancel` and `Status` are served at any time.
 
+mod approvals;
 mod children;
 mod idle;
 
@@ -108,6 +109,14 @@ pub enum AgentMsg {
         /// Which timer sent it; a stale one (from a timer already stopped) is ignored.
         generation: u64,
     },
+    /// The approval timer of `step` fired (`approval_timeout`): the calls
+    /// still waiting get the template's `approval_default`.
+    ApprovalTimeout {
+        /// The step whose calls it was started for.
+        step: u32,
+        /// Which timer sent it; a stale one is ignored.
+        generation: u64,
+    },
     /// The idle watchdog's timer fired (`idle_timeout`).
     IdleCheck {
         /// Which timer sent it; a stale one is ignored.
@@ -211,6 +220,10 @@ pub struct AgentRun {
     tools_running: usize,
     timer_generation: u64,
     timer: Option<JoinHandle<()>>,
+    /// Tags the approval timer, so a stale one is ignored.
+    approval_generation: u64,
+    /// The `approval_timeout` timer of the step whose calls wait.
+    approval_timer: Option<JoinHandle<()>>,
     /// The `idle_timeout` watchdog (`None`: the template has none).
     idle: Option<idle::IdleWatch>,
     phase: Phase,
@@ -247,6 +260,7 @@ impl Drop for AgentRun {
             task.abort();
         }
         self.stop_timer();
+        self.stop_approval_timer();
         self.release_reservation();
         let _ = self.cancel_tx.send_replace(true);
     }
@@ -324,6 +338,8 @@ impl Actor for AgentActor {
             tools_running: 0,
             timer_generation: 0,
             timer: None,
+            approval_generation: 0,
+            approval_timer: None,
             phase: Phase::Running,
             reserved: 0,
             cancel_tx,
@@ -433,6 +449,9 @@ impl Actor for AgentActor {
             AgentMsg::RetryDue { key } => run.retry_due(key),
             AgentMsg::SlotReady(permit) => run.resume(&myself, permit),
             AgentMsg::StepTimeout { step, generation } => run.step_timeout(step, generation),
+            AgentMsg::ApprovalTimeout { step, generation } => {
+                run.approval_timeout(&myself, step, generation, &catalog)
+            }
             AgentMsg::IdleCheck { generation } => run.idle_check(&myself, generation),
             AgentMsg::Cancel(reason) => run.cancel(reason),
             AgentMsg::CancelChild { run_id } => run.feed(supervision::Input::Cancel { run_id }),
@@ -443,20 +462,7 @@ impl Actor for AgentActor {
             } => match run.machine.decide(&call_id, decision, &catalog) {
                 Ok(actions) => {
                     let _ = reply.send(Ok(()));
-                    let runs_calls = actions.iter().any(|a| {
-                        matches!(
-                            a,
-                            Action::RunTool { .. }
-                                | Action::SpawnAgents { .. }
-                                | Action::SpawnInline { .. }
-                        )
-                    });
-                    if runs_calls && matches!(run.phase, Phase::Suspended { .. }) {
-                        run.park(&myself, Parked::Actions(actions));
-                        Vec::new()
-                    } else {
-                        actions
-                    }
+                    run.decided(&myself, actions)
                 }
                 Err(refused) => {
                     let _ = reply.send(Err(refused));
@@ -555,6 +561,7 @@ impl AgentRun {
                 Action::CallModel(request) => self.call_model(myself, request),
                 // Its calls wait for a person: the slot is not needed meanwhile.
                 Action::AwaitApproval => {
+                    self.start_approval_timer(myself);
                     if self.tools_running == 0 && self.model_task.is_none() {
                         self.suspend();
                     }
@@ -857,6 +864,7 @@ impl AgentRun {
             task.abort();
         }
         self.stop_timer();
+        self.stop_approval_timer();
         if let Phase::Suspended { parked } = &mut self.phase {
             *parked = None;
         }

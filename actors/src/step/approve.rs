@@ -142,6 +142,38 @@ impl StepMachine {
     }
 }
 
+impl StepMachine {
+    /// The template's `approval_timeout` passed while this step's calls
+    /// waited: each call still waiting gets `approval_default`, decided as a
+    /// person would (its `approvalDecided` event included), in call order.
+    /// The actions to carry out once the last is in (none if no call waits).
+    pub fn time_out_approvals(&mut self, catalog: &dyn Catalog) -> Vec<Action> {
+        let Some(timeout) = self.template().approval_timeout else {
+            return Vec::new();
+        };
+        let default = self.template().approval_default;
+        let waiting: Vec<String> = self.pending.as_ref().map_or_else(Vec::new, |p| {
+            p.held.waiting.iter().map(|(_, id)| id.clone()).collect()
+        });
+        let mut actions = Vec::new();
+        for id in waiting {
+            // The default is the model's own input or a denial: neither is
+            // refused while the call waits.
+            if let Ok(more) = self.decide(&id, default.decision(timeout), catalog) {
+                actions.extend(more);
+            }
+        }
+        actions
+    }
+
+    /// Whether a call of this step still waits for a decision.
+    pub fn awaits_approval(&self) -> bool {
+        self.pending
+            .as_ref()
+            .is_some_and(|p| !p.held.waiting.is_empty())
+    }
+}
+
 /// The input the held call `index` would run with.
 fn held_input(pending: &Pending, index: usize) -> Option<serde_json::Value> {
     pending.held.actions.iter().find_map(|a| match a {
