@@ -134,6 +134,7 @@ pub enum Error {
         "{}",
         match .needed_for {
             StoreUse::Resume => "resume needs a store",
+            StoreUse::Turn => "a follow-up turn needs a store (it continues the stored tree)",
             StoreUse::Read => "this supervisor has no store",
         }
     )]
@@ -219,4 +220,6 @@ pub enum StoreUse {
     Read,
     /// Resuming a stored tree (`Supervisor::resume`).
     Resume,
+    /// A follow-up turn of a stored tree (`Supervisor::start_turn`).
+    Turn,
 }

@@ -185,11 +185,17 @@ impl TreeContext {
     }
 
     /// Ids of the root run, `T/0`.
-    pub(crate) fn root_ids(&self) -> RunIds {
+    /// Ids of the root run of turn `turn`: `T/0`, then `T/0~n` for a
+    /// follow-up turn (the same agent, `T/0`, in every turn).
+    pub(crate) fn root_ids(&self, turn: u32) -> RunIds {
         let root = format!("{}/0", self.tree_id);
+        let run_id = match turn {
+            0 => root.clone(),
+            n => format!("{root}~{n}"),
+        };
         RunIds {
-            agent_id: root.clone(),
-            run_id: root,
+            agent_id: root,
+            run_id,
         }
     }
 }

@@ -72,6 +72,11 @@ impl TreeRecord {
             history: self.history,
             origin: self.origin,
             config: self.config,
+            // The turn its root's run id names (`T/0~n` is turn n).
+            turn: self
+                .root_run_id
+                .parse::<arbor_actors::RunId>()
+                .map_or(0, |id| id.attempt()),
         }
     }
 }
@@ -329,6 +334,11 @@ pub trait Store: Send + Sync + 'static {
     /// more than the last claim's): writes for the tree hold to it, and stop
     /// applying once another process claims the tree after this one.
     fn claim(&self, tree_id: &str) -> Result<u64, Error>;
+
+    /// Claims an ended tree for a follow-up turn (semantics §14): it is
+    /// running again, owned by this process, under the next epoch. Refused
+    /// for a tree that is running (here or elsewhere) or was cut short.
+    fn claim_turn(&self, tree_id: &str) -> Result<u64, Error>;
 }
 
 enum Msg {

@@ -55,6 +55,9 @@ pub struct StartRequest {
     /// Where the templates came from (a config file), kept with a stored tree so
     /// it can be resumed or replayed with the same ones.
     pub origin: Option<String>,
+    /// Which turn of its tree this is (semantics §14): 0 for a new tree; the
+    /// root of turn `n` is `T/0~n`, the same agent (`T/0`) as every turn's.
+    pub turn: u32,
     /// What the tree is started with, as its builder wrote it down (the
     /// facade's config, without secrets; opaque here): stored with the tree,
     /// so resume and replay use what it started with, not what a file says
@@ -371,6 +374,62 @@ impl Supervisor {
         self.begin(request, Some((Arc::new(recovery), false))).await
     }
 
+    /// Starts a follow-up turn of the stored tree `tree_id`, which has ended
+    /// (semantics §14): its root goes on from its final state with `prompt`
+    /// (and `params`) as a new run `T/0~n` of the same agent, in the same
+    /// tree; its children are spawned as usual. The tree's budgets cover all
+    /// its turns. A tree still running here is [`Error::TreeExists`] (the
+    /// service's multitask strategies decide what to do then); one cut short
+    /// is [`Error::NotResumable`] (resume it first).
+    pub async fn start_turn(
+        &self,
+        tree_id: &str,
+        prompt: String,
+        params: Option<Value>,
+    ) -> Result<TreeHandle, Error> {
+        let Some((_, writer)) = &self.store else {
+            return Err(Error::NoStore {
+                needed_for: StoreUse::Turn,
+            });
+        };
+        if self.is_running(tree_id) {
+            return Err(Error::TreeExists(tree_id.to_owned()));
+        }
+        // The last turn's end is written before the store is asked if it ended.
+        writer.flush().await?;
+        let id = tree_id.to_owned();
+        let (record, mut recovery) = self
+            .read_store(move |store| {
+                let (record, _) = store.tree(&id)?;
+                // Atomic: of two processes starting a turn, one gets it.
+                store.claim_turn(&id)?;
+                Ok((record, store.recovery(&id)?))
+            })
+            .await?;
+        let root = record.root_run_id.clone();
+        let Some((last, _)) = recovery.finished.get(&root).cloned() else {
+            return Err(Error::NotResumable {
+                tree: tree_id.to_owned(),
+                reason: format!("its root {root} has no final state"),
+            });
+        };
+        for (state, _) in recovery.finished.values() {
+            self.registry.record(state);
+        }
+        let mut request = record.request();
+        request.turn += 1;
+        request.prompt = prompt;
+        request.params = params;
+        request.history = Some(last.message_history.clone());
+        writer.send(Write::Known {
+            tree_id: tree_id.to_owned(),
+            messages: std::mem::take(&mut recovery.message_ids),
+            calls: recovery.replies.keys().cloned().collect(),
+            runs: std::mem::take(&mut recovery.runs),
+        });
+        self.begin(request, Some((Arc::new(recovery), false))).await
+    }
+
     /// Runs a tree again on its recorded model replies only (no model is called;
     /// a missing reply fails that agent). Needs a supervisor without a store,
     /// so the replay never overwrites what it is checked against.
@@ -514,7 +573,7 @@ impl Supervisor {
         let toolbox = ctx
             .toolbox(&template)
             .map_err(|_| Error::UnknownAgent(template.id.clone()))?;
-        let ids = ctx.root_ids();
+        let ids = ctx.root_ids(request.turn);
         let root_run_id = ids.run_id.clone();
         let resumed = ctx
             .recovery()

@@ -10,5 +10,6 @@ mod failure;
 mod limits;
 mod spawn;
 mod steer;
+mod turns;
 mod store;
 mod watchdogs;

@@ -336,6 +336,45 @@ impl Store for SqliteStore {
         Ok(epoch as u64)
     }
 
+    fn claim_turn(&self, tree_id: &str) -> Result<u64, Error> {
+        let mut conn = self.conn()?;
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql(&self.path))?;
+        let status: Option<TreeStatus> = tx
+            .query_row(
+                "SELECT status FROM trees WHERE tree_id = ?1",
+                [tree_id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sql(&self.path))?;
+        let status = status.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+        if !status.is_final() {
+            return Err(Error::NotResumable {
+                tree: tree_id.to_owned(),
+                reason: format!("its turn has not ended ({status})"),
+            });
+        }
+        // Running again, in the transaction that takes it: of two processes
+        // starting a turn of one tree, one gets it.
+        let epoch: i64 = tx
+            .query_row(
+                "UPDATE trees SET status = 'running', error = NULL, finished_ms = NULL,
+                     owner = ?2, heartbeat_ms = ?3, epoch = epoch + 1
+                 WHERE tree_id = ?1 RETURNING epoch",
+                params![tree_id, crate::store::owner_id(), now_ms() as i64],
+                |r| r.get(0),
+            )
+            .map_err(sql(&self.path))?;
+        tx.commit().map_err(sql(&self.path))?;
+        self.claims
+            .lock()
+            .map_err(|_| Error::StorePoisoned("the store claims were poisoned"))?
+            .insert(Arc::from(tree_id), epoch as u64);
+        Ok(epoch as u64)
+    }
+
     fn gc(&self, cutoff_ms: u64) -> Result<GcReport, Error> {
         let mut conn = self.conn()?;
         let tx = conn.transaction().map_err(sql(&self.path))?;

@@ -569,6 +569,8 @@ impl SqliteStore {
                              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'running', ?10, ?11, ?12, 1,
                                  ?14)
                              ON CONFLICT(tree_id) DO UPDATE SET status = 'running', error = NULL,
+                                 root_run_id = excluded.root_run_id, prompt = excluded.prompt,
+                                 params = excluded.params, history = excluded.history,
                                  finished_ms = NULL, heartbeat_ms = excluded.heartbeat_ms,
                                  owner = excluded.owner, resumes = resumes + 1,
                                  config = COALESCE(excluded.config, trees.config)
@@ -605,7 +607,11 @@ impl SqliteStore {
                             Some(epoch) => {
                                 b.claimed.insert(id.clone(), epoch as u64);
                                 b.held.insert(id.clone(), true);
-                                Batch::tree(b.cache, &tx, &id)?;
+                                // A follow-up turn has a root of its own: its
+                                // end is the tree's.
+                                Batch::tree(b.cache, &tx, &id)?
+                                    .root_run_id
+                                    .clone_from(&tree.root_run_id);
                             }
                             None => {
                                 // Someone else's: fenced out, now and later.
