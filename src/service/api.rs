@@ -27,7 +27,7 @@ use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
     ),
     paths(
         create_run, list_runs, get_run, run_events, cancel_run, steer_run, get_tree, list_agents,
-        list_approvals, tree_approvals, decide_approval, raise_limits,
+        list_approvals, tree_approvals, decide_approval, raise_limits, create_turn,
         healthz, readyz, metrics
     ),
     components(schemas(ErrorBody, TreeSummary, RunNode, TreeLimits, ToolRule, TreeStatus)),
@@ -253,6 +253,32 @@ pub struct Budgets {
     pub max_tokens: Option<u64>,
     /// Credits the whole tree may spend.
     pub max_credits: Option<f64>,
+}
+
+/// What a follow-up turn does when the tree is running a turn already.
+#[derive(Clone, Copy, Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Multitask {
+    /// Refuse it (409).
+    Reject,
+    /// Wait for the running turn to end, then start (the answer comes then).
+    #[default]
+    Enqueue,
+    /// Cancel the running turn (its partial state is kept), then start from it.
+    Interrupt,
+}
+
+/// A follow-up turn of a tree (semantics §14).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTurn {
+    /// The new prompt for the tree's root.
+    pub prompt: String,
+    /// Params for the root, checked against its input schema.
+    #[schema(value_type = Option<Object>)]
+    pub params: Option<Value>,
+    /// When a turn is running already: `reject`, `enqueue` (default) or `interrupt`.
+    pub multitask: Option<Multitask>,
 }
 
 /// A decision was taken.
@@ -680,6 +706,84 @@ pub async fn decide_approval(
             tool_call_id: call_id,
             decided: true,
         }),
+    ))
+}
+
+#[utoipa::path(
+    post, path = "/v1/trees/{treeId}/turns", tag = "runs",
+    params(("treeId" = String, Path)),
+    request_body = CreateTurn,
+    responses(
+        (status = 201, description = "The turn started: its root is a new run (`T/0~n`) of the tree's root agent, from its final state", body = Created,
+         headers(("Location" = String, description = "The new turn's run"))),
+        (status = 401, body = ErrorBody),
+        (status = 404, description = "No stored tree of that id", body = ErrorBody),
+        (status = 409, description = "A turn is running (`multitask = reject`), or the tree was cut short (resume it first)", body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 422, body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn create_turn(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(tree_id): ApiPath<String>,
+    ApiJson(body): ApiJson<CreateTurn>,
+) -> Result<Response, ApiError> {
+    let supervisor = shared.runtime.supervisor();
+    let multitask = body.multitask.unwrap_or_default();
+    // One turn request of a tree at a time, held until its turn runs: a
+    // second client's `enqueue` then waits for that turn, not the one before.
+    let lock = shared.turn_lock(&tree_id);
+    let _turn = lock.lock().await;
+    // Bounded: a turn another client started meanwhile is waited for (or
+    // cancelled) again, a few times at most.
+    for _ in 0..8 {
+        match multitask {
+            Multitask::Reject if supervisor.is_running(&tree_id) => {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "conflict",
+                    format!("tree {tree_id} is running a turn (multitask = reject)"),
+                ));
+            }
+            Multitask::Reject => {}
+            Multitask::Enqueue => supervisor.until_ended(&tree_id).await,
+            Multitask::Interrupt => {
+                if supervisor.cancel_tree(&tree_id) {
+                    supervisor.until_ended(&tree_id).await;
+                }
+            }
+        }
+        let started = shared
+            .start_turn(tree_id.clone(), body.prompt.clone(), body.params.clone())
+            .await;
+        match started {
+            Ok((tree, run_id)) => {
+                let location = format!("/v1/runs/{}", run_id.replace('/', "%2F"));
+                let created = Created {
+                    tree_id: tree.to_string(),
+                    run_id,
+                };
+                return Ok((
+                    StatusCode::CREATED,
+                    [(header::LOCATION, location)],
+                    Json(created),
+                )
+                    .into_response());
+            }
+            // Another client's turn got in first: wait for it (or cancel it) again.
+            Err(e) if e.status == StatusCode::CONFLICT && supervisor.is_running(&tree_id) => {
+                if matches!(multitask, Multitask::Reject) {
+                    return Err(e);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "conflict",
+        format!("tree {tree_id} kept starting turns of other clients; try again"),
     ))
 }
 

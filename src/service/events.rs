@@ -40,7 +40,7 @@ pub fn in_subtree(candidate: &str, run: &str) -> bool {
 
 struct Follow {
     run_id: String,
-    /// The tree's root run: its end ends every stream of the tree.
+    /// The root run of the followed run's turn: its end ends the stream.
     root: String,
     tree_id: Arc<str>,
     last: u64,
@@ -143,7 +143,12 @@ pub async fn stream(
     let mut shutdown = shared.shutdown.subscribe();
     // Trees interrupted by a restart are resumed before they are followed.
     shared.wait_ready().await;
-    let root = id.tree().root().to_string();
+    // The root of the run's turn (`T/0`, or `T/0~n` for a follow-up turn):
+    // another turn's end does not end this stream.
+    let root = match run_id.split_once('/') {
+        Some((tree, path)) => format!("{tree}/{}", path.split('.').next().unwrap_or("0")),
+        None => id.tree().root().to_string(),
+    };
     // A run of a tree running here may not have started yet (a root right
     // after the 201, a child named by `childSpawned` that waits for a live
     // slot): it is followed all the same, until it ends or the tree does.

@@ -17,6 +17,8 @@ mod limits;
 mod metrics;
 
 use std::collections::HashMap;
+
+use arbor_actors::sync::LockExt as _;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +45,18 @@ use metrics::Metrics;
 
 /// The live tree page (plain HTML and JS over the API).
 const PAGE: &str = include_str!("page.html");
+
+/// What the service starts: a new tree, or a follow-up turn of one.
+// One per start request, moved once: not worth a box.
+#[allow(clippy::large_enum_variant)]
+enum Begin {
+    Tree(StartRequest),
+    Turn {
+        tree_id: String,
+        prompt: String,
+        params: Option<serde_json::Value>,
+    },
+}
 
 /// How the service runs (from `[service]` of the config, or in code).
 #[derive(Debug)]
@@ -99,6 +113,9 @@ pub(crate) struct Shared {
     ready: watch::Sender<bool>,
     /// Set on shutdown: event streams end, readiness fails.
     shutdown: watch::Sender<bool>,
+    /// One lock per tree taking a follow-up turn: turn requests of one tree
+    /// are taken one at a time (a request holds it until its turn runs).
+    turns: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Shared {
@@ -131,6 +148,34 @@ impl Shared {
         self: &Arc<Self>,
         request: StartRequest,
     ) -> Result<(Arc<str>, String), ApiError> {
+        self.begin(Begin::Tree(request)).await
+    }
+
+    /// Starts a follow-up turn of an ended tree (semantics §14), counted and
+    /// kept like a new tree.
+    /// The lock turn requests of `tree_id` take one at a time.
+    pub(crate) fn turn_lock(&self, tree_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut turns = self.turns.locked();
+        // Locks no request holds or waits for any more go.
+        turns.retain(|_, lock| Arc::strong_count(lock) > 1);
+        turns.entry(tree_id.to_owned()).or_default().clone()
+    }
+
+    pub(crate) async fn start_turn(
+        self: &Arc<Self>,
+        tree_id: String,
+        prompt: String,
+        params: Option<serde_json::Value>,
+    ) -> Result<(Arc<str>, String), ApiError> {
+        self.begin(Begin::Turn {
+            tree_id,
+            prompt,
+            params,
+        })
+        .await
+    }
+
+    async fn begin(self: &Arc<Self>, begin: Begin) -> Result<(Arc<str>, String), ApiError> {
         if *self.shutdown.borrow() {
             return Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -151,23 +196,49 @@ impl Shared {
             ));
         }
         // The observer must know the tree's model before its first event.
-        let tree_id = request
-            .tree_id
-            .clone()
-            .unwrap_or_else(arbor_supervisor::new_tree_id);
-        if let Some(model) = &request.model {
-            self.metrics.tree_model(&tree_id, model);
-        }
-        let request = StartRequest {
-            tree_id: Some(tree_id.clone()),
-            ..request
+        let (tree_id, begin) = match begin {
+            Begin::Tree(request) => {
+                let tree_id = request
+                    .tree_id
+                    .clone()
+                    .unwrap_or_else(arbor_supervisor::new_tree_id);
+                if let Some(model) = &request.model {
+                    self.metrics.tree_model(&tree_id, model);
+                }
+                let request = StartRequest {
+                    tree_id: Some(tree_id.clone()),
+                    ..request
+                };
+                (tree_id, Begin::Tree(request))
+            }
+            Begin::Turn {
+                tree_id,
+                prompt,
+                params,
+            } => (
+                tree_id.clone(),
+                Begin::Turn {
+                    tree_id,
+                    prompt,
+                    params,
+                },
+            ),
         };
         // On a task of its own: a client that hangs up mid-request must not
         // cut a start in half (a tree stored but never run).
         let started = tokio::spawn({
             let shared = self.clone();
             async move {
-                match shared.runtime.supervisor().start(request).await {
+                let supervisor = shared.runtime.supervisor();
+                let started = match begin {
+                    Begin::Tree(request) => supervisor.start(request).await,
+                    Begin::Turn {
+                        tree_id,
+                        prompt,
+                        params,
+                    } => supervisor.start_turn(&tree_id, prompt, params).await,
+                };
+                match started {
                     Ok(handle) => Ok(shared.keep(handle)),
                     Err(error) => {
                         shared.metrics.trees_running.dec();
@@ -247,6 +318,7 @@ impl Service {
             metrics: Metrics::new(models),
             ready: watch::channel(false).0,
             shutdown,
+            turns: Default::default(),
         });
         let observer = Arc::downgrade(&shared);
         shared.runtime.supervisor().events().observe(move |event| {
@@ -279,6 +351,7 @@ impl Service {
             .route("/v1/runs/{run_id}/messages", post(api::steer_run))
             .route("/v1/approvals", get(api::list_approvals))
             .route("/v1/trees/{tree_id}/limits", patch(api::raise_limits))
+            .route("/v1/trees/{tree_id}/turns", post(api::create_turn))
             .route("/v1/trees/{tree_id}/approvals", get(api::tree_approvals))
             .route(
                 "/v1/trees/{tree_id}/approvals/{call_id}",

@@ -14,6 +14,9 @@ use crate::serve::{Server, TOKEN, client, encoded, get, post};
 const GUARD: Duration = Duration::from_secs(60);
 
 const CONFIG: &str = r#"
+[service]
+bind = "127.0.0.1:0"
+
 [models.script]
 provider = "scripted"
 file = "script.json"
@@ -70,12 +73,13 @@ pub(crate) async fn read_until(
         .send()
         .await
         .unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "the stream of {run_id}");
     let mut body = response.bytes_stream();
     let mut text = String::new();
     tokio::time::timeout(GUARD, async {
         while text.matches(needle).count() < times {
             let Some(chunk) = body.next().await else {
-                break;
+                panic!("the stream ended before {times}× {needle:?}: {text}");
             };
             text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
         }

@@ -9,6 +9,9 @@ use crate::approvals_restart::read_until;
 use crate::serve::{Server, TOKEN, client, encoded, get, post};
 
 const CONFIG: &str = r#"
+[service]
+bind = "127.0.0.1:0"
+
 [limits]
 max_credits = 1.5
 on_budget = "pause"

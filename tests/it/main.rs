@@ -25,6 +25,7 @@ mod store;
 mod support;
 mod tools;
 mod tools_e2e;
+mod turns_serve;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

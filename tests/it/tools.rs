@@ -485,7 +485,9 @@ async fn a_start_over_http_narrows_the_tool_policy_and_a_bad_pattern_is_a_422() 
     use crate::serve::{Server, TOKEN, get, post};
     let dir = scene(POLICY, &policy_script());
     let config = dir.path().join("config.toml").display().to_string();
-    let mut server = Server::start(dir.path(), &["--config", &config], Some(TOKEN));
+    // A port of its own: tests run in parallel.
+    let args = ["--config", &config, "--bind", "127.0.0.1:0"];
+    let mut server = Server::start(dir.path(), &args, Some(TOKEN));
     server.wait_for("ready");
 
     let (status, body) = post(

@@ -101,6 +101,8 @@ pub struct Supervisor {
     deadlines: Arc<()>,
     /// The tool calls that wait for a person's decision, in every tree.
     approvals: Arc<crate::approvals::Approvals>,
+    /// Per running tree: set once it is gone (every agent and handle).
+    gone: Arc<Mutex<HashMap<Arc<str>, tokio::sync::watch::Receiver<bool>>>>,
 }
 
 /// A started tree: its ids, its events, and its result.
@@ -141,6 +143,7 @@ impl Supervisor {
             store: None,
             deadlines: Arc::new(()),
             approvals,
+            gone: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -560,8 +563,18 @@ impl Supervisor {
         let (ended, tree_ended) = oneshot::channel::<()>();
         let trees = Arc::downgrade(&self.trees);
         let id = tree_id.clone();
+        let (gone, is_gone) = tokio::sync::watch::channel(false);
+        self.gone.locked().insert(tree_id.clone(), is_gone);
+        let gone_map = Arc::downgrade(&self.gone);
         let ctx = Arc::new(ctx.on_drop(move || {
             drop(ended);
+            let _ = gone.send(true);
+            if let Some(map) = gone_map.upgrade() {
+                let mut map = map.locked();
+                if map.get(&id).is_some_and(|rx| *rx.borrow()) {
+                    map.remove(&id);
+                }
+            }
             if let Some(trees) = trees.upgrade() {
                 let mut trees = trees.locked();
                 // Not a later tree of the same id (a resume).
@@ -803,6 +816,30 @@ impl Supervisor {
             .and_then(|(ctx, _)| ctx.upgrade())
             .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
         Ok(ctx.raise(set, add))
+    }
+
+    /// Waits until the tree `tree_id` no longer runs here (at once if it
+    /// does not): every agent and every handle of it is gone.
+    pub async fn until_ended(&self, tree_id: &str) {
+        let rx = self.gone.locked().get(tree_id).cloned();
+        if let Some(mut rx) = rx {
+            let _ = rx.wait_for(|gone| *gone).await;
+        }
+    }
+
+    /// Cancels the running tree `tree_id` (its root and so its whole
+    /// subtree); `false` when it does not run here.
+    pub fn cancel_tree(&self, tree_id: &str) -> bool {
+        let root = self
+            .trees
+            .locked()
+            .get(tree_id)
+            .filter(|(ctx, _)| ctx.strong_count() > 0)
+            .map(|(_, root)| root.clone());
+        match root {
+            Some(root) => root.cast(AgentMsg::Cancel(CancelReason::Requested)).is_ok(),
+            None => false,
+        }
     }
 
     /// Whether a tree with this id runs in this supervisor.

@@ -2,6 +2,7 @@
 //! tokio time.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod approval_timeout;
 mod approve;
 mod budget;
 mod cancel;
@@ -10,6 +11,6 @@ mod failure;
 mod limits;
 mod spawn;
 mod steer;
-mod turns;
 mod store;
+mod turns;
 mod watchdogs;

@@ -120,3 +120,37 @@ async fn a_turn_of_a_running_an_unknown_or_a_storeless_tree_is_refused() {
         Err(Error::NoStore { .. })
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_turn_is_followed_by_the_next_from_its_partial_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(&dir.path().join("s.db")).unwrap());
+    let model = scripted(json!({"replies": [
+        {"agent": "chat", "prompt": "slow", "steps": [{"text": "slow answer", "delayMs": 60000}]},
+        {"agent": "chat", "steps": [{"text": "answer"}]}
+    ]}));
+    let catalog = Catalog::builder()
+        .model(model as Arc<dyn Model>)
+        .template(template("chat"))
+        .build()
+        .unwrap();
+    let sup = Supervisor::new(catalog, TreeLimits::default())
+        .with_store(store)
+        .unwrap();
+    let mut rx = sup.subscribe();
+    let mut seen = Vec::new();
+    let handle = start(&sup, "chat", "slow").await;
+    wait_for(&mut rx, &mut seen, |e| {
+        matches!(e.kind, arbor_actors::EventKind::StepStarted { .. })
+    })
+    .await;
+    // As a server does: the handle waits on a task of its own.
+    let kept = tokio::spawn(async move { handle.wait().await });
+    assert!(sup.cancel_tree("t"));
+    sup.until_ended("t").await;
+    let cancelled = kept.await.unwrap().unwrap();
+    assert_eq!(cancelled.state.status, AgentStatus::Cancelled);
+    assert!(!sup.is_running("t"));
+    let next = finish(sup.start_turn("t", "go on".into(), None).await.unwrap()).await;
+    assert_eq!(texts(&next.state), ["slow", "go on", "answer"]);
+}
