@@ -370,6 +370,23 @@ impl Runtime {
         Ok(Run::new(handle, events))
     }
 
+    /// Starts a follow-up turn of an ended stored tree (see
+    /// [`Supervisor::start_turn`]): its root goes on from its final state with
+    /// `prompt`; the turn's events and its result.
+    pub async fn start_turn(
+        &self,
+        tree_id: &str,
+        prompt: &str,
+        params: Option<Value>,
+    ) -> Result<Run, Error> {
+        let events = self.supervisor.events().subscribe_tree(tree_id);
+        let handle = self
+            .supervisor
+            .start_turn(tree_id, prompt.to_owned(), params)
+            .await?;
+        Ok(Run::new(handle, events))
+    }
+
     /// Runs `agent` on `prompt` to the end.
     pub async fn run(&self, agent: &str, prompt: &str) -> Result<RunResult, Error> {
         self.start(agent, prompt, None).await?.result().await

@@ -257,6 +257,10 @@ pub(crate) struct RunArgs {
     /// Use this tree id (every run id derives from it) instead of a random one.
     #[arg(long)]
     pub(crate) tree_id: Option<String>,
+    /// Ask an ended stored tree a follow-up question: its root goes on from
+    /// its final state with PROMPT, as the tree's next turn (semantics §14).
+    #[arg(long = "continue", value_name = "TREE", conflicts_with_all = ["tree_id", "agent", "model"])]
+    pub(crate) continue_tree: Option<String>,
     /// Print every event as a JSON line on stderr instead of the tree.
     #[arg(long)]
     pub(crate) events: bool,

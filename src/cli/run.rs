@@ -25,6 +25,7 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         params,
         store,
         tree_id,
+        continue_tree,
         events,
         allow_tools,
         deny_tools,
@@ -62,6 +63,16 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(path) => Runtime::with_store(config, path)?,
         None => Runtime::new(config)?,
     };
+    if let Some(tree) = continue_tree {
+        anyhow::ensure!(
+            store.is_some(),
+            "--continue needs the store (a follow-up turn goes on from the stored tree)"
+        );
+        return tokio.block_on(until_signal(async {
+            let run = runtime.start_turn(&tree, &prompt, params).await?;
+            follow_tree(&runtime, run, show, true).await
+        }));
+    }
     tokio.block_on(until_signal(async {
         let run = runtime
             .start_with(StartRequest {

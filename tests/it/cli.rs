@@ -391,3 +391,41 @@ fn a_closed_stdout_pipe_ends_every_printing_command_quietly() {
         );
     }
 }
+
+#[test]
+fn run_continue_asks_an_ended_tree_a_follow_up_question_as_its_next_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = crate::arbor_in(dir.path(), &["run", "--tree-id", "tturn", "--quiet", "go"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = crate::arbor_in(
+        dir.path(),
+        &[
+            "run",
+            "--continue",
+            "tturn",
+            "--quiet",
+            "--json",
+            "and then?",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let state: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(state["runId"], "tturn/0~1");
+    assert_eq!(state["agentId"], "tturn/0");
+    let history = state["messageHistory"].to_string();
+    assert!(
+        history.contains("\"go\"") && history.contains("and then?"),
+        "both turns' prompts: {history}"
+    );
+    let tree = crate::arbor_in(dir.path(), &["tree", "tturn", "--json"]);
+    let tree: serde_json::Value = serde_json::from_slice(&tree.stdout).unwrap();
+    let roots = tree["nodes"]
+        .as_array()
+        .or_else(|| tree["runs"].as_array())
+        .map(|n| n.iter().filter(|n| n["depth"] == 0).count());
+    assert_eq!(roots, Some(2), "{tree}");
+    // Not a stored tree: a clear error.
+    let out = crate::arbor_in(dir.path(), &["run", "--continue", "tnope", "--quiet", "hi"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("tnope"), "{}", text(&out.stderr));
+}
