@@ -142,7 +142,13 @@ async fn replay_tree(
         "tree {tree_id} has not finished ({}); resume it first",
         summary.status
     );
-    let recorded = store.final_states(&tree_id)?;
+    // The record starts the tree's latest turn: its runs are what a replay
+    // runs again (an earlier turn's are its history, not re-run).
+    let recorded: Vec<_> = store
+        .final_states(&tree_id)?
+        .into_iter()
+        .filter(|s| arbor_actors::id::is_within(&s.run_id, &record.root_run_id))
+        .collect();
     let recovery = store.recovery(&tree_id)?;
     let runtime = Runtime::new(config)?;
     let supervisor = runtime.supervisor();

@@ -424,6 +424,14 @@ fn run_continue_asks_an_ended_tree_a_follow_up_question_as_its_next_turn() {
         .or_else(|| tree["runs"].as_array())
         .map(|n| n.iter().filter(|n| n["depth"] == 0).count());
     assert_eq!(roots, Some(2), "{tree}");
+    // A replay runs the latest turn again, from its record.
+    let replay = crate::arbor_in(dir.path(), &["replay", "tturn"]);
+    let said = text(&replay.stdout);
+    assert!(
+        replay.status.success() && said.contains("match:"),
+        "{said}{}",
+        text(&replay.stderr)
+    );
     // Not a stored tree: a clear error.
     let out = crate::arbor_in(dir.path(), &["run", "--continue", "tnope", "--quiet", "hi"]);
     assert!(!out.status.success());
