@@ -141,6 +141,15 @@ pub enum EventKind {
         /// How it ended.
         status: AgentStatus,
     },
+    /// A background child's report joined the run's history (semantics
+    /// §15): at the boundary before step `step + 1`.
+    #[serde(rename_all = "camelCase")]
+    BackgroundDelivered {
+        /// The step the run had taken when the report joined its history.
+        step: u32,
+        /// The child's last run id.
+        child_run_id: String,
+    },
     /// The agent set its output (`set_output`).
     OutputSet {
         /// The value set.
@@ -292,6 +301,7 @@ impl EventKind {
             EventKind::ChildSpawned { .. } => "childSpawned",
             EventKind::ChildRetrying { .. } => "childRetrying",
             EventKind::ChildFinished { .. } => "childFinished",
+            EventKind::BackgroundDelivered { .. } => "backgroundDelivered",
             EventKind::OutputSet { .. } => "outputSet",
             EventKind::Suspended => "suspended",
             EventKind::Resumed => "resumed",
@@ -338,6 +348,8 @@ pub enum EventType {
     ChildRetrying,
     /// `childFinished`: a child ended, with its status.
     ChildFinished,
+    /// `backgroundDelivered`: a background child's report joined its parent's history.
+    BackgroundDelivered,
     /// `outputSet`: a run set its output value.
     OutputSet,
     /// `suspended`: a run gave back its live slot to wait for its children.
@@ -370,7 +382,7 @@ pub enum EventType {
 
 impl EventType {
     /// Every journal type.
-    pub const ALL: [EventType; 23] = [
+    pub const ALL: [EventType; 24] = [
         EventType::AgentStarted,
         EventType::StepStarted,
         EventType::ModelRetrying,
@@ -380,6 +392,7 @@ impl EventType {
         EventType::ChildSpawned,
         EventType::ChildRetrying,
         EventType::ChildFinished,
+        EventType::BackgroundDelivered,
         EventType::OutputSet,
         EventType::Suspended,
         EventType::Resumed,
@@ -411,6 +424,7 @@ impl EventType {
             EventKind::ChildSpawned { .. } => EventType::ChildSpawned,
             EventKind::ChildRetrying { .. } => EventType::ChildRetrying,
             EventKind::ChildFinished { .. } => EventType::ChildFinished,
+            EventKind::BackgroundDelivered { .. } => EventType::BackgroundDelivered,
             EventKind::OutputSet { .. } => EventType::OutputSet,
             EventKind::Suspended => EventType::Suspended,
             EventKind::Resumed => EventType::Resumed,
@@ -440,6 +454,7 @@ impl EventType {
             EventType::ChildSpawned => "childSpawned",
             EventType::ChildRetrying => "childRetrying",
             EventType::ChildFinished => "childFinished",
+            EventType::BackgroundDelivered => "backgroundDelivered",
             EventType::OutputSet => "outputSet",
             EventType::Suspended => "suspended",
             EventType::Resumed => "resumed",

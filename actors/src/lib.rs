@@ -46,6 +46,6 @@ pub use model::{
     UsageSource,
 };
 pub use state::{AgentState, AgentStatus, ToolDefinition};
-pub use step::{Action, Catalog, StepMachine};
-pub use template::{AgentTemplate, FailurePolicy, OutputMode};
+pub use step::{Action, Catalog, Planned, StepMachine, background};
+pub use template::{AgentTemplate, FailurePolicy, OnTurnEnd, OutputMode};
 pub use tool::{Tool, ToolContext, ToolError, ToolOutput};

@@ -94,6 +94,28 @@ impl Default for LoopDetection {
     }
 }
 
+/// What a run does when its turn would end while background children it
+/// started with `spawn_agents_async` still run (semantics §15).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnTurnEnd {
+    /// It waits for them (holding no live slot); each report starts a step.
+    #[default]
+    Wait,
+    /// It ends, and they are cancelled.
+    Cancel,
+}
+
+impl std::str::FromStr for OnTurnEnd {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "wait" => Ok(OnTurnEnd::Wait),
+            "cancel" => Ok(OnTurnEnd::Cancel),
+            other => Err(format!("must be \"wait\" or \"cancel\", got {other:?}")),
+        }
+    }
+}
+
 /// The JSON Schemas a spawn's `prompt` and `params` must satisfy.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct InputSchema {
@@ -167,6 +189,9 @@ pub struct AgentTemplate {
     pub approval_default: ApprovalDefault,
     /// What its parent does when its run fails.
     pub failure: FailurePolicy,
+    /// What a run whose turn would end does while its background children
+    /// (`spawn_agents_async`) still run (semantics §15).
+    pub on_turn_end: OnTurnEnd,
     /// A programmatic driver (semantics §4.5); `None` lets the model drive.
     pub handler: Option<Arc<dyn StepHandler>>,
 }
@@ -201,6 +226,7 @@ impl AgentTemplate {
             approval_timeout: None,
             approval_default: ApprovalDefault::Deny,
             failure: FailurePolicy::Report,
+            on_turn_end: OnTurnEnd::Wait,
             handler: None,
         }
     }
@@ -283,6 +309,7 @@ impl fmt::Debug for AgentTemplate {
             .field("output_mode", &self.output_mode)
             .field("max_steps", &self.max_steps)
             .field("failure", &self.failure)
+            .field("on_turn_end", &self.on_turn_end)
             .field("handler", &self.handler.is_some())
             .finish_non_exhaustive()
     }

@@ -24,18 +24,23 @@ pub const END_TURN: &str = "end_turn";
 pub const SPAWN_AGENTS: &str = "spawn_agents";
 /// The built-in that spawns one child on the parent's history.
 pub const SPAWN_AGENT_INLINE: &str = "spawn_agent_inline";
+/// The built-in that starts children in the background: its result comes
+/// back at once, each child's report later, as a message (semantics §15).
+pub const SPAWN_AGENTS_ASYNC: &str = "spawn_agents_async";
 
-/// Built-in tools a template may list by name (the others are always there when they apply).
-pub const OPTIONAL_BUILTINS: [&str; 2] = [ADD_MESSAGE, SET_MESSAGES];
+/// Built-in tools a template may list by name (the others are always there
+/// when they apply). `spawn_agents_async` also needs `spawnable_agents`.
+pub const OPTIONAL_BUILTINS: [&str; 3] = [ADD_MESSAGE, SET_MESSAGES, SPAWN_AGENTS_ASYNC];
 
 /// Every built-in tool's name (no other tool may take one).
-pub const BUILTIN_NAMES: [&str; 6] = [
+pub const BUILTIN_NAMES: [&str; 7] = [
     ADD_MESSAGE,
     SET_MESSAGES,
     SET_OUTPUT,
     END_TURN,
     SPAWN_AGENTS,
     SPAWN_AGENT_INLINE,
+    SPAWN_AGENTS_ASYNC,
 ];
 
 /// What a toolbox entry runs: a built-in (by name) or an external tool.
@@ -53,6 +58,8 @@ pub(crate) enum ToolKind {
     SpawnAgents,
     /// [`SPAWN_AGENT_INLINE`].
     SpawnAgentInline,
+    /// [`SPAWN_AGENTS_ASYNC`].
+    SpawnAgentsAsync,
     /// An external tool.
     External(Arc<dyn Tool>),
 }
@@ -75,6 +82,7 @@ impl ToolKind {
             ToolKind::EndTurn => END_TURN,
             ToolKind::SpawnAgents => SPAWN_AGENTS,
             ToolKind::SpawnAgentInline => SPAWN_AGENT_INLINE,
+            ToolKind::SpawnAgentsAsync => SPAWN_AGENTS_ASYNC,
             ToolKind::External(_) => return None,
         })
     }
@@ -185,6 +193,16 @@ static BUILTINS: LazyLock<HashMap<&'static str, Builtin>> = LazyLock::new(|| {
                 "Run sub-agents in parallel; you get their results in request order.",
                 json!({"type": "object", "properties": {
                 "agents": {"type": "array", "minItems": 1, "items": child}
+            }, "required": ["agents"]}),
+            ),
+        ),
+        (
+            SPAWN_AGENTS_ASYNC,
+            builtin(
+                "Start sub-agents in the background and go on at once: the result lists \
+                 their run ids, and each one's report reaches you later as a message.",
+                json!({"type": "object", "properties": {
+                "agents": {"type": "array", "minItems": 1, "items": child.clone()}
             }, "required": ["agents"]}),
             ),
         ),
@@ -344,10 +362,14 @@ impl Toolbox {
                     },
                 })
                 .collect();
-            for (name, kind) in [
+            let background = template.tools.iter().any(|t| t == SPAWN_AGENTS_ASYNC);
+            let kinds = [
                 (SPAWN_AGENTS, ToolKind::SpawnAgents),
                 (SPAWN_AGENT_INLINE, ToolKind::SpawnAgentInline),
-            ] {
+            ]
+            .into_iter()
+            .chain(background.then_some((SPAWN_AGENTS_ASYNC, ToolKind::SpawnAgentsAsync)));
+            for (name, kind) in kinds {
                 let mut def = builtin_definition(name);
                 describe_spawnable(&mut def, &agents);
                 tb.add_builtin(&mut definitions, name, kind, def);
@@ -368,7 +390,7 @@ impl Toolbox {
                     ToolKind::SetMessages,
                     builtin_definition(SET_MESSAGES),
                 ),
-                SET_OUTPUT | END_TURN | SPAWN_AGENTS | SPAWN_AGENT_INLINE => {}
+                SET_OUTPUT | END_TURN | SPAWN_AGENTS | SPAWN_AGENT_INLINE | SPAWN_AGENTS_ASYNC => {}
                 _ => external.extend((sources.resolve)(name)?),
             }
         }
@@ -416,7 +438,7 @@ impl Toolbox {
     ) {
         definitions.insert(name.to_owned(), definition);
         let schema = match kind {
-            ToolKind::SpawnAgents => SPAWN_AGENTS_CALL.clone(),
+            ToolKind::SpawnAgents | ToolKind::SpawnAgentsAsync => SPAWN_AGENTS_CALL.clone(),
             _ => BUILTINS[name].schema.clone(),
         };
         self.entries.insert(
@@ -463,6 +485,7 @@ impl Toolbox {
                     | ToolKind::EndTurn
                     | ToolKind::SpawnAgents
                     | ToolKind::SpawnAgentInline
+                    | ToolKind::SpawnAgentsAsync
             );
             if structural || allowed(&entry.name) {
                 entries.insert(wire.clone(), entry.clone());

@@ -513,6 +513,25 @@ pub(super) fn templates(
                 ApprovalDefault::Deny
             }),
         };
+        let on_turn_end = match a.on_turn_end.as_deref() {
+            None => arbor_actors::OnTurnEnd::Wait,
+            Some(name) => name.parse().unwrap_or_else(|why: String| {
+                problems.push(at(text, &table, "on_turn_end", why));
+                arbor_actors::OnTurnEnd::Wait
+            }),
+        };
+        if a.tools
+            .iter()
+            .any(|t| t == arbor_actors::toolbox::SPAWN_AGENTS_ASYNC)
+            && a.spawnable_agents.is_empty()
+        {
+            problems.push(at(
+                text,
+                &table,
+                "tools",
+                "lists spawn_agents_async but has no spawnable_agents to start".to_owned(),
+            ));
+        }
         let report_share = match a.report_share {
             None => Share::DEFAULT_REPORT,
             Some(fraction) => Share::new(fraction).unwrap_or_else(|| {
@@ -560,6 +579,7 @@ pub(super) fn templates(
         t.approve = a.approve.clone();
         t.approval_timeout = approval_timeout;
         t.approval_default = approval_default;
+        t.on_turn_end = on_turn_end;
         t.failure = failure;
         out.push(t);
     }
@@ -822,6 +842,16 @@ input_schema = { params = { type = "object", required = ["topic"] } }
                 "approval_default = \"allow\"",
                 "agents.a.approval_default",
                 "unknown decision \"allow\" (deny or approve)",
+            ),
+            (
+                "on_turn_end = \"later\"",
+                "agents.a.on_turn_end",
+                "must be \"wait\" or \"cancel\", got \"later\"",
+            ),
+            (
+                "tools = [\"spawn_agents_async\"]",
+                "agents.a.tools",
+                "lists spawn_agents_async but has no spawnable_agents",
             ),
         ];
         for (line, key, why) in cases {

@@ -418,6 +418,9 @@ pub struct AgentSection {
     pub approval_timeout: Option<String>,
     /// `"deny"` (absent) or `"approve"`: the decision `approval_timeout` gives.
     pub approval_default: Option<String>,
+    /// `"wait"` (absent) or `"cancel"`: what a run whose turn would end does
+    /// while its background children still run (semantics §15).
+    pub on_turn_end: Option<String>,
     /// What its parent does when its run fails.
     #[serde(default)]
     pub failure: FailureSection,

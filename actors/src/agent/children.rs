@@ -19,6 +19,7 @@ use crate::id::RunId;
 use crate::output::output_value;
 use crate::spawn::{ChildPlan, ParentInfo};
 use crate::state::AgentState;
+use crate::step::background::Started;
 use crate::step::{Action, StepMachine};
 use crate::supervision::{Admission, ChildKey, Children, Delivery, Input, Launch, Output, Start};
 
@@ -55,6 +56,11 @@ impl ChildActors {
         self.table.outstanding()
     }
 
+    /// Children of calls the parent waits for (not background ones) not yet reported.
+    pub(super) fn awaited(&self) -> usize {
+        self.table.awaited()
+    }
+
     /// Call index, credits and run ids of the calls never handed to the machine.
     pub(super) fn undelivered(&self) -> Vec<(usize, f64, Vec<String>)> {
         self.table.undelivered()
@@ -84,6 +90,104 @@ impl AgentRun {
     ) -> Vec<Action> {
         let child = self.admit(Ok(child), 0);
         self.open_call(step, index, true, vec![child])
+    }
+
+    /// Starts the children of a `spawn_agents_async` call: admitted like
+    /// `spawn_agents`' children, they run while the parent goes on, and the
+    /// call's result (their run ids) is the machine's at once.
+    pub(super) fn spawn_background(
+        &mut self,
+        step: u32,
+        index: usize,
+        children: Vec<Result<ChildPlan, (String, String)>>,
+    ) -> Vec<Action> {
+        let children: Vec<Admission> = children
+            .into_iter()
+            .enumerate()
+            .map(|(i, child)| self.admit(child, i))
+            .collect();
+        let started = children
+            .iter()
+            .map(|child| match child {
+                Admission::Refused { agent_type, error } => Started::Refused {
+                    agent_type: agent_type.clone(),
+                    error: error.clone(),
+                },
+                Admission::Admitted { plan, id, .. } => Started::Running {
+                    agent_id: id.to_string(),
+                    run_id: id.to_string(),
+                    agent_type: plan.agent_type.clone(),
+                    agent_name: plan.template.display_name.clone(),
+                },
+            })
+            .collect();
+        let hooks = self.hooks.clone();
+        let catalog = super::HookCatalog(hooks.as_ref());
+        // The machine knows the children before any of them can report.
+        let mut actions = self.guarded(|m| m.background_started(step, index, started, &catalog));
+        let parent = Arc::new(ParentInfo::of(self.machine.state(), self.machine.toolbox()));
+        actions.extend(self.feed(Input::Open {
+            step,
+            call: index,
+            inline: false,
+            background: true,
+            parent,
+            children,
+        }));
+        actions
+    }
+
+    /// Starts again the background children a run going on from its
+    /// checkpoint still waits for, under the ids they were started with
+    /// (semantics §15). They were admitted when they were first started, so
+    /// they are not counted again; one that finished before is merged from
+    /// the store, one cut short goes on from its own checkpoint.
+    pub(super) fn relaunch(
+        &mut self,
+        children: Vec<(String, crate::step::Planned)>,
+    ) -> Vec<Action> {
+        let mut admitted = Vec::new();
+        let mut failed = Vec::new();
+        for (agent_id, plan) in children {
+            let planned = plan.and_then(|plan| {
+                let id = agent_id
+                    .parse::<RunId>()
+                    .map_err(|e| (plan.agent_type.clone(), e.to_string()))?;
+                let toolbox = self
+                    .hooks
+                    .toolbox(&plan.template)
+                    .map_err(|e| (plan.agent_type.clone(), e))?;
+                Ok(Admission::Admitted { plan, toolbox, id })
+            });
+            match planned {
+                Ok(admission) => admitted.push(admission),
+                Err((agent_type, error)) => {
+                    let mut report = crate::spawn::ChildReport::refused(
+                        &agent_type,
+                        &format!("could not be started again: {error}"),
+                    );
+                    report.agent_id = agent_id;
+                    failed.push(report);
+                }
+            }
+        }
+        let mut actions = Vec::new();
+        for report in failed {
+            actions.extend(self.machine.background_reported(report));
+        }
+        if !admitted.is_empty() {
+            let parent = Arc::new(ParentInfo::of(self.machine.state(), self.machine.toolbox()));
+            // Step 0 is never a step of the run: these keys meet no call's.
+            actions.extend(self.feed(Input::Open {
+                step: 0,
+                call: 0,
+                inline: false,
+                background: true,
+                parent,
+                children: admitted,
+            }));
+        }
+        actions
     }
 
     /// Checks a child against the tree's limits and gives it its agent id. Its
@@ -148,6 +252,7 @@ impl AgentRun {
             step,
             call,
             inline,
+            background: false,
             parent,
             children,
         })
@@ -236,6 +341,9 @@ impl AgentRun {
                     }
                 }
                 Output::Deliver(delivery) => actions.extend(self.deliver(delivery)),
+                Output::Report(report) => {
+                    actions.extend(self.guarded(|m| m.background_reported(report)))
+                }
                 Output::Fail { failure } => actions.extend(self.machine.fail(failure)),
             }
         }

@@ -424,7 +424,7 @@ impl Actor for AgentActor {
                 run.tools_running = run.tools_running.saturating_sub(1);
                 if run.tools_running == 0 && run.model_task.is_none() {
                     run.stop_timer();
-                    if run.children.outstanding() > 0 {
+                    if run.children.awaited() > 0 {
                         run.suspend();
                     }
                 }
@@ -584,6 +584,24 @@ impl AgentRun {
                 Action::SpawnInline { step, index, child } => {
                     let actions = self.spawn_inline(step, index, child);
                     self.execute(myself, actions);
+                }
+                Action::SpawnBackground {
+                    step,
+                    index,
+                    children,
+                } => {
+                    let actions = self.spawn_background(step, index, children);
+                    self.execute(myself, actions);
+                }
+                Action::Relaunch { children } => {
+                    let actions = self.relaunch(children);
+                    self.execute(myself, actions);
+                }
+                // The turn waits for background reports: no slot is needed meanwhile.
+                Action::AwaitChildren => {
+                    if self.tools_running == 0 && self.model_task.is_none() {
+                        self.suspend();
+                    }
                 }
                 Action::Finish => {
                     let actions = self.finish_requested();

@@ -69,12 +69,13 @@ impl StepMachine {
                         input,
                     });
                 }
-                ToolKind::SpawnAgents | ToolKind::SpawnAgentInline => {
+                ToolKind::SpawnAgents | ToolKind::SpawnAgentInline | ToolKind::SpawnAgentsAsync => {
                     let inline = matches!(kind, ToolKind::SpawnAgentInline);
+                    let background = matches!(kind, ToolKind::SpawnAgentsAsync);
                     let snapshot = snapshot.get_or_insert_with(|| {
                         self.state.message_history.filter_unfinished_tool_calls()
                     });
-                    match self.plan_spawn(input, snapshot, inline, catalog) {
+                    match self.plan_spawn(input, snapshot, inline, background, catalog) {
                         Ok(action) => {
                             pending.awaiting += 1;
                             actions.push(action(self.step, index));
@@ -139,8 +140,14 @@ impl StepMachine {
         input: Value,
         snapshot: &History,
         inline: bool,
+        background: bool,
         catalog: &dyn Catalog,
     ) -> Result<Box<dyn FnOnce(u32, usize) -> Action>, String> {
+        let tool = if background {
+            crate::toolbox::SPAWN_AGENTS_ASYNC
+        } else {
+            crate::toolbox::SPAWN_AGENTS
+        };
         let plan = |request: SpawnRequest| {
             let agent_type = request.agent_type.clone();
             plan_child(
@@ -180,20 +187,29 @@ impl StepMachine {
                     .to_owned();
                 crate::toolbox::CHILD_SCHEMA
                     .check(&entry)
-                    .map_err(|e| format!("Invalid input for spawn_agents: agents[{i}] {e}"))
+                    .map_err(|e| format!("Invalid input for {tool}: agents[{i}] {e}"))
                     .and_then(|()| {
-                        serde_json::from_value::<SpawnRequest>(entry).map_err(|e| {
-                            format!("Invalid input for spawn_agents: agents[{i}]: {e}")
-                        })
+                        serde_json::from_value::<SpawnRequest>(entry)
+                            .map_err(|e| format!("Invalid input for {tool}: agents[{i}]: {e}"))
                     })
                     .map_err(|e| (named.clone(), e))
                     .and_then(plan)
             })
             .collect();
-        Ok(Box::new(move |step, index| Action::SpawnAgents {
-            step,
-            index,
-            children,
+        Ok(Box::new(move |step, index| {
+            if background {
+                Action::SpawnBackground {
+                    step,
+                    index,
+                    children,
+                }
+            } else {
+                Action::SpawnAgents {
+                    step,
+                    index,
+                    children,
+                }
+            }
         }))
     }
 }
@@ -233,8 +249,9 @@ fn builtin_effect(
             Ok(Effect::Output(input))
         }
         ToolKind::EndTurn => Ok(Effect::EndTurn),
-        ToolKind::External(_) | ToolKind::SpawnAgents | ToolKind::SpawnAgentInline => {
-            Err("internal: not a built-in".into())
-        }
+        ToolKind::External(_)
+        | ToolKind::SpawnAgents
+        | ToolKind::SpawnAgentInline
+        | ToolKind::SpawnAgentsAsync => Err("internal: not a built-in".into()),
     }
 }

@@ -22,12 +22,16 @@ use crate::tool::{Tool, ToolOutput};
 use crate::toolbox::Toolbox;
 
 mod approve;
+pub mod background;
 mod calls;
 mod ids;
 mod turn;
 mod watch;
 
 use ids::{call_ids_ok, fresh_id, with_call_ids};
+
+/// A requested child: its plan, or the requested agent type and why it is refused.
+pub type Planned = Result<ChildPlan, (String, String)>;
 
 /// Work the actor must start; results come back through the machine's methods.
 pub enum Action {
@@ -65,6 +69,29 @@ pub enum Action {
         /// The child.
         child: ChildPlan,
     },
+    /// Start the children of a `spawn_agents_async` call in the background;
+    /// answer at once with `background_started`, and later with
+    /// `background_reported` for each child's final report.
+    SpawnBackground {
+        /// The step of the call.
+        step: u32,
+        /// The call's index among the step's tool calls.
+        index: usize,
+        /// Each requested child, in request order: its plan, or the requested
+        /// agent type and why it is refused.
+        children: Vec<Result<ChildPlan, (String, String)>>,
+    },
+    /// Start again, under their agent ids, the background children a run
+    /// going on from a checkpoint still waits for (semantics §15); each
+    /// reports with `background_reported`. A child that cannot be planned
+    /// again gets a failed report.
+    Relaunch {
+        /// Each child's agent id and its plan (or its type and why not).
+        children: Vec<(String, Planned)>,
+    },
+    /// The turn is over but background children still run: give the live
+    /// slot back; `background_reported` answers.
+    AwaitChildren,
     /// Calls of this step wait for a person's decision (`approvalRequested`
     /// events say which): give the live slot back; `decide` answers.
     AwaitApproval,
@@ -151,6 +178,16 @@ pub struct StepMachine {
     scheduled_steers: Vec<Steer>,
     /// Decisions on tool calls recorded before a restart, by call id.
     recorded_decisions: std::collections::HashMap<String, crate::approval::Decision>,
+    /// Agent ids of the background children started and not yet reported
+    /// in the history (semantics §15).
+    background: Vec<String>,
+    /// Background reports that came and wait for the next step boundary.
+    arrived: Vec<ChildReport>,
+    /// How the run waits for background reports at the end of its turn.
+    waiting: Option<background::Waiting>,
+    /// Whether the run goes on from a checkpoint (its background children
+    /// are started again).
+    resumed: bool,
 }
 
 impl StepMachine {
@@ -183,6 +220,10 @@ impl StepMachine {
             steers: Vec::new(),
             scheduled_steers: Vec::new(),
             recorded_decisions: std::collections::HashMap::new(),
+            background: Vec::new(),
+            arrived: Vec::new(),
+            waiting: None,
+            resumed: false,
         }
     }
 
@@ -203,6 +244,7 @@ impl StepMachine {
         );
         machine.step = checkpoint.step;
         machine.children_spawned = checkpoint.children_spawned;
+        machine.resumed = true;
         machine
     }
 
@@ -335,7 +377,12 @@ impl StepMachine {
     /// Starts the run: the template's program if it has one, else the model.
     pub fn start(&mut self, catalog: &dyn Catalog) -> Vec<Action> {
         let Some(handler) = self.template.handler.clone() else {
-            return self.begin_step();
+            let mut actions: Vec<Action> = Vec::new();
+            if self.resumed {
+                actions.extend(self.relaunch(catalog));
+            }
+            actions.extend(self.begin_step());
+            return actions;
         };
         let mut program = handler.start();
         let next = program.resume(Resume::Start {
@@ -526,6 +573,11 @@ impl StepMachine {
         for (_, runs) in calls {
             self.state.child_run_ids.extend(runs);
         }
+        // Background reports that came and never reached a step boundary.
+        for report in std::mem::take(&mut self.arrived) {
+            self.state.credits_used += report.credits;
+            self.state.child_run_ids.extend(report.run_ids);
+        }
     }
 
     /// Removes expired messages (a no-op, and no copy, when none expire).
@@ -590,7 +642,9 @@ impl StepMachine {
 
     /// Step 1 of the loop: expire, count the step, build the request.
     fn begin_step(&mut self) -> Vec<Action> {
-        // Before the checkpoint: a checkpoint holds every steer applied before it.
+        // Before the checkpoint: a checkpoint holds every report and steer
+        // applied before it (so a resumed run neither loses nor repeats one).
+        self.take_arrived();
         for text in std::mem::take(&mut self.steers) {
             self.state
                 .message_history

@@ -106,8 +106,14 @@ impl StepMachine {
         }
         match (self.drive, turn_ended) {
             (Drive::Model, false) | (Drive::AllSteps, false) => self.begin_step(),
-            // A steer that arrived during the last step is answered first.
-            (Drive::Model, true) if self.has_pending_steers() => self.begin_step(),
+            // A steer or a background report that arrived during the last
+            // step is answered first.
+            (Drive::Model, true)
+                if self.has_pending_steers()
+                    || (self.has_arrived() && self.state.steps_remaining > 0) =>
+            {
+                self.begin_step()
+            }
             (Drive::Model, true) => self.complete(),
             (Drive::OneStep, _) | (Drive::AllSteps, true) => {
                 self.resume_program(None, turn_ended, catalog)
@@ -120,6 +126,13 @@ impl StepMachine {
     }
 
     pub(super) fn complete(&mut self) -> Vec<Action> {
+        // A report no step will answer goes straight into the history.
+        if self.program.is_some() || self.state.steps_remaining == 0 {
+            self.take_arrived();
+        }
+        if let Some(wait) = self.wait_for_background() {
+            return wait;
+        }
         self.state.status = AgentStatus::Completed;
         vec![Action::Finish]
     }

@@ -97,6 +97,9 @@ pub enum Input<A> {
         step: u32,
         call: usize,
         inline: bool,
+        /// A `spawn_agents_async` call (semantics §15): the parent does not
+        /// wait, and each child's report is handed over on its own.
+        background: bool,
         /// What the children take from the parent, as of the spawn.
         parent: Arc<ParentInfo>,
         children: Vec<Admission>,
@@ -193,6 +196,9 @@ pub enum Output<A> {
     StopRetry { key: ChildKey },
     /// Hand the call's reports to the step machine (`spawn_done` / `inline_done`).
     Deliver(Delivery),
+    /// Hand one background child's final report to the step machine
+    /// (`background_reported`).
+    Report(ChildReport),
     /// A child with the `escalate` policy failed: the parent fails with this.
     #[allow(missing_docs)]
     Fail { failure: Failure },
@@ -213,6 +219,8 @@ struct Slot {
     credits: f64,
     last_failure: Option<ChildReport>,
     report: Option<ChildReport>,
+    /// A background child's report was handed over (or it was refused).
+    delivered: bool,
 }
 
 impl Slot {
@@ -253,6 +261,7 @@ impl Slot {
 #[derive(Debug)]
 struct Call {
     inline: bool,
+    background: bool,
     slots: Vec<Slot>,
     /// Slots without their report yet: the call is delivered at 0.
     pending: usize,
@@ -305,6 +314,16 @@ impl<A: Clone + Eq + Hash> Children<A> {
         self.starting + self.live.len() + self.retrying.len()
     }
 
+    /// Children of calls the parent waits for (not in the background) that
+    /// have not reported yet.
+    pub fn awaited(&self) -> usize {
+        self.calls
+            .values()
+            .filter(|c| !c.background)
+            .map(|c| c.pending)
+            .sum()
+    }
+
     /// Call index, credits and run ids of the calls never handed to the
     /// machine, in call order (for `StepMachine::close_children`).
     pub fn undelivered(&self) -> Vec<(usize, f64, Vec<String>)> {
@@ -313,6 +332,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             .flat_map(|((_, index), c)| {
                 c.slots
                     .iter()
+                    .filter(|s| !s.delivered)
                     .map(|s| (*index, s.credits, s.run_ids.clone()))
             })
             .collect()
@@ -326,9 +346,10 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 step,
                 call,
                 inline,
+                background,
                 parent,
                 children,
-            } => self.open(step, call, inline, parent, children, &mut out),
+            } => self.open((step, call), inline, background, parent, children, &mut out),
             Input::Started { key, actor } => self.started(key, actor, &mut out),
             Input::Ended { key, actor, result } => {
                 if self.live.remove(&actor).is_none() {
@@ -368,14 +389,20 @@ impl<A: Clone + Eq + Hash> Children<A> {
 
     fn open(
         &mut self,
-        step: u32,
-        call: usize,
+        (step, call): (u32, usize),
         inline: bool,
+        background: bool,
         parent: Arc<ParentInfo>,
         children: Vec<Admission>,
         out: &mut Vec<Output<A>>,
     ) {
-        let slots: Vec<Slot> = children.into_iter().map(slot_of).collect();
+        let mut slots: Vec<Slot> = children.into_iter().map(slot_of).collect();
+        if background {
+            // The call's result already told the model of a refused child.
+            for slot in slots.iter_mut().filter(|s| s.report.is_some()) {
+                slot.delivered = true;
+            }
+        }
         let to_launch: Vec<ChildKey> = (0..slots.len())
             .filter(|i| slots[*i].plan.is_some() && slots[*i].report.is_none())
             .map(|child| ChildKey {
@@ -389,6 +416,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             (step, call),
             Call {
                 inline,
+                background,
                 slots,
                 pending: to_launch.len(),
                 parent,
@@ -397,7 +425,9 @@ impl<A: Clone + Eq + Hash> Children<A> {
         if to_launch.is_empty() {
             return self.deliver_if_complete(step, call, out);
         }
-        out.push(Output::Wait);
+        if !background {
+            out.push(Output::Wait);
+        }
         self.launch(to_launch, out);
     }
 
@@ -479,12 +509,14 @@ impl<A: Clone + Eq + Hash> Children<A> {
     fn cancel(&mut self, run_id: String, out: &mut Vec<Output<A>>) {
         let found = self.calls.iter().find_map(|(&(step, call), c)| {
             c.slots.iter().enumerate().find_map(|(child, s)| {
-                (s.current_run_id == run_id && s.report.is_none()).then_some(ChildKey {
-                    step,
-                    call,
-                    child,
-                    attempt: s.attempt,
-                })
+                (s.current_run_id == run_id && s.report.is_none() && !s.delivered).then_some(
+                    ChildKey {
+                        step,
+                        call,
+                        child,
+                        attempt: s.attempt,
+                    },
+                )
             })
         });
         let Some(key) = found else {
@@ -556,7 +588,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             return;
         };
         // A stale attempt, or a child that has its report already.
-        if slot.attempt != key.attempt || slot.report.is_some() {
+        if slot.attempt != key.attempt || slot.report.is_some() || slot.delivered {
             return;
         }
         let run_id = slot.current_run_id.clone();
@@ -647,10 +679,26 @@ impl<A: Clone + Eq + Hash> Children<A> {
     /// Once every child of the call has its report (and the parent still
     /// runs), the reports go to the machine, in request order.
     fn deliver_if_complete(&mut self, step: u32, call: usize, out: &mut Vec<Output<A>>) {
-        let Some(c) = self.calls.get(&(step, call)) else {
+        if self.parent_ended.is_some() {
+            return;
+        }
+        let Some(c) = self.calls.get_mut(&(step, call)) else {
             return;
         };
-        if c.pending > 0 || self.parent_ended.is_some() {
+        if c.background {
+            // Each background child's report goes on its own, once.
+            for slot in c.slots.iter_mut().filter(|s| !s.delivered) {
+                if let Some(report) = slot.report.take() {
+                    slot.delivered = true;
+                    out.push(Output::Report(report));
+                }
+            }
+            if c.slots.iter().all(|s| s.delivered) {
+                self.calls.remove(&(step, call));
+            }
+            return;
+        }
+        if c.pending > 0 {
             return;
         }
         let Some(mut c) = self.calls.remove(&(step, call)) else {
@@ -683,6 +731,7 @@ fn slot_of(admission: Admission) -> Slot {
         credits: 0.0,
         last_failure: None,
         report: None,
+        delivered: false,
     };
     match admission {
         Admission::Refused { agent_type, error } => {

@@ -94,6 +94,7 @@ fn open(call: usize, children: Vec<Admission>) -> Input<u32> {
         step: STEP,
         call,
         inline: false,
+        background: false,
         parent: parent(),
         children,
     }
@@ -104,6 +105,7 @@ fn open_inline(child: Admission) -> Input<u32> {
         step: STEP,
         call: 0,
         inline: true,
+        background: false,
         parent: parent(),
         children: vec![child],
     }
@@ -257,6 +259,11 @@ fn show(output: &Output<u32>) -> String {
         }) => format!("retrying {failed_run_id} as attempt {attempt} in {delay_ms}ms: {error}"),
         Output::Emit(other) => format!("event {}", other.name()),
         Output::Wait => "wait".into(),
+        Output::Report(report) => format!(
+            "report {} {}",
+            report.run_ids.join(","),
+            show_status(report.status)
+        ),
         Output::Launch(launch) => {
             let runs: Vec<&str> = launch
                 .children
@@ -1408,4 +1415,70 @@ fn child_run_ids_keep_request_order_when_a_step_is_cut_short() {
         late(&table),
         vec![(0, strings(&["t/0.1"])), (0, strings(&["t/0.2"]))]
     );
+}
+
+// ---- background calls (semantics §15) ----
+
+fn open_background(call: usize, children: Vec<Admission>) -> Input<u32> {
+    Input::Open {
+        step: STEP,
+        call,
+        inline: false,
+        background: true,
+        parent: parent(),
+        children,
+    }
+}
+
+#[test]
+fn a_background_call_never_makes_the_parent_wait_and_hands_over_each_report_once() {
+    let mut table = check(vec![
+        (
+            open_background(0, vec![child("a", 1), refused("x", "nope"), child("b", 2)]),
+            &[
+                "spawned t/0.1 (a, attempt 0)",
+                "spawned t/0.2 (b, attempt 0)",
+                "launch t/0.1, t/0.2 at depth 1",
+            ],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (started(key(2, 0), 2), &[]),
+        (
+            ok(key(2, 0), 2, "B"),
+            &["finished t/0.2 completed", "report t/0.2 completed"],
+        ),
+    ]);
+    // The parent waits for none of them; one is still out.
+    assert_eq!(table.awaited(), 0);
+    assert_eq!(table.outstanding(), 1);
+    // The refused one and the delivered one are not late.
+    assert_eq!(late(&table), [(0, strings(&[]))]);
+    let out: Vec<String> = table
+        .handle(ok(key(0, 0), 1, "A"))
+        .iter()
+        .map(show)
+        .collect();
+    assert_eq!(out, ["finished t/0.1 completed", "report t/0.1 completed"]);
+    assert!(late(&table).is_empty());
+    // A late duplicate of an ended child is not handed over again.
+    let out: Vec<String> = table
+        .handle(ok(key(0, 0), 1, "A"))
+        .iter()
+        .map(show)
+        .collect();
+    assert!(out.is_empty(), "{out:?}");
+}
+
+#[test]
+fn a_background_child_still_out_when_the_parent_ends_is_cancelled_and_left_late() {
+    let table = check(vec![
+        (
+            open_background(0, vec![child("a", 1)]),
+            &["spawned t/0.1 (a, attempt 0)", "launch t/0.1 at depth 1"],
+        ),
+        (started(key(0, 0), 1), &[]),
+        (parent_ended(), &["cancel actor 1: parent ended"]),
+        (cancelled(key(0, 0), 1), &["finished t/0.1 cancelled"]),
+    ]);
+    assert_eq!(late(&table), [(0, strings(&["t/0.1"]))]);
 }

@@ -4,6 +4,7 @@
 
 mod approval_timeout;
 mod approve;
+mod background;
 mod budget;
 mod cancel;
 mod common;

@@ -180,6 +180,9 @@ fn kind(action: &Action) -> &'static str {
         Action::RunTool { .. } => "RunTool",
         Action::SpawnAgents { .. } => "SpawnAgents",
         Action::SpawnInline { .. } => "SpawnInline",
+        Action::SpawnBackground { .. } => "SpawnBackground",
+        Action::Relaunch { .. } => "Relaunch",
+        Action::AwaitChildren => "AwaitChildren",
         Action::AwaitApproval => "AwaitApproval",
         Action::Finish => "Finish",
     }

@@ -1,0 +1,446 @@
+//! Background children (semantics §15): `spawn_agents_async` starts children
+//! and its result comes back at once with their run ids; each child's report
+//! joins the history as a user message tagged [`BACKGROUND_REPORT`] at the
+//! next step boundary; a turn that would end while some still run waits for
+//! them (or cancels them: the template's `on_turn_end`).
+//!
+//! Which children a run still waits for is read off its history: started by
+//! a `spawn_agents_async` result, not yet reported by a report message. A run
+//! that goes on from a checkpoint therefore knows exactly which reports it
+//! has had (they are in the checkpoint's history) and which it still needs,
+//! so every started child is delivered once, across any crash and resume.
+
+use serde_json::{Value, json};
+
+use super::{Action, Catalog, StepMachine};
+use crate::event::EventKind;
+use crate::history::History;
+use crate::message::{Message, ToolResultPart};
+use crate::spawn::{ChildPlan, ChildReport, SpawnRequest, plan_child};
+use crate::state::AgentStatus;
+use crate::template::OnTurnEnd;
+use crate::toolbox::SPAWN_AGENTS_ASYNC;
+
+/// Tag of the user message that brings a background child's report.
+pub const BACKGROUND_REPORT: &str = "BACKGROUND_REPORT";
+
+/// One child of a `spawn_agents_async` call as it was started (or refused).
+#[derive(Clone, Debug)]
+pub enum Started {
+    /// Admitted: it runs in the background under these ids.
+    Running {
+        /// The child's agent id (every attempt's run id derives from it).
+        agent_id: String,
+        /// Its first attempt's run id.
+        run_id: String,
+        /// Its `agentType` (the matched `spawnableAgents` entry).
+        agent_type: String,
+        /// Its template's display name.
+        agent_name: String,
+    },
+    /// Not started: the requested type and why (the model reads it).
+    Refused {
+        /// The agent type as requested.
+        agent_type: String,
+        /// Why.
+        error: String,
+    },
+}
+
+impl Started {
+    fn entry(&self) -> Value {
+        match self {
+            Started::Running {
+                agent_id,
+                run_id,
+                agent_type,
+                agent_name,
+            } => json!({
+                "agentName": agent_name,
+                "agentType": agent_type,
+                "agentId": agent_id,
+                "runId": run_id,
+                "status": "running",
+            }),
+            Started::Refused { agent_type, error } => json!({
+                "agentType": agent_type,
+                "errorMessage": error,
+            }),
+        }
+    }
+}
+
+/// How a run waits at the end of its turn for background reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Waiting {
+    /// Each report starts a step (the model answers it).
+    Step,
+    /// The reports go into the history as they come, with no step (a
+    /// program that is done, or a run with no steps left); the run
+    /// completes with the last.
+    All,
+}
+
+/// A background child a run still waits for, as its history tells.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outstanding {
+    /// The child's agent id.
+    pub agent_id: String,
+    /// The call that started it.
+    pub call_id: String,
+    /// Its entry of that call's `agents`, as the model asked for it.
+    pub request: Value,
+    /// Messages of the history up to and including the call's assistant
+    /// message (the spawn's snapshot is taken from them).
+    pub upto: usize,
+}
+
+/// The background children `history` started and has no report of, in the
+/// order they were started.
+pub fn outstanding(history: &History) -> Vec<Outstanding> {
+    let mut calls: Vec<(String, Value, usize)> = Vec::new();
+    let mut started: Vec<Outstanding> = Vec::new();
+    let mut reported: Vec<String> = Vec::new();
+    for (at, message) in history.iter().enumerate() {
+        match &**message {
+            Message::Assistant { .. } => {
+                for call in message.tool_calls() {
+                    if call.tool_name == SPAWN_AGENTS_ASYNC {
+                        calls.push((call.tool_call_id.clone(), call.input.clone(), at + 1));
+                    }
+                }
+            }
+            Message::Tool {
+                tool_call_id,
+                content,
+                ..
+            } => {
+                let Some((call_id, input, upto)) =
+                    calls.iter().find(|(id, _, _)| id == tool_call_id)
+                else {
+                    continue;
+                };
+                let input = match input {
+                    Value::String(text) => serde_json::from_str(text).unwrap_or(Value::Null),
+                    other => other.clone(),
+                };
+                let Some(ToolResultPart::Json {
+                    value: Value::Array(entries),
+                }) = content.first()
+                else {
+                    continue;
+                };
+                for (i, entry) in entries.iter().enumerate() {
+                    if entry.get("errorMessage").is_some() {
+                        continue;
+                    }
+                    let Some(agent_id) = entry.get("agentId").and_then(Value::as_str) else {
+                        continue;
+                    };
+                    started.push(Outstanding {
+                        agent_id: agent_id.to_owned(),
+                        call_id: call_id.clone(),
+                        request: input["agents"][i].clone(),
+                        upto: *upto,
+                    });
+                }
+            }
+            Message::User { .. } if message.has_tag(BACKGROUND_REPORT) => {
+                if let Some(id) = reported_agent(message) {
+                    reported.push(id);
+                }
+            }
+            _ => {}
+        }
+    }
+    started.retain(|s| !reported.contains(&s.agent_id));
+    started
+}
+
+/// The agent id a report message is about.
+pub fn reported_agent(message: &Message) -> Option<String> {
+    let text = message.text();
+    let (_, body) = text.split_once('\n')?;
+    let value: Value = serde_json::from_str(body).ok()?;
+    value.get("agentId")?.as_str().map(str::to_owned)
+}
+
+/// The message that brings `report` (cut to `budget` estimated tokens, as a
+/// spawn result's entry is): a sentence for the model, then the entry as JSON.
+pub(crate) fn report_message(report: &ChildReport, budget: Option<u64>) -> Message {
+    let run_id = report.run_ids.last().map_or("", String::as_str);
+    let how = match report.status {
+        AgentStatus::Completed => "finished",
+        AgentStatus::Failed => "failed",
+        AgentStatus::Cancelled => "was cancelled",
+        AgentStatus::Running => "stopped",
+    };
+    let mut entry = report.entry(budget);
+    entry["status"] = json!(report.status);
+    Message::user(format!(
+        "Background agent {} ({run_id}) {how}. Its report:\n{entry}",
+        report.agent_type
+    ))
+    .with_tag(BACKGROUND_REPORT)
+}
+
+impl StepMachine {
+    /// The children of a `spawn_agents_async` call were started (or
+    /// refused): its result lists them at once, and the run goes on.
+    pub fn background_started(
+        &mut self,
+        step: u32,
+        index: usize,
+        started: Vec<Started>,
+        catalog: &dyn Catalog,
+    ) -> Vec<Action> {
+        let Some(pending) = self.pending_for(step, index) else {
+            return Vec::new();
+        };
+        let entries: Vec<Value> = started.iter().map(Started::entry).collect();
+        pending.results[index] = Some(Message::tool_result(&pending.calls[index], json!(entries)));
+        for child in started {
+            if let Started::Running { agent_id, .. } = child {
+                self.background.push(agent_id);
+            }
+        }
+        self.resolved(catalog)
+    }
+
+    /// A background child has its final report: it joins the history at the
+    /// next step boundary. A run that waits at the end of its turn takes it
+    /// now (a step, or straight into the history, by how it waits).
+    pub fn background_reported(&mut self, report: ChildReport) -> Vec<Action> {
+        if self.state.status.is_final() || !self.background.contains(&report.agent_id) {
+            return Vec::new();
+        }
+        if self.arrived.iter().any(|r| r.agent_id == report.agent_id) {
+            return Vec::new();
+        }
+        self.arrived.push(report);
+        match self.waiting {
+            None => Vec::new(),
+            Some(Waiting::Step) => {
+                self.waiting = None;
+                self.begin_step()
+            }
+            Some(Waiting::All) => {
+                self.take_arrived();
+                if self.background.is_empty() {
+                    self.waiting = None;
+                    self.complete()
+                } else {
+                    Vec::new()
+                }
+            }
+        }
+    }
+
+    /// Background children still out (started, report not in the history).
+    pub fn background_outstanding(&self) -> usize {
+        self.background.len()
+    }
+
+    /// Whether reports wait for the next step boundary.
+    pub(super) fn has_arrived(&self) -> bool {
+        !self.arrived.is_empty()
+    }
+
+    /// Puts the reports that came into the history, in the order they came.
+    pub(super) fn take_arrived(&mut self) {
+        let budget = self.report_budget();
+        for report in std::mem::take(&mut self.arrived) {
+            self.background.retain(|id| *id != report.agent_id);
+            self.state
+                .message_history
+                .push(report_message(&report, budget));
+            self.state.credits_used += report.credits;
+            self.events.push(EventKind::BackgroundDelivered {
+                step: self.step,
+                child_run_id: report.run_ids.last().cloned().unwrap_or_default(),
+            });
+            self.state.child_run_ids.extend(report.run_ids);
+        }
+    }
+
+    /// At the end of a turn with background children still out: wait for
+    /// them, or end (the driver cancels them), by `on_turn_end`.
+    pub(super) fn wait_for_background(&mut self) -> Option<Vec<Action>> {
+        if self.background.is_empty() || self.template.on_turn_end == OnTurnEnd::Cancel {
+            return None;
+        }
+        self.waiting = Some(
+            if self.program.is_some() || self.state.steps_remaining == 0 {
+                Waiting::All
+            } else {
+                Waiting::Step
+            },
+        );
+        Some(vec![Action::AwaitChildren])
+    }
+
+    /// Plans again the background children a checkpoint's history still
+    /// waits for (a run going on after a restart): each under the agent id
+    /// it was started with, from the snapshot its spawn took.
+    pub(super) fn relaunch(&mut self, catalog: &dyn Catalog) -> Option<Action> {
+        let waiting = outstanding(&self.state.message_history);
+        self.background = waiting.iter().map(|o| o.agent_id.clone()).collect();
+        if waiting.is_empty() {
+            return None;
+        }
+        let children = waiting
+            .into_iter()
+            .map(|o| {
+                let plan = self.plan_again(&o, catalog);
+                (o.agent_id, plan)
+            })
+            .collect();
+        Some(Action::Relaunch { children })
+    }
+
+    fn plan_again(
+        &self,
+        child: &Outstanding,
+        catalog: &dyn Catalog,
+    ) -> Result<ChildPlan, (String, String)> {
+        let named = child.request["agent_type"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let request: SpawnRequest = serde_json::from_value(child.request.clone()).map_err(|e| {
+            (
+                named.clone(),
+                format!("Invalid input for spawn_agents_async: {e}"),
+            )
+        })?;
+        let snapshot: History = self
+            .state
+            .message_history
+            .iter()
+            .take(child.upto)
+            .cloned()
+            .collect::<History>()
+            .filter_unfinished_tool_calls();
+        plan_child(
+            &self.template,
+            request,
+            &snapshot,
+            false,
+            |id| catalog.template(id),
+            |id| catalog.knows_agent(id),
+        )
+        .map_err(|e| (named, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::ToolCall;
+
+    fn call(id: &str, agents: Value) -> ToolCall {
+        ToolCall {
+            tool_call_id: id.into(),
+            tool_name: SPAWN_AGENTS_ASYNC.into(),
+            input: json!({ "agents": agents }),
+        }
+    }
+
+    fn report(agent_id: &str) -> ChildReport {
+        ChildReport {
+            agent_type: "worker".into(),
+            agent_name: "Worker".into(),
+            agent_id: agent_id.into(),
+            run_ids: vec![agent_id.into()],
+            status: AgentStatus::Completed,
+            value: json!("done"),
+            credits: 0.5,
+            history: None,
+            error_kind: None,
+        }
+    }
+
+    #[test]
+    fn the_children_a_history_waits_for_are_those_started_and_not_reported() {
+        let c = call(
+            "c1",
+            json!([{"agent_type": "worker", "prompt": "a"}, {"agent_type": "nope"},
+                   {"agent_type": "worker", "prompt": "b"}]),
+        );
+        let started = [
+            Started::Running {
+                agent_id: "t/0.1".into(),
+                run_id: "t/0.1".into(),
+                agent_type: "worker".into(),
+                agent_name: "Worker".into(),
+            },
+            Started::Refused {
+                agent_type: "nope".into(),
+                error: "Agent type nope not found".into(),
+            },
+            Started::Running {
+                agent_id: "t/0.2".into(),
+                run_id: "t/0.2".into(),
+                agent_type: "worker".into(),
+                agent_name: "Worker".into(),
+            },
+        ];
+        let entries: Vec<Value> = started.iter().map(Started::entry).collect();
+        let mut history = History::new();
+        history.push(Message::user("go"));
+        history.push(Message::assistant(None, vec![c.clone()]));
+        history.push(Message::tool_result(&c, json!(entries)));
+        let waiting = outstanding(&history);
+        assert_eq!(
+            waiting
+                .iter()
+                .map(|o| o.agent_id.as_str())
+                .collect::<Vec<_>>(),
+            ["t/0.1", "t/0.2"]
+        );
+        assert_eq!(waiting[1].request["prompt"], "b");
+        assert_eq!(waiting[1].upto, 2);
+
+        history.push(report_message(&report("t/0.2"), None));
+        let waiting = outstanding(&history);
+        assert_eq!(waiting.len(), 1);
+        assert_eq!(waiting[0].agent_id, "t/0.1");
+        history.push(report_message(&report("t/0.1"), None));
+        assert!(outstanding(&history).is_empty());
+    }
+
+    #[test]
+    fn a_report_message_names_its_agent_and_says_how_it_ended() {
+        let m = report_message(&report("t/0.3"), None);
+        assert!(m.has_tag(BACKGROUND_REPORT));
+        assert_eq!(reported_agent(&m).as_deref(), Some("t/0.3"));
+        let text = m.text();
+        assert!(
+            text.starts_with("Background agent worker (t/0.3) finished."),
+            "{text}"
+        );
+        let (_, body) = text.split_once('\n').unwrap();
+        let entry: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(entry["value"], "done");
+        assert_eq!(entry["status"], "completed");
+        assert_eq!(entry["runId"], "t/0.3");
+    }
+
+    #[test]
+    fn a_call_whose_input_came_as_text_is_read_too() {
+        let c = ToolCall {
+            tool_call_id: "c1".into(),
+            tool_name: SPAWN_AGENTS_ASYNC.into(),
+            input: json!("{\"agents\":[{\"agent_type\":\"worker\",\"prompt\":\"x\"}]}"),
+        };
+        let mut history = History::new();
+        history.push(Message::assistant(None, vec![c.clone()]));
+        history.push(Message::tool_result(
+            &c,
+            json!([{"agentId": "t/0.1", "runId": "t/0.1", "agentType": "worker"}]),
+        ));
+        let waiting = outstanding(&history);
+        assert_eq!(waiting.len(), 1);
+        assert_eq!(waiting[0].request["prompt"], "x");
+    }
+}
