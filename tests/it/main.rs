@@ -16,6 +16,7 @@ mod loadtest;
 mod long_running;
 mod mcp;
 mod page_approvals;
+mod page_turns;
 mod provider_faults;
 mod provider_limits;
 mod provider_secrets;
