@@ -225,7 +225,8 @@ impl StepMachine {
                 self.begin_step()
             }
             Some(Waiting::All) => {
-                self.take_arrived();
+                let delivered = self.take_arrived();
+                self.events.extend(delivered);
                 if self.background.is_empty() {
                     self.waiting = None;
                     self.complete()
@@ -246,21 +247,27 @@ impl StepMachine {
         !self.arrived.is_empty()
     }
 
-    /// Puts the reports that came into the history, in the order they came.
-    pub(super) fn take_arrived(&mut self) {
+    /// Puts the reports that came into the history, in the order they came;
+    /// returns their `backgroundDelivered` events. A caller that checkpoints
+    /// emits them after the checkpoint, so a journal that has the event has
+    /// the history with the report too.
+    #[must_use]
+    pub(super) fn take_arrived(&mut self) -> Vec<EventKind> {
         let budget = self.report_budget();
+        let mut delivered = Vec::new();
         for report in std::mem::take(&mut self.arrived) {
             self.background.retain(|id| *id != report.agent_id);
             self.state
                 .message_history
                 .push(report_message(&report, budget));
             self.state.credits_used += report.credits;
-            self.events.push(EventKind::BackgroundDelivered {
+            delivered.push(EventKind::BackgroundDelivered {
                 step: self.step,
                 child_run_id: report.run_ids.last().cloned().unwrap_or_default(),
             });
             self.state.child_run_ids.extend(report.run_ids);
         }
+        delivered
     }
 
     /// At the end of a turn with background children still out: wait for

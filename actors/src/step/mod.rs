@@ -644,13 +644,14 @@ impl StepMachine {
     fn begin_step(&mut self) -> Vec<Action> {
         // Before the checkpoint: a checkpoint holds every report and steer
         // applied before it (so a resumed run neither loses nor repeats one).
-        self.take_arrived();
+        let delivered = self.take_arrived();
         for text in std::mem::take(&mut self.steers) {
             self.state
                 .message_history
                 .push(Message::user(&*text).with_tag(STEERING));
         }
         self.checkpoint();
+        self.events.extend(delivered);
         self.expire(Expiry::StepStart);
         if self.state.steps_remaining == 0 {
             return self.step_limit();

@@ -128,7 +128,8 @@ impl StepMachine {
     pub(super) fn complete(&mut self) -> Vec<Action> {
         // A report no step will answer goes straight into the history.
         if self.program.is_some() || self.state.steps_remaining == 0 {
-            self.take_arrived();
+            let delivered = self.take_arrived();
+            self.events.extend(delivered);
         }
         if let Some(wait) = self.wait_for_background() {
             return wait;
