@@ -4,6 +4,7 @@
 mod aimock;
 mod approvals_cli;
 mod approvals_restart;
+mod background_restart;
 mod budget_serve;
 mod cli;
 mod command_tools;
