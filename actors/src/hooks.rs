@@ -122,6 +122,14 @@ pub trait TreeHooks: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Where a resumed or replayed tree's run `run_id` takes its background
+    /// reports: the deliveries its journal recorded that no checkpoint it
+    /// starts from holds (semantics §15; none for a new tree).
+    fn deliveries(&self, run_id: &str) -> Vec<crate::step::background::Scheduled> {
+        let _ = run_id;
+        Vec::new()
+    }
+
     /// The decisions on tool calls a resumed or replayed tree recorded for
     /// the run `run_id`, by call id (semantics §12; none for a new tree).
     fn decisions(

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arbor_actors::approval::Decision;
+use arbor_actors::background::Scheduled;
 use arbor_actors::steer::Steer;
 use arbor_actors::{
     AgentState, Checkpoint, DeltaSink, Message, Model, ModelError, ModelRequest, ModelResponse,
@@ -59,6 +60,8 @@ pub struct Recovery {
     pub message_ids: Vec<(Arc<Message>, u64)>,
     /// Every run's `steered` events, in order (semantics §9).
     pub steers: HashMap<String, Vec<Steer>>,
+    /// Every run's `backgroundDelivered` events, in order (semantics §15).
+    pub deliveries: HashMap<String, Vec<Scheduled>>,
     /// Every run's decisions on tool calls, by call id (semantics §12).
     pub decisions: HashMap<String, HashMap<String, Decision>>,
     /// The tree's budgets as raised while it ran (semantics §13).
@@ -76,6 +79,7 @@ impl Recovery {
         Recovery {
             replies: recorded.replies,
             steers: recorded.steers,
+            deliveries: recorded.deliveries,
             decisions: recorded.decisions,
             // A replay starts with the budgets the tree ended with: it never
             // pauses where the live tree waited to be raised.
@@ -105,6 +109,27 @@ impl Recovery {
         }
         let after = self.checkpoints.get(run_id).map_or(0, |c| c.step);
         steers.iter().filter(|s| s.step > after).cloned().collect()
+    }
+
+    /// Where the run `run_id` takes its background reports: in a replay,
+    /// every delivery it made; in a resume, those after its last checkpoint
+    /// (a checkpoint at step `c` holds the reports delivered up to `c`).
+    pub(crate) fn deliveries_for(&self, run_id: &str) -> Vec<Scheduled> {
+        let Some(deliveries) = self.deliveries.get(run_id) else {
+            return Vec::new();
+        };
+        if self.replaying {
+            return deliveries.clone();
+        }
+        if self.finished.contains_key(run_id) {
+            return Vec::new();
+        }
+        let after = self.checkpoints.get(run_id).map_or(0, |c| c.step);
+        deliveries
+            .iter()
+            .filter(|d| d.step > after)
+            .cloned()
+            .collect()
     }
 
     pub(crate) fn recovered(&self, run_id: &str) -> Option<Recovered> {

@@ -357,4 +357,11 @@ impl TreeHooks for TreeContext {
             .map(|r| r.steers_for(run_id))
             .unwrap_or_default()
     }
+
+    fn deliveries(&self, run_id: &str) -> Vec<arbor_actors::background::Scheduled> {
+        self.recovery
+            .as_ref()
+            .map(|r| r.deliveries_for(run_id))
+            .unwrap_or_default()
+    }
 }

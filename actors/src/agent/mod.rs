@@ -370,6 +370,10 @@ impl Actor for AgentActor {
         if !steers.is_empty() {
             run.machine.recover_steers(steers);
         }
+        let deliveries = hooks.deliveries(&run.run_id);
+        if !deliveries.is_empty() {
+            run.machine.recover_deliveries(deliveries);
+        }
         let decisions = hooks.decisions(&run.run_id);
         if !decisions.is_empty() {
             run.machine.recover_decisions(decisions);

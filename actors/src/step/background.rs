@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use super::{Action, Catalog, StepMachine};
 use crate::event::EventKind;
 use crate::history::History;
+use crate::id::RunId;
 use crate::message::{Message, ToolResultPart};
 use crate::spawn::{ChildPlan, ChildReport, SpawnRequest, plan_child};
 use crate::state::AgentStatus;
@@ -79,6 +80,18 @@ pub(super) enum Waiting {
     /// program that is done, or a run with no steps left); the run
     /// completes with the last.
     All,
+    /// A resumed or replayed run waits at a step boundary for the reports
+    /// its journal delivered there.
+    Schedule,
+}
+
+/// A delivery a run's journal recorded (its `backgroundDelivered` event).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scheduled {
+    /// The step the run had taken when the report joined its history.
+    pub step: u32,
+    /// The child's last run id.
+    pub child_run_id: String,
 }
 
 /// A background child a run still waits for, as its history tells.
@@ -224,9 +237,12 @@ impl StepMachine {
                 self.waiting = None;
                 self.begin_step()
             }
+            Some(Waiting::Schedule) => {
+                self.waiting = None;
+                self.begin_step()
+            }
             Some(Waiting::All) => {
-                let delivered = self.take_arrived();
-                self.events.extend(delivered);
+                self.take_all_arrived();
                 if self.background.is_empty() {
                     self.waiting = None;
                     self.complete()
@@ -247,15 +263,66 @@ impl StepMachine {
         !self.arrived.is_empty()
     }
 
-    /// Puts the reports that came into the history, in the order they came;
-    /// returns their `backgroundDelivered` events. A caller that checkpoints
-    /// emits them after the checkpoint, so a journal that has the event has
+    /// Puts the reports due at this boundary into the history; returns their
+    /// `backgroundDelivered` events, or `None` when a report the schedule
+    /// has here has not come yet (the run waits for it). Live, every report
+    /// that came is due, in the order they came; a run resumed or replayed
+    /// takes each at the boundary its journal recorded (so its history is the
+    /// one its recorded replies answered). A caller that checkpoints emits
+    /// the events after the checkpoint, so a journal that has the event has
     /// the history with the report too.
     #[must_use]
-    pub(super) fn take_arrived(&mut self) -> Vec<EventKind> {
+    pub(super) fn take_arrived(&mut self) -> Option<Vec<EventKind>> {
+        let step = self.step;
+        let outstanding = &self.background;
+        // A scheduled child that is not out (or a boundary already passed)
+        // will never be delivered there: its entry is dropped.
+        self.scheduled.retain(|s| {
+            s.step > step
+                || (s.step == step
+                    && s.child_run_id
+                        .parse::<RunId>()
+                        .is_ok_and(|r| outstanding.contains(&r.agent_id().to_string())))
+        });
+        let reports: Vec<ChildReport> = if self.scheduled.is_empty() {
+            std::mem::take(&mut self.arrived)
+        } else {
+            let due: Vec<String> = self
+                .scheduled
+                .iter()
+                .filter(|s| s.step == step)
+                .map(|s| s.child_run_id.clone())
+                .collect();
+            let came = |id: &String| self.arrived.iter().any(|r| r.run_ids.last() == Some(id));
+            if !due.iter().all(came) {
+                return None;
+            }
+            self.scheduled.retain(|s| s.step != step);
+            due.iter()
+                .filter_map(|id| {
+                    let at = self
+                        .arrived
+                        .iter()
+                        .position(|r| r.run_ids.last() == Some(id))?;
+                    Some(self.arrived.remove(at))
+                })
+                .collect()
+        };
+        Some(self.put_reports(reports))
+    }
+
+    /// Every report that came goes into the history now (no step will
+    /// answer them: the schedule does not apply).
+    pub(super) fn take_all_arrived(&mut self) {
+        let reports = std::mem::take(&mut self.arrived);
+        let delivered = self.put_reports(reports);
+        self.events.extend(delivered);
+    }
+
+    fn put_reports(&mut self, reports: Vec<ChildReport>) -> Vec<EventKind> {
         let budget = self.report_budget();
         let mut delivered = Vec::new();
-        for report in std::mem::take(&mut self.arrived) {
+        for report in reports {
             self.background.retain(|id| *id != report.agent_id);
             self.state
                 .message_history
@@ -268,6 +335,23 @@ impl StepMachine {
             self.state.child_run_ids.extend(report.run_ids);
         }
         delivered
+    }
+
+    /// Whether the boundary after this step delivers reports: live, when
+    /// some came; resumed or replayed, when the journal delivered some here.
+    pub(super) fn delivers_now(&self) -> bool {
+        if self.scheduled.is_empty() {
+            self.has_arrived()
+        } else {
+            self.scheduled.iter().any(|s| s.step == self.step)
+        }
+    }
+
+    /// Gives back the deliveries a restart or a replay recorded for this
+    /// run (those no checkpoint it starts from holds): each report is taken
+    /// at the boundary it was taken at before.
+    pub fn recover_deliveries(&mut self, deliveries: Vec<Scheduled>) {
+        self.scheduled = deliveries;
     }
 
     /// At the end of a turn with background children still out: wait for

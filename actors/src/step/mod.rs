@@ -185,6 +185,8 @@ pub struct StepMachine {
     arrived: Vec<ChildReport>,
     /// How the run waits for background reports at the end of its turn.
     waiting: Option<background::Waiting>,
+    /// Deliveries a resumed or replayed run makes where its journal made them.
+    scheduled: Vec<background::Scheduled>,
     /// Whether the run goes on from a checkpoint (its background children
     /// are started again).
     resumed: bool,
@@ -223,6 +225,7 @@ impl StepMachine {
             background: Vec::new(),
             arrived: Vec::new(),
             waiting: None,
+            scheduled: Vec::new(),
             resumed: false,
         }
     }
@@ -644,7 +647,11 @@ impl StepMachine {
     fn begin_step(&mut self) -> Vec<Action> {
         // Before the checkpoint: a checkpoint holds every report and steer
         // applied before it (so a resumed run neither loses nor repeats one).
-        let delivered = self.take_arrived();
+        let Some(delivered) = self.take_arrived() else {
+            // A report the journal delivered here has not come yet.
+            self.waiting = Some(background::Waiting::Schedule);
+            return vec![Action::AwaitChildren];
+        };
         for text in std::mem::take(&mut self.steers) {
             self.state
                 .message_history

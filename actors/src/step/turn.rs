@@ -110,7 +110,7 @@ impl StepMachine {
             // step is answered first.
             (Drive::Model, true)
                 if self.has_pending_steers()
-                    || (self.has_arrived() && self.state.steps_remaining > 0) =>
+                    || (self.delivers_now() && self.state.steps_remaining > 0) =>
             {
                 self.begin_step()
             }
@@ -128,8 +128,7 @@ impl StepMachine {
     pub(super) fn complete(&mut self) -> Vec<Action> {
         // A report no step will answer goes straight into the history.
         if self.program.is_some() || self.state.steps_remaining == 0 {
-            let delivered = self.take_arrived();
-            self.events.extend(delivered);
+            self.take_all_arrived();
         }
         if let Some(wait) = self.wait_for_background() {
             return wait;

@@ -205,3 +205,86 @@ async fn a_parent_with_no_steps_left_takes_the_reports_without_a_step_and_comple
     assert_eq!(reports(root).len(), 2);
     assert_eq!(root.child_run_ids.len(), 2);
 }
+
+fn durable_lead(
+    store: Option<std::sync::Arc<arbor_supervisor::store::SqliteStore>>,
+) -> arbor_supervisor::Supervisor {
+    let script = json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [async_call(&[("worker", "slow"), ("worker", "fast")])]},
+            {"text": "started them"},
+            {"text": "got the fast one"},
+            {"text": "got both"}
+        ]},
+        {"agent": "worker", "prompt": "slow", "steps": [{"text": "S", "delayMs": 150}]},
+        {"agent": "worker", "prompt": "fast", "steps": [{"text": "F", "delayMs": 10}]}
+    ]});
+    let catalog = arbor_supervisor::Catalog::builder()
+        .model(scripted(script))
+        .template(lead())
+        .template(template("worker"))
+        .build()
+        .unwrap();
+    let sup = arbor_supervisor::Supervisor::new(catalog, TreeLimits::default());
+    match store {
+        Some(store) => sup.with_store(store).unwrap(),
+        None => sup,
+    }
+}
+
+/// A durable tree with background children, cut after every record from its
+/// spawn on (as if the process died there) and resumed: it ends exactly as it
+/// did, each report delivered once and where it was. And replayed on its
+/// recorded replies and deliveries, it matches.
+#[test]
+fn a_tree_with_background_children_resumed_from_every_cut_and_replayed_ends_as_it_did() {
+    use arbor_supervisor::store::{SqliteStore, Store};
+    use std::sync::Arc;
+    let rt = crate::store::runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let whole_path = dir.path().join("whole.db");
+    let whole = rt.block_on(async {
+        let sup = durable_lead(Some(Arc::new(SqliteStore::open(&whole_path).unwrap())));
+        let state = finish(start(&sup, "lead", "go").await).await.state;
+        sup.flush().await.unwrap();
+        (*state).clone()
+    });
+    assert_eq!(whole.status, AgentStatus::Completed);
+    assert_eq!(reports(&whole).len(), 2);
+    let records = crate::store::records(&rusqlite::Connection::open(&whole_path).unwrap());
+    let spawned_at = records
+        .iter()
+        .position(|r| r["type"] == "childSpawned")
+        .expect("the spawn is journaled");
+    let mut checked = 0;
+    for keep in spawned_at..records.len() {
+        if records[keep - 1].get("seq").is_none() {
+            continue;
+        }
+        let path = dir.path().join(format!("cut{keep}.db"));
+        crate::store::cut(&whole_path, &path, &records, keep);
+        let state = rt.block_on(async {
+            let sup = durable_lead(Some(Arc::new(SqliteStore::open(&path).unwrap())));
+            (*finish(sup.resume("t").await.unwrap()).await.state).clone()
+        });
+        assert_eq!(
+            state,
+            whole,
+            "resumed after record {keep} ({})",
+            records[keep - 1]["type"]
+        );
+        checked += 1;
+    }
+    assert!(checked >= 5, "{checked} cuts");
+
+    // Replay: recorded replies and deliveries only, no store.
+    rt.block_on(async {
+        let store = SqliteStore::open(&whole_path).unwrap();
+        let recovery = store.recovery("t").unwrap();
+        let (record, _) = store.tree("t").unwrap();
+        let sup = durable_lead(None);
+        let handle = sup.replay(record.request(), recovery).await.unwrap();
+        let replayed = finish(handle).await.state;
+        assert_eq!(*replayed, whole);
+    });
+}

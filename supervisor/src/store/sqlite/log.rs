@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arbor_actors::approval::Decision;
+use arbor_actors::background::Scheduled;
 use arbor_actors::state::ToolDefinitions;
 use arbor_actors::steer::Steer;
 use arbor_actors::{AgentState, AgentStatus, Checkpoint, FailureKind, History, Message, Usage};
@@ -58,6 +59,8 @@ pub(super) struct RunLog {
     pub(super) last_final: Option<Point>,
     /// Its `steered` events, in order (semantics §9).
     pub(super) steers: Vec<Steer>,
+    /// Its `backgroundDelivered` events, in order (semantics §15).
+    pub(super) deliveries: Vec<Scheduled>,
     /// Its decisions on tool calls, by call id (semantics §12).
     pub(super) decisions: HashMap<String, Decision>,
     /// Message ids of the history being rebuilt from deltas.
@@ -190,6 +193,13 @@ impl TreeLog {
                 if let Some(decision) = decision {
                     self.run(run_id).decisions.insert(id, decision);
                 }
+            }
+            Some("backgroundDelivered") => {
+                let step = e.get("step").and_then(Value::as_u64).unwrap_or(0) as u32;
+                let child_run_id = str_of("childRunId").unwrap_or_default();
+                self.run(run_id)
+                    .deliveries
+                    .push(Scheduled { step, child_run_id });
             }
             Some("steered") => {
                 let step = e.get("step").and_then(Value::as_u64).unwrap_or(0) as u32;
@@ -455,6 +465,9 @@ impl SqliteStore {
             .map(|(id, r)| (id.clone(), r.last_final.clone(), r.checkpoint.clone()))
             .collect();
         for (id, r) in &log.runs {
+            if !r.deliveries.is_empty() {
+                recovery.deliveries.insert(id.clone(), r.deliveries.clone());
+            }
             if !r.steers.is_empty() {
                 recovery.steers.insert(id.clone(), r.steers.clone());
             }
