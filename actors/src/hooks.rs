@@ -108,6 +108,12 @@ pub trait TreeHooks: Send + Sync + 'static {
         None
     }
 
+    /// When the tree's deadline falls (`None`: it has none); a model
+    /// request carries it, so a client never waits for a retry beyond it.
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        None
+    }
+
     /// Whether a spent budget (steps, tokens, credits) pauses the tree's
     /// agents instead of failing them (`on_budget = "pause"`, semantics §13).
     fn pauses_on_budget(&self) -> bool {

@@ -41,6 +41,14 @@ pub struct RequestMeta {
     pub depth: usize,
     /// 1 for the first step of the run.
     pub step: u32,
+    /// Leading messages of `messages` that the run took from its parent, up
+    /// to its own prompt: the same for every sibling spawned from that
+    /// parent at once, so a provider cache breakpoint after them lets the
+    /// siblings share the cached prefix (0 for a root).
+    pub shared_prefix: usize,
+    /// When the tree's deadline falls (`None`: it has none). A model client
+    /// must not wait for a retry beyond it.
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 pub use crate::message::ESTIMATED_BYTES_PER_TOKEN;

@@ -54,6 +54,8 @@ pub(crate) struct TreeContext {
     /// Called once when the context goes: its tree has ended and nothing
     /// holds it any more (what the supervisor keeps of the tree goes then).
     on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
+    /// When the tree (or its resume) started: its deadline runs from here.
+    started: tokio::time::Instant,
 }
 
 impl Drop for TreeContext {
@@ -92,6 +94,7 @@ impl TreeContext {
             replay: false,
             toolboxes: Mutex::new(HashMap::new()),
             on_drop: None,
+            started: tokio::time::Instant::now(),
         }
     }
 
@@ -356,6 +359,10 @@ impl TreeHooks for TreeContext {
             .as_ref()
             .map(|r| r.steers_for(run_id))
             .unwrap_or_default()
+    }
+
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.budget.limits().deadline.map(|d| self.started + d)
     }
 
     fn deliveries(&self, run_id: &str) -> Vec<arbor_actors::background::Scheduled> {

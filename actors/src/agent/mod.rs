@@ -663,7 +663,8 @@ impl AgentRun {
     /// Admits the step against the tree's budgets (only now that it holds a
     /// slot, so a parked request neither reserves tokens nor spends a step) and
     /// starts the model call in a task.
-    fn send_model(&mut self, myself: &ActorRef<AgentMsg>, request: ModelRequest) {
+    fn send_model(&mut self, myself: &ActorRef<AgentMsg>, mut request: ModelRequest) {
+        request.meta.deadline = self.hooks.deadline();
         let estimate = request.messages.estimated_tokens();
         if let Err(limit) = self.hooks.admit_step(estimate) {
             if limit.limit.is_budget() && self.hooks.pauses_on_budget() {

@@ -136,6 +136,8 @@ pub struct RecordedRequest {
     pub definitions: crate::state::ToolDefinitions,
     /// The system prompt sent.
     pub system_prompt: Arc<str>,
+    /// Its `meta.shared_prefix`: leading messages taken from the parent.
+    pub shared_prefix: usize,
 }
 
 /// A model that answers from a [`Script`] and records every request.
@@ -235,6 +237,7 @@ impl Model for ScriptedModel {
                 tools: request.tools.keys().cloned().collect(),
                 definitions: request.tools.clone(),
                 system_prompt: request.system_prompt.clone(),
+                shared_prefix: request.meta.shared_prefix,
             });
         }
         let reply = self.reply_for(&request).map_err(invalid)?.clone();

@@ -694,6 +694,7 @@ impl StepMachine {
             messages.push(Message::user(text).with_tag(STEP_PROMPT));
         }
         self.awaiting_model = Some(self.step);
+        let shared_prefix = self.shared_prefix(&messages);
         vec![Action::CallModel(ModelRequest {
             system_prompt: self.state.system_prompt.clone(),
             messages,
@@ -704,8 +705,40 @@ impl StepMachine {
                 agent_type: self.state.agent_type.clone().unwrap_or_default(),
                 depth: self.state.depth(),
                 step: self.step,
+                shared_prefix,
+                deadline: None,
             },
         })]
+    }
+
+    /// How many leading messages of a request are what the run inherited
+    /// from its parent, up to (not including) its own prompt: its siblings'
+    /// requests start with the same ones (semantics §6).
+    fn shared_prefix(&self, messages: &History) -> usize {
+        if self.state.parent_id.is_none() {
+            return 0;
+        }
+        let inherited: Vec<&Arc<Message>> = self
+            .state
+            .message_history
+            .iter()
+            .take(self.inherited)
+            .collect();
+        let own = inherited
+            .iter()
+            .rposition(|m| m.has_tag(SPAWN_PROMPT) || m.has_tag(INSTRUCTIONS_PROMPT))
+            .map_or(inherited.len(), |at| {
+                // The first of the run's own input messages.
+                inherited[..at]
+                    .iter()
+                    .rposition(|m| !(m.has_tag(SPAWN_PROMPT) || m.has_tag(INSTRUCTIONS_PROMPT)))
+                    .map_or(0, |i| i + 1)
+            });
+        messages
+            .iter()
+            .zip(&inherited[..own])
+            .take_while(|(sent, kept)| Arc::ptr_eq(sent, kept))
+            .count()
     }
 
     fn step_limit(&mut self) -> Vec<Action> {

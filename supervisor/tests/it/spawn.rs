@@ -437,3 +437,49 @@ async fn malformed_tool_calls_become_errors_the_model_reads() {
     assert_eq!(errors.len(), 3);
     assert!(errors[0].is_some() && errors[1].is_some() && errors[2].is_none());
 }
+
+/// Siblings spawned from one parent with its history start their requests
+/// with the same messages (what a provider's prompt cache can share), and
+/// the request says how many: up to each one's own prompt.
+#[tokio::test(start_paused = true)]
+async fn siblings_with_the_parents_history_share_a_request_prefix_up_to_their_own_prompts() {
+    let model = scripted(json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [spawn_call(&[("reader", "read part one"), ("reader", "read part two")])]},
+            {"text": "merged"}
+        ]},
+        {"agent": "reader", "steps": [{"text": "read"}]}
+    ]}));
+    let mut reader = template("reader");
+    reader.include_message_history = true;
+    let sup = supervisor(
+        &model,
+        vec![template("lead").spawns(&["reader"]), reader],
+        TreeLimits::default(),
+    );
+    let (result, _) = run(&sup, "lead", "read the book").await;
+    assert_eq!(result.state.status, AgentStatus::Completed);
+    let requests = model.requests();
+    let lead = requests.iter().find(|r| r.agent_type == "lead").unwrap();
+    assert_eq!(lead.shared_prefix, 0, "a root shares nothing");
+    let readers: Vec<_> = requests
+        .iter()
+        .filter(|r| r.agent_type == "reader")
+        .collect();
+    assert_eq!(readers.len(), 2);
+    let n = readers[0].shared_prefix;
+    assert_eq!(n, readers[1].shared_prefix);
+    // The parent's prompt, its spawn call (unfinished calls filtered) and the
+    // sub-agent notice: the same messages, in the same order.
+    assert!(n >= 2, "{n}");
+    let texts = |r: &arbor_actors::models::scripted::RecordedRequest| -> Vec<String> {
+        r.messages[..n].iter().map(|m| m.text()).collect()
+    };
+    assert_eq!(texts(readers[0]), texts(readers[1]));
+    assert_eq!(readers[0].messages[0].text(), "read the book");
+    // Right after the prefix: each one's own prompt.
+    let own: Vec<String> = readers.iter().map(|r| r.messages[n].text()).collect();
+    let mut own_sorted = own.clone();
+    own_sorted.sort();
+    assert_eq!(own_sorted, ["read part one", "read part two"]);
+}
