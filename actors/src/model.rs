@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::failure::{Failure, FailureKind};
 use crate::history::History;
@@ -49,6 +50,211 @@ pub struct RequestMeta {
     /// When the tree's deadline falls (`None`: it has none). A model client
     /// must not wait for a retry beyond it.
     pub deadline: Option<tokio::time::Instant>,
+    /// The template's request options (`model_options`), over the model's own.
+    pub options: Arc<ModelOptions>,
+}
+
+/// How a model call asks: sampling, tool use, reasoning and an escape hatch
+/// for server-specific fields. A model's `options` and a template's
+/// `model_options` are both this; the template's win ([`ModelOptions::over`]).
+/// Every field is optional: `None` sends nothing and leaves the API's default.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelOptions {
+    /// Sampling temperature (0 to 2).
+    pub temperature: Option<f64>,
+    /// Nucleus sampling mass (0 to 1).
+    pub top_p: Option<f64>,
+    /// Sequences that end the reply (at most 4).
+    pub stop: Option<Vec<String>>,
+    /// A seed for providers that sample reproducibly.
+    pub seed: Option<i64>,
+    /// Whether and which tool the model must call.
+    pub tool_choice: Option<ToolChoice>,
+    /// Whether the model may call several tools in one reply.
+    pub parallel_tool_calls: Option<bool>,
+    /// Reasoning ("thinking") controls.
+    pub reasoning: Option<Reasoning>,
+    /// A JSON object merged into the request body as it is (the last word:
+    /// its keys replace the ones Arbor set), for server-specific fields such
+    /// as Ollama's `options` or vLLM's `guided_json`.
+    pub extra_body: Option<serde_json::Map<String, Value>>,
+}
+
+/// Whether the model must call a tool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// The model decides.
+    Auto,
+    /// The model must call some tool.
+    Required,
+    /// The model must not call a tool.
+    None,
+    /// The model must call this tool (by the name the model sees).
+    #[serde(untagged)]
+    Tool(String),
+}
+
+/// Reasoning controls: an effort (OpenAI's `reasoning_effort`) or a token
+/// budget (Anthropic's `thinking`); a provider uses what it has.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reasoning {
+    /// `minimal`, `low`, `medium` or `high`.
+    pub effort: Option<ReasoningEffort>,
+    /// Tokens the model may think for (at least 1024).
+    pub budget_tokens: Option<u32>,
+}
+
+/// How hard a reasoning model thinks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasoningEffort {
+    /// As little as the model allows.
+    Minimal,
+    /// Low.
+    Low,
+    /// Medium.
+    Medium,
+    /// High.
+    High,
+}
+
+impl ReasoningEffort {
+    /// Its wire name (`low`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ReasoningEffort::Minimal => "minimal",
+            ReasoningEffort::Low => "low",
+            ReasoningEffort::Medium => "medium",
+            ReasoningEffort::High => "high",
+        }
+    }
+}
+
+impl ModelOptions {
+    /// These options over `base`: each field set here wins; `extra_body`
+    /// objects are merged (keys set here win).
+    pub fn over(&self, base: &ModelOptions) -> ModelOptions {
+        let extra_body = match (&base.extra_body, &self.extra_body) {
+            (Some(b), Some(o)) => {
+                let mut merged = b.clone();
+                merged.extend(o.iter().map(|(k, v)| (k.clone(), v.clone())));
+                Some(merged)
+            }
+            (b, o) => o.clone().or_else(|| b.clone()),
+        };
+        ModelOptions {
+            temperature: self.temperature.or(base.temperature),
+            top_p: self.top_p.or(base.top_p),
+            stop: self.stop.clone().or_else(|| base.stop.clone()),
+            seed: self.seed.or(base.seed),
+            tool_choice: self
+                .tool_choice
+                .clone()
+                .or_else(|| base.tool_choice.clone()),
+            parallel_tool_calls: self.parallel_tool_calls.or(base.parallel_tool_calls),
+            reasoning: self.reasoning.clone().or_else(|| base.reasoning.clone()),
+            extra_body,
+        }
+    }
+
+    /// The first out-of-range field: its key and why (checked once, where a
+    /// config is read).
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        if let Some(t) = self.temperature
+            && !(0.0..=2.0).contains(&t)
+        {
+            return Err(("temperature", format!("must be within 0 and 2, got {t}")));
+        }
+        if let Some(p) = self.top_p
+            && !(0.0..=1.0).contains(&p)
+        {
+            return Err(("top_p", format!("must be within 0 and 1, got {p}")));
+        }
+        if let Some(stop) = &self.stop {
+            if stop.len() > 4 {
+                return Err(("stop", format!("at most 4 sequences, got {}", stop.len())));
+            }
+            if stop.iter().any(String::is_empty) {
+                return Err(("stop", "a stop sequence must not be empty".into()));
+            }
+        }
+        if let Some(ToolChoice::Tool(name)) = &self.tool_choice
+            && name.is_empty()
+        {
+            return Err((
+                "tool_choice",
+                "auto, required, none or a tool's name".into(),
+            ));
+        }
+        if let Some(budget) = self.reasoning.as_ref().and_then(|r| r.budget_tokens)
+            && budget < 1024
+        {
+            return Err((
+                "reasoning.budget_tokens",
+                format!("at least 1024, got {budget}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod options_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_templates_options_win_over_the_models_and_extra_bodies_merge() {
+        let model: ModelOptions = serde_json::from_value(json!({
+            "temperature": 0.2, "seed": 7, "tool_choice": "required",
+            "extra_body": {"options": {"num_ctx": 8192}, "keep": 1}
+        }))
+        .unwrap();
+        let template: ModelOptions = serde_json::from_value(json!({
+            "temperature": 0.9, "tool_choice": "search",
+            "reasoning": {"effort": "high"},
+            "extra_body": {"options": {"num_ctx": 4096}}
+        }))
+        .unwrap();
+        let both = template.over(&model);
+        assert_eq!(both.temperature, Some(0.9));
+        assert_eq!(both.seed, Some(7));
+        assert_eq!(both.tool_choice, Some(ToolChoice::Tool("search".into())));
+        assert_eq!(
+            both.reasoning.and_then(|r| r.effort),
+            Some(ReasoningEffort::High)
+        );
+        assert_eq!(
+            serde_json::Value::Object(both.extra_body.unwrap()),
+            json!({"options": {"num_ctx": 4096}, "keep": 1})
+        );
+    }
+
+    #[test]
+    fn out_of_range_options_name_their_key() {
+        let bad = |v: serde_json::Value| {
+            serde_json::from_value::<ModelOptions>(v)
+                .unwrap()
+                .check()
+                .unwrap_err()
+                .0
+        };
+        assert_eq!(bad(json!({"temperature": 3.0})), "temperature");
+        assert_eq!(bad(json!({"top_p": -0.1})), "top_p");
+        assert_eq!(bad(json!({"stop": ["a", "b", "c", "d", "e"]})), "stop");
+        assert_eq!(
+            bad(json!({"reasoning": {"budget_tokens": 100}})),
+            "reasoning.budget_tokens"
+        );
+        assert!(serde_json::from_value::<ModelOptions>(json!({"temprature": 1})).is_err());
+        assert_eq!(
+            serde_json::from_value::<ToolChoice>(json!("none")).unwrap(),
+            ToolChoice::None
+        );
+    }
 }
 
 pub use crate::message::ESTIMATED_BYTES_PER_TOKEN;

@@ -189,6 +189,9 @@ pub struct AgentTemplate {
     pub approval_default: ApprovalDefault,
     /// What its parent does when its run fails.
     pub failure: FailurePolicy,
+    /// Request options over the model's own (`model_options`): sampling,
+    /// tool choice, reasoning, extra body fields.
+    pub model_options: Arc<crate::model::ModelOptions>,
     /// What a run whose turn would end does while its background children
     /// (`spawn_agents_async`) still run (semantics §15).
     pub on_turn_end: OnTurnEnd,
@@ -227,6 +230,7 @@ impl AgentTemplate {
             approval_default: ApprovalDefault::Deny,
             failure: FailurePolicy::Report,
             on_turn_end: OnTurnEnd::Wait,
+            model_options: Arc::default(),
             handler: None,
         }
     }

@@ -513,6 +513,9 @@ pub(super) fn templates(
                 ApprovalDefault::Deny
             }),
         };
+        if let Some(Err((key, why))) = a.model_options.as_ref().map(|o| o.check()) {
+            problems.push(at(text, &table, "model_options", format!("{key}: {why}")));
+        }
         let on_turn_end = match a.on_turn_end.as_deref() {
             None => arbor_actors::OnTurnEnd::Wait,
             Some(name) => name.parse().unwrap_or_else(|why: String| {
@@ -580,6 +583,7 @@ pub(super) fn templates(
         t.approval_timeout = approval_timeout;
         t.approval_default = approval_default;
         t.on_turn_end = on_turn_end;
+        t.model_options = std::sync::Arc::new(a.model_options.clone().unwrap_or_default());
         t.failure = failure;
         out.push(t);
     }
@@ -842,6 +846,11 @@ input_schema = { params = { type = "object", required = ["topic"] } }
                 "approval_default = \"allow\"",
                 "agents.a.approval_default",
                 "unknown decision \"allow\" (deny or approve)",
+            ),
+            (
+                "model_options = { temperature = 5.0 }",
+                "agents.a.model_options",
+                "temperature: must be within 0 and 2",
             ),
             (
                 "on_turn_end = \"later\"",

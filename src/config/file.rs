@@ -418,6 +418,8 @@ pub struct AgentSection {
     pub approval_timeout: Option<String>,
     /// `"deny"` (absent) or `"approve"`: the decision `approval_timeout` gives.
     pub approval_default: Option<String>,
+    /// `model_options = { ... }`: request options over the model's `options`.
+    pub model_options: Option<arbor_actors::model::ModelOptions>,
     /// `"wait"` (absent) or `"cancel"`: what a run whose turn would end does
     /// while its background children still run (semantics §15).
     pub on_turn_end: Option<String>,

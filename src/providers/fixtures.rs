@@ -30,6 +30,8 @@ pub(crate) fn settings(kind: ProviderKind, stream: bool) -> ProviderSettings {
         retry: Default::default(),
         timeouts: Timeouts::default(),
         headers: Vec::new(),
+        options: Default::default(),
+        prompt_cache: true,
     }
 }
 

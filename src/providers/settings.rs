@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use arbor_actors::model::ModelOptions;
+
 use super::limiter::LimiterConfig;
 use super::retry::RetryPolicy;
 
@@ -67,6 +69,19 @@ pub struct HttpSection {
     /// Extra request headers (e.g. OpenRouter's `HTTP-Referer`).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// `options = { ... }`: how every call asks (sampling, tool choice,
+    /// reasoning, `extra_body`); a template's `model_options` win over them.
+    #[serde(default)]
+    pub options: ModelOptions,
+    /// Whether requests mark cache breakpoints (Anthropic's `cache_control`
+    /// on the tools, the system prompt and the history a child inherited);
+    /// on by default.
+    #[serde(default = "default_prompt_cache")]
+    pub prompt_cache: bool,
+}
+
+fn default_prompt_cache() -> bool {
+    true
 }
 
 fn default_stream() -> bool {
@@ -208,6 +223,10 @@ pub struct ProviderSettings {
     pub timeouts: Timeouts,
     /// Extra request headers, name and value.
     pub headers: Vec<(String, String)>,
+    /// How every call asks, under a template's own `model_options`.
+    pub options: ModelOptions,
+    /// Whether requests mark prompt-cache breakpoints (where the API has them).
+    pub prompt_cache: bool,
 }
 
 impl ProviderSettings {
@@ -242,6 +261,9 @@ impl ProviderSettings {
             }
         }
         range("max_tokens", s.max_tokens, (1, 10_000_000))?;
+        s.options
+            .check()
+            .map_err(|(key, why)| (format!("options.{key}"), why))?;
         range("retry.max_retries", s.retry.max_retries, (0, 100))?;
         range(
             "limits.max_concurrent",
@@ -323,6 +345,8 @@ impl ProviderSettings {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
+            options: s.options.clone(),
+            prompt_cache: s.prompt_cache,
         })
     }
 

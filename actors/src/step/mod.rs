@@ -707,6 +707,7 @@ impl StepMachine {
                 step: self.step,
                 shared_prefix,
                 deadline: None,
+                options: self.template.model_options.clone(),
             },
         })]
     }
