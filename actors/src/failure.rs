@@ -27,6 +27,9 @@ pub enum FailureKind {
     ModelUnavailable,
     /// The model's replies could not be understood.
     ModelMalformed,
+    /// The model's reply was cut at its output limit (`finish_reason:
+    /// length`, `stop_reason: max_tokens`): a cut reply is never acted on.
+    ModelTruncated,
     /// The request was invalid for the model (a scripted model ran out of
     /// replies, a reply with the wrong role).
     ModelInvalid,
@@ -66,6 +69,7 @@ impl FailureKind {
             FailureKind::ModelRateLimited => "model_rate_limited",
             FailureKind::ModelUnavailable => "model_unavailable",
             FailureKind::ModelMalformed => "model_malformed",
+            FailureKind::ModelTruncated => "model_truncated",
             FailureKind::ModelInvalid => "model_invalid",
             FailureKind::ModelNotConfigured => "model_not_configured",
             FailureKind::Limit => "limit",
@@ -137,6 +141,7 @@ mod tests {
             FailureKind::ModelRateLimited,
             FailureKind::ModelUnavailable,
             FailureKind::ModelMalformed,
+            FailureKind::ModelTruncated,
             FailureKind::ModelInvalid,
             FailureKind::ModelNotConfigured,
             FailureKind::Limit,

@@ -410,6 +410,17 @@ pub enum ModelError {
         /// What is wrong with the reply.
         message: String,
     },
+    /// The reply was cut at the output limit before it ended (`finish_reason:
+    /// length`, `stop_reason: max_tokens`): its text or tool call may be
+    /// incomplete, so it is not acted on. Retried only when the provider
+    /// can ask for more room.
+    #[error("model {model} cut its reply at the output limit: {message}")]
+    Truncated {
+        /// The model's catalog name.
+        model: String,
+        /// What was cut (and the limit).
+        message: String,
+    },
     /// The request itself is invalid for this model (e.g. the scripted model ran out of replies).
     #[error("model {model}: {message}")]
     Invalid {
@@ -447,6 +458,7 @@ impl ModelError {
             ModelError::RateLimited { .. } => FailureKind::ModelRateLimited,
             ModelError::Transient { .. } => FailureKind::ModelUnavailable,
             ModelError::Malformed { .. } => FailureKind::ModelMalformed,
+            ModelError::Truncated { .. } => FailureKind::ModelTruncated,
             ModelError::Invalid { .. } => FailureKind::ModelInvalid,
         }
     }
