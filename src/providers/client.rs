@@ -180,6 +180,10 @@ impl HttpModel {
                 model,
                 message: scrub(message),
             },
+            Failure::Truncated(message) => ModelError::Truncated {
+                model,
+                message: scrub(message),
+            },
         }
     }
 

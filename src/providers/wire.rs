@@ -81,6 +81,9 @@ pub(crate) enum Failure {
     Malformed(String),
     /// The endpoint refused the request: do not retry.
     Rejected { status: u16, message: String },
+    /// The reply was cut at the output limit (`finish_reason: length`,
+    /// `stop_reason: max_tokens`): not acted on, not retried.
+    Truncated(String),
 }
 
 impl Failure {
@@ -93,7 +96,7 @@ impl Failure {
     }
 
     pub(crate) fn retryable(&self) -> bool {
-        !matches!(self, Failure::Rejected { .. })
+        !matches!(self, Failure::Rejected { .. } | Failure::Truncated(_))
     }
 }
 
