@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use arbor_actors::AgentState;
+use arbor_actors::approval::Decision;
 use arbor_supervisor::store::{RunNode, TreeFilter, TreeStatus, TreeSummary};
 use arbor_supervisor::{StartRequest, ToolRule, TreeLimits};
 use axum::Json;
@@ -190,10 +191,14 @@ pub struct ApprovalList {
     pub approvals: Vec<arbor_supervisor::PendingApproval>,
 }
 
+// The schema of the body `decide_approval` takes, only: the body parses as
+// `arbor_actors::approval::Decision` (which has no `ToSchema`), whose serde
+// attributes these restate.
 /// A person's decision on a waiting tool call (semantics §12).
-#[derive(Deserialize, ToSchema)]
+#[derive(ToSchema)]
 #[serde(tag = "decision", rename_all = "snake_case", deny_unknown_fields)]
-pub enum DecisionBody {
+#[expect(dead_code, reason = "schema only: the body parses as Decision")]
+enum DecisionBody {
     /// Run it, with the model's input or with `input` instead (checked
     /// against the tool's schema).
     Approve {
@@ -207,15 +212,6 @@ pub enum DecisionBody {
         #[serde(default)]
         reason: String,
     },
-}
-
-impl From<DecisionBody> for arbor_actors::approval::Decision {
-    fn from(body: DecisionBody) -> Self {
-        match body {
-            DecisionBody::Approve { input } => Self::Approve { input },
-            DecisionBody::Deny { reason } => Self::Deny { reason },
-        }
-    }
 }
 
 /// Raises a running tree's budgets (semantics §13): each `max*` sets that
@@ -692,12 +688,12 @@ pub async fn tree_approvals(
 pub async fn decide_approval(
     State(shared): State<Arc<Shared>>,
     ApiPath((tree_id, call_id)): ApiPath<(String, String)>,
-    ApiJson(body): ApiJson<DecisionBody>,
+    ApiJson(decision): ApiJson<Decision>,
 ) -> Result<(StatusCode, Json<Decided>), ApiError> {
     shared
         .runtime
         .supervisor()
-        .decide(&tree_id, &call_id, body.into())
+        .decide(&tree_id, &call_id, decision)
         .await?;
     Ok((
         StatusCode::ACCEPTED,
