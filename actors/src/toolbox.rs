@@ -465,11 +465,6 @@ impl Toolbox {
         tb
     }
 
-    /// Whether any tool of this toolbox waits for approval.
-    pub fn needs_approval(&self) -> bool {
-        self.entries.values().any(|e| e.approval)
-    }
-
     /// This toolbox without the tools `allowed` refuses (by the name templates
     /// and policies use). The structural built-ins (`set_output`, `end_turn`,
     /// the spawn tools) stay: the template's output mode and spawnable agents

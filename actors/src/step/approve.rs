@@ -35,12 +35,7 @@ impl StepMachine {
             .waiting
             .iter()
             .filter_map(|(index, id)| {
-                let input = pending.held.actions.iter().find_map(|a| match a {
-                    Action::RunTool {
-                        index: i, input, ..
-                    } if i == index => Some(input.clone()),
-                    _ => None,
-                })?;
+                let input = held_input(pending, *index)?;
                 let tool = self.toolbox.get(&pending.calls[*index].tool_name)?;
                 Some((id.clone(), tool.name.clone(), input))
             })
