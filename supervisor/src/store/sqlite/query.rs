@@ -291,88 +291,46 @@ impl Store for SqliteStore {
     }
 
     fn claim(&self, tree_id: &str) -> Result<u64, Error> {
-        let mut conn = self.conn()?;
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(sql(&self.path))?;
-        let row: Option<(TreeStatus, String, i64)> = tx
-            .query_row(
-                "SELECT status, owner, heartbeat_ms FROM trees WHERE tree_id = ?1",
-                [tree_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
-            .optional()
-            .map_err(sql(&self.path))?;
-        let (status, owner, heartbeat) =
-            row.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
-        let not = |reason: String| Error::NotResumable {
-            tree: tree_id.to_owned(),
-            reason,
-        };
-        if status != TreeStatus::Running {
-            return Err(not(format!("it already ended ({status})")));
-        }
-        if crate::store::still_running(&owner, heartbeat as u64, now_ms()) {
-            return Err(not(
-                "another process is running it (it is alive, or its heartbeat is recent); stop that one first"
-                    .into(),
-            ));
-        }
         // The next epoch, in the transaction that takes the tree: whoever
         // held it before writes nothing more of it.
-        let epoch: i64 = tx
-            .query_row(
-                "UPDATE trees SET owner = ?2, heartbeat_ms = ?3, epoch = epoch + 1
-                 WHERE tree_id = ?1 RETURNING epoch",
-                params![tree_id, crate::store::owner_id(), now_ms() as i64],
-                |r| r.get(0),
-            )
-            .map_err(sql(&self.path))?;
-        tx.commit().map_err(sql(&self.path))?;
-        self.claims
-            .lock()
-            .map_err(|_| Error::StorePoisoned("the store claims were poisoned"))?
-            .insert(Arc::from(tree_id), epoch as u64);
-        Ok(epoch as u64)
+        self.take(
+            tree_id,
+            "",
+            |status, owner, heartbeat| {
+                let not = |reason: String| Error::NotResumable {
+                    tree: tree_id.to_owned(),
+                    reason,
+                };
+                if status != TreeStatus::Running {
+                    return Err(not(format!("it already ended ({status})")));
+                }
+                if crate::store::still_running(owner, heartbeat, now_ms()) {
+                    return Err(not(
+                        "another process is running it (it is alive, or its heartbeat is recent); stop that one first"
+                            .into(),
+                    ));
+                }
+                Ok(())
+            },
+        )
     }
 
     fn claim_turn(&self, tree_id: &str) -> Result<u64, Error> {
-        let mut conn = self.conn()?;
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(sql(&self.path))?;
-        let status: Option<TreeStatus> = tx
-            .query_row(
-                "SELECT status FROM trees WHERE tree_id = ?1",
-                [tree_id],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(sql(&self.path))?;
-        let status = status.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
-        if !status.is_final() {
-            return Err(Error::NotResumable {
-                tree: tree_id.to_owned(),
-                reason: format!("its turn has not ended ({status})"),
-            });
-        }
         // Running again, in the transaction that takes it: of two processes
         // starting a turn of one tree, one gets it.
-        let epoch: i64 = tx
-            .query_row(
-                "UPDATE trees SET status = 'running', error = NULL, finished_ms = NULL,
-                     owner = ?2, heartbeat_ms = ?3, epoch = epoch + 1
-                 WHERE tree_id = ?1 RETURNING epoch",
-                params![tree_id, crate::store::owner_id(), now_ms() as i64],
-                |r| r.get(0),
-            )
-            .map_err(sql(&self.path))?;
-        tx.commit().map_err(sql(&self.path))?;
-        self.claims
-            .lock()
-            .map_err(|_| Error::StorePoisoned("the store claims were poisoned"))?
-            .insert(Arc::from(tree_id), epoch as u64);
-        Ok(epoch as u64)
+        self.take(
+            tree_id,
+            "status = 'running', error = NULL, finished_ms = NULL, ",
+            |status, _, _| {
+                if !status.is_final() {
+                    return Err(Error::NotResumable {
+                        tree: tree_id.to_owned(),
+                        reason: format!("its turn has not ended ({status})"),
+                    });
+                }
+                Ok(())
+            },
+        )
     }
 
     fn gc(&self, cutoff_ms: u64) -> Result<GcReport, Error> {
@@ -407,5 +365,51 @@ impl Store for SqliteStore {
             trees: trees.len() as u64,
             segments,
         })
+    }
+}
+
+impl SqliteStore {
+    /// Takes the tree `tree_id` for this process under the next epoch, in one
+    /// immediate transaction (of two processes taking one tree, one gets it):
+    /// `check` may refuse it on its status, owner and heartbeat; `also` is
+    /// more of the `UPDATE`'s assignments (each followed by `, `). Records the
+    /// claim's epoch and returns it.
+    fn take(
+        &self,
+        tree_id: &str,
+        also: &str,
+        check: impl FnOnce(TreeStatus, &str, u64) -> Result<(), Error>,
+    ) -> Result<u64, Error> {
+        let mut conn = self.conn()?;
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql(&self.path))?;
+        let row: Option<(TreeStatus, String, i64)> = tx
+            .query_row(
+                "SELECT status, owner, heartbeat_ms FROM trees WHERE tree_id = ?1",
+                [tree_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()
+            .map_err(sql(&self.path))?;
+        let (status, owner, heartbeat) =
+            row.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+        check(status, &owner, heartbeat as u64)?;
+        let epoch: i64 = tx
+            .query_row(
+                &format!(
+                    "UPDATE trees SET {also}owner = ?2, heartbeat_ms = ?3, epoch = epoch + 1
+                     WHERE tree_id = ?1 RETURNING epoch"
+                ),
+                params![tree_id, crate::store::owner_id(), now_ms() as i64],
+                |r| r.get(0),
+            )
+            .map_err(sql(&self.path))?;
+        tx.commit().map_err(sql(&self.path))?;
+        self.claims
+            .lock()
+            .map_err(|_| Error::StorePoisoned("the store claims were poisoned"))?
+            .insert(Arc::from(tree_id), epoch as u64);
+        Ok(epoch as u64)
     }
 }
