@@ -168,6 +168,15 @@ impl RunId {
         }
     }
 
+    /// The root of the run's turn: `T/0` for a run of the first turn, `T/0~n`
+    /// for one of a follow-up turn (the first step of its path).
+    pub fn turn_root(&self) -> RunId {
+        RunId {
+            tree: self.tree.clone(),
+            path: self.path[..1].to_vec(),
+        }
+    }
+
     /// The agent id: this run id without its last attempt, shared by every
     /// attempt of the run.
     pub fn agent_id(&self) -> RunId {
@@ -293,6 +302,18 @@ mod tests {
         ] {
             let err = s.parse::<RunId>().unwrap_err();
             assert!(err.to_string().contains("TREE/PATH"), "{s:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_turn_root_is_the_first_step_of_the_path() {
+        for (s, root) in [
+            ("t1/0", "t1/0"),
+            ("t1/0.2.1~1", "t1/0"),
+            ("t1/0~2", "t1/0~2"),
+            ("t1/0~2.3~1.0", "t1/0~2"),
+        ] {
+            assert_eq!(run(s).turn_root(), run(root), "{s}");
         }
     }
 

@@ -145,10 +145,7 @@ pub async fn stream(
     shared.wait_ready().await;
     // The root of the run's turn (`T/0`, or `T/0~n` for a follow-up turn):
     // another turn's end does not end this stream.
-    let root = match run_id.split_once('/') {
-        Some((tree, path)) => format!("{tree}/{}", path.split('.').next().unwrap_or("0")),
-        None => id.tree().root().to_string(),
-    };
+    let root = id.turn_root().to_string();
     // A run of a tree running here may not have started yet (a root right
     // after the 201, a child named by `childSpawned` that waits for a live
     // slot): it is followed all the same, until it ends or the tree does.
