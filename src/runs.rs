@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use arbor_actors::AgentState;
+use arbor_actors::{AgentState, RunId};
 use arbor_supervisor::store::{RunNode, TreeSummary};
 use serde_json::Value;
 
@@ -84,18 +84,22 @@ pub fn tree_text(nodes: &[RunNode]) -> String {
     out
 }
 
-/// `T/0.10.2~1` as numbers, so siblings sort as spawned (0.2 before 0.10,
-/// attempt 0 before attempt 1); a run id that does not read as one sorts last
-/// (`Err` after every `Ok`).
-fn path_key(run_id: &str) -> Result<Vec<arbor_actors::id::Step>, ()> {
-    let id = run_id.parse::<arbor_actors::RunId>().map_err(|_| ())?;
-    Ok(id.path().to_vec())
-}
-
-/// Sorts sibling runs in spawn order, parsing each run id once (not once per
+/// Sorts sibling runs in spawn order (`RunId::sort_key`: 0.2 before 0.10,
+/// attempt 0 before attempt 1), parsing each run id once (not once per
 /// comparison); runs with ids that do not parse keep their order, last.
 fn sort_siblings(children: &mut [&RunNode]) {
-    children.sort_by_cached_key(|n| path_key(&n.run_id));
+    let mut parsed: Vec<(Option<RunId>, &RunNode)> = children
+        .iter()
+        .map(|n| (n.run_id.parse().ok(), *n))
+        .collect();
+    // An id that does not parse after every one that does.
+    fn key(id: &Option<RunId>) -> (bool, Option<impl Ord + '_>) {
+        (id.is_none(), id.as_ref().map(RunId::sort_key))
+    }
+    parsed.sort_by(|(a, _), (b, _)| key(a).cmp(&key(b)));
+    for (slot, (_, node)) in children.iter_mut().zip(parsed) {
+        *slot = node;
+    }
 }
 
 fn walk(nodes: &[RunNode], node: &RunNode, depth: usize, out: &mut String) {
