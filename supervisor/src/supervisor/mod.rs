@@ -338,26 +338,11 @@ impl Supervisor {
     /// last checkpoint, and recorded model replies are served instead of asking
     /// the model again.
     pub async fn resume(&self, tree_id: &str) -> Result<TreeHandle, Error> {
-        let Some((_, writer)) = &self.store else {
-            return Err(Error::NoStore {
-                needed_for: StoreUse::Resume,
-            });
-        };
-        if self.is_running(tree_id) {
-            return Err(Error::TreeExists(tree_id.to_owned()));
-        }
-        let id = tree_id.to_owned();
-        let (record, mut recovery) = self
-            .read_store(move |store| {
-                let (record, _) = store.tree(&id)?;
-                // Atomic: of two processes resuming one tree, one gets it.
-                store.claim(&id)?;
-                Ok((record, store.recovery(&id)?))
-            })
+        let writer = self.writer_to_take(tree_id, StoreUse::Resume)?;
+        // Atomic: of two processes resuming one tree, one gets it.
+        let (record, recovery) = self
+            .claim_stored(tree_id, |store, id| store.claim(id))
             .await?;
-        for (state, _) in recovery.finished.values() {
-            self.registry.record(state);
-        }
         let mut request = record.request();
         if self.catalogs.is_none() && request.config != self.config && self.config.is_some() {
             // It runs on this supervisor's catalog: say so, and record it.
@@ -368,13 +353,7 @@ impl Supervisor {
             );
             request.config = self.config.clone();
         }
-        writer.send(Write::Known {
-            tree_id: tree_id.to_owned(),
-            messages: std::mem::take(&mut recovery.message_ids),
-            calls: recovery.replies.keys().cloned().collect(),
-            runs: std::mem::take(&mut recovery.runs),
-        });
-        self.begin(request, Some((Arc::new(recovery), false))).await
+        self.go_on(writer, tree_id, request, recovery).await
     }
 
     /// Starts a follow-up turn of the stored tree `tree_id`, which has ended
@@ -390,24 +369,12 @@ impl Supervisor {
         prompt: String,
         params: Option<Value>,
     ) -> Result<TreeHandle, Error> {
-        let Some((_, writer)) = &self.store else {
-            return Err(Error::NoStore {
-                needed_for: StoreUse::Turn,
-            });
-        };
-        if self.is_running(tree_id) {
-            return Err(Error::TreeExists(tree_id.to_owned()));
-        }
+        let writer = self.writer_to_take(tree_id, StoreUse::Turn)?;
         // The last turn's end is written before the store is asked if it ended.
         writer.flush().await?;
-        let id = tree_id.to_owned();
-        let (record, mut recovery) = self
-            .read_store(move |store| {
-                let (record, _) = store.tree(&id)?;
-                // Atomic: of two processes starting a turn, one gets it.
-                store.claim_turn(&id)?;
-                Ok((record, store.recovery(&id)?))
-            })
+        // Atomic: of two processes starting a turn, one gets it.
+        let (record, recovery) = self
+            .claim_stored(tree_id, |store, id| store.claim_turn(id))
             .await?;
         let root = record.root_run_id.clone();
         let Some((last, _)) = recovery.finished.get(&root).cloned() else {
@@ -416,14 +383,55 @@ impl Supervisor {
                 reason: format!("its root {root} has no final state"),
             });
         };
-        for (state, _) in recovery.finished.values() {
-            self.registry.record(state);
-        }
         let mut request = record.request();
         request.turn += 1;
         request.prompt = prompt;
         request.params = params;
         request.history = Some(last.message_history.clone());
+        self.go_on(writer, tree_id, request, recovery).await
+    }
+
+    /// The store's writer, to take the stored tree `tree_id` over with (for
+    /// `needed_for`): refused without a store, or while the tree runs here.
+    fn writer_to_take(&self, tree_id: &str, needed_for: StoreUse) -> Result<&StoreWriter, Error> {
+        let Some((_, writer)) = &self.store else {
+            return Err(Error::NoStore { needed_for });
+        };
+        if self.is_running(tree_id) {
+            return Err(Error::TreeExists(tree_id.to_owned()));
+        }
+        Ok(writer)
+    }
+
+    /// Claims the stored tree `tree_id` with `claim`; its record and what the
+    /// store recovers of it.
+    async fn claim_stored(
+        &self,
+        tree_id: &str,
+        claim: fn(&dyn Store, &str) -> Result<u64, Error>,
+    ) -> Result<(TreeRecord, Recovery), Error> {
+        let id = tree_id.to_owned();
+        self.read_store(move |store| {
+            let (record, _) = store.tree(&id)?;
+            claim(store, &id)?;
+            Ok((record, store.recovery(&id)?))
+        })
+        .await
+    }
+
+    /// Runs the claimed stored tree `tree_id` on with `request`, from what
+    /// was recovered of it: its finished runs' final states are known here
+    /// again, and the writer is told what the store holds of it already.
+    async fn go_on(
+        &self,
+        writer: &StoreWriter,
+        tree_id: &str,
+        request: StartRequest,
+        mut recovery: Recovery,
+    ) -> Result<TreeHandle, Error> {
+        for (state, _) in recovery.finished.values() {
+            self.registry.record(state);
+        }
         writer.send(Write::Known {
             tree_id: tree_id.to_owned(),
             messages: std::mem::take(&mut recovery.message_ids),
