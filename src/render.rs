@@ -71,7 +71,7 @@ impl TreeRenderer {
             } => Some(format!(
                 "  ? {} waits for approval: {tool} {} (call {tool_call_id}; arbor approve|deny)",
                 short(event),
-                clip(&input.to_string(), 60)
+                clip(&input.to_string(), 61)
             )),
             EventKind::ApprovalDecided {
                 tool_call_id,
@@ -96,7 +96,7 @@ impl TreeRenderer {
             )),
             EventKind::LimitsRaised { .. } => Some(format!("{}↑ budgets raised", indent(0))),
             EventKind::Steered { text, .. } => {
-                Some(format!("  » {} told: {}", short(event), clip(text, 60)))
+                Some(format!("  » {} told: {}", short(event), clip(text, 61)))
             }
             EventKind::ChildRetrying {
                 failed_run_id,
@@ -158,19 +158,28 @@ pub fn final_text(state: &AgentState) -> String {
         .join("\n")
 }
 
-/// `text` cut to `max` characters (with `…` when cut), on one line.
-fn clip(text: &str, max: usize) -> String {
+/// `text` on one line (newlines as spaces), cut to `width` characters, the
+/// cut marked with `…` (which counts in the width). The CLI's one clip:
+/// event lines and the approvals table (`pub` for the `arbor` binary).
+pub fn clip(text: &str, width: usize) -> String {
     let line = text.replace('\n', " ");
-    match line.char_indices().nth(max) {
-        Some((at, _)) => format!("{}…", &line[..at]),
-        None => line,
+    if line.chars().count() <= width {
+        return line;
     }
+    let kept: String = line.chars().take(width.saturating_sub(1)).collect();
+    format!("{kept}…")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn clip_marks_the_cut_within_the_width() {
+        assert_eq!(clip("abc", 3), "abc");
+        assert_eq!(clip("abcdef", 4), "abc…");
+    }
 
     fn event(kind: EventKind) -> Event {
         Event {

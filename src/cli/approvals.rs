@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use arbor::render::clip;
 use arbor_actors::approval::Decision;
 use serde_json::Value;
 
@@ -138,15 +139,6 @@ fn table(approvals: &[Value], now_ms: u64) -> String {
     out
 }
 
-/// `text` cut to `width` characters, the cut marked with `…`.
-fn clip(text: &str, width: usize) -> String {
-    if text.chars().count() <= width {
-        return text.to_owned();
-    }
-    let kept: String = text.chars().take(width.saturating_sub(1)).collect();
-    format!("{kept}…")
-}
-
 /// An age in its largest whole unit: 12s, 5m, 3h, 2d.
 fn age(ms: u64) -> String {
     let secs = ms / 1000;
@@ -168,7 +160,7 @@ fn now_ms() -> u64 {
 mod tests {
     use serde_json::json;
 
-    use super::{age, approval, clip, table};
+    use super::{age, approval, table};
     use arbor_actors::approval::Decision;
 
     #[test]
@@ -197,9 +189,7 @@ mod tests {
     }
 
     #[test]
-    fn clip_and_age() {
-        assert_eq!(clip("abc", 3), "abc");
-        assert_eq!(clip("abcdef", 4), "abc…");
+    fn ages() {
         assert_eq!(age(59_999), "59s");
         assert_eq!(age(3_600_000), "1h");
         assert_eq!(age(2 * 86_400_000), "2d");
