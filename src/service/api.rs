@@ -410,18 +410,20 @@ pub async fn create_run(
         origin: shared.runtime.origin(),
         ..StartRequest::default()
     };
-    let handle = shared.start(request).await?;
-    let created = Created {
-        tree_id: handle.0.to_string(),
-        run_id: handle.1.clone(),
-    };
-    let location = format!("/v1/runs/{}", handle.1.replace('/', "%2F"));
-    Ok((
+    let (tree, run_id) = shared.start(request).await?;
+    Ok(created(tree.to_string(), run_id))
+}
+
+/// 201 for a run just started (a tree's root, a turn's): its ids, and the
+/// run's URL (its id URL-encoded) as the `Location`.
+fn created(tree_id: String, run_id: String) -> Response {
+    let location = format!("/v1/runs/{}", run_id.replace('/', "%2F"));
+    (
         StatusCode::CREATED,
         [(header::LOCATION, location)],
-        Json(created),
+        Json(Created { tree_id, run_id }),
     )
-        .into_response())
+        .into_response()
 }
 
 #[utoipa::path(
@@ -754,19 +756,7 @@ pub async fn create_turn(
             .start_turn(tree_id.clone(), body.prompt.clone(), body.params.clone())
             .await;
         match started {
-            Ok((tree, run_id)) => {
-                let location = format!("/v1/runs/{}", run_id.replace('/', "%2F"));
-                let created = Created {
-                    tree_id: tree.to_string(),
-                    run_id,
-                };
-                return Ok((
-                    StatusCode::CREATED,
-                    [(header::LOCATION, location)],
-                    Json(created),
-                )
-                    .into_response());
-            }
+            Ok((tree, run_id)) => return Ok(created(tree.to_string(), run_id)),
             // Another client's turn got in first: wait for it (or cancel it) again.
             Err(e) if e.status == StatusCode::CONFLICT && supervisor.is_running(&tree_id) => {
                 if matches!(multitask, Multitask::Reject) {
