@@ -22,21 +22,17 @@ impl AgentRun {
         let Some(timeout) = self.machine.template().approval_timeout else {
             return;
         };
-        self.stop_approval_timer();
-        self.approval_generation += 1;
-        let generation = self.approval_generation;
         let step = self.machine.step();
-        let me = myself.clone();
-        self.approval_timer = Some(tokio::spawn(async move {
-            tokio::time::sleep(timeout).await;
-            let _ = me.cast(AgentMsg::ApprovalTimeout { step, generation });
-        }));
+        let at = tokio::time::Instant::now() + timeout;
+        self.approval_timer
+            .start_at(myself, at, move |generation| AgentMsg::ApprovalTimeout {
+                step,
+                generation,
+            });
     }
 
     pub(super) fn stop_approval_timer(&mut self) {
-        if let Some(timer) = self.approval_timer.take() {
-            timer.abort();
-        }
+        self.approval_timer.stop();
     }
 
     /// The timer fired: the calls still waiting get the default decision
@@ -48,13 +44,9 @@ impl AgentRun {
         generation: u64,
         catalog: &dyn Catalog,
     ) -> Vec<Action> {
-        if step != self.machine.step()
-            || self.approval_timer.is_none()
-            || generation != self.approval_generation
-        {
+        if step != self.machine.step() || !self.approval_timer.fired(generation) {
             return Vec::new();
         }
-        self.approval_timer = None;
         let actions = self.machine.time_out_approvals(catalog);
         self.decided(myself, actions)
     }

@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ractor::ActorRef;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{AgentMsg, AgentRun};
@@ -88,8 +87,7 @@ impl Progress {
 pub(super) struct IdleWatch {
     timeout: Duration,
     pub(super) progress: Progress,
-    generation: u64,
-    timer: Option<JoinHandle<()>>,
+    timer: super::timer::Timer,
 }
 
 impl IdleWatch {
@@ -98,31 +96,16 @@ impl IdleWatch {
         Some(IdleWatch {
             timeout: timeout?,
             progress: Progress::new(),
-            generation: 0,
-            timer: None,
+            timer: super::timer::Timer::default(),
         })
     }
 
     fn arm(&mut self, myself: &ActorRef<AgentMsg>, at: Duration) {
-        if let Some(timer) = self.timer.take() {
-            timer.abort();
-        }
-        self.generation += 1;
-        let generation = self.generation;
         let deadline = self.progress.origin + at;
-        let me = myself.clone();
-        self.timer = Some(tokio::spawn(async move {
-            tokio::time::sleep_until(deadline).await;
-            let _ = me.cast(AgentMsg::IdleCheck { generation });
-        }));
-    }
-}
-
-impl Drop for IdleWatch {
-    fn drop(&mut self) {
-        if let Some(timer) = self.timer.take() {
-            timer.abort();
-        }
+        self.timer
+            .start_at(myself, deadline, |generation| AgentMsg::IdleCheck {
+                generation,
+            });
     }
 }
 
@@ -141,7 +124,7 @@ impl AgentRun {
             return;
         };
         idle.progress.touch();
-        if idle.timer.is_none() {
+        if !idle.timer.is_running() {
             let at = idle.progress.last() + idle.timeout;
             idle.arm(myself, at);
         }
@@ -160,10 +143,9 @@ impl AgentRun {
         let Some(idle) = &mut self.idle else {
             return Vec::new();
         };
-        if generation != idle.generation {
+        if !idle.timer.fired(generation) {
             return Vec::new();
         }
-        idle.timer = None;
         let timeout = idle.timeout;
         match decide(
             in_flight,

@@ -5,6 +5,7 @@
 mod approvals;
 mod children;
 mod idle;
+mod timer;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -218,12 +219,10 @@ pub struct AgentRun {
     tool_tasks: Vec<JoinHandle<()>>,
     /// Tool tasks of the current step not yet reported.
     tools_running: usize,
-    timer_generation: u64,
-    timer: Option<JoinHandle<()>>,
-    /// Tags the approval timer, so a stale one is ignored.
-    approval_generation: u64,
+    /// The step timeout (`step_timeout`).
+    timer: timer::Timer,
     /// The `approval_timeout` timer of the step whose calls wait.
-    approval_timer: Option<JoinHandle<()>>,
+    approval_timer: timer::Timer,
     /// The `idle_timeout` watchdog (`None`: the template has none).
     idle: Option<idle::IdleWatch>,
     phase: Phase,
@@ -336,10 +335,8 @@ impl Actor for AgentActor {
             model_task: None,
             tool_tasks: Vec::new(),
             tools_running: 0,
-            timer_generation: 0,
-            timer: None,
-            approval_generation: 0,
-            approval_timer: None,
+            timer: timer::Timer::default(),
+            approval_timer: timer::Timer::default(),
             phase: Phase::Running,
             reserved: 0,
             cancel_tx,
@@ -474,11 +471,13 @@ impl Actor for AgentActor {
                 }
             },
             AgentMsg::BudgetRaised => {
-                if let Phase::Suspended { parked } = &mut run.phase
-                    && matches!(parked, Some(Parked::Budget(_)))
-                    && let Some(Parked::Budget(request)) = parked.take()
-                {
-                    run.park(&myself, Parked::Request(request));
+                if let Phase::Suspended { parked } = &mut run.phase {
+                    match parked.take() {
+                        Some(Parked::Budget(request)) => {
+                            run.park(&myself, Parked::Request(request))
+                        }
+                        other => *parked = other,
+                    }
                 }
                 Vec::new()
             }
@@ -787,7 +786,7 @@ impl AgentRun {
         ));
         self.tools_running += 1;
         self.watch_idle(myself);
-        if self.timer.is_none() {
+        if !self.timer.is_running() {
             self.start_timer(myself, step);
         }
     }
@@ -796,30 +795,22 @@ impl AgentRun {
         let Some(timeout) = self.machine.template().step_timeout else {
             return;
         };
-        self.stop_timer();
-        self.timer_generation += 1;
-        let generation = self.timer_generation;
-        let me = myself.clone();
-        self.timer = Some(tokio::spawn(async move {
-            tokio::time::sleep(timeout).await;
-            let _ = me.cast(AgentMsg::StepTimeout { step, generation });
-        }));
+        let at = tokio::time::Instant::now() + timeout;
+        self.timer
+            .start_at(myself, at, move |generation| AgentMsg::StepTimeout {
+                step,
+                generation,
+            });
     }
 
     fn stop_timer(&mut self) {
-        if let Some(timer) = self.timer.take() {
-            timer.abort();
-        }
+        self.timer.stop();
     }
 
     fn step_timeout(&mut self, step: u32, generation: u64) -> Vec<Action> {
-        if step != self.machine.step()
-            || self.timer.is_none()
-            || generation != self.timer_generation
-        {
+        if step != self.machine.step() || !self.timer.fired(generation) {
             return Vec::new();
         }
-        self.timer = None;
         let timeout = self
             .machine
             .template()
@@ -857,10 +848,12 @@ impl AgentRun {
         };
         self.emit(EventKind::Resumed);
         match parked {
-            Some(Parked::Request(request)) => self.send_model(myself, request),
+            // (A slot that came while it waits for budget, asked for before
+            // it paused, tries the step again as a raise would.)
+            Some(Parked::Request(request) | Parked::Budget(request)) => {
+                self.send_model(myself, request)
+            }
             Some(Parked::Actions(actions)) => return actions,
-            // A slot came while it waits for budget (it asked before it paused).
-            Some(Parked::Budget(request)) => self.send_model(myself, request),
             None => {}
         }
         Vec::new()
