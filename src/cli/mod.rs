@@ -46,10 +46,21 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             max_steps,
             server,
         } => {
-            let body = serde_json::json!({
-                "addCredits": add_credits, "addTokens": add_tokens, "addSteps": add_steps,
-                "maxCredits": max_credits, "maxTokens": max_tokens, "maxSteps": max_steps,
-            });
+            // Only the budgets given (a credit amount JSON has no number for,
+            // NaN or infinite, is not one).
+            let credits = |v: Option<f64>| v.and_then(serde_json::Number::from_f64).map(Into::into);
+            let count = |v: Option<u64>| v.map(Into::into);
+            let body: serde_json::Map<String, serde_json::Value> = [
+                ("addCredits", credits(add_credits)),
+                ("addTokens", count(add_tokens)),
+                ("addSteps", count(add_steps)),
+                ("maxCredits", credits(max_credits)),
+                ("maxTokens", count(max_tokens)),
+                ("maxSteps", count(max_steps)),
+            ]
+            .into_iter()
+            .filter_map(|(key, value)| Some((key.to_owned(), value?)))
+            .collect();
             let api = service::Api::new(server)?;
             async_runtime()?.block_on(service::budget(&api, &tree_id, body))
         }

@@ -238,15 +238,8 @@ pub(super) async fn say(
 pub(super) async fn budget(
     api: &Api,
     tree_id: &str,
-    body: serde_json::Value,
+    body: serde_json::Map<String, serde_json::Value>,
 ) -> anyhow::Result<ExitCode> {
-    let body: serde_json::Map<String, serde_json::Value> = body
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter(|(_, v)| !v.is_null())
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
     if body.is_empty() {
         anyhow::bail!(
             "nothing to raise: give --add-credits, --add-tokens, --add-steps or a --max-* budget"
