@@ -69,8 +69,8 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             text,
             server,
         } => {
-            let (server, token) = server.resolve();
-            async_runtime()?.block_on(service::say(&server, token.as_deref(), &run_id, &text))
+            let api = service::Api::new(server)?;
+            async_runtime()?.block_on(service::say(&api, &run_id, &text))
         }
         Command::Approvals {
             tree_id,

@@ -150,19 +150,15 @@ impl Api {
     /// `--token`/`$ARBOR_API_TOKEN`.
     pub(super) fn new(args: ServerArgs) -> anyhow::Result<Api> {
         let (server, token) = args.resolve();
-        Api::at(&server, token.as_deref())
-    }
-
-    fn at(server: &str, token: Option<&str>) -> anyhow::Result<Api> {
-        let base = reqwest::Url::parse(server)
+        let base = reqwest::Url::parse(&server)
             .with_context(|| format!("--server {server:?} is not a URL"))?;
         if base.cannot_be_a_base() {
             anyhow::bail!("--server {server:?} cannot have a path");
         }
         Ok(Api {
-            server: server.to_owned(),
+            server,
             base,
-            token: token.map(str::to_owned),
+            token,
             client: reqwest::Client::new(),
         })
     }
@@ -211,13 +207,7 @@ pub(super) fn error_message(body: &serde_json::Value) -> &str {
 /// `arbor say`: posts a steering message to a server's
 /// `/v1/runs/{runId}/messages`; the server's refusal (its JSON error) is the
 /// command's error.
-pub(super) async fn say(
-    server: &str,
-    token: Option<&str>,
-    run_id: &str,
-    text: &str,
-) -> anyhow::Result<ExitCode> {
-    let api = Api::at(server, token)?;
+pub(super) async fn say(api: &Api, run_id: &str, text: &str) -> anyhow::Result<ExitCode> {
     let (status, body) = api
         .send(
             reqwest::Method::POST,
