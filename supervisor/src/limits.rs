@@ -333,6 +333,26 @@ impl Raised {
         }
     }
 
+    /// Whether setting `set` and adding `add` (as
+    /// `Supervisor::raise_limits` does) can be in force: a step or token
+    /// budget is set to at least 1, and every credit amount, set or added,
+    /// is finite and not negative. (Raising nothing is asked separately:
+    /// [`is_empty`](Self::is_empty).)
+    pub fn check_raise(set: &Raised, add: &Raised) -> Result<(), RaiseRefused> {
+        let credits = [set.max_credits, add.max_credits];
+        if let Some(&amount) = credits
+            .iter()
+            .flatten()
+            .find(|c| !c.is_finite() || **c < 0.0)
+        {
+            return Err(RaiseRefused::Credits(amount));
+        }
+        if set.max_steps == Some(0) || set.max_tokens == Some(0) {
+            return Err(RaiseRefused::Zero);
+        }
+        Ok(())
+    }
+
     /// Whether it raises nothing.
     pub fn is_empty(&self) -> bool {
         self.max_steps.is_none() && self.max_tokens.is_none() && self.max_credits.is_none()
@@ -353,6 +373,19 @@ impl Raised {
                 .map(|c| c + more.max_credits.unwrap_or(0.0)),
         }
     }
+}
+
+/// Why a raise of a tree's budgets is refused (see [`Raised::check_raise`]).
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RaiseRefused {
+    /// A credit amount, set or added, that is negative or not finite (it
+    /// holds the amount).
+    #[error("maxCredits and addCredits must be finite and not negative")]
+    Credits(f64),
+    /// A step or token budget set to 0.
+    #[error("maxSteps and maxTokens must be at least 1")]
+    Zero,
 }
 
 /// The running counts of one tree, shared by its agents through the hooks.
@@ -566,6 +599,53 @@ impl Budget {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    fn raised(steps: Option<u64>, tokens: Option<u64>, credits: Option<f64>) -> Raised {
+        Raised {
+            max_steps: steps,
+            max_tokens: tokens,
+            max_credits: credits,
+        }
+    }
+
+    #[test]
+    fn a_raise_sets_budgets_of_at_least_one_and_credits_that_are_finite_and_not_negative() {
+        let none = Raised::default();
+        let check = Raised::check_raise;
+        assert_eq!(check(&raised(Some(1), Some(1), Some(0.0)), &none), Ok(()));
+        assert_eq!(check(&none, &raised(Some(0), Some(0), Some(0.0))), Ok(()));
+        assert_eq!(check(&none, &raised(None, None, Some(2.5))), Ok(()));
+        assert_eq!(check(&none, &none), Ok(()));
+        assert_eq!(
+            check(&raised(Some(0), None, None), &none),
+            Err(RaiseRefused::Zero)
+        );
+        assert_eq!(
+            check(&raised(None, Some(0), None), &none),
+            Err(RaiseRefused::Zero)
+        );
+        assert_eq!(
+            check(&raised(None, None, Some(-1.0)), &none),
+            Err(RaiseRefused::Credits(-1.0))
+        );
+        assert_eq!(
+            check(&none, &raised(None, None, Some(-0.5))),
+            Err(RaiseRefused::Credits(-0.5))
+        );
+        assert_eq!(
+            check(&none, &raised(None, None, Some(f64::INFINITY))),
+            Err(RaiseRefused::Credits(f64::INFINITY))
+        );
+        assert!(matches!(
+            check(&raised(None, None, Some(f64::NAN)), &none),
+            Err(RaiseRefused::Credits(c)) if c.is_nan()
+        ));
+        // The credit amount is named before a zero budget.
+        assert!(matches!(
+            check(&raised(Some(0), None, Some(f64::NAN)), &none),
+            Err(RaiseRefused::Credits(_))
+        ));
+    }
 
     #[test]
     fn depth_children_and_total_refuse_cleanly() {
