@@ -548,7 +548,21 @@ impl AgentRun {
     }
 
     fn emit(&self, kind: EventKind) {
-        self.touch_progress();
+        // Progress is the run's own work (semantics §11): what a person said
+        // or decided, and the waits around it, are not.
+        let own_work = !matches!(
+            kind,
+            EventKind::Steered { .. }
+                | EventKind::ApprovalRequested { .. }
+                | EventKind::ApprovalDecided { .. }
+                | EventKind::BudgetReached { .. }
+                | EventKind::LimitsRaised { .. }
+                | EventKind::Suspended
+                | EventKind::Resumed
+        );
+        if own_work && self.idle.is_some() {
+            self.touch_progress();
+        }
         self.hooks.emit(&self.run_id, kind);
     }
 

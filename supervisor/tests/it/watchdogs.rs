@@ -199,3 +199,40 @@ async fn a_model_whose_stream_pauses_longer_than_the_timeout_is_stalled() {
     assert_eq!(stalls(&events).len(), 1);
     assert_eq!(stalls(&events)[0].2, 3000);
 }
+
+/// A person's messages are not the agent's progress: steering a run whose
+/// tool hangs does not keep its idle watchdog from stalling it.
+#[tokio::test(start_paused = true)]
+async fn steering_a_run_whose_tool_hangs_does_not_keep_it_from_stalling() {
+    let model = scripted(json!({"replies": [
+        {"agent": "stuck", "steps": [{"toolCalls": [call("hang", json!({}))]}]}
+    ]}));
+    let mut stuck = template("stuck");
+    stuck.tools.push("hang".into());
+    stuck.idle_timeout = Some(Duration::from_secs(2));
+    let sup = supervisor_with(
+        &model,
+        vec![stuck],
+        Vec::new(),
+        vec![Arc::new(Hang)],
+        TreeLimits::default(),
+    );
+    let started = tokio::time::Instant::now();
+    let handle = start(&sup, "stuck", "go").await;
+    let root = handle.root_run_id.clone();
+    // A message every half second, until the run refuses them (it ended).
+    let mut accepted = 0;
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if sup.steer(&root, "are you there?").await.is_err() {
+            break;
+        }
+        accepted += 1;
+    }
+    let ended = started.elapsed();
+    let result = finish(handle).await;
+    assert!(accepted >= 3, "{accepted} steers accepted");
+    assert_eq!(result.state.status, AgentStatus::Failed);
+    assert_eq!(result.state.error_kind, Some(FailureKind::Stalled));
+    assert!(ended < Duration::from_secs(3), "still running at {ended:?}");
+}
