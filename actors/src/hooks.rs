@@ -11,7 +11,6 @@ use crate::checkpoint::Recovered;
 use crate::event::EventKind;
 use crate::limit::LimitHit;
 use crate::model::{Model, Usage};
-use crate::state::AgentState;
 use crate::template::AgentTemplate;
 use crate::toolbox::Toolbox;
 
@@ -64,10 +63,6 @@ pub trait TreeHooks: Send + Sync + 'static {
 
     /// The toolbox of a template (built once and cached).
     fn toolbox(&self, template: &AgentTemplate) -> Result<Arc<Toolbox>, String>;
-
-    /// Ids for the `ordinal`-th child of `parent` (counted over the parent's whole
-    /// run), attempt `attempt` (0 for the first). Deterministic for replay.
-    fn child_ids(&self, parent: &AgentState, ordinal: u32, attempt: u32) -> RunIds;
 
     /// Admits one child of a parent at `parent_depth`, as the `index`-th of its call.
     /// Counts it against the tree's agent total when admitted.

@@ -10,8 +10,7 @@ use arbor_actors::hooks::{RunIds, Slot, SlotPriority};
 use arbor_actors::sync::LockExt;
 use arbor_actors::toolbox::Toolbox;
 use arbor_actors::{
-    AgentMsg, AgentState, AgentTemplate, Event, EventKind, LimitHit, Model, Recovered, RunId,
-    TreeHooks, Usage,
+    AgentMsg, AgentTemplate, Event, EventKind, LimitHit, Model, Recovered, TreeHooks, Usage,
 };
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -254,24 +253,6 @@ impl TreeHooks for TreeContext {
         let cut = Arc::new(cut);
         cache.insert(template.id.clone(), (base, cut.clone()));
         Ok(cut)
-    }
-
-    fn child_ids(&self, parent: &AgentState, ordinal: u32, attempt: u32) -> RunIds {
-        // From the parent's run id, not its agent id: the children of a retried
-        // attempt (`T/0.1~1`) get ids of their own (`T/0.1~1.1`). Every run
-        // of a tree has a run id of the tree's making; were one not, its
-        // children get its id unchanged, which the agent refuses as no run id.
-        let Ok(parent_id) = parent.run_id.parse::<RunId>() else {
-            return RunIds {
-                agent_id: parent.run_id.clone(),
-                run_id: parent.run_id.clone(),
-            };
-        };
-        let child = parent_id.child(ordinal);
-        RunIds {
-            run_id: child.retry(attempt).to_string(),
-            agent_id: child.to_string(),
-        }
     }
 
     fn admit_child(&self, parent_depth: usize, index: usize) -> Result<(), LimitHit> {

@@ -200,11 +200,12 @@ impl AgentRun {
         let depth = self.machine.state().depth();
         // A child a resumed tree already ran was admitted then; it is not counted twice.
         let next = self.machine.children_spawned() + 1;
-        let ids = self.hooks.child_ids(self.machine.state(), next, 0);
-        // Every attempt's run id derives from the agent id (the tree makes
-        // them all: one that does not read as a run id has no children).
-        let id = match ids.agent_id.parse::<RunId>() {
-            Ok(id) => id,
+        // From the parent's run id, not its agent id: the children of a
+        // retried attempt (`T/0.1~1`) get ids of their own (`T/0.1~1.1`), and
+        // every attempt's run id derives from the child's agent id. A run id
+        // the tree did not make (none does) has no children.
+        let id = match self.machine.state().run_id.parse::<RunId>() {
+            Ok(parent) => parent.child(next),
             Err(error) => {
                 return Admission::Refused {
                     agent_type: plan.agent_type,
@@ -212,7 +213,7 @@ impl AgentRun {
                 };
             }
         };
-        let known = self.hooks.recovered(&ids.run_id).is_some();
+        let known = self.hooks.recovered(&id.to_string()).is_some();
         let admitted = if known {
             Ok(())
         } else {
