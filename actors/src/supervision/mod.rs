@@ -247,14 +247,21 @@ impl Slot {
         })
     }
 
-    /// Gives the child its final report (its plan is no longer needed);
-    /// `pending` counts the call's children without one.
-    fn settle(&mut self, report: ChildReport, pending: &mut usize) {
-        if self.report.replace(report).is_none() {
-            *pending = pending.saturating_sub(1);
-        }
+    /// Gives the child its final report (its plan is no longer needed).
+    fn settle(&mut self, report: ChildReport) {
+        self.report = Some(report);
         self.plan = None;
         self.toolbox = None;
+    }
+}
+
+/// Slots without their report yet (a call is delivered when none is left).
+impl Call {
+    fn pending(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| s.report.is_none() && !s.delivered)
+            .count()
     }
 }
 
@@ -263,8 +270,6 @@ struct Call {
     inline: bool,
     background: bool,
     slots: Vec<Slot>,
-    /// Slots without their report yet: the call is delivered at 0.
-    pending: usize,
     parent: Arc<ParentInfo>,
 }
 
@@ -320,7 +325,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
         self.calls
             .values()
             .filter(|c| !c.background)
-            .map(|c| c.pending)
+            .map(Call::pending)
             .sum()
     }
 
@@ -418,7 +423,6 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 inline,
                 background,
                 slots,
-                pending: to_launch.len(),
                 parent,
             },
         );
@@ -532,7 +536,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
         out.push(Output::Skip {
             run_id: run_id.clone(),
         });
-        let Some((slot, pending)) = self.slot_mut(key) else {
+        let Some(slot) = self.slot_mut(key) else {
             return;
         };
         let Some(report) = slot.report(
@@ -543,7 +547,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
         ) else {
             return;
         };
-        slot.settle(report, pending);
+        slot.settle(report);
         out.push(Output::Emit(EventKind::ChildFinished {
             child_run_id: run_id,
             status: AgentStatus::Cancelled,
@@ -566,10 +570,10 @@ impl<A: Clone + Eq + Hash> Children<A> {
         for key in retrying {
             out.push(Output::StopRetry { key });
             // It stays failed, as its last attempt ended.
-            if let Some((slot, pending)) = self.slot_mut(key)
+            if let Some(slot) = self.slot_mut(key)
                 && let Some(report) = slot.last_failure.take()
             {
-                slot.settle(report, pending);
+                slot.settle(report);
             }
         }
     }
@@ -584,7 +588,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
         out: &mut Vec<Output<A>>,
     ) {
         let parent_ended = self.parent_ended.is_some();
-        let Some((slot, pending)) = self.slot_mut(key) else {
+        let Some(slot) = self.slot_mut(key) else {
             return;
         };
         // A stale attempt, or a child that has its report already.
@@ -638,7 +642,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             status,
         }));
         if parent_ended || status != AgentStatus::Failed {
-            slot.settle(report, pending);
+            slot.settle(report);
             return self.deliver_if_complete(key.step, key.call, out);
         }
         let error = report.error_message().unwrap_or_default().to_owned();
@@ -661,7 +665,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             }
             FailurePolicy::Escalate => {
                 let agent_type = report.agent_type.clone();
-                slot.settle(report, pending);
+                slot.settle(report);
                 out.push(Output::Fail {
                     failure: Failure::new(
                         FailureKind::ChildFailed,
@@ -670,7 +674,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 });
             }
             FailurePolicy::Report | FailurePolicy::Retry { .. } => {
-                slot.settle(report, pending);
+                slot.settle(report);
                 self.deliver_if_complete(key.step, key.call, out);
             }
         }
@@ -698,7 +702,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             }
             return;
         }
-        if c.pending > 0 {
+        if c.pending() > 0 {
             return;
         }
         let Some(mut c) = self.calls.remove(&(step, call)) else {
@@ -713,10 +717,10 @@ impl<A: Clone + Eq + Hash> Children<A> {
         }));
     }
 
-    /// The slot of `key`, and its call's count of children without a report.
-    fn slot_mut(&mut self, key: ChildKey) -> Option<(&mut Slot, &mut usize)> {
+    /// The slot of `key`.
+    fn slot_mut(&mut self, key: ChildKey) -> Option<&mut Slot> {
         let call = self.calls.get_mut(&(key.step, key.call))?;
-        Some((call.slots.get_mut(key.child)?, &mut call.pending))
+        call.slots.get_mut(key.child)
     }
 }
 
