@@ -98,6 +98,10 @@ impl TreeRenderer {
             EventKind::Steered { text, .. } => {
                 Some(format!("  » {} told: {}", short(event), clip(text, 61)))
             }
+            EventKind::BackgroundDelivered { child_run_id, .. } => Some(format!(
+                "  ↩ {} got the report of background child {child_run_id}",
+                short(event)
+            )),
             EventKind::ChildRetrying {
                 failed_run_id,
                 attempt,
@@ -233,5 +237,15 @@ mod tests {
             }))
             .unwrap();
         assert!(told.contains("told: use metric"), "{told}");
+        let report = r
+            .line(&event(EventKind::BackgroundDelivered {
+                step: 2,
+                child_run_id: "t/0.3".into(),
+            }))
+            .unwrap();
+        assert!(
+            report.contains("report of background child t/0.3"),
+            "{report}"
+        );
     }
 }
