@@ -911,12 +911,13 @@ pub async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, Json<Heal
     )
 )]
 pub async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let approvals_pending = shared.runtime.supervisor().approvals(None).len();
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        shared.metrics.encode(),
+        shared.metrics.encode(approvals_pending),
     )
         .into_response()
 }

@@ -1,6 +1,7 @@
 //! `/metrics`: counters fed by a bus observer (an event in, numbers out; no
-//! reaching into agents), encoded by `prometheus-client` in the OpenMetrics
-//! text format Prometheus scrapes.
+//! reaching into agents), and the pending approvals the supervisor lists, read
+//! when scraped; encoded by `prometheus-client` in the OpenMetrics text format
+//! Prometheus scrapes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -39,8 +40,6 @@ struct Track {
     in_model_call: bool,
     /// It gave its live slot back (waiting for children, a person, a budget).
     suspended: bool,
-    /// Its tool calls waiting for a person's decision.
-    approvals: i64,
 }
 
 pub struct Metrics {
@@ -49,7 +48,8 @@ pub struct Metrics {
     /// Agents alive that hold no live slot: waiting for children, for a
     /// person's decision or for a budget to be raised.
     agents_parked: Gauge,
-    /// Tool calls waiting for a person's decision.
+    /// Tool calls waiting for a person's decision: the length of the
+    /// supervisor's list, set when scraped (`encode`).
     approvals_pending: Gauge,
     agents_spawned: Counter,
     runs_finished: Family<StatusLabel, Counter>,
@@ -187,7 +187,6 @@ impl Metrics {
                         step_started: None,
                         in_model_call: false,
                         suspended: false,
-                        approvals: 0,
                     },
                 );
             }
@@ -210,17 +209,6 @@ impl Metrics {
                 {
                     track.suspended = suspended;
                     self.agents_parked.inc_by(if suspended { 1 } else { -1 });
-                }
-            }
-            EventKind::ApprovalRequested { .. } | EventKind::ApprovalDecided { .. } => {
-                let asked = matches!(event.kind, EventKind::ApprovalRequested { .. });
-                if let Some(track) = runs.get_mut(&event.run_id) {
-                    let step = if asked { 1 } else { -1 };
-                    // A resumed run asks again for a call it asked before.
-                    if asked || track.approvals > 0 {
-                        track.approvals += step;
-                        self.approvals_pending.inc_by(step);
-                    }
                 }
             }
             EventKind::ModelRetrying { .. } => {
@@ -265,7 +253,6 @@ impl Metrics {
                     if track.suspended {
                         self.agents_parked.dec();
                     }
-                    self.approvals_pending.dec_by(track.approvals);
                     if let Some(started) = track.step_started {
                         self.step_seconds.observe(started.elapsed().as_secs_f64());
                     }
@@ -280,7 +267,11 @@ impl Metrics {
         }
     }
 
-    pub fn encode(&self) -> String {
+    /// The metrics as OpenMetrics text; `approvals_pending`: the number of
+    /// tool calls waiting for a decision now (`Supervisor::approvals(None)`).
+    pub fn encode(&self, approvals_pending: usize) -> String {
+        self.approvals_pending
+            .set(i64::try_from(approvals_pending).unwrap_or(i64::MAX));
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
