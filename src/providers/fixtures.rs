@@ -10,12 +10,13 @@ use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use serde_json::json;
 
-use super::settings::{ProviderKind, ProviderSettings, Timeouts};
+use super::settings::{Api, ProviderKind, ProviderSettings, Timeouts};
 use super::wire::{Assembler, Failure, Reply};
 
 pub(crate) fn settings(kind: ProviderKind, stream: bool) -> ProviderSettings {
     ProviderSettings {
         kind,
+        api: Api::Chat,
         base_url: kind.default_base_url().to_owned(),
         model: match kind {
             ProviderKind::OpenAi => "gpt-4o".into(),

@@ -1,14 +1,15 @@
 //! Real model providers over HTTP: the OpenAI Chat Completions API (which also
-//! fronts vLLM, Ollama, llama.cpp, LiteLLM and OpenRouter through `base_url`)
-//! and the Anthropic Messages API, behind the core's `Model` port.
+//! fronts vLLM, Ollama, llama.cpp, LiteLLM and OpenRouter through `base_url`),
+//! the OpenAI Responses API (`api = "responses"`) and the Anthropic Messages
+//! API, behind the core's `Model` port.
 //!
 //! One client core serves every wire format: a per-model limiter, retries with
 //! backoff and jitter, connect/request/stream-idle timeouts, SSE streaming with
 //! deltas surfaced as events, usage and cost. A wire format (a `WireFormat`:
 //! endpoint, headers, request body, reply parse, stream assembler) lives in its
 //! own module, and `wire_format` is the one place that maps a
-//! [`ProviderKind`] to it. API keys live in [`ApiKey`] and never reach logs,
-//! events, errors or stored state.
+//! [`ProviderKind`] (and its [`Api`]) to it. API keys live in [`ApiKey`] and
+//! never reach logs, events, errors or stored state.
 
 mod anthropic;
 mod client;
@@ -16,6 +17,7 @@ mod client;
 mod fixtures;
 mod limiter;
 mod openai;
+mod responses;
 mod retry;
 mod settings;
 mod wire;
@@ -25,20 +27,22 @@ use std::sync::Arc;
 pub use client::HttpModel;
 pub use limiter::{Limiter, LimiterConfig};
 pub use retry::RetryPolicy;
-pub use settings::{ApiKey, HttpSection, Pricing, ProviderKind, ProviderSettings, Timeouts};
+pub use settings::{Api, ApiKey, HttpSection, Pricing, ProviderKind, ProviderSettings, Timeouts};
 
-/// The wire format a provider kind speaks.
-fn wire_format(kind: ProviderKind) -> Arc<dyn wire::WireFormat> {
-    match kind {
-        ProviderKind::OpenAi => Arc::new(openai::OpenAi),
-        ProviderKind::Anthropic => Arc::new(anthropic::Anthropic),
+/// The wire format a provider kind speaks through one of its APIs (an
+/// anthropic model has one; its `api` is refused when a config is read).
+fn wire_format(kind: ProviderKind, api: Api) -> Arc<dyn wire::WireFormat> {
+    match (kind, api) {
+        (ProviderKind::OpenAi, Api::Chat) => Arc::new(openai::OpenAi),
+        (ProviderKind::OpenAi, Api::Responses) => Arc::new(responses::Responses),
+        (ProviderKind::Anthropic, _) => Arc::new(anthropic::Anthropic),
     }
 }
 
 impl HttpModel {
-    /// A model speaking the wire format of `settings.kind`.
+    /// A model speaking the wire format of `settings.kind` and `settings.api`.
     pub fn new(name: impl Into<String>, settings: ProviderSettings) -> Result<Self, String> {
-        let format = wire_format(settings.kind);
+        let format = wire_format(settings.kind, settings.api);
         HttpModel::with_format(name, settings, format)
     }
 }
@@ -50,7 +54,16 @@ mod tests {
     #[test]
     fn each_kind_maps_to_the_format_of_its_name() {
         for kind in [ProviderKind::OpenAi, ProviderKind::Anthropic] {
-            assert_eq!(wire_format(kind).kind().name(), kind.name());
+            assert_eq!(wire_format(kind, Api::Chat).kind().name(), kind.name());
         }
+    }
+
+    #[test]
+    fn an_openai_model_with_api_responses_posts_to_responses() {
+        let chat = wire_format(ProviderKind::OpenAi, Api::Chat);
+        let responses = wire_format(ProviderKind::OpenAi, Api::Responses);
+        assert_eq!(chat.path(), "/chat/completions");
+        assert_eq!(responses.path(), "/responses");
+        assert_eq!(responses.kind(), ProviderKind::OpenAi);
     }
 }

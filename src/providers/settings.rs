@@ -39,6 +39,30 @@ impl ProviderKind {
     }
 }
 
+/// Which of OpenAI's APIs an `openai` model speaks (`api = "chat"` or
+/// `"responses"`; an `anthropic` model has only the Messages API).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Api {
+    /// Chat Completions (`POST /chat/completions`), which compatible servers
+    /// speak too: the default.
+    #[default]
+    Chat,
+    /// The Responses API (`POST /responses`), whose reasoning items are sent
+    /// back on the next request (docs/responses.md).
+    Responses,
+}
+
+impl Api {
+    /// Its `api` value in a config.
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Responses => "responses",
+        }
+    }
+}
+
 /// `[models.NAME]` with `provider = "openai"` or `"anthropic"`.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -47,6 +71,10 @@ pub struct HttpSection {
     pub base_url: Option<String>,
     /// The model id the API knows, e.g. `gpt-4o-mini` or `claude-sonnet-4-5`.
     pub model: String,
+    /// `openai` only: Chat Completions (`"chat"`, the default) or the
+    /// Responses API (`"responses"`).
+    #[serde(default)]
+    pub api: Option<Api>,
     /// The environment variable holding the API key.
     pub api_key_env: Option<String>,
     /// Whether replies are streamed (server-sent events).
@@ -200,6 +228,8 @@ impl fmt::Debug for ApiKey {
 pub struct ProviderSettings {
     /// The API it speaks.
     pub kind: ProviderKind,
+    /// Which of the provider's APIs (`Api::Chat` for an anthropic model).
+    pub api: Api,
     /// The API's base URL, without a trailing `/`.
     pub base_url: String,
     /// The model id the API knows.
@@ -260,6 +290,19 @@ impl ProviderSettings {
                 None => Ok(()),
             }
         }
+        if kind != ProviderKind::OpenAi
+            && let Some(api) = s.api
+        {
+            return Err((
+                "api".into(),
+                format!(
+                    "api = {:?} is for openai models only (chat or responses); \
+                     a {} model speaks one API",
+                    api.name(),
+                    kind.name()
+                ),
+            ));
+        }
         range("max_tokens", s.max_tokens, (1, 10_000_000))?;
         s.options
             .check()
@@ -302,6 +345,7 @@ impl ProviderSettings {
         let timeouts_default = Timeouts::default();
         Ok(ProviderSettings {
             kind,
+            api: s.api.unwrap_or_default(),
             base_url: base_url.trim_end_matches('/').to_owned(),
             model: s.model.clone(),
             api_key_env: s.api_key_env.clone(),
