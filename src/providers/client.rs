@@ -10,11 +10,12 @@ use arbor_actors::{
 use async_trait::async_trait;
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, USER_AGENT};
 use serde_json::Value;
+use tokio::time::Instant;
 
-use super::limiter::Limiter;
-use super::retry::{jitter, retry_after, retryable_status};
+use super::limiter::{Closed, Gate, Limiter};
+use super::retry::{exhausted_for, jitter, retry_after, retryable_status};
 use super::settings::ProviderSettings;
 use super::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
 
@@ -25,6 +26,9 @@ pub struct HttpModel {
     format: Arc<dyn WireFormat>,
     client: reqwest::Client,
     limiter: Limiter,
+    /// The cooldown gate of the endpoint and key, shared with every other
+    /// model on them (`None`: [`HttpModel::without_cooldown`]).
+    gate: Option<Arc<Gate>>,
     /// The base URL and the format's path, joined once.
     endpoint: String,
     /// Every request's headers, built once from the settings; `Err` (a bad
@@ -46,6 +50,10 @@ impl HttpModel {
         Ok(HttpModel {
             name: name.into(),
             limiter: Limiter::new(&settings.limits),
+            gate: Some(Gate::shared(
+                &settings.base_url,
+                settings.api_key.as_ref().map_or("", |key| key.expose()),
+            )),
             endpoint: format!("{}{}", settings.base_url, format.path()),
             headers: headers(&settings, &*format),
             settings,
@@ -57,6 +65,15 @@ impl HttpModel {
     /// The settings it was built from.
     pub fn settings(&self) -> &ProviderSettings {
         &self.settings
+    }
+
+    /// The model without the endpoint's shared cooldown: it neither closes
+    /// nor waits for the gate, reads no rate-limit headers, and each request
+    /// waits only for its own `Retry-After`. For measuring what the cooldown
+    /// saves (BENCHMARKS.md), not for use.
+    pub fn without_cooldown(mut self) -> Self {
+        self.gate = None;
+        self
     }
 
     fn body(&self, request: &ModelRequest) -> Value {
@@ -87,15 +104,25 @@ impl HttpModel {
             .await
             .map_err(|e| Failure::transient(format!("request failed: {}", without_url(e))))?;
         let status = response.status();
+        // Spent rate-limit buckets close the gate until their reset, whatever
+        // the status; so does a 429 or 503 with Retry-After.
+        let exhausted = exhausted_for(response.headers());
+        if let (Some(gate), Some(wait)) = (&self.gate, exhausted) {
+            gate.close_for(wait);
+        }
         if !status.is_success() {
             let retry_after = retry_after(response.headers());
+            if let (Some(gate), Some(wait), 429 | 503) = (&self.gate, retry_after, status.as_u16())
+            {
+                gate.close_for(wait);
+            }
             let text = response.text().await.unwrap_or_default();
             let message = error_message(&text, status);
             return Err(if retryable_status(status) {
                 Failure::Transient {
                     status: Some(status.as_u16()),
                     message,
-                    retry_after,
+                    retry_after: retry_after.or(exhausted.filter(|_| self.gate.is_some())),
                 }
             } else {
                 Failure::Rejected {
@@ -136,14 +163,51 @@ impl HttpModel {
         }
     }
 
-    /// A message naming this model, with the key scrubbed out.
-    fn error(&self, failure: Failure) -> ModelError {
-        let model = format!(
+    /// The model as errors name it.
+    fn label(&self) -> String {
+        format!(
             "{} ({} {})",
             self.name,
             self.format.kind().name(),
             self.settings.model
+        )
+    }
+
+    /// The endpoint asked for a wait that ends beyond the tree's deadline:
+    /// the request fails now rather than waiting for nothing. `reason` is the
+    /// failure of the request's last attempt, if it made one.
+    fn beyond_deadline(&self, closed: Closed, reason: Option<&str>, attempts: u32) -> ModelError {
+        let asked = format!(
+            "the endpoint asked to wait {}, beyond the tree's deadline in {}",
+            seconds(closed.wait),
+            seconds(closed.left)
         );
+        let error = ModelError::RateLimited {
+            model: self.label(),
+            message: match reason {
+                Some(reason) => format!("{reason}; {asked}"),
+                None => asked,
+            },
+            retry_after: Some(closed.wait),
+        };
+        if attempts > 1 {
+            error.after_attempts(attempts)
+        } else {
+            error
+        }
+    }
+
+    /// Waits until the endpoint's gate is open (at once without a gate).
+    async fn wait_for_gate(&self, deadline: Option<Instant>) -> Result<(), Closed> {
+        match &self.gate {
+            Some(gate) => gate.wait(deadline).await,
+            None => Ok(()),
+        }
+    }
+
+    /// A message naming this model, with the key scrubbed out.
+    fn error(&self, failure: Failure) -> ModelError {
+        let model = self.label();
         let scrub = |text: String| match &self.settings.api_key {
             Some(key) if !key.expose().is_empty() => text.replace(key.expose(), "[REDACTED]"),
             _ => text,
@@ -235,9 +299,20 @@ impl Model for HttpModel {
         let body = self.body(&request);
         let estimate = request.messages.estimated_tokens();
         let policy = &self.settings.retry;
+        let deadline = request.meta.deadline;
         let mut retry = 0;
+        // The last attempt's failure, for an error that ends the retries.
+        let mut reason: Option<String> = None;
         loop {
+            // The gate before the limiter (a closed gate holds no slot) and
+            // again once admitted: it may have closed while this queued.
+            self.wait_for_gate(deadline)
+                .await
+                .map_err(|closed| self.beyond_deadline(closed, reason.as_deref(), retry))?;
             let admission = self.limiter.admit(estimate).await;
+            self.wait_for_gate(deadline)
+                .await
+                .map_err(|closed| self.beyond_deadline(closed, reason.as_deref(), retry))?;
             let outcome = tokio::time::timeout(
                 self.settings.timeouts.request,
                 self.attempt(headers, &body, &deltas),
@@ -271,16 +346,38 @@ impl Model for HttpModel {
                         _ => None,
                     };
                     let delay = policy.delay(retry, after, jitter());
-                    let reason = match self.error(failure) {
+                    let error = self.error(failure);
+                    // A retry's reason is the message; a rate limit's names
+                    // the model too.
+                    let shown = match &error {
                         ModelError::Transient { message, .. }
+                        | ModelError::Malformed { message, .. } => message.clone(),
+                        other => other.to_string(),
+                    };
+                    let message = match error {
+                        ModelError::Transient { message, .. }
+                        | ModelError::RateLimited { message, .. }
                         | ModelError::Malformed { message, .. } => message,
                         other => other.to_string(),
                     };
-                    tracing::warn!(model = %self.name, retry, ?delay, %reason, "retrying model request");
+                    // The endpoint's own wait is honoured in full, so one that
+                    // ends beyond the deadline fails now.
+                    let now = Instant::now();
+                    if let (Some(after), Some(deadline)) = (after, deadline)
+                        && now + after > deadline
+                    {
+                        let closed = Closed {
+                            wait: after,
+                            left: deadline.saturating_duration_since(now),
+                        };
+                        return Err(self.beyond_deadline(closed, Some(&message), retry));
+                    }
+                    reason = Some(message);
+                    tracing::warn!(model = %self.name, retry, ?delay, reason = %shown, "retrying model request");
                     deltas(Delta::Retry {
                         attempt: retry,
                         delay_ms: delay.as_millis() as u64,
-                        reason,
+                        reason: shown,
                     });
                     tokio::time::sleep(delay).await;
                 }
@@ -297,10 +394,15 @@ impl Model for HttpModel {
     }
 }
 
-/// The headers of every request: the key's, the format's fixed ones, then
-/// the configured ones.
+/// The `User-Agent` of every request.
+const ARBOR_AGENT: &str = concat!("arbor/", env!("CARGO_PKG_VERSION"));
+
+/// The headers of every request: `User-Agent: arbor/<version>`, the key's,
+/// the format's fixed ones, then the configured ones (which may replace the
+/// user agent).
 fn headers(settings: &ProviderSettings, format: &dyn WireFormat) -> Result<HeaderMap, String> {
     let mut headers = HeaderMap::new();
+    headers.insert(USER_AGENT, HeaderValue::from_static(ARBOR_AGENT));
     if let Some(key) = &settings.api_key {
         let (name, value) = format.auth_header(key.expose());
         let mut value = HeaderValue::from_str(&value)
@@ -335,7 +437,9 @@ fn without_url(e: reqwest::Error) -> String {
     text
 }
 
-/// The API's error message from an error body, else the status text.
+/// The API's error message from an error body, after the error's `type`
+/// and `code` when it gives them (`invalid_request_error/context_length_exceeded:
+/// …`), else the status text.
 fn error_message(body: &str, status: reqwest::StatusCode) -> String {
     let parsed: Option<Value> = serde_json::from_str(body).ok();
     let message = parsed.as_ref().and_then(|v| {
@@ -344,12 +448,83 @@ fn error_message(body: &str, status: reqwest::StatusCode) -> String {
             .and_then(Value::as_str)
             .map(str::to_owned)
     });
-    message.unwrap_or_else(|| {
+    let Some(message) = message else {
         let reason = status.canonical_reason().unwrap_or("error");
-        if body.trim().is_empty() {
+        return if body.trim().is_empty() {
             reason.to_owned()
         } else {
             format!("{reason}: {}", body.chars().take(200).collect::<String>())
-        }
-    })
+        };
+    };
+    match parsed.as_ref().and_then(error_kind) {
+        Some(kind) => format!("{kind}: {message}"),
+        None => message,
+    }
+}
+
+/// `type/code`, `type` or `code` of an error body's `error` object (OpenAI
+/// `{"error": {"type", "code", "message"}}`, Anthropic `{"type": "error",
+/// "error": {"type", "message"}}`).
+fn error_kind(body: &Value) -> Option<String> {
+    let error = body.get("error")?;
+    let text = |key: &str| match error.get(key)? {
+        Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_owned()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    };
+    match (text("type"), text("code")) {
+        (Some(kind), Some(code)) if kind != code => Some(format!("{kind}/{code}")),
+        (Some(kind), _) => Some(kind),
+        (None, code) => code,
+    }
+}
+
+/// A wait in seconds, as a message shows it: `30s`, `1.5s`.
+fn seconds(wait: std::time::Duration) -> String {
+    let secs = wait.as_secs_f64();
+    if (secs - secs.round()).abs() < 0.05 {
+        format!("{}s", secs.round())
+    } else {
+        format!("{secs:.1}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn error_messages_keep_the_type_and_code() {
+        let status = reqwest::StatusCode::BAD_REQUEST;
+        let openai = json!({"error": {"message": "too long", "type": "invalid_request_error",
+            "param": "messages", "code": "context_length_exceeded"}});
+        assert_eq!(
+            error_message(&openai.to_string(), status),
+            "invalid_request_error/context_length_exceeded: too long"
+        );
+        let no_code = json!({"error": {"message": "slow down", "type": "requests", "code": null}});
+        assert_eq!(
+            error_message(&no_code.to_string(), status),
+            "requests: slow down"
+        );
+        let anthropic = json!({"type": "error", "error": {"type": "overloaded_error",
+            "message": "Overloaded"}});
+        assert_eq!(
+            error_message(&anthropic.to_string(), status),
+            "overloaded_error: Overloaded"
+        );
+        let bare = json!({"message": "nope"});
+        assert_eq!(error_message(&bare.to_string(), status), "nope");
+        assert_eq!(error_message("", status), "Bad Request");
+        assert_eq!(error_message("oops", status), "Bad Request: oops");
+    }
+
+    #[test]
+    fn waits_show_in_seconds() {
+        use std::time::Duration;
+        assert_eq!(seconds(Duration::from_secs(30)), "30s");
+        assert_eq!(seconds(Duration::from_millis(4999)), "5s");
+        assert_eq!(seconds(Duration::from_millis(1500)), "1.5s");
+    }
 }

@@ -1,8 +1,15 @@
 //! A limiter shared by every agent using one model: at most `max_concurrent`
 //! requests in flight, and requests-per-minute and tokens-per-minute buckets,
 //! so a swarm queues instead of drowning the endpoint.
+//!
+//! Over the limiters, one cooldown [`Gate`] per endpoint and key: when the
+//! endpoint asks to wait (a 429 or 503 with `Retry-After`, or rate-limit
+//! headers saying nothing is left until a reset), the gate closes and no
+//! request of any model on that endpoint and key is sent until it opens.
 
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash as _, Hasher as _};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 
 use arbor_actors::sync::LockExt as _;
@@ -114,6 +121,88 @@ impl Bucket {
     }
 }
 
+/// The cooldown gate of one endpoint and key, shared by every model on them
+/// ([`Gate::shared`]): closed until an instant, it holds back every request
+/// to the endpoint, the ones waiting to start and the retries alike.
+#[derive(Debug, Default)]
+pub struct Gate {
+    until: Mutex<Option<Instant>>,
+}
+
+/// The gate stays closed beyond the request's deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Closed {
+    /// How long the gate stays closed from now.
+    pub wait: Duration,
+    /// How long until the deadline.
+    pub left: Duration,
+}
+
+/// The longest a gate closes for at once (a guard against a garbled header).
+const LONGEST_CLOSE: Duration = Duration::from_secs(86_400);
+
+/// The gates by endpoint and key hash; a gate lives while a model holds it.
+static GATES: LazyLock<Mutex<Gates>> = LazyLock::new(Mutex::default);
+
+/// A gate by the endpoint's base URL and its key's hash.
+type Gates = HashMap<(String, u64), Weak<Gate>>;
+
+impl Gate {
+    /// The gate of `base_url` with `key` (`""` for none): the same gate for
+    /// every model built on them while one of those models lives. The key
+    /// is kept only as a hash.
+    pub fn shared(base_url: &str, key: &str) -> Arc<Gate> {
+        // A fixed hasher: the same key always hashes the same in a process.
+        let mut hasher = DefaultHasher::new();
+        key.hash(&mut hasher);
+        let id = (base_url.trim_end_matches('/').to_owned(), hasher.finish());
+        let mut gates = GATES.locked();
+        if let Some(gate) = gates.get(&id).and_then(Weak::upgrade) {
+            return gate;
+        }
+        gates.retain(|_, gate| gate.strong_count() > 0);
+        let gate = Arc::new(Gate::default());
+        gates.insert(id, Arc::downgrade(&gate));
+        gate
+    }
+
+    /// Closes the gate for `wait` from now (a gate already closed for longer
+    /// stays so).
+    pub fn close_for(&self, wait: Duration) {
+        let when = Instant::now() + wait.min(LONGEST_CLOSE);
+        let mut until = self.until.locked();
+        if until.is_none_or(|u| u < when) {
+            *until = Some(when);
+        }
+    }
+
+    /// How long the gate stays closed (`None`: it is open).
+    pub fn closed_for(&self) -> Option<Duration> {
+        let until = (*self.until.locked())?;
+        let now = Instant::now();
+        (until > now).then(|| until - now)
+    }
+
+    /// Waits until the gate is open. `Err` at once, without waiting, when it
+    /// stays closed beyond `deadline`.
+    pub async fn wait(&self, deadline: Option<Instant>) -> Result<(), Closed> {
+        // A loop: the gate may close again, for longer, while this waits.
+        while let Some(wait) = self.closed_for() {
+            let now = Instant::now();
+            if let Some(deadline) = deadline
+                && now + wait > deadline
+            {
+                return Err(Closed {
+                    wait,
+                    left: deadline.saturating_duration_since(now),
+                });
+            }
+            tokio::time::sleep(wait).await;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,5 +268,78 @@ mod tests {
         assert!(!third.is_finished());
         drop(a);
         third.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_gate_holds_every_waiter_until_it_opens() {
+        let gate = Arc::new(Gate::default());
+        let start = Instant::now();
+        gate.wait(None).await.unwrap();
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "an open gate does not wait"
+        );
+        gate.close_for(Duration::from_secs(2));
+        // A shorter close does not reopen it earlier.
+        gate.close_for(Duration::from_secs(1));
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let gate = gate.clone();
+                tokio::spawn(async move {
+                    gate.wait(None).await.unwrap();
+                    Instant::now()
+                })
+            })
+            .collect();
+        for waiter in waiters {
+            assert_eq!(waiter.await.unwrap() - start, Duration::from_secs(2));
+        }
+        assert_eq!(gate.closed_for(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gate_closed_again_while_waiting_is_waited_for_again() {
+        let gate = Arc::new(Gate::default());
+        let start = Instant::now();
+        gate.close_for(Duration::from_secs(1));
+        let waiter = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.wait(None).await.map(|()| Instant::now()) }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        gate.close_for(Duration::from_secs(3));
+        let opened = waiter.await.unwrap().unwrap();
+        assert_eq!(opened - start, Duration::from_millis(3500));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gate_closed_beyond_the_deadline_fails_at_once() {
+        let gate = Gate::default();
+        let start = Instant::now();
+        gate.close_for(Duration::from_secs(10));
+        let deadline = start + Duration::from_secs(4);
+        assert_eq!(
+            gate.wait(Some(deadline)).await,
+            Err(Closed {
+                wait: Duration::from_secs(10),
+                left: Duration::from_secs(4)
+            })
+        );
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        let later = start + Duration::from_secs(11);
+        gate.wait(Some(later)).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn models_on_one_endpoint_and_key_share_one_gate() {
+        let a = Gate::shared("http://gate-test.invalid/v1", "k1");
+        let b = Gate::shared("http://gate-test.invalid/v1/", "k1");
+        let other_key = Gate::shared("http://gate-test.invalid/v1", "k2");
+        let other_url = Gate::shared("http://gate-test-2.invalid/v1", "k1");
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &other_key));
+        assert!(!Arc::ptr_eq(&a, &other_url));
     }
 }

@@ -28,11 +28,13 @@ impl Default for RetryPolicy {
 
 impl RetryPolicy {
     /// The wait before retry number `retry` (1 for the first retry). A server's
-    /// `Retry-After` wins when given (capped at `max_delay`); otherwise
-    /// `base · 2^(retry-1)` with jitter in [50 %, 100 %], capped.
+    /// `Retry-After` wins when given, as it is: `max_delay` does not shorten
+    /// it (the client fails at once instead when it falls beyond the tree's
+    /// deadline); otherwise `base · 2^(retry-1)` with jitter in [50 %, 100 %],
+    /// capped at `max_delay`.
     pub fn delay(&self, retry: u32, retry_after: Option<Duration>, jitter: f64) -> Duration {
         if let Some(after) = retry_after {
-            return after.min(self.max_delay);
+            return after;
         }
         let exp = self
             .base_delay
@@ -69,6 +71,139 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     )
 }
 
+/// How long the endpoint's rate-limit headers say nothing is left: the
+/// longest reset of a bucket whose remaining count is 0 (`None`: none is
+/// spent, or its reset is not given). OpenAI's `x-ratelimit-remaining-*`
+/// with `x-ratelimit-reset-*` (durations such as `1s`, `6m0s`, `20ms`),
+/// Anthropic's `anthropic-ratelimit-*-remaining` with `*-reset` (RFC 3339
+/// times).
+pub fn exhausted_for(headers: &HeaderMap) -> Option<Duration> {
+    const OPENAI: [&str; 2] = ["requests", "tokens"];
+    const ANTHROPIC: [&str; 4] = ["requests", "tokens", "input-tokens", "output-tokens"];
+    let text = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
+    let spent = |name: &str| {
+        text(name)
+            .and_then(|v| v.parse::<f64>().ok())
+            .is_some_and(|n| n <= 0.0)
+    };
+    let openai = OPENAI.iter().filter_map(|bucket| {
+        if !spent(&format!("x-ratelimit-remaining-{bucket}")) {
+            return None;
+        }
+        go_duration(text(&format!("x-ratelimit-reset-{bucket}"))?)
+    });
+    let anthropic = ANTHROPIC.iter().filter_map(|bucket| {
+        if !spent(&format!("anthropic-ratelimit-{bucket}-remaining")) {
+            return None;
+        }
+        let reset = rfc3339(text(&format!("anthropic-ratelimit-{bucket}-reset"))?)?;
+        Some(
+            reset
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default(),
+        )
+    });
+    openai.chain(anthropic).max()
+}
+
+/// A Go duration as OpenAI writes it: `1s`, `6m0s`, `20ms`, `1h2m3.5s`.
+pub fn go_duration(text: &str) -> Option<Duration> {
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0.0f64;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "\u{b5}s" | "\u{3bc}s" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        rest = &rest[unit..];
+        total += number * scale;
+    }
+    Duration::try_from_secs_f64(total).ok()
+}
+
+/// An RFC 3339 time (`2025-01-02T03:04:05.678Z`, `...+01:00`).
+pub fn rfc3339(text: &str) -> Option<std::time::SystemTime> {
+    let text = text.trim();
+    let number = |range: std::ops::Range<usize>| -> Option<i64> {
+        let part = text.get(range)?;
+        part.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| part.parse().ok())?
+    };
+    let bytes = text.as_bytes();
+    let separators = [(4, b'-'), (7, b'-'), (13, b':'), (16, b':')];
+    if bytes.len() < 20
+        || separators.iter().any(|&(i, c)| bytes[i] != c)
+        || !matches!(bytes[10], b'T' | b't' | b' ')
+    {
+        return None;
+    }
+    let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
+    let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
+        return None;
+    }
+    // Seconds may be 60 (a leap second): counted as the next second's start.
+    if second > 60 {
+        return None;
+    }
+    let mut rest = &text[19..];
+    let mut nanos = 0u32;
+    if let Some(fraction) = rest.strip_prefix('.') {
+        let digits = fraction
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(fraction.len());
+        if digits == 0 {
+            return None;
+        }
+        let padded = format!("{:0<9}", &fraction[..digits.min(9)]);
+        nanos = padded.parse().ok()?;
+        rest = &fraction[digits..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let sign = match rest.as_bytes().first()? {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            let (h, m) = rest.get(1..)?.split_once(':')?;
+            if h.len() != 2 || m.len() != 2 {
+                return None;
+            }
+            sign * (h.parse::<i64>().ok()? * 3600 + m.parse::<i64>().ok()? * 60)
+        }
+    };
+    // Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's
+    // days_from_civil).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset;
+    let secs = u64::try_from(secs).ok()?;
+    std::time::UNIX_EPOCH.checked_add(Duration::new(secs, nanos))
+}
+
 /// A number in [0, 1) that differs between calls, for jitter.
 pub fn jitter() -> f64 {
     use std::hash::{BuildHasher, RandomState};
@@ -92,9 +227,10 @@ mod tests {
         assert_eq!(p.delay(2, None, 1.0), Duration::from_millis(200));
         assert_eq!(p.delay(3, None, 0.0), Duration::from_millis(200));
         assert_eq!(p.delay(9, None, 1.0), Duration::from_millis(1000));
+        // Retry-After is honoured as it is, beyond max_delay.
         assert_eq!(
             p.delay(1, Some(Duration::from_secs(7)), 0.3),
-            Duration::from_millis(1000)
+            Duration::from_secs(7)
         );
         assert_eq!(
             p.delay(1, Some(Duration::from_millis(20)), 0.3),
@@ -117,6 +253,103 @@ mod tests {
         assert_eq!(retry_after(&h), Some(Duration::ZERO));
         h.insert("retry-after", HeaderValue::from_static("soon"));
         assert_eq!(retry_after(&h), None);
+    }
+
+    #[test]
+    fn go_durations_as_openai_writes_them() {
+        let ms = Duration::from_millis;
+        assert_eq!(go_duration("1s"), Some(ms(1000)));
+        assert_eq!(go_duration("6m0s"), Some(ms(360_000)));
+        assert_eq!(go_duration("20ms"), Some(ms(20)));
+        assert_eq!(go_duration("1h2m3.5s"), Some(ms(3_723_500)));
+        assert_eq!(go_duration("0.25s"), Some(ms(250)));
+        assert_eq!(
+            go_duration("1500us"),
+            Some(ms(1) + Duration::from_micros(500))
+        );
+        for bad in ["", "5", "s", "1x", "1.2.3s", "-1s"] {
+            assert_eq!(go_duration(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn rfc3339_times() {
+        let at = |secs: u64, nanos: u32| Some(std::time::UNIX_EPOCH + Duration::new(secs, nanos));
+        assert_eq!(rfc3339("1970-01-01T00:00:00Z"), at(0, 0));
+        assert_eq!(rfc3339("2015-10-21T07:28:00Z"), at(1_445_412_480, 0));
+        assert_eq!(
+            rfc3339("2015-10-21T09:28:00.25+02:00"),
+            at(1_445_412_480, 250_000_000)
+        );
+        assert_eq!(
+            rfc3339("2024-02-29T23:59:59-00:30"),
+            at(1_709_251_199 + 1800, 0)
+        );
+        for bad in [
+            "",
+            "2015-10-21",
+            "2015-10-21T07:28:00",
+            "2015-13-21T07:28:00Z",
+            "2015-10-21T07:28:00.Z",
+            "2015-10-21T07:28:00+0200",
+            "1969-12-31T23:59:59Z",
+        ] {
+            assert_eq!(rfc3339(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn spent_rate_limit_buckets_close_until_their_reset() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-ratelimit-remaining-requests",
+            HeaderValue::from_static("3"),
+        );
+        h.insert("x-ratelimit-reset-requests", HeaderValue::from_static("1s"));
+        h.insert(
+            "x-ratelimit-remaining-tokens",
+            HeaderValue::from_static("0"),
+        );
+        h.insert("x-ratelimit-reset-tokens", HeaderValue::from_static("6m0s"));
+        assert_eq!(exhausted_for(&h), Some(Duration::from_secs(360)));
+        h.insert(
+            "x-ratelimit-remaining-tokens",
+            HeaderValue::from_static("10"),
+        );
+        assert_eq!(exhausted_for(&h), None, "nothing is spent");
+        h.insert(
+            "x-ratelimit-remaining-requests",
+            HeaderValue::from_static("0"),
+        );
+        assert_eq!(exhausted_for(&h), Some(Duration::from_secs(1)));
+
+        let mut h = HeaderMap::new();
+        h.insert(
+            "anthropic-ratelimit-requests-remaining",
+            HeaderValue::from_static("0"),
+        );
+        // A reset in the past: nothing to wait for.
+        h.insert(
+            "anthropic-ratelimit-requests-reset",
+            HeaderValue::from_static("2015-10-21T07:28:00Z"),
+        );
+        assert_eq!(exhausted_for(&h), Some(Duration::ZERO));
+        h.insert(
+            "anthropic-ratelimit-tokens-remaining",
+            HeaderValue::from_static("0"),
+        );
+        h.insert(
+            "anthropic-ratelimit-tokens-reset",
+            HeaderValue::from_static("2999-01-01T00:00:00Z"),
+        );
+        assert!(exhausted_for(&h) > Some(Duration::from_secs(86_400 * 365)));
+        // Remaining 0 without a reset says nothing about how long.
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-ratelimit-remaining-requests",
+            HeaderValue::from_static("0"),
+        );
+        assert_eq!(exhausted_for(&h), None);
     }
 
     #[test]
