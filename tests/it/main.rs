@@ -18,6 +18,7 @@ mod long_running;
 mod mcp;
 mod page_approvals;
 mod page_turns;
+mod provider_cooldown;
 mod provider_faults;
 mod provider_limits;
 mod provider_secrets;
