@@ -1,9 +1,13 @@
-//! The OpenAI Chat Completions wire format, both ways.
+//! The OpenAI Chat Completions wire format, both ways, for OpenAI and the
+//! servers compatible with it (vLLM, llama.cpp, Ollama, LiteLLM, OpenRouter).
+//! What each field is and the servers' quirks it works around are in
+//! `docs/providers.md`.
 
 mod stream;
 
 use arbor_actors::ModelRequest;
 use arbor_actors::message::{Content, Message, Part, ToolCall, ToolResultPart};
+use arbor_actors::model::{ModelOptions, ToolChoice};
 use serde_json::{Value, json};
 
 pub(crate) use self::stream::StreamState;
@@ -41,6 +45,7 @@ impl WireFormat for OpenAi {
 }
 
 pub(crate) fn request_body(settings: &ProviderSettings, request: &ModelRequest) -> Value {
+    let options = request.meta.options.over(&settings.options);
     let mut messages = Vec::new();
     if !request.system_prompt.is_empty() {
         messages.push(json!({"role": "system", "content": &*request.system_prompt}));
@@ -58,8 +63,9 @@ pub(crate) fn request_body(settings: &ProviderSettings, request: &ModelRequest) 
         "messages": messages,
     });
     if let Some(max) = settings.max_tokens {
-        body["max_tokens"] = json!(max);
+        body[max_tokens_field(&settings.base_url)] = json!(max);
     }
+    sampling(&mut body, &options);
     if !request.tools.is_empty() {
         let tools: Vec<Value> = request
             .tools
@@ -71,12 +77,68 @@ pub(crate) fn request_body(settings: &ProviderSettings, request: &ModelRequest) 
             })
             .collect();
         body["tools"] = json!(tools);
+        // Always said: llama.cpp's server reads a request without
+        // `tool_choice` as one with no tools (OpenAI's default is `auto`).
+        body["tool_choice"] =
+            tool_choice(options.tool_choice.as_ref().unwrap_or(&ToolChoice::Auto));
+        // Without tools both fields are refused (OpenAI, vLLM): sent only here.
+        if let Some(parallel) = options.parallel_tool_calls {
+            body["parallel_tool_calls"] = json!(parallel);
+        }
+    }
+    if let Some(effort) = options.reasoning.as_ref().and_then(|r| r.effort) {
+        body["reasoning_effort"] = json!(effort.name());
     }
     if settings.stream {
         body["stream"] = json!(true);
         body["stream_options"] = json!({"include_usage": true});
     }
+    // The last word: its keys replace the ones set above.
+    if let (Some(extra), Some(object)) = (&options.extra_body, body.as_object_mut()) {
+        object.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
     body
+}
+
+/// The field the reply's token limit goes in: `max_completion_tokens` for
+/// OpenAI's own API (its reasoning models refuse `max_tokens`, which it
+/// deprecated), `max_tokens` for every other server (vLLM, llama.cpp, Ollama
+/// and most proxies read only that one).
+pub(crate) fn max_tokens_field(base_url: &str) -> &'static str {
+    let host = reqwest::Url::parse(base_url)
+        .ok()
+        .and_then(|url| url.host_str().map(str::to_ascii_lowercase));
+    match host {
+        Some(host) if host == "api.openai.com" || host.ends_with(".api.openai.com") => {
+            "max_completion_tokens"
+        }
+        _ => "max_tokens",
+    }
+}
+
+/// The sampling fields that are set.
+fn sampling(body: &mut Value, options: &ModelOptions) {
+    if let Some(t) = options.temperature {
+        body["temperature"] = json!(t);
+    }
+    if let Some(p) = options.top_p {
+        body["top_p"] = json!(p);
+    }
+    if let Some(stop) = &options.stop {
+        body["stop"] = json!(stop);
+    }
+    if let Some(seed) = options.seed {
+        body["seed"] = json!(seed);
+    }
+}
+
+fn tool_choice(choice: &ToolChoice) -> Value {
+    match choice {
+        ToolChoice::Auto => json!("auto"),
+        ToolChoice::Required => json!("required"),
+        ToolChoice::None => json!("none"),
+        ToolChoice::Tool(name) => json!({"type": "function", "function": {"name": name}}),
+    }
 }
 
 fn message(m: &Message) -> Value {
@@ -94,7 +156,11 @@ fn message(m: &Message) -> Value {
                     }})
                 })
                 .collect();
-            let mut out = json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { json!(text) }});
+            // Never `content: null`: Ollama ("invalid message content type:
+            // <nil>") and llama.cpp ("Invalid 'content' type", and before its
+            // tool support "Missing 'content'") refuse it; every server takes a
+            // string, and OpenAI takes `""` beside `tool_calls`.
+            let mut out = json!({"role": "assistant", "content": text});
             if !calls.is_empty() {
                 out["tool_calls"] = json!(calls);
             }
@@ -198,6 +264,29 @@ fn reasoning(value: &Value) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
+/// A reply that ended with `finish_reason: "length"`: cut at the output limit
+/// (`max_tokens`, or the context window on some servers), so its text may
+/// stop mid-sentence and its last tool call's arguments mid-value. It is never
+/// acted on.
+fn truncated(calls: &[ToolCall], tokens: &Tokens) -> Failure {
+    let mut message = String::from("finish_reason \"length\"");
+    if tokens.reported {
+        message.push_str(&format!(" after {} output tokens", tokens.output));
+    }
+    match calls.last() {
+        Some(call) if call.tool_name.is_empty() => {
+            message.push_str(", in the middle of a tool call (not run)")
+        }
+        Some(call) => message.push_str(&format!(
+            ", in a call to `{}` whose arguments may be incomplete (not run)",
+            call.tool_name
+        )),
+        None => message.push_str(", its text may be incomplete"),
+    }
+    message.push_str("; raise max_tokens or ask for a shorter reply");
+    Failure::Truncated(message)
+}
+
 pub(crate) fn parse_response(body: &Value) -> Result<Reply, Failure> {
     if let Some(error) = body.get("error").filter(|e| !e.is_null()) {
         return Err(error_failure(error));
@@ -216,7 +305,7 @@ pub(crate) fn parse_response(body: &Value) -> Result<Reply, Failure> {
     if content.is_empty() {
         content = text("refusal");
     }
-    let calls = message
+    let calls: Vec<ToolCall> = message
         .get("tool_calls")
         .and_then(Value::as_array)
         .map(|calls| {
@@ -242,17 +331,25 @@ pub(crate) fn parse_response(body: &Value) -> Result<Reply, Failure> {
                 .collect()
         })
         .unwrap_or_default();
+    let tokens = body
+        .get("usage")
+        .filter(|u| !u.is_null())
+        .map(tokens)
+        .unwrap_or_default();
+    if body
+        .pointer("/choices/0/finish_reason")
+        .and_then(Value::as_str)
+        == Some("length")
+    {
+        return Err(truncated(&calls, &tokens));
+    }
     Ok(Reply {
         message: assistant(
             reasoning(message).unwrap_or_default().to_owned(),
             content,
             calls,
         ),
-        tokens: body
-            .get("usage")
-            .filter(|u| !u.is_null())
-            .map(tokens)
-            .unwrap_or_default(),
+        tokens,
     })
 }
 

@@ -6,7 +6,7 @@ use arbor_actors::message::ToolCall;
 use arbor_actors::{Delta, DeltaSink};
 use serde_json::Value;
 
-use super::{assistant, error_failure, reasoning, tokens};
+use super::{assistant, error_failure, reasoning, tokens, truncated};
 use crate::providers::wire::convert::arguments;
 use crate::providers::wire::{Assembler, Failure, Reply, Tokens};
 
@@ -24,9 +24,32 @@ pub(crate) struct StreamState {
     /// Sent instead of text when the model refuses; the text if there is none.
     refusal: String,
     reasoning: String,
-    calls: BTreeMap<usize, PartialCall>,
+    /// The reply's calls, in the order they started.
+    calls: Vec<PartialCall>,
+    /// The call (in `calls`) each wire `index` last started. A delta at an
+    /// index continues that call unless it carries another `id`: then it
+    /// starts a new one (Ollama gives every parallel call `index: 0`).
+    open: BTreeMap<u64, usize>,
     tokens: Tokens,
     finished: bool,
+    /// The reply was cut at the output limit (`finish_reason: "length"`).
+    cut: bool,
+}
+
+impl StreamState {
+    /// The position in `calls` of the call a delta at `index` with `id` belongs to.
+    fn call_for(&mut self, index: u64, id: Option<&str>) -> usize {
+        if let Some(&position) = self.open.get(&index) {
+            let current = &self.calls[position].id;
+            if id.is_none_or(|id| current.is_empty() || current == id) {
+                return position;
+            }
+        }
+        self.calls.push(PartialCall::default());
+        let position = self.calls.len() - 1;
+        self.open.insert(index, position);
+        position
+    }
 }
 
 impl Assembler for StreamState {
@@ -87,15 +110,16 @@ impl Assembler for StreamState {
             .into_iter()
             .flatten()
         {
-            let index = call.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
-            let partial = self.calls.entry(index).or_default();
-            // The id and name come whole in the call's first chunk; some servers
-            // repeat them (or send them empty) in later ones.
-            if let Some(id) = call
+            let id = call
                 .get("id")
                 .and_then(Value::as_str)
-                .filter(|t| !t.is_empty())
-            {
+                .filter(|t| !t.is_empty());
+            let wire_index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+            let index = self.call_for(wire_index, id);
+            let partial = &mut self.calls[index];
+            // The id and name come whole in the call's first chunk; some servers
+            // repeat them (or send them empty) in later ones.
+            if let Some(id) = id {
                 partial.id = id.to_owned();
             }
             if let Some(name) = call
@@ -115,8 +139,12 @@ impl Assembler for StreamState {
                 }
             }
         }
-        if choice.get("finish_reason").is_some_and(|r| !r.is_null()) {
-            self.finished = true;
+        match choice.get("finish_reason") {
+            None | Some(Value::Null) => {}
+            Some(reason) => {
+                self.finished = true;
+                self.cut |= reason.as_str() == Some("length");
+            }
         }
         Ok(false)
     }
@@ -126,15 +154,20 @@ impl Assembler for StreamState {
     }
 
     fn finish(self: Box<Self>) -> Result<Reply, Failure> {
-        let calls = self
+        let calls: Vec<ToolCall> = self
             .calls
-            .into_values()
+            .into_iter()
             .map(|c| ToolCall {
                 tool_call_id: c.id,
                 tool_name: c.name,
                 input: arguments(&c.arguments),
             })
             .collect();
+        // The usage chunk comes after the finish reason: the message can say
+        // how many tokens the reply had when it was cut.
+        if self.cut {
+            return Err(truncated(&calls, &self.tokens));
+        }
         let text = if self.text.is_empty() {
             self.refusal
         } else {

@@ -3,6 +3,7 @@ use std::collections::BTreeMap;
 use arbor_actors::message::TOOL_CALL_ERROR;
 
 use super::*;
+use crate::providers::ProviderSettings;
 use crate::providers::fixtures::{
     assemble, feed, joined, non_adjacent_history, request, sample_history, settings, sink, sse,
     weather_call,
@@ -80,7 +81,8 @@ fn request_body_puts_system_first_and_results_right_after_their_call() {
         body,
         json!({
             "model": "gpt-4o",
-            "max_tokens": 1024,
+            "max_completion_tokens": 1024,
+            "tool_choice": "auto",
             "stream": true,
             "stream_options": {"include_usage": true},
             "messages": [
@@ -124,7 +126,7 @@ fn request_body_without_streaming_tools_or_system_has_none_of_them() {
     );
     assert_eq!(
         body,
-        json!({"model": "gpt-4o", "max_tokens": 1024,
+        json!({"model": "gpt-4o", "max_completion_tokens": 1024,
                "messages": [{"role": "user", "content": "hi"}]})
     );
 }
@@ -139,7 +141,7 @@ fn results_not_adjacent_to_their_call_are_moved_right_after_it() {
         body["messages"],
         json!([
             {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "content": null, "tool_calls": [
+            {"role": "assistant", "content": "", "tool_calls": [
                 {"id": "call_paris", "type": "function",
                  "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}
             ]},
@@ -457,4 +459,332 @@ fn tool_call_error_tag_is_carried_by_the_content() {
         body["messages"][4]["content"],
         json!("{\"errorMessage\":\"no station in Berlin\"}")
     );
+}
+
+fn with_options(options: ModelOptions) -> ProviderSettings {
+    let mut settings = settings(ProviderKind::OpenAi, false);
+    settings.options = options;
+    settings
+}
+
+fn options(value: Value) -> ModelOptions {
+    serde_json::from_value(value).unwrap()
+}
+
+/// The request of `fixtures::request` with the template's own options.
+fn request_with(options: ModelOptions, with_tools: bool) -> ModelRequest {
+    let mut request = request("", vec![Message::user("hi")], with_tools);
+    request.meta.options = std::sync::Arc::new(options);
+    request
+}
+
+#[test]
+fn each_option_is_sent_under_its_chat_completions_name() {
+    let settings = with_options(options(json!({
+        "temperature": 0.2, "top_p": 0.9, "stop": ["END", "STOP"], "seed": 7,
+        "tool_choice": "required", "parallel_tool_calls": false,
+        "reasoning": {"effort": "high", "budget_tokens": 2048}
+    })));
+    let body = request_body(&settings, &request("", vec![Message::user("hi")], true));
+    let sent = |key: &str| body.get(key).cloned();
+    assert_eq!(sent("temperature"), Some(json!(0.2)));
+    assert_eq!(sent("top_p"), Some(json!(0.9)));
+    assert_eq!(sent("stop"), Some(json!(["END", "STOP"])));
+    assert_eq!(sent("seed"), Some(json!(7)));
+    assert_eq!(sent("tool_choice"), Some(json!("required")));
+    assert_eq!(sent("parallel_tool_calls"), Some(json!(false)));
+    // An effort is OpenAI's; a token budget is Anthropic's and is not sent.
+    assert_eq!(sent("reasoning_effort"), Some(json!("high")));
+    assert!(!body.to_string().contains("budget"), "{body}");
+}
+
+#[test]
+fn options_left_unset_send_nothing() {
+    let body = request_body(
+        &settings(ProviderKind::OpenAi, false),
+        &request("", vec![Message::user("hi")], false),
+    );
+    for key in [
+        "temperature",
+        "top_p",
+        "stop",
+        "seed",
+        "tool_choice",
+        "parallel_tool_calls",
+        "reasoning_effort",
+    ] {
+        assert!(body.get(key).is_none(), "{key} in {body}");
+    }
+}
+
+#[test]
+fn tool_choice_is_a_mode_or_a_named_function() {
+    for (choice, wire) in [
+        (json!("auto"), json!("auto")),
+        (json!("required"), json!("required")),
+        (json!("none"), json!("none")),
+        (
+            json!("get_weather"),
+            json!({"type": "function", "function": {"name": "get_weather"}}),
+        ),
+    ] {
+        let settings = with_options(options(json!({ "tool_choice": choice })));
+        let body = request_body(&settings, &request("", vec![Message::user("hi")], true));
+        assert_eq!(body["tool_choice"], wire, "{choice}");
+    }
+}
+
+#[test]
+fn llama_cpp_reads_no_tool_choice_as_no_tools_so_auto_is_sent_with_tools() {
+    let body = request_body(
+        &settings(ProviderKind::OpenAi, false),
+        &request("", vec![Message::user("hi")], true),
+    );
+    assert_eq!(body["tool_choice"], json!("auto"));
+    assert_eq!(body["tools"].as_array().map(Vec::len), Some(2));
+}
+
+#[test]
+fn tool_choice_and_parallel_tool_calls_are_not_sent_without_tools() {
+    // vLLM: "When using `tool_choice`, `tools` must be set"; OpenAI refuses
+    // `parallel_tool_calls` without tools.
+    let settings = with_options(options(json!({
+        "tool_choice": "required", "parallel_tool_calls": true
+    })));
+    let body = request_body(&settings, &request("", vec![Message::user("hi")], false));
+    assert!(body.get("tools").is_none());
+    assert!(body.get("tool_choice").is_none(), "{body}");
+    assert!(body.get("parallel_tool_calls").is_none(), "{body}");
+}
+
+#[test]
+fn a_templates_options_win_over_the_models_and_extra_bodies_merge() {
+    let settings = with_options(options(json!({
+        "temperature": 1.0, "seed": 1, "tool_choice": "required",
+        "extra_body": {"options": {"num_ctx": 8192}, "top_k": 20}
+    })));
+    let template = options(json!({
+        "temperature": 0.0, "tool_choice": "read_file",
+        "extra_body": {"top_k": 40}
+    }));
+    let body = request_body(&settings, &request_with(template, true));
+    assert_eq!(body["temperature"], json!(0.0));
+    assert_eq!(body["seed"], json!(1));
+    assert_eq!(
+        body["tool_choice"],
+        json!({"type": "function", "function": {"name": "read_file"}})
+    );
+    assert_eq!(body["options"], json!({"num_ctx": 8192}));
+    assert_eq!(body["top_k"], json!(40));
+}
+
+#[test]
+fn extra_body_is_merged_last_and_its_keys_replace_arbors() {
+    let mut settings = with_options(options(json!({
+        "temperature": 0.5,
+        "extra_body": {"temperature": 0.9, "max_completion_tokens": 64,
+                       "chat_template_kwargs": {"enable_thinking": false}}
+    })));
+    settings.stream = true;
+    let body = request_body(&settings, &request("", vec![Message::user("hi")], false));
+    assert_eq!(body["temperature"], json!(0.9));
+    assert_eq!(body["max_completion_tokens"], json!(64));
+    assert_eq!(
+        body["chat_template_kwargs"],
+        json!({"enable_thinking": false})
+    );
+    // What it does not name stays.
+    assert_eq!(body["stream"], json!(true));
+    assert_eq!(body["model"], json!("gpt-4o"));
+}
+
+#[test]
+fn openai_itself_gets_max_completion_tokens_and_compatible_servers_max_tokens() {
+    for (base_url, field) in [
+        ("https://api.openai.com/v1", "max_completion_tokens"),
+        ("https://API.OpenAI.com/v1/", "max_completion_tokens"),
+        ("https://eu.api.openai.com/v1", "max_completion_tokens"),
+        ("https://api.openai.com:443/v1", "max_completion_tokens"),
+        ("http://localhost:8000/v1", "max_tokens"), // vLLM
+        ("http://127.0.0.1:8080/v1", "max_tokens"), // llama.cpp
+        ("http://localhost:11434/v1", "max_tokens"), // Ollama
+        ("https://openrouter.ai/api/v1", "max_tokens"),
+        ("https://api.openai.com.proxy.example/v1", "max_tokens"),
+        ("https://notapi.openai.com/v1", "max_tokens"),
+        ("not a url", "max_tokens"),
+    ] {
+        assert_eq!(max_tokens_field(base_url), field, "{base_url}");
+    }
+    let mut settings = settings(ProviderKind::OpenAi, false);
+    settings.base_url = "http://localhost:11434/v1".into();
+    let body = request_body(&settings, &request("", vec![Message::user("hi")], false));
+    assert_eq!(body["max_tokens"], json!(1024));
+    assert!(body.get("max_completion_tokens").is_none());
+    // Not set: neither is sent.
+    settings.max_tokens = None;
+    let body = request_body(&settings, &request("", vec![Message::user("hi")], false));
+    assert!(body.get("max_tokens").is_none() && body.get("max_completion_tokens").is_none());
+}
+
+#[test]
+fn an_assistant_tool_call_without_text_never_sends_content_null() {
+    let paris = weather_call("call_paris", "Paris");
+    let body = request_body(
+        &settings(ProviderKind::OpenAi, false),
+        &request(
+            "",
+            vec![
+                Message::user("Weather in Paris?"),
+                Message::assistant(None, vec![paris.clone()]),
+                Message::tool_result(&paris, json!("18C")),
+            ],
+            true,
+        ),
+    );
+    let assistant = &body["messages"][1];
+    assert_eq!(assistant["content"], json!(""), "{assistant}");
+    assert_eq!(assistant["tool_calls"][0]["id"], json!("call_paris"));
+    for m in body["messages"].as_array().unwrap() {
+        assert!(m["content"].is_string() || m["content"].is_array(), "{m}");
+    }
+}
+
+/// Ollama's streamed parallel calls: each whole in one chunk, all at `index: 0`.
+fn ollama_stream() -> String {
+    format!(
+        "data: {}\n\ndata: {}\n\ndata: {}\n\ndata: {}\n\ndata: [DONE]\n\n",
+        json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_paris", "index": 0, "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+            "finish_reason": null}]}),
+        json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_berlin", "index": 0, "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\":"}}]},
+            "finish_reason": null}]}),
+        // A piece without an id continues the call last started at its index.
+        json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": "\"Berlin\"}"}}]}, "finish_reason": null}]}),
+        json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+            "finish_reason": "tool_calls"}]}),
+    )
+}
+
+#[test]
+fn ollama_parallel_calls_all_at_index_0_come_out_as_separate_calls() {
+    let (reply, deltas) = assemble(Box::new(StreamState::default()), &ollama_stream());
+    assert_eq!(
+        reply.unwrap().message,
+        Message::assistant(
+            None,
+            vec![
+                weather_call("call_paris", "Paris"),
+                weather_call("call_berlin", "Berlin")
+            ]
+        )
+    );
+    // Each call's argument deltas carry its own index in the reply.
+    assert_eq!(
+        joined(&deltas).2,
+        BTreeMap::from([
+            (0, r#"{"city":"Paris"}"#.to_owned()),
+            (1, r#"{"city":"Berlin"}"#.to_owned()),
+        ])
+    );
+}
+
+#[test]
+fn calls_without_an_index_are_told_apart_by_their_id() {
+    // Ollama before 0.4.7 sent no `index` at all.
+    let stream = ollama_stream().replace("\"index\":0,\"type\"", "\"type\"");
+    assert!(
+        !stream.contains("\"id\":\"call_paris\",\"index\""),
+        "{stream}"
+    );
+    let (reply, _) = assemble(Box::new(StreamState::default()), &stream);
+    let calls: Vec<_> = reply.unwrap().message.tool_calls().cloned().collect();
+    assert_eq!(
+        calls,
+        vec![
+            weather_call("call_paris", "Paris"),
+            weather_call("call_berlin", "Berlin")
+        ]
+    );
+}
+
+#[test]
+fn a_call_whose_id_is_repeated_in_every_chunk_stays_one_call() {
+    let stream = format!(
+        "data: {}\n\ndata: {}\n\ndata: [DONE]\n\n",
+        json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "c1", "function": {"name": "get_weather", "arguments": "{\"city\":"}}]}}]}),
+        json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "c1", "function": {"arguments": "\"Oslo\"}"}}]},
+            "finish_reason": "tool_calls"}]}),
+    );
+    let (reply, _) = assemble(Box::new(StreamState::default()), &stream);
+    assert_eq!(
+        reply.unwrap().message,
+        Message::assistant(None, vec![weather_call("c1", "Oslo")])
+    );
+}
+
+#[test]
+fn a_reply_cut_at_the_output_limit_is_truncated_and_never_a_tool_call() {
+    // Non-streamed: the call's arguments stop mid-value.
+    let mut body: Value = serde_json::from_str(TOOL_REPLY).unwrap();
+    body["choices"][0]["finish_reason"] = json!("length");
+    body["choices"][0]["message"]["tool_calls"][1]["function"]["arguments"] =
+        json!("{\"city\":\"Ber");
+    let failure = parse_response(&body).unwrap_err();
+    let Failure::Truncated(message) = &failure else {
+        panic!("{failure:?}");
+    };
+    assert!(!failure.retryable());
+    assert!(message.contains("finish_reason \"length\""), "{message}");
+    assert!(message.contains("after 23 output tokens"), "{message}");
+    assert!(message.contains("`get_weather`"), "{message}");
+    assert!(message.contains("max_tokens"), "{message}");
+
+    // Streamed: the same, with the usage chunk after the finish reason.
+    let stream = TOOL_STREAM.replace(r#"it\":\"celsius\"}"#, "").replace(
+        r#""finish_reason":"tool_calls""#,
+        r#""finish_reason":"length""#,
+    );
+    let (reply, _) = assemble(Box::new(StreamState::default()), &stream);
+    let failure = reply.unwrap_err();
+    let Failure::Truncated(message) = &failure else {
+        panic!("{failure:?}");
+    };
+    assert!(message.contains("after 17 output tokens"), "{message}");
+    assert!(message.contains("`get_weather`"), "{message}");
+
+    // A stream closed right after the finish reason (no usage, no [DONE]).
+    let events = sse(&stream);
+    let (sink, _) = sink();
+    let mut state = StreamState::default();
+    feed(&mut state, &events[..events.len() - 2], &sink);
+    assert!(state.complete_without_end());
+    assert!(matches!(
+        Box::new(state).finish(),
+        Err(Failure::Truncated(_))
+    ));
+}
+
+#[test]
+fn a_text_reply_cut_at_the_output_limit_is_truncated_too() {
+    let mut body: Value = serde_json::from_str(TEXT_REPLY).unwrap();
+    body["choices"][0]["finish_reason"] = json!("length");
+    let Err(Failure::Truncated(message)) = parse_response(&body) else {
+        panic!("not truncated");
+    };
+    assert!(message.contains("text may be incomplete"), "{message}");
+    let stream = format!(
+        "data: {}\n\ndata: [DONE]\n\n",
+        json!({"choices": [{"index": 0, "delta": {"content": "Paris is"}, "finish_reason": "length"}]}),
+    );
+    let (reply, _) = assemble(Box::new(StreamState::default()), &stream);
+    assert!(matches!(reply, Err(Failure::Truncated(_))), "{reply:?}");
+    // Other finish reasons are whole replies.
+    body["choices"][0]["finish_reason"] = json!("stop");
+    assert!(parse_response(&body).is_ok());
 }
