@@ -21,6 +21,7 @@ mod page_turns;
 mod provider_cooldown;
 mod provider_faults;
 mod provider_limits;
+mod provider_quirks;
 mod provider_secrets;
 mod responses_api;
 mod serve;
