@@ -790,17 +790,6 @@ pub async fn raise_limits(
     ApiPath(tree_id): ApiPath<String>,
     ApiJson(body): ApiJson<RaiseLimits>,
 ) -> Result<Json<Budgets>, ApiError> {
-    let credits = [body.max_credits, body.add_credits];
-    if credits.iter().flatten().any(|c| !c.is_finite() || *c < 0.0) {
-        return Err(ApiError::invalid(
-            "maxCredits and addCredits must be finite and not negative",
-        ));
-    }
-    if body.max_steps == Some(0) || body.max_tokens == Some(0) {
-        return Err(ApiError::invalid(
-            "maxSteps and maxTokens must be at least 1",
-        ));
-    }
     let set = arbor_supervisor::Raised {
         max_steps: body.max_steps,
         max_tokens: body.max_tokens,

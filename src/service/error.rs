@@ -97,7 +97,7 @@ impl From<arbor_supervisor::Error> for ApiError {
                 ..
             } => ApiError::invalid(error.to_string()),
             E::UnknownApproval { .. } => ApiError::not_found(error.to_string()),
-            E::NothingRaised => ApiError::invalid(error.to_string()),
+            E::NothingRaised | E::RaiseRefused(_) => ApiError::invalid(error.to_string()),
             E::DecisionRefused {
                 reason: arbor_actors::approval::DecideRefused::InvalidInput(_),
                 ..

@@ -54,6 +54,10 @@ pub enum Error {
     /// A request to raise a tree's budgets named none of them.
     #[error("raise at least one of maxSteps, maxTokens, maxCredits")]
     NothingRaised,
+    /// A raise of a tree's budgets that cannot be in force: a step or token
+    /// budget of 0, or a credit amount that is negative or not finite.
+    #[error(transparent)]
+    RaiseRefused(#[from] crate::limits::RaiseRefused),
     /// No tool call of that id waits for a decision in that tree.
     #[error("no tool call {call_id} of tree {tree_id} waits for a decision")]
     UnknownApproval {

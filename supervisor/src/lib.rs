@@ -27,7 +27,7 @@ pub use approvals::PendingApproval;
 pub use bus::{EventBus, EventStream};
 pub use catalog::{Catalog, CatalogBuilder, ToolSource};
 pub use error::{Error, StoreUse};
-pub use limits::{OnBudget, Raised, TreeLimits, out_of_range};
+pub use limits::{OnBudget, RaiseRefused, Raised, TreeLimits, out_of_range};
 pub use policy::{ToolPolicy, ToolRule, check_pattern, matches as pattern_matches};
 pub use recovery::{RecordedReply, Recovery, Spent, Tape};
 pub use registry::Retain;

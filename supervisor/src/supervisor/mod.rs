@@ -813,10 +813,13 @@ impl Supervisor {
     /// the running tree `tree_id` (semantics §13): its agents paused on a
     /// spent budget try their step again. The change is a `limitsRaised`
     /// event, so a resumed tree keeps it. Returns the budgets now in force.
+    /// Refused for a raise of nothing ([`Error::NothingRaised`]) or one that
+    /// cannot be in force ([`Error::RaiseRefused`], see [`Raised::check_raise`]).
     pub fn raise_limits(&self, tree_id: &str, set: Raised, add: Raised) -> Result<Raised, Error> {
         if set.is_empty() && add.is_empty() {
             return Err(Error::NothingRaised);
         }
+        Raised::check_raise(&set, &add)?;
         let ctx = self
             .trees
             .locked()

@@ -196,3 +196,39 @@ async fn after_waves_of_trees_nothing_of_the_ended_trees_is_retained() {
         .unwrap();
     assert_eq!(completed.len(), 3 * WAVE);
 }
+
+/// A raise that cannot be in force is refused by the supervisor itself,
+/// before the tree is looked up (as the service refuses it before asking).
+#[test]
+fn a_raise_of_a_zero_budget_or_bad_credits_is_refused() {
+    let sup = Supervisor::new(Catalog::builder().build().unwrap(), TreeLimits::default());
+    let none = Raised::default();
+    let credits = |c| Raised {
+        max_credits: Some(c),
+        ..Raised::default()
+    };
+    let steps = Raised {
+        max_steps: Some(0),
+        ..Raised::default()
+    };
+    for (set, add) in [
+        (credits(-1.0), none),
+        (none, credits(f64::NAN)),
+        (steps, none),
+    ] {
+        let refused = sup.raise_limits("t", set, add);
+        assert!(
+            matches!(refused, Err(Error::RaiseRefused(_))),
+            "{set:?} + {add:?}: {refused:?}"
+        );
+    }
+    // A valid raise of a tree that does not run here is unknown.
+    assert!(matches!(
+        sup.raise_limits("t", none, credits(1.0)),
+        Err(Error::UnknownTree(_))
+    ));
+    assert!(matches!(
+        sup.raise_limits("t", none, none),
+        Err(Error::NothingRaised)
+    ));
+}
