@@ -71,6 +71,7 @@ impl HttpModel {
     /// nor waits for the gate, reads no rate-limit headers, and each request
     /// waits only for its own `Retry-After`. For measuring what the cooldown
     /// saves (BENCHMARKS.md), not for use.
+    #[doc(hidden)]
     pub fn without_cooldown(mut self) -> Self {
         self.gate = None;
         self
