@@ -211,18 +211,7 @@ impl Shared {
                 };
                 (tree_id, Begin::Tree(request))
             }
-            Begin::Turn {
-                tree_id,
-                prompt,
-                params,
-            } => (
-                tree_id.clone(),
-                Begin::Turn {
-                    tree_id,
-                    prompt,
-                    params,
-                },
-            ),
+            Begin::Turn { ref tree_id, .. } => (tree_id.clone(), begin),
         };
         // On a task of its own: a client that hangs up mid-request must not
         // cut a start in half (a tree stored but never run).
