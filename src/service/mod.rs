@@ -33,6 +33,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, patch, post};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tracing::Instrument as _;
 use utoipa::OpenApi;
 
 pub use api::ApiDoc;
@@ -214,7 +215,9 @@ impl Shared {
             Begin::Turn { ref tree_id, .. } => (tree_id.clone(), begin),
         };
         // On a task of its own: a client that hangs up mid-request must not
-        // cut a start in half (a tree stored but never run).
+        // cut a start in half (a tree stored but never run). It runs in the
+        // tree's span, whose trace is the request's (see `tree_span`).
+        let span = tree_span(&tree_id);
         let started = tokio::spawn({
             let shared = self.clone();
             async move {
@@ -236,6 +239,7 @@ impl Shared {
                     }
                 }
             }
+            .instrument(span)
         });
         match started.await {
             Ok(started) => Ok(started?),
@@ -261,6 +265,24 @@ impl Shared {
         });
         ids
     }
+}
+
+/// The span a tree started by a request runs in (its root agent's span is
+/// its child): a span of its own, so the request's span ends with the
+/// request, not with the tree; with OpenTelemetry, in the request's trace
+/// (its OTLP parent is the request's span).
+fn tree_span(tree_id: &str) -> tracing::Span {
+    let request = tracing::Span::current();
+    let span = tracing::info_span!(parent: None, "tree", arbor.tree.id = tree_id);
+    #[cfg(feature = "otel")]
+    {
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        // No OpenTelemetry layer (or a disabled span): nothing to continue.
+        let _ = span.set_parent(request.context());
+    }
+    #[cfg(not(feature = "otel"))]
+    span.follows_from(&request);
+    span
 }
 
 /// Arbor as an HTTP service.

@@ -383,6 +383,8 @@ impl AgentRun {
         let hooks = self.hooks.clone();
         let mut cancelled = self.cancel_tx.subscribe();
         let me = self.myself.clone();
+        // Each child's span is a child of this agent's: one trace per tree.
+        let parent_span = self.span.clone();
         tokio::spawn(async move {
             let mut pending = children.into_iter();
             while let Some(Start {
@@ -480,6 +482,7 @@ impl AgentRun {
                     machine: Box::new(machine),
                     reply: Reply::Parent(key),
                     slot,
+                    parent_span: parent_span.clone(),
                 };
                 let msg = match Actor::spawn_linked(None, AgentActor, args, me.get_cell()).await {
                     Ok((actor, _)) => AgentMsg::ChildStarted { key, actor },

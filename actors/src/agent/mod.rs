@@ -174,6 +174,9 @@ pub struct AgentArgs {
     pub reply: Reply,
     /// The live slot the agent runs in (acquired before it was started).
     pub slot: Option<Slot>,
+    /// The span the agent's `invoke_agent` span is a child of: its parent
+    /// agent's, or for a root the tree's (so a whole tree is one trace).
+    pub parent_span: tracing::Span,
 }
 
 /// The ractor actor of one agent run (its state is an `AgentRun`).
@@ -310,16 +313,24 @@ impl Actor for AgentActor {
             mut machine,
             reply,
             slot,
+            parent_span,
         } = args;
         machine.set_checkpointing(hooks.durable());
         let state = machine.state();
         let run_id: Arc<str> = Arc::from(state.run_id.as_str());
         hooks.actor_started(&run_id, &myself.get_cell());
+        // OpenTelemetry GenAI semantic conventions: `invoke_agent {agent}`.
+        let agent_type = state.agent_type.as_deref().unwrap_or("-");
         let span = tracing::info_span!(
+            parent: &parent_span,
             "agent",
+            otel.name = format!("invoke_agent {agent_type}").as_str(),
+            gen_ai.operation.name = "invoke_agent",
+            gen_ai.agent.name = machine.template().display_name.as_str(),
+            gen_ai.agent.id = %state.run_id,
             run_id = %state.run_id,
             parent_id = state.parent_id.as_deref().unwrap_or("-"),
-            agent_type = state.agent_type.as_deref().unwrap_or("-"),
+            agent_type,
         );
         let (cancel_tx, _) = watch::channel(false);
         Ok(AgentRun {
@@ -727,14 +738,36 @@ impl AgentRun {
             };
             hooks.emit(&run_id, kind);
         });
-        let span = tracing::info_span!(parent: &self.span, "step", step);
+        // The model call (GenAI conventions: `chat {model}`, a client span);
+        // an HTTP provider records its own model id and provider name on it.
+        let model_name = model.name().to_owned();
+        let span = tracing::info_span!(
+            parent: &self.span,
+            "step",
+            step,
+            otel.name = format!("chat {model_name}").as_str(),
+            otel.kind = "client",
+            gen_ai.operation.name = "chat",
+            gen_ai.request.model = model_name.as_str(),
+            gen_ai.provider.name = tracing::field::Empty,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+        );
         let mut call = Box::pin(
             async move {
                 let result = AssertUnwindSafe(model.complete(request, sink))
                     .catch_unwind()
                     .await;
                 match result {
-                    Ok(Ok(response)) => Ok(response),
+                    Ok(Ok(response)) => {
+                        let span = tracing::Span::current();
+                        let usage = &response.usage;
+                        if usage.total_tokens() > 0 {
+                            span.record("gen_ai.usage.input_tokens", usage.input_tokens);
+                            span.record("gen_ai.usage.output_tokens", usage.output_tokens);
+                        }
+                        Ok(response)
+                    }
                     Ok(Err(error)) => Err(Failure::from(error)),
                     Err(panic) => Err(Failure::new(
                         FailureKind::Panicked,
@@ -783,7 +816,16 @@ impl AgentRun {
             call_id,
         };
         let me = myself.clone();
-        let span = tracing::info_span!(parent: &self.span, "tool", step, tool = tool.name());
+        let span = tracing::info_span!(
+            parent: &self.span,
+            "tool",
+            step,
+            tool = tool.name(),
+            otel.name = format!("execute_tool {}", tool.name()).as_str(),
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = tool.name(),
+            gen_ai.tool.call.id = ctx.call_id.as_str(),
+        );
         self.tool_tasks.push(tokio::spawn(
             async move {
                 let outcome = match AssertUnwindSafe(tool.call(input, ctx)).catch_unwind().await {

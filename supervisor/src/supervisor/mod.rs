@@ -489,6 +489,9 @@ impl Supervisor {
         request: StartRequest,
         recovery: Option<(Arc<Recovery>, bool)>,
     ) -> Result<TreeHandle, Error> {
+        // One trace per tree: the root agent's span is a child of the span
+        // this start runs in (the service's, for a tree started over HTTP).
+        let caller = tracing::Span::current();
         if let Some(reason) = self.store.as_ref().and_then(|(_, w)| w.failure()) {
             return Err(Error::Store(reason));
         }
@@ -529,6 +532,17 @@ impl Supervisor {
             None => TreeId::generate(),
         };
         let tree_id: Arc<str> = tree_id.as_arc().clone();
+        // Started outside any span: a fresh `tree` span is the trace's root.
+        let tree_span = if caller.is_none() {
+            tracing::info_span!(
+                parent: None,
+                "tree",
+                otel.name = format!("tree {}", template.id).as_str(),
+                arbor.tree.id = %tree_id,
+            )
+        } else {
+            caller
+        };
         if self.is_running(&tree_id) {
             return Err(Error::TreeExists(tree_id.to_string()));
         }
@@ -664,6 +678,7 @@ impl Supervisor {
                 machine: Box::new(machine),
                 reply: Reply::Root(tx),
                 slot,
+                parent_span: tree_span,
             },
         )
         .await
