@@ -2,17 +2,27 @@
 //! `tracing` spans Arbor already has (`agent` with its run id, parent and type;
 //! `step`; `tool`; the service's `request`) become OTLP spans.
 //!
+//! A tree is one trace: each agent's span (`invoke_agent {type}`) is a child
+//! of its parent agent's, the root's of its tree's span; model calls are
+//! `chat {model}` client spans, tools `execute_tool {tool}` (the
+//! OpenTelemetry GenAI conventions; docs/telemetry.md). A W3C `traceparent`
+//! is taken from a request ([`continue_trace`]) and sent with every model
+//! request ([`inject_traceparent`]).
+//!
 //! Sent by the SDK's batch processor from a thread of its own, through a
 //! blocking client built on the reqwest the providers use (no second HTTP
 //! stack).
 
 use std::time::Duration;
 
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::propagation::TextMapPropagator as _;
+use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracerProvider, Tracer};
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use tracing_subscriber::registry::LookupSpan;
 
 use crate::Error;
@@ -83,5 +93,26 @@ impl Otlp {
         if let Err(error) = self.provider.shutdown() {
             eprintln!("OTLP exporter: {error}");
         }
+    }
+}
+
+/// Makes `span` continue the trace of the W3C `traceparent` (and
+/// `tracestate`) in `headers`, when there is a valid one; its OTLP parent is
+/// then the caller's span. Nothing without the OpenTelemetry layer.
+pub fn continue_trace(span: &tracing::Span, headers: &reqwest::header::HeaderMap) {
+    let cx = TraceContextPropagator::new().extract(&opentelemetry_http::HeaderExtractor(headers));
+    if cx.span().span_context().is_valid() {
+        // A span the layer does not see (no exporter) has nothing to set.
+        let _ = span.set_parent(cx);
+    }
+}
+
+/// Adds the current span's W3C `traceparent` (and `tracestate`) to
+/// `headers`, when the span is in a trace (the OpenTelemetry layer is on).
+pub fn inject_traceparent(headers: &mut reqwest::header::HeaderMap) {
+    let cx = tracing::Span::current().context();
+    if cx.span().span_context().is_valid() {
+        TraceContextPropagator::new()
+            .inject_context(&cx, &mut opentelemetry_http::HeaderInjector(headers));
     }
 }

@@ -96,10 +96,15 @@ impl HttpModel {
         body: &Value,
         sink: &DeltaSink,
     ) -> Result<Reply, Failure> {
+        #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
+        let mut headers = headers.clone(); // reqwest takes the map by value
+        // The model call's span (`chat {model}`) goes on at the provider.
+        #[cfg(feature = "otel")]
+        crate::telemetry::inject_traceparent(&mut headers);
         let response = self
             .client
             .post(self.endpoint.as_str())
-            .headers(headers.clone()) // reqwest takes the map by value
+            .headers(headers)
             .json(body)
             .send()
             .await
@@ -297,6 +302,8 @@ impl Model for HttpModel {
                 model: self.name.clone(),
                 message: message.clone(),
             })?;
+        // On the model call's span (`chat {model}`, GenAI conventions).
+        tracing::Span::current().record("gen_ai.provider.name", self.settings.kind.name());
         let body = self.body(&request);
         let estimate = request.messages.estimated_tokens();
         let policy = &self.settings.retry;

@@ -605,7 +605,11 @@ async fn log_request(request: Request, next: Next) -> Response {
     use tracing::Instrument;
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
-    let span = tracing::info_span!("request", %method, %path);
+    let span = tracing::info_span!("request", %method, %path, otel.kind = "server");
+    // A caller's W3C `traceparent`: the request (and a tree it starts) goes
+    // on in the caller's trace.
+    #[cfg(feature = "otel")]
+    crate::telemetry::continue_trace(&span, request.headers());
     let started = std::time::Instant::now();
     let response = next.run(request).instrument(span).await;
     tracing::info!(
