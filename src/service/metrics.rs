@@ -1,7 +1,9 @@
 //! `/metrics`: counters fed by a bus observer (an event in, numbers out; no
 //! reaching into agents), and the pending approvals the supervisor lists, read
-//! when scraped; encoded by `prometheus-client` in the OpenMetrics text format
-//! Prometheus scrapes.
+//! when scraped; encoded by `prometheus-client` in the OpenMetrics text
+//! format, and in the Prometheus text format 0.0.4 (the default) for a scraper
+//! that does not ask for OpenMetrics ([`Format::negotiate`]). Every family
+//! has its HELP and TYPE.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -37,6 +39,10 @@ struct StatusLabel {
 struct Track {
     model: Arc<str>,
     step_started: Option<Instant>,
+    /// When its model request went out (for the latency histogram).
+    request_sent: Option<Instant>,
+    /// A step started while suspended: its request goes out on `Resumed`.
+    request_parked: bool,
     in_model_call: bool,
     /// It gave its live slot back (waiting for children, a person, a budget).
     suspended: bool,
@@ -60,6 +66,7 @@ pub struct Metrics {
     tokens: Family<TokenLabel, Counter>,
     cost: Family<ModelLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
     step_seconds: Histogram,
+    model_latency: Family<ModelLabel, Histogram>,
     /// Trees admitted and not ended (the service's count of running trees).
     pub trees_running: Gauge,
     /// The model each agent type runs on, and each tree's override.
@@ -86,6 +93,10 @@ impl Metrics {
             cost: Family::default(),
             // 5 ms to about 80 s.
             step_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 15)),
+            // 5 ms to about 80 s, per model.
+            model_latency: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.005, 2.0, 15))
+            }),
             trees_running: Gauge::default(),
             models,
             tree_models: Mutex::new(HashMap::new()),
@@ -149,6 +160,11 @@ impl Metrics {
             "Time from a step's start to the next step or the run's end",
             m.step_seconds.clone(),
         );
+        r.register(
+            "model_latency_seconds",
+            "Time from a model request's sending to its reply, by model",
+            m.model_latency.clone(),
+        );
         m
     }
 
@@ -185,6 +201,8 @@ impl Metrics {
                     Track {
                         model,
                         step_started: None,
+                        request_sent: None,
+                        request_parked: false,
                         in_model_call: false,
                         suspended: false,
                     },
@@ -199,7 +217,14 @@ impl Metrics {
                             .observe(now.duration_since(started).as_secs_f64());
                     }
                     track.in_model_call = true;
-                    self.requests.get_or_create(&label(track)).inc();
+                    // Counted when sent: a suspended agent's request waits
+                    // for a live slot (`Resumed`).
+                    if track.suspended {
+                        track.request_parked = true;
+                    } else {
+                        track.request_sent = Some(now);
+                        self.requests.get_or_create(&label(track)).inc();
+                    }
                 }
             }
             EventKind::Suspended | EventKind::Resumed => {
@@ -209,6 +234,10 @@ impl Metrics {
                 {
                     track.suspended = suspended;
                     self.agents_parked.inc_by(if suspended { 1 } else { -1 });
+                    if !suspended && std::mem::take(&mut track.request_parked) {
+                        track.request_sent = Some(Instant::now());
+                        self.requests.get_or_create(&label(track)).inc();
+                    }
                 }
             }
             EventKind::ModelRetrying { .. } => {
@@ -223,6 +252,13 @@ impl Metrics {
                 if let Some(track) = runs.get_mut(&event.run_id) {
                     track.in_model_call = false;
                     let model = track.model.to_string();
+                    if let Some(sent) = track.request_sent.take() {
+                        self.model_latency
+                            .get_or_create(&ModelLabel {
+                                model: model.clone(),
+                            })
+                            .observe(sent.elapsed().as_secs_f64());
+                    }
                     for (kind, n) in [
                         ("input", usage.input_tokens),
                         ("output", usage.output_tokens),
@@ -269,6 +305,7 @@ impl Metrics {
 
     /// The metrics as OpenMetrics text; `approvals_pending`: the number of
     /// tool calls waiting for a decision now (`Supervisor::approvals(None)`).
+    /// (`/metrics` turns it into `format` with [`Format::convert`].)
     pub fn encode(&self, approvals_pending: usize) -> String {
         self.approvals_pending
             .set(i64::try_from(approvals_pending).unwrap_or(i64::MAX));
@@ -276,5 +313,206 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// The exposition format a `/metrics` scrape gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// The Prometheus text format 0.0.4 (`text/plain; version=0.0.4`): the
+    /// default, and what `Accept: text/plain` gets.
+    Prometheus,
+    /// OpenMetrics 1.0 text (`application/openmetrics-text`), for an
+    /// `Accept` that prefers it (as Prometheus's own scrapes do).
+    OpenMetrics,
+}
+
+impl Format {
+    /// The format an `Accept` header asks for: OpenMetrics when
+    /// `application/openmetrics-text` has a higher (or the same) q-value than
+    /// `text/plain` and any wildcard; else the Prometheus text format.
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        let Some(accept) = accept else {
+            return Format::Prometheus;
+        };
+        let (mut openmetrics, mut other) = (0.0_f32, 0.0_f32);
+        for range in accept.split(',') {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or_default().to_ascii_lowercase();
+            let q = parts
+                .filter_map(|p| p.strip_prefix("q="))
+                .find_map(|q| q.trim().parse::<f32>().ok())
+                .unwrap_or(1.0);
+            match media.as_str() {
+                "application/openmetrics-text" => openmetrics = openmetrics.max(q),
+                "text/plain" | "text/*" | "*/*" => other = other.max(q),
+                _ => {}
+            }
+        }
+        if openmetrics > 0.0 && openmetrics >= other {
+            Format::OpenMetrics
+        } else {
+            Format::Prometheus
+        }
+    }
+
+    /// Its `Content-Type`.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Prometheus => "text/plain; version=0.0.4; charset=utf-8",
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+
+    /// `openmetrics` (what [`Metrics::encode`] writes) in this format. To
+    /// the Prometheus text format: no `# EOF` and no `# UNIT`; a counter's
+    /// HELP and TYPE name its sample (`x_total`), as 0.0.4 wants; HELP text
+    /// unescapes `\"` (0.0.4 escapes only `\\` and newlines).
+    pub fn convert(self, openmetrics: &str) -> String {
+        if self == Format::OpenMetrics {
+            return openmetrics.to_owned();
+        }
+        let counters: std::collections::HashSet<&str> = openmetrics
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.strip_suffix(" counter"))
+            .collect();
+        let mut out = String::with_capacity(openmetrics.len());
+        for line in openmetrics.lines() {
+            if line == "# EOF" || line.starts_with("# UNIT ") {
+                continue;
+            }
+            let meta = ["# HELP ", "# TYPE "]
+                .into_iter()
+                .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+            match meta {
+                Some((prefix, rest)) => {
+                    let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                    out.push_str(prefix);
+                    out.push_str(name);
+                    if counters.contains(name) {
+                        out.push_str("_total");
+                    }
+                    out.push(' ');
+                    if prefix == "# HELP " {
+                        out.push_str(&tail.replace("\\\"", "\""));
+                    } else {
+                        out.push_str(tail);
+                    }
+                }
+                None => out.push_str(line),
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics() -> Metrics {
+        Metrics::new(HashMap::from([("a".to_owned(), Arc::from("m"))]))
+    }
+
+    #[test]
+    fn accept_picks_the_format() {
+        assert_eq!(Format::negotiate(None), Format::Prometheus);
+        assert_eq!(Format::negotiate(Some("*/*")), Format::Prometheus);
+        assert_eq!(Format::negotiate(Some("text/plain")), Format::Prometheus);
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text; version=1.0.0")),
+            Format::OpenMetrics
+        );
+        // Prometheus's own scrape header.
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;\
+            version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert_eq!(Format::negotiate(Some(prometheus)), Format::OpenMetrics);
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text;q=0.2, text/plain")),
+            Format::Prometheus
+        );
+    }
+
+    #[test]
+    fn every_family_has_help_and_type_in_both_formats() {
+        let m = metrics();
+        let openmetrics = m.encode(0);
+        assert!(openmetrics.ends_with("# EOF\n"), "{openmetrics}");
+        for format in [Format::Prometheus, Format::OpenMetrics] {
+            let text = format.convert(&openmetrics);
+            let types: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("# TYPE "))
+                .map(|l| l.split(' ').next().unwrap_or_default())
+                .collect();
+            let helps: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("# HELP "))
+                .map(|l| l.split(' ').next().unwrap_or_default())
+                .collect();
+            assert_eq!(types, helps, "{text}");
+            // (A labelled family is written once it has a sample.)
+            assert!(types.len() >= 7, "{text}");
+            if format == Format::Prometheus {
+                assert!(!text.contains("# EOF"), "{text}");
+                assert!(
+                    text.contains("# TYPE arbor_steps_total counter\n"),
+                    "{text}"
+                );
+                assert!(text.contains("# TYPE arbor_live_agents gauge\n"), "{text}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_parked_request_is_counted_when_it_is_sent() {
+        use arbor_actors::Usage;
+        let m = metrics();
+        let event = |kind: EventKind| Event {
+            seq: 0,
+            tree_id: "t".into(),
+            run_id: "t/0".into(),
+            at_ms: 0,
+            kind,
+        };
+        m.observe(&event(EventKind::AgentStarted {
+            agent_id: "a".into(),
+            agent_type: "a".into(),
+            parent_run_id: None,
+            depth: 0,
+        }));
+        m.observe(&event(EventKind::Suspended));
+        m.observe(&event(EventKind::StepStarted { step: 1 }));
+        let text = Format::Prometheus.convert(&m.encode(0));
+        assert!(
+            !text.contains("arbor_model_requests_total{model=\"m\"}"),
+            "{text}"
+        );
+        m.observe(&event(EventKind::Resumed));
+        m.observe(&event(EventKind::ModelResponded {
+            step: 1,
+            usage: Usage::default(),
+            tool_calls: 0,
+            reply: None,
+        }));
+        let text = Format::Prometheus.convert(&m.encode(0));
+        assert!(
+            text.contains("arbor_model_requests_total{model=\"m\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("arbor_model_latency_seconds_count{model=\"m\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# HELP arbor_model_latency_seconds Time from a model request"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE arbor_model_requests_total counter\n"),
+            "{text}"
+        );
     }
 }

@@ -370,7 +370,10 @@ impl Service {
             )
             .route("/v1/trees/{tree_id}", get(api::get_tree))
             .route("/v1/agents", get(api::list_agents))
-            .route("/metrics", get(api::metrics))
+            .route(
+                "/metrics",
+                get(api::metrics).layer(middleware::from_fn(negotiate_metrics)),
+            )
             .route("/openapi.json", get(openapi));
         let api = if self.is_open() {
             api
@@ -597,6 +600,32 @@ async fn method_not_allowed() -> ApiError {
         "method_not_allowed",
         "this route does not take that method (see /openapi.json)",
     )
+}
+
+/// `/metrics` in the format the scraper's `Accept` asks for: the handler
+/// writes OpenMetrics; the Prometheus text format 0.0.4 is the default.
+async fn negotiate_metrics(request: Request, next: Next) -> Response {
+    let format = metrics::Format::negotiate(
+        request
+            .headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let response = next.run(request).await;
+    if format == metrics::Format::OpenMetrics || !response.status().is_success() {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let text = format.convert(&String::from_utf8_lossy(&bytes));
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(format.content_type()),
+    );
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(text))
 }
 
 /// A span per request, and one line: method, path, status, time. (No headers:
