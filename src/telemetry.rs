@@ -23,6 +23,8 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracerProvider, Tracer};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::filter::{FilterFn, Filtered, filter_fn};
 use tracing_subscriber::registry::LookupSpan;
 
 use crate::Error;
@@ -80,12 +82,25 @@ impl Otlp {
         Ok(Otlp { provider })
     }
 
-    /// The `tracing` layer that hands spans to the exporter.
-    pub fn layer<S>(&self) -> tracing_opentelemetry::OpenTelemetryLayer<S, Tracer>
+    /// The `tracing` layer that hands spans to the exporter: Arbor's spans,
+    /// not ractor's own (`Actor`, one per actor start and message loop, each
+    /// outside the tree's trace).
+    #[allow(clippy::type_complexity)]
+    pub fn layer<S>(
+        &self,
+    ) -> Filtered<
+        tracing_opentelemetry::OpenTelemetryLayer<S, Tracer>,
+        FilterFn<fn(&tracing::Metadata<'_>) -> bool>,
+        S,
+    >
     where
         S: tracing::Subscriber + for<'span> LookupSpan<'span>,
     {
-        tracing_opentelemetry::layer().with_tracer(self.provider.tracer("arbor"))
+        let not_ractor: fn(&tracing::Metadata<'_>) -> bool =
+            |meta| !meta.target().starts_with("ractor");
+        tracing_opentelemetry::layer()
+            .with_tracer(self.provider.tracer("arbor"))
+            .with_filter(filter_fn(not_ractor))
     }
 
     /// Sends what is buffered and stops the exporter.

@@ -28,6 +28,7 @@ mod serve;
 mod serve_limits;
 mod store;
 mod support;
+mod telemetry;
 mod tools;
 mod tools_e2e;
 mod turns_serve;

@@ -1,0 +1,327 @@
+//! Telemetry of a live `arbor serve`: one OTLP trace per tree (received by
+//! a small OTLP/HTTP sink on loopback), continuing the caller's
+//! `traceparent`, with the GenAI semantic conventions' names and attributes;
+//! and its `/metrics` as promtool checks it, in both exposition formats.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use prost::Message as _;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::serve::{Server, TOKEN, client};
+
+/// The caller's trace: the tree must go on in it.
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+/// lead → 2 workers → 2 leaves each: 7 agents, no latency.
+fn config(otlp: Option<&str>) -> String {
+    let otlp = otlp
+        .map(|endpoint| format!("otlp_endpoint = \"{endpoint}\"\n"))
+        .unwrap_or_default();
+    format!(
+        r#"
+[limits]
+max_depth = 3
+deadline = "2m"
+
+[store]
+path = "arbor.db"
+
+[service]
+bind = "127.0.0.1:0"
+shutdown_timeout = "5s"
+{otlp}
+[models.sim]
+provider = "simulated"
+fanout = 2
+depth = 2
+latency = "0"
+reply_tokens = 5
+
+[agents.lead]
+name = "Lead"
+model = "sim"
+system_prompt = "You split the work."
+spawnable_agents = ["worker"]
+
+[agents.worker]
+name = "Worker"
+model = "sim"
+system_prompt = "You split it again."
+spawnable_agents = ["leaf"]
+
+[agents.leaf]
+name = "Leaf"
+model = "sim"
+system_prompt = "You answer."
+"#
+    )
+}
+
+fn start(dir: &Path, otlp: Option<&str>) -> Server {
+    let path = dir.join("telemetry.toml");
+    std::fs::write(&path, config(otlp)).unwrap();
+    let path = path.display().to_string();
+    let mut server = Server::start(dir, &["--config", &path], Some(TOKEN));
+    server.wait_for("ready");
+    server
+}
+
+/// Starts the 7-agent tree with the caller's `traceparent` and waits
+/// (bounded, on the server's log) for its end.
+async fn run_tree(server: &mut Server) -> String {
+    let response = client()
+        .post(server.url("/v1/runs"))
+        .bearer_auth(TOKEN)
+        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
+        .json(&json!({"agent": "lead", "prompt": "split it"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let created: Value = response.json().await.unwrap();
+    let tree = created["treeId"].as_str().unwrap().to_owned();
+    let line = tokio::task::block_in_place(|| server.wait_for("tree ended"));
+    assert!(line.contains(&tree) && line.contains("completed"), "{line}");
+    tree
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn attr(span: &Span, key: &str) -> Option<String> {
+    let value = span.attributes.iter().find(|kv| kv.key == key)?;
+    Some(match value.value.as_ref()?.value.as_ref()? {
+        Any::StringValue(s) => s.clone(),
+        Any::IntValue(i) => i.to_string(),
+        Any::BoolValue(b) => b.to_string(),
+        Any::DoubleValue(d) => d.to_string(),
+        other => format!("{other:?}"),
+    })
+}
+
+/// An OTLP/HTTP (protobuf) traces endpoint on loopback: every span it gets.
+async fn sink() -> (String, Arc<Mutex<Vec<Span>>>) {
+    let spans = Arc::new(Mutex::new(Vec::new()));
+    let kept = spans.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: Bytes| {
+            let kept = kept.clone();
+            async move {
+                let request = ExportTraceServiceRequest::decode(body).unwrap();
+                let mut kept = kept.lock().unwrap();
+                for resource in request.resource_spans {
+                    for scope in resource.scope_spans {
+                        kept.extend(scope.spans);
+                    }
+                }
+                // An empty ExportTraceServiceResponse.
+                (
+                    [("content-type", "application/x-protobuf")],
+                    Vec::<u8>::new(),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}/v1/traces"), spans)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_is_one_trace_in_the_callers_with_genai_spans() {
+    let dir = tempfile::tempdir().unwrap();
+    let (endpoint, spans) = sink().await;
+    let mut server = start(dir.path(), Some(&endpoint));
+    let tree = run_tree(&mut server).await;
+    // SIGTERM: the exporter sends what it holds before the process exits.
+    let (status, _) = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status}");
+    let spans = std::mem::take(&mut *spans.lock().unwrap());
+
+    // One trace, the caller's: the only request was the traced POST.
+    let traces: HashSet<String> = spans.iter().map(|s| hex(&s.trace_id)).collect();
+    assert_eq!(traces, HashSet::from([TRACE_ID.to_owned()]), "{spans:#?}");
+    let by_id: HashMap<String, &Span> = spans.iter().map(|s| (hex(&s.span_id), s)).collect();
+    let parent = |span: &Span| by_id.get(&hex(&span.parent_span_id)).copied();
+
+    // request (child of the caller's span) → tree → the root agent.
+    let request = spans.iter().find(|s| s.name == "request").unwrap();
+    assert_eq!(hex(&request.parent_span_id), CALLER_SPAN);
+    assert_eq!(request.kind, SpanKind::Server as i32);
+    let tree_span = spans.iter().find(|s| s.name == "tree").unwrap();
+    assert_eq!(attr(tree_span, "arbor.tree.id").as_deref(), Some(&*tree));
+    assert_eq!(parent(tree_span).map(|s| &s.name), Some(&request.name));
+
+    // Seven agent spans, parented as the tree is.
+    let agents: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name.starts_with("invoke_agent "))
+        .collect();
+    assert_eq!(agents.len(), 7, "{agents:#?}");
+    let by_run: HashMap<String, &Span> = agents
+        .iter()
+        .map(|s| (attr(s, "gen_ai.agent.id").unwrap(), *s))
+        .collect();
+    assert_eq!(by_run.len(), 7);
+    let mut per_type: HashMap<String, usize> = HashMap::new();
+    for agent in &agents {
+        let kind = attr(agent, "agent_type").unwrap();
+        assert_eq!(agent.name, format!("invoke_agent {kind}"));
+        assert_eq!(
+            attr(agent, "gen_ai.operation.name").as_deref(),
+            Some("invoke_agent")
+        );
+        assert!(attr(agent, "gen_ai.agent.name").is_some(), "{agent:#?}");
+        *per_type.entry(kind.clone()).or_default() += 1;
+        let up = parent(agent).unwrap_or_else(|| panic!("no parent span: {agent:#?}"));
+        match attr(agent, "parent_id").as_deref() {
+            Some("-") | None => {
+                assert_eq!(kind, "lead");
+                assert_eq!(up.span_id, tree_span.span_id);
+            }
+            Some(parent_run) => {
+                let expected = by_run[parent_run];
+                assert_eq!(up.span_id, expected.span_id, "{agent:#?}");
+                let parent_kind = attr(expected, "agent_type").unwrap();
+                let want = if kind == "worker" { "lead" } else { "worker" };
+                assert_eq!(parent_kind, want);
+            }
+        }
+    }
+    assert_eq!(
+        per_type,
+        HashMap::from([
+            ("lead".to_owned(), 1),
+            ("worker".to_owned(), 2),
+            ("leaf".to_owned(), 4)
+        ])
+    );
+
+    // Every model call: `chat sim`, a client span under its agent's span.
+    let chats: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name.starts_with("chat "))
+        .collect();
+    assert!(chats.len() >= 7, "{chats:#?}");
+    for chat in &chats {
+        assert_eq!(chat.name, "chat sim");
+        assert_eq!(chat.kind, SpanKind::Client as i32);
+        assert_eq!(attr(chat, "gen_ai.operation.name").as_deref(), Some("chat"));
+        assert_eq!(attr(chat, "gen_ai.request.model").as_deref(), Some("sim"));
+        assert!(
+            attr(chat, "gen_ai.usage.input_tokens").is_some(),
+            "{chat:#?}"
+        );
+        assert!(
+            attr(chat, "gen_ai.usage.output_tokens").is_some(),
+            "{chat:#?}"
+        );
+        let up = parent(chat).unwrap();
+        assert!(up.name.starts_with("invoke_agent "), "{up:#?}");
+    }
+}
+
+/// promtool, from ARBOR_PROMTOOL (`.ci/run` installs Debian's `prometheus`
+/// and sets it) or /usr/bin/promtool. Missing: a failure under CI=true, else
+/// the test is skipped with a note.
+fn promtool() -> Option<String> {
+    let promtool = std::env::var("ARBOR_PROMTOOL").unwrap_or_else(|_| "/usr/bin/promtool".into());
+    if Path::new(&promtool).exists() {
+        return Some(promtool);
+    }
+    let message = format!(
+        "no promtool at {promtool}: install Debian's `prometheus` (or set ARBOR_PROMTOOL); .ci/run does"
+    );
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{message}");
+    eprintln!("skipped: {message}");
+    None
+}
+
+fn promtool_check(promtool: &str, text: &str) {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "promtool check metrics:\n{}{}\n---\n{text}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promtool_passes_metrics_in_both_formats_after_a_run() {
+    let Some(promtool) = promtool() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path(), None);
+    run_tree(&mut server).await;
+    let scrape = |accept: Option<&'static str>| {
+        let mut request = client().get(server.url("/metrics")).bearer_auth(TOKEN);
+        if let Some(accept) = accept {
+            request = request.header("accept", accept);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            let kind = response.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            (kind, response.text().await.unwrap())
+        }
+    };
+    for accept in [None, Some("text/plain")] {
+        let (kind, text) = scrape(accept).await;
+        assert_eq!(kind, "text/plain; version=0.0.4; charset=utf-8");
+        assert!(!text.contains("# EOF"), "{text}");
+        assert!(
+            text.contains("arbor_model_requests_total{model=\"sim\"} 10\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("arbor_model_latency_seconds_count{model=\"sim\"} 10\n"),
+            "{text}"
+        );
+        promtool_check(&promtool, &text);
+    }
+    let (kind, text) = scrape(Some("application/openmetrics-text; version=1.0.0")).await;
+    assert!(kind.starts_with("application/openmetrics-text"), "{kind}");
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    // Every family has its HELP and TYPE.
+    let families = |prefix: &str| -> Vec<String> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .map(|l| l.split(' ').next().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert_eq!(families("# HELP "), families("# TYPE "), "{text}");
+}
