@@ -325,3 +325,100 @@ async fn promtool_passes_metrics_in_both_formats_after_a_run() {
     };
     assert_eq!(families("# HELP "), families("# TYPE "), "{text}");
 }
+
+/// An OpenAI chat completions endpoint on loopback that answers every
+/// request with one text reply and keeps each request's `traceparent`.
+async fn fake_openai() -> (String, Arc<Mutex<Vec<Option<String>>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let kept = seen.clone();
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move |headers: axum::http::HeaderMap| {
+            let kept = kept.clone();
+            async move {
+                let traceparent = headers
+                    .get("traceparent")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                kept.lock().unwrap().push(traceparent);
+                axum::Json(json!({
+                    "id": "chatcmpl-1", "object": "chat.completion", "model": "test-model",
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": "done"}}],
+                    "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
+                }))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}/v1"), seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_request_carries_its_chat_spans_traceparent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (endpoint, spans) = sink().await;
+    let (base_url, seen) = fake_openai().await;
+    let path = dir.path().join("remote.toml");
+    let text = format!(
+        r#"
+[store]
+path = "arbor.db"
+
+[service]
+bind = "127.0.0.1:0"
+otlp_endpoint = "{endpoint}"
+
+[models.remote]
+provider = "openai"
+base_url = "{base_url}"
+model = "test-model"
+stream = false
+
+[agents.solo]
+model = "remote"
+system_prompt = "Answer."
+"#
+    );
+    std::fs::write(&path, text).unwrap();
+    let path = path.display().to_string();
+    let mut server = Server::start(dir.path(), &["--config", &path], Some(TOKEN));
+    server.wait_for("ready");
+    let response = client()
+        .post(server.url("/v1/runs"))
+        .bearer_auth(TOKEN)
+        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
+        .json(&json!({"agent": "solo", "prompt": "go"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let line = tokio::task::block_in_place(|| server.wait_for("tree ended"));
+    assert!(line.contains("completed"), "{line}");
+    let (status, _) = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status}");
+    let spans = std::mem::take(&mut *spans.lock().unwrap());
+    let chat = spans.iter().find(|s| s.name == "chat remote").unwrap();
+    assert_eq!(
+        attr(chat, "gen_ai.provider.name").as_deref(),
+        Some("openai")
+    );
+    assert_eq!(
+        attr(chat, "gen_ai.usage.input_tokens").as_deref(),
+        Some("12")
+    );
+    assert_eq!(
+        attr(chat, "gen_ai.usage.output_tokens").as_deref(),
+        Some("5")
+    );
+    // The provider saw the chat span as the caller, in the tree's trace.
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![Some(format!("00-{TRACE_ID}-{}-01", hex(&chat.span_id)))]
+    );
+}
