@@ -408,12 +408,50 @@ impl Format {
     }
 }
 
+/// The OpenAPI document's `GET /metrics` (written for OpenMetrics by
+/// `api::metrics`'s annotation) with both formats it answers in.
+pub fn document(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::RefOr;
+    let Some(get) = doc
+        .paths
+        .paths
+        .get_mut("/metrics")
+        .and_then(|path| path.get.as_mut())
+    else {
+        return;
+    };
+    let Some(RefOr::T(ok)) = get.responses.responses.get_mut("200") else {
+        return;
+    };
+    let Some(content) = ok.content.values().next().cloned() else {
+        return;
+    };
+    ok.description = "Prometheus metrics: the text format 0.0.4 (text/plain) by default, \
+        OpenMetrics text for an Accept that prefers application/openmetrics-text"
+        .to_owned();
+    ok.content.insert("text/plain".to_owned(), content);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn metrics() -> Metrics {
         Metrics::new(HashMap::from([("a".to_owned(), Arc::from("m"))]))
+    }
+
+    #[test]
+    fn the_document_has_both_formats() {
+        use utoipa::OpenApi as _;
+        let mut doc = crate::service::ApiDoc::openapi();
+        document(&mut doc);
+        let json = serde_json::to_value(&doc).unwrap_or_default();
+        let content = &json["paths"]["/metrics"]["get"]["responses"]["200"]["content"];
+        assert!(content["text/plain"].is_object(), "{content}");
+        assert!(
+            content["application/openmetrics-text"].is_object(),
+            "{content}"
+        );
     }
 
     #[test]

@@ -582,7 +582,11 @@ async fn page() -> Response {
 
 async fn openapi() -> Response {
     static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let document = DOCUMENT.get_or_init(|| ApiDoc::openapi().to_json().unwrap_or_default());
+    let document = DOCUMENT.get_or_init(|| {
+        let mut document = ApiDoc::openapi();
+        metrics::document(&mut document);
+        document.to_json().unwrap_or_default()
+    });
     (
         [(header::CONTENT_TYPE, "application/json")],
         document.as_str(),
