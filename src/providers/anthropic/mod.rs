@@ -3,13 +3,26 @@
 //! Requests: system messages are lifted into the top-level `system`, tool results
 //! become `tool_result` blocks of a user message, and consecutive messages of one
 //! role are merged, since the API wants strictly alternating user/assistant turns
-//! that start (and, here, end) with a user turn. Reasoning parts are not sent back:
-//! the API only accepts thinking blocks with the signature it issued.
+//! that start (and, here, end) with a user turn. A reply's thinking blocks are
+//! kept whole on its message (`providerOptions`) and sent back before its text
+//! and tool calls; reasoning parts alone are not (the API only accepts thinking
+//! with the signature it issued). With `prompt_cache`, `cache_control`
+//! breakpoints go on the last tool, the system prompt, the end of the shared
+//! prefix and the end of the history (at most the API's 4). The effective
+//! [`ModelOptions`] become the request's sampling, stop, tool-choice and
+//! thinking fields, `extra_body` last. A reply cut at `max_tokens` is
+//! [`Failure::Truncated`]. See docs/anthropic.md.
 
 mod stream;
 
+use std::collections::HashSet;
+use std::sync::Arc;
+
 use arbor_actors::ModelRequest;
-use arbor_actors::message::{Content, Message, Part, TOOL_CALL_ERROR, ToolCall, ToolResultPart};
+use arbor_actors::message::{
+    Content, Message, Meta, Part, STEP_PROMPT, TOOL_CALL_ERROR, ToolCall, ToolResultPart,
+};
+use arbor_actors::model::{ModelOptions, ToolChoice};
 use serde_json::{Value, json};
 
 pub(crate) use self::stream::StreamState;
@@ -53,13 +66,50 @@ impl WireFormat for Anthropic {
 /// The user turn inserted where the API needs one and the history has none.
 const CONTINUE: &str = "(continue)";
 
+/// The reply length asked for when the model's settings give none.
+const DEFAULT_MAX_TOKENS: u32 = 4096;
+
+/// Where a block of the request came from, which decides where the cache
+/// breakpoints go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    /// A message of the shared prefix (what the run took from its parent).
+    Shared,
+    /// One of the run's own messages.
+    Own,
+    /// The template's step prompt, sent with this request only.
+    StepPrompt,
+    /// A `(continue)` turn the API needed.
+    Filler,
+}
+
+/// A turn of the request: its role and its blocks, each with its origin.
+struct Turn {
+    role: &'static str,
+    blocks: Vec<(Value, Origin)>,
+}
+
 pub(crate) fn request_body(settings: &ProviderSettings, request: &ModelRequest) -> Value {
+    let options = request.meta.options.over(&settings.options);
     let mut system = Vec::new();
     if !request.system_prompt.trim().is_empty() {
         system.push(request.system_prompt.to_string());
     }
-    let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    let shared: HashSet<*const Message> = request
+        .messages
+        .iter()
+        .take(request.meta.shared_prefix)
+        .map(Arc::as_ptr)
+        .collect();
+    let mut turns: Vec<Turn> = Vec::new();
     for m in adjacent_results(&request.messages.to_vec()) {
+        let origin = if shared.contains(&Arc::as_ptr(&m)) {
+            Origin::Shared
+        } else if m.has_tag(STEP_PROMPT) {
+            Origin::StepPrompt
+        } else {
+            Origin::Own
+        };
         let (role, blocks) = match &*m {
             Message::System { content, .. } => {
                 let text = content.text();
@@ -69,7 +119,7 @@ pub(crate) fn request_body(settings: &ProviderSettings, request: &ModelRequest) 
                 continue;
             }
             Message::User { content, .. } => ("user", user_blocks(content)),
-            Message::Assistant { content, .. } => ("assistant", assistant_blocks(content)),
+            Message::Assistant { content, meta } => ("assistant", assistant_blocks(content, meta)),
             Message::Tool {
                 tool_call_id,
                 content,
@@ -86,33 +136,52 @@ pub(crate) fn request_body(settings: &ProviderSettings, request: &ModelRequest) 
         if blocks.is_empty() {
             continue;
         }
+        let blocks = blocks.into_iter().map(|b| (b, origin));
         match turns.last_mut() {
-            Some((last, previous)) if *last == role => previous.extend(blocks),
-            _ => turns.push((role, blocks)),
+            Some(last) if last.role == role => last.blocks.extend(blocks),
+            _ => turns.push(Turn {
+                role,
+                blocks: blocks.collect(),
+            }),
         }
     }
-    if turns.first().is_none_or(|(role, _)| *role != "user") {
-        turns.insert(0, ("user", vec![text_block(CONTINUE)]));
+    let filler = || Turn {
+        role: "user",
+        blocks: vec![(text_block(CONTINUE), Origin::Filler)],
+    };
+    if turns.first().is_none_or(|t| t.role != "user") {
+        turns.insert(0, filler());
     }
     // A final assistant turn would be a prefill the model continues in place
     // (and some models refuse); every other provider answers with a new message.
-    if turns.last().is_some_and(|(role, _)| *role == "assistant") {
-        turns.push(("user", vec![text_block(CONTINUE)]));
+    if turns.last().is_some_and(|t| t.role == "assistant") {
+        turns.push(filler());
+    }
+    if settings.prompt_cache {
+        mark_history(&mut turns, request.meta.shared_prefix > 0);
     }
     let messages: Vec<Value> = turns
         .into_iter()
-        .map(|(role, blocks)| json!({"role": role, "content": content_value(blocks)}))
+        .map(|t| {
+            let blocks = t.blocks.into_iter().map(|(b, _)| b).collect();
+            json!({"role": t.role, "content": content_value(blocks)})
+        })
         .collect();
+    let max_tokens = settings.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    let budget = options.reasoning.as_ref().and_then(|r| r.budget_tokens);
     let mut body = json!({
         "model": settings.model,
-        "max_tokens": settings.max_tokens.unwrap_or(4096),
-        "messages": messages,
+        // The thinking budget counts against max_tokens and must stay under
+        // it: a budget that does not leave room gets the configured length on top.
+        "max_tokens": match budget {
+            Some(budget) if budget >= max_tokens => budget.saturating_add(max_tokens),
+            _ => max_tokens,
+        },
     });
-    if !system.is_empty() {
-        body["system"] = json!(system.join("\n\n"));
-    }
+    // The order the API builds the prompt (and its cache) in: tools, system,
+    // messages; the body keeps it, so equal prefixes are equal bytes too.
     if !request.tools.is_empty() {
-        let tools: Vec<Value> = request
+        let mut tools: Vec<Value> = request
             .tools
             .iter()
             .map(|(name, def)| {
@@ -124,12 +193,115 @@ pub(crate) fn request_body(settings: &ProviderSettings, request: &ModelRequest) 
                 json!({"name": name, "description": def.description, "input_schema": schema})
             })
             .collect();
+        if settings.prompt_cache
+            && let Some(last) = tools.last_mut()
+        {
+            last["cache_control"] = ephemeral();
+        }
         body["tools"] = json!(tools);
     }
+    if !system.is_empty() {
+        let text = system.join("\n\n");
+        body["system"] = if settings.prompt_cache {
+            json!([{"type": "text", "text": text, "cache_control": ephemeral()}])
+        } else {
+            json!(text)
+        };
+    }
+    body["messages"] = json!(messages);
     if settings.stream {
         body["stream"] = json!(true);
     }
+    apply_options(&mut body, &options, !request.tools.is_empty());
     body
+}
+
+/// A cache breakpoint.
+fn ephemeral() -> Value {
+    json!({"type": "ephemeral"})
+}
+
+/// Whether a block may carry a breakpoint (thinking blocks may not).
+fn cacheable(block: &Value) -> bool {
+    !matches!(
+        block.get("type").and_then(Value::as_str),
+        Some("thinking" | "redacted_thinking")
+    )
+}
+
+/// The history's breakpoints, at most two: on the block that ends the shared
+/// prefix as sent (the last block before the first one that is not the
+/// prefix's, when `shared`), and on the last block of the run's history (not
+/// the step prompt, which the next request will not have there, nor a
+/// `(continue)`), so its next step reads what this one wrote.
+fn mark_history(turns: &mut [Turn], shared: bool) {
+    let positions = || {
+        turns.iter().enumerate().flat_map(|(t, turn)| {
+            turn.blocks
+                .iter()
+                .enumerate()
+                .map(move |(b, (block, origin))| ((t, b), *origin, cacheable(block)))
+        })
+    };
+    let mut prefix_end = None;
+    if shared {
+        for (at, origin, cacheable) in positions() {
+            match origin {
+                Origin::Shared if cacheable => prefix_end = Some(at),
+                Origin::Shared | Origin::Filler => {}
+                Origin::Own | Origin::StepPrompt => break,
+            }
+        }
+    }
+    let history_end = positions()
+        .rfind(|(_, origin, cacheable)| {
+            *cacheable && matches!(origin, Origin::Shared | Origin::Own)
+        })
+        .map(|(at, _, _)| at);
+    for (t, b) in [prefix_end, history_end].into_iter().flatten() {
+        turns[t].blocks[b].0["cache_control"] = ephemeral();
+    }
+}
+
+/// The request fields of the effective options. `seed` and `reasoning.effort`
+/// have no Messages API field and are not sent; `extra_body` goes last.
+fn apply_options(body: &mut Value, options: &ModelOptions, has_tools: bool) {
+    if let Some(t) = options.temperature {
+        body["temperature"] = json!(t);
+    }
+    if let Some(p) = options.top_p {
+        body["top_p"] = json!(p);
+    }
+    if let Some(stop) = &options.stop {
+        body["stop_sequences"] = json!(stop);
+    }
+    // The API refuses a tool_choice without tools.
+    if has_tools {
+        let mut choice = match &options.tool_choice {
+            Some(ToolChoice::Auto) => Some(json!({"type": "auto"})),
+            Some(ToolChoice::Required) => Some(json!({"type": "any"})),
+            Some(ToolChoice::None) => Some(json!({"type": "none"})),
+            Some(ToolChoice::Tool(name)) => Some(json!({"type": "tool", "name": name})),
+            None => None,
+        };
+        // `{"type": "none"}` takes no other field.
+        let calls_allowed = options.tool_choice != Some(ToolChoice::None);
+        if options.parallel_tool_calls == Some(false) && calls_allowed {
+            choice.get_or_insert_with(|| json!({"type": "auto"}))["disable_parallel_tool_use"] =
+                json!(true);
+        }
+        if let Some(choice) = choice {
+            body["tool_choice"] = choice;
+        }
+    }
+    if let Some(budget) = options.reasoning.as_ref().and_then(|r| r.budget_tokens) {
+        body["thinking"] = json!({"type": "enabled", "budget_tokens": budget});
+    }
+    if let Some(extra) = &options.extra_body {
+        for (key, value) in extra {
+            body[key.as_str()] = value.clone();
+        }
+    }
 }
 
 /// One text block alone goes as a plain string.
@@ -179,7 +351,10 @@ fn user_blocks(content: &Content) -> Vec<Value> {
     blocks
 }
 
-fn assistant_blocks(content: &Content) -> Vec<Value> {
+/// An assistant message's blocks: the thinking blocks its reply had, as the
+/// API sent them (kept in `providerOptions`, see [`THINKING`]), then its text
+/// and tool calls. Thinking alone is not sent: it answers nothing.
+fn assistant_blocks(content: &Content, meta: &Meta) -> Vec<Value> {
     let mut blocks = Vec::new();
     match content {
         Content::Text(text) => push_text(&mut blocks, text),
@@ -193,14 +368,34 @@ fn assistant_blocks(content: &Content) -> Vec<Value> {
                         "name": call.tool_name,
                         "input": tool_input(&call.input),
                     })),
-                    // Thinking needs the signature the API issued; media cannot be
-                    // in an assistant turn.
+                    // Reasoning goes back as the kept thinking blocks (the API
+                    // takes them only with their signature); media cannot be in
+                    // an assistant turn.
                     Part::Reasoning { .. } | Part::Image { .. } | Part::File { .. } => {}
                 }
             }
         }
     }
-    blocks
+    if blocks.is_empty() {
+        return blocks;
+    }
+    let mut thinking = kept_thinking(meta);
+    thinking.extend(blocks);
+    thinking
+}
+
+/// Where a reply's thinking blocks are kept in its message's
+/// `providerOptions`: `{"anthropic": {"thinking": [BLOCK, ...]}}`.
+pub(crate) const THINKING: &str = "/anthropic/thinking";
+
+/// The thinking and redacted-thinking blocks kept on a message, in order.
+fn kept_thinking(meta: &Meta) -> Vec<Value> {
+    meta.provider_options
+        .as_ref()
+        .and_then(|o| o.pointer(THINKING))
+        .and_then(Value::as_array)
+        .map(|blocks| blocks.iter().filter(|b| !cacheable(b)).cloned().collect())
+        .unwrap_or_default()
 }
 
 /// `tool_use.input` must be an object. A call whose arguments were not JSON is
@@ -348,7 +543,14 @@ fn decode_base64(text: &str) -> Option<Vec<u8>> {
 /// A content block of a reply, as far as Arbor keeps it.
 enum Block {
     Text(String),
-    Thinking(String),
+    /// Thinking and the signature the API issued for it (none: it cannot be
+    /// sent back).
+    Thinking {
+        text: String,
+        signature: Option<String>,
+    },
+    /// Encrypted thinking: its `data`, sent back as it came.
+    Redacted(String),
     ToolUse(ToolCall),
     Other,
 }
@@ -364,7 +566,14 @@ impl Block {
         };
         match block.get("type").and_then(Value::as_str) {
             Some("text") => Block::Text(text("text")),
-            Some("thinking") => Block::Thinking(text("thinking")),
+            Some("thinking") => Block::Thinking {
+                text: text("thinking"),
+                signature: block
+                    .get("signature")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+            },
+            Some("redacted_thinking") => Block::Redacted(text("data")),
             Some("tool_use") => Block::ToolUse(ToolCall {
                 tool_call_id: text("id"),
                 tool_name: text("name"),
@@ -376,23 +585,51 @@ impl Block {
 }
 
 /// The assistant message of a reply's blocks, in order; adjacent text (or
-/// thinking) blocks are one part, empty ones none.
+/// thinking) blocks are one part, empty ones none. Signed thinking and
+/// redacted thinking blocks are also kept whole, in order, in the message's
+/// `providerOptions` ([`THINKING`]): the next request sends them back.
 fn assistant(blocks: impl IntoIterator<Item = Block>) -> Message {
     let mut parts: Vec<Part> = Vec::new();
+    let mut kept: Vec<Value> = Vec::new();
     for block in blocks {
+        match &block {
+            Block::Thinking {
+                text,
+                signature: Some(signature),
+            } => kept.push(json!({"type": "thinking", "thinking": text, "signature": signature})),
+            Block::Redacted(data) => kept.push(json!({"type": "redacted_thinking", "data": data})),
+            _ => {}
+        }
         match (block, parts.last_mut()) {
             (Block::Text(more), Some(Part::Text { text })) => text.push_str(&more),
-            (Block::Thinking(more), Some(Part::Reasoning { text })) => text.push_str(&more),
+            (Block::Thinking { text: more, .. }, Some(Part::Reasoning { text })) => {
+                text.push_str(&more)
+            }
             (Block::Text(text), _) if !text.is_empty() => parts.push(Part::Text { text }),
-            (Block::Thinking(text), _) if !text.is_empty() => parts.push(Part::Reasoning { text }),
+            (Block::Thinking { text, .. }, _) if !text.is_empty() => {
+                parts.push(Part::Reasoning { text })
+            }
             (Block::ToolUse(call), _) => parts.push(Part::ToolCall(call)),
             _ => {}
         }
     }
+    let mut meta = Meta::default();
+    if !kept.is_empty() {
+        meta.provider_options = Some(json!({"anthropic": {"thinking": kept}}));
+    }
     Message::Assistant {
         content: Content::Parts(parts),
-        meta: Default::default(),
+        meta,
     }
+}
+
+/// The failure of a reply cut at `max_tokens`: its text or tool call may be
+/// incomplete, so it is never acted on.
+fn truncated(tokens: &Tokens) -> Failure {
+    Failure::Truncated(format!(
+        "stop_reason max_tokens after {} output tokens (raise max_tokens)",
+        tokens.output
+    ))
 }
 
 /// Takes the counts `usage` has. Stream events repeat them cumulatively
@@ -456,12 +693,12 @@ pub(crate) fn parse_response(body: &Value) -> Result<Reply, Failure> {
         .get("content")
         .and_then(Value::as_array)
         .ok_or_else(|| Failure::Malformed("reply has no content array".into()))?;
-    if body.get("stop_reason").and_then(Value::as_str) == Some("max_tokens") {
-        tracing::debug!("the reply was cut off at max_tokens");
-    }
     let mut tokens = Tokens::default();
     if let Some(usage) = body.get("usage") {
         update_tokens(&mut tokens, usage);
+    }
+    if body.get("stop_reason").and_then(Value::as_str) == Some("max_tokens") {
+        return Err(truncated(&tokens));
     }
     Ok(Reply {
         message: assistant(content.iter().map(Block::from_json)),

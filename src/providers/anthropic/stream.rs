@@ -6,14 +6,19 @@ use arbor_actors::message::ToolCall;
 use arbor_actors::{Delta, DeltaSink};
 use serde_json::Value;
 
-use super::{Block, api_error, assistant, update_tokens};
+use super::{Block, api_error, assistant, truncated, update_tokens};
 use crate::providers::wire::convert::arguments;
 use crate::providers::wire::{Assembler, Failure, Reply, Tokens};
 
 /// A content block being streamed.
 enum Partial {
     Text(String),
-    Thinking(String),
+    Thinking {
+        text: String,
+        /// From `signature_delta`s (or the start block).
+        signature: String,
+    },
+    Redacted(String),
     ToolUse {
         id: String,
         name: String,
@@ -33,6 +38,15 @@ pub(crate) struct StreamState {
     calls: usize,
     tokens: Tokens,
     stop_reason: Option<String>,
+}
+
+/// The signature a `content_block_start` thinking block already has (`""`).
+fn start_signature(block: &Value) -> String {
+    block
+        .get("signature")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
 }
 
 fn block_index(event: &Value) -> Result<u64, Failure> {
@@ -66,8 +80,12 @@ impl StreamState {
                 if !text.is_empty() {
                     sink(Delta::Reasoning { text: text.clone() });
                 }
-                Partial::Thinking(text)
+                Partial::Thinking {
+                    text,
+                    signature: start_signature(block),
+                }
             }
+            Some("redacted_thinking") => Partial::Redacted(text("data")),
             Some("tool_use") => {
                 self.calls += 1;
                 Partial::ToolUse {
@@ -108,7 +126,7 @@ impl StreamState {
                     sink(Delta::Text { text: more });
                 }
             }
-            ("thinking_delta", Partial::Thinking(text)) => {
+            ("thinking_delta", Partial::Thinking { text, .. }) => {
                 let more = piece("thinking");
                 if !more.is_empty() {
                     text.push_str(&more);
@@ -125,12 +143,15 @@ impl StreamState {
                     });
                 }
             }
-            ("text_delta" | "thinking_delta" | "input_json_delta", _) => {
+            ("signature_delta", Partial::Thinking { signature, .. }) => {
+                signature.push_str(&piece("signature"));
+            }
+            ("text_delta" | "thinking_delta" | "input_json_delta" | "signature_delta", _) => {
                 return Err(Failure::Malformed(format!(
                     "{kind} for content block {index} of another type"
                 )));
             }
-            // signature_delta, citations_delta and whatever comes next.
+            // citations_delta and whatever comes next.
             _ => {}
         }
         Ok(())
@@ -172,11 +193,15 @@ impl Assembler for StreamState {
 
     fn finish(self: Box<Self>) -> Result<Reply, Failure> {
         if self.stop_reason.as_deref() == Some("max_tokens") {
-            tracing::debug!("the reply was cut off at max_tokens");
+            return Err(truncated(&self.tokens));
         }
         let blocks = self.blocks.into_values().map(|partial| match partial {
             Partial::Text(text) => Block::Text(text),
-            Partial::Thinking(text) => Block::Thinking(text),
+            Partial::Thinking { text, signature } => Block::Thinking {
+                text,
+                signature: (!signature.is_empty()).then_some(signature),
+            },
+            Partial::Redacted(data) => Block::Redacted(data),
             Partial::ToolUse {
                 id,
                 name,

@@ -1,13 +1,14 @@
 use std::collections::BTreeMap;
 
-use arbor_actors::message::Meta;
+use arbor_actors::message::{Meta, STEP_PROMPT};
+use arbor_actors::model::ModelOptions;
 
 use super::*;
 use crate::providers::fixtures::{
     assemble, feed, joined, non_adjacent_history, request, sample_history, settings, sink, sse,
     weather_call,
 };
-use crate::providers::settings::ProviderKind;
+use crate::providers::settings::{ProviderKind, ProviderSettings};
 
 // Captured from aimock (/tmp/aimock-notes.md §2, §3): the same fixture
 // (text + two calls, usage 42/17) non-streamed and streamed.
@@ -70,11 +71,15 @@ fn stream_state() -> Box<dyn Assembler> {
     Box::new(StreamState::default())
 }
 
+/// Settings without cache breakpoints: the conversion tests are about the rest.
+fn plain(stream: bool) -> ProviderSettings {
+    let mut settings = settings(ProviderKind::Anthropic, stream);
+    settings.prompt_cache = false;
+    settings
+}
+
 fn body(messages: Vec<Message>) -> Value {
-    request_body(
-        &settings(ProviderKind::Anthropic, false),
-        &request("", messages, false),
-    )
+    request_body(&plain(false), &request("", messages, false))
 }
 
 fn tokens(input: u64, output: u64, cache_read: u64, cache_write: u64) -> Tokens {
@@ -107,7 +112,7 @@ fn parts(parts: Vec<Part>) -> Message {
 #[test]
 fn request_body_lifts_the_system_prompt_and_groups_results_in_one_user_turn() {
     let body = request_body(
-        &settings(ProviderKind::Anthropic, true),
+        &plain(true),
         &request("You are terse.", sample_history(), true),
     );
     assert_eq!(
@@ -177,7 +182,7 @@ fn results_not_adjacent_to_their_call_are_moved_right_after_it() {
 #[test]
 fn system_messages_join_the_system_prompt() {
     let body = request_body(
-        &settings(ProviderKind::Anthropic, false),
+        &plain(false),
         &request(
             "Be brief.",
             vec![
@@ -201,10 +206,7 @@ fn system_messages_join_the_system_prompt() {
 }
 
 fn body_with_system(system: &str, messages: Vec<Message>) -> Value {
-    request_body(
-        &settings(ProviderKind::Anthropic, false),
-        &request(system, messages, false),
-    )
+    request_body(&plain(false), &request(system, messages, false))
 }
 
 #[test]
@@ -407,7 +409,15 @@ fn thinking_is_reasoning_and_adjacent_text_blocks_are_one_part() {
                     text: "After.".into()
                 },
             ]),
-            meta: Meta::default(),
+            // The signed and the redacted block, whole; the unsigned one
+            // cannot be sent back.
+            meta: Meta {
+                provider_options: Some(json!({"anthropic": {"thinking": [
+                    {"type": "thinking", "thinking": "Let me ", "signature": "sig"},
+                    {"type": "redacted_thinking", "data": "xyz"}
+                ]}})),
+                ..Meta::default()
+            },
         }
     );
 }
@@ -562,4 +572,386 @@ fn cache_tokens_are_read_streamed_or_not() {
         );
     let (reply, _) = assemble(stream_state(), &stream);
     assert_eq!(reply.unwrap().tokens, tokens(12, 30, 900, 100));
+}
+
+// ---- Prompt caching -------------------------------------------------------
+
+/// Every `cache_control` of a body, as JSON pointers, in body order.
+fn breakpoints(body: &Value) -> Vec<String> {
+    fn walk(value: &Value, at: String, out: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                for (key, v) in map {
+                    if key == "cache_control" {
+                        assert_eq!(v, &json!({"type": "ephemeral"}), "{at}");
+                        out.push(at.clone());
+                    } else {
+                        walk(v, format!("{at}/{key}"), out);
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    walk(v, format!("{at}/{i}"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(body, String::new(), &mut out);
+    assert!(out.len() <= 4, "more than the API's 4 breakpoints: {out:?}");
+    out
+}
+
+/// A cached request (the fixture settings have `prompt_cache` on) whose
+/// first `shared` messages are the shared prefix.
+fn cached(system: &str, messages: Vec<Message>, tools: bool, shared: usize) -> Value {
+    let mut request = request(system, messages, tools);
+    request.meta.shared_prefix = shared;
+    request_body(&settings(ProviderKind::Anthropic, false), &request)
+}
+
+#[test]
+fn a_root_request_marks_the_last_tool_the_system_prompt_and_the_last_block() {
+    let body = cached("You are terse.", sample_history(), true, 0);
+    assert_eq!(
+        breakpoints(&body),
+        ["/tools/1", "/system/0", "/messages/2/content/2"]
+    );
+    assert_eq!(
+        body["system"],
+        json!([{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}])
+    );
+    // The body lists tools, system, messages: the order the API caches in.
+    let keys: Vec<&str> = body
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(keys, ["model", "max_tokens", "tools", "system", "messages"]);
+    // Without caching, none at all and the system prompt is a string.
+    let plain = request_body(
+        &plain(false),
+        &request("You are terse.", sample_history(), true),
+    );
+    assert!(breakpoints(&plain).is_empty());
+    assert_eq!(plain["system"], json!("You are terse."));
+}
+
+#[test]
+fn the_shared_prefix_ends_on_its_own_block_inside_a_merged_turn() {
+    // The parent's task and the child's prompt are both user messages: one
+    // turn, whose first block ends the prefix.
+    let messages = vec![
+        Message::user("Parent task."),
+        Message::assistant(Some("Spawning.".into()), vec![]),
+        Message::user("Context for the children."),
+        Message::user("Child prompt A."),
+    ];
+    let body = cached("S", messages, true, 3);
+    assert_eq!(
+        breakpoints(&body),
+        [
+            "/tools/1",
+            "/system/0",
+            "/messages/2/content/0",
+            "/messages/2/content/1"
+        ]
+    );
+    assert_eq!(
+        body["messages"][2]["content"][0]["text"],
+        "Context for the children."
+    );
+}
+
+#[test]
+fn the_prefix_breakpoint_stops_before_a_result_moved_into_it() {
+    // The call is the parent's, its (repaired) result comes after the child's
+    // prompt: sent right after the call, so the prefix ends on the call.
+    let call = weather_call("c1", "Oslo");
+    let messages = vec![
+        Message::user("Parent task."),
+        Message::assistant(None, vec![call.clone()]),
+        Message::user("Child prompt."),
+        Message::tool_result(&call, json!("cancelled")),
+    ];
+    let body = cached("", messages, false, 2);
+    assert_eq!(
+        breakpoints(&body),
+        ["/messages/1/content/0", "/messages/2/content/1"]
+    );
+    assert_eq!(body["messages"][1]["content"][0]["type"], "tool_use");
+}
+
+#[test]
+fn a_prefix_that_is_the_whole_history_has_one_breakpoint() {
+    let body = cached("", vec![Message::user("a"), Message::user("b")], false, 2);
+    assert_eq!(breakpoints(&body), ["/messages/0/content/1"]);
+    // A root (or a prefix of system messages only) has no prefix breakpoint.
+    let body = cached("", vec![Message::system("s"), Message::user("b")], false, 1);
+    assert_eq!(breakpoints(&body), ["/system/0", "/messages/0/content/0"]);
+}
+
+#[test]
+fn the_step_prompt_and_fillers_never_carry_the_history_breakpoint() {
+    let body = cached(
+        "",
+        vec![
+            Message::user("Task."),
+            Message::user("Keep going.").with_tag(STEP_PROMPT),
+        ],
+        false,
+        0,
+    );
+    assert_eq!(breakpoints(&body), ["/messages/0/content/0"]);
+    // A history ending with the model's text gets a (continue) turn; the
+    // breakpoint stays on the text.
+    let body = cached(
+        "",
+        vec![Message::user("Task."), Message::assistant_text("Done.")],
+        false,
+        0,
+    );
+    assert_eq!(body["messages"][2]["content"], json!("(continue)"));
+    assert_eq!(breakpoints(&body), ["/messages/1/content/0"]);
+}
+
+#[test]
+fn thinking_blocks_never_carry_a_breakpoint() {
+    let reply = parse_response(&json!({"content": [
+        {"type": "thinking", "thinking": "Hm.", "signature": "sig-1"},
+        {"type": "text", "text": "Done."}
+    ], "stop_reason": "end_turn"}))
+    .unwrap();
+    let body = cached("", vec![Message::user("Task."), reply.message], false, 0);
+    assert_eq!(breakpoints(&body), ["/messages/1/content/1"]);
+}
+
+// ---- Options --------------------------------------------------------------
+
+fn with_options(settings_options: ModelOptions, request_options: ModelOptions) -> Value {
+    let mut settings = plain(false);
+    settings.options = settings_options;
+    let mut request = request("", vec![Message::user("hi")], true);
+    request.meta.options = std::sync::Arc::new(request_options);
+    request_body(&settings, &request)
+}
+
+fn options(value: Value) -> ModelOptions {
+    serde_json::from_value(value).unwrap()
+}
+
+#[test]
+fn sampling_and_stop_options_become_their_fields() {
+    let body = with_options(
+        options(json!({"temperature": 0.2, "top_p": 0.9, "seed": 7})),
+        options(json!({"stop": ["END", "STOP"], "temperature": 0.5,
+                       "reasoning": {"effort": "high"}})),
+    );
+    assert_eq!(
+        body["temperature"],
+        json!(0.5),
+        "the template's options win"
+    );
+    assert_eq!(body["top_p"], json!(0.9));
+    assert_eq!(body["stop_sequences"], json!(["END", "STOP"]));
+    // No Messages API field for a seed or an effort.
+    for absent in [
+        "seed",
+        "stop",
+        "reasoning_effort",
+        "thinking",
+        "tool_choice",
+    ] {
+        assert!(body.get(absent).is_none(), "{absent}: {body}");
+    }
+    let none = with_options(ModelOptions::default(), ModelOptions::default());
+    for absent in [
+        "temperature",
+        "top_p",
+        "stop_sequences",
+        "tool_choice",
+        "thinking",
+    ] {
+        assert!(none.get(absent).is_none(), "{absent}");
+    }
+}
+
+#[test]
+fn tool_choice_and_parallel_calls_become_one_tool_choice() {
+    let choice = |value: Value| {
+        with_options(ModelOptions::default(), options(value))
+            .get("tool_choice")
+            .cloned()
+    };
+    assert_eq!(
+        choice(json!({"tool_choice": "auto"})),
+        Some(json!({"type": "auto"}))
+    );
+    assert_eq!(
+        choice(json!({"tool_choice": "required"})),
+        Some(json!({"type": "any"}))
+    );
+    assert_eq!(
+        choice(json!({"tool_choice": "none"})),
+        Some(json!({"type": "none"}))
+    );
+    assert_eq!(
+        choice(json!({"tool_choice": "read_file"})),
+        Some(json!({"type": "tool", "name": "read_file"}))
+    );
+    assert_eq!(
+        choice(json!({"tool_choice": "required", "parallel_tool_calls": false})),
+        Some(json!({"type": "any", "disable_parallel_tool_use": true}))
+    );
+    assert_eq!(
+        choice(json!({"parallel_tool_calls": false})),
+        Some(json!({"type": "auto", "disable_parallel_tool_use": true}))
+    );
+    assert_eq!(choice(json!({"parallel_tool_calls": true})), None);
+    // `none` takes no other field.
+    assert_eq!(
+        choice(json!({"tool_choice": "none", "parallel_tool_calls": false})),
+        Some(json!({"type": "none"}))
+    );
+    // Without tools the API refuses a tool_choice: none is sent.
+    let mut request = request("", vec![Message::user("hi")], false);
+    request.meta.options = std::sync::Arc::new(options(json!({"tool_choice": "required"})));
+    assert!(
+        request_body(&plain(false), &request)
+            .get("tool_choice")
+            .is_none()
+    );
+}
+
+#[test]
+fn a_thinking_budget_enables_thinking_and_leaves_room_for_the_reply() {
+    let thinking = |max_tokens: Option<u32>, budget: u32| {
+        let mut settings = plain(false);
+        settings.max_tokens = max_tokens;
+        settings.options = options(json!({"reasoning": {"budget_tokens": budget}}));
+        let body = request_body(&settings, &request("", vec![Message::user("hi")], false));
+        assert_eq!(
+            body["thinking"],
+            json!({"type": "enabled", "budget_tokens": budget})
+        );
+        body["max_tokens"].as_u64().unwrap()
+    };
+    // Room enough: max_tokens as configured.
+    assert_eq!(thinking(Some(8192), 2048), 8192);
+    assert_eq!(thinking(None, 2048), 4096);
+    // Not more than the budget: the configured length on top of it.
+    assert_eq!(thinking(Some(1024), 2048), 3072);
+    assert_eq!(thinking(Some(2048), 2048), 4096);
+    assert_eq!(thinking(None, 10_000), 14_096);
+}
+
+#[test]
+fn extra_body_goes_last_and_wins() {
+    let body = with_options(
+        options(json!({"temperature": 0.2, "extra_body": {"top_k": 5}})),
+        options(json!({"extra_body": {"temperature": 1.0, "metadata": {"user_id": "u1"}}})),
+    );
+    assert_eq!(body["temperature"], json!(1.0));
+    assert_eq!(body["top_k"], json!(5));
+    assert_eq!(body["metadata"], json!({"user_id": "u1"}));
+    let keys: Vec<&str> = body
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(&keys[keys.len() - 2..], ["top_k", "metadata"]);
+}
+
+// ---- Thinking round trip --------------------------------------------------
+
+const THINKING_REPLY: &str = r#"{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"thinking","thinking":"The user wants Oslo.","signature":"EqQBCkYIARgCIkD+sig=="},{"type":"redacted_thinking","data":"EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIwxtE3rAFBa8cr3qpP"},{"type":"text","text":"Checking."},{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Oslo"}}],"stop_reason":"tool_use","usage":{"input_tokens":10,"output_tokens":20}}"#;
+
+/// The next request after `reply`, its call answered.
+fn next_assistant_turn(reply: Message) -> Value {
+    let call = reply.tool_calls().next().unwrap().clone();
+    let body = body(vec![
+        Message::user("Weather in Oslo?"),
+        reply,
+        Message::tool_result(&call, json!("-3C")),
+    ]);
+    body["messages"][1].clone()
+}
+
+#[test]
+fn thinking_blocks_go_back_unchanged_and_first() {
+    let reply = parse(THINKING_REPLY).unwrap().message;
+    let sent: Value = serde_json::from_str(THINKING_REPLY).unwrap();
+    assert_eq!(
+        next_assistant_turn(reply.clone()),
+        json!({"role": "assistant", "content": sent["content"]})
+    );
+    // Through the stored form (a journal, a checkpoint) as well.
+    let stored: Message = serde_json::from_value(serde_json::to_value(&reply).unwrap()).unwrap();
+    assert_eq!(stored, reply);
+    // Reasoning without kept blocks (another provider's) is not sent.
+    let Message::Assistant { content, .. } = reply else {
+        unreachable!()
+    };
+    let bare = Message::Assistant {
+        content,
+        meta: Meta::default(),
+    };
+    let turn = next_assistant_turn(bare);
+    assert_eq!(turn["content"][0]["type"], "text");
+    assert_eq!(turn["content"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn streamed_thinking_keeps_its_signature_and_redacted_blocks() {
+    let events = [
+        json!({"type": "message_start", "message": {"content": [], "usage": {"input_tokens": 10, "output_tokens": 1}}}),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "The user "}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "wants Oslo."}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "EqQBCkYIARgCIkD+sig=="}}),
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "content_block_start", "index": 1, "content_block": {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIwxtE3rAFBa8cr3qpP"}}),
+        json!({"type": "content_block_stop", "index": 1}),
+        json!({"type": "content_block_start", "index": 2, "content_block": {"type": "text", "text": ""}}),
+        json!({"type": "content_block_delta", "index": 2, "delta": {"type": "text_delta", "text": "Checking."}}),
+        json!({"type": "content_block_stop", "index": 2}),
+        json!({"type": "content_block_start", "index": 3, "content_block": {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}}),
+        json!({"type": "content_block_delta", "index": 3, "delta": {"type": "input_json_delta", "partial_json": "{\"city\":\"Oslo\"}"}}),
+        json!({"type": "content_block_stop", "index": 3}),
+        json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 20}}),
+        json!({"type": "message_stop"}),
+    ];
+    let stream: String = events
+        .iter()
+        .map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap()))
+        .collect();
+    let (reply, _) = assemble(stream_state(), &stream);
+    assert_eq!(reply.unwrap(), parse(THINKING_REPLY).unwrap());
+}
+
+// ---- Truncation -----------------------------------------------------------
+
+#[test]
+fn a_reply_cut_at_max_tokens_is_truncated_streamed_or_not() {
+    let mut body: Value = serde_json::from_str(TOOL_REPLY).unwrap();
+    body["stop_reason"] = json!("max_tokens");
+    let failure = parse_response(&body).unwrap_err();
+    assert_eq!(
+        failure,
+        Failure::Truncated(
+            "stop_reason max_tokens after 17 output tokens (raise max_tokens)".into()
+        )
+    );
+    assert!(!failure.retryable());
+
+    let stream = TOOL_STREAM.replace(
+        r#""stop_reason":"tool_use""#,
+        r#""stop_reason":"max_tokens""#,
+    );
+    let (reply, _) = assemble(stream_state(), &stream);
+    assert!(matches!(reply, Err(Failure::Truncated(_))), "{reply:?}");
 }
