@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod aimock;
+mod anthropic_cache;
 mod approvals_cli;
 mod approvals_restart;
 mod background_restart;
