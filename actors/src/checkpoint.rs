@@ -36,3 +36,14 @@ pub enum Recovered {
     /// The run was cut short: it goes on from its last checkpoint.
     Checkpoint(Arc<Checkpoint>),
 }
+
+/// A background report's delivery as a run's journal recorded it (its
+/// `backgroundDelivered` event): a resumed or replayed run takes the report
+/// at the same boundary (semantics §15).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scheduled {
+    /// The step the run had taken when the report joined its history.
+    pub step: u32,
+    /// The child's last run id.
+    pub child_run_id: String,
+}

@@ -126,7 +126,7 @@ pub trait TreeHooks: Send + Sync + 'static {
     /// Where a resumed or replayed tree's run `run_id` takes its background
     /// reports: the deliveries its journal recorded that no checkpoint it
     /// starts from holds (semantics §15; none for a new tree).
-    fn deliveries(&self, run_id: &str) -> Vec<crate::step::background::Scheduled> {
+    fn deliveries(&self, run_id: &str) -> Vec<crate::checkpoint::Scheduled> {
         let _ = run_id;
         Vec::new()
     }

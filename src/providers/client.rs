@@ -110,18 +110,21 @@ impl HttpModel {
             .await
             .map_err(|e| Failure::transient(format!("request failed: {}", without_url(e))))?;
         let status = response.status();
-        // Spent rate-limit buckets close the gate until their reset, whatever
-        // the status; so does a 429 or 503 with Retry-After.
+        // A 429 or 503 with Retry-After closes the gate for that long: the
+        // server said when to come back, which overrides its buckets' resets
+        // (a server may send `Retry-After: 0` beside a bucket that resets in
+        // minutes). Otherwise spent rate-limit buckets close the gate until
+        // their reset, whatever the status.
+        let retry_after = retry_after(response.headers());
+        let told = matches!(status.as_u16(), 429 | 503) && retry_after.is_some();
         let exhausted = exhausted_for(response.headers());
-        if let (Some(gate), Some(wait)) = (&self.gate, exhausted) {
-            gate.close_for(wait);
+        match (&self.gate, told, retry_after, exhausted) {
+            (Some(gate), true, Some(wait), _) | (Some(gate), false, _, Some(wait)) => {
+                gate.close_for(wait)
+            }
+            _ => {}
         }
         if !status.is_success() {
-            let retry_after = retry_after(response.headers());
-            if let (Some(gate), Some(wait), 429 | 503) = (&self.gate, retry_after, status.as_u16())
-            {
-                gate.close_for(wait);
-            }
             let text = response.text().await.unwrap_or_default();
             let message = error_message(&text, status);
             return Err(if retryable_status(status) {
@@ -505,10 +508,10 @@ mod tests {
     #[test]
     fn error_messages_keep_the_type_and_code() {
         let status = reqwest::StatusCode::BAD_REQUEST;
-        let openai = json!({"error": {"message": "too long", "type": "invalid_request_error",
+        let with_code = json!({"error": {"message": "too long", "type": "invalid_request_error",
             "param": "messages", "code": "context_length_exceeded"}});
         assert_eq!(
-            error_message(&openai.to_string(), status),
+            error_message(&with_code.to_string(), status),
             "invalid_request_error/context_length_exceeded: too long"
         );
         let no_code = json!({"error": {"message": "slow down", "type": "requests", "code": null}});
@@ -516,10 +519,10 @@ mod tests {
             error_message(&no_code.to_string(), status),
             "requests: slow down"
         );
-        let anthropic = json!({"type": "error", "error": {"type": "overloaded_error",
+        let nested = json!({"type": "error", "error": {"type": "overloaded_error",
             "message": "Overloaded"}});
         assert_eq!(
-            error_message(&anthropic.to_string(), status),
+            error_message(&nested.to_string(), status),
             "overloaded_error: Overloaded"
         );
         let bare = json!({"message": "nope"});

@@ -311,7 +311,9 @@ async fn retry_after_beyond_the_deadline_fails_at_once(kind: ProviderKind) {
     let error = guarded(model.complete(request_within(Duration::from_secs(5)), sink.clone()))
         .await
         .expect_err("the wait does not fit");
-    assert!(started.elapsed() < Duration::from_secs(1), "at once");
+    // Not a wait for the deadline (5 s) nor for the 30 s: it gave up before
+    // either (a loose bound, for a loaded machine).
+    assert!(started.elapsed() < Duration::from_secs(4), "at once");
     let ModelError::RateLimited {
         message,
         retry_after,

@@ -85,14 +85,7 @@ pub(super) enum Waiting {
     Schedule,
 }
 
-/// A delivery a run's journal recorded (its `backgroundDelivered` event).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Scheduled {
-    /// The step the run had taken when the report joined its history.
-    pub step: u32,
-    /// The child's last run id.
-    pub child_run_id: String,
-}
+pub use crate::checkpoint::Scheduled;
 
 /// A background child a run still waits for, as its history tells.
 #[derive(Clone, Debug, PartialEq)]
