@@ -244,6 +244,11 @@ pub struct StoreSection {
     /// The SQLite file, relative to the working directory.
     #[serde(default = "default_store_path")]
     pub path: PathBuf,
+    /// A shared store instead of the file: `postgres://user@host:port/db`
+    /// (the password from the URL or `ARBOR_PG_PASSWORD`), or
+    /// `sqlite://PATH`. Set `path` or `url`, not both (see `config::store`).
+    #[serde(default)]
+    pub url: Option<String>,
 }
 
 impl Default for StoreSection {
@@ -251,6 +256,7 @@ impl Default for StoreSection {
         StoreSection {
             enabled: true,
             path: default_store_path(),
+            url: None,
         }
     }
 }
@@ -386,6 +392,12 @@ pub struct AgentSection {
     pub output_mode: OutputMode,
     /// The JSON schema `set_output` values must satisfy (absent: any value).
     pub output_schema: Option<Value>,
+    /// How a `structured_output` run gives its output: `"tool"`
+    /// (`set_output`), `"native"` (the schema goes in the provider's
+    /// structured-output field and the reply's text is the output) or
+    /// `"auto"` (absent: what the model's provider does best).
+    #[serde(default)]
+    pub structured: StructuredChoice,
     /// The schemas its spawn input must satisfy.
     pub input_schema: Option<InputSchemaSection>,
     /// Whether a child starts from its parent's history.
@@ -426,6 +438,20 @@ pub struct AgentSection {
     /// What its parent does when its run fails.
     #[serde(default)]
     pub failure: FailureSection,
+}
+
+/// An agent's `structured`: a way, or `auto` to let its model decide.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StructuredChoice {
+    /// The model's `structured`, else its provider's default (native on
+    /// OpenAI's APIs, the tool on Anthropic and the built-in models).
+    #[default]
+    Auto,
+    /// Always native.
+    Native,
+    /// Always `set_output`.
+    Tool,
 }
 
 fn default_max_steps() -> u32 {
