@@ -9,6 +9,7 @@ mod catalog;
 mod check;
 mod file;
 mod read;
+pub mod store;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -31,6 +32,32 @@ pub use file::{
     SimulatedSection, StoreSection,
 };
 use read::{REDACTED, Source, at, parse_file};
+pub use store::{PgUrl, StoreLocation, StoreLocationError};
+
+/// `[store]`: `path` or `url`, not both, and whichever is given names a
+/// store (a Postgres URL is checked here; its password is never repeated).
+fn check_store(section: &StoreSection, text: &Source<'_>, problems: &mut Vec<Problem>) {
+    if section.url.is_some() && text.line(&["store", "path"]).is_some() {
+        problems.push(at(
+            text,
+            "store",
+            "url",
+            "give path (a SQLite file) or url (postgres://… or sqlite://…), not both".into(),
+        ));
+        return;
+    }
+    let key = if section.url.is_some() { "url" } else { "path" };
+    match StoreLocation::from_section(section) {
+        Ok(_) => {}
+        Err(StoreLocationError::Empty) if key == "path" => problems.push(at(
+            text,
+            "store",
+            "path",
+            "must name a file (to store nothing, set enabled = false)".into(),
+        )),
+        Err(error) => problems.push(at(text, "store", key, error.to_string())),
+    }
+}
 
 /// The configuration a fresh checkout runs with (the repository's `config.toml`).
 pub const DEFAULT_CONFIG: &str = include_str!("../../config.toml");
@@ -176,14 +203,7 @@ impl Config {
         let templates = templates(&file, &broken, text, &mut problems, &mut unresolved_tools);
         check_graph(&file, &limits, text, &mut problems);
         let models = check_models(&file, &base_dir, text, &mut problems);
-        if file.store.path.as_os_str().is_empty() {
-            problems.push(at(
-                text,
-                "store",
-                "path",
-                "must name a file (to store nothing, set enabled = false)".into(),
-            ));
-        }
+        check_store(&file.store, text, &mut problems);
         let service = check_service(&file.service, text, &mut problems);
         if let Some(agent) = &file.run.agent
             && !file.agents.contains_key(agent)

@@ -101,7 +101,7 @@ impl<'t> Source<'t> {
     }
 
     /// The text with the value of every `[models.NAME.headers]` entry
-    /// replaced by [`REDACTED`], found by the parser's spans (so the rest of
+    /// replaced by [`REDACTED`] and a `[store] url`'s password by `***`, found by the parser's spans (so the rest of
     /// the text, its comments and its lines, stay as they were).
     pub(super) fn redacted(&self) -> Arc<str> {
         let text = self.text;
@@ -125,20 +125,34 @@ impl<'t> Source<'t> {
                         headers
                             .iter()
                             .filter(|(_, v)| matches!(v.get_ref(), DeValue::String(_)))
-                            .map(|(_, v)| v.span()),
+                            .map(|(_, v)| (v.span(), format!("{REDACTED:?}"))),
                     );
                 }
             }
         }
+        // A store URL's password (`[store] url = "postgres://u:pw@…"`).
+        let store = self
+            .root
+            .get_ref()
+            .iter()
+            .find(|(k, _)| k.get_ref() == "store");
+        if let Some((_, store)) = store
+            && let DeValue::Table(store) = store.get_ref()
+            && let Some((_, url)) = store.iter().find(|(k, _)| k.get_ref() == "url")
+            && let DeValue::String(value) = url.get_ref()
+            && super::store::redact(value) != **value
+        {
+            spans.push((url.span(), format!("{:?}", super::store::redact(value))));
+        }
         if spans.is_empty() {
             return Arc::from(text);
         }
-        spans.sort_by_key(|s| s.start);
+        spans.sort_by_key(|(s, _)| s.start);
         let mut out = String::with_capacity(text.len());
         let mut at = 0;
-        for span in spans {
+        for (span, value) in spans {
             out.push_str(&text[at..span.start]);
-            out.push_str(&format!("{REDACTED:?}"));
+            out.push_str(&value);
             at = span.end;
         }
         out.push_str(&text[at..]);
