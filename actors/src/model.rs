@@ -79,6 +79,28 @@ pub struct ModelOptions {
     /// its keys replace the ones Arbor set), for server-specific fields such
     /// as Ollama's `options` or vLLM's `guided_json`.
     pub extra_body: Option<serde_json::Map<String, Value>>,
+    /// The schema the reply's text must follow, for a template whose
+    /// structured output is native ([`crate::template::Structured::Native`]):
+    /// set by [`crate::template::AgentTemplate::structured`], never read from
+    /// a config. A provider sends it as its API's structured-output field.
+    #[serde(skip)]
+    pub output: Option<OutputFormat>,
+}
+
+/// The schema a native structured reply must follow, as a provider sends it
+/// (OpenAI's `response_format` json_schema, the Responses API's
+/// `text.format`, Anthropic's `output_config.format`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutputFormat {
+    /// A name for the schema (`[A-Za-z0-9_-]`, at most 64 characters, as
+    /// OpenAI requires): the template's display name as a wire name.
+    pub name: String,
+    /// The output schema (`{"type": "object"}` when the template has none).
+    pub schema: crate::schema::Schema,
+    /// Whether the schema fits OpenAI's strict subset
+    /// ([`crate::schema::fits_strict_subset`]), so it can be sent with
+    /// `strict: true`.
+    pub strict: bool,
 }
 
 /// Whether the model must call a tool.
@@ -157,6 +179,7 @@ impl ModelOptions {
             parallel_tool_calls: self.parallel_tool_calls.or(base.parallel_tool_calls),
             reasoning: self.reasoning.clone().or_else(|| base.reasoning.clone()),
             extra_body,
+            output: self.output.clone().or_else(|| base.output.clone()),
         }
     }
 

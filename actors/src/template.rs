@@ -24,6 +24,31 @@ pub enum OutputMode {
     StructuredOutput,
 }
 
+/// How a `structured_output` run gives its output (a template's
+/// `structured`, semantics §7).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Structured {
+    /// The model calls `set_output` with the value (the default).
+    #[default]
+    Tool,
+    /// The request carries the output schema in the provider's
+    /// structured-output field and `set_output` is not offered: the text of
+    /// the reply that ends the turn is the output, parsed as JSON and checked
+    /// against the schema (a bad one is sent back to the model to retry).
+    Native,
+}
+
+impl Structured {
+    /// Its config name (`tool`, `native`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Structured::Tool => "tool",
+            Structured::Native => "native",
+        }
+    }
+}
+
 /// What a parent does when this template's run fails (semantics §8).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FailurePolicy {
@@ -154,6 +179,11 @@ pub struct AgentTemplate {
     pub output_mode: OutputMode,
     /// The schema `set_output` values must satisfy (`None`: any value).
     pub output_schema: Option<Schema>,
+    /// How a `structured_output` run gives its output: through `set_output`
+    /// or natively, in the reply's text. Set it with
+    /// [`AgentTemplate::structured`], which also puts the schema on the
+    /// template's requests (`model_options.output`).
+    pub structured: Structured,
     /// The schemas its spawn input must satisfy.
     pub input_schema: InputSchema,
     /// Whether a child starts from its parent's history (filtered), then a
@@ -216,6 +246,7 @@ impl AgentTemplate {
             spawnable_agents: Vec::new(),
             output_mode: OutputMode::LastMessage,
             output_schema: None,
+            structured: Structured::Tool,
             input_schema: InputSchema::default(),
             include_message_history: false,
             inherit_parent_system_prompt: false,
@@ -251,6 +282,43 @@ impl AgentTemplate {
     pub fn output_mode(mut self, mode: OutputMode) -> Self {
         self.output_mode = mode;
         self
+    }
+
+    /// This template giving its structured output this way. With
+    /// [`Structured::Native`] its requests carry the output schema
+    /// ([`AgentTemplate::output_format`], in `model_options.output`), so
+    /// call this after setting `output_mode`, `output_schema` and
+    /// `model_options`.
+    pub fn structured(mut self, mode: Structured) -> Self {
+        self.structured = mode;
+        let output = self.output_format();
+        if self.model_options.output != output {
+            let mut options = (*self.model_options).clone();
+            options.output = output;
+            self.model_options = Arc::new(options);
+        }
+        self
+    }
+
+    /// Whether its run gives its output natively: `structured_output` mode
+    /// with [`Structured::Native`].
+    pub fn native_output(&self) -> bool {
+        self.output_mode == OutputMode::StructuredOutput && self.structured == Structured::Native
+    }
+
+    /// The schema a native reply must follow: the output schema (an object
+    /// schema when there is none), named after the template; `None` unless
+    /// [`AgentTemplate::native_output`].
+    pub fn output_format(&self) -> Option<crate::model::OutputFormat> {
+        if !self.native_output() {
+            return None;
+        }
+        let schema = self.output_schema.clone().unwrap_or_else(any_object);
+        Some(crate::model::OutputFormat {
+            name: crate::toolbox::wire_name(&self.display_name),
+            strict: crate::schema::fits_strict_subset(schema.source()),
+            schema,
+        })
     }
 
     /// This template with a step limit per run.
@@ -304,6 +372,16 @@ impl AgentTemplate {
     }
 }
 
+/// The schema of an output when a template names none: any object (what
+/// `set_output` takes).
+pub(crate) fn any_object() -> Schema {
+    static ANY: std::sync::LazyLock<Schema> = std::sync::LazyLock::new(|| {
+        Schema::compile(serde_json::json!({"type": "object"}))
+            .unwrap_or_else(|e| panic!("built-in schema: {e}"))
+    });
+    ANY.clone()
+}
+
 impl fmt::Debug for AgentTemplate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AgentTemplate")
@@ -311,6 +389,7 @@ impl fmt::Debug for AgentTemplate {
             .field("model", &self.model)
             .field("spawnable_agents", &self.spawnable_agents)
             .field("output_mode", &self.output_mode)
+            .field("structured", &self.structured)
             .field("max_steps", &self.max_steps)
             .field("failure", &self.failure)
             .field("on_turn_end", &self.on_turn_end)
@@ -422,6 +501,31 @@ mod tests {
         assert_eq!(t.match_spawnable("writer"), Some("writer"));
         assert_eq!(t.match_spawnable("acme/writer"), None);
         assert_eq!(t.match_spawnable("researcher@9"), None);
+    }
+
+    #[test]
+    fn a_native_template_puts_its_output_schema_on_its_requests() {
+        let mut t =
+            AgentTemplate::new("acme/judge@1", "m").output_mode(OutputMode::StructuredOutput);
+        t.output_schema = Some(
+            Schema::compile(json!({"type": "object", "additionalProperties": false,
+                "properties": {"score": {"type": "number"}}, "required": ["score"]}))
+            .unwrap(),
+        );
+        let t = t.structured(Structured::Native);
+        assert!(t.native_output());
+        let format = t.model_options.output.clone().unwrap();
+        assert_eq!(format.name, "judge");
+        assert!(format.strict);
+        assert_eq!(format.schema, t.output_schema.clone().unwrap());
+        // Back to the tool: the requests carry no schema.
+        let t = t.structured(Structured::Tool);
+        assert!(!t.native_output());
+        assert_eq!(t.model_options.output, None);
+        // Native means nothing outside structured_output.
+        let plain = AgentTemplate::new("w", "m").structured(Structured::Native);
+        assert!(!plain.native_output());
+        assert_eq!(plain.output_format(), None);
     }
 
     #[test]

@@ -335,12 +335,15 @@ impl Toolbox {
             set_output.description =
                 "Set your output to this object (replaces any earlier output). It must match the schema of the parameters.".into();
         }
-        tb.add_builtin(
-            &mut definitions,
-            SET_OUTPUT,
-            ToolKind::SetOutput,
-            set_output,
-        );
+        // A native structured output is the reply's text: no set_output.
+        if !template.native_output() {
+            tb.add_builtin(
+                &mut definitions,
+                SET_OUTPUT,
+                ToolKind::SetOutput,
+                set_output,
+            );
+        }
         tb.add_builtin(
             &mut definitions,
             END_TURN,

@@ -10,8 +10,64 @@ use crate::failure::{Failure, FailureKind};
 use crate::handler::{Resume, Yield};
 use crate::history::{Expiry, History};
 use crate::message::{Message, ToolCall};
+use crate::schema::Schema;
 use crate::state::AgentStatus;
 use crate::toolbox::{END_TURN, SET_OUTPUT};
+
+/// The tag of the user message that tells a model its native structured
+/// reply was refused, and why.
+pub const OUTPUT_ERROR: &str = "OUTPUT_ERROR";
+
+/// What becomes of the text of a reply that ends a native structured turn.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NativeOutput {
+    /// It is JSON that fits the output schema: this is the output.
+    Accept(serde_json::Value),
+    /// It is not: the message the model reads before it tries again.
+    Retry(String),
+}
+
+/// Decides on the text of a reply that ends a native structured turn: the
+/// text (whitespace and one enclosing Markdown code fence, which local
+/// models add, taken off) parsed as JSON and checked against `schema` (any
+/// object when there is none), as `set_output` checks its input.
+pub fn native_output(text: &str, schema: Option<&Schema>) -> NativeOutput {
+    let again = "Reply again with only a JSON value that matches the output schema.";
+    let body = unfenced(text.trim());
+    if body.is_empty() {
+        return NativeOutput::Retry(format!(
+            "Your reply was empty, but your output is its text. {again}"
+        ));
+    }
+    let value: serde_json::Value = match serde_json::from_str(body) {
+        Ok(value) => value,
+        Err(e) => {
+            return NativeOutput::Retry(format!("Your reply is not valid JSON: {e}. {again}"));
+        }
+    };
+    let any = crate::template::any_object();
+    match schema.unwrap_or(&any).check(&value) {
+        Ok(()) => NativeOutput::Accept(value),
+        Err(e) => NativeOutput::Retry(format!(
+            "Your reply does not match the output schema: {e}. {again}"
+        )),
+    }
+}
+
+/// The inside of one code fence (```json ... ```) around the whole text.
+fn unfenced(text: &str) -> &str {
+    let Some(rest) = text.strip_prefix("```") else {
+        return text;
+    };
+    let Some(inner) = rest.strip_suffix("```") else {
+        return text;
+    };
+    // The info string (`json`) runs to the first line break.
+    match inner.split_once('\n') {
+        Some((info, body)) if !info.contains(['{', '[', '"']) => body.trim(),
+        _ => inner.trim(),
+    }
+}
 
 impl StepMachine {
     /// the built-ins' effects, then decide whether the turn goes on.
@@ -92,15 +148,46 @@ impl StepMachine {
             && !results
                 .iter()
                 .any(|r| r.has_tag(crate::message::TOOL_CALL_ERROR));
-        self.step_committed(end_turn || only_ending, catalog)
+        self.step_done(end_turn || only_ending, catalog)
     }
 
-    /// A model step is fully recorded; continue, or end the turn.
+    /// A model reply without tool calls is recorded (`turn_ended`: it ends
+    /// the turn). A native structured output is that reply's text: accepted,
+    /// it is the output; refused, the model reads why and takes another step.
     pub(super) fn step_committed(
         &mut self,
         turn_ended: bool,
         catalog: &dyn Catalog,
     ) -> Vec<Action> {
+        if turn_ended && self.template.native_output() {
+            let reply = self
+                .state
+                .message_history
+                .last()
+                .filter(|m| m.is_assistant())
+                .map(|m| m.text())
+                .unwrap_or_default();
+            let schema = self.template.output_schema.clone();
+            match native_output(&reply, schema.as_ref()) {
+                NativeOutput::Accept(value) => {
+                    self.events.push(EventKind::OutputSet {
+                        output: value.clone(),
+                    });
+                    self.state.output = Some(value);
+                }
+                NativeOutput::Retry(error) => {
+                    self.state
+                        .message_history
+                        .push(Message::user(error).with_tag(OUTPUT_ERROR));
+                    return self.step_done(false, catalog);
+                }
+            }
+        }
+        self.step_done(turn_ended, catalog)
+    }
+
+    /// A model step is fully recorded; continue, or end the turn.
+    fn step_done(&mut self, turn_ended: bool, catalog: &dyn Catalog) -> Vec<Action> {
         if turn_ended {
             self.expire(Expiry::TurnEnd);
         }
@@ -207,5 +294,66 @@ impl StepMachine {
                 self.run_calls(calls, Origin::Program, catalog)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn score() -> Schema {
+        Schema::compile(json!({
+            "type": "object",
+            "properties": {"score": {"type": "number"}},
+            "required": ["score"]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn json_that_fits_the_schema_is_the_output() {
+        assert_eq!(
+            native_output(" {\"score\": 0.5}\n", Some(&score())),
+            NativeOutput::Accept(json!({"score": 0.5}))
+        );
+        assert_eq!(
+            native_output("```json\n{\"score\": 1}\n```", Some(&score())),
+            NativeOutput::Accept(json!({"score": 1}))
+        );
+        assert_eq!(
+            native_output("```{\"any\": true}```", None),
+            NativeOutput::Accept(json!({"any": true}))
+        );
+    }
+
+    #[test]
+    fn text_that_is_not_json_is_sent_back_naming_the_parse_error() {
+        let NativeOutput::Retry(why) = native_output("The score is 0.5", Some(&score())) else {
+            panic!("accepted prose");
+        };
+        assert!(why.starts_with("Your reply is not valid JSON: "), "{why}");
+        assert!(why.contains("line 1 column"), "{why}");
+        let NativeOutput::Retry(empty) = native_output("  ", Some(&score())) else {
+            panic!("accepted nothing");
+        };
+        assert!(empty.contains("empty"), "{empty}");
+    }
+
+    #[test]
+    fn json_that_misses_the_schema_is_sent_back_naming_the_path() {
+        let NativeOutput::Retry(why) = native_output("{\"score\": \"high\"}", Some(&score()))
+        else {
+            panic!("accepted a string score");
+        };
+        assert!(
+            why.starts_with("Your reply does not match the output schema: at /score"),
+            "{why}"
+        );
+        // Without a schema the output is any object, as set_output's input.
+        assert!(matches!(
+            native_output("[1, 2]", None),
+            NativeOutput::Retry(_)
+        ));
     }
 }

@@ -29,6 +29,7 @@ mod plain;
 mod programs;
 mod spawning;
 mod steering;
+mod structured;
 mod watchdogs;
 
 // ------------------------------------------------------------ test doubles
