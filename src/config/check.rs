@@ -11,12 +11,12 @@ use arbor_actors::approval::ApprovalDefault;
 use arbor_actors::models::Latency;
 use arbor_actors::models::scripted::Script;
 use arbor_actors::schema::Schema;
-use arbor_actors::template::{InputSchema, LoopDetection, Share};
-use arbor_actors::{AgentTemplate, FailurePolicy};
+use arbor_actors::template::{InputSchema, LoopDetection, Share, Structured};
+use arbor_actors::{AgentTemplate, FailurePolicy, OutputMode};
 use arbor_supervisor::{TreeLimits, check_pattern};
 
 use super::catalog::{ModelSpec, simulated_config};
-use super::file::LoopDetectionSection;
+use super::file::{LoopDetectionSection, StructuredChoice};
 use super::read::{Source, at};
 use super::{ConfigFile, FailureSection, ModelSection, Problem, ServiceSection, ServiceSettings};
 use crate::providers::{ProviderKind, ProviderSettings};
@@ -585,9 +585,70 @@ pub(super) fn templates(
         t.on_turn_end = on_turn_end;
         t.model_options = std::sync::Arc::new(a.model_options.clone().unwrap_or_default());
         t.failure = failure;
-        out.push(t);
+        let structured = structured_mode(
+            a.structured,
+            a.output_mode,
+            &a.model,
+            file.models.get(&a.model),
+        )
+        .unwrap_or_else(|why| {
+            problems.push(at(text, &table, "structured", why));
+            Structured::Tool
+        });
+        // Last: it puts the output schema on the template's requests.
+        out.push(t.structured(structured));
     }
     out
+}
+
+/// How a template gives its structured output, from its `structured`, its
+/// output mode and the `[models]` entry it runs on (`None`: not defined,
+/// reported on its own); `Err` names the model and why it cannot be native.
+/// `auto` is native only for `structured_output` on a model that does it
+/// best natively: the model's own `structured`, else its provider's default.
+pub(super) fn structured_mode(
+    choice: StructuredChoice,
+    output_mode: OutputMode,
+    model_name: &str,
+    model: Option<&ModelSection>,
+) -> Result<Structured, String> {
+    let structured_output = output_mode == OutputMode::StructuredOutput;
+    let (kind, said) = match model {
+        Some(ModelSection::Openai(s)) => (Some(ProviderKind::OpenAi), s.structured),
+        Some(ModelSection::Anthropic(s)) => (Some(ProviderKind::Anthropic), s.structured),
+        _ => (None, None),
+    };
+    match choice {
+        StructuredChoice::Tool => Ok(Structured::Tool),
+        StructuredChoice::Auto if !structured_output => Ok(Structured::Tool),
+        StructuredChoice::Auto => {
+            Ok(said
+                .unwrap_or_else(|| kind.map_or(Structured::Tool, ProviderKind::structured_default)))
+        }
+        StructuredChoice::Native if !structured_output => Err(format!(
+            "\"native\" needs output_mode = \"structured_output\" (this agent's is {:?})",
+            output_mode_name(output_mode)
+        )),
+        StructuredChoice::Native => match (model, said) {
+            (_, Some(Structured::Tool)) => Err(format!(
+                "\"native\" on model {model_name:?}, whose structured = \"tool\" says it cannot \
+                 answer in a schema (use \"tool\" or \"auto\" here, or another model)"
+            )),
+            (Some(ModelSection::Simulated(_)), _) => Err(format!(
+                "\"native\" on model {model_name:?}, a simulated model, which cannot answer in a \
+                 schema (use \"tool\" or \"auto\")"
+            )),
+            _ => Ok(Structured::Native),
+        },
+    }
+}
+
+fn output_mode_name(mode: OutputMode) -> &'static str {
+    match mode {
+        OutputMode::LastMessage => "last_message",
+        OutputMode::AllMessages => "all_messages",
+        OutputMode::StructuredOutput => "structured_output",
+    }
 }
 
 /// An agent's `loop_detection`: each count within its range, and a warning
@@ -889,6 +950,72 @@ input_schema = { params = { type = "object", required = ["topic"] } }
             (a.approval_timeout, a.approval_default),
             (None, ApprovalDefault::Deny)
         );
+    }
+
+    /// A config with models `oa` (openai), `an` (anthropic), `local`
+    /// (openai with `structured = "tool"`) and `sim`, and one agent.
+    fn structured_config(agent: &str) -> Result<Config, crate::config::ConfigError> {
+        let text = format!(
+            "[models.oa]\nprovider = \"openai\"\nmodel = \"gpt-4o\"\n\n\
+             [models.an]\nprovider = \"anthropic\"\nmodel = \"claude-sonnet-4-5\"\n\n\
+             [models.local]\nprovider = \"openai\"\nmodel = \"q\"\nstructured = \"tool\"\n\n\
+             [models.sim]\nprovider = \"simulated\"\n\n\
+             [agents.a]\n{agent}\n"
+        );
+        Config::parse(&text, "s.toml", PathBuf::new())
+    }
+
+    #[test]
+    fn auto_structured_output_is_native_on_openai_and_the_tool_on_anthropic() {
+        use arbor_actors::template::Structured;
+        let mode = |agent: &str| structured_config(agent).unwrap().templates[0].structured;
+        let so = "output_mode = \"structured_output\"";
+        assert_eq!(mode(&format!("model = \"oa\"\n{so}")), Structured::Native);
+        assert_eq!(mode(&format!("model = \"an\"\n{so}")), Structured::Tool);
+        assert_eq!(mode(&format!("model = \"local\"\n{so}")), Structured::Tool);
+        assert_eq!(mode(&format!("model = \"sim\"\n{so}")), Structured::Tool);
+        // Not structured_output: nothing native about it.
+        assert_eq!(mode("model = \"oa\""), Structured::Tool);
+        // Said outright, on a model that can.
+        let native =
+            structured_config(&format!("model = \"an\"\n{so}\nstructured = \"native\"")).unwrap();
+        assert_eq!(native.templates[0].structured, Structured::Native);
+        assert!(native.templates[0].model_options.output.is_some());
+        assert_eq!(
+            mode(&format!("model = \"oa\"\n{so}\nstructured = \"tool\"")),
+            Structured::Tool
+        );
+    }
+
+    #[test]
+    fn native_structured_output_where_it_cannot_be_names_the_agent_and_the_model() {
+        let so = "output_mode = \"structured_output\"";
+        let cases = [
+            (
+                "model = \"oa\"\nstructured = \"native\"".to_owned(),
+                "needs output_mode = \"structured_output\"",
+            ),
+            (
+                format!("model = \"local\"\n{so}\nstructured = \"native\""),
+                "model \"local\", whose structured = \"tool\"",
+            ),
+            (
+                format!("model = \"sim\"\n{so}\nstructured = \"native\""),
+                "model \"sim\", a simulated model",
+            ),
+        ];
+        for (agent, why) in cases {
+            let err = structured_config(&agent).unwrap_err();
+            assert_eq!(err.problems.len(), 1, "{agent}: {err:?}");
+            assert_eq!(err.problems[0].key, "agents.a.structured", "{agent}");
+            assert!(
+                err.problems[0].message.contains(why),
+                "{agent}: {}",
+                err.problems[0].message
+            );
+        }
+        let err = structured_config("model = \"oa\"\nstructured = \"sometimes\"").unwrap_err();
+        assert_eq!(err.problems[0].key, "agents.a.structured", "{err:?}");
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use arbor_actors::model::ModelOptions;
+use arbor_actors::template::Structured;
 
 use super::limiter::LimiterConfig;
 use super::retry::RetryPolicy;
@@ -27,6 +28,18 @@ impl ProviderKind {
         match self {
             ProviderKind::OpenAi => "openai",
             ProviderKind::Anthropic => "anthropic",
+        }
+    }
+
+    /// How `auto` templates give their structured output on this
+    /// provider's models when the model does not say: natively on OpenAI's
+    /// APIs and the servers compatible with them (`response_format` /
+    /// `text.format`), with `set_output` on Anthropic (only its newer models
+    /// have `output_config.format`, and the rest refuse it).
+    pub fn structured_default(self) -> Structured {
+        match self {
+            ProviderKind::OpenAi => Structured::Native,
+            ProviderKind::Anthropic => Structured::Tool,
         }
     }
 
@@ -80,7 +93,11 @@ pub struct HttpSection {
     /// Whether replies are streamed (server-sent events).
     #[serde(default = "default_stream")]
     pub stream: bool,
-    /// Most tokens a reply may have (OpenAI: sent only when set; Anthropic: 4096 by default).
+    /// Most tokens a reply may have. `openai`: sent only when set, as
+    /// `max_completion_tokens` to OpenAI's own API and `max_tokens` to other
+    /// servers (`max_output_tokens` with `api = "responses"`); `anthropic`:
+    /// always sent, 4096 when not set, raised to the thinking budget plus
+    /// this when a budget would not leave room.
     pub max_tokens: Option<u32>,
     /// What its tokens cost.
     #[serde(default)]
@@ -106,6 +123,12 @@ pub struct HttpSection {
     /// on by default.
     #[serde(default = "default_prompt_cache")]
     pub prompt_cache: bool,
+    /// `"native"` or `"tool"`: how `structured_output` templates whose
+    /// `structured` is `auto` give their output on this model (absent: the
+    /// provider's default, [`ProviderKind::structured_default`]). `"tool"`
+    /// also says the server cannot do native structured output, so a
+    /// template asking for `native` on it is refused.
+    pub structured: Option<Structured>,
 }
 
 fn default_prompt_cache() -> bool {
@@ -240,8 +263,12 @@ pub struct ProviderSettings {
     pub api_key: Option<ApiKey>,
     /// Whether replies are streamed.
     pub stream: bool,
-    /// Most tokens a reply may have. OpenAI: sent only when set (newer models
-    /// refuse the field); Anthropic: required, 4096 when not set.
+    /// Most tokens a reply may have. OpenAI: sent only when set, as
+    /// `max_completion_tokens` to OpenAI's own API (its reasoning models
+    /// refuse `max_tokens`), `max_tokens` to other servers and
+    /// `max_output_tokens` on the Responses API; Anthropic: required, 4096
+    /// when not set, raised to the thinking budget plus this when the budget
+    /// would not leave room.
     pub max_tokens: Option<u32>,
     /// What its tokens cost.
     pub pricing: Pricing,

@@ -28,6 +28,7 @@ mod responses_api;
 mod serve;
 mod serve_limits;
 mod store;
+mod structured;
 mod support;
 mod telemetry;
 mod tools;

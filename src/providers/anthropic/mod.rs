@@ -10,7 +10,8 @@
 //! breakpoints go on the last tool, the system prompt, the end of the shared
 //! prefix and the end of the history (at most the API's 4). The effective
 //! [`ModelOptions`] become the request's sampling, stop, tool-choice and
-//! thinking fields, `extra_body` last. A reply cut at `max_tokens` is
+//! thinking fields, a native structured output's `output_config.format`,
+//! `extra_body` last. A reply cut at `max_tokens` is
 //! [`Failure::Truncated`]. See docs/anthropic.md.
 
 mod stream;
@@ -296,6 +297,15 @@ fn apply_options(body: &mut Value, options: &ModelOptions, has_tools: bool) {
     }
     if let Some(budget) = options.reasoning.as_ref().and_then(|r| r.budget_tokens) {
         body["thinking"] = json!({"type": "enabled", "budget_tokens": budget});
+    }
+    // A native structured output: the schema as the reply's format (generally
+    // available on the models that have structured outputs, no beta header;
+    // the others refuse the field, so a template's `auto` picks the tool here).
+    if let Some(format) = &options.output {
+        body["output_config"] = json!({"format": {
+            "type": "json_schema",
+            "schema": format.schema.source(),
+        }});
     }
     if let Some(extra) = &options.extra_body {
         for (key, value) in extra {

@@ -955,3 +955,34 @@ fn a_reply_cut_at_max_tokens_is_truncated_streamed_or_not() {
     let (reply, _) = assemble(stream_state(), &stream);
     assert!(matches!(reply, Err(Failure::Truncated(_))), "{reply:?}");
 }
+
+#[test]
+fn a_native_structured_output_is_the_output_config_format() {
+    let mut native = ModelOptions::default();
+    native.output = Some(arbor_actors::model::OutputFormat {
+        name: "judge".into(),
+        schema: arbor_actors::schema::Schema::compile(json!({
+            "type": "object", "properties": {"score": {"type": "number"}},
+            "required": ["score"], "additionalProperties": false
+        }))
+        .unwrap(),
+        strict: true,
+    });
+    let body = with_options(ModelOptions::default(), native);
+    assert_eq!(
+        body["output_config"],
+        json!({"format": {"type": "json_schema", "schema": {
+            "type": "object", "properties": {"score": {"type": "number"}},
+            "required": ["score"], "additionalProperties": false
+        }}})
+    );
+    // No beta header: the field is generally available.
+    assert!(
+        Anthropic
+            .fixed_headers()
+            .iter()
+            .all(|(name, _)| *name != "anthropic-beta")
+    );
+    let plain = with_options(ModelOptions::default(), ModelOptions::default());
+    assert!(plain.get("output_config").is_none(), "{plain}");
+}

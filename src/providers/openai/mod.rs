@@ -7,7 +7,7 @@ mod stream;
 
 use arbor_actors::ModelRequest;
 use arbor_actors::message::{Content, Message, Part, ToolCall, ToolResultPart};
-use arbor_actors::model::{ModelOptions, ToolChoice};
+use arbor_actors::model::{ModelOptions, OutputFormat, ToolChoice};
 use serde_json::{Value, json};
 
 pub(crate) use self::stream::StreamState;
@@ -89,6 +89,9 @@ pub(crate) fn request_body(settings: &ProviderSettings, request: &ModelRequest) 
     if let Some(effort) = options.reasoning.as_ref().and_then(|r| r.effort) {
         body["reasoning_effort"] = json!(effort.name());
     }
+    if let Some(format) = &options.output {
+        body["response_format"] = response_format(format);
+    }
     if settings.stream {
         body["stream"] = json!(true);
         body["stream_options"] = json!({"include_usage": true});
@@ -114,6 +117,19 @@ pub(crate) fn max_tokens_field(base_url: &str) -> &'static str {
         }
         _ => "max_tokens",
     }
+}
+
+/// A native structured output's `response_format`: the output schema as a
+/// `json_schema`, strict only when the schema fits the strict subset (strict
+/// mode refuses any other schema). vLLM, llama.cpp's server and Ollama's
+/// `/v1` read the same field; a server that wants another one (vLLM's older
+/// `guided_json`) gets it through `extra_body`.
+pub(crate) fn response_format(format: &OutputFormat) -> Value {
+    json!({"type": "json_schema", "json_schema": {
+        "name": format.name,
+        "schema": format.schema.source(),
+        "strict": format.strict,
+    }})
 }
 
 /// The sampling fields that are set.

@@ -788,3 +788,42 @@ fn a_text_reply_cut_at_the_output_limit_is_truncated_too() {
     body["choices"][0]["finish_reason"] = json!("stop");
     assert!(parse_response(&body).is_ok());
 }
+
+/// A native structured output's format, strict or not.
+fn output_format(strict: bool) -> arbor_actors::model::OutputFormat {
+    arbor_actors::model::OutputFormat {
+        name: "judge".into(),
+        schema: arbor_actors::schema::Schema::compile(json!({
+            "type": "object", "properties": {"score": {"type": "number"}},
+            "required": ["score"], "additionalProperties": false
+        }))
+        .unwrap(),
+        strict,
+    }
+}
+
+#[test]
+fn a_native_structured_output_is_a_json_schema_response_format() {
+    for strict in [true, false] {
+        let mut options = ModelOptions::default();
+        options.output = Some(output_format(strict));
+        let body = request_body(
+            &settings(ProviderKind::OpenAi, false),
+            &request_with(options, false),
+        );
+        assert_eq!(
+            body["response_format"],
+            json!({"type": "json_schema", "json_schema": {
+                "name": "judge",
+                "schema": {"type": "object", "properties": {"score": {"type": "number"}},
+                    "required": ["score"], "additionalProperties": false},
+                "strict": strict
+            }})
+        );
+    }
+    let plain = request_body(
+        &settings(ProviderKind::OpenAi, false),
+        &request_with(ModelOptions::default(), false),
+    );
+    assert!(plain.get("response_format").is_none(), "{plain}");
+}

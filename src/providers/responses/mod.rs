@@ -126,6 +126,16 @@ fn apply_options(body: &mut Value, options: &ModelOptions, with_tools: bool) {
     if let Some(effort) = options.reasoning.as_ref().and_then(|r| r.effort) {
         body["reasoning"] = json!({"effort": effort.name()});
     }
+    // A native structured output: the schema as the text's format, strict
+    // only when it fits the strict subset.
+    if let Some(format) = &options.output {
+        body["text"] = json!({"format": {
+            "type": "json_schema",
+            "name": format.name,
+            "schema": format.schema.source(),
+            "strict": format.strict,
+        }});
+    }
     if let Some(extra) = &options.extra_body
         && let Some(body) = body.as_object_mut()
     {

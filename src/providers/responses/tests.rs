@@ -674,3 +674,26 @@ fn every_streamed_fixture_is_the_reply_of_its_whole_response() {
         assert_eq!(reply.unwrap(), parse(whole).unwrap());
     }
 }
+
+#[test]
+fn a_native_structured_output_is_the_texts_json_schema_format() {
+    let mut options = ModelOptions::default();
+    options.output = Some(arbor_actors::model::OutputFormat {
+        name: "judge".into(),
+        schema: arbor_actors::schema::Schema::compile(json!({"type": "object"})).unwrap(),
+        strict: false,
+    });
+    let mut req = request("", vec![Message::user("hi")], true);
+    req.meta.options = Arc::new(options);
+    let body = request_body(&responses_settings(false), &req);
+    assert_eq!(
+        body["text"],
+        json!({"format": {"type": "json_schema", "name": "judge",
+            "schema": {"type": "object"}, "strict": false}})
+    );
+    let plain = request_body(
+        &responses_settings(false),
+        &request("", vec![Message::user("hi")], true),
+    );
+    assert!(plain.get("text").is_none(), "{plain}");
+}
