@@ -18,6 +18,7 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 
 use super::Shared;
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
+use super::replica::{self, Budget, ControlBody, Route};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -182,6 +183,42 @@ pub struct StreamEvent {
 pub struct Cancelled {
     pub run_id: String,
     pub cancelled: bool,
+    /// Set when another replica runs the tree: the cancel was posted for it
+    /// (`forwardedTo` names it) and takes effect there.
+    #[serde(flatten)]
+    pub forwarded: Option<Forwarded>,
+}
+
+/// A control (cancel, decision, message, budget) for a tree another replica
+/// of the service runs: posted to the shared store, applied by that replica.
+#[derive(Clone, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Forwarded {
+    /// The replica that runs the tree (`scope:pid`); `null` while the tree
+    /// waits to be adopted (its owner is gone), for the replica that adopts it.
+    pub forwarded_to: Option<String>,
+    /// What happened, in words.
+    pub note: String,
+}
+
+impl Forwarded {
+    fn to(owner: Option<String>) -> Forwarded {
+        Forwarded {
+            note: super::replica::forwarded_note(&owner),
+            forwarded_to: owner,
+        }
+    }
+}
+
+/// A budget raise for a tree another replica runs, posted for it.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RaiseForwarded {
+    /// The tree.
+    pub tree_id: String,
+    /// Where it went.
+    #[serde(flatten)]
+    pub forwarded: Forwarded,
 }
 
 /// Tool calls waiting for a person's decision (semantics §12), oldest first.
@@ -285,8 +322,12 @@ pub struct Decided {
     pub tree_id: String,
     /// The call decided on.
     pub tool_call_id: String,
-    /// Always `true`: the decision is journaled (an `approvalDecided` event).
+    /// Always `true`: the decision is journaled (an `approvalDecided` event),
+    /// here or, when forwarded, by the replica that runs the tree.
     pub decided: bool,
+    /// Set when another replica runs the tree (see `Cancelled`).
+    #[serde(flatten)]
+    pub forwarded: Option<Forwarded>,
 }
 
 /// A steering message for a running agent (semantics §9).
@@ -308,6 +349,9 @@ pub struct Steered {
     /// Always `true`: the message is journaled (a `steered` event) and will
     /// be in the run's history from its next step.
     pub accepted: bool,
+    /// Set when another replica runs the tree (see `Cancelled`).
+    #[serde(flatten)]
+    pub forwarded: Option<Forwarded>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -563,7 +607,7 @@ pub async fn run_events(
     post, path = "/v1/runs/{runId}/cancel", tag = "runs",
     params(("runId" = String, Path, description = "A run id, URL-encoded; its whole subtree is cancelled")),
     responses(
-        (status = 202, description = "Cancelling: the run ends as cancelled", body = Cancelled),
+        (status = 202, description = "Cancelling: the run ends as cancelled (here, or on the replica that runs it: `forwardedTo`)", body = Cancelled),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "The run has already ended", body = ErrorBody),
         (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),
@@ -581,10 +625,41 @@ pub async fn cancel_run(
             Json(Cancelled {
                 run_id,
                 cancelled: true,
+                forwarded: None,
+            }),
+        ));
+    }
+    // Run by another replica: posted for it.
+    if let Some(owner) = elsewhere(&shared, tree_of(&run_id)).await? {
+        let control = ControlBody::Cancel {
+            run_id: run_id.clone(),
+        };
+        replica::forward(&shared, tree_of(&run_id), &control).await?;
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(Cancelled {
+                run_id,
+                cancelled: true,
+                forwarded: Some(Forwarded::to(owner)),
             }),
         ));
     }
     Err(not_running(supervisor, run_id, "").await)
+}
+
+/// The tree a (checked) run id is of.
+fn tree_of(run_id: &str) -> &str {
+    run_id.split_once('/').map_or(run_id, |(tree, _)| tree)
+}
+
+/// `Some(owner)` when another replica runs the tree (or will, once it adopts
+/// it: `Some(None)`); `None` when this process runs it or it runs nowhere
+/// (the local route answers then, as it always has).
+async fn elsewhere(shared: &Shared, tree_id: &str) -> Result<Option<Option<String>>, ApiError> {
+    Ok(match replica::locate(shared, tree_id).await? {
+        Route::Forward { owner } => Some(owner),
+        Route::Local | Route::Ended(_) | Route::Unknown => None,
+    })
 }
 
 /// A 409 for a run the store has but this process does not run (a 404, or
@@ -634,11 +709,28 @@ pub async fn steer_run(
             Json(Steered {
                 run_id,
                 accepted: true,
+                forwarded: None,
             }),
         )),
-        // Not running here: a stored run has ended (or lives in another
-        // process); one the store does not know is a 404.
+        // Not running here: another replica may run it (posted for it);
+        // else a stored run has ended, and one the store does not know is a
+        // 404.
         Err(arbor_supervisor::Error::UnknownRun(_)) => {
+            if let Some(owner) = elsewhere(&shared, tree_of(&run_id)).await? {
+                let control = ControlBody::Steer {
+                    run_id: run_id.clone(),
+                    text: body.text.clone(),
+                };
+                replica::forward(&shared, tree_of(&run_id), &control).await?;
+                return Ok((
+                    StatusCode::ACCEPTED,
+                    Json(Steered {
+                        run_id,
+                        accepted: true,
+                        forwarded: Some(Forwarded::to(owner)),
+                    }),
+                ));
+            }
             Err(not_running(supervisor, run_id, "; start a follow-up turn instead").await)
         }
         Err(error) => Err(error.into()),
@@ -692,17 +784,34 @@ pub async fn decide_approval(
     ApiPath((tree_id, call_id)): ApiPath<(String, String)>,
     ApiJson(decision): ApiJson<Decision>,
 ) -> Result<(StatusCode, Json<Decided>), ApiError> {
-    shared
-        .runtime
-        .supervisor()
-        .decide(&tree_id, &call_id, decision)
-        .await?;
+    let supervisor = shared.runtime.supervisor();
+    let forwarded = if supervisor.is_running(&tree_id) {
+        None
+    } else {
+        elsewhere(&shared, &tree_id).await?
+    };
+    let forwarded = match forwarded {
+        // Run by another replica: posted for it (which checks the call).
+        Some(owner) => {
+            let control = ControlBody::Decide {
+                call_id: call_id.clone(),
+                decision,
+            };
+            replica::forward(&shared, &tree_id, &control).await?;
+            Some(Forwarded::to(owner))
+        }
+        None => {
+            supervisor.decide(&tree_id, &call_id, decision).await?;
+            None
+        }
+    };
     Ok((
         StatusCode::ACCEPTED,
         Json(Decided {
             tree_id,
             tool_call_id: call_id,
             decided: true,
+            forwarded,
         }),
     ))
 }
@@ -779,6 +888,7 @@ pub async fn create_turn(
     request_body = RaiseLimits,
     responses(
         (status = 200, description = "Raised: the budgets in force; agents paused on a spent budget go on", body = Budgets),
+        (status = 202, description = "Another replica runs the tree: the raise was posted for it (`forwardedTo`)", body = RaiseForwarded),
         (status = 401, body = ErrorBody),
         (status = 404, description = "No tree of that id runs here", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
@@ -789,7 +899,7 @@ pub async fn raise_limits(
     State(shared): State<Arc<Shared>>,
     ApiPath(tree_id): ApiPath<String>,
     ApiJson(body): ApiJson<RaiseLimits>,
-) -> Result<Json<Budgets>, ApiError> {
+) -> Result<Response, ApiError> {
     let set = arbor_supervisor::Raised {
         max_steps: body.max_steps,
         max_tokens: body.max_tokens,
@@ -800,16 +910,46 @@ pub async fn raise_limits(
         max_tokens: body.add_tokens,
         max_credits: body.add_credits,
     };
-    let now = shared
-        .runtime
-        .supervisor()
-        .raise_limits(&tree_id, set, add)?;
+    let supervisor = shared.runtime.supervisor();
+    let now = match supervisor.raise_limits(&tree_id, set, add) {
+        Ok(now) => now,
+        Err(error) => {
+            // Run by another replica: posted for it. (A refused raise, a
+            // zero budget, is refused here all the same: checked first.)
+            if matches!(error, arbor_supervisor::Error::RaiseRefused(_))
+                || supervisor.is_running(&tree_id)
+            {
+                return Err(error.into());
+            }
+            arbor_supervisor::Raised::check_raise(&set, &add)
+                .map_err(arbor_supervisor::Error::from)?;
+            let Some(owner) = elsewhere(&shared, &tree_id).await? else {
+                return Err(error.into());
+            };
+            let budget = |r: arbor_supervisor::Raised| Budget {
+                max_steps: r.max_steps,
+                max_tokens: r.max_tokens,
+                max_credits: r.max_credits,
+            };
+            let control = ControlBody::Raise {
+                set: budget(set),
+                add: budget(add),
+            };
+            replica::forward(&shared, &tree_id, &control).await?;
+            let body = RaiseForwarded {
+                tree_id,
+                forwarded: Forwarded::to(owner),
+            };
+            return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
+        }
+    };
     Ok(Json(Budgets {
         tree_id,
         max_steps: now.max_steps,
         max_tokens: now.max_tokens,
         max_credits: now.max_credits,
-    }))
+    })
+    .into_response())
 }
 
 #[utoipa::path(
@@ -906,7 +1046,9 @@ pub async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        shared.metrics.encode(approvals_pending),
+        shared
+            .replica
+            .append_to(shared.metrics.encode(approvals_pending)),
     )
         .into_response()
 }

@@ -11,11 +11,12 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use arbor_actors::Event;
+use arbor_supervisor::TreeStatus;
 use arbor_supervisor::{JournalEntry, journal_view};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures::Stream;
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::Shared;
 use super::error::ApiError;
@@ -44,6 +45,9 @@ struct Follow {
     root: String,
     tree_id: Arc<str>,
     last: u64,
+    /// The highest `seq` read from the journal (of any run of the tree):
+    /// the next read starts after it.
+    read: u64,
     tx: mpsc::Sender<SseEvent>,
 }
 
@@ -74,6 +78,7 @@ impl Follow {
     /// and new; returns whether the stream is over (the run's final event
     /// went out, or the client left).
     async fn send_entry(&mut self, entry: JournalEntry) -> bool {
+        self.read = self.read.max(entry.seq);
         let ends = self.ends(&entry.run_id, entry.is_final());
         if !self.wanted(entry.seq, &entry.run_id) {
             return ends;
@@ -124,6 +129,55 @@ impl Follow {
     }
 }
 
+/// Where the followed tree runs, as far as this process can tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Whereabouts {
+    /// In this process: its events arrive on the bus.
+    Here,
+    /// In another process on the store (running there, or interrupted and
+    /// about to be adopted): its events are read from the journal.
+    Elsewhere,
+    /// Nowhere: it has ended (or the store does not know it).
+    Ended,
+}
+
+impl Whereabouts {
+    /// Judged from whether this process runs the tree and the status the
+    /// store lists it with (`None`: the store has no such tree).
+    pub(crate) fn judge(here: bool, stored: Option<TreeStatus>) -> Whereabouts {
+        match (here, stored) {
+            (true, _) => Whereabouts::Here,
+            (false, Some(status)) if !status.is_final() => Whereabouts::Elsewhere,
+            (false, _) => Whereabouts::Ended,
+        }
+    }
+}
+
+/// How often a stream of a tree run by another replica reads its journal
+/// (sooner when the store's change notifications wake it).
+const POLL: std::time::Duration = std::time::Duration::from_millis(200);
+/// How long a stream follows a tree the store lists as interrupted (its
+/// owner gone, no replica has adopted it yet) before it ends; the client
+/// reconnects and goes on from the journal.
+const ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Where `tree_id` runs now: here, or (asked of the store) elsewhere.
+async fn whereabouts(shared: &Shared, tree_id: &Arc<str>) -> Result<Whereabouts, ApiError> {
+    let supervisor = shared.runtime.supervisor();
+    if supervisor.is_running(tree_id) {
+        return Ok(Whereabouts::Here);
+    }
+    let tree = tree_id.to_string();
+    let stored = supervisor
+        .read_store(move |store| match store.tree(&tree) {
+            Ok((_, summary)) => Ok(Some(summary.status)),
+            Err(arbor_supervisor::Error::UnknownTree(_)) => Ok(None),
+            Err(error) => Err(error),
+        })
+        .await?;
+    Ok(Whereabouts::judge(supervisor.is_running(tree_id), stored))
+}
+
 /// Opens the stream; fails (before any byte is sent) if the run is unknown.
 pub async fn stream(
     shared: Arc<Shared>,
@@ -146,12 +200,13 @@ pub async fn stream(
     // The root of the run's turn (`T/0`, or `T/0~n` for a follow-up turn):
     // another turn's end does not end this stream.
     let root = id.turn_root().to_string();
-    // A run of a tree running here may not have started yet (a root right
-    // after the 201, a child named by `childSpawned` that waits for a live
-    // slot): it is followed all the same, until it ends or the tree does.
-    // (Asked before the flush: a tree that ends after it may have events the
-    // store does not have yet; one that ended before has them all stored.)
-    let known = supervisor.is_running(&tree_id);
+    // A run of a tree running here or on another replica may not have
+    // started yet (a root right after the 201, a child named by
+    // `childSpawned` that waits for a live slot): it is followed all the
+    // same, until it ends or the tree does. (Asked before the flush: a tree
+    // that ends after it may have events the store does not have yet; one
+    // that ended before has them all stored.)
+    let known = whereabouts(&shared, &tree_id).await? != Whereabouts::Ended;
     let run = run_id.clone();
     supervisor
         .read_store_now(move |store| match store.run(&run) {
@@ -167,17 +222,19 @@ pub async fn stream(
         .read_store_now(move |store| store.events(&tree, after))
         .await?;
     let running = supervisor.is_running(&tree_id);
-    let check = (shared.clone(), tree_id.clone());
     let (tx, mut rx) = mpsc::channel(256);
     let mut follow = Follow {
         run_id,
         root,
         tree_id,
         last: after,
+        read: after,
         tx,
     };
+    let task_shared = shared.clone();
     tokio::spawn(async move {
         let _slot = slot;
+        let shared = task_shared;
         for entry in journal {
             if follow.send_entry(entry).await {
                 return;
@@ -188,12 +245,17 @@ pub async fn stream(
         let mut running = running;
         loop {
             if !running {
-                // Ended (or run elsewhere): only what came in until now.
+                // Not running here (any more): what came in until now, then
+                // the journal, if another replica runs the tree.
                 while let Ok(event) = live.try_recv() {
                     if follow.send_event(&event).await {
                         return;
                     }
                 }
+                drop(live);
+                shared.replica.remote_streams.inc();
+                follow.journal(&shared, &mut shutdown).await;
+                shared.replica.remote_streams.dec();
                 return;
             }
             let event = tokio::select! {
@@ -201,7 +263,7 @@ pub async fn stream(
                 () = follow.tx.closed() => return,
                 _ = shutdown.wait_for(|stop| *stop) => return,
                 _ = tick.tick() => {
-                    running = check.0.runtime.supervisor().is_running(&check.1);
+                    running = shared.runtime.supervisor().is_running(&follow.tree_id);
                     continue;
                 }
             };
@@ -224,9 +286,126 @@ pub async fn stream(
     Ok(Sse::new(body).keep_alive(keep_alive))
 }
 
+impl Follow {
+    /// Follows the journal of a tree this process does not run: reads what
+    /// is new every `POLL` (or when the store says something changed) until
+    /// the stream's end is sent, the tree ends, or it stays interrupted (no
+    /// replica adopts it) for `ORPHAN_GRACE`. A replica that adopts the tree
+    /// goes on writing the same journal, so the stream just goes on; this
+    /// one included (then its writer is flushed before each read).
+    async fn journal(&mut self, shared: &Arc<Shared>, shutdown: &mut watch::Receiver<bool>) {
+        let supervisor = shared.runtime.supervisor();
+        let mut wake = shared.journal_wake.subscribe();
+        let mut tick = tokio::time::interval(POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut orphaned: Option<tokio::time::Instant> = None;
+        let mut checked = tokio::time::Instant::now();
+        let mut first = true;
+        self.read = self.read.max(self.last);
+        loop {
+            // Where it runs first, then the journal: a tree that ended before
+            // the read has its whole journal in it.
+            let status = if std::mem::take(&mut first)
+                || checked.elapsed() >= TREE_CHECK
+                || orphaned.is_some()
+            {
+                checked = tokio::time::Instant::now();
+                Some(whereabouts_status(shared, &self.tree_id).await)
+            } else {
+                None
+            };
+            let tree = self.tree_id.clone();
+            let after = self.read;
+            let here = supervisor.is_running(&tree);
+            let read = move |store: &dyn arbor_supervisor::store::Store| store.events(&tree, after);
+            let entries = if here {
+                supervisor.read_store_now(read).await
+            } else {
+                supervisor.read_store(read).await
+            };
+            let Ok(entries) = entries else {
+                // The client reconnects, to this replica or another one.
+                return;
+            };
+            for entry in entries {
+                if self.send_entry(entry).await {
+                    return;
+                }
+            }
+            match status {
+                Some(Ok((Whereabouts::Ended, _))) | Some(Err(())) => return,
+                Some(Ok((_, interrupted))) => {
+                    if !interrupted {
+                        orphaned = None;
+                    } else if orphaned
+                        .get_or_insert_with(tokio::time::Instant::now)
+                        .elapsed()
+                        >= ORPHAN_GRACE
+                    {
+                        return;
+                    }
+                }
+                None => {}
+            }
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = wake.changed() => {}
+                () = self.tx.closed() => return,
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
+        }
+    }
+}
+
+/// Where the tree runs, and whether the store lists it interrupted (owner
+/// gone, not adopted yet); `Err` when the store cannot say.
+async fn whereabouts_status(
+    shared: &Shared,
+    tree_id: &Arc<str>,
+) -> Result<(Whereabouts, bool), ()> {
+    let supervisor = shared.runtime.supervisor();
+    let tree = tree_id.to_string();
+    let stored = supervisor
+        .read_store(move |store| match store.tree(&tree) {
+            Ok((_, summary)) => Ok(Some(summary.status)),
+            Err(arbor_supervisor::Error::UnknownTree(_)) => Ok(None),
+            Err(error) => Err(error),
+        })
+        .await
+        .map_err(drop)?;
+    let here = supervisor.is_running(tree_id);
+    Ok((
+        Whereabouts::judge(here, stored),
+        !here && stored == Some(TreeStatus::Interrupted),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::in_subtree;
+    use super::{TreeStatus, Whereabouts, in_subtree};
+
+    #[test]
+    fn a_tree_not_running_here_is_followed_while_the_store_lists_it_unfinished() {
+        use Whereabouts::*;
+        assert_eq!(Whereabouts::judge(true, None), Here);
+        assert_eq!(Whereabouts::judge(true, Some(TreeStatus::Completed)), Here);
+        assert_eq!(
+            Whereabouts::judge(false, Some(TreeStatus::Running)),
+            Elsewhere
+        );
+        assert_eq!(
+            Whereabouts::judge(false, Some(TreeStatus::Interrupted)),
+            Elsewhere
+        );
+        for ended in [
+            TreeStatus::Completed,
+            TreeStatus::Failed,
+            TreeStatus::Cancelled,
+        ] {
+            assert_eq!(Whereabouts::judge(false, Some(ended)), Ended);
+        }
+        assert_eq!(Whereabouts::judge(false, None), Ended);
+    }
 
     #[test]
     fn a_subtree_is_the_run_and_what_is_below_it() {

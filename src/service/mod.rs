@@ -15,8 +15,12 @@ mod events;
 mod guard;
 mod limits;
 mod metrics;
+mod replica;
+mod replica_metrics;
 
 use std::collections::HashMap;
+
+use futures::StreamExt as _;
 
 use arbor_actors::sync::LockExt as _;
 use std::future::Future;
@@ -43,9 +47,18 @@ pub use limits::{ServiceLimits, connection_cap};
 
 use crate::{Error, Runtime};
 use metrics::Metrics;
+use replica_metrics::ReplicaMetrics;
 
 /// The live tree page (plain HTML and JS over the API).
 const PAGE: &str = include_str!("page.html");
+
+/// Interrupted trees one replica resumes at once.
+const ADOPT_AT_ONCE: usize = 16;
+
+/// How often a replica looks for interrupted trees to adopt after its start:
+/// a tree another replica handed over on shutdown (released, so interrupted
+/// at once) is adopted within this, well under the 2 s a hand-over may take.
+pub const ADOPT_EVERY: Duration = Duration::from_millis(500);
 
 /// What the service starts: a new tree, or a follow-up turn of one.
 // One per start request, moved once: not worth a box.
@@ -110,10 +123,20 @@ pub(crate) struct Shared {
     /// The event streams open now (capped by `limits`).
     streams: Arc<limits::StreamCounts>,
     metrics: Metrics,
+    /// This replica's share of the trees on a shared store.
+    replica: ReplicaMetrics,
     /// Set once interrupted trees are resumed.
     ready: watch::Sender<bool>,
     /// Set on shutdown: event streams end, readiness fails.
     shutdown: watch::Sender<bool>,
+    /// Bumped when the store says a journal changed (another replica wrote):
+    /// streams of trees run elsewhere read theirs again at once.
+    journal_wake: watch::Sender<u64>,
+    /// Bumped when the store says a control was posted for a tree: the
+    /// control loop takes it at once.
+    control_wake: watch::Sender<u64>,
+    /// The trees this process runs (started or adopted here, not ended).
+    owned: std::sync::Mutex<std::collections::HashSet<String>>,
     /// One lock per tree taking a follow-up turn: turn requests of one tree
     /// are taken one at a time (a request holds it until its turn runs).
     turns: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -248,24 +271,47 @@ impl Shared {
     }
 
     /// Lets a started (and counted) tree run to its end, and uncounts it then.
-    fn keep(&self, handle: TreeHandle) -> (Arc<str>, String) {
+    fn keep(self: &Arc<Self>, handle: TreeHandle) -> (Arc<str>, String) {
         let ids = (handle.tree_id.clone(), handle.root_run_id.clone());
         let gauge = self.metrics.trees_running.clone();
+        self.replica.owned.inc();
+        self.owned.locked().insert(ids.0.to_string());
+        let shared = Arc::downgrade(self);
         tokio::spawn(async move {
             let tree_id = handle.tree_id.clone();
-            match handle.wait().await {
-                Ok(result) => tracing::info!(
-                    tree = %tree_id,
-                    status = result.state.status.as_str(),
-                    "tree ended"
-                ),
-                Err(error) => tracing::warn!(tree = %tree_id, %error, "tree lost"),
-            }
+            let fenced = match handle.wait().await {
+                Ok(result) => {
+                    tracing::info!(
+                        tree = %tree_id,
+                        status = result.state.status.as_str(),
+                        "tree ended"
+                    );
+                    result
+                        .state
+                        .error_message()
+                        .is_some_and(|m| m.contains(FENCED))
+                }
+                Err(error) => {
+                    tracing::warn!(tree = %tree_id, %error, "tree lost");
+                    error.to_string().contains(FENCED)
+                }
+            };
             gauge.dec();
+            if let Some(shared) = shared.upgrade() {
+                shared.replica.owned.dec();
+                shared.owned.locked().remove(&*tree_id);
+                if fenced {
+                    shared.replica.fenced.inc();
+                }
+            }
         });
         ids
     }
 }
+
+/// What the reason of a tree stopped by a fence says (`Error::Fenced`); the
+/// supervisor has no count of its own of such trees.
+const FENCED: &str = "was taken over by another process";
 
 /// The span a tree started by a request runs in (its root agent's span is
 /// its child): a span of its own, so the request's span ends with the
@@ -327,10 +373,35 @@ impl Service {
             limits,
             streams: Default::default(),
             metrics: Metrics::new(models),
+            replica: ReplicaMetrics::new(),
             ready: watch::channel(false).0,
             shutdown,
+            journal_wake: watch::channel(0).0,
+            control_wake: watch::channel(0).0,
+            owned: Default::default(),
             turns: Default::default(),
         });
+        // Controls other replicas post for this one's trees, and the
+        // store's notifications (a Postgres store's; SQLite has none).
+        if tokio::runtime::Handle::try_current().is_ok() {
+            tokio::spawn(replica::control_loop(
+                Arc::downgrade(&shared),
+                shared.control_wake.subscribe(),
+            ));
+            let wakes = shared
+                .runtime
+                .supervisor()
+                .store()
+                .map(|store| store.subscribe());
+            match wakes {
+                Some(Ok(Some(wakes))) => replica::forward_wakes(wakes, Arc::downgrade(&shared)),
+                Some(Err(error)) => tracing::warn!(
+                    %error,
+                    "cannot subscribe to the store's notifications; polling only"
+                ),
+                _ => {}
+            }
+        }
         let observer = Arc::downgrade(&shared);
         shared.runtime.supervisor().events().observe(move |event| {
             if let Some(shared) = observer.upgrade() {
@@ -419,33 +490,46 @@ impl Service {
                 tracing::error!(%error, "cannot list interrupted trees");
                 Vec::new()
             });
-        let mut resumed = Vec::new();
-        for tree in trees {
-            if supervisor.is_running(&tree.tree_id) {
-                continue;
-            }
-            // The metrics label a resumed tree's agents by its model override too.
-            let id = tree.tree_id.clone();
-            if let Ok((record, _)) = supervisor.read_store(move |store| store.tree(&id)).await
-                && let Some(model) = &record.model
-            {
-                self.shared.metrics.tree_model(&tree.tree_id, model);
-            }
-            match supervisor.resume(&tree.tree_id).await {
-                Ok(handle) => {
-                    self.shared.metrics.trees_running.inc();
-                    self.shared.keep(handle);
-                    tracing::info!(tree = %tree.tree_id, "resumed");
-                    resumed.push(tree.tree_id);
-                }
-                Err(error) => {
-                    self.shared.metrics.forget_tree(&tree.tree_id);
-                    tracing::warn!(tree = %tree.tree_id, %error, "not resumed");
-                }
-            }
-        }
+        // A few at a time: a replica that shut down hands over all its trees
+        // at once, and each resume waits for its claim and its recovery read.
+        let resumed = futures::stream::iter(trees)
+            .map(|tree| self.adopt(tree.tree_id))
+            .buffer_unordered(ADOPT_AT_ONCE)
+            .filter_map(std::future::ready)
+            .collect::<Vec<String>>()
+            .await;
         self.shared.ready.send_replace(true);
         resumed
+    }
+
+    /// Claims and resumes one interrupted tree; its id if it runs here now.
+    async fn adopt(&self, tree_id: String) -> Option<String> {
+        let supervisor = self.shared.runtime.supervisor();
+        if supervisor.is_running(&tree_id) {
+            return None;
+        }
+        // The metrics label a resumed tree's agents by its model override too.
+        let id = tree_id.clone();
+        if let Ok((record, _)) = supervisor.read_store(move |store| store.tree(&id)).await
+            && let Some(model) = &record.model
+        {
+            self.shared.metrics.tree_model(&tree_id, model);
+        }
+        match supervisor.resume(&tree_id).await {
+            Ok(handle) => {
+                self.shared.metrics.trees_running.inc();
+                self.shared.replica.adoptions.inc();
+                self.shared.keep(handle);
+                tracing::info!(tree = %tree_id, "resumed");
+                Some(tree_id)
+            }
+            Err(error) => {
+                self.shared.metrics.forget_tree(&tree_id);
+                // Another replica claimed it first: not worth a warning.
+                tracing::info!(tree = %tree_id, %error, "not resumed");
+                None
+            }
+        }
     }
 
     /// Keeps adopting interrupted trees after the start, every `every`, until

@@ -1,0 +1,363 @@
+//! One replica among several on a shared store: every route serves every
+//! tree. A control (cancel, an approval's decision, a steering message, a
+//! budget raise) for a tree another replica runs is posted to the store
+//! (`Store::post_control`) and answered `202` naming that owner; every
+//! replica runs a control loop that takes the controls of the trees it runs
+//! (`Store::take_controls`, woken by the store's notifications where it has
+//! them, polled every `CONTROL_POLL` otherwise) and applies each through the
+//! supervisor exactly as the local route would.
+//!
+//! Where a control goes is decided by [`route`], a pure function of what
+//! this process runs and what the store says of the tree.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use arbor_actors::approval::Decision;
+use arbor_actors::sync::LockExt as _;
+use arbor_supervisor::TreeStatus;
+use arbor_supervisor::store::{Control, Owner, Wake};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::Shared;
+use super::error::ApiError;
+
+/// How often the control loop looks for controls when no notification
+/// came (a SQLite store has none).
+pub(crate) const CONTROL_POLL: Duration = Duration::from_millis(200);
+
+/// What another replica asks of a tree this one runs, as posted to the
+/// store (JSON, tagged by `control`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "control", rename_all = "camelCase")]
+pub(crate) enum ControlBody {
+    /// `POST /v1/runs/{runId}/cancel`.
+    #[serde(rename_all = "camelCase")]
+    Cancel {
+        /// The run whose subtree is cancelled.
+        run_id: String,
+    },
+    /// `POST /v1/runs/{runId}/messages`.
+    #[serde(rename_all = "camelCase")]
+    Steer {
+        /// The run the message is for.
+        run_id: String,
+        /// The message.
+        text: String,
+    },
+    /// `POST /v1/trees/{treeId}/approvals/{callId}`.
+    #[serde(rename_all = "camelCase")]
+    Decide {
+        /// The call decided on.
+        call_id: String,
+        /// The decision.
+        decision: Decision,
+    },
+    /// `PATCH /v1/trees/{treeId}/limits`.
+    #[serde(rename_all = "camelCase")]
+    Raise {
+        /// Budgets set.
+        set: Budget,
+        /// Budgets added to.
+        add: Budget,
+    },
+}
+
+/// A budget raise as a control carries it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Budget {
+    pub(crate) max_steps: Option<u64>,
+    pub(crate) max_tokens: Option<u64>,
+    pub(crate) max_credits: Option<f64>,
+}
+
+impl From<Budget> for arbor_supervisor::Raised {
+    fn from(b: Budget) -> Self {
+        arbor_supervisor::Raised {
+            max_steps: b.max_steps,
+            max_tokens: b.max_tokens,
+            max_credits: b.max_credits,
+        }
+    }
+}
+
+/// Where a control for a tree goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// This process runs the tree: the route applies the control itself.
+    Local,
+    /// Another replica runs it (or will, once it adopts the interrupted
+    /// tree): posted to the store for that replica to apply.
+    Forward {
+        /// The owner's id, `None` while the tree waits to be adopted.
+        owner: Option<String>,
+    },
+    /// The tree has ended: refused as locally (409).
+    Ended(TreeStatus),
+    /// No tree of that id anywhere: refused as locally (404).
+    Unknown,
+}
+
+/// Where a control goes, from whether this process runs the tree, its owner
+/// in the store (`Store::owner`: `None` when none is alive) and its status
+/// there (`None`: the store has no such tree).
+pub(crate) fn route(here: bool, owner: Option<&Owner>, status: Option<TreeStatus>) -> Route {
+    if here {
+        return Route::Local;
+    }
+    match (owner, status) {
+        (_, None) => Route::Unknown,
+        (Some(owner), Some(status)) if !status.is_final() => Route::Forward {
+            owner: Some(owner.owner.clone()),
+        },
+        (None, Some(TreeStatus::Interrupted)) => Route::Forward { owner: None },
+        // Listed running with no live owner: its lease is just running out.
+        (None, Some(TreeStatus::Running)) => Route::Forward { owner: None },
+        (_, Some(status)) => Route::Ended(status),
+    }
+}
+
+/// Where a control for `tree_id` goes now (asked of the store when this
+/// process does not run the tree).
+pub(crate) async fn locate(shared: &Shared, tree_id: &str) -> Result<Route, ApiError> {
+    let supervisor = shared.runtime.supervisor();
+    if supervisor.is_running(tree_id) {
+        return Ok(Route::Local);
+    }
+    let tree = tree_id.to_owned();
+    let (owner, status) = supervisor
+        .read_store(move |store| match store.tree(&tree) {
+            Ok((_, summary)) => Ok((store.owner(&tree)?, Some(summary.status))),
+            Err(arbor_supervisor::Error::UnknownTree(_)) => Ok((None, None)),
+            Err(error) => Err(error),
+        })
+        .await?;
+    // It may have come here meanwhile (adopted by this replica).
+    Ok(route(
+        supervisor.is_running(tree_id),
+        owner.as_ref(),
+        status,
+    ))
+}
+
+/// Posts a control for a tree another replica runs; the owner it went to.
+pub(crate) async fn forward(
+    shared: &Shared,
+    tree_id: &str,
+    control: &ControlBody,
+) -> Result<(), ApiError> {
+    let body = serde_json::to_value(control)
+        .map_err(|e| ApiError::unavailable("encoding the control failed", e))?;
+    let tree = tree_id.to_owned();
+    shared
+        .runtime
+        .supervisor()
+        .read_store(move |store| store.post_control(&tree, &body))
+        .await?;
+    shared.replica.forwarded.inc();
+    Ok(())
+}
+
+/// The message of a 202 for a forwarded control.
+pub(crate) fn forwarded_note(owner: &Option<String>) -> String {
+    match owner {
+        Some(owner) => format!("forwarded to the replica that runs the tree ({owner})"),
+        None => "forwarded to the replica that adopts the tree (its owner is gone)".to_owned(),
+    }
+}
+
+/// Takes the controls of the trees this process runs and applies them, until
+/// shutdown: at once when the store says one was posted (`wake`), else
+/// every `CONTROL_POLL`.
+pub(crate) async fn control_loop(shared: Weak<Shared>, mut wake: watch::Receiver<u64>) {
+    let Some(mut shutdown) = shared.upgrade().map(|s| s.shutdown.subscribe()) else {
+        return;
+    };
+    let mut tick = tokio::time::interval(CONTROL_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = wake.changed() => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        // Held only while there is work: a dropped service ends the loop.
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let trees: Vec<String> = shared.owned.locked().iter().cloned().collect();
+        if trees.is_empty() {
+            continue;
+        }
+        let taken = shared
+            .runtime
+            .supervisor()
+            .read_store(move |store| store.take_controls(&trees))
+            .await;
+        let controls = match taken {
+            Ok(controls) => controls,
+            Err(error) => {
+                tracing::warn!(%error, "cannot take the controls posted for this replica's trees");
+                continue;
+            }
+        };
+        for control in controls {
+            apply(&shared, control).await;
+        }
+    }
+}
+
+/// Applies one control taken from the store, as its route would have here.
+async fn apply(shared: &Shared, control: Control) {
+    let supervisor = shared.runtime.supervisor();
+    let Control { id, tree_id, body } = control;
+    let body: ControlBody = match serde_json::from_value(body) {
+        Ok(body) => body,
+        Err(error) => {
+            shared.replica.refused.inc();
+            tracing::warn!(tree = %tree_id, control = id, %error, "a control that is not one; dropped");
+            return;
+        }
+    };
+    let done = match &body {
+        ControlBody::Cancel { run_id } => supervisor.cancel_run(run_id).map(drop),
+        ControlBody::Steer { run_id, text } => supervisor.steer(run_id, text).await,
+        ControlBody::Decide { call_id, decision } => supervisor
+            .decide(&tree_id, call_id, decision.clone())
+            .await
+            .map(drop),
+        ControlBody::Raise { set, add } => supervisor
+            .raise_limits(&tree_id, (*set).into(), (*add).into())
+            .map(drop),
+    };
+    match done {
+        Ok(()) => {
+            shared.replica.applied.inc();
+            tracing::info!(tree = %tree_id, control = id, ?body, "applied a control another replica forwarded");
+        }
+        Err(error) => {
+            shared.replica.refused.inc();
+            tracing::warn!(tree = %tree_id, control = id, ?body, %error, "a forwarded control could not be applied");
+        }
+    }
+}
+
+/// Hands the store's notifications on: a journal change wakes the streams
+/// that follow trees run elsewhere, a control wakes the control loop. On a
+/// thread of its own (the store's receiver blocks); ends when the store's
+/// subscription does or the service is gone.
+pub(crate) fn forward_wakes(wakes: std::sync::mpsc::Receiver<Wake>, shared: Weak<Shared>) {
+    let started = std::thread::Builder::new()
+        .name("arbor-wake".into())
+        .spawn(move || {
+            for wake in wakes {
+                let Some(shared) = shared.upgrade() else {
+                    return;
+                };
+                let target = match wake {
+                    Wake::Journal { .. } => &shared.journal_wake,
+                    Wake::Control { .. } => &shared.control_wake,
+                };
+                target.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        });
+    if let Err(error) = started {
+        tracing::warn!(%error, "cannot follow the store's notifications; polling only");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner() -> Owner {
+        Owner {
+            owner: "boot/ns:42".into(),
+            heartbeat_ms: 1,
+            epoch: 3,
+        }
+    }
+
+    #[test]
+    fn a_tree_run_here_is_controlled_here_whatever_the_store_says() {
+        for status in [None, Some(TreeStatus::Running), Some(TreeStatus::Completed)] {
+            assert_eq!(route(true, Some(&owner()), status), Route::Local);
+            assert_eq!(route(true, None, status), Route::Local);
+        }
+    }
+
+    #[test]
+    fn a_tree_another_replica_runs_is_forwarded_to_it_by_name() {
+        assert_eq!(
+            route(false, Some(&owner()), Some(TreeStatus::Running)),
+            Route::Forward {
+                owner: Some("boot/ns:42".into())
+            }
+        );
+        // Interrupted: for whichever replica adopts it.
+        assert_eq!(
+            route(false, None, Some(TreeStatus::Interrupted)),
+            Route::Forward { owner: None }
+        );
+    }
+
+    #[test]
+    fn an_ended_or_unknown_tree_is_refused_as_locally() {
+        for status in [
+            TreeStatus::Completed,
+            TreeStatus::Failed,
+            TreeStatus::Cancelled,
+        ] {
+            assert_eq!(route(false, None, Some(status)), Route::Ended(status));
+            assert_eq!(
+                route(false, Some(&owner()), Some(status)),
+                Route::Ended(status)
+            );
+        }
+        assert_eq!(route(false, None, None), Route::Unknown);
+    }
+
+    #[test]
+    fn controls_travel_as_tagged_json_and_back() {
+        let controls = [
+            ControlBody::Cancel {
+                run_id: "t/0.1".into(),
+            },
+            ControlBody::Steer {
+                run_id: "t/0".into(),
+                text: "hurry".into(),
+            },
+            ControlBody::Decide {
+                call_id: "t/0-s1-c0".into(),
+                decision: Decision::Deny {
+                    reason: "no".into(),
+                },
+            },
+            ControlBody::Raise {
+                set: Budget::default(),
+                add: Budget {
+                    max_steps: Some(5),
+                    ..Budget::default()
+                },
+            },
+        ];
+        for control in controls {
+            let json = serde_json::to_value(&control).unwrap();
+            assert!(json["control"].is_string(), "{json}");
+            assert_eq!(
+                serde_json::from_value::<ControlBody>(json).unwrap(),
+                control
+            );
+        }
+        let cancel = serde_json::to_value(ControlBody::Cancel {
+            run_id: "t/0".into(),
+        })
+        .unwrap();
+        assert_eq!(
+            cancel,
+            serde_json::json!({"control": "cancel", "runId": "t/0"})
+        );
+    }
+}
