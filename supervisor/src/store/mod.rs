@@ -2,7 +2,11 @@
 //! feeds it from the event bus on a thread of its own, in batches, off the
 //! agents' path. Only the supervisor side writes; agents never see the store.
 
+mod encode;
 mod journal;
+mod log;
+#[cfg(feature = "postgres")]
+mod pg;
 mod sqlite;
 mod status;
 
@@ -15,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use arbor_actors::sync::LockExt;
 use arbor_actors::{AgentState, Event, History, Message};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
@@ -24,6 +28,8 @@ use crate::limits::TreeLimits;
 use crate::recovery::Recovery;
 
 pub use journal::{EventType, JournalEntry, UnknownEventType, journal_view};
+#[cfg(feature = "postgres")]
+pub use pg::{MigrateReport, PASSWORD_ENV, PgStore, redact_url};
 pub use sqlite::SqliteStore;
 pub use status::{TreeStatus, UnknownStatus};
 
@@ -198,7 +204,145 @@ pub(crate) fn owner_alive(owner: &str) -> Option<bool> {
 /// Whether a tree marked running is really being run: its owner is alive, or
 /// (when that cannot be told) its heartbeat is fresh.
 pub(crate) fn still_running(owner: &str, heartbeat_ms: u64, now_ms: u64) -> bool {
-    owner_alive(owner).unwrap_or(now_ms.saturating_sub(heartbeat_ms) <= STALE_AFTER_MS)
+    still_running_within(owner, heartbeat_ms, now_ms, STALE_AFTER_MS)
+}
+
+/// `still_running` under a lease of `lease_ms`: an owner this process cannot
+/// see (another host or pid namespace, as replicas on one database are)
+/// runs its trees while its heartbeat is younger than the lease.
+pub(crate) fn still_running_within(
+    owner: &str,
+    heartbeat_ms: u64,
+    now_ms: u64,
+    lease_ms: u64,
+) -> bool {
+    owner_alive(owner).unwrap_or(now_ms.saturating_sub(heartbeat_ms) <= lease_ms)
+}
+
+/// A control message waiting in the store for the process that owns its
+/// tree (`Store::post_control`): a body the service defines (cancel,
+/// approve, steer, …).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Control {
+    /// Its id, increasing in the order controls were posted.
+    pub id: u64,
+    /// The tree it is for.
+    pub tree_id: String,
+    /// What it says.
+    pub body: Value,
+}
+
+/// Who runs a tree now (`Store::owner`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// The owner's id (`scope:pid`).
+    pub owner: String,
+    /// Its last heartbeat, in milliseconds since the Unix epoch.
+    pub heartbeat_ms: u64,
+    /// The epoch of its claim.
+    pub epoch: u64,
+}
+
+/// A wake-up for a process that follows trees in a shared store
+/// (`Store::subscribe`): something was committed, read it now instead of at
+/// the next poll. Wake-ups may be lost (a dropped connection), so a follower
+/// still polls, less often.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// A batch with events of this tree committed; `seq` is the last one.
+    Journal {
+        /// The tree.
+        tree_id: String,
+        /// Its last `seq` written.
+        seq: u64,
+    },
+    /// A control was posted for this tree.
+    Control {
+        /// The tree.
+        tree_id: String,
+    },
+}
+
+/// A tree's row as a store keeps it, every column: what `Store::load` puts
+/// back unchanged.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TreeRow {
+    /// The tree's id.
+    pub tree_id: String,
+    /// Its current root run id.
+    pub root_run_id: String,
+    /// The root's agent type.
+    pub agent: String,
+    /// The root's prompt.
+    pub prompt: String,
+    /// The params, as JSON text.
+    pub params: Option<String>,
+    /// The model override.
+    pub model: Option<String>,
+    /// The limits, as JSON text.
+    pub limits: String,
+    /// Where the templates came from.
+    pub origin: Option<String>,
+    /// The initial history, as JSON text.
+    pub history: Option<String>,
+    /// The status as stored (`running` or a final one).
+    pub status: TreeStatus,
+    /// The root's error.
+    pub error: Option<String>,
+    /// When it started.
+    pub started_ms: u64,
+    /// When its root ended.
+    pub finished_ms: Option<u64>,
+    /// Its owner's last heartbeat.
+    pub heartbeat_ms: u64,
+    /// Its owner.
+    pub owner: String,
+    /// The last `seq` written.
+    pub last_seq: u64,
+    /// The next record id of its log.
+    pub next_id: u64,
+    /// Segments in its log.
+    pub segments: u64,
+    /// Times it was resumed.
+    pub resumes: u64,
+    /// Runs started.
+    pub agents: u64,
+    /// Input tokens spent.
+    pub input_tokens: u64,
+    /// Output tokens spent.
+    pub output_tokens: u64,
+    /// Credits spent.
+    pub cost: f64,
+    /// The epoch of its last claim.
+    pub epoch: u64,
+}
+
+/// One segment of a tree's log, as stored (LZ4-compressed JSON records).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    /// Its number in the log, from 1.
+    pub n: u64,
+    /// Its bytes.
+    pub body: Vec<u8>,
+}
+
+/// A tree with its whole log (`Store::dump`): moved into another store with
+/// `Store::load`, it is the same tree there (same segments, ids, epochs).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TreeDump {
+    /// Its row.
+    pub row: TreeRow,
+    /// The config it started with, if stored.
+    pub config: Option<String>,
+    /// Its log, in order.
+    pub segments: Vec<Segment>,
+}
+
+/// Copies the tree `tree_id` with its whole log from one store to another
+/// (of either backend), unchanged; refused if `to` has a tree of that id.
+pub fn copy_tree(from: &dyn Store, to: &dyn Store, tree_id: &str) -> Result<(), Error> {
+    to.load(&from.dump(tree_id)?)
 }
 
 /// A tree as `arbor runs` lists it.
@@ -339,6 +483,39 @@ pub trait Store: Send + Sync + 'static {
     /// running again, owned by this process, under the next epoch. Refused
     /// for a tree that is running (here or elsewhere) or was cut short.
     fn claim_turn(&self, tree_id: &str) -> Result<u64, Error>;
+
+    /// Stores a control message for whichever process owns the tree (it
+    /// takes it with `take_controls`); returns its id. `Error::UnknownTree`
+    /// if the store has no such tree.
+    fn post_control(&self, tree_id: &str, control: &Value) -> Result<u64, Error>;
+
+    /// Takes the controls waiting for these trees (the ones the caller
+    /// runs), oldest first, atomically: each is taken once, by one caller.
+    fn take_controls(&self, tree_ids: &[String]) -> Result<Vec<Control>, Error>;
+
+    /// Who runs the tree now: `None` if it is not running (ended, or
+    /// interrupted: its owner is gone or its lease ran out).
+    /// `Error::UnknownTree` if the store has no such tree.
+    fn owner(&self, tree_id: &str) -> Result<Option<Owner>, Error>;
+
+    /// Wake-ups when other processes commit (see `Wake`); `None` when the
+    /// backend has none (SQLite: followers poll).
+    fn subscribe(&self) -> Result<Option<mpsc::Receiver<Wake>>, Error> {
+        Ok(None)
+    }
+
+    /// How long a tree whose owner cannot be seen counts as running after
+    /// its last heartbeat.
+    fn lease_ms(&self) -> u64 {
+        STALE_AFTER_MS
+    }
+
+    /// A tree with its whole log, as stored.
+    fn dump(&self, tree_id: &str) -> Result<TreeDump, Error>;
+
+    /// Puts a dumped tree in, unchanged, in one transaction;
+    /// `Error::TreeStored` if the store has a tree of that id.
+    fn load(&self, dump: &TreeDump) -> Result<(), Error>;
 }
 
 enum Msg {

@@ -5,6 +5,8 @@
 mod approval_timeout;
 mod approve;
 mod background;
+#[macro_use]
+mod backend;
 mod budget;
 mod cancel;
 mod common;

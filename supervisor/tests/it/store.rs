@@ -1,11 +1,18 @@
-//! The SQLite store under a real tree: what a long history costs on disk, and
-//! a store that fills up mid-run.
+//! The store under real trees, on both backends (`both_backends!`): resume
+//! from any prefix of a log, the journal as live readers see it, release,
+//! fencing, the control inbox, copying a tree between backends; and what is
+//! the SQLite file's own (what a long history costs on disk, a store that
+//! fills up mid-run) or Postgres's own (replicas on one database, the
+//! database's fence, concurrent migrations, the password, wake-ups).
 
 use std::sync::Arc;
 
+use crate::backend::{Backend, both_backends};
 use crate::common::*;
 use arbor_actors::{AgentStatus, Model, Tool};
-use arbor_supervisor::store::{SqliteStore, Store, TreeFilter};
+use arbor_supervisor::store::{
+    PgStore, Segment, SqliteStore, Store, TreeDump, TreeFilter, TreeRecord, TreeStatus, Write,
+};
 use arbor_supervisor::{Catalog, Supervisor, TreeLimits};
 use serde_json::{Value, json};
 
@@ -54,7 +61,7 @@ fn long_script(steps: usize, bytes: usize) -> Value {
     json!({"replies": [{"agent": "scribe", "steps": replies}]})
 }
 
-fn stored_supervisor(store: Arc<SqliteStore>, script: Value) -> Supervisor {
+fn stored_supervisor(store: Arc<dyn Store>, script: Value) -> Supervisor {
     let model = scripted(script);
     let catalog = Catalog::builder()
         .model(model as Arc<dyn Model>)
@@ -167,7 +174,7 @@ async fn a_full_store_fails_the_run_with_the_reason_and_stays_readable() {
 /// A boss whose first step hands its history to an inline scribe, which takes
 /// the boss's system prompt and toolbox (`inherit_parent_system_prompt`) and
 /// steps three times, calling a tool only that toolbox has.
-fn boss_and_scribe(store: Arc<SqliteStore>) -> Supervisor {
+fn boss_and_scribe(store: Arc<dyn Store>) -> Supervisor {
     let model = scripted(json!({"replies": [
         {"agent": "boss", "steps": [
             {"text": "Handing over.", "toolCalls": [
@@ -206,17 +213,8 @@ pub(crate) fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// The tree `t` of the store at `path` resumed to its end: the root's state.
-fn resumed(path: &std::path::Path) -> arbor_actors::AgentState {
-    runtime().block_on(async {
-        let sup = boss_and_scribe(Arc::new(SqliteStore::open(path).unwrap()));
-        let result = finish(sup.resume("t").await.unwrap()).await;
-        (*result.state).clone()
-    })
-}
-
-/// A copy of the store at `from` whose tree `t` holds only the first `keep`
-/// records of its log, as if the process had died there, its owner gone.
+/// A copy of the SQLite store at `from` whose tree `t` holds only the first
+/// `keep` records of its log, as if the process had died there, its owner gone.
 pub(crate) fn cut(from: &std::path::Path, to: &std::path::Path, records: &[Value], keep: usize) {
     let db = rusqlite::Connection::open(from).unwrap();
     db.execute("VACUUM INTO ?1", [to.to_str().unwrap()])
@@ -242,60 +240,99 @@ pub(crate) fn cut(from: &std::path::Path, to: &std::path::Path, records: &[Value
     .unwrap();
 }
 
-/// Resume is correct from any prefix of a tree's log (a batch is one
-/// transaction, so a crash leaves a prefix): cut the log of a finished tree
-/// after every event in turn, resume, and the root ends exactly as it did.
-/// The cuts include a scribe (inline, with its parent's toolbox) resumed from
-/// its checkpoint, and the boss started again (no checkpoint yet) meeting its
-/// finished inline scribe.
-#[test]
-fn a_tree_resumed_from_every_prefix_of_its_log_ends_as_it_did() {
-    let dir = tempfile::tempdir().unwrap();
-    let whole_path = dir.path().join("whole.db");
-    let whole = runtime().block_on(async {
-        let sup = boss_and_scribe(Arc::new(SqliteStore::open(&whole_path).unwrap()));
-        let state = (*finish(start(&sup, "boss", "Report.").await).await.state).clone();
-        sup.flush().await.unwrap();
-        state
-    });
-    assert_eq!(whole.status, AgentStatus::Completed);
-    let records = {
-        let db = rusqlite::Connection::open(&whole_path).unwrap();
-        records(&db)
-    };
-    let cuts: Vec<usize> = (0..records.len())
-        .filter(|i| records[*i].get("seq").is_some())
-        .map(|i| i + 1)
-        .collect();
-    assert!(cuts.len() > 20, "{} events", cuts.len());
-    let mut checked = 0;
-    for keep in cuts {
-        let last = &records[keep - 1];
-        let ended = last["type"] == "agentFinished" && last["runId"] == "t/0";
-        if ended {
-            continue;
-        }
-        let path = dir.path().join(format!("cut{keep}.db"));
-        cut(&whole_path, &path, &records, keep);
-        let state = resumed(&path);
-        assert_eq!(
-            state, whole,
-            "resumed after event {} ({} of {})",
-            last["seq"], last["type"], last["runId"]
-        );
-        checked += 1;
-    }
-    println!("{checked} cuts resumed");
-    assert!(checked >= 20, "{checked}");
+/// Every record of a dumped tree's log, decoded.
+pub(crate) fn dumped_records(dump: &TreeDump) -> Vec<Value> {
+    dump.segments
+        .iter()
+        .flat_map(|s| {
+            let json = lz4_flex::decompress_size_prepended(&s.body).unwrap();
+            serde_json::from_slice::<Vec<Value>>(&json).unwrap()
+        })
+        .collect()
 }
 
+/// The tree of `whole` holding only the first `keep` records of its log, as
+/// if its process had died there, its owner gone.
+pub(crate) fn cut_log(whole: &TreeDump, records: &[Value], keep: usize) -> TreeDump {
+    let mut dump = whole.clone();
+    let seq = records[..keep]
+        .iter()
+        .filter_map(|r| r["seq"].as_u64())
+        .max()
+        .unwrap_or(0);
+    let json = serde_json::to_string(&records[..keep]).unwrap();
+    dump.segments = vec![Segment {
+        n: 1,
+        body: lz4_flex::compress_prepend_size(json.as_bytes()),
+    }];
+    let row = &mut dump.row;
+    row.status = TreeStatus::Running;
+    row.finished_ms = None;
+    row.error = None;
+    row.owner = "-:0".into();
+    row.heartbeat_ms = 0;
+    row.last_seq = seq;
+    row.segments = 1;
+    dump
+}
+
+both_backends! {
+    /// Resume is correct from any prefix of a tree's log (a batch is one
+    /// transaction, so a crash leaves a prefix): cut the log of a finished tree
+    /// after every event in turn, resume, and the root ends exactly as it did.
+    /// The cuts include a scribe (inline, with its parent's toolbox) resumed from
+    /// its checkpoint, and the boss started again (no checkpoint yet) meeting its
+    /// finished inline scribe.
+    fn a_tree_resumed_from_every_prefix_of_its_log_ends_as_it_did(backend) {
+        let place = backend.fresh();
+        let (whole, dump) = runtime().block_on(async {
+            let store = place.open();
+            let sup = boss_and_scribe(store.clone());
+            let state = (*finish(start(&sup, "boss", "Report.").await).await.state).clone();
+            sup.flush().await.unwrap();
+            (state, store.dump("t").unwrap())
+        });
+        assert_eq!(whole.status, AgentStatus::Completed);
+        let records = dumped_records(&dump);
+        let cuts: Vec<usize> = (0..records.len())
+            .filter(|i| records[*i].get("seq").is_some())
+            .map(|i| i + 1)
+            .collect();
+        assert!(cuts.len() > 20, "{} events", cuts.len());
+        let mut checked = 0;
+        for keep in cuts {
+            let last = &records[keep - 1];
+            let ended = last["type"] == "agentFinished" && last["runId"] == "t/0";
+            if ended {
+                continue;
+            }
+            let place = backend.fresh();
+            let state = runtime().block_on(async {
+                let store = place.open();
+                store.load(&cut_log(&dump, &records, keep)).unwrap();
+                let sup = boss_and_scribe(store);
+                let result = finish(sup.resume("t").await.unwrap()).await;
+                (*result.state).clone()
+            });
+            assert_eq!(
+                state, whole,
+                "resumed after event {} ({} of {})",
+                last["seq"], last["type"], last["runId"]
+            );
+            checked += 1;
+        }
+        println!("{checked} cuts resumed");
+        assert!(checked >= 20, "{checked}");
+    }
+}
+
+both_backends! {
 /// A reader that follows a tree live and then (after a reconnect) from the
 /// store sees one shape: every live event's `journal_view` equals the event the
 /// store gives back, and the store has every one of them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn live_events_seen_through_the_journal_view_equal_the_stored_ones() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(SqliteStore::open(&dir.path().join("s.db")).unwrap());
+async fn live_events_seen_through_the_journal_view_equal_the_stored_ones(backend) {
+    let place = backend.fresh();
+    let store = place.open();
     let sup = boss_and_scribe(store.clone());
     let mut live = sup.events().subscribe_tree("t");
     finish(start(&sup, "boss", "Report.").await).await;
@@ -330,16 +367,16 @@ async fn live_events_seen_through_the_journal_view_equal_the_stored_ones() {
     let after = json[4]["seq"].as_u64().unwrap();
     assert_eq!(store.events("t", after).unwrap(), stored[5..].to_vec());
 }
+}
 
+both_backends! {
 /// A shutting-down process hands its running trees over: once `release`
 /// returns, the store lists them as interrupted although this process (their
 /// owner) is alive, and resume can claim them at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn released_trees_are_interrupted_at_once_and_recorded_no_more() {
+async fn released_trees_are_interrupted_at_once_and_recorded_no_more(backend) {
     use arbor_actors::models::{Latency, SimulatedConfig, SimulatedModel};
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("s.db");
-    let store = Arc::new(SqliteStore::open(&path).unwrap());
+    let place = backend.fresh();
+    let store = place.open();
     let slow = SimulatedModel::new(
         "slow",
         SimulatedConfig {
@@ -374,16 +411,16 @@ async fn released_trees_are_interrupted_at_once_and_recorded_no_more() {
     sup.flush().await.unwrap();
     assert_eq!(store.trees(&interrupted).unwrap().len(), 1);
 }
+}
 
+both_backends! {
 /// Events written in the same batch as a release (a server's trees keep
 /// running while it hands them over) must not give the tree a fresh
 /// heartbeat: a process started right after sees it interrupted at once.
-#[test]
-fn a_tree_released_in_a_batch_with_its_events_stays_interrupted() {
+fn a_tree_released_in_a_batch_with_its_events_stays_interrupted(backend) {
     use arbor_actors::{Event, EventKind};
-    use arbor_supervisor::store::{TreeRecord, Write};
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(&dir.path().join("r.db")).unwrap();
+    let place = backend.fresh();
+    let store = place.open();
     let event = |seq: u64| {
         Write::Event(Arc::new(Event {
             seq,
@@ -425,4 +462,5 @@ fn a_tree_released_in_a_batch_with_its_events_stays_interrupted() {
     // A later heartbeat does not take it back either.
     store.write(&[Write::Heartbeat(vec!["t".into()])]).unwrap();
     assert_eq!(store.trees(&interrupted).unwrap().len(), 1);
+}
 }

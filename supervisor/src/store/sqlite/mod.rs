@@ -14,33 +14,27 @@
 //! messages by id, as the previous checkpoint of its run plus the messages
 //! appended since, so a long history is never rewritten whole.
 
-mod log;
 mod query;
 mod schema;
 #[cfg(test)]
 mod tests;
 mod write;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use rusqlite::Connection;
 
-use self::write::{Buffers, TreeCache};
 use crate::error::Error;
+use crate::store::encode::WriterState;
 
 /// The embedded `Store`: one SQLite file (see the module doc). Open it with
 /// `open`, `open_existing` or `open_read_only`.
 pub struct SqliteStore {
     path: PathBuf,
     conn: Mutex<Connection>,
-    cache: Mutex<HashMap<Arc<str>, TreeCache>>,
-    buffers: Mutex<Buffers>,
-    /// The epoch this process claimed each of its trees with. Kept apart from
-    /// the cache (which a failed batch clears and reloads from the row), so a
-    /// later claim by another process is never mistaken for this one's.
-    claims: Mutex<HashMap<Arc<str>, u64>>,
+    /// The writer's caches and the epochs of this process's claims.
+    writer: Mutex<WriterState>,
 }
 
 impl std::fmt::Debug for SqliteStore {

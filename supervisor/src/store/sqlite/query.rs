@@ -5,15 +5,15 @@ use std::sync::Arc;
 
 use arbor_actors::{AgentState, RunId};
 use rusqlite::{OptionalExtension, params};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::log::Point;
 use super::{SqliteStore, sql};
 use crate::error::Error;
 use crate::recovery::Recovery;
+use crate::store::log::TreeLog;
 use crate::store::{
-    Fenced, GcReport, JournalEntry, RunNode, Store, StoredRun, TreeFilter, TreeRecord, TreeStatus,
-    TreeSummary, Write,
+    Control, Fenced, GcReport, JournalEntry, Owner, RunNode, Segment, Store, StoredRun, TreeDump,
+    TreeFilter, TreeRecord, TreeRow, TreeStatus, TreeSummary, Write,
 };
 use crate::tree::now_ms;
 
@@ -184,110 +184,41 @@ impl Store for SqliteStore {
             return Err(Error::UnknownRun(run_id.to_owned()));
         };
         let tree_id = id.tree().as_str();
-        let mut log = match self.log(&conn, tree_id) {
+        let log = match self.log(&conn, tree_id) {
             Err(Error::UnknownTree(_)) => return Err(Error::UnknownRun(run_id.to_owned())),
             other => other?,
         };
-        let bad = self.bad(tree_id);
-        let Some(&at) = log.index.get(run_id) else {
-            return Err(Error::UnknownRun(run_id.to_owned()));
-        };
-        let run = &log.runs[at].1;
-        let node = run
-            .node
-            .clone()
-            .filter(|n| !n.run_id.is_empty())
-            .ok_or_else(|| Error::UnknownRun(run_id.to_owned()))?;
-        let (point, is_final) = match (&run.last_final, &run.checkpoint) {
-            (Some(f), _) => (Some(f.clone()), true),
-            (None, Some(c)) => (Some(c.clone()), false),
-            (None, None) => (None, false),
-        };
-        let checkpoint = point.map(|p| log.state(&p, &bad)).transpose()?;
-        let inherited = checkpoint.as_ref().map_or(0, |c| c.inherited);
-        Ok(StoredRun {
-            node,
-            state: checkpoint.map(|c| c.state),
-            is_final,
-            inherited,
-        })
+        log.stored_run(run_id, &self.bad(tree_id))
     }
 
     fn recovery(&self, tree_id: &str) -> Result<Recovery, Error> {
-        self.load_recovery(tree_id)
+        let conn = self.conn()?;
+        let log = self.log(&conn, tree_id)?;
+        let last_seq = conn
+            .query_row(
+                "SELECT last_seq FROM trees WHERE tree_id = ?1",
+                [tree_id],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(sql(&self.path))? as u64;
+        log.recovery(tree_id, last_seq, &self.bad(tree_id))
     }
 
     fn final_states(&self, tree_id: &str) -> Result<Vec<AgentState>, Error> {
         let conn = self.conn()?;
-        let mut log = self.log(&conn, tree_id)?;
-        let bad = self.bad(tree_id);
-        let mut finals: Vec<(usize, Point)> = log
-            .runs
-            .iter()
-            .filter_map(|(_, r)| Some((r.finished_at?, r.last_final.clone()?)))
-            .collect();
-        finals.sort_by_key(|(at, _)| *at);
-        finals
-            .into_iter()
-            .map(|(_, point)| log.state(&point, &bad).map(|c| c.state))
-            .collect()
+        self.log(&conn, tree_id)?.final_states(&self.bad(tree_id))
     }
 
     fn events(&self, tree_id: &str, after: u64) -> Result<Vec<JournalEntry>, Error> {
         let conn = self.conn()?;
-        let log = self.log(&conn, tree_id)?;
-        let bad = self.bad(tree_id);
-        let mut entries = Vec::new();
-        for event in log.events {
-            let Value::Object(record) = event else {
-                return Err(bad("an event is not an object".into()));
-            };
-            // Judged on the record: only the events asked for are converted
-            // (one without a whole-number `seq` is, to be refused).
-            if record
-                .get("seq")
-                .and_then(Value::as_u64)
-                .is_some_and(|seq| seq <= after)
-            {
-                continue;
-            }
-            let entry = JournalEntry::from_record(record).map_err(|e| bad(e.to_string()))?;
-            entries.push(entry);
-        }
-        Ok(entries)
+        self.log(&conn, tree_id)?.journal(after, &self.bad(tree_id))
     }
 
     fn export(&self, tree_id: &str) -> Result<Value, Error> {
         let (record, summary) = self.tree(tree_id)?;
         let conn = self.conn()?;
-        let mut log = self.log(&conn, tree_id)?;
-        let bad = self.bad(tree_id);
-        let mut runs = Vec::new();
-        let points: Vec<(Option<RunNode>, bool, Option<Point>)> = log
-            .runs
-            .iter()
-            .map(|(_, r)| {
-                let point = r.last_final.clone().or_else(|| r.checkpoint.clone());
-                (r.node.clone(), r.last_final.is_some(), point)
-            })
-            .collect();
-        for (node, is_final, point) in points {
-            let state = point.map(|p| log.state(&p, &bad)).transpose()?;
-            runs.push(json!({"run": node, "final": is_final, "state": state.map(|c| c.state)}));
-        }
-        let mut model_calls = Vec::new();
-        for (run_id, step, id, usage) in log.replies.clone() {
-            model_calls.push(json!({
-                "runId": run_id, "step": step, "reply": *log.message(id, &bad)?, "usage": usage,
-            }));
-        }
-        Ok(json!({
-            "tree": record,
-            "summary": summary,
-            "runs": runs,
-            "events": log.events,
-            "modelCalls": model_calls,
-        }))
+        self.log(&conn, tree_id)?
+            .export(record, summary, &self.bad(tree_id))
     }
 
     fn claim(&self, tree_id: &str) -> Result<u64, Error> {
@@ -333,6 +264,224 @@ impl Store for SqliteStore {
         )
     }
 
+    fn post_control(&self, tree_id: &str, control: &Value) -> Result<u64, Error> {
+        let conn = self.conn()?;
+        let id: Option<i64> = conn
+            .query_row(
+                "INSERT INTO controls(tree_id, body, posted_ms)
+                 SELECT ?1, ?2, ?3 WHERE EXISTS (SELECT 1 FROM trees WHERE tree_id = ?1)
+                 RETURNING id",
+                params![tree_id, control.to_string(), now_ms() as i64],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sql(&self.path))?;
+        id.map(|id| id as u64)
+            .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))
+    }
+
+    fn take_controls(&self, tree_ids: &[String]) -> Result<Vec<Control>, Error> {
+        let mut conn = self.conn()?;
+        // Under the write lock: of two takers, the second finds them gone.
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql(&self.path))?;
+        let mut taken = Vec::new();
+        {
+            let mut stmt = tx
+                .prepare_cached("DELETE FROM controls WHERE tree_id = ?1 RETURNING id, body")
+                .map_err(sql(&self.path))?;
+            for tree in tree_ids {
+                let rows = stmt
+                    .query_map([tree], |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+                    })
+                    .map_err(sql(&self.path))?;
+                for row in rows {
+                    let (id, body) = row.map_err(sql(&self.path))?;
+                    taken.push((id as u64, tree.clone(), body));
+                }
+            }
+        }
+        tx.commit().map_err(sql(&self.path))?;
+        let mut out = Vec::with_capacity(taken.len());
+        for (id, tree_id, body) in taken {
+            let body = serde_json::from_str(&body)
+                .map_err(|e| self.bad(&tree_id)(format!("a control is not JSON: {e}")))?;
+            out.push(Control { id, tree_id, body });
+        }
+        out.sort_by_key(|c| c.id);
+        Ok(out)
+    }
+
+    fn owner(&self, tree_id: &str) -> Result<Option<Owner>, Error> {
+        let conn = self.conn()?;
+        let row: Option<(TreeStatus, String, i64, i64)> = conn
+            .query_row(
+                "SELECT status, owner, heartbeat_ms, epoch FROM trees WHERE tree_id = ?1",
+                [tree_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()
+            .map_err(sql(&self.path))?;
+        let (status, owner, heartbeat, epoch) =
+            row.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+        let running = status == TreeStatus::Running
+            && crate::store::still_running(&owner, heartbeat as u64, now_ms());
+        Ok(running.then(|| Owner {
+            owner,
+            heartbeat_ms: heartbeat as u64,
+            epoch: epoch as u64,
+        }))
+    }
+
+    fn dump(&self, tree_id: &str) -> Result<TreeDump, Error> {
+        let mut conn = self.conn()?;
+        // One snapshot of the row and its log.
+        let tx = conn.transaction().map_err(sql(&self.path))?;
+        let u = |v: i64| v as u64;
+        let row = tx
+            .query_row(
+                "SELECT tree_id, root_run_id, agent, prompt, params, model, limits, origin,
+                     history, status, error, started_ms, finished_ms, heartbeat_ms, owner,
+                     last_seq, next_id, segments, resumes, agents, input_tokens, output_tokens,
+                     cost, epoch
+                 FROM trees WHERE tree_id = ?1",
+                [tree_id],
+                |r| {
+                    Ok(TreeRow {
+                        tree_id: r.get(0)?,
+                        root_run_id: r.get(1)?,
+                        agent: r.get(2)?,
+                        prompt: r.get(3)?,
+                        params: r.get(4)?,
+                        model: r.get(5)?,
+                        limits: r.get(6)?,
+                        origin: r.get(7)?,
+                        history: r.get(8)?,
+                        status: r.get(9)?,
+                        error: r.get(10)?,
+                        started_ms: u(r.get(11)?),
+                        finished_ms: r.get::<_, Option<i64>>(12)?.map(u),
+                        heartbeat_ms: u(r.get(13)?),
+                        owner: r.get(14)?,
+                        last_seq: u(r.get(15)?),
+                        next_id: u(r.get(16)?),
+                        segments: u(r.get(17)?),
+                        resumes: u(r.get(18)?),
+                        agents: u(r.get(19)?),
+                        input_tokens: u(r.get(20)?),
+                        output_tokens: u(r.get(21)?),
+                        cost: r.get(22)?,
+                        epoch: u(r.get(23)?),
+                    })
+                },
+            )
+            .optional()
+            .map_err(sql(&self.path))?
+            .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+        let config: Option<String> = tx
+            .query_row(
+                "SELECT c.text FROM trees t JOIN configs c ON c.hash = t.config
+                 WHERE t.tree_id = ?1",
+                [tree_id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sql(&self.path))?;
+        let segments = {
+            let mut stmt = tx
+                .prepare("SELECT n, body FROM segments WHERE tree_id = ?1 ORDER BY n")
+                .map_err(sql(&self.path))?;
+            stmt.query_map([tree_id], |r| {
+                Ok(Segment {
+                    n: u(r.get(0)?),
+                    body: r.get(1)?,
+                })
+            })
+            .map_err(sql(&self.path))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(sql(&self.path))?
+        };
+        tx.commit().map_err(sql(&self.path))?;
+        Ok(TreeDump {
+            row,
+            config,
+            segments,
+        })
+    }
+
+    fn load(&self, dump: &TreeDump) -> Result<(), Error> {
+        let mut conn = self.conn()?;
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql(&self.path))?;
+        let r = &dump.row;
+        let hash = dump
+            .config
+            .as_deref()
+            .map(crate::store::encode::config_hash);
+        if let (Some(hash), Some(text)) = (&hash, &dump.config) {
+            tx.execute(
+                "INSERT OR IGNORE INTO configs(hash, text) VALUES (?1, ?2)",
+                params![hash, text],
+            )
+            .map_err(sql(&self.path))?;
+        }
+        let i = |v: u64| v as i64;
+        let inserted = tx
+            .execute(
+                "INSERT OR IGNORE INTO trees(tree_id, root_run_id, agent, prompt, params, model,
+                     limits, origin, history, status, error, started_ms, finished_ms,
+                     heartbeat_ms, owner, last_seq, next_id, segments, resumes, agents,
+                     input_tokens, output_tokens, cost, epoch, config)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                     ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
+                params![
+                    r.tree_id,
+                    r.root_run_id,
+                    r.agent,
+                    r.prompt,
+                    r.params,
+                    r.model,
+                    r.limits,
+                    r.origin,
+                    r.history,
+                    r.status,
+                    r.error,
+                    i(r.started_ms),
+                    r.finished_ms.map(i),
+                    i(r.heartbeat_ms),
+                    r.owner,
+                    i(r.last_seq),
+                    i(r.next_id),
+                    i(r.segments),
+                    i(r.resumes),
+                    i(r.agents),
+                    i(r.input_tokens),
+                    i(r.output_tokens),
+                    r.cost,
+                    i(r.epoch),
+                    hash,
+                ],
+            )
+            .map_err(sql(&self.path))?;
+        if inserted == 0 {
+            return Err(Error::TreeStored(r.tree_id.clone()));
+        }
+        {
+            let mut stmt = tx
+                .prepare("INSERT INTO segments(tree_id, n, body) VALUES (?1, ?2, ?3)")
+                .map_err(sql(&self.path))?;
+            for s in &dump.segments {
+                stmt.execute(params![r.tree_id, i(s.n), s.body])
+                    .map_err(sql(&self.path))?;
+            }
+        }
+        tx.commit().map_err(sql(&self.path))?;
+        Ok(())
+    }
+
     fn gc(&self, cutoff_ms: u64) -> Result<GcReport, Error> {
         let mut conn = self.conn()?;
         let tx = conn.transaction().map_err(sql(&self.path))?;
@@ -351,6 +500,8 @@ impl Store for SqliteStore {
                 .execute("DELETE FROM segments WHERE tree_id = ?1", [tree])
                 .map_err(sql(&self.path))? as u64;
             tx.execute("DELETE FROM trees WHERE tree_id = ?1", [tree])
+                .map_err(sql(&self.path))?;
+            tx.execute("DELETE FROM controls WHERE tree_id = ?1", [tree])
                 .map_err(sql(&self.path))?;
         }
         // Configs no tree names any more.
@@ -406,10 +557,40 @@ impl SqliteStore {
             )
             .map_err(sql(&self.path))?;
         tx.commit().map_err(sql(&self.path))?;
-        self.claims
-            .lock()
-            .map_err(|_| Error::StorePoisoned("the store claims were poisoned"))?
-            .insert(Arc::from(tree_id), epoch as u64);
+        self.hold(tree_id, epoch as u64)?;
         Ok(epoch as u64)
+    }
+}
+
+impl SqliteStore {
+    /// Reads every segment of a tree.
+    pub(super) fn log(&self, conn: &rusqlite::Connection, tree_id: &str) -> Result<TreeLog, Error> {
+        let found: Option<i64> = conn
+            .query_row("SELECT 1 FROM trees WHERE tree_id = ?1", [tree_id], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(sql(&self.path))?;
+        if found.is_none() {
+            return Err(Error::UnknownTree(tree_id.to_owned()));
+        }
+        let mut stmt = conn
+            .prepare_cached("SELECT body FROM segments WHERE tree_id = ?1 ORDER BY n")
+            .map_err(sql(&self.path))?;
+        let bodies = stmt
+            .query_map([tree_id], |r| r.get::<_, Vec<u8>>(0))
+            .map_err(sql(&self.path))?
+            .map(|body| body.map_err(sql(&self.path)));
+        TreeLog::from_segments(tree_id, bodies, &self.bad(tree_id))
+    }
+
+    pub(super) fn bad(&self, tree_id: &str) -> impl Fn(String) -> Error + use<> {
+        let path = self.path.display().to_string();
+        let tree_id = tree_id.to_owned();
+        move |reason| Error::StoreCorrupt {
+            path: path.clone(),
+            tree: tree_id.clone(),
+            reason,
+        }
     }
 }

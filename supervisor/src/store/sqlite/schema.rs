@@ -1,7 +1,6 @@
 //! The file itself: the schema and its migrations, opening (creating,
 //! migrating, or reading only) and the checks of a file's header.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -9,8 +8,8 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 
 use super::SqliteStore;
-use super::write::Buffers;
 use crate::error::Error;
+use crate::store::encode::WriterState;
 
 /// "ARBR": tells an Arbor store from any other SQLite file.
 pub(super) const APPLICATION_ID: i64 = 0x4152_4252;
@@ -65,6 +64,16 @@ CREATE TABLE configs (
     text TEXT NOT NULL
 ) WITHOUT ROWID;
 ALTER TABLE trees ADD COLUMN config TEXT;
+"#,
+    // 4: the control inbox: messages for the process that owns a tree.
+    r#"
+CREATE TABLE controls (
+    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    tree_id   TEXT NOT NULL,
+    body      TEXT NOT NULL,
+    posted_ms INTEGER NOT NULL
+);
+CREATE INDEX controls_tree ON controls(tree_id, id);
 "#,
 ];
 
@@ -182,9 +191,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             path: path.to_owned(),
             conn: Mutex::new(conn),
-            cache: Mutex::new(HashMap::new()),
-            buffers: Mutex::new(Buffers::default()),
-            claims: Mutex::new(HashMap::new()),
+            writer: Mutex::new(WriterState::default()),
         })
     }
 
@@ -276,9 +283,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             path: path.to_owned(),
             conn: Mutex::new(conn),
-            cache: Mutex::new(HashMap::new()),
-            buffers: Mutex::new(Buffers::default()),
-            claims: Mutex::new(HashMap::new()),
+            writer: Mutex::new(WriterState::default()),
         })
     }
 }

@@ -1,6 +1,8 @@
-//! Reading a tree back: its segments replayed into a `TreeLog` (the journal,
-//! the runs with their last checkpoint and final state, the model replies),
-//! states decoded from their rows, and what a resume needs (`Recovery`).
+//! Reading a tree back, whatever the backend: its segments replayed into a
+//! `TreeLog` (the journal, the runs with their last checkpoint and final
+//! state, the model replies), states decoded from their rows, and what the
+//! `Store` port's reads give from it (a run, the final states, the journal,
+//! an export, what a resume needs).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -10,15 +12,13 @@ use arbor_actors::background::Scheduled;
 use arbor_actors::state::ToolDefinitions;
 use arbor_actors::steer::Steer;
 use arbor_actors::{AgentState, AgentStatus, Checkpoint, FailureKind, History, Message, Usage};
-use rusqlite::{Connection, OptionalExtension};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::write::{OUTPUT_AT, SEGMENT};
-use super::{SqliteStore, sql};
 use crate::error::Error;
 use crate::recovery::{RecordedReply, Recovery, Spent};
-use crate::store::RunNode;
+use crate::store::encode::{OUTPUT_AT, SEGMENT};
+use crate::store::{JournalEntry, RunNode, StoredRun, TreeRecord, TreeSummary};
 
 #[derive(Deserialize)]
 struct StateRowOwned(
@@ -47,38 +47,38 @@ struct StateRowOwned(
 const STATE_ROW_BEFORE_KINDS: usize = 17;
 
 /// A state as a tree's segments hold it: its message ids and its state row.
-pub(super) type Point = (Vec<u64>, Value);
+pub(crate) type Point = (Vec<u64>, Value);
 
 /// One run as a tree's segments describe it.
 #[derive(Default)]
-pub(super) struct RunLog {
-    pub(super) node: Option<RunNode>,
+pub(crate) struct RunLog {
+    pub(crate) node: Option<RunNode>,
     /// The message ids of its last checkpoint, and that checkpoint's state row.
-    pub(super) checkpoint: Option<Point>,
+    pub(crate) checkpoint: Option<Point>,
     /// The same for its final state.
-    pub(super) last_final: Option<Point>,
+    pub(crate) last_final: Option<Point>,
     /// Its `steered` events, in order (semantics §9).
-    pub(super) steers: Vec<Steer>,
+    pub(crate) steers: Vec<Steer>,
     /// Its `backgroundDelivered` events, in order (semantics §15).
-    pub(super) deliveries: Vec<Scheduled>,
+    pub(crate) deliveries: Vec<Scheduled>,
     /// Its decisions on tool calls, by call id (semantics §12).
-    pub(super) decisions: HashMap<String, Decision>,
+    pub(crate) decisions: HashMap<String, Decision>,
     /// Message ids of the history being rebuilt from deltas.
     ids: Vec<u64>,
     /// Where it finished among the tree's runs.
-    pub(super) finished_at: Option<usize>,
+    pub(crate) finished_at: Option<usize>,
 }
 
 /// A tree read back from its segments.
-pub(super) struct TreeLog {
+pub(crate) struct TreeLog {
     tree_id: String,
-    pub(super) events: Vec<Value>,
+    pub(crate) events: Vec<Value>,
     messages: HashMap<u64, Value>,
-    pub(super) runs: Vec<(String, RunLog)>,
-    pub(super) index: HashMap<String, usize>,
-    pub(super) replies: Vec<(String, u32, u64, Usage)>,
+    pub(crate) runs: Vec<(String, RunLog)>,
+    pub(crate) index: HashMap<String, usize>,
+    pub(crate) replies: Vec<(String, u32, u64, Usage)>,
     /// The budgets raised while the tree ran, the latest of each.
-    pub(super) raised: crate::Raised,
+    pub(crate) raised: crate::Raised,
     finished: usize,
     /// Decoded values, shared between the states built from them.
     decoded: HashMap<u64, Arc<Message>>,
@@ -87,6 +87,31 @@ pub(super) struct TreeLog {
 }
 
 impl TreeLog {
+    /// A tree's log from its segments' bodies, in order.
+    pub(crate) fn from_segments(
+        tree_id: &str,
+        bodies: impl IntoIterator<Item = Result<Vec<u8>, Error>>,
+        bad: &dyn Fn(String) -> Error,
+    ) -> Result<TreeLog, Error> {
+        let mut log = TreeLog {
+            tree_id: tree_id.to_owned(),
+            events: Vec::new(),
+            messages: HashMap::new(),
+            runs: Vec::new(),
+            index: HashMap::new(),
+            replies: Vec::new(),
+            raised: crate::Raised::default(),
+            finished: 0,
+            decoded: HashMap::new(),
+            texts: HashMap::new(),
+            tools: HashMap::new(),
+        };
+        for body in bodies {
+            TreeLog::read(decode_segment(&body?, bad)?, &mut log, bad)?;
+        }
+        Ok(log)
+    }
+
     fn run(&mut self, run_id: &str) -> &mut RunLog {
         let at = match self.index.get(run_id) {
             Some(at) => *at,
@@ -258,7 +283,7 @@ impl TreeLog {
         }
     }
 
-    pub(super) fn message(
+    pub(crate) fn message(
         &mut self,
         id: u64,
         bad: &dyn Fn(String) -> Error,
@@ -277,7 +302,7 @@ impl TreeLog {
         Ok(message)
     }
 
-    pub(super) fn state(
+    pub(crate) fn state(
         &mut self,
         (ids, row): &Point,
         bad: &dyn Fn(String) -> Error,
@@ -359,7 +384,7 @@ impl TreeLog {
         })
     }
 
-    pub(super) fn nodes(&self) -> Vec<RunNode> {
+    pub(crate) fn nodes(&self) -> Vec<RunNode> {
         self.runs
             .iter()
             .filter_map(|(_, r)| r.node.clone())
@@ -388,75 +413,144 @@ impl Default for RunNode {
     }
 }
 
-impl SqliteStore {
-    /// Reads every segment of a tree.
-    pub(super) fn log(&self, conn: &Connection, tree_id: &str) -> Result<TreeLog, Error> {
-        let found: Option<i64> = conn
-            .query_row("SELECT 1 FROM trees WHERE tree_id = ?1", [tree_id], |r| {
-                r.get(0)
-            })
-            .optional()
-            .map_err(sql(&self.path))?;
-        if found.is_none() {
-            return Err(Error::UnknownTree(tree_id.to_owned()));
-        }
-        let bad = self.bad(tree_id);
-        let mut stmt = conn
-            .prepare_cached("SELECT body FROM segments WHERE tree_id = ?1 ORDER BY n")
-            .map_err(sql(&self.path))?;
-        let bodies = stmt
-            .query_map([tree_id], |r| r.get::<_, Vec<u8>>(0))
-            .map_err(sql(&self.path))?;
-        let mut log = TreeLog {
-            tree_id: tree_id.to_owned(),
-            events: Vec::new(),
-            messages: HashMap::new(),
-            runs: Vec::new(),
-            index: HashMap::new(),
-            replies: Vec::new(),
-            raised: crate::Raised::default(),
-            finished: 0,
-            decoded: HashMap::new(),
-            texts: HashMap::new(),
-            tools: HashMap::new(),
-        };
-        for body in bodies {
-            let body = body.map_err(sql(&self.path))?;
-            // A segment is at most a few MiB; a size prefix claiming more is
-            // corruption, not something to allocate.
-            let claimed = body
-                .get(..4)
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
-                .unwrap_or(usize::MAX);
-            if claimed > 64 * SEGMENT {
-                return Err(bad("a segment is corrupt (its size is out of range)".into()));
-            }
-            let json = lz4_flex::decompress_size_prepended(&body)
-                .map_err(|e| bad(format!("a segment is corrupt: {e}")))?;
-            let records: Vec<Value> = serde_json::from_slice(&json)
-                .map_err(|e| bad(format!("a segment is not valid: {e}")))?;
-            TreeLog::read(records, &mut log, &bad)?;
-        }
-        Ok(log)
+/// A segment's records: its body decompressed and parsed.
+pub(crate) fn decode_segment(
+    body: &[u8],
+    bad: &dyn Fn(String) -> Error,
+) -> Result<Vec<Value>, Error> {
+    // A segment is at most a few MiB; a size prefix claiming more is
+    // corruption, not something to allocate.
+    let claimed = body
+        .get(..4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .unwrap_or(usize::MAX);
+    if claimed > 64 * SEGMENT {
+        return Err(bad("a segment is corrupt (its size is out of range)".into()));
     }
-
-    pub(super) fn bad(&self, tree_id: &str) -> impl Fn(String) -> Error + use<> {
-        let path = self.path.display().to_string();
-        let tree_id = tree_id.to_owned();
-        move |reason| Error::StoreCorrupt {
-            path: path.clone(),
-            tree: tree_id.clone(),
-            reason,
-        }
-    }
+    let json = lz4_flex::decompress_size_prepended(body)
+        .map_err(|e| bad(format!("a segment is corrupt: {e}")))?;
+    serde_json::from_slice(&json).map_err(|e| bad(format!("a segment is not valid: {e}")))
 }
 
-impl SqliteStore {
-    /// `Store::recovery`: what a resume of the tree goes on from.
-    pub(super) fn load_recovery(&self, tree_id: &str) -> Result<Recovery, Error> {
-        let conn = self.conn()?;
-        let mut log = self.log(&conn, tree_id)?;
-        let bad = self.bad(tree_id);
+impl TreeLog {
+    /// `Store::run`: one run with its final state or last checkpoint.
+    pub(crate) fn stored_run(
+        mut self,
+        run_id: &str,
+        bad: &dyn Fn(String) -> Error,
+    ) -> Result<StoredRun, Error> {
+        let Some(&at) = self.index.get(run_id) else {
+            return Err(Error::UnknownRun(run_id.to_owned()));
+        };
+        let run = &self.runs[at].1;
+        let node = run
+            .node
+            .clone()
+            .filter(|n| !n.run_id.is_empty())
+            .ok_or_else(|| Error::UnknownRun(run_id.to_owned()))?;
+        let (point, is_final) = match (&run.last_final, &run.checkpoint) {
+            (Some(f), _) => (Some(f.clone()), true),
+            (None, Some(c)) => (Some(c.clone()), false),
+            (None, None) => (None, false),
+        };
+        let checkpoint = point.map(|p| self.state(&p, bad)).transpose()?;
+        let inherited = checkpoint.as_ref().map_or(0, |c| c.inherited);
+        Ok(StoredRun {
+            node,
+            state: checkpoint.map(|c| c.state),
+            is_final,
+            inherited,
+        })
+    }
+
+    /// `Store::final_states`: in the order the runs finished.
+    pub(crate) fn final_states(
+        mut self,
+        bad: &dyn Fn(String) -> Error,
+    ) -> Result<Vec<AgentState>, Error> {
+        let mut finals: Vec<(usize, Point)> = self
+            .runs
+            .iter()
+            .filter_map(|(_, r)| Some((r.finished_at?, r.last_final.clone()?)))
+            .collect();
+        finals.sort_by_key(|(at, _)| *at);
+        finals
+            .into_iter()
+            .map(|(_, point)| self.state(&point, bad).map(|c| c.state))
+            .collect()
+    }
+
+    /// `Store::events`: the journal after `after`.
+    pub(crate) fn journal(
+        self,
+        after: u64,
+        bad: &dyn Fn(String) -> Error,
+    ) -> Result<Vec<JournalEntry>, Error> {
+        let mut entries = Vec::new();
+        for event in self.events {
+            let Value::Object(record) = event else {
+                return Err(bad("an event is not an object".into()));
+            };
+            // Judged on the record: only the events asked for are converted
+            // (one without a whole-number `seq` is, to be refused).
+            if record
+                .get("seq")
+                .and_then(Value::as_u64)
+                .is_some_and(|seq| seq <= after)
+            {
+                continue;
+            }
+            let entry = JournalEntry::from_record(record).map_err(|e| bad(e.to_string()))?;
+            entries.push(entry);
+        }
+        Ok(entries)
+    }
+
+    /// `Store::export`: everything stored of the tree, as one JSON document.
+    pub(crate) fn export(
+        mut self,
+        record: TreeRecord,
+        summary: TreeSummary,
+        bad: &dyn Fn(String) -> Error,
+    ) -> Result<Value, Error> {
+        let mut runs = Vec::new();
+        let points: Vec<(Option<RunNode>, bool, Option<Point>)> = self
+            .runs
+            .iter()
+            .map(|(_, r)| {
+                let point = r.last_final.clone().or_else(|| r.checkpoint.clone());
+                (r.node.clone(), r.last_final.is_some(), point)
+            })
+            .collect();
+        for (node, is_final, point) in points {
+            let state = point.map(|p| self.state(&p, bad)).transpose()?;
+            runs.push(json!({"run": node, "final": is_final, "state": state.map(|c| c.state)}));
+        }
+        let mut model_calls = Vec::new();
+        for (run_id, step, id, usage) in self.replies.clone() {
+            model_calls.push(json!({
+                "runId": run_id, "step": step, "reply": *self.message(id, bad)?, "usage": usage,
+            }));
+        }
+        Ok(json!({
+            "tree": record,
+            "summary": summary,
+            "runs": runs,
+            "events": self.events,
+            "modelCalls": model_calls,
+        }))
+    }
+
+    /// `Store::recovery`: what a resume of the tree goes on from
+    /// (`last_seq`: the row's).
+    pub(crate) fn recovery(
+        mut self,
+        tree_id: &str,
+        last_seq: u64,
+        bad: &dyn Fn(String) -> Error,
+    ) -> Result<Recovery, Error> {
+        let log = &mut self;
+        let bad = |reason: String| bad(reason);
         let mut recovery = Recovery::default();
         let mut agents = HashSet::new();
         let runs: Vec<(String, Option<Point>, Option<Point>)> = log
@@ -521,13 +615,7 @@ impl SqliteStore {
         }
         recovery.spent = spent;
         recovery.message_ids = log.decoded.iter().map(|(id, m)| (m.clone(), *id)).collect();
-        recovery.last_seq = conn
-            .query_row(
-                "SELECT last_seq FROM trees WHERE tree_id = ?1",
-                [tree_id],
-                |r| r.get::<_, i64>(0),
-            )
-            .map_err(sql(&self.path))? as u64;
+        recovery.last_seq = last_seq;
         Ok(recovery)
     }
 }

@@ -1,0 +1,735 @@
+//! The write path's backend-neutral half: the writer's cache of what each
+//! tree has been given (to write only what is new), the segment encoding (an
+//! LZ4-compressed JSON array of records), and the fencing decisions of a
+//! batch. A backend drives an `Encoder` through one batch inside its own
+//! transaction: it answers the encoder's row lookups (`Rows`), carries out
+//! the tree records, heartbeats and releases, and writes the segments and
+//! row updates the encoder hands back.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write as _;
+use std::sync::Arc;
+
+use arbor_actors::state::ToolDefinitions;
+use arbor_actors::{AgentState, AgentStatus, Event, EventKind, FailureKind, History, Message};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::store::journal::journal_body;
+use crate::store::{Fenced, TreeStatus};
+
+/// What encoding a batch can fail on.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum EncodeError {
+    /// A value could not be written as JSON.
+    #[error("cannot encode a record: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A segment could not be compressed.
+    #[error("cannot compress a segment: {0}")]
+    Compress(#[from] lz4_flex::block::CompressError),
+}
+
+/// What the encoder asks of the backend's transaction about a tree's row.
+pub(crate) trait Rows {
+    /// The backend's error; encoding errors become one.
+    type Error: From<EncodeError>;
+    /// The tree's claim: its epoch and owner; `None` if there is no row.
+    fn claim_of(&mut self, tree_id: &str) -> Result<Option<(u64, String)>, Self::Error>;
+    /// Where the tree's log goes on from: root run id, next record id,
+    /// segments written; `None` if there is no row.
+    fn log_of(&mut self, tree_id: &str) -> Result<Option<(String, u64, u64)>, Self::Error>;
+}
+
+/// What a batch adds to one tree's row.
+#[derive(Debug)]
+pub(crate) struct TreeUpdate {
+    /// The tree.
+    pub(crate) tree_id: Arc<str>,
+    /// The epoch this process holds it with; `None` for a tree written
+    /// without a claim (through the port directly).
+    pub(crate) epoch: Option<u64>,
+    /// The highest `seq` written.
+    pub(crate) last_seq: u64,
+    /// The next record id of its log.
+    pub(crate) next_id: u64,
+    /// Segments its log has now.
+    pub(crate) segments: u64,
+    /// Runs started.
+    pub(crate) agents: u64,
+    /// Input tokens of the model calls recorded.
+    pub(crate) input_tokens: u64,
+    /// Output tokens of the model calls recorded.
+    pub(crate) output_tokens: u64,
+    /// Credits of the model calls recorded.
+    pub(crate) cost: f64,
+    /// Its root ended: the status, error and when.
+    pub(crate) end: Option<(TreeStatus, Option<String>, u64)>,
+}
+
+/// The state a backend keeps between batches for the encoder: the caches of
+/// its trees, the reused buffers, and the epochs it claimed trees with
+/// (kept apart from the cache, which a failed batch clears and reloads from
+/// the row, so a later claim by another process is never mistaken for this
+/// one's).
+#[derive(Default)]
+pub(crate) struct WriterState {
+    pub(crate) cache: HashMap<Arc<str>, TreeCache>,
+    pub(crate) buffers: Buffers,
+    pub(crate) claims: HashMap<Arc<str>, u64>,
+}
+/// One batch being encoded, inside a backend's transaction.
+pub(crate) struct Encoder<'a> {
+    cache: &'a mut HashMap<Arc<str>, TreeCache>,
+    deltas: HashMap<Arc<str>, TreeDelta>,
+    /// Segments closed during the batch: (tree, JSON array).
+    closed: Vec<(Arc<str>, Vec<u8>)>,
+    buffers: &'a mut Buffers,
+    /// The epochs this process holds (before this batch); 0 for a tree it
+    /// wrote without holding a claim (it is then fenced out at once).
+    claims: &'a HashMap<Arc<str>, u64>,
+    /// Claims made by this batch, held once it commits.
+    claimed: HashMap<Arc<str>, u64>,
+    /// Trees looked at in this batch: whether this process still holds them.
+    held: HashMap<Arc<str>, bool>,
+    /// Trees another process claimed since this one did.
+    fenced: Vec<Fenced>,
+}
+
+/// What a committed batch leaves for the writer's state to take up.
+pub(crate) struct Encoded {
+    claimed: HashMap<Arc<str>, u64>,
+    fenced: Vec<Fenced>,
+    ended: Vec<Arc<str>>,
+}
+
+impl<'a> Encoder<'a> {
+    /// A batch over the writer's state.
+    pub(crate) fn new(state: &'a mut WriterState) -> Self {
+        Encoder {
+            cache: &mut state.cache,
+            deltas: HashMap::new(),
+            closed: Vec::new(),
+            buffers: &mut state.buffers,
+            claims: &state.claims,
+            claimed: HashMap::new(),
+            held: HashMap::new(),
+            fenced: Vec::new(),
+        }
+    }
+
+    /// The epoch this process holds `tree_id` with (a claim of this batch
+    /// first); `None` if it holds no claim of it.
+    pub(crate) fn epoch(&self, tree_id: &str) -> Option<u64> {
+        self.claimed
+            .get(tree_id)
+            .or_else(|| self.claims.get(tree_id))
+            .copied()
+    }
+
+    /// The epoch a `Tree` record of `tree_id` may take the row over from:
+    /// the claim this process holds, or -1 (none: a new tree landing on a
+    /// stored id takes nothing over).
+    pub(crate) fn holding(&self, tree_id: &str) -> i64 {
+        self.claims.get(tree_id).map_or(-1, |e| *e as i64)
+    }
+
+    /// Whether this process may still write `tree_id`: the row keeps the
+    /// epoch it claimed the tree with. Looked up once per tree per batch (the
+    /// batch holds the row or the write lock, so it cannot change
+    /// meanwhile). A tree this store never claimed (written through the port
+    /// directly) is not fenced.
+    pub(crate) fn holds<R: Rows>(&mut self, rows: &mut R, tree_id: &str) -> Result<bool, R::Error> {
+        if let Some(held) = self.held.get(tree_id) {
+            return Ok(*held);
+        }
+        let tree: Arc<str> = Arc::from(tree_id);
+        let Some(epoch) = self.epoch(tree_id) else {
+            self.held.insert(tree, true);
+            return Ok(true);
+        };
+        let held = match rows.claim_of(tree_id)? {
+            Some((current, _)) if current == epoch && epoch != 0 => true,
+            row => {
+                let (current, owner) = row.unwrap_or((0, String::new()));
+                self.fenced.push(Fenced {
+                    tree_id: tree_id.to_owned(),
+                    epoch,
+                    current,
+                    owner,
+                });
+                false
+            }
+        };
+        self.held.insert(tree, held);
+        Ok(held)
+    }
+
+    /// A `Tree` record was written (`claimed`: the epoch its row has now) or
+    /// refused (`None`: the row is someone else's; fenced out, now and later).
+    pub(crate) fn tree_written<R: Rows>(
+        &mut self,
+        rows: &mut R,
+        tree_id: &str,
+        root_run_id: &str,
+        claimed: Option<u64>,
+    ) -> Result<(), R::Error> {
+        let id: Arc<str> = Arc::from(tree_id);
+        self.held.remove(&id);
+        match claimed {
+            Some(epoch) => {
+                self.claimed.insert(id.clone(), epoch);
+                self.held.insert(id.clone(), true);
+                // A follow-up turn has a root of its own: its end is the tree's.
+                root_run_id.clone_into(&mut Self::tree(self.cache, rows, &id)?.root_run_id);
+            }
+            None => {
+                let holding = self.holding(tree_id);
+                self.claimed.insert(id.clone(), holding.max(0) as u64);
+                self.holds(rows, &id)?;
+                debug_assert!(!self.held[&id]);
+            }
+        }
+        Ok(())
+    }
+
+    /// What a resumed tree's store already holds (`Write::Known`).
+    pub(crate) fn known<R: Rows>(
+        &mut self,
+        rows: &mut R,
+        tree_id: &str,
+        messages: &[(Arc<Message>, u64)],
+        calls: &[(String, u32)],
+        runs: &[String],
+    ) -> Result<(), R::Error> {
+        if !self.holds(rows, tree_id)? {
+            return Ok(());
+        }
+        let tree = Self::tree(self.cache, rows, &Arc::from(tree_id))?;
+        for (message, id) in messages {
+            let key = Arc::as_ptr(message) as usize;
+            tree.messages.insert(key, (message.clone(), *id));
+        }
+        for (run, step) in calls {
+            tree.calls.insert((Arc::from(run.as_str()), *step));
+        }
+        tree.started
+            .extend(runs.iter().map(|r| Arc::from(r.as_str())));
+        Ok(())
+    }
+
+    fn tree<'t, R: Rows>(
+        cache: &'t mut HashMap<Arc<str>, TreeCache>,
+        rows: &mut R,
+        tree_id: &Arc<str>,
+    ) -> Result<&'t mut TreeCache, R::Error> {
+        match cache.entry(tree_id.clone()) {
+            std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                // A tree this process has not seen (it started elsewhere): go
+                // on from what its row says.
+                let (root_run_id, next_id, segments) = rows.log_of(tree_id)?.unwrap_or_default();
+                Ok(e.insert(TreeCache {
+                    root_run_id,
+                    next_id: next_id.max(1),
+                    segments,
+                    ..TreeCache::default()
+                }))
+            }
+        }
+    }
+
+    /// An event of a tree, appended to its segment (if this process holds it).
+    pub(crate) fn event<R: Rows>(&mut self, rows: &mut R, event: &Event) -> Result<(), R::Error> {
+        if !self.holds(rows, &event.tree_id)? {
+            return Ok(());
+        }
+        let tree = Self::tree(self.cache, rows, &event.tree_id)?;
+        let buffers = &mut *self.buffers;
+        let delta = self
+            .deltas
+            .entry(event.tree_id.clone())
+            .or_insert_with(|| TreeDelta {
+                segment: buffers.take(),
+                ..TreeDelta::default()
+            });
+        delta.last_seq = delta.last_seq.max(event.seq);
+        let mut out = Records(&mut delta.segment);
+        let mut reply_written = false;
+        match &event.kind {
+            EventKind::ModelDelta { .. } => return Ok(()),
+            EventKind::Checkpointed { checkpoint } => {
+                let c = checkpoint;
+                let point = (c.step, c.children_spawned, c.inherited);
+                write_checkpoint(&event.tree_id, tree, &mut out, &c.state, point, false)?;
+                return Ok(());
+            }
+            // A reply served again on resume was recorded (and counted) before.
+            EventKind::ModelResponded {
+                step,
+                usage,
+                reply: Some(reply),
+                ..
+            } if tree.calls.is_empty() || !tree.calls.contains(&(event.run_id.clone(), *step)) => {
+                reply_written = true;
+                let id = message_id(tree, &mut out, reply)?;
+                out.open();
+                out.raw("{\"r\":");
+                out.value(&*event.run_id)?;
+                let _ = write!(out.0, ",\"s\":{step},\"m\":{id},\"u\":");
+                out.value(usage)?;
+                out.raw("}");
+                delta.input_tokens += usage.input_tokens;
+                delta.output_tokens += usage.output_tokens;
+                delta.cost += usage.cost;
+            }
+            _ => {}
+        }
+        // A run counts once, when it starts (not again when a resumed tree
+        // goes on with it), so a running or interrupted tree shows its runs.
+        if matches!(event.kind, EventKind::AgentStarted { .. })
+            && !tree.started.remove(&*event.run_id)
+        {
+            delta.agents += 1;
+        }
+        if let Some(state) = event.kind.final_state() {
+            let inherited = event.kind.final_inherited().unwrap_or(0);
+            write_checkpoint(
+                &event.tree_id,
+                tree,
+                &mut out,
+                state,
+                (0, 0, inherited),
+                true,
+            )?;
+            if *event.run_id == *tree.root_run_id {
+                let error = match &event.kind {
+                    EventKind::AgentFailed { error, .. } => Some(error.clone()),
+                    _ => state.error_message().map(str::to_owned),
+                };
+                delta.end = Some((TreeStatus::from(state.status), error, event.at_ms));
+            }
+        }
+        out.open();
+        // The event's own JSON object, then its place in the tree appended
+        // inside it (no copy of the body).
+        journal_body(&event.kind, out.0, reply_written).map_err(EncodeError::from)?;
+        if out.0.last() == Some(&b'}') {
+            out.0.pop();
+        }
+        let _ = write!(out.0, ",\"seq\":{},\"runId\":", event.seq);
+        out.value(&*event.run_id)?;
+        let _ = write!(out.0, ",\"atMs\":{}}}", event.at_ms);
+        if delta.segment.len() >= SEGMENT {
+            let full = std::mem::replace(&mut delta.segment, self.buffers.take());
+            self.closed.push((event.tree_id.clone(), full));
+        }
+        Ok(())
+    }
+
+    /// The batch's segments, numbered on from each tree's log and packed, in
+    /// order: `put(tree, n, body)` writes one.
+    pub(crate) fn segments<R: Rows>(
+        &mut self,
+        rows: &mut R,
+        mut put: impl FnMut(&Arc<str>, u64, &[u8]) -> Result<(), R::Error>,
+    ) -> Result<(), R::Error> {
+        let mut segments = std::mem::take(&mut self.closed);
+        for (tree, delta) in &mut self.deltas {
+            let segment = std::mem::take(&mut delta.segment);
+            if segment.is_empty() {
+                self.buffers.give(segment);
+            } else {
+                segments.push((tree.clone(), segment));
+            }
+        }
+        for (tree, mut records) in segments {
+            let cache = Self::tree(self.cache, rows, &tree)?;
+            cache.segments += 1;
+            let n = cache.segments;
+            let mut packed = std::mem::take(&mut self.buffers.packed);
+            let len = pack(&mut records, &mut packed)?;
+            let written = put(&tree, n, &packed[..len]);
+            self.buffers.packed = packed;
+            self.buffers.give(records);
+            written?;
+        }
+        Ok(())
+    }
+
+    /// What the batch adds to each tree's row (after `segments`).
+    pub(crate) fn updates<R: Rows>(&mut self, rows: &mut R) -> Result<Vec<TreeUpdate>, R::Error> {
+        let mut out = Vec::with_capacity(self.deltas.len());
+        for (tree, delta) in &self.deltas {
+            let epoch = self.epoch(tree);
+            let cache = Self::tree(self.cache, rows, tree)?;
+            out.push(TreeUpdate {
+                tree_id: tree.clone(),
+                epoch,
+                last_seq: delta.last_seq,
+                next_id: cache.next_id,
+                segments: cache.segments,
+                agents: delta.agents,
+                input_tokens: delta.input_tokens,
+                output_tokens: delta.output_tokens,
+                cost: delta.cost,
+                end: delta.end.clone(),
+            });
+        }
+        for tree in self.deltas.keys() {
+            if let Some(cache) = self.cache.get_mut(tree) {
+                cache.sweep();
+            }
+        }
+        Ok(out)
+    }
+
+    /// Trees this batch wrote events of, with the last `seq` written (what a
+    /// wake-up names).
+    pub(crate) fn last_seqs(&self) -> impl Iterator<Item = (&Arc<str>, u64)> {
+        self.deltas.iter().map(|(t, d)| (t, d.last_seq))
+    }
+
+    /// The batch as it ends, before its transaction commits.
+    pub(crate) fn finish(self) -> Encoded {
+        Encoded {
+            ended: self
+                .deltas
+                .iter()
+                .filter(|(_, d)| d.end.is_some())
+                .map(|(t, _)| t.clone())
+                .collect(),
+            claimed: self.claimed,
+            fenced: self.fenced,
+        }
+    }
+}
+
+impl WriterState {
+    /// A batch committed: claims made in it hold from now on; a fenced tree
+    /// keeps the epoch it had (so nothing more of it is written) and needs no
+    /// cache; an ended tree needs neither. Returns the trees fenced out.
+    pub(crate) fn committed(&mut self, done: Encoded) -> Vec<Fenced> {
+        self.claims.extend(done.claimed);
+        for f in &done.fenced {
+            self.cache.remove(f.tree_id.as_str());
+        }
+        for tree in done.ended {
+            self.cache.remove(&tree);
+            self.claims.remove(&tree);
+        }
+        done.fenced
+    }
+}
+
+/// The key of a config text in `configs`.
+pub(crate) fn config_hash(text: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A checkpoint chain longer than this is cut with a full list of message ids.
+const MAX_CHAIN: u32 = 256;
+
+/// Bytes of JSON after which a segment is closed and a new one begun.
+pub(crate) const SEGMENT: usize = 256 * 1024;
+
+/// Hashes an address (the key of the writer's caches): one multiply, instead
+/// of SipHash on every message.
+#[derive(Default, Clone, Copy)]
+struct AddressHasher(u64);
+
+impl std::hash::Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(29);
+    }
+}
+
+type ByAddress<V> = HashMap<usize, V, std::hash::BuildHasherDefault<AddressHasher>>;
+
+/// What the writer remembers of a tree it is writing, to write only what is new.
+#[derive(Default)]
+pub(crate) struct TreeCache {
+    root_run_id: String,
+    next_id: u64,
+    segments: u64,
+    /// Ids of shared values, by address; the value is kept alive so the address
+    /// cannot be reused while it is in the map.
+    messages: ByAddress<(Arc<Message>, u64)>,
+    texts: ByAddress<(Arc<str>, u64)>,
+    tools: ByAddress<(ToolDefinitions, u64)>,
+    /// Per live run: the history of its last checkpoint and the chain length.
+    last: HashMap<Arc<str>, (History, u32)>,
+    /// Model calls recorded before this process resumed the tree: served
+    /// again from the record, they are not written (or counted) twice. Empty
+    /// for a tree started here (a call is never answered twice in one life).
+    calls: HashSet<(Arc<str>, u32)>,
+    /// Runs that started before this process resumed the tree: starting
+    /// again, they are not counted again (each leaves the set as it does).
+    started: HashSet<Arc<str>>,
+    /// Messages held after the last sweep.
+    swept: usize,
+}
+
+impl TreeCache {
+    /// Forgets messages nothing else holds any more: they can never be seen
+    /// again, so their ids are not needed (amortised: runs when the map has
+    /// doubled since the last sweep).
+    fn sweep(&mut self) {
+        if self.messages.len() < 65_536 || self.messages.len() < 2 * self.swept {
+            return;
+        }
+        self.messages.retain(|_, (m, _)| Arc::strong_count(m) > 1);
+        self.texts.retain(|_, (t, _)| Arc::strong_count(t) > 1);
+        self.tools.retain(|_, (t, _)| Arc::strong_count(t) > 1);
+        self.swept = self.messages.len();
+    }
+}
+
+/// What a batch adds to a tree's row.
+#[derive(Default)]
+struct TreeDelta {
+    last_seq: u64,
+    agents: u64,
+    input_tokens: u64,
+    output_tokens: u64,
+    cost: f64,
+    end: Option<(TreeStatus, Option<String>, u64)>,
+    segment: Vec<u8>,
+}
+
+/// A state as a checkpoint record keeps it: a JSON array (no key names), its
+/// history and shared values by id. Fields, in order: agent id (null when it is
+/// the run id), agent type, run id, parent id (null when it is the last
+/// ancestor), ancestor run ids, child run ids, output, system prompt id, tool
+/// definitions id, context tokens, steps remaining, credits, direct credits,
+/// status, step, children spawned, inherited. Ids of the tree's own runs are
+/// kept without the `TREE/` every one of them starts with.
+#[derive(Serialize)]
+struct StateRow<'a>(
+    Option<&'a str>,
+    &'a Option<String>,
+    &'a str,
+    Option<&'a str>,
+    Vec<&'a str>,
+    Vec<&'a str>,
+    &'a Option<Value>,
+    u64,
+    u64,
+    u64,
+    u32,
+    f64,
+    f64,
+    AgentStatus,
+    u32,
+    u32,
+    usize,
+    Option<FailureKind>,
+);
+
+/// Where a `StateRow` keeps the output.
+pub(crate) const OUTPUT_AT: usize = 6;
+
+fn json_err(e: serde_json::Error) -> EncodeError {
+    EncodeError::Json(e)
+}
+
+/// One segment being filled: appends records as JSON array elements.
+struct Records<'a>(&'a mut Vec<u8>);
+
+impl Records<'_> {
+    fn open(&mut self) {
+        self.0.push(if self.0.is_empty() { b'[' } else { b',' });
+    }
+
+    fn value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), EncodeError> {
+        serde_json::to_writer(&mut *self.0, value).map_err(json_err)
+    }
+
+    fn raw(&mut self, text: &str) {
+        self.0.extend_from_slice(text.as_bytes());
+    }
+}
+
+/// The id of a message in its tree, writing it the first time it is seen.
+fn message_id(
+    tree: &mut TreeCache,
+    out: &mut Records<'_>,
+    message: &Arc<Message>,
+) -> Result<u64, EncodeError> {
+    let key = Arc::as_ptr(message) as usize;
+    if let Some((_, id)) = tree.messages.get(&key) {
+        return Ok(*id);
+    }
+    let id = tree.next_id;
+    tree.next_id += 1;
+    out.open();
+    let _ = write!(out.0, "{{\"m\":{id},\"b\":");
+    out.value(&**message)?;
+    out.raw("}");
+    tree.messages.insert(key, (message.clone(), id));
+    Ok(id)
+}
+
+fn text_id(
+    tree: &mut TreeCache,
+    out: &mut Records<'_>,
+    text: &Arc<str>,
+) -> Result<u64, EncodeError> {
+    let key = Arc::as_ptr(text) as *const u8 as usize;
+    if let Some((_, id)) = tree.texts.get(&key) {
+        return Ok(*id);
+    }
+    let id = tree.next_id;
+    tree.next_id += 1;
+    out.open();
+    out.value(&json!({"p": id, "b": &**text}))?;
+    tree.texts.insert(key, (text.clone(), id));
+    Ok(id)
+}
+
+fn tools_id(
+    tree: &mut TreeCache,
+    out: &mut Records<'_>,
+    tools: &ToolDefinitions,
+) -> Result<u64, EncodeError> {
+    let key = Arc::as_ptr(tools) as usize;
+    if let Some((_, id)) = tree.tools.get(&key) {
+        return Ok(*id);
+    }
+    let id = tree.next_id;
+    tree.next_id += 1;
+    out.open();
+    out.value(&json!({"d": id, "b": &**tools}))?;
+    tree.tools.insert(key, (tools.clone(), id));
+    Ok(id)
+}
+
+/// Writes a checkpoint (or a final state) as a delta on the run's last one.
+fn write_checkpoint<'s>(
+    tree_id: &'s str,
+    tree: &mut TreeCache,
+    out: &mut Records<'_>,
+    state: &'s AgentState,
+    (step, children_spawned, inherited): (u32, u32, usize),
+    is_final: bool,
+) -> Result<(), EncodeError> {
+    let history = &state.message_history;
+    let run: Arc<str> = Arc::from(state.run_id.as_str());
+    let (keep, chain) = match tree.last.get(&run) {
+        Some((previous, chain)) if *chain < MAX_CHAIN => {
+            let keep = previous
+                .iter()
+                .zip(history.iter())
+                .take_while(|(a, b)| Arc::ptr_eq(a, b))
+                .count();
+            (Some(keep), chain + 1)
+        }
+        _ => (None, 0),
+    };
+    let mut appended = Vec::with_capacity(history.len() - keep.unwrap_or(0));
+    for message in history.iter().skip(keep.unwrap_or(0)) {
+        appended.push(message_id(tree, out, message)?);
+    }
+    let system_prompt = text_id(tree, out, &state.system_prompt)?;
+    let tools = tools_id(tree, out, &state.tool_definitions)?;
+    let short = |id: &'s str| -> &'s str {
+        id.strip_prefix(tree_id)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .unwrap_or(id)
+    };
+    let row = StateRow(
+        (state.agent_id != state.run_id).then(|| short(&state.agent_id)),
+        &state.agent_type,
+        short(&state.run_id),
+        state
+            .parent_id
+            .as_deref()
+            .filter(|p| state.ancestor_run_ids.last().map(String::as_str) != Some(*p))
+            .map(short),
+        state.ancestor_run_ids.iter().map(|id| short(id)).collect(),
+        state.child_run_ids.iter().map(|id| short(id)).collect(),
+        &state.output,
+        system_prompt,
+        tools,
+        state.context_token_count,
+        state.steps_remaining,
+        state.credits_used,
+        state.direct_credits_used,
+        state.status,
+        step,
+        children_spawned,
+        inherited,
+        state.error_kind,
+    );
+    out.open();
+    out.raw("{\"c\":");
+    out.value(&state.run_id)?;
+    let _ = write!(out.0, ",\"f\":{is_final},\"k\":");
+    out.value(&keep)?;
+    out.raw(",\"a\":");
+    out.value(&appended)?;
+    out.raw("}");
+    // The state row goes in as its own element right after (no copy into a Value).
+    out.open();
+    out.raw("{\"st\":");
+    out.value(&row)?;
+    out.raw("}");
+    if is_final {
+        tree.last.remove(&run);
+    } else {
+        tree.last.insert(run, (history.clone(), chain));
+    }
+    Ok(())
+}
+
+/// A segment as stored: its JSON array, LZ4-compressed (about 8× smaller),
+/// after its length (as `lz4_flex::decompress_size_prepended` reads it).
+pub(crate) fn pack(records: &mut Vec<u8>, out: &mut Vec<u8>) -> Result<usize, EncodeError> {
+    records.push(b']');
+    let size = 4 + lz4_flex::block::get_maximum_output_size(records.len());
+    // Zero-filled only where it grows: the buffer is reused.
+    if out.len() < size {
+        out.resize(size, 0);
+    }
+    out[..4].copy_from_slice(&(records.len() as u32).to_le_bytes());
+    let n =
+        lz4_flex::block::compress_into(records, &mut out[4..]).map_err(EncodeError::Compress)?;
+    Ok(4 + n)
+}
+
+/// Buffers reused from batch to batch (a fresh 256 KiB buffer per segment
+/// cost the writer more than SQLite did).
+#[derive(Default)]
+pub(crate) struct Buffers {
+    free: Vec<Vec<u8>>,
+    packed: Vec<u8>,
+}
+
+impl Buffers {
+    /// A pooled buffer, or a small one that grows with what it is given: a
+    /// batch touches every running tree, and a full segment's capacity for
+    /// each (320 KiB × 300 trees) was most of a busy server's peak heap.
+    fn take(&mut self) -> Vec<u8> {
+        self.free.pop().unwrap_or_else(|| Vec::with_capacity(4096))
+    }
+
+    fn give(&mut self, mut buffer: Vec<u8>) {
+        if self.free.len() < 8 {
+            buffer.clear();
+            self.free.push(buffer);
+        }
+    }
+}

@@ -1,0 +1,602 @@
+//! The `Store` port over the database: listing and reading trees, claims
+//! (one transaction on the locked row), the control inbox, dump and load,
+//! and collecting old trees.
+
+use std::sync::Arc;
+
+use arbor_actors::{AgentState, RunId};
+use serde_json::Value;
+use tokio_postgres::GenericClient;
+
+use super::PgStore;
+use crate::error::Error;
+use crate::recovery::Recovery;
+use crate::store::log::TreeLog;
+use crate::store::{
+    Control, Fenced, GcReport, JournalEntry, Owner, RunNode, Segment, Store, StoredRun, TreeDump,
+    TreeFilter, TreeRecord, TreeRow, TreeStatus, TreeSummary, Wake, Write,
+};
+use crate::tree::now_ms;
+
+const SUMMARY: &str = "SELECT tree_id, root_run_id, agent, prompt, status, error, agents,
+        input_tokens, output_tokens, cost, started_ms, finished_ms, heartbeat_ms, resumes, owner
+    FROM trees";
+
+const ROW: &str = "SELECT tree_id, root_run_id, agent, prompt, params, model, limits, origin,
+        history, status, error, started_ms, finished_ms, heartbeat_ms, owner, last_seq, next_id,
+        segments, resumes, agents, input_tokens, output_tokens, cost, epoch
+    FROM trees WHERE tree_id = $1";
+
+fn status_of(r: &tokio_postgres::Row, column: &str) -> Result<TreeStatus, String> {
+    let text: &str = r.get(column);
+    text.parse()
+        .map_err(|e: crate::store::UnknownStatus| e.to_string())
+}
+
+impl PgStore {
+    fn summary_row(&self, r: &tokio_postgres::Row, now: u64) -> Result<TreeSummary, Error> {
+        let tree_id: String = r.get("tree_id");
+        let mut status = status_of(r, "status").map_err(self.bad(&tree_id))?;
+        let heartbeat = r.get::<_, i64>("heartbeat_ms") as u64;
+        let owner: String = r.get("owner");
+        if status == TreeStatus::Running
+            && !crate::store::still_running_within(&owner, heartbeat, now, self.lease_ms)
+        {
+            status = TreeStatus::Interrupted;
+        }
+        Ok(TreeSummary {
+            tree_id,
+            root_run_id: r.get("root_run_id"),
+            agent: r.get("agent"),
+            prompt: r.get("prompt"),
+            status,
+            error: r.get("error"),
+            agents: r.get::<_, i64>("agents") as u64,
+            input_tokens: r.get::<_, i64>("input_tokens") as u64,
+            output_tokens: r.get::<_, i64>("output_tokens") as u64,
+            cost: r.get("cost"),
+            started_ms: r.get::<_, i64>("started_ms") as u64,
+            finished_ms: r.get::<_, Option<i64>>("finished_ms").map(|v| v as u64),
+            resumes: r.get::<_, i64>("resumes") as u64,
+        })
+    }
+
+    /// Reads every segment of a tree.
+    async fn log(&self, client: &impl GenericClient, tree_id: &str) -> Result<TreeLog, Error> {
+        let io = self.io();
+        let found = client
+            .query_opt("SELECT 1 FROM trees WHERE tree_id = $1", &[&tree_id])
+            .await
+            .map_err(&io)?;
+        if found.is_none() {
+            return Err(Error::UnknownTree(tree_id.to_owned()));
+        }
+        let rows = client
+            .query(
+                "SELECT body FROM segments WHERE tree_id = $1 ORDER BY n",
+                &[&tree_id],
+            )
+            .await
+            .map_err(&io)?;
+        let bodies = rows.into_iter().map(|r| Ok(r.get::<_, Vec<u8>>(0)));
+        TreeLog::from_segments(tree_id, bodies, &self.bad(tree_id))
+    }
+
+    /// A tree's log read with a connection of the pool.
+    fn read_log(&self, tree_id: &str) -> Result<TreeLog, Error> {
+        self.block(async {
+            let client = self.client().await?;
+            self.log(&**client, tree_id).await
+        })
+    }
+
+    /// Takes the tree for this process under the next epoch, in one
+    /// transaction on its locked row (of two replicas taking one tree, the
+    /// second waits for the first and then sees its claim): `check` may
+    /// refuse it on its status, owner and heartbeat; `also` is more of the
+    /// `UPDATE`'s assignments (each followed by `, `).
+    fn take(
+        &self,
+        tree_id: &str,
+        also: &str,
+        check: impl FnOnce(TreeStatus, &str, u64) -> Result<(), Error>,
+    ) -> Result<u64, Error> {
+        let epoch = self.block(async {
+            let io = self.io();
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(&io)?;
+            let row = tx
+                .query_opt(
+                    "SELECT status, owner, heartbeat_ms FROM trees WHERE tree_id = $1 FOR UPDATE",
+                    &[&tree_id],
+                )
+                .await
+                .map_err(&io)?
+                .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+            let status = status_of(&row, "status").map_err(self.bad(tree_id))?;
+            let owner: String = row.get("owner");
+            check(status, &owner, row.get::<_, i64>("heartbeat_ms") as u64)?;
+            let epoch: i64 = tx
+                .query_one(
+                    &format!(
+                        "UPDATE trees SET {also}owner = $2, heartbeat_ms = $3, epoch = epoch + 1
+                         WHERE tree_id = $1 RETURNING epoch"
+                    ),
+                    &[&tree_id, &crate::store::owner_id(), &(now_ms() as i64)],
+                )
+                .await
+                .map_err(&io)?
+                .get(0);
+            tx.commit().await.map_err(&io)?;
+            Ok::<_, Error>(epoch as u64)
+        })?;
+        self.writer()?.claims.insert(Arc::from(tree_id), epoch);
+        Ok(epoch)
+    }
+}
+
+impl Store for PgStore {
+    fn write(&self, batch: &[Write]) -> Result<Vec<Fenced>, Error> {
+        self.write_batch(batch)
+    }
+
+    fn trees(&self, filter: &TreeFilter) -> Result<Vec<TreeSummary>, Error> {
+        let now = now_ms();
+        // As on SQLite: `running` and `interrupted` are both stored as
+        // running, so only for them is the offset counted here.
+        let stored = filter.status.map(|s| s.stored().as_str());
+        let derived = filter.status.map(TreeStatus::stored) == Some(TreeStatus::Running);
+        let sql_offset = if derived { 0 } else { filter.offset };
+        let rows = self.block(async {
+            let client = self.client().await?;
+            client
+                .query(
+                    &format!(
+                        "{SUMMARY} WHERE ($1::TEXT IS NULL OR status = $1)
+                         ORDER BY started_ms DESC, made DESC OFFSET $2"
+                    ),
+                    &[&stored, &(sql_offset as i64)],
+                )
+                .await
+                .map_err(self.io())
+        })?;
+        let limit = if filter.limit == 0 {
+            usize::MAX
+        } else {
+            filter.limit
+        };
+        let offset = filter.offset - sql_offset;
+        let mut out = Vec::new();
+        let mut skipped = 0;
+        for row in &rows {
+            let row = self.summary_row(row, now)?;
+            if filter.status.is_some_and(|s| s != row.status) {
+                continue;
+            }
+            if skipped < offset {
+                skipped += 1;
+                continue;
+            }
+            out.push(row);
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn tree(&self, tree_id: &str) -> Result<(TreeRecord, TreeSummary), Error> {
+        let now = now_ms();
+        let (row, config) = self.block(async {
+            let io = self.io();
+            let client = self.client().await?;
+            let row = client
+                .query_opt(
+                    &format!(
+                        "SELECT t.tree_id, t.root_run_id, t.agent, t.prompt, t.status, t.error,
+                             t.agents, t.input_tokens, t.output_tokens, t.cost, t.started_ms,
+                             t.finished_ms, t.heartbeat_ms, t.resumes, t.owner, t.params, t.model,
+                             t.limits, t.origin, t.history, c.text AS config_text
+                         FROM trees t LEFT JOIN configs c ON c.hash = t.config
+                         WHERE t.tree_id = $1"
+                    ),
+                    &[&tree_id],
+                )
+                .await
+                .map_err(&io)?
+                .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+            let config: Option<String> = row.get("config_text");
+            Ok::<_, Error>((row, config))
+        })?;
+        let summary = self.summary_row(&row, now)?;
+        let bad = self.bad(tree_id);
+        let params: Option<String> = row.get("params");
+        let limits: String = row.get("limits");
+        let history: Option<String> = row.get("history");
+        let record = TreeRecord {
+            tree_id: summary.tree_id.clone(),
+            root_run_id: summary.root_run_id.clone(),
+            agent: summary.agent.clone(),
+            prompt: summary.prompt.clone(),
+            params: params
+                .map(|p| serde_json::from_str(&p))
+                .transpose()
+                .map_err(|e| bad(format!("params: {e}")))?,
+            model: row.get("model"),
+            limits: serde_json::from_str(&limits).map_err(|e| bad(format!("limits: {e}")))?,
+            origin: row.get("origin"),
+            config: config.map(Arc::from),
+            history: history
+                .map(|h| serde_json::from_str(&h))
+                .transpose()
+                .map_err(|e| bad(format!("history: {e}")))?,
+            started_ms: summary.started_ms,
+        };
+        Ok((record, summary))
+    }
+
+    fn runs(&self, tree_id: &str) -> Result<Vec<RunNode>, Error> {
+        Ok(self.read_log(tree_id)?.nodes())
+    }
+
+    fn run(&self, run_id: &str) -> Result<StoredRun, Error> {
+        let Ok(id) = run_id.parse::<RunId>() else {
+            return Err(Error::UnknownRun(run_id.to_owned()));
+        };
+        let tree_id = id.tree().as_str();
+        let log = match self.read_log(tree_id) {
+            Err(Error::UnknownTree(_)) => return Err(Error::UnknownRun(run_id.to_owned())),
+            other => other?,
+        };
+        log.stored_run(run_id, &self.bad(tree_id))
+    }
+
+    fn recovery(&self, tree_id: &str) -> Result<Recovery, Error> {
+        let (log, last_seq) = self.block(async {
+            let client = self.client().await?;
+            let log = self.log(&**client, tree_id).await?;
+            let last_seq: i64 = client
+                .query_one("SELECT last_seq FROM trees WHERE tree_id = $1", &[&tree_id])
+                .await
+                .map_err(self.io())?
+                .get(0);
+            Ok::<_, Error>((log, last_seq as u64))
+        })?;
+        log.recovery(tree_id, last_seq, &self.bad(tree_id))
+    }
+
+    fn final_states(&self, tree_id: &str) -> Result<Vec<AgentState>, Error> {
+        self.read_log(tree_id)?.final_states(&self.bad(tree_id))
+    }
+
+    fn events(&self, tree_id: &str, after: u64) -> Result<Vec<JournalEntry>, Error> {
+        self.read_log(tree_id)?.journal(after, &self.bad(tree_id))
+    }
+
+    fn export(&self, tree_id: &str) -> Result<Value, Error> {
+        let (record, summary) = self.tree(tree_id)?;
+        self.read_log(tree_id)?
+            .export(record, summary, &self.bad(tree_id))
+    }
+
+    fn gc(&self, cutoff_ms: u64) -> Result<GcReport, Error> {
+        self.block(async {
+            let io = self.io();
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(&io)?;
+            let trees: Vec<String> = tx
+                .query(
+                    "DELETE FROM trees WHERE status != 'running' AND finished_ms < $1
+                     RETURNING tree_id",
+                    &[&(cutoff_ms as i64)],
+                )
+                .await
+                .map_err(&io)?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let segments = tx
+                .execute("DELETE FROM segments WHERE tree_id = ANY($1)", &[&trees])
+                .await
+                .map_err(&io)?;
+            tx.execute("DELETE FROM controls WHERE tree_id = ANY($1)", &[&trees])
+                .await
+                .map_err(&io)?;
+            // Configs no tree names any more.
+            tx.execute(
+                "DELETE FROM configs c WHERE NOT EXISTS
+                     (SELECT 1 FROM trees t WHERE t.config = c.hash)",
+                &[],
+            )
+            .await
+            .map_err(&io)?;
+            tx.commit().await.map_err(&io)?;
+            Ok(GcReport {
+                trees: trees.len() as u64,
+                segments,
+            })
+        })
+    }
+
+    fn claim(&self, tree_id: &str) -> Result<u64, Error> {
+        let lease = self.lease_ms;
+        self.take(tree_id, "", |status, owner, heartbeat| {
+            let not = |reason: String| Error::NotResumable {
+                tree: tree_id.to_owned(),
+                reason,
+            };
+            if status != TreeStatus::Running {
+                return Err(not(format!("it already ended ({status})")));
+            }
+            if crate::store::still_running_within(owner, heartbeat, now_ms(), lease) {
+                return Err(not(
+                    "another process is running it (it is alive, or its heartbeat is recent); stop that one first"
+                        .into(),
+                ));
+            }
+            Ok(())
+        })
+    }
+
+    fn claim_turn(&self, tree_id: &str) -> Result<u64, Error> {
+        self.take(
+            tree_id,
+            "status = 'running', error = NULL, finished_ms = NULL, ",
+            |status, _, _| {
+                if !status.is_final() {
+                    return Err(Error::NotResumable {
+                        tree: tree_id.to_owned(),
+                        reason: format!("its turn has not ended ({status})"),
+                    });
+                }
+                Ok(())
+            },
+        )
+    }
+
+    fn post_control(&self, tree_id: &str, control: &Value) -> Result<u64, Error> {
+        let body = control.to_string();
+        self.block(async {
+            let io = self.io();
+            let client = self.client().await?;
+            // The insert and its wake-up in one statement (one transaction).
+            let row = client
+                .query_opt(
+                    "WITH c AS (
+                         INSERT INTO controls(tree_id, body, posted_ms)
+                         SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM trees WHERE tree_id = $1)
+                         RETURNING id
+                     )
+                     SELECT c.id, pg_notify('arbor_control', $1)::TEXT FROM c",
+                    &[&tree_id, &body, &(now_ms() as i64)],
+                )
+                .await
+                .map_err(&io)?
+                .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+            Ok(row.get::<_, i64>(0) as u64)
+        })
+    }
+
+    fn take_controls(&self, tree_ids: &[String]) -> Result<Vec<Control>, Error> {
+        if tree_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = self.block(async {
+            let client = self.client().await?;
+            // Rows another taker holds are skipped, not waited for: each
+            // control goes to one taker.
+            client
+                .query(
+                    "DELETE FROM controls WHERE id IN (
+                         SELECT id FROM controls WHERE tree_id = ANY($1)
+                         ORDER BY id FOR UPDATE SKIP LOCKED
+                     )
+                     RETURNING id, tree_id, body",
+                    &[&tree_ids],
+                )
+                .await
+                .map_err(self.io())
+        })?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let tree_id: String = r.get("tree_id");
+            let body: String = r.get("body");
+            let body = serde_json::from_str(&body)
+                .map_err(|e| self.bad(&tree_id)(format!("a control is not JSON: {e}")))?;
+            out.push(Control {
+                id: r.get::<_, i64>("id") as u64,
+                tree_id,
+                body,
+            });
+        }
+        out.sort_by_key(|c| c.id);
+        Ok(out)
+    }
+
+    fn owner(&self, tree_id: &str) -> Result<Option<Owner>, Error> {
+        let row = self.block(async {
+            let client = self.client().await?;
+            client
+                .query_opt(
+                    "SELECT status, owner, heartbeat_ms, epoch FROM trees WHERE tree_id = $1",
+                    &[&tree_id],
+                )
+                .await
+                .map_err(self.io())
+        })?;
+        let row = row.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+        let status = status_of(&row, "status").map_err(self.bad(tree_id))?;
+        let owner = Owner {
+            owner: row.get("owner"),
+            heartbeat_ms: row.get::<_, i64>("heartbeat_ms") as u64,
+            epoch: row.get::<_, i64>("epoch") as u64,
+        };
+        let running = status == TreeStatus::Running
+            && crate::store::still_running_within(
+                &owner.owner,
+                owner.heartbeat_ms,
+                now_ms(),
+                self.lease_ms,
+            );
+        Ok(running.then_some(owner))
+    }
+
+    fn subscribe(&self) -> Result<Option<std::sync::mpsc::Receiver<Wake>>, Error> {
+        self.listen().map(Some)
+    }
+
+    fn lease_ms(&self) -> u64 {
+        self.lease_ms
+    }
+
+    fn dump(&self, tree_id: &str) -> Result<TreeDump, Error> {
+        let (row, config, segments) = self.block(async {
+            let io = self.io();
+            let mut client = self.client().await?;
+            // One snapshot of the row and its log.
+            let tx = client
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(&io)?;
+            let row = tx
+                .query_opt(ROW, &[&tree_id])
+                .await
+                .map_err(&io)?
+                .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+            let config: Option<String> = tx
+                .query_opt(
+                    "SELECT c.text FROM trees t JOIN configs c ON c.hash = t.config
+                     WHERE t.tree_id = $1",
+                    &[&tree_id],
+                )
+                .await
+                .map_err(&io)?
+                .map(|r| r.get(0));
+            let segments: Vec<Segment> = tx
+                .query(
+                    "SELECT n, body FROM segments WHERE tree_id = $1 ORDER BY n",
+                    &[&tree_id],
+                )
+                .await
+                .map_err(&io)?
+                .iter()
+                .map(|r| Segment {
+                    n: r.get::<_, i64>(0) as u64,
+                    body: r.get(1),
+                })
+                .collect();
+            tx.commit().await.map_err(&io)?;
+            Ok::<_, Error>((row, config, segments))
+        })?;
+        let u = |c: &str| row.get::<_, i64>(c) as u64;
+        let row = TreeRow {
+            tree_id: row.get("tree_id"),
+            root_run_id: row.get("root_run_id"),
+            agent: row.get("agent"),
+            prompt: row.get("prompt"),
+            params: row.get("params"),
+            model: row.get("model"),
+            limits: row.get("limits"),
+            origin: row.get("origin"),
+            history: row.get("history"),
+            status: status_of(&row, "status").map_err(self.bad(tree_id))?,
+            error: row.get("error"),
+            started_ms: u("started_ms"),
+            finished_ms: row.get::<_, Option<i64>>("finished_ms").map(|v| v as u64),
+            heartbeat_ms: u("heartbeat_ms"),
+            owner: row.get("owner"),
+            last_seq: u("last_seq"),
+            next_id: u("next_id"),
+            segments: u("segments"),
+            resumes: u("resumes"),
+            agents: u("agents"),
+            input_tokens: u("input_tokens"),
+            output_tokens: u("output_tokens"),
+            cost: row.get("cost"),
+            epoch: u("epoch"),
+        };
+        Ok(TreeDump {
+            row,
+            config,
+            segments,
+        })
+    }
+
+    fn load(&self, dump: &TreeDump) -> Result<(), Error> {
+        let r = &dump.row;
+        let hash = dump
+            .config
+            .as_deref()
+            .map(crate::store::encode::config_hash);
+        self.block(async {
+            let io = self.io();
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(&io)?;
+            if let (Some(hash), Some(text)) = (&hash, &dump.config) {
+                tx.execute(
+                    "INSERT INTO configs(hash, text) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                    &[hash, text],
+                )
+                .await
+                .map_err(&io)?;
+            }
+            let i = |v: u64| v as i64;
+            let inserted = tx
+                .execute(
+                    "INSERT INTO trees(tree_id, root_run_id, agent, prompt, params, model, limits,
+                         origin, history, status, error, started_ms, finished_ms, heartbeat_ms,
+                         owner, last_seq, next_id, segments, resumes, agents, input_tokens,
+                         output_tokens, cost, epoch, config)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                         $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)
+                     ON CONFLICT (tree_id) DO NOTHING",
+                    &[
+                        &r.tree_id,
+                        &r.root_run_id,
+                        &r.agent,
+                        &r.prompt,
+                        &r.params,
+                        &r.model,
+                        &r.limits,
+                        &r.origin,
+                        &r.history,
+                        &r.status.as_str(),
+                        &r.error,
+                        &i(r.started_ms),
+                        &r.finished_ms.map(i),
+                        &i(r.heartbeat_ms),
+                        &r.owner,
+                        &i(r.last_seq),
+                        &i(r.next_id),
+                        &i(r.segments),
+                        &i(r.resumes),
+                        &i(r.agents),
+                        &i(r.input_tokens),
+                        &i(r.output_tokens),
+                        &r.cost,
+                        &i(r.epoch),
+                        &hash,
+                    ],
+                )
+                .await
+                .map_err(&io)?;
+            if inserted == 0 {
+                return Err(Error::TreeStored(r.tree_id.clone()));
+            }
+            let ns: Vec<i64> = dump.segments.iter().map(|s| s.n as i64).collect();
+            let bodies: Vec<&[u8]> = dump.segments.iter().map(|s| &s.body[..]).collect();
+            tx.execute(
+                "INSERT INTO segments(tree_id, n, body)
+                 SELECT $1, s.n, s.body FROM unnest($2::BIGINT[], $3::BYTEA[]) AS s(n, body)",
+                &[&r.tree_id, &ns, &bodies],
+            )
+            .await
+            .map_err(&io)?;
+            tx.commit().await.map_err(&io)?;
+            Ok(())
+        })
+    }
+}
