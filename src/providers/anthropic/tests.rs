@@ -958,16 +958,18 @@ fn a_reply_cut_at_max_tokens_is_truncated_streamed_or_not() {
 
 #[test]
 fn a_native_structured_output_is_the_output_config_format() {
-    let mut native = ModelOptions::default();
-    native.output = Some(arbor_actors::model::OutputFormat {
-        name: "judge".into(),
-        schema: arbor_actors::schema::Schema::compile(json!({
-            "type": "object", "properties": {"score": {"type": "number"}},
-            "required": ["score"], "additionalProperties": false
-        }))
-        .unwrap(),
-        strict: true,
-    });
+    let native = ModelOptions {
+        output: Some(arbor_actors::model::OutputFormat {
+            name: "judge".into(),
+            schema: arbor_actors::schema::Schema::compile(json!({
+                "type": "object", "properties": {"score": {"type": "number"}},
+                "required": ["score"], "additionalProperties": false
+            }))
+            .unwrap(),
+            strict: true,
+        }),
+        ..ModelOptions::default()
+    };
     let body = with_options(ModelOptions::default(), native);
     assert_eq!(
         body["output_config"],

@@ -805,8 +805,10 @@ fn output_format(strict: bool) -> arbor_actors::model::OutputFormat {
 #[test]
 fn a_native_structured_output_is_a_json_schema_response_format() {
     for strict in [true, false] {
-        let mut options = ModelOptions::default();
-        options.output = Some(output_format(strict));
+        let options = ModelOptions {
+            output: Some(output_format(strict)),
+            ..ModelOptions::default()
+        };
         let body = request_body(
             &settings(ProviderKind::OpenAi, false),
             &request_with(options, false),

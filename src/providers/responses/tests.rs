@@ -677,12 +677,14 @@ fn every_streamed_fixture_is_the_reply_of_its_whole_response() {
 
 #[test]
 fn a_native_structured_output_is_the_texts_json_schema_format() {
-    let mut options = ModelOptions::default();
-    options.output = Some(arbor_actors::model::OutputFormat {
-        name: "judge".into(),
-        schema: arbor_actors::schema::Schema::compile(json!({"type": "object"})).unwrap(),
-        strict: false,
-    });
+    let options = ModelOptions {
+        output: Some(arbor_actors::model::OutputFormat {
+            name: "judge".into(),
+            schema: arbor_actors::schema::Schema::compile(json!({"type": "object"})).unwrap(),
+            strict: false,
+        }),
+        ..ModelOptions::default()
+    };
     let mut req = request("", vec![Message::user("hi")], true);
     req.meta.options = Arc::new(options);
     let body = request_body(&responses_settings(false), &req);
