@@ -11,7 +11,12 @@
 //!
 //! Sent by the SDK's batch processor from a thread of its own, through a
 //! blocking client built on the reqwest the providers use (no second HTTP
-//! stack).
+//! stack). An attribute recorded twice on a span (the catalog's model name,
+//! then the model id an HTTP provider sends) is exported once, with its
+//! last value.
+//!
+//! JSON log lines written inside a traced span carry its `trace_id` and
+//! `span_id` ([`WithTraceIds`]), so a log line leads to its trace.
 
 use std::time::Duration;
 
@@ -20,11 +25,16 @@ use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{SdkTracerProvider, Tracer};
+use opentelemetry_sdk::trace::{
+    BatchSpanProcessor, SdkTracerProvider, SpanData, SpanProcessor, Tracer,
+};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::filter::{FilterFn, Filtered, filter_fn};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
 use crate::Error;
@@ -72,7 +82,7 @@ impl Otlp {
             .build()
             .map_err(|e| Error::Service(format!("OTLP exporter for {endpoint}: {e}")))?;
         let provider = SdkTracerProvider::builder()
-            .with_batch_exporter(exporter)
+            .with_span_processor(LastValueWins(BatchSpanProcessor::builder(exporter).build()))
             .with_resource(
                 Resource::builder()
                     .with_service_name(service_name.to_owned())
@@ -111,6 +121,99 @@ impl Otlp {
     }
 }
 
+/// A span processor that keeps one value per attribute key, the last
+/// recorded, before the spans go to `P` (OTLP wants unique keys; the SDK
+/// appends every value it is given).
+#[derive(Debug)]
+struct LastValueWins<P>(P);
+
+impl<P: SpanProcessor> SpanProcessor for LastValueWins<P> {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        self.0.on_start(span, cx);
+    }
+
+    fn on_end(&self, mut span: SpanData) {
+        last_values(&mut span.attributes);
+        self.0.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.0.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.0.set_resource(resource);
+    }
+}
+
+/// Drops every attribute that a later one with the same key replaces,
+/// keeping the order of the rest.
+fn last_values(attributes: &mut Vec<opentelemetry::KeyValue>) {
+    let mut seen = std::collections::HashSet::new();
+    let mut keep: Vec<bool> = attributes
+        .iter()
+        .rev()
+        .map(|kv| seen.insert(kv.key.clone()))
+        .collect();
+    keep.reverse();
+    let mut keep = keep.into_iter();
+    attributes.retain(|_| keep.next().unwrap_or(true));
+}
+
+/// A log line format that adds the OpenTelemetry `trace_id` and `span_id`
+/// of the span an event is in (its nearest span the exporter traces) to
+/// each JSON line of the format it wraps (`tracing_subscriber`'s
+/// `.json()`). A line outside any traced span is written unchanged.
+pub struct WithTraceIds<F>(pub F);
+
+impl<S, N, F> FormatEvent<S, N> for WithTraceIds<F>
+where
+    S: tracing::Subscriber + for<'span> LookupSpan<'span>,
+    N: for<'writer> FormatFields<'writer> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let ids = ctx.event_scope().and_then(|scope| {
+            scope.into_iter().find_map(|span| {
+                let extensions = span.extensions();
+                let data = extensions.get::<tracing_opentelemetry::OtelData>()?;
+                Some((data.trace_id()?, data.span_id()?))
+            })
+        });
+        let Some((trace_id, span_id)) = ids else {
+            return self.0.format_event(ctx, writer, event);
+        };
+        let mut line = String::new();
+        self.0.format_event(ctx, Writer::new(&mut line), event)?;
+        let body = line.trim_end();
+        match body.strip_suffix('}') {
+            // `{...}` → `{..., "trace_id": "…", "span_id": "…"}`
+            Some(open) => {
+                let comma = if open.trim_end().ends_with('{') {
+                    ""
+                } else {
+                    ","
+                };
+                writeln!(
+                    writer,
+                    "{open}{comma}\"trace_id\":\"{trace_id}\",\"span_id\":\"{span_id}\"}}"
+                )
+            }
+            // Not a JSON object: left as it is.
+            None => writer.write_str(&line),
+        }
+    }
+}
+
 /// Makes `span` continue the trace of the W3C `traceparent` (and
 /// `tracestate`) in `headers`, when there is a valid one; its OTLP parent is
 /// then the caller's span. Nothing without the OpenTelemetry layer.
@@ -129,5 +232,30 @@ pub fn inject_traceparent(headers: &mut reqwest::header::HeaderMap) {
     if cx.span().span_context().is_valid() {
         TraceContextPropagator::new()
             .inject_context(&cx, &mut opentelemetry_http::HeaderInjector(headers));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::KeyValue;
+
+    #[test]
+    fn a_key_recorded_twice_keeps_its_last_value_in_place() {
+        let mut attributes = vec![
+            KeyValue::new("gen_ai.request.model", "fast"),
+            KeyValue::new("step", 1),
+            KeyValue::new("gen_ai.request.model", "gpt-4o-mini"),
+            KeyValue::new("arbor.model", "fast"),
+        ];
+        last_values(&mut attributes);
+        assert_eq!(
+            attributes,
+            vec![
+                KeyValue::new("step", 1),
+                KeyValue::new("gen_ai.request.model", "gpt-4o-mini"),
+                KeyValue::new("arbor.model", "fast"),
+            ]
+        );
     }
 }

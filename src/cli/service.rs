@@ -12,7 +12,8 @@ use super::{async_runtime, colour, log_filter, store_path};
 
 /// A service's logs: stdout (where its supervisor collects them), as text or
 /// JSON, `info` unless RUST_LOG says otherwise; and spans to an OpenTelemetry
-/// collector when `[service] otlp_endpoint` is set.
+/// collector when `[service] otlp_endpoint` is set. A JSON line written
+/// inside a traced span (a tree's) carries its `trace_id` and `span_id`.
 fn service_logs(
     config: &Config,
     format: LogFormat,
@@ -26,7 +27,12 @@ fn service_logs(
         .with_ansi(colour(&std::io::stdout()));
     let lines = match format {
         LogFormat::Text => lines.boxed(),
-        LogFormat::Json => lines.json().boxed(),
+        LogFormat::Json => lines
+            .json()
+            .event_format(arbor::telemetry::WithTraceIds(
+                tracing_subscriber::fmt::format().json(),
+            ))
+            .boxed(),
     };
     let otlp = config
         .file

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use arbor_actors::{
-    Delta, DeltaSink, Model, ModelError, ModelRequest, ModelResponse, Usage, UsageSource,
+    Delta, DeltaSink, Model, ModelError, ModelRequest, ModelResponse, RequestMeta, Usage,
+    UsageSource,
 };
 use async_trait::async_trait;
 use eventsource_stream::Eventsource;
@@ -15,6 +16,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::limiter::{Closed, Gate, Limiter};
+use super::observe::{RequestEvent, RequestSignal, signal};
 use super::retry::{exhausted_for, jitter, retry_after, retryable_status};
 use super::settings::ProviderSettings;
 use super::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
@@ -89,18 +91,34 @@ impl HttpModel {
         self.format.parse_response(body)
     }
 
+    /// Tells the request observers (the service's metrics) about the
+    /// request of `meta`.
+    fn signal(&self, meta: &RequestMeta, event: RequestEvent) {
+        signal(&RequestSignal {
+            tree_id: &meta.tree_id,
+            run_id: &meta.run_id,
+            model: &self.name,
+            event,
+        });
+    }
+
     /// One HTTP exchange, streamed or not.
     async fn attempt(
         &self,
         headers: &HeaderMap,
         body: &Value,
         sink: &DeltaSink,
+        meta: &RequestMeta,
     ) -> Result<Reply, Failure> {
         #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
         let mut headers = headers.clone(); // reqwest takes the map by value
         // The model call's span (`chat {model}`) goes on at the provider.
         #[cfg(feature = "otel")]
         crate::telemetry::inject_traceparent(&mut headers);
+        // Counted here, past the gate and the limiter: a request refused
+        // before this point was never sent.
+        self.signal(meta, RequestEvent::Sent);
+        let sent = Instant::now();
         let response = self
             .client
             .post(self.endpoint.as_str())
@@ -146,11 +164,15 @@ impl HttpModel {
             })?;
             let value: Value = serde_json::from_str(&text)
                 .map_err(|e| Failure::Malformed(format!("reply is not JSON: {e}")))?;
+            record_response_model(&value);
             return self.parse(&value);
         }
         let idle = self.settings.timeouts.idle;
         let mut assembler = self.assembler();
         let mut events = response.bytes_stream().eventsource();
+        let sink = self.first_token_sink(sink, meta, sent);
+        // The replying model is in the stream's first event or so.
+        let mut look_for_model = MODEL_EVENTS;
         loop {
             let next = tokio::time::timeout(idle, events.next())
                 .await
@@ -164,12 +186,45 @@ impl HttpModel {
                 }
                 Some(Err(e)) => return Err(Failure::transient(format!("the stream broke: {e}"))),
                 Some(Ok(event)) => {
-                    if assembler.event(&event.event, &event.data, sink)? {
+                    if look_for_model > 0 {
+                        look_for_model -= 1;
+                        if let Ok(value) = serde_json::from_str::<Value>(&event.data)
+                            && record_response_model(&value)
+                        {
+                            look_for_model = 0;
+                        }
+                    }
+                    if assembler.event(&event.event, &event.data, &sink)? {
                         return assembler.finish();
                     }
                 }
             }
         }
+    }
+
+    /// `sink`, also telling the observers when the first piece of the reply
+    /// (text, reasoning or a tool call's input) comes: time to first token,
+    /// the same for every wire format.
+    fn first_token_sink(&self, sink: &DeltaSink, meta: &RequestMeta, sent: Instant) -> DeltaSink {
+        let sink = sink.clone();
+        let (tree_id, run_id, model) =
+            (meta.tree_id.clone(), meta.run_id.clone(), self.name.clone());
+        let first = std::sync::atomic::AtomicBool::new(true);
+        Arc::new(move |delta: Delta| {
+            let content = matches!(
+                delta,
+                Delta::Text { .. } | Delta::Reasoning { .. } | Delta::ToolCallArgs { .. }
+            );
+            if content && first.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                signal(&RequestSignal {
+                    tree_id: &tree_id,
+                    run_id: &run_id,
+                    model: &model,
+                    event: RequestEvent::FirstToken(sent.elapsed()),
+                });
+            }
+            sink(delta)
+        })
     }
 
     /// The model as errors name it.
@@ -305,8 +360,17 @@ impl Model for HttpModel {
                 model: self.name.clone(),
                 message: message.clone(),
             })?;
-        // On the model call's span (`chat {model}`, GenAI conventions).
-        tracing::Span::current().record("gen_ai.provider.name", self.settings.kind.name());
+        // On the model call's span (`chat {model}`, GenAI conventions): the
+        // provider, the model id sent on the wire (over the catalog name the
+        // span starts with) and the catalog name as `arbor.model`.
+        let span = tracing::Span::current();
+        span.record("gen_ai.provider.name", self.settings.kind.name());
+        span.record("gen_ai.request.model", self.settings.model.as_str());
+        #[cfg(feature = "otel")]
+        {
+            use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+            span.set_attribute("arbor.model", self.name.clone());
+        }
         let body = self.body(&request);
         let estimate = request.messages.estimated_tokens();
         let policy = &self.settings.retry;
@@ -326,7 +390,7 @@ impl Model for HttpModel {
                 .map_err(|closed| self.beyond_deadline(closed, reason.as_deref(), retry))?;
             let outcome = tokio::time::timeout(
                 self.settings.timeouts.request,
-                self.attempt(headers, &body, &deltas),
+                self.attempt(headers, &body, &deltas, &request.meta),
             )
             .await
             .unwrap_or_else(|_| {
@@ -403,6 +467,28 @@ impl Model for HttpModel {
             }
         }
     }
+}
+
+/// How many of a stream's first events may name the replying model.
+const MODEL_EVENTS: u32 = 3;
+
+/// Records the model a reply names (`gen_ai.response.model`) on the model
+/// call's span: a reply's top-level `model`, or that of the message or
+/// response object a stream starts with. Whether it found one.
+fn record_response_model(value: &Value) -> bool {
+    let model = ["/model", "/message/model", "/response/model"]
+        .into_iter()
+        .find_map(|at| value.pointer(at).and_then(Value::as_str))
+        .filter(|model| !model.is_empty());
+    let Some(_model) = model else {
+        return false;
+    };
+    #[cfg(feature = "otel")]
+    {
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        tracing::Span::current().set_attribute("gen_ai.response.model", _model.to_owned());
+    }
+    true
 }
 
 /// The `User-Agent` of every request.

@@ -16,6 +16,7 @@ mod client;
 #[cfg(test)]
 mod fixtures;
 mod limiter;
+mod observe;
 mod openai;
 mod responses;
 mod retry;
@@ -26,6 +27,7 @@ use std::sync::Arc;
 
 pub use client::HttpModel;
 pub use limiter::{Limiter, LimiterConfig};
+pub use observe::{RequestEvent, RequestObserver, RequestSignal, observe_requests};
 pub use retry::RetryPolicy;
 pub use settings::{Api, ApiKey, HttpSection, Pricing, ProviderKind, ProviderSettings, Timeouts};
 

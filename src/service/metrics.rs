@@ -1,13 +1,15 @@
 //! `/metrics`: counters fed by a bus observer (an event in, numbers out; no
-//! reaching into agents), and the pending approvals the supervisor lists, read
-//! when scraped; encoded by `prometheus-client` in the OpenMetrics text
-//! format, and in the Prometheus text format 0.0.4 (the default) for a scraper
-//! that does not ask for OpenMetrics ([`Format::negotiate`]). Every family
-//! has its HELP and TYPE.
+//! reaching into agents), the HTTP client's request signals (a request
+//! counted when it is sent, time to first token) and the HTTP server's own
+//! middleware (`http_metrics`), and the pending approvals the supervisor
+//! lists, read when scraped; encoded by `prometheus-client` in the
+//! OpenMetrics text format, and in the Prometheus text format 0.0.4 (the
+//! default) for a scraper that does not ask for OpenMetrics
+//! ([`Format::negotiate`]). Every family has its HELP and TYPE.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arbor_actors::sync::LockExt as _;
 use arbor_actors::{Event, EventKind};
@@ -17,6 +19,12 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::providers::{RequestEvent, RequestObserver, RequestSignal, observe_requests};
+
+/// The HTTP server's middleware, which feeds [`HttpMetrics`].
+#[path = "http_metrics.rs"]
+pub(crate) mod http_metrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabel {
@@ -35,17 +43,139 @@ struct StatusLabel {
     status: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabel {
+    method: String,
+    /// The route's template (`/v1/runs/{run_id}`), never the raw path.
+    route: String,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabel {
+    method: String,
+    route: String,
+}
+
 /// What the observer remembers of a live run.
 struct Track {
     model: Arc<str>,
+    /// When its step in progress started.
     step_started: Option<Instant>,
+    /// The time that step spent suspended, up to its last `Resumed`: not
+    /// the agent's own time (it waited for children, a person or a budget).
+    step_waited: Duration,
+    /// Since when it is suspended (gave its live slot back), if it is.
+    suspended_since: Option<Instant>,
+    /// Its step's model request is due since then and not yet known sent:
+    /// an HTTP model tells when it sends; a built-in one's request counts
+    /// when it replies.
+    request_due: Option<Instant>,
     /// When its model request went out (for the latency histogram).
     request_sent: Option<Instant>,
-    /// A step started while suspended: its request goes out on `Resumed`.
+    /// A step started while suspended: its request is due on `Resumed`.
     request_parked: bool,
+    /// Its model tells when it sends (an HTTP model).
+    signals: bool,
     in_model_call: bool,
-    /// It gave its live slot back (waiting for children, a person, a budget).
-    suspended: bool,
+}
+
+impl Track {
+    fn new(model: Arc<str>) -> Track {
+        Track {
+            model,
+            step_started: None,
+            step_waited: Duration::ZERO,
+            suspended_since: None,
+            request_due: None,
+            request_sent: None,
+            request_parked: false,
+            signals: false,
+            in_model_call: false,
+        }
+    }
+
+    fn label(&self) -> ModelLabel {
+        ModelLabel {
+            model: self.model.to_string(),
+        }
+    }
+
+    /// The agent's own time in the step in progress, up to `now`: from its
+    /// start, less the time it was suspended.
+    fn own_step_time(&self, now: Instant) -> Option<Duration> {
+        let started = self.step_started?;
+        let suspended = self
+            .suspended_since
+            .map(|since| now.saturating_duration_since(since.max(started)))
+            .unwrap_or_default();
+        Some(
+            now.saturating_duration_since(started)
+                .saturating_sub(self.step_waited + suspended),
+        )
+    }
+}
+
+/// What the bus observer and the client's request signals share.
+struct Live {
+    runs: Mutex<HashMap<Arc<str>, Track>>,
+    requests: Family<ModelLabel, Counter>,
+    ttft: Family<ModelLabel, Histogram>,
+}
+
+impl Live {
+    /// A signal from the HTTP client about a request of one of our runs
+    /// (another service's runs are not in `runs`).
+    fn signal(&self, signal: &RequestSignal<'_>, now: Instant) {
+        let mut runs = self.runs.locked();
+        let Some(track) = runs.get_mut(signal.run_id) else {
+            return;
+        };
+        match signal.event {
+            RequestEvent::Sent => {
+                track.signals = true;
+                self.requests.get_or_create(&track.label()).inc();
+                // A retry keeps its first attempt's sending time.
+                if track.request_due.take().is_some() || track.request_sent.is_none() {
+                    track.request_sent = Some(now);
+                }
+            }
+            RequestEvent::FirstToken(after) => {
+                self.ttft
+                    .get_or_create(&track.label())
+                    .observe(after.as_secs_f64());
+            }
+        }
+    }
+}
+
+/// The HTTP server's families, for its middleware (`http_metrics`): cheap
+/// to clone (the families are shared).
+#[derive(Clone)]
+pub struct HttpMetrics {
+    requests: Family<HttpLabel, Counter>,
+    seconds: Family<RouteLabel, Histogram>,
+}
+
+impl HttpMetrics {
+    /// One request answered: its method, route template, status and the
+    /// time until its response's head was ready.
+    #[allow(dead_code)] // (until the router mounts `http_metrics`)
+    pub fn record(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
+        self.requests
+            .get_or_create(&HttpLabel {
+                method: method.to_owned(),
+                route: route.to_owned(),
+                status: status.to_string(),
+            })
+            .inc();
+        self.seconds
+            .get_or_create(&RouteLabel {
+                method: method.to_owned(),
+                route: route.to_owned(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
 }
 
 pub struct Metrics {
@@ -60,24 +190,40 @@ pub struct Metrics {
     agents_spawned: Counter,
     runs_finished: Family<StatusLabel, Counter>,
     steps: Counter,
-    requests: Family<ModelLabel, Counter>,
     errors: Family<ModelLabel, Counter>,
     retries: Family<ModelLabel, Counter>,
     tokens: Family<TokenLabel, Counter>,
     cost: Family<ModelLabel, Counter<f64, std::sync::atomic::AtomicU64>>,
     step_seconds: Histogram,
     model_latency: Family<ModelLabel, Histogram>,
+    http: HttpMetrics,
     /// Trees admitted and not ended (the service's count of running trees).
     pub trees_running: Gauge,
     /// The model each agent type runs on, and each tree's override.
     models: HashMap<String, Arc<str>>,
     tree_models: Mutex<HashMap<Arc<str>, Arc<str>>>,
-    runs: Mutex<HashMap<Arc<str>, Track>>,
+    live: Arc<Live>,
+    /// Kept for as long as the metrics live (the providers hold it weakly).
+    _requests: Arc<RequestObserver>,
+}
+
+/// 5 ms to about 80 s.
+fn seconds_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 15))
 }
 
 impl Metrics {
     /// `models`: agent type → model name, from the catalog's templates.
     pub fn new(models: HashMap<String, Arc<str>>) -> Metrics {
+        let live = Arc::new(Live {
+            runs: Mutex::new(HashMap::new()),
+            requests: Family::default(),
+            ttft: Family::new_with_constructor(seconds_histogram),
+        });
+        let signals = live.clone();
+        let observer: Arc<RequestObserver> =
+            Arc::new(move |signal: &RequestSignal<'_>| signals.signal(signal, Instant::now()));
+        observe_requests(&observer);
         let mut m = Metrics {
             registry: Registry::with_prefix("arbor"),
             live_agents: Gauge::default(),
@@ -86,21 +232,24 @@ impl Metrics {
             agents_spawned: Counter::default(),
             runs_finished: Family::default(),
             steps: Counter::default(),
-            requests: Family::default(),
             errors: Family::default(),
             retries: Family::default(),
             tokens: Family::default(),
             cost: Family::default(),
-            // 5 ms to about 80 s.
-            step_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 15)),
-            // 5 ms to about 80 s, per model.
-            model_latency: Family::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(0.005, 2.0, 15))
-            }),
+            step_seconds: seconds_histogram(),
+            model_latency: Family::new_with_constructor(seconds_histogram),
+            http: HttpMetrics {
+                requests: Family::default(),
+                // 1 ms to about 16 s.
+                seconds: Family::new_with_constructor(|| {
+                    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+                }),
+            },
             trees_running: Gauge::default(),
             models,
             tree_models: Mutex::new(HashMap::new()),
-            runs: Mutex::new(HashMap::new()),
+            live,
+            _requests: observer,
         };
         let r = &mut m.registry;
         r.register(
@@ -136,8 +285,8 @@ impl Metrics {
         r.register("steps", "Agent steps started", m.steps.clone());
         r.register(
             "model_requests",
-            "Model requests sent, retries included",
-            m.requests.clone(),
+            "Model requests sent, retries included (an HTTP model's when it sends, a built-in model's when it replies)",
+            m.live.requests.clone(),
         );
         r.register(
             "model_errors",
@@ -157,7 +306,7 @@ impl Metrics {
         );
         r.register(
             "step_duration_seconds",
-            "Time from a step's start to the next step or the run's end",
+            "An agent's own time in a step: from its start to the next step or the run's end, less the time it waited suspended (for children, an approval, a budget or a live slot)",
             m.step_seconds.clone(),
         );
         r.register(
@@ -165,7 +314,28 @@ impl Metrics {
             "Time from a model request's sending to its reply, by model",
             m.model_latency.clone(),
         );
+        r.register(
+            "model_ttft_seconds",
+            "Time from a streamed model request's sending to the first piece of its reply (text, reasoning or a tool call), by model",
+            m.live.ttft.clone(),
+        );
+        r.register(
+            "http_requests",
+            "HTTP requests answered, by method, route template and status",
+            m.http.requests.clone(),
+        );
+        r.register(
+            "http_request_duration_seconds",
+            "Time from an HTTP request's arrival to its response's head, by method and route template",
+            m.http.seconds.clone(),
+        );
         m
+    }
+
+    /// The HTTP server's families, for its middleware.
+    #[allow(dead_code)] // (until the router mounts `http_metrics`)
+    pub fn http(&self) -> HttpMetrics {
+        self.http.clone()
     }
 
     /// The tree runs every agent on `model` (a start request's override).
@@ -181,10 +351,12 @@ impl Metrics {
     }
 
     pub fn observe(&self, event: &Event) {
-        let mut runs = self.runs.locked();
-        let label = |track: &Track| ModelLabel {
-            model: track.model.to_string(),
-        };
+        self.observe_at(event, Instant::now());
+    }
+
+    /// `event`, as if observed at `now`.
+    fn observe_at(&self, event: &Event, now: Instant) {
+        let mut runs = self.live.runs.locked();
         match &event.kind {
             EventKind::AgentStarted { agent_type, .. } => {
                 self.live_agents.inc();
@@ -196,68 +368,76 @@ impl Metrics {
                     .cloned()
                     .or_else(|| self.models.get(agent_type).cloned())
                     .unwrap_or_else(|| Arc::from("unknown"));
-                runs.insert(
-                    event.run_id.clone(),
-                    Track {
-                        model,
-                        step_started: None,
-                        request_sent: None,
-                        request_parked: false,
-                        in_model_call: false,
-                        suspended: false,
-                    },
-                );
+                runs.insert(event.run_id.clone(), Track::new(model));
             }
             EventKind::StepStarted { .. } => {
                 self.steps.inc();
                 if let Some(track) = runs.get_mut(&event.run_id) {
-                    let now = Instant::now();
-                    if let Some(started) = track.step_started.replace(now) {
-                        self.step_seconds
-                            .observe(now.duration_since(started).as_secs_f64());
+                    if let Some(own) = track.own_step_time(now) {
+                        self.step_seconds.observe(own.as_secs_f64());
                     }
+                    track.step_started = Some(now);
+                    track.step_waited = Duration::ZERO;
                     track.in_model_call = true;
-                    // Counted when sent: a suspended agent's request waits
-                    // for a live slot (`Resumed`).
-                    if track.suspended {
+                    // A suspended agent's request waits for a live slot
+                    // (`Resumed`); the wait is not the new step's own time.
+                    if track.suspended_since.is_some() {
+                        track.suspended_since = Some(now);
                         track.request_parked = true;
                     } else {
-                        track.request_sent = Some(now);
-                        self.requests.get_or_create(&label(track)).inc();
+                        track.request_due = Some(now);
                     }
                 }
             }
             EventKind::Suspended | EventKind::Resumed => {
                 let suspended = matches!(event.kind, EventKind::Suspended);
                 if let Some(track) = runs.get_mut(&event.run_id)
-                    && track.suspended != suspended
+                    && track.suspended_since.is_some() != suspended
                 {
-                    track.suspended = suspended;
                     self.agents_parked.inc_by(if suspended { 1 } else { -1 });
-                    if !suspended && std::mem::take(&mut track.request_parked) {
-                        track.request_sent = Some(Instant::now());
-                        self.requests.get_or_create(&label(track)).inc();
+                    if suspended {
+                        track.suspended_since = Some(now);
+                    } else {
+                        if let (Some(since), Some(started)) =
+                            (track.suspended_since.take(), track.step_started)
+                        {
+                            track.step_waited += now.saturating_duration_since(since.max(started));
+                        }
+                        if std::mem::take(&mut track.request_parked) {
+                            track.request_due = Some(now);
+                        }
                     }
                 }
             }
             EventKind::ModelRetrying { .. } => {
                 if let Some(track) = runs.get(&event.run_id) {
-                    let l = label(track);
+                    let l = track.label();
                     self.errors.get_or_create(&l).inc();
                     self.retries.get_or_create(&l).inc();
-                    self.requests.get_or_create(&l).inc();
+                    // An HTTP model tells when its retry goes out.
+                    if !track.signals {
+                        self.live.requests.get_or_create(&l).inc();
+                    }
                 }
             }
             EventKind::ModelResponded { usage, .. } => {
                 if let Some(track) = runs.get_mut(&event.run_id) {
                     track.in_model_call = false;
-                    let model = track.model.to_string();
-                    if let Some(sent) = track.request_sent.take() {
+                    let label = track.label();
+                    // Still due: a built-in model, which does not tell when
+                    // it sends; its request counts now.
+                    let sent = match track.request_due.take() {
+                        Some(due) => {
+                            self.live.requests.get_or_create(&label).inc();
+                            Some(due)
+                        }
+                        None => track.request_sent.take(),
+                    };
+                    track.request_sent = None;
+                    if let Some(sent) = sent {
                         self.model_latency
-                            .get_or_create(&ModelLabel {
-                                model: model.clone(),
-                            })
-                            .observe(sent.elapsed().as_secs_f64());
+                            .get_or_create(&label)
+                            .observe(now.saturating_duration_since(sent).as_secs_f64());
                     }
                     for (kind, n) in [
                         ("input", usage.input_tokens),
@@ -265,14 +445,12 @@ impl Metrics {
                     ] {
                         self.tokens
                             .get_or_create(&TokenLabel {
-                                model: model.clone(),
+                                model: label.model.clone(),
                                 kind: kind.into(),
                             })
                             .inc_by(n);
                     }
-                    self.cost
-                        .get_or_create(&ModelLabel { model })
-                        .inc_by(usage.cost);
+                    self.cost.get_or_create(&label).inc_by(usage.cost);
                 }
             }
             kind => {
@@ -286,14 +464,14 @@ impl Metrics {
                     })
                     .inc();
                 if let Some(track) = runs.remove(&event.run_id) {
-                    if track.suspended {
+                    if track.suspended_since.is_some() {
                         self.agents_parked.dec();
                     }
-                    if let Some(started) = track.step_started {
-                        self.step_seconds.observe(started.elapsed().as_secs_f64());
+                    if let Some(own) = track.own_step_time(now) {
+                        self.step_seconds.observe(own.as_secs_f64());
                     }
                     if track.in_model_call && matches!(kind, EventKind::AgentFailed { .. }) {
-                        self.errors.get_or_create(&label(&track)).inc();
+                        self.errors.get_or_create(&track.label()).inc();
                     }
                 }
                 if state.parent_id.is_none() {
@@ -552,5 +730,172 @@ mod tests {
             text.contains("# TYPE arbor_model_requests_total counter\n"),
             "{text}"
         );
+    }
+
+    fn event(run: &str, kind: EventKind) -> Event {
+        Event {
+            seq: 0,
+            tree_id: "t".into(),
+            run_id: run.into(),
+            at_ms: 0,
+            kind,
+        }
+    }
+
+    fn started(run: &str) -> EventKind {
+        let parent = run.rsplit_once('/').map(|(p, _)| p.to_owned());
+        EventKind::AgentStarted {
+            agent_id: run.into(),
+            agent_type: "a".into(),
+            parent_run_id: parent.filter(|p| p.contains('/')),
+            depth: run.matches('/').count() - 1,
+        }
+    }
+
+    fn responded(step: u32) -> EventKind {
+        EventKind::ModelResponded {
+            step,
+            usage: arbor_actors::Usage::default(),
+            tool_calls: 0,
+            reply: None,
+        }
+    }
+
+    fn finished(run: &str) -> EventKind {
+        let state = arbor_actors::AgentState {
+            run_id: run.into(),
+            parent_id: Some("t/0".into()),
+            status: arbor_actors::AgentStatus::Completed,
+            ..Default::default()
+        };
+        EventKind::AgentFinished {
+            state: Arc::new(state),
+            inherited: 0,
+        }
+    }
+
+    fn sample(text: &str, name: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    fn signal(m: &Metrics, run: &str, event: RequestEvent, at: Instant) {
+        m.live.signal(
+            &RequestSignal {
+                tree_id: "t",
+                run_id: run,
+                model: "m",
+                event,
+            },
+            at,
+        );
+    }
+
+    /// Regression: the step that spawned children was timed until the
+    /// children's results came back (a parent's step as long as its
+    /// slowest child's whole run).
+    #[test]
+    fn a_parent_whose_child_takes_long_shows_a_short_step() {
+        let m = metrics();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let (parent, child) = ("t/0", "t/0/0");
+        m.observe_at(&event(parent, started(parent)), at(0));
+        m.observe_at(&event(parent, EventKind::StepStarted { step: 1 }), at(0));
+        // The model answers in 100 ms with a spawn; the parent gives its
+        // slot back while its child runs for a minute.
+        m.observe_at(&event(parent, responded(1)), at(100));
+        m.observe_at(&event(parent, EventKind::Suspended), at(110));
+        m.observe_at(&event(child, started(child)), at(120));
+        m.observe_at(&event(child, EventKind::StepStarted { step: 1 }), at(120));
+        m.observe_at(&event(child, responded(1)), at(60_000));
+        m.observe_at(&event(child, finished(child)), at(60_000));
+        m.observe_at(&event(parent, EventKind::Resumed), at(60_010));
+        m.observe_at(
+            &event(parent, EventKind::StepStarted { step: 2 }),
+            at(60_020),
+        );
+        m.observe_at(&event(parent, responded(2)), at(60_120));
+        let text = Format::Prometheus.convert(&m.encode(0));
+        // The child's step (about 60 s) and the parent's two (0.12 s and
+        // 0.1 s): not 60 s for the parent's first.
+        assert_eq!(
+            sample(&text, "arbor_step_duration_seconds_count"),
+            Some(2.0),
+            "{text}"
+        );
+        let sum = sample(&text, "arbor_step_duration_seconds_sum").unwrap_or_default();
+        assert!((sum - (59.88 + 0.12)).abs() < 1e-6, "{text}");
+        assert_eq!(
+            sample(&text, "arbor_step_duration_seconds_bucket{le=\"0.16\"}"),
+            Some(1.0),
+            "{text}"
+        );
+    }
+
+    /// Regression: a request the rate limiter refused (a wait beyond the
+    /// tree's deadline) or a closed cooldown gate failed at once was counted
+    /// as sent.
+    #[test]
+    fn a_request_refused_before_sending_is_not_counted() {
+        let m = metrics();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // An HTTP model: sent (counted), retried once (counted when the
+        // retry goes out), answered.
+        m.observe_at(&event("t/0", started("t/0")), at(0));
+        m.observe_at(&event("t/0", EventKind::StepStarted { step: 1 }), at(0));
+        signal(&m, "t/0", RequestEvent::Sent, at(50));
+        let retrying = EventKind::ModelRetrying {
+            step: 1,
+            attempt: 1,
+            delay_ms: 10,
+            reason: "503: busy".into(),
+        };
+        m.observe_at(&event("t/0", retrying), at(60));
+        signal(&m, "t/0", RequestEvent::Sent, at(70));
+        signal(
+            &m,
+            "t/0",
+            RequestEvent::FirstToken(Duration::from_millis(40)),
+            at(110),
+        );
+        m.observe_at(&event("t/0", responded(1)), at(150));
+        // Its next step's request is refused before it goes out: the run
+        // fails without a signal.
+        m.observe_at(&event("t/0", EventKind::StepStarted { step: 2 }), at(200));
+        let state = arbor_actors::AgentState {
+            status: arbor_actors::AgentStatus::Failed,
+            ..Default::default()
+        };
+        let failed = EventKind::AgentFailed {
+            error: "the endpoint asked to wait 60s, beyond the tree's deadline in 5s".into(),
+            state: Arc::new(state),
+            inherited: 0,
+        };
+        m.observe_at(&event("t/0", failed), at(201));
+        // Another service's run: not ours.
+        signal(&m, "u/0", RequestEvent::Sent, at(300));
+        let text = Format::Prometheus.convert(&m.encode(0));
+        assert_eq!(
+            sample(&text, "arbor_model_requests_total{model=\"m\"}"),
+            Some(2.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, "arbor_model_retries_total{model=\"m\"}"),
+            Some(1.0),
+            "{text}"
+        );
+        // Latency from the first sending (50 ms) to the reply (150 ms).
+        let latency = sample(&text, "arbor_model_latency_seconds_sum{model=\"m\"}");
+        assert!(latency.is_some_and(|s| (s - 0.1).abs() < 1e-9), "{text}");
+        assert_eq!(
+            sample(&text, "arbor_model_ttft_seconds_count{model=\"m\"}"),
+            Some(1.0),
+            "{text}"
+        );
+        let ttft = sample(&text, "arbor_model_ttft_seconds_sum{model=\"m\"}");
+        assert!(ttft.is_some_and(|s| (s - 0.04).abs() < 1e-9), "{text}");
     }
 }

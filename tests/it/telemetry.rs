@@ -1,7 +1,9 @@
 //! Telemetry of a live `arbor serve`: one OTLP trace per tree (received by
 //! a small OTLP/HTTP sink on loopback), continuing the caller's
 //! `traceparent`, with the GenAI semantic conventions' names and attributes;
-//! and its `/metrics` as promtool checks it, in both exposition formats.
+//! its JSON log lines carrying the trace's ids; and its `/metrics` as
+//! promtool checks it, in both exposition formats, with requests counted
+//! when sent and time to first token.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -326,10 +328,15 @@ async fn promtool_passes_metrics_in_both_formats_after_a_run() {
     assert_eq!(families("# HELP "), families("# TYPE "), "{text}");
 }
 
-/// An OpenAI chat completions endpoint on loopback that answers every
-/// request with one text reply and keeps each request's `traceparent`.
-async fn fake_openai() -> (String, Arc<Mutex<Vec<Option<String>>>>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
+/// What a fake OpenAI endpoint saw: each request's `traceparent`.
+type Seen = Arc<Mutex<Vec<Option<String>>>>;
+
+/// An OpenAI chat completions endpoint on loopback that answers request
+/// number `n` (from 0) with `reply(n)` and keeps each request's
+/// `traceparent`.
+async fn fake_openai(reply: fn(usize) -> axum::response::Response) -> (String, Seen) {
+    use axum::response::IntoResponse as _;
+    let seen: Seen = Arc::new(Mutex::new(Vec::new()));
     let kept = seen.clone();
     let app = axum::Router::new().route(
         "/v1/chat/completions",
@@ -340,13 +347,12 @@ async fn fake_openai() -> (String, Arc<Mutex<Vec<Option<String>>>>) {
                     .get("traceparent")
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_owned);
-                kept.lock().unwrap().push(traceparent);
-                axum::Json(json!({
-                    "id": "chatcmpl-1", "object": "chat.completion", "model": "test-model",
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                        "message": {"role": "assistant", "content": "done"}}],
-                    "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
-                }))
+                let n = {
+                    let mut kept = kept.lock().unwrap();
+                    kept.push(traceparent);
+                    kept.len() - 1
+                };
+                reply(n).into_response()
             }
         }),
     );
@@ -356,11 +362,43 @@ async fn fake_openai() -> (String, Arc<Mutex<Vec<Option<String>>>>) {
     (format!("http://{addr}/v1"), seen)
 }
 
+/// A whole chat completion: "done", from `test-model-0613` (the model id
+/// the provider answers with, not the one asked for).
+fn done() -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    axum::Json(json!({
+        "id": "chatcmpl-1", "object": "chat.completion", "model": "test-model-0613",
+        "choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "done"}}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
+    }))
+    .into_response()
+}
+
+/// A 500 once, then [`done`].
+fn fails_once(n: usize) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    match n {
+        0 => (StatusCode::INTERNAL_SERVER_ERROR, "busy").into_response(),
+        _ => done(),
+    }
+}
+
+/// The lines of a server's JSON log.
+fn json_lines(lines: &[String]) -> Vec<Value> {
+    lines
+        .iter()
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"))
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_request_carries_its_chat_spans_traceparent() {
     let dir = tempfile::tempdir().unwrap();
     let (endpoint, spans) = sink().await;
-    let (base_url, seen) = fake_openai().await;
+    let (base_url, seen) = fake_openai(fails_once).await;
     let path = dir.path().join("remote.toml");
     let text = format!(
         r#"
@@ -376,6 +414,7 @@ provider = "openai"
 base_url = "{base_url}"
 model = "test-model"
 stream = false
+retry = {{ base_delay = "10ms" }}
 
 [agents.solo]
 model = "remote"
@@ -384,7 +423,11 @@ system_prompt = "Answer."
     );
     std::fs::write(&path, text).unwrap();
     let path = path.display().to_string();
-    let mut server = Server::start(dir.path(), &["--config", &path], Some(TOKEN));
+    let mut server = Server::start(
+        dir.path(),
+        &["--config", &path, "--log-format", "json"],
+        Some(TOKEN),
+    );
     server.wait_for("ready");
     let response = client()
         .post(server.url("/v1/runs"))
@@ -397,7 +440,7 @@ system_prompt = "Answer."
     assert_eq!(response.status(), StatusCode::CREATED);
     let line = tokio::task::block_in_place(|| server.wait_for("tree ended"));
     assert!(line.contains("completed"), "{line}");
-    let (status, _) = tokio::task::spawn_blocking(move || server.terminate())
+    let (status, lines) = tokio::task::spawn_blocking(move || server.terminate())
         .await
         .unwrap();
     assert!(status.success(), "{status}");
@@ -415,10 +458,252 @@ system_prompt = "Answer."
         attr(chat, "gen_ai.usage.output_tokens").as_deref(),
         Some("5")
     );
-    // The provider saw the chat span as the caller, in the tree's trace.
-    let seen = seen.lock().unwrap().clone();
+    // The model id sent on the wire, the catalog's name beside it, and the
+    // model the reply names; each key once.
     assert_eq!(
-        seen,
-        vec![Some(format!("00-{TRACE_ID}-{}-01", hex(&chat.span_id)))]
+        attr(chat, "gen_ai.request.model").as_deref(),
+        Some("test-model")
     );
+    assert_eq!(attr(chat, "arbor.model").as_deref(), Some("remote"));
+    assert_eq!(
+        attr(chat, "gen_ai.response.model").as_deref(),
+        Some("test-model-0613")
+    );
+    let keys: Vec<&str> = chat.attributes.iter().map(|kv| kv.key.as_str()).collect();
+    let unique: HashSet<&str> = keys.iter().copied().collect();
+    assert_eq!(keys.len(), unique.len(), "a key twice: {keys:?}");
+    // The provider saw the chat span as the caller, in the tree's trace,
+    // on the first attempt and on its retry.
+    let traceparent = format!("00-{TRACE_ID}-{}-01", hex(&chat.span_id));
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, vec![Some(traceparent.clone()), Some(traceparent)]);
+
+    // The retry's log line, written in the chat span, names its trace and
+    // span; a line outside any tree's span names none.
+    let lines = json_lines(&lines);
+    let retrying = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "retrying model request")
+        .unwrap_or_else(|| panic!("no retry line in {lines:#?}"));
+    assert_eq!(retrying["trace_id"], TRACE_ID, "{retrying}");
+    assert_eq!(retrying["span_id"], hex(&chat.span_id), "{retrying}");
+    let listening = lines
+        .iter()
+        .find(|l| {
+            l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("listening on"))
+        })
+        .unwrap();
+    assert!(listening.get("trace_id").is_none(), "{listening}");
+}
+
+/// A tool call is an `execute_tool {tool}` span under its agent's span, in
+/// the tree's one trace, with the GenAI tool attributes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_is_an_execute_tool_span_under_its_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (endpoint, spans) = sink().await;
+    let config = format!(
+        r#"
+[store]
+path = "arbor.db"
+
+[service]
+bind = "127.0.0.1:0"
+otlp_endpoint = "{endpoint}"
+
+[models.script]
+provider = "scripted"
+file = "script.json"
+
+[tools.echo]
+description = "Echoes its word."
+input_schema = {{ type = "object", properties = {{ word = {{ type = "string" }} }}, required = ["word"] }}
+command = ["echo", "{{word}}"]
+
+[agents.lead]
+model = "script"
+tools = ["echo"]
+"#
+    );
+    std::fs::write(dir.path().join("config.toml"), config).unwrap();
+    let script = json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [{"name": "echo", "input": {"word": "one"}},
+                           {"name": "echo", "input": {"word": "two"}}]},
+            {"text": "done"}
+        ]}
+    ]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let mut server = Server::start(dir.path(), &["--config", "config.toml"], Some(TOKEN));
+    server.wait_for("ready");
+    let response = client()
+        .post(server.url("/v1/runs"))
+        .bearer_auth(TOKEN)
+        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
+        .json(&json!({"agent": "lead", "prompt": "echo twice"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let line = tokio::task::block_in_place(|| server.wait_for("tree ended"));
+    assert!(line.contains("completed"), "{line}");
+    let (status, _) = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status}");
+    let spans = std::mem::take(&mut *spans.lock().unwrap());
+    let traces: HashSet<String> = spans.iter().map(|s| hex(&s.trace_id)).collect();
+    assert_eq!(traces, HashSet::from([TRACE_ID.to_owned()]), "{spans:#?}");
+    let agent = spans
+        .iter()
+        .find(|s| s.name == "invoke_agent lead")
+        .unwrap();
+    let tools: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name.starts_with("execute_tool"))
+        .collect();
+    assert_eq!(tools.len(), 2, "{spans:#?}");
+    let mut ids = HashSet::new();
+    for tool in tools {
+        assert_eq!(tool.name, "execute_tool echo");
+        assert_eq!(tool.kind, SpanKind::Internal as i32);
+        assert_eq!(
+            attr(tool, "gen_ai.operation.name").as_deref(),
+            Some("execute_tool")
+        );
+        assert_eq!(attr(tool, "gen_ai.tool.name").as_deref(), Some("echo"));
+        let id = attr(tool, "gen_ai.tool.call.id").unwrap_or_default();
+        assert!(!id.is_empty(), "{tool:#?}");
+        ids.insert(id);
+        assert_eq!(tool.parent_span_id, agent.span_id, "{tool:#?}");
+    }
+    assert_eq!(ids.len(), 2, "each call has its own id: {ids:?}");
+}
+
+/// A streamed completion: "done" in two pieces, then the usage.
+fn streamed(_: usize) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": "c1", "object": "chat.completion.chunk", "model": "test-model",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    let usage = json!({"id": "c1", "object": "chat.completion.chunk", "model": "test-model",
+        "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}});
+    let body: String = [
+        chunk(json!({"role": "assistant", "content": "do"}), Value::Null),
+        chunk(json!({"content": "ne"}), json!("stop")),
+        usage,
+    ]
+    .iter()
+    .map(|event| format!("data: {event}\n\n"))
+    .chain(["data: [DONE]\n\n".to_owned()])
+    .collect();
+    ([("content-type", "text/event-stream")], body).into_response()
+}
+
+/// Every request gets 429 with `Retry-After: 30`.
+fn limited(_: usize) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [("retry-after", "30")],
+        axum::Json(json!({"error": {"message": "Rate limit reached", "type": "requests"}})),
+    )
+        .into_response()
+}
+
+/// Regression: a request refused before sending (a `Retry-After` beyond
+/// the tree's deadline, the endpoint's cooldown gate closed) was counted in
+/// `arbor_model_requests_total`. Also: a streamed request's time to first
+/// token is measured per model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_counted_when_sent_and_streams_time_their_first_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let (streaming_url, _) = fake_openai(streamed).await;
+    let (limited_url, arrivals) = fake_openai(limited).await;
+    let text = format!(
+        r#"
+[limits]
+deadline = "5s"
+
+[store]
+path = "arbor.db"
+
+[service]
+bind = "127.0.0.1:0"
+
+[models.streaming]
+provider = "openai"
+base_url = "{streaming_url}"
+model = "test-model"
+
+[models.limited]
+provider = "openai"
+base_url = "{limited_url}"
+model = "test-model"
+stream = false
+
+[agents.streamer]
+model = "streaming"
+system_prompt = "Answer."
+
+[agents.limited]
+model = "limited"
+system_prompt = "Answer."
+"#
+    );
+    std::fs::write(dir.path().join("config.toml"), text).unwrap();
+    let mut server = Server::start(dir.path(), &["--config", "config.toml"], Some(TOKEN));
+    server.wait_for("ready");
+    let mut start = async |agent: &str, status: &str| {
+        let response = client()
+            .post(server.url("/v1/runs"))
+            .bearer_auth(TOKEN)
+            .json(&json!({"agent": agent, "prompt": "go"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::CREATED);
+        let line = tokio::task::block_in_place(|| server.wait_for("tree ended"));
+        assert!(line.contains(status), "{line}");
+    };
+    start("streamer", "completed").await;
+    // The first is sent and told to wait 30 s, beyond the deadline; the
+    // second finds the endpoint's gate closed and is never sent.
+    start("limited", "failed").await;
+    start("limited", "failed").await;
+    assert_eq!(arrivals.lock().unwrap().len(), 1, "one request was sent");
+    let text = client()
+        .get(server.url("/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let sample = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+            .to_owned()
+    };
+    assert_eq!(sample("arbor_model_requests_total{model=\"limited\"}"), "1");
+    assert_eq!(
+        sample("arbor_model_requests_total{model=\"streaming\"}"),
+        "1"
+    );
+    assert_eq!(
+        sample("arbor_model_ttft_seconds_count{model=\"streaming\"}"),
+        "1"
+    );
+    assert!(
+        !text.contains("arbor_model_ttft_seconds_count{model=\"limited\"}"),
+        "no first token without a stream:\n{text}"
+    );
+    if let Some(promtool) = promtool() {
+        promtool_check(&promtool, &text);
+    }
 }
