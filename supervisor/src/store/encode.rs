@@ -47,6 +47,7 @@ pub(crate) struct TreeUpdate {
     pub(crate) tree_id: Arc<str>,
     /// The epoch this process holds it with; `None` for a tree written
     /// without a claim (through the port directly).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) epoch: Option<u64>,
     /// The highest `seq` written.
     pub(crate) last_seq: u64,
@@ -385,6 +386,7 @@ impl<'a> Encoder<'a> {
 
     /// Trees this batch wrote events of, with the last `seq` written (what a
     /// wake-up names).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn last_seqs(&self) -> impl Iterator<Item = (&Arc<str>, u64)> {
         self.deltas.iter().map(|(t, d)| (t, d.last_seq))
     }

@@ -5,7 +5,6 @@
 mod approval_timeout;
 mod approve;
 mod background;
-#[macro_use]
 mod backend;
 mod budget;
 mod cancel;

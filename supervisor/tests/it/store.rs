@@ -464,3 +464,426 @@ fn a_tree_released_in_a_batch_with_its_events_stays_interrupted(backend) {
     assert_eq!(store.trees(&interrupted).unwrap().len(), 1);
 }
 }
+
+fn record(tree: &str) -> Write {
+    Write::Tree(Box::new(TreeRecord {
+        tree_id: tree.into(),
+        root_run_id: format!("{tree}/0"),
+        agent: "a".into(),
+        prompt: "p".into(),
+        params: None,
+        model: None,
+        limits: TreeLimits::default(),
+        origin: None,
+        config: Some("[models]\n".into()),
+        history: None,
+        started_ms: 1,
+    }))
+}
+
+fn step(tree: &str, seq: u64) -> Write {
+    use arbor_actors::{Event, EventKind};
+    Write::Event(Arc::new(Event {
+        seq,
+        tree_id: tree.into(),
+        run_id: format!("{tree}/0").into(),
+        at_ms: 1,
+        kind: EventKind::StepStarted { step: seq as u32 },
+    }))
+}
+
+/// The segment numbers of a tree's log.
+fn segments(store: &dyn Store, tree: &str) -> Vec<u64> {
+    store
+        .dump(tree)
+        .unwrap()
+        .segments
+        .iter()
+        .map(|s| s.n)
+        .collect()
+}
+
+/// What its owner gone looks like (a crash out of sight): no live owner,
+/// an old heartbeat.
+fn abandon(place: &crate::backend::Place, tree: &str) {
+    place.execute(&format!(
+        "UPDATE trees SET owner = '-:1', heartbeat_ms = 0 WHERE tree_id = '{tree}'"
+    ));
+}
+
+both_backends! {
+    /// Split brain (issue 12, defect 12): a writer paused past its lease goes
+    /// on writing after another took its tree over. Its batch for that tree is
+    /// refused whole (no segment, no heartbeat, no release) and reported as
+    /// fenced, the rest of the batch lands, and the new owner's log stays
+    /// contiguous. On Postgres the two stores are two replicas on one database.
+    fn an_older_epochs_batch_is_refused_and_nothing_of_it_lands(backend) {
+        let place = backend.fresh();
+        let old = place.open();
+        assert!(
+            old.write(&[record("t"), record("u"), step("t", 1), step("u", 1)])
+                .unwrap()
+                .is_empty()
+        );
+        abandon(&place, "t");
+        let new = place.open();
+        assert_eq!(new.claim("t").unwrap(), 2, "the second claim of t");
+        let owner = new.owner("t").unwrap().expect("t is running under its new claim");
+        assert_eq!(owner.epoch, 2);
+        let fenced = old
+            .write(&[
+                step("t", 2),
+                step("u", 2),
+                Write::Heartbeat(vec!["t".into(), "u".into()]),
+            ])
+            .unwrap();
+        assert_eq!(fenced.len(), 1, "{fenced:?}");
+        assert_eq!(
+            (fenced[0].tree_id.as_str(), fenced[0].epoch, fenced[0].current),
+            ("t", 1, 2)
+        );
+        assert_eq!(fenced[0].owner, owner.owner);
+        assert_eq!(segments(&*new, "t"), vec![1], "the fenced batch wrote to t");
+        assert_eq!(segments(&*new, "u"), vec![1, 2], "u's writes were lost");
+        let row = new.dump("t").unwrap().row;
+        assert_eq!(row.last_seq, 1);
+        assert_eq!(row.heartbeat_ms, owner.heartbeat_ms, "the old owner's heartbeat landed");
+        // Still refused later, and a release does not undo the new claim.
+        let again = old
+            .write(&[step("t", 3), Write::Release(vec!["t".into()])])
+            .unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(segments(&*new, "t"), vec![1]);
+        // The new owner writes on where the log ends: no clash of numbers.
+        assert!(new.write(&[record("t"), step("t", 2)]).unwrap().is_empty());
+        assert!(new.write(&[step("t", 3)]).unwrap().is_empty());
+        assert_eq!(segments(&*new, "t"), vec![1, 2, 3]);
+        assert_eq!(new.events("t", 0).unwrap().len(), 3);
+        let row = new.dump("t").unwrap().row;
+        assert_eq!((row.status, row.owner), (TreeStatus::Running, owner.owner));
+    }
+}
+
+both_backends! {
+    /// A new tree that lands on a stored id holds no claim: it takes nothing
+    /// over, and is reported fenced out.
+    fn a_new_tree_on_a_stored_id_is_fenced_out(backend) {
+        let place = backend.fresh();
+        let first = place.open();
+        first.write(&[record("t"), step("t", 1)]).unwrap();
+        let second = place.open();
+        let fenced = second.write(&[record("t"), step("t", 1)]).unwrap();
+        assert_eq!(fenced.len(), 1);
+        assert_eq!((fenced[0].epoch, fenced[0].current), (0, 1));
+        assert_eq!(segments(&*first, "t"), vec![1]);
+        assert!(first.write(&[step("t", 2)]).unwrap().is_empty());
+    }
+}
+
+both_backends! {
+    /// The control inbox: posted for a tree, taken by its owner oldest first,
+    /// once; a tree the store does not have is refused by name.
+    fn controls_are_taken_oldest_first_and_only_once(backend) {
+        let place = backend.fresh();
+        let store = place.open();
+        store.write(&[record("t"), record("u")]).unwrap();
+        let a = store.post_control("t", &json!({"cancel": true})).unwrap();
+        let b = store.post_control("u", &json!({"steer": "left"})).unwrap();
+        let c = store.post_control("t", &json!({"approve": "call-1"})).unwrap();
+        assert!(a < b && b < c, "{a} {b} {c}");
+        let unknown = store.post_control("nope", &json!({}));
+        assert!(
+            matches!(&unknown, Err(arbor_supervisor::Error::UnknownTree(t)) if t == "nope"),
+            "{unknown:?}"
+        );
+        let taken = store.take_controls(&["t".into()]).unwrap();
+        let ids: Vec<u64> = taken.iter().map(|c| c.id).collect();
+        assert_eq!(ids, vec![a, c]);
+        assert_eq!(taken[0].body, json!({"cancel": true}));
+        assert_eq!(taken[1].tree_id, "t");
+        assert!(store.take_controls(&["t".into()]).unwrap().is_empty());
+        // Another process (replica) on the same data takes u's.
+        let other = place.open();
+        let taken = other.take_controls(&["t".into(), "u".into()]).unwrap();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].body, json!({"steer": "left"}));
+    }
+}
+
+both_backends! {
+    /// Two owners taking the same trees' controls at once (a replica and the
+    /// one that adopts its trees): every control is taken exactly once.
+    fn concurrent_takers_take_each_control_exactly_once(backend) {
+        let place = backend.fresh();
+        let store = place.open();
+        store.write(&[record("t")]).unwrap();
+        let posted: Vec<u64> = (0..200)
+            .map(|i| store.post_control("t", &json!({"n": i})).unwrap())
+            .collect();
+        let takers: Vec<_> = (0..2)
+            .map(|_| {
+                let store = place.open();
+                std::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    for _ in 0..50 {
+                        got.extend(store.take_controls(&["t".into()]).unwrap());
+                    }
+                    got
+                })
+            })
+            .collect();
+        let mut seen: Vec<u64> = takers
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .map(|c| c.id)
+            .collect();
+        seen.extend(store.take_controls(&["t".into()]).unwrap().iter().map(|c| c.id));
+        seen.sort();
+        assert_eq!(seen, posted, "a control was lost or taken twice");
+    }
+}
+
+both_backends! {
+    /// `owner` names a running tree's owner and claim, and nobody once the
+    /// tree ended or its owner is gone.
+    fn the_owner_of_a_tree_is_known_while_it_runs(backend) {
+        let place = backend.fresh();
+        let store = place.open();
+        store.write(&[record("t")]).unwrap();
+        let owner = store.owner("t").unwrap().expect("t runs here");
+        assert_eq!(owner.epoch, 1);
+        assert!(owner.heartbeat_ms > 0);
+        abandon(&place, "t");
+        assert_eq!(store.owner("t").unwrap(), None);
+        assert!(matches!(
+            store.owner("nope"),
+            Err(arbor_supervisor::Error::UnknownTree(_))
+        ));
+    }
+}
+
+/// A finished tree (with a config, checkpoints, replies, an inline child)
+/// in a fresh store of `backend`, and that store's place.
+fn finished_tree(backend: Backend) -> (crate::backend::Place, Arc<dyn Store>) {
+    let place = backend.fresh();
+    let store = place.open();
+    runtime().block_on(async {
+        let sup = boss_and_scribe(store.clone());
+        let mut request = request("boss", "Report.");
+        request.config = Some(Arc::from("[agents.boss]\n"));
+        finish(sup.start(request).await.unwrap()).await;
+        sup.flush().await.unwrap();
+    });
+    (place, store)
+}
+
+/// `arbor store copy` both ways: a tree moved SQLite → Postgres → SQLite is
+/// the same tree (the same export, row and log, byte for byte), and
+/// resumable claims go on from its epoch; copying onto a stored id is refused.
+#[test]
+fn a_tree_copied_sqlite_to_postgres_and_back_exports_the_same() {
+    use arbor_supervisor::store::copy_tree;
+    let (_a, sqlite) = finished_tree(Backend::Sqlite);
+    let pg_place = Backend::Postgres.fresh();
+    let pg = pg_place.open();
+    copy_tree(&*sqlite, &*pg, "t").unwrap();
+    let back_place = Backend::Sqlite.fresh();
+    let back = back_place.open();
+    copy_tree(&*pg, &*back, "t").unwrap();
+    let original = sqlite.export("t").unwrap();
+    assert!(
+        original["tree"]["config"].is_string(),
+        "{}",
+        original["tree"]
+    );
+    assert_eq!(pg.export("t").unwrap(), original);
+    assert_eq!(back.export("t").unwrap(), original);
+    assert_eq!(back.dump("t").unwrap(), sqlite.dump("t").unwrap());
+    assert_eq!(pg.dump("t").unwrap(), sqlite.dump("t").unwrap());
+    assert_eq!(
+        pg.trees(&TreeFilter::default()).unwrap(),
+        sqlite.trees(&TreeFilter::default()).unwrap()
+    );
+    // The next turn's claim goes on from the copied epoch.
+    let epoch = sqlite.dump("t").unwrap().row.epoch;
+    assert_eq!(pg.claim_turn("t").unwrap(), epoch + 1);
+    let again = copy_tree(&*sqlite, &*pg, "t");
+    assert!(
+        matches!(&again, Err(arbor_supervisor::Error::TreeStored(t)) if t == "t"),
+        "{again:?}"
+    );
+}
+
+/// Two replicas on one database resuming one interrupted tree at once: one
+/// claim wins, the other is refused because the winner now runs it.
+#[test]
+fn two_replicas_claiming_one_tree_at_once_one_wins() {
+    for round in 0..5 {
+        let place = Backend::Postgres.fresh();
+        place.open().write(&[record("t")]).unwrap();
+        abandon(&place, "t");
+        let replicas: Vec<Arc<dyn Store>> = (0..2).map(|_| place.open()).collect();
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let claims: Vec<_> = replicas
+            .iter()
+            .map(|r| {
+                let (r, barrier) = (r.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    r.claim("t")
+                })
+            })
+            .collect();
+        let results: Vec<_> = claims.into_iter().map(|c| c.join().unwrap()).collect();
+        let won: Vec<u64> = results
+            .iter()
+            .filter_map(|r| r.as_ref().ok().copied())
+            .collect();
+        assert_eq!(won, vec![2], "round {round}: {results:?}");
+        let lost = results.iter().find_map(|r| r.as_ref().err()).unwrap();
+        assert!(
+            matches!(lost, arbor_supervisor::Error::NotResumable { .. }),
+            "round {round}: {lost:?}"
+        );
+    }
+}
+
+/// The fence is the database's: a write that names a stale epoch applies
+/// nothing even when the writer's own check is passed by (the row's epoch
+/// moved between the writer's claim and its statement).
+#[test]
+fn the_database_refuses_a_segment_of_a_stale_epoch() {
+    let place = Backend::Postgres.fresh();
+    let store = place.open();
+    store.write(&[record("t"), step("t", 1)]).unwrap();
+    // What a writer that skipped its check would send, epoch 1 against 2.
+    place.execute("UPDATE trees SET epoch = 2 WHERE tree_id = 't'");
+    place.execute(
+        "INSERT INTO segments(tree_id, n, body)
+         SELECT s.tree_id, s.n, s.body
+         FROM (VALUES ('t', 2::BIGINT, '\\x00'::BYTEA, 1::BIGINT)) AS s(tree_id, n, body, epoch)
+         WHERE s.epoch IS NULL
+            OR EXISTS (SELECT 1 FROM trees t WHERE t.tree_id = s.tree_id AND t.epoch = s.epoch)",
+    );
+    assert_eq!(segments(&*store, "t"), vec![1]);
+    // And the store itself reports the batch fenced.
+    let fenced = store.write(&[step("t", 2)]).unwrap();
+    assert_eq!((fenced[0].epoch, fenced[0].current), (1, 2));
+    assert_eq!(segments(&*store, "t"), vec![1]);
+}
+
+/// Migrations are versioned and idempotent, and replicas that start at
+/// once do not race (the advisory lock): eight openers of one empty
+/// database all succeed, and migrating again changes nothing. A database
+/// without the schema is refused by `open_existing`, and one of a newer
+/// schema by every opener.
+#[test]
+fn migrations_run_once_under_concurrent_openers_and_a_newer_schema_is_refused() {
+    let place = Backend::Postgres.fresh();
+    let refused = PgStore::open_existing(&place.at).unwrap_err().to_string();
+    assert!(refused.contains("no Arbor store"), "{refused}");
+    let barrier = Arc::new(std::sync::Barrier::new(8));
+    let openers: Vec<_> = (0..8)
+        .map(|_| {
+            let (url, barrier) = (place.at.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                PgStore::open(&url).map(drop)
+            })
+        })
+        .collect();
+    for opener in openers {
+        opener.join().unwrap().unwrap();
+    }
+    let report = PgStore::migrate(&place.at).unwrap();
+    assert_eq!(report.from, report.to);
+    PgStore::open_existing(&place.at).unwrap();
+    place.execute(&format!(
+        "INSERT INTO arbor_schema(version, applied_ms) VALUES ({}, 0)",
+        report.to + 1
+    ));
+    for refused in [
+        PgStore::open(&place.at).unwrap_err(),
+        PgStore::open_existing(&place.at).unwrap_err(),
+    ] {
+        assert!(
+            matches!(refused, arbor_supervisor::Error::NewerStore { found, .. } if found == report.to + 1),
+            "{refused:?}"
+        );
+    }
+}
+
+/// The password never shows: not in an error (a wrong password, an
+/// unreachable server), not in the store's Debug. A URL without one takes it
+/// from `ARBOR_PG_PASSWORD`.
+#[test]
+fn the_password_is_never_shown() {
+    let place = Backend::Postgres.fresh();
+    let secret = "pw-Zq81-secret";
+    let with_password = place
+        .at
+        .replacen("://arbor@", &format!("://arbor:{secret}@"), 1);
+    assert!(with_password.contains(secret), "{with_password}");
+    // The test server trusts loopback: the password is not checked, and
+    // must not show in the store's Debug or URL.
+    let store = PgStore::open(&with_password).unwrap();
+    let shown = format!("{store:?} {}", store.url());
+    assert!(!shown.contains(secret), "{shown}");
+    assert!(shown.contains("***"), "{shown}");
+    // An unreachable server and a database that does not exist.
+    let closed = format!("postgres://arbor:{secret}@127.0.0.1:1/x?connect_timeout=2");
+    let missing = with_password.rsplit_once('/').unwrap().0.to_owned() + "/no_such_database_here";
+    for url in [closed, missing] {
+        let error = PgStore::open(&url).unwrap_err();
+        let text = format!("{error} {error:?}");
+        assert!(!text.contains(secret), "the password shows: {text}");
+        assert!(text.contains("***"), "the URL is not named: {text}");
+    }
+}
+
+/// A follower's wake-up: a batch's commit sends `arbor_journal` with the
+/// tree and its last seq, and a control `arbor_control`, to every
+/// subscriber on the database (another replica included).
+#[test]
+fn a_wake_up_arrives_after_a_batch_commits() {
+    use arbor_supervisor::store::Wake;
+    use std::time::Duration;
+    let place = Backend::Postgres.fresh();
+    let writer = place.open();
+    let follower = place.open();
+    let wakes = follower
+        .subscribe()
+        .unwrap()
+        .expect("Postgres has wake-ups");
+    writer
+        .write(&[record("t"), step("t", 1), step("t", 7)])
+        .unwrap();
+    let wake = wakes.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        wake,
+        Wake::Journal {
+            tree_id: "t".into(),
+            seq: 7
+        }
+    );
+    writer.post_control("t", &json!({"cancel": true})).unwrap();
+    let wake = wakes.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        wake,
+        Wake::Control {
+            tree_id: "t".into()
+        }
+    );
+    // A heartbeat alone wakes nobody.
+    writer.write(&[Write::Heartbeat(vec!["t".into()])]).unwrap();
+    assert!(wakes.recv_timeout(Duration::from_millis(300)).is_err());
+    // SQLite has none: its followers poll.
+    assert!(
+        Backend::Sqlite
+            .fresh()
+            .open()
+            .subscribe()
+            .unwrap()
+            .is_none()
+    );
+}

@@ -192,14 +192,12 @@ impl Store for PgStore {
             let client = self.client().await?;
             let row = client
                 .query_opt(
-                    &format!(
-                        "SELECT t.tree_id, t.root_run_id, t.agent, t.prompt, t.status, t.error,
+                    "SELECT t.tree_id, t.root_run_id, t.agent, t.prompt, t.status, t.error,
                              t.agents, t.input_tokens, t.output_tokens, t.cost, t.started_ms,
                              t.finished_ms, t.heartbeat_ms, t.resumes, t.owner, t.params, t.model,
                              t.limits, t.origin, t.history, c.text AS config_text
                          FROM trees t LEFT JOIN configs c ON c.hash = t.config
-                         WHERE t.tree_id = $1"
-                    ),
+                         WHERE t.tree_id = $1",
                     &[&tree_id],
                 )
                 .await

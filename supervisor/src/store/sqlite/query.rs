@@ -328,7 +328,7 @@ impl Store for SqliteStore {
             row.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
         let running = status == TreeStatus::Running
             && crate::store::still_running(&owner, heartbeat as u64, now_ms());
-        Ok(running.then(|| Owner {
+        Ok(running.then_some(Owner {
             owner,
             heartbeat_ms: heartbeat as u64,
             epoch: epoch as u64,

@@ -205,7 +205,6 @@ fn attempt(
         }
     }
     let done = b.finish();
-    drop(rows);
     tx.commit()?;
     Ok(state.committed(done))
 }
