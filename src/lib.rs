@@ -70,7 +70,6 @@ pub use config::{Config, ConfigError};
 
 use arbor_actors::sync::LockExt as _;
 use arbor_actors::{AgentState, Event, RunResult};
-use arbor_supervisor::store::SqliteStore;
 use arbor_supervisor::{Canceller, EventStream, Retain, StartRequest, Supervisor, TreeHandle};
 use serde_json::Value;
 use tools::ToolSet;
@@ -141,7 +140,7 @@ type Built = (Arc<arbor_supervisor::Catalog>, ToolSet);
 /// How to build a [`Runtime`] beyond the defaults.
 pub struct RuntimeBuilder {
     source: Source,
-    store: Option<std::path::PathBuf>,
+    store: Option<config::StoreLocation>,
     retain: Retain,
     tools: Vec<Arc<dyn arbor_actors::Tool>>,
     per_tree_configs: bool,
@@ -155,7 +154,15 @@ enum Source {
 impl RuntimeBuilder {
     /// Stores every tree in this SQLite file (created if missing).
     pub fn store(mut self, path: impl AsRef<Path>) -> Self {
-        self.store = Some(path.as_ref().to_path_buf());
+        self.store = Some(config::StoreLocation::Sqlite(path.as_ref().to_path_buf()));
+        self
+    }
+
+    /// Stores every tree where `location` says: a SQLite file, or a
+    /// Postgres database shared with other replicas (created or migrated
+    /// as needed).
+    pub fn store_at(mut self, location: config::StoreLocation) -> Self {
+        self.store = Some(location);
         self
     }
 
@@ -208,8 +215,8 @@ impl RuntimeBuilder {
                 others = Some(built);
             }
         }
-        if let Some(path) = &self.store {
-            supervisor = supervisor.with_store(Arc::new(SqliteStore::open(path)?))?;
+        if let Some(location) = &self.store {
+            supervisor = supervisor.with_store(location.open()?)?;
         }
         if let (Some(tools), Ok(_)) = (&tools, tokio::runtime::Handle::try_current()) {
             tools.mcp().start_eager();

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use arbor::config::StoreLocation;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -31,9 +32,10 @@ pub(crate) enum Command {
         /// Address to listen on (default: [service] bind, 127.0.0.1:8080).
         #[arg(long)]
         bind: Option<String>,
-        /// The store (default: [store] path of the config).
+        /// The store: a SQLite file or a postgres:// URL shared with other
+        /// replicas (default: [store] url or path of the config).
         #[arg(long)]
-        store: Option<PathBuf>,
+        store: Option<StoreLocation>,
         /// Log lines on stdout as text or JSON.
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
@@ -181,6 +183,16 @@ pub(crate) enum Command {
         #[command(flatten)]
         at: Stored,
     },
+    /// Bring a store to this build's schema (a Postgres database is created
+    /// empty by its administrator; this makes Arbor's tables in it); prints
+    /// the schema version before and after.
+    Migrate {
+        #[command(flatten)]
+        at: Stored,
+    },
+    /// Work on whole stores.
+    #[command(subcommand)]
+    Store(StoreCommand),
     /// Delete trees that ended longer ago than --older-than.
     Gc {
         /// An age: 30d, 12h, 1h30m, 500ms, "30 days" (the duration grammar
@@ -298,22 +310,41 @@ impl ServerArgs {
     }
 }
 
+/// `arbor store …`.
+#[derive(Subcommand)]
+pub(crate) enum StoreCommand {
+    /// Copy every tree (or one) from one store to another, unchanged: SQLite
+    /// to Postgres and back, to move a deployment. A tree the target has
+    /// already is left as it is there (and named).
+    Copy {
+        /// The store to copy from (a SQLite file or a postgres:// URL).
+        from: StoreLocation,
+        /// The store to copy to (created or migrated as needed).
+        to: StoreLocation,
+        /// Only this tree.
+        #[arg(long)]
+        tree: Option<String>,
+    },
+}
+
 /// Where stored trees are: the config names the store unless `--store` does.
 #[derive(clap::Args)]
 pub(crate) struct Stored {
     /// Config file (default: ./config.toml if present, else the built-in one).
     #[arg(long, short)]
     pub(crate) config: Option<PathBuf>,
-    /// The store file (default: [store] path in the config).
+    /// The store: a SQLite file or a postgres:// URL (default: [store] url
+    /// or path in the config).
     #[arg(long)]
-    pub(crate) store: Option<PathBuf>,
+    pub(crate) store: Option<StoreLocation>,
 }
 
 #[derive(clap::Args, Clone, Default)]
 pub(crate) struct StoreArgs {
-    /// Store the tree in this SQLite file (default: [store] path in the config).
+    /// Store the tree here: a SQLite file or a postgres:// URL (default:
+    /// [store] url or path in the config).
     #[arg(long)]
-    pub(crate) store: Option<PathBuf>,
+    pub(crate) store: Option<StoreLocation>,
     /// Do not store the tree.
     #[arg(long, conflicts_with = "store")]
     pub(crate) no_store: bool,

@@ -9,7 +9,7 @@ mod run;
 mod service;
 mod store;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -109,6 +109,8 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             at,
         } => store::export(tree_id, output, at),
         Command::Gc { older_than, at } => store::gc(older_than, at),
+        Command::Migrate { at } => store::migrate(at),
+        Command::Store(args::StoreCommand::Copy { from, to, tree }) => store::copy(from, to, tree),
         Command::Agents { config } => config::agents(config),
         Command::Tools { config, json } => config::tools(config, json),
         Command::Models { config } => config::models(config),
@@ -139,9 +141,16 @@ fn load_config(path: Option<&Path>) -> Result<Config, ConfigError> {
     }
 }
 
-/// `--store F`, else the config's `[store] path`.
-fn store_path(config: &Config, flag: Option<PathBuf>) -> PathBuf {
-    flag.unwrap_or_else(|| config.file.store.path.clone())
+/// `--store`, else the config's `[store] url` or `path`.
+fn store_location(
+    config: &Config,
+    flag: Option<arbor::config::StoreLocation>,
+) -> anyhow::Result<arbor::config::StoreLocation> {
+    match flag {
+        Some(location) => Ok(location),
+        None => arbor::config::StoreLocation::from_section(&config.file.store)
+            .with_context(|| format!("{}: [store]", config.source)),
+    }
 }
 
 /// The model `name` of a catalog, or an error listing the configured ones.

@@ -8,12 +8,11 @@ use arbor::render::{TreeRenderer, final_text};
 use arbor::{Run, Runtime};
 use arbor_actors::approval::{DecideRefused, Decision};
 use arbor_actors::{AgentStatus, EventKind};
-use arbor_supervisor::store::SqliteStore;
 use arbor_supervisor::{StartRequest, Supervisor};
 
 use super::args::{RunArgs, Stored};
 use super::store::tree_config;
-use super::{async_runtime, load_config, store_path};
+use super::{async_runtime, load_config, store_location};
 
 pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let RunArgs {
@@ -46,8 +45,9 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .map(|p| serde_json::from_str(&p))
         .transpose()
         .context("--params is not valid JSON")?;
-    let store =
-        (!store.no_store && config.file.store.enabled).then(|| store_path(&config, store.store));
+    let store = (!store.no_store && config.file.store.enabled)
+        .then(|| store_location(&config, store.store))
+        .transpose()?;
     let agent = agent
         .or_else(|| config.default_agent().map(str::to_owned))
         .context("no agent given and the config defines none")?;
@@ -60,7 +60,9 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // Built inside the async runtime, so the store can use it.
     let _guard = tokio.enter();
     let runtime = match &store {
-        Some(path) => Runtime::with_store(config, path)?,
+        Some(location) => Runtime::builder(config)
+            .store_at(location.clone())
+            .build()?,
         None => Runtime::new(config)?,
     };
     if let Some(tree) = continue_tree {
@@ -98,13 +100,13 @@ pub(super) fn resume(
     at: Stored,
 ) -> anyhow::Result<ExitCode> {
     let Stored { config, store } = at;
-    let path = store_path(&load_config(config.as_deref())?, store);
-    let existing = SqliteStore::open_existing(&path)?;
-    let config = tree_config(config, &existing, &tree_id)?;
+    let location = store_location(&load_config(config.as_deref())?, store)?;
+    let existing = location.open_existing()?;
+    let config = tree_config(config, &*existing, &tree_id)?;
     drop(existing);
     let tokio = async_runtime()?;
     let _guard = tokio.enter();
-    let runtime = Runtime::with_store(config, &path)?;
+    let runtime = Runtime::builder(config).store_at(location).build()?;
     let show = Show {
         json,
         quiet,

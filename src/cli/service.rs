@@ -1,6 +1,5 @@
 //! `arbor serve`: the service's logs, the server and its shutdown signal.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -8,7 +7,7 @@ use arbor::config::Config;
 use arbor::{Error, Runtime};
 
 use super::args::{LogFormat, ServerArgs};
-use super::{async_runtime, colour, log_filter, store_path};
+use super::{async_runtime, colour, log_filter, store_location};
 
 /// A service's logs: stdout (where its supervisor collects them), as text or
 /// JSON, `info` unless RUST_LOG says otherwise; and spans to an OpenTelemetry
@@ -52,7 +51,7 @@ fn service_logs(
 pub(super) fn serve(
     config: Config,
     bind: Option<String>,
-    store: Option<PathBuf>,
+    store: Option<arbor::config::StoreLocation>,
     log_format: LogFormat,
 ) -> anyhow::Result<ExitCode> {
     use arbor::service::{Service, ServiceOptions};
@@ -76,13 +75,13 @@ pub(super) fn serve(
     if store.is_none() && !config.file.store.enabled {
         return Err(Error::NoStore.into());
     }
-    let path = store_path(&config, store);
+    let location = store_location(&config, store)?;
     let tokio = async_runtime()?;
     let served = tokio.block_on(async {
         // A tree resumed after a restart runs on the config it started with,
         // whatever the file says now.
         let runtime = Runtime::builder(config)
-            .store(&path)
+            .store_at(location.clone())
             .retain(arbor_supervisor::Retain::None)
             .per_tree_configs()
             .build()?;
@@ -96,15 +95,17 @@ pub(super) fn serve(
         let local = listener
             .local_addr()
             .context("the listener has no address")?;
-        tracing::info!(store = %path.display(), "listening on http://{local}");
+        // The location as shown: a Postgres URL without its password.
+        tracing::info!(store = %location, "listening on http://{local}");
         let resuming = service.clone();
         tokio::spawn(async move {
             let resumed = resuming.resume_interrupted().await;
             tracing::info!(trees = resumed.len(), "ready (interrupted trees resumed)");
-            // Then trees whose owner crashed out of sight, once they go stale.
-            let stale = arbor_supervisor::store::STALE_AFTER_MS;
+            // Then trees another replica handed over (released on its
+            // shutdown: interrupted at once), and those whose owner crashed,
+            // once they go stale.
             resuming
-                .adopt_interrupted(std::time::Duration::from_millis(stale + 1000))
+                .adopt_interrupted(arbor::service::ADOPT_EVERY)
                 .await;
         });
         service.serve(listener, shutdown_signal()).await?;

@@ -3,15 +3,17 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use arbor::Runtime;
 use arbor::config::Config;
+use arbor::config::StoreLocation;
 use arbor::render::final_text;
-use arbor_supervisor::store::{SqliteStore, Store, TreeFilter};
+use arbor_supervisor::store::{Store, TreeFilter};
 
 use super::args::Stored;
-use super::{async_runtime, load_config, store_path};
+use super::{async_runtime, load_config, store_location};
 
 pub(super) fn runs(
     status: Option<arbor_supervisor::TreeStatus>,
@@ -126,14 +128,14 @@ pub(super) fn export(
 pub(super) fn replay(tree_id: String, at: Stored) -> anyhow::Result<ExitCode> {
     let Stored { config, store } = at;
     let store = open_store_read_only(&load_config(config.as_deref())?, store)?;
-    let config = tree_config(config, &store, &tree_id)?;
+    let config = tree_config(config, &*store, &tree_id)?;
     async_runtime()?.block_on(replay_tree(config, store, tree_id))
 }
 
 /// Runs a stored tree again on its recorded replies and compares every final state.
 async fn replay_tree(
     config: Config,
-    store: SqliteStore,
+    store: Arc<dyn Store>,
     tree_id: String,
 ) -> anyhow::Result<ExitCode> {
     let (record, summary) = store.tree(&tree_id)?;
@@ -188,7 +190,7 @@ pub(super) fn gc(older_than: std::time::Duration, at: Stored) -> anyhow::Result<
 /// was started with (if it is still there), else the default.
 pub(super) fn tree_config(
     flag: Option<PathBuf>,
-    store: &SqliteStore,
+    store: &dyn Store,
     tree_id: &str,
 ) -> anyhow::Result<Config> {
     if flag.is_some() {
@@ -230,13 +232,80 @@ pub(super) fn tree_config(
 }
 
 /// An existing store, for the commands that change one (gc).
-fn open_store(config: &Config, flag: Option<PathBuf>) -> anyhow::Result<SqliteStore> {
-    Ok(SqliteStore::open_existing(&store_path(config, flag))?)
+fn open_store(config: &Config, flag: Option<StoreLocation>) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(store_location(config, flag)?.open_existing()?)
 }
 
 /// An existing store opened read-only, for the commands that only read one:
 /// they write nothing to it (no migration either), and read a store on a
 /// read-only file or filesystem.
-fn open_store_read_only(config: &Config, flag: Option<PathBuf>) -> anyhow::Result<SqliteStore> {
-    Ok(SqliteStore::open_read_only(&store_path(config, flag))?)
+fn open_store_read_only(
+    config: &Config,
+    flag: Option<StoreLocation>,
+) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(store_location(config, flag)?.open_read_only()?)
+}
+
+/// `arbor migrate`: the store at this build's schema; prints the version
+/// before and after (a SQLite file says none: it is migrated when opened).
+pub(super) fn migrate(at: Stored) -> anyhow::Result<ExitCode> {
+    let Stored { config, store } = at;
+    let location = store_location(&load_config(config.as_deref())?, store)?;
+    let migrated = location.migrate()?;
+    match (migrated.from, migrated.to) {
+        (Some(from), Some(to)) if from == to => {
+            outln!("{location}: schema version {to}, up to date")?
+        }
+        (Some(from), Some(to)) => outln!("{location}: schema version {from} -> {to}")?,
+        _ => outln!("{location}: at this build's schema")?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `arbor store copy FROM TO [--tree ID]`: every tree (or one) dumped from
+/// one store and loaded into the other unchanged. A tree the target has
+/// already is skipped and named; any other failure stops the copy.
+pub(super) fn copy(
+    from: StoreLocation,
+    to: StoreLocation,
+    tree: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(from != to, "{from} is both the source and the target");
+    let source = from.open_read_only()?;
+    let target = to.open()?;
+    let trees = match tree {
+        Some(tree) => vec![tree],
+        None => source
+            .trees(&TreeFilter {
+                status: None,
+                limit: 0,
+                offset: 0,
+            })?
+            .into_iter()
+            .map(|t| t.tree_id)
+            .collect(),
+    };
+    let (mut copied, mut skipped) = (0usize, 0usize);
+    for tree_id in trees {
+        let dump = source
+            .dump(&tree_id)
+            .with_context(|| format!("cannot read tree {tree_id} from {from}"))?;
+        match target.load(&dump) {
+            Ok(()) => copied += 1,
+            Err(arbor_supervisor::Error::TreeStored(_)) => {
+                eprintln!("skipped {tree_id}: {to} has a tree of that id already");
+                skipped += 1;
+            }
+            Err(error) => {
+                return Err(anyhow::Error::new(error)
+                    .context(format!("cannot write tree {tree_id} to {to}")));
+            }
+        }
+    }
+    outln!("copied {copied} trees from {from} to {to} ({skipped} skipped: already there)")?;
+    Ok(if skipped > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

@@ -12,6 +12,9 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
+
+use arbor_supervisor::store::{SqliteStore, Store};
 
 /// The environment variable a Postgres store takes its password from when
 /// its URL has none.
@@ -82,6 +85,107 @@ impl StoreLocation {
             None if section.path.as_os_str().is_empty() => Err(StoreLocationError::Empty),
             None => Ok(StoreLocation::Sqlite(section.path.clone())),
         }
+    }
+}
+
+/// What `arbor migrate` found and left: the schema version before and after
+/// (`None` where the backend does not say: a SQLite file is migrated when it
+/// is opened).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Migrated {
+    /// The version the store had (0: an empty database).
+    pub from: Option<i64>,
+    /// The version it has now.
+    pub to: Option<i64>,
+}
+
+impl StoreLocation {
+    /// Opens the store to run trees on, creating and migrating it as needed.
+    pub fn open(&self) -> Result<Arc<dyn Store>, arbor_supervisor::Error> {
+        match self {
+            StoreLocation::Sqlite(path) => Ok(Arc::new(SqliteStore::open(path)?)),
+            StoreLocation::Postgres(url) => postgres::open(url),
+        }
+    }
+
+    /// Opens a store that exists already at this build's schema (nothing is
+    /// created or migrated), for the commands that change one (gc, resume).
+    pub fn open_existing(&self) -> Result<Arc<dyn Store>, arbor_supervisor::Error> {
+        match self {
+            StoreLocation::Sqlite(path) => Ok(Arc::new(SqliteStore::open_existing(path)?)),
+            StoreLocation::Postgres(url) => postgres::open_existing(url),
+        }
+    }
+
+    /// Opens a store for the commands that only read it: a SQLite file
+    /// read-only; a database as it is (nothing created or migrated).
+    pub fn open_read_only(&self) -> Result<Arc<dyn Store>, arbor_supervisor::Error> {
+        match self {
+            StoreLocation::Sqlite(path) => Ok(Arc::new(SqliteStore::open_read_only(path)?)),
+            StoreLocation::Postgres(url) => postgres::open_existing(url),
+        }
+    }
+
+    /// Brings the store to this build's schema.
+    pub fn migrate(&self) -> Result<Migrated, arbor_supervisor::Error> {
+        match self {
+            StoreLocation::Sqlite(path) => {
+                SqliteStore::open(path)?;
+                Ok(Migrated {
+                    from: None,
+                    to: None,
+                })
+            }
+            StoreLocation::Postgres(url) => postgres::migrate(url),
+        }
+    }
+}
+
+/// The Postgres backend, when this build has it (the `postgres` feature).
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    use arbor_supervisor::store::PgStore;
+
+    pub(super) fn open(url: &PgUrl) -> Result<Arc<dyn Store>, arbor_supervisor::Error> {
+        Ok(Arc::new(PgStore::open(url.expose())?))
+    }
+
+    pub(super) fn open_existing(url: &PgUrl) -> Result<Arc<dyn Store>, arbor_supervisor::Error> {
+        Ok(Arc::new(PgStore::open_existing(url.expose())?))
+    }
+
+    pub(super) fn migrate(url: &PgUrl) -> Result<Migrated, arbor_supervisor::Error> {
+        let report = PgStore::migrate(url.expose())?;
+        Ok(Migrated {
+            from: Some(report.from),
+            to: Some(report.to),
+        })
+    }
+}
+
+/// Without the `postgres` feature: a Postgres URL is refused, saying why.
+#[cfg(not(feature = "postgres"))]
+mod postgres {
+    use super::*;
+
+    fn missing(url: &PgUrl) -> arbor_supervisor::Error {
+        arbor_supervisor::Error::Store(format!(
+            "cannot open {url}: this build of Arbor has no Postgres store (build it with the \
+             `postgres` feature)"
+        ))
+    }
+
+    pub(super) fn open(url: &PgUrl) -> Result<Arc<dyn Store>, arbor_supervisor::Error> {
+        Err(missing(url))
+    }
+
+    pub(super) fn open_existing(url: &PgUrl) -> Result<Arc<dyn Store>, arbor_supervisor::Error> {
+        Err(missing(url))
+    }
+
+    pub(super) fn migrate(url: &PgUrl) -> Result<Migrated, arbor_supervisor::Error> {
+        Err(missing(url))
     }
 }
 
