@@ -9,7 +9,9 @@
 //! endpoint, headers, request body, reply parse, stream assembler) lives in its
 //! own module, and `wire_format` is the one place that maps a
 //! [`ProviderKind`] (and its [`Api`]) to it. API keys live in [`ApiKey`] and
-//! never reach logs, events, errors or stored state.
+//! never reach logs, events, errors or stored state. The client tells
+//! [`observe_requests`] observers when a request is really sent and when its
+//! first streamed token comes (the service's metrics count and time them).
 
 mod anthropic;
 mod client;
