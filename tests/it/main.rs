@@ -24,6 +24,7 @@ mod provider_faults;
 mod provider_limits;
 mod provider_quirks;
 mod provider_secrets;
+mod replicas;
 mod responses_api;
 mod serve;
 mod serve_limits;

@@ -1,0 +1,516 @@
+//! `arbor serve` as replicas over one shared store (issue 16): real server
+//! processes on one Postgres database (a fresh one per test on
+//! `ARBOR_PG_URL`, dropped after) and, where it is cheap, on one SQLite
+//! file. Every route on every replica: a stream opened on a replica that
+//! does not run the tree follows its journal, a control sent there reaches
+//! the owner (202, then the tree's events show it), a SIGTERM hands the
+//! trees over at once, a kill -9 loses no event of any stream.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::serve::{Server, Sse, TOKEN, client, encoded, get, post, stream};
+
+/// Bounds on what is awaited (none is reached when things work).
+const GUARD: Duration = Duration::from_secs(60);
+
+/// Trees the kill test starts, round-robin over three replicas: as many as
+/// run in well under a minute on two loaded cores (the issue's 300 are for
+/// a benchmark machine).
+const KILL_TREES: usize = 24;
+
+/// Trees one replica runs when it gets SIGTERM.
+const HANDOVER_TREES: usize = 40;
+
+const CONFIG: &str = r#"
+[limits]
+max_live_agents = 64
+deadline = "5m"
+
+[service]
+bind = "127.0.0.1:0"
+shutdown_timeout = "5s"
+
+# 13 agents (3 × 3 below the root), 150 ms a step: a tree runs for a second
+# or two, so a replica killed mid-load has trees under way.
+[models.sim]
+provider = "simulated"
+fanout = 3
+depth = 2
+latency = "150ms"
+reply_tokens = 5
+
+[agents.lead]
+model = "sim"
+spawnable_agents = ["worker"]
+
+[agents.worker]
+model = "sim"
+spawnable_agents = ["helper"]
+
+[agents.helper]
+model = "sim"
+
+# A model call that never ends on its own: a tree that runs until cancelled.
+[models.slow]
+provider = "simulated"
+fanout = 2
+depth = 1
+latency = "1h"
+
+[agents.sleeper]
+model = "slow"
+
+# A tool call that waits for a person's decision.
+[models.script]
+provider = "scripted"
+file = "script.json"
+
+[tools.say]
+description = "Says something out loud."
+input_schema = { type = "object", properties = { text = { type = "string" } }, required = ["text"] }
+command = ["echo", "{text}"]
+
+[agents.writer]
+model = "script"
+tools = ["say"]
+approve = ["say"]
+"#;
+
+/// One shared store: a SQLite file in the test's directory, or a Postgres
+/// database of its own (dropped with this).
+enum Shared {
+    Sqlite,
+    Postgres { server: String, name: String },
+}
+
+impl Shared {
+    /// A fresh database on `ARBOR_PG_URL`; fails (never skips) without it.
+    fn postgres(test: &str) -> Shared {
+        let server = std::env::var("ARBOR_PG_URL").unwrap_or_else(|_| {
+            panic!(
+                "ARBOR_PG_URL is unset: start a throwaway server with \
+                 `eval \"$(tests/pg/start)\"` (it prints ARBOR_PG_URL), then run the tests again"
+            )
+        });
+        let server = server.trim_end_matches('/').to_owned();
+        let name = format!("arbor_{test}_{}", std::process::id());
+        psql(
+            &format!("{server}/postgres"),
+            &format!("CREATE DATABASE {name}"),
+        );
+        Shared::Postgres { server, name }
+    }
+
+    /// What `--store` says.
+    fn store(&self) -> String {
+        match self {
+            Shared::Sqlite => "arbor.db".into(),
+            Shared::Postgres { server, name } => format!("{server}/{name}"),
+        }
+    }
+
+    /// `(tree, owner, epoch)` of every tree in the store.
+    fn claims(&self, dir: &Path) -> BTreeMap<String, (String, i64)> {
+        let query = "SELECT tree_id, owner, epoch FROM trees";
+        match self {
+            Shared::Sqlite => {
+                let db = rusqlite::Connection::open(dir.join("arbor.db")).unwrap();
+                db.busy_timeout(GUARD).unwrap();
+                let mut stmt = db.prepare(query).unwrap();
+                stmt.query_map([], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect()
+            }
+            Shared::Postgres { .. } => psql(&self.store(), query)
+                .lines()
+                .filter_map(|line| {
+                    let mut cols = line.split('|');
+                    let tree = cols.next()?.to_owned();
+                    let owner = cols.next()?.to_owned();
+                    let epoch = cols.next()?.parse().ok()?;
+                    Some((tree, (owner, epoch)))
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Shared::Postgres { server, name } = self {
+            psql(
+                &format!("{server}/postgres"),
+                &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            );
+        }
+    }
+}
+
+/// Runs one statement with `psql` (unaligned, tuples only); its output.
+fn psql(url: &str, sql: &str) -> String {
+    let out = Command::new("psql")
+        .args([
+            url,
+            "-X",
+            "-q",
+            "-A",
+            "-t",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            sql,
+        ])
+        .output()
+        .expect("psql runs (Debian's postgresql-client; tests/pg/start installs it)");
+    assert!(
+        out.status.success(),
+        "psql {sql:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The test's directory: the config and the approval test's script.
+fn setup(dir: &Path) -> String {
+    let script = json!({"replies": [{"agent": "writer", "steps": [
+        {"text": "Saying it.", "toolCalls": [{"name": "say", "input": {"text": "hello"}}]},
+        {"text": "Said."}
+    ]}]});
+    std::fs::write(dir.join("script.json"), script.to_string()).unwrap();
+    std::fs::write(dir.join("replicas.toml"), CONFIG).unwrap();
+    "replicas.toml".into()
+}
+
+/// A replica on the shared store, once it is ready.
+fn replica(dir: &Path, shared: &Shared) -> Server {
+    let store = shared.store();
+    let mut server = Server::start(
+        dir,
+        &["--config", "replicas.toml", "--store", &store],
+        Some(TOKEN),
+    );
+    server.wait_for("ready");
+    server
+}
+
+/// The pid of a replica (the process listening on its port).
+fn pid(server: &Server) -> i32 {
+    let port: u16 = server.base.rsplit(':').next().unwrap().parse().unwrap();
+    crate::support::listening_pid(port).expect("the replica listens") as i32
+}
+
+fn signal(server: &Server, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid(server)), signal).unwrap();
+}
+
+async fn start(server: &Server, agent: &str) -> (String, String) {
+    let (status, created) = post(server, "/v1/runs", json!({"agent": agent, "prompt": "go"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    (
+        created["treeId"].as_str().unwrap().to_owned(),
+        created["runId"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Reads a run's stream until `needle` is in it; the text read.
+async fn read_until(server: &Server, run_id: &str, needle: &str) -> String {
+    let response = client()
+        .get(server.url(&format!("/v1/runs/{}/events", encoded(run_id))))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "the stream of {run_id}");
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    tokio::time::timeout(GUARD, async {
+        while !text.contains(needle) {
+            let Some(chunk) = body.next().await else {
+                panic!("the stream ended before {needle:?}: {text}");
+            };
+            text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {needle:?} in the stream: {text}"));
+    text
+}
+
+/// Cancel and an approval sent to the replica that does not run the tree:
+/// answered 202 naming the owner, and the tree's events (streamed from that
+/// same replica) show them taking effect.
+async fn controls_reach_the_owner(shared: Shared) {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path());
+    let a = replica(dir.path(), &shared);
+    let b = replica(dir.path(), &shared);
+
+    // Cancel.
+    let (_, run_id) = start(&a, "sleeper").await;
+    let text = read_until(&b, &run_id, "event: stepStarted").await;
+    assert!(text.contains("event: agentStarted"), "{text}");
+    let (status, body) = post(
+        &b,
+        &format!("/v1/runs/{}/cancel", encoded(&run_id)),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert!(body["forwardedTo"].is_string(), "names the owner: {body}");
+    assert!(
+        body["note"].as_str().unwrap().contains("forwarded"),
+        "{body}"
+    );
+    let events = tokio::time::timeout(GUARD, stream(&b, &run_id, None, |_| {}))
+        .await
+        .expect("the stream on the other replica ends with the root's end");
+    let last = events.last().unwrap();
+    assert_eq!(last.event, "agentCancelled", "{events:?}");
+    assert_eq!(last.data["status"], "cancelled", "{:?}", last.data);
+    let (_, run) = get(&a, &format!("/v1/runs/{}", encoded(&run_id))).await;
+    assert_eq!(run["state"]["status"], "cancelled", "{run}");
+    // The tree has ended: a second cancel is refused as locally.
+    let (status, body) = post(
+        &b,
+        &format!("/v1/runs/{}/cancel", encoded(&run_id)),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+
+    // An approval.
+    let (tree_id, run_id) = start(&a, "writer").await;
+    read_until(&b, &run_id, "event: approvalRequested").await;
+    let (_, listed) = get(&a, &format!("/v1/trees/{tree_id}/approvals")).await;
+    let call = listed["approvals"][0]["toolCallId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .to_owned();
+    let (status, body) = post(
+        &b,
+        &format!("/v1/trees/{tree_id}/approvals/{}", encoded(&call)),
+        json!({"decision": "approve"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert!(body["forwardedTo"].is_string(), "{body}");
+    let text = read_until(&b, &run_id, "event: agentFinished").await;
+    assert!(text.contains("event: approvalDecided"), "{text}");
+    let (_, run) = get(&b, &format!("/v1/runs/{}", encoded(&run_id))).await;
+    assert_eq!(run["state"]["status"], "completed", "{run}");
+    assert!(
+        run["state"]["messageHistory"].to_string().contains("hello"),
+        "the approved command ran: {run}"
+    );
+    // What the owner counted.
+    let metrics = client()
+        .get(a.url("/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("arbor_replica_controls_applied_total 2"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_and_an_approval_sent_to_a_replica_that_does_not_own_the_tree_take_effect_sqlite()
+{
+    controls_reach_the_owner(Shared::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_and_an_approval_sent_to_a_replica_that_does_not_own_the_tree_take_effect_postgres()
+ {
+    controls_reach_the_owner(Shared::postgres("controls")).await;
+}
+
+/// SIGTERM one of two replicas with many trees running: the other has
+/// claimed every one of them (a later epoch, its own owner id) within 2 s.
+async fn sigterm_hands_over(shared: Shared) {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path());
+    let a = replica(dir.path(), &shared);
+    let b = replica(dir.path(), &shared);
+    let mut trees = BTreeSet::new();
+    for _ in 0..HANDOVER_TREES {
+        trees.insert(start(&a, "sleeper").await.0);
+    }
+    let before = shared.claims(dir.path());
+    let a_owner = before[trees.first().unwrap()].0.clone();
+    assert!(
+        trees.iter().all(|t| before[t].0 == a_owner),
+        "A owns them all: {before:?}"
+    );
+    let (status, _) = a.terminate();
+    assert!(status.success());
+    // From A's exit: every tree claimed by B, bounded by the issue's 2 s.
+    let exited = Instant::now();
+    let handed = loop {
+        let now = shared.claims(dir.path());
+        let pending: Vec<&String> = trees
+            .iter()
+            .filter(|t| now[*t].0 == a_owner || now[*t].1 <= before[*t].1)
+            .collect();
+        if pending.is_empty() {
+            break Ok(now);
+        }
+        if exited.elapsed() > Duration::from_secs(2) {
+            break Err(format!("{} not adopted: {pending:?}", pending.len()));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let now = handed.unwrap_or_else(|e| panic!("within 2 s of the SIGTERM: {e}"));
+    let b_owner = &now[trees.first().unwrap()].0;
+    assert!(trees.iter().all(|t| &now[t].0 == b_owner), "{now:?}");
+    // B runs them: a cancel on B is local (no forwarding).
+    let root = format!("{}/0", trees.first().unwrap());
+    let (status, body) = post(
+        &b,
+        &format!("/v1/runs/{}/cancel", encoded(&root)),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert!(body.get("forwardedTo").is_none(), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_of_one_of_two_replicas_hands_all_its_trees_to_the_other_within_2s_sqlite() {
+    sigterm_hands_over(Shared::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_of_one_of_two_replicas_hands_all_its_trees_to_the_other_within_2s_postgres() {
+    sigterm_hands_over(Shared::postgres("handover")).await;
+}
+
+/// Follows a run's stream to its end across replicas: when the replica it
+/// reads from dies, it reconnects to the next one with `Last-Event-ID`.
+async fn follow_to_the_end(servers: &[&Server], first: usize, run_id: &str) -> Vec<Sse> {
+    let mut seen: Vec<Sse> = Vec::new();
+    for attempt in 0..servers.len() * 2 {
+        let server = servers[(first + attempt) % servers.len()];
+        let last = seen.last().map(|e| e.id);
+        // Kept as they arrive: a stream cut by its replica's death (the
+        // helper panics on the broken body) keeps what it had read.
+        let got = std::sync::Mutex::new(Vec::new());
+        let read = stream(server, run_id, last, |e| {
+            got.lock().unwrap().push(e.clone())
+        });
+        let ended = tokio::time::timeout(
+            GUARD,
+            futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(read)),
+        )
+        .await;
+        assert!(ended.is_ok(), "{run_id}: the stream did not end");
+        seen.extend(got.into_inner().unwrap());
+        if seen
+            .last()
+            .is_some_and(|e| e.event == "agentFinished" && e.data["runId"] == run_id)
+        {
+            return seen;
+        }
+    }
+    panic!("{run_id}: no stream reached the root's end: {seen:?}");
+}
+
+/// Three replicas, trees started round-robin, each streamed from a replica
+/// that does not run it; one replica is killed (SIGKILL) mid-load. Every
+/// tree completes (the dead replica's adopted after their owner is gone),
+/// every stream ends with its root's final event and holds exactly the
+/// tree's journal (no seq twice, none missing), and replays of adopted
+/// trees match.
+async fn a_kill_loses_nothing(shared: Shared) {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path());
+    let servers = [
+        replica(dir.path(), &shared),
+        replica(dir.path(), &shared),
+        replica(dir.path(), &shared),
+    ];
+    let refs: Vec<&Server> = servers.iter().collect();
+    let mut started = Vec::new();
+    for i in 0..KILL_TREES {
+        let (tree, run) = start(&servers[i % 3], "lead").await;
+        started.push((i % 3, tree, run));
+    }
+    let streams = futures::future::join_all(
+        started
+            .iter()
+            .map(|(owner, _, run)| follow_to_the_end(&refs, (owner + 1) % 3, run)),
+    );
+    let kill = async {
+        // Mid-load: the killed replica's first tree is under way.
+        read_until(&servers[1], &started[0].2, "event: agentStarted").await;
+        signal(&servers[0], nix::sys::signal::Signal::SIGKILL);
+    };
+    let (streams, ()) = tokio::join!(streams, kill);
+    for ((_, tree, run), events) in started.iter().zip(&streams) {
+        let ids: Vec<u64> = events.iter().map(|e| e.id).collect();
+        let unique: BTreeSet<u64> = ids.iter().copied().collect();
+        assert_eq!(unique.len(), ids.len(), "{run}: a seq twice: {ids:?}");
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "{run}: {ids:?}");
+        // The whole journal, read afresh from a live replica.
+        let journal = stream(&servers[1], run, None, |_| {}).await;
+        let want: Vec<u64> = journal.iter().map(|e| e.id).collect();
+        assert_eq!(ids, want, "{run}: the stream is the journal");
+        let (_, view) = get(&servers[2], &format!("/v1/trees/{tree}")).await;
+        assert_eq!(view["tree"]["status"], "completed", "{view}");
+        assert_eq!(view["nodes"].as_array().unwrap().len(), 13, "{view}");
+    }
+    // The killed replica's trees that were adopted (resumed at least once).
+    let adopted: Vec<&String> = started
+        .iter()
+        .filter(|(owner, _, _)| *owner == 0)
+        .map(|(_, tree, _)| tree)
+        .collect();
+    let store = shared.store();
+    let mut replayed = 0;
+    for tree in adopted {
+        let (_, view) = get(&servers[1], &format!("/v1/trees/{tree}")).await;
+        if view["tree"]["resumes"].as_u64().unwrap_or(0) == 0 {
+            continue;
+        }
+        let out = crate::arbor_in(dir.path(), &["replay", tree, "--store", &store]);
+        assert!(
+            crate::text(&out.stdout).starts_with("match: 13 runs"),
+            "{tree}: {}{}",
+            crate::text(&out.stdout),
+            crate::text(&out.stderr)
+        );
+        replayed += 1;
+        if replayed == 3 {
+            break;
+        }
+    }
+    assert!(
+        replayed > 0,
+        "no tree of the killed replica was adopted mid-run"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_one_killed_mid_load_every_tree_completes_and_every_stream_is_whole_sqlite()
+{
+    a_kill_loses_nothing(Shared::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_one_killed_mid_load_every_tree_completes_and_every_stream_is_whole_postgres()
+ {
+    a_kill_loses_nothing(Shared::postgres("kill")).await;
+}
