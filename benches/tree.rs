@@ -1,15 +1,19 @@
-//! Agent trees on the zero-latency simulated model, against a bare ractor tree.
+//! Agent trees on the zero-latency simulated model, against bare trees.
 //!
-//! - `tree_f10_d4`: 11,111 agents, each inheriting a 100-message history of
-//!   200 B messages. `bare_ractor` is `run_bare_tree` (linked actors that spawn,
-//!   wait for their children's replies and stop; each deep-copies its parent's
-//!   messages); `arbor` is one tree on a supervisor built by
-//!   `LoadOptions::supervisor()` (the `arbor loadtest` setup), started and
-//!   waited for; `arbor_observed` is the same with the load test's `Collector`
-//!   observing every event, as `arbor loadtest` runs. Throughput is per agent.
+//! - `tree_f10_d4` (11,111 agents) and `tree_f10_d2` (111 agents), each agent
+//!   inheriting a 100-message history of 200 B messages. `arbor` is one tree
+//!   on a supervisor built by `LoadOptions::supervisor()` (the `arbor loadtest`
+//!   setup), started and waited for; `arbor_observed` is the same with the load
+//!   test's `Collector` observing every event, as `arbor loadtest` runs. The
+//!   baselines are `run_bare` of each `BareKind`: `bare_shared` (linked actors
+//!   that spawn, wait for their children's replies and stop, each holding its
+//!   parent's history by reference: the baseline that counts), `bare_none` (no
+//!   history), `bare_copied` (a deep-copied `Vec` per actor, the old baseline)
+//!   and `bare_tokio` (tasks in `JoinSet`s, no actors, shared history).
+//!   Throughput is per agent.
 //! - `history_handoff`: a root and 10 children inheriting 10, 100 or 1000
-//!   messages: Arbor hands children a shared history (O(1)), the bare tree
-//!   copies it.
+//!   messages: Arbor hands children a shared history (O(1)); `bare_shared`
+//!   shares it too, `bare_copied` copies it.
 //! - `agent_step`: a tree of one agent that answers at once: start, one step,
 //!   finish.
 //!
@@ -25,7 +29,7 @@ use std::time::Duration;
 
 use arbor::actors::AgentStatus;
 use arbor::actors::history::History;
-use arbor::loadtest::{Collector, LoadOptions, run_bare_tree};
+use arbor::loadtest::{BareKind, Collector, LoadOptions, run_bare};
 use arbor::supervisor::{StartRequest, Supervisor};
 use criterion::{
     BatchSize, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
@@ -66,27 +70,31 @@ fn observed(options: &LoadOptions) -> Supervisor {
     supervisor
 }
 
-fn tree_f10_d4(c: &mut Criterion) {
+/// One group: Arbor's tree (plain and observed) and every bare tree, at
+/// fanout 10 and `depth`, with a 100-message history.
+fn tree_group(c: &mut Criterion, depth: usize, measurement: Duration) {
     let rt = runtime();
     let options = LoadOptions {
-        shape: vec![10; 4],
+        shape: vec![10; depth],
         history: 100,
         msg_bytes: 200,
         ..Default::default()
     };
     let root_history = options.root_history();
-    let mut group = c.benchmark_group("tree_f10_d4");
+    let mut group = c.benchmark_group(format!("tree_f10_d{depth}"));
     group
         .sample_size(10)
         // One iteration a sample: a tree takes 0.1-0.5 s.
         .sampling_mode(SamplingMode::Flat)
         .warm_up_time(Duration::from_secs(2))
-        .measurement_time(Duration::from_secs(5))
+        .measurement_time(measurement)
         .throughput(Throughput::Elements(options.agents()));
-    group.bench_function("bare_ractor", |b| {
-        b.to_async(&rt)
-            .iter(|| run_bare_tree(&options.shape, options.history, options.msg_bytes));
-    });
+    for kind in BareKind::ALL {
+        group.bench_function(format!("bare_{kind}"), |b| {
+            b.to_async(&rt)
+                .iter(|| run_bare(kind, &options.shape, options.history, options.msg_bytes));
+        });
+    }
     group.bench_function("arbor", |b| {
         b.to_async(&rt).iter_batched(
             || options.supervisor().expect("supervisor"),
@@ -102,6 +110,14 @@ fn tree_f10_d4(c: &mut Criterion) {
         );
     });
     group.finish();
+}
+
+fn tree_f10_d4(c: &mut Criterion) {
+    tree_group(c, 4, Duration::from_secs(5));
+}
+
+fn tree_f10_d2(c: &mut Criterion) {
+    tree_group(c, 2, Duration::from_secs(3));
 }
 
 fn history_handoff(c: &mut Criterion) {
@@ -126,14 +142,16 @@ fn history_handoff(c: &mut Criterion) {
                 BatchSize::SmallInput,
             );
         });
-        group.bench_with_input(
-            BenchmarkId::new("bare_ractor", messages),
-            &options,
-            |b, o| {
-                b.to_async(&rt)
-                    .iter(|| run_bare_tree(&o.shape, o.history, o.msg_bytes));
-            },
-        );
+        for kind in [BareKind::Shared, BareKind::Copied] {
+            group.bench_with_input(
+                BenchmarkId::new(format!("bare_{kind}"), messages),
+                &options,
+                |b, o| {
+                    b.to_async(&rt)
+                        .iter(|| run_bare(kind, &o.shape, o.history, o.msg_bytes));
+                },
+            );
+        }
     }
     group.finish();
 }
@@ -156,11 +174,17 @@ fn agent_step(c: &mut Criterion) {
             BatchSize::SmallInput,
         );
     });
-    group.bench_function("bare_ractor", |b| {
-        b.to_async(&rt).iter(|| run_bare_tree(&[], 0, 0));
+    group.bench_function("bare_none", |b| {
+        b.to_async(&rt).iter(|| run_bare(BareKind::None, &[], 0, 0));
     });
     group.finish();
 }
 
-criterion_group!(benches, tree_f10_d4, history_handoff, agent_step);
+criterion_group!(
+    benches,
+    tree_f10_d4,
+    tree_f10_d2,
+    history_handoff,
+    agent_step
+);
 criterion_main!(benches);

@@ -391,9 +391,19 @@ pub(crate) struct LoadtestArgs {
     /// Draw live agents over time and the latency distribution as SVG.
     #[arg(long)]
     pub(crate) plot: Option<PathBuf>,
-    /// Also run a bare ractor tree of the same shape and report the ratio.
+    /// Also run a bare tree of the same shape (--baseline-kind) and report
+    /// Arbor's ratio to it.
     #[arg(long)]
     pub(crate) baseline: bool,
+    /// Which bare tree --baseline runs (giving it implies --baseline): shared
+    /// (actors sharing the history by reference, the default), none (no
+    /// history), copied (a deep copy per actor), tokio (tasks, no actors), all.
+    #[arg(long, value_enum)]
+    pub(crate) baseline_kind: Option<super::loadtest::BaselineChoice>,
+    /// Run only the baseline, not Arbor's tree: the process then measures the
+    /// bare tree alone (whole-process CPU and RSS).
+    #[arg(long, conflicts_with_all = ["model", "max_live", "plot", "store", "latency"])]
+    pub(crate) baseline_only: bool,
     /// Store the trees in this SQLite file and keep it (default: a temporary
     /// file, removed after the run).
     #[arg(long)]

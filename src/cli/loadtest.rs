@@ -6,8 +6,49 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
+use arbor::loadtest::BareKind;
+
 use super::args::LoadtestArgs;
 use super::{configured_model, load_config};
+
+/// `--baseline-kind`: one bare tree, or all of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum BaselineChoice {
+    /// Actors that share the parent's history by reference (the default).
+    Shared,
+    /// Actors with no history.
+    None,
+    /// Actors that each deep-copy the parent's history.
+    Copied,
+    /// Tokio tasks (no actors) that share the history by reference.
+    Tokio,
+    /// Every kind, one after the other.
+    All,
+}
+
+impl BaselineChoice {
+    fn kinds(self) -> Vec<BareKind> {
+        match self {
+            BaselineChoice::Shared => vec![BareKind::Shared],
+            BaselineChoice::None => vec![BareKind::None],
+            BaselineChoice::Copied => vec![BareKind::Copied],
+            BaselineChoice::Tokio => vec![BareKind::Tokio],
+            BaselineChoice::All => BareKind::ALL.to_vec(),
+        }
+    }
+}
+
+impl LoadtestArgs {
+    /// The bare trees to run: none unless a baseline flag is given, `shared`
+    /// when no kind is named.
+    fn baseline_kinds(&self) -> Vec<BareKind> {
+        match self.baseline_kind {
+            Some(choice) => choice.kinds(),
+            None if self.baseline || self.baseline_only => vec![BareKind::Shared],
+            None => Vec::new(),
+        }
+    }
+}
 
 /// The largest tree `arbor loadtest` runs (10⁸ agents; the 1.1 M tree of
 /// BENCHMARKS.md takes ~20 s).
@@ -17,7 +58,7 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal;
     use std::sync::Arc;
 
-    use arbor::loadtest::{Collector, LoadOptions, run_bare_tree, run_once, write_plot};
+    use arbor::loadtest::{Collector, LoadOptions, run_baseline, run_once, write_plot};
     use arbor_actors::models::Latency;
 
     let shape = args
@@ -75,10 +116,12 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
     // user's own store is not filled with load-test trees.
     let scratch = tempfile_path();
     let mut options = options;
-    if !args.no_store {
+    if !args.no_store && !args.baseline_only {
         options.store = Some(args.store.clone().unwrap_or_else(|| scratch.clone()));
     }
-    let cleanup = RemoveOnDrop((!args.no_store && args.store.is_none()).then_some(scratch));
+    let cleanup = RemoveOnDrop(
+        (!args.no_store && !args.baseline_only && args.store.is_none()).then_some(scratch),
+    );
     // Ctrl-C or SIGTERM mid-run: the scratch store goes too (`until_signal`
     // ends the process without unwinding, so it is removed here first).
     // The handlers are in place (registered here, before the store is made)
@@ -103,7 +146,12 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
     let _cleanup = cleanup;
     let total = options.agents();
     let mut reports = Vec::new();
-    for round in 1..=options.repeat {
+    let arbor_rounds = if args.baseline_only {
+        0
+    } else {
+        options.repeat
+    };
+    for round in 1..=arbor_rounds {
         let supervisor = options.supervisor()?;
         let collector = Arc::new(Collector::default());
         {
@@ -151,22 +199,63 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
         out!("{}", report.table(options.model.is_some()))?;
         reports.push(report);
     }
-    if args.baseline {
-        let start = std::time::Instant::now();
-        run_bare_tree(&options.shape, options.history, options.msg_bytes).await;
-        let bare = start.elapsed().as_secs_f64() * 1e6 / total as f64;
-        let arbor = reports
-            .iter()
-            .map(|r| r.us_per_agent)
-            .fold(f64::INFINITY, f64::min);
+    // Each baseline runs as many times as Arbor's tree; the best of each
+    // figure is compared with Arbor's best.
+    let kinds = args.baseline_kinds();
+    let mut baselines = Vec::new();
+    for round in 1..=options.repeat {
+        for (i, &kind) in kinds.iter().enumerate() {
+            let first = args.baseline_only && round == 1 && i == 0;
+            let report = run_baseline(kind, &options, first).await;
+            if args.baseline_only {
+                outln!(
+                    "baseline {kind}{}: {} nodes in {:.3} s",
+                    if options.repeat > 1 {
+                        format!(" {round}/{}", options.repeat)
+                    } else {
+                        String::new()
+                    },
+                    report.nodes,
+                    report.wall_secs
+                )?;
+                out!("{}", report.table())?;
+            }
+            baselines.push(report);
+        }
+    }
+    if !reports.is_empty() && !kinds.is_empty() {
+        let best = |f: fn(&arbor::loadtest::LoadReport) -> f64| {
+            reports.iter().map(f).fold(f64::INFINITY, f64::min)
+        };
+        let arbor = (best(|r| r.us_per_agent), best(|r| r.cpu_us_per_agent));
         outln!(
-            "  {:<28} {bare:.2} µs per agent (Arbor/bare: {:.2}×)",
-            "bare ractor tree",
-            arbor / bare
+            "  {:<28} {:.2} µs wall, {:.2} µs CPU per agent (best of {})",
+            "Arbor",
+            arbor.0,
+            arbor.1,
+            reports.len()
         )?;
+        for &kind in &kinds {
+            let runs = baselines.iter().filter(|b| b.kind == kind);
+            let Some(mut row) = runs.clone().next().cloned() else {
+                continue;
+            };
+            row.us_per_agent = runs
+                .clone()
+                .map(|b| b.us_per_agent)
+                .fold(f64::INFINITY, f64::min);
+            row.cpu_us_per_agent = runs
+                .map(|b| b.cpu_us_per_agent)
+                .fold(f64::INFINITY, f64::min);
+            out!("{}", row.ratio_row(arbor))?;
+        }
     }
     if let Some(path) = &args.json {
-        let json = if reports.len() == 1 {
+        let json = if !baselines.is_empty() {
+            serde_json::to_string_pretty(
+                &serde_json::json!({ "runs": reports, "baselines": baselines }),
+            )?
+        } else if reports.len() == 1 {
             serde_json::to_string_pretty(&reports[0])?
         } else {
             serde_json::to_string_pretty(&reports)?
@@ -176,7 +265,8 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
     if let (Some(path), Some(last)) = (&args.plot, reports.last()) {
         write_plot(last, path).map_err(|e| anyhow::anyhow!(e))?;
     }
-    let all_completed = reports.iter().all(|r| r.completed);
+    let all_completed =
+        reports.iter().all(|r| r.completed) && baselines.iter().all(|b| b.nodes == total);
     Ok(if all_completed {
         ExitCode::SUCCESS
     } else {

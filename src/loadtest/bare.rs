@@ -1,30 +1,213 @@
-//! The baseline: a bare ractor tree of the same shape. Each actor spawns its
-//! children linked (from a task, as Arbor does), waits for their replies,
-//! replies to its parent and stops. No state machine, no events: what an actor
-//! tree costs by itself.
+//! The baselines: bare trees of the same shape as the load test's, with none
+//! of Arbor's machinery (no state machine, no events, no model). What a tree
+//! of actors, or of tasks, costs by itself.
+//!
+//! Four kinds ([`BareKind`]), which differ only in what a node holds:
+//!
+//! - `shared`: the parent's history by reference (one `Arc<[Arc<str>]>` that a
+//!   parent builds once for all its children) plus the node's own message, as
+//!   Arbor shares its histories. This is the baseline Arbor's ratios are
+//!   against.
+//! - `none`: no history at all.
+//! - `copied`: a deep-copied `Vec<String>` of the parent's messages in every
+//!   node (what a runtime without shared histories would do). Kept only to
+//!   compare with the figures measured against it before.
+//! - `tokio`: the `shared` tree as bare tokio tasks, no ractor: each node is a
+//!   spawned task that spawns its children into a `JoinSet` and waits for them.
+//!
+//! The actor kinds spawn each actor's children linked, one after the other from
+//! a task (as Arbor does), wait for their replies, reply to the parent and stop.
 
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::oneshot;
+use tokio::task::JoinSet;
 
-pub struct BareNode;
+/// Which bare tree a baseline runs (see the module's documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BareKind {
+    /// Actors holding the parent's history by reference, plus their own message.
+    Shared,
+    /// Actors with no history.
+    None,
+    /// Actors each holding a deep copy of the parent's history.
+    Copied,
+    /// Tokio tasks (no ractor) holding the history by reference, like `Shared`.
+    Tokio,
+}
 
-pub enum BareMsg {
+impl BareKind {
+    /// Every kind, in the order reports list them (`shared` first: the ratios
+    /// that count are against it).
+    pub const ALL: [BareKind; 4] = [
+        BareKind::Shared,
+        BareKind::None,
+        BareKind::Copied,
+        BareKind::Tokio,
+    ];
+
+    /// The kind's name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            BareKind::Shared => "shared",
+            BareKind::None => "none",
+            BareKind::Copied => "copied",
+            BareKind::Tokio => "tokio",
+        }
+    }
+
+    /// What the kind is, in a few words, for the printed report.
+    pub fn label(self) -> &'static str {
+        match self {
+            BareKind::Shared => "bare ractor, shared history",
+            BareKind::None => "bare ractor, no history",
+            BareKind::Copied => "bare ractor, copied history",
+            BareKind::Tokio => "bare tokio, shared history",
+        }
+    }
+}
+
+impl fmt::Display for BareKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A baseline name that is none of the kinds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown baseline {0:?}: expected shared, none, copied or tokio")]
+pub struct UnknownBareKind(pub String);
+
+impl FromStr for BareKind {
+    type Err = UnknownBareKind;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        BareKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| UnknownBareKind(s.to_owned()))
+    }
+}
+
+/// What one bare tree did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BareRun {
+    /// Nodes that ran, the root included.
+    pub nodes: u64,
+    /// Most nodes alive (started and not yet finished) at once.
+    pub alive_max: usize,
+}
+
+/// Counts nodes as they start and finish.
+#[derive(Default)]
+struct Gauge {
+    nodes: AtomicUsize,
+    alive: AtomicUsize,
+    alive_max: AtomicUsize,
+}
+
+impl Gauge {
+    fn up(&self) {
+        self.nodes.fetch_add(1, Ordering::Relaxed);
+        let alive = self.alive.fetch_add(1, Ordering::Relaxed) + 1;
+        self.alive_max.fetch_max(alive, Ordering::Relaxed);
+    }
+
+    fn down(&self) {
+        self.alive.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn run(&self) -> BareRun {
+        BareRun {
+            nodes: self.nodes.load(Ordering::Acquire) as u64,
+            alive_max: self.alive_max.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// A node's history.
+enum NodeHistory {
+    None,
+    /// Every message copied into this node.
+    Copied(Vec<String>),
+    /// The parent's messages, shared with the siblings, and this node's own.
+    Shared {
+        inherited: Arc<[Arc<str>]>,
+        own: Arc<str>,
+    },
+}
+
+impl NodeHistory {
+    /// The history of a parent's children: a deep copy for `Copied`; for
+    /// `Shared`, the parent's messages and its own message, built once and
+    /// shared by every child.
+    fn for_children(&self) -> ChildHistory {
+        match self {
+            NodeHistory::None => ChildHistory::None,
+            NodeHistory::Copied(messages) => ChildHistory::Copied(messages.clone()),
+            NodeHistory::Shared { inherited, own } => {
+                ChildHistory::Shared(extended(inherited, own))
+            }
+        }
+    }
+}
+
+/// `inherited` followed by `own`: what a parent's children inherit.
+fn extended(inherited: &[Arc<str>], own: &Arc<str>) -> Arc<[Arc<str>]> {
+    inherited
+        .iter()
+        .cloned()
+        .chain(std::iter::once(own.clone()))
+        .collect()
+}
+
+/// What a parent hands each of its children.
+enum ChildHistory {
+    None,
+    Copied(Vec<String>),
+    Shared(Arc<[Arc<str>]>),
+}
+
+impl ChildHistory {
+    fn child(&self, depth: usize, index: usize) -> NodeHistory {
+        match self {
+            ChildHistory::None => NodeHistory::None,
+            ChildHistory::Copied(messages) => NodeHistory::Copied(messages.clone()),
+            ChildHistory::Shared(inherited) => NodeHistory::Shared {
+                inherited: inherited.clone(),
+                own: prompt(depth, index),
+            },
+        }
+    }
+}
+
+/// A child's own message: the task its parent gives it.
+fn prompt(depth: usize, index: usize) -> Arc<str> {
+    Arc::from(format!("task {index} at depth {depth}"))
+}
+
+struct BareNode;
+
+enum BareMsg {
     ChildDone,
 }
 
-pub struct BareArgs {
+struct BareArgs {
     shape: Arc<[usize]>,
     depth: usize,
     parent: Option<ActorRef<BareMsg>>,
     done: Option<oneshot::Sender<()>>,
-    /// Each node owns a copy of its parent's messages (a deep-copied `Vec`, as a
-    /// runtime without shared histories would do).
-    history: Vec<String>,
+    gauge: Arc<Gauge>,
+    history: NodeHistory,
 }
 
-pub struct BareState {
+struct BareState {
     args: BareArgs,
     waiting: usize,
 }
@@ -39,6 +222,7 @@ impl Actor for BareNode {
         _myself: ActorRef<BareMsg>,
         args: BareArgs,
     ) -> Result<BareState, ActorProcessingErr> {
+        args.gauge.up();
         let waiting = args.shape.get(args.depth).copied().unwrap_or(0);
         Ok(BareState { args, waiting })
     }
@@ -52,20 +236,22 @@ impl Actor for BareNode {
             finish(&myself, state);
             return Ok(());
         }
-        let (shape, depth, history) = (
+        let (shape, depth, gauge) = (
             state.args.shape.clone(),
             state.args.depth + 1,
-            state.args.history.clone(),
+            state.args.gauge.clone(),
         );
+        let history = state.args.history.for_children();
         let fanout = state.waiting;
         tokio::spawn(async move {
-            for _ in 0..fanout {
+            for index in 0..fanout {
                 let args = BareArgs {
                     shape: shape.clone(),
                     depth,
                     parent: Some(myself.clone()),
                     done: None,
-                    history: history.clone(),
+                    gauge: gauge.clone(),
+                    history: history.child(depth, index),
                 };
                 if Actor::spawn_linked(None, BareNode, args, myself.get_cell())
                     .await
@@ -106,6 +292,7 @@ impl Actor for BareNode {
 }
 
 fn finish(myself: &ActorRef<BareMsg>, state: &mut BareState) {
+    state.args.gauge.down();
     if let Some(parent) = &state.args.parent {
         let _ = parent.cast(BareMsg::ChildDone);
     }
@@ -115,18 +302,129 @@ fn finish(myself: &ActorRef<BareMsg>, state: &mut BareState) {
     myself.stop(None);
 }
 
-/// Runs a bare tree of `shape` whose nodes each carry `history` messages of
-/// `msg_bytes` bytes; returns when the root has heard from every child.
-pub async fn run_bare_tree(shape: &[usize], history: usize, msg_bytes: usize) {
+/// One node of the tokio tree: spawns its children as tasks, waits for them
+/// all, and ends. It holds its history until then, as an actor would.
+fn tokio_node(
+    shape: Arc<[usize]>,
+    depth: usize,
+    inherited: Arc<[Arc<str>]>,
+    own: Arc<str>,
+    gauge: Arc<Gauge>,
+) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        gauge.up();
+        let fanout = shape.get(depth).copied().unwrap_or(0);
+        if fanout > 0 {
+            let children = extended(&inherited, &own);
+            let mut set = JoinSet::new();
+            for index in 0..fanout {
+                set.spawn(tokio_node(
+                    shape.clone(),
+                    depth + 1,
+                    children.clone(),
+                    prompt(depth + 1, index),
+                    gauge.clone(),
+                ));
+            }
+            while set.join_next().await.is_some() {}
+        }
+        drop((inherited, own));
+        gauge.down();
+    })
+}
+
+/// Runs a bare tree of `kind` and `shape` whose root starts with `history`
+/// messages of `msg_bytes` bytes; returns when every node has finished.
+pub async fn run_bare(
+    kind: BareKind,
+    shape: &[usize],
+    history: usize,
+    msg_bytes: usize,
+) -> BareRun {
+    let gauge = Arc::new(Gauge::default());
+    let messages = || (0..history).map(|_| "x".repeat(msg_bytes));
+    let shared = || -> Arc<[Arc<str>]> { messages().map(Arc::from).collect() };
+    let history = match kind {
+        BareKind::Tokio => {
+            // The root is a task too, like every node.
+            let root = tokio_node(shape.into(), 0, shared(), prompt(0, 0), gauge.clone());
+            let _ = tokio::spawn(root).await;
+            return gauge.run();
+        }
+        BareKind::Shared => NodeHistory::Shared {
+            inherited: shared(),
+            own: prompt(0, 0),
+        },
+        BareKind::None => NodeHistory::None,
+        BareKind::Copied => NodeHistory::Copied(messages().collect()),
+    };
     let (tx, rx) = oneshot::channel();
     let args = BareArgs {
         shape: shape.into(),
         depth: 0,
         parent: None,
         done: Some(tx),
-        history: (0..history).map(|_| "x".repeat(msg_bytes)).collect(),
+        gauge: gauge.clone(),
+        history,
     };
     if Actor::spawn(None, BareNode, args).await.is_ok() {
         let _ = rx.await;
+    }
+    gauge.run()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_reads_back_from_its_name_and_a_wrong_name_lists_them() {
+        for kind in BareKind::ALL {
+            assert_eq!(kind.name().parse::<BareKind>(), Ok(kind));
+        }
+        let err = "copy".parse::<BareKind>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown baseline \"copy\": expected shared, none, copied or tokio"
+        );
+    }
+
+    #[test]
+    fn a_shared_history_is_built_once_per_parent_and_shared_by_its_children() {
+        let parent = NodeHistory::Shared {
+            inherited: vec![Arc::<str>::from("a"), Arc::from("b")].into(),
+            own: Arc::from("mine"),
+        };
+        let children = parent.for_children();
+        let (
+            NodeHistory::Shared { inherited: one, .. },
+            NodeHistory::Shared {
+                inherited: two,
+                own,
+            },
+        ) = (children.child(1, 0), children.child(1, 1))
+        else {
+            panic!("a shared parent has shared children")
+        };
+        assert!(Arc::ptr_eq(&one, &two), "siblings share one history");
+        assert_eq!(
+            one.iter().map(|m| &**m).collect::<Vec<_>>(),
+            ["a", "b", "mine"]
+        );
+        assert_eq!(&*own, "task 1 at depth 1");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_kind_runs_every_node_of_the_shape() {
+        for kind in BareKind::ALL {
+            let run = tokio::time::timeout(
+                std::time::Duration::from_secs(60),
+                run_bare(kind, &[3, 4], 5, 10),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("the {kind} tree did not end in 60 s"));
+            assert_eq!(run.nodes, 1 + 3 + 12, "{kind}");
+            assert!(run.alive_max >= 1 && run.alive_max <= 16, "{kind}: {run:?}");
+        }
     }
 }

@@ -16,9 +16,9 @@ use arbor_actors::models::{Latency, SimulatedConfig, SimulatedModel};
 use arbor_actors::{AgentStatus, AgentTemplate, Model};
 use arbor_supervisor::{Catalog, Retain, StartRequest, Supervisor, TreeLimits};
 
-pub use bare::run_bare_tree;
+pub use bare::{BareKind, BareRun, UnknownBareKind, run_bare};
 pub use collect::{Answers, Collector, Measured, Percentiles, TokenFigures};
-pub use report::{LoadReport, write_plot};
+pub use report::{BaselineMemory, BaselineReport, LoadReport, cpu_time, write_plot};
 use shaped::ShapedModel;
 
 /// What to run.
@@ -160,6 +160,7 @@ pub async fn run_once(
 ) -> Result<LoadReport, arbor_supervisor::Error> {
     let rss_before = report::rss_bytes().unwrap_or(0);
     let start = Instant::now();
+    let cpu_start = cpu_time().unwrap_or_default();
     let handle = supervisor
         .start(StartRequest {
             agent: "node".into(),
@@ -185,13 +186,14 @@ pub async fn run_once(
     let tree_done = start.elapsed();
     supervisor.flush().await?;
     let wall = start.elapsed();
+    let cpu = cpu_time().unwrap_or_default().saturating_sub(cpu_start);
     collector.sample();
     tick(collector);
     let mut report = LoadReport::new(
         options,
         collector,
         tree_id,
-        wall,
+        (wall, cpu),
         result.state.status == AgentStatus::Completed,
         rss_before,
     );
@@ -201,4 +203,22 @@ pub async fn run_once(
         .as_ref()
         .map(|_| (wall - tree_done).as_secs_f64());
     Ok(report)
+}
+
+/// Runs one bare tree of `kind` on the shape and history of `options` (see
+/// [`BareKind`]) and measures its wall and CPU time. With `first_in_process`
+/// (nothing else has run in this process: `arbor loadtest --baseline-only`)
+/// the report has its memory figures too.
+pub async fn run_baseline(
+    kind: BareKind,
+    options: &LoadOptions,
+    first_in_process: bool,
+) -> BaselineReport {
+    let rss_before = first_in_process.then(|| report::rss_bytes().unwrap_or(0));
+    let start = Instant::now();
+    let cpu_start = cpu_time().unwrap_or_default();
+    let run = run_bare(kind, &options.shape, options.history, options.msg_bytes).await;
+    let wall = start.elapsed();
+    let cpu = cpu_time().unwrap_or_default().saturating_sub(cpu_start);
+    BaselineReport::new(kind, run, (wall, cpu), rss_before)
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::LoadOptions;
+use super::bare::{BareKind, BareRun};
 use super::collect::{Collector, Measured, TokenFigures};
 
 /// Microseconds in the unit that reads best: `850 µs`, `12.3 ms`, `4.20 s`.
@@ -57,6 +58,11 @@ pub struct LoadReport {
     pub agents_per_sec: f64,
     /// Microseconds of `wall_secs` per agent started.
     pub us_per_agent: f64,
+    /// CPU seconds (user + system, every thread of the process) from the start
+    /// request to the tree's end (and, with a store, to the last write).
+    pub cpu_secs: f64,
+    /// Microseconds of `cpu_secs` per agent started.
+    pub cpu_us_per_agent: f64,
     /// Most agents stepping (holding a live slot) at once.
     pub live_max: i64,
     /// Most agents alive at once (stepping, suspended while children run, finishing).
@@ -84,7 +90,7 @@ impl LoadReport {
         options: &LoadOptions,
         c: &Collector,
         tree_id: String,
-        wall: Duration,
+        (wall, cpu): (Duration, Duration),
         completed: bool,
         rss_before: u64,
     ) -> Self {
@@ -114,11 +120,9 @@ impl LoadReport {
             } else {
                 0.0
             },
-            us_per_agent: if started > 0 {
-                secs * 1e6 / started as f64
-            } else {
-                0.0
-            },
+            us_per_agent: per_agent_us(secs, started),
+            cpu_secs: cpu.as_secs_f64(),
+            cpu_us_per_agent: per_agent_us(cpu.as_secs_f64(), started),
             live_max,
             alive_max,
             peak_rss_bytes: peak,
@@ -163,6 +167,13 @@ impl LoadReport {
         row("wall time", format!("{:.3} s", self.wall_secs));
         row("agents/s", format!("{:.0}", self.agents_per_sec));
         row("per agent", format!("{:.2} µs", self.us_per_agent));
+        row(
+            "CPU",
+            format!(
+                "{:.3} s ({:.2} µs per agent)",
+                self.cpu_secs, self.cpu_us_per_agent
+            ),
+        );
         let p = &self.measured.spawn_to_reply_us;
         row(
             "spawn→reply p50/p90/p99/max",
@@ -216,6 +227,145 @@ impl LoadReport {
         row("errors", kinds(&self.measured.errors));
         t
     }
+}
+
+/// Microseconds of `secs` per one of `n` (0 when there are none).
+fn per_agent_us(secs: f64, n: u64) -> f64 {
+    if n > 0 { secs * 1e6 / n as f64 } else { 0.0 }
+}
+
+/// What one bare tree (a baseline, [`BareKind`]) measured: its part of the
+/// `--json` file and its rows of the printed report.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BaselineReport {
+    /// The kind's name (`shared`, `none`, `copied`, `tokio`).
+    pub kind: BareKind,
+    /// Nodes that ran, the root included.
+    pub nodes: u64,
+    /// Seconds from the root's spawn to the last node's end.
+    pub wall_secs: f64,
+    /// Microseconds of `wall_secs` per node.
+    pub us_per_agent: f64,
+    /// CPU seconds (user + system, the whole process) over the same time.
+    pub cpu_secs: f64,
+    /// Microseconds of `cpu_secs` per node.
+    pub cpu_us_per_agent: f64,
+    /// Most nodes alive at once.
+    pub alive_max: usize,
+    /// Peak RSS, RSS before the tree and (peak − before) ÷ `alive_max`, bytes:
+    /// only when the baseline was the first thing its process ran
+    /// (`--baseline-only`); after an Arbor tree the peak is Arbor's.
+    pub memory: Option<BaselineMemory>,
+}
+
+/// A baseline's memory figures (see [`BaselineReport::memory`]).
+#[derive(Clone, Copy, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BaselineMemory {
+    /// Peak resident set size of the process, bytes.
+    pub peak_rss_bytes: u64,
+    /// Resident set size just before the tree started, bytes.
+    pub rss_before_bytes: u64,
+    /// (peak RSS − RSS before) ÷ the most nodes alive at once.
+    pub bytes_per_live_agent: f64,
+}
+
+impl Serialize for BareKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl BaselineReport {
+    pub(super) fn new(
+        kind: BareKind,
+        run: BareRun,
+        (wall, cpu): (Duration, Duration),
+        rss_before: Option<u64>,
+    ) -> Self {
+        let memory = rss_before.map(|before| {
+            let peak = peak_rss_bytes().unwrap_or(0);
+            BaselineMemory {
+                peak_rss_bytes: peak,
+                rss_before_bytes: before,
+                bytes_per_live_agent: if run.alive_max > 0 {
+                    peak.saturating_sub(before) as f64 / run.alive_max as f64
+                } else {
+                    0.0
+                },
+            }
+        });
+        BaselineReport {
+            kind,
+            nodes: run.nodes,
+            wall_secs: wall.as_secs_f64(),
+            us_per_agent: per_agent_us(wall.as_secs_f64(), run.nodes),
+            cpu_secs: cpu.as_secs_f64(),
+            cpu_us_per_agent: per_agent_us(cpu.as_secs_f64(), run.nodes),
+            alive_max: run.alive_max,
+            memory,
+        }
+    }
+
+    /// The baseline's own rows, as `arbor loadtest --baseline-only` prints
+    /// them (the same `  name value` layout as [`LoadReport::table`]).
+    pub fn table(&self) -> String {
+        let mut t = String::new();
+        let mut row = |k: &str, v: String| {
+            let _ = writeln!(t, "  {k:<28} {v}");
+        };
+        row("baseline", format!("{} ({})", self.kind, self.kind.label()));
+        row("nodes", self.nodes.to_string());
+        row("wall time", format!("{:.3} s", self.wall_secs));
+        row("per agent", format!("{:.2} µs", self.us_per_agent));
+        row(
+            "CPU",
+            format!(
+                "{:.3} s ({:.2} µs per agent)",
+                self.cpu_secs, self.cpu_us_per_agent
+            ),
+        );
+        row("alive (max)", self.alive_max.to_string());
+        if let Some(m) = &self.memory {
+            row(
+                "peak RSS",
+                format!("{:.1} MB", m.peak_rss_bytes as f64 / 1e6),
+            );
+            row(
+                "bytes per live agent",
+                format!("{:.0}", m.bytes_per_live_agent),
+            );
+        }
+        t
+    }
+
+    /// Its row beside an Arbor run: its wall and CPU time per agent and
+    /// Arbor's ratio to each (`arbor` is Arbor's best wall and CPU time per
+    /// agent, µs).
+    pub fn ratio_row(&self, arbor: (f64, f64)) -> String {
+        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+        format!(
+            "  {:<28} {:.2} µs wall, {:.2} µs CPU per agent (Arbor/it: {:.2}× wall, {:.2}× CPU)\n",
+            self.kind.label(),
+            self.us_per_agent,
+            self.cpu_us_per_agent,
+            ratio(arbor.0, self.us_per_agent),
+            ratio(arbor.1, self.cpu_us_per_agent),
+        )
+    }
+}
+
+/// CPU time the process has used so far, user and system, all threads
+/// (`None` where it cannot be read).
+pub fn cpu_time() -> Option<Duration> {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let usage = getrusage(UsageWho::RUSAGE_SELF).ok()?;
+    let micros = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec().max(0) as u64)
+            + Duration::from_micros(t.tv_usec().max(0) as u64)
+    };
+    Some(micros(usage.user_time()) + micros(usage.system_time()))
 }
 
 /// The output rate, marked when any count behind it is an estimate, and how

@@ -620,3 +620,122 @@ model = "nousage"
         "{json:#}"
     );
 }
+
+/// Every bare tree runs beside Arbor's, and the report names each with its
+/// wall and CPU time and Arbor's ratio to it (issue 17).
+#[test]
+fn every_baseline_kind_runs_and_the_report_names_it_with_arbors_ratio() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "loadtest",
+            "--fanout",
+            "3",
+            "--depth",
+            "2",
+            "--history",
+            "5",
+            "--no-store",
+            "--baseline-kind",
+            "all",
+            "--json",
+            "out.json",
+        ],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    let rows = table_rows(&stdout);
+    assert!(rows["CPU"].ends_with(" µs per agent)"), "{stdout}");
+    assert!(
+        rows["Arbor"].contains("µs CPU per agent (best of 1)"),
+        "{stdout}"
+    );
+    for label in [
+        "bare ractor, shared history",
+        "bare ractor, no history",
+        "bare ractor, copied history",
+        "bare tokio, shared history",
+    ] {
+        let row = rows
+            .get(label)
+            .unwrap_or_else(|| panic!("no row {label:?} in:\n{stdout}"));
+        assert!(
+            row.contains("Arbor/it: ") && row.contains("× CPU)"),
+            "{label}: {row}"
+        );
+    }
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("out.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["runs"][0]["agentsStarted"], 13, "{json:#}");
+    assert!(
+        json["runs"][0]["cpuSecs"].as_f64().unwrap() > 0.0,
+        "{json:#}"
+    );
+    let kinds: Vec<&str> = json["baselines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            assert_eq!(b["nodes"], 13, "{b}");
+            // After Arbor's tree the peak RSS is Arbor's: no memory figures.
+            assert!(b["memory"].is_null(), "{b}");
+            b["kind"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(kinds, ["shared", "none", "copied", "tokio"]);
+}
+
+/// `--baseline-only` runs the bare tree alone (no Arbor tree, no store), so its
+/// process measures just it, memory per live node included.
+#[test]
+fn baseline_only_runs_just_the_bare_tree_with_its_memory_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "loadtest",
+            "--fanout",
+            "4",
+            "--depth",
+            "2",
+            "--history",
+            "10",
+            "--baseline-only",
+            "--baseline-kind",
+            "tokio",
+            "--json",
+            "out.json",
+        ],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(!stdout.contains("load test"), "Arbor's tree ran:\n{stdout}");
+    assert!(stdout.contains("baseline tokio: 21 nodes in "), "{stdout}");
+    let rows = table_rows(&stdout);
+    assert_eq!(rows["baseline"], "tokio (bare tokio, shared history)");
+    assert_eq!(rows["nodes"], "21");
+    assert!(rows.contains_key("bytes per live agent"), "{stdout}");
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("out.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["runs"], json!([]), "{json:#}");
+    let b = &json["baselines"][0];
+    assert_eq!(b["kind"], "tokio");
+    assert!(b["aliveMax"].as_u64().unwrap() >= 1, "{b}");
+    assert!(b["memory"]["peakRssBytes"].as_u64().unwrap() > 0, "{b}");
+
+    // Flags that only Arbor's tree reads are refused, naming the flag.
+    let out = arbor(&["loadtest", "--baseline-only", "--max-live", "5"]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("--max-live"), "{stderr}");
+    let out = arbor(&["loadtest", "--baseline-kind", "copy"]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--baseline-kind") && stderr.contains("copied"),
+        "{stderr}"
+    );
+}

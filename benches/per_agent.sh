@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# Per-agent cost of Arbor against honest baselines (issue 17), measured from
+# outside: whole processes under /usr/bin/time, in rounds that alternate
+# Arbor, the bare trees and LangGraph on the same tree (fanout 10, depth 4 =
+# 11,111 agents, a 100-message inherited history). Every figure is a median
+# over the rounds of a ratio taken within one round, so a machine that changes
+# speed between rounds moves both sides of a ratio alike.
+#
+# Usage: benches/per_agent.sh [options]
+#   --rounds N         rounds (default 5; at least 1)
+#   --quick            3 rounds at depth 3 (1,111 agents)
+#   --depth D          tree depth (default 4)
+#   --no-langgraph     leave LangGraph out (it needs Python 3 and PyPI once)
+#   --langgraph-depth D  LangGraph's depth if not the tree's (compared per agent)
+#   --big              also the 1.1 M-agent tree (fanout 10, depth 6,
+#                      --max-live 10000) each round: RSS and CPU per agent vs 11k
+#   --llm              also the LLM-bound rate: 10,000 children at 50 ms
+#                      simulated latency, --max-live 100, 1000 and 10000
+#   --keep DIR         keep the raw measurements (TSV, JSON) in DIR
+#
+# Each round runs, in this order: Arbor (`arbor loadtest --no-store`), the bare
+# trees `shared`, `none`, `tokio` (`arbor loadtest --baseline-only
+# --baseline-kind K`: the process runs only the bare tree), and LangGraph
+# (benches/langgraph_tree.py, in a virtualenv under target/bench-venv with the
+# version pinned in benches/requirements-langgraph.txt). A process that runs a
+# one-node tree (`--depth 0`) measures what starting and ending the binary
+# costs; the "net" columns subtract it.
+#
+# CPU is user + system from /usr/bin/time (10 ms resolution) for Arbor and the
+# bare trees; LangGraph's is its own process's CPU from building its graphs to
+# the end of the run (importing LangGraph excluded, which favours it). Memory
+# per live agent is (peak RSS − RSS before the tree) ÷ the most agents alive at
+# once (both from the load test's JSON report; peak RSS from /usr/bin/time).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rounds=5 depth=4 langgraph=1 lg_depth="" big=0 llm=0 keep=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) rounds=${2:?--rounds needs a number}; shift ;;
+    --quick) rounds=3 depth=3 ;;
+    --depth) depth=${2:?--depth needs a number}; shift ;;
+    --no-langgraph) langgraph=0 ;;
+    --langgraph-depth) lg_depth=${2:?--langgraph-depth needs a number}; shift ;;
+    --big) big=1 ;;
+    --llm) llm=1 ;;
+    --keep) keep=${2:?--keep needs a directory}; shift ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    *) echo "per_agent.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+case "$rounds$depth${lg_depth:-0}" in
+  *[!0-9]*) echo "per_agent.sh: --rounds, --depth and --langgraph-depth take whole numbers" >&2; exit 2 ;;
+esac
+[ "$rounds" -ge 1 ] || { echo "per_agent.sh: --rounds must be at least 1" >&2; exit 2; }
+lg_depth=${lg_depth:-$depth}
+[ -x /usr/bin/time ] || { echo "per_agent.sh: needs GNU time at /usr/bin/time (Debian: apt-get install time)" >&2; exit 2; }
+
+cargo build --release --quiet --bin arbor
+bin=target/release/arbor
+venv=target/bench-venv
+if [ "$langgraph" = 1 ]; then
+  if ! "$venv/bin/python" -c 'import langgraph' 2>/dev/null; then
+    echo "installing LangGraph into $venv (benches/requirements-langgraph.txt)" >&2
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet -r benches/requirements-langgraph.txt
+  fi
+  lg_version=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("langgraph"))')
+fi
+
+work=${keep:-$(mktemp -d)}
+mkdir -p "$work"
+[ -n "$keep" ] || trap 'rm -rf "$work"' EXIT
+tsv="$work/runs.tsv"
+: > "$tsv"
+tree=(--fanout 10 --depth "$depth" --history 100)
+
+# measure ROUND NAME JSON-KIND CMD...: runs CMD under /usr/bin/time with its
+# JSON report in $work, and appends a row to the TSV.
+measure() {
+  local round=$1 name=$2 kind=$3; shift 3
+  local json="$work/$name-$round.json" tfile="$work/time"
+  if ! /usr/bin/time -f '%U %S %M %e' -o "$tfile" "$@" > "$work/$name-$round.out" 2> "$work/$name-$round.err"; then
+    echo "per_agent.sh: $name failed in round $round:" >&2
+    tail -5 "$work/$name-$round.err" >&2
+    exit 1
+  fi
+  if [ "$kind" = langgraph ]; then
+    tail -1 "$work/$name-$round.out" > "$json"
+  fi
+  read -r user sys maxrss wall < "$tfile"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$name" "$kind" "$user" "$sys" "$maxrss" "$json" >> "$tsv"
+  echo "  round $round: $name  user $user s, sys $sys s, max RSS $((maxrss / 1024)) MB, wall $wall s" >&2
+}
+
+for round in $(seq "$rounds"); do
+  measure "$round" arbor arbor "$bin" loadtest "${tree[@]}" --no-store --json "$work/arbor-$round.json"
+  for k in shared none tokio; do
+    measure "$round" "bare-$k" bare "$bin" loadtest "${tree[@]}" --baseline-only --baseline-kind "$k" \
+      --json "$work/bare-$k-$round.json"
+  done
+  if [ "$langgraph" = 1 ]; then
+    measure "$round" langgraph langgraph "$venv/bin/python" benches/langgraph_tree.py \
+      --fanout 10 --depth "$lg_depth" --history 100
+  fi
+  measure "$round" startup bare "$bin" loadtest --depth 0 --baseline-only --baseline-kind none \
+    --json "$work/startup-$round.json"
+  if [ "$big" = 1 ]; then
+    measure "$round" arbor-1.1M arbor "$bin" loadtest --fanout 10 --depth 6 --history 100 \
+      --max-live 10000 --no-store --json "$work/arbor-1.1M-$round.json"
+  fi
+  if [ "$llm" = 1 ]; then
+    for m in 100 1000 10000; do
+      measure "$round" "llm-$m" arbor "$bin" loadtest --shape 10000 --latency 50ms --max-live "$m" \
+        --no-store --json "$work/llm-$m-$round.json"
+    done
+  fi
+done
+
+python3 - "$tsv" "$depth" "$lg_depth" "${lg_version:-}" <<'EOF'
+import json, statistics, sys
+from collections import defaultdict
+
+tsv, depth, lg_depth, lg_version = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+runs = defaultdict(dict)  # round -> name -> figures
+for line in open(tsv):
+    rnd, name, kind, user, sys_, maxrss, path = line.rstrip("\n").split("\t")
+    report = json.load(open(path))
+    cpu = float(user) + float(sys_)
+    fig = {"cpu": cpu, "peak": int(maxrss) * 1024}
+    if kind == "arbor":
+        fig.update(agents=report["agentsStarted"], alive=report["aliveMax"],
+                   before=report["rssBeforeBytes"], wall=report["wallSecs"],
+                   max_live=report.get("maxLive"))
+    elif kind == "bare":
+        b = report["baselines"][0]
+        fig.update(agents=b["nodes"], alive=b["aliveMax"], before=b["memory"]["rssBeforeBytes"],
+                   wall=b["wallSecs"])
+    else:
+        fig.update(agents=report["agents"], inproc=report["cpuSecs"], wall=report["wallSecs"])
+    runs[int(rnd)][name] = fig
+
+med = statistics.median
+rounds = sorted(runs)
+def col(f):
+    vals = [f(runs[r]) for r in rounds]
+    return med(vals), vals
+
+def per_agent(fig, startup=None):
+    cpu = fig.get("inproc", fig["cpu"])
+    if startup is not None and "inproc" not in fig:
+        cpu = max(cpu - startup["cpu"], 0.0)
+    return cpu * 1e6 / fig["agents"]
+
+def live_bytes(fig):
+    return (fig["peak"] - fig["before"]) / max(fig["alive"], 1)
+
+names = [n for n in ["arbor", "bare-shared", "bare-none", "bare-tokio", "langgraph"] if n in runs[rounds[0]]]
+agents = runs[rounds[0]]["arbor"]["agents"]
+print(f"\nper-agent cost, fanout 10, depth {depth} ({agents} agents), 100-message history, "
+      f"{len(rounds)} rounds; medians of within-round ratios")
+if "langgraph" in names:
+    lg = runs[rounds[0]]["langgraph"]["agents"]
+    print(f"LangGraph {lg_version}: depth {lg_depth} ({lg} agents), its in-process CPU (imports excluded)")
+print()
+print(f"{'tree':<14} {'CPU µs/agent':>13} {'net µs/agent':>13} {'Arbor/it CPU':>13} {'Arbor/it net':>13} "
+      f"{'peak RSS MB':>12} {'B/live agent':>13} {'Arbor/it mem':>13}")
+for n in names:
+    c, _ = col(lambda r: per_agent(r[n]))
+    net, _ = col(lambda r: per_agent(r[n], r["startup"]))
+    ratio, _ = col(lambda r: per_agent(r["arbor"]) / per_agent(r[n]))
+    ratio_net, _ = col(lambda r: per_agent(r["arbor"], r["startup"]) / max(per_agent(r[n], r["startup"]), 1e-9))
+    if n == "langgraph":
+        print(f"{n:<14} {c:>13.2f} {'':>13} {1 / ratio:>12.1f}x {'(it/Arbor)':>13} {'':>12} {'':>13} {'':>13}")
+        continue
+    peak, _ = col(lambda r: r[n]["peak"] / 1e6)
+    mem, _ = col(lambda r: live_bytes(r[n]))
+    mem_ratio, _ = col(lambda r: live_bytes(r["arbor"]) / max(live_bytes(r[n]), 1e-9))
+    print(f"{n:<14} {c:>13.2f} {net:>13.2f} {ratio:>12.2f}x {ratio_net:>12.2f}x "
+          f"{peak:>12.1f} {mem:>13.0f} {mem_ratio:>12.2f}x")
+print()
+for n in names[1:]:
+    _, vals = col(lambda r: per_agent(r["arbor"]) / per_agent(r[n]))
+    print(f"  Arbor/{n} CPU per round: " + ", ".join(f"{v:.2f}" for v in vals))
+s, vals = col(lambda r: r["startup"]["cpu"])
+print(f"  startup (a one-node run): median {s * 1e3:.0f} ms CPU")
+a_alive, _ = col(lambda r: r["arbor"]["alive"])
+print(f"  Arbor: at most {a_alive:.0f} agents alive (median)")
+
+if "arbor-1.1M" in runs[rounds[0]]:
+    big = runs[rounds[0]]["arbor-1.1M"]["agents"]
+    c, _ = col(lambda r: per_agent(r["arbor-1.1M"]))
+    ratio, _ = col(lambda r: per_agent(r["arbor-1.1M"]) / per_agent(r["arbor"]))
+    peak, _ = col(lambda r: r["arbor-1.1M"]["peak"] / 1e6)
+    mem, _ = col(lambda r: live_bytes(r["arbor-1.1M"]))
+    alive, _ = col(lambda r: r["arbor-1.1M"]["alive"])
+    print(f"\n1.1 M tree ({big} agents, --max-live 10000): {c:.2f} µs CPU per agent, "
+          f"{ratio:.2f}x the {agents}-agent tree's (same round); peak RSS {peak:.1f} MB, "
+          f"{mem:.0f} B per live agent (at most {alive:.0f} alive)")
+
+llm = [n for n in ("llm-100", "llm-1000", "llm-10000") if n in runs[rounds[0]]]
+if llm:
+    print("\nLLM-bound: 10,000 children at 50 ms, achieved agents/s vs max_live / latency")
+    for n in llm:
+        m = runs[rounds[0]][n]["max_live"]
+        ideal_rate = m / 0.05
+        rate, _ = col(lambda r: r[n]["agents"] / r[n]["wall"])
+        # The tree's own floor: the root's first step, ceil(10000 / m) waves of
+        # children, the root's last step, 50 ms each.
+        floor = 0.05 * (-(-10000 // m) + 2)
+        eff, _ = col(lambda r: floor / r[n]["wall"])
+        wall, _ = col(lambda r: r[n]["wall"])
+        print(f"  --max-live {m:>5}: {rate:>9.0f} agents/s = {rate / ideal_rate:.2f} of {ideal_rate:.0f}/s; "
+              f"wall {wall:.3f} s against the shape's floor {floor:.2f} s ({eff:.2f})")
+EOF
