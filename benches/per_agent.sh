@@ -6,7 +6,7 @@
 # over the rounds of a ratio taken within one round, so a machine that changes
 # speed between rounds moves both sides of a ratio alike.
 #
-# Usage: benches/per_agent.sh [options]
+# Usage: benches/per_agent.sh [options]   (needs python3)
 #   --rounds N         rounds (default 5; at least 1)
 #   --quick            3 rounds at depth 3 (1,111 agents)
 #   --depth D          tree depth (default 4)
@@ -26,8 +26,9 @@
 # one-node tree (`--depth 0`) measures what starting and ending the binary
 # costs; the "net" columns subtract it.
 #
-# CPU is user + system from /usr/bin/time (10 ms resolution) for Arbor and the
-# bare trees; LangGraph's is its own process's CPU from building its graphs to
+# CPU is user + system of the whole process for Arbor and the bare trees: the
+# child's rusage, as /usr/bin/time reports it, but read to the microsecond
+# (wait4; /usr/bin/time prints hundredths, too coarse for a 0.1 s bare tree); LangGraph's is its own process's CPU from building its graphs to
 # the end of the run (importing LangGraph excluded, which favours it). Memory
 # per live agent is (peak RSS − RSS before the tree) ÷ the most agents alive at
 # once (both from the load test's JSON report; peak RSS from /usr/bin/time).
@@ -55,7 +56,7 @@ case "$rounds$depth${lg_depth:-0}" in
 esac
 [ "$rounds" -ge 1 ] || { echo "per_agent.sh: --rounds must be at least 1" >&2; exit 2; }
 lg_depth=${lg_depth:-$depth}
-[ -x /usr/bin/time ] || { echo "per_agent.sh: needs GNU time at /usr/bin/time (Debian: apt-get install time)" >&2; exit 2; }
+command -v python3 > /dev/null || { echo "per_agent.sh: needs python3" >&2; exit 2; }
 
 cargo build --release --quiet --bin arbor
 bin=target/release/arbor
@@ -74,14 +75,27 @@ mkdir -p "$work"
 [ -n "$keep" ] || trap 'rm -rf "$work"' EXIT
 tsv="$work/runs.tsv"
 : > "$tsv"
+# timed OUT CMD...: runs CMD and writes its user s, system s, max RSS (KB) and
+# wall s to OUT (what `/usr/bin/time -f '%U %S %M %e'` writes, to the µs).
+cat > "$work/timed.py" <<'PY'
+import os, subprocess, sys, time
+out, cmd = sys.argv[1], sys.argv[2:]
+start = time.perf_counter()
+child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+_, status, usage = os.wait4(child.pid, 0)
+wall = time.perf_counter() - start
+with open(out, "w") as f:
+    f.write(f"{usage.ru_utime:.6f} {usage.ru_stime:.6f} {usage.ru_maxrss} {wall:.6f}\n")
+sys.exit(os.waitstatus_to_exitcode(status))
+PY
 tree=(--fanout 10 --depth "$depth" --history 100)
 
-# measure ROUND NAME JSON-KIND CMD...: runs CMD under /usr/bin/time with its
+# measure ROUND NAME JSON-KIND CMD...: runs CMD, timed, with its
 # JSON report in $work, and appends a row to the TSV.
 measure() {
   local round=$1 name=$2 kind=$3; shift 3
   local json="$work/$name-$round.json" tfile="$work/time"
-  if ! /usr/bin/time -f '%U %S %M %e' -o "$tfile" "$@" > "$work/$name-$round.out" 2> "$work/$name-$round.err"; then
+  if ! python3 "$work/timed.py" "$tfile" "$@" > "$work/$name-$round.out" 2> "$work/$name-$round.err"; then
     echo "per_agent.sh: $name failed in round $round:" >&2
     tail -5 "$work/$name-$round.err" >&2
     exit 1
@@ -147,6 +161,9 @@ def col(f):
     vals = [f(runs[r]) for r in rounds]
     return med(vals), vals
 
+def ratio(a, b):
+    return a / b if b > 0 else float("nan")
+
 def per_agent(fig, startup=None):
     cpu = fig.get("inproc", fig["cpu"])
     if startup is not None and "inproc" not in fig:
@@ -169,19 +186,30 @@ print(f"{'tree':<14} {'CPU µs/agent':>13} {'net µs/agent':>13} {'Arbor/it CPU'
 for n in names:
     c, _ = col(lambda r: per_agent(r[n]))
     net, _ = col(lambda r: per_agent(r[n], r["startup"]))
-    ratio, _ = col(lambda r: per_agent(r["arbor"]) / per_agent(r[n]))
-    ratio_net, _ = col(lambda r: per_agent(r["arbor"], r["startup"]) / max(per_agent(r[n], r["startup"]), 1e-9))
+    cpu_ratio, _ = col(lambda r: ratio(per_agent(r["arbor"]), per_agent(r[n])))
+    ratio_net, _ = col(lambda r: ratio(per_agent(r["arbor"], r["startup"]), per_agent(r[n], r["startup"])))
     if n == "langgraph":
-        print(f"{n:<14} {c:>13.2f} {'':>13} {1 / ratio:>12.1f}x {'(it/Arbor)':>13} {'':>12} {'':>13} {'':>13}")
+        print(f"{n:<14} {c:>13.2f} {'':>13} {'':>13} {'':>13} {'':>12} {'':>13} {'':>13}")
+        it_arbor, _ = col(lambda r: ratio(per_agent(r[n]), per_agent(r["arbor"])))
+        it_net, _ = col(lambda r: ratio(per_agent(r[n]), per_agent(r["arbor"], r["startup"])))
+        langgraph_line = (f"LangGraph/Arbor CPU per agent: {it_arbor:.0f}x "
+                          f"({it_net:.0f}x against Arbor net of startup)")
+        continue
         continue
     peak, _ = col(lambda r: r[n]["peak"] / 1e6)
     mem, _ = col(lambda r: live_bytes(r[n]))
-    mem_ratio, _ = col(lambda r: live_bytes(r["arbor"]) / max(live_bytes(r[n]), 1e-9))
-    print(f"{n:<14} {c:>13.2f} {net:>13.2f} {ratio:>12.2f}x {ratio_net:>12.2f}x "
+    mem_ratio, _ = col(lambda r: ratio(live_bytes(r["arbor"]), live_bytes(r[n])))
+    print(f"{n:<14} {c:>13.2f} {net:>13.2f} {cpu_ratio:>12.2f}x {ratio_net:>12.2f}x "
           f"{peak:>12.1f} {mem:>13.0f} {mem_ratio:>12.2f}x")
 print()
+if "langgraph" in names:
+    print("  " + langgraph_line)
 for n in names[1:]:
-    _, vals = col(lambda r: per_agent(r["arbor"]) / per_agent(r[n]))
+    if n == "langgraph":
+        _, vals = col(lambda r: ratio(per_agent(r[n]), per_agent(r["arbor"])))
+        print(f"  langgraph/Arbor CPU per round: " + ", ".join(f"{v:.0f}" for v in vals))
+        continue
+    _, vals = col(lambda r: ratio(per_agent(r["arbor"]), per_agent(r[n])))
     print(f"  Arbor/{n} CPU per round: " + ", ".join(f"{v:.2f}" for v in vals))
 s, vals = col(lambda r: r["startup"]["cpu"])
 print(f"  startup (a one-node run): median {s * 1e3:.0f} ms CPU")
@@ -191,12 +219,12 @@ print(f"  Arbor: at most {a_alive:.0f} agents alive (median)")
 if "arbor-1.1M" in runs[rounds[0]]:
     big = runs[rounds[0]]["arbor-1.1M"]["agents"]
     c, _ = col(lambda r: per_agent(r["arbor-1.1M"]))
-    ratio, _ = col(lambda r: per_agent(r["arbor-1.1M"]) / per_agent(r["arbor"]))
+    big_ratio, _ = col(lambda r: ratio(per_agent(r["arbor-1.1M"]), per_agent(r["arbor"])))
     peak, _ = col(lambda r: r["arbor-1.1M"]["peak"] / 1e6)
     mem, _ = col(lambda r: live_bytes(r["arbor-1.1M"]))
     alive, _ = col(lambda r: r["arbor-1.1M"]["alive"])
     print(f"\n1.1 M tree ({big} agents, --max-live 10000): {c:.2f} µs CPU per agent, "
-          f"{ratio:.2f}x the {agents}-agent tree's (same round); peak RSS {peak:.1f} MB, "
+          f"{big_ratio:.2f}x the {agents}-agent tree's (same round); peak RSS {peak:.1f} MB, "
           f"{mem:.0f} B per live agent (at most {alive:.0f} alive)")
 
 llm = [n for n in ("llm-100", "llm-1000", "llm-10000") if n in runs[rounds[0]]]
