@@ -23,7 +23,7 @@ const GUARD: Duration = Duration::from_secs(60);
 /// Trees the kill test starts, round-robin over three replicas: as many as
 /// run in well under a minute on two loaded cores (the 300 are for
 /// a benchmark machine).
-const KILL_TREES: usize = 24;
+const KILL_TREES: usize = 60;
 
 /// Trees one replica runs when it gets SIGTERM.
 const HANDOVER_TREES: usize = 40;
@@ -37,13 +37,13 @@ deadline = "5m"
 bind = "127.0.0.1:0"
 shutdown_timeout = "5s"
 
-# 13 agents (3 × 3 below the root), 150 ms a step: a tree runs for a second
-# or two, so a replica killed mid-load has trees under way.
+# 13 agents (3 × 3 below the root), 400 ms a step: a tree runs for two
+# seconds or more, so a replica killed mid-load has trees under way.
 [models.sim]
 provider = "simulated"
 fanout = 3
 depth = 2
-latency = "150ms"
+latency = "400ms"
 reply_tokens = 5
 
 [agents.lead]
@@ -443,6 +443,7 @@ async fn a_kill_loses_nothing(shared: Shared) {
         replica(dir.path(), &shared),
     ];
     let refs: Vec<&Server> = servers.iter().collect();
+    let doomed = pid(&servers[0]);
     let mut started = Vec::new();
     for i in 0..KILL_TREES {
         let (tree, run) = start(&servers[i % 3], "lead").await;
@@ -453,10 +454,16 @@ async fn a_kill_loses_nothing(shared: Shared) {
             .iter()
             .map(|(owner, _, run)| follow_to_the_end(&refs, (owner + 1) % 3, run)),
     );
+    // Mid-load: the killed replica's last tree, started just now, is under
+    // way (a 201 means it is stored and its root started), and the streams
+    // are being opened.
     let kill = async {
-        // Mid-load: the killed replica's first tree is under way.
-        read_until(&servers[1], &started[0].2, "event: agentStarted").await;
-        signal(&servers[0], nix::sys::signal::Signal::SIGKILL);
+        tokio::task::yield_now().await;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(doomed),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
     };
     let (streams, ()) = tokio::join!(streams, kill);
     for ((_, tree, run), events) in started.iter().zip(&streams) {
@@ -499,7 +506,8 @@ async fn a_kill_loses_nothing(shared: Shared) {
     }
     assert!(
         replayed > 0,
-        "no tree of the killed replica was adopted mid-run"
+        "no tree of the killed replica was adopted mid-run: {:?}",
+        shared.claims(dir.path())
     );
 }
 
@@ -513,4 +521,70 @@ async fn three_replicas_one_killed_mid_load_every_tree_completes_and_every_strea
 async fn three_replicas_one_killed_mid_load_every_tree_completes_and_every_stream_is_whole_postgres()
  {
     a_kill_loses_nothing(Shared::postgres("kill")).await;
+}
+
+/// SIGSTOP a replica past its lease, let the other adopt its tree, SIGCONT:
+/// the paused replica's writes for that tree are refused by the fence, it
+/// stops the tree and logs why, and the tree's log holds nothing of it
+/// after the adoption (its journal stays in one increasing order, and the
+/// tree ends as the adopter ends it). (On one SQLite file the same is
+/// `fencing.rs`'s test, with `arbor run` processes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_paused_past_its_lease_is_fenced_out_of_the_tree_another_adopted_postgres() {
+    let shared = Shared::postgres("fence");
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path());
+    let mut a = replica(dir.path(), &shared);
+    let b = replica(dir.path(), &shared);
+    let (tree, run_id) = start(&a, "sleeper").await;
+    read_until(&b, &run_id, "event: stepStarted").await;
+    let before = shared.claims(dir.path())[&tree].clone();
+    signal(&a, nix::sys::signal::Signal::SIGSTOP);
+    // B adopts once A's heartbeat is older than the lease.
+    let adopted = crate::support::poll(GUARD, || {
+        let now = shared.claims(dir.path())[&tree].clone();
+        (now.1 > before.1 && now.0 != before.0).then_some(now)
+    });
+    signal(&a, nix::sys::signal::Signal::SIGCONT);
+    let adopted = adopted.expect("B adopted the paused replica's tree");
+    // A's next heartbeat for the tree is refused: it says so and stops it.
+    let line = a.wait_for(&format!("fenced out of tree {tree}"));
+    assert!(line.contains("WARN"), "{line}");
+    // B runs it: a cancel there is local, and the tree ends cancelled (not
+    // failed, as A's stopped copy ended).
+    let (status, body) = post(
+        &b,
+        &format!("/v1/runs/{}/cancel", encoded(&run_id)),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert!(body.get("forwardedTo").is_none(), "{body}");
+    let events = tokio::time::timeout(GUARD, stream(&b, &run_id, None, |_| {}))
+        .await
+        .unwrap();
+    let ids: Vec<u64> = events.iter().map(|e| e.id).collect();
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "one writer at a time: {ids:?}"
+    );
+    let last = events.last().unwrap();
+    assert_eq!(last.event, "agentCancelled", "{events:?}");
+    assert_eq!(
+        shared.claims(dir.path())[&tree],
+        adopted,
+        "no claim after B's"
+    );
+    // A's own stopped copy wrote nothing: exactly one root end in the log.
+    let ends = events
+        .iter()
+        .filter(|e| {
+            e.data["runId"] == run_id.as_str()
+                && matches!(
+                    e.event.as_str(),
+                    "agentFinished" | "agentFailed" | "agentCancelled"
+                )
+        })
+        .count();
+    assert_eq!(ends, 1, "{events:?}");
 }
