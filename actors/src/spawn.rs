@@ -288,19 +288,62 @@ impl ChildReport {
     pub(crate) fn entry(&self, budget: Option<u64>) -> Value {
         let run_id = self.run_ids.last();
         let cut = budget.and_then(|b| cut_report(&self.value, b, run_id.map(String::as_str)));
-        json!({
-            "agentName": self.agent_name,
-            "agentType": self.agent_type,
-            "agentId": self.agent_id,
-            "runId": run_id,
-            "value": cut.as_ref().unwrap_or(&self.value),
-        })
+        let value = cut.unwrap_or_else(|| self.value.clone());
+        entry_value(
+            &self.agent_name,
+            &self.agent_type,
+            &self.agent_id,
+            run_id,
+            value,
+        )
+    }
+
+    /// Like [`entry`](Self::entry), taking the report apart: the value moves
+    /// into the entry (a child's report can be a whole subtree's answers; it
+    /// is not copied), and the run ids come back for the parent's record.
+    pub(crate) fn into_entry(self, budget: Option<u64>) -> (Value, Vec<String>) {
+        let ChildReport {
+            agent_type,
+            agent_name,
+            agent_id,
+            run_ids,
+            value,
+            ..
+        } = self;
+        let run_id = run_ids.last();
+        let value = match budget.and_then(|b| cut_report(&value, b, run_id.map(String::as_str))) {
+            Some(cut) => cut,
+            None => value,
+        };
+        let entry = entry_value(&agent_name, &agent_type, &agent_id, run_id, value);
+        (entry, run_ids)
     }
 
     /// The `{errorMessage}` of a failed child, if it failed.
     pub(crate) fn error_message(&self) -> Option<&str> {
         self.value.get("errorMessage").and_then(Value::as_str)
     }
+}
+
+/// One entry of a spawn result, built as a map directly (the `json!` macro
+/// would serialise `value` into a copy).
+fn entry_value(
+    agent_name: &str,
+    agent_type: &str,
+    agent_id: &str,
+    run_id: Option<&String>,
+    value: Value,
+) -> Value {
+    let mut map = serde_json::Map::with_capacity(5);
+    map.insert("agentName".to_owned(), Value::from(agent_name));
+    map.insert("agentType".to_owned(), Value::from(agent_type));
+    map.insert("agentId".to_owned(), Value::from(agent_id));
+    map.insert(
+        "runId".to_owned(),
+        run_id.map_or(Value::Null, |r| Value::from(r.as_str())),
+    );
+    map.insert("value".to_owned(), value);
+    Value::Object(map)
 }
 
 /// A child's report `value` cut to `budget` estimated tokens, or `None` when

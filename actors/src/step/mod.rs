@@ -480,9 +480,22 @@ impl StepMachine {
         let Some(pending) = self.pending_for(step, index) else {
             return Vec::new();
         };
-        let entries: Vec<Value> = reports.iter().map(|r| r.entry(budget)).collect();
-        pending.results[index] = Some(Message::tool_result(&pending.calls[index], json!(entries)));
-        pending.child_runs[index] = reports.into_iter().flat_map(|r| r.run_ids).collect();
+        // The reports move into the result: a report's value can be a whole
+        // subtree's answers, and is neither cloned nor serialised again.
+        let mut runs = Vec::with_capacity(reports.len());
+        let entries: Vec<Value> = reports
+            .into_iter()
+            .map(|r| {
+                let (entry, run_ids) = r.into_entry(budget);
+                runs.extend(run_ids);
+                entry
+            })
+            .collect();
+        pending.results[index] = Some(Message::tool_result(
+            &pending.calls[index],
+            Value::Array(entries),
+        ));
+        pending.child_runs[index] = runs;
         self.state.credits_used += credits;
         self.resolved(catalog)
     }
@@ -518,15 +531,19 @@ impl StepMachine {
                     })
                     .expire(Expiry::TurnEnd);
                 pending.inline = Some((index, merged));
-                pending.results[index] = Some(Message::tool_result(call, report.entry(budget)));
+                let credits = report.credits;
+                let (entry, run_ids) = report.into_entry(budget);
+                pending.results[index] = Some(Message::tool_result(call, entry));
+                pending.child_runs[index] = run_ids;
+                self.state.credits_used += credits;
             }
             (_, error) => {
                 let error = error.unwrap_or("inline agent failed").to_owned();
                 pending.results[index] = Some(Message::tool_error(call, error));
+                pending.child_runs[index] = report.run_ids;
+                self.state.credits_used += report.credits;
             }
         }
-        pending.child_runs[index] = report.run_ids;
-        self.state.credits_used += report.credits;
         self.resolved(catalog)
     }
 
