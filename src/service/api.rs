@@ -374,8 +374,24 @@ pub struct AgentList {
 
 #[derive(Serialize, ToSchema)]
 pub struct Health {
-    /// `ok`, or (readiness) `starting` / `stopping` / `store failed`.
+    /// `ok`, or (readiness) `starting` / `stopping` / `store failed` /
+    /// `store unreachable`.
     pub status: String,
+    /// Readiness only: whether the store answers (a shared database may be
+    /// down while this process is up).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<StoreHealth>,
+}
+
+/// What readiness found of the store.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreHealth {
+    /// It answered a read within the readiness bound (2 s).
+    pub reachable: bool,
+    /// Why not, when it did not (without credentials).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// A stored or live run id from the path (URL-encoded: `t1/0` is `t1%2F0`).
@@ -1006,6 +1022,7 @@ pub async fn list_agents(State(shared): State<Arc<Shared>>) -> Json<AgentList> {
 pub async fn healthz() -> Json<Health> {
     Json(Health {
         status: "ok".into(),
+        store: None,
     })
 }
 
@@ -1013,11 +1030,15 @@ pub async fn healthz() -> Json<Health> {
     get, path = "/readyz", tag = "operations", security(()),
     responses(
         (status = 200, description = "Ready: interrupted trees resumed, the store writable", body = Health),
-        (status = 503, description = "Starting, stopping, or the store failed", body = Health),
+        (status = 503, description = "Starting, stopping, the store failed or does not answer", body = Health),
     )
 )]
 pub async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, Json<Health>) {
-    let status = shared.readiness();
+    let store = store_health(&shared).await;
+    let status = match shared.readiness() {
+        "ok" if !store.reachable => "store unreachable",
+        status => status,
+    };
     let code = if status == "ok" {
         StatusCode::OK
     } else {
@@ -1027,8 +1048,36 @@ pub async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, Json<Heal
         code,
         Json(Health {
             status: status.into(),
+            store: Some(store),
         }),
     )
+}
+
+/// Whether the store answers a small read (one tree listed) in time.
+async fn store_health(shared: &Shared) -> StoreHealth {
+    let filter = TreeFilter {
+        status: None,
+        limit: 1,
+        offset: 0,
+    };
+    let read = shared
+        .runtime
+        .supervisor()
+        .read_store(move |store| store.trees(&filter));
+    match tokio::time::timeout(std::time::Duration::from_secs(2), read).await {
+        Ok(Ok(_)) => StoreHealth {
+            reachable: true,
+            error: None,
+        },
+        Ok(Err(error)) => StoreHealth {
+            reachable: false,
+            error: Some(crate::config::store::redact(&error.to_string())),
+        },
+        Err(_) => StoreHealth {
+            reachable: false,
+            error: Some("no answer within 2 s".into()),
+        },
+    }
 }
 
 #[utoipa::path(

@@ -252,6 +252,17 @@ async fn controls_reach_the_owner(shared: Shared) {
     setup(dir.path());
     let a = replica(dir.path(), &shared);
     let b = replica(dir.path(), &shared);
+    // Readiness reports the shared store.
+    let ready: serde_json::Value = client()
+        .get(b.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["status"], "ok", "{ready}");
+    assert_eq!(ready["store"]["reachable"], true, "{ready}");
 
     // Cancel.
     let (_, run_id) = start(&a, "sleeper").await;
