@@ -981,3 +981,113 @@ fn a_store_written_by_the_build_before_the_redesign_lists_replays_and_resumes() 
         text(&replay.stderr)
     );
 }
+
+/// `arbor migrate` and `arbor store copy` (issue 16): a database made
+/// Arbor's (schema version before and after, then up to date), every tree
+/// of a SQLite file copied into it and back unchanged (listed, read and
+/// replayed from each), a tree already there skipped and named, and the
+/// password of the URL never printed. Needs `ARBOR_PG_URL` (fails without).
+#[test]
+fn migrate_and_store_copy_move_trees_between_sqlite_and_postgres() {
+    let server = std::env::var("ARBOR_PG_URL").unwrap_or_else(|_| {
+        panic!(
+            "ARBOR_PG_URL is unset: start a throwaway server with `eval \"$(tests/pg/start)\"` \
+             (it prints ARBOR_PG_URL), then run the tests again"
+        )
+    });
+    let server = server.trim_end_matches('/').to_owned();
+    let name = format!("arbor_copy_{}", std::process::id());
+    let psql = |sql: &str| {
+        let out = Command::new("psql")
+            .args([
+                &format!("{server}/postgres"),
+                "-X",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                sql,
+            ])
+            .output()
+            .expect("psql runs");
+        assert!(out.status.success(), "{sql}: {}", text(&out.stderr));
+    };
+    psql(&format!("CREATE DATABASE {name}"));
+    struct OnDrop<F: FnMut()>(F);
+    impl<F: FnMut()> Drop for OnDrop<F> {
+        fn drop(&mut self) {
+            (self.0)()
+        }
+    }
+    let _drop = OnDrop(|| psql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")));
+    // A password in the URL (trust auth ignores it): never printed.
+    let url = format!("{server}/{name}").replacen("://arbor@", "://arbor:hunter2@", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let config = fixtures().join("scripted.toml").display().to_string();
+    for id in ["c1", "c2"] {
+        let out = arbor_in(
+            dir.path(),
+            &[
+                "run",
+                "--config",
+                &config,
+                "--store",
+                "a.db",
+                "--tree-id",
+                id,
+                "-q",
+                "go",
+            ],
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+
+    let out = arbor_in(dir.path(), &["migrate", "--store", &url]);
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("schema version 0 -> "), "{said}");
+    assert!(
+        !said.contains("hunter2") && said.contains("arbor:***@"),
+        "{said}"
+    );
+    let again = text(&arbor_in(dir.path(), &["migrate", "--store", &url]).stdout);
+    assert!(again.contains("up to date"), "{again}");
+
+    let out = arbor_in(dir.path(), &["store", "copy", "a.db", &url]);
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("copied 2 trees"), "{said}");
+    assert!(!said.contains("hunter2"), "{said}");
+    let listed = json_out(&arbor_in(dir.path(), &["runs", "--store", &url, "--json"]));
+    let ids: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["treeId"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["c2", "c1"], "{listed}");
+    let replay = arbor_in(dir.path(), &["replay", "c1", "--store", &url]);
+    assert!(
+        text(&replay.stdout).starts_with("match: 5 runs"),
+        "{}{}",
+        text(&replay.stdout),
+        text(&replay.stderr)
+    );
+    // A tree the target has is skipped, named, and the exit says so.
+    let out = arbor_in(dir.path(), &["store", "copy", "a.db", &url, "--tree", "c1"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("skipped c1"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // And back, into a new SQLite file: the same trees, the same export.
+    let out = arbor_in(dir.path(), &["store", "copy", &url, "b.db"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for id in ["c1", "c2"] {
+        let a = json_out(&arbor_in(dir.path(), &["export", id, "--store", "a.db"]));
+        let b = json_out(&arbor_in(dir.path(), &["export", id, "--store", "b.db"]));
+        assert_eq!(a, b, "{id} came back unchanged");
+    }
+}
