@@ -460,6 +460,8 @@ impl Service {
             .route("/healthz", get(api::healthz))
             .route("/readyz", get(api::readyz))
             .merge(api)
+            // The route template each request matched, for the HTTP metrics.
+            .route_layer(middleware::from_fn(metrics::http_metrics::matched))
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
             .layer(DefaultBodyLimit::max(self.shared.options.body_limit))
@@ -468,6 +470,11 @@ impl Service {
                 guard::check,
             ))
             .layer(middleware::from_fn(log_request))
+            // Outermost: every request counted and timed, refused ones too.
+            .layer(middleware::from_fn_with_state(
+                self.shared.metrics.http(),
+                metrics::http_metrics::record,
+            ))
             .with_state(shared)
     }
 

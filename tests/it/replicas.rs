@@ -335,6 +335,28 @@ async fn controls_reach_the_owner(shared: Shared) {
         metrics.contains("arbor_replica_controls_applied_total 2"),
         "{metrics}"
     );
+    // And what the replica that forwarded them counted, by route template.
+    let metrics = client()
+        .get(b.url("/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("arbor_replica_controls_forwarded_total 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("arbor_http_requests_total{")
+                && l.contains(r#"route="/v1/runs/{run_id}/cancel""#)
+                && l.contains(r#"status="202""#)),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
