@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use arbor_actors::approval::ApprovalDefault;
+use arbor_actors::model::{ModelOptions, ToolChoice};
 use arbor_actors::models::Latency;
 use arbor_actors::models::scripted::Script;
 use arbor_actors::schema::Schema;
@@ -848,7 +849,267 @@ pub(super) fn check_models(
             out.insert(name.clone(), spec);
         }
     }
+    check_thinking(file, text, problems);
     out
+}
+
+/// Where a value of a request's options was set: a model's `options` or an
+/// agent's `model_options` (laid over its model's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layer<'a> {
+    /// `[models.NAME] options`.
+    Model(&'a str),
+    /// `[agents.NAME] model_options`.
+    Agent(&'a str),
+}
+
+impl<'a> Layer<'a> {
+    /// The path of `field` (dotted, e.g. `extra_body.top_k`) in the file.
+    fn path(self, field: &'a str) -> Vec<&'a str> {
+        let mut path = match self {
+            Layer::Model(name) => vec!["models", name, "options"],
+            Layer::Agent(name) => vec!["agents", name, "model_options"],
+        };
+        path.extend(field.split('.'));
+        path
+    }
+
+    /// The dotted key of `field`: `models.an.options.temperature`.
+    fn key(self, field: &str) -> String {
+        self.path(field).join(".")
+    }
+}
+
+/// One option as the request sends it: its value and the layer that set it.
+#[derive(Clone, Debug, PartialEq)]
+struct Sent<'a, T> {
+    value: T,
+    field: &'static str,
+    layer: Layer<'a>,
+}
+
+/// The layer that set a field: the agent's when it has one that set it.
+fn layer_of<'a>(
+    agent: Option<(&'a str, &ModelOptions)>,
+    model: &'a str,
+    set: impl Fn(&ModelOptions) -> bool,
+) -> Layer<'a> {
+    match agent {
+        Some((name, options)) if set(options) => Layer::Agent(name),
+        _ => Layer::Model(model),
+    }
+}
+
+/// A key of `extra_body` as sent (an agent's win over its model's), and the
+/// layer that set it.
+fn extra<'a>(
+    key: &'static str,
+    field: &'static str,
+    model: (&'a str, &ModelOptions),
+    agent: Option<(&'a str, &ModelOptions)>,
+) -> Option<Sent<'a, Value>> {
+    let of = |o: &ModelOptions| o.extra_body.as_ref().and_then(|e| e.get(key)).cloned();
+    if let Some((name, options)) = agent
+        && let Some(value) = of(options)
+    {
+        return Some(Sent {
+            value,
+            field,
+            layer: Layer::Agent(name),
+        });
+    }
+    of(model.1).map(|value| Sent {
+        value,
+        field,
+        layer: Layer::Model(model.0),
+    })
+}
+
+/// What refuses an Anthropic request with extended thinking on, for the
+/// options a model sends (`agent`: an agent's `model_options` laid over
+/// them, [`ModelOptions::over`]): each problem's layer, field and why.
+/// Empty when thinking is off.
+///
+/// The rules are the Messages API's, from "Extended thinking" (feature
+/// compatibility and sampling parameters,
+/// <https://platform.claude.com/docs/en/build-with-claude/extended-thinking#feature-compatibility>):
+/// with `thinking` enabled, `tool_choice` may only be `auto` or `none` (a
+/// forced tool, `any` or `tool`, is an error), `temperature` only 1 (or
+/// unset), `top_k` unset, and `top_p` only from 0.95 to 1. The budget's
+/// own rules (at least 1024, below `max_tokens`) hold already:
+/// [`ModelOptions::check`] refuses a budget under 1024, and the provider
+/// raises `max_tokens` above the budget when it would not be.
+fn thinking_conflicts<'a>(
+    model: (&'a str, &ModelOptions),
+    agent: Option<(&'a str, &ModelOptions)>,
+) -> Vec<(Layer<'a>, &'static str, String)> {
+    let options = match agent {
+        Some((_, a)) => a.over(model.1),
+        None => model.1.clone(),
+    };
+    // Thinking as sent: `reasoning.budget_tokens`, unless `extra_body`
+    // replaces the `thinking` field (then its `type` says).
+    let thinking = match extra("thinking", "extra_body.thinking", model, agent) {
+        Some(sent) => {
+            let kind = sent.value.get("type").and_then(Value::as_str);
+            matches!(kind, Some("enabled" | "adaptive")).then(|| {
+                format!(
+                    "{} = {}",
+                    sent.layer.key(sent.field),
+                    serde_json::to_string(&sent.value).unwrap_or_default()
+                )
+            })
+        }
+        None => options
+            .reasoning
+            .as_ref()
+            .and_then(|r| r.budget_tokens)
+            .map(|budget| {
+                let layer = layer_of(agent, model.0, |o| o.reasoning.is_some());
+                format!("{} = {budget}", layer.key("reasoning.budget_tokens"))
+            }),
+    };
+    let Some(thinking) = thinking else {
+        return Vec::new();
+    };
+    let with = format!("with extended thinking on ({thinking})");
+    let mut out = Vec::new();
+
+    // A number as sent: `extra_body`'s key wins over the typed field.
+    let number = |key: &'static str,
+                  field: &'static str,
+                  typed: Option<f64>,
+                  set: fn(&ModelOptions) -> bool| {
+        match extra(key, field, model, agent) {
+            Some(sent) => Some(Sent {
+                value: sent.value.as_f64(),
+                field: sent.field,
+                layer: sent.layer,
+            }),
+            None => typed.map(|v| Sent {
+                value: Some(v),
+                field: key,
+                layer: layer_of(agent, model.0, set),
+            }),
+        }
+    };
+    if let Some(sent) = number(
+        "temperature",
+        "extra_body.temperature",
+        options.temperature,
+        |o| o.temperature.is_some(),
+    ) && sent.value != Some(1.0)
+    {
+        out.push((
+            sent.layer,
+            sent.field,
+            format!(
+                "{} {with}: Anthropic accepts only temperature 1 (or none) when thinking is on",
+                shown(sent.value)
+            ),
+        ));
+    }
+    if let Some(sent) = number("top_p", "extra_body.top_p", options.top_p, |o| {
+        o.top_p.is_some()
+    }) && !sent.value.is_some_and(|p| (0.95..=1.0).contains(&p))
+    {
+        out.push((
+            sent.layer,
+            sent.field,
+            format!(
+                "{} {with}: Anthropic accepts top_p only from 0.95 to 1 when thinking is on",
+                shown(sent.value)
+            ),
+        ));
+    }
+    if let Some(sent) = extra("top_k", "extra_body.top_k", model, agent) {
+        out.push((
+            sent.layer,
+            sent.field,
+            format!(
+                "{} {with}: Anthropic refuses top_k when thinking is on (remove it)",
+                sent.value
+            ),
+        ));
+    }
+    // The tool choice as sent: `extra_body`'s object, else the typed one.
+    let forced = match extra("tool_choice", "extra_body.tool_choice", model, agent) {
+        Some(sent) => {
+            let kind = sent.value.get("type").and_then(Value::as_str);
+            matches!(kind, Some("any" | "tool"))
+                .then(|| (sent.layer, sent.field, sent.value.to_string()))
+        }
+        None => match &options.tool_choice {
+            Some(choice @ (ToolChoice::Required | ToolChoice::Tool(_))) => {
+                let layer = layer_of(agent, model.0, |o| o.tool_choice.is_some());
+                let shown = match choice {
+                    ToolChoice::Tool(name) => format!("{name:?} (a tool it must call)"),
+                    _ => "\"required\"".to_owned(),
+                };
+                Some((layer, "tool_choice", shown))
+            }
+            _ => None,
+        },
+    };
+    if let Some((layer, field, shown)) = forced {
+        out.push((
+            layer,
+            field,
+            format!(
+                "{shown} forces a tool call {with}: Anthropic refuses a forced tool when \
+                 thinking is on (use \"auto\" or \"none\")"
+            ),
+        ));
+    }
+    out
+}
+
+/// A number from the config as the message shows it (not a number: "a non-number").
+fn shown(value: Option<f64>) -> String {
+    value.map_or_else(
+        || "a value that is not a number".to_owned(),
+        |v| v.to_string(),
+    )
+}
+
+/// Each effective combination of options an Anthropic model sends with
+/// extended thinking on (its own `options`, and each agent's
+/// `model_options` over them) against what the Messages API refuses then
+/// ([`thinking_conflicts`]). A problem is reported once, at the key that set
+/// the refused value, naming where thinking was turned on. Options out of
+/// their ranges are reported on their own and skipped here.
+fn check_thinking(file: &ConfigFile, text: &Source<'_>, problems: &mut Vec<Problem>) {
+    let mut seen = HashSet::new();
+    for (name, model) in &file.models {
+        let ModelSection::Anthropic(section) = model else {
+            continue;
+        };
+        if section.options.check().is_err() {
+            continue;
+        }
+        let agents = file
+            .agents
+            .iter()
+            .filter(|(_, a)| a.model == *name)
+            .filter_map(|(id, a)| match &a.model_options {
+                Some(o) if o.check().is_ok() => Some(Some((id.as_str(), o))),
+                Some(_) => None,
+                None => Some(Option::None),
+            });
+        let model = (name.as_str(), &section.options);
+        for agent in std::iter::once(None).chain(agents) {
+            for (layer, field, message) in thinking_conflicts(model, agent) {
+                let key = layer.key(field);
+                if seen.insert((key.clone(), message.clone())) {
+                    problems.push(Problem {
+                        line: text.line(&layer.path(field)),
+                        key,
+                        message,
+                    });
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

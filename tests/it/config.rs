@@ -333,3 +333,124 @@ fn an_idle_timeout_is_a_duration_of_1ms_to_1d_named_with_its_line() {
     let (code, err) = check_text(&format!("{base}idle_timeout = \"30s\"\n"));
     assert_eq!(code, Some(0), "{err}");
 }
+
+/// An Anthropic model with extended thinking on, then `rest` (more of its
+/// options, and agents on it).
+fn thinking_config(model_options: &str, rest: &str) -> String {
+    format!(
+        "[models.an]\nprovider = \"anthropic\"\nmodel = \"claude-sonnet-4-5\"\nbase_url = \"http://127.0.0.1:9\"\n\
+         options = {{ reasoning = {{ budget_tokens = 2048 }}{model_options} }}\n\n\
+         [agents.a]\nmodel = \"an\"\n{rest}\n"
+    )
+}
+
+#[test]
+fn settings_anthropic_refuses_with_extended_thinking_are_refused_by_key_and_line() {
+    // Each was accepted by check-config and then failed the run's first
+    // request with a 400.
+    let on_model = "with extended thinking on (models.an.options.reasoning.budget_tokens = 2048)";
+    let cases: &[(&str, &str, &str, &str)] = &[
+        (
+            ", tool_choice = \"required\"",
+            "",
+            "c.toml:5: models.an.options.tool_choice: \"required\" forces a tool call",
+            "Anthropic refuses a forced tool when thinking is on (use \"auto\" or \"none\")",
+        ),
+        (
+            "",
+            "model_options = { tool_choice = \"read_file\" }",
+            "c.toml:9: agents.a.model_options.tool_choice: \"read_file\" (a tool it must call) forces a tool call",
+            "Anthropic refuses a forced tool",
+        ),
+        (
+            ", temperature = 0.5",
+            "",
+            "c.toml:5: models.an.options.temperature: 0.5",
+            "Anthropic accepts only temperature 1 (or none) when thinking is on",
+        ),
+        (
+            "",
+            "model_options = { temperature = 0.0 }",
+            "c.toml:9: agents.a.model_options.temperature: 0",
+            "only temperature 1",
+        ),
+        (
+            ", top_p = 0.9",
+            "",
+            "c.toml:5: models.an.options.top_p: 0.9",
+            "Anthropic accepts top_p only from 0.95 to 1 when thinking is on",
+        ),
+        (
+            ", extra_body = { top_k = 40 }",
+            "",
+            "c.toml:5: models.an.options.extra_body.top_k: 40",
+            "Anthropic refuses top_k when thinking is on",
+        ),
+        (
+            "",
+            "model_options = { extra_body = { tool_choice = { type = \"any\" } } }",
+            "c.toml:9: agents.a.model_options.extra_body.tool_choice: {\"type\":\"any\"} forces a tool call",
+            "refuses a forced tool",
+        ),
+    ];
+    for (model_options, agent, wanted, rule) in cases {
+        let (code, err) = check_text(&thinking_config(model_options, agent));
+        assert_eq!(code, Some(2), "{model_options}{agent}: {err}");
+        assert!(err.contains(wanted), "{model_options}{agent}: {err}");
+        assert!(err.contains(on_model), "{model_options}{agent}: {err}");
+        assert!(err.contains(rule), "{model_options}{agent}: {err}");
+        // One problem, even though the agent runs the model's options too.
+        assert_eq!(
+            err.lines().filter(|l| l.contains("c.toml:")).count(),
+            1,
+            "{model_options}{agent}: {err}"
+        );
+    }
+}
+
+#[test]
+fn thinking_turned_on_by_an_agent_is_checked_against_its_models_options() {
+    let config = "[models.an]\nprovider = \"anthropic\"\nmodel = \"claude-sonnet-4-5\"\nbase_url = \"http://127.0.0.1:9\"\n\
+                  options = { temperature = 0.2 }\n\n\
+                  [agents.cool]\nmodel = \"an\"\n\n\
+                  [agents.thinker]\nmodel = \"an\"\nmodel_options = { reasoning = { budget_tokens = 4096 } }\n";
+    let (code, err) = check_text(config);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(
+            "c.toml:5: models.an.options.temperature: 0.2 with extended thinking on \
+             (agents.thinker.model_options.reasoning.budget_tokens = 4096)"
+        ),
+        "{err}"
+    );
+    // The agent without thinking is not the problem.
+    assert!(!err.contains("agents.cool"), "{err}");
+    // An agent's own temperature 1 makes its combination fine.
+    let fixed = config.replace(
+        "budget_tokens = 4096 } }",
+        "budget_tokens = 4096 }, temperature = 1.0 }",
+    );
+    let (code, err) = check_text(&fixed);
+    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
+fn a_valid_extended_thinking_config_is_accepted() {
+    // Temperature 1, top_p within 0.95..=1, tool_choice auto or none, a
+    // budget above the configured max_tokens (the request raises it), and a
+    // native structured output (output_config, not a forced tool).
+    let (code, err) = check_text(&thinking_config(
+        ", temperature = 1.0, top_p = 0.95, tool_choice = \"auto\"",
+        "model_options = { tool_choice = \"none\", reasoning = { budget_tokens = 8000 } }\n\n\
+         [agents.judge]\nmodel = \"an\"\noutput_mode = \"structured_output\"\nstructured = \"native\"\n\n\
+         [agents.tool_judge]\nmodel = \"an\"\noutput_mode = \"structured_output\"\nstructured = \"tool\"\n\n\
+         [agents.plain]\nmodel = \"an\"\nmodel_options = { reasoning = { effort = \"high\" }, temperature = 0.3 }",
+    ));
+    assert_eq!(code, Some(0), "{err}");
+    // The same options without thinking are not checked against its rules.
+    let off = "[models.an]\nprovider = \"anthropic\"\nmodel = \"claude-sonnet-4-5\"\nbase_url = \"http://127.0.0.1:9\"\n\
+               options = { temperature = 0.2, top_p = 0.5, tool_choice = \"required\", extra_body = { top_k = 5 } }\n\n\
+               [agents.a]\nmodel = \"an\"\n";
+    let (code, err) = check_text(off);
+    assert_eq!(code, Some(0), "{err}");
+}
