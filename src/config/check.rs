@@ -1279,6 +1279,74 @@ input_schema = { params = { type = "object", required = ["topic"] } }
         assert_eq!(err.problems[0].key, "agents.a.structured", "{err:?}");
     }
 
+    fn options(v: serde_json::Value) -> arbor_actors::model::ModelOptions {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn thinking_conflicts_follow_what_the_request_sends() {
+        use super::{Layer, thinking_conflicts};
+        use serde_json::json;
+        let fields = |model: serde_json::Value, agent: Option<serde_json::Value>| {
+            let model = options(model);
+            let agent = agent.map(options);
+            thinking_conflicts(("an", &model), agent.as_ref().map(|a| ("a", a)))
+                .into_iter()
+                .map(|(layer, field, _)| (layer, field))
+                .collect::<Vec<_>>()
+        };
+        let thinking = json!({"reasoning": {"budget_tokens": 2048}, "temperature": 0.5});
+        assert_eq!(
+            fields(thinking.clone(), None),
+            [(Layer::Model("an"), "temperature")]
+        );
+        // An agent's reasoning replaces the model's whole: effort alone sends
+        // no thinking, so nothing is refused.
+        assert!(
+            fields(
+                thinking.clone(),
+                Some(json!({"reasoning": {"effort": "high"}}))
+            )
+            .is_empty()
+        );
+        // extra_body's thinking replaces the field on the wire.
+        assert!(
+            fields(
+                thinking.clone(),
+                Some(json!({"extra_body": {"thinking": {"type": "disabled"}}}))
+            )
+            .is_empty()
+        );
+        assert_eq!(
+            fields(
+                json!({"temperature": 0.5, "tool_choice": "required"}),
+                Some(
+                    json!({"extra_body": {"thinking": {"type": "enabled", "budget_tokens": 2048}}})
+                )
+            ),
+            [
+                (Layer::Model("an"), "temperature"),
+                (Layer::Model("an"), "tool_choice")
+            ]
+        );
+        // An extra_body temperature wins over the typed 1.
+        assert_eq!(
+            fields(
+                json!({"reasoning": {"budget_tokens": 2048}, "temperature": 1.0}),
+                Some(json!({"extra_body": {"temperature": 0.7}}))
+            ),
+            [(Layer::Agent("a"), "extra_body.temperature")]
+        );
+        assert!(
+            fields(
+                json!({"reasoning": {"budget_tokens": 2048}, "temperature": 1.0, "top_p": 1.0,
+                       "tool_choice": "none", "parallel_tool_calls": false}),
+                None
+            )
+            .is_empty()
+        );
+    }
+
     #[test]
     fn an_invalid_schema_is_a_problem_with_its_key() {
         let text = "[models.m]\nprovider = \"simulated\"\n\n[agents.a]\nmodel = \"m\"\noutput_schema = { type = 5 }\n";
