@@ -268,16 +268,16 @@ impl History {
 
     /// Removes the messages whose time to live has run out.
     pub fn expire(&self, at: Expiry) -> History {
-        let expired = |m: &Message| {
-            matches!(
-                (m.meta().time_to_live, at),
-                (Some(TimeToLive::AgentStep), _) | (Some(TimeToLive::UserPrompt), Expiry::TurnEnd)
-            )
-        };
-        if self.ttl == 0 || !self.items.iter().any(|m| expired(m)) {
+        if !self.expires_any(at) {
             return self.clone();
         }
-        self.retain(|m| !expired(m))
+        self.retain(|m| !expired(m, at))
+    }
+
+    /// Whether `expire` at `at` would remove a message (O(1) when no message
+    /// has a time to live, the usual case), so a caller can skip the copy.
+    pub fn expires_any(&self, at: Expiry) -> bool {
+        self.ttl > 0 && self.items.iter().any(|m| expired(m, at))
     }
 
     /// The history a model request carries: the history itself (O(1)) when it is
@@ -448,6 +448,14 @@ fn units(messages: &[Arc<Message>]) -> Vec<std::ops::Range<usize>> {
         i = end;
     }
     units
+}
+
+/// Whether `m`'s time to live has run out at `at`.
+fn expired(m: &Message, at: Expiry) -> bool {
+    matches!(
+        (m.meta().time_to_live, at),
+        (Some(TimeToLive::AgentStep), _) | (Some(TimeToLive::UserPrompt), Expiry::TurnEnd)
+    )
 }
 
 fn placeholder(count: usize) -> Message {

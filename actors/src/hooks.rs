@@ -97,6 +97,14 @@ pub trait TreeHooks: Send + Sync + 'static {
         false
     }
 
+    /// Whether the tree goes on from a previous run of it (a resume or a
+    /// replay): only then can [`recovered`](Self::recovered) know a run, and
+    /// an agent skips making the run id text to ask it otherwise. An
+    /// implementation that does not say is asked every time.
+    fn recovering(&self) -> bool {
+        true
+    }
+
     /// What a resumed tree already knows of the run `run_id` (nothing for a new tree).
     fn recovered(&self, run_id: &str) -> Option<Recovered> {
         let _ = run_id;

@@ -321,6 +321,10 @@ impl TreeHooks for TreeContext {
         self.durable
     }
 
+    fn recovering(&self) -> bool {
+        self.recovery.is_some()
+    }
+
     fn recovered(&self, run_id: &str) -> Option<Recovered> {
         self.recovery.as_ref()?.recovered(run_id)
     }

@@ -213,7 +213,7 @@ impl AgentRun {
                 };
             }
         };
-        let known = self.hooks.recovered(&id.to_string()).is_some();
+        let known = self.hooks.recovering() && self.hooks.recovered(&id.to_string()).is_some();
         let admitted = if known {
             Ok(())
         } else {

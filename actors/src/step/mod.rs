@@ -602,10 +602,11 @@ impl StepMachine {
 
     /// Removes expired messages (a no-op, and no copy, when none expire).
     fn expire(&mut self, at: Expiry) {
-        let expired = self.state.message_history.expire(at);
-        if expired.len() != self.state.message_history.len() {
-            self.set_history(expired);
+        if !self.state.message_history.expires_any(at) {
+            return;
         }
+        let expired = self.state.message_history.expire(at);
+        self.set_history(expired);
     }
 
     /// Replaces the history. `inherited` becomes the number of inherited messages
