@@ -769,16 +769,30 @@ pub async fn list_approvals(State(shared): State<Arc<Shared>>) -> Json<ApprovalL
     get, path = "/v1/trees/{treeId}/approvals", tag = "approvals",
     params(("treeId" = String, Path)),
     responses(
-        (status = 200, description = "The tree's tool calls waiting for a decision", body = ApprovalList),
-        (status = 401, body = ErrorBody),
+        (status = 200, description = "The tree's tool calls waiting for a decision (read from its journal when another replica runs it)", body = ApprovalList),
+        (status = 401, body = ErrorBody), (status = 503, body = ErrorBody),
     )
 )]
 pub async fn tree_approvals(
     State(shared): State<Arc<Shared>>,
     ApiPath(tree_id): ApiPath<String>,
-) -> Json<ApprovalList> {
-    let approvals = shared.runtime.supervisor().approvals(Some(&tree_id));
-    Json(ApprovalList { approvals })
+) -> Result<Json<ApprovalList>, ApiError> {
+    let supervisor = shared.runtime.supervisor();
+    if supervisor.is_running(&tree_id) {
+        let approvals = supervisor.approvals(Some(&tree_id));
+        return Ok(Json(ApprovalList { approvals }));
+    }
+    // Run by another replica: its approvals are in the tree's journal.
+    if elsewhere(&shared, &tree_id).await?.is_some() {
+        let tree = tree_id.clone();
+        let journal = supervisor
+            .read_store(move |store| store.events(&tree, 0))
+            .await?;
+        let approvals = replica::pending_from_journal(&tree_id, &journal);
+        return Ok(Json(ApprovalList { approvals }));
+    }
+    let approvals = supervisor.approvals(Some(&tree_id));
+    Ok(Json(ApprovalList { approvals }))
 }
 
 #[utoipa::path(

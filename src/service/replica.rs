@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use arbor_actors::approval::Decision;
 use arbor_actors::sync::LockExt as _;
-use arbor_supervisor::TreeStatus;
 use arbor_supervisor::store::{Control, Owner, Wake};
+use arbor_supervisor::{JournalEntry, TreeStatus};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -168,6 +168,59 @@ pub(crate) fn forwarded_note(owner: &Option<String>) -> String {
     }
 }
 
+/// The tool calls of a tree waiting for a decision, as its journal tells
+/// them (for a tree another replica runs, whose approvals this process does
+/// not hold): asked for and not decided, and of a run that has not ended.
+/// A resumed run that asks again replaces its earlier request.
+pub(crate) fn pending_from_journal(
+    tree_id: &str,
+    journal: &[JournalEntry],
+) -> Vec<arbor_supervisor::PendingApproval> {
+    let mut pending: Vec<arbor_supervisor::PendingApproval> = Vec::new();
+    let call = |entry: &JournalEntry| {
+        entry
+            .body
+            .get("toolCallId")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned)
+    };
+    for entry in journal {
+        match entry.kind.name() {
+            "approvalRequested" => {
+                let Some(call_id) = call(entry) else { continue };
+                pending.retain(|p| p.tool_call_id != call_id);
+                pending.push(arbor_supervisor::PendingApproval {
+                    tree_id: tree_id.to_owned(),
+                    run_id: entry.run_id.to_string(),
+                    tool_call_id: call_id,
+                    step: entry
+                        .body
+                        .get("step")
+                        .and_then(|v| v.as_u64())
+                        .and_then(|v| u32::try_from(v).ok())
+                        .unwrap_or_default(),
+                    tool: entry
+                        .body
+                        .get("tool")
+                        .and_then(|v| v.as_str())
+                        .unwrap_or_default()
+                        .to_owned(),
+                    input: entry.body.get("input").cloned().unwrap_or_default(),
+                    requested_ms: entry.at_ms,
+                });
+            }
+            "approvalDecided" => {
+                if let Some(call_id) = call(entry) {
+                    pending.retain(|p| p.tool_call_id != call_id);
+                }
+            }
+            _ if entry.is_final() => pending.retain(|p| *p.run_id != *entry.run_id),
+            _ => {}
+        }
+    }
+    pending
+}
+
 /// Takes the controls of the trees this process runs and applies them, until
 /// shutdown: at once when the store says one was posted (`wake`), else
 /// every `CONTROL_POLL`.
@@ -317,6 +370,51 @@ mod tests {
             );
         }
         assert_eq!(route(false, None, None), Route::Unknown);
+    }
+
+    fn entry(seq: u64, run: &str, json: serde_json::Value) -> JournalEntry {
+        let mut body = json.as_object().unwrap().clone();
+        let kind = body.remove("type").unwrap();
+        JournalEntry {
+            kind: kind.as_str().unwrap().parse().unwrap(),
+            body,
+            output: None,
+            seq,
+            run_id: run.into(),
+            at_ms: seq * 10,
+        }
+    }
+
+    #[test]
+    fn a_journal_tells_the_calls_still_waiting_for_a_decision() {
+        let asked = |call: &str| {
+            serde_json::json!({"type": "approvalRequested", "step": 1, "toolCallId": call,
+                "tool": "say", "input": {"text": "hi"}})
+        };
+        let journal = [
+            entry(1, "t/0", asked("c1")),
+            entry(2, "t/0.1", asked("c2")),
+            entry(3, "t/0.2", asked("c3")),
+            entry(
+                4,
+                "t/0",
+                serde_json::json!({"type": "approvalDecided", "step": 1,
+                "toolCallId": "c1", "decision": {"decision": "approve"}}),
+            ),
+            entry(
+                5,
+                "t/0.2",
+                serde_json::json!({"type": "agentCancelled", "status": "cancelled"}),
+            ),
+            // Asked again after a resume: one entry, the later one.
+            entry(6, "t/0.1", asked("c2")),
+        ];
+        let pending = pending_from_journal("t", &journal);
+        assert_eq!(pending.len(), 1, "{pending:?}");
+        assert_eq!(pending[0].tool_call_id, "c2");
+        assert_eq!(pending[0].run_id, "t/0.1");
+        assert_eq!(pending[0].requested_ms, 60);
+        assert_eq!(pending[0].input, serde_json::json!({"text": "hi"}));
     }
 
     #[test]

@@ -300,7 +300,10 @@ async fn controls_reach_the_owner(shared: Shared) {
     // An approval.
     let (tree_id, run_id) = start(&a, "writer").await;
     read_until(&b, &run_id, "event: approvalRequested").await;
-    let (_, listed) = get(&a, &format!("/v1/trees/{tree_id}/approvals")).await;
+    // Listed by the replica that does not run the tree too (from the journal).
+    let (_, listed) = get(&b, &format!("/v1/trees/{tree_id}/approvals")).await;
+    assert_eq!(listed["approvals"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed["approvals"][0]["tool"], "say", "{listed}");
     let call = listed["approvals"][0]["toolCallId"]
         .as_str()
         .unwrap_or_else(|| panic!("{listed}"))
