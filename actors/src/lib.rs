@@ -20,6 +20,7 @@ mod limit;
 pub mod message;
 pub mod model;
 pub mod models;
+mod names;
 pub mod output;
 pub mod schema;
 pub mod spawn;

@@ -80,9 +80,8 @@ pub struct ModelOptions {
     /// as Ollama's `options` or vLLM's `guided_json`.
     pub extra_body: Option<serde_json::Map<String, Value>>,
     /// The schema the reply's text must follow, for a template whose
-    /// structured output is native ([`crate::template::Structured::Native`]):
-    /// set by [`crate::template::AgentTemplate::structured`], never read from
-    /// a config. A provider sends it as its API's structured-output field.
+    /// structured output is native (`Structured::Native`): set by the
+    /// template (`AgentTemplate::structured`), never read from a config. A provider sends it as its API's structured-output field.
     #[serde(skip)]
     pub output: Option<OutputFormat>,
 }

@@ -315,7 +315,7 @@ impl AgentTemplate {
         }
         let schema = self.output_schema.clone().unwrap_or_else(any_object);
         Some(crate::model::OutputFormat {
-            name: crate::toolbox::wire_name(&self.display_name),
+            name: crate::names::wire_name(&self.display_name),
             strict: crate::schema::fits_strict_subset(schema.source()),
             schema,
         })
