@@ -184,8 +184,9 @@ pub struct Cancelled {
     pub run_id: String,
     pub cancelled: bool,
     /// Set when another replica runs the tree: the cancel was posted for it
-    /// (`forwardedTo` names it) and takes effect there.
-    #[serde(flatten)]
+    /// (`forwarded.forwardedTo` names it) and takes effect there. (Nested,
+    /// not flattened: an optional flattened object has no honest schema.)
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub forwarded: Option<Forwarded>,
 }
 
@@ -326,7 +327,7 @@ pub struct Decided {
     /// here or, when forwarded, by the replica that runs the tree.
     pub decided: bool,
     /// Set when another replica runs the tree (see `Cancelled`).
-    #[serde(flatten)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub forwarded: Option<Forwarded>,
 }
 
@@ -350,7 +351,7 @@ pub struct Steered {
     /// be in the run's history from its next step.
     pub accepted: bool,
     /// Set when another replica runs the tree (see `Cancelled`).
-    #[serde(flatten)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub forwarded: Option<Forwarded>,
 }
 
@@ -623,7 +624,7 @@ pub async fn run_events(
     post, path = "/v1/runs/{runId}/cancel", tag = "runs",
     params(("runId" = String, Path, description = "A run id, URL-encoded; its whole subtree is cancelled")),
     responses(
-        (status = 202, description = "Cancelling: the run ends as cancelled (here, or on the replica that runs it: `forwardedTo`)", body = Cancelled),
+        (status = 202, description = "Cancelling: the run ends as cancelled (here, or on the replica that runs it: `forwarded.forwardedTo`)", body = Cancelled),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "The run has already ended", body = ErrorBody),
         (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),

@@ -11,9 +11,7 @@
 //! duration ends when the response's head is ready: an event stream's
 //! length is not in it.
 //!
-//! The router (`service/mod.rs`) mounts both: until it does, they are used
-//! only by this module's tests.
-#![allow(dead_code)]
+//! The router (`service/mod.rs`) mounts both.
 
 use std::time::Instant;
 

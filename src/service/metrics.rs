@@ -22,10 +22,6 @@ use prometheus_client::registry::Registry;
 
 use crate::providers::{RequestEvent, RequestObserver, RequestSignal, observe_requests};
 
-/// The HTTP server's middleware, which feeds [`HttpMetrics`].
-#[path = "http_metrics.rs"]
-pub(crate) mod http_metrics;
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabel {
     model: String,
@@ -160,7 +156,6 @@ pub struct HttpMetrics {
 impl HttpMetrics {
     /// One request answered: its method, route template, status and the
     /// time until its response's head was ready.
-    #[allow(dead_code)] // (until the router mounts `http_metrics`)
     pub fn record(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
         self.requests
             .get_or_create(&HttpLabel {
@@ -333,7 +328,6 @@ impl Metrics {
     }
 
     /// The HTTP server's families, for its middleware.
-    #[allow(dead_code)] // (until the router mounts `http_metrics`)
     pub fn http(&self) -> HttpMetrics {
         self.http.clone()
     }

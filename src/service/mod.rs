@@ -13,6 +13,7 @@ mod conn;
 mod error;
 mod events;
 mod guard;
+mod http_metrics;
 mod limits;
 mod metrics;
 mod replica;
@@ -461,7 +462,7 @@ impl Service {
             .route("/readyz", get(api::readyz))
             .merge(api)
             // The route template each request matched, for the HTTP metrics.
-            .route_layer(middleware::from_fn(metrics::http_metrics::matched))
+            .route_layer(middleware::from_fn(http_metrics::matched))
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
             .layer(DefaultBodyLimit::max(self.shared.options.body_limit))
@@ -473,7 +474,7 @@ impl Service {
             // Outermost: every request counted and timed, refused ones too.
             .layer(middleware::from_fn_with_state(
                 self.shared.metrics.http(),
-                metrics::http_metrics::record,
+                http_metrics::record,
             ))
             .with_state(shared)
     }

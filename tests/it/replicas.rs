@@ -275,9 +275,15 @@ async fn controls_reach_the_owner(shared: Shared) {
     )
     .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    assert!(body["forwardedTo"].is_string(), "names the owner: {body}");
     assert!(
-        body["note"].as_str().unwrap().contains("forwarded"),
+        body["forwarded"]["forwardedTo"].is_string(),
+        "names the owner: {body}"
+    );
+    assert!(
+        body["forwarded"]["note"]
+            .as_str()
+            .unwrap()
+            .contains("forwarded"),
         "{body}"
     );
     let events = tokio::time::timeout(GUARD, stream(&b, &run_id, None, |_| {}))
@@ -315,7 +321,7 @@ async fn controls_reach_the_owner(shared: Shared) {
     )
     .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    assert!(body["forwardedTo"].is_string(), "{body}");
+    assert!(body["forwarded"]["forwardedTo"].is_string(), "{body}");
     let text = read_until(&b, &run_id, "event: agentFinished").await;
     assert!(text.contains("event: approvalDecided"), "{text}");
     let (_, run) = get(&b, &format!("/v1/runs/{}", encoded(&run_id))).await;
@@ -421,7 +427,7 @@ async fn sigterm_hands_over(shared: Shared) {
     )
     .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    assert!(body.get("forwardedTo").is_none(), "{body}");
+    assert!(body.get("forwarded").is_none(), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -595,7 +601,7 @@ async fn a_replica_paused_past_its_lease_is_fenced_out_of_the_tree_another_adopt
     )
     .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    assert!(body.get("forwardedTo").is_none(), "{body}");
+    assert!(body.get("forwarded").is_none(), "{body}");
     let events = tokio::time::timeout(GUARD, stream(&b, &run_id, None, |_| {}))
         .await
         .unwrap();

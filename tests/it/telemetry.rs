@@ -313,6 +313,13 @@ async fn promtool_passes_metrics_in_both_formats_after_a_run() {
             text.contains("arbor_model_latency_seconds_count{model=\"sim\"} 10\n"),
             "{text}"
         );
+        // The router's HTTP families, by route template (the tree's start).
+        assert!(
+            text.contains(
+                "arbor_http_requests_total{method=\"POST\",route=\"/v1/runs\",status=\"201\"} 1\n"
+            ),
+            "{text}"
+        );
         promtool_check(&promtool, &text);
     }
     let (kind, text) = scrape(Some("application/openmetrics-text; version=1.0.0")).await;
