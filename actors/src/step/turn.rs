@@ -75,7 +75,9 @@ impl StepMachine {
         let Some(p) = self.pending.take() else {
             return Vec::new();
         };
-        let results: Vec<Message> = p.results.into_iter().flatten().collect();
+        // Shared once here: the history, the watchdog and a program's resume
+        // all hold the same `Arc`, so no result body is copied.
+        let results: Vec<Arc<Message>> = p.results.into_iter().flatten().map(Arc::new).collect();
         if let Some((inline_index, child_history)) = p.inline {
             let others: Vec<ToolCall> = p
                 .calls
@@ -89,14 +91,14 @@ impl StepMachine {
                 history.push(Message::assistant(None, others));
                 for (i, r) in results.iter().enumerate() {
                     if i != inline_index {
-                        history.push(r.clone());
+                        history.push_shared(Arc::clone(r));
                     }
                 }
             }
             self.set_history(history);
         } else {
             for r in &results {
-                self.state.message_history.push(r.clone());
+                self.state.message_history.push_shared(Arc::clone(r));
             }
         }
         for (call, result) in p.calls.iter().zip(&results) {
@@ -226,7 +228,7 @@ impl StepMachine {
 
     pub(super) fn resume_program(
         &mut self,
-        results: Option<Vec<Message>>,
+        results: Option<Vec<Arc<Message>>>,
         turn_ended: bool,
         catalog: &dyn Catalog,
     ) -> Vec<Action> {
@@ -235,7 +237,7 @@ impl StepMachine {
         };
         let next = match results {
             Some(results) => program.resume(Resume::ToolResults {
-                results: results.into_iter().map(Arc::new).collect(),
+                results,
                 state: &self.state,
             }),
             None => program.resume(Resume::StepsDone {

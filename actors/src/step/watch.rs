@@ -2,6 +2,9 @@
 //! the same input and answered with the same result, again and again. Pure:
 //! it sees each committed call with its result, in call order across steps.
 
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use crate::event::EventKind;
@@ -23,8 +26,25 @@ pub(crate) enum Verdict {
 /// The last call seen and how many identical ones came in a row.
 #[derive(Default)]
 pub(crate) struct LoopWatch {
-    last: Option<(String, Value, Message)>,
+    last: Option<Seen>,
     repeats: u32,
+}
+
+/// What the watchdog keeps of the last call: nothing copied. The call's tool
+/// and input are kept as a fingerprint (a hash; two different calls share
+/// one with odds of about 2^-64), the result as the `Arc` the history holds.
+struct Seen {
+    call: u64,
+    result: Arc<Message>,
+}
+
+/// The fingerprint of a call: its tool and input hashed together
+/// (`DefaultHasher::new` has fixed keys, so it is the same in every run).
+fn fingerprint(tool: &str, input: &Value) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    tool.hash(&mut hasher);
+    input.hash(&mut hasher);
+    hasher.finish()
 }
 
 fn content(message: &Message) -> &[ToolResultPart] {
@@ -43,16 +63,20 @@ impl LoopWatch {
         config: LoopDetection,
         tool: &str,
         input: &Value,
-        result: &Message,
+        result: &Arc<Message>,
     ) -> Verdict {
-        let same = self
-            .last
-            .as_ref()
-            .is_some_and(|(t, i, r)| t == tool && i == input && content(r) == content(result));
+        let call = fingerprint(tool, input);
+        let same = self.last.as_ref().is_some_and(|seen| {
+            seen.call == call
+                && (Arc::ptr_eq(&seen.result, result) || content(&seen.result) == content(result))
+        });
         if same {
             self.repeats += 1;
         } else {
-            self.last = Some((tool.to_owned(), input.clone(), result.clone()));
+            self.last = Some(Seen {
+                call,
+                result: Arc::clone(result),
+            });
             self.repeats = 1;
         }
         let n = self.repeats;
@@ -74,7 +98,7 @@ impl super::StepMachine {
         &mut self,
         step: u32,
         calls: &[ToolCall],
-        results: &[Message],
+        results: &[Arc<Message>],
     ) -> Option<Vec<super::Action>> {
         let config = self.template.loop_detection;
         if config == LoopDetection::OFF {
@@ -116,13 +140,13 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn result(id: &str, value: Value) -> Message {
+    fn result(id: &str, value: Value) -> Arc<Message> {
         let call = ToolCall {
             tool_call_id: id.into(),
             tool_name: "echo".into(),
             input: json!({}),
         };
-        Message::tool_result(&call, value)
+        Arc::new(Message::tool_result(&call, value))
     }
 
     const CONFIG: LoopDetection = LoopDetection {
@@ -175,6 +199,18 @@ mod tests {
         assert_eq!(watch.repeats, 1, "another input");
         watch.observe(CONFIG, "other", &json!({"n": 2}), &result("e", json!(2)));
         assert_eq!(watch.repeats, 1, "another tool");
+    }
+
+    #[test]
+    fn the_watchdog_keeps_the_result_shared_not_copied() {
+        let mut watch = LoopWatch::default();
+        let first = result("a", json!({"big": "body"}));
+        watch.observe(CONFIG, "echo", &json!({"n": 1}), &first);
+        assert_eq!(Arc::strong_count(&first), 2, "held as the same Arc");
+        // The same result again (the same Arc) is a repeat.
+        watch.observe(CONFIG, "echo", &json!({"n": 1}), &first);
+        assert_eq!(watch.repeats, 2);
+        assert_eq!(Arc::strong_count(&first), 2, "a repeat keeps the first");
     }
 
     #[test]
