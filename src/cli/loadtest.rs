@@ -11,18 +11,20 @@ use arbor::loadtest::BareKind;
 use super::args::LoadtestArgs;
 use super::{configured_model, load_config};
 
-/// `--baseline-kind`: one bare tree, or all of them.
+/// `--baseline-kind`: one bare tree, or all of them. (The variants carry no
+/// doc comments: clap would list them one per line and switch `--help` to its
+/// long layout; the option's help names them.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum BaselineChoice {
-    /// Actors that share the parent's history by reference (the default).
+    // Actors that share the parent's history by reference (the default).
     Shared,
-    /// Actors with no history.
+    // Actors with no history.
     None,
-    /// Actors that each deep-copy the parent's history.
+    // Actors that each deep-copy the parent's history.
     Copied,
-    /// Tokio tasks (no actors) that share the history by reference.
+    // Tokio tasks (no actors) that share the history by reference.
     Tokio,
-    /// Every kind, one after the other.
+    // Every kind, one after the other.
     All,
 }
 
