@@ -4,8 +4,8 @@
 
 mod approval_timeout;
 mod approve;
-mod background;
 mod backend;
+mod background;
 mod budget;
 mod cancel;
 mod common;
