@@ -49,8 +49,12 @@ pub enum FailureKind {
     Lost,
     /// The agent or one of its tools panicked: a bug, reported as a failure.
     Panicked,
-    /// The store could not record the tree, or another process took it over.
+    /// The store could not record the tree.
     Store,
+    /// Another process claimed the tree after this one (a later fencing
+    /// epoch): the store refused this process's writes, and it stopped
+    /// running the tree, which goes on where it was adopted.
+    Fenced,
     /// An invariant of the runtime broke (a bug, reported as a failure).
     Internal,
     /// The run repeated the same tool call with the same result until its
@@ -79,6 +83,7 @@ impl FailureKind {
             FailureKind::Lost => "lost",
             FailureKind::Panicked => "panicked",
             FailureKind::Store => "store",
+            FailureKind::Fenced => "fenced",
             FailureKind::Internal => "internal",
             FailureKind::Looping => "looping",
             FailureKind::Stalled => "stalled",

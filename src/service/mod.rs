@@ -23,6 +23,7 @@ use std::collections::HashMap;
 
 use futures::StreamExt as _;
 
+use arbor_actors::FailureKind;
 use arbor_actors::sync::LockExt as _;
 use std::future::Future;
 use std::sync::Arc;
@@ -287,14 +288,11 @@ impl Shared {
                         status = result.state.status.as_str(),
                         "tree ended"
                     );
-                    result
-                        .state
-                        .error_message()
-                        .is_some_and(|m| m.contains(FENCED))
+                    result.state.error_kind == Some(FailureKind::Fenced)
                 }
                 Err(error) => {
                     tracing::warn!(tree = %tree_id, %error, "tree lost");
-                    error.to_string().contains(FENCED)
+                    matches!(error, arbor_supervisor::Error::Fenced { .. })
                 }
             };
             gauge.dec();
@@ -309,10 +307,6 @@ impl Shared {
         ids
     }
 }
-
-/// What the reason of a tree stopped by a fence says (`Error::Fenced`); the
-/// supervisor has no count of its own of such trees.
-const FENCED: &str = "was taken over by another process";
 
 /// The span a tree started by a request runs in (its root agent's span is
 /// its child): a span of its own, so the request's span ends with the

@@ -592,6 +592,26 @@ async fn a_replica_paused_past_its_lease_is_fenced_out_of_the_tree_another_adopt
     // A's next heartbeat for the tree is refused: it says so and stops it.
     let line = a.wait_for(&format!("fenced out of tree {tree}"));
     assert!(line.contains("WARN"), "{line}");
+    // ... and counts it, by the stopped tree's failure kind (`fenced`).
+    tokio::time::timeout(GUARD, async {
+        loop {
+            let metrics = client()
+                .get(a.url("/metrics"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            if metrics.contains("arbor_replica_fenced_trees_total 1\n") {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the paused replica counts the tree it was fenced out of");
     // B runs it: a cancel there is local, and the tree ends cancelled (not
     // failed, as A's stopped copy ended).
     let (status, body) = post(

@@ -224,7 +224,7 @@ impl Supervisor {
                 if let Some(root) = root {
                     let reason = Error::from(fenced).to_string();
                     let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(Failure::new(
-                        FailureKind::Store,
+                        FailureKind::Fenced,
                         reason,
                     ))));
                 }
