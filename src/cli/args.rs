@@ -404,10 +404,10 @@ pub(crate) struct LoadtestArgs {
     /// bare tree alone (whole-process CPU and RSS).
     #[arg(long, conflicts_with_all = ["model", "max_live", "plot", "store", "latency"])]
     pub(crate) baseline_only: bool,
-    /// Store the trees in this SQLite file and keep it (default: a temporary
-    /// file, removed after the run).
+    /// Store the trees in this SQLite file or postgres:// database and keep
+    /// them (default: a temporary file, removed after the run).
     #[arg(long)]
-    pub(crate) store: Option<PathBuf>,
+    pub(crate) store: Option<StoreLocation>,
     /// Do not store the trees (measures Arbor without its store).
     #[arg(long, conflicts_with = "store")]
     pub(crate) no_store: bool,

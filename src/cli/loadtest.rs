@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
+use arbor::config::StoreLocation;
 use arbor::loadtest::BareKind;
 
 use super::args::LoadtestArgs;
@@ -119,7 +120,11 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
     let scratch = tempfile_path();
     let mut options = options;
     if !args.no_store && !args.baseline_only {
-        options.store = Some(args.store.clone().unwrap_or_else(|| scratch.clone()));
+        options.store = Some(
+            args.store
+                .clone()
+                .unwrap_or_else(|| StoreLocation::Sqlite(scratch.clone())),
+        );
     }
     let cleanup = RemoveOnDrop(
         (!args.no_store && !args.baseline_only && args.store.is_none()).then_some(scratch),

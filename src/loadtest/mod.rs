@@ -45,8 +45,9 @@ pub struct LoadOptions {
     /// How many trees `arbor loadtest` runs one after the other, each on a
     /// fresh supervisor (at least 1; `run_once` runs one whatever it says).
     pub repeat: usize,
-    /// Store the trees in this SQLite file (the run then includes writing it).
-    pub store: Option<std::path::PathBuf>,
+    /// Store the trees here: a SQLite file or a Postgres database (the run
+    /// then includes writing it).
+    pub store: Option<crate::config::StoreLocation>,
 }
 
 impl Default for LoadOptions {
@@ -122,10 +123,7 @@ impl LoadOptions {
         };
         let supervisor = Supervisor::with_retention(catalog, limits, Retain::Roots);
         match &self.store {
-            Some(path) => {
-                let store = arbor_supervisor::store::SqliteStore::open(path)?;
-                supervisor.with_store(Arc::new(store))
-            }
+            Some(location) => supervisor.with_store(location.open()?),
             None => Ok(supervisor),
         }
     }
@@ -197,7 +195,11 @@ pub async fn run_once(
         result.state.status == AgentStatus::Completed,
         rss_before,
     );
-    report.store_bytes = options.store.as_deref().map(report::store_bytes);
+    report.store_bytes = options
+        .store
+        .as_ref()
+        .and_then(|s| s.sqlite_path())
+        .map(report::store_bytes);
     report.store_tail_secs = options
         .store
         .as_ref()

@@ -739,3 +739,39 @@ fn baseline_only_runs_just_the_bare_tree_with_its_memory_figures() {
         "{stderr}"
     );
 }
+
+/// Issue 16: the load test stores into Postgres as it does into SQLite
+/// (`--store postgres://…`): the trees are there afterwards, every agent of
+/// each, ended. Needs `ARBOR_PG_URL` (fails without).
+#[test]
+fn loadtest_stores_its_trees_in_a_postgres_database() {
+    let db = crate::support::PgDatabase::new("loadtest");
+    let dir = tempfile::tempdir().unwrap();
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "loadtest",
+            "--fanout",
+            "3",
+            "--depth",
+            "2",
+            "--history",
+            "5",
+            "--repeat",
+            "2",
+            "--store",
+            &db.url(),
+        ],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    let trees = crate::support::psql(
+        &db.url(),
+        "SELECT count(*), min(agents), max(agents) FROM trees WHERE status = 'completed'",
+    );
+    assert_eq!(
+        trees.trim(),
+        "2|13|13",
+        "two trees of 13 agents each, ended"
+    );
+}

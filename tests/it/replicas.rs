@@ -8,7 +8,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -87,32 +86,20 @@ approve = ["say"]
 /// database of its own (dropped with this).
 enum Shared {
     Sqlite,
-    Postgres { server: String, name: String },
+    Postgres(crate::support::PgDatabase),
 }
 
 impl Shared {
     /// A fresh database on `ARBOR_PG_URL`; fails (never skips) without it.
     fn postgres(test: &str) -> Shared {
-        let server = std::env::var("ARBOR_PG_URL").unwrap_or_else(|_| {
-            panic!(
-                "ARBOR_PG_URL is unset: start a throwaway server with \
-                 `eval \"$(tests/pg/start)\"` (it prints ARBOR_PG_URL), then run the tests again"
-            )
-        });
-        let server = server.trim_end_matches('/').to_owned();
-        let name = format!("arbor_{test}_{}", std::process::id());
-        psql(
-            &format!("{server}/postgres"),
-            &format!("CREATE DATABASE {name}"),
-        );
-        Shared::Postgres { server, name }
+        Shared::Postgres(crate::support::PgDatabase::new(test))
     }
 
     /// What `--store` says.
     fn store(&self) -> String {
         match self {
             Shared::Sqlite => "arbor.db".into(),
-            Shared::Postgres { server, name } => format!("{server}/{name}"),
+            Shared::Postgres(db) => db.url(),
         }
     }
 
@@ -129,7 +116,7 @@ impl Shared {
                     .map(Result::unwrap)
                     .collect()
             }
-            Shared::Postgres { .. } => psql(&self.store(), query)
+            Shared::Postgres(_) => psql(&self.store(), query)
                 .lines()
                 .filter_map(|line| {
                     let mut cols = line.split('|');
@@ -143,40 +130,7 @@ impl Shared {
     }
 }
 
-impl Drop for Shared {
-    fn drop(&mut self) {
-        if let Shared::Postgres { server, name } = self {
-            psql(
-                &format!("{server}/postgres"),
-                &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-            );
-        }
-    }
-}
-
-/// Runs one statement with `psql` (unaligned, tuples only); its output.
-fn psql(url: &str, sql: &str) -> String {
-    let out = Command::new("psql")
-        .args([
-            url,
-            "-X",
-            "-q",
-            "-A",
-            "-t",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-c",
-            sql,
-        ])
-        .output()
-        .expect("psql runs (Debian's postgresql-client; tests/pg/start installs it)");
-    assert!(
-        out.status.success(),
-        "psql {sql:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use crate::support::psql;
 
 /// The test's directory: the config and the approval test's script.
 fn setup(dir: &Path) -> String {

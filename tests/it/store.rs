@@ -989,39 +989,9 @@ fn a_store_written_by_the_build_before_the_redesign_lists_replays_and_resumes() 
 /// password of the URL never printed. Needs `ARBOR_PG_URL` (fails without).
 #[test]
 fn migrate_and_store_copy_move_trees_between_sqlite_and_postgres() {
-    let server = std::env::var("ARBOR_PG_URL").unwrap_or_else(|_| {
-        panic!(
-            "ARBOR_PG_URL is unset: start a throwaway server with `eval \"$(tests/pg/start)\"` \
-             (it prints ARBOR_PG_URL), then run the tests again"
-        )
-    });
-    let server = server.trim_end_matches('/').to_owned();
-    let name = format!("arbor_copy_{}", std::process::id());
-    let psql = |sql: &str| {
-        let out = Command::new("psql")
-            .args([
-                &format!("{server}/postgres"),
-                "-X",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-c",
-                sql,
-            ])
-            .output()
-            .expect("psql runs");
-        assert!(out.status.success(), "{sql}: {}", text(&out.stderr));
-    };
-    psql(&format!("CREATE DATABASE {name}"));
-    struct OnDrop<F: FnMut()>(F);
-    impl<F: FnMut()> Drop for OnDrop<F> {
-        fn drop(&mut self) {
-            (self.0)()
-        }
-    }
-    let _drop = OnDrop(|| psql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")));
+    let db = crate::support::PgDatabase::new("copy");
     // A password in the URL (trust auth ignores it): never printed.
-    let url = format!("{server}/{name}").replacen("://arbor@", "://arbor:hunter2@", 1);
+    let url = db.url().replacen("://arbor@", "://arbor:hunter2@", 1);
     let dir = tempfile::tempdir().unwrap();
     let config = fixtures().join("scripted.toml").display().to_string();
     for id in ["c1", "c2"] {

@@ -620,3 +620,68 @@ pub fn listening_pid(port: u16) -> Option<u32> {
                 .then_some(pid)
         })
 }
+
+/// A database of its own on the throwaway Postgres server of `ARBOR_PG_URL`
+/// (`tests/pg/start`), created for one test and dropped with this. Fails
+/// (never skips) without the variable.
+pub struct PgDatabase {
+    server: String,
+    name: String,
+}
+
+impl PgDatabase {
+    /// A fresh database named after `test` (and this process).
+    pub fn new(test: &str) -> PgDatabase {
+        let server = std::env::var("ARBOR_PG_URL").unwrap_or_else(|_| {
+            panic!(
+                "ARBOR_PG_URL is unset: start a throwaway server with \
+                 `eval \"$(tests/pg/start)\"` (it prints ARBOR_PG_URL), then run the tests again"
+            )
+        });
+        let server = server.trim_end_matches('/').to_owned();
+        let name = format!("arbor_{test}_{}", std::process::id());
+        psql(
+            &format!("{server}/postgres"),
+            &format!("CREATE DATABASE {name}"),
+        );
+        PgDatabase { server, name }
+    }
+
+    /// Its URL (what `--store` and `[store] url` take).
+    pub fn url(&self) -> String {
+        format!("{}/{}", self.server, self.name)
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        psql(
+            &format!("{}/postgres", self.server),
+            &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+        );
+    }
+}
+
+/// Runs one statement with `psql` (unaligned, tuples only); its output.
+pub fn psql(url: &str, sql: &str) -> String {
+    let out = std::process::Command::new("psql")
+        .args([
+            url,
+            "-X",
+            "-q",
+            "-A",
+            "-t",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            sql,
+        ])
+        .output()
+        .expect("psql runs (Debian's postgresql-client; tests/pg/start installs it)");
+    assert!(
+        out.status.success(),
+        "psql {sql:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
