@@ -163,19 +163,10 @@ const ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Where `tree_id` runs now: here, or (asked of the store) elsewhere.
 async fn whereabouts(shared: &Shared, tree_id: &Arc<str>) -> Result<Whereabouts, ApiError> {
-    let supervisor = shared.runtime.supervisor();
-    if supervisor.is_running(tree_id) {
+    if shared.runtime.supervisor().is_running(tree_id) {
         return Ok(Whereabouts::Here);
     }
-    let tree = tree_id.to_string();
-    let stored = supervisor
-        .read_store(move |store| match store.tree(&tree) {
-            Ok((_, summary)) => Ok(Some(summary.status)),
-            Err(arbor_supervisor::Error::UnknownTree(_)) => Ok(None),
-            Err(error) => Err(error),
-        })
-        .await?;
-    Ok(Whereabouts::judge(supervisor.is_running(tree_id), stored))
+    Ok(stored_whereabouts(shared, tree_id).await?.0)
 }
 
 /// Opens the stream; fails (before any byte is sent) if the run is unknown.
@@ -363,6 +354,14 @@ async fn whereabouts_status(
     shared: &Shared,
     tree_id: &Arc<str>,
 ) -> Result<(Whereabouts, bool), ()> {
+    stored_whereabouts(shared, tree_id).await.map_err(drop)
+}
+
+/// `whereabouts_status`, with the store's error.
+async fn stored_whereabouts(
+    shared: &Shared,
+    tree_id: &Arc<str>,
+) -> Result<(Whereabouts, bool), arbor_supervisor::Error> {
     let supervisor = shared.runtime.supervisor();
     let tree = tree_id.to_string();
     let stored = supervisor
@@ -371,8 +370,7 @@ async fn whereabouts_status(
             Err(arbor_supervisor::Error::UnknownTree(_)) => Ok(None),
             Err(error) => Err(error),
         })
-        .await
-        .map_err(drop)?;
+        .await?;
     let here = supervisor.is_running(tree_id);
     Ok((
         Whereabouts::judge(here, stored),
