@@ -64,10 +64,63 @@ fn json_out(output: &std::process::Output) -> Value {
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
-#[test]
-fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one() {
+/// The backends the CLI's store tests run on: each test runs once on
+/// SQLite files and once on a fresh Postgres database (`ARBOR_PG_URL`; fails
+/// without it, never skips).
+#[derive(Clone, Copy)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// One store of a test: what `--store` takes, and the database it owns.
+struct StoreAt {
+    arg: String,
+    _db: Option<crate::support::PgDatabase>,
+}
+
+impl StoreAt {
+    /// The store `name` of the test `test`: the file `name.db` in the
+    /// test's directory, or a fresh database `arbor_{test}_{name}_…`
+    /// (dropped with this).
+    fn new(backend: Backend, test: &str, name: &str) -> StoreAt {
+        match backend {
+            Backend::Sqlite => StoreAt {
+                arg: format!("{name}.db"),
+                _db: None,
+            },
+            Backend::Postgres => {
+                let db = crate::support::PgDatabase::new(&format!("{test}_{name}"));
+                StoreAt {
+                    arg: db.url(),
+                    _db: Some(db),
+                }
+            }
+        }
+    }
+
+    fn arg(&self) -> &str {
+        &self.arg
+    }
+}
+
+/// On Postgres, nothing was stored in SQLite files in `dir` by mistake.
+fn no_sqlite_files_on_postgres(backend: Backend, dir: &Path) {
+    if let Backend::Postgres = backend {
+        let files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().contains(".db"))
+            .collect();
+        assert!(files.is_empty(), "SQLite files on Postgres: {files:?}");
+    }
+}
+
+fn killed_five_times_and_resumed(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let config = crash_config();
+    let whole = StoreAt::new(backend, "kill", "whole");
+    let crash = StoreAt::new(backend, "kill", "crash");
     let uninterrupted = json_out(&arbor_in(
         dir.path(),
         &[
@@ -75,7 +128,7 @@ fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one() {
             "--config",
             &config,
             "--store",
-            "whole.db",
+            whole.arg(),
             "--tree-id",
             "crash",
             "--json",
@@ -92,7 +145,7 @@ fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one() {
         "--config",
         &config,
         "--store",
-        "crash.db",
+        crash.arg(),
         "--tree-id",
         "crash",
         "--json",
@@ -100,7 +153,14 @@ fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one() {
         "go",
     ];
     let resume = [
-        "resume", "crash", "--config", &config, "--store", "crash.db", "--json", "--events",
+        "resume",
+        "crash",
+        "--config",
+        &config,
+        "--store",
+        crash.arg(),
+        "--json",
+        "--events",
     ];
     // Progress is counted across processes: runs that finished, by id (a
     // resumed run that had finished is merged, not started, so it is not
@@ -141,14 +201,21 @@ fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one() {
             killed,
             "kill point {i} was never reached: the tree finished first"
         );
-        let runs = arbor_in(dir.path(), &["runs", "--store", "crash.db", "--json"]);
+        let runs = arbor_in(dir.path(), &["runs", "--store", crash.arg(), "--json"]);
         let runs = json_out(&runs);
         assert_eq!(runs[0]["status"], "interrupted", "after kill {i}: {runs}");
     }
     let resumed = json_out(&arbor_in(
         dir.path(),
         &[
-            "resume", "crash", "--config", &config, "--store", "crash.db", "--json", "-q",
+            "resume",
+            "crash",
+            "--config",
+            &config,
+            "--store",
+            crash.arg(),
+            "--json",
+            "-q",
         ],
     ));
     assert_eq!(resumed, uninterrupted);
@@ -156,7 +223,7 @@ fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one() {
     // Every agent is accounted for, and none ran again after it had finished.
     let tree = json_out(&arbor_in(
         dir.path(),
-        &["tree", "crash", "--store", "crash.db", "--json"],
+        &["tree", "crash", "--store", crash.arg(), "--json"],
     ));
     let runs = tree["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 36);
@@ -166,7 +233,7 @@ fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one() {
     assert!((1..=5).contains(&resumes), "{resumes}");
     let export = json_out(&arbor_in(
         dir.path(),
-        &["export", "crash", "--store", "crash.db"],
+        &["export", "crash", "--store", crash.arg()],
     ));
     let mut finished = std::collections::HashSet::new();
     for event in export["events"].as_array().unwrap() {
@@ -185,10 +252,21 @@ fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one() {
     // Same spend as the uninterrupted run: no reply was paid for twice.
     let whole = json_out(&arbor_in(
         dir.path(),
-        &["tree", "crash", "--store", "whole.db", "--json"],
+        &["tree", "crash", "--store", whole.arg(), "--json"],
     ));
     assert_eq!(tree["tree"]["inputTokens"], whole["tree"]["inputTokens"]);
     assert_eq!(tree["tree"]["cost"], whole["tree"]["cost"]);
+    no_sqlite_files_on_postgres(backend, dir.path());
+}
+
+#[test]
+fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one_sqlite() {
+    killed_five_times_and_resumed(Backend::Sqlite);
+}
+
+#[test]
+fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one_postgres() {
+    killed_five_times_and_resumed(Backend::Postgres);
 }
 
 #[test]
@@ -256,9 +334,10 @@ fn replay_matches_and_names_the_first_agent_that_diverges_after_an_edit() {
     assert!(out.contains("worker edited"), "{out}");
 }
 
-#[test]
-fn runs_show_tree_and_gc_read_the_store() {
+fn browse_the_store(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
+    let store = StoreAt::new(backend, "browse", "s");
+    let arbor_in = |dir: &Path, args: &[&str]| with_store(dir, &store, args);
     let config = fixtures().join("scripted.toml").display().to_string();
     for id in ["a1", "a2"] {
         let out = arbor_in(
@@ -330,18 +409,29 @@ fn runs_show_tree_and_gc_read_the_store() {
         "{}",
         text(&bad.stderr)
     );
+    no_sqlite_files_on_postgres(backend, dir.path());
 }
 
-#[test]
-fn two_processes_can_write_one_store_at_once() {
+fn two_processes_write_one_store(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
+    let store = StoreAt::new(backend, "two", "s");
     let config = crash_config();
     let children: Vec<Child> = ["p1", "p2"]
         .iter()
         .map(|id| {
             spawn_in(
                 dir.path(),
-                &["run", "--config", &config, "--tree-id", id, "-q", "go"],
+                &[
+                    "run",
+                    "--store",
+                    store.arg(),
+                    "--config",
+                    &config,
+                    "--tree-id",
+                    id,
+                    "-q",
+                    "go",
+                ],
             )
         })
         .collect();
@@ -350,10 +440,39 @@ fn two_processes_can_write_one_store_at_once() {
         assert!(out.status.success(), "{}", text(&out.stderr));
     }
     for id in ["p1", "p2"] {
-        let tree = json_out(&arbor_in(dir.path(), &["tree", id, "--json"]));
+        let tree = json_out(&with_store(dir.path(), &store, &["tree", id, "--json"]));
         assert_eq!(tree["tree"]["status"], "completed");
         assert_eq!(tree["runs"].as_array().unwrap().len(), 36);
     }
+    no_sqlite_files_on_postgres(backend, dir.path());
+}
+
+#[test]
+fn runs_show_tree_and_gc_read_the_store_sqlite() {
+    browse_the_store(Backend::Sqlite);
+}
+
+#[test]
+fn runs_show_tree_and_gc_read_the_store_postgres() {
+    browse_the_store(Backend::Postgres);
+}
+
+#[test]
+fn two_processes_can_write_one_store_at_once_sqlite() {
+    two_processes_write_one_store(Backend::Sqlite);
+}
+
+#[test]
+fn two_processes_can_write_one_store_at_once_postgres() {
+    two_processes_write_one_store(Backend::Postgres);
+}
+
+/// Runs `arbor` in `dir` with `args` on `store` (`--store` right after the
+/// command's name).
+fn with_store(dir: &Path, store: &StoreAt, args: &[&str]) -> std::process::Output {
+    let mut all = vec![args[0], "--store", store.arg()];
+    all.extend_from_slice(&args[1..]);
+    arbor_in(dir, &all)
 }
 
 /// Each is refused with one line and a non-zero exit, and the file is not touched.
