@@ -54,12 +54,17 @@ use replica_metrics::ReplicaMetrics;
 /// The live tree page (plain HTML and JS over the API).
 const PAGE: &str = include_str!("page.html");
 
-/// Interrupted trees one replica resumes at once.
-const ADOPT_AT_ONCE: usize = 16;
+/// Interrupted trees one replica claims together (one claim, one read of
+/// their logs, then all started): small enough that the last of them starts
+/// (and its heartbeat is kept) long before a lease could run out.
+const ADOPT_AT_ONCE: usize = 64;
+/// Such batches under way at once.
+const ADOPT_BATCHES: usize = 2;
 
-/// How often a replica looks for interrupted trees to adopt after its start:
-/// a tree another replica handed over on shutdown (released, so interrupted
-/// at once) is adopted within this, well under the 2 s a hand-over may take.
+/// How often a replica looks for interrupted trees to adopt after its start.
+/// A tree another replica handed over on shutdown (released, so interrupted
+/// at once) is adopted at once on Postgres, where the release wakes every
+/// replica (`Wake::Released`); this poll is the fallback (and SQLite's way).
 pub const ADOPT_EVERY: Duration = Duration::from_millis(500);
 
 /// What the service starts: a new tree, or a follow-up turn of one.
@@ -137,6 +142,9 @@ pub(crate) struct Shared {
     /// Bumped when the store says a control was posted for a tree: the
     /// control loop takes it at once.
     control_wake: watch::Sender<u64>,
+    /// Bumped when the store says another process released its trees: the
+    /// adoption loop looks for them at once.
+    adopt_wake: watch::Sender<u64>,
     /// The trees this process runs (started or adopted here, not ended).
     owned: std::sync::Mutex<std::collections::HashSet<String>>,
     /// One lock per tree taking a follow-up turn: turn requests of one tree
@@ -373,6 +381,7 @@ impl Service {
             shutdown,
             journal_wake: watch::channel(0).0,
             control_wake: watch::channel(0).0,
+            adopt_wake: watch::channel(0).0,
             owned: Default::default(),
             turns: Default::default(),
         });
@@ -492,58 +501,76 @@ impl Service {
                 tracing::error!(%error, "cannot list interrupted trees");
                 Vec::new()
             });
-        // A few at a time: a replica that shut down hands over all its trees
-        // at once, and each resume waits for its claim and its recovery read.
-        let resumed = futures::stream::iter(trees)
-            .map(|tree| self.adopt(tree.tree_id))
-            .buffer_unordered(ADOPT_AT_ONCE)
-            .filter_map(std::future::ready)
+        // In batches: a replica that shut down hands over all its trees at
+        // once; each batch is one claim and one read of the store for all
+        // of its trees.
+        let ids: Vec<String> = trees.into_iter().map(|t| t.tree_id).collect();
+        let batches: Vec<Vec<String>> = ids.chunks(ADOPT_AT_ONCE).map(<[_]>::to_vec).collect();
+        let resumed = futures::stream::iter(batches)
+            .map(|batch| self.adopt(batch))
+            .buffer_unordered(ADOPT_BATCHES)
+            .flat_map(futures::stream::iter)
             .collect::<Vec<String>>()
             .await;
         self.shared.ready.send_replace(true);
         resumed
     }
 
-    /// Claims and resumes one interrupted tree; its id if it runs here now.
-    async fn adopt(&self, tree_id: String) -> Option<String> {
+    /// Claims and resumes those of the interrupted trees `batch` this
+    /// process can take; the ids of those that run here now.
+    async fn adopt(&self, batch: Vec<String>) -> Vec<String> {
+        if *self.shared.shutdown.borrow() {
+            return Vec::new();
+        }
         let supervisor = self.shared.runtime.supervisor();
-        if supervisor.is_running(&tree_id) {
-            return None;
-        }
         // The metrics label a resumed tree's agents by its model override too.
-        let id = tree_id.clone();
-        if let Ok((record, _)) = supervisor.read_store(move |store| store.tree(&id)).await
-            && let Some(model) = &record.model
-        {
-            self.shared.metrics.tree_model(&tree_id, model);
-        }
-        match supervisor.resume(&tree_id).await {
-            Ok(handle) => {
-                self.shared.metrics.trees_running.inc();
-                self.shared.replica.adoptions.inc();
-                self.shared.keep(handle);
-                tracing::info!(tree = %tree_id, "resumed");
-                Some(tree_id)
+        let metrics = &self.shared.metrics;
+        let label = |record: &arbor_supervisor::store::TreeRecord| {
+            if let Some(model) = &record.model {
+                metrics.tree_model(&record.tree_id, model);
             }
+        };
+        let started = match supervisor.adopt(batch, label).await {
+            Ok(started) => started,
             Err(error) => {
-                self.shared.metrics.forget_tree(&tree_id);
-                // Another replica claimed it first: not worth a warning.
-                tracing::info!(tree = %tree_id, %error, "not resumed");
-                None
+                tracing::warn!(%error, "cannot adopt interrupted trees");
+                return Vec::new();
+            }
+        };
+        let mut resumed = Vec::with_capacity(started.len());
+        for (tree_id, started) in started {
+            match started {
+                Ok(handle) => {
+                    self.shared.metrics.trees_running.inc();
+                    self.shared.replica.adoptions.inc();
+                    self.shared.keep(handle);
+                    tracing::info!(tree = %tree_id, "resumed");
+                    resumed.push(tree_id);
+                }
+                Err(error) => {
+                    self.shared.metrics.forget_tree(&tree_id);
+                    tracing::warn!(tree = %tree_id, %error, "claimed but not resumed");
+                }
             }
         }
+        resumed
     }
 
     /// Keeps adopting interrupted trees after the start, every `every`, until
     /// shutdown: a tree whose owner crashed where this process cannot see it
     /// (another container, another host on a shared file) is interrupted only
-    /// once its heartbeat goes stale, after the start-up pass. Claims are
+    /// once its heartbeat goes stale, after the start-up pass. Trees another
+    /// replica releases at its shutdown are looked for at once when the
+    /// store says so (Postgres's `NOTIFY`), not at the next look. Claims are
     /// atomic, so servers sharing a store never run one tree twice.
     pub async fn adopt_interrupted(&self, every: Duration) {
         let mut shutdown = self.shared.shutdown.subscribe();
+        let mut released = self.shared.adopt_wake.subscribe();
         loop {
             tokio::select! {
                 () = tokio::time::sleep(every) => {}
+                // Another replica handed its trees over: take them now.
+                _ = released.changed() => {}
                 _ = shutdown.wait_for(|stop| *stop) => return,
             }
             let adopted = self.resume_interrupted().await;

@@ -298,7 +298,8 @@ async fn apply(shared: &Shared, control: Control) {
 }
 
 /// Hands the store's notifications on: a journal change wakes the streams
-/// that follow trees run elsewhere, a control wakes the control loop. On a
+/// that follow trees run elsewhere, a control wakes the control loop, a
+/// release (another replica's shutdown) wakes the adoption loop. On a
 /// thread of its own (the store's receiver blocks); ends when the store's
 /// subscription does or the service is gone.
 pub(crate) fn forward_wakes(wakes: std::sync::mpsc::Receiver<Wake>, shared: Weak<Shared>) {
@@ -312,6 +313,7 @@ pub(crate) fn forward_wakes(wakes: std::sync::mpsc::Receiver<Wake>, shared: Weak
                 let target = match wake {
                     Wake::Journal { .. } => &shared.journal_wake,
                     Wake::Control { .. } => &shared.control_wake,
+                    Wake::Released { .. } => &shared.adopt_wake,
                 };
                 target.send_modify(|n| *n = n.wrapping_add(1));
             }

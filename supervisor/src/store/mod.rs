@@ -261,6 +261,12 @@ pub enum Wake {
         /// The tree.
         tree_id: String,
     },
+    /// A process released its trees (a graceful shutdown): they are
+    /// interrupted now, to adopt at once rather than at the next poll.
+    Released {
+        /// How many it released.
+        trees: u64,
+    },
 }
 
 /// A tree's row as a store keeps it, every column: what `Store::load` puts
@@ -478,6 +484,46 @@ pub trait Store: Send + Sync + 'static {
     /// more than the last claim's): writes for the tree hold to it, and stop
     /// applying once another process claims the tree after this one.
     fn claim(&self, tree_id: &str) -> Result<u64, Error>;
+
+    /// Claims, as `claim` would each, those of `tree_ids` that are
+    /// interrupted, for this process: the trees claimed with their epochs,
+    /// in the order given. One that has ended, that a live process runs,
+    /// that the store does not have, or (Postgres) that another process is
+    /// claiming at this very moment is left out, not an error: replicas
+    /// adopting at once split the trees between them. Postgres claims them
+    /// all in one transaction (`FOR UPDATE SKIP LOCKED`, one `UPDATE`).
+    fn claim_interrupted(&self, tree_ids: &[String]) -> Result<Vec<(String, u64)>, Error> {
+        let mut claimed = Vec::new();
+        for tree_id in tree_ids {
+            match self.claim(tree_id) {
+                Ok(epoch) => claimed.push((tree_id.clone(), epoch)),
+                Err(Error::NotResumable { .. } | Error::UnknownTree(_)) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(claimed)
+    }
+
+    /// What a resume of each of `tree_ids` starts from, in the order given:
+    /// its record (`tree`) and its `recovery`, or why it cannot be read
+    /// (`Error::UnknownTree`, a corrupt log); the outer error is the
+    /// store's (no answer at all). Postgres reads them all in two queries.
+    #[allow(clippy::type_complexity)]
+    fn resumes(
+        &self,
+        tree_ids: &[String],
+    ) -> Result<Vec<Result<(TreeRecord, Recovery), Error>>, Error> {
+        Ok(tree_ids
+            .iter()
+            .map(|id| Ok((self.tree(id)?.0, self.recovery(id)?)))
+            .collect())
+    }
+
+    /// The tree's status as `trees` lists it (`interrupted` judged now),
+    /// without reading its record; `Error::UnknownTree` if there is none.
+    fn status(&self, tree_id: &str) -> Result<TreeStatus, Error> {
+        Ok(self.tree(tree_id)?.1.status)
+    }
 
     /// Claims an ended tree for a follow-up turn (semantics §14): it is
     /// running again, owned by this process, under the next epoch. Refused

@@ -343,6 +343,66 @@ impl Supervisor {
         let (record, recovery) = self
             .claim_stored(tree_id, |store, id| store.claim(id))
             .await?;
+        let request = self.resumed_request(tree_id, record);
+        self.go_on(writer, tree_id, request, recovery).await
+    }
+
+    /// Resumes those of the interrupted trees `tree_ids` this process can
+    /// take, as [`resume`](Self::resume) resumes one, but together: one
+    /// claim for all of them (`Store::claim_interrupted`: a tree that ended,
+    /// that a live process runs or that another process is claiming right
+    /// now is left out), one read of what they resume from
+    /// (`Store::resumes`), then every tree started at once. `before` sees
+    /// each tree's record just before it starts. Returns each tree claimed,
+    /// with its handle or why it could not start; trees not claimed are not
+    /// in it.
+    pub async fn adopt(
+        &self,
+        tree_ids: Vec<String>,
+        before: impl Fn(&TreeRecord),
+    ) -> Result<Vec<(String, Result<TreeHandle, Error>)>, Error> {
+        let Some((_, writer)) = &self.store else {
+            return Err(Error::NoStore {
+                needed_for: StoreUse::Resume,
+            });
+        };
+        let ids: Vec<String> = tree_ids
+            .into_iter()
+            .filter(|id| !self.is_running(id))
+            .collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let read = self
+            .read_store(move |store| {
+                let claimed: Vec<String> = store
+                    .claim_interrupted(&ids)?
+                    .into_iter()
+                    .map(|(id, _)| id)
+                    .collect();
+                let read = store.resumes(&claimed)?;
+                Ok(claimed.into_iter().zip(read).collect::<Vec<_>>())
+            })
+            .await?;
+        let starts = read.into_iter().map(|(tree_id, read)| {
+            let before = &before;
+            async move {
+                let started = match read {
+                    Ok((record, recovery)) => {
+                        before(&record);
+                        let request = self.resumed_request(&tree_id, record);
+                        self.go_on(writer, &tree_id, request, recovery).await
+                    }
+                    Err(error) => Err(error),
+                };
+                (tree_id, started)
+            }
+        });
+        Ok(futures::future::join_all(starts).await)
+    }
+
+    /// The request a claimed stored tree resumes with.
+    fn resumed_request(&self, tree_id: &str, record: TreeRecord) -> StartRequest {
         let mut request = record.request();
         if self.catalogs.is_none() && request.config != self.config && self.config.is_some() {
             // It runs on this supervisor's catalog: say so, and record it.
@@ -353,7 +413,7 @@ impl Supervisor {
             );
             request.config = self.config.clone();
         }
-        self.go_on(writer, tree_id, request, recovery).await
+        request
     }
 
     /// Starts a follow-up turn of the stored tree `tree_id`, which has ended

@@ -662,6 +662,88 @@ both_backends! {
     }
 }
 
+both_backends! {
+    /// Adoption claims many interrupted trees at once (issue 16: a replica's
+    /// SIGTERM hands 200 trees over within 2 s): every interrupted one of
+    /// those asked for is claimed under its next epoch, and those that run,
+    /// ended or are unknown are left out without an error; the claimant
+    /// writes them, their old owner is fenced out, and their records and
+    /// recoveries are read back together.
+    fn interrupted_trees_are_claimed_together_and_the_others_left_out(backend) {
+        let place = backend.fresh();
+        let old = place.open();
+        old.write(&[record("t"), record("u"), record("v"), record("w"), step("t", 3)])
+            .unwrap();
+        abandon(&place, "t");
+        abandon(&place, "u");
+        abandon(&place, "w");
+        place.execute("UPDATE trees SET status = 'completed' WHERE tree_id = 'w'");
+        let new = place.open();
+        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let claimed = new
+            .claim_interrupted(&ids(&["u", "v", "w", "nope", "t"]))
+            .unwrap();
+        assert_eq!(claimed, vec![("u".into(), 2), ("t".into(), 2)], "v runs, w ended");
+        assert!(new.claim_interrupted(&ids(&["t", "u"])).unwrap().is_empty(), "claimed once");
+        assert_eq!(new.owner("t").unwrap().expect("t runs under its new claim").epoch, 2);
+        // The claimant holds them; their old owner is fenced out.
+        assert!(new.write(&[step("t", 4), step("u", 1)]).unwrap().is_empty());
+        let fenced = old.write(&[step("t", 5), step("v", 1)]).unwrap();
+        assert_eq!(fenced.len(), 1, "{fenced:?}");
+        assert_eq!((fenced[0].tree_id.as_str(), fenced[0].current), ("t", 2));
+        let read = new.resumes(&ids(&["t", "nope", "u"])).unwrap();
+        assert_eq!(read.len(), 3);
+        let (record, recovery) = read[0].as_ref().unwrap();
+        assert_eq!((record.tree_id.as_str(), recovery.last_seq), ("t", 4));
+        assert_eq!(record.config.as_deref(), Some("[models]\n"));
+        assert!(matches!(&read[1], Err(arbor_supervisor::Error::UnknownTree(t)) if t == "nope"));
+        assert_eq!(read[2].as_ref().unwrap().0.tree_id, "u");
+        assert_eq!(new.status("w").unwrap(), TreeStatus::Completed);
+        assert_eq!(new.status("t").unwrap(), TreeStatus::Running);
+        assert!(matches!(new.status("nope"), Err(arbor_supervisor::Error::UnknownTree(_))));
+    }
+}
+
+both_backends! {
+    /// Two replicas adopting the same interrupted trees at once: every tree
+    /// is claimed by exactly one of them.
+    fn two_adopters_at_once_claim_each_tree_exactly_once(backend) {
+        let place = backend.fresh();
+        let old = place.open();
+        let trees: Vec<String> = (0..60).map(|i| format!("t{i:02}")).collect();
+        let records: Vec<Write> = trees.iter().map(|t| record(t)).collect();
+        old.write(&records).unwrap();
+        place.execute("UPDATE trees SET owner = '-:1', heartbeat_ms = 0");
+        let adopters: Vec<_> = (0..2)
+            .map(|_| {
+                let store = place.open();
+                let trees = trees.clone();
+                std::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    for chunk in trees.chunks(7) {
+                        got.extend(store.claim_interrupted(chunk).unwrap());
+                    }
+                    got
+                })
+            })
+            .collect();
+        let mut seen: Vec<String> = adopters
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .map(|(tree, epoch)| {
+                assert_eq!(epoch, 2, "{tree}");
+                tree
+            })
+            .collect();
+        // What one skipped (the other held it a moment) is claimed now.
+        seen.extend(old.claim_interrupted(&trees).unwrap().into_iter().map(|(t, _)| t));
+        seen.sort();
+        let unique: std::collections::BTreeSet<&String> = seen.iter().collect();
+        assert_eq!(unique.len(), seen.len(), "a tree claimed twice");
+        assert_eq!(seen, trees, "a tree nobody claimed");
+    }
+}
+
 /// A finished tree (with a config, checkpoints, replies, an inline child)
 /// in a fresh store of `backend`, and that store's place.
 fn finished_tree(backend: Backend) -> (crate::backend::Place, Arc<dyn Store>) {
@@ -877,6 +959,10 @@ fn a_wake_up_arrives_after_a_batch_commits() {
     // A heartbeat alone wakes nobody.
     writer.write(&[Write::Heartbeat(vec!["t".into()])]).unwrap();
     assert!(wakes.recv_timeout(Duration::from_millis(300)).is_err());
+    // A release (a shutdown's hand-over) wakes the adopters.
+    writer.write(&[Write::Release(vec!["t".into()])]).unwrap();
+    let wake = wakes.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(wake, Wake::Released { trees: 1 });
     // SQLite has none: its followers poll.
     assert!(
         Backend::Sqlite

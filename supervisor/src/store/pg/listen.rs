@@ -1,6 +1,7 @@
 //! Wake-ups: a connection of its own that `LISTEN`s to `arbor_journal`
-//! (a batch with events committed: `<tree>:<last seq>`) and `arbor_control`
-//! (a control was posted: `<tree>`), forwarded to a channel.
+//! (a batch with events committed: `<tree>:<last seq>`), `arbor_control`
+//! (a control was posted: `<tree>`) and `arbor_released` (a process
+//! released its trees at shutdown: how many), forwarded to a channel.
 
 use std::sync::mpsc;
 
@@ -24,6 +25,9 @@ fn wake(channel: &str, payload: &str) -> Option<Wake> {
         }
         "arbor_control" => Some(Wake::Control {
             tree_id: payload.to_owned(),
+        }),
+        "arbor_released" => Some(Wake::Released {
+            trees: payload.parse().ok()?,
         }),
         _ => None,
     }
@@ -52,7 +56,9 @@ impl PgStore {
                 let mut ready_tx = Some(ready_tx);
                 let listening = async {
                     let done = client
-                        .batch_execute("LISTEN arbor_journal; LISTEN arbor_control")
+                        .batch_execute(
+                            "LISTEN arbor_journal; LISTEN arbor_control; LISTEN arbor_released",
+                        )
                         .await;
                     if done.is_ok()
                         && let Some(ready) = ready_tx.take()

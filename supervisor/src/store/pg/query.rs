@@ -27,6 +27,13 @@ const ROW: &str = "SELECT tree_id, root_run_id, agent, prompt, params, model, li
         segments, resumes, agents, input_tokens, output_tokens, cost, epoch
     FROM trees WHERE tree_id = $1";
 
+/// A tree's record and summary (`record_row` reads them), and its last `seq`.
+const RECORD: &str = "SELECT t.tree_id, t.root_run_id, t.agent, t.prompt, t.status, t.error,
+        t.agents, t.input_tokens, t.output_tokens, t.cost, t.started_ms, t.finished_ms,
+        t.heartbeat_ms, t.resumes, t.owner, t.params, t.model, t.limits, t.origin, t.history,
+        t.last_seq, c.text AS config_text
+    FROM trees t LEFT JOIN configs c ON c.hash = t.config";
+
 fn status_of(r: &tokio_postgres::Row, column: &str) -> Result<TreeStatus, String> {
     let text: &str = r.get(column);
     text.parse()
@@ -59,6 +66,40 @@ impl PgStore {
             finished_ms: r.get::<_, Option<i64>>("finished_ms").map(|v| v as u64),
             resumes: r.get::<_, i64>("resumes") as u64,
         })
+    }
+
+    /// A tree's record and summary from a row `RECORD` selected.
+    fn record_row(
+        &self,
+        row: &tokio_postgres::Row,
+        now: u64,
+    ) -> Result<(TreeRecord, TreeSummary), Error> {
+        let summary = self.summary_row(row, now)?;
+        let bad = self.bad(&summary.tree_id);
+        let params: Option<String> = row.get("params");
+        let limits: String = row.get("limits");
+        let history: Option<String> = row.get("history");
+        let config: Option<String> = row.get("config_text");
+        let record = TreeRecord {
+            tree_id: summary.tree_id.clone(),
+            root_run_id: summary.root_run_id.clone(),
+            agent: summary.agent.clone(),
+            prompt: summary.prompt.clone(),
+            params: params
+                .map(|p| serde_json::from_str(&p))
+                .transpose()
+                .map_err(|e| bad(format!("params: {e}")))?,
+            model: row.get("model"),
+            limits: serde_json::from_str(&limits).map_err(|e| bad(format!("limits: {e}")))?,
+            origin: row.get("origin"),
+            config: config.map(Arc::from),
+            history: history
+                .map(|h| serde_json::from_str(&h))
+                .transpose()
+                .map_err(|e| bad(format!("history: {e}")))?,
+            started_ms: summary.started_ms,
+        };
+        Ok((record, summary))
     }
 
     /// Reads every segment of a tree.
@@ -187,50 +228,133 @@ impl Store for PgStore {
 
     fn tree(&self, tree_id: &str) -> Result<(TreeRecord, TreeSummary), Error> {
         let now = now_ms();
-        let (row, config) = self.block(async {
-            let io = self.io();
+        let row = self.block(async {
             let client = self.client().await?;
-            let row = client
-                .query_opt(
-                    "SELECT t.tree_id, t.root_run_id, t.agent, t.prompt, t.status, t.error,
-                             t.agents, t.input_tokens, t.output_tokens, t.cost, t.started_ms,
-                             t.finished_ms, t.heartbeat_ms, t.resumes, t.owner, t.params, t.model,
-                             t.limits, t.origin, t.history, c.text AS config_text
-                         FROM trees t LEFT JOIN configs c ON c.hash = t.config
-                         WHERE t.tree_id = $1",
-                    &[&tree_id],
+            client
+                .query_opt(&format!("{RECORD} WHERE t.tree_id = $1"), &[&tree_id])
+                .await
+                .map_err(self.io())?
+                .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))
+        })?;
+        self.record_row(&row, now)
+    }
+
+    fn status(&self, tree_id: &str) -> Result<TreeStatus, Error> {
+        let now = now_ms();
+        let row = self.block(async {
+            let client = self.client().await?;
+            client
+                .query_opt(&format!("{SUMMARY} WHERE tree_id = $1"), &[&tree_id])
+                .await
+                .map_err(self.io())?
+                .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))
+        })?;
+        Ok(self.summary_row(&row, now)?.status)
+    }
+
+    fn claim_interrupted(&self, tree_ids: &[String]) -> Result<Vec<(String, u64)>, Error> {
+        if tree_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let lease = self.lease_ms;
+        let claimed: Vec<(String, u64)> = self.block(async {
+            let io = self.io();
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(&io)?;
+            // Rows another replica is claiming (or a batch is writing) are
+            // skipped, not waited for: replicas adopting at once split the
+            // trees, and a skipped one is there for the next look.
+            let rows = tx
+                .query(
+                    "SELECT tree_id, owner, heartbeat_ms FROM trees
+                     WHERE tree_id = ANY($1) AND status = 'running'
+                     ORDER BY tree_id FOR UPDATE SKIP LOCKED",
+                    &[&tree_ids],
+                )
+                .await
+                .map_err(&io)?;
+            let now = now_ms();
+            let take: Vec<String> = rows
+                .iter()
+                .filter(|r| {
+                    let owner: &str = r.get("owner");
+                    let heartbeat = r.get::<_, i64>("heartbeat_ms") as u64;
+                    !crate::store::still_running_within(owner, heartbeat, now, lease)
+                })
+                .map(|r| r.get("tree_id"))
+                .collect();
+            if take.is_empty() {
+                tx.rollback().await.map_err(&io)?;
+                return Ok(Vec::new());
+            }
+            let claimed = tx
+                .query(
+                    "UPDATE trees SET owner = $2, heartbeat_ms = $3, epoch = epoch + 1
+                     WHERE tree_id = ANY($1) RETURNING tree_id, epoch",
+                    &[&take, &crate::store::owner_id(), &(now_ms() as i64)],
                 )
                 .await
                 .map_err(&io)?
-                .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
-            let config: Option<String> = row.get("config_text");
-            Ok::<_, Error>((row, config))
+                .iter()
+                .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+                .collect();
+            tx.commit().await.map_err(&io)?;
+            Ok::<_, Error>(claimed)
         })?;
-        let summary = self.summary_row(&row, now)?;
-        let bad = self.bad(tree_id);
-        let params: Option<String> = row.get("params");
-        let limits: String = row.get("limits");
-        let history: Option<String> = row.get("history");
-        let record = TreeRecord {
-            tree_id: summary.tree_id.clone(),
-            root_run_id: summary.root_run_id.clone(),
-            agent: summary.agent.clone(),
-            prompt: summary.prompt.clone(),
-            params: params
-                .map(|p| serde_json::from_str(&p))
-                .transpose()
-                .map_err(|e| bad(format!("params: {e}")))?,
-            model: row.get("model"),
-            limits: serde_json::from_str(&limits).map_err(|e| bad(format!("limits: {e}")))?,
-            origin: row.get("origin"),
-            config: config.map(Arc::from),
-            history: history
-                .map(|h| serde_json::from_str(&h))
-                .transpose()
-                .map_err(|e| bad(format!("history: {e}")))?,
-            started_ms: summary.started_ms,
-        };
-        Ok((record, summary))
+        let mut epochs: std::collections::HashMap<String, u64> = claimed.into_iter().collect();
+        let mut writer = self.writer()?;
+        let mut out = Vec::with_capacity(epochs.len());
+        for tree_id in tree_ids {
+            if let Some(epoch) = epochs.remove(tree_id) {
+                writer.claims.insert(Arc::from(tree_id.as_str()), epoch);
+                out.push((tree_id.clone(), epoch));
+            }
+        }
+        Ok(out)
+    }
+
+    fn resumes(
+        &self,
+        tree_ids: &[String],
+    ) -> Result<Vec<Result<(TreeRecord, Recovery), Error>>, Error> {
+        if tree_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = now_ms();
+        let (rows, segments) = self.block(async {
+            let io = self.io();
+            let client = self.client().await?;
+            let record = format!("{RECORD} WHERE t.tree_id = ANY($1)");
+            let ids: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&tree_ids];
+            let rows = client.query(&record, &ids);
+            let segments = client.query(
+                "SELECT tree_id, body FROM segments WHERE tree_id = ANY($1) ORDER BY tree_id, n",
+                &ids,
+            );
+            let (rows, segments) = futures::try_join!(rows, segments).map_err(&io)?;
+            Ok::<_, Error>((rows, segments))
+        })?;
+        let mut found: std::collections::HashMap<String, tokio_postgres::Row> = rows
+            .into_iter()
+            .map(|r| (r.get::<_, String>("tree_id"), r))
+            .collect();
+        let mut logs: std::collections::HashMap<String, Vec<Vec<u8>>> = Default::default();
+        for r in segments {
+            logs.entry(r.get(0)).or_default().push(r.get(1));
+        }
+        Ok(tree_ids
+            .iter()
+            .map(|tree_id| {
+                let row = found
+                    .remove(tree_id)
+                    .ok_or_else(|| Error::UnknownTree(tree_id.clone()))?;
+                let (record, _) = self.record_row(&row, now)?;
+                let last_seq = row.get::<_, i64>("last_seq") as u64;
+                let bodies = logs.remove(tree_id).unwrap_or_default().into_iter().map(Ok);
+                let log = TreeLog::from_segments(tree_id, bodies, &self.bad(tree_id))?;
+                Ok((record, log.recovery(tree_id, last_seq, &self.bad(tree_id))?))
+            })
+            .collect())
     }
 
     fn runs(&self, tree_id: &str) -> Result<Vec<RunNode>, Error> {

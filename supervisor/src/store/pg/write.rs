@@ -295,7 +295,15 @@ async fn attempt(
                              WHERE tree_id = ANY($1) AND status = 'running' AND owner = $2",
                         )
                         .await?;
-                    tx.execute(&release, &[&held, &owner]).await?;
+                    let released = tx.execute(&release, &[&held, &owner]).await?;
+                    // The other replicas adopt them at once (delivered at
+                    // commit), not at their next poll.
+                    if released > 0 {
+                        let wake = tx
+                            .prepare_cached("SELECT pg_notify('arbor_released', $1)::TEXT")
+                            .await?;
+                        tx.query(&wake, &[&released.to_string()]).await?;
+                    }
                 }
             }
         }

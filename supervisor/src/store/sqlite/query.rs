@@ -173,6 +173,20 @@ impl Store for SqliteStore {
         Ok((record, summary))
     }
 
+    fn status(&self, tree_id: &str) -> Result<TreeStatus, Error> {
+        let conn = self.conn()?;
+        let now = now_ms();
+        let summary = conn
+            .prepare_cached(&format!("{SUMMARY} WHERE tree_id = ?1"))
+            .and_then(|mut stmt| {
+                stmt.query_row([tree_id], |r| summary_row(r, now))
+                    .optional()
+            })
+            .map_err(sql(&self.path))?
+            .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+        Ok(summary.status)
+    }
+
     fn runs(&self, tree_id: &str) -> Result<Vec<RunNode>, Error> {
         let conn = self.conn()?;
         Ok(self.log(&conn, tree_id)?.nodes())
