@@ -1482,3 +1482,57 @@ fn a_background_child_still_out_when_the_parent_ends_is_cancelled_and_left_late(
     ]);
     assert_eq!(late(&table), [(0, strings(&["t/0.1"]))]);
 }
+
+/// The call's count of children still to report (kept, not recounted per
+/// report: a call of 10,000 children walked all of them on every report)
+/// follows every way a child gets its report: it ends, it is cancelled
+/// before it starts, it fails and is retried, or it was refused.
+#[test]
+fn a_wide_call_counts_its_children_down_and_is_delivered_once_after_the_last() {
+    const WIDE: usize = 300;
+    let mut table = Table::default();
+    let children: Vec<Admission> = (0..WIDE)
+        .map(|i| match i % 10 {
+            9 => refused("x", "over the limit"),
+            3 => with_policy("r", i as u32 + 1, retry(1, 5)),
+            _ => child("a", i as u32 + 1),
+        })
+        .collect();
+    let refused_count = WIDE / 10;
+    table.handle(open(0, children));
+    assert_eq!(table.awaited(), WIDE - refused_count);
+    let mut delivered = 0;
+    let mut reported = 0;
+    for i in (0..WIDE).filter(|i| i % 10 != 9) {
+        let actor = i as u32;
+        let mut out = Vec::new();
+        if i % 10 == 5 {
+            // Cancelled while it waits for its slot: it reports now, and its
+            // launch then says it never started (which changes nothing).
+            out.extend(table.handle(cancel(&format!("t/0.{}", i + 1))));
+            assert!(table.handle(not_started(key(i, 0))).is_empty());
+        } else {
+            table.handle(started(key(i, 0), actor));
+            if i % 10 == 3 {
+                // The first attempt fails: the child is still to report.
+                table.handle(failed(key(i, 0), actor, "boom"));
+                assert_eq!(table.awaited(), WIDE - refused_count - reported);
+                table.handle(due(key(i, 1)));
+                table.handle(started(key(i, 1), actor + 10_000));
+                out.extend(table.handle(ok(key(i, 1), actor + 10_000, "ok")));
+            } else {
+                out.extend(table.handle(ok(key(i, 0), actor, "ok")));
+            }
+        }
+        reported += 1;
+        assert_eq!(table.awaited(), WIDE - refused_count - reported);
+        delivered += out
+            .iter()
+            .filter(|o| matches!(o, Output::Deliver(d) if d.reports.len() == WIDE))
+            .count();
+        let last = reported == WIDE - refused_count;
+        assert_eq!(delivered, usize::from(last), "delivered after child {i}");
+    }
+    assert_eq!(table.outstanding(), 0);
+    assert!(table.undelivered().is_empty());
+}
