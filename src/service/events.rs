@@ -154,7 +154,9 @@ impl Whereabouts {
 }
 
 /// How often a stream of a tree run by another replica reads its journal
-/// (sooner when the store's change notifications wake it).
+/// (sooner when the store's change notifications wake it). Each read is of
+/// the segments past the stream's cursor only (`Store::events`), and the
+/// tree's status is one row's columns (`Store::status`), every `TREE_CHECK`.
 const POLL: std::time::Duration = std::time::Duration::from_millis(200);
 /// How long a stream follows a tree the store lists as interrupted (its
 /// owner gone, no replica has adopted it yet) before it ends; the client
@@ -365,8 +367,8 @@ async fn stored_whereabouts(
     let supervisor = shared.runtime.supervisor();
     let tree = tree_id.to_string();
     let stored = supervisor
-        .read_store(move |store| match store.tree(&tree) {
-            Ok((_, summary)) => Ok(Some(summary.status)),
+        .read_store(move |store| match store.status(&tree) {
+            Ok(status) => Ok(Some(status)),
             Err(arbor_supervisor::Error::UnknownTree(_)) => Ok(None),
             Err(error) => Err(error),
         })

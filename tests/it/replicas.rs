@@ -473,18 +473,56 @@ async fn a_kill_loses_nothing(shared: Shared) {
             .iter()
             .map(|(owner, _, run)| follow_to_the_end(&refs, (owner + 1) % 3, run)),
     );
-    // Mid-load: the killed replica's last tree, started just now, is under
-    // way (a 201 means it is stored and its root started), and the streams
-    // are being opened.
-    let kill = async {
-        tokio::task::yield_now().await;
+    // Mid-load: killed while the streams are being opened and while it runs
+    // a tree of its own whose root has not ended (as it says itself; at 300
+    // trees its first ones have ended by the time the last one starts), so
+    // that one is adopted mid-run. On a task of its own, so that the
+    // streams' reading does not hold it up.
+    let mine: Vec<String> = started
+        .iter()
+        .rev()
+        .filter(|(owner, _, _)| *owner == 0)
+        .map(|(_, tree, _)| tree.clone())
+        .collect();
+    let urls: Vec<String> = mine
+        .iter()
+        .map(|tree| servers[0].url(&format!("/v1/trees/{tree}")))
+        .collect();
+    let kill = tokio::spawn(async move {
+        let deadline = Instant::now() + GUARD;
+        let running = 'found: loop {
+            let mut seen = Vec::new();
+            for (tree, url) in mine.iter().zip(&urls) {
+                let view: serde_json::Value = client()
+                    .get(url)
+                    .bearer_auth(TOKEN)
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                if view["tree"]["status"] == "running" {
+                    break 'found tree.clone();
+                }
+                seen.push(view["tree"]["status"].clone());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replica to kill runs none of its trees any more: {seen:?}"
+            );
+            tokio::task::yield_now().await;
+        };
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(doomed),
             nix::sys::signal::Signal::SIGKILL,
         )
         .unwrap();
-    };
-    let (streams, ()) = tokio::join!(streams, kill);
+        running
+    });
+    let streams = streams.await;
+    let running = kill.await.unwrap();
+
     for ((_, tree, run), events) in started.iter().zip(&streams) {
         let ids: Vec<u64> = events.iter().map(|e| e.id).collect();
         let unique: BTreeSet<u64> = ids.iter().copied().collect();
@@ -504,6 +542,12 @@ async fn a_kill_loses_nothing(shared: Shared) {
         .filter(|(owner, _, _)| *owner == 0)
         .map(|(_, tree, _)| tree)
         .collect();
+    // The tree it ran when it was killed was taken over mid-run.
+    let (_, view) = get(&servers[1], &format!("/v1/trees/{running}")).await;
+    assert!(
+        view["tree"]["resumes"].as_u64().unwrap_or(0) > 0,
+        "{running} ran on the killed replica and was not adopted: {view}"
+    );
     let store = shared.store();
     let mut replayed = 0;
     for tree in adopted {

@@ -82,8 +82,8 @@ pub(crate) struct WriterState {
 pub(crate) struct Encoder<'a> {
     cache: &'a mut HashMap<Arc<str>, TreeCache>,
     deltas: HashMap<Arc<str>, TreeDelta>,
-    /// Segments closed during the batch: (tree, JSON array).
-    closed: Vec<(Arc<str>, Vec<u8>)>,
+    /// Segments closed during the batch: (tree, JSON array, its last `seq`).
+    closed: Vec<(Arc<str>, Vec<u8>, u64)>,
     buffers: &'a mut Buffers,
     /// The epochs this process holds (before this batch); 0 for a tree it
     /// wrote without holding a claim (it is then fenced out at once).
@@ -254,6 +254,7 @@ impl<'a> Encoder<'a> {
                 ..TreeDelta::default()
             });
         delta.last_seq = delta.last_seq.max(event.seq);
+        delta.segment_seq = delta.segment_seq.max(event.seq);
         let mut out = Records(&mut delta.segment);
         let mut reply_written = false;
         match &event.kind {
@@ -322,34 +323,38 @@ impl<'a> Encoder<'a> {
         let _ = write!(out.0, ",\"atMs\":{}}}", event.at_ms);
         if delta.segment.len() >= SEGMENT {
             let full = std::mem::replace(&mut delta.segment, self.buffers.take());
-            self.closed.push((event.tree_id.clone(), full));
+            let seq = std::mem::take(&mut delta.segment_seq);
+            self.closed.push((event.tree_id.clone(), full, seq));
         }
         Ok(())
     }
 
     /// The batch's segments, numbered on from each tree's log and packed, in
-    /// order: `put(tree, n, body)` writes one.
+    /// order: `put(tree, n, body, last_seq)` writes one (`last_seq`: the
+    /// highest `seq` of its events, 0 if it has none; a reader of the
+    /// journal past a `seq` skips the segments at or below it).
     pub(crate) fn segments<R: Rows>(
         &mut self,
         rows: &mut R,
-        mut put: impl FnMut(&Arc<str>, u64, &[u8]) -> Result<(), R::Error>,
+        mut put: impl FnMut(&Arc<str>, u64, &[u8], u64) -> Result<(), R::Error>,
     ) -> Result<(), R::Error> {
         let mut segments = std::mem::take(&mut self.closed);
         for (tree, delta) in &mut self.deltas {
             let segment = std::mem::take(&mut delta.segment);
+            let seq = std::mem::take(&mut delta.segment_seq);
             if segment.is_empty() {
                 self.buffers.give(segment);
             } else {
-                segments.push((tree.clone(), segment));
+                segments.push((tree.clone(), segment, seq));
             }
         }
-        for (tree, mut records) in segments {
+        for (tree, mut records, seq) in segments {
             let cache = Self::tree(self.cache, rows, &tree)?;
             cache.segments += 1;
             let n = cache.segments;
             let mut packed = std::mem::take(&mut self.buffers.packed);
             let len = pack(&mut records, &mut packed)?;
-            let written = put(&tree, n, &packed[..len]);
+            let written = put(&tree, n, &packed[..len], seq);
             self.buffers.packed = packed;
             self.buffers.give(records);
             written?;
@@ -504,6 +509,8 @@ impl TreeCache {
 #[derive(Default)]
 struct TreeDelta {
     last_seq: u64,
+    /// The highest `seq` in `segment`.
+    segment_seq: u64,
     agents: u64,
     input_tokens: u64,
     output_tokens: u64,

@@ -61,6 +61,10 @@ CREATE TABLE controls (
 );
 CREATE INDEX controls_tree ON controls(tree_id, id);
 "#,
+    // 2: each segment's highest event `seq` (0: it has no events; NULL: it
+    // was written before this), so the journal past a `seq` is read from
+    // the segments that hold it, not the whole log.
+    "ALTER TABLE segments ADD COLUMN last_seq BIGINT;",
 ];
 
 /// The advisory lock migrations hold ("ARBR" and 1).

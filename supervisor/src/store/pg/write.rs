@@ -97,9 +97,10 @@ const UPSERT: &str = "INSERT INTO trees(tree_id, root_run_id, agent, prompt, par
 
 /// Segments go in only for trees whose row still has the epoch this process
 /// holds (or that it writes without a claim: `NULL`).
-const SEGMENTS: &str = "INSERT INTO segments(tree_id, n, body)
-     SELECT s.tree_id, s.n, s.body
-     FROM unnest($1::TEXT[], $2::BIGINT[], $3::BYTEA[], $4::BIGINT[]) AS s(tree_id, n, body, epoch)
+const SEGMENTS: &str = "INSERT INTO segments(tree_id, n, body, last_seq)
+     SELECT s.tree_id, s.n, s.body, s.last_seq
+     FROM unnest($1::TEXT[], $2::BIGINT[], $3::BYTEA[], $4::BIGINT[], $5::BIGINT[])
+         AS s(tree_id, n, body, epoch, last_seq)
      WHERE s.epoch IS NULL
         OR EXISTS (SELECT 1 FROM trees t WHERE t.tree_id = s.tree_id AND t.epoch = s.epoch)";
 
@@ -309,13 +310,14 @@ async fn attempt(
         }
     }
     // The segments, the row updates and the wake-ups, pipelined.
-    let (mut seg_tree, mut seg_n, mut seg_body, mut seg_epoch) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut seg_tree, mut seg_n, mut seg_body, mut seg_epoch, mut seg_seq) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let epochs: HashMap<Arc<str>, Option<i64>> = b
         .last_seqs()
         .map(|(t, _)| (t.clone(), b.epoch(t).map(|e| e as i64)))
         .collect();
-    b.segments(&mut rows, |tree, n, body| {
+    b.segments(&mut rows, |tree, n, body, seq| {
+        seg_seq.push(seq as i64);
         seg_tree.push(tree.to_string());
         seg_n.push(n as i64);
         seg_body.push(body.to_vec());
@@ -367,8 +369,11 @@ async fn attempt(
         if seg_tree.is_empty() {
             return Ok(0);
         }
-        tx.execute(&insert, &[&seg_tree, &seg_n, &seg_body, &seg_epoch])
-            .await
+        tx.execute(
+            &insert,
+            &[&seg_tree, &seg_n, &seg_body, &seg_epoch, &seg_seq],
+        )
+        .await
     };
     let write_rows = async {
         if u_tree.is_empty() {

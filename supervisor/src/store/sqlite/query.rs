@@ -225,7 +225,29 @@ impl Store for SqliteStore {
 
     fn events(&self, tree_id: &str, after: u64) -> Result<Vec<JournalEntry>, Error> {
         let conn = self.conn()?;
-        self.log(&conn, tree_id)?.journal(after, &self.bad(tree_id))
+        // A store of an older schema (read as it is) has no segment seqs.
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(sql(&self.path))?;
+        if version < 5 {
+            return self.log(&conn, tree_id)?.journal(after, &self.bad(tree_id));
+        }
+        self.known(&conn, tree_id)?;
+        // Only the segments with events past `after` (and those written
+        // before segments kept their seqs): each holds whole events, with
+        // what the journal adds to them (a reply's usage, a run's output).
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT body FROM segments
+                 WHERE tree_id = ?1 AND (last_seq IS NULL OR last_seq > ?2) ORDER BY n",
+            )
+            .map_err(sql(&self.path))?;
+        let bodies = stmt
+            .query_map(params![tree_id, after as i64], |r| r.get::<_, Vec<u8>>(0))
+            .map_err(sql(&self.path))?
+            .map(|body| body.map_err(sql(&self.path)));
+        TreeLog::from_segments(tree_id, bodies, &self.bad(tree_id))?
+            .journal(after, &self.bad(tree_id))
     }
 
     fn export(&self, tree_id: &str) -> Result<Value, Error> {
@@ -579,15 +601,7 @@ impl SqliteStore {
 impl SqliteStore {
     /// Reads every segment of a tree.
     pub(super) fn log(&self, conn: &rusqlite::Connection, tree_id: &str) -> Result<TreeLog, Error> {
-        let found: Option<i64> = conn
-            .query_row("SELECT 1 FROM trees WHERE tree_id = ?1", [tree_id], |r| {
-                r.get(0)
-            })
-            .optional()
-            .map_err(sql(&self.path))?;
-        if found.is_none() {
-            return Err(Error::UnknownTree(tree_id.to_owned()));
-        }
+        self.known(conn, tree_id)?;
         let mut stmt = conn
             .prepare_cached("SELECT body FROM segments WHERE tree_id = ?1 ORDER BY n")
             .map_err(sql(&self.path))?;
@@ -596,6 +610,20 @@ impl SqliteStore {
             .map_err(sql(&self.path))?
             .map(|body| body.map_err(sql(&self.path)));
         TreeLog::from_segments(tree_id, bodies, &self.bad(tree_id))
+    }
+
+    /// `Error::UnknownTree` unless the store has the tree.
+    fn known(&self, conn: &rusqlite::Connection, tree_id: &str) -> Result<(), Error> {
+        let found: Option<i64> = conn
+            .query_row("SELECT 1 FROM trees WHERE tree_id = ?1", [tree_id], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(sql(&self.path))?;
+        match found {
+            Some(_) => Ok(()),
+            None => Err(Error::UnknownTree(tree_id.to_owned())),
+        }
     }
 
     pub(super) fn bad(&self, tree_id: &str) -> impl Fn(String) -> Error + use<> {

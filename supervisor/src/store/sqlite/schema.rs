@@ -15,8 +15,9 @@ use crate::store::encode::WriterState;
 pub(super) const APPLICATION_ID: i64 = 0x4152_4252;
 
 /// Migrations, in order; `PRAGMA user_version` is how many have been applied.
-/// Reads touch only what the first one made, so a read-only open can read an
-/// older store without migrating it.
+/// Reads touch only what the first one made (or look at the version first,
+/// as the journal's read of `segments.last_seq` does), so a read-only open
+/// can read an older store without migrating it.
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE trees (
@@ -75,6 +76,10 @@ CREATE TABLE controls (
 );
 CREATE INDEX controls_tree ON controls(tree_id, id);
 "#,
+    // 5: each segment's highest event `seq` (0: it has no events; NULL: it
+    // was written before this), so the journal past a `seq` is read from
+    // the segments that hold it, not the whole log.
+    "ALTER TABLE segments ADD COLUMN last_seq INTEGER;",
 ];
 
 /// How long a write waits for another process holding the file's write lock.

@@ -166,10 +166,12 @@ fn attempt(
         }
     }
     {
-        let mut stmt =
-            tx.prepare_cached("INSERT INTO segments(tree_id, n, body) VALUES (?1, ?2, ?3)")?;
-        b.segments(&mut rows, |tree, n, body| {
-            stmt.execute(params![&**tree, n as i64, body]).map(drop)
+        let mut stmt = tx.prepare_cached(
+            "INSERT INTO segments(tree_id, n, body, last_seq) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        b.segments(&mut rows, |tree, n, body, seq| {
+            stmt.execute(params![&**tree, n as i64, body, seq as i64])
+                .map(drop)
         })?;
     }
     {
