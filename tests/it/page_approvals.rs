@@ -4,13 +4,13 @@
 //! person's approval, decided from the page.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::serve::{Server, Sse, TOKEN, encoded, get, post, stream};
+use crate::support::browser::Browser;
 
 /// A boss that spawns a clerk; the clerk's `echo` waits for a person. One
 /// clerk (spawned) makes two calls in its first step, one of them with an
@@ -249,17 +249,7 @@ fn decisions(events: &[Sse]) -> Vec<Value> {
 /// and its stream carries approvalDecided with that reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_live_page_approves_edits_and_denies_waiting_calls_in_chromium() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let chromium = std::env::var("ARBOR_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(
-        Path::new(&chromium).exists(),
-        "no Chromium at {chromium}: install Debian's `chromium` (or set ARBOR_CHROMIUM); .ci/run does"
-    );
-    let browser_dir = root.join("tests/browser");
-    assert!(
-        browser_dir.join("node_modules/playwright-core").is_dir(),
-        "run `npm ci --prefix tests/browser` first (.ci/run does)"
-    );
+    let browser = Browser::new();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("config.toml"), CONFIG).unwrap();
     std::fs::write(dir.path().join("script.json"), script().to_string()).unwrap();
@@ -293,27 +283,13 @@ async fn the_live_page_approves_edits_and_denies_waiting_calls_in_chromium() {
     // What the panel looked like, for a person to see.
     let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("page-approvals.png");
     let _ = std::fs::remove_file(&shot);
-    let base = server.base.clone();
-    let tree = tree_a.clone();
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new("node")
-            .arg(&driver)
-            .args([base.as_str(), TOKEN, tree.as_str(), REASON])
-            .env("ARBOR_CHROMIUM", &chromium)
-            .env("ARBOR_BROWSER_DIR", &browser_dir)
-            .env("ARBOR_SHOT", &shot)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "the page test failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let report = browser
+        .drive(
+            &driver,
+            &[server.base.as_str(), TOKEN, tree_a.as_str(), REASON],
+            &[("ARBOR_SHOT", &shot)],
+        )
+        .await;
 
     // Tree A: both calls listed from GET, as text, the clerk's node marked.
     let a = &report["a"];

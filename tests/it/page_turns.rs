@@ -5,13 +5,13 @@
 //! its end, and is given a second turn through the page's form.
 
 use std::path::Path;
-use std::process::Command;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::approvals_restart::read_until;
 use crate::serve::{Server, Sse, TOKEN, encoded, get, post, stream};
+use crate::support::browser::Browser;
 
 /// One step for the whole tree, then it pauses (semantics §13); the page
 /// raises it.
@@ -78,17 +78,7 @@ fn of<'a>(events: &'a [Sse], kind: &str) -> Vec<&'a Value> {
 /// prompt and its root's result. The server recorded the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_live_page_steers_raises_the_budget_and_starts_a_follow_up_turn_in_chromium() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let chromium = std::env::var("ARBOR_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(
-        Path::new(&chromium).exists(),
-        "no Chromium at {chromium}: install Debian's `chromium` (or set ARBOR_CHROMIUM); .ci/run does"
-    );
-    let browser_dir = root.join("tests/browser");
-    assert!(
-        browser_dir.join("node_modules/playwright-core").is_dir(),
-        "run `npm ci --prefix tests/browser` first (.ci/run does)"
-    );
+    let browser = Browser::new();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("config.toml"), CONFIG).unwrap();
     std::fs::write(dir.path().join("script.json"), script().to_string()).unwrap();
@@ -118,27 +108,13 @@ async fn the_live_page_steers_raises_the_budget_and_starts_a_follow_up_turn_in_c
     let _ = std::fs::remove_file(&shot);
     let shot_paused = Path::new(env!("CARGO_TARGET_TMPDIR")).join("page-turns-paused.png");
     let _ = std::fs::remove_file(&shot_paused);
-    let base = server.base.clone();
-    let tree_arg = tree.clone();
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new("node")
-            .arg(browser_dir.join("page_turns.mjs"))
-            .args([base.as_str(), TOKEN, tree_arg.as_str(), STEER, TURN])
-            .env("ARBOR_CHROMIUM", &chromium)
-            .env("ARBOR_SHOT", &shot)
-            .env("ARBOR_SHOT_PAUSED", &shot_paused)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "the page test failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let report = browser
+        .drive(
+            &browser.script("page_turns.mjs"),
+            &[server.base.as_str(), TOKEN, tree.as_str(), STEER, TURN],
+            &[("ARBOR_SHOT", &shot), ("ARBOR_SHOT_PAUSED", &shot_paused)],
+        )
+        .await;
 
     // Paused: the notice names the budget, its form is set for steps.
     let paused = &report["paused"];

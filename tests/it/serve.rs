@@ -730,39 +730,18 @@ async fn two_hundred_concurrent_starts_with_fifty_streams_lose_nothing() {
 /// installs both; without them this test fails (it never skips).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_live_page_shows_every_node_of_a_run_in_chromium() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let chromium = std::env::var("ARBOR_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(
-        Path::new(&chromium).exists(),
-        "no Chromium at {chromium}: install Debian's `chromium` (or set ARBOR_CHROMIUM); .ci/run does"
-    );
-    assert!(
-        root.join("tests/browser/node_modules/playwright-core")
-            .is_dir(),
-        "run `npm ci --prefix tests/browser` first (.ci/run does)"
-    );
+    let browser = crate::support::browser::Browser::new();
     let dir = tempfile::tempdir().unwrap();
     let server = serve(dir.path());
     let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("live-page.png");
     let _ = std::fs::remove_file(&shot);
-    let base = server.base.clone();
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new("node")
-            .arg(root.join("tests/browser/live_page.mjs"))
-            .args([base.as_str(), TOKEN, shot.to_str().unwrap(), "13"])
-            .env("ARBOR_CHROMIUM", &chromium)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "the page test failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let report = browser
+        .drive(
+            &browser.script("live_page.mjs"),
+            &[server.base.as_str(), TOKEN, shot.to_str().unwrap(), "13"],
+            &[],
+        )
+        .await;
     assert_eq!(report["nodes"], 13, "{report}");
     let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("live-page.png");
     assert!(std::fs::metadata(&shot).unwrap().len() > 1000);
@@ -1261,17 +1240,7 @@ model = "tick"
 /// agents" after the page's Cancel button ends it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_run_list_counts_a_running_trees_agents_as_they_start_in_chromium() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let chromium = std::env::var("ARBOR_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(
-        Path::new(&chromium).exists(),
-        "no Chromium at {chromium}: install Debian's `chromium` (or set ARBOR_CHROMIUM); .ci/run does"
-    );
-    assert!(
-        root.join("tests/browser/node_modules/playwright-core")
-            .is_dir(),
-        "run `npm ci --prefix tests/browser` first (.ci/run does)"
-    );
+    let browser = crate::support::browser::Browser::new();
     let dir = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(fixtures().join("serve.toml")).unwrap()
         + r#"
@@ -1348,24 +1317,13 @@ model = "slow"
         "GET /v1/runs counts a running tree's live runs: {list:#}"
     );
 
-    let base = server.base.clone();
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new("node")
-            .arg(root.join("tests/browser/run_list.mjs"))
-            .args([base.as_str(), TOKEN, tree_id.as_str(), "4", "6"])
-            .env("ARBOR_CHROMIUM", &chromium)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "the page test failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let report = browser
+        .drive(
+            &browser.script("run_list.mjs"),
+            &[server.base.as_str(), TOKEN, tree_id.as_str(), "4", "6"],
+            &[],
+        )
+        .await;
     assert_eq!(report["first"], "running 4 agents", "{report}");
     assert_eq!(report["then"], "running 6 agents", "{report}");
     assert_eq!(report["ended"], "cancelled 6 agents", "{report}");

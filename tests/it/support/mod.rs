@@ -5,6 +5,8 @@
 //! tree runners) are in the `arbor-test-support` crate.
 #![allow(dead_code)]
 
+pub mod browser;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
