@@ -198,7 +198,7 @@ pub enum Output<A> {
     Deliver(Delivery),
     /// Hand one background child's final report to the step machine
     /// (`background_reported`).
-    Report(ChildReport),
+    Report(Box<ChildReport>),
     /// A child with the `escalate` policy failed: the parent fails with this.
     #[allow(missing_docs)]
     Fail { failure: Failure },
@@ -207,8 +207,10 @@ pub enum Output<A> {
 /// One requested child: its attempts so far and its report once it has one.
 #[derive(Debug)]
 struct Slot {
-    /// What it runs, until it has its report.
-    plan: Option<ChildPlan>,
+    /// What it runs, until it has its report. The plan and the reports are
+    /// boxed: a call holds a slot per child until it is delivered (10,000 in
+    /// a wide call), and inline they made a slot 1 KB.
+    plan: Option<Box<ChildPlan>>,
     /// The run id of the attempt under way.
     current_run_id: String,
     toolbox: Option<Arc<Toolbox>>,
@@ -217,8 +219,8 @@ struct Slot {
     attempt: u32,
     run_ids: Vec<String>,
     credits: f64,
-    last_failure: Option<ChildReport>,
-    report: Option<ChildReport>,
+    last_failure: Option<Box<ChildReport>>,
+    report: Option<Box<ChildReport>>,
     /// A background child's report was handed over (or it was refused).
     delivered: bool,
 }
@@ -249,7 +251,7 @@ impl Slot {
 
     /// Gives the child its final report (its plan is no longer needed).
     fn settle(&mut self, report: ChildReport) {
-        self.report = Some(report);
+        self.report = Some(Box::new(report));
         self.plan = None;
         self.toolbox = None;
     }
@@ -472,9 +474,11 @@ impl<A: Clone + Eq + Hash> Children<A> {
             let Some(slot) = call.slots.get_mut(key.child) else {
                 continue;
             };
-            let (Some(plan), Some(toolbox), Some(id)) =
-                (slot.plan.clone(), slot.toolbox.clone(), slot.id.as_ref())
-            else {
+            let (Some(plan), Some(toolbox), Some(id)) = (
+                slot.plan.as_deref().cloned(),
+                slot.toolbox.clone(),
+                slot.id.as_ref(),
+            ) else {
                 continue;
             };
             let ids = RunIds {
@@ -598,7 +602,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             if let Some(slot) = self.slot_mut(key)
                 && let Some(report) = slot.last_failure.take()
             {
-                self.settle(key, report);
+                self.settle(key, *report);
             }
         }
     }
@@ -673,7 +677,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
         let error = report.error_message().unwrap_or_default().to_owned();
         match failure {
             FailurePolicy::Retry { max, backoff } if key.attempt < max => {
-                slot.last_failure = Some(report);
+                slot.last_failure = Some(Box::new(report));
                 let delay = backoff.saturating_mul(1 << key.attempt.min(16));
                 let next = ChildKey {
                     attempt: key.attempt + 1,
@@ -733,7 +737,11 @@ impl<A: Clone + Eq + Hash> Children<A> {
         let Some(mut c) = self.calls.remove(&(step, call)) else {
             return;
         };
-        let reports = c.slots.iter_mut().filter_map(|s| s.report.take()).collect();
+        let reports = c
+            .slots
+            .iter_mut()
+            .filter_map(|s| s.report.take().map(|r| *r))
+            .collect();
         out.push(Output::Deliver(Delivery {
             step,
             call,
@@ -771,10 +779,10 @@ fn slot_of(admission: Admission) -> Slot {
     };
     match admission {
         Admission::Refused { agent_type, error } => {
-            slot.report = Some(ChildReport::refused(&agent_type, &error));
+            slot.report = Some(Box::new(ChildReport::refused(&agent_type, &error)));
         }
         Admission::Admitted { plan, toolbox, id } => {
-            slot.plan = Some(plan);
+            slot.plan = Some(Box::new(plan));
             slot.toolbox = Some(toolbox);
             slot.id = Some(id);
         }
