@@ -1013,3 +1013,42 @@ fn a_wake_up_arrives_after_a_batch_commits() {
             .is_none()
     );
 }
+
+both_backends! {
+/// One batch that fills several segments of two trees (each full one is
+/// packed as it closes, its buffer going on with the next): each tree's
+/// segments are numbered 1, 2, 3 in order, and its journal reads back whole
+/// and in order, from the start and past a seq inside a closed segment.
+fn a_batch_of_many_full_segments_reads_back_in_order(backend) {
+    use arbor_actors::{Event, EventKind};
+    let place = backend.fresh();
+    let store = place.open();
+    let big = |tree: &str, seq: u64| {
+        Write::Event(Arc::new(Event {
+            seq,
+            tree_id: tree.into(),
+            run_id: format!("{tree}/0").into(),
+            at_ms: 1,
+            kind: EventKind::OutputSet {
+                output: json!(words(100_000, seq)),
+            },
+        }))
+    };
+    // 100 KB an event, a segment closed past 256 KiB: three events each.
+    let mut batch = vec![record("t"), record("u")];
+    for seq in 1..=7 {
+        batch.push(big("t", seq));
+        batch.push(big("u", seq));
+    }
+    store.write(&batch).unwrap();
+    for tree in ["t", "u"] {
+        assert_eq!(segments(&*store, tree), vec![1, 2, 3], "{tree}");
+        let read: Vec<u64> = store.events(tree, 0).unwrap().iter().map(|e| e.seq).collect();
+        assert_eq!(read, (1..=7).collect::<Vec<u64>>(), "{tree}");
+        let past: Vec<u64> = store.events(tree, 2).unwrap().iter().map(|e| e.seq).collect();
+        assert_eq!(past, (3..=7).collect::<Vec<u64>>(), "{tree}");
+        let first = &store.events(tree, 0).unwrap()[0];
+        assert_eq!(first.get("output"), Some(&json!(words(100_000, 1))));
+    }
+}
+}
