@@ -219,6 +219,44 @@ pub(crate) fn still_running_within(
     owner_alive(owner).unwrap_or(now_ms.saturating_sub(heartbeat_ms) <= lease_ms)
 }
 
+/// Whether a tree can be claimed to resume it (`Store::claim`), from its row:
+/// it is still marked running and nobody runs it (its owner is gone, or,
+/// when that cannot be told, its heartbeat is older than `lease_ms`). The
+/// same decision on every backend.
+pub(crate) fn claimable(
+    tree_id: &str,
+    (status, owner, heartbeat_ms): (TreeStatus, &str, u64),
+    now_ms: u64,
+    lease_ms: u64,
+) -> Result<(), Error> {
+    let not = |reason: String| Error::NotResumable {
+        tree: tree_id.to_owned(),
+        reason,
+    };
+    if status != TreeStatus::Running {
+        return Err(not(format!("it already ended ({status})")));
+    }
+    if still_running_within(owner, heartbeat_ms, now_ms, lease_ms) {
+        return Err(not(
+            "another process is running it (it is alive, or its heartbeat is recent); stop that one first"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a tree can be claimed for a follow-up turn (`Store::claim_turn`):
+/// its last turn ended. The same decision on every backend.
+pub(crate) fn turn_claimable(tree_id: &str, status: TreeStatus) -> Result<(), Error> {
+    if !status.is_final() {
+        return Err(Error::NotResumable {
+            tree: tree_id.to_owned(),
+            reason: format!("its turn has not ended ({status})"),
+        });
+    }
+    Ok(())
+}
+
 /// A control message waiting in the store for the process that owns its
 /// tree (`Store::post_control`): a body the service defines (cancel,
 /// approve, steer, …).
@@ -831,5 +869,45 @@ fn writer_loop(
         for done in flushes.drain(..) {
             let _ = done.send(failed.clone().map_or(Ok(()), Err));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::{TreeStatus, claimable, owner_id, turn_claimable};
+    use crate::error::Error;
+
+    fn reason(result: Result<(), Error>) -> String {
+        match result {
+            Err(Error::NotResumable { tree, reason }) => {
+                assert_eq!(tree, "t");
+                reason
+            }
+            other => panic!("not a refusal: {other:?}"),
+        }
+    }
+
+    /// The claim decisions both backends take: an ended tree, a tree its
+    /// (living) owner runs, and one whose unseen owner's heartbeat is within
+    /// the lease cannot be resumed; an unseen owner's past the lease can; a
+    /// follow-up turn needs the last one ended.
+    #[test]
+    fn a_tree_is_claimable_once_nobody_runs_it_and_a_turn_once_the_last_ended() {
+        let unseen = "elsewhere:1";
+        let running = TreeStatus::Running;
+        let ended = reason(claimable("t", (TreeStatus::Completed, unseen, 0), 10, 5));
+        assert!(ended.starts_with("it already ended"), "{ended}");
+        let alive = reason(claimable("t", (running, &owner_id(), 0), 1_000_000, 5));
+        assert!(
+            alive.starts_with("another process is running it"),
+            "{alive}"
+        );
+        assert!(claimable("t", (running, unseen, 100), 105, 5).is_err());
+        assert!(claimable("t", (running, unseen, 100), 106, 5).is_ok());
+        let turn = reason(turn_claimable("t", running));
+        assert_eq!(turn, "its turn has not ended (running)");
+        assert!(turn_claimable("t", TreeStatus::Completed).is_ok());
     }
 }

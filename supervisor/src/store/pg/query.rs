@@ -465,20 +465,7 @@ impl Store for PgStore {
     fn claim(&self, tree_id: &str) -> Result<u64, Error> {
         let lease = self.lease_ms;
         self.take(tree_id, "", |status, owner, heartbeat| {
-            let not = |reason: String| Error::NotResumable {
-                tree: tree_id.to_owned(),
-                reason,
-            };
-            if status != TreeStatus::Running {
-                return Err(not(format!("it already ended ({status})")));
-            }
-            if crate::store::still_running_within(owner, heartbeat, now_ms(), lease) {
-                return Err(not(
-                    "another process is running it (it is alive, or its heartbeat is recent); stop that one first"
-                        .into(),
-                ));
-            }
-            Ok(())
+            crate::store::claimable(tree_id, (status, owner, heartbeat), now_ms(), lease)
         })
     }
 
@@ -486,15 +473,7 @@ impl Store for PgStore {
         self.take(
             tree_id,
             "status = 'running', error = NULL, finished_ms = NULL, ",
-            |status, _, _| {
-                if !status.is_final() {
-                    return Err(Error::NotResumable {
-                        tree: tree_id.to_owned(),
-                        reason: format!("its turn has not ended ({status})"),
-                    });
-                }
-                Ok(())
-            },
+            |status, _, _| crate::store::turn_claimable(tree_id, status),
         )
     }
 

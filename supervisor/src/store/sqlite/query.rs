@@ -260,26 +260,10 @@ impl Store for SqliteStore {
     fn claim(&self, tree_id: &str) -> Result<u64, Error> {
         // The next epoch, in the transaction that takes the tree: whoever
         // held it before writes nothing more of it.
-        self.take(
-            tree_id,
-            "",
-            |status, owner, heartbeat| {
-                let not = |reason: String| Error::NotResumable {
-                    tree: tree_id.to_owned(),
-                    reason,
-                };
-                if status != TreeStatus::Running {
-                    return Err(not(format!("it already ended ({status})")));
-                }
-                if crate::store::still_running(owner, heartbeat, now_ms()) {
-                    return Err(not(
-                        "another process is running it (it is alive, or its heartbeat is recent); stop that one first"
-                            .into(),
-                    ));
-                }
-                Ok(())
-            },
-        )
+        self.take(tree_id, "", |status, owner, heartbeat| {
+            let row = (status, owner, heartbeat);
+            crate::store::claimable(tree_id, row, now_ms(), self.lease_ms())
+        })
     }
 
     fn claim_turn(&self, tree_id: &str) -> Result<u64, Error> {
@@ -288,15 +272,7 @@ impl Store for SqliteStore {
         self.take(
             tree_id,
             "status = 'running', error = NULL, finished_ms = NULL, ",
-            |status, _, _| {
-                if !status.is_final() {
-                    return Err(Error::NotResumable {
-                        tree: tree_id.to_owned(),
-                        reason: format!("its turn has not ended ({status})"),
-                    });
-                }
-                Ok(())
-            },
+            |status, _, _| crate::store::turn_claimable(tree_id, status),
         )
     }
 
