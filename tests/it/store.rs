@@ -73,6 +73,29 @@ enum Backend {
     Postgres,
 }
 
+/// The tests `name::sqlite` and `name::postgres`, each running `body` on its
+/// backend.
+macro_rules! on_both_backends {
+    ($($name:ident => $body:ident,)*) => {$(
+        mod $name {
+            #[test]
+            fn sqlite() {
+                super::$body(super::Backend::Sqlite);
+            }
+            #[test]
+            fn postgres() {
+                super::$body(super::Backend::Postgres);
+            }
+        }
+    )*};
+}
+
+on_both_backends! {
+    a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one => killed_five_times_and_resumed,
+    runs_show_tree_and_gc_read_the_store => browse_the_store,
+    two_processes_can_write_one_store_at_once => two_processes_write_one_store,
+}
+
 /// One store of a test: what `--store` takes, and the database it owns.
 struct StoreAt {
     arg: String,
@@ -260,16 +283,6 @@ fn killed_five_times_and_resumed(backend: Backend) {
 }
 
 #[test]
-fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one_sqlite() {
-    killed_five_times_and_resumed(Backend::Sqlite);
-}
-
-#[test]
-fn a_tree_killed_five_times_and_resumed_ends_like_an_uninterrupted_one_postgres() {
-    killed_five_times_and_resumed(Backend::Postgres);
-}
-
-#[test]
 fn replay_matches_and_names_the_first_agent_that_diverges_after_an_edit() {
     let dir = tempfile::tempdir().unwrap();
     let config = crash_config();
@@ -445,26 +458,6 @@ fn two_processes_write_one_store(backend: Backend) {
         assert_eq!(tree["runs"].as_array().unwrap().len(), 36);
     }
     no_sqlite_files_on_postgres(backend, dir.path());
-}
-
-#[test]
-fn runs_show_tree_and_gc_read_the_store_sqlite() {
-    browse_the_store(Backend::Sqlite);
-}
-
-#[test]
-fn runs_show_tree_and_gc_read_the_store_postgres() {
-    browse_the_store(Backend::Postgres);
-}
-
-#[test]
-fn two_processes_can_write_one_store_at_once_sqlite() {
-    two_processes_write_one_store(Backend::Sqlite);
-}
-
-#[test]
-fn two_processes_can_write_one_store_at_once_postgres() {
-    two_processes_write_one_store(Backend::Postgres);
 }
 
 /// Runs `arbor` in `dir` with `args` on `store` (`--store` right after the
