@@ -1,6 +1,9 @@
 //! Step 3 of the loop: every call of a step classified (built-in, external,
 //! spawn, or an error the model reads), spawns planned, built-ins' effects.
 
+use std::borrow::Cow;
+
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Action, Catalog, Effect, Origin, Pending, StepMachine};
@@ -35,12 +38,13 @@ impl StepMachine {
         let mut snapshot: Option<History> = None;
         let mut inline_seen = false;
         for index in 0..n {
-            let call = pending.calls[index].clone();
-            let outcome = self.classify(&call, &mut inline_seen);
+            // Borrowed, not cloned: a spawn call's input can hold thousands of entries.
+            let call = &pending.calls[index];
+            let outcome = self.classify(call, &mut inline_seen);
             let (kind, input, approval) = match outcome {
                 Ok(ok) => ok,
                 Err(error) => {
-                    pending.results[index] = Some(Message::tool_error(&call, error));
+                    pending.results[index] = Some(Message::tool_error(call, error));
                     continue;
                 }
             };
@@ -48,14 +52,18 @@ impl StepMachine {
                 ToolKind::AddMessage
                 | ToolKind::SetMessages
                 | ToolKind::SetOutput
-                | ToolKind::EndTurn => match builtin_effect(&kind, input, &self.template) {
-                    Ok(effect) => {
-                        pending.effects.push((index, effect));
-                        pending.results[index] =
-                            Some(Message::tool_result(&call, json!({"ok": true})));
+                | ToolKind::EndTurn => {
+                    match builtin_effect(&kind, input.into_owned(), &self.template) {
+                        Ok(effect) => {
+                            pending.effects.push((index, effect));
+                            pending.results[index] =
+                                Some(Message::tool_result(call, json!({"ok": true})));
+                        }
+                        Err(error) => {
+                            pending.results[index] = Some(Message::tool_error(call, error))
+                        }
                     }
-                    Err(error) => pending.results[index] = Some(Message::tool_error(&call, error)),
-                },
+                }
                 ToolKind::External(tool) => {
                     pending.awaiting += 1;
                     if approval {
@@ -66,7 +74,7 @@ impl StepMachine {
                         index,
                         call_id: call.tool_call_id.clone(),
                         tool,
-                        input,
+                        input: input.into_owned(),
                     });
                 }
                 ToolKind::SpawnAgents | ToolKind::SpawnAgentInline | ToolKind::SpawnAgentsAsync => {
@@ -75,13 +83,13 @@ impl StepMachine {
                     let snapshot = snapshot.get_or_insert_with(|| {
                         self.state.message_history.filter_unfinished_tool_calls()
                     });
-                    match self.plan_spawn(input, snapshot, inline, background, catalog) {
+                    match self.plan_spawn(&input, snapshot, inline, background, catalog) {
                         Ok(action) => {
                             pending.awaiting += 1;
                             actions.push(action(self.step, index));
                         }
                         Err(error) => {
-                            pending.results[index] = Some(Message::tool_error(&call, error))
+                            pending.results[index] = Some(Message::tool_error(call, error))
                         }
                     }
                 }
@@ -98,11 +106,12 @@ impl StepMachine {
     }
 
     /// Finds the tool and checks the input; `Err` is the message the model will read.
-    fn classify(
+    /// The input is borrowed from the call when it is already a JSON value.
+    fn classify<'c>(
         &self,
-        call: &ToolCall,
+        call: &'c ToolCall,
         inline_seen: &mut bool,
-    ) -> Result<(ToolKind, Value, bool), String> {
+    ) -> Result<(ToolKind, Cow<'c, Value>, bool), String> {
         let name = call.tool_name.as_str();
         let Some(entry) = self.toolbox.get(name) else {
             if let Some(denied) = self.toolbox.denied(name) {
@@ -116,10 +125,12 @@ impl StepMachine {
             ));
         };
         let input = match &call.input {
-            Value::String(text) => serde_json::from_str(text)
-                .map_err(|e| format!("Arguments of {name} are not valid JSON: {e}"))?,
-            Value::Null => json!({}),
-            other => other.clone(),
+            Value::String(text) => Cow::Owned(
+                serde_json::from_str(text)
+                    .map_err(|e| format!("Arguments of {name} are not valid JSON: {e}"))?,
+            ),
+            Value::Null => Cow::Owned(json!({})),
+            other => Cow::Borrowed(other),
         };
         entry
             .schema
@@ -137,7 +148,7 @@ impl StepMachine {
     #[allow(clippy::type_complexity)]
     fn plan_spawn(
         &self,
-        input: Value,
+        input: &Value,
         snapshot: &History,
         inline: bool,
         background: bool,
@@ -161,7 +172,7 @@ impl StepMachine {
             .map_err(|e| (agent_type, e))
         };
         if inline {
-            let request: SpawnRequest = serde_json::from_value(input)
+            let request = SpawnRequest::deserialize(input)
                 .map_err(|e| format!("Invalid input for spawn_agent_inline: {e}"))?;
             let child = plan(request).map_err(|(_, e)| e)?;
             return Ok(Box::new(move |step, index| Action::SpawnInline {
@@ -174,10 +185,10 @@ impl StepMachine {
         let entries = input
             .get("agents")
             .and_then(Value::as_array)
-            .cloned()
+            .map(Vec::as_slice)
             .unwrap_or_default();
         let children = entries
-            .into_iter()
+            .iter()
             .enumerate()
             .map(|(i, entry)| {
                 let named = entry
@@ -186,10 +197,10 @@ impl StepMachine {
                     .unwrap_or_default()
                     .to_owned();
                 crate::toolbox::CHILD_SCHEMA
-                    .check(&entry)
+                    .check(entry)
                     .map_err(|e| format!("Invalid input for {tool}: agents[{i}] {e}"))
                     .and_then(|()| {
-                        serde_json::from_value::<SpawnRequest>(entry)
+                        SpawnRequest::deserialize(entry)
                             .map_err(|e| format!("Invalid input for {tool}: agents[{i}]: {e}"))
                     })
                     .map_err(|e| (named.clone(), e))
