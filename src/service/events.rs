@@ -303,7 +303,7 @@ impl Follow {
                 || orphaned.is_some()
             {
                 checked = tokio::time::Instant::now();
-                Some(whereabouts_status(shared, &self.tree_id).await)
+                Some(stored_whereabouts(shared, &self.tree_id).await)
             } else {
                 None
             };
@@ -326,7 +326,7 @@ impl Follow {
                 }
             }
             match status {
-                Some(Ok((Whereabouts::Ended, _))) | Some(Err(())) => return,
+                Some(Ok((Whereabouts::Ended, _)) | Err(_)) => return,
                 Some(Ok((_, interrupted))) => {
                     if !interrupted {
                         orphaned = None;
@@ -351,15 +351,7 @@ impl Follow {
 }
 
 /// Where the tree runs, and whether the store lists it interrupted (owner
-/// gone, not adopted yet); `Err` when the store cannot say.
-async fn whereabouts_status(
-    shared: &Shared,
-    tree_id: &Arc<str>,
-) -> Result<(Whereabouts, bool), ()> {
-    stored_whereabouts(shared, tree_id).await.map_err(drop)
-}
-
-/// `whereabouts_status`, with the store's error.
+/// gone, not adopted yet); the store's error when it cannot say.
 async fn stored_whereabouts(
     shared: &Shared,
     tree_id: &Arc<str>,

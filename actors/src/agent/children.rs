@@ -470,83 +470,41 @@ impl AgentRun {
                     }
                     return;
                 };
-                let child = Launched {
-                    key,
-                    plan,
-                    toolbox,
-                    ids,
-                    checkpoint,
-                    slot,
+                let machine = match checkpoint {
+                    Some(checkpoint) => StepMachine::from_checkpoint(
+                        &checkpoint,
+                        plan.template.clone(),
+                        plan.toolbox_for(&parent, toolbox),
+                        hooks.tree_id().clone(),
+                    ),
+                    None => {
+                        let start = plan.start_from(&parent, ids, toolbox);
+                        StepMachine::new(
+                            start.state,
+                            plan.template.clone(),
+                            start.toolbox,
+                            start.inherited,
+                            hooks.tree_id().clone(),
+                        )
+                        .with_input(plan.prompt, plan.params)
+                    }
                 };
-                child
-                    .start(&parent, hooks.clone(), &me, parent_span.clone())
-                    .await;
+                let args = AgentArgs {
+                    hooks: hooks.clone(),
+                    machine: Box::new(machine),
+                    reply: Reply::Parent(key),
+                    slot,
+                    parent_span: parent_span.clone(),
+                };
+                let msg = match Actor::spawn_linked(None, AgentActor, args, me.get_cell()).await {
+                    Ok((actor, _)) => AgentMsg::ChildStarted { key, actor },
+                    Err(error) => AgentMsg::ChildNotStarted {
+                        key,
+                        error: format!("could not start: {error}"),
+                    },
+                };
+                let _ = me.cast(msg);
             }
         });
-    }
-}
-
-/// A child that has its live slot: what the launching task builds and spawns.
-struct Launched {
-    key: ChildKey,
-    plan: ChildPlan,
-    toolbox: Arc<crate::toolbox::Toolbox>,
-    ids: crate::hooks::RunIds,
-    checkpoint: Option<Arc<Checkpoint>>,
-    slot: Option<crate::hooks::Slot>,
-}
-
-impl Launched {
-    /// Builds the child's machine (from its checkpoint, or its plan), spawns
-    /// its actor linked to the parent `me`, and tells the parent.
-    async fn start(
-        self,
-        parent: &ParentInfo,
-        hooks: Arc<dyn crate::hooks::TreeHooks>,
-        me: &ActorRef<AgentMsg>,
-        parent_span: tracing::Span,
-    ) {
-        let Launched {
-            key,
-            plan,
-            toolbox,
-            ids,
-            checkpoint,
-            slot,
-        } = self;
-        let machine = match checkpoint {
-            Some(checkpoint) => StepMachine::from_checkpoint(
-                &checkpoint,
-                plan.template.clone(),
-                plan.toolbox_for(parent, toolbox),
-                hooks.tree_id().clone(),
-            ),
-            None => {
-                let start = plan.start_from(parent, ids, toolbox);
-                StepMachine::new(
-                    start.state,
-                    plan.template.clone(),
-                    start.toolbox,
-                    start.inherited,
-                    hooks.tree_id().clone(),
-                )
-                .with_input(plan.prompt, plan.params)
-            }
-        };
-        let args = AgentArgs {
-            hooks,
-            machine: Box::new(machine),
-            reply: Reply::Parent(key),
-            slot,
-            parent_span,
-        };
-        let msg = match Actor::spawn_linked(None, AgentActor, args, me.get_cell()).await {
-            Ok((actor, _)) => AgentMsg::ChildStarted { key, actor },
-            Err(error) => AgentMsg::ChildNotStarted {
-                key,
-                error: format!("could not start: {error}"),
-            },
-        };
-        let _ = me.cast(msg);
     }
 }

@@ -277,9 +277,12 @@ impl Store for PgStore {
             let take: Vec<String> = rows
                 .iter()
                 .filter(|r| {
-                    let owner: &str = r.get("owner");
-                    let heartbeat = r.get::<_, i64>("heartbeat_ms") as u64;
-                    !crate::store::still_running_within(owner, heartbeat, now, lease)
+                    let row = (
+                        TreeStatus::Running,
+                        r.get::<_, &str>("owner"),
+                        r.get::<_, i64>("heartbeat_ms") as u64,
+                    );
+                    crate::store::claimable(r.get("tree_id"), row, now, lease).is_ok()
                 })
                 .map(|r| r.get("tree_id"))
                 .collect();
