@@ -395,7 +395,26 @@ async fn sigterm_hands_over(shared: Shared) {
     let now = handed.unwrap_or_else(|e| panic!("within 2 s of the SIGTERM: {e}"));
     let b_owner = &now[trees.first().unwrap()].0;
     assert!(trees.iter().all(|t| &now[t].0 == b_owner), "{now:?}");
-    // B runs them: a cancel on B is local (no forwarding).
+    // B runs them once it has started them (a claim is in the store before
+    // its tree starts): then a cancel on B is local (no forwarding).
+    let owned = format!("arbor_replica_trees_owned {}\n", trees.len());
+    let deadline = Instant::now() + GUARD;
+    loop {
+        let metrics = client()
+            .get(b.url("/metrics"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if metrics.contains(&owned) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "B never ran them all: {metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let root = format!("{}/0", trees.first().unwrap());
     let (status, body) = post(
         &b,
