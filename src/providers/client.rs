@@ -51,7 +51,11 @@ impl HttpModel {
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         Ok(HttpModel {
             name: name.into(),
-            limiter: Limiter::new(&settings.limits),
+            limiter: Limiter::shared(
+                &settings.base_url,
+                settings.api_key.as_ref().map_or("", |key| key.expose()),
+                &settings.limits,
+            ),
             gate: Some(Gate::shared(
                 &settings.base_url,
                 settings.api_key.as_ref().map_or("", |key| key.expose()),
