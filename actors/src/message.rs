@@ -315,17 +315,22 @@ impl Message {
 
     /// The tool calls of an assistant message, in order; empty for other roles.
     pub fn tool_calls(&self) -> impl Iterator<Item = &ToolCall> {
-        let parts: &[Part] = match self {
+        self.assistant_parts().iter().filter_map(|p| match p {
+            Part::ToolCall(call) => Some(call),
+            _ => None,
+        })
+    }
+
+    /// The typed parts of an assistant message; empty for other roles and
+    /// for a plain-text body.
+    pub(crate) fn assistant_parts(&self) -> &[Part] {
+        match self {
             Message::Assistant {
                 content: Content::Parts(parts),
                 ..
             } => parts,
             _ => &[],
-        };
-        parts.iter().filter_map(|p| match p {
-            Part::ToolCall(call) => Some(call),
-            _ => None,
-        })
+        }
     }
 
     /// The id this message answers, for tool messages.

@@ -2,22 +2,73 @@
 //! spawn, or an error the model reads), spawns planned, built-ins' effects.
 
 use std::borrow::Cow;
+use std::ops::Index;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Action, Catalog, Effect, Origin, Pending, StepMachine};
 use crate::history::History;
-use crate::message::{Message, ToolCall};
+use crate::message::{Message, Part, ToolCall};
 use crate::spawn::{SpawnRequest, plan_child};
 use crate::template::AgentTemplate;
 use crate::toolbox::ToolKind;
+
+/// A step's tool calls, read in place from the assistant message that asked
+/// for them, the very `Arc` the history holds: nothing of a call is copied
+/// while it runs (a spawn call's input can hold thousands of entries).
+pub(super) struct Calls {
+    message: Arc<Message>,
+    /// Where each call sits among the message's parts, in call order.
+    at: Vec<usize>,
+}
+
+impl Calls {
+    /// The calls of `message` (none if it is not an assistant message).
+    pub(super) fn of(message: Arc<Message>) -> Calls {
+        let at = message
+            .assistant_parts()
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| matches!(p, Part::ToolCall(_)))
+            .map(|(i, _)| i)
+            .collect();
+        Calls { message, at }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.at.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.at.is_empty()
+    }
+
+    /// The calls in order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &ToolCall> {
+        self.message.tool_calls()
+    }
+}
+
+impl Index<usize> for Calls {
+    type Output = ToolCall;
+
+    /// The `index`-th call; panics past the end, as a slice does.
+    fn index(&self, index: usize) -> &ToolCall {
+        match &self.message.assistant_parts()[self.at[index]] {
+            Part::ToolCall(call) => call,
+            // `of` indexes tool-call parts only, and the message is immutable.
+            _ => unreachable!("Calls::at holds only tool-call positions"),
+        }
+    }
+}
 
 impl StepMachine {
     /// Step 3: classify every call; built-ins and bad calls resolve at once.
     pub(super) fn run_calls(
         &mut self,
-        calls: Vec<ToolCall>,
+        calls: Calls,
         origin: Origin,
         catalog: &dyn Catalog,
     ) -> Vec<Action> {

@@ -11,7 +11,7 @@ use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
 use crate::handler::{Resume, StepProgram};
 use crate::history::{Expiry, History};
-use crate::message::{INSTRUCTIONS_PROMPT, Message, SPAWN_PROMPT, STEP_PROMPT, ToolCall};
+use crate::message::{INSTRUCTIONS_PROMPT, Message, SPAWN_PROMPT, STEP_PROMPT};
 use crate::model::{ModelRequest, ModelResponse, RequestMeta};
 use crate::output::output_value;
 use crate::spawn::{ChildPlan, ChildReport};
@@ -134,7 +134,7 @@ enum Drive {
 
 struct Pending {
     step: u32,
-    calls: Vec<ToolCall>,
+    calls: calls::Calls,
     results: Vec<Option<Message>>,
     child_runs: Vec<Vec<String>>,
     effects: Vec<(usize, Effect)>,
@@ -427,7 +427,7 @@ impl StepMachine {
             let raw = Arc::new(message.clone());
             (Arc::new(with_call_ids(message, step, history)), Some(raw))
         };
-        let calls: Vec<ToolCall> = message.tool_calls().cloned().collect();
+        let calls = calls::Calls::of(message.clone());
         self.state.context_token_count = if usage.total_tokens() > 0 {
             usage.total_tokens()
         } else {

@@ -290,10 +290,9 @@ impl StepMachine {
                         input,
                     })
                     .collect();
-                self.state
-                    .message_history
-                    .push(Message::assistant(None, calls.clone()));
-                self.run_calls(calls, Origin::Program, catalog)
+                let message = Arc::new(Message::assistant(None, calls));
+                self.state.message_history.push_shared(message.clone());
+                self.run_calls(super::calls::Calls::of(message), Origin::Program, catalog)
             }
         }
     }

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
-use crate::message::{Message, ToolCall, ToolResultPart};
+use crate::message::{Message, ToolResultPart};
 use crate::template::LoopDetection;
 
 /// What the watchdog makes of one more call.
@@ -97,7 +97,7 @@ impl super::StepMachine {
     pub(super) fn watch_loops(
         &mut self,
         step: u32,
-        calls: &[ToolCall],
+        calls: &super::calls::Calls,
         results: &[Arc<Message>],
     ) -> Option<Vec<super::Action>> {
         let config = self.template.loop_detection;
@@ -138,6 +138,7 @@ impl super::StepMachine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::ToolCall;
     use serde_json::json;
 
     fn result(id: &str, value: Value) -> Arc<Message> {
