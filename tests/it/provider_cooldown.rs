@@ -3,8 +3,11 @@
 //! hold back every request to the endpoint until the wait is over (asserted
 //! on when the server received each request); a wait beyond the tree's
 //! deadline fails at once; `User-Agent`; the error's type and code in the
-//! message. And an `#[ignore]`d measurement of what the gate saves a swarm
-//! (BENCHMARKS.md "Shared cooldown").
+//! message. A tree of 20 children of one lead under a 429 mix, run by the
+//! supervisor against a rate-limited loopback endpoint: every child
+//! completes and no request arrives inside a `Retry-After` window the
+//! endpoint announced; and an `#[ignore]`d measurement of what the gate
+//! saves that tree (BENCHMARKS.md "Shared cooldown").
 //!
 //! The waits are the client's real ones (tokio time, not paused: a paused
 //! clock jumps to the next timer while a request is on the wire, which would
@@ -528,140 +531,315 @@ async fn error_type_and_code_are_kept_in_the_message() {
     }
 }
 
-/// What one swarm run cost the endpoint.
+/// A rate-limited OpenAI-compatible endpoint (Chat Completions, whole
+/// replies) on loopback, for a tree. It serves `quota` requests per fixed
+/// `window` (counted from its start) and answers the rest with 429 and a
+/// wait of `retry_after` (`Retry-After` in whole seconds, else OpenAI's
+/// `retry-after-ms`); every reply carries `x-ratelimit-remaining-requests`
+/// and `x-ratelimit-reset-requests` (to the window's end), as OpenAI's do,
+/// and is sent after `hold`. It notes when each request arrived and each
+/// window it announced. It answers as the tree's agents need: a system
+/// prompt `spawn TYPE N` (with `spawn_agents`) spawns N children of TYPE on
+/// the first step; `work N` calls `echo` until N - 1 results are in, then
+/// answers; anything else is answered with text.
+#[derive(Clone, Copy, Debug)]
+struct Rate {
+    quota: usize,
+    window: Duration,
+    retry_after: Duration,
+    hold: Duration,
+}
+
+struct Limited {
+    start: Instant,
+    rate: Rate,
+    seen: Mutex<Seen>,
+}
+
+/// What the limited endpoint saw.
+#[derive(Default)]
+struct Seen {
+    window: u128,
+    served_in_window: usize,
+    arrivals: Vec<Instant>,
+    wasted: usize,
+    /// Each 429's window: from when it was sent, for how long.
+    announced: Vec<(Instant, Duration)>,
+}
+
+async fn limited_chat(
+    axum::extract::State(limited): axum::extract::State<Arc<Limited>>,
+    body: String,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let rate = limited.rate;
+    let (served, remaining, reset) = {
+        let now = Instant::now();
+        let elapsed = now - limited.start;
+        let window = elapsed.as_nanos() / rate.window.as_nanos();
+        let reset = rate.window * (window as u32 + 1) - elapsed;
+        let mut seen = limited.seen.lock().unwrap();
+        seen.arrivals.push(now);
+        if seen.window != window {
+            seen.window = window;
+            seen.served_in_window = 0;
+        }
+        let served = seen.served_in_window < rate.quota;
+        if served {
+            seen.served_in_window += 1;
+        } else {
+            seen.wasted += 1;
+        }
+        (served, rate.quota - seen.served_in_window, reset)
+    };
+    tokio::time::sleep(rate.hold).await;
+    let mut response = if served {
+        let request: serde_json::Value = serde_json::from_str(&body).unwrap();
+        axum::Json(tree_reply(&request)).into_response()
+    } else {
+        let (name, value) = if rate.retry_after.subsec_nanos() == 0 {
+            ("retry-after", rate.retry_after.as_secs().to_string())
+        } else {
+            ("retry-after-ms", rate.retry_after.as_millis().to_string())
+        };
+        let mut response = (
+            axum::http::StatusCode::TOO_MANY_REQUESTS,
+            axum::Json(wire::error_json(ProviderKind::OpenAi, "Rate limit reached")),
+        )
+            .into_response();
+        response.headers_mut().insert(name, value.parse().unwrap());
+        // Announced as it goes out.
+        let mut seen = limited.seen.lock().unwrap();
+        seen.announced.push((Instant::now(), rate.retry_after));
+        response
+    };
+    let headers = response.headers_mut();
+    headers.insert(
+        "x-ratelimit-remaining-requests",
+        remaining.to_string().parse().unwrap(),
+    );
+    headers.insert(
+        "x-ratelimit-reset-requests",
+        format!("{}ms", reset.as_millis().max(1)).parse().unwrap(),
+    );
+    response
+}
+
+/// The limited endpoint's reply to one of the tree's requests (see [`Rate`]).
+fn tree_reply(request: &serde_json::Value) -> serde_json::Value {
+    let messages = request["messages"].as_array().cloned().unwrap_or_default();
+    let system = messages
+        .iter()
+        .find(|m| m["role"] == "system")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("");
+    let results = messages.iter().filter(|m| m["role"] == "tool").count();
+    let call = |name: &str, id: String, input: serde_json::Value| {
+        json!({"role": "assistant", "content": "", "tool_calls": [{
+            "id": id, "type": "function",
+            "function": {"name": name, "arguments": input.to_string()}
+        }]})
+    };
+    let message = match system.split_whitespace().collect::<Vec<_>>()[..] {
+        ["spawn", agent_type, count] if results == 0 => {
+            let agents: Vec<_> = (0..count.parse().unwrap())
+                .map(|i: usize| json!({"agent_type": agent_type, "prompt": format!("part {i}")}))
+                .collect();
+            call(
+                "spawn_agents",
+                "call_spawn".into(),
+                json!({"agents": agents}),
+            )
+        }
+        ["work", steps] if results + 1 < steps.parse().unwrap() => {
+            call("echo", format!("call_{results}"), json!({"n": results}))
+        }
+        _ => json!({"role": "assistant", "content": "done"}),
+    };
+    json!({
+        "id": "chatcmpl-tree", "object": "chat.completion", "model": request["model"],
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    })
+}
+
+/// What one swarm tree cost the endpoint.
 #[derive(Debug)]
 struct Swarm {
     sent: usize,
     wasted: usize,
+    /// Requests that arrived inside a window the endpoint had announced
+    /// (more than [`ANNOUNCED_LATE`] after its 429 went out).
+    inside: Vec<Duration>,
     elapsed: Duration,
 }
 
-/// A swarm of `workers` concurrent agents on one model, each making `each`
-/// requests one after the other, against an endpoint that serves `quota`
-/// requests per (fixed, one-second) window and answers the rest with 429 and
-/// `Retry-After: 1`; every reply carries OpenAI's `x-ratelimit-remaining-requests`
-/// and `x-ratelimit-reset-requests`, as OpenAI's do.
-async fn swarm(workers: usize, each: usize, quota: usize, shared_cooldown: bool) -> Swarm {
-    /// Requests by fixed one-second window since the server started.
-    struct Windows {
-        start: Instant,
-        quota: usize,
-        state: Mutex<Counts>,
-    }
-    #[derive(Default)]
-    struct Counts {
-        window: u64,
-        served_in_window: usize,
-        sent: usize,
-        wasted: usize,
-    }
-    struct Endpoint(Arc<Windows>);
-    impl Respond for Endpoint {
-        fn respond(&self, _: &Request) -> ResponseTemplate {
-            let windows = &self.0;
-            let elapsed = windows.start.elapsed();
-            let window = elapsed.as_secs();
-            let reset = Duration::from_secs(window + 1) - elapsed;
-            let mut counts = windows.state.lock().unwrap();
-            if counts.window != window {
-                counts.window = window;
-                counts.served_in_window = 0;
-            }
-            counts.sent += 1;
-            let served = counts.served_in_window < windows.quota;
-            if served {
-                counts.served_in_window += 1;
-            } else {
-                counts.wasted += 1;
-            }
-            let remaining = windows.quota - counts.served_in_window;
-            let reply = if served {
-                sse(wire::text_stream(ProviderKind::OpenAi, "ok"))
-            } else {
-                ResponseTemplate::new(429)
-                    .insert_header("retry-after", "1")
-                    .set_body_json(wire::error_json(ProviderKind::OpenAi, "Rate limit reached"))
-            };
-            reply
-                .insert_header("x-ratelimit-remaining-requests", remaining.to_string())
-                .insert_header(
-                    "x-ratelimit-reset-requests",
-                    format!("{}ms", reset.as_millis().max(1)),
-                )
-                .set_delay(Duration::from_millis(50))
-        }
-    }
-    let server = MockServer::start().await;
-    let windows = Arc::new(Windows {
+/// How long after its 429 went out a request may still arrive inside the
+/// announced window without the client having ignored it: it was already
+/// on its way, or past the gate, before the 429 reached the client (loopback
+/// and a loaded test machine: a generous bound against windows of 300 ms
+/// and more). Both times are the mock's clock.
+const ANNOUNCED_LATE: Duration = Duration::from_millis(100);
+
+/// A tree on one OpenAI model against the [`Rate`]-limited endpoint: a
+/// lead whose first step spawns `children` workers, each of them making
+/// `each` requests (calling `echo` in between), then the lead's answer.
+/// With the model as built (its endpoint's shared cooldown) or
+/// `without_cooldown()`. Every agent completes.
+async fn swarm(children: usize, each: usize, rate: Rate, shared_cooldown: bool) -> Swarm {
+    use arbor::actors::{AgentStatus, AgentTemplate, EventKind};
+    use arbor::supervisor::{StartRequest, Supervisor, TreeLimits};
+
+    let limited = Arc::new(Limited {
         start: Instant::now(),
-        quota,
-        state: Mutex::default(),
+        rate,
+        seen: Mutex::default(),
     });
-    Mock::given(method("POST"))
-        .respond_with(Endpoint(windows.clone()))
-        .mount(&server)
-        .await;
-    let mut settings: ProviderSettings = support::settings(ProviderKind::OpenAi, &server.uri());
+    let app = axum::Router::new()
+        .route(
+            support::path(ProviderKind::OpenAi),
+            axum::routing::post(limited_chat),
+        )
+        .with_state(limited.clone());
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .unwrap();
+    let uri = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let mut settings: ProviderSettings = support::settings(ProviderKind::OpenAi, &uri);
+    settings.stream = false;
     settings.retry.max_retries = 100;
-    let model = HttpModel::new("swarm", settings).unwrap();
-    let model = Arc::new(if shared_cooldown {
+    let model = HttpModel::new("m", settings).unwrap();
+    let model = if shared_cooldown {
         model
     } else {
         model.without_cooldown()
-    });
+    };
+    let lead = AgentTemplate::new("lead", "m")
+        .system_prompt(&format!("spawn worker {children}"))
+        .spawns(&["worker"])
+        .max_steps(4);
+    let worker = arbor_test_support::with_echo(
+        AgentTemplate::new("worker", "m").system_prompt(&format!("work {each}")),
+    )
+    .max_steps(each as u32 + 1);
+    let catalog = arbor_test_support::catalog(
+        vec![("m", Arc::new(model) as Arc<dyn Model>)],
+        vec![lead, worker],
+        vec![arbor_test_support::echo()],
+    );
+    let supervisor = Supervisor::new(catalog, TreeLimits::default());
+    let start = StartRequest {
+        agent: "lead".into(),
+        prompt: "go".into(),
+        ..StartRequest::default()
+    };
     let started = Instant::now();
-    let tasks: Vec<_> = (0..workers)
-        .map(|_| {
-            let model = model.clone();
-            tokio::spawn(async move {
-                for _ in 0..each {
-                    let (sink, _) = collector();
-                    model.complete(request(false), sink).await.unwrap();
-                }
+    let (result, events) =
+        arbor_test_support::run_request(&supervisor, start, support::GUARD).await;
+    let elapsed = started.elapsed();
+    server.abort();
+
+    assert_eq!(
+        result.state.status,
+        AgentStatus::Completed,
+        "{:?}",
+        result.state.error_message()
+    );
+    let children_done: Vec<_> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ChildFinished { status, .. } => Some(*status),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        children_done,
+        vec![AgentStatus::Completed; children],
+        "every child completes"
+    );
+    let seen = limited.seen.lock().unwrap();
+    let served = seen.arrivals.len() - seen.wasted;
+    assert_eq!(served, 2 + children * each, "every request served once");
+    let inside = seen
+        .arrivals
+        .iter()
+        .filter_map(|at| {
+            seen.announced.iter().find_map(|(from, wait)| {
+                let after = at.checked_duration_since(*from)?;
+                (after > ANNOUNCED_LATE && after < *wait).then_some(after)
             })
         })
         .collect();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    let elapsed = started.elapsed();
-    let counts = windows.state.lock().unwrap();
-    assert_eq!(
-        counts.sent - counts.wasted,
-        workers * each,
-        "every request was served once"
-    );
     Swarm {
-        sent: counts.sent,
-        wasted: counts.wasted,
+        sent: seen.arrivals.len(),
+        wasted: seen.wasted,
+        inside,
         elapsed,
     }
 }
 
-/// BENCHMARKS.md "Shared cooldown": 20 agents × 3 requests on one model
-/// against a 10 requests/s endpoint, with the shared cooldown and without.
+/// Acceptance 3 of issue 15, kept short: a lead spawns 20 workers, each
+/// making 2 requests, on one model against an endpoint serving 8 requests
+/// per 300 ms and answering the rest 429 with `retry-after-ms: 300`. Every
+/// agent completes, and no request reaches the endpoint inside a window it
+/// announced (past [`ANNOUNCED_LATE`]): the 429 of one child holds back its
+/// siblings, their next steps and the retries alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "a measurement (about 15 s): --ignored --nocapture"]
+async fn a_swarm_tree_sends_nothing_inside_a_retry_after_window() {
+    let rate = Rate {
+        quota: 8,
+        window: Duration::from_millis(300),
+        retry_after: Duration::from_millis(300),
+        hold: Duration::from_millis(10),
+    };
+    let run = swarm(20, 2, rate, true).await;
+    assert!(run.wasted > 0, "the endpoint never refused: {run:?}");
+    assert!(
+        run.inside.is_empty(),
+        "{} requests arrived inside an announced window, at {:?} into it",
+        run.inside.len(),
+        run.inside
+    );
+}
+
+/// BENCHMARKS.md "Shared cooldown": the tree of the test above at the
+/// scale of the earlier measurement (20 workers x 3 requests, 10 requests
+/// per one-second window, `Retry-After: 1`, 50 ms replies), with the shared
+/// cooldown and without it, `RUNS` times each, alternated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a measurement (about a minute): --ignored --nocapture"]
 async fn measure_the_shared_cooldown_on_a_swarm() {
-    let (workers, each, quota) = (20, 3, 10);
-    let with = swarm(workers, each, quota, true).await;
-    let without = swarm(workers, each, quota, false).await;
+    const RUNS: usize = 3;
+    let (children, each) = (20, 3);
+    let rate = Rate {
+        quota: 10,
+        window: Duration::from_secs(1),
+        retry_after: Duration::from_secs(1),
+        hold: Duration::from_millis(50),
+    };
     println!(
-        "{workers} agents x {each} requests, {quota} requests/s, 429 with Retry-After: 1 beyond it"
+        "a lead spawning {children} workers x {each} requests (+2 of the lead), {} requests/s, \
+         429 with Retry-After: 1 beyond it",
+        rate.quota
     );
-    println!("| | sent | wasted (429) | time |");
-    println!("|---|---|---|---|");
-    for (name, run) in [("shared cooldown", &with), ("no cooldown", &without)] {
-        println!(
-            "| {name} | {} | {} | {:.1} s |",
-            run.sent,
-            run.wasted,
-            run.elapsed.as_secs_f64()
-        );
+    println!("| run | cooldown | sent | wasted (429) | inside a window | time |");
+    println!("|---|---|---|---|---|---|");
+    for run in 1..=RUNS {
+        for shared_cooldown in [true, false] {
+            let swarm = swarm(children, each, rate, shared_cooldown).await;
+            println!(
+                "| {run} | {} | {} | {} | {} | {:.1} s |",
+                if shared_cooldown { "shared" } else { "none" },
+                swarm.sent,
+                swarm.wasted,
+                swarm.inside.len(),
+                swarm.elapsed.as_secs_f64()
+            );
+            if shared_cooldown {
+                assert!(swarm.inside.is_empty(), "{swarm:?}");
+            }
+        }
     }
-    println!(
-        "wasted: {:.1}x fewer with the shared cooldown; sent: {:.2}x fewer",
-        without.wasted as f64 / with.wasted.max(1) as f64,
-        without.sent as f64 / with.sent as f64
-    );
 }
