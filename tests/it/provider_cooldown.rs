@@ -843,3 +843,59 @@ async fn measure_the_shared_cooldown_on_a_swarm() {
         }
     }
 }
+
+/// Two `[models.*]` entries on one endpoint and key share one limiter, the
+/// tighter budget winning: a lead on `a` (`max_concurrent = 2`) spawns 12
+/// workers on `b` (`max_concurrent = 6`), and the server never has more
+/// than 2 requests in flight (6 if each entry had a budget of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_entries_on_one_key_share_the_tighter_max_concurrent() {
+    use arbor::actors::AgentStatus;
+    use arbor::supervisor::{StartRequest, Supervisor};
+
+    let server = support::FakeOpenAi::start(Duration::from_millis(20), None).await;
+    let text = format!(
+        r#"
+[limits]
+max_children_per_call = 12
+
+[models.a]
+provider = "openai"
+base_url = "{url}"
+model = "test"
+stream = false
+limits = {{ max_concurrent = 2 }}
+
+[models.b]
+provider = "openai"
+base_url = "{url}/"
+model = "another"
+stream = false
+limits = {{ max_concurrent = 6, requests_per_minute = 10000 }}
+
+[agents.lead]
+model = "a"
+system_prompt = "spawn worker 12"
+spawnable_agents = ["worker"]
+max_steps = 4
+
+[agents.worker]
+model = "b"
+system_prompt = "answer briefly"
+max_steps = 2
+"#,
+        url = server.base_url
+    );
+    let config = arbor::Config::parse(&text, "shared.toml", std::path::PathBuf::new()).unwrap();
+    let supervisor = Supervisor::new(config.catalog().unwrap(), config.limits.clone());
+    let start = StartRequest {
+        agent: "lead".into(),
+        prompt: "go".into(),
+        ..StartRequest::default()
+    };
+    let (result, _) = arbor_test_support::run_request(&supervisor, start, support::GUARD).await;
+    assert_eq!(result.state.status, AgentStatus::Completed);
+    assert_eq!(server.requests(), 2 + 12);
+    let max = server.max_in_flight();
+    assert_eq!(max, 2, "{max} requests were in flight at once");
+}
