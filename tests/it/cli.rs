@@ -259,6 +259,138 @@ fn every_argument_and_option_of_every_command_has_help() {
     assert!(missing.is_empty(), "no help text:\n{}", missing.join("\n"));
 }
 
+/// The sections of an `arbor … --help` text: the first word of every line
+/// under `Commands:` and every long flag under `Options:`.
+fn help_commands_and_flags(path: &[&str]) -> (Vec<String>, Vec<String>) {
+    let mut args = path.to_vec();
+    args.push("--help");
+    let out = arbor(&args);
+    assert!(out.status.success(), "{path:?}: {}", text(&out.stderr));
+    let (mut commands, mut flags) = (Vec::new(), Vec::new());
+    let mut section = "";
+    for line in text(&out.stdout).lines() {
+        if !line.starts_with(' ') {
+            section = line;
+            continue;
+        }
+        let item = line.trim_start();
+        // A wrapped help text is indented further than an item.
+        if line.len() - item.len() > 6 {
+            continue;
+        }
+        match section {
+            "Commands:" => commands.extend(
+                item.split_whitespace()
+                    .next()
+                    .filter(|c| *c != "help")
+                    .map(str::to_owned),
+            ),
+            "Options:" => flags.extend(
+                item.split(|c: char| c.is_whitespace() || c == ',')
+                    .find(|w| w.starts_with("--"))
+                    .filter(|f| *f != "--help" && *f != "--version")
+                    .map(str::to_owned),
+            ),
+            _ => {}
+        }
+    }
+    (commands, flags)
+}
+
+/// Every command `arbor --help` leads to (a command with subcommands, like
+/// `store`, by its subcommands: `store copy`), with its long flags.
+fn every_command_and_its_flags() -> Vec<(String, Vec<String>)> {
+    let mut found = Vec::new();
+    let mut todo: Vec<Vec<String>> = help_commands_and_flags(&[])
+        .0
+        .into_iter()
+        .map(|c| vec![c])
+        .collect();
+    while let Some(path) = todo.pop() {
+        let words: Vec<&str> = path.iter().map(String::as_str).collect();
+        let (subcommands, flags) = help_commands_and_flags(&words);
+        if subcommands.is_empty() {
+            found.push((path.join(" "), flags));
+        }
+        todo.extend(subcommands.into_iter().map(|s| {
+            let mut deeper = path.clone();
+            deeper.push(s);
+            deeper
+        }));
+    }
+    found.sort();
+    found
+}
+
+/// README's command table: each row's command (the words after `arbor` up to
+/// the first option or argument) and the long flags its synopsis shows.
+fn readme_command_table() -> Vec<(String, Vec<String>)> {
+    let readme =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+            .unwrap();
+    readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `arbor "))
+        .map(|row| {
+            let synopsis = row.split('`').next().unwrap();
+            let command = synopsis
+                .split_whitespace()
+                .take_while(|w| w.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+                .take_while(|w| !w.starts_with('-'))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let flags = synopsis
+                .match_indices("--")
+                .map(|(at, _)| {
+                    let name = synopsis[at + 2..]
+                        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                        .next()
+                        .unwrap();
+                    format!("--{name}")
+                })
+                .collect();
+            (command, flags)
+        })
+        .collect()
+}
+
+#[test]
+fn readmes_command_table_lists_every_command_and_flag() {
+    let table = readme_command_table();
+    let commands = every_command_and_its_flags();
+    assert!(
+        commands.iter().any(|(c, _)| c == "store copy"),
+        "subcommands are walked: {commands:?}"
+    );
+    let mut wrong = Vec::new();
+    for (command, flags) in &commands {
+        let Some((_, documented)) = table.iter().find(|(c, _)| c == command) else {
+            wrong.push(format!("`arbor {command}` has no row"));
+            continue;
+        };
+        for flag in flags.iter().filter(|f| !documented.contains(f)) {
+            wrong.push(format!("`arbor {command}`: {flag} is not in its row"));
+        }
+        for flag in documented.iter().filter(|f| !flags.contains(f)) {
+            wrong.push(format!(
+                "`arbor {command}`: its row shows {flag}, which --help does not have"
+            ));
+        }
+    }
+    for (command, _) in &table {
+        if !commands.iter().any(|(c, _)| c == command) {
+            wrong.push(format!(
+                "README's row `arbor {command}` is no command of `arbor --help`"
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "README.md's command table and --help disagree:\n{}",
+        wrong.join("\n")
+    );
+}
+
 #[test]
 fn show_given_a_tree_id_says_it_is_a_tree_and_how_to_name_a_run() {
     let dir = tempfile::tempdir().unwrap();
