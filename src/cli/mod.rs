@@ -174,11 +174,40 @@ fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// Whether to colour what goes to `stream`: a terminal, and `NO_COLOR` unset
 /// or empty (no-color.org).
 pub(crate) fn colour(stream: &impl std::io::IsTerminal) -> bool {
-    stream.is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+    colour_for(
+        stream.is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    )
+}
+
+/// [`colour`]'s decision: a terminal, and `no_color` (the `NO_COLOR`
+/// variable) unset or empty.
+fn colour_for(is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// RUST_LOG, else `default`.
 pub(crate) fn log_filter(default: &str) -> tracing_subscriber::EnvFilter {
     tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use super::colour_for;
+
+    #[test]
+    fn a_terminal_gets_colour_unless_no_color_is_set_and_not_empty() {
+        // A terminal: colour, unless NO_COLOR has a value (any, even "0").
+        assert!(colour_for(true, None));
+        assert!(colour_for(true, Some(OsStr::new(""))));
+        assert!(!colour_for(true, Some(OsStr::new("1"))));
+        assert!(!colour_for(true, Some(OsStr::new("0"))));
+        // Not a terminal (a pipe, a file): never colour.
+        assert!(!colour_for(false, None));
+        assert!(!colour_for(false, Some(OsStr::new(""))));
+        assert!(!colour_for(false, Some(OsStr::new("1"))));
+    }
 }
