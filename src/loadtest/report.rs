@@ -15,8 +15,20 @@ use super::collect::{Collector, Measured, TokenFigures};
 pub fn human_us(us: u64) -> String {
     match us {
         0..1_000 => format!("{us} µs"),
-        1_000..1_000_000 => format!("{:.1} ms", us as f64 / 1e3),
-        _ => format!("{:.2} s", us as f64 / 1e6),
+        _ => human_us_f64(us as f64),
+    }
+}
+
+/// A fraction of microseconds (a per-agent figure) in the unit that reads
+/// best, as [`human_us`] (`4.74 µs`, `10.4 ms`, `4.20 s`): under a
+/// millisecond with two decimals, since per-agent figures are a few µs.
+pub fn human_us_f64(us: f64) -> String {
+    if us.is_nan() || us < 1e3 {
+        format!("{us:.2} µs")
+    } else if us < 1e6 {
+        format!("{:.1} ms", us / 1e3)
+    } else {
+        format!("{:.2} s", us / 1e6)
     }
 }
 
@@ -166,12 +178,13 @@ impl LoadReport {
         );
         row("wall time", format!("{:.3} s", self.wall_secs));
         row("agents/s", format!("{:.0}", self.agents_per_sec));
-        row("per agent", format!("{:.2} µs", self.us_per_agent));
+        row("per agent", human_us_f64(self.us_per_agent));
         row(
             "CPU",
             format!(
-                "{:.3} s ({:.2} µs per agent)",
-                self.cpu_secs, self.cpu_us_per_agent
+                "{:.3} s ({} per agent)",
+                self.cpu_secs,
+                human_us_f64(self.cpu_us_per_agent)
             ),
         );
         let p = &self.measured.spawn_to_reply_us;
@@ -318,12 +331,13 @@ impl BaselineReport {
         row("baseline", format!("{} ({})", self.kind, self.kind.label()));
         row("nodes", self.nodes.to_string());
         row("wall time", format!("{:.3} s", self.wall_secs));
-        row("per agent", format!("{:.2} µs", self.us_per_agent));
+        row("per agent", human_us_f64(self.us_per_agent));
         row(
             "CPU",
             format!(
-                "{:.3} s ({:.2} µs per agent)",
-                self.cpu_secs, self.cpu_us_per_agent
+                "{:.3} s ({} per agent)",
+                self.cpu_secs,
+                human_us_f64(self.cpu_us_per_agent)
             ),
         );
         row("alive (max)", self.alive_max.to_string());
@@ -346,12 +360,23 @@ impl BaselineReport {
     pub fn ratio_row(&self, arbor: (f64, f64)) -> String {
         let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
         format!(
-            "  {:<28} {:.2} µs wall, {:.2} µs CPU per agent (Arbor/it: {:.2}× wall, {:.2}× CPU)\n",
+            "  {:<28} {} wall, {} CPU per agent (Arbor/it: {:.2}× wall, {:.2}× CPU)\n",
             self.kind.label(),
-            self.us_per_agent,
-            self.cpu_us_per_agent,
+            human_us_f64(self.us_per_agent),
+            human_us_f64(self.cpu_us_per_agent),
             ratio(arbor.0, self.us_per_agent),
             ratio(arbor.1, self.cpu_us_per_agent),
+        )
+    }
+
+    /// Arbor's row above the baselines' [`ratio_row`](Self::ratio_row)s:
+    /// its best wall and CPU time per agent (µs) over `runs` runs.
+    pub fn arbor_row(arbor: (f64, f64), runs: usize) -> String {
+        format!(
+            "  {:<28} {} wall, {} CPU per agent (best of {runs})\n",
+            "Arbor",
+            human_us_f64(arbor.0),
+            human_us_f64(arbor.1),
         )
     }
 }
@@ -501,7 +526,7 @@ pub(super) fn store_bytes(path: &std::path::Path) -> u64 {
 #[cfg(test)]
 mod unit_tests {
     use super::super::collect::Answers;
-    use super::{TokenFigures, human_us, tokens_per_sec};
+    use super::{TokenFigures, human_us, human_us_f64, tokens_per_sec};
 
     #[test]
     fn estimated_token_rates_say_so_and_how_many_replies_were_estimated() {
@@ -540,5 +565,56 @@ mod unit_tests {
         assert_eq!(human_us(850), "850 µs");
         assert_eq!(human_us(12_345), "12.3 ms");
         assert_eq!(human_us(4_200_000), "4.20 s");
+    }
+
+    /// Defect 24: the per-agent rows printed raw µs (`10397.32 µs`,
+    /// `8700.67 µs per agent`); they read in the percentiles' units now, a
+    /// few µs keeping their decimals.
+    #[test]
+    fn per_agent_figures_read_in_human_units() {
+        assert_eq!(human_us_f64(4.744), "4.74 µs");
+        assert_eq!(human_us_f64(0.0), "0.00 µs");
+        assert_eq!(human_us_f64(10_397.32), "10.4 ms");
+        assert_eq!(human_us_f64(8_700.67), "8.7 ms");
+        assert_eq!(human_us_f64(4_200_000.0), "4.20 s");
+        assert_eq!(human_us_f64(f64::NAN), "NaN µs");
+    }
+
+    #[test]
+    fn the_per_agent_rows_of_a_report_and_a_baseline_use_human_units() {
+        use super::super::bare::{BareKind, BareRun};
+        use super::BaselineReport;
+        use std::time::Duration;
+        let run = BareRun {
+            nodes: 1000,
+            alive_max: 1000,
+        };
+        // 10.4 s of wall and 8.7 s of CPU over 1000 nodes.
+        let bare = BaselineReport::new(
+            BareKind::Shared,
+            run,
+            (
+                Duration::from_micros(10_397_320),
+                Duration::from_micros(8_700_670),
+            ),
+            None,
+        );
+        let table = bare.table();
+        assert!(
+            table.contains("per agent                    10.4 ms\n"),
+            "{table}"
+        );
+        assert!(table.contains("(8.7 ms per agent)"), "{table}");
+        assert!(!table.contains(" µs"), "{table}");
+        let row = bare.ratio_row((20_794.64, 8_700.67));
+        assert!(
+            row.contains("10.4 ms wall, 8.7 ms CPU per agent (Arbor/it: 2.00× wall, 1.00× CPU)"),
+            "{row}"
+        );
+        let arbor = BaselineReport::arbor_row((4.744, 3.2), 3);
+        assert!(
+            arbor.contains("4.74 µs wall, 3.20 µs CPU per agent (best of 3)"),
+            "{arbor}"
+        );
     }
 }
