@@ -352,28 +352,32 @@ pub(crate) struct StoreArgs {
 
 #[derive(clap::Args)]
 pub(crate) struct LoadtestArgs {
-    /// Children per agent.
+    /// Children per agent (0 to 10000; the whole tree at most 100000000
+    /// agents).
     #[arg(long, default_value_t = 10)]
     pub(crate) fanout: usize,
-    /// Levels below the root.
+    /// Levels below the root (0 to 100).
     #[arg(long, default_value_t = 4)]
     pub(crate) depth: usize,
-    /// Children per level instead, e.g. 10,10,5 (overrides --fanout/--depth).
+    /// Children per level instead, e.g. 10,10,5 (overrides --fanout/--depth;
+    /// at most 100 levels of 0 to 10000).
     #[arg(long, value_delimiter = ',')]
     pub(crate) shape: Option<Vec<usize>>,
-    /// Messages of history the root starts with; every agent inherits them.
+    /// Messages of history the root starts with; every agent inherits them
+    /// (0 to 100000; with --msg-bytes at most 100000000 bytes in all).
     #[arg(long, default_value_t = 0)]
     pub(crate) history: usize,
-    /// Bytes per inherited message.
+    /// Bytes per inherited message (0 to 10000000).
     #[arg(long, default_value_t = 200)]
     pub(crate) msg_bytes: usize,
-    /// Simulated model latency: 0, 50ms, lognormal:200ms,0.5.
+    /// Simulated model latency: 0, 50ms, lognormal:200ms,0.5 (at most 1h,
+    /// a sigma from 0 to 3).
     #[arg(long, default_value = "0")]
     pub(crate) latency: String,
-    /// Words per simulated reply.
+    /// Words per simulated reply (0 to 100000).
     #[arg(long, default_value_t = 20)]
     pub(crate) reply_tokens: usize,
-    /// Agents stepping at once (spawns wait for a slot).
+    /// Agents stepping at once (spawns wait for a slot; 1 to 1000000).
     #[arg(long)]
     pub(crate) max_live: Option<usize>,
     /// Drive this configured model with agent-shaped load instead.
@@ -382,7 +386,7 @@ pub(crate) struct LoadtestArgs {
     /// Config file for --model (default: ./config.toml if present, else the built-in one).
     #[arg(long, short)]
     pub(crate) config: Option<PathBuf>,
-    /// Run the tree this many times.
+    /// Run the tree this many times (1 to 1000).
     #[arg(long, default_value_t = 1)]
     pub(crate) repeat: usize,
     /// Write every figure as JSON.
@@ -397,7 +401,8 @@ pub(crate) struct LoadtestArgs {
     pub(crate) baseline: bool,
     /// Which bare tree --baseline runs (giving it implies --baseline): shared
     /// (actors sharing the history by reference, the default), none (no
-    /// history), copied (a deep copy per actor), tokio (tasks, no actors), all.
+    /// history), copied (a deep copy per actor: at most 4000000000 bytes of
+    /// copies), tokio (tasks, no actors), all.
     #[arg(long, value_enum)]
     pub(crate) baseline_kind: Option<super::loadtest::BaselineChoice>,
     /// Run only the baseline, not Arbor's tree: the process then measures the

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use arbor::config::StoreLocation;
-use arbor::loadtest::BareKind;
+use arbor::loadtest::{BareKind, LoadOptions};
 
 use super::args::LoadtestArgs;
 use super::{configured_model, load_config};
@@ -51,42 +51,92 @@ impl LoadtestArgs {
             None => Vec::new(),
         }
     }
-}
 
-/// The largest tree `arbor loadtest` runs (10⁸ agents; the 1.1 M tree of
-/// BENCHMARKS.md takes ~20 s).
-const MAX_LOADTEST_AGENTS: u64 = 100_000_000;
+    /// What the flags ask for, every one read in its range (its config key's
+    /// where it has one, through [`LoadOptions::problems`]); else each
+    /// problem, naming its flag (`--reply-tokens: … out of range …`).
+    fn options(&self) -> Result<LoadOptions, Vec<String>> {
+        use arbor::config::ranges::{DEPTH, FANOUT};
+        use arbor_actors::models::Latency;
+        let mut problems = Vec::new();
+        // --fanout and --depth first, as a config's `fanout` and `depth` are:
+        // the shape they make is only built from values in range.
+        let shape = match &self.shape {
+            Some(shape) if shape.is_empty() => {
+                problems.push("--shape: needs at least one level".to_owned());
+                Vec::new()
+            }
+            Some(shape) => shape.clone(),
+            None => {
+                for (flag, value, range) in [
+                    ("--fanout", self.fanout, FANOUT),
+                    ("--depth", self.depth, DEPTH),
+                ] {
+                    if let Some(why) = arbor_supervisor::out_of_range(value, range) {
+                        problems.push(format!("{flag}: {why}"));
+                    }
+                }
+                if problems.is_empty() {
+                    vec![self.fanout; self.depth]
+                } else {
+                    Vec::new()
+                }
+            }
+        };
+        let latency = Latency::parse(&self.latency)
+            .map_err(|e| problems.push(format!("--latency: {e}")))
+            .unwrap_or(Latency::Fixed(std::time::Duration::ZERO));
+        let options = LoadOptions {
+            shape,
+            history: self.history,
+            msg_bytes: self.msg_bytes,
+            latency,
+            reply_tokens: self.reply_tokens,
+            max_live: self.max_live,
+            model: None,
+            repeat: self.repeat,
+            store: None,
+        };
+        for (option, why) in options.problems() {
+            let flag = match option {
+                "shape" if self.shape.is_none() => "--fanout/--depth".to_owned(),
+                "max_live" => "--max-live".to_owned(),
+                option => format!("--{}", option.replace('_', "-")),
+            };
+            problems.push(format!("{flag}: {why}"));
+        }
+        problems.extend(
+            self.baseline_kinds()
+                .into_iter()
+                .filter_map(|kind| options.baseline_problem(kind))
+                .map(|why| format!("--baseline-kind {why}")),
+        );
+        if problems.is_empty() {
+            Ok(options)
+        } else {
+            Err(problems)
+        }
+    }
+}
 
 pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal;
     use std::sync::Arc;
 
-    use arbor::loadtest::{Collector, LoadOptions, run_baseline, run_once, write_plot};
-    use arbor_actors::models::Latency;
+    use arbor::loadtest::{
+        BaselineReport, Collector, PROGRESS_BAR, run_baseline, run_once, write_plot,
+    };
 
-    let shape = args
-        .shape
-        .clone()
-        .unwrap_or_else(|| vec![args.fanout; args.depth]);
-    anyhow::ensure!(
-        !shape.is_empty() || args.depth == 0,
-        "--shape needs at least one level"
-    );
-    anyhow::ensure!(args.repeat >= 1, "--repeat must be at least 1");
-    anyhow::ensure!(args.max_live != Some(0), "--max-live must be at least 1");
-    // The shape is checked against a bound before anything runs (a saturated
-    // count once passed, and memory grew without end).
-    let agents = shape.iter().try_fold((1u64, 1u64), |(level, total), &f| {
-        let level = level.checked_mul(f as u64)?;
-        Some((level, total.checked_add(level)?))
-    });
-    match agents {
-        Some((_, total)) if total <= MAX_LOADTEST_AGENTS => {}
-        _ => anyhow::bail!(
-            "a tree of shape {shape:?} has more than {MAX_LOADTEST_AGENTS} agents \
-             (the most a load test runs); use a smaller --fanout, --depth or --shape"
-        ),
-    }
+    // Every flag is checked before anything runs, as a usage error is.
+    let mut options = match args.options() {
+        Ok(options) => options,
+        Err(problems) => {
+            for problem in problems {
+                eprintln!("error: {problem}");
+            }
+            return Ok(ExitCode::from(2));
+        }
+    };
     // Output files are checked before the run, not after it.
     for (flag, path) in [("--json", &args.json), ("--plot", &args.plot)] {
         if let Some(path) = path {
@@ -94,7 +144,6 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("{flag}: cannot write {}", path.display()))?;
         }
     }
-    let latency = Latency::parse(&args.latency).map_err(|e| anyhow::anyhow!("--latency: {e}"))?;
     let model = match &args.model {
         None => None,
         Some(name) => {
@@ -104,21 +153,10 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
             Some(model)
         }
     };
-    let options = LoadOptions {
-        shape,
-        history: args.history,
-        msg_bytes: args.msg_bytes,
-        latency,
-        reply_tokens: args.reply_tokens,
-        max_live: args.max_live,
-        model,
-        repeat: args.repeat,
-        store: None,
-    };
+    options.model = model;
     // A temporary store unless one is named: the run pays for storing, the
     // user's own store is not filled with load-test trees.
     let scratch = tempfile_path();
-    let mut options = options;
     if !args.no_store && !args.baseline_only {
         options.store = Some(
             args.store
@@ -167,10 +205,8 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
         }
         let bar = indicatif::ProgressBar::new(total);
         bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} agents  {msg}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            indicatif::ProgressStyle::with_template(PROGRESS_BAR)
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         let tty = std::io::stderr().is_terminal();
         let mut last_line = std::time::Instant::now();
@@ -235,13 +271,7 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
             reports.iter().map(f).fold(f64::INFINITY, f64::min)
         };
         let arbor = (best(|r| r.us_per_agent), best(|r| r.cpu_us_per_agent));
-        outln!(
-            "  {:<28} {:.2} µs wall, {:.2} µs CPU per agent (best of {})",
-            "Arbor",
-            arbor.0,
-            arbor.1,
-            reports.len()
-        )?;
+        out!("{}", BaselineReport::arbor_row(arbor, reports.len()))?;
         for &kind in &kinds {
             let runs = baselines.iter().filter(|b| b.kind == kind);
             let Some(mut row) = runs.clone().next().cloned() else {

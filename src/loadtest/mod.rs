@@ -21,6 +21,34 @@ pub use collect::{Answers, Collector, Measured, Percentiles, TokenFigures};
 pub use report::{BaselineMemory, BaselineReport, LoadReport, cpu_time, write_plot};
 use shaped::ShapedModel;
 
+/// The documented range of each load-test option that no config key has
+/// (inclusive; `--help` states them). The others are read in their config
+/// keys' ranges: the shape and `reply_tokens` in a simulated model's
+/// ([`crate::config::ranges`]), `latency` in its grammar, `max_live` in
+/// `[limits] max_live_agents`'.
+pub mod ranges {
+    /// `history`: messages the root starts with.
+    pub const HISTORY: (usize, usize) = (0, 100_000);
+    /// `msg_bytes`: bytes per inherited message.
+    pub const MSG_BYTES: (usize, usize) = (0, 10_000_000);
+    /// The whole inherited history, `history × msg_bytes` bytes: built once
+    /// and shared by every agent, but written to the store and sent whole in
+    /// every request to an endpoint (100 MB; a 100 MB history takes ~0.7 GB
+    /// of RSS with the store).
+    pub const HISTORY_BYTES: u64 = 100_000_000;
+    /// `repeat`: trees run one after the other.
+    pub const REPEAT: (usize, usize) = (1, 1_000);
+    /// A `copied` bare tree's histories together, agents × history bytes:
+    /// every node holds a deep copy of its parent's, all alive at once.
+    pub const COPIED_HISTORY_BYTES: u64 = 4_000_000_000;
+}
+
+/// The progress bar's layout on a terminal (an `indicatif` template): the
+/// time so far, the bar, the agents done of all and the message (agents live,
+/// agents per second). No ETA: a tree's rate changes as it goes (one said 42
+/// minutes for a run of 6.5 s).
+pub const PROGRESS_BAR: &str = "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} agents  {msg}";
+
 /// What to run.
 #[derive(Clone)]
 pub struct LoadOptions {
@@ -75,6 +103,98 @@ impl LoadOptions {
             ..SimulatedConfig::default()
         }
         .agents()
+    }
+
+    /// Each option outside its range, as `(option, problem)` with the
+    /// option's field name (`reply_tokens`, `shape`, `max_live`); empty when
+    /// the run can go. A load test checks these before anything runs: a
+    /// `reply_tokens` of 2³² once ran for minutes and took 23 GB. The ranges
+    /// are the config's where a config key says the same, checked by the same
+    /// helper ([`arbor_supervisor::out_of_range`]) in the same words.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        use crate::config::ranges::{DEPTH, FANOUT, REPLY_TOKENS, SIMULATED_AGENTS};
+        use arbor_supervisor::out_of_range;
+        let mut out = Vec::new();
+        if self.shape.len() > DEPTH.1 {
+            let why = format!("has {} levels: at most {}", self.shape.len(), DEPTH.1);
+            out.push(("shape", why));
+        }
+        if let Some(&wide) = self.shape.iter().find(|&&f| f > FANOUT.1) {
+            let why = format!("a level of {wide} children: at most {}", FANOUT.1);
+            out.push(("shape", why));
+        }
+        let agents = self.agents();
+        if agents > SIMULATED_AGENTS {
+            let agents = if agents == u64::MAX {
+                "over 2^64".to_owned()
+            } else {
+                agents.to_string()
+            };
+            out.push((
+                "shape",
+                format!("makes a tree of {agents} agents: at most {SIMULATED_AGENTS}"),
+            ));
+        }
+        let mut check = |option, value, range| {
+            if let Some(why) = out_of_range(value, range) {
+                out.push((option, why));
+            }
+        };
+        check("reply_tokens", self.reply_tokens, REPLY_TOKENS);
+        check("history", self.history, ranges::HISTORY);
+        check("msg_bytes", self.msg_bytes, ranges::MSG_BYTES);
+        check("repeat", self.repeat, ranges::REPEAT);
+        let bytes = self.history_bytes();
+        let each_in_range =
+            self.history <= ranges::HISTORY.1 && self.msg_bytes <= ranges::MSG_BYTES.1;
+        if each_in_range && bytes > ranges::HISTORY_BYTES {
+            out.push((
+                "history",
+                format!(
+                    "{} messages of {} bytes make a {bytes}-byte history: at most {} \
+                     (fewer or smaller messages)",
+                    self.history,
+                    self.msg_bytes,
+                    ranges::HISTORY_BYTES
+                ),
+            ));
+        }
+        if let Some(n) = self.max_live {
+            // Read as a config's `[limits] max_live_agents` is: its range (zero
+            // included, which a `NonZeroUsize` cannot hold) in its words.
+            let limits =
+                TreeLimits::deserialize_config(serde_json::json!({ "max_live_agents": n }));
+            let why = match limits {
+                Err(e) => Some(e.to_string()),
+                Ok(limits) => limits.problems().into_iter().next().map(|(_, why)| why),
+            };
+            if let Some(why) = why {
+                out.push(("max_live", why));
+            }
+        }
+        out
+    }
+
+    /// The problem of running the bare tree `kind` beside this run, if it
+    /// would hold too much: a `copied` tree deep-copies the history into
+    /// every node ([`ranges::COPIED_HISTORY_BYTES`]).
+    pub fn baseline_problem(&self, kind: BareKind) -> Option<String> {
+        let bytes = self.history_bytes().saturating_mul(self.agents());
+        (kind == BareKind::Copied && bytes > ranges::COPIED_HISTORY_BYTES).then(|| {
+            format!(
+                "copied: {} agents each copying a {}-byte history hold {bytes} bytes: at most {} \
+                 (a smaller tree or history, or another kind)",
+                self.agents(),
+                self.history_bytes(),
+                ranges::COPIED_HISTORY_BYTES
+            )
+        })
+    }
+
+    /// The bytes of the root's history (`history × msg_bytes`, every message
+    /// at least one byte), saturating.
+    fn history_bytes(&self) -> u64 {
+        (self.history as u64).saturating_mul(self.msg_bytes.max(1) as u64)
     }
 
     fn simulated(&self) -> SimulatedModel {
@@ -223,4 +343,69 @@ pub async fn run_baseline(
     let wall = start.elapsed();
     let cpu = cpu_time().unwrap_or_default().saturating_sub(cpu_start);
     BaselineReport::new(kind, run, (wall, cpu), rss_before)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BareKind, LoadOptions, PROGRESS_BAR};
+
+    /// The options of `arbor loadtest` are checked in their config keys'
+    /// ranges: each problem names its option.
+    #[test]
+    fn loadtest_options_beyond_their_ranges_are_each_named() {
+        let problems = |o: LoadOptions| -> Vec<&'static str> {
+            o.problems().into_iter().map(|(option, _)| option).collect()
+        };
+        assert!(problems(LoadOptions::default()).is_empty());
+        let huge = LoadOptions {
+            reply_tokens: 1 << 32,
+            history: 100,
+            msg_bytes: 10_000_000,
+            repeat: 0,
+            max_live: Some(0),
+            shape: vec![10_001; 101],
+            ..LoadOptions::default()
+        };
+        assert_eq!(
+            problems(huge),
+            [
+                "shape",
+                "shape",
+                "shape",
+                "reply_tokens",
+                "repeat",
+                "history",
+                "max_live"
+            ]
+        );
+        let fine = LoadOptions {
+            history: 100,
+            msg_bytes: 1_000_000,
+            max_live: Some(1_000_000),
+            repeat: 1000,
+            reply_tokens: 100_000,
+            shape: vec![10_000, 9_000],
+            ..LoadOptions::default()
+        };
+        assert!(problems(fine.clone()).is_empty(), "{:?}", fine.problems());
+        // A copied bare tree holds a history per node: 100 MB × 90,010,001.
+        assert!(fine.baseline_problem(BareKind::Copied).is_some());
+        assert!(fine.baseline_problem(BareKind::Shared).is_none());
+        assert!(
+            LoadOptions::default()
+                .baseline_problem(BareKind::Copied)
+                .is_none()
+        );
+    }
+
+    /// Defect 24: the terminal's progress bar has no ETA (one read 42
+    /// minutes for a run of 6.5 s).
+    #[test]
+    fn the_loadtest_progress_bar_shows_no_eta() {
+        assert!(
+            !PROGRESS_BAR.to_lowercase().contains("eta"),
+            "{PROGRESS_BAR}"
+        );
+        assert!(indicatif::ProgressStyle::with_template(PROGRESS_BAR).is_ok());
+    }
 }

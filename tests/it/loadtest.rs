@@ -36,6 +36,14 @@ fn table_rows(stdout: &str) -> HashMap<String, String> {
         .collect()
 }
 
+/// Whether `v` is a time in human units: under 1000 of µs, ms or s.
+fn human(v: &str) -> bool {
+    let Some((number, unit)) = v.split_once(' ') else {
+        return false;
+    };
+    ["µs", "ms", "s"].contains(&unit) && number.parse::<f64>().is_ok_and(|n| n < 1000.0)
+}
+
 const ROWS: &[&str] = &[
     "agents",
     "wall time",
@@ -114,13 +122,15 @@ fn loadtest_f10_d4_prints_the_table_and_progress_and_writes_json_and_svg() {
         .filter(|k| k.contains('_'))
         .collect();
     assert!(snake.is_empty(), "snake_case keys: {snake:?}");
-    // Percentiles read in human units, not raw microseconds.
+    // Percentiles and per-agent figures read in human units, not raw
+    // microseconds (`10397.32 µs`).
     assert!(
-        rows["spawn→reply p50/p90/p99/max"]
-            .split(" / ")
-            .all(|v| v.ends_with(" µs") || v.ends_with(" ms") || v.ends_with(" s")),
+        rows["spawn→reply p50/p90/p99/max"].split(" / ").all(human),
         "{stdout}"
     );
+    assert!(human(&rows["per agent"]), "{stdout}");
+    let cpu = rows["CPU"].split_once(" (").unwrap().1;
+    assert!(human(cpu.strip_suffix(" per agent)").unwrap()), "{stdout}");
 
     let svg = std::fs::read_to_string(dir.path().join("out.svg")).unwrap();
     let doc = roxmltree::Document::parse(&svg).unwrap();
@@ -442,10 +452,12 @@ model = "fake"
 #[test]
 fn a_depth_of_a_hundred_is_refused_before_anything_runs() {
     let out = arbor(&["loadtest", "--depth", "100", "--no-store"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     let err = text(&out.stderr);
     assert!(
-        err.contains("has more than 100000000 agents (the most a load test runs)"),
+        err.contains(
+            "error: --fanout/--depth: makes a tree of over 2^64 agents: at most 100000000"
+        ),
         "{err}"
     );
     assert!(
@@ -484,6 +496,18 @@ fn an_unwritable_json_or_plot_path_is_refused_before_the_run() {
 
 #[test]
 fn ctrl_c_mid_run_removes_the_scratch_store() {
+    a_signal_mid_run_removes_the_scratch_store(nix::sys::signal::Signal::SIGINT, 130);
+}
+
+#[test]
+fn sigterm_mid_run_removes_the_scratch_store() {
+    a_signal_mid_run_removes_the_scratch_store(nix::sys::signal::Signal::SIGTERM, 143);
+}
+
+/// Defect 6: a load test stopped by `signal` mid-run (its tree waiting on a
+/// latency of an hour) exits with `code` and leaves neither its scratch store
+/// nor the store's `-wal` and `-shm` files behind.
+fn a_signal_mid_run_removes_the_scratch_store(signal: nix::sys::signal::Signal, code: i32) {
     let tmp = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_arbor"))
         .args([
@@ -502,27 +526,260 @@ fn ctrl_c_mid_run_removes_the_scratch_store() {
         .spawn()
         .unwrap();
     let scratch = tmp.path().join(format!("arbor-loadtest-{}.db", child.id()));
-    // Bounded: until the run has created its store.
+    let with = |suffix: &str| {
+        let mut p = scratch.clone().into_os_string();
+        p.push(suffix);
+        std::path::PathBuf::from(p)
+    };
+    // Bounded: until the run has created its store and written to its WAL
+    // (the tree's first events), so there is a -wal and a -shm to remove.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !scratch.exists() {
+    while !(scratch.exists() && with("-wal").exists() && with("-shm").exists()) {
         assert!(
             std::time::Instant::now() < deadline,
-            "no scratch store appeared"
+            "no scratch store with its -wal and -shm appeared: {:?}",
+            std::fs::read_dir(tmp.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect::<Vec<_>>()
         );
         std::thread::yield_now();
     }
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
     let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(130));
+    assert_eq!(status.code(), Some(code), "{signal}");
     let left: Vec<_> = std::fs::read_dir(tmp.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    assert!(left.is_empty(), "left behind: {left:?}");
+    assert!(left.is_empty(), "{signal}: left behind: {left:?}");
+}
+
+/// Defects 6 and 7: `--reply-tokens 4294967296 --fanout 1 --depth 1` ran for
+/// minutes and took 23 GB (the config's `reply_tokens` is capped, the flag was
+/// not). Every size and count flag is read in its config key's range (or its
+/// own documented one) and refused before anything runs: exit 2, the flag
+/// and its range named, no tree, no scratch store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loadtest_size_flags_beyond_their_ranges_are_refused_before_anything_runs() {
+    use arbor::config::ranges::{DEPTH, FANOUT, REPLY_TOKENS, SIMULATED_AGENTS};
+    use arbor::loadtest::ranges::{
+        COPIED_HISTORY_BYTES, HISTORY, HISTORY_BYTES, MSG_BYTES, REPEAT,
+    };
+
+    let over = |n: usize| (n + 1).to_string();
+    let wide_shape = format!("10,{}", over(FANOUT.1));
+    let deep_shape = vec!["1"; DEPTH.1 + 1].join(",");
+    let (history, msg_bytes) = (over(HISTORY.1), over(MSG_BYTES.1));
+    let (max_depth, max_fanout, max_reply) = (over(DEPTH.1), over(FANOUT.1), over(REPLY_TOKENS.1));
+    let repeat = over(REPEAT.1);
+    let range = |(min, max): (usize, usize)| format!("must be from {min} to {max}");
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        (
+            vec![
+                "--reply-tokens",
+                "4294967296",
+                "--fanout",
+                "1",
+                "--depth",
+                "1",
+            ],
+            format!(
+                "--reply-tokens: 4294967296 is out of range: {}",
+                range(REPLY_TOKENS)
+            ),
+        ),
+        (
+            vec!["--reply-tokens", &max_reply],
+            format!("--reply-tokens: {max_reply} is out of range"),
+        ),
+        (
+            vec!["--fanout", &max_fanout],
+            format!("--fanout: {max_fanout} is out of range: {}", range(FANOUT)),
+        ),
+        (
+            vec!["--depth", &max_depth],
+            format!("--depth: {max_depth} is out of range: {}", range(DEPTH)),
+        ),
+        // A depth that once was a vector of that many levels.
+        (
+            vec!["--depth", "18446744073709551615"],
+            "--depth: 18446744073709551615 is out of range".into(),
+        ),
+        (
+            vec!["--fanout", "10", "--depth", "9"],
+            format!(
+                "--fanout/--depth: makes a tree of 1111111111 agents: at most {SIMULATED_AGENTS}"
+            ),
+        ),
+        (
+            vec!["--shape", &wide_shape],
+            format!(
+                "--shape: a level of {max_fanout} children: at most {}",
+                FANOUT.1
+            ),
+        ),
+        (
+            vec!["--shape", &deep_shape],
+            format!("--shape: has {max_depth} levels: at most {}", DEPTH.1),
+        ),
+        (
+            vec!["--history", &history],
+            format!("--history: {history} is out of range: {}", range(HISTORY)),
+        ),
+        (
+            vec!["--msg-bytes", &msg_bytes],
+            format!(
+                "--msg-bytes: {msg_bytes} is out of range: {}",
+                range(MSG_BYTES)
+            ),
+        ),
+        // A 100-message history of 10 MB messages: each flag in range, not both.
+        (
+            vec!["--history", "100", "--msg-bytes", "10000000"],
+            format!(
+                "--history: 100 messages of 10000000 bytes make a 1000000000-byte history: \
+                 at most {HISTORY_BYTES}"
+            ),
+        ),
+        (
+            vec![
+                "--fanout",
+                "10",
+                "--depth",
+                "5",
+                "--history",
+                "100",
+                "--msg-bytes",
+                "1000",
+                "--baseline-kind",
+                "copied",
+            ],
+            format!(
+                "--baseline-kind copied: 111111 agents each copying a 100000-byte history hold 11111100000 bytes: at most {COPIED_HISTORY_BYTES}"
+            ),
+        ),
+        (
+            vec!["--repeat", "0"],
+            format!("--repeat: 0 is out of range: {}", range(REPEAT)),
+        ),
+        (
+            vec!["--repeat", &repeat],
+            format!("--repeat: {repeat} is out of range"),
+        ),
+        (
+            vec!["--max-live", "0"],
+            "--max-live: 0 is out of range: must be from 1 to 1000000".into(),
+        ),
+        (
+            vec!["--max-live", "1000001"],
+            "--max-live: 1000001 is out of range: must be from 1 to 1000000".into(),
+        ),
+        (
+            vec!["--latency", "lognormal:1s,1000"],
+            "--latency: latency \"lognormal:1s,1000\": sigma must be from 0 to 3".into(),
+        ),
+        (vec!["--latency", "2h"], "--latency: latency \"2h\"".into()),
+    ];
+    for (args, expected) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        // Bounded well below what a run of these would take (minutes).
+        let out = arbor_test_support::within(
+            Duration::from_secs(20),
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_arbor"))
+                .arg("loadtest")
+                .args(&args)
+                .current_dir(tmp.path())
+                .env("TMPDIR", tmp.path())
+                .env_remove("RUST_LOG")
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .unwrap();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("error: {expected}")),
+            "{args:?}: {stderr}"
+        );
+        assert!(stdout.is_empty(), "{args:?} ran: {stdout}");
+        assert!(!stderr.contains("progress"), "{args:?} ran: {stderr}");
+        // No scratch store was made: nothing ran.
+        let left: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "{args:?} made {left:?}");
+    }
+    // Every problem is named, not only the first.
+    let out = arbor(&[
+        "loadtest",
+        "--reply-tokens",
+        &max_reply,
+        "--repeat",
+        "0",
+        "--max-live",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    for flag in ["--reply-tokens", "--repeat", "--max-live"] {
+        assert!(
+            stderr.contains(&format!("error: {flag}: ")),
+            "{flag}: {stderr}"
+        );
+    }
+}
+
+/// The flags' ranges are the config keys': check-config refuses a simulated
+/// model's `reply_tokens = 4294967296` in the words the flag is refused in,
+/// and `--help` states each flag's range.
+#[test]
+fn loadtest_flags_and_their_config_keys_share_one_range() {
+    use arbor::config::ranges::{DEPTH, FANOUT, REPLY_TOKENS};
+    use arbor::loadtest::ranges::{HISTORY, MSG_BYTES, REPEAT};
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("c.toml"),
+        "[models.sim]\nprovider = \"simulated\"\nreply_tokens = 4294967296\n\n\
+         [limits]\nmax_live_agents = 0\n",
+    )
+    .unwrap();
+    let config = arbor_in(dir.path(), &["check-config", "c.toml"]);
+    let flag = arbor(&[
+        "loadtest",
+        "--reply-tokens",
+        "4294967296",
+        "--max-live",
+        "0",
+    ]);
+    let (config, flag) = (text(&config.stderr), text(&flag.stderr));
+    for why in [
+        "4294967296 is out of range: must be from 0 to 100000",
+        "0 is out of range: must be from 1 to 1000000",
+    ] {
+        assert!(config.contains(why), "check-config: {config}");
+        assert!(flag.contains(why), "loadtest: {flag}");
+    }
+
+    let help = text(&arbor(&["loadtest", "--help"]).stdout);
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    for (min, max) in [
+        FANOUT,
+        DEPTH,
+        REPLY_TOKENS,
+        HISTORY,
+        MSG_BYTES,
+        REPEAT,
+        (1, 1_000_000),
+    ] {
+        assert!(
+            help.contains(&format!("{min} to {max}")),
+            "no range {min} to {max} in: {help}"
+        );
+    }
 }
 
 /// Defect 24: an endpoint that sends no `usage` (streamed or not) made the
@@ -646,11 +903,14 @@ fn every_baseline_kind_runs_and_the_report_names_it_with_arbors_ratio() {
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
     let rows = table_rows(&stdout);
-    assert!(rows["CPU"].ends_with(" µs per agent)"), "{stdout}");
-    assert!(
-        rows["Arbor"].contains("µs CPU per agent (best of 1)"),
-        "{stdout}"
-    );
+    let cpu = rows["CPU"].split_once(" (").unwrap().1;
+    assert!(human(cpu.strip_suffix(" per agent)").unwrap()), "{stdout}");
+    // `X wall, Y CPU per agent (best of 1)`, each in human units.
+    let arbor = rows["Arbor"]
+        .strip_suffix(" CPU per agent (best of 1)")
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let (wall, cpu) = arbor.split_once(" wall, ").unwrap();
+    assert!(human(wall) && human(cpu), "{stdout}");
     for label in [
         "bare ractor, shared history",
         "bare ractor, no history",
