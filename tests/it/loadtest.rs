@@ -92,6 +92,11 @@ fn loadtest_f10_d4_prints_the_table_and_progress_and_writes_json_and_svg() {
             .is_some_and(|l| l.starts_with("progress: 11111/11111 agents finished, ")),
         "stderr: {stderr}"
     );
+    // No ETA (one read 42 minutes for a run of 6.5 s).
+    assert!(
+        !progress.iter().any(|l| l.to_lowercase().contains("eta")),
+        "stderr: {stderr}"
+    );
 
     let json: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("out.json")).unwrap())
@@ -849,6 +854,13 @@ model = "nousage"
     assert_eq!(server.received_requests().await.unwrap().len(), 3);
 
     let rows = table_rows(&stdout);
+    // Not streamed: there is no first token to time, so no TTFT row (it
+    // once read 0.0 ms); the model's latency is still there.
+    assert!(rows.contains_key("model latency p50/p99"), "{stdout}");
+    assert!(
+        !stdout.to_lowercase().contains("first token") && !stdout.contains("TTFT"),
+        "{stdout}"
+    );
     let rate = &rows["output tokens/s"];
     assert!(
         rate.starts_with("≈ ") && rate.ends_with("(estimated: the endpoint reported no usage)"),
