@@ -4,9 +4,11 @@
 //! It is jiff's "friendly" format, so it is documented and maintained there:
 //! numbers with units, optionally spaced and combined: `250ms`, `1.5s`,
 //! `1h30m`, `2 hours 15 minutes`, `30 days`, `1w`, and ISO 8601 (`PT1H`).
-//! A fraction is allowed on hours and smaller units (`1.5h`, not `1.5d`).
-//! Arbor adds two rules: a bare `0` means zero, and a day is 24 hours (years
-//! and months, which are not a fixed length, are refused). Negative durations
+//! Arbor adds three rules: a bare `0` means zero; a day is 24 hours and a
+//! week 7 days (years and months, which are not a fixed length, are refused);
+//! so a fraction is allowed on days and weeks too (`1.5d` is 36 hours,
+//! `0.5 days` 12, `1.5w` 252), where jiff itself takes one on hours and
+//! smaller units only (`fractional_days_as_hours`). Negative durations
 //! are refused. Where a key has a range (a timeout of at least 1 ms, a
 //! latency of at most an hour), the caller checks it with [`within`].
 
@@ -41,14 +43,23 @@ pub fn parse(text: &str) -> Result<Duration, DurationError> {
     if trimmed.is_empty() {
         return Err(error(format!("is empty ({EXAMPLES})")));
     }
-    let span: Span = trimmed.parse().map_err(|e: jiff::Error| {
+    let refused = |e: jiff::Error| {
         let message = e.to_string();
         // jiff's message starts with its own context; keep the reason.
         let reason = message
             .rsplit_once("format: ")
             .map_or(message.as_str(), |(_, r)| r);
         error(format!("{reason} ({EXAMPLES})"))
-    })?;
+    };
+    let span: Span = match trimmed.parse() {
+        Ok(span) => span,
+        // jiff refuses a fraction on days and weeks; with 24-hour days it
+        // has one meaning, so read it as hours (and jiff reads those).
+        Err(e) => match fractional_days_as_hours(trimmed) {
+            Some(hours) => hours.parse().map_err(refused)?,
+            None => return Err(refused(e)),
+        },
+    };
     if span.get_years() != 0 || span.get_months() != 0 {
         return Err(error(
             "years and months are not a fixed length; use days or weeks".into(),
@@ -61,6 +72,84 @@ pub fn parse(text: &str) -> Result<Duration, DurationError> {
         .to_duration(SpanRelativeTo::days_are_24_hours())
         .map_err(|e| error(e.to_string()))?;
     Duration::try_from(signed).map_err(|e| error(e.to_string()))
+}
+
+/// `text` with its fractional number of days or weeks written as hours,
+/// exactly (`1.5d` → `36h`, `1w 0.5d` → `1w 12h`, `0.25 weeks ago` → `42h
+/// ago`), or `None` if it has no such number. jiff refuses fractional days
+/// ("fractional days are not supported") because its days are calendar days
+/// of varying length; Arbor's are 24 hours (`days_are_24_hours`), so the
+/// fraction has one meaning. jiff allows a fraction only on the last unit
+/// and with at most 9 digits, so exactly one number may have one here, and
+/// the rest of the text (signs, other units, `ago`) is left for jiff to read.
+/// ISO 8601 text (`P1.5D`) is left alone.
+fn fractional_days_as_hours(text: &str) -> Option<String> {
+    if text.trim_start_matches(['+', '-']).starts_with(['P', 'p']) {
+        return None;
+    }
+    let bytes = text.as_bytes();
+    let digits_from = |mut i: usize| {
+        while i < bytes.len() && bytes[i].is_ascii_digit() {
+            i += 1;
+        }
+        i
+    };
+    // Every `digits [.,] digits` in the text: (start, separator, end).
+    let mut fractions = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if !bytes[i].is_ascii_digit() {
+            i += 1;
+            continue;
+        }
+        let separator = digits_from(i);
+        let end = digits_from(separator + 1);
+        if separator < bytes.len() && matches!(bytes[separator], b'.' | b',') && end > separator + 1
+        {
+            fractions.push((i, separator, end));
+        }
+        i = end.max(separator + 1);
+    }
+    let [(start, separator, end)] = fractions[..] else {
+        return None;
+    };
+    let label_start = end + text[end..].len() - text[end..].trim_start().len();
+    let label_len = text[label_start..]
+        .bytes()
+        .take_while(u8::is_ascii_alphabetic)
+        .count();
+    let label = &text[label_start..label_start + label_len];
+    let one: Span = format!("1{label}").parse().ok()?;
+    let hours_per_unit: u128 = if one.fieldwise() == Span::new().days(1).fieldwise() {
+        24
+    } else if one.fieldwise() == Span::new().weeks(1).fieldwise() {
+        24 * 7
+    } else {
+        return None;
+    };
+    let fraction = &text[separator + 1..end];
+    if fraction.len() > 9 {
+        return None;
+    }
+    let scale = 10u128.pow(u32::try_from(fraction.len()).ok()?);
+    let whole: u128 = text[start..separator].parse().ok()?;
+    let numerator: u128 = fraction.parse().ok()?;
+    let hours = whole
+        .checked_mul(scale)?
+        .checked_add(numerator)?
+        .checked_mul(hours_per_unit)?;
+    let (whole_hours, rest) = (hours / scale, hours % scale);
+    let written = if rest == 0 {
+        format!("{whole_hours}h")
+    } else {
+        let rest = format!("{rest:0width$}", width = fraction.len());
+        format!("{whole_hours}.{}h", rest.trim_end_matches('0'))
+    };
+    Some(format!(
+        "{}{written}{}",
+        &text[..start],
+        &text[label_start + label_len..]
+    ))
 }
 
 /// Checks `value` against an inclusive range, naming the bounds in the
@@ -137,13 +226,41 @@ mod tests {
     }
 
     #[test]
+    fn a_fractional_day_or_week_is_that_many_24_hour_days() {
+        let hours = |h: u64| Duration::from_secs(h * 3600);
+        assert_eq!(ok("1.5d"), hours(36));
+        assert_eq!(ok("0.5 days"), hours(12));
+        assert_eq!(ok("1.5w"), hours(252));
+        assert_eq!(ok("0.25 weeks"), hours(42));
+        assert_eq!(ok("1,5d"), hours(36));
+        assert_eq!(ok("1w 0.5d"), hours(180));
+        assert_eq!(ok("2.0 days"), hours(48));
+        // Exact to the nanosecond, within jiff's nine fraction digits.
+        assert_eq!(ok("0.000000001d"), Duration::from_nanos(86_400));
+        assert_eq!(ok("0.1d"), Duration::from_secs(8640));
+        assert_eq!(ok("1.001d"), Duration::from_millis(86_486_400));
+        // The rest of the grammar still applies to them.
+        for (text, why) in [
+            ("-1.5d", "negative"),
+            ("1.5d ago", "negative"),
+            ("1.5d 3h", "largest to smallest"),
+            ("1.5d 2.5h", "fractional"),
+            ("200000000000000.5d", "overflows"),
+            ("P1.5D", "designator"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(&format!("{text:?}")), "{e}");
+            assert!(e.contains(why), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
     fn a_bad_duration_says_why_and_names_its_text() {
         for (text, why) in [
             ("12", "unit"),
             ("5 parsecs", "unit"),
             ("", "empty"),
             ("-5s", "negative"),
-            ("1.5d", "fractional days"),
             ("1y", "fixed length"),
             ("2mo", "fixed length"),
             ("99999999999999999999ms", "too big"),

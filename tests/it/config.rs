@@ -158,6 +158,11 @@ fn values_that_panicked_aborted_or_hung_at_run_time_are_refused_with_key_and_lin
             "sigma",
         ),
         (
+            "latency = \"lognormal:1ms,50\"",
+            "models.sim.latency",
+            "sigma must be from 0 to 3",
+        ),
+        (
             "latency = \"99999999999999999999ms\"",
             "models.sim.latency",
             "too big",
@@ -265,24 +270,39 @@ context_window = 10
 
 #[test]
 fn one_duration_grammar_reads_combined_units_and_days_everywhere() {
-    let config = "[limits]\ndeadline = \"1h30m\"\n\n[models.sim]\nprovider = \"simulated\"\nlatency = \"1.5ms\"\n\n[agents.lead]\nmodel = \"sim\"\nstep_timeout = \"2 minutes\"\n";
+    // Config keys, the simulated model's latency and `gc --older-than`:
+    // combined units, spelled-out units and fractional days (24 hours each).
+    let config = "[limits]\ndeadline = \"1.5d\"\n\n[models.sim]\nprovider = \"simulated\"\nlatency = \"0.000001d\"\n\n[agents.lead]\nmodel = \"sim\"\nstep_timeout = \"0.5 days\"\napproval_timeout = \"1h30m\"\nidle_timeout = \"2 minutes\"\n";
     let (code, err) = check_text(config);
     assert_eq!(code, Some(0), "{err}");
+    // The latency's range (at most 1h) refuses a day and a half, not the grammar.
+    let (code, err) = check_text(&config.replace("0.000001d", "1.5d"));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("c.toml:6: models.sim.latency: ") && err.contains("at most 1h"),
+        "{err}"
+    );
     let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.toml"), config).unwrap();
     let out = crate::arbor_in(dir.path(), &["run", "--quiet", "go"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    for age in ["500ms", "1.5h", "30 days", "1d12h"] {
+    // The tree just ended, so every age of an hour or more keeps it.
+    for age in [
+        "1.5h", "30 days", "1d12h", "1.5d", "0.5 days", "1.5w", "500ms",
+    ] {
         let out = crate::arbor_in(dir.path(), &["gc", "--older-than", age]);
+        let stdout = text(&out.stdout);
         assert!(
-            out.status.success(),
-            "--older-than {age}: {}",
+            out.status.success() && (age == "500ms" || stdout.contains("removed 0 trees")),
+            "--older-than {age}: {stdout}{}",
             text(&out.stderr)
         );
     }
-    let out = crate::arbor_in(dir.path(), &["gc", "--older-than", "1.5d"]);
-    assert_eq!(out.status.code(), Some(2));
+    // What the grammar does not know is still refused, with its text.
+    let out = crate::arbor_in(dir.path(), &["gc", "--older-than", "1.5 fortnights"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
-        text(&out.stderr).contains("fractional days are not supported"),
+        text(&out.stderr).contains("1.5 fortnights"),
         "{}",
         text(&out.stderr)
     );
