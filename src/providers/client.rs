@@ -375,11 +375,18 @@ impl Model for HttpModel {
             use tracing_opentelemetry::OpenTelemetrySpanExt as _;
             span.set_attribute("arbor.model", self.name.clone());
         }
-        let body = self.body(&request);
+        let mut body = self.body(&request);
         let estimate = request.messages.estimated_tokens();
         let policy = &self.settings.retry;
         let deadline = request.meta.deadline;
+        // Attempts after the first, whatever their cause.
         let mut retry = 0;
+        // Those of them that `policy.max_retries` bounds (not the truncation's).
+        let mut retried = 0;
+        // The larger max_tokens a cut reply is asked for again with, once.
+        let mut more_room = self.settings.truncated_max_tokens;
+        // The max_tokens of a retry that was cut too, for its error.
+        let mut roomier: Option<u32> = None;
         // The last attempt's failure, for an error that ends the retries.
         let mut reason: Option<String> = None;
         loop {
@@ -404,6 +411,28 @@ impl Model for HttpModel {
                 )))
             });
             drop(admission);
+            // A reply cut at the output limit is asked for again, once, with
+            // more room (`on_truncated`), at once: the endpoint is well.
+            let outcome = match (outcome, more_room.take()) {
+                (Err(Failure::Truncated(message)), Some(max_tokens)) => {
+                    retry += 1;
+                    roomier = Some(max_tokens);
+                    self.format.with_room(&mut body, &self.settings, max_tokens);
+                    let shown = format!("{message}; asking again with max_tokens {max_tokens}");
+                    tracing::warn!(model = %self.name, retry, reason = %shown, "retrying a truncated model request with more room");
+                    deltas(Delta::Retry {
+                        attempt: retry,
+                        delay_ms: 0,
+                        reason: shown,
+                    });
+                    reason = Some(message);
+                    continue;
+                }
+                (outcome, room) => {
+                    more_room = room;
+                    outcome
+                }
+            };
             match outcome {
                 Ok(reply) => {
                     let usage = self.usage(reply.tokens);
@@ -418,8 +447,9 @@ impl Model for HttpModel {
                         usage,
                     });
                 }
-                Err(failure) if failure.retryable() && retry < policy.max_retries => {
+                Err(failure) if failure.retryable() && retried < policy.max_retries => {
                     retry += 1;
+                    retried += 1;
                     let after = match &failure {
                         Failure::Transient { retry_after, .. } => *retry_after,
                         _ => None,
@@ -461,7 +491,17 @@ impl Model for HttpModel {
                     tokio::time::sleep(delay).await;
                 }
                 Err(failure) => {
-                    let error = self.error(failure);
+                    let error = match (self.error(failure), roomier) {
+                        (ModelError::Truncated { model, message }, Some(max_tokens)) => {
+                            ModelError::Truncated {
+                                model,
+                                message: format!(
+                                    "{message} (cut again after a retry with max_tokens {max_tokens})"
+                                ),
+                            }
+                        }
+                        (error, _) => error,
+                    };
                     return Err(if retry > 0 {
                         error.after_attempts(retry + 1)
                     } else {

@@ -26,6 +26,7 @@ pub(crate) fn settings(kind: ProviderKind, stream: bool) -> ProviderSettings {
         api_key: None,
         stream,
         max_tokens: Some(1024),
+        truncated_max_tokens: None,
         pricing: Default::default(),
         limits: Default::default(),
         retry: Default::default(),

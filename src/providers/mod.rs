@@ -31,7 +31,9 @@ pub use client::HttpModel;
 pub use limiter::{Limiter, LimiterConfig};
 pub use observe::{RequestEvent, RequestObserver, RequestSignal, observe_requests};
 pub use retry::RetryPolicy;
-pub use settings::{Api, ApiKey, HttpSection, Pricing, ProviderKind, ProviderSettings, Timeouts};
+pub use settings::{
+    Api, ApiKey, HttpSection, OnTruncatedSection, Pricing, ProviderKind, ProviderSettings, Timeouts,
+};
 
 /// The wire format a provider kind speaks through one of its APIs (an
 /// anthropic model has one; its `api` is refused when a config is read).

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use arbor_actors::model::ModelOptions;
 use arbor_actors::template::Structured;
 
+use super::anthropic::DEFAULT_MAX_TOKENS;
 use super::limiter::LimiterConfig;
 use super::retry::RetryPolicy;
 
@@ -76,6 +77,9 @@ impl Api {
     }
 }
 
+/// The range of `max_tokens` and `on_truncated.max_tokens`.
+const MAX_TOKENS: (u32, u32) = (1, 10_000_000);
+
 /// `[models.NAME]` with `provider = "openai"` or `"anthropic"`.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -99,6 +103,11 @@ pub struct HttpSection {
     /// always sent, 4096 when not set, raised to the thinking budget plus
     /// this when a budget would not leave room.
     pub max_tokens: Option<u32>,
+    /// `on_truncated = { max_tokens = N }`: a reply cut at the output limit
+    /// is asked for once more with `max_tokens` N (more than `max_tokens`);
+    /// absent, a cut reply is the model's error at once.
+    #[serde(default)]
+    pub on_truncated: Option<OnTruncatedSection>,
     /// What its tokens cost.
     #[serde(default)]
     pub pricing: Pricing,
@@ -129,6 +138,14 @@ pub struct HttpSection {
     /// also says the server cannot do native structured output, so a
     /// template asking for `native` on it is refused.
     pub structured: Option<Structured>,
+}
+
+/// `on_truncated = { ... }` of an HTTP model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnTruncatedSection {
+    /// The `max_tokens` of the one retry of a reply cut at the output limit.
+    pub max_tokens: u32,
 }
 
 fn default_prompt_cache() -> bool {
@@ -270,6 +287,14 @@ pub struct ProviderSettings {
     /// when not set, raised to the thinking budget plus this when the budget
     /// would not leave room.
     pub max_tokens: Option<u32>,
+    /// The `max_tokens` a request whose reply was cut at the output limit
+    /// (`finish_reason: length`, `stop_reason: max_tokens`, an incomplete
+    /// response at `max_output_tokens`) is sent again with, once, in the
+    /// field `max_tokens` goes in; Anthropic keeps a thinking budget's room
+    /// on top ([`ProviderSettings::from_section`] checks it exceeds
+    /// `max_tokens`). `None`: a cut reply is
+    /// [`ModelError::Truncated`](arbor_actors::ModelError::Truncated) at once.
+    pub truncated_max_tokens: Option<u32>,
     /// What its tokens cost.
     pub pricing: Pricing,
     /// The model's limiter.
@@ -330,7 +355,32 @@ impl ProviderSettings {
                 ),
             ));
         }
-        range("max_tokens", s.max_tokens, (1, 10_000_000))?;
+        range("max_tokens", s.max_tokens, MAX_TOKENS)?;
+        let truncated_max_tokens = s.on_truncated.map(|t| t.max_tokens);
+        range("on_truncated.max_tokens", truncated_max_tokens, MAX_TOKENS)?;
+        // The retry needs more room than the request that was cut: the
+        // configured max_tokens, or the one sent when none is (Anthropic's
+        // default; an openai model without it sends none, so any is more).
+        let first = match kind {
+            ProviderKind::Anthropic => Some(s.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
+            ProviderKind::OpenAi => s.max_tokens,
+        };
+        if let (Some(retry), Some(first)) = (truncated_max_tokens, first)
+            && retry <= first
+        {
+            return Err((
+                "on_truncated.max_tokens".into(),
+                format!(
+                    "{retry} must be more than the max_tokens of the request it retries \
+                     ({first}{}), or the retry is cut where the reply was",
+                    if s.max_tokens.is_none() {
+                        ", the default"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+        }
         s.options
             .check()
             .map_err(|(key, why)| (format!("options.{key}"), why))?;
@@ -379,6 +429,7 @@ impl ProviderSettings {
             api_key: None,
             stream: s.stream,
             max_tokens: s.max_tokens,
+            truncated_max_tokens,
             pricing: s.pricing,
             limits: LimiterConfig {
                 max_concurrent: s.limits.max_concurrent,
@@ -430,5 +481,62 @@ impl ProviderSettings {
             .and_then(|var| std::env::var(var).ok())
             .filter(|k| !k.is_empty())
             .map(ApiKey::new);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn checked(kind: ProviderKind, extra: &str) -> Result<ProviderSettings, (String, String)> {
+        let section: HttpSection = toml::from_str(&format!("model = \"m\"\n{extra}")).unwrap();
+        ProviderSettings::from_section(kind, &section)
+    }
+
+    #[test]
+    fn on_truncated_must_give_more_room_than_the_request_it_retries() {
+        use ProviderKind::{Anthropic, OpenAi};
+        let room = |kind, extra| checked(kind, extra).map(|s| s.truncated_max_tokens);
+        assert_eq!(room(OpenAi, ""), Ok(None));
+        let larger = "max_tokens = 1024\non_truncated = { max_tokens = 8192 }";
+        assert_eq!(room(OpenAi, larger), Ok(Some(8192)));
+        assert_eq!(room(Anthropic, larger), Ok(Some(8192)));
+        // An openai model without max_tokens sends none: any length is more.
+        assert_eq!(
+            room(OpenAi, "on_truncated = { max_tokens = 100 }"),
+            Ok(Some(100))
+        );
+        let refused = [
+            (
+                OpenAi,
+                "max_tokens = 1024\non_truncated = { max_tokens = 1024 }",
+                "(1024)",
+            ),
+            (
+                Anthropic,
+                "max_tokens = 9000\non_truncated = { max_tokens = 8192 }",
+                "(9000)",
+            ),
+            // Anthropic's default length is sent when none is set.
+            (
+                Anthropic,
+                "on_truncated = { max_tokens = 4096 }",
+                "(4096, the default)",
+            ),
+            (OpenAi, "on_truncated = { max_tokens = 0 }", "from 1 to 10000000"),
+            (
+                OpenAi,
+                "on_truncated = { max_tokens = 20000000 }",
+                "out of range",
+            ),
+        ];
+        for (kind, extra, why) in refused {
+            let (key, message) = checked(kind, extra).unwrap_err();
+            assert_eq!(key, "on_truncated.max_tokens", "{extra}");
+            assert!(message.contains(why), "{extra}: {message}");
+        }
+        let unknown = toml::from_str::<HttpSection>("model = \"m\"\non_truncated = { tokens = 1 }");
+        assert!(unknown.unwrap_err().to_string().contains("unknown field"));
     }
 }

@@ -29,6 +29,11 @@ pub(crate) trait WireFormat: Send + Sync {
     /// The JSON body of one request.
     fn request_body(&self, settings: &ProviderSettings, request: &ModelRequest) -> Value;
 
+    /// `body` (built by [`WireFormat::request_body`] from `settings`) asking
+    /// for a reply of up to `max_tokens` tokens instead: the retry of a reply
+    /// cut at the output limit ([`ProviderSettings::truncated_max_tokens`]).
+    fn with_room(&self, body: &mut Value, settings: &ProviderSettings, max_tokens: u32);
+
     /// A whole (non-streamed) reply.
     fn parse_response(&self, body: &Value) -> Result<Reply, Failure>;
 

@@ -411,3 +411,155 @@ async fn a_tool_call_cut_at_max_tokens_is_never_run() {
         state.message_history
     );
 }
+
+// --- A reply cut at max_tokens, asked for again with more room -----------------
+
+/// Settings for the server at `uri` from a `[models]` table with
+/// `max_tokens = 256`, no transient retries, and `extra` (`on_truncated`).
+fn table_settings(kind: ProviderKind, uri: &str, extra: &str) -> ProviderSettings {
+    let section: arbor::providers::HttpSection = toml::from_str(&format!(
+        "base_url = \"{}\"\nmodel = \"{}\"\nmax_tokens = 256\nstream = false\n\
+         retry = {{ max_retries = 0 }}\n{extra}\n",
+        support::base_url(kind, uri),
+        support::MODEL_ID,
+    ))
+    .unwrap();
+    let mut settings = ProviderSettings::from_section(kind, &section).expect("a valid table");
+    settings.api_key = Some(arbor::providers::ApiKey::new(support::TEST_KEY.into()));
+    settings
+}
+
+/// A whole OpenAI reply, cut at the output limit when the request asked
+/// for fewer than `enough` tokens in `field`.
+fn cut_below(field: &'static str, enough: u64) -> impl Fn(&Value) -> ResponseTemplate {
+    move |body: &Value| {
+        let mut reply = wire::text_json(OPENAI, "The whole answer.");
+        if body[field].as_u64().is_none_or(|asked| asked < enough) {
+            reply["choices"][0]["message"]["content"] = json!("The whole");
+            reply["choices"][0]["finish_reason"] = json!("length");
+        }
+        ResponseTemplate::new(200).set_body_json(reply)
+    }
+}
+
+/// `body` without its `field`: what a retry with more room keeps unchanged.
+fn without(body: &Value, field: &str) -> Value {
+    let mut body = body.clone();
+    body.as_object_mut().unwrap().remove(field);
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_cut_at_max_tokens_is_asked_again_once_with_on_truncateds_max_tokens() {
+    let server = server(cut_below("max_tokens", 8192)).await;
+    let settings = table_settings(
+        OPENAI,
+        &server.uri(),
+        "on_truncated = { max_tokens = 8192 }",
+    );
+    let supervisor = supervisor(model(settings));
+    let (result, events) = run_request(&supervisor, start("answer"), support::GUARD).await;
+    assert_eq!(result.state.status, AgentStatus::Completed, "{result:?}");
+    let last = result.state.message_history.last().expect("a reply");
+    assert_eq!(last.text(), "The whole answer.");
+    let sent = bodies(&server).await;
+    assert_eq!(sent.len(), 2, "the cut reply and its retry");
+    assert_eq!(sent[0]["max_tokens"], json!(256));
+    assert_eq!(sent[1]["max_tokens"], json!(8192));
+    assert_eq!(
+        without(&sent[0], "max_tokens"),
+        without(&sent[1], "max_tokens"),
+        "the same request otherwise"
+    );
+    // Counted as a retry, as the other retries are (the metrics count
+    // `modelRetrying`), at once: nothing is wrong with the endpoint.
+    let retries = retry_events(&events);
+    assert_eq!(retries.len(), 1, "{retries:?}");
+    let (step, attempt, delay_ms, reason) = &retries[0];
+    assert_eq!((*step, *attempt, *delay_ms), (1, 1, 0));
+    assert!(
+        reason.contains("finish_reason \"length\"")
+            && reason.contains("asking again with max_tokens 8192"),
+        "{reason}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_cut_again_after_the_retry_with_more_room_is_the_truncated_error() {
+    let server = server(cut_below("max_tokens", u64::MAX)).await;
+    let settings = table_settings(
+        OPENAI,
+        &server.uri(),
+        "on_truncated = { max_tokens = 8192 }",
+    );
+    let (sink, deltas) = collector();
+    let error = model(settings)
+        .complete(request(false), sink)
+        .await
+        .expect_err("cut twice");
+    let ModelError::Truncated { message, .. } = &error else {
+        panic!("{error:?}");
+    };
+    assert!(
+        message.contains("cut again after a retry with max_tokens 8192"),
+        "{message}"
+    );
+    let sent = bodies(&server).await;
+    assert_eq!(sent.len(), 2, "one retry, not more");
+    assert_eq!(sent[1]["max_tokens"], json!(8192));
+    assert_eq!(support::retries(&deltas).len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_on_truncated_a_cut_reply_is_one_request_and_the_truncated_error() {
+    let server = server(cut_below("max_tokens", 8192)).await;
+    let settings = table_settings(OPENAI, &server.uri(), "");
+    let supervisor = supervisor(model(settings));
+    let (result, events) = run_request(&supervisor, start("answer"), support::GUARD).await;
+    assert_eq!(result.state.status, AgentStatus::Failed);
+    assert_eq!(result.state.error_kind, Some(FailureKind::ModelTruncated));
+    assert_eq!(bodies(&server).await.len(), 1, "not retried");
+    assert!(retry_events(&events).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_retry_with_more_room_keeps_the_thinking_budget_on_top() {
+    const ANTHROPIC: ProviderKind = ProviderKind::Anthropic;
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path(support::path(ANTHROPIC)))
+        .respond_with(|request: &Request| {
+            let body: Value = serde_json::from_slice(&request.body).unwrap();
+            let mut reply = wire::text_json(ANTHROPIC, "The whole answer.");
+            if body["max_tokens"].as_u64().is_none_or(|asked| asked < 9000) {
+                reply["stop_reason"] = json!("max_tokens");
+            }
+            ResponseTemplate::new(200).set_body_json(reply)
+        })
+        .mount(&server)
+        .await;
+    // A budget of 1024 over max_tokens 256: the first request asks for
+    // 1024 + 256; the retry for 1024 + 8192, room 8192 for the reply.
+    let settings = table_settings(
+        ANTHROPIC,
+        &server.uri(),
+        "options = { reasoning = { budget_tokens = 1024 } }\n\
+         on_truncated = { max_tokens = 8192 }",
+    );
+    let (sink, _) = collector();
+    let reply = HttpModel::new("m", settings)
+        .unwrap()
+        .complete(request(false), sink)
+        .await
+        .expect("the retry has room");
+    assert_eq!(reply.message.text(), "The whole answer.");
+    let sent = bodies(&server).await;
+    let asked: Vec<&Value> = sent.iter().map(|b| &b["max_tokens"]).collect();
+    assert_eq!(asked, [&json!(1280), &json!(9216)]);
+    for body in &sent {
+        assert_eq!(
+            body["thinking"],
+            json!({"type": "enabled", "budget_tokens": 1024})
+        );
+    }
+}

@@ -55,6 +55,20 @@ impl WireFormat for Anthropic {
         request_body(settings, request)
     }
 
+    /// `max_tokens` grows by as much as the configured one would: with a
+    /// thinking budget that got the configured length on top, the budget
+    /// stays on top of the larger one, so the reply's room is never less
+    /// than the first request's.
+    fn with_room(&self, body: &mut Value, settings: &ProviderSettings, max_tokens: u32) {
+        let configured = settings.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+        let sent = body
+            .get("max_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(u64::from(configured));
+        let more = u64::from(max_tokens.saturating_sub(configured));
+        body["max_tokens"] = json!(sent.saturating_add(more));
+    }
+
     fn parse_response(&self, body: &Value) -> Result<Reply, Failure> {
         parse_response(body)
     }
@@ -68,7 +82,7 @@ impl WireFormat for Anthropic {
 const CONTINUE: &str = "(continue)";
 
 /// The reply length asked for when the model's settings give none.
-const DEFAULT_MAX_TOKENS: u32 = 4096;
+pub(crate) const DEFAULT_MAX_TOKENS: u32 = 4096;
 
 /// Where a block of the request came from, which decides where the cache
 /// breakpoints go.

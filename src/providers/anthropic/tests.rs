@@ -988,3 +988,27 @@ fn a_native_structured_output_is_the_output_config_format() {
     let plain = with_options(ModelOptions::default(), ModelOptions::default());
     assert!(plain.get("output_config").is_none(), "{plain}");
 }
+
+#[test]
+fn a_truncated_retry_gets_more_room_and_keeps_the_thinking_budgets() {
+    // max_tokens as sent after `with_room(retry)`, for a configured length
+    // and a thinking budget.
+    let retried = |max_tokens: Option<u32>, budget: Option<u32>, retry: u32| {
+        let mut settings = plain(false);
+        settings.max_tokens = max_tokens;
+        if let Some(budget) = budget {
+            settings.options = options(json!({"reasoning": {"budget_tokens": budget}}));
+        }
+        let mut body = request_body(&settings, &request("", vec![Message::user("hi")], false));
+        Anthropic.with_room(&mut body, &settings, retry);
+        body["max_tokens"].as_u64().unwrap()
+    };
+    assert_eq!(retried(Some(1024), None, 8192), 8192);
+    assert_eq!(retried(None, None, 8192), 8192);
+    // The budget fitted under the configured length: it fits under the larger.
+    assert_eq!(retried(Some(8192), Some(2048), 16_384), 16_384);
+    // The budget got the configured length on top: it gets the larger on
+    // top, so the reply's room is the retry's length (not 16384 - 10000).
+    assert_eq!(retried(Some(4096), Some(10_000), 16_384), 26_384);
+    assert_eq!(retried(None, Some(10_000), 16_384), 26_384);
+}

@@ -35,6 +35,10 @@ impl WireFormat for OpenAi {
         request_body(settings, request)
     }
 
+    fn with_room(&self, body: &mut Value, settings: &ProviderSettings, max_tokens: u32) {
+        body[max_tokens_field(&settings.base_url)] = json!(max_tokens);
+    }
+
     fn parse_response(&self, body: &Value) -> Result<Reply, Failure> {
         parse_response(body)
     }

@@ -829,3 +829,28 @@ fn a_native_structured_output_is_a_json_schema_response_format() {
     );
     assert!(plain.get("response_format").is_none(), "{plain}");
 }
+
+#[test]
+fn a_truncated_retry_sets_the_field_max_tokens_goes_in() {
+    for (base_url, field) in [
+        ("https://api.openai.com/v1", "max_completion_tokens"),
+        ("http://localhost:11434/v1", "max_tokens"),
+    ] {
+        let mut settings = settings(ProviderKind::OpenAi, false);
+        settings.base_url = base_url.into();
+        let mut body = request_body(&settings, &request("", vec![Message::user("hi")], false));
+        OpenAi.with_room(&mut body, &settings, 8192);
+        assert_eq!(body[field], json!(8192), "{base_url}");
+        let other = if field == "max_tokens" {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        assert!(body.get(other).is_none(), "{base_url}: {body}");
+        // Without a configured max_tokens the retry still says one.
+        settings.max_tokens = None;
+        let mut body = request_body(&settings, &request("", vec![Message::user("hi")], false));
+        OpenAi.with_room(&mut body, &settings, 8192);
+        assert_eq!(body[field], json!(8192), "{base_url}");
+    }
+}

@@ -48,6 +48,10 @@ impl WireFormat for Responses {
         request_body(settings, request)
     }
 
+    fn with_room(&self, body: &mut Value, _settings: &ProviderSettings, max_tokens: u32) {
+        body["max_output_tokens"] = json!(max_tokens);
+    }
+
     fn parse_response(&self, body: &Value) -> Result<Reply, Failure> {
         parse_response(body)
     }

@@ -699,3 +699,12 @@ fn a_native_structured_output_is_the_texts_json_schema_format() {
     );
     assert!(plain.get("text").is_none(), "{plain}");
 }
+
+#[test]
+fn a_truncated_retry_sets_max_output_tokens() {
+    let settings = responses_settings(false);
+    let mut body = request_body(&settings, &request("", vec![Message::user("hi")], false));
+    Responses.with_room(&mut body, &settings, 8192);
+    assert_eq!(body["max_output_tokens"], json!(8192));
+    assert!(body.get("max_tokens").is_none());
+}
