@@ -1072,33 +1072,46 @@ fn shown(value: Option<f64>) -> String {
     )
 }
 
-/// Each effective combination of options an Anthropic model sends with
-/// extended thinking on (its own `options`, and each agent's
-/// `model_options` over them) against what the Messages API refuses then
-/// ([`thinking_conflicts`]). A problem is reported once, at the key that set
-/// the refused value, naming where thinking was turned on. Options out of
-/// their ranges are reported on their own and skipped here.
+/// What the provider of `model` (a `[models]` entry, `name` and section)
+/// refuses of the options a request on it sends, `agent` being the
+/// `[agents]` entry (id and `model_options`) whose requests they are, or
+/// `None` for the model's own: each problem's layer, field and why. The one
+/// check of options against a model, run by the config check for each agent
+/// on its configured model and by [`Config::check_model_override`] for each
+/// agent of a tree on the model a start request puts it on. Empty for a
+/// model that is not Anthropic's, and for options out of their ranges (those
+/// are reported on their own). Today's rules: Anthropic's with extended
+/// thinking on ([`thinking_conflicts`]).
+///
+/// [`Config::check_model_override`]: super::Config::check_model_override
+fn option_conflicts<'a>(
+    model: (&'a str, &'a ModelSection),
+    agent: Option<(&'a str, &'a ModelOptions)>,
+) -> Vec<(Layer<'a>, &'static str, String)> {
+    let ModelSection::Anthropic(section) = model.1 else {
+        return Vec::new();
+    };
+    if section.options.check().is_err() || agent.is_some_and(|(_, o)| o.check().is_err()) {
+        return Vec::new();
+    }
+    thinking_conflicts((model.0, &section.options), agent)
+}
+
+/// Each effective combination of options a model sends (its own `options`,
+/// and each agent's on it with its `model_options` over them) against what
+/// its provider refuses ([`option_conflicts`]). A problem is reported once,
+/// at the key that set the refused value, naming where thinking was turned
+/// on.
 fn check_thinking(file: &ConfigFile, text: &Source<'_>, problems: &mut Vec<Problem>) {
     let mut seen = HashSet::new();
     for (name, model) in &file.models {
-        let ModelSection::Anthropic(section) = model else {
-            continue;
-        };
-        if section.options.check().is_err() {
-            continue;
-        }
         let agents = file
             .agents
             .iter()
             .filter(|(_, a)| a.model == *name)
-            .filter_map(|(id, a)| match &a.model_options {
-                Some(o) if o.check().is_ok() => Some(Some((id.as_str(), o))),
-                Some(_) => None,
-                None => Some(Option::None),
-            });
-        let model = (name.as_str(), &section.options);
+            .map(|(id, a)| a.model_options.as_ref().map(|o| (id.as_str(), o)));
         for agent in std::iter::once(None).chain(agents) {
-            for (layer, field, message) in thinking_conflicts(model, agent) {
+            for (layer, field, message) in option_conflicts((name.as_str(), model), agent) {
                 let key = layer.key(field);
                 if seen.insert((key.clone(), message.clone())) {
                     problems.push(Problem {
@@ -1109,6 +1122,72 @@ fn check_thinking(file: &ConfigFile, text: &Source<'_>, problems: &mut Vec<Probl
                 }
             }
         }
+    }
+}
+
+impl super::Config {
+    /// Whether a tree of `agent` (an id, or the one `[agents]` entry a
+    /// `publisher/name@version` pattern matches) may run every agent on the
+    /// model `model` instead of its own (`arbor run --model`, `POST /v1/runs`
+    /// `{"model"}`): each agent the tree can reach (the root and what it may
+    /// spawn, transitively), with its `model_options` over that model's
+    /// `options`, passes the same check ([`option_conflicts`]) the config
+    /// check runs on an agent's configured model. `Err` names the model, the
+    /// agent and the option, and why. An agent or a model this config does
+    /// not have passes: starting the tree reports it.
+    pub fn check_model_override(&self, agent: &str, model: &str) -> Result<(), String> {
+        let file = &self.file;
+        let Some((model, section)) = file.models.get_key_value(model) else {
+            return Ok(());
+        };
+        let root = match file.agents.get_key_value(agent) {
+            Some((id, _)) => id,
+            None => {
+                let want = arbor_actors::template::AgentTypeId::parse(agent);
+                let mut matching = file
+                    .agents
+                    .keys()
+                    .filter(|id| want.matches(&arbor_actors::template::AgentTypeId::parse(id)));
+                match (matching.next(), matching.next()) {
+                    (Some(id), None) => id,
+                    _ => return Ok(()),
+                }
+            }
+        };
+        // The tree's agents, root first, then in the order they are reached.
+        let mut reached = vec![root];
+        let mut next = 0;
+        while let Some(id) = reached.get(next) {
+            next += 1;
+            for entry in file
+                .agents
+                .get(*id)
+                .map_or(&[][..], |a| &a.spawnable_agents)
+            {
+                if let Some((entry, _)) = file.agents.get_key_value(entry)
+                    && !reached.contains(&entry)
+                {
+                    reached.push(entry);
+                }
+            }
+        }
+        for id in reached {
+            let options = file.agents[id].model_options.as_ref();
+            let found =
+                option_conflicts((model.as_str(), section), options.map(|o| (id.as_str(), o)));
+            if let Some((layer, field, why)) = found.into_iter().next() {
+                let reached = if id == root {
+                    String::new()
+                } else {
+                    format!(" (which {root:?} may spawn)")
+                };
+                return Err(format!(
+                    "model {model:?} cannot run agent {id:?}{reached}: {}: {why}",
+                    layer.key(field)
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -1345,6 +1424,36 @@ input_schema = { params = { type = "object", required = ["topic"] } }
             )
             .is_empty()
         );
+    }
+
+    #[test]
+    fn a_model_override_is_checked_for_every_agent_the_tree_can_reach() {
+        let text = "[models.sim]\nprovider = \"simulated\"\n\n\
+                    [models.an]\nprovider = \"anthropic\"\nmodel = \"c\"\n\
+                    options = { temperature = 0.5 }\n\n\
+                    [agents.lead]\nmodel = \"sim\"\nspawnable_agents = [\"deep\"]\n\n\
+                    [agents.deep]\nmodel = \"sim\"\nspawnable_agents = [\"thinker\"]\n\n\
+                    [agents.thinker]\nmodel = \"sim\"\n\
+                    model_options = { reasoning = { budget_tokens = 2048 } }\n\n\
+                    [agents.alone]\nmodel = \"sim\"\n";
+        let config = Config::parse(text, "s.toml", PathBuf::new()).unwrap();
+        // Thinking turned on by an agent two spawns down, against the
+        // override model's temperature: the model's key is named.
+        let why = config.check_model_override("lead", "an").unwrap_err();
+        assert!(
+            why.starts_with(
+                "model \"an\" cannot run agent \"thinker\" (which \"lead\" may spawn): \
+                 models.an.options.temperature: 0.5 with extended thinking on \
+                 (agents.thinker.model_options.reasoning.budget_tokens = 2048)"
+            ),
+            "{why}"
+        );
+        // Nothing reachable turns thinking on; an unknown agent or model
+        // is left to the start to report.
+        assert_eq!(config.check_model_override("alone", "an"), Ok(()));
+        assert_eq!(config.check_model_override("lead", "sim"), Ok(()));
+        assert_eq!(config.check_model_override("nobody", "an"), Ok(()));
+        assert_eq!(config.check_model_override("lead", "nothing"), Ok(()));
     }
 
     #[test]

@@ -454,6 +454,13 @@ pub async fn create_run(
             "tools: pattern {pattern:?}: {why}"
         )));
     }
+    // Every agent of the tree goes on `model`: refused before the tree
+    // starts when that model's provider would refuse an agent's options.
+    if let (Some(model), Some(config)) = (&body.model, shared.runtime.config()) {
+        config
+            .check_model_override(&body.agent, model)
+            .map_err(|why| ApiError::invalid(format!("model: {why}")))?;
+    }
     let supervisor = shared.runtime.supervisor();
     let mut limits = match &body.limits {
         Some(asked) => supervisor.default_limits().tighten(asked),

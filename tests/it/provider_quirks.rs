@@ -563,3 +563,135 @@ async fn an_anthropic_retry_with_more_room_keeps_the_thinking_budget_on_top() {
         );
     }
 }
+
+// --- Options a run-time model refuses, refused before the tree starts ----------
+
+/// A config whose agents run on the simulated model, which refuses nothing,
+/// beside an Anthropic model with extended thinking on (never reached):
+/// `writer` asks for temperature 0.3, which Anthropic refuses with
+/// thinking; `lead` may spawn it; `plain` asks for nothing.
+const OVERRIDE_CONFIG: &str = r#"
+[service]
+bind = "127.0.0.1:0"
+
+[models.sim]
+provider = "simulated"
+fanout = 0
+depth = 0
+latency = "0"
+
+[models.an]
+provider = "anthropic"
+model = "claude-sonnet-4-5"
+base_url = "http://127.0.0.1:9"
+options = { reasoning = { budget_tokens = 2048 } }
+
+[agents.lead]
+model = "sim"
+spawnable_agents = ["writer"]
+
+[agents.writer]
+model = "sim"
+model_options = { temperature = 0.3 }
+
+[agents.plain]
+model = "sim"
+"#;
+
+/// What naming the refused option says, for `writer` on `an`.
+const WRITER_ON_AN: &str = "model \"an\" cannot run agent \"writer\"";
+const WRITERS_TEMPERATURE: &str = "agents.writer.model_options.temperature: 0.3 with extended \
+     thinking on (models.an.options.reasoning.budget_tokens = 2048): Anthropic accepts only \
+     temperature 1 (or none) when thinking is on";
+
+fn override_config() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, OVERRIDE_CONFIG).unwrap();
+    let path = path.display().to_string();
+    (dir, path)
+}
+
+#[test]
+fn arbor_run_model_on_a_model_that_refuses_an_agents_options_exits_2_before_the_tree_starts() {
+    let (_dir, config) = override_config();
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    // Each agent is on a model that takes its options: the config is valid.
+    let checked = crate::arbor(&["check-config", &config]);
+    assert_eq!(checked.status.code(), Some(0), "{}", text(&checked.stderr));
+    let run = |agent: &str, model: &str| {
+        crate::arbor(&[
+            "run",
+            "--no-store",
+            "--quiet",
+            "--config",
+            &config,
+            "--agent",
+            agent,
+            "--model",
+            model,
+            "go",
+        ])
+    };
+    // On the root, and on an agent the root may spawn (every agent of the
+    // tree goes on --model).
+    for (agent, reached) in [("writer", ""), ("lead", " (which \"lead\" may spawn)")] {
+        let out = run(agent, "an");
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{agent}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "error: --model an: {WRITER_ON_AN}{reached}: {WRITERS_TEMPERATURE}"
+            )),
+            "{agent}: {stderr}"
+        );
+        assert!(
+            text(&out.stdout).is_empty(),
+            "nothing ran: {}",
+            text(&out.stdout)
+        );
+    }
+    // An override that refuses nothing runs.
+    let out = run("writer", "sim");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_runs_with_a_model_that_refuses_an_agents_options_is_422_naming_the_agent_and_option()
+{
+    use crate::serve::{Server, TOKEN, get, post};
+    let (dir, config) = override_config();
+    let mut server = Server::start(dir.path(), &["--config", &config], Some(TOKEN));
+    server.wait_for("ready");
+    for (agent, reached) in [("writer", ""), ("lead", " (which \"lead\" may spawn)")] {
+        let (status, body) = post(
+            &server,
+            "/v1/runs",
+            json!({"agent": agent, "prompt": "go", "model": "an"}),
+        )
+        .await;
+        assert_eq!(status, reqwest::StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(body["error"]["code"], "invalid_request");
+        assert_eq!(
+            body["error"]["message"],
+            format!("model: {WRITER_ON_AN}{reached}: {WRITERS_TEMPERATURE}"),
+        );
+    }
+    // No tree was started for them.
+    let (_, runs) = get(&server, "/v1/runs").await;
+    assert_eq!(runs["runs"].as_array().map(Vec::len), Some(0), "{runs}");
+    // What the model takes is started.
+    for (agent, model) in [("plain", "an"), ("writer", "sim")] {
+        let (status, body) = post(
+            &server,
+            "/v1/runs",
+            json!({"agent": agent, "prompt": "go", "model": model}),
+        )
+        .await;
+        assert_eq!(
+            status,
+            reqwest::StatusCode::CREATED,
+            "{agent} on {model}: {body}"
+        );
+    }
+}
