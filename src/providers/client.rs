@@ -364,16 +364,22 @@ impl Model for HttpModel {
                 model: self.name.clone(),
                 message: message.clone(),
             })?;
-        // On the model call's span (`chat {model}`, GenAI conventions): the
-        // provider, the model id sent on the wire (over the catalog name the
-        // span starts with) and the catalog name as `arbor.model`.
+        // On the model call's span (GenAI conventions): the provider, the
+        // model id sent on the wire (over the catalog name the span starts
+        // with) and the catalog name as `arbor.model`; the span is named
+        // `chat {gen_ai.request.model}`, so with the model id too.
         let span = tracing::Span::current();
         span.record("gen_ai.provider.name", self.settings.kind.name());
         span.record("gen_ai.request.model", self.settings.model.as_str());
         #[cfg(feature = "otel")]
         {
+            use opentelemetry::trace::TraceContextExt as _;
             use tracing_opentelemetry::OpenTelemetrySpanExt as _;
             span.set_attribute("arbor.model", self.name.clone());
+            // Started when it was entered, so renamed on the span itself.
+            span.context()
+                .span()
+                .update_name(format!("chat {}", self.settings.model));
         }
         let mut body = self.body(&request);
         let estimate = request.messages.estimated_tokens();

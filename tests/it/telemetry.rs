@@ -452,7 +452,9 @@ system_prompt = "Answer."
         .unwrap();
     assert!(status.success(), "{status}");
     let spans = std::mem::take(&mut *spans.lock().unwrap());
-    let chat = spans.iter().find(|s| s.name == "chat remote").unwrap();
+    // Named `chat {gen_ai.request.model}`: the provider's model id, not
+    // the catalog name (`remote`).
+    let chat = spans.iter().find(|s| s.name == "chat test-model").unwrap();
     assert_eq!(
         attr(chat, "gen_ai.provider.name").as_deref(),
         Some("openai")
