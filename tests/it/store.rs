@@ -870,6 +870,63 @@ fn read_only_commands_read_a_store_on_a_read_only_filesystem() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
 
+/// Issue 12, defect 16: a writing command (`run`, `resume`, `gc`,
+/// `migrate`) on a read-only filesystem said "cannot read it here": its own
+/// message says it cannot write there, for a store that is there and for a
+/// new one, in one line, and names the commands that do read it there.
+#[test]
+fn a_writing_command_on_a_read_only_filesystem_says_it_cannot_write_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    quick_store(dir.path());
+    let run = [
+        "run",
+        "--config",
+        "quick.toml",
+        "--store",
+        "s.db",
+        "-q",
+        "go",
+    ];
+    let Some(out) = arbor_on_read_only_mount(dir.path(), &run) else {
+        eprintln!("skipped: no read-only bind mount here (needs unshare -m and mount)");
+        return;
+    };
+    let mut outs = vec![(run.join(" "), out)];
+    for args in [
+        &[
+            "run",
+            "--config",
+            "quick.toml",
+            "--store",
+            "new.db",
+            "-q",
+            "go",
+        ][..],
+        &["resume", "t", "--config", "quick.toml", "--store", "s.db"],
+        &["gc", "--older-than", "1d", "--store", "s.db"],
+        &["migrate", "--store", "s.db"],
+    ] {
+        outs.push((
+            args.join(" "),
+            arbor_on_read_only_mount(dir.path(), args).unwrap(),
+        ));
+    }
+    for (args, out) in outs {
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{args}: {err}");
+        assert!(err.contains("cannot write it here"), "{args}: {err}");
+        assert!(
+            err.contains("read-only directory or filesystem"),
+            "{args}: {err}"
+        );
+        assert!(!err.contains("cannot read"), "{args}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args}: {err}");
+    }
+    // Nothing was made there: no new store, no -wal or -shm beside the old one.
+    assert!(!dir.path().join("new.db").exists());
+    assert!(!wal(&dir.path().join("s.db")).exists());
+}
+
 #[test]
 fn an_edited_config_does_not_change_a_resumed_tree_and_an_override_is_recorded() {
     let dir = tempfile::tempdir().unwrap();

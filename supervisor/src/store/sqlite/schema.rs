@@ -174,10 +174,10 @@ impl SqliteStore {
                 }
                 let mut conn = connect(true)?;
                 let values = header_values(&mut conn);
-                let (version, tables) = check_header(path, values)?;
+                let (version, tables) = check_header(path, values, Access::Read)?;
                 break (conn, version, tables);
             }
-            match check_header(path, values) {
+            match check_header(path, values, Access::Read) {
                 Err(Error::StoreOpen { busy: true, .. })
                     if std::time::Instant::now() < deadline =>
                 {
@@ -227,9 +227,17 @@ impl SqliteStore {
         if create {
             flags |= OpenFlags::SQLITE_OPEN_CREATE;
         }
-        let mut conn = Connection::open_with_flags(path, flags).map_err(sql_err)?;
+        let mut conn =
+            Connection::open_with_flags(path, flags).map_err(|e| match e.sqlite_error_code() {
+                Some(
+                    rusqlite::ErrorCode::CannotOpen
+                    | rusqlite::ErrorCode::ReadOnly
+                    | rusqlite::ErrorCode::PermissionDenied,
+                ) => open_err(cannot_write_here(&e)),
+                _ => sql_err(e),
+            })?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_err)?;
-        let (version, tables) = read_header(&mut conn, path)?;
+        let (version, tables) = read_header(&mut conn, path, Access::Write)?;
         let known = MIGRATIONS.len() as i64;
         let newer = |found| Error::NewerStore {
             path: path.display().to_string(),
@@ -245,7 +253,10 @@ impl SqliteStore {
         // SQLite opens a file it may not write read-only, without an error.
         if conn.is_readonly(rusqlite::MAIN_DB).map_err(sql_err)? {
             return Err(open_err(
-                "the file is read-only (runs could not be stored)".into(),
+                "cannot write it here: the file, or its directory or filesystem, is \
+                 read-only, so runs could not be stored (the read-only commands runs, tree, \
+                 show, export and replay read it there)"
+                    .into(),
             ));
         }
         conn.pragma_update(None, "journal_mode", "WAL")
@@ -312,8 +323,28 @@ fn url_path(path: &Path) -> String {
 /// an empty file) this build can read. Reading the header is the first thing
 /// that touches the file: a file that is not SQLite fails here, before
 /// anything is written.
-fn read_header(conn: &mut Connection, path: &Path) -> Result<(i64, i64), Error> {
-    check_header(path, header_values(conn))
+fn read_header(conn: &mut Connection, path: &Path, access: Access) -> Result<(i64, i64), Error> {
+    check_header(path, header_values(conn), access)
+}
+
+/// What a store is opened for: its open errors say which was refused.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// `open_read_only`: the read-only commands.
+    Read,
+    /// `open`, `open_existing`: a command that writes the store.
+    Write,
+}
+
+/// Why a writing command cannot open the store where it is: SQLite could
+/// not open the file, or the `-wal` and `-shm` files beside it, for writing.
+fn cannot_write_here(e: &rusqlite::Error) -> String {
+    format!(
+        "cannot write it here ({e}): a writing command (run, resume, serve, gc, migrate) \
+         needs to write the store and make its -wal and -shm files beside it, which a \
+         read-only directory or filesystem does not allow (the read-only commands runs, \
+         tree, show, export and replay read it there)"
+    )
 }
 
 /// Whether SQLite failed because another process holds the file's lock
@@ -351,6 +382,7 @@ fn header_values(conn: &mut Connection) -> rusqlite::Result<(i64, i64, i64)> {
 fn check_header(
     path: &Path,
     values: rusqlite::Result<(i64, i64, i64)>,
+    access: Access,
 ) -> Result<(i64, i64), Error> {
     let open_err = |reason: String| Error::StoreOpen {
         path: path.display().to_string(),
@@ -366,6 +398,11 @@ fn check_header(
         Some(rusqlite::ErrorCode::DatabaseCorrupt) => open_err(format!(
             "the file is damaged (truncated or corrupt): {e}; restore it from a backup"
         )),
+        Some(
+            rusqlite::ErrorCode::ReadOnly
+            | rusqlite::ErrorCode::CannotOpen
+            | rusqlite::ErrorCode::PermissionDenied,
+        ) if access == Access::Write => open_err(cannot_write_here(&e)),
         Some(
             rusqlite::ErrorCode::ReadOnly
             | rusqlite::ErrorCode::CannotOpen
