@@ -493,3 +493,110 @@ async fn child_run_ids_keep_request_order_when_a_step_is_cut_short() {
         vec!["t/0.1".to_owned(), "t/0.2".to_owned(), "t/0.3".to_owned()]
     );
 }
+
+/// Whether a spawn result's `value` has the one shape of a child that did not
+/// complete (semantics §7): an object whose only key is `errorMessage`, a
+/// non-empty string (not a run's `{type: "error", message}` output value).
+fn assert_error_message_only(what: &str, value: &Value) {
+    let object = value
+        .as_object()
+        .unwrap_or_else(|| panic!("{what}: not an object: {value}"));
+    let keys: Vec<&str> = object.keys().map(String::as_str).collect();
+    assert_eq!(keys, ["errorMessage"], "{what}: {value}");
+    let message = value["errorMessage"].as_str().unwrap_or_default();
+    assert!(!message.is_empty(), "{what}: {value}");
+}
+
+/// Issue 12, defect 23: a child that failed (a model error, a panic), was
+/// cancelled while it ran or before it started, or was refused (an unknown
+/// type, a limit) is one shape in its `spawn_agents` entry, `{errorMessage}`
+/// and nothing else; so is a failed or refused `spawn_agent_inline` result.
+#[tokio::test(start_paused = true)]
+async fn a_failed_childs_entry_has_one_shape_errormessage_whatever_the_cause() {
+    let inline = |agent_type: &str, prompt: &str| {
+        call(
+            "spawn_agent_inline",
+            json!({"agent_type": agent_type, "prompt": prompt}),
+        )
+    };
+    let model = scripted(json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [spawn_call(&[
+                ("worker", "err"), ("worker", "crash"), ("sleeper", "run"),
+                ("sleeper", "wait"), ("ghost", "x"), ("worker", "sixth")
+            ])]},
+            {"toolCalls": [inline("worker", "outage")]},
+            {"toolCalls": [inline("ghost", "inline x")]},
+            {"text": "done"}
+        ]},
+        {"agent": "worker", "prompt": "err", "steps": [{"error": "service down", "delayMs": 10}]},
+        {"agent": "worker", "prompt": "crash", "steps": [{"panic": "model blew up", "delayMs": 10}]},
+        {"agent": "worker", "prompt": "outage", "steps": [{"error": "inline down", "delayMs": 10}]},
+        {"agent": "worker", "steps": [{"text": "never asked"}]},
+        {"agent": "sleeper", "steps": [{"text": "slept", "delayMs": 3_600_000}]}
+    ]}));
+    let sup = supervisor(
+        &model,
+        vec![
+            template("lead").spawns(&["worker", "sleeper"]),
+            template("worker"),
+            template("sleeper"),
+        ],
+        TreeLimits {
+            // One child steps at a time, so the second sleeper waits for
+            // the first's slot; the sixth child of the call is refused.
+            max_live_agents: std::num::NonZeroUsize::new(1),
+            max_children_per_call: std::num::NonZeroUsize::new(5),
+            ..TreeLimits::default()
+        },
+    );
+    let mut rx = sup.subscribe();
+    let handle = start(&sup, "lead", "go").await;
+    let mut seen = Vec::new();
+    wait_for(&mut rx, &mut seen, |e| {
+        matches!(&e.kind, EventKind::AgentStarted { agent_type, .. } if agent_type == "sleeper")
+    })
+    .await;
+    let sleepers = spawned(&seen, "sleeper");
+    assert_eq!(sleepers.len(), 2, "{sleepers:?}");
+    // The waiting one first (it never starts), then the running one.
+    sup.cancel_run(&sleepers[1]).expect("the waiting sleeper");
+    sup.cancel_run(&sleepers[0]).expect("the running sleeper");
+    let result = finish(handle).await;
+    seen.extend(drain(&mut rx));
+    assert_eq!(result.state.status, AgentStatus::Completed);
+    assert_eq!(last_text(&result.value), "done");
+    assert!(
+        !seen
+            .iter()
+            .any(|e| *e.run_id == *sleepers[1] && matches!(e.kind, EventKind::AgentStarted { .. })),
+        "the waiting sleeper started"
+    );
+
+    let entries = tool_result(&result.state, "spawn_agents");
+    let entries = entries.as_array().unwrap();
+    assert_eq!(entries.len(), 6);
+    let causes = [
+        ("a model error", "service down"),
+        ("a panic", "model blew up"),
+        ("cancelled while it ran", "cancel"),
+        ("cancelled before it started", "cancel"),
+        ("a type it may not spawn", "ghost"),
+        ("over max_children_per_call", "max_children_per_call"),
+    ];
+    for (entry, (cause, says)) in entries.iter().zip(causes) {
+        assert_error_message_only(cause, &entry["value"]);
+        let message = error_of(entry).unwrap();
+        assert!(message.to_lowercase().contains(says), "{cause}: {message}");
+    }
+    let inline_results = tool_results(&result.state, "spawn_agent_inline");
+    assert_eq!(inline_results.len(), 2, "{inline_results:?}");
+    for (value, (cause, says)) in inline_results.iter().zip([
+        ("a failed inline child", "inline down"),
+        ("an inline type it may not spawn", "ghost"),
+    ]) {
+        assert_error_message_only(cause, value);
+        let message = value["errorMessage"].as_str().unwrap();
+        assert!(message.contains(says), "{cause}: {message}");
+    }
+}
