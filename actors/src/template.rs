@@ -547,4 +547,22 @@ mod tests {
         );
         assert!(t.check_input(Some("go"), None).is_err());
     }
+
+    #[test]
+    fn a_prompt_the_input_schema_refuses_is_an_invalid_prompt_error_naming_the_agent() {
+        let mut t = AgentTemplate::new("c", "m");
+        t.input_schema.prompt =
+            Some(Schema::compile(json!({"type": "string", "minLength": 5})).unwrap());
+        assert!(t.check_input(Some("a long task"), None).is_ok());
+        let err = t.check_input(Some("go"), None).unwrap_err();
+        assert!(
+            matches!(&err, InputError::Prompt { agent, .. } if agent == "c"),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(text.starts_with("Invalid prompt for agent c: "), "{text}");
+        // No prompt at all is checked as null, and refused the same way.
+        let none = t.check_input(None, None).unwrap_err().to_string();
+        assert!(none.starts_with("Invalid prompt for agent c: "), "{none}");
+    }
 }

@@ -111,6 +111,39 @@ fn spawn_agents_plans_children_in_request_order_with_permission_checks() {
     assert_eq!(&*writer.template.system_prompt, "writer sys");
 }
 
+/// Issue 12, defect 22: a prompt its input schema refuses is that child's
+/// refusal, `Invalid prompt for agent T: …` (an absent prompt too), while a
+/// sibling whose prompt fits is planned.
+#[test]
+fn a_prompt_the_childs_input_schema_refuses_is_an_invalid_prompt_refusal() {
+    let mut terse = AgentTemplate::new("terse", "m");
+    terse.input_schema.prompt =
+        Some(Schema::compile(json!({"type": "string", "minLength": 5})).unwrap());
+    let mut run = Run::new(
+        lead().spawns(&["terse"]),
+        vec![terse],
+        vec![Message::user("task")],
+    );
+    request(run.start());
+    let (_, _, children) = run.spawn_reply_action(json!([
+        {"agent_type": "terse", "prompt": "go"},
+        {"agent_type": "terse"},
+        {"agent_type": "terse", "prompt": "a long task"}
+    ]));
+    for refused in &children[..2] {
+        let Err((t, e)) = refused else {
+            panic!(
+                "refused by its prompt schema: {:?}",
+                refused.as_ref().map(|p| &p.prompt)
+            )
+        };
+        assert_eq!(t, "terse");
+        assert!(e.starts_with("Invalid prompt for agent terse: "), "{e}");
+    }
+    let planned = children[2].as_ref().expect("a prompt that fits is planned");
+    assert_eq!(planned.prompt.as_deref(), Some("a long task"));
+}
+
 impl Run {
     fn spawn_reply_action(&mut self, agents: Value) -> Spawn {
         let step = self.m.step();
