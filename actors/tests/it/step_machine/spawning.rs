@@ -679,3 +679,59 @@ fn without_a_context_window_a_large_report_is_not_cut() {
     request(run.m.spawn_done(step, index, vec![report], &run.cat));
     assert_eq!(result_value(&run.history()[2])[0]["value"], long);
 }
+
+/// Issue 12, defect 18: a child with a small `context_window` whose history
+/// has grown far past it still sends its task: the request the machine
+/// builds keeps the spawn prompt and the instructions at its head, and cuts
+/// the oldest work after them.
+#[test]
+fn a_request_cut_to_the_context_window_still_holds_the_agents_prompt_and_instructions() {
+    let mut reader = AgentTemplate::new("reader", "m");
+    reader.tools = vec!["add_message".into()];
+    reader.instructions_prompt = Some(Arc::from("the instructions"));
+    reader.context_window = Some(300);
+    let mut run = Run::new(
+        lead().spawns(&["reader"]),
+        vec![reader],
+        vec![Message::user("task")],
+    );
+    request(run.start());
+    let (_, _, children) =
+        run.spawn_reply_action(json!([{"agent_type": "reader", "prompt": "the task"}]));
+    let plan = children[0].as_ref().unwrap();
+    let mut child = child_machine(plan, start_child(&run, plan, 1));
+    let first = request(child.start());
+    let texts =
+        |req: &ModelRequest| -> Vec<String> { req.messages.iter().map(|m| m.text()).collect() };
+    assert_eq!(texts(&first), ["the task", "the instructions"]);
+
+    // Four steps of about 1000 estimated tokens each (a long reply and a
+    // long note), far past the 300-token window.
+    let long = |step: usize| format!("step {step} {}", "x".repeat(2000));
+    let mut last = first;
+    for step in 1..=4 {
+        let (name, input) = add_user(&long(step));
+        let reply = Message::assistant(
+            Some(long(step)),
+            vec![call(&format!("s{step}"), name, input)],
+        );
+        last = request(child.reply(reply));
+    }
+    assert!(
+        child.state().message_history.len() > last.messages.len(),
+        "the history is cut for the request: {:?}",
+        texts(&last)
+    );
+    let sent = texts(&last);
+    assert_eq!(sent[0], "the task", "{sent:?}");
+    assert!(last.messages.iter().next().unwrap().has_tag(SPAWN_PROMPT));
+    assert_eq!(sent[1], "the instructions", "{sent:?}");
+    assert!(
+        sent[2].contains("removed to fit the context window"),
+        "{sent:?}"
+    );
+    // The newest work is what is kept after them.
+    assert!(sent.last().unwrap().starts_with("step 4"), "{sent:?}");
+    // The history itself is whole.
+    assert_eq!(child.history()[0].text(), "the task");
+}
