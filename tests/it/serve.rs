@@ -1437,3 +1437,148 @@ async fn a_message_to_a_running_agent_over_http_or_arbor_say_is_journaled_and_on
     let (status, body) = send("/v1/runs/t404%2F0/messages".into(), json!({"text": "hi"})).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
 }
+
+/// Issue 12, defect 17: `POST /v1/runs/{runId}/cancel` for a child that
+/// waits for a live slot was a 404, and the child ran later. With one live
+/// slot, a lead's second child waits while the first sleeps: cancelling the
+/// waiting one over HTTP is accepted (202), and it ends cancelled without
+/// ever starting (no `agentStarted` for it in the journal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_child_waiting_for_a_live_slot_over_http_ends_it_without_starting() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("slots.toml");
+    std::fs::write(
+        &config,
+        r#"
+[run]
+agent = "boss"
+[limits]
+max_live_agents = 1
+deadline = "2m"
+[store]
+path = "arbor.db"
+[service]
+bind = "127.0.0.1:0"
+[models.quick]
+provider = "simulated"
+fanout = 2
+depth = 1
+latency = "0"
+[models.slow]
+provider = "simulated"
+fanout = 1
+depth = 1
+latency = "1h"
+[agents.boss]
+model = "quick"
+spawnable_agents = ["napper"]
+[agents.napper]
+model = "slow"
+"#,
+    )
+    .unwrap();
+    let mut server = Server::start(
+        dir.path(),
+        &["--config", config.to_str().unwrap()],
+        Some(TOKEN),
+    );
+    server.wait_for("ready");
+    let server = std::sync::Arc::new(server);
+    let (status, created) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "boss", "prompt": "go"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let root = created["runId"].as_str().unwrap().to_owned();
+
+    // The tree's events, as they come, to act on.
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel::<Sse>();
+    let streaming = {
+        let (server, root) = (server.clone(), root.clone());
+        tokio::spawn(async move {
+            stream(&server, &root, None, |e| {
+                let _ = tx.send(e.clone());
+            })
+            .await
+        })
+    };
+    async fn next(events: &mut tokio::sync::mpsc::UnboundedReceiver<Sse>) -> Sse {
+        tokio::time::timeout(GUARD, events.recv())
+            .await
+            .expect("the next event arrives")
+            .expect("the stream goes on")
+    }
+    // Both children spawned, one of them started (holding the one slot).
+    let (mut spawned, mut running) = (Vec::new(), None);
+    while spawned.len() < 2 || running.is_none() {
+        let e = next(&mut events).await;
+        match e.event.as_str() {
+            "childSpawned" => spawned.push(e.data["childRunId"].as_str().unwrap().to_owned()),
+            "agentStarted" if e.data["agentType"] == "napper" => {
+                running = Some(e.data["runId"].as_str().unwrap().to_owned());
+            }
+            _ => {}
+        }
+    }
+    let running = running.unwrap();
+    let waiting = spawned.iter().find(|r| **r != running).unwrap().clone();
+
+    let cancel = |run: &str| format!("/v1/runs/{}/cancel", encoded(run));
+    let (status, body) = post(&server, &cancel(&waiting), json!({})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    // It ends cancelled (before the running one gives its slot up).
+    loop {
+        let e = next(&mut events).await;
+        assert!(
+            !(e.event == "agentStarted" && e.data["runId"] == waiting.as_str()),
+            "the cancelled child started: {e:?}"
+        );
+        if e.event == "childFinished" && e.data["childRunId"] == waiting.as_str() {
+            assert_eq!(e.data["status"], "cancelled", "{e:?}");
+            break;
+        }
+    }
+    // Then the sleeping one, so the tree can end.
+    let (status, body) = post(&server, &cancel(&running), json!({})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let live = tokio::time::timeout(GUARD, streaming)
+        .await
+        .expect("the tree ends")
+        .unwrap();
+    let last = live.last().unwrap();
+    assert_eq!(last.data["runId"], root.as_str(), "{last:?}");
+    assert_eq!(last.event, "agentFinished", "{last:?}");
+
+    // The journal, read again from the start, agrees: it never started.
+    let journal = stream(&server, &root, None, |_| {}).await;
+    assert_eq!(journal, live);
+    let started: Vec<&str> = journal
+        .iter()
+        .filter(|e| e.event == "agentStarted")
+        .map(|e| e.data["runId"].as_str().unwrap())
+        .collect();
+    assert!(!started.contains(&waiting.as_str()), "{started:?}");
+    assert!(started.contains(&running.as_str()), "{started:?}");
+    let (_, state) = get(&server, &format!("/v1/runs/{}", encoded(&root))).await;
+    let entries = state["state"]["messageHistory"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool" && m["toolName"] == "spawn_agents")
+        .map(|m| m["content"][0]["value"].clone())
+        .unwrap();
+    let entry = entries
+        .as_array()
+        .unwrap()
+        .iter()
+        // A run that never started has no run id in its entry; its agent
+        // id is the one the spawn gave it.
+        .find(|e| e["agentId"] == waiting.as_str())
+        .unwrap_or_else(|| panic!("no entry for {waiting}: {entries}"));
+    assert_eq!(
+        entry["value"]["errorMessage"], "Agent was cancelled",
+        "{entry}"
+    );
+}
