@@ -139,7 +139,11 @@ impl HttpModel {
         // their reset, whatever the status.
         let retry_after = retry_after(response.headers());
         let told = matches!(status.as_u16(), 429 | 503) && retry_after.is_some();
-        let exhausted = exhausted_for(response.headers());
+        // Spent buckets, or buckets with no more left than the requests sent
+        // after this one (the endpoint has not counted them yet): hold new
+        // requests until enough has refilled.
+        let exhausted = exhausted_for(response.headers())
+            .max(self.limiter.pace(response.headers(), sent));
         match (&self.gate, told, retry_after, exhausted) {
             (Some(gate), true, Some(wait), _) | (Some(gate), false, _, Some(wait)) => {
                 gate.close_for(wait)
