@@ -801,7 +801,17 @@ pub(super) fn check_models(
                         ));
                     }
                 }
-                let config = latency.map(|latency| simulated_config(s, latency));
+                // Out of range, the tree is not built: `depth = 4294967296` would
+                // ask for a 32 GiB shape before being refused.
+                let sized = s.fanout <= ranges::FANOUT.1
+                    && s.depth <= ranges::DEPTH.1
+                    && s.shape.as_ref().is_none_or(|shape| {
+                        shape.len() <= ranges::DEPTH.1
+                            && shape.iter().all(|&f| f <= ranges::FANOUT.1)
+                    });
+                let config = latency
+                    .filter(|_| sized)
+                    .map(|latency| simulated_config(s, latency));
                 let agents = config.as_ref().map(|c| c.agents()).unwrap_or(0);
                 if agents > ranges::SIMULATED_AGENTS {
                     problems.push(at(

@@ -169,6 +169,8 @@ fn values_that_panicked_aborted_or_hung_at_run_time_are_refused_with_key_and_lin
         ),
         ("latency = \"2h\"", "models.sim.latency", "at most 1h"),
         ("fanout = 1000000", "models.sim.fanout", "out of range"),
+        // Refused without building the 32 GiB shape it names.
+        ("depth = 4294967296", "models.sim.depth", "out of range"),
         (
             "reply_tokens = 100000000",
             "models.sim.reply_tokens",
@@ -192,7 +194,8 @@ fn values_that_panicked_aborted_or_hung_at_run_time_are_refused_with_key_and_lin
         );
         let (code, err) = check_text(&config);
         assert_eq!(code, Some(2), "{line}: {err}");
-        let wanted_line = if line.starts_with("depth") { 4 } else { 3 };
+        // The tree-size case names fanout, on the line after its depth.
+        let wanted_line = if line.starts_with("depth = 50") { 4 } else { 3 };
         assert!(
             err.contains(&format!("c.toml:{wanted_line}: {key}: ")) && err.contains(why),
             "{line}: {err}"
