@@ -4,7 +4,7 @@
 //!
 //! A tree is one trace: each agent's span (`invoke_agent {type}`) is a child
 //! of its parent agent's, the root's of its tree's span; model calls are
-//! `chat {model}` client spans, tools `execute_tool {tool}` (the
+//! `chat {gen_ai.request.model}` client spans, tools `execute_tool {tool}` (the
 //! OpenTelemetry GenAI conventions; docs/telemetry.md). A W3C `traceparent`
 //! is taken from a request ([`continue_trace`]) and sent with every model
 //! request ([`inject_traceparent`]).

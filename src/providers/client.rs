@@ -142,8 +142,8 @@ impl HttpModel {
         // Spent buckets, or buckets with no more left than the requests sent
         // after this one (the endpoint has not counted them yet): hold new
         // requests until enough has refilled.
-        let exhausted = exhausted_for(response.headers())
-            .max(self.limiter.pace(response.headers(), sent));
+        let exhausted =
+            exhausted_for(response.headers()).max(self.limiter.pace(response.headers(), sent));
         match (&self.gate, told, retry_after, exhausted) {
             (Some(gate), true, Some(wait), _) | (Some(gate), false, _, Some(wait)) => {
                 gate.close_for(wait)

@@ -3,7 +3,7 @@
 //! the OpenAI Responses API (`api = "responses"`) and the Anthropic Messages
 //! API, behind the core's `Model` port.
 //!
-//! One client core serves every wire format: a per-model limiter, retries with
+//! One client core serves every wire format: a limiter per endpoint and key, retries with
 //! backoff and jitter, connect/request/stream-idle timeouts, SSE streaming with
 //! deltas surfaced as events, usage and cost. A wire format (a `WireFormat`:
 //! endpoint, headers, request body, reply parse, stream assembler) lives in its

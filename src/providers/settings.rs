@@ -524,7 +524,11 @@ mod tests {
                 "on_truncated = { max_tokens = 4096 }",
                 "(4096, the default)",
             ),
-            (OpenAi, "on_truncated = { max_tokens = 0 }", "from 1 to 10000000"),
+            (
+                OpenAi,
+                "on_truncated = { max_tokens = 0 }",
+                "from 1 to 10000000",
+            ),
             (
                 OpenAi,
                 "on_truncated = { max_tokens = 20000000 }",
