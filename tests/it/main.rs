@@ -22,6 +22,7 @@ mod page_turns;
 mod provider_cooldown;
 mod provider_faults;
 mod provider_limits;
+mod provider_options;
 mod provider_quirks;
 mod provider_secrets;
 mod replicas;

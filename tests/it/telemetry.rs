@@ -1,9 +1,10 @@
 //! Telemetry of a live `arbor serve`: one OTLP trace per tree (received by
 //! a small OTLP/HTTP sink on loopback), continuing the caller's
-//! `traceparent`, with the GenAI semantic conventions' names and attributes;
+//! `traceparent` or, without one, rooted at the request's span, with the
+//! GenAI semantic conventions' names, kinds and attributes;
 //! its JSON log lines carrying the trace's ids; and its `/metrics` as
 //! promtool checks it, in both exposition formats, with requests counted
-//! when sent and time to first token.
+//! when sent, time to first token, and the HTTP request families.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -81,10 +82,17 @@ fn start(dir: &Path, otlp: Option<&str>) -> Server {
 /// Starts the 7-agent tree with the caller's `traceparent` and waits
 /// (bounded, on the server's log) for its end.
 async fn run_tree(server: &mut Server) -> String {
-    let response = client()
-        .post(server.url("/v1/runs"))
-        .bearer_auth(TOKEN)
-        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
+    start_tree(server, true).await
+}
+
+/// Starts the 7-agent tree, with the caller's `traceparent` if `traced`,
+/// and waits (bounded, on the server's log) for its end.
+async fn start_tree(server: &mut Server, traced: bool) -> String {
+    let mut request = client().post(server.url("/v1/runs")).bearer_auth(TOKEN);
+    if traced {
+        request = request.header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"));
+    }
+    let response = request
         .json(&json!({"agent": "lead", "prompt": "split it"}))
         .send()
         .await
@@ -238,6 +246,85 @@ async fn a_tree_is_one_trace_in_the_callers_with_genai_spans() {
     }
 }
 
+/// A tree started by a caller that sends no `traceparent` is still one
+/// trace: the `request` span (SERVER) is its root, the `tree` span its
+/// child, and every other span hangs under them; agent spans are
+/// INTERNAL, model calls CLIENT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_started_without_a_traceparent_is_one_trace_rooted_at_its_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let (endpoint, spans) = sink().await;
+    let mut server = start(dir.path(), Some(&endpoint));
+    let tree = start_tree(&mut server, false).await;
+    let (status, _) = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status}");
+    let spans = std::mem::take(&mut *spans.lock().unwrap());
+
+    // One trace, of a fresh id.
+    let traces: HashSet<String> = spans.iter().map(|s| hex(&s.trace_id)).collect();
+    assert_eq!(traces.len(), 1, "{spans:#?}");
+    let trace = traces.into_iter().next().unwrap();
+    assert_ne!(trace, TRACE_ID);
+    assert_ne!(trace, "0".repeat(32));
+
+    // Its one root is the request; the tree span is the request's child.
+    let roots: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.parent_span_id.is_empty())
+        .collect();
+    assert_eq!(roots.len(), 1, "{roots:#?}");
+    let request = roots[0];
+    assert_eq!(request.name, "request");
+    assert_eq!(request.kind, SpanKind::Server as i32);
+    assert_eq!(attr(request, "path").as_deref(), Some("/v1/runs"));
+    let tree_span = spans.iter().find(|s| s.name == "tree").unwrap();
+    assert_eq!(attr(tree_span, "arbor.tree.id").as_deref(), Some(&*tree));
+    assert_eq!(tree_span.parent_span_id, request.span_id);
+
+    // Every span leads up to the request, through spans the sink received.
+    let by_id: HashMap<&[u8], &Span> = spans.iter().map(|s| (&s.span_id[..], s)).collect();
+    for span in &spans {
+        let mut at = span;
+        let mut hops = 0;
+        while !at.parent_span_id.is_empty() {
+            at = by_id
+                .get(&at.parent_span_id[..])
+                .unwrap_or_else(|| panic!("{} has a parent not in the trace", span.name));
+            hops += 1;
+            assert!(hops <= spans.len(), "a cycle above {}", span.name);
+        }
+        assert_eq!(at.span_id, request.span_id, "{span:#?}");
+    }
+
+    // The kinds: agents INTERNAL (the root agent under the tree span),
+    // model calls CLIENT under an agent.
+    let agents: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name.starts_with("invoke_agent "))
+        .collect();
+    assert_eq!(agents.len(), 7, "{agents:#?}");
+    for agent in &agents {
+        assert_eq!(agent.kind, SpanKind::Internal as i32, "{agent:#?}");
+    }
+    let root_agent = spans
+        .iter()
+        .find(|s| s.name == "invoke_agent lead")
+        .unwrap();
+    assert_eq!(root_agent.parent_span_id, tree_span.span_id);
+    let chats: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name.starts_with("chat "))
+        .collect();
+    assert!(chats.len() >= 7, "{chats:#?}");
+    for chat in &chats {
+        assert_eq!(chat.kind, SpanKind::Client as i32, "{chat:#?}");
+        let up = by_id[&chat.parent_span_id[..]];
+        assert!(up.name.starts_with("invoke_agent "), "{up:#?}");
+    }
+}
+
 /// promtool, from ARBOR_PROMTOOL (`.ci/run` installs Debian's `prometheus`
 /// and sets it) or /usr/bin/promtool. Missing: a failure under CI=true, else
 /// the test is skipped with a note.
@@ -319,6 +406,38 @@ async fn promtool_passes_metrics_in_both_formats_after_a_run() {
                 "arbor_http_requests_total{method=\"POST\",route=\"/v1/runs\",status=\"201\"} 1\n"
             ),
             "{text}"
+        );
+        // The request's duration: one observation, in a bucket and the sum.
+        assert!(
+            text.contains(
+                "arbor_http_request_duration_seconds_count{method=\"POST\",route=\"/v1/runs\"} 1\n"
+            ),
+            "{text}"
+        );
+        // (The `+Inf` bucket's labels in any order.)
+        let inf = text.lines().any(|l| {
+            l.strip_prefix("arbor_http_request_duration_seconds_bucket{")
+                .and_then(|l| l.strip_suffix("} 1"))
+                .is_some_and(|labels| {
+                    let mut labels: Vec<&str> = labels.split(',').collect();
+                    labels.sort_unstable();
+                    labels == [r#"le="+Inf""#, r#"method="POST""#, r#"route="/v1/runs""#]
+                })
+        });
+        assert!(inf, "{text}");
+        let sum: f64 = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(
+                    "arbor_http_request_duration_seconds_sum{method=\"POST\",route=\"/v1/runs\"} ",
+                )
+            })
+            .unwrap_or_else(|| panic!("no duration sum in\n{text}"))
+            .parse()
+            .unwrap();
+        assert!(
+            sum > 0.0 && sum < crate::support::GUARD.as_secs_f64(),
+            "{sum}"
         );
         promtool_check(&promtool, &text);
     }
