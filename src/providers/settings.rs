@@ -10,9 +10,11 @@ use serde::Deserialize;
 use arbor_actors::model::ModelOptions;
 use arbor_actors::template::Structured;
 
-use super::anthropic::DEFAULT_MAX_TOKENS;
 use super::limiter::LimiterConfig;
 use super::retry::RetryPolicy;
+
+/// Anthropic's `max_tokens` when a model sets none (the API requires one).
+pub(crate) const DEFAULT_MAX_TOKENS: u32 = 4096;
 
 /// The API an HTTP model speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

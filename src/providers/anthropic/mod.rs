@@ -27,7 +27,7 @@ use arbor_actors::model::{ModelOptions, ToolChoice};
 use serde_json::{Value, json};
 
 pub(crate) use self::stream::StreamState;
-use crate::providers::settings::{ProviderKind, ProviderSettings};
+use crate::providers::settings::{DEFAULT_MAX_TOKENS, ProviderKind, ProviderSettings};
 use crate::providers::wire::convert::{adjacent_results, result_text};
 use crate::providers::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
 
@@ -80,9 +80,6 @@ impl WireFormat for Anthropic {
 
 /// The user turn inserted where the API needs one and the history has none.
 const CONTINUE: &str = "(continue)";
-
-/// The reply length asked for when the model's settings give none.
-pub(crate) const DEFAULT_MAX_TOKENS: u32 = 4096;
 
 /// Where a block of the request came from, which decides where the cache
 /// breakpoints go.
