@@ -127,8 +127,12 @@ pub(crate) async fn locate(shared: &Shared, tree_id: &str) -> Result<Route, ApiE
         return Ok(Route::Local);
     }
     let tree = tree_id.to_owned();
+    // Read once this process's own writes are in: a tree that just ended
+    // here is no longer running but may not be stored as ended yet, and
+    // would read as still owned by this very process (a control "forwarded"
+    // to itself instead of refused as ended).
     let (owner, status) = supervisor
-        .read_store(move |store| match store.tree(&tree) {
+        .read_store_now(move |store| match store.tree(&tree) {
             Ok((_, summary)) => Ok((store.owner(&tree)?, Some(summary.status))),
             Err(arbor_supervisor::Error::UnknownTree(_)) => Ok((None, None)),
             Err(error) => Err(error),
