@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::limiter::{Closed, Gate, Limiter};
 use super::observe::{RequestEvent, RequestSignal, signal};
-use super::retry::{exhausted_for, jitter, retry_after, retryable_status};
+use super::retry::{jitter, retry_after, retryable_status};
 use super::settings::ProviderSettings;
 use super::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
 
@@ -49,17 +49,14 @@ impl HttpModel {
             .connect_timeout(settings.timeouts.connect)
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        // The limiter and the cooldown gate are both the endpoint's and key's.
+        let key = settings.api_key.as_ref().map_or("", |key| key.expose());
+        let limiter = Limiter::shared(&settings.base_url, key, &settings.limits);
+        let gate = Gate::shared(&settings.base_url, key);
         Ok(HttpModel {
             name: name.into(),
-            limiter: Limiter::shared(
-                &settings.base_url,
-                settings.api_key.as_ref().map_or("", |key| key.expose()),
-                &settings.limits,
-            ),
-            gate: Some(Gate::shared(
-                &settings.base_url,
-                settings.api_key.as_ref().map_or("", |key| key.expose()),
-            )),
+            limiter,
+            gate: Some(gate),
             endpoint: format!("{}{}", settings.base_url, format.path()),
             headers: headers(&settings, &*format),
             settings,
@@ -142,8 +139,7 @@ impl HttpModel {
         // Spent buckets, or buckets with no more left than the requests sent
         // after this one (the endpoint has not counted them yet): hold new
         // requests until enough has refilled.
-        let exhausted =
-            exhausted_for(response.headers()).max(self.limiter.pace(response.headers(), sent));
+        let exhausted = self.limiter.pace(response.headers(), sent);
         match (&self.gate, told, retry_after, exhausted) {
             (Some(gate), true, Some(wait), _) | (Some(gate), false, _, Some(wait)) => {
                 gate.close_for(wait)
@@ -393,10 +389,9 @@ impl Model for HttpModel {
         let mut retry = 0;
         // Those of them that `policy.max_retries` bounds (not the truncation's).
         let mut retried = 0;
-        // The larger max_tokens a cut reply is asked for again with, once.
+        // The larger max_tokens a cut reply is asked for again with, once
+        // (`None` once used).
         let mut more_room = self.settings.truncated_max_tokens;
-        // The max_tokens of a retry that was cut too, for its error.
-        let mut roomier: Option<u32> = None;
         // The last attempt's failure, for an error that ends the retries.
         let mut reason: Option<String> = None;
         loop {
@@ -423,26 +418,21 @@ impl Model for HttpModel {
             drop(admission);
             // A reply cut at the output limit is asked for again, once, with
             // more room (`on_truncated`), at once: the endpoint is well.
-            let outcome = match (outcome, more_room.take()) {
-                (Err(Failure::Truncated(message)), Some(max_tokens)) => {
-                    retry += 1;
-                    roomier = Some(max_tokens);
-                    self.format.with_room(&mut body, &self.settings, max_tokens);
-                    let shown = format!("{message}; asking again with max_tokens {max_tokens}");
-                    tracing::warn!(model = %self.name, retry, reason = %shown, "retrying a truncated model request with more room");
-                    deltas(Delta::Retry {
-                        attempt: retry,
-                        delay_ms: 0,
-                        reason: shown,
-                    });
-                    reason = Some(message);
-                    continue;
-                }
-                (outcome, room) => {
-                    more_room = room;
-                    outcome
-                }
-            };
+            if let (Err(Failure::Truncated(message)), Some(max_tokens)) = (&outcome, more_room) {
+                let message = message.clone();
+                more_room = None;
+                retry += 1;
+                self.format.with_room(&mut body, &self.settings, max_tokens);
+                let shown = format!("{message}; asking again with max_tokens {max_tokens}");
+                tracing::warn!(model = %self.name, retry, reason = %shown, "retrying a truncated model request with more room");
+                deltas(Delta::Retry {
+                    attempt: retry,
+                    delay_ms: 0,
+                    reason: shown,
+                });
+                reason = Some(message);
+                continue;
+            }
             match outcome {
                 Ok(reply) => {
                     let usage = self.usage(reply.tokens);
@@ -501,6 +491,11 @@ impl Model for HttpModel {
                     tokio::time::sleep(delay).await;
                 }
                 Err(failure) => {
+                    // A retry with more room was cut too.
+                    let roomier = self
+                        .settings
+                        .truncated_max_tokens
+                        .filter(|_| more_room.is_none());
                     let error = match (self.error(failure), roomier) {
                         (ModelError::Truncated { model, message }, Some(max_tokens)) => {
                             ModelError::Truncated {

@@ -157,23 +157,29 @@ impl Limiter {
     }
 
     /// How long new requests should wait, by the rate-limit headers of the
-    /// reply to a request sent at `sent` (`None`: no wait): the longest
-    /// [`hold`] of the buckets they give, the requests admitted after `sent`
-    /// being the ones the endpoint had not counted yet when it answered.
-    /// OpenAI's `x-ratelimit-{remaining,reset,limit}-{requests,tokens}` and
-    /// Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens}-
+    /// reply to a request sent at `sent` (`None`: no wait): the longest of
+    /// the buckets they give, a spent one (nothing left) until its reset,
+    /// another by [`hold`], the requests admitted after `sent` being the ones
+    /// the endpoint had not counted yet when it answered. OpenAI's
+    /// `x-ratelimit-{remaining,reset,limit}-{requests,tokens}` and Anthropic's
+    /// `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-
     /// {remaining,reset,limit}`; tokens are the requests' estimates (output
-    /// tokens, unknown before the reply, are not paced).
+    /// tokens, unknown before the reply, wait only when spent).
     pub fn pace(&self, headers: &HeaderMap, sent: Instant) -> Option<Duration> {
         let (requests, tokens) = self.budgets.in_flight.locked().after(sent);
         buckets(headers)
             .iter()
             .filter_map(|bucket| {
+                // A spent bucket is full again at its reset.
+                if bucket.remaining <= 0.0 {
+                    return Some(bucket.reset);
+                }
                 hold(
                     bucket,
                     match bucket.unit {
                         Unit::Requests => requests,
                         Unit::Tokens => tokens,
+                        Unit::OutputTokens => 0.0,
                     },
                 )
             })
@@ -368,7 +374,11 @@ impl InFlight {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Unit {
     Requests,
+    /// Input tokens (or all tokens), which the requests on their way estimate.
     Tokens,
+    /// Anthropic's output tokens: known only once a reply is in, so nothing
+    /// on its way counts against them.
+    OutputTokens,
 }
 
 /// One bucket as a reply's rate-limit headers give it.
@@ -410,12 +420,7 @@ pub(crate) fn hold(bucket: &Remaining, uncounted: f64) -> Option<Duration> {
 /// count and its reset; see [`Limiter::pace`]).
 pub(crate) fn buckets(headers: &HeaderMap) -> Vec<Remaining> {
     let text = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
-    let number = |name: &str| {
-        text(name)?
-            .parse::<f64>()
-            .ok()
-            .filter(|n| n.is_finite() && *n >= 0.0)
-    };
+    let number = |name: &str| text(name)?.parse::<f64>().ok().filter(|n| n.is_finite());
     let mut found = Vec::new();
     for (bucket, unit) in [("requests", Unit::Requests), ("tokens", Unit::Tokens)] {
         let remaining = number(&format!("x-ratelimit-remaining-{bucket}"));
@@ -433,6 +438,7 @@ pub(crate) fn buckets(headers: &HeaderMap) -> Vec<Remaining> {
         ("requests", Unit::Requests),
         ("tokens", Unit::Tokens),
         ("input-tokens", Unit::Tokens),
+        ("output-tokens", Unit::OutputTokens),
     ] {
         let remaining = number(&format!("anthropic-ratelimit-{bucket}-remaining"));
         let reset = text(&format!("anthropic-ratelimit-{bucket}-reset"))
@@ -556,6 +562,66 @@ impl Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reqwest::header::HeaderValue;
+
+    /// `pace` with nothing on its way: what the spent buckets alone say.
+    fn spent(headers: &HeaderMap) -> Option<Duration> {
+        Limiter::new(&LimiterConfig::default()).pace(headers, Instant::now())
+    }
+
+    #[test]
+    fn spent_rate_limit_buckets_close_until_their_reset() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-ratelimit-remaining-requests",
+            HeaderValue::from_static("3"),
+        );
+        h.insert("x-ratelimit-reset-requests", HeaderValue::from_static("1s"));
+        h.insert(
+            "x-ratelimit-remaining-tokens",
+            HeaderValue::from_static("0"),
+        );
+        h.insert("x-ratelimit-reset-tokens", HeaderValue::from_static("6m0s"));
+        assert_eq!(spent(&h), Some(Duration::from_secs(360)));
+        h.insert(
+            "x-ratelimit-remaining-tokens",
+            HeaderValue::from_static("10"),
+        );
+        assert_eq!(spent(&h), None, "nothing is spent");
+        h.insert(
+            "x-ratelimit-remaining-requests",
+            HeaderValue::from_static("0"),
+        );
+        assert_eq!(spent(&h), Some(Duration::from_secs(1)));
+
+        let mut h = HeaderMap::new();
+        h.insert(
+            "anthropic-ratelimit-requests-remaining",
+            HeaderValue::from_static("0"),
+        );
+        // A reset in the past: nothing to wait for.
+        h.insert(
+            "anthropic-ratelimit-requests-reset",
+            HeaderValue::from_static("2015-10-21T07:28:00Z"),
+        );
+        assert_eq!(spent(&h), Some(Duration::ZERO));
+        h.insert(
+            "anthropic-ratelimit-tokens-remaining",
+            HeaderValue::from_static("0"),
+        );
+        h.insert(
+            "anthropic-ratelimit-tokens-reset",
+            HeaderValue::from_static("2999-01-01T00:00:00Z"),
+        );
+        assert!(spent(&h) > Some(Duration::from_secs(86_400 * 365)));
+        // Remaining 0 without a reset says nothing about how long.
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-ratelimit-remaining-requests",
+            HeaderValue::from_static("0"),
+        );
+        assert_eq!(spent(&h), None);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn requests_per_minute_spreads_requests_out() {

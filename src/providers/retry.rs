@@ -71,41 +71,6 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     )
 }
 
-/// How long the endpoint's rate-limit headers say nothing is left: the
-/// longest reset of a bucket whose remaining count is 0 (`None`: none is
-/// spent, or its reset is not given). OpenAI's `x-ratelimit-remaining-*`
-/// with `x-ratelimit-reset-*` (durations such as `1s`, `6m0s`, `20ms`),
-/// Anthropic's `anthropic-ratelimit-*-remaining` with `*-reset` (RFC 3339
-/// times).
-pub fn exhausted_for(headers: &HeaderMap) -> Option<Duration> {
-    const OPENAI: [&str; 2] = ["requests", "tokens"];
-    const ANTHROPIC: [&str; 4] = ["requests", "tokens", "input-tokens", "output-tokens"];
-    let text = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
-    let spent = |name: &str| {
-        text(name)
-            .and_then(|v| v.parse::<f64>().ok())
-            .is_some_and(|n| n <= 0.0)
-    };
-    let openai = OPENAI.iter().filter_map(|bucket| {
-        if !spent(&format!("x-ratelimit-remaining-{bucket}")) {
-            return None;
-        }
-        go_duration(text(&format!("x-ratelimit-reset-{bucket}"))?)
-    });
-    let anthropic = ANTHROPIC.iter().filter_map(|bucket| {
-        if !spent(&format!("anthropic-ratelimit-{bucket}-remaining")) {
-            return None;
-        }
-        let reset = rfc3339(text(&format!("anthropic-ratelimit-{bucket}-reset"))?)?;
-        Some(
-            reset
-                .duration_since(std::time::SystemTime::now())
-                .unwrap_or_default(),
-        )
-    });
-    openai.chain(anthropic).max()
-}
-
 /// A Go duration as OpenAI writes it: `1s`, `6m0s`, `20ms`, `1h2m3.5s`.
 pub fn go_duration(text: &str) -> Option<Duration> {
     let mut rest = text.trim();
@@ -296,60 +261,6 @@ mod tests {
         ] {
             assert_eq!(rfc3339(bad), None, "{bad}");
         }
-    }
-
-    #[test]
-    fn spent_rate_limit_buckets_close_until_their_reset() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            "x-ratelimit-remaining-requests",
-            HeaderValue::from_static("3"),
-        );
-        h.insert("x-ratelimit-reset-requests", HeaderValue::from_static("1s"));
-        h.insert(
-            "x-ratelimit-remaining-tokens",
-            HeaderValue::from_static("0"),
-        );
-        h.insert("x-ratelimit-reset-tokens", HeaderValue::from_static("6m0s"));
-        assert_eq!(exhausted_for(&h), Some(Duration::from_secs(360)));
-        h.insert(
-            "x-ratelimit-remaining-tokens",
-            HeaderValue::from_static("10"),
-        );
-        assert_eq!(exhausted_for(&h), None, "nothing is spent");
-        h.insert(
-            "x-ratelimit-remaining-requests",
-            HeaderValue::from_static("0"),
-        );
-        assert_eq!(exhausted_for(&h), Some(Duration::from_secs(1)));
-
-        let mut h = HeaderMap::new();
-        h.insert(
-            "anthropic-ratelimit-requests-remaining",
-            HeaderValue::from_static("0"),
-        );
-        // A reset in the past: nothing to wait for.
-        h.insert(
-            "anthropic-ratelimit-requests-reset",
-            HeaderValue::from_static("2015-10-21T07:28:00Z"),
-        );
-        assert_eq!(exhausted_for(&h), Some(Duration::ZERO));
-        h.insert(
-            "anthropic-ratelimit-tokens-remaining",
-            HeaderValue::from_static("0"),
-        );
-        h.insert(
-            "anthropic-ratelimit-tokens-reset",
-            HeaderValue::from_static("2999-01-01T00:00:00Z"),
-        );
-        assert!(exhausted_for(&h) > Some(Duration::from_secs(86_400 * 365)));
-        // Remaining 0 without a reset says nothing about how long.
-        let mut h = HeaderMap::new();
-        h.insert(
-            "x-ratelimit-remaining-requests",
-            HeaderValue::from_static("0"),
-        );
-        assert_eq!(exhausted_for(&h), None);
     }
 
     #[test]
