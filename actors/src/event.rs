@@ -36,7 +36,8 @@ pub struct Event {
 #[serde(tag = "type", rename_all = "camelCase")]
 #[non_exhaustive]
 pub enum EventKind {
-    /// A run started (a root, a child, or a child's retry).
+    /// A run started (a root, a child, or a child's retry): its state is
+    /// built and its actor exists, whether or not it has taken a turn yet.
     #[serde(rename_all = "camelCase")]
     AgentStarted {
         /// The agent's id (the same for every attempt of it).

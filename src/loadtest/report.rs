@@ -77,7 +77,10 @@ pub struct LoadReport {
     pub cpu_us_per_agent: f64,
     /// Most agents stepping (holding a live slot) at once.
     pub live_max: i64,
-    /// Most agents alive at once (stepping, suspended while children run, finishing).
+    /// Most agents alive at once (stepping, suspended while children run,
+    /// finishing): from their `agentStarted`, sent once an agent's actor
+    /// exists (before the runtime first polls it), to their end, as the bare
+    /// trees count their nodes.
     pub alive_max: i64,
     /// Peak resident set size of the process, bytes (0 where it cannot be
     /// read: outside Linux). It is the process's peak, so a later tree of

@@ -319,6 +319,18 @@ impl Actor for AgentActor {
         let state = machine.state();
         let run_id: Arc<str> = Arc::from(state.run_id.as_str());
         hooks.actor_started(&run_id, &myself.get_cell());
+        // The agent exists from here (its state is built, its actor
+        // registered), whether or not the runtime has polled it yet: a
+        // consumer counting agents alive counts it now.
+        hooks.emit(
+            &run_id,
+            EventKind::AgentStarted {
+                agent_id: state.agent_id.clone(),
+                agent_type: state.agent_type.clone().unwrap_or_default(),
+                parent_run_id: state.ancestor_run_ids.last().cloned(),
+                depth: state.depth(),
+            },
+        );
         // OpenTelemetry GenAI semantic conventions: `invoke_agent {agent}`.
         let agent_type = state.agent_type.as_deref().unwrap_or("-");
         let span = tracing::info_span!(
@@ -363,16 +375,6 @@ impl Actor for AgentActor {
         myself: ActorRef<AgentMsg>,
         run: &mut AgentRun,
     ) -> Result<(), ActorProcessingErr> {
-        let state = run.machine.state();
-        run.hooks.emit(
-            &run.run_id,
-            EventKind::AgentStarted {
-                agent_id: state.agent_id.clone(),
-                agent_type: state.agent_type.clone().unwrap_or_default(),
-                parent_run_id: state.ancestor_run_ids.last().cloned(),
-                depth: state.depth(),
-            },
-        );
         let hooks = run.hooks.clone();
         let steers = hooks.steers(&run.run_id);
         if !steers.is_empty() {

@@ -483,3 +483,80 @@ async fn siblings_with_the_parents_history_share_a_request_prefix_up_to_their_ow
     own_sorted.sort();
     assert_eq!(own_sorted, ["read part one", "read part two"]);
 }
+
+/// An agent counts as alive from the moment its actor exists (its state built,
+/// its actor registered), not from the runtime's first poll of it: at every
+/// event before any agent ends, the agents alive by the events are exactly the
+/// actors the tree holds. (The load test divided its peak memory by agents
+/// counted from their first turn: an uncapped 11,111-agent tree held some
+/// 5,000 actors while it counted about 540 alive.)
+#[tokio::test(start_paused = true)]
+async fn a_spawned_agent_counts_as_alive_before_the_runtime_first_polls_it() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+    use arbor_actors::models::{Latency, SimulatedConfig, SimulatedModel};
+    use arbor_actors::{AgentTemplate, Model};
+    use arbor_supervisor::{Catalog, Supervisor};
+
+    let sim = SimulatedModel::new(
+        "sim",
+        SimulatedConfig {
+            latency: Latency::Fixed(Duration::from_secs(1)),
+            ..SimulatedConfig::tree(10, 2)
+        },
+    );
+    let catalog = Catalog::builder()
+        .model(Arc::new(sim) as Arc<dyn Model>)
+        .template(AgentTemplate::new("node", "sim").spawns(&["node"]))
+        .build()
+        .unwrap();
+    let sup = Arc::new(Supervisor::new(catalog, TreeLimits::default()));
+    let this: Arc<OnceLock<Weak<Supervisor>>> = Arc::default();
+    let checking = Arc::new(AtomicBool::new(false));
+    // (alive by the events, an agent ended, events checked, mismatches)
+    let seen: Arc<Mutex<(i64, bool, usize, Vec<String>)>> = Arc::default();
+    let (sup_of, check, record) = (this.clone(), checking.clone(), seen.clone());
+    sup.events().observe(move |e| {
+        let mut seen = record.lock().unwrap();
+        match e.kind {
+            EventKind::AgentStarted { .. } => seen.0 += 1,
+            EventKind::AgentFinished { .. }
+            | EventKind::AgentFailed { .. }
+            | EventKind::AgentCancelled { .. } => seen.1 = true,
+            _ => {}
+        }
+        if seen.1 || !check.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(sup) = sup_of.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        let actors = sup.live_actors() as i64;
+        seen.2 += 1;
+        if actors != seen.0 {
+            let why = format!(
+                "{} at seq {}: {actors} actors, {} alive",
+                e.kind.name(),
+                e.seq,
+                seen.0
+            );
+            seen.3.push(why);
+        }
+    });
+    let _ = this.set(Arc::downgrade(&sup));
+    let handle = start(&sup, "node", "go").await;
+    checking.store(true, Ordering::Release);
+    let result = finish(handle).await;
+    assert_eq!(result.state.status, AgentStatus::Completed);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.0, 111, "every agent started once");
+    // Both waves of spawns (10 children, then 100 grandchildren) came before
+    // the first end, each child and grandchild with events of its own.
+    assert!(seen.2 > 200, "only {} events checked", seen.2);
+    assert!(
+        seen.3.is_empty(),
+        "actors not counted alive: {:?}",
+        &seen.3[..seen.3.len().min(5)]
+    );
+}
