@@ -16,6 +16,8 @@
 #                      --max-live 10000) each round: RSS and CPU per agent vs 11k
 #   --llm              also the LLM-bound rate: 10,000 children at 50 ms
 #                      simulated latency, --max-live 100, 1000 and 10000
+#   --store            also Arbor's tree written to a SQLite store each round:
+#                      its wall time against the same tree's --no-store run
 #   --keep DIR         keep the raw measurements (TSV, JSON) in DIR
 #
 # Each round runs, in this order: Arbor (`arbor loadtest --no-store`), the bare
@@ -35,7 +37,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rounds=5 depth=4 langgraph=1 lg_depth="" big=0 llm=0 keep=""
+rounds=5 depth=4 langgraph=1 lg_depth="" big=0 llm=0 store=0 keep=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=${2:?--rounds needs a number}; shift ;;
@@ -45,8 +47,9 @@ while [ $# -gt 0 ]; do
     --langgraph-depth) lg_depth=${2:?--langgraph-depth needs a number}; shift ;;
     --big) big=1 ;;
     --llm) llm=1 ;;
+    --store) store=1 ;;
     --keep) keep=${2:?--keep needs a directory}; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "per_agent.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -123,6 +126,11 @@ for round in $(seq "$rounds"); do
   if [ "$big" = 1 ]; then
     measure "$round" arbor-1.1M arbor "$bin" loadtest --fanout 10 --depth 6 --history 100 \
       --max-live 10000 --no-store --json "$work/arbor-1.1M-$round.json"
+  fi
+  if [ "$store" = 1 ]; then
+    measure "$round" arbor-store arbor "$bin" loadtest "${tree[@]}" --store "$work/store-$round.db" \
+      --json "$work/arbor-store-$round.json"
+    rm -f "$work/store-$round.db" "$work/store-$round.db-wal" "$work/store-$round.db-shm"
   fi
   if [ "$llm" = 1 ]; then
     for m in 100 1000 10000; do
@@ -226,6 +234,12 @@ if "arbor-1.1M" in runs[rounds[0]]:
     print(f"\n1.1 M tree ({big} agents, --max-live 10000): {c:.2f} µs CPU per agent, "
           f"{big_ratio:.2f}x the {agents}-agent tree's (same round); peak RSS {peak:.1f} MB, "
           f"{mem:.0f} B per live agent (at most {alive:.0f} alive)")
+
+if "arbor-store" in runs[rounds[0]]:
+    st, vals = col(lambda r: ratio(r["arbor-store"]["wall"], r["arbor"]["wall"]))
+    cpu_st, _ = col(lambda r: ratio(r["arbor-store"]["cpu"], r["arbor"]["cpu"]))
+    print(f"\nStore: the {agents}-agent tree written to SQLite takes {st:.2f}x the wall time of "
+          f"--no-store (per round: " + ", ".join(f"{v:.2f}" for v in vals) + f"); CPU {cpu_st:.2f}x")
 
 llm = [n for n in ("llm-100", "llm-1000", "llm-10000") if n in runs[rounds[0]]]
 if llm:
