@@ -514,34 +514,44 @@ async fn a_spawned_agent_counts_as_alive_before_the_runtime_first_polls_it() {
     let sup = Arc::new(Supervisor::new(catalog, TreeLimits::default()));
     let this: Arc<OnceLock<Weak<Supervisor>>> = Arc::default();
     let checking = Arc::new(AtomicBool::new(false));
-    // (alive by the events, an agent ended, events checked, mismatches)
-    let seen: Arc<Mutex<(i64, bool, usize, Vec<String>)>> = Arc::default();
+    /// What the observer saw.
+    #[derive(Default)]
+    struct Seen {
+        /// Agents alive by the events.
+        alive: i64,
+        /// An agent has ended.
+        ended: bool,
+        /// Events at which the counts were compared.
+        checked: usize,
+        mismatches: Vec<String>,
+    }
+    let seen: Arc<Mutex<Seen>> = Arc::default();
     let (sup_of, check, record) = (this.clone(), checking.clone(), seen.clone());
     sup.events().observe(move |e| {
         let mut seen = record.lock().unwrap();
         match e.kind {
-            EventKind::AgentStarted { .. } => seen.0 += 1,
+            EventKind::AgentStarted { .. } => seen.alive += 1,
             EventKind::AgentFinished { .. }
             | EventKind::AgentFailed { .. }
-            | EventKind::AgentCancelled { .. } => seen.1 = true,
+            | EventKind::AgentCancelled { .. } => seen.ended = true,
             _ => {}
         }
-        if seen.1 || !check.load(Ordering::Acquire) {
+        if seen.ended || !check.load(Ordering::Acquire) {
             return;
         }
         let Some(sup) = sup_of.get().and_then(Weak::upgrade) else {
             return;
         };
         let actors = sup.live_actors() as i64;
-        seen.2 += 1;
-        if actors != seen.0 {
+        seen.checked += 1;
+        if actors != seen.alive {
             let why = format!(
                 "{} at seq {}: {actors} actors, {} alive",
                 e.kind.name(),
                 e.seq,
-                seen.0
+                seen.alive
             );
-            seen.3.push(why);
+            seen.mismatches.push(why);
         }
     });
     let _ = this.set(Arc::downgrade(&sup));
@@ -550,13 +560,13 @@ async fn a_spawned_agent_counts_as_alive_before_the_runtime_first_polls_it() {
     let result = finish(handle).await;
     assert_eq!(result.state.status, AgentStatus::Completed);
     let seen = seen.lock().unwrap();
-    assert_eq!(seen.0, 111, "every agent started once");
+    assert_eq!(seen.alive, 111, "every agent started once");
     // Both waves of spawns (10 children, then 100 grandchildren) came before
     // the first end, each child and grandchild with events of its own.
-    assert!(seen.2 > 200, "only {} events checked", seen.2);
+    assert!(seen.checked > 200, "only {} events checked", seen.checked);
     assert!(
-        seen.3.is_empty(),
+        seen.mismatches.is_empty(),
         "actors not counted alive: {:?}",
-        &seen.3[..seen.3.len().min(5)]
+        &seen.mismatches[..seen.mismatches.len().min(5)]
     );
 }
