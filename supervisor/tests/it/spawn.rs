@@ -513,6 +513,8 @@ async fn a_spawned_agent_counts_as_alive_before_the_runtime_first_polls_it() {
         .unwrap();
     let sup = Arc::new(Supervisor::new(catalog, TreeLimits::default()));
     let this: Arc<OnceLock<Weak<Supervisor>>> = Arc::default();
+    // Compared only once `start` has returned: the observer reads the
+    // supervisor's tree map, which `start` may hold while the root starts.
     let checking = Arc::new(AtomicBool::new(false));
     /// What the observer saw.
     #[derive(Default)]
