@@ -18,6 +18,15 @@
 #                      simulated latency, --max-live 100, 1000 and 10000
 #   --store            also Arbor's tree written to a SQLite store each round:
 #                      its wall time against the same tree's --no-store run
+#   --http             also the loopback HTTP rate: 10,000 agents answering on
+#                      a mock OpenAI-compatible endpoint with 50 ms latency at
+#                      concurrency 1,000 (`arbor loadtest --model`, --shape
+#                      10000 --max-live 1001: the root and 1,000 children),
+#                      against a bare reqwest client and Arbor's provider
+#                      client alone, each sending 10,000 requests of the same
+#                      size from 1,000 tasks (benches/http/endpoint.rs). The
+#                      rate is the endpoint's: requests ÷ (last reply − first
+#                      arrival), read from the mock server, the same for all
 #   --keep DIR         keep the raw measurements (TSV, JSON) in DIR
 #
 # Each round runs, in this order: Arbor (`arbor loadtest --no-store`), the bare
@@ -37,7 +46,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rounds=5 depth=4 langgraph=1 lg_depth="" big=0 llm=0 store=0 keep=""
+rounds=5 depth=4 langgraph=1 lg_depth="" big=0 llm=0 store=0 http=0 keep=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=${2:?--rounds needs a number}; shift ;;
@@ -49,7 +58,8 @@ while [ $# -gt 0 ]; do
     --llm) llm=1 ;;
     --store) store=1 ;;
     --keep) keep=${2:?--keep needs a directory}; shift ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    --http) http=1 ;;
+    -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
     *) echo "per_agent.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -63,6 +73,10 @@ command -v python3 > /dev/null || { echo "per_agent.sh: needs python3" >&2; exit
 
 cargo build --release --quiet --bin arbor
 bin=target/release/arbor
+if [ "$http" = 1 ]; then
+  cargo build --release --quiet --example http_endpoint
+  endpoint=target/release/examples/http_endpoint
+fi
 venv=target/bench-venv
 if [ "$langgraph" = 1 ]; then
   if ! "$venv/bin/python" -c 'import langgraph' 2>/dev/null; then
@@ -92,6 +106,17 @@ with open(out, "w") as f:
 sys.exit(os.waitstatus_to_exitcode(status))
 PY
 tree=(--fanout 10 --depth "$depth" --history 100)
+
+if [ "$http" = 1 ]; then
+  "$endpoint" serve --latency-ms 50 > "$work/endpoint.url" 2> "$work/endpoint.err" &
+  endpoint_pid=$!
+  trap 'kill $endpoint_pid 2>/dev/null || true; [ -n "$keep" ] || rm -rf "$work"' EXIT
+  for _ in $(seq 100); do [ -s "$work/endpoint.url" ] && break; sleep 0.1; done
+  url=$(head -1 "$work/endpoint.url")
+  [ -n "$url" ] || { echo "per_agent.sh: the mock endpoint did not start:" >&2; cat "$work/endpoint.err" >&2; exit 1; }
+  stats=${url%/v1}/stats
+  printf '[models.bench]\nprovider = "openai"\nbase_url = "%s"\nmodel = "m"\nstream = false\n' "$url" > "$work/http.toml"
+fi
 
 # measure ROUND NAME JSON-KIND CMD...: runs CMD, timed, with its
 # JSON report in $work, and appends a row to the TSV.
@@ -132,6 +157,20 @@ for round in $(seq "$rounds"); do
       --json "$work/arbor-store-$round.json"
     rm -f "$work/store-$round.db" "$work/store-$round.db-wal" "$work/store-$round.db-shm"
   fi
+  if [ "$http" = 1 ]; then
+    # Arbor first: the clients then send bodies of its children's size.
+    python3 -c "import urllib.request as u; u.urlopen(u.Request('$stats/reset', method='POST'))"
+    measure "$round" http-arbor http "$bin" loadtest --model bench --config "$work/http.toml" \
+      --shape 10000 --max-live 1001 --no-store --json "$work/http-arbor-$round.report.json"
+    python3 -c "import urllib.request as u; print(u.urlopen('$stats').read().decode())" > "$work/http-arbor-$round.json"
+    size=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['medianBodyBytes'])" "$work/http-arbor-$round.json")
+    for client in bare provider; do
+      python3 -c "import urllib.request as u; u.urlopen(u.Request('$stats/reset', method='POST'))"
+      measure "$round" "http-$client" http "$endpoint" "$client" --url "$url" --concurrency 1000 \
+        --requests 10000 --body-bytes "$size"
+      python3 -c "import urllib.request as u; print(u.urlopen('$stats').read().decode())" > "$work/http-$client-$round.json"
+    done
+  fi
   if [ "$llm" = 1 ]; then
     for m in 100 1000 10000; do
       measure "$round" "llm-$m" arbor "$bin" loadtest --shape 10000 --latency 50ms --max-live "$m" \
@@ -159,6 +198,10 @@ for line in open(tsv):
         b = report["baselines"][0]
         fig.update(agents=b["nodes"], alive=b["aliveMax"], before=b["memory"]["rssBeforeBytes"],
                    wall=b["wallSecs"])
+    elif kind == "http":
+        # The endpoint's figures: requests and its window; CPU is the client's process.
+        fig.update(requests=report["requests"], window=report["windowSecs"],
+                   in_flight=report["maxInFlight"], body=report["medianBodyBytes"])
     else:
         fig.update(agents=report["agents"], inproc=report["cpuSecs"], wall=report["wallSecs"])
     runs[int(rnd)][name] = fig
@@ -240,6 +283,22 @@ if "arbor-store" in runs[rounds[0]]:
     cpu_st, _ = col(lambda r: ratio(r["arbor-store"]["cpu"], r["arbor"]["cpu"]))
     print(f"\nStore: the {agents}-agent tree written to SQLite takes {st:.2f}x the wall time of "
           f"--no-store (per round: " + ", ".join(f"{v:.2f}" for v in vals) + f"); CPU {cpu_st:.2f}x")
+
+if "http-arbor" in runs[rounds[0]]:
+    print("\nLoopback HTTP: 10,000 requests at 50 ms, concurrency 1,000; the endpoint's rate "
+          "(requests / first arrival to last reply); client CPU is the whole process's")
+    rate = lambda f: f["requests"] / f["window"]
+    print(f"  {'client':<34} {'requests/s':>11} {'/ bare':>7} {'CPU µs/request':>15} {'most in flight':>15} {'body B':>7}")
+    for n, label in [("http-bare", "bare reqwest"), ("http-provider", "Arbor's provider client alone"),
+                     ("http-arbor", "arbor loadtest --model")]:
+        r, _ = col(lambda x: rate(x[n]))
+        rel, vals = col(lambda x: ratio(rate(x[n]), rate(x["http-bare"])))
+        cpu, _ = col(lambda x: x[n]["cpu"] * 1e6 / x[n]["requests"])
+        fl, _ = col(lambda x: x[n]["in_flight"])
+        body, _ = col(lambda x: x[n]["body"])
+        print(f"  {label:<34} {r:>11.0f} {rel:>7.2f} {cpu:>15.1f} {fl:>15.0f} {body:>7.0f}")
+    _, vals = col(lambda x: ratio(rate(x["http-arbor"]), rate(x["http-bare"])))
+    print("  Arbor/bare requests/s per round: " + ", ".join(f"{v:.2f}" for v in vals))
 
 llm = [n for n in ("llm-100", "llm-1000", "llm-10000") if n in runs[rounds[0]]]
 if llm:

@@ -166,8 +166,15 @@ impl Limiter {
     /// {remaining,reset,limit}`; tokens are the requests' estimates (output
     /// tokens, unknown before the reply, wait only when spent).
     pub fn pace(&self, headers: &HeaderMap, sent: Instant) -> Option<Duration> {
+        let buckets = buckets(headers);
+        if buckets.is_empty() {
+            // Most replies of most endpoints: nothing to count against, so
+            // the requests in flight are not walked (a walk of all of them,
+            // under the lock every request takes, on every reply).
+            return None;
+        }
         let (requests, tokens) = self.budgets.in_flight.locked().after(sent);
-        buckets(headers)
+        buckets
             .iter()
             .filter_map(|bucket| {
                 // A spent bucket is full again at its reset.
@@ -359,11 +366,14 @@ impl InFlight {
         id
     }
 
-    /// The requests (and their tokens) admitted after `sent`.
+    /// The requests (and their tokens) admitted after `sent`: the newest
+    /// entries (ids are given in admission order, under the lock that takes
+    /// the time), so the walk stops at the first admitted before.
     fn after(&self, sent: Instant) -> (f64, f64) {
         self.out
             .values()
-            .filter(|(at, _)| *at > sent)
+            .rev()
+            .take_while(|(at, _)| *at > sent)
             .fold((0.0, 0.0), |(n, tokens), (_, t)| {
                 (n + 1.0, tokens + *t as f64)
             })
@@ -422,35 +432,80 @@ pub(crate) fn buckets(headers: &HeaderMap) -> Vec<Remaining> {
     let text = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
     let number = |name: &str| text(name)?.parse::<f64>().ok().filter(|n| n.is_finite());
     let mut found = Vec::new();
-    for (bucket, unit) in [("requests", Unit::Requests), ("tokens", Unit::Tokens)] {
-        let remaining = number(&format!("x-ratelimit-remaining-{bucket}"));
-        let reset = text(&format!("x-ratelimit-reset-{bucket}")).and_then(go_duration);
+    // Every reply is read here: the names are written out, not formatted
+    // per reply (a reply without them costs six failed lookups).
+    for (unit, [remaining, reset, limit]) in [
+        (
+            Unit::Requests,
+            [
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests",
+                "x-ratelimit-limit-requests",
+            ],
+        ),
+        (
+            Unit::Tokens,
+            [
+                "x-ratelimit-remaining-tokens",
+                "x-ratelimit-reset-tokens",
+                "x-ratelimit-limit-tokens",
+            ],
+        ),
+    ] {
+        let remaining = number(remaining);
+        let reset = text(reset).and_then(go_duration);
         if let (Some(remaining), Some(reset)) = (remaining, reset) {
             found.push(Remaining {
                 unit,
-                limit: number(&format!("x-ratelimit-limit-{bucket}")),
+                limit: number(limit),
                 remaining,
                 reset,
             });
         }
     }
-    for (bucket, unit) in [
-        ("requests", Unit::Requests),
-        ("tokens", Unit::Tokens),
-        ("input-tokens", Unit::Tokens),
-        ("output-tokens", Unit::OutputTokens),
+    for (unit, [remaining, reset, limit]) in [
+        (
+            Unit::Requests,
+            [
+                "anthropic-ratelimit-requests-remaining",
+                "anthropic-ratelimit-requests-reset",
+                "anthropic-ratelimit-requests-limit",
+            ],
+        ),
+        (
+            Unit::Tokens,
+            [
+                "anthropic-ratelimit-tokens-remaining",
+                "anthropic-ratelimit-tokens-reset",
+                "anthropic-ratelimit-tokens-limit",
+            ],
+        ),
+        (
+            Unit::Tokens,
+            [
+                "anthropic-ratelimit-input-tokens-remaining",
+                "anthropic-ratelimit-input-tokens-reset",
+                "anthropic-ratelimit-input-tokens-limit",
+            ],
+        ),
+        (
+            Unit::OutputTokens,
+            [
+                "anthropic-ratelimit-output-tokens-remaining",
+                "anthropic-ratelimit-output-tokens-reset",
+                "anthropic-ratelimit-output-tokens-limit",
+            ],
+        ),
     ] {
-        let remaining = number(&format!("anthropic-ratelimit-{bucket}-remaining"));
-        let reset = text(&format!("anthropic-ratelimit-{bucket}-reset"))
-            .and_then(rfc3339)
-            .map(|at| {
-                at.duration_since(std::time::SystemTime::now())
-                    .unwrap_or_default()
-            });
+        let remaining = number(remaining);
+        let reset = text(reset).and_then(rfc3339).map(|at| {
+            at.duration_since(std::time::SystemTime::now())
+                .unwrap_or_default()
+        });
         if let (Some(remaining), Some(reset)) = (remaining, reset) {
             found.push(Remaining {
                 unit,
-                limit: number(&format!("anthropic-ratelimit-{bucket}-limit")),
+                limit: number(limit),
                 remaining,
                 reset,
             });
