@@ -42,9 +42,17 @@ pub(super) struct ChildActors {
     actors: HashMap<ActorId, ActorRef<AgentMsg>>,
     retry_timers: HashMap<ChildKey, JoinHandle<()>>,
     /// Run ids of children cancelled before they started: the launch task
-    /// skips them (also while it waits for their slot: `skip_changed`).
-    skip: Arc<Mutex<HashSet<String>>>,
-    skip_changed: Arc<Notify>,
+    /// skips them. Made by the first launch: a leaf, most agents, never
+    /// needs one (two allocations per agent, issue 17).
+    skip: Option<Arc<SkipList>>,
+}
+
+/// The run ids a launch task skips, and a wake-up for one that waits for
+/// a slot when an id is added.
+#[derive(Default)]
+struct SkipList {
+    ids: Mutex<HashSet<String>>,
+    changed: Notify,
 }
 
 impl ChildActors {
@@ -317,12 +325,12 @@ impl AgentRun {
                 }
                 Output::Launch(launch) => self.launch(launch),
                 Output::Skip { run_id } => {
-                    self.children
-                        .skip
+                    let skip = self.children.skip.get_or_insert_default();
+                    skip.ids
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .insert(run_id);
-                    self.children.skip_changed.notify_waiters();
+                    skip.changed.notify_waiters();
                 }
                 Output::Cancel { actor, reason } => {
                     if let Some(actor) = self.children.actors.get(&actor) {
@@ -383,8 +391,7 @@ impl AgentRun {
             priority,
             children,
         } = launch;
-        let skip = self.children.skip.clone();
-        let skip_changed = self.children.skip_changed.clone();
+        let skip = self.children.skip.get_or_insert_default().clone();
         let hooks = self.hooks.clone();
         let mut cancelled = self.cancel_tx.subscribe();
         let me = self.myself.clone();
@@ -423,7 +430,8 @@ impl AgentRun {
                     None => None,
                 };
                 let skipped = || {
-                    skip.lock()
+                    skip.ids
+                        .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .contains(&ids.run_id)
                 };
@@ -436,7 +444,7 @@ impl AgentRun {
                         // Cancelled by its run id before it started: it never will.
                         let skip_wait = async {
                             loop {
-                                let changed = skip_changed.notified();
+                                let changed = skip.changed.notified();
                                 tokio::pin!(changed);
                                 changed.as_mut().enable();
                                 if skipped() {
