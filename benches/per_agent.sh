@@ -27,6 +27,7 @@
 #                      size from 1,000 tasks (benches/http/endpoint.rs). The
 #                      rate is the endpoint's: requests ÷ (last reply − first
 #                      arrival), read from the mock server, the same for all
+#                      three; CPU per request is the client process's
 #   --keep DIR         keep the raw measurements (TSV, JSON) in DIR
 #
 # Each round runs, in this order: Arbor (`arbor loadtest --no-store`), the bare
@@ -59,7 +60,7 @@ while [ $# -gt 0 ]; do
     --store) store=1 ;;
     --keep) keep=${2:?--keep needs a directory}; shift ;;
     --http) http=1 ;;
-    -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "per_agent.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
