@@ -433,7 +433,7 @@ pub(crate) fn buckets(headers: &HeaderMap) -> Vec<Remaining> {
     let number = |name: &str| text(name)?.parse::<f64>().ok().filter(|n| n.is_finite());
     let mut found = Vec::new();
     // Every reply is read here: the names are written out, not formatted
-    // per reply (a reply without them costs six failed lookups).
+    // per reply (a reply without them costs twelve failed lookups).
     for (unit, [remaining, reset, limit]) in [
         (
             Unit::Requests,
