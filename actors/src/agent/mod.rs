@@ -1030,4 +1030,16 @@ mod size_tests {
             "AgentRun is {run} bytes (824 when this test was written)"
         );
     }
+
+    /// The same for the step machine every agent boxes: a step's pending
+    /// calls (320 bytes) held inline made every machine hold their room,
+    /// although a leaf that answers in text never has any.
+    #[test]
+    fn a_step_machine_holds_no_pending_calls_inline() {
+        let machine = size_of::<crate::step::StepMachine>();
+        assert!(
+            machine <= 900,
+            "StepMachine is {machine} bytes (1,152 before its pending calls were boxed)"
+        );
+    }
 }

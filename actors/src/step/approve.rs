@@ -80,7 +80,7 @@ impl StepMachine {
         } else {
             std::mem::take(&mut pending.held.actions)
         };
-        self.pending = Some(pending);
+        self.pending = Some(Box::new(pending));
         if actions.is_empty() {
             return self.resolved(catalog);
         }

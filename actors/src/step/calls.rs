@@ -149,7 +149,7 @@ impl StepMachine {
         if !needing.is_empty() {
             return self.hold_for_approval(pending, needing, actions, catalog);
         }
-        self.pending = Some(pending);
+        self.pending = Some(Box::new(pending));
         if actions.is_empty() {
             return self.commit(catalog);
         }

@@ -153,7 +153,7 @@ pub struct StepMachine {
     toolbox: Arc<Toolbox>,
     inherited: usize,
     step: u32,
-    pending: Option<Pending>,
+    pending: Option<Box<Pending>>,
     awaiting_model: Option<u32>,
     program: Option<Box<dyn StepProgram>>,
     drive: Drive,
