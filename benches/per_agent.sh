@@ -116,6 +116,9 @@ if [ "$http" = 1 ]; then
   url=$(head -1 "$work/endpoint.url")
   [ -n "$url" ] || { echo "per_agent.sh: the mock endpoint did not start:" >&2; cat "$work/endpoint.err" >&2; exit 1; }
   stats=${url%/v1}/stats
+  # The endpoint's counters: reset before a client runs, saved (JSON) after.
+  stats_reset() { python3 -c "import urllib.request as u; u.urlopen(u.Request('$stats/reset', method='POST'))"; }
+  stats_save() { python3 -c "import urllib.request as u; print(u.urlopen('$stats').read().decode())" > "$1"; }
   printf '[models.bench]\nprovider = "openai"\nbase_url = "%s"\nmodel = "m"\nstream = false\n' "$url" > "$work/http.toml"
 fi
 
@@ -160,16 +163,16 @@ for round in $(seq "$rounds"); do
   fi
   if [ "$http" = 1 ]; then
     # Arbor first: the clients then send bodies of its children's size.
-    python3 -c "import urllib.request as u; u.urlopen(u.Request('$stats/reset', method='POST'))"
+    stats_reset
     measure "$round" http-arbor http "$bin" loadtest --model bench --config "$work/http.toml" \
       --shape 10000 --max-live 1001 --no-store --json "$work/http-arbor-$round.report.json"
-    python3 -c "import urllib.request as u; print(u.urlopen('$stats').read().decode())" > "$work/http-arbor-$round.json"
+    stats_save "$work/http-arbor-$round.json"
     size=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['medianBodyBytes'])" "$work/http-arbor-$round.json")
     for client in bare provider; do
-      python3 -c "import urllib.request as u; u.urlopen(u.Request('$stats/reset', method='POST'))"
+      stats_reset
       measure "$round" "http-$client" http "$endpoint" "$client" --url "$url" --concurrency 1000 \
         --requests 10000 --body-bytes "$size"
-      python3 -c "import urllib.request as u; print(u.urlopen('$stats').read().decode())" > "$work/http-$client-$round.json"
+      stats_save "$work/http-$client-$round.json"
     done
   fi
   if [ "$llm" = 1 ]; then

@@ -35,7 +35,7 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -65,56 +65,57 @@ const STREAM_REPLY: &str = concat!(
 /// What the server counts between resets.
 #[derive(Default)]
 struct Stats {
-    requests: AtomicU64,
-    /// Each request's body size, for the median (a tree's last request, the
-    /// root's, carries every child's answer and would skew a mean).
-    body_bytes: Mutex<Vec<usize>>,
+    seen: Mutex<Seen>,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
-    /// First arrival and last reply since the reset.
-    window: Mutex<Option<(Instant, Instant)>>,
+}
+
+/// The requests since the reset, under one lock.
+#[derive(Default)]
+struct Seen {
+    /// Each request's body size, for the median (a tree's last request, the
+    /// root's, carries every child's answer and would skew a mean); its
+    /// length is the number of requests.
+    body_bytes: Vec<usize>,
+    /// First arrival and last reply.
+    window: Option<(Instant, Instant)>,
 }
 
 impl Stats {
     fn arrived(&self, bytes: usize) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        self.body_bytes.lock().expect("stats lock").push(bytes);
         let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.max_in_flight.fetch_max(now, Ordering::Relaxed);
-        let mut window = self.window.lock().expect("stats lock");
-        if window.is_none() {
+        let mut seen = self.seen.lock().expect("stats lock");
+        seen.body_bytes.push(bytes);
+        seen.window.get_or_insert_with(|| {
             let t = Instant::now();
-            *window = Some((t, t));
-        }
+            (t, t)
+        });
     }
 
     fn replied(&self) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
-        if let Some((_, last)) = self.window.lock().expect("stats lock").as_mut() {
+        if let Some((_, last)) = self.seen.lock().expect("stats lock").window.as_mut() {
             *last = Instant::now();
         }
     }
 
     fn snapshot(&self) -> Value {
-        let requests = self.requests.load(Ordering::Relaxed);
-        let secs = self
+        let seen = self.seen.lock().expect("stats lock");
+        let secs = seen
             .window
-            .lock()
-            .expect("stats lock")
             .map_or(0.0, |(first, last)| (last - first).as_secs_f64());
         json!({
-            "requests": requests,
-            "medianBodyBytes": median(&self.body_bytes.lock().expect("stats lock")),
+            "requests": seen.body_bytes.len(),
+            "medianBodyBytes": median(&seen.body_bytes),
             "maxInFlight": self.max_in_flight.load(Ordering::Relaxed),
             "windowSecs": secs,
         })
     }
 
     fn reset(&self) {
-        self.requests.store(0, Ordering::Relaxed);
-        self.body_bytes.lock().expect("stats lock").clear();
+        *self.seen.lock().expect("stats lock") = Seen::default();
         self.max_in_flight.store(0, Ordering::Relaxed);
-        *self.window.lock().expect("stats lock") = None;
     }
 }
 

@@ -432,77 +432,18 @@ pub(crate) fn buckets(headers: &HeaderMap) -> Vec<Remaining> {
     let text = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
     let number = |name: &str| text(name)?.parse::<f64>().ok().filter(|n| n.is_finite());
     let mut found = Vec::new();
-    // Every reply is read here: the names are written out, not formatted
-    // per reply (a reply without them costs twelve failed lookups).
-    for (unit, [remaining, reset, limit]) in [
-        (
-            Unit::Requests,
-            [
-                "x-ratelimit-remaining-requests",
-                "x-ratelimit-reset-requests",
-                "x-ratelimit-limit-requests",
-            ],
-        ),
-        (
-            Unit::Tokens,
-            [
-                "x-ratelimit-remaining-tokens",
-                "x-ratelimit-reset-tokens",
-                "x-ratelimit-limit-tokens",
-            ],
-        ),
-    ] {
-        let remaining = number(remaining);
-        let reset = text(reset).and_then(go_duration);
-        if let (Some(remaining), Some(reset)) = (remaining, reset) {
-            found.push(Remaining {
-                unit,
-                limit: number(limit),
-                remaining,
-                reset,
-            });
-        }
-    }
-    for (unit, [remaining, reset, limit]) in [
-        (
-            Unit::Requests,
-            [
-                "anthropic-ratelimit-requests-remaining",
-                "anthropic-ratelimit-requests-reset",
-                "anthropic-ratelimit-requests-limit",
-            ],
-        ),
-        (
-            Unit::Tokens,
-            [
-                "anthropic-ratelimit-tokens-remaining",
-                "anthropic-ratelimit-tokens-reset",
-                "anthropic-ratelimit-tokens-limit",
-            ],
-        ),
-        (
-            Unit::Tokens,
-            [
-                "anthropic-ratelimit-input-tokens-remaining",
-                "anthropic-ratelimit-input-tokens-reset",
-                "anthropic-ratelimit-input-tokens-limit",
-            ],
-        ),
-        (
-            Unit::OutputTokens,
-            [
-                "anthropic-ratelimit-output-tokens-remaining",
-                "anthropic-ratelimit-output-tokens-reset",
-                "anthropic-ratelimit-output-tokens-limit",
-            ],
-        ),
-    ] {
-        let remaining = number(remaining);
-        let reset = text(reset).and_then(rfc3339).map(|at| {
-            at.duration_since(std::time::SystemTime::now())
-                .unwrap_or_default()
+    for &(unit, reset_at, [remaining, reset, limit]) in BUCKET_HEADERS {
+        let Some(remaining) = number(remaining) else {
+            continue;
+        };
+        let reset = text(reset).and_then(|text| match reset_at {
+            ResetAt::After => go_duration(text),
+            ResetAt::Time => rfc3339(text).map(|at| {
+                at.duration_since(std::time::SystemTime::now())
+                    .unwrap_or_default()
+            }),
         });
-        if let (Some(remaining), Some(reset)) = (remaining, reset) {
+        if let Some(reset) = reset {
             found.push(Remaining {
                 unit,
                 limit: number(limit),
@@ -513,6 +454,74 @@ pub(crate) fn buckets(headers: &HeaderMap) -> Vec<Remaining> {
     }
     found
 }
+
+/// How a bucket's reset header is written.
+#[derive(Clone, Copy)]
+enum ResetAt {
+    /// A duration from now, as Go writes it (OpenAI: `6m0s`).
+    After,
+    /// An RFC 3339 time (Anthropic).
+    Time,
+}
+
+/// Each bucket's headers: remaining, reset, limit. Every reply is read
+/// against them, so the names are written out, not formatted per reply.
+const BUCKET_HEADERS: &[(Unit, ResetAt, [&str; 3])] = &[
+    (
+        Unit::Requests,
+        ResetAt::After,
+        [
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+            "x-ratelimit-limit-requests",
+        ],
+    ),
+    (
+        Unit::Tokens,
+        ResetAt::After,
+        [
+            "x-ratelimit-remaining-tokens",
+            "x-ratelimit-reset-tokens",
+            "x-ratelimit-limit-tokens",
+        ],
+    ),
+    (
+        Unit::Requests,
+        ResetAt::Time,
+        [
+            "anthropic-ratelimit-requests-remaining",
+            "anthropic-ratelimit-requests-reset",
+            "anthropic-ratelimit-requests-limit",
+        ],
+    ),
+    (
+        Unit::Tokens,
+        ResetAt::Time,
+        [
+            "anthropic-ratelimit-tokens-remaining",
+            "anthropic-ratelimit-tokens-reset",
+            "anthropic-ratelimit-tokens-limit",
+        ],
+    ),
+    (
+        Unit::Tokens,
+        ResetAt::Time,
+        [
+            "anthropic-ratelimit-input-tokens-remaining",
+            "anthropic-ratelimit-input-tokens-reset",
+            "anthropic-ratelimit-input-tokens-limit",
+        ],
+    ),
+    (
+        Unit::OutputTokens,
+        ResetAt::Time,
+        [
+            "anthropic-ratelimit-output-tokens-remaining",
+            "anthropic-ratelimit-output-tokens-reset",
+            "anthropic-ratelimit-output-tokens-limit",
+        ],
+    ),
+];
 
 /// An endpoint's base URL (without a trailing `/`) and its key's hash.
 type Endpoint = (String, u64);

@@ -482,13 +482,12 @@ impl Actor for AgentActor {
                 }
             },
             AgentMsg::BudgetRaised => {
-                if let Phase::Suspended { parked } = &mut run.phase {
-                    match parked.take().map(|work| *work) {
-                        Some(Parked::Budget(request)) => {
-                            run.park(&myself, Parked::Request(request))
-                        }
-                        other => *parked = other.map(Box::new),
-                    }
+                if let Phase::Suspended { parked } = &mut run.phase
+                    && let Some(Parked::Budget(request)) = parked
+                        .take_if(|work| matches!(**work, Parked::Budget(_)))
+                        .map(|work| *work)
+                {
+                    run.park(&myself, Parked::Request(request));
                 }
                 Vec::new()
             }
