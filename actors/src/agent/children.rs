@@ -55,28 +55,34 @@ struct SkipList {
     changed: Notify,
 }
 
-impl ChildActors {
-    pub(super) fn live_count(&self) -> usize {
-        self.table.live_count()
+impl AgentRun {
+    /// The child table, made now if this is the agent's first spawn.
+    fn children_mut(&mut self) -> &mut ChildActors {
+        self.children.get_or_insert_default()
+    }
+
+    /// Children whose actor runs.
+    pub(super) fn live_children(&self) -> usize {
+        self.children.as_ref().map_or(0, |c| c.table.live_count())
     }
 
     /// Children that have not reported yet (starting, running or waiting to retry).
-    pub(super) fn outstanding(&self) -> usize {
-        self.table.outstanding()
+    pub(super) fn outstanding_children(&self) -> usize {
+        self.children.as_ref().map_or(0, |c| c.table.outstanding())
     }
 
     /// Children of calls the parent waits for (not background ones) not yet reported.
-    pub(super) fn awaited(&self) -> usize {
-        self.table.awaited()
+    pub(super) fn awaited_children(&self) -> usize {
+        self.children.as_ref().map_or(0, |c| c.table.awaited())
     }
 
     /// Call index, credits and run ids of the calls never handed to the machine.
-    pub(super) fn undelivered(&self) -> Vec<(usize, f64, Vec<String>)> {
-        self.table.undelivered()
+    pub(super) fn undelivered_children(&self) -> Vec<(usize, f64, Vec<String>)> {
+        self.children
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.table.undelivered())
     }
-}
 
-impl AgentRun {
     pub(super) fn spawn_agents(
         &mut self,
         step: u32,
@@ -274,10 +280,10 @@ impl AgentRun {
         actor: ActorRef<AgentMsg>,
     ) -> Vec<Action> {
         let id = actor.get_id();
-        self.children.actors.insert(id, actor);
+        self.children_mut().actors.insert(id, actor);
         let actions = self.feed(Input::Started { key, actor: id });
-        if !self.children.table.is_live(&id) {
-            self.children.actors.remove(&id);
+        if !self.children_mut().table.is_live(&id) {
+            self.children_mut().actors.remove(&id);
         }
         actions
     }
@@ -289,7 +295,7 @@ impl AgentRun {
         key: ChildKey,
         result: RunResult,
     ) -> Vec<Action> {
-        self.children.actors.remove(&id);
+        self.children_mut().actors.remove(&id);
         self.feed(Input::Ended {
             key,
             actor: id,
@@ -299,19 +305,25 @@ impl AgentRun {
 
     /// A child actor died without handing over a result (panic or kill).
     pub(super) fn child_lost(&mut self, id: ActorId, error: String) -> Vec<Action> {
-        self.children.actors.remove(&id);
+        self.children_mut().actors.remove(&id);
         self.feed(Input::Lost { actor: id, error })
     }
 
     pub(super) fn retry_due(&mut self, key: ChildKey) -> Vec<Action> {
-        self.children.retry_timers.remove(&key);
+        self.children_mut().retry_timers.remove(&key);
         self.feed(Input::RetryDue { key })
     }
 
     /// Feeds the child table and carries out what it answers; returns the
     /// machine's actions (from a delivery or an escalation).
     pub(super) fn feed(&mut self, input: Input<ActorId>) -> Vec<Action> {
-        let outputs = self.children.table.handle(input);
+        // A run that never spawned has nothing for its end to stop; it
+        // spawns nothing after it either (`Finish` is a final machine's
+        // last action), so no table is made just to record it.
+        if self.children.is_none() && matches!(input, Input::ParentEnded { .. }) {
+            return Vec::new();
+        }
+        let outputs = self.children_mut().table.handle(input);
         let mut actions = Vec::new();
         for output in outputs {
             match output {
@@ -325,7 +337,7 @@ impl AgentRun {
                 }
                 Output::Launch(launch) => self.launch(launch),
                 Output::Skip { run_id } => {
-                    let skip = self.children.skip.get_or_insert_default();
+                    let skip = self.children_mut().skip.get_or_insert_default();
                     skip.ids
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
@@ -333,7 +345,7 @@ impl AgentRun {
                     skip.changed.notify_waiters();
                 }
                 Output::Cancel { actor, reason } => {
-                    if let Some(actor) = self.children.actors.get(&actor) {
+                    if let Some(actor) = self.children_mut().actors.get(&actor) {
                         let _ = actor.cast(AgentMsg::Cancel(reason));
                     }
                 }
@@ -343,10 +355,10 @@ impl AgentRun {
                         tokio::time::sleep(delay).await;
                         let _ = me.cast(AgentMsg::RetryDue { key });
                     });
-                    self.children.retry_timers.insert(key, task);
+                    self.children_mut().retry_timers.insert(key, task);
                 }
                 Output::StopRetry { key } => {
-                    if let Some(task) = self.children.retry_timers.remove(&key) {
+                    if let Some(task) = self.children_mut().retry_timers.remove(&key) {
                         task.abort();
                     }
                 }
@@ -391,9 +403,9 @@ impl AgentRun {
             priority,
             children,
         } = launch;
-        let skip = self.children.skip.get_or_insert_default().clone();
+        let skip = self.children_mut().skip.get_or_insert_default().clone();
         let hooks = self.hooks.clone();
-        let mut cancelled = self.cancel_tx.subscribe();
+        let mut cancelled = self.cancel.subscribe();
         let me = self.myself.clone();
         // Each child's span is a child of this agent's: one trace per tree.
         let parent_span = self.span.clone();

@@ -229,8 +229,10 @@ pub struct AgentRun {
     phase: Phase,
     /// Tokens reserved against the tree's budget for the model call in flight.
     reserved: u64,
-    cancel_tx: watch::Sender<bool>,
-    children: ChildActors,
+    cancel: CancelSignal,
+    /// The child table, made by the first spawn: a leaf (most agents)
+    /// never has one (issue 17: 368 bytes of every leaf's actor state).
+    children: Option<Box<ChildActors>>,
     cancel_reason: Option<CancelReason>,
     /// The state once the run is over (the machine no longer holds it).
     final_state: Option<Arc<AgentState>>,
@@ -262,7 +264,33 @@ impl Drop for AgentRun {
         self.stop_timer();
         self.stop_approval_timer();
         self.release_reservation();
-        let _ = self.cancel_tx.send_replace(true);
+        self.cancel.cancel();
+    }
+}
+
+/// Tells the agent's tasks (a launch, a wait for a slot) that the run is
+/// over. The `watch` channel behind it is made by the first task that
+/// listens: a leaf never starts one (issue 17: ~400 bytes per leaf).
+#[derive(Default)]
+struct CancelSignal {
+    tx: Option<watch::Sender<bool>>,
+    cancelled: bool,
+}
+
+impl CancelSignal {
+    /// A receiver that sees `true` once the run is cancelled (at once if it is).
+    fn subscribe(&mut self) -> watch::Receiver<bool> {
+        let cancelled = self.cancelled;
+        self.tx
+            .get_or_insert_with(|| watch::channel(cancelled).0)
+            .subscribe()
+    }
+
+    fn cancel(&mut self) {
+        self.cancelled = true;
+        if let Some(tx) = &self.tx {
+            tx.send_replace(true);
+        }
     }
 }
 
@@ -342,7 +370,6 @@ impl Actor for AgentActor {
             parent_id = state.parent_id.as_deref().unwrap_or("-"),
             agent_type,
         );
-        let (cancel_tx, _) = watch::channel(false);
         Ok(AgentRun {
             myself,
             _live: LiveGuard(hooks.clone(), run_id.clone()),
@@ -360,8 +387,8 @@ impl Actor for AgentActor {
             approval_timer: timer::Timer::default(),
             phase: Phase::Running,
             reserved: 0,
-            cancel_tx,
-            children: ChildActors::default(),
+            cancel: CancelSignal::default(),
+            children: None,
             cancel_reason: None,
             final_state: None,
             result: None,
@@ -436,7 +463,7 @@ impl Actor for AgentActor {
                 run.tools_running = run.tools_running.saturating_sub(1);
                 if run.tools_running == 0 && run.model_task.is_none() {
                     run.stop_timer();
-                    if run.children.awaited() > 0 {
+                    if run.awaited_children() > 0 {
                         run.suspend();
                     }
                 }
@@ -503,7 +530,7 @@ impl Actor for AgentActor {
                 let _ = reply.send(AgentSnapshot {
                     state,
                     step: run.machine.step(),
-                    live_children: run.children.live_count(),
+                    live_children: run.live_children(),
                 });
                 Vec::new()
             }
@@ -673,7 +700,7 @@ impl AgentRun {
             resume: true,
         });
         let me = myself.clone();
-        let mut cancelled = self.cancel_tx.subscribe();
+        let mut cancelled = self.cancel.subscribe();
         tokio::spawn(async move {
             tokio::select! {
                 biased;
@@ -940,7 +967,7 @@ impl AgentRun {
             *parked = None;
         }
         self.release_reservation();
-        let _ = self.cancel_tx.send_replace(true);
+        self.cancel.cancel();
         self.feed(supervision::Input::ParentEnded {
             cancelled: self.cancel_reason.clone(),
         })
@@ -950,12 +977,12 @@ impl AgentRun {
     fn maybe_finish(&mut self, myself: &ActorRef<AgentMsg>) {
         if matches!(self.phase, Phase::Finished)
             || !self.machine.state().status.is_final()
-            || self.children.outstanding() > 0
+            || self.outstanding_children() > 0
         {
             return;
         }
         self.phase = Phase::Finished;
-        let late = self.children.undelivered();
+        let late = self.undelivered_children();
         self.machine.close_children(late);
         let value = self.machine.output_value();
         // The run is over: its state moves out of the machine (no copy) and is
@@ -1010,14 +1037,30 @@ mod panic_tests {
 
 #[cfg(test)]
 mod size_tests {
-    use super::{AgentRun, Phase};
+    use super::{AgentRun, CancelSignal, Phase};
+
+    /// The cancel signal's channel is made by the first task that listens,
+    /// so a task that starts listening after the cancel must still see it.
+    #[test]
+    fn a_task_that_listens_after_the_cancel_sees_it_at_once() {
+        let mut late = CancelSignal::default();
+        late.cancel();
+        assert!(*late.subscribe().borrow());
+        let mut early = CancelSignal::default();
+        let mut rx = early.subscribe();
+        assert!(!*rx.borrow_and_update());
+        early.cancel();
+        assert!(rx.has_changed().unwrap());
+        assert!(*rx.borrow());
+    }
 
     /// Every agent in memory holds one `AgentRun` (issue 17: bytes per live
     /// agent). A parked `ModelRequest` held inline made every actor's state
-    /// 280 bytes larger although most agents never park: 1,104 bytes, now
-    /// 824. Sizes, not timings: this cannot flake.
+    /// 280 bytes larger although most agents never park (1,104 bytes), and
+    /// the child table held inline made every leaf carry one (824 bytes);
+    /// now 472. Sizes, not timings: this cannot flake.
     #[test]
-    fn an_agents_actor_state_holds_no_parked_request_inline() {
+    fn an_agents_actor_state_holds_no_parked_request_nor_child_table_inline() {
         assert!(
             size_of::<Phase>() <= 16,
             "Phase is {} bytes",
@@ -1025,8 +1068,8 @@ mod size_tests {
         );
         let run = size_of::<AgentRun>();
         assert!(
-            run <= 900,
-            "AgentRun is {run} bytes (824 when this test was written)"
+            run <= 520,
+            "AgentRun is {run} bytes (472 when this test was written)"
         );
     }
 
