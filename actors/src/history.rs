@@ -1,13 +1,15 @@
 //! The conversation as an immutable, structurally shared value (semantics §3).
 //!
-//! A `History` is a persistent vector of `Arc<Message>`: cloning it for a child
-//! or a snapshot is O(1) and never copies a message body. The agent actor is the
+//! A `History` is a persistent vector of `Arc<Message>` plus a short list of
+//! the newest messages: cloning it for a child or a snapshot copies at most
+//! [`TAIL_MAX`] pointers and never a message body. The agent actor is the
 //! single owner of its current history; everyone else holds snapshots.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use imbl::Vector;
+use imbl::shared_ptr::DefaultSharedPtr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::message::{Message, TOOL_CALL_ERROR, TimeToLive};
@@ -18,7 +20,11 @@ use crate::message::{Message, TOOL_CALL_ERROR, TimeToLive};
 /// on `push`; rebuilt by the bulk operations that already walk every message.
 #[derive(Clone, Debug, Default)]
 pub struct History {
-    items: Vector<Arc<Message>>,
+    /// The older messages, shared with the histories this one was copied
+    /// from and to.
+    shared: Vector<Arc<Message>>,
+    /// The newest messages (at most [`TAIL_MAX`]), after `shared`'s.
+    tail: Vec<Arc<Message>>,
     /// Ids of calls with no result yet, in call order (usually the last step's).
     open: Vec<Arc<str>>,
     /// Results that answered no open call, and calls that reused an id.
@@ -30,11 +36,48 @@ pub struct History {
     tokens: u64,
 }
 
+/// How many of the newest messages a history keeps outside its persistent
+/// vector. A child appends its own messages to a short list of its own
+/// instead of to the vector it shares with its parent: a push there copies
+/// the vector's last chunk (64 pointers, ~530 bytes) for every child
+/// (issue 17). Every clone copies the list, so it stays short.
+pub const TAIL_MAX: usize = 16;
+
 impl PartialEq for History {
     fn eq(&self, other: &Self) -> bool {
-        self.items == other.items
+        self.len() == other.len() && self.iter().eq(other.iter())
     }
 }
+
+/// The messages of a [`History`], oldest first.
+#[derive(Clone)]
+pub struct Iter<'a> {
+    shared: imbl::vector::Iter<'a, Arc<Message>, DefaultSharedPtr>,
+    tail: std::slice::Iter<'a, Arc<Message>>,
+}
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = &'a Arc<Message>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.shared.next().or_else(|| self.tail.next())
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let len = self.shared.len() + self.tail.len();
+        (len, Some(len))
+    }
+}
+
+impl DoubleEndedIterator for Iter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        self.tail.next_back().or_else(|| self.shared.next_back())
+    }
+}
+
+impl ExactSizeIterator for Iter<'_> {}
+
+impl std::iter::FusedIterator for Iter<'_> {}
 
 /// When expiry runs: at the start of a step, or at the end of a turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,7 +129,7 @@ impl History {
 
     /// The number of messages.
     pub fn len(&self) -> usize {
-        self.items.len()
+        self.shared.len() + self.tail.len()
     }
 
     /// Estimated tokens of every message (maintained, not recomputed).
@@ -97,8 +140,7 @@ impl History {
     /// Whether a new tool call may not use this id: a call already has it, or a
     /// result does (only possible in a history with orphan results).
     pub fn id_taken(&self, id: &str) -> bool {
-        self.ids.contains(id)
-            || (self.broken > 0 && self.items.iter().any(|m| m.answers() == Some(id)))
+        self.ids.contains(id) || (self.broken > 0 && self.iter().any(|m| m.answers() == Some(id)))
     }
 
     /// Every call answered by one later result and every result answering an
@@ -132,7 +174,7 @@ impl History {
 
     /// Whether it has no message.
     pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
+        self.shared.is_empty() && self.tail.is_empty()
     }
 
     /// Appends a message.
@@ -143,7 +185,15 @@ impl History {
     /// Appends a message already shared (its body is not copied).
     pub fn push_shared(&mut self, message: Arc<Message>) {
         self.note(&message);
-        self.items.push_back(message);
+        if self.tail.len() >= TAIL_MAX {
+            self.shared.extend(self.tail.drain(..));
+        }
+        self.tail.push(message);
+    }
+
+    /// Takes the newest message off (the caller keeps the summaries right).
+    fn pop(&mut self) -> Option<Arc<Message>> {
+        self.tail.pop().or_else(|| self.shared.pop_back())
     }
 
     /// This history with its leading messages that equal `other`'s replaced by
@@ -151,48 +201,67 @@ impl History {
     /// this makes it share (and compare by address) with the live one again.
     pub(crate) fn sharing_prefix_with(&self, other: &History) -> History {
         let shared = self
-            .items
             .iter()
-            .zip(other.items.iter())
+            .zip(other.iter())
             .take_while(|(a, b)| Arc::ptr_eq(a, b) || a == b)
             .count();
         other
-            .items
             .iter()
             .take(shared)
-            .chain(self.items.iter().skip(shared))
+            .chain(self.iter().skip(shared))
             .cloned()
             .collect()
     }
 
     /// The messages, oldest first.
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &Arc<Message>> + ExactSizeIterator {
-        self.items.iter()
+    pub fn iter(&self) -> Iter<'_> {
+        Iter {
+            shared: self.shared.iter(),
+            tail: self.tail.iter(),
+        }
+    }
+
+    /// The messages from `start` on. The shared part is split (O(log n)), not
+    /// walked.
+    fn from(&self, start: usize) -> impl Iterator<Item = &Arc<Message>> {
+        let shared_len = self.shared.len();
+        let (shared, tail) = if start < shared_len {
+            (Some(self.shared.focus().narrow(start..)), &self.tail[..])
+        } else {
+            (
+                None,
+                &self.tail[(start - shared_len).min(self.tail.len())..],
+            )
+        };
+        shared.into_iter().flat_map(|f| f.into_iter()).chain(tail)
     }
 
     /// The message at `index` (0 is the oldest), if there is one.
     pub fn get(&self, index: usize) -> Option<&Arc<Message>> {
-        self.items.get(index)
+        match index.checked_sub(self.shared.len()) {
+            Some(i) => self.tail.get(i),
+            None => self.shared.get(index),
+        }
     }
 
     /// The newest message, if any.
     pub fn last(&self) -> Option<&Arc<Message>> {
-        self.items.last()
+        self.tail.last().or_else(|| self.shared.last())
     }
 
     /// The messages from `start` on, sharing their bodies.
     pub fn skip(&self, start: usize) -> History {
-        self.items.iter().skip(start).cloned().collect()
+        self.from(start).cloned().collect()
     }
 
     /// The messages as a vector, sharing their bodies.
     pub fn to_vec(&self) -> Vec<Arc<Message>> {
-        self.items.iter().cloned().collect()
+        self.iter().cloned().collect()
     }
 
     /// Keeps the messages for which `keep` is true.
     pub fn retain(&self, keep: impl Fn(&Message) -> bool) -> History {
-        self.items.iter().filter(|m| keep(m)).cloned().collect()
+        self.iter().filter(|m| keep(m)).cloned().collect()
     }
 
     /// `filterUnfinishedToolCalls`: drops tool calls that have no result anywhere in
@@ -204,13 +273,13 @@ impl History {
         // The common case, a spawn mid-step: every open call is in the last
         // message and nothing else is broken. Only that message changes.
         if self.broken == 0
-            && let Some(last) = self.items.last()
+            && let Some(last) = self.last()
         {
             let in_last = |id: &Arc<str>| last.tool_calls().any(|c| c.tool_call_id == **id);
             if self.open.iter().all(in_last) {
                 let open = &self.open;
                 let mut out = self.clone();
-                out.items.pop_back();
+                out.pop();
                 if last.meta().time_to_live.is_some() {
                     out.ttl -= 1;
                 }
@@ -227,16 +296,15 @@ impl History {
                 return out;
             }
         }
-        let answered: HashSet<&str> = self.items.iter().filter_map(|m| m.answers()).collect();
+        let answered: HashSet<&str> = self.iter().filter_map(|m| m.answers()).collect();
         let needs_change = |m: &Message| {
             m.tool_calls()
                 .any(|c| !answered.contains(c.tool_call_id.as_str()))
         };
-        if !self.items.iter().any(|m| needs_change(m)) {
+        if !self.iter().any(|m| needs_change(m)) {
             return self.clone();
         }
-        self.items
-            .iter()
+        self.iter()
             .filter_map(|m| {
                 if !needs_change(m) {
                     return Some(m.clone());
@@ -250,16 +318,13 @@ impl History {
     /// `lastAssistantTurn`: the final run of assistant and tool messages that ends
     /// the conversation, without messages tagged `TOOL_CALL_ERROR`.
     pub fn last_assistant_turn(&self) -> Vec<Arc<Message>> {
-        let Some(mut start) = self.items.iter().rposition(|m| m.is_assistant()) else {
+        let Some(mut start) = self.iter().rposition(|m| m.is_assistant()) else {
             return Vec::new();
         };
-        while start > 0 && self.items[start - 1].is_assistant() {
+        while start > 0 && self.get(start - 1).is_some_and(|m| m.is_assistant()) {
             start -= 1;
         }
-        // `Vector::skip` splits the tree (O(log n)); an iterator's skip would walk.
-        self.items
-            .skip(start)
-            .iter()
+        self.from(start)
             .take_while(|m| m.is_assistant() || m.answers().is_some())
             .filter(|m| !m.has_tag(TOOL_CALL_ERROR))
             .cloned()
@@ -277,7 +342,7 @@ impl History {
     /// Whether `expire` at `at` would remove a message (O(1) when no message
     /// has a time to live, the usual case), so a caller can skip the copy.
     pub fn expires_any(&self, at: Expiry) -> bool {
-        self.ttl > 0 && self.items.iter().any(|m| expired(m, at))
+        self.ttl > 0 && self.iter().any(|m| expired(m, at))
     }
 
     /// The history a model request carries: the history itself (O(1)) when it is
@@ -298,8 +363,8 @@ impl History {
         // Results that answer a call made earlier; the first one per id wins.
         let mut called: HashSet<&str> = HashSet::new();
         let mut answered: HashSet<&str> = HashSet::new();
-        let mut keep_result = vec![true; self.items.len()];
-        for (i, m) in self.items.iter().enumerate() {
+        let mut keep_result = vec![true; self.len()];
+        for (i, m) in self.iter().enumerate() {
             for call in m.tool_calls() {
                 called.insert(&call.tool_call_id);
             }
@@ -310,9 +375,9 @@ impl History {
                 repair.orphan_results.push(id.to_owned());
             }
         }
-        let mut out = Vec::with_capacity(self.items.len());
+        let mut out = Vec::with_capacity(self.len());
         let mut kept_calls: HashSet<&str> = HashSet::new();
-        for (i, m) in self.items.iter().enumerate() {
+        for (i, m) in self.iter().enumerate() {
             if !keep_result[i] {
                 continue;
             }
@@ -482,21 +547,168 @@ impl FromIterator<Message> for History {
 
 impl<'a> IntoIterator for &'a History {
     type Item = &'a Arc<Message>;
-    type IntoIter = Box<dyn Iterator<Item = &'a Arc<Message>> + 'a>;
+    type IntoIter = Iter<'a>;
 
     fn into_iter(self) -> Self::IntoIter {
-        Box::new(self.items.iter())
+        self.iter()
     }
 }
 
 impl Serialize for History {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.items.iter().map(|m| m.as_ref()))
+        serializer.collect_seq(self.iter().map(|m| m.as_ref()))
     }
 }
 
 impl<'de> Deserialize<'de> for History {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         Vec::<Message>::deserialize(deserializer).map(|v| v.into_iter().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::*;
+    use crate::message::ToolCall;
+
+    fn call(id: &str) -> ToolCall {
+        ToolCall {
+            tool_call_id: id.to_owned(),
+            tool_name: "t".to_owned(),
+            input: Value::Null,
+        }
+    }
+
+    /// `n` messages: user, assistant, user, ... with a call and its result
+    /// every fifth pair, so the newest messages straddle the shared vector
+    /// and the tail at every length.
+    fn messages(n: usize) -> Vec<Arc<Message>> {
+        (0..n)
+            .map(|i| {
+                let m = match i % 10 {
+                    8 => Message::assistant(Some(format!("a{i}")), vec![call(&format!("c{i}"))]),
+                    9 => Message::tool_result(&call(&format!("c{}", i - 1)), Value::Null),
+                    k if k % 2 == 1 => Message::assistant_text(format!("a{i}")),
+                    _ => Message::user(format!("u{i}")),
+                };
+                Arc::new(m)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_history_reads_the_same_on_both_sides_of_its_tail() {
+        for n in 0..(3 * TAIL_MAX + 5) {
+            let model = messages(n);
+            let history: History = model.iter().cloned().collect();
+            assert_eq!(history.len(), n);
+            assert_eq!(history.is_empty(), n == 0);
+            assert!(history.iter().zip(&model).all(|(a, b)| Arc::ptr_eq(a, b)));
+            assert_eq!(history.iter().len(), n);
+            let back: Vec<_> = history.iter().rev().collect();
+            assert!(
+                back.iter()
+                    .zip(model.iter().rev())
+                    .all(|(a, b)| Arc::ptr_eq(a, b))
+            );
+            assert_eq!(back.len(), n);
+            for (i, m) in model.iter().enumerate() {
+                assert!(Arc::ptr_eq(history.get(i).unwrap(), m), "get({i}) of {n}");
+            }
+            assert!(history.get(n).is_none());
+            assert_eq!(
+                history.last().map(|m| Arc::as_ptr(m)),
+                model.last().map(Arc::as_ptr)
+            );
+            for start in [
+                0,
+                1,
+                n / 2,
+                n.saturating_sub(TAIL_MAX),
+                n.saturating_sub(1),
+                n,
+                n + 3,
+            ] {
+                let skipped = history.skip(start);
+                assert_eq!(
+                    skipped.len(),
+                    n.saturating_sub(start),
+                    "skip({start}) of {n}"
+                );
+                assert!(
+                    skipped
+                        .iter()
+                        .zip(model.iter().skip(start))
+                        .all(|(a, b)| Arc::ptr_eq(a, b))
+                );
+            }
+            // The last turn: from the last run of assistant messages on.
+            let turn = history.last_assistant_turn();
+            let start = model.iter().rposition(|m| m.is_assistant());
+            match start {
+                None => assert!(turn.is_empty()),
+                Some(end) => {
+                    let first = model[..=end]
+                        .iter()
+                        .rposition(|m| !m.is_assistant())
+                        .map_or(0, |i| i + 1);
+                    let expected: Vec<_> = model[first..]
+                        .iter()
+                        .take_while(|m| m.is_assistant() || m.answers().is_some())
+                        .collect();
+                    assert_eq!(turn.len(), expected.len(), "last turn of {n}");
+                    assert!(turn.iter().zip(expected).all(|(a, b)| Arc::ptr_eq(a, b)));
+                }
+            }
+            let copy: History = model.iter().cloned().collect();
+            assert_eq!(history, copy);
+            assert!(history.is_paired() == (n % 10 != 9));
+        }
+    }
+
+    /// A child's copy of a long history appends its own messages without
+    /// copying the chunk of the shared vector its parent's newest messages
+    /// sit in: a copied chunk holds one more reference to each message in it.
+    #[test]
+    fn a_childs_copy_appends_without_copying_its_parents_chunk() {
+        let model = messages(100);
+        let parent: History = model.iter().cloned().collect();
+        let in_shared = &model[parent.len() - parent.tail.len() - 1];
+        let before = Arc::strong_count(in_shared);
+        let mut child = parent.filter_unfinished_tool_calls();
+        child.push(Message::user("the child's prompt"));
+        child.push(Message::assistant_text("the child's answer"));
+        assert_eq!(Arc::strong_count(in_shared), before);
+        assert_eq!(child.len(), 102);
+        assert_eq!(parent.len(), 100);
+        assert!(Arc::ptr_eq(child.get(99).unwrap(), &model[99]));
+    }
+
+    /// The common spawn case: the parent's last message holds the open
+    /// call; the child's copy drops that call, whichever part it is in.
+    #[test]
+    fn the_open_spawn_call_is_dropped_from_the_tail_and_from_the_shared_part() {
+        for n in [3, TAIL_MAX, TAIL_MAX + 1, 2 * TAIL_MAX + 1, 40] {
+            let mut history: History = messages(n).into_iter().collect();
+            if !history.is_paired() {
+                history.push(Message::tool_result(
+                    &call(&format!("c{}", n - 2)),
+                    Value::Null,
+                ));
+            }
+            history.push(Message::assistant(
+                Some("spawning".into()),
+                vec![call("spawn")],
+            ));
+            let len = history.len();
+            let child = history.filter_unfinished_tool_calls();
+            assert!(child.is_paired(), "{n}");
+            assert_eq!(child.len(), len, "the text of the message stays ({n})");
+            assert_eq!(child.last().unwrap().tool_calls().count(), 0);
+            assert!(!child.id_taken("spawn"));
+            assert!(history.id_taken("spawn"));
+        }
     }
 }
