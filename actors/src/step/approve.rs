@@ -22,7 +22,9 @@ impl StepMachine {
     /// Decisions recorded before a restart (or for a replay), by call id:
     /// taken when the call asks again, without a new event.
     pub fn recover_decisions(&mut self, decisions: HashMap<String, Decision>) {
-        self.recorded_decisions.extend(decisions);
+        if !decisions.is_empty() {
+            self.side().recorded_decisions.extend(decisions);
+        }
     }
 
     /// The calls of this step that wait for a decision: (call id, tool, input).
@@ -56,7 +58,11 @@ impl StepMachine {
         for index in needing {
             let call = &pending.calls[index];
             let id = call.tool_call_id.clone();
-            if let Some(decision) = self.recorded_decisions.remove(&id) {
+            let recorded = self
+                .side
+                .as_deref_mut()
+                .and_then(|side| side.recorded_decisions.remove(&id));
+            if let Some(decision) = recorded {
                 // Recorded as valid when it was made: it applies as it did.
                 let _ = apply(&mut pending, index, &decision, self);
                 continue;

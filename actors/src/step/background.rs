@@ -207,7 +207,7 @@ impl StepMachine {
         pending.results[index] = Some(Message::tool_result(&pending.calls[index], json!(entries)));
         for child in started {
             if let Started::Running { agent_id, .. } = child {
-                self.background.push(agent_id);
+                self.side().background.push(agent_id);
             }
         }
         self.resolved(catalog)
@@ -217,27 +217,32 @@ impl StepMachine {
     /// next step boundary. A run that waits at the end of its turn takes it
     /// now (a step, or straight into the history, by how it waits).
     pub fn background_reported(&mut self, report: ChildReport) -> Vec<Action> {
-        if self.state.status.is_final() || !self.background.contains(&report.agent_id) {
+        let ended = self.state.status.is_final();
+        // No sideband: no background child was started, none is out.
+        let Some(side) = self.side.as_deref_mut() else {
+            return Vec::new();
+        };
+        if ended || !side.background.contains(&report.agent_id) {
             return Vec::new();
         }
-        if self.arrived.iter().any(|r| r.agent_id == report.agent_id) {
+        if side.arrived.iter().any(|r| r.agent_id == report.agent_id) {
             return Vec::new();
         }
-        self.arrived.push(report);
-        match self.waiting {
+        side.arrived.push(report);
+        match side.waiting {
             None => Vec::new(),
             Some(Waiting::Step) => {
-                self.waiting = None;
+                side.waiting = None;
                 self.begin_step()
             }
             Some(Waiting::Schedule) => {
-                self.waiting = None;
+                side.waiting = None;
                 self.begin_step()
             }
             Some(Waiting::All) => {
                 self.take_all_arrived();
-                if self.background.is_empty() {
-                    self.waiting = None;
+                if self.background_outstanding() == 0 {
+                    self.side().waiting = None;
                     self.complete()
                 } else {
                     Vec::new()
@@ -248,12 +253,7 @@ impl StepMachine {
 
     /// Background children still out (started, report not in the history).
     pub fn background_outstanding(&self) -> usize {
-        self.background.len()
-    }
-
-    /// Whether reports wait for the next step boundary.
-    pub(super) fn has_arrived(&self) -> bool {
-        !self.arrived.is_empty()
+        self.side.as_ref().map_or(0, |s| s.background.len())
     }
 
     /// Puts the reports due at this boundary into the history; returns their
@@ -267,37 +267,40 @@ impl StepMachine {
     #[must_use]
     pub(super) fn take_arrived(&mut self) -> Option<Vec<EventKind>> {
         let step = self.step;
-        let outstanding = &self.background;
+        let Some(side) = self.side.as_deref_mut() else {
+            return Some(Vec::new());
+        };
+        let outstanding = &side.background;
         // A scheduled child that is not out (or a boundary already passed)
         // will never be delivered there: its entry is dropped.
-        self.scheduled.retain(|s| {
+        side.scheduled.retain(|s| {
             s.step > step
                 || (s.step == step
                     && s.child_run_id
                         .parse::<RunId>()
                         .is_ok_and(|r| outstanding.contains(&r.agent_id().to_string())))
         });
-        let reports: Vec<ChildReport> = if self.scheduled.is_empty() {
-            std::mem::take(&mut self.arrived)
+        let reports: Vec<ChildReport> = if side.scheduled.is_empty() {
+            std::mem::take(&mut side.arrived)
         } else {
-            let due: Vec<String> = self
+            let due: Vec<String> = side
                 .scheduled
                 .iter()
                 .filter(|s| s.step == step)
                 .map(|s| s.child_run_id.clone())
                 .collect();
-            let came = |id: &String| self.arrived.iter().any(|r| r.run_ids.last() == Some(id));
+            let came = |id: &String| side.arrived.iter().any(|r| r.run_ids.last() == Some(id));
             if !due.iter().all(came) {
                 return None;
             }
-            self.scheduled.retain(|s| s.step != step);
+            side.scheduled.retain(|s| s.step != step);
             due.iter()
                 .filter_map(|id| {
-                    let at = self
+                    let at = side
                         .arrived
                         .iter()
                         .position(|r| r.run_ids.last() == Some(id))?;
-                    Some(self.arrived.remove(at))
+                    Some(side.arrived.remove(at))
                 })
                 .collect()
         };
@@ -307,7 +310,10 @@ impl StepMachine {
     /// Every report that came goes into the history now (no step will
     /// answer them: the schedule does not apply).
     pub(super) fn take_all_arrived(&mut self) {
-        let reports = std::mem::take(&mut self.arrived);
+        let reports = match self.side.as_deref_mut() {
+            Some(side) => std::mem::take(&mut side.arrived),
+            None => Vec::new(),
+        };
         let delivered = self.put_reports(reports);
         self.events.extend(delivered);
     }
@@ -316,7 +322,9 @@ impl StepMachine {
         let budget = self.report_budget();
         let mut delivered = Vec::new();
         for report in reports {
-            self.background.retain(|id| *id != report.agent_id);
+            if let Some(side) = self.side.as_deref_mut() {
+                side.background.retain(|id| *id != report.agent_id);
+            }
             self.state
                 .message_history
                 .push(report_message(&report, budget));
@@ -333,10 +341,13 @@ impl StepMachine {
     /// Whether the boundary after this step delivers reports: live, when
     /// some came; resumed or replayed, when the journal delivered some here.
     pub(super) fn delivers_now(&self) -> bool {
-        if self.scheduled.is_empty() {
-            self.has_arrived()
+        let Some(side) = self.side.as_deref() else {
+            return false;
+        };
+        if side.scheduled.is_empty() {
+            !side.arrived.is_empty()
         } else {
-            self.scheduled.iter().any(|s| s.step == self.step)
+            side.scheduled.iter().any(|s| s.step == self.step)
         }
     }
 
@@ -344,16 +355,18 @@ impl StepMachine {
     /// run (those no checkpoint it starts from holds): each report is taken
     /// at the boundary it was taken at before.
     pub fn recover_deliveries(&mut self, deliveries: Vec<Scheduled>) {
-        self.scheduled = deliveries;
+        if !deliveries.is_empty() {
+            self.side().scheduled = deliveries;
+        }
     }
 
     /// At the end of a turn with background children still out: wait for
     /// them, or end (the driver cancels them), by `on_turn_end`.
     pub(super) fn wait_for_background(&mut self) -> Option<Vec<Action>> {
-        if self.background.is_empty() || self.template.on_turn_end == OnTurnEnd::Cancel {
+        if self.background_outstanding() == 0 || self.template.on_turn_end == OnTurnEnd::Cancel {
             return None;
         }
-        self.waiting = Some(
+        self.side().waiting = Some(
             if self.program.is_some() || self.state.steps_remaining == 0 {
                 Waiting::All
             } else {
@@ -368,10 +381,13 @@ impl StepMachine {
     /// it was started with, from the snapshot its spawn took.
     pub(super) fn relaunch(&mut self, catalog: &dyn Catalog) -> Option<Action> {
         let waiting = outstanding(&self.state.message_history);
-        self.background = waiting.iter().map(|o| o.agent_id.clone()).collect();
         if waiting.is_empty() {
+            if let Some(side) = self.side.as_deref_mut() {
+                side.background.clear();
+            }
             return None;
         }
+        self.side().background = waiting.iter().map(|o| o.agent_id.clone()).collect();
         let children = waiting
             .into_iter()
             .map(|o| {

@@ -161,8 +161,6 @@ pub struct StepMachine {
     tree_id: Arc<str>,
     prompt: Option<String>,
     params: Option<Value>,
-    /// Child runs of calls that had reported when the run was cut short.
-    abandoned: Vec<(usize, Vec<String>)>,
     /// Children given an ordinal so far (ids derive from it).
     children_spawned: u32,
     /// Whether to emit a `Checkpointed` event at every step boundary (and keep
@@ -170,6 +168,19 @@ pub struct StepMachine {
     checkpointing: bool,
     /// The loop watchdog: the last call and its identical repeats.
     loops: watch::LoopWatch,
+    /// Steers, recorded decisions, background children: made when the
+    /// first of them comes.
+    side: Option<Box<Sideband>>,
+    /// Whether the run goes on from a checkpoint (its background children
+    /// are started again).
+    resumed: bool,
+}
+
+/// What reaches a run beside its own steps. Most runs never see any of it,
+/// so a machine makes it when the first of it comes (issue 17: ~200 bytes
+/// of every agent's machine).
+#[derive(Default)]
+struct Sideband {
     /// Steering messages accepted and not yet in the history (the next step
     /// boundary applies them).
     steers: Vec<Arc<str>>,
@@ -187,12 +198,16 @@ pub struct StepMachine {
     waiting: Option<background::Waiting>,
     /// Deliveries a resumed or replayed run makes where its journal made them.
     scheduled: Vec<background::Scheduled>,
-    /// Whether the run goes on from a checkpoint (its background children
-    /// are started again).
-    resumed: bool,
+    /// Child runs of calls that had reported when the run was cut short.
+    abandoned: Vec<(usize, Vec<String>)>,
 }
 
 impl StepMachine {
+    /// The sideband, made now if nothing came beside the steps before.
+    fn side(&mut self) -> &mut Sideband {
+        self.side.get_or_insert_default()
+    }
+
     /// A machine for a run starting from `state`, which inherited `inherited` messages.
     pub fn new(
         state: AgentState,
@@ -215,17 +230,10 @@ impl StepMachine {
             tree_id,
             prompt: None,
             params: None,
-            abandoned: Vec::new(),
             children_spawned: 0,
             checkpointing: false,
             loops: watch::LoopWatch::default(),
-            steers: Vec::new(),
-            scheduled_steers: Vec::new(),
-            recorded_decisions: std::collections::HashMap::new(),
-            background: Vec::new(),
-            arrived: Vec::new(),
-            waiting: None,
-            scheduled: Vec::new(),
+            side: None,
             resumed: false,
         }
     }
@@ -265,7 +273,7 @@ impl StepMachine {
             step: self.step,
             text: text.clone(),
         });
-        self.steers.push(text);
+        self.side().steers.push(text);
         Ok(())
     }
 
@@ -274,25 +282,31 @@ impl StepMachine {
     /// reaches the step it first arrived in, as the live run took it, with no
     /// new event (it was recorded).
     pub fn recover_steers(&mut self, steers: Vec<Steer>) {
-        self.scheduled_steers = steers;
+        if steers.is_empty() {
+            return;
+        }
+        self.side().scheduled_steers = steers;
         self.take_scheduled_steers();
     }
 
     fn take_scheduled_steers(&mut self) {
         let step = self.step;
-        let due: Vec<Steer> = self
+        let Some(side) = self.side.as_deref_mut() else {
+            return;
+        };
+        let due: Vec<Steer> = side
             .scheduled_steers
             .iter()
             .filter(|s| s.step == step)
             .cloned()
             .collect();
-        self.scheduled_steers.retain(|s| s.step != step);
-        self.steers.extend(due.into_iter().map(|s| s.text));
+        side.scheduled_steers.retain(|s| s.step != step);
+        side.steers.extend(due.into_iter().map(|s| s.text));
     }
 
     /// Whether steering messages wait for the next step boundary.
     pub(crate) fn has_pending_steers(&self) -> bool {
-        !self.steers.is_empty()
+        self.side.as_ref().is_some_and(|s| !s.steers.is_empty())
     }
 
     /// Emits a `Checkpointed` event at every step boundary from now on.
@@ -584,7 +598,13 @@ impl StepMachine {
     /// step, both the calls that had reported and those still out (`late`: call
     /// index, credits, run ids), in call order.
     pub(crate) fn close_children(&mut self, late: Vec<(usize, f64, Vec<String>)>) {
-        let mut calls = std::mem::take(&mut self.abandoned);
+        let (mut calls, arrived) = match self.side.as_deref_mut() {
+            Some(side) => (
+                std::mem::take(&mut side.abandoned),
+                std::mem::take(&mut side.arrived),
+            ),
+            None => Default::default(),
+        };
         for (index, credits, runs) in late {
             self.state.credits_used += credits;
             calls.push((index, runs));
@@ -594,7 +614,7 @@ impl StepMachine {
             self.state.child_run_ids.extend(runs);
         }
         // Background reports that came and never reached a step boundary.
-        for report in std::mem::take(&mut self.arrived) {
+        for report in arrived {
             self.state.credits_used += report.credits;
             self.state.child_run_ids.extend(report.run_ids);
         }
@@ -636,7 +656,7 @@ impl StepMachine {
             // order with the calls still out when the run ends (`close_children`).
             for (index, runs) in p.child_runs.into_iter().enumerate() {
                 if !runs.is_empty() {
-                    self.abandoned.push((index, runs));
+                    self.side().abandoned.push((index, runs));
                 }
             }
         }
@@ -667,10 +687,14 @@ impl StepMachine {
         // applied before it (so a resumed run neither loses nor repeats one).
         let Some(delivered) = self.take_arrived() else {
             // A report the journal delivered here has not come yet.
-            self.waiting = Some(background::Waiting::Schedule);
+            self.side().waiting = Some(background::Waiting::Schedule);
             return vec![Action::AwaitChildren];
         };
-        for text in std::mem::take(&mut self.steers) {
+        let steers = match self.side.as_deref_mut() {
+            Some(side) => std::mem::take(&mut side.steers),
+            None => Vec::new(),
+        };
+        for text in steers {
             self.state
                 .message_history
                 .push(Message::user(&*text).with_tag(STEERING));
