@@ -619,7 +619,7 @@ mod tests {
             }
             assert!(history.get(n).is_none());
             assert_eq!(
-                history.last().map(|m| Arc::as_ptr(m)),
+                history.last().map(Arc::as_ptr),
                 model.last().map(Arc::as_ptr)
             );
             for start in [

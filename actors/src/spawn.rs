@@ -96,8 +96,9 @@ pub struct ParentInfo {
     pub agent_id: String,
     /// The parent's run id.
     pub run_id: String,
-    /// The parent's ancestors plus the parent: the children's `ancestorRunIds`.
-    pub lineage: Vec<String>,
+    /// The parent's ancestors plus the parent: the children's `ancestorRunIds`
+    /// (one list all of them share).
+    pub lineage: Arc<[String]>,
     /// The parent's system prompt (a child may inherit it).
     pub system_prompt: Arc<str>,
     /// The parent's latest context size in tokens; a child starts from it.
@@ -109,8 +110,12 @@ pub struct ParentInfo {
 impl ParentInfo {
     /// What `parent`, running with `toolbox`, passes on.
     pub fn of(parent: &AgentState, toolbox: &Arc<Toolbox>) -> Self {
-        let mut lineage = parent.ancestor_run_ids.clone();
-        lineage.push(parent.run_id.clone());
+        let lineage = parent
+            .ancestor_run_ids
+            .iter()
+            .chain([&parent.run_id])
+            .cloned()
+            .collect();
         ParentInfo {
             agent_id: parent.agent_id.clone(),
             run_id: parent.run_id.clone(),

@@ -71,8 +71,10 @@ pub struct AgentState {
     #[serde(default)]
     pub parent_id: Option<String>,
     /// Run ids from the root down to the parent; its length is the depth.
+    /// Shared: every child of one parent holds the same list (issue 17:
+    /// copied, it was a vector and one string per ancestor for every agent).
     #[serde(default)]
-    pub ancestor_run_ids: Vec<String>,
+    pub ancestor_run_ids: Arc<[String]>,
     /// Every child run that started, in request order.
     #[serde(default)]
     pub child_run_ids: Vec<String>,
@@ -120,7 +122,7 @@ pub struct Start {
     pub agent_type: String,
     /// The parent's agent id and the run ids above the new run (the parent's
     /// ancestors, then the parent); `None` for a root.
-    pub parent: Option<(String, Vec<String>)>,
+    pub parent: Option<(String, Arc<[String]>)>,
     /// The history the run starts its turn with (inherited messages, then its
     /// input messages).
     pub history: History,
@@ -140,7 +142,7 @@ impl AgentState {
     pub fn initial(start: Start) -> AgentState {
         let (parent_id, ancestor_run_ids) = match start.parent {
             Some((parent, lineage)) => (Some(parent), lineage),
-            None => (None, Vec::new()),
+            None => (None, Arc::default()),
         };
         AgentState {
             agent_id: start.ids.agent_id,

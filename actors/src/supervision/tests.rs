@@ -44,7 +44,7 @@ fn parent() -> Arc<ParentInfo> {
     Arc::new(ParentInfo {
         agent_id: "t/0".into(),
         run_id: "t/0".into(),
-        lineage: vec!["t/0".into()],
+        lineage: ["t/0".to_owned()].into(),
         system_prompt: Arc::from(""),
         context_token_count: 0,
         toolbox: toolbox(),

@@ -368,7 +368,7 @@ impl TreeLog {
                 agent_type,
                 parent_id: parent_id.or_else(|| ancestor_run_ids.last().cloned()),
                 run_id,
-                ancestor_run_ids,
+                ancestor_run_ids: ancestor_run_ids.into(),
                 child_run_ids,
                 message_history: history,
                 output,

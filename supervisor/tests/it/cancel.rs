@@ -214,7 +214,7 @@ async fn status_is_served_while_a_model_call_is_pending() {
     .to_string();
     let child_state = sup.state(&child).await.unwrap();
     assert_eq!(child_state.status, AgentStatus::Running);
-    assert_eq!(child_state.ancestor_run_ids, std::slice::from_ref(&root));
+    assert_eq!(&*child_state.ancestor_run_ids, std::slice::from_ref(&root));
     let parent_state = sup.state(&root).await.unwrap();
     assert_eq!(parent_state.status, AgentStatus::Running);
     assert_eq!(

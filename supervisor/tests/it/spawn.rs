@@ -115,9 +115,9 @@ async fn a_three_level_tree_keeps_every_state_and_sums_credits() {
         for child_id in &parent.child_run_ids {
             let child = (*sup.finished_state(child_id).expect("child kept")).clone();
             assert_eq!(child.parent_id.as_deref(), Some(parent.agent_id.as_str()));
-            let mut expected_ancestors = parent.ancestor_run_ids.clone();
+            let mut expected_ancestors = parent.ancestor_run_ids.to_vec();
             expected_ancestors.push(parent.run_id.clone());
-            assert_eq!(child.ancestor_run_ids, expected_ancestors);
+            assert_eq!(*child.ancestor_run_ids, expected_ancestors);
             assert_eq!(child.status, AgentStatus::Completed);
             descendants_direct += child.direct_credits_used;
             own_and_children += child.credits_used;

@@ -94,7 +94,7 @@ impl Run {
             agent_id: "agent-p".into(),
             agent_type: Some(template.id.clone()),
             run_id: "run-p".into(),
-            ancestor_run_ids: vec!["run-root".into()],
+            ancestor_run_ids: ["run-root".to_owned()].into(),
             message_history: history.into_iter().collect(),
             system_prompt: template.system_prompt.clone(),
             tool_definitions: tb.definitions().clone(),

@@ -300,6 +300,36 @@ fn rich_parent() -> Run {
     ])
 }
 
+/// Children of one spawn share their parent's lineage: one list, not a
+/// vector and a string per ancestor copied into every child (issue 17).
+#[test]
+fn the_children_of_one_spawn_share_one_ancestor_list() {
+    let mut run = rich_parent();
+    request(run.start());
+    let (_, _, children) = run.spawn_reply_action(json!([
+        {"agent_type": "historian", "prompt": "a"},
+        {"agent_type": "writer", "prompt": "b"}
+    ]));
+    let parent = ParentInfo::of(run.state(), run.m.toolbox());
+    let start = |plan: &ChildPlan, n: u32| {
+        plan.start_from(
+            &parent,
+            RunIds {
+                agent_id: format!("agent-c{n}"),
+                run_id: format!("run-c{n}"),
+            },
+            toolbox(&plan.template),
+        )
+    };
+    let a = start(children[0].as_ref().unwrap(), 1);
+    let b = start(children[1].as_ref().unwrap(), 2);
+    assert_eq!(*a.state.ancestor_run_ids, ["run-root", "run-p"]);
+    assert!(Arc::ptr_eq(
+        &a.state.ancestor_run_ids,
+        &b.state.ancestor_run_ids
+    ));
+}
+
 #[test]
 fn a_child_starts_from_its_parent_as_the_spec_says() {
     let mut run = rich_parent();
@@ -322,7 +352,7 @@ fn a_child_starts_from_its_parent_as_the_spec_says() {
     );
     assert_eq!(s.parent_id.as_deref(), Some("agent-p"));
     assert_eq!(s.agent_type.as_deref(), Some("historian"));
-    assert_eq!(s.ancestor_run_ids, ["run-root", "run-p"]);
+    assert_eq!(*s.ancestor_run_ids, ["run-root", "run-p"]);
     assert!(s.child_run_ids.is_empty());
     assert_eq!(s.steps_remaining, 7);
     assert_eq!((s.credits_used, s.direct_credits_used), (0.0, 0.0));
