@@ -231,11 +231,7 @@ impl StepMachine {
         side.arrived.push(report);
         match side.waiting {
             None => Vec::new(),
-            Some(Waiting::Step) => {
-                side.waiting = None;
-                self.begin_step()
-            }
-            Some(Waiting::Schedule) => {
+            Some(Waiting::Step | Waiting::Schedule) => {
                 side.waiting = None;
                 self.begin_step()
             }
@@ -310,10 +306,7 @@ impl StepMachine {
     /// Every report that came goes into the history now (no step will
     /// answer them: the schedule does not apply).
     pub(super) fn take_all_arrived(&mut self) {
-        let reports = match self.side.as_deref_mut() {
-            Some(side) => std::mem::take(&mut side.arrived),
-            None => Vec::new(),
-        };
+        let reports = self.take_side(|side| &mut side.arrived);
         let delivered = self.put_reports(reports);
         self.events.extend(delivered);
     }

@@ -208,6 +208,15 @@ impl StepMachine {
         self.side.get_or_insert_default()
     }
 
+    /// Takes one list out of the sideband (empty if there is none), without
+    /// making a sideband.
+    fn take_side<T: Default>(&mut self, field: impl FnOnce(&mut Sideband) -> &mut T) -> T {
+        self.side
+            .as_deref_mut()
+            .map(|side| std::mem::take(field(side)))
+            .unwrap_or_default()
+    }
+
     /// A machine for a run starting from `state`, which inherited `inherited` messages.
     pub fn new(
         state: AgentState,
@@ -598,13 +607,8 @@ impl StepMachine {
     /// step, both the calls that had reported and those still out (`late`: call
     /// index, credits, run ids), in call order.
     pub(crate) fn close_children(&mut self, late: Vec<(usize, f64, Vec<String>)>) {
-        let (mut calls, arrived) = match self.side.as_deref_mut() {
-            Some(side) => (
-                std::mem::take(&mut side.abandoned),
-                std::mem::take(&mut side.arrived),
-            ),
-            None => Default::default(),
-        };
+        let mut calls = self.take_side(|side| &mut side.abandoned);
+        let arrived = self.take_side(|side| &mut side.arrived);
         for (index, credits, runs) in late {
             self.state.credits_used += credits;
             calls.push((index, runs));
@@ -690,11 +694,7 @@ impl StepMachine {
             self.side().waiting = Some(background::Waiting::Schedule);
             return vec![Action::AwaitChildren];
         };
-        let steers = match self.side.as_deref_mut() {
-            Some(side) => std::mem::take(&mut side.steers),
-            None => Vec::new(),
-        };
-        for text in steers {
+        for text in self.take_side(|side| &mut side.steers) {
             self.state
                 .message_history
                 .push(Message::user(&*text).with_tag(STEERING));
