@@ -1,6 +1,7 @@
 //! Spawning and merging as plain functions (semantics §6): who may spawn what, the
 //! state a child starts from, and the result its parent records.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -37,18 +38,48 @@ pub struct ChildPlan {
     pub prompt: Option<String>,
     /// The params the parent gave it, if any (checked against its input schema).
     pub params: Option<Value>,
-    /// The parent's filtered history as of the spawn (shared, not copied).
-    pub snapshot: History,
+    /// The parent's filtered history as of the spawn: one per spawn call,
+    /// which all its children share until each starts from it.
+    pub snapshot: Arc<History>,
+    /// The `SUBAGENT_SPAWN` notice the child's history gets after the
+    /// inherited messages (`None` when it inherits none, or runs inline):
+    /// one per agent type in a spawn call, shared by its children.
+    pub notice: Option<Arc<Message>>,
     /// Whether it runs inline (`spawn_agent_inline`, semantics §6): on the
     /// parent's history, merged back into it.
     pub inline: bool,
+}
+
+/// The `SUBAGENT_SPAWN` notices of one spawn call, one per agent type: the
+/// children of a call share them instead of each formatting its own (two
+/// strings and a message per child).
+#[derive(Default)]
+pub(crate) struct Notices(RefCell<Vec<(String, Arc<Message>)>>);
+
+impl Notices {
+    /// The notice a child of type `agent_type` gets (made by the first one).
+    fn of(&self, agent_type: &str) -> Arc<Message> {
+        let mut made = self.0.borrow_mut();
+        if let Some((_, notice)) = made.iter().find(|(t, _)| t == agent_type) {
+            return notice.clone();
+        }
+        let notice = Arc::new(
+            Message::user(format!(
+                "You have been spawned as a sub-agent of type {agent_type}."
+            ))
+            .with_tag(SUBAGENT_SPAWN),
+        );
+        made.push((agent_type.to_owned(), notice.clone()));
+        notice
+    }
 }
 
 /// Checks permission (first matching entry wins) and the child's input schema.
 pub(crate) fn plan_child(
     parent: &AgentTemplate,
     request: SpawnRequest,
-    snapshot: &History,
+    snapshot: &Arc<History>,
+    notices: &Notices,
     inline: bool,
     template_of: impl Fn(&str) -> Option<Arc<AgentTemplate>>,
     knows_agent: impl Fn(&str) -> bool,
@@ -68,12 +99,14 @@ pub(crate) fn plan_child(
     template
         .check_input(request.prompt.as_deref(), request.params.as_ref())
         .map_err(|e| e.to_string())?;
+    let notice = (template.include_message_history && !inline).then(|| notices.of(entry));
     Ok(ChildPlan {
         agent_type: entry.to_owned(),
         template,
         prompt: request.prompt,
         params: request.params,
         snapshot: snapshot.clone(),
+        notice,
         inline,
     })
 }
@@ -151,18 +184,12 @@ impl ChildPlan {
     ) -> ChildStart {
         let t = &self.template;
         let mut history = if self.inline || t.include_message_history {
-            self.snapshot.clone()
+            History::clone(&self.snapshot)
         } else {
             History::new()
         };
-        if t.include_message_history && !self.inline {
-            history.push(
-                Message::user(format!(
-                    "You have been spawned as a sub-agent of type {}.",
-                    self.agent_type
-                ))
-                .with_tag(SUBAGENT_SPAWN),
-            );
+        if let Some(notice) = &self.notice {
+            history.push_shared(notice.clone());
         }
         for message in input_messages(t, self.prompt.as_deref(), self.params.as_ref()) {
             history.push(message);

@@ -406,18 +406,20 @@ impl StepMachine {
                 format!("Invalid input for spawn_agents_async: {e}"),
             )
         })?;
-        let snapshot: History = self
-            .state
-            .message_history
-            .iter()
-            .take(child.upto)
-            .cloned()
-            .collect::<History>()
-            .filter_unfinished_tool_calls();
+        let snapshot = std::sync::Arc::new(
+            self.state
+                .message_history
+                .iter()
+                .take(child.upto)
+                .cloned()
+                .collect::<History>()
+                .filter_unfinished_tool_calls(),
+        );
         plan_child(
             &self.template,
             request,
             &snapshot,
+            &crate::spawn::Notices::default(),
             false,
             |id| catalog.template(id),
             |id| catalog.knows_agent(id),

@@ -86,7 +86,8 @@ impl StepMachine {
         };
         let mut needing = Vec::new();
         let mut actions = Vec::new();
-        let mut snapshot: Option<History> = None;
+        let mut snapshot: Option<Arc<History>> = None;
+        let notices = crate::spawn::Notices::default();
         let mut inline_seen = false;
         for index in 0..n {
             // Borrowed, not cloned: a spawn call's input can hold thousands of entries.
@@ -132,9 +133,9 @@ impl StepMachine {
                     let inline = matches!(kind, ToolKind::SpawnAgentInline);
                     let background = matches!(kind, ToolKind::SpawnAgentsAsync);
                     let snapshot = snapshot.get_or_insert_with(|| {
-                        self.state.message_history.filter_unfinished_tool_calls()
+                        Arc::new(self.state.message_history.filter_unfinished_tool_calls())
                     });
-                    match self.plan_spawn(&input, snapshot, inline, background, catalog) {
+                    match self.plan_spawn(&input, snapshot, &notices, inline, background, catalog) {
                         Ok(action) => {
                             pending.awaiting += 1;
                             actions.push(action(self.step, index));
@@ -200,7 +201,8 @@ impl StepMachine {
     fn plan_spawn(
         &self,
         input: &Value,
-        snapshot: &History,
+        snapshot: &Arc<History>,
+        notices: &crate::spawn::Notices,
         inline: bool,
         background: bool,
         catalog: &dyn Catalog,
@@ -216,6 +218,7 @@ impl StepMachine {
                 &self.template,
                 request,
                 snapshot,
+                notices,
                 inline,
                 |id| catalog.template(id),
                 |id| catalog.knows_agent(id),

@@ -330,6 +330,50 @@ fn the_children_of_one_spawn_share_one_ancestor_list() {
     ));
 }
 
+/// Children of one spawn share its history snapshot and, per agent type, its
+/// spawn notice: one of each per call, not a history tail, a message and two
+/// strings per child (issue 17).
+#[test]
+fn the_children_of_one_spawn_share_one_snapshot_and_notice() {
+    let mut run = rich_parent();
+    request(run.start());
+    let (_, _, children) = run.spawn_reply_action(json!([
+        {"agent_type": "historian", "prompt": "a"},
+        {"agent_type": "historian", "prompt": "b"},
+        {"agent_type": "writer", "prompt": "c"}
+    ]));
+    let plans: Vec<&ChildPlan> = children.iter().map(|c| c.as_ref().unwrap()).collect();
+    assert!(Arc::ptr_eq(&plans[0].snapshot, &plans[1].snapshot));
+    assert!(Arc::ptr_eq(&plans[0].snapshot, &plans[2].snapshot));
+    let (a, b) = (plans[0].notice.as_ref(), plans[1].notice.as_ref());
+    assert!(
+        Arc::ptr_eq(a.unwrap(), b.unwrap()),
+        "one notice per agent type"
+    );
+    assert!(
+        plans[2].notice.is_none(),
+        "a writer inherits no history: {plans:?}"
+    );
+
+    let first = start_child(&run, plans[0], 1);
+    let second = start_child(&run, plans[1], 2);
+    let at = plans[0].snapshot.len();
+    let (na, nb) = (
+        first.state.message_history.get(at).unwrap(),
+        second.state.message_history.get(at).unwrap(),
+    );
+    assert!(na.has_tag(SUBAGENT_SPAWN), "{na:?}");
+    assert!(
+        Arc::ptr_eq(na, nb),
+        "the started children hold the one notice"
+    );
+    assert_eq!(
+        first.state.message_history.len(),
+        at + 2,
+        "the notice, then the prompt"
+    );
+}
+
 #[test]
 fn a_child_starts_from_its_parent_as_the_spec_says() {
     let mut run = rich_parent();
@@ -539,7 +583,7 @@ fn inline_spawn_alongside_other_calls_keeps_their_results() {
     ));
     let (step, index, plan) = inline_child(actions);
     assert_eq!(index, 0);
-    let mut final_history = plan.snapshot.clone();
+    let mut final_history = History::clone(&plan.snapshot);
     final_history.push(Message::assistant_text("merged"));
     let report = ChildReport {
         agent_type: "helper".into(),
@@ -576,7 +620,7 @@ fn a_failed_inline_child_is_an_error_result_and_the_history_stays() {
             json!({"agent_type": "helper"}),
         )],
     )));
-    let mut child_history = plan.snapshot.clone();
+    let mut child_history = History::clone(&plan.snapshot);
     child_history.push(Message::assistant_text("half done"));
     let report = ChildReport {
         agent_type: "helper".into(),
