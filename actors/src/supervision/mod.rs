@@ -211,13 +211,14 @@ struct Slot {
     /// boxed: a call holds a slot per child until it is delivered (10,000 in
     /// a wide call), and inline they made a slot 1 KB.
     plan: Option<Box<ChildPlan>>,
-    /// The run id of the attempt under way.
-    current_run_id: String,
     toolbox: Option<Arc<Toolbox>>,
     /// The agent id of an admitted child (attempt `n` runs as `id.retry(n)`).
     id: Option<RunId>,
+    /// The attempt under way (or the last one): its run id is `id.retry(attempt)`.
     attempt: u32,
-    run_ids: Vec<String>,
+    /// The attempts that ran, in order: the report's `run_ids` are their run
+    /// ids. Numbers, not strings: a wide call holds a slot per child.
+    ran: Vec<u32>,
     credits: f64,
     last_failure: Option<Box<ChildReport>>,
     report: Option<Box<ChildReport>>,
@@ -240,13 +241,30 @@ impl Slot {
             agent_type: plan.agent_type.clone(),
             agent_name: plan.template.display_name.clone(),
             agent_id: self.id.as_ref().map(RunId::to_string).unwrap_or_default(),
-            run_ids: self.run_ids.clone(),
+            run_ids: self.run_ids(),
             status,
             value,
             credits: self.credits,
             history,
             error_kind,
         })
+    }
+
+    /// The run ids of the attempts that ran, in order.
+    fn run_ids(&self) -> Vec<String> {
+        let Some(id) = &self.id else {
+            return Vec::new();
+        };
+        self.ran
+            .iter()
+            .map(|&attempt| id.retry(attempt).to_string())
+            .collect()
+    }
+
+    /// Whether the attempt under way (or the last one) is `run`, given as
+    /// its agent id and attempt.
+    fn runs_as(&self, agent: &RunId, attempt: u32) -> bool {
+        self.attempt == attempt && self.id.as_ref() == Some(agent)
     }
 
     /// Gives the child its final report (its plan is no longer needed).
@@ -360,7 +378,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 c.slots
                     .iter()
                     .filter(|s| !s.delivered)
-                    .map(|s| (*index, s.credits, s.run_ids.clone()))
+                    .map(|s| (*index, s.credits, s.run_ids()))
             })
             .collect()
     }
@@ -485,10 +503,9 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 agent_id: id.to_string(),
                 run_id: id.retry(key.attempt).to_string(),
             };
-            slot.attempt = key.attempt;
-            // Recorded in `run_ids` once it has run (a run that never started has
+            // Recorded in `ran` once it has run (a run that never started has
             // no state to retrieve, so it is not a child run).
-            slot.current_run_id = ids.run_id.clone();
+            slot.attempt = key.attempt;
             out.push(Output::Emit(EventKind::ChildSpawned {
                 child_run_id: ids.run_id.clone(),
                 agent_type: plan.agent_type.clone(),
@@ -540,9 +557,14 @@ impl<A: Clone + Eq + Hash> Children<A> {
     /// A child that runs is cancelled directly; one still waiting for its live
     /// slot ends `cancelled` now, without starting.
     fn cancel(&mut self, run_id: String, out: &mut Vec<Output<A>>) {
+        // Not a run id of this tree's shape: no child of ours runs under it.
+        let Ok(run) = run_id.parse::<RunId>() else {
+            return;
+        };
+        let (agent, attempt) = (run.agent_id(), run.attempt());
         let found = self.calls.iter().find_map(|(&(step, call), c)| {
             c.slots.iter().enumerate().find_map(|(child, s)| {
-                (s.current_run_id == run_id && s.report.is_none() && !s.delivered).then_some(
+                (s.runs_as(&agent, attempt) && s.report.is_none() && !s.delivered).then_some(
                     ChildKey {
                         step,
                         call,
@@ -624,9 +646,13 @@ impl<A: Clone + Eq + Hash> Children<A> {
         if slot.attempt != key.attempt || slot.report.is_some() || slot.delivered {
             return;
         }
-        let run_id = slot.current_run_id.clone();
-        if started && !slot.run_ids.contains(&run_id) {
-            slot.run_ids.push(run_id.clone());
+        let run_id = slot
+            .id
+            .as_ref()
+            .map(|id| id.retry(key.attempt).to_string())
+            .unwrap_or_default();
+        if started && !slot.ran.contains(&key.attempt) {
+            slot.ran.push(key.attempt);
         }
         let inline = slot.plan.as_ref().is_some_and(|p| p.inline);
         let (status, value, credits, history, error_kind) = match outcome {
@@ -767,11 +793,10 @@ impl<A: Clone + Eq + Hash> Children<A> {
 fn slot_of(admission: Admission) -> Slot {
     let mut slot = Slot {
         plan: None,
-        current_run_id: String::new(),
         toolbox: None,
         id: None,
         attempt: 0,
-        run_ids: Vec::new(),
+        ran: Vec::new(),
         credits: 0.0,
         last_failure: None,
         report: None,
