@@ -506,7 +506,7 @@ impl AgentRun {
                             start.inherited,
                             hooks.tree_id().clone(),
                         )
-                        .with_input(plan.prompt, plan.params)
+                        .with_input(plan.prompt.clone(), plan.params.clone())
                     }
                 };
                 let args = AgentArgs {

@@ -151,8 +151,9 @@ pub struct Launch {
 pub struct Start {
     /// The child and attempt (its reply goes back under this key).
     pub key: ChildKey,
-    /// What it runs.
-    pub plan: ChildPlan,
+    /// What it runs (the slot's own plan, shared, not copied: a launch
+    /// holds its call's children until each gets a live slot).
+    pub plan: Arc<ChildPlan>,
     /// Its template's toolbox.
     pub toolbox: Arc<Toolbox>,
     /// Its agent id and this attempt's run id.
@@ -207,10 +208,11 @@ pub enum Output<A> {
 /// One requested child: its attempts so far and its report once it has one.
 #[derive(Debug)]
 struct Slot {
-    /// What it runs, until it has its report. The plan and the reports are
-    /// boxed: a call holds a slot per child until it is delivered (10,000 in
-    /// a wide call), and inline they made a slot 1 KB.
-    plan: Option<Box<ChildPlan>>,
+    /// What it runs, until it has its report. The plan (shared with the
+    /// launch that starts it) and the reports are held by pointer: a call
+    /// holds a slot per child until it is delivered (10,000 in a wide call),
+    /// and inline they made a slot 1 KB.
+    plan: Option<Arc<ChildPlan>>,
     toolbox: Option<Arc<Toolbox>>,
     /// The agent id of an admitted child (attempt `n` runs as `id.retry(n)`).
     id: Option<RunId>,
@@ -492,17 +494,18 @@ impl<A: Clone + Eq + Hash> Children<A> {
             let Some(slot) = call.slots.get_mut(key.child) else {
                 continue;
             };
-            let (Some(plan), Some(toolbox), Some(id)) = (
-                slot.plan.as_deref().cloned(),
-                slot.toolbox.clone(),
-                slot.id.as_ref(),
-            ) else {
+            let (Some(plan), Some(toolbox), Some(id)) =
+                (slot.plan.clone(), slot.toolbox.clone(), slot.id.as_ref())
+            else {
                 continue;
             };
-            let ids = RunIds {
-                agent_id: id.to_string(),
-                run_id: id.retry(key.attempt).to_string(),
+            let agent_id = id.to_string();
+            let run_id = if key.attempt == 0 {
+                agent_id.clone()
+            } else {
+                id.retry(key.attempt).to_string()
             };
+            let ids = RunIds { agent_id, run_id };
             // Recorded in `ran` once it has run (a run that never started has
             // no state to retrieve, so it is not a child run).
             slot.attempt = key.attempt;
@@ -807,7 +810,7 @@ fn slot_of(admission: Admission) -> Slot {
             slot.report = Some(Box::new(ChildReport::refused(&agent_type, &error)));
         }
         Admission::Admitted { plan, toolbox, id } => {
-            slot.plan = Some(Box::new(plan));
+            slot.plan = Some(Arc::new(plan));
             slot.toolbox = Some(toolbox);
             slot.id = Some(id);
         }

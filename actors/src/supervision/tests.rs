@@ -1537,3 +1537,33 @@ fn a_wide_call_counts_its_children_down_and_is_delivered_once_after_the_last() {
     assert_eq!(table.outstanding(), 0);
     assert!(table.undelivered().is_empty());
 }
+
+/// A launch holds its children's plans by pointer, the slot's own: a wide
+/// call's children waiting for live slots are not a second copy of every
+/// prompt and params (issue 17). The slot lets go of it with the report.
+#[test]
+fn a_launch_shares_its_childrens_plans_with_their_slots() {
+    let mut table = Table::default();
+    let outputs = table.handle(open(0, vec![child("a", 1), child("b", 2)]));
+    let plans: Vec<Arc<ChildPlan>> = outputs
+        .into_iter()
+        .filter_map(|output| match output {
+            Output::Launch(launch) => Some(launch.children),
+            _ => None,
+        })
+        .flatten()
+        .map(|start| start.plan)
+        .collect();
+    assert_eq!(plans.len(), 2);
+    for plan in &plans {
+        assert_eq!(Arc::strong_count(plan), 2, "the launch's and the slot's");
+    }
+    table.handle(started(key(0, 0), 1));
+    table.handle(ok(key(0, 0), 1, "done"));
+    assert_eq!(
+        Arc::strong_count(&plans[0]),
+        1,
+        "the reported child's slot let go"
+    );
+    assert_eq!(Arc::strong_count(&plans[1]), 2);
+}
