@@ -3,7 +3,6 @@
 //! spawn tool); deeper agents answer with `reply_tokens` words after a
 //! configurable latency.
 
-use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
 
@@ -214,12 +213,13 @@ impl SimulatedModel {
             rng ^= rng >> 7;
             rng ^= rng << 17;
             let word = WORDS[(rng % WORDS.len() as u64) as usize];
+            text.push(' ');
             if sentence == 0 {
                 let mut chars = word.chars();
-                let first = chars.next().map(|c| c.to_ascii_uppercase()).unwrap_or(' ');
-                let _ = write!(text, " {first}{}", chars.as_str());
+                text.extend(chars.next().map(|c| c.to_ascii_uppercase()));
+                text.push_str(chars.as_str());
             } else {
-                let _ = write!(text, " {word}");
+                text.push_str(word);
             }
             sentence += 1;
             words += 1;

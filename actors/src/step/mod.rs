@@ -709,6 +709,9 @@ impl StepMachine {
         self.step += 1;
         self.events.push(EventKind::StepStarted { step: self.step });
         self.take_scheduled_steers();
+        // Sent as kept (neither repaired nor truncated below): the request
+        // then starts with the history's own messages.
+        let mut as_kept = self.state.message_history.is_paired();
         let (mut messages, repair) = self.state.message_history.request_view();
         if !repair.is_empty() {
             self.events.push(EventKind::HistoryRepaired {
@@ -725,6 +728,7 @@ impl StepMachine {
             messages = History::truncated_view(&messages.to_vec(), window)
                 .into_iter()
                 .collect();
+            as_kept = false;
         }
         if let Some(text) = self
             .template
@@ -736,7 +740,7 @@ impl StepMachine {
             messages.push(Message::user(text).with_tag(STEP_PROMPT));
         }
         self.awaiting_model = Some(self.step);
-        let shared_prefix = self.shared_prefix(&messages);
+        let shared_prefix = self.shared_prefix(&messages, as_kept);
         vec![Action::CallModel(ModelRequest {
             system_prompt: self.state.system_prompt.clone(),
             messages,
@@ -757,7 +761,10 @@ impl StepMachine {
     /// How many leading messages of a request are what the run inherited
     /// from its parent, up to (not including) its own prompt: its siblings'
     /// requests start with the same ones (semantics §6).
-    fn shared_prefix(&self, messages: &History) -> usize {
+    ///
+    /// `as_kept`: the request starts with the history's own messages, so the
+    /// prefix is known without comparing them one by one.
+    fn shared_prefix(&self, messages: &History, as_kept: bool) -> usize {
         if self.state.parent_id.is_none() {
             return 0;
         }
@@ -778,6 +785,9 @@ impl StepMachine {
                     .rposition(|m| !input(m))
                     .map_or(0, |i| i + 1)
             });
+        if as_kept {
+            return own.min(messages.len());
+        }
         messages
             .iter()
             .zip(history.iter().take(own))
