@@ -20,7 +20,7 @@ fn service_logs(
     use tracing_subscriber::Layer;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let filter = log_filter("info,rmcp=warn");
+    let filter = log_filter("info,rmcp=warn,ractor=warn");
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stdout)
         .with_ansi(colour(&std::io::stdout()));

@@ -499,14 +499,20 @@ impl AgentRun {
                     ),
                     None => {
                         let start = plan.start_from(&parent, ids, toolbox);
-                        StepMachine::new(
+                        let machine = StepMachine::new(
                             start.state,
                             plan.template.clone(),
                             start.toolbox,
                             start.inherited,
                             hooks.tree_id().clone(),
-                        )
-                        .with_input(plan.prompt.clone(), plan.params.clone())
+                        );
+                        // Only a program reads its input as such; a model
+                        // has it in the history (no third copy per child).
+                        if plan.template.handler.is_some() {
+                            machine.with_input(plan.prompt.clone(), plan.params.clone())
+                        } else {
+                            machine
+                        }
                     }
                 };
                 let args = AgentArgs {

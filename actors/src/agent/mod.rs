@@ -72,8 +72,9 @@ pub enum AgentMsg {
         step: u32,
         /// The call's index among the step's tool calls.
         index: usize,
-        /// What the tool returned (or that it panicked).
-        outcome: ToolOutcome,
+        /// What the tool returned (or that it panicked). Boxed, like the
+        /// other large variants: every message is boxed at this enum's size.
+        outcome: Box<ToolOutcome>,
     },
     /// A child's actor started.
     ChildStarted {
@@ -149,8 +150,8 @@ pub enum AgentMsg {
     Decide {
         /// The model's call id.
         call_id: String,
-        /// What they decided.
-        decision: Decision,
+        /// What they decided (boxed: it is the enum's largest field).
+        decision: Box<Decision>,
         /// Where the answer goes.
         reply: RpcReplyPort<Result<(), DecideRefused>>,
     },
@@ -467,7 +468,7 @@ impl Actor for AgentActor {
                         run.suspend();
                     }
                 }
-                match outcome {
+                match *outcome {
                     ToolOutcome::Done(result) => {
                         run.guarded(|m| m.tool_done(step, index, result, &catalog))
                     }
@@ -498,7 +499,7 @@ impl Actor for AgentActor {
                 call_id,
                 decision,
                 reply,
-            } => match run.machine.decide(&call_id, decision, &catalog) {
+            } => match run.machine.decide(&call_id, *decision, &catalog) {
                 Ok(actions) => {
                     let _ = reply.send(Ok(()));
                     run.decided(&myself, actions)
@@ -861,7 +862,7 @@ impl AgentRun {
                 let _ = me.cast(AgentMsg::ToolDone {
                     step,
                     index,
-                    outcome,
+                    outcome: Box::new(outcome),
                 });
             }
             .instrument(span),
@@ -1052,6 +1053,18 @@ mod size_tests {
         early.cancel();
         assert!(rx.has_changed().unwrap());
         assert!(*rx.borrow());
+    }
+
+    /// ractor boxes every message at the enum's size, and the actor's task
+    /// holds one: a tool's outcome and a person's decision held inline made
+    /// every message 120 bytes (issue 17); boxed, 56.
+    #[test]
+    fn an_agent_message_holds_no_tool_outcome_nor_decision_inline() {
+        let msg = size_of::<super::AgentMsg>();
+        assert!(
+            msg <= 64,
+            "AgentMsg is {msg} bytes (56 when this test was written)"
+        );
     }
 
     /// Every agent in memory holds one `AgentRun` (issue 17: bytes per live

@@ -181,7 +181,7 @@ impl Supervisor {
         let call_id = call_id.to_owned();
         match ractor::call!(actor, |reply| AgentMsg::Decide {
             call_id: call_id.clone(),
-            decision,
+            decision: Box::new(decision),
             reply
         }) {
             Ok(answer) => answer.map_err(refused),
