@@ -38,20 +38,20 @@ pub struct ChildPlan {
     pub prompt: Option<String>,
     /// The params the parent gave it, if any (checked against its input schema).
     pub params: Option<Value>,
-    /// The parent's filtered history as of the spawn: one per spawn call,
-    /// which all its children share until each starts from it.
+    /// The parent's filtered history as of the spawn: one per step, which
+    /// the children of all its spawn calls share until each starts from it.
     pub snapshot: Arc<History>,
     /// The `SUBAGENT_SPAWN` notice the child's history gets after the
     /// inherited messages (`None` when it inherits none, or runs inline):
-    /// one per agent type in a spawn call, shared by its children.
+    /// one per agent type in a step's spawn calls, shared by those children.
     pub notice: Option<Arc<Message>>,
     /// Whether it runs inline (`spawn_agent_inline`, semantics §6): on the
     /// parent's history, merged back into it.
     pub inline: bool,
 }
 
-/// The `SUBAGENT_SPAWN` notices of one spawn call, one per agent type: the
-/// children of a call share them instead of each formatting its own (two
+/// The `SUBAGENT_SPAWN` notices of one step's spawn calls, one per agent
+/// type: those children share them instead of each formatting its own (two
 /// strings and a message per child).
 #[derive(Default)]
 pub(crate) struct Notices(RefCell<Vec<(String, Arc<Message>)>>);

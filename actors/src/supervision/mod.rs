@@ -266,7 +266,15 @@ impl Slot {
     /// Whether the attempt under way (or the last one) is `run`, given as
     /// its agent id and attempt.
     fn runs_as(&self, agent: &RunId, attempt: u32) -> bool {
-        self.attempt == attempt && self.id.as_ref() == Some(agent)
+        self.attempt == attempt
+            && self.id.as_ref().is_some_and(|id| {
+                // An id read back from a store may carry an attempt of its own.
+                if id.attempt() == 0 {
+                    id == agent
+                } else {
+                    id.agent_id() == *agent
+                }
+            })
     }
 
     /// Gives the child its final report (its plan is no longer needed).
@@ -500,7 +508,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 continue;
             };
             let agent_id = id.to_string();
-            let run_id = if key.attempt == 0 {
+            let run_id = if key.attempt == 0 && id.attempt() == 0 {
                 agent_id.clone()
             } else {
                 id.retry(key.attempt).to_string()

@@ -1567,3 +1567,40 @@ fn a_launch_shares_its_childrens_plans_with_their_slots() {
     );
     assert_eq!(Arc::strong_count(&plans[1]), 2);
 }
+
+/// An agent id read back from a store may end in an attempt of its own
+/// (`~n`): its attempts still run as `id.retry(n)`, and a cancel by such a
+/// run id still finds the child (as when the slot kept the id as text).
+#[test]
+fn a_child_whose_stored_agent_id_ends_in_an_attempt_is_cancelled_by_its_run_id() {
+    let mut table = Table::default();
+    let Admission::Admitted { plan, toolbox, .. } = child("a", 1) else {
+        unreachable!("child() admits")
+    };
+    let id: RunId = "t/0.1~2".parse().unwrap();
+    let outputs = table.handle(open(0, vec![Admission::Admitted { plan, toolbox, id }]));
+    let ids: Vec<RunIds> = outputs
+        .into_iter()
+        .filter_map(|output| match output {
+            Output::Launch(launch) => Some(launch.children),
+            _ => None,
+        })
+        .flatten()
+        .map(|start| start.ids)
+        .collect();
+    assert_eq!(
+        ids,
+        [RunIds {
+            agent_id: "t/0.1~2".into(),
+            run_id: "t/0.1".into()
+        }]
+    );
+    let outputs = table.handle(cancel("t/0.1"));
+    assert!(
+        outputs
+            .iter()
+            .any(|o| matches!(o, Output::Skip { run_id } if run_id == "t/0.1")),
+        "{:?}",
+        outputs.iter().map(show).collect::<Vec<_>>()
+    );
+}
