@@ -1538,6 +1538,18 @@ fn a_wide_call_counts_its_children_down_and_is_delivered_once_after_the_last() {
     assert!(table.undelivered().is_empty());
 }
 
+/// The attempts the outputs launch, in order.
+fn starts(outputs: Vec<Output<u32>>) -> Vec<Start> {
+    outputs
+        .into_iter()
+        .filter_map(|output| match output {
+            Output::Launch(launch) => Some(launch.children),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
 /// A launch holds its children's plans by pointer, the slot's own: a wide
 /// call's children waiting for live slots are not a second copy of every
 /// prompt and params (issue 17). The slot lets go of it with the report.
@@ -1545,15 +1557,7 @@ fn a_wide_call_counts_its_children_down_and_is_delivered_once_after_the_last() {
 fn a_launch_shares_its_childrens_plans_with_their_slots() {
     let mut table = Table::default();
     let outputs = table.handle(open(0, vec![child("a", 1), child("b", 2)]));
-    let plans: Vec<Arc<ChildPlan>> = outputs
-        .into_iter()
-        .filter_map(|output| match output {
-            Output::Launch(launch) => Some(launch.children),
-            _ => None,
-        })
-        .flatten()
-        .map(|start| start.plan)
-        .collect();
+    let plans: Vec<Arc<ChildPlan>> = starts(outputs).into_iter().map(|s| s.plan).collect();
     assert_eq!(plans.len(), 2);
     for plan in &plans {
         assert_eq!(Arc::strong_count(plan), 2, "the launch's and the slot's");
@@ -1579,15 +1583,7 @@ fn a_child_whose_stored_agent_id_ends_in_an_attempt_is_cancelled_by_its_run_id()
     };
     let id: RunId = "t/0.1~2".parse().unwrap();
     let outputs = table.handle(open(0, vec![Admission::Admitted { plan, toolbox, id }]));
-    let ids: Vec<RunIds> = outputs
-        .into_iter()
-        .filter_map(|output| match output {
-            Output::Launch(launch) => Some(launch.children),
-            _ => None,
-        })
-        .flatten()
-        .map(|start| start.ids)
-        .collect();
+    let ids: Vec<RunIds> = starts(outputs).into_iter().map(|s| s.ids).collect();
     assert_eq!(
         ids,
         [RunIds {
