@@ -177,6 +177,17 @@ impl RunId {
         }
     }
 
+    /// Whether `run` is an attempt of this run (this one or any other):
+    /// the same path but for the last step's attempt.
+    pub fn has_attempt(&self, run: &RunId) -> bool {
+        match (self.path.split_last(), run.path.split_last()) {
+            (Some((mine, above)), Some((theirs, run_above))) => {
+                self.tree == run.tree && above == run_above && mine.ordinal == theirs.ordinal
+            }
+            _ => false,
+        }
+    }
+
     /// The agent id: this run id without its last attempt, shared by every
     /// attempt of the run.
     pub fn agent_id(&self) -> RunId {
@@ -304,6 +315,18 @@ mod tests {
 
     fn run(s: &str) -> RunId {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_run_has_every_attempt_of_its_own_path_and_no_other() {
+        let agent = run("t1/0.1.2");
+        for yes in ["t1/0.1.2", "t1/0.1.2~3"] {
+            assert!(agent.has_attempt(&run(yes)), "{yes}");
+            assert!(run(yes).has_attempt(&agent), "{yes}");
+        }
+        for no in ["t1/0.1", "t1/0.1.3", "t1/0.1~1.2", "t1/0.1.2.0", "t2/0.1.2"] {
+            assert!(!agent.has_attempt(&run(no)), "{no}");
+        }
     }
 
     #[test]

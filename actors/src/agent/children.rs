@@ -499,20 +499,14 @@ impl AgentRun {
                     ),
                     None => {
                         let start = plan.start_from(&parent, ids, toolbox);
-                        let machine = StepMachine::new(
+                        StepMachine::new(
                             start.state,
                             plan.template.clone(),
                             start.toolbox,
                             start.inherited,
                             hooks.tree_id().clone(),
-                        );
-                        // Only a program reads its input as such; a model
-                        // has it in the history (no third copy per child).
-                        if plan.template.handler.is_some() {
-                            machine.with_input(plan.prompt.clone(), plan.params.clone())
-                        } else {
-                            machine
-                        }
+                        )
+                        .with_input(plan.prompt.as_deref(), plan.params.as_ref())
                     }
                 };
                 let args = AgentArgs {

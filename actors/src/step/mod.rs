@@ -353,10 +353,14 @@ impl StepMachine {
         });
     }
 
-    /// Records the prompt and params this run was started with (a program reads them).
-    pub fn with_input(mut self, prompt: Option<String>, params: Option<Value>) -> Self {
-        self.prompt = prompt;
-        self.params = params;
+    /// Records the prompt and params this run was started with, for a
+    /// program to read. A model-driven run has them in its history and keeps
+    /// no copy (one per agent, issue 17).
+    pub fn with_input(mut self, prompt: Option<&str>, params: Option<&Value>) -> Self {
+        if self.template.handler.is_some() {
+            self.prompt = prompt.map(str::to_owned);
+            self.params = params.cloned();
+        }
         self
     }
 
@@ -709,10 +713,10 @@ impl StepMachine {
         self.step += 1;
         self.events.push(EventKind::StepStarted { step: self.step });
         self.take_scheduled_steers();
-        // Sent as kept (neither repaired nor truncated below): the request
-        // then starts with the history's own messages.
-        let mut as_kept = self.state.message_history.is_paired();
         let (mut messages, repair) = self.state.message_history.request_view();
+        // Sent as kept (nothing repaired, nor truncated below): the request
+        // then starts with the history's own messages.
+        let mut as_kept = repair.is_empty();
         if !repair.is_empty() {
             self.events.push(EventKind::HistoryRepaired {
                 unanswered_calls: repair.unanswered_calls,

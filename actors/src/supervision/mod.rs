@@ -263,18 +263,9 @@ impl Slot {
             .collect()
     }
 
-    /// Whether the attempt under way (or the last one) is `run`, given as
-    /// its agent id and attempt.
-    fn runs_as(&self, agent: &RunId, attempt: u32) -> bool {
-        self.attempt == attempt
-            && self.id.as_ref().is_some_and(|id| {
-                // An id read back from a store may carry an attempt of its own.
-                if id.attempt() == 0 {
-                    id == agent
-                } else {
-                    id.agent_id() == *agent
-                }
-            })
+    /// Whether the attempt under way (or the last one) is `run`.
+    fn runs_as(&self, run: &RunId) -> bool {
+        self.attempt == run.attempt() && self.id.as_ref().is_some_and(|id| id.has_attempt(run))
     }
 
     /// Gives the child its final report (its plan is no longer needed).
@@ -508,7 +499,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 continue;
             };
             let agent_id = id.to_string();
-            let run_id = if key.attempt == 0 && id.attempt() == 0 {
+            let run_id = if id.attempt() == key.attempt {
                 agent_id.clone()
             } else {
                 id.retry(key.attempt).to_string()
@@ -572,17 +563,14 @@ impl<A: Clone + Eq + Hash> Children<A> {
         let Ok(run) = run_id.parse::<RunId>() else {
             return;
         };
-        let (agent, attempt) = (run.agent_id(), run.attempt());
         let found = self.calls.iter().find_map(|(&(step, call), c)| {
             c.slots.iter().enumerate().find_map(|(child, s)| {
-                (s.runs_as(&agent, attempt) && s.report.is_none() && !s.delivered).then_some(
-                    ChildKey {
-                        step,
-                        call,
-                        child,
-                        attempt: s.attempt,
-                    },
-                )
+                (s.runs_as(&run) && s.report.is_none() && !s.delivered).then_some(ChildKey {
+                    step,
+                    call,
+                    child,
+                    attempt: s.attempt,
+                })
             })
         });
         let Some(key) = found else {

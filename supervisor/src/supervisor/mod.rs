@@ -699,7 +699,7 @@ impl Supervisor {
                     steps_remaining: template.max_steps,
                 });
                 StepMachine::new(state, template.clone(), toolbox, inherited, tree_id.clone())
-                    .with_input(Some(request.prompt.clone()), request.params.clone())
+                    .with_input(Some(&request.prompt), request.params.as_ref())
             }
         };
         if let Some((_, writer)) = &self.store {

@@ -110,7 +110,7 @@ impl Run {
 
     fn with_input(self, prompt: Option<&str>, params: Option<Value>) -> Self {
         Run {
-            m: self.m.with_input(prompt.map(str::to_owned), params),
+            m: self.m.with_input(prompt, params.as_ref()),
             cat: self.cat,
         }
     }

@@ -474,7 +474,7 @@ fn child_machine(plan: &ChildPlan, start: ChildStart) -> Run {
         start.inherited,
         Arc::from("tree-1"),
     )
-    .with_input(plan.prompt.clone(), plan.params.clone());
+    .with_input(plan.prompt.as_deref(), plan.params.as_ref());
     Run {
         m,
         cat: catalog(Vec::new()),
