@@ -391,8 +391,8 @@ impl AgentRun {
         }
     }
 
-    /// Starts children (attempts) of one spawn call: one task waits for a live
-    /// slot for each in turn, builds its state, and spawns it linked to this
+    /// Starts children (attempts) of one spawn call: all join the line for a live
+    /// slot at once; one task takes their slots in turn, builds each state, and spawns it linked to this
     /// actor. A slot that is free is taken at once, without setting up the
     /// wait for a cancel or a slot. (A task per child, tried to build children
     /// in parallel, measured no faster on the LLM-bound trees and held every
@@ -409,14 +409,27 @@ impl AgentRun {
         let me = self.myself.clone();
         // Each child's span is a child of this agent's: one trace per tree.
         let parent_span = self.span.clone();
+        // Every child joins the line for a slot at once, in order, so a
+        // parent's children are served one after another before the children
+        // of a parent that launched later (see `Slots`). Joining child after
+        // child let a freed slot go to a new, shallower agent whenever no
+        // launch happened to be in line, and every new parent brought ten more
+        // children: the 1.1 M-agent tree at 10,000 live held 17,000 alive.
+        let slots: Vec<_> = children
+            .iter()
+            .map(|_| hooks.acquire_slot(priority))
+            .collect();
         tokio::spawn(async move {
-            let mut pending = children.into_iter();
-            while let Some(Start {
-                key,
-                plan,
-                toolbox,
-                ids,
-            }) = pending.next()
+            let mut pending = children.into_iter().zip(slots);
+            while let Some((
+                Start {
+                    key,
+                    plan,
+                    toolbox,
+                    ids,
+                },
+                mut acquire,
+            )) = pending.next()
             {
                 // A resumed tree merges a child that finished before, and lets
                 // one that was cut short go on from its last checkpoint.
@@ -447,7 +460,6 @@ impl AgentRun {
                         .unwrap_or_else(PoisonError::into_inner)
                         .contains(&ids.run_id)
                 };
-                let mut acquire = hooks.acquire_slot(priority);
                 // A free slot is taken at once: no wait to set up (a cancel or
                 // skip is checked just below either way).
                 let slot = match (&mut acquire).now_or_never() {
@@ -484,7 +496,7 @@ impl AgentRun {
                 }
                 // A cancel that raced the slot wins: nothing starts after it.
                 let Some(slot) = slot.filter(|_| !*cancelled.borrow()) else {
-                    for key in std::iter::once(key).chain(pending.map(|s| s.key)) {
+                    for key in std::iter::once(key).chain(pending.map(|(s, _)| s.key)) {
                         let error = "cancelled before it started".to_owned();
                         let _ = me.cast(AgentMsg::ChildNotStarted { key, error });
                     }
