@@ -674,16 +674,27 @@ fn write_checkpoint<'s>(
 ) -> Result<(), EncodeError> {
     let history = &state.message_history;
     let run: Arc<str> = Arc::from(state.run_id.as_str());
-    let (keep, chain) = match tree.last.get(&run) {
-        Some((previous, chain)) if *chain < MAX_CHAIN => {
-            let keep = previous
-                .iter()
-                .zip(history.iter())
-                .take_while(|(a, b)| Arc::ptr_eq(a, b))
-                .count();
-            (Some(keep), chain + 1)
-        }
-        _ => (None, 0),
+    let common = |previous: &History| {
+        previous
+            .iter()
+            .zip(history.iter())
+            .take_while(|(a, b)| Arc::ptr_eq(a, b))
+            .count()
+    };
+    // A run's first record starts from its parent's last checkpoint when
+    // their histories begin alike (a child inherits its parent's messages):
+    // the child then lists only what it added, not the ~100 inherited ids.
+    let parent = state.ancestor_run_ids.last().map(String::as_str);
+    let (keep, chain, from) = match tree.last.get(&run) {
+        Some((previous, chain)) if *chain < MAX_CHAIN => (Some(common(previous)), chain + 1, None),
+        Some(_) => (None, 0, None),
+        None => match parent.and_then(|p| tree.last.get(p).map(|last| (p, last))) {
+            Some((p, (previous, chain))) if *chain < MAX_CHAIN => match common(previous) {
+                0 => (None, 0, None),
+                keep => (Some(keep), chain + 1, Some(p)),
+            },
+            _ => (None, 0, None),
+        },
     };
     let mut appended = Vec::with_capacity(history.len() - keep.unwrap_or(0));
     for message in history.iter().skip(keep.unwrap_or(0)) {
@@ -723,6 +734,10 @@ fn write_checkpoint<'s>(
     out.open();
     out.raw("{\"c\":");
     out.value(&state.run_id)?;
+    if let Some(parent) = from {
+        out.raw(",\"from\":");
+        out.value(parent)?;
+    }
     let _ = write!(out.0, ",\"f\":{is_final},\"k\":");
     out.value(&keep)?;
     out.raw(",\"a\":");

@@ -86,6 +86,17 @@ pub(crate) struct TreeLog {
     tools: HashMap<u64, ToolDefinitions>,
 }
 
+/// A checkpoint record waiting for its state row: its run, whether it is the
+/// final state, the run whose last checkpoint it starts from (its parent; by
+/// default its own), how many of those ids it keeps, and the ids it appends.
+struct Pending {
+    run: String,
+    is_final: bool,
+    from: Option<String>,
+    keep: Option<usize>,
+    appended: Vec<u64>,
+}
+
 impl TreeLog {
     /// A tree's log from its segments' bodies, in order.
     pub(crate) fn from_segments(
@@ -129,7 +140,7 @@ impl TreeLog {
         log: &mut TreeLog,
         bad: &dyn Fn(String) -> Error,
     ) -> Result<(), Error> {
-        let mut pending: Option<(String, bool, Option<usize>, Vec<u64>)> = None;
+        let mut pending: Option<Pending> = None;
         for record in records {
             let Value::Object(mut map) = record else {
                 return Err(bad("a record is not an object".into()));
@@ -163,19 +174,50 @@ impl TreeLog {
             } else if let Some(run) = map.get("c").and_then(Value::as_str).map(str::to_owned) {
                 let keep = map.get("k").and_then(Value::as_u64).map(|k| k as usize);
                 let is_final = map.get("f").and_then(Value::as_bool).unwrap_or(false);
+                let from = map.get("from").and_then(Value::as_str).map(str::to_owned);
                 let appended: Vec<u64> =
                     serde_json::from_value(map.remove("a").unwrap_or_default())
                         .map_err(|e| bad(format!("a checkpoint of {run}: {e}")))?;
-                pending = Some((run, is_final, keep, appended));
+                pending = Some(Pending {
+                    run,
+                    is_final,
+                    from,
+                    keep,
+                    appended,
+                });
             } else if let Some(row) = map.remove("st") {
-                let Some((run, is_final, keep, appended)) = pending.take() else {
+                let Some(Pending {
+                    run,
+                    is_final,
+                    from,
+                    keep,
+                    appended,
+                }) = pending.take()
+                else {
                     return Err(bad("a state without its checkpoint".into()));
+                };
+                // The first `keep` ids of the parent's last checkpoint.
+                let inherited = match (&from, keep) {
+                    (Some(parent), Some(keep)) => {
+                        let ids = log.index.get(parent).map(|at| &log.runs[*at].1.ids);
+                        match ids.and_then(|ids| ids.get(..keep)) {
+                            Some(ids) => Some(ids.to_vec()),
+                            None => {
+                                return Err(bad(format!(
+                                    "a checkpoint of {run} keeps {keep} messages of {parent}, \
+                                     which has fewer"
+                                )));
+                            }
+                        }
+                    }
+                    _ => None,
                 };
                 let finished = log.finished;
                 let r = log.run(&run);
-                match keep {
-                    Some(keep) => r.ids.truncate(keep),
-                    None => r.ids.clear(),
+                match (inherited, keep) {
+                    (Some(ids), _) => r.ids = ids,
+                    (None, Some(keep)) => r.ids.truncate(keep),
+                    (None, None) => r.ids.clear(),
                 }
                 r.ids.extend(appended);
                 if is_final {

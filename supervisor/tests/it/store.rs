@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::backend::{Backend, both_backends};
 use crate::common::*;
-use arbor_actors::{AgentStatus, Model, Tool};
+use arbor_actors::{AgentState, AgentStatus, Model, Tool};
 use arbor_supervisor::store::{
     PgStore, Segment, SqliteStore, Store, TreeDump, TreeFilter, TreeRecord, TreeStatus, Write,
 };
@@ -1051,4 +1051,69 @@ fn a_batch_of_many_full_segments_reads_back_in_order(backend) {
         assert_eq!(first.get("output"), Some(&json!(words(100_000, 1))));
     }
 }
+}
+
+both_backends! {
+    /// A child's first record starts from its parent's last checkpoint: it
+    /// lists the messages it added, not again the ids of every message it
+    /// inherited (a hundred of them each, in the agent trees of BENCHMARKS.md),
+    /// and every stored state reads back as the run ended.
+    fn a_childs_first_checkpoint_names_its_parent_and_lists_only_what_it_added(backend) {
+        let place = backend.fresh();
+        let model = scripted(json!({"replies": [
+            {"agent": "lead", "steps": [
+                {"text": "Noting first.", "toolCalls": [
+                    {"name": "echo", "input": {"n": 1}}, {"name": "echo", "input": {"n": 2}},
+                    {"name": "echo", "input": {"n": 3}}, {"name": "echo", "input": {"n": 4}}
+                ]},
+                {"text": "Delegating.", "toolCalls": [spawn_call(&[("reader", "one"), ("reader", "two")])]},
+                {"text": "Done."}
+            ]},
+            {"agent": "reader", "steps": [{"text": "Read."}]}
+        ]}));
+        let mut reader = template("reader");
+        reader.include_message_history = true;
+        let catalog = Catalog::builder()
+            .model(model as Arc<dyn Model>)
+            .tool(echo() as Arc<dyn Tool>)
+            .template(with_echo(template("lead")).spawns(&["reader"]))
+            .template(reader)
+            .build()
+            .unwrap();
+        let (events, dump, stored) = runtime().block_on(async {
+            let store = place.open();
+            let sup = Supervisor::new(catalog, TreeLimits::default())
+                .with_store(store.clone())
+                .unwrap();
+            let (result, events) = run(&sup, "lead", "Read it.").await;
+            assert_eq!(result.state.status, AgentStatus::Completed);
+            sup.flush().await.unwrap();
+            (events, store.dump("t").unwrap(), store.final_states("t").unwrap())
+        });
+        let live = final_states(&events);
+        let readers: Vec<&Arc<AgentState>> = live
+            .values()
+            .filter(|s| s.agent_type.as_deref() == Some("reader"))
+            .collect();
+        assert_eq!(readers.len(), 2);
+        let records = dumped_records(&dump);
+        for child in &readers {
+            let first = records
+                .iter()
+                .find(|r| r["c"] == child.run_id.as_str())
+                .expect("a checkpoint of the child");
+            assert_eq!(first["from"], "t/0", "{first}");
+            let added = first["a"].as_array().unwrap().len();
+            let kept = first["k"].as_u64().unwrap() as usize;
+            // Kept: the prompt, the reply with 4 calls and their 4 results.
+            // Added: the parent's spawn reply without its unfinished call (a
+            // new message), the spawn notice, the prompt and the answer.
+            assert_eq!((kept, added), (6, 4), "{first}");
+            assert_eq!(kept + added, child.message_history.len(), "{first}");
+        }
+        assert_eq!(stored.len(), live.len());
+        for state in stored {
+            assert_eq!(&state, &*live[&state.run_id], "{} reads back as it ended", state.run_id);
+        }
+    }
 }

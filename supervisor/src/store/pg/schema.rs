@@ -65,6 +65,11 @@ CREATE INDEX controls_tree ON controls(tree_id, id);
     // was written before this), so the journal past a `seq` is read from
     // the segments that hold it, not the whole log.
     "ALTER TABLE segments ADD COLUMN last_seq BIGINT;",
+    // 3: no table changes: a run's first checkpoint may start from its
+    // parent's last one (`"from"`, docs/store.md), which a build before
+    // would read as a history without its inherited messages, so it must
+    // refuse the database as newer.
+    "-- checkpoints may start from the parent's",
 ];
 
 /// The advisory lock migrations hold ("ARBR" and 1).
