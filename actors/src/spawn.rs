@@ -322,9 +322,9 @@ impl ChildReport {
         let cut = budget.and_then(|b| cut_report(&self.value, b, run_id.map(String::as_str)));
         let value = cut.unwrap_or_else(|| self.value.clone());
         entry_value(
-            &self.agent_name,
-            &self.agent_type,
-            &self.agent_id,
+            self.agent_name.clone(),
+            self.agent_type.clone(),
+            self.agent_id.clone(),
             run_id,
             value,
         )
@@ -347,7 +347,8 @@ impl ChildReport {
             Some(cut) => cut,
             None => value,
         };
-        let entry = entry_value(&agent_name, &agent_type, &agent_id, run_id, value);
+        // The strings move into the entry: a report is made for it alone.
+        let entry = entry_value(agent_name, agent_type, agent_id, run_id, value);
         (entry, run_ids)
     }
 
@@ -360,16 +361,16 @@ impl ChildReport {
 /// One entry of a spawn result, built as a map directly (the `json!` macro
 /// would serialise `value` into a copy).
 fn entry_value(
-    agent_name: &str,
-    agent_type: &str,
-    agent_id: &str,
+    agent_name: String,
+    agent_type: String,
+    agent_id: String,
     run_id: Option<&String>,
     value: Value,
 ) -> Value {
     let mut map = serde_json::Map::with_capacity(5);
-    map.insert("agentName".to_owned(), Value::from(agent_name));
-    map.insert("agentType".to_owned(), Value::from(agent_type));
-    map.insert("agentId".to_owned(), Value::from(agent_id));
+    map.insert("agentName".to_owned(), Value::String(agent_name));
+    map.insert("agentType".to_owned(), Value::String(agent_type));
+    map.insert("agentId".to_owned(), Value::String(agent_id));
     map.insert(
         "runId".to_owned(),
         run_id.map_or(Value::Null, |r| Value::from(r.as_str())),
