@@ -347,7 +347,7 @@ impl ChildReport {
             Some(cut) => cut,
             None => value,
         };
-        // The strings move into the entry: a report is made for it alone.
+        // The report is used up here: its strings move into the entry.
         let entry = entry_value(agent_name, agent_type, agent_id, run_id, value);
         (entry, run_ids)
     }
