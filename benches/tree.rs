@@ -91,8 +91,15 @@ fn tree_group(c: &mut Criterion, depth: usize, measurement: Duration) {
         .throughput(Throughput::Elements(options.agents()));
     for kind in BareKind::ALL {
         group.bench_function(format!("bare_{kind}"), |b| {
-            b.to_async(&rt)
-                .iter(|| run_bare(kind, &options.shape, options.history, options.msg_bytes));
+            b.to_async(&rt).iter(|| {
+                run_bare(
+                    kind,
+                    &options.shape,
+                    options.history,
+                    options.msg_bytes,
+                    None,
+                )
+            });
         });
     }
     group.bench_function("arbor", |b| {
@@ -148,7 +155,7 @@ fn history_handoff(c: &mut Criterion) {
                 &options,
                 |b, o| {
                     b.to_async(&rt)
-                        .iter(|| run_bare(kind, &o.shape, o.history, o.msg_bytes));
+                        .iter(|| run_bare(kind, &o.shape, o.history, o.msg_bytes, None));
                 },
             );
         }
@@ -175,7 +182,8 @@ fn agent_step(c: &mut Criterion) {
         );
     });
     group.bench_function("bare_none", |b| {
-        b.to_async(&rt).iter(|| run_bare(BareKind::None, &[], 0, 0));
+        b.to_async(&rt)
+            .iter(|| run_bare(BareKind::None, &[], 0, 0, None));
     });
     group.finish();
 }

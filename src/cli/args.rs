@@ -371,13 +371,14 @@ pub(crate) struct LoadtestArgs {
     #[arg(long, default_value_t = 200)]
     pub(crate) msg_bytes: usize,
     /// Simulated model latency: 0, 50ms, lognormal:200ms,0.5 (at most 1h,
-    /// a sigma from 0 to 3).
+    /// a sigma from 0 to 3); a bare tree's steps wait it too.
     #[arg(long, default_value = "0")]
     pub(crate) latency: String,
     /// Words per simulated reply (0 to 100000).
     #[arg(long, default_value_t = 20)]
     pub(crate) reply_tokens: usize,
-    /// Agents stepping at once (spawns wait for a slot; 1 to 1000000).
+    /// Agents stepping at once (spawns wait for a slot; 1 to 1000000); a
+    /// bare tree's nodes too.
     #[arg(long)]
     pub(crate) max_live: Option<usize>,
     /// Drive this configured model with agent-shaped load instead.
@@ -407,7 +408,7 @@ pub(crate) struct LoadtestArgs {
     pub(crate) baseline_kind: Option<super::loadtest::BaselineChoice>,
     /// Run only the baseline, not Arbor's tree: the process then measures the
     /// bare tree alone (whole-process CPU and RSS).
-    #[arg(long, conflicts_with_all = ["model", "max_live", "plot", "store", "latency"])]
+    #[arg(long, conflicts_with_all = ["model", "plot", "store"])]
     pub(crate) baseline_only: bool,
     /// Store the trees in this SQLite file or postgres:// database and keep
     /// them (default: a temporary file, removed after the run).

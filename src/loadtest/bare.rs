@@ -17,16 +17,21 @@
 //!
 //! The actor kinds spawn each actor's children linked, one after the other from
 //! a task (as Arbor does), wait for their replies, reply to the parent and stop.
+//!
+//! A tree with a model latency or a live cap ([`Pacing`]) takes Arbor's steps
+//! too, as waits: a leaf one, a parent one before its children and one after.
+//! What a bare tree reaches there is what the machine allows any runtime.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use arbor_actors::models::Latency;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinSet;
 
 /// Which bare tree a baseline runs (see the module's documentation).
@@ -131,6 +136,54 @@ impl Gauge {
     }
 }
 
+/// What a bare node's model calls cost, as Arbor's simulated ones do: each
+/// step (one for a leaf; for a parent one before its children and one after)
+/// waits the load test's `latency` while holding one of `max_live` slots. A
+/// child starts only once it has a slot, and a parent gives its slot back
+/// while its children run, as Arbor's agents do (semantics §8); a slot is
+/// handed out in the order asked for. Without a latency and a cap a tree is
+/// not paced: its nodes take no steps.
+pub struct Pacing {
+    latency: Latency,
+    slots: Option<Arc<Semaphore>>,
+    /// Steps taken so far: each step's seed for a log-normal latency.
+    steps: AtomicU64,
+}
+
+impl Pacing {
+    /// The pacing of a load test with this latency and live cap; `None` when
+    /// there is neither (the tree then runs as fast as it can).
+    pub fn new(latency: Latency, max_live: Option<usize>) -> Option<Arc<Pacing>> {
+        if latency.is_zero() && max_live.is_none() {
+            return None;
+        }
+        Some(Arc::new(Pacing {
+            latency,
+            // `max_live` is at most 1,000,000 (the config's range), far
+            // below the semaphore's own limit.
+            slots: max_live.map(|n| Arc::new(Semaphore::new(n.clamp(1, Semaphore::MAX_PERMITS)))),
+            steps: AtomicU64::new(0),
+        }))
+    }
+
+    /// Waits for a live slot (none to wait for without a cap).
+    async fn slot(&self) -> Option<OwnedSemaphorePermit> {
+        match &self.slots {
+            // The semaphore is never closed.
+            Some(slots) => slots.clone().acquire_owned().await.ok(),
+            None => None,
+        }
+    }
+
+    /// One model call: waits the latency.
+    async fn step(&self) {
+        if !self.latency.is_zero() {
+            let seed = self.steps.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(self.latency.sample(seed)).await;
+        }
+    }
+}
+
 /// A node's history.
 enum NodeHistory {
     None,
@@ -205,6 +258,9 @@ struct BareArgs {
     done: Option<oneshot::Sender<()>>,
     gauge: Arc<Gauge>,
     history: NodeHistory,
+    pacing: Option<Arc<Pacing>>,
+    /// The live slot the node was started in (a paced tree with a cap).
+    slot: Option<OwnedSemaphorePermit>,
 }
 
 struct BareState {
@@ -232,19 +288,30 @@ impl Actor for BareNode {
         myself: ActorRef<BareMsg>,
         state: &mut BareState,
     ) -> Result<(), ActorProcessingErr> {
+        // A paced node's first step; a bare node awaits it (no cancel to
+        // serve), and gives its slot back after it.
+        if let Some(pacing) = &state.args.pacing {
+            pacing.step().await;
+        }
+        state.args.slot = None;
         if state.waiting == 0 {
             finish(&myself, state);
             return Ok(());
         }
-        let (shape, depth, gauge) = (
+        let (shape, depth, gauge, pacing) = (
             state.args.shape.clone(),
             state.args.depth + 1,
             state.args.gauge.clone(),
+            state.args.pacing.clone(),
         );
         let history = state.args.history.for_children();
         let fanout = state.waiting;
         tokio::spawn(async move {
             for index in 0..fanout {
+                let slot = match &pacing {
+                    Some(pacing) => pacing.slot().await,
+                    None => None,
+                };
                 let args = BareArgs {
                     shape: shape.clone(),
                     depth,
@@ -252,6 +319,8 @@ impl Actor for BareNode {
                     done: None,
                     gauge: gauge.clone(),
                     history: history.child(depth, index),
+                    pacing: pacing.clone(),
+                    slot,
                 };
                 if Actor::spawn_linked(None, BareNode, args, myself.get_cell())
                     .await
@@ -274,6 +343,11 @@ impl Actor for BareNode {
             BareMsg::ChildDone => {
                 state.waiting -= 1;
                 if state.waiting == 0 {
+                    // A paced parent's last step, in a slot taken back.
+                    if let Some(pacing) = &state.args.pacing {
+                        let _slot = pacing.slot().await;
+                        pacing.step().await;
+                    }
                     finish(&myself, state);
                 }
             }
@@ -304,29 +378,58 @@ fn finish(myself: &ActorRef<BareMsg>, state: &mut BareState) {
 
 /// One node of the tokio tree: spawns its children as tasks, waits for them
 /// all, and ends. It holds its history until then, as an actor would.
-fn tokio_node(
+/// The node's inputs: the tree's shape, its depth, its history (inherited
+/// and own), and the tree's gauge, pacing and the node's slot.
+struct TokioNode {
     shape: Arc<[usize]>,
     depth: usize,
     inherited: Arc<[Arc<str>]>,
     own: Arc<str>,
     gauge: Arc<Gauge>,
-) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    pacing: Option<Arc<Pacing>>,
+    slot: Option<OwnedSemaphorePermit>,
+}
+
+fn tokio_node(node: TokioNode) -> Pin<Box<dyn Future<Output = ()> + Send>> {
     Box::pin(async move {
+        let TokioNode {
+            shape,
+            depth,
+            inherited,
+            own,
+            gauge,
+            pacing,
+            slot,
+        } = node;
         gauge.up();
+        if let Some(pacing) = &pacing {
+            pacing.step().await;
+        }
+        drop(slot);
         let fanout = shape.get(depth).copied().unwrap_or(0);
         if fanout > 0 {
             let children = extended(&inherited, &own);
             let mut set = JoinSet::new();
             for index in 0..fanout {
-                set.spawn(tokio_node(
-                    shape.clone(),
-                    depth + 1,
-                    children.clone(),
-                    prompt(depth + 1, index),
-                    gauge.clone(),
-                ));
+                let slot = match &pacing {
+                    Some(pacing) => pacing.slot().await,
+                    None => None,
+                };
+                set.spawn(tokio_node(TokioNode {
+                    shape: shape.clone(),
+                    depth: depth + 1,
+                    inherited: children.clone(),
+                    own: prompt(depth + 1, index),
+                    gauge: gauge.clone(),
+                    pacing: pacing.clone(),
+                    slot,
+                }));
             }
             while set.join_next().await.is_some() {}
+            if let Some(pacing) = &pacing {
+                let _slot = pacing.slot().await;
+                pacing.step().await;
+            }
         }
         drop((inherited, own));
         gauge.down();
@@ -334,20 +437,35 @@ fn tokio_node(
 }
 
 /// Runs a bare tree of `kind` and `shape` whose root starts with `history`
-/// messages of `msg_bytes` bytes; returns when every node has finished.
+/// messages of `msg_bytes` bytes, its steps paced by `pacing` ([`Pacing::new`];
+/// `None`: no steps); returns when every node has finished.
 pub async fn run_bare(
     kind: BareKind,
     shape: &[usize],
     history: usize,
     msg_bytes: usize,
+    pacing: Option<Arc<Pacing>>,
 ) -> BareRun {
     let gauge = Arc::new(Gauge::default());
     let messages = || (0..history).map(|_| "x".repeat(msg_bytes));
     let shared = || -> Arc<[Arc<str>]> { messages().map(Arc::from).collect() };
+    // The root takes a slot like any node.
+    let slot = match &pacing {
+        Some(pacing) => pacing.slot().await,
+        None => None,
+    };
     let history = match kind {
         BareKind::Tokio => {
             // The root is a task too, like every node.
-            let root = tokio_node(shape.into(), 0, shared(), prompt(0, 0), gauge.clone());
+            let root = tokio_node(TokioNode {
+                shape: shape.into(),
+                depth: 0,
+                inherited: shared(),
+                own: prompt(0, 0),
+                gauge: gauge.clone(),
+                pacing,
+                slot,
+            });
             let _ = tokio::spawn(root).await;
             return gauge.run();
         }
@@ -366,6 +484,8 @@ pub async fn run_bare(
         done: Some(tx),
         gauge: gauge.clone(),
         history,
+        pacing,
+        slot,
     };
     if Actor::spawn(None, BareNode, args).await.is_ok() {
         let _ = rx.await;
@@ -414,12 +534,38 @@ mod tests {
         assert_eq!(&*own, "task 1 at depth 1");
     }
 
+    /// A paced tree takes the steps of Arbor's: the root one before and one
+    /// after its children, each child one, every step 50 ms, at most
+    /// `max_live` at once while the root waits with its slot given back. Ten
+    /// children at a cap of 4 go in three waves: 50 + 3 × 50 + 50 ms. Without
+    /// the cap they would take 150 ms; without the latency, none.
+    #[tokio::test(start_paused = true)]
+    async fn a_paced_bare_tree_steps_at_its_latency_and_never_runs_more_than_its_cap() {
+        let latency = Latency::Fixed(std::time::Duration::from_millis(50));
+        for kind in [BareKind::Shared, BareKind::Tokio] {
+            let start = tokio::time::Instant::now();
+            let run = run_bare(kind, &[10], 2, 10, Pacing::new(latency, Some(4))).await;
+            assert_eq!(run.nodes, 11, "{kind}");
+            assert_eq!(
+                start.elapsed(),
+                std::time::Duration::from_millis(250),
+                "{kind}: three waves of children between the root's two steps"
+            );
+            // The root, waiting, and at most 4 children stepping.
+            assert!(run.alive_max <= 5, "{kind}: {run:?}");
+        }
+        let start = tokio::time::Instant::now();
+        run_bare(BareKind::Shared, &[10], 2, 10, Pacing::new(latency, None)).await;
+        assert_eq!(start.elapsed(), std::time::Duration::from_millis(150));
+        assert!(Pacing::new(Latency::Fixed(std::time::Duration::ZERO), None).is_none());
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_kind_runs_every_node_of_the_shape() {
         for kind in BareKind::ALL {
             let run = tokio::time::timeout(
                 std::time::Duration::from_secs(60),
-                run_bare(kind, &[3, 4], 5, 10),
+                run_bare(kind, &[3, 4], 5, 10, None),
             )
             .await
             .unwrap_or_else(|_| panic!("the {kind} tree did not end in 60 s"));

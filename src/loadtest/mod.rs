@@ -16,7 +16,7 @@ use arbor_actors::models::{Latency, SimulatedConfig, SimulatedModel};
 use arbor_actors::{AgentStatus, AgentTemplate, Model};
 use arbor_supervisor::{Catalog, Retain, StartRequest, Supervisor, TreeLimits};
 
-pub use bare::{BareKind, BareRun, UnknownBareKind, run_bare};
+pub use bare::{BareKind, BareRun, Pacing, UnknownBareKind, run_bare};
 pub use collect::{Answers, Collector, Measured, Percentiles, TokenFigures};
 pub use report::{BaselineMemory, BaselineReport, LoadReport, cpu_time, write_plot};
 use shaped::ShapedModel;
@@ -328,7 +328,8 @@ pub async fn run_once(
 }
 
 /// Runs one bare tree of `kind` on the shape and history of `options` (see
-/// [`BareKind`]) and measures its wall and CPU time. With `first_in_process`
+/// [`BareKind`]), its steps paced by the latency and live cap of `options`
+/// ([`Pacing`]), and measures its wall and CPU time. With `first_in_process`
 /// (nothing else has run in this process: `arbor loadtest --baseline-only`)
 /// the report has its memory figures too.
 pub async fn run_baseline(
@@ -339,7 +340,15 @@ pub async fn run_baseline(
     let rss_before = first_in_process.then(|| report::rss_bytes().unwrap_or(0));
     let start = Instant::now();
     let cpu_start = cpu_time().unwrap_or_default();
-    let run = run_bare(kind, &options.shape, options.history, options.msg_bytes).await;
+    let pacing = Pacing::new(options.latency, options.max_live);
+    let run = run_bare(
+        kind,
+        &options.shape,
+        options.history,
+        options.msg_bytes,
+        pacing,
+    )
+    .await;
     let wall = start.elapsed();
     let cpu = cpu_time().unwrap_or_default().saturating_sub(cpu_start);
     BaselineReport::new(kind, run, (wall, cpu), rss_before)

@@ -999,10 +999,25 @@ fn baseline_only_runs_just_the_bare_tree_with_its_memory_figures() {
     assert!(b["memory"]["peakRssBytes"].as_u64().unwrap() > 0, "{b}");
 
     // Flags that only Arbor's tree reads are refused, naming the flag.
-    let out = arbor(&["loadtest", "--baseline-only", "--max-live", "5"]);
+    let out = arbor(&["loadtest", "--baseline-only", "--plot", "p.svg"]);
     let stderr = text(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("--max-live"), "{stderr}");
+    assert!(stderr.contains("--plot"), "{stderr}");
+    // A latency and a live cap pace the bare tree's steps as Arbor's (the
+    // pacing itself is tested in paused time beside the bare trees).
+    let out = arbor(&[
+        "loadtest",
+        "--shape",
+        "3",
+        "--latency",
+        "1ms",
+        "--max-live",
+        "2",
+        "--baseline-only",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(stdout.contains("baseline shared: 4 nodes in "), "{stdout}");
     let out = arbor(&["loadtest", "--baseline-kind", "copy"]);
     let stderr = text(&out.stderr);
     assert!(!out.status.success());

@@ -36,6 +36,13 @@ pub(crate) const MAX_LATENCY: Duration = Duration::from_secs(3600);
 pub(crate) const MAX_SIGMA: f64 = 3.0;
 
 impl Latency {
+    /// Whether every call takes no time (a fixed zero, or a zero median).
+    pub fn is_zero(&self) -> bool {
+        match *self {
+            Latency::Fixed(d) | Latency::LogNormal { median: d, .. } => d.is_zero(),
+        }
+    }
+
     /// Parses `0`, `50ms`, `2s` or `lognormal:200ms,0.5` (durations in
     /// [`crate::duration`]'s grammar, at most an hour; a sigma from 0 to 3).
     pub fn parse(text: &str) -> Result<Latency, String> {
@@ -66,7 +73,9 @@ impl Latency {
         duration(text).map(Latency::Fixed)
     }
 
-    fn sample(&self, seed: u64) -> Duration {
+    /// One call's latency: the fixed one, or a log-normal draw from `seed`
+    /// (the same seed, the same draw).
+    pub fn sample(&self, seed: u64) -> Duration {
         match *self {
             Latency::Fixed(d) => d,
             Latency::LogNormal { median, sigma } => {
