@@ -244,13 +244,12 @@ impl FromStr for RunId {
     }
 }
 
-impl fmt::Display for RunId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Digits by hand, straight to the output: every spawn, report and
-        // event prints run ids, and the formatter's integer path was ~4 % of
-        // a deep tree's CPU (issue 17).
-        fn number(f: &mut fmt::Formatter<'_>, mut n: u32) -> fmt::Result {
-            let mut buf = [0u8; 10];
+impl RunId {
+    /// Hands the id's text (`T/0.3~1.2`) to `put` in pieces, digits by
+    /// hand: the formatter's integer path was ~4 % of a deep tree's CPU
+    /// (issue 17).
+    fn write_pieces(&self, mut put: impl FnMut(&[u8]) -> fmt::Result) -> fmt::Result {
+        fn digits(buf: &mut [u8; 10], mut n: u32) -> &[u8] {
             let mut at = buf.len();
             loop {
                 at -= 1;
@@ -260,22 +259,69 @@ impl fmt::Display for RunId {
                     break;
                 }
             }
-            // ASCII digits only.
-            f.write_str(std::str::from_utf8(&buf[at..]).map_err(|_| fmt::Error)?)
+            &buf[at..]
         }
-        f.write_str(&self.tree.0)?;
-        f.write_str("/")?;
+        let mut buf = [0u8; 10];
+        put(self.tree.0.as_bytes())?;
+        put(b"/")?;
         for (i, step) in self.path.iter().enumerate() {
             if i > 0 {
-                f.write_str(".")?;
+                put(b".")?;
             }
-            number(f, step.ordinal)?;
+            put(digits(&mut buf, step.ordinal))?;
             if step.attempt > 0 {
-                f.write_str("~")?;
-                number(f, step.attempt)?;
+                put(b"~")?;
+                put(digits(&mut buf, step.attempt))?;
             }
         }
         Ok(())
+    }
+}
+
+/// A run id's text on the stack, for [`RunId`]'s `Display`: filled piece by
+/// piece, handed on in one. Refuses (`fmt::Error`) what does not fit.
+struct IdText {
+    buf: [u8; IdText::CAPACITY],
+    len: usize,
+}
+
+/// Pieces of a run id's text as a `str` (they are ASCII or the tree id's
+/// text, so this never fails).
+fn text(bytes: &[u8]) -> Result<&str, fmt::Error> {
+    std::str::from_utf8(bytes).map_err(|_| fmt::Error)
+}
+
+impl IdText {
+    /// Room for a tree id and a path ~15 levels deep.
+    const CAPACITY: usize = 256;
+
+    fn push(&mut self, bytes: &[u8]) -> fmt::Result {
+        let end = self.len + bytes.len();
+        self.buf
+            .get_mut(self.len..end)
+            .ok_or(fmt::Error)?
+            .copy_from_slice(bytes);
+        self.len = end;
+        Ok(())
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // In one piece: a `to_string` then allocates once, at the id's size.
+        // Written piece by piece it grew its string three or four times, and
+        // printing was ~1,300 instructions a run id, 6 % of a deep tree's
+        // (callgrind, issue 17). An id too long for the stack goes piece by
+        // piece. The pieces are ASCII digits and punctuation and the tree
+        // id's text, so they read back as UTF-8.
+        let mut id = IdText {
+            buf: [0; IdText::CAPACITY],
+            len: 0,
+        };
+        match self.write_pieces(|bytes| id.push(bytes)) {
+            Ok(()) => f.write_str(text(&id.buf[..id.len])?),
+            Err(_) => self.write_pieces(|bytes| f.write_str(text(bytes)?)),
+        }
     }
 }
 
@@ -341,6 +387,18 @@ mod tests {
         ] {
             assert_eq!(run(s).to_string(), s);
         }
+    }
+
+    /// An id longer than `Display`'s stack text (a 128-character tree id
+    /// and a deep path) prints piece by piece, the same.
+    #[test]
+    fn a_run_id_too_long_for_the_stack_prints_whole() {
+        let tree = "t".repeat(128);
+        let path: Vec<String> = (0..40).map(|i| format!("{}~{}", i + 1, i + 2)).collect();
+        let long = format!("{tree}/0.{}", path.join("."));
+        assert!(long.len() > IdText::CAPACITY, "{}", long.len());
+        assert_eq!(run(&long).to_string(), long);
+        assert_eq!(format!("[{}]", run(&long)), format!("[{long}]"));
     }
 
     #[test]

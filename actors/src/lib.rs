@@ -16,6 +16,7 @@ pub mod handler;
 pub mod history;
 pub mod hooks;
 pub mod id;
+pub mod idmap;
 mod limit;
 pub mod message;
 pub mod model;

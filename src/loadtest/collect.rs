@@ -2,6 +2,8 @@
 //! observer on the bus, so nothing is buffered and nothing reaches into actors.
 
 use std::collections::HashMap;
+
+use arbor_actors::idmap::IdMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -41,11 +43,11 @@ pub struct Collector {
 }
 
 struct Inner {
-    spawned_at: HashMap<String, Instant>,
+    spawned_at: IdMap<String, Instant>,
     /// Per run (one step in flight at a time): the step and when it started,
     /// and when its first delta arrived.
-    step_started: HashMap<Arc<str>, (u32, Instant)>,
-    first_delta: HashMap<Arc<str>, Instant>,
+    step_started: IdMap<Arc<str>, (u32, Instant)>,
+    first_delta: IdMap<Arc<str>, Instant>,
     /// Spawn to reply, microseconds.
     spawn_to_reply: Histogram<u64>,
     /// Model step latency (request to reply), microseconds.
@@ -85,9 +87,9 @@ impl Default for Collector {
             steps: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             inner: Mutex::new(Inner {
-                spawned_at: HashMap::new(),
-                first_delta: HashMap::new(),
-                step_started: HashMap::new(),
+                spawned_at: IdMap::default(),
+                first_delta: IdMap::default(),
+                step_started: IdMap::default(),
                 spawn_to_reply: histogram(),
                 step_latency: histogram(),
                 ttft: histogram(),

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use arbor_actors::hooks::{RunIds, Slot, SlotPriority};
+use arbor_actors::idmap::IdMap;
 use arbor_actors::sync::LockExt;
 use arbor_actors::toolbox::Toolbox;
 use arbor_actors::{
@@ -34,11 +35,11 @@ pub(crate) struct TreeContext {
     /// Held while an event is numbered and published, so every subscriber sees
     /// a tree's events in `seq` order.
     order: Mutex<()>,
-    live: Mutex<HashMap<Arc<str>, ActorRef<AgentMsg>>>,
+    live: Mutex<IdMap<Arc<str>, ActorRef<AgentMsg>>>,
     /// Children spawned whose actor has not started yet (waiting for a live
     /// slot or a retry), by run id, with their parent's run id: a cancel by
     /// run id reaches them through the parent.
-    waiting: Mutex<HashMap<String, Arc<str>>>,
+    waiting: Mutex<IdMap<String, Arc<str>>>,
     /// Whether the tree is stored (its agents checkpoint every step).
     durable: bool,
     /// What a resumed or replayed tree starts from.
@@ -85,8 +86,8 @@ impl TreeContext {
             model_override,
             seq: AtomicU64::new(0),
             order: Mutex::new(()),
-            live: Mutex::new(HashMap::new()),
-            waiting: Mutex::new(HashMap::new()),
+            live: Mutex::new(IdMap::default()),
+            waiting: Mutex::new(IdMap::default()),
             durable: false,
             recovery: None,
             recorded: Mutex::new(HashMap::new()),

@@ -4,7 +4,6 @@
 //! children in live slots, retry timers, cancels, events, delivery to the
 //! machine). Every decision is the table's.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::FutureExt;
@@ -17,6 +16,7 @@ use crate::checkpoint::{Checkpoint, Recovered};
 use crate::event::EventKind;
 use crate::history::History;
 use crate::id::RunId;
+use crate::idmap::{IdMap, IdSet};
 use crate::output::output_value;
 use crate::spawn::{ChildPlan, ParentInfo};
 use crate::state::AgentState;
@@ -39,8 +39,8 @@ fn shared_with(state: &AgentState, snapshot: &History) -> AgentState {
 pub(super) struct ChildActors {
     table: Children<ActorId>,
     /// The running children's actors, by the id the table knows them by.
-    actors: HashMap<ActorId, ActorRef<AgentMsg>>,
-    retry_timers: HashMap<ChildKey, JoinHandle<()>>,
+    actors: IdMap<ActorId, ActorRef<AgentMsg>>,
+    retry_timers: IdMap<ChildKey, JoinHandle<()>>,
     /// Run ids of children cancelled before they started: the launch task
     /// skips them. Made by the first launch: a leaf, most agents, never
     /// needs one (two allocations per agent, issue 17).
@@ -51,7 +51,7 @@ pub(super) struct ChildActors {
 /// a slot when an id is added.
 #[derive(Default)]
 struct SkipList {
-    ids: Mutex<HashSet<String>>,
+    ids: Mutex<IdSet<String>>,
     changed: Notify,
 }
 

@@ -9,7 +9,7 @@
 //! Children are named by `A`, the driver's handle of a child actor (its actor
 //! id); the table never touches one.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +21,7 @@ use crate::failure::{Failure, FailureKind};
 use crate::history::History;
 use crate::hooks::{RunIds, SlotPriority};
 use crate::id::RunId;
+use crate::idmap::{IdMap, IdSet};
 use crate::limit::LimitHit;
 use crate::spawn::{ChildPlan, ChildReport, ParentInfo, report_value};
 use crate::state::{AgentState, AgentStatus};
@@ -319,13 +320,13 @@ struct Call {
 #[derive(Debug)]
 pub struct Children<A> {
     calls: BTreeMap<(u32, usize), Call>,
-    live: HashMap<A, ChildKey>,
+    live: IdMap<A, ChildKey>,
     starting: usize,
-    retrying: HashSet<ChildKey>,
+    retrying: IdSet<ChildKey>,
     /// Children lost before their start was seen.
-    lost: HashMap<A, String>,
+    lost: IdMap<A, String>,
     /// Children that ended before their start was seen.
-    ended: HashSet<A>,
+    ended: IdSet<A>,
     /// Set once the parent's run is over.
     parent_ended: Option<CancelReason>,
 }
@@ -334,11 +335,11 @@ impl<A> Default for Children<A> {
     fn default() -> Self {
         Children {
             calls: BTreeMap::new(),
-            live: HashMap::new(),
+            live: IdMap::default(),
             starting: 0,
-            retrying: HashSet::new(),
-            lost: HashMap::new(),
-            ended: HashSet::new(),
+            retrying: IdSet::default(),
+            lost: IdMap::default(),
+            ended: IdSet::default(),
             parent_ended: None,
         }
     }
