@@ -10,7 +10,7 @@ use crate::providers::fixtures::{
 };
 use crate::providers::settings::{ProviderKind, ProviderSettings};
 
-// Captured from aimock (/tmp/aimock-notes.md §2, §3): the same fixture
+// Captured from the aimock mock server (tests/mock): the same fixture
 // (text + two calls, usage 42/17) non-streamed and streamed.
 const TOOL_REPLY: &str = r#"{"id":"msg_boUndv3fNk5YHuoQ","type":"message","role":"assistant","content":[{"type":"text","text":"Checking both cities."},{"type":"tool_use","id":"call_paris","name":"get_weather","input":{"city":"Paris","unit":"celsius"}},{"type":"tool_use","id":"call_berlin","name":"get_weather","input":{"city":"Berlin","unit":"celsius"}}],"model":"claude-sonnet-4-5","stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":42,"output_tokens":17}}"#;
 

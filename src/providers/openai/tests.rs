@@ -10,7 +10,7 @@ use crate::providers::fixtures::{
 };
 use crate::providers::settings::ProviderKind;
 
-// Captured from aimock (/tmp/aimock-notes.md §2, §3, §6).
+// Captured from the aimock mock server (tests/mock).
 const TOOL_REPLY: &str = r#"{"id":"chatcmpl-xfPTaIHe6YghaB2t","object":"chat.completion","created":1796020799,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":null,"refusal":null,"tool_calls":[{"id":"call_paris","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\",\"unit\":\"celsius\"}"}},{"id":"call_berlin","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Berlin\",\"unit\":\"celsius\"}"}}]},"logprobs":null,"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":10,"completion_tokens":23,"total_tokens":33}}"#;
 
 const TEXT_REPLY: &str = r#"{"id":"chatcmpl-feEjdkNHgIRHoHqX","object":"chat.completion","created":1796020909,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"Paris is 18°C and Berlin is 12°C.","refusal":null},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":17,"completion_tokens":9,"total_tokens":26}}"#;
