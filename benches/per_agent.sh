@@ -315,12 +315,13 @@ if llm:
           "ractor tree (shared history) takes the same steps as waits on the same shape and cap")
     print(f"  {'--max-live':>10} {'tree':<6} {'agents/s':>9} {'/ ideal':>8} {'wall s':>7} "
           f"{'floor s':>8} {'floor/wall':>10} {'Arbor/bare rate':>16}")
+    # The shape's own floor: the root's first step, ceil(10000 / m) waves of
+    # children, the root's last step, 50 ms each; at most 10,001 / floor
+    # agents/s even for a runtime that costs nothing.
+    floor_of = lambda m: 0.05 * (-(-10000 // m) + 2)
     for m in llm:
         ideal_rate = m / 0.05
-        # The shape's own floor: the root's first step, ceil(10000 / m) waves
-        # of children, the root's last step, 50 ms each; at most
-        # 10,001 / floor agents/s even for a runtime that costs nothing.
-        floor = 0.05 * (-(-10000 // m) + 2)
+        floor = floor_of(m)
         for tree, n in (("Arbor", f"llm-{m}"), ("bare", f"llm-bare-{m}")):
             if n not in runs[rounds[0]]:
                 continue
@@ -334,5 +335,5 @@ if llm:
                 rel = f"{rel:.2f}"
             print(f"  {m:>10} {tree:<6} {rate:>9.0f} {rate / ideal_rate:>8.2f} {wall:>7.3f} "
                   f"{floor:>8.2f} {eff:>10.2f} {rel:>16}")
-    print(f"  (a zero-cost runtime reaches at most {', '.join(f'{10001 / (0.05 * (-(-10000 // m) + 2)) / (m / 0.05):.2f}' for m in llm)} of the ideal: the shape's floor)")
+    print(f"  (a zero-cost runtime reaches at most {', '.join(f'{10001 / floor_of(m) / (m / 0.05):.2f}' for m in llm)} of the ideal: the shape's floor)")
 EOF

@@ -184,6 +184,27 @@ impl Pacing {
     }
 }
 
+/// A live slot under `pacing`'s cap (none for a tree that is not paced).
+async fn paced_slot(pacing: &Option<Arc<Pacing>>) -> Option<OwnedSemaphorePermit> {
+    match pacing {
+        Some(pacing) => pacing.slot().await,
+        None => None,
+    }
+}
+
+/// A node's step (none for a tree that is not paced).
+async fn paced_step(pacing: &Option<Arc<Pacing>>) {
+    if let Some(pacing) = pacing {
+        pacing.step().await;
+    }
+}
+
+/// A parent's last step, once its children are done, in a slot taken back.
+async fn paced_last_step(pacing: &Option<Arc<Pacing>>) {
+    let _slot = paced_slot(pacing).await;
+    paced_step(pacing).await;
+}
+
 /// A node's history.
 enum NodeHistory {
     None,
@@ -290,9 +311,7 @@ impl Actor for BareNode {
     ) -> Result<(), ActorProcessingErr> {
         // A paced node's first step; a bare node awaits it (no cancel to
         // serve), and gives its slot back after it.
-        if let Some(pacing) = &state.args.pacing {
-            pacing.step().await;
-        }
+        paced_step(&state.args.pacing).await;
         state.args.slot = None;
         if state.waiting == 0 {
             finish(&myself, state);
@@ -308,10 +327,7 @@ impl Actor for BareNode {
         let fanout = state.waiting;
         tokio::spawn(async move {
             for index in 0..fanout {
-                let slot = match &pacing {
-                    Some(pacing) => pacing.slot().await,
-                    None => None,
-                };
+                let slot = paced_slot(&pacing).await;
                 let args = BareArgs {
                     shape: shape.clone(),
                     depth,
@@ -343,11 +359,7 @@ impl Actor for BareNode {
             BareMsg::ChildDone => {
                 state.waiting -= 1;
                 if state.waiting == 0 {
-                    // A paced parent's last step, in a slot taken back.
-                    if let Some(pacing) = &state.args.pacing {
-                        let _slot = pacing.slot().await;
-                        pacing.step().await;
-                    }
+                    paced_last_step(&state.args.pacing).await;
                     finish(&myself, state);
                 }
             }
@@ -402,19 +414,14 @@ fn tokio_node(node: TokioNode) -> Pin<Box<dyn Future<Output = ()> + Send>> {
             slot,
         } = node;
         gauge.up();
-        if let Some(pacing) = &pacing {
-            pacing.step().await;
-        }
+        paced_step(&pacing).await;
         drop(slot);
         let fanout = shape.get(depth).copied().unwrap_or(0);
         if fanout > 0 {
             let children = extended(&inherited, &own);
             let mut set = JoinSet::new();
             for index in 0..fanout {
-                let slot = match &pacing {
-                    Some(pacing) => pacing.slot().await,
-                    None => None,
-                };
+                let slot = paced_slot(&pacing).await;
                 set.spawn(tokio_node(TokioNode {
                     shape: shape.clone(),
                     depth: depth + 1,
@@ -426,10 +433,7 @@ fn tokio_node(node: TokioNode) -> Pin<Box<dyn Future<Output = ()> + Send>> {
                 }));
             }
             while set.join_next().await.is_some() {}
-            if let Some(pacing) = &pacing {
-                let _slot = pacing.slot().await;
-                pacing.step().await;
-            }
+            paced_last_step(&pacing).await;
         }
         drop((inherited, own));
         gauge.down();
@@ -450,10 +454,7 @@ pub async fn run_bare(
     let messages = || (0..history).map(|_| "x".repeat(msg_bytes));
     let shared = || -> Arc<[Arc<str>]> { messages().map(Arc::from).collect() };
     // The root takes a slot like any node.
-    let slot = match &pacing {
-        Some(pacing) => pacing.slot().await,
-        None => None,
-    };
+    let slot = paced_slot(&pacing).await;
     let history = match kind {
         BareKind::Tokio => {
             // The root is a task too, like every node.
