@@ -44,16 +44,21 @@ fn duration(start: u64, end: Option<u64>) -> String {
     }
 }
 
-/// The table `arbor runs` prints.
+/// The table `arbor runs` prints. The tree column is as wide as its widest
+/// id (a generated one is 33 characters, an older or picked one shorter).
 pub fn runs_table(trees: &[TreeSummary]) -> String {
+    let tree = trees
+        .iter()
+        .map(|t| t.tree_id.chars().count())
+        .fold(16, usize::max);
     let mut out = format!(
-        "{:<16} {:<16} {:<11} {:>6} {:>10} {:>9} {:<19} {:>9}\n",
+        "{:<tree$} {:<16} {:<11} {:>6} {:>10} {:>9} {:<19} {:>9}\n",
         "TREE", "ROOT", "STATUS", "AGENTS", "TOKENS", "COST", "STARTED (UTC)", "DURATION"
     );
     for t in trees {
         let _ = writeln!(
             out,
-            "{:<16} {:<16} {:<11} {:>6} {:>10} {:>9.4} {:<19} {:>9}",
+            "{:<tree$} {:<16} {:<11} {:>6} {:>10} {:>9.4} {:<19} {:>9}",
             t.tree_id,
             t.agent,
             t.status,

@@ -1,21 +1,20 @@
 //! Tree and run identities, and their arithmetic, in one place.
 //!
-//! A tree id is `t` and 12 hex digits when Arbor picks it; a caller may pick
-//! its own, of 1 to 128 letters, digits, `-`, `_`, `.` or `:` (never the `/`
-//! that run ids use as the separator). A run id is `TREE/PATH`: the root
+//! A tree id is `t` and the 32 lowercase hex digits of a UUIDv7 when Arbor
+//! picks it (128 bits, time-ordered: see [`TreeId::generate`]; builds before
+//! issue 33 picked `t` and 12 hex digits, and those ids still read and
+//! resume); a caller may pick its own, of 1 to 128 letters, digits, `-`,
+//! `_`, `.` or `:` (never the `/` that run ids use as the separator). Every
+//! such id is safe in a URL path segment and a file name as it is. A run id is `TREE/PATH`: the root
 //! is `T/0`, the `n`-th child a run spawns is its run id plus `.n`, and attempt
 //! `a > 0` of a run (a retry) appends `~a` to its last step: `T/0.1~1` is the
 //! second attempt of the root's child 1, and `T/0.1~1.0` that attempt's first
 //! child. The agent id of a run is its run id without the last attempt, shared
 //! by every attempt. Both serialise as today's strings (semantics §2).
 
-use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::BuildHasher;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -47,16 +46,15 @@ pub enum IdError {
 pub struct TreeId(Arc<str>);
 
 impl TreeId {
-    /// A fresh tree id: `t` and 12 hex digits, unique within a process and
-    /// very likely across. The one generator of tree ids.
+    /// A fresh tree id: `t` and the 32 lowercase hex digits of a UUIDv7
+    /// (RFC 9562), e.g. `t019af3c2e5a17c3e8b5d2f4a6c8e0b13`. The first 12
+    /// digits are the Unix time in milliseconds, so ids sort as they were
+    /// made (strictly, within a process: the `uuid` crate counts within a
+    /// millisecond); the other bits are a counter seeded at random each
+    /// millisecond and random bits, so replicas sharing one database do not
+    /// collide (48 random bits did: issue 33). The one generator of tree ids.
     pub fn generate() -> Self {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let hash = RandomState::new().hash_one((now, n, std::process::id()));
-        TreeId(format!("t{:012x}", hash & 0xffff_ffff_ffff).into())
+        TreeId(format!("t{}", uuid::Uuid::now_v7().simple()).into())
     }
 
     /// The id as text.
@@ -488,15 +486,62 @@ mod tests {
         assert_eq!(tree.as_str(), "t9");
     }
 
+    /// Issue 33: generated tree ids had 48 random bits, and replicas share
+    /// one database. Now each is `t` and a UUIDv7's 32 hex digits (version 7,
+    /// RFC variant), made from many threads at once they all differ, and in
+    /// one thread they sort (as text) in the order they were made.
     #[test]
-    fn generated_tree_ids_are_t_and_twelve_hex_digits_and_differ() {
-        let a = TreeId::generate();
-        let b = TreeId::generate();
-        assert_ne!(a, b);
-        for id in [a, b] {
-            let s = id.as_str();
-            assert_eq!(s.len(), 13, "{s}");
-            assert!(s.starts_with('t') && s[1..].bytes().all(|c| c.is_ascii_hexdigit()));
+    fn tree_ids_carry_128_bits_and_are_time_ordered() {
+        let made: Vec<Vec<TreeId>> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| (0..5_000).map(|_| TreeId::generate()).collect()))
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let mut seen = std::collections::HashSet::new();
+        for ids in &made {
+            for pair in ids.windows(2) {
+                assert!(pair[0] < pair[1], "{} then {}", pair[0], pair[1]);
+            }
+            for id in ids {
+                let s = id.as_str();
+                assert_eq!(s.len(), 33, "{s}");
+                assert!(s.starts_with('t'), "{s}");
+                assert!(
+                    s[1..]
+                        .bytes()
+                        .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')),
+                    "{s}"
+                );
+                let uuid = uuid::Uuid::parse_str(&s[1..]).unwrap();
+                assert_eq!(uuid.get_version_num(), 7, "{s}");
+                assert_eq!(uuid.get_variant(), uuid::Variant::RFC4122, "{s}");
+                assert!(uuid.get_timestamp().is_some(), "{s}");
+                assert!(seen.insert(id.clone()), "{s} made twice");
+                // It reads back, as a tree id and in a run id.
+                assert_eq!(&s.parse::<TreeId>().unwrap(), id);
+                let run = format!("{s}/0.1~2.0");
+                assert_eq!(run.parse::<RunId>().unwrap().to_string(), run);
+            }
+        }
+        assert_eq!(seen.len(), 20_000);
+    }
+
+    /// Ids made by the builds before issue 33 (`t` and 12 hex digits) and
+    /// ids a caller picked still read, as tree ids and in run ids.
+    #[test]
+    fn tree_ids_of_the_old_format_still_read() {
+        for tree in [
+            "t1c2a3b4c5d6e",
+            "t000000000000",
+            "before13",
+            "my-tree:2.a_b",
+        ] {
+            assert_eq!(tree.parse::<TreeId>().unwrap().as_str(), tree);
+            let run = format!("{tree}/0~1.3~2");
+            let id = run.parse::<RunId>().unwrap();
+            assert_eq!(id.tree().as_str(), tree);
+            assert_eq!(id.to_string(), run);
         }
     }
 }
