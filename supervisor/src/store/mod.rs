@@ -63,6 +63,13 @@ pub struct TreeRecord {
     pub history: Option<History>,
     /// When it first started, in milliseconds since the Unix epoch.
     pub started_ms: u64,
+    /// The principal that started it (a service's named API caller, see
+    /// `StartRequest::principal`): who may see and control it. Set when
+    /// the tree is first stored and never changed; `None` for a tree
+    /// started without one (a CLI run, an unnamed token) or stored before
+    /// principals were.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
 }
 
 impl TreeRecord {
@@ -78,6 +85,7 @@ impl TreeRecord {
             history: self.history,
             origin: self.origin,
             config: self.config,
+            principal: self.principal,
             // The turn its root's run id names (`T/0~n` is turn n).
             turn: self
                 .root_run_id
@@ -360,6 +368,10 @@ pub struct TreeRow {
     pub cost: f64,
     /// The epoch of its last claim.
     pub epoch: u64,
+    /// The principal that started it (absent in a dump made before
+    /// principals were).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
 }
 
 /// One segment of a tree's log, as stored (LZ4-compressed JSON records).
@@ -424,6 +436,10 @@ pub struct TreeSummary {
     pub finished_ms: Option<u64>,
     /// How many times it was resumed.
     pub resumes: u64,
+    /// The principal that started it (see `TreeRecord::principal`);
+    /// absent when none did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
 }
 
 /// One run of a tree, with what it spent.
@@ -496,6 +512,34 @@ pub trait Store: Send + Sync + 'static {
     fn write(&self, batch: &[Write]) -> Result<Vec<Fenced>, Error>;
     /// Trees, newest first.
     fn trees(&self, filter: &TreeFilter) -> Result<Vec<TreeSummary>, Error>;
+    /// The trees `principal` started, as `trees` lists them (the filter,
+    /// limit and offset count only those). The default reads every tree;
+    /// both backends select them in their query.
+    fn trees_of(&self, filter: &TreeFilter, principal: &str) -> Result<Vec<TreeSummary>, Error> {
+        let all = TreeFilter {
+            limit: 0,
+            offset: 0,
+            ..filter.clone()
+        };
+        let limit = if filter.limit == 0 {
+            usize::MAX
+        } else {
+            filter.limit
+        };
+        Ok(self
+            .trees(&all)?
+            .into_iter()
+            .filter(|t| t.principal.as_deref() == Some(principal))
+            .skip(filter.offset)
+            .take(limit)
+            .collect())
+    }
+    /// The principal that started the tree (`None`: none did), read from
+    /// the store, so every replica answers the same; `Error::UnknownTree`
+    /// if the store has no such tree.
+    fn principal(&self, tree_id: &str) -> Result<Option<String>, Error> {
+        Ok(self.tree(tree_id)?.0.principal)
+    }
     /// A tree as it was started and as it is listed; `Error::UnknownTree` if
     /// the store has none with this id.
     fn tree(&self, tree_id: &str) -> Result<(TreeRecord, TreeSummary), Error>;

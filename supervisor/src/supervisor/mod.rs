@@ -63,6 +63,10 @@ pub struct StartRequest {
     /// so resume and replay use what it started with, not what a file says
     /// now. `None`: the supervisor's own (see [`Supervisor::with_config`]).
     pub config: Option<Arc<str>>,
+    /// Who starts it (a service's named API caller): stored with a new
+    /// tree as its owner, who may see and control it. Ignored when the tree
+    /// is stored already (a resume, a turn): its owner never changes.
+    pub principal: Option<String>,
 }
 
 /// Builds the catalog of a stored tree's config, for a supervisor that runs
@@ -716,6 +720,7 @@ impl Supervisor {
                 config,
                 history: request.history.clone(),
                 started_ms: crate::tree::now_ms(),
+                principal: request.principal.clone(),
             })));
             writer.flush().await?;
         }

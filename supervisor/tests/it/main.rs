@@ -11,6 +11,7 @@ mod cancel;
 mod common;
 mod failure;
 mod limits;
+mod principals;
 mod spawn;
 mod steer;
 mod store;

@@ -483,6 +483,7 @@ fn a_tree_released_in_a_batch_with_its_events_stays_interrupted(backend) {
             config: None,
             history: None,
             started_ms: 1,
+            principal: None,
         }))])
         .unwrap();
     store
@@ -518,6 +519,7 @@ fn record(tree: &str) -> Write {
         config: Some("[models]\n".into()),
         history: None,
         started_ms: 1,
+        principal: None,
     }))
 }
 

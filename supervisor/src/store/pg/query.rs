@@ -19,19 +19,20 @@ use crate::store::{
 use crate::tree::now_ms;
 
 const SUMMARY: &str = "SELECT tree_id, root_run_id, agent, prompt, status, error, agents,
-        input_tokens, output_tokens, cost, started_ms, finished_ms, heartbeat_ms, resumes, owner
+        input_tokens, output_tokens, cost, started_ms, finished_ms, heartbeat_ms, resumes, owner,
+        principal
     FROM trees";
 
 const ROW: &str = "SELECT tree_id, root_run_id, agent, prompt, params, model, limits, origin,
         history, status, error, started_ms, finished_ms, heartbeat_ms, owner, last_seq, next_id,
-        segments, resumes, agents, input_tokens, output_tokens, cost, epoch
+        segments, resumes, agents, input_tokens, output_tokens, cost, epoch, principal
     FROM trees WHERE tree_id = $1";
 
 /// A tree's record and summary (`record_row` reads them), and its last `seq`.
 const RECORD: &str = "SELECT t.tree_id, t.root_run_id, t.agent, t.prompt, t.status, t.error,
         t.agents, t.input_tokens, t.output_tokens, t.cost, t.started_ms, t.finished_ms,
         t.heartbeat_ms, t.resumes, t.owner, t.params, t.model, t.limits, t.origin, t.history,
-        t.last_seq, c.text AS config_text
+        t.last_seq, t.principal, c.text AS config_text
     FROM trees t LEFT JOIN configs c ON c.hash = t.config";
 
 fn status_of(r: &tokio_postgres::Row, column: &str) -> Result<TreeStatus, String> {
@@ -65,6 +66,7 @@ impl PgStore {
             started_ms: r.get::<_, i64>("started_ms") as u64,
             finished_ms: r.get::<_, Option<i64>>("finished_ms").map(|v| v as u64),
             resumes: r.get::<_, i64>("resumes") as u64,
+            principal: r.get("principal"),
         })
     }
 
@@ -98,6 +100,7 @@ impl PgStore {
                 .transpose()
                 .map_err(|e| bad(format!("history: {e}")))?,
             started_ms: summary.started_ms,
+            principal: summary.principal.clone(),
         };
         Ok((record, summary))
     }
@@ -182,48 +185,23 @@ impl Store for PgStore {
     }
 
     fn trees(&self, filter: &TreeFilter) -> Result<Vec<TreeSummary>, Error> {
-        let now = now_ms();
-        // As on SQLite: `running` and `interrupted` are both stored as
-        // running, so only for them is the offset counted here.
-        let stored = filter.status.map(|s| s.stored().as_str());
-        let derived = filter.status.map(TreeStatus::stored) == Some(TreeStatus::Running);
-        let sql_offset = if derived { 0 } else { filter.offset };
-        let rows = self.block(async {
+        self.list(filter, None)
+    }
+
+    fn trees_of(&self, filter: &TreeFilter, principal: &str) -> Result<Vec<TreeSummary>, Error> {
+        self.list(filter, Some(principal))
+    }
+
+    fn principal(&self, tree_id: &str) -> Result<Option<String>, Error> {
+        self.block(async {
             let client = self.client().await?;
             client
-                .query(
-                    &format!(
-                        "{SUMMARY} WHERE ($1::TEXT IS NULL OR status = $1)
-                         ORDER BY started_ms DESC, made DESC OFFSET $2"
-                    ),
-                    &[&stored, &(sql_offset as i64)],
-                )
+                .query_opt("SELECT principal FROM trees WHERE tree_id = $1", &[&tree_id])
                 .await
-                .map_err(self.io())
-        })?;
-        let limit = if filter.limit == 0 {
-            usize::MAX
-        } else {
-            filter.limit
-        };
-        let offset = filter.offset - sql_offset;
-        let mut out = Vec::new();
-        let mut skipped = 0;
-        for row in &rows {
-            let row = self.summary_row(row, now)?;
-            if filter.status.is_some_and(|s| s != row.status) {
-                continue;
-            }
-            if skipped < offset {
-                skipped += 1;
-                continue;
-            }
-            out.push(row);
-            if out.len() >= limit {
-                break;
-            }
-        }
-        Ok(out)
+                .map_err(self.io())?
+                .map(|row| row.get(0))
+                .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))
+        })
     }
 
     fn tree(&self, tree_id: &str) -> Result<(TreeRecord, TreeSummary), Error> {
@@ -643,6 +621,7 @@ impl Store for PgStore {
             output_tokens: u("output_tokens"),
             cost: row.get("cost"),
             epoch: u("epoch"),
+            principal: row.get("principal"),
         };
         Ok(TreeDump {
             row,
@@ -675,9 +654,9 @@ impl Store for PgStore {
                     "INSERT INTO trees(tree_id, root_run_id, agent, prompt, params, model, limits,
                          origin, history, status, error, started_ms, finished_ms, heartbeat_ms,
                          owner, last_seq, next_id, segments, resumes, agents, input_tokens,
-                         output_tokens, cost, epoch, config)
+                         output_tokens, cost, epoch, config, principal)
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                         $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)
+                         $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)
                      ON CONFLICT (tree_id) DO NOTHING",
                     &[
                         &r.tree_id,
@@ -705,6 +684,7 @@ impl Store for PgStore {
                         &r.cost,
                         &i(r.epoch),
                         &hash,
+                        &r.principal,
                     ],
                 )
                 .await
@@ -724,5 +704,54 @@ impl Store for PgStore {
             tx.commit().await.map_err(&io)?;
             Ok(())
         })
+    }
+}
+
+impl PgStore {
+    /// Trees, newest first: every tree, or only `principal`'s.
+    fn list(&self, filter: &TreeFilter, principal: Option<&str>) -> Result<Vec<TreeSummary>, Error> {
+        let now = now_ms();
+        // As on SQLite: `running` and `interrupted` are both stored as
+        // running, so only for them is the offset counted here.
+        let stored = filter.status.map(|s| s.stored().as_str());
+        let derived = filter.status.map(TreeStatus::stored) == Some(TreeStatus::Running);
+        let sql_offset = if derived { 0 } else { filter.offset };
+        let rows = self.block(async {
+            let client = self.client().await?;
+            client
+                .query(
+                    &format!(
+                        "{SUMMARY} WHERE ($1::TEXT IS NULL OR status = $1)
+                             AND ($3::TEXT IS NULL OR principal = $3)
+                         ORDER BY started_ms DESC, made DESC OFFSET $2"
+                    ),
+                    &[&stored, &(sql_offset as i64), &principal],
+                )
+                .await
+                .map_err(self.io())
+        })?;
+        let limit = if filter.limit == 0 {
+            usize::MAX
+        } else {
+            filter.limit
+        };
+        let offset = filter.offset - sql_offset;
+        let mut out = Vec::new();
+        let mut skipped = 0;
+        for row in &rows {
+            let row = self.summary_row(row, now)?;
+            if filter.status.is_some_and(|s| s != row.status) {
+                continue;
+            }
+            if skipped < offset {
+                skipped += 1;
+                continue;
+            }
+            out.push(row);
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
     }
 }

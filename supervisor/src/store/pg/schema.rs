@@ -70,6 +70,12 @@ CREATE INDEX controls_tree ON controls(tree_id, id);
     // would read as a history without its inherited messages, so it must
     // refuse the database as newer.
     "-- checkpoints may start from the parent's",
+    // 4: the principal that started each tree (a service's named caller),
+    // who may see and control it; NULL for a tree started without one.
+    r#"
+ALTER TABLE trees ADD COLUMN principal TEXT;
+CREATE INDEX trees_principal ON trees(principal, started_ms DESC, made DESC);
+"#,
 ];
 
 /// The advisory lock migrations hold ("ARBR" and 1).

@@ -84,8 +84,9 @@ const LOCK: &str = "SELECT tree_id, epoch, owner, root_run_id, next_id, segments
      WHERE tree_id = ANY($1) ORDER BY tree_id FOR UPDATE";
 
 const UPSERT: &str = "INSERT INTO trees(tree_id, root_run_id, agent, prompt, params, model,
-         limits, origin, history, status, started_ms, heartbeat_ms, owner, epoch, config)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'running', $10, $11, $12, 1, $14)
+         limits, origin, history, status, started_ms, heartbeat_ms, owner, epoch, config,
+         principal)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'running', $10, $11, $12, 1, $14, $15)
      ON CONFLICT(tree_id) DO UPDATE SET status = 'running', error = NULL,
          root_run_id = excluded.root_run_id, prompt = excluded.prompt,
          params = excluded.params, history = excluded.history,
@@ -246,6 +247,8 @@ async fn attempt(
                             &owner,
                             &holding,
                             &config,
+                            // The owner is set once, never by the update.
+                            &tree.principal,
                         ],
                     )
                     .await?;

@@ -21,6 +21,26 @@ const SUMMARY: &str = "SELECT tree_id, root_run_id, agent, prompt, status, error
         input_tokens, output_tokens, cost, started_ms, finished_ms, heartbeat_ms, resumes, owner
     FROM trees";
 
+/// `SUMMARY` with each tree's principal (column 15), for lists and records.
+const SUMMARY_PRINCIPAL: &str = "SELECT tree_id, root_run_id, agent, prompt, status, error,
+        agents, input_tokens, output_tokens, cost, started_ms, finished_ms, heartbeat_ms,
+        resumes, owner, principal
+    FROM trees";
+
+/// The first schema version with `trees.principal`.
+const PRINCIPAL_VERSION: i64 = 7;
+
+/// The summary query for a store of the connection's schema version: with
+/// the principal, or (an older store, read as it is) without, read as `None`.
+fn summary_query(conn: &rusqlite::Connection) -> rusqlite::Result<&'static str> {
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    Ok(if version >= PRINCIPAL_VERSION {
+        SUMMARY_PRINCIPAL
+    } else {
+        SUMMARY
+    })
+}
+
 fn summary_row(r: &rusqlite::Row<'_>, now: u64) -> rusqlite::Result<TreeSummary> {
     let mut status: TreeStatus = r.get(4)?;
     let heartbeat: i64 = r.get(12)?;
@@ -43,6 +63,11 @@ fn summary_row(r: &rusqlite::Row<'_>, now: u64) -> rusqlite::Result<TreeSummary>
         started_ms: r.get::<_, i64>(10)? as u64,
         finished_ms: r.get::<_, Option<i64>>(11)?.map(|v| v as u64),
         resumes: r.get::<_, i64>(13)? as u64,
+        principal: if r.as_ref().column_count() > 15 {
+            r.get(15)?
+        } else {
+            None
+        },
     })
 }
 
@@ -68,54 +93,35 @@ impl Store for SqliteStore {
     }
 
     fn trees(&self, filter: &TreeFilter) -> Result<Vec<TreeSummary>, Error> {
+        self.list(filter, None)
+    }
+
+    fn trees_of(&self, filter: &TreeFilter, principal: &str) -> Result<Vec<TreeSummary>, Error> {
+        self.list(filter, Some(principal))
+    }
+
+    fn principal(&self, tree_id: &str) -> Result<Option<String>, Error> {
         let conn = self.conn()?;
-        let now = now_ms();
-        // The stored status narrows the rows in SQL; `running` and
-        // `interrupted` are both stored as running (which one is judged by the
-        // owner's liveness), so only they are told apart here, and only for
-        // them is the offset counted here rather than in SQL.
-        let stored = filter.status.map(TreeStatus::stored);
-        let derived = stored == Some(TreeStatus::Running);
-        let sql_offset = if derived { 0 } else { filter.offset };
-        let order = "ORDER BY started_ms DESC, rowid DESC LIMIT -1 OFFSET ?2";
-        let query = match stored {
-            Some(_) => format!("{SUMMARY} WHERE status = ?1 {order}"),
-            None => format!("{SUMMARY} WHERE ?1 IS NULL {order}"),
-        };
-        let mut stmt = conn.prepare(&query).map_err(sql(&self.path))?;
-        let rows = stmt
-            .query_map(params![stored, sql_offset as i64], |r| summary_row(r, now))
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(sql(&self.path))?;
-        let limit = if filter.limit == 0 {
-            usize::MAX
+        let column = if version >= PRINCIPAL_VERSION {
+            "principal"
         } else {
-            filter.limit
+            "NULL"
         };
-        let offset = filter.offset - sql_offset;
-        let mut out = Vec::new();
-        let mut skipped = 0;
-        for row in rows {
-            let row = row.map_err(sql(&self.path))?;
-            if filter.status.is_some_and(|s| s != row.status) {
-                continue;
-            }
-            if skipped < offset {
-                skipped += 1;
-                continue;
-            }
-            out.push(row);
-            if out.len() >= limit {
-                break;
-            }
-        }
-        Ok(out)
+        conn.prepare_cached(&format!("SELECT {column} FROM trees WHERE tree_id = ?1"))
+            .and_then(|mut stmt| stmt.query_row([tree_id], |r| r.get(0)).optional())
+            .map_err(sql(&self.path))?
+            .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))
     }
 
     fn tree(&self, tree_id: &str) -> Result<(TreeRecord, TreeSummary), Error> {
         let conn = self.conn()?;
         let now = now_ms();
+        let summary_sql = summary_query(&conn).map_err(sql(&self.path))?;
         let summary = conn
-            .query_row(&format!("{SUMMARY} WHERE tree_id = ?1"), [tree_id], |r| {
+            .query_row(&format!("{summary_sql} WHERE tree_id = ?1"), [tree_id], |r| {
                 summary_row(r, now)
             })
             .optional()
@@ -169,6 +175,7 @@ impl Store for SqliteStore {
                 .transpose()
                 .map_err(|e| bad(format!("history: {e}")))?,
             started_ms: summary.started_ms,
+            principal: summary.principal.clone(),
         };
         Ok((record, summary))
     }
@@ -357,7 +364,7 @@ impl Store for SqliteStore {
                 "SELECT tree_id, root_run_id, agent, prompt, params, model, limits, origin,
                      history, status, error, started_ms, finished_ms, heartbeat_ms, owner,
                      last_seq, next_id, segments, resumes, agents, input_tokens, output_tokens,
-                     cost, epoch
+                     cost, epoch, principal
                  FROM trees WHERE tree_id = ?1",
                 [tree_id],
                 |r| {
@@ -386,6 +393,7 @@ impl Store for SqliteStore {
                         output_tokens: u(r.get(21)?),
                         cost: r.get(22)?,
                         epoch: u(r.get(23)?),
+                        principal: r.get(24)?,
                     })
                 },
             )
@@ -446,9 +454,9 @@ impl Store for SqliteStore {
                 "INSERT OR IGNORE INTO trees(tree_id, root_run_id, agent, prompt, params, model,
                      limits, origin, history, status, error, started_ms, finished_ms,
                      heartbeat_ms, owner, last_seq, next_id, segments, resumes, agents,
-                     input_tokens, output_tokens, cost, epoch, config)
+                     input_tokens, output_tokens, cost, epoch, config, principal)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                     ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
+                     ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)",
                 params![
                     r.tree_id,
                     r.root_run_id,
@@ -475,6 +483,7 @@ impl Store for SqliteStore {
                     r.cost,
                     i(r.epoch),
                     hash,
+                    r.principal,
                 ],
             )
             .map_err(sql(&self.path))?;
@@ -610,5 +619,63 @@ impl SqliteStore {
             tree: tree_id.clone(),
             reason,
         }
+    }
+}
+
+impl SqliteStore {
+    /// Trees, newest first: every tree, or only `principal`'s.
+    fn list(&self, filter: &TreeFilter, principal: Option<&str>) -> Result<Vec<TreeSummary>, Error> {
+        let conn = self.conn()?;
+        let now = now_ms();
+        // The stored status narrows the rows in SQL; `running` and
+        // `interrupted` are both stored as running (which one is judged by the
+        // owner's liveness), so only they are told apart here, and only for
+        // them is the offset counted here rather than in SQL.
+        let stored = filter.status.map(TreeStatus::stored);
+        let derived = stored == Some(TreeStatus::Running);
+        let sql_offset = if derived { 0 } else { filter.offset };
+        let order = "ORDER BY started_ms DESC, rowid DESC LIMIT -1 OFFSET ?2";
+        let summary = summary_query(&conn).map_err(sql(&self.path))?;
+        let status = match stored {
+            Some(_) => "status = ?1",
+            None => "?1 IS NULL",
+        };
+        let query = match principal {
+            // A store older than principals: no tree has one.
+            Some(_) if summary == SUMMARY => {
+                format!("{summary} WHERE 0 AND {status} AND ?3 IS NULL {order}")
+            }
+            Some(_) => format!("{summary} WHERE {status} AND principal = ?3 {order}"),
+            None => format!("{summary} WHERE {status} AND ?3 IS NULL {order}"),
+        };
+        let mut stmt = conn.prepare(&query).map_err(sql(&self.path))?;
+        let rows = stmt
+            .query_map(params![stored, sql_offset as i64, principal], |r| {
+                summary_row(r, now)
+            })
+            .map_err(sql(&self.path))?;
+        let limit = if filter.limit == 0 {
+            usize::MAX
+        } else {
+            filter.limit
+        };
+        let offset = filter.offset - sql_offset;
+        let mut out = Vec::new();
+        let mut skipped = 0;
+        for row in rows {
+            let row = row.map_err(sql(&self.path))?;
+            if filter.status.is_some_and(|s| s != row.status) {
+                continue;
+            }
+            if skipped < offset {
+                skipped += 1;
+                continue;
+            }
+            out.push(row);
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
     }
 }

@@ -85,6 +85,13 @@ CREATE INDEX controls_tree ON controls(tree_id, id);
     // would read as a history without its inherited messages, so it must
     // refuse the file as newer.
     "-- checkpoints may start from the parent's",
+    // 7: the principal that started each tree (a service's named caller),
+    // who may see and control it; NULL for a tree started without one.
+    // Reads of it look at the version first (an older store has none).
+    r#"
+ALTER TABLE trees ADD COLUMN principal TEXT;
+CREATE INDEX trees_principal ON trees(principal, started_ms);
+"#,
 ];
 
 /// How long a write waits for another process holding the file's write lock.

@@ -89,9 +89,9 @@ fn attempt(
                 let mut stmt = tx.prepare_cached(
                     "INSERT INTO trees(tree_id, root_run_id, agent, prompt, params, model,
                          limits, origin, history, status, started_ms, heartbeat_ms, owner,
-                         epoch, config)
+                         epoch, config, principal)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'running', ?10, ?11, ?12, 1,
-                         ?14)
+                         ?14, ?15)
                      ON CONFLICT(tree_id) DO UPDATE SET status = 'running', error = NULL,
                          root_run_id = excluded.root_run_id, prompt = excluded.prompt,
                          params = excluded.params, history = excluded.history,
@@ -122,6 +122,8 @@ fn attempt(
                             crate::store::owner_id(),
                             holding,
                             config,
+                            // The owner is set once, never by the update.
+                            tree.principal,
                         ],
                         |r| r.get(0),
                     )
