@@ -60,7 +60,7 @@ pub(super) fn serve(
     let addr: std::net::SocketAddr = bind
         .parse()
         .with_context(|| format!("--bind {bind:?} is not an address like 127.0.0.1:8080"))?;
-    let options = ServiceOptions::from_config(&config);
+    let options = ServiceOptions::from_config(&config)?;
     // Checked again by `serve`; here before the store is opened.
     options.check_bind(addr)?;
     if options.tokens.is_empty() {

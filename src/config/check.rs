@@ -17,7 +17,7 @@ use arbor_actors::{AgentTemplate, FailurePolicy, OutputMode};
 use arbor_supervisor::{TreeLimits, check_pattern};
 
 use super::catalog::{ModelSpec, simulated_config};
-use super::file::{LoopDetectionSection, StructuredChoice};
+use super::file::{LoopDetectionSection, PrincipalSettings, Role, StructuredChoice};
 use super::read::{Source, at};
 use super::{ConfigFile, FailureSection, ModelSection, Problem, ServiceSection, ServiceSettings};
 use crate::providers::{ProviderKind, ProviderSettings};
@@ -239,6 +239,7 @@ pub(super) fn check_service(
             "must name an environment variable".into(),
         ));
     }
+    let principals = check_principals(service, text, problems);
     ServiceSettings {
         shutdown_timeout,
         limits: super::ServiceLimits {
@@ -248,7 +249,85 @@ pub(super) fn check_service(
             max_event_streams,
             max_event_streams_per_tree,
         },
+        principals,
     }
+}
+
+/// `[service.principals.NAME]`: a known role, and a `token_env` of its own
+/// (two principals reading one variable would share their tokens, and so
+/// their identity). Whether the variable is set is the service's check, at
+/// its start: other commands do not need it.
+fn check_principals(
+    service: &ServiceSection,
+    text: &Source<'_>,
+    problems: &mut Vec<Problem>,
+) -> Vec<PrincipalSettings> {
+    let mut out = Vec::new();
+    let mut envs: BTreeMap<&str, &str> = BTreeMap::new();
+    for (name, section) in &service.principals {
+        let key = |k: &str| format!("service.principals.{name}.{k}");
+        let line = |k: &str| text.line(&["service", "principals", name, k]);
+        let mut problem = |k: &str, message: String| {
+            problems.push(Problem {
+                line: line(k),
+                key: key(k),
+                message,
+            })
+        };
+        if name.trim().is_empty() {
+            problem("role", "a principal needs a name".into());
+            continue;
+        }
+        let role = Role::parse(&section.role);
+        if role.is_none() {
+            let known: Vec<&str> = Role::ALL.iter().map(|r| r.as_str()).collect();
+            problem(
+                "role",
+                format!(
+                    "{:?} is not a role (one of {})",
+                    section.role,
+                    known.join(", ")
+                ),
+            );
+        }
+        let env = section.token_env.as_str();
+        if env.is_empty() || env.contains('=') || env.contains('\0') {
+            problem(
+                "token_env",
+                "must name an environment variable (holding the principal's tokens)".into(),
+            );
+            continue;
+        }
+        if env == service.tokens_env {
+            problem(
+                "token_env",
+                format!(
+                    "{env} is [service] tokens_env, whose tokens are unnamed admins; give \
+                     the principal a variable of its own"
+                ),
+            );
+            continue;
+        }
+        if let Some(other) = envs.insert(env, name) {
+            problem(
+                "token_env",
+                format!(
+                    "{env} is also principal {other:?}'s token_env: each principal needs a \
+                     variable of its own"
+                ),
+            );
+            continue;
+        }
+        if let Some(role) = role {
+            out.push(PrincipalSettings {
+                name: name.clone(),
+                role,
+                token_env: env.to_owned(),
+                line: line("token_env"),
+            });
+        }
+    }
+    out
 }
 
 /// The range of each of `[limits]`' values (zeros were refused as it was read).

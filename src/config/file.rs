@@ -115,6 +115,67 @@ pub struct ServiceSection {
     /// collector's OTLP/HTTP traces URL, e.g. `http://127.0.0.1:4318/v1/traces`.
     #[serde(default)]
     pub otlp_endpoint: Option<String>,
+    /// `[service.principals.NAME]`: named API callers, each with its own
+    /// tokens and a role (the tokens of `tokens_env` are unnamed admins).
+    #[serde(default)]
+    pub principals: BTreeMap<String, PrincipalSection>,
+}
+
+/// `[service.principals.NAME]`: an API caller by name. The trees it starts
+/// are its own; its role says what else it may see and do.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrincipalSection {
+    /// The environment variable holding its bearer tokens, comma-separated
+    /// (tokens are never written in the config file).
+    pub token_env: String,
+    /// `admin` (every tree), `user` (its own trees only) or `read` (every
+    /// tree, read only); checked by `check_service`.
+    pub role: String,
+}
+
+/// What a principal may do (`[service.principals.NAME] role`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Sees and controls every tree, reads the metrics.
+    Admin,
+    /// Starts trees, and sees and controls only those it started.
+    User,
+    /// Sees every tree and the metrics; starts and changes nothing.
+    Read,
+}
+
+impl Role {
+    /// Every role, in the order messages list them.
+    pub const ALL: [Role; 3] = [Role::Admin, Role::User, Role::Read];
+
+    /// The role's name in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::User => "user",
+            Role::Read => "read",
+        }
+    }
+
+    /// The role of that name.
+    pub fn parse(name: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+}
+
+/// A `[service.principals.NAME]` entry, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrincipalSettings {
+    /// Its name: what the trees it starts are stored with.
+    pub name: String,
+    /// What it may do.
+    pub role: Role,
+    /// The environment variable holding its tokens (read when the service
+    /// starts, which refuses one that is unset or empty).
+    pub token_env: String,
+    /// The line of its `token_env` in the file, for the service's error.
+    pub line: Option<usize>,
 }
 
 impl Default for ServiceSection {
@@ -131,6 +192,7 @@ impl Default for ServiceSection {
             max_event_streams: default_max_event_streams(),
             max_event_streams_per_tree: default_max_event_streams_per_tree(),
             otlp_endpoint: None,
+            principals: BTreeMap::new(),
         }
     }
 }
@@ -143,6 +205,8 @@ pub struct ServiceSettings {
     pub shutdown_timeout: std::time::Duration,
     /// The server's limits.
     pub limits: ServiceLimits,
+    /// The named API callers, by name.
+    pub principals: Vec<PrincipalSettings>,
 }
 
 impl Default for ServiceSettings {
@@ -150,6 +214,7 @@ impl Default for ServiceSettings {
         ServiceSettings {
             shutdown_timeout: std::time::Duration::from_secs(10),
             limits: ServiceLimits::default(),
+            principals: Vec::new(),
         }
     }
 }

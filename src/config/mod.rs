@@ -28,8 +28,8 @@ use check::{
 };
 pub use file::{
     AgentSection, ConfigFile, FailureSection, InputSchemaSection, ModelSection, PolicySection,
-    RetrySection, RunSection, ScriptedSection, ServiceLimits, ServiceSection, ServiceSettings,
-    SimulatedSection, StoreSection,
+    PrincipalSection, PrincipalSettings, RetrySection, Role, RunSection, ScriptedSection,
+    ServiceLimits, ServiceSection, ServiceSettings, SimulatedSection, StoreSection,
 };
 use read::{REDACTED, Source, at, parse_file};
 pub use store::{PgUrl, StoreLocation, StoreLocationError};

@@ -17,6 +17,7 @@ use serde_json::Value;
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
 use super::Shared;
+use super::access::{self, Action, Caller, Scope, Subject};
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
 use super::replica::{self, Budget, ControlBody, Route};
 
@@ -427,16 +428,19 @@ fn camel(snake: &str) -> String {
     responses(
         (status = 201, description = "The tree started (and is durable)", body = Created,
          headers(("Location" = String, description = "The root run"))),
-        (status = 401, body = ErrorBody), (status = 413, body = ErrorBody),
-        (status = 415, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, description = "The token's principal may not start trees (role `read`)", body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
         (status = 422, description = "Bad JSON, an unknown agent or model, params that do not fit", body = ErrorBody),
         (status = 503, description = "Too many trees running, or the store failed", body = ErrorBody),
     )
 )]
 pub async fn create_run(
     State(shared): State<Arc<Shared>>,
+    Caller(caller): Caller,
     ApiJson(body): ApiJson<CreateRun>,
 ) -> Result<Response, ApiError> {
+    access::check(&shared, &caller, Action::Start, Subject::Service).await?;
     if let Some(limits) = &body.limits
         && let Some((key, problem)) = limits.problems().into_iter().next()
     {
@@ -476,6 +480,8 @@ pub async fn create_run(
         model: body.model,
         limits: Some(limits),
         origin: shared.runtime.origin(),
+        // The tree is the caller's.
+        principal: caller.owner_name(),
         ..StartRequest::default()
     };
     let (tree, run_id) = shared.start(request).await?;
@@ -504,6 +510,7 @@ fn created(tree_id: String, run_id: String) -> Response {
 )]
 pub async fn list_runs(
     State(shared): State<Arc<Shared>>,
+    Caller(caller): Caller,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<RunList>, ApiError> {
     let limit = query.limit.unwrap_or(50);
@@ -521,10 +528,17 @@ pub async fn list_runs(
         limit: limit as usize + 1,
         offset,
     };
+    // Only the trees the caller may see, selected by the store (so pages
+    // count only those).
+    let scope = access::scope(&caller);
     let mut runs = shared
         .runtime
         .supervisor()
-        .read_store(move |store| store.trees(&filter))
+        .read_store(move |store| match scope {
+            Scope::All => store.trees(&filter),
+            Scope::Owner(name) => store.trees_of(&filter, &name),
+            Scope::Nothing => Ok(Vec::new()),
+        })
         .await?;
     let next_offset = (runs.len() > limit as usize).then(|| (offset + limit as usize) as u64);
     runs.truncate(limit as usize);
@@ -542,9 +556,11 @@ pub async fn list_runs(
 )]
 pub async fn get_run(
     State(shared): State<Arc<Shared>>,
+    Caller(caller): Caller,
     ApiPath(run_id): ApiPath<String>,
 ) -> Result<Json<RunView>, ApiError> {
     let run_id = run_path(run_id)?;
+    access::check(&shared, &caller, Action::Read, Subject::Run(&run_id)).await?;
     let supervisor = shared.runtime.supervisor();
     if let Some(state) = supervisor.live_state(&run_id).await {
         return Ok(Json(RunView {
@@ -606,10 +622,12 @@ pub async fn get_run(
 )]
 pub async fn run_events(
     State(shared): State<Arc<Shared>>,
+    Caller(caller): Caller,
     ApiPath(run_id): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let run_id = run_path(run_id)?;
+    access::check(&shared, &caller, Action::Read, Subject::Run(&run_id)).await?;
     let after = match headers.get("last-event-id") {
         None => 0,
         Some(value) => value
@@ -632,16 +650,18 @@ pub async fn run_events(
     params(("runId" = String, Path, description = "A run id, URL-encoded; its whole subtree is cancelled")),
     responses(
         (status = 202, description = "Cancelling: the run ends as cancelled (here, or on the replica that runs it: `forwarded.forwardedTo`)", body = Cancelled),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "The run has already ended", body = ErrorBody),
         (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),
     )
 )]
 pub async fn cancel_run(
     State(shared): State<Arc<Shared>>,
+    Caller(caller): Caller,
     ApiPath(run_id): ApiPath<String>,
 ) -> Result<(StatusCode, Json<Cancelled>), ApiError> {
     let run_id = run_path(run_id)?;
+    access::check(&shared, &caller, Action::Write, Subject::Run(&run_id)).await?;
     let supervisor = shared.runtime.supervisor();
     if supervisor.cancel_run(&run_id).is_ok() {
         return Ok((
@@ -713,7 +733,7 @@ async fn not_running(
     request_body = SteerMessage,
     responses(
         (status = 202, description = "Accepted: the message joins the run's history at its next step boundary", body = Steered),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "The run has ended (start a follow-up turn instead) or has not started yet", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
         (status = 422, description = "An empty message or a body that is not a SteerMessage", body = ErrorBody),
@@ -722,10 +742,12 @@ async fn not_running(
 )]
 pub async fn steer_run(
     State(shared): State<Arc<Shared>>,
+    Caller(caller): Caller,
     ApiPath(run_id): ApiPath<String>,
     ApiJson(body): ApiJson<SteerMessage>,
 ) -> Result<(StatusCode, Json<Steered>), ApiError> {
     let run_id = run_path(run_id)?;
+    access::check(&shared, &caller, Action::Write, Subject::Run(&run_id)).await?;
     let supervisor = shared.runtime.supervisor();
     match supervisor.steer(&run_id, &body.text).await {
         Ok(()) => Ok((
@@ -764,13 +786,18 @@ pub async fn steer_run(
 #[utoipa::path(
     get, path = "/v1/approvals", tag = "approvals",
     responses(
-        (status = 200, description = "Every tool call waiting for a decision, in every tree", body = ApprovalList),
-        (status = 401, body = ErrorBody),
+        (status = 200, description = "Every tool call waiting for a decision, in every tree the token's principal may see", body = ApprovalList),
+        (status = 401, body = ErrorBody), (status = 503, body = ErrorBody),
     )
 )]
-pub async fn list_approvals(State(shared): State<Arc<Shared>>) -> Json<ApprovalList> {
+pub async fn list_approvals(
+    State(shared): State<Arc<Shared>>,
+    Caller(caller): Caller,
+) -> Result<Json<ApprovalList>, ApiError> {
     let approvals = shared.runtime.supervisor().approvals(None);
-    Json(ApprovalList { approvals })
+    // Only those of trees the caller may see.
+    let approvals = access::readable(&shared, &caller, approvals, |a| &a.tree_id).await?;
+    Ok(Json(ApprovalList { approvals }))
 }
 
 #[utoipa::path(
@@ -778,13 +805,15 @@ pub async fn list_approvals(State(shared): State<Arc<Shared>>) -> Json<ApprovalL
     params(("treeId" = String, Path)),
     responses(
         (status = 200, description = "The tree's tool calls waiting for a decision (read from its journal when another replica runs it)", body = ApprovalList),
-        (status = 401, body = ErrorBody), (status = 503, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody),
     )
 )]
 pub async fn tree_approvals(
     State(shared): State<Arc<Shared>>,
+    Caller(caller): Caller,
     ApiPath(tree_id): ApiPath<String>,
 ) -> Result<Json<ApprovalList>, ApiError> {
+    access::check(&shared, &caller, Action::Read, Subject::Tree(&tree_id)).await?;
     let supervisor = shared.runtime.supervisor();
     if supervisor.is_running(&tree_id) {
         let approvals = supervisor.approvals(Some(&tree_id));
@@ -809,7 +838,7 @@ pub async fn tree_approvals(
     request_body = DecisionBody,
     responses(
         (status = 202, description = "Decided: the call runs (or answers the model with the denial) once its step's last decision is in", body = Decided),
-        (status = 401, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, description = "No call of that id waits in that tree", body = ErrorBody),
         (status = 409, description = "The run has ended", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
@@ -819,9 +848,11 @@ pub async fn tree_approvals(
 )]
 pub async fn decide_approval(
     State(shared): State<Arc<Shared>>,
+    Caller(caller): Caller,
     ApiPath((tree_id, call_id)): ApiPath<(String, String)>,
     ApiJson(decision): ApiJson<Decision>,
 ) -> Result<(StatusCode, Json<Decided>), ApiError> {
+    access::check(&shared, &caller, Action::Write, Subject::Tree(&tree_id)).await?;
     let supervisor = shared.runtime.supervisor();
     let forwarded = if supervisor.is_running(&tree_id) {
         None
@@ -861,7 +892,7 @@ pub async fn decide_approval(
     responses(
         (status = 201, description = "The turn started: its root is a new run (`T/0~n`) of the tree's root agent, from its final state", body = Created,
          headers(("Location" = String, description = "The new turn's run"))),
-        (status = 401, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, description = "No stored tree of that id", body = ErrorBody),
         (status = 409, description = "A turn is running (`multitask = reject`), or the tree was cut short (resume it first)", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
@@ -871,9 +902,11 @@ pub async fn decide_approval(
 )]
 pub async fn create_turn(
     State(shared): State<Arc<Shared>>,
+    Caller(caller): Caller,
     ApiPath(tree_id): ApiPath<String>,
     ApiJson(body): ApiJson<CreateTurn>,
 ) -> Result<Response, ApiError> {
+    access::check(&shared, &caller, Action::Write, Subject::Tree(&tree_id)).await?;
     let supervisor = shared.runtime.supervisor();
     let multitask = body.multitask.unwrap_or_default();
     // One turn request of a tree at a time, held until its turn runs: a
@@ -927,7 +960,7 @@ pub async fn create_turn(
     responses(
         (status = 200, description = "Raised: the budgets in force; agents paused on a spent budget go on", body = Budgets),
         (status = 202, description = "Another replica runs the tree: the raise was posted for it (`forwardedTo`)", body = RaiseForwarded),
-        (status = 401, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, description = "No tree of that id runs here", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
         (status = 422, description = "Nothing to raise, a negative or non-finite credit amount, or a body that is not RaiseLimits", body = ErrorBody),
@@ -935,9 +968,11 @@ pub async fn create_turn(
 )]
 pub async fn raise_limits(
     State(shared): State<Arc<Shared>>,
+    Caller(caller): Caller,
     ApiPath(tree_id): ApiPath<String>,
     ApiJson(body): ApiJson<RaiseLimits>,
 ) -> Result<Response, ApiError> {
+    access::check(&shared, &caller, Action::Write, Subject::Tree(&tree_id)).await?;
     let set = arbor_supervisor::Raised {
         max_steps: body.max_steps,
         max_tokens: body.max_tokens,
@@ -1001,8 +1036,10 @@ pub async fn raise_limits(
 )]
 pub async fn get_tree(
     State(shared): State<Arc<Shared>>,
+    Caller(caller): Caller,
     ApiPath(tree_id): ApiPath<String>,
 ) -> Result<Json<TreeView>, ApiError> {
+    access::check(&shared, &caller, Action::Read, Subject::Tree(&tree_id)).await?;
     let (tree, nodes) = shared
         .runtime
         .supervisor()
@@ -1108,9 +1145,13 @@ async fn store_health(shared: &Shared) -> StoreHealth {
         (status = 200, description = "Prometheus metrics (OpenMetrics text)",
          content_type = "application/openmetrics-text", body = String),
         (status = 401, body = ErrorBody),
+        (status = 403, description = "The token's principal has role `user`", body = ErrorBody),
     )
 )]
-pub async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+pub async fn metrics(State(shared): State<Arc<Shared>>, Caller(caller): Caller) -> Response {
+    if let Err(error) = access::check(&shared, &caller, Action::Operate, Subject::Service).await {
+        return error.into_response();
+    }
     let approvals_pending = shared.runtime.supervisor().approvals(None).len();
     (
         [(

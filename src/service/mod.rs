@@ -7,6 +7,7 @@
 //! app of one's own (see `examples/embed.rs`); [`Service::serve`] runs it on a
 //! listener with graceful shutdown.
 
+pub mod access;
 mod api;
 mod auth;
 mod conn;
@@ -97,16 +98,63 @@ pub struct ServiceOptions {
 
 impl ServiceOptions {
     /// From the config's `[service]` (validated, so typed already), with the
-    /// tokens read from its `tokens_env`.
-    pub fn from_config(config: &crate::Config) -> ServiceOptions {
+    /// tokens read from its `tokens_env` (unnamed admins) and from each
+    /// `[service.principals.NAME] token_env`. A principal's variable that is
+    /// unset or holds no token, and a token two principals share, are
+    /// config errors naming the key.
+    pub fn from_config(config: &crate::Config) -> Result<ServiceOptions, Error> {
         let section = &config.file.service;
-        ServiceOptions {
-            tokens: Tokens::parse(&std::env::var(&section.tokens_env).unwrap_or_default()),
+        let mut tokens = Tokens::parse(&std::env::var(&section.tokens_env).unwrap_or_default());
+        let mut problems = Vec::new();
+        let problem =
+            |p: &crate::config::PrincipalSettings, message: String| crate::config::Problem {
+                line: p.line,
+                key: format!("service.principals.{}.token_env", p.name),
+                message,
+            };
+        for p in &config.service.principals {
+            let value = std::env::var(&p.token_env).unwrap_or_default();
+            let before = tokens.len();
+            tokens.add(value.split(','), &access::Principal::named(&p.name, p.role));
+            if tokens.len() == before {
+                let why = match std::env::var_os(&p.token_env) {
+                    None => "is not set",
+                    Some(_) => "holds no token",
+                };
+                problems.push(problem(
+                    p,
+                    format!(
+                        "{} {why}: principal {:?} needs its tokens there (comma-separated)",
+                        p.token_env, p.name
+                    ),
+                ));
+            }
+        }
+        if problems.is_empty()
+            && let Some((a, b)) = tokens.ambiguous()
+            && let Some(p) = config.service.principals.iter().find(|p| p.name == b)
+        {
+            problems.push(problem(
+                p,
+                format!(
+                    "{} holds a token that {a} has too: a token must name one caller",
+                    p.token_env
+                ),
+            ));
+        }
+        if !problems.is_empty() {
+            return Err(Error::Config(crate::ConfigError {
+                file: config.source.clone(),
+                problems,
+            }));
+        }
+        Ok(ServiceOptions {
+            tokens,
             tokens_env: section.tokens_env.clone(),
             body_limit: section.body_limit,
             max_running_trees: section.max_running_trees,
             shutdown_timeout: config.service.shutdown_timeout,
-        }
+        })
     }
 
     /// Whether the service may listen on `addr`: without tokens, only on a

@@ -19,6 +19,7 @@ mod long_running;
 mod mcp;
 mod page_approvals;
 mod page_turns;
+mod principals;
 mod provider_cooldown;
 mod provider_faults;
 mod provider_limits;

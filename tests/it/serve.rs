@@ -29,7 +29,18 @@ impl Server {
     /// Starts the server in `dir` (its store is `dir/arbor.db`) with `args`
     /// after `serve`, and waits for the line that says where it listens.
     pub fn start(dir: &Path, args: &[&str], tokens: Option<&str>) -> Server {
+        Server::start_env(dir, args, tokens, &[])
+    }
+
+    /// `start`, with these variables in the server's environment too.
+    pub fn start_env(
+        dir: &Path,
+        args: &[&str],
+        tokens: Option<&str>,
+        envs: &[(&str, &str)],
+    ) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_arbor"));
+        command.envs(envs.iter().copied());
         command
             .arg("serve")
             .args(args)
