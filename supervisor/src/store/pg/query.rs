@@ -196,7 +196,10 @@ impl Store for PgStore {
         self.block(async {
             let client = self.client().await?;
             client
-                .query_opt("SELECT principal FROM trees WHERE tree_id = $1", &[&tree_id])
+                .query_opt(
+                    "SELECT principal FROM trees WHERE tree_id = $1",
+                    &[&tree_id],
+                )
                 .await
                 .map_err(self.io())?
                 .map(|row| row.get(0))
@@ -709,7 +712,11 @@ impl Store for PgStore {
 
 impl PgStore {
     /// Trees, newest first: every tree, or only `principal`'s.
-    fn list(&self, filter: &TreeFilter, principal: Option<&str>) -> Result<Vec<TreeSummary>, Error> {
+    fn list(
+        &self,
+        filter: &TreeFilter,
+        principal: Option<&str>,
+    ) -> Result<Vec<TreeSummary>, Error> {
         let now = now_ms();
         // As on SQLite: `running` and `interrupted` are both stored as
         // running, so only for them is the offset counted here.

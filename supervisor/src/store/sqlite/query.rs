@@ -121,9 +121,11 @@ impl Store for SqliteStore {
         let now = now_ms();
         let summary_sql = summary_query(&conn).map_err(sql(&self.path))?;
         let summary = conn
-            .query_row(&format!("{summary_sql} WHERE tree_id = ?1"), [tree_id], |r| {
-                summary_row(r, now)
-            })
+            .query_row(
+                &format!("{summary_sql} WHERE tree_id = ?1"),
+                [tree_id],
+                |r| summary_row(r, now),
+            )
             .optional()
             .map_err(sql(&self.path))?
             .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
@@ -624,7 +626,11 @@ impl SqliteStore {
 
 impl SqliteStore {
     /// Trees, newest first: every tree, or only `principal`'s.
-    fn list(&self, filter: &TreeFilter, principal: Option<&str>) -> Result<Vec<TreeSummary>, Error> {
+    fn list(
+        &self,
+        filter: &TreeFilter,
+        principal: Option<&str>,
+    ) -> Result<Vec<TreeSummary>, Error> {
         let conn = self.conn()?;
         let now = now_ms();
         // The stored status narrows the rows in SQL; `running` and
