@@ -139,6 +139,8 @@ pub enum AgentMsg {
     Steer {
         /// What the person said.
         text: Arc<str>,
+        /// How much steering the run may hold pending, this one included.
+        limits: crate::steer::SteerLimits,
         /// Where the answer goes.
         reply: RpcReplyPort<Result<(), SteerRefused>>,
     },
@@ -519,8 +521,12 @@ impl Actor for AgentActor {
                 }
                 Vec::new()
             }
-            AgentMsg::Steer { text, reply } => {
-                let _ = reply.send(run.machine.steer(text));
+            AgentMsg::Steer {
+                text,
+                limits,
+                reply,
+            } => {
+                let _ = reply.send(run.machine.steer_within(text, &limits));
                 Vec::new()
             }
             AgentMsg::Status(reply) => {

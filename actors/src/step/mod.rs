@@ -16,7 +16,7 @@ use crate::model::{ModelRequest, ModelResponse, RequestMeta};
 use crate::output::output_value;
 use crate::spawn::{ChildPlan, ChildReport};
 use crate::state::{AgentState, AgentStatus};
-use crate::steer::{STEERING, Steer, SteerRefused};
+use crate::steer::{STEERING, Steer, SteerLimits, SteerRefused};
 use crate::template::AgentTemplate;
 use crate::tool::{Tool, ToolOutput};
 use crate::toolbox::Toolbox;
@@ -269,8 +269,19 @@ impl StepMachine {
     }
 
     /// Accepts a steering message (semantics §9): it joins the history at the
-    /// next step boundary, and a `steered` event records it now.
+    /// next step boundary, and a `steered` event records it now. At most
+    /// [`SteerLimits::default`] wait at once.
     pub fn steer(&mut self, text: impl Into<Arc<str>>) -> Result<(), SteerRefused> {
+        self.steer_within(text, &SteerLimits::default())
+    }
+
+    /// [`steer`](Self::steer) under `limits`: a message the pending ones
+    /// leave no room for is refused ([`SteerRefused::Full`]).
+    pub fn steer_within(
+        &mut self,
+        text: impl Into<Arc<str>>,
+        limits: &SteerLimits,
+    ) -> Result<(), SteerRefused> {
         if self.state.status.is_final() {
             return Err(SteerRefused::Ended);
         }
@@ -278,6 +289,8 @@ impl StepMachine {
         if text.trim().is_empty() {
             return Err(SteerRefused::Empty);
         }
+        let pending = self.side.as_ref().map_or(&[][..], |side| &side.steers[..]);
+        limits.admit(pending, text.len())?;
         self.events.push(EventKind::Steered {
             step: self.step,
             text: text.clone(),

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use arbor_actors::approval::{DecideRefused, Decision};
-use arbor_actors::steer::SteerRefused;
+use arbor_actors::steer::{SteerLimits, SteerRefused};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -107,6 +107,8 @@ pub struct Supervisor {
     approvals: Arc<crate::approvals::Approvals>,
     /// Per running tree: set once it is gone (every agent and handle).
     gone: Arc<Mutex<HashMap<Arc<str>, tokio::sync::watch::Receiver<bool>>>>,
+    /// How much steering a run may hold before it takes it (see `steer`).
+    steer_limits: SteerLimits,
 }
 
 /// A started tree: its ids, its events, and its result.
@@ -148,7 +150,16 @@ impl Supervisor {
             deadlines: Arc::new(()),
             approvals,
             gone: Arc::new(Mutex::new(HashMap::new())),
+            steer_limits: SteerLimits::default(),
         }
+    }
+
+    /// Caps the steering messages a run holds before its next step takes
+    /// them into its history (default [`SteerLimits::default`]): a message
+    /// beyond is refused ([`SteerRefused::Full`]), not queued.
+    pub fn with_steer_limits(mut self, limits: SteerLimits) -> Self {
+        self.steer_limits = limits;
+        self
     }
 
     /// The tool calls that wait for a person's decision (semantics §12), in
@@ -853,8 +864,9 @@ impl Supervisor {
     /// Sends a running agent a steering message (semantics §9): it joins
     /// the agent's history at its next step boundary and is journaled as a
     /// `steered` event. Refused for a run that has ended, has not started, or
-    /// an empty message; [`Error::UnknownRun`] for a run this supervisor does
-    /// not run or keep.
+    /// an empty message, and for one more message than the run may hold
+    /// before it takes them ([`Supervisor::with_steer_limits`]);
+    /// [`Error::UnknownRun`] for a run this supervisor does not run or keep.
     pub async fn steer(&self, run_id: &str, text: &str) -> Result<(), Error> {
         let refused = |reason| Error::SteerRefused {
             run_id: run_id.to_owned(),
@@ -876,8 +888,12 @@ impl Supervisor {
             }
             return Err(Error::UnknownRun(run_id.to_owned()));
         };
-        let text: Arc<str> = text.into();
-        match ractor::call!(actor, |reply| AgentMsg::Steer { text, reply }) {
+        let (text, limits): (Arc<str>, _) = (text.into(), self.steer_limits);
+        match ractor::call!(actor, |reply| AgentMsg::Steer {
+            text,
+            limits,
+            reply
+        }) {
             Ok(answer) => answer.map_err(refused),
             // The actor stopped between the lookup and the call: it ended.
             Err(_) => Err(refused(SteerRefused::Ended)),

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use arbor_actors::steer::{STEERING, SteerRefused};
+use arbor_actors::steer::{STEERING, SteerLimits, SteerRefused};
 use arbor_actors::{
     AgentStatus, DeltaSink, EventKind, Model, ModelError, ModelRequest, ModelResponse, Tool,
 };
@@ -137,6 +137,48 @@ async fn a_steer_to_an_ended_an_unknown_or_an_empty_run_is_refused_with_the_reas
         sup.steer("t/9", "hello").await.unwrap_err(),
         Error::UnknownRun(run) if run == "t/9"
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steers_beyond_the_pending_cap_are_refused_and_the_run_takes_only_those_it_held() {
+    let gate = Arc::new(Semaphore::new(0));
+    let model = Arc::new(Gated {
+        inner: scripted(script()),
+        gate: gate.clone(),
+    });
+    let sup = boss(model, None).with_steer_limits(SteerLimits {
+        max_pending: 3,
+        max_pending_bytes: 64,
+    });
+    let mut rx = sup.subscribe();
+    let mut seen = Vec::new();
+    let handle = start(&sup, "boss", "Find it.").await;
+    wait_for(&mut rx, &mut seen, |e| {
+        matches!(e.kind, EventKind::StepStarted { step: 2 })
+    })
+    .await;
+    let root = handle.root_run_id.to_string();
+    // Step 2 waits at the gate: nothing is taken meanwhile.
+    for n in 1..=3 {
+        sup.steer(&root, &format!("note {n}")).await.unwrap();
+    }
+    let full = |e: Error| match e {
+        Error::SteerRefused {
+            reason: SteerRefused::Full { pending, .. },
+            ..
+        } => Some(pending),
+        _ => None,
+    };
+    assert_eq!(full(sup.steer(&root, "note 4").await.unwrap_err()), Some(3));
+    let error = sup.steer(&root, "note 5").await.unwrap_err().to_string();
+    assert!(error.contains("cap of 3 messages and 64 bytes"), "{error}");
+    gate.add_permits(1);
+    let state = finish(handle).await.state;
+    assert_eq!(state.status, AgentStatus::Completed);
+    assert_eq!(
+        steers_in(&state.message_history),
+        ["note 1", "note 2", "note 3"]
+    );
 }
 
 /// A durable steered tree, cut after every record from the steer on (as if
