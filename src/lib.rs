@@ -204,7 +204,9 @@ impl RuntimeBuilder {
         let mut supervisor = Supervisor::with_retention(catalog, limits, self.retain);
         let mut others = None;
         if let Some(config) = &config {
-            supervisor = supervisor.with_config(config.snapshot());
+            supervisor = supervisor
+                .with_config(config.snapshot())
+                .with_steer_limits(config.service.steering);
             if self.per_tree_configs {
                 let built = Arc::new(OtherConfigs::default());
                 let (current, code_tools) = (config.clone(), self.tools.clone());

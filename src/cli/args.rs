@@ -296,6 +296,10 @@ pub(crate) struct ServerArgs {
     /// A bearer token of the server (default: $ARBOR_API_TOKEN).
     #[arg(long)]
     pub(crate) token: Option<String>,
+    /// How long to wait for the server's whole answer, the connection
+    /// included (at most 10s of it): 30s, 2m, 500ms.
+    #[arg(long, value_parser = duration_arg, default_value = "30s")]
+    pub(crate) timeout: std::time::Duration,
 }
 
 impl ServerArgs {

@@ -143,31 +143,71 @@ async fn shutdown_signal() {
 }
 
 /// A running `arbor serve` that a command talks to (`arbor say`, `arbor
-/// approvals`, `arbor approve`, `arbor deny`).
+/// approvals`, `arbor approve`, `arbor deny`, `arbor budget`): every request
+/// gives up after `--timeout` (its connection after at most
+/// [`CONNECT_TIMEOUT`]), naming the server, so a server that accepts and
+/// never answers cannot hang the command.
 pub(super) struct Api {
     /// The server as given (for messages).
     pub(super) server: String,
     base: reqwest::Url,
     token: Option<String>,
     client: reqwest::Client,
+    /// The most a request may take, its answer's body included.
+    timeout: std::time::Duration,
 }
+
+/// The most a client command waits for its TCP (and TLS) connection.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Api {
     /// The server `--server`/`$ARBOR_SERVER` names, with the token of
     /// `--token`/`$ARBOR_API_TOKEN`.
     pub(super) fn new(args: ServerArgs) -> anyhow::Result<Api> {
+        let timeout = args.timeout;
+        if timeout.is_zero() {
+            anyhow::bail!("--timeout must be longer than 0");
+        }
         let (server, token) = args.resolve();
         let base = reqwest::Url::parse(&server)
             .with_context(|| format!("--server {server:?} is not a URL"))?;
         if base.cannot_be_a_base() {
             anyhow::bail!("--server {server:?} cannot have a path");
         }
+        let client = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT.min(timeout))
+            .timeout(timeout)
+            .build()
+            .context("cannot make an HTTP client")?;
         Ok(Api {
             server,
             base,
             token,
-            client: reqwest::Client::new(),
+            client,
+            timeout,
         })
+    }
+
+    /// What a failed request says: the server, and whether it did not
+    /// answer in time or could not be reached.
+    fn failed(&self, error: &reqwest::Error) -> String {
+        let waited = arbor_actors::duration::Human(self.timeout);
+        if error.is_timeout() {
+            if error.is_connect() {
+                format!(
+                    "cannot reach the server at {}: no connection within {}",
+                    self.server,
+                    arbor_actors::duration::Human(CONNECT_TIMEOUT.min(self.timeout))
+                )
+            } else {
+                format!(
+                    "the server at {} did not answer within {waited} (--timeout)",
+                    self.server
+                )
+            }
+        } else {
+            format!("cannot reach the server at {}", self.server)
+        }
     }
 
     /// The URL of the path `segments` (each one segment: a run id's `/` is
@@ -196,12 +236,24 @@ impl Api {
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
-        let response = request
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the server at {}", self.server))?;
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(error) => {
+                let message = self.failed(&error);
+                return Err(anyhow::Error::new(error).context(message));
+            }
+        };
         let status = response.status();
-        let body = response.json().await.unwrap_or_default();
+        // The body within the same timeout: one that never ends is an error
+        // naming the server, not an empty answer.
+        let bytes = match response.bytes().await {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                let message = self.failed(&error);
+                return Err(anyhow::Error::new(error).context(message));
+            }
+        };
+        let body = serde_json::from_slice(&bytes).unwrap_or_default();
         Ok((status, body))
     }
 }

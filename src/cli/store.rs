@@ -195,12 +195,20 @@ pub(super) fn tree_config(
 ) -> anyhow::Result<Config> {
     if flag.is_some() {
         // An explicit override: the tree runs on it, and the supervisor
-        // records the change with the tree.
+        // records the change with the tree. The file it started with is not
+        // another config: both are compared without their secrets (the
+        // stored one has none), and it runs on the values of the file given.
         let config = load_config(flag.as_deref())?;
-        eprintln!(
-            "note: tree {tree_id} runs on {} instead of the config it started with",
-            config.source
-        );
+        let stored = store
+            .tree(tree_id)
+            .ok()
+            .and_then(|(record, _)| record.config);
+        if stored.as_deref() != Some(&*config.snapshot()) {
+            eprintln!(
+                "note: tree {tree_id} runs on {} instead of the config it started with",
+                config.source
+            );
+        }
         return Ok(config);
     }
     let (record, _) = store.tree(tree_id)?;

@@ -151,6 +151,13 @@ pub(super) fn check_service(
         secs(3600),
         defaults.limits.idle_timeout,
     );
+    let body_read_timeout = within(
+        "body_read_timeout",
+        &service.body_read_timeout,
+        Duration::from_millis(100),
+        secs(3600),
+        defaults.limits.body_read_timeout,
+    );
     // A count within [min, max], or the default after a problem.
     let mut count =
         |key: &str, value: usize, min: usize, max: usize, unit: &str, default: usize| {
@@ -217,6 +224,33 @@ pub(super) fn check_service(
             .max_event_streams_per_tree
             .min(max_event_streams),
     );
+    // At least what hyper's parser needs (it refuses a smaller buffer).
+    let max_head_size = count(
+        "max_head_size",
+        service.max_head_size,
+        8 << 10,
+        1 << 20,
+        " bytes",
+        defaults.limits.max_head_size,
+    );
+    let steering = arbor_actors::steer::SteerLimits {
+        max_pending: count(
+            "max_pending_steers",
+            service.max_pending_steers,
+            1,
+            100_000,
+            "",
+            defaults.steering.max_pending,
+        ),
+        max_pending_bytes: count(
+            "max_pending_steer_bytes",
+            service.max_pending_steer_bytes,
+            1024,
+            64 << 20,
+            " bytes",
+            defaults.steering.max_pending_bytes,
+        ),
+    };
     if let Some(endpoint) = &service.otlp_endpoint {
         let ok = endpoint
             .strip_prefix("http://")
@@ -242,12 +276,15 @@ pub(super) fn check_service(
     let principals = check_principals(service, text, problems);
     ServiceSettings {
         shutdown_timeout,
+        steering,
         limits: super::ServiceLimits {
             header_read_timeout,
             idle_timeout,
             max_connections,
             max_event_streams,
             max_event_streams_per_tree,
+            max_head_size,
+            body_read_timeout,
         },
         principals,
     }

@@ -367,7 +367,8 @@ impl ModelSection {
         }
     }
 
-    /// One line describing the model, without secrets.
+    /// One line describing the model, without secrets (a `base_url`'s
+    /// password shows as `***`).
     pub fn describe(&self) -> String {
         match self {
             ModelSection::Simulated(s) => format!(
@@ -378,7 +379,9 @@ impl ModelSection {
             ModelSection::Openai(s) | ModelSection::Anthropic(s) => format!(
                 "{} at {} (key from {}){}",
                 s.model,
-                s.base_url.as_deref().unwrap_or("the default URL"),
+                s.base_url
+                    .as_deref()
+                    .map_or_else(|| "the default URL".into(), super::store::redact),
                 s.api_key_env.as_deref().unwrap_or("no variable"),
                 if s.stream { ", streaming" } else { "" }
             ),

@@ -9,6 +9,7 @@ mod catalog;
 mod check;
 mod file;
 mod read;
+mod redact;
 pub mod store;
 
 use std::collections::BTreeMap;
@@ -31,7 +32,7 @@ pub use file::{
     PrincipalSection, PrincipalSettings, RetrySection, Role, RunSection, ScriptedSection,
     ServiceLimits, ServiceSection, ServiceSettings, SimulatedSection, StoreSection,
 };
-use read::{REDACTED, Source, at, parse_file};
+use read::{Source, at, parse_file};
 pub use store::{PgUrl, StoreLocation, StoreLocationError};
 
 /// `[store]`: `path` or `url`, not both, and whichever is given names a
@@ -121,7 +122,7 @@ pub struct Config {
     /// What each `[models]` entry's model is built from, checked.
     models: BTreeMap<String, ModelSpec>,
     /// What trees started from this config store with them (see
-    /// [`Config::snapshot`]): the file's text with its header values removed.
+    /// [`Config::snapshot`]): the file's text with its secrets removed.
     /// Text, not the checked values, because that is what a stored tree keeps
     /// (the store's format) and what resume and replay read back with
     /// [`Config::from_snapshot`]; the unredacted text is not kept.
@@ -270,18 +271,22 @@ impl Config {
     }
 
     /// What a tree started from this config stores with it, so that resume
-    /// and replay run it on what it started with: the file's text, every
-    /// literal header value of a `[models]` entry removed (it may be a
-    /// credential; API keys come from environment variables and are never in
-    /// it). [`Config::from_snapshot`] reads it back.
+    /// and replay run it on what it started with: the file's text without
+    /// its secrets (every literal value of a model's `headers` and of an MCP
+    /// server's `env` and `headers` reads `"(not stored)"`, the password of a
+    /// model's `base_url`, an MCP server's `url` and the store's `url` reads
+    /// `***`; API keys and bearer tokens come from environment variables and
+    /// are never in it). Two files that differ only in their secrets store
+    /// the same text. [`Config::from_snapshot`] reads it back.
     pub fn snapshot(&self) -> Arc<str> {
         self.snapshot.clone()
     }
 
-    /// The config a tree stored (`snapshot`), read back as it was: removed
-    /// header values are taken from `current` (the same model's same
-    /// header), or left out with a warning. Relative paths (a script) are
-    /// resolved against `base_dir`.
+    /// The config a tree stored (`snapshot`), read back as it was: its
+    /// removed secrets are taken from `current`, the config in force now
+    /// (the same entry's same key; a URL's password when it is the same URL),
+    /// or left out with a warning, never sent as the placeholder. Relative
+    /// paths (a script) are resolved against `base_dir`.
     pub fn from_snapshot(
         snapshot: &str,
         tree_id: &str,
@@ -292,7 +297,7 @@ impl Config {
             snapshot,
             &format!("<the config tree {tree_id} started with>"),
             base_dir,
-            |file| restore_headers(file, tree_id, current),
+            |file| redact::restore_secrets(file, tree_id, current),
         )?;
         config.snapshot = Arc::from(snapshot);
         Ok(config)
@@ -305,41 +310,6 @@ impl Config {
             .agent
             .as_deref()
             .or_else(|| self.file.agents.keys().next().map(String::as_str))
-    }
-}
-
-/// A stored snapshot's removed header values, taken back from `current`
-/// (the same model's same header), or the header left out with a warning.
-fn restore_headers(file: &mut ConfigFile, tree_id: &str, current: Option<&Config>) {
-    for (name, model) in file.models.iter_mut() {
-        let (ModelSection::Openai(section) | ModelSection::Anthropic(section)) = model else {
-            continue;
-        };
-        let theirs = current.and_then(|c| match c.file.models.get(name) {
-            Some(ModelSection::Openai(s) | ModelSection::Anthropic(s)) => Some(&s.headers),
-            _ => None,
-        });
-        section.headers.retain(|header, value| {
-            if value != REDACTED {
-                return true;
-            }
-            match theirs.and_then(|h| h.get(header)) {
-                Some(now) => {
-                    value.clone_from(now);
-                    true
-                }
-                None => {
-                    tracing::warn!(
-                        tree = tree_id,
-                        model = %name,
-                        header = %header,
-                        "the header's value is not stored with the tree and the current \
-                         config has none: sent without it"
-                    );
-                    false
-                }
-            }
-        });
     }
 }
 

@@ -73,7 +73,8 @@ impl<'de> serde::Deserialize<'de> for LimitsTable {
     }
 }
 
-/// What a header value removed from a stored config reads.
+/// What a literal secret (a header's or an MCP server's `env` value)
+/// removed from a stored config reads.
 pub(super) const REDACTED: &str = "(not stored)";
 
 /// A config file's text and the tree the TOML parser made of it: parsed
@@ -100,54 +101,15 @@ impl<'t> Source<'t> {
         }
     }
 
-    /// The text with the value of every `[models.NAME.headers]` entry
-    /// replaced by [`REDACTED`] and a `[store] url`'s password by `***`, found by the parser's spans (so the rest of
-    /// the text, its comments and its lines, stay as they were).
+    /// The text without its secrets (see [`super::redact`]): each one's
+    /// value replaced where the parser's spans say it is, so the rest of the
+    /// text, its comments and its lines, stay as they were.
     pub(super) fn redacted(&self) -> Arc<str> {
         let text = self.text;
-        let mut spans = Vec::new();
-        let models = self
-            .root
-            .get_ref()
-            .iter()
-            .find(|(k, _)| k.get_ref() == "models");
-        if let Some((_, models)) = models
-            && let DeValue::Table(models) = models.get_ref()
-        {
-            for (_, model) in models.iter() {
-                let DeValue::Table(model) = model.get_ref() else {
-                    continue;
-                };
-                if let Some((_, headers)) = model.iter().find(|(k, _)| k.get_ref() == "headers")
-                    && let DeValue::Table(headers) = headers.get_ref()
-                {
-                    spans.extend(
-                        headers
-                            .iter()
-                            .filter(|(_, v)| matches!(v.get_ref(), DeValue::String(_)))
-                            .map(|(_, v)| (v.span(), format!("{REDACTED:?}"))),
-                    );
-                }
-            }
-        }
-        // A store URL's password (`[store] url = "postgres://u:pw@…"`).
-        let store = self
-            .root
-            .get_ref()
-            .iter()
-            .find(|(k, _)| k.get_ref() == "store");
-        if let Some((_, store)) = store
-            && let DeValue::Table(store) = store.get_ref()
-            && let Some((_, url)) = store.iter().find(|(k, _)| k.get_ref() == "url")
-            && let DeValue::String(value) = url.get_ref()
-            && super::store::redact(value) != **value
-        {
-            spans.push((url.span(), format!("{:?}", super::store::redact(value))));
-        }
+        let spans = super::redact::secret_spans(self.root.get_ref());
         if spans.is_empty() {
             return Arc::from(text);
         }
-        spans.sort_by_key(|(s, _)| s.start);
         let mut out = String::with_capacity(text.len());
         let mut at = 0;
         for (span, value) in spans {

@@ -735,6 +735,7 @@ async fn not_running(
         (status = 202, description = "Accepted: the message joins the run's history at its next step boundary", body = Steered),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "The run has ended (start a follow-up turn instead) or has not started yet", body = ErrorBody),
+        (status = 429, description = "The run holds as many messages not yet taken into its history as it may ([service] max_pending_steers, max_pending_steer_bytes)", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
         (status = 422, description = "An empty message or a body that is not a SteerMessage", body = ErrorBody),
         (status = 503, body = ErrorBody),

@@ -4,6 +4,15 @@
 //! - **Header-read timeout**: a client has `header_read_timeout` to send a
 //!   whole request head, from its connect or, on a kept-alive connection,
 //!   from the end of the previous response; then the connection is closed.
+//! - **Head size**: a request head (request line and headers) larger than
+//!   `max_head_size` is answered 431 and the connection closed as soon as
+//!   that much is read: the read buffer never grows past it (hyper's own
+//!   default lets an unfinished head hold ~400 KB for `header_read_timeout`).
+//! - **Body read timeout**: a request's body must arrive within
+//!   `body_read_timeout` of its head; a body still coming then ends in an
+//!   error ([`BodyTimeout`], which the JSON extractor answers 408) and the
+//!   connection is closed, so a client trickling a byte every few seconds
+//!   (never idle, never done) holds its slot no longer.
 //! - **Idle timeout**: a connection on which no byte is read or written for
 //!   `idle_timeout` is closed (a stalled upload, a client that stopped
 //!   reading). Event streams send keep-alives well within it.
@@ -212,6 +221,10 @@ pub(crate) async fn serve(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
+        // Both: the buffer never grows past the head's cap (a body is read
+        // through it in pieces), and a head beyond it is answered 431.
+        .max_buf_size(limits.max_head_size.max(MIN_BUF_SIZE))
+        .max_header_size(limits.max_head_size)
         .keep_alive(true);
     let builder = Arc::new(builder);
     let service = TowerToHyperService::new(router);
@@ -277,7 +290,7 @@ pub(crate) async fn serve(
             registered,
             builder.clone(),
             service.clone(),
-            limits.idle_timeout,
+            limits,
             shutdown.clone(),
         ));
     }
@@ -293,9 +306,10 @@ async fn connection(
     registered: Registered,
     builder: Arc<hyper::server::conn::http1::Builder>,
     service: TowerToHyperService<Router>,
-    idle_timeout: Duration,
+    limits: ServiceLimits,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let idle_timeout = limits.idle_timeout;
     let _registered = registered;
     let io = TokioIo::new(Tracked {
         stream,
@@ -304,6 +318,7 @@ async fn connection(
     let busy = conn.clone();
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let guard = Busy::new(busy.clone());
+        let request = request.map(|body| TimedBody::new(body, limits.body_read_timeout));
         let response = hyper::service::Service::call(&service, request);
         async move {
             let response = response.await?;
@@ -373,6 +388,69 @@ impl hyper::body::Body for BusyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The smallest buffer hyper's HTTP/1 parser takes (it panics below it).
+const MIN_BUF_SIZE: usize = 8192;
+
+/// A request body that must end within the body read timeout of its head.
+struct TimedBody {
+    body: Incoming,
+    /// When the whole body must be in.
+    deadline: Instant,
+    /// Made at the first wait for more of the body (most requests have none).
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    timeout: Duration,
+}
+
+impl TimedBody {
+    fn new(body: Incoming, timeout: Duration) -> TimedBody {
+        TimedBody {
+            body,
+            deadline: Instant::now() + timeout,
+            timer: None,
+            timeout,
+        }
+    }
+}
+
+/// A request body did not arrive within `[service] body_read_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the request body did not arrive within {} of its head ([service] body_read_timeout)",
+    arbor_actors::duration::Human(*.0)
+)]
+pub(crate) struct BodyTimeout(pub(crate) Duration);
+
+impl hyper::body::Body for TimedBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        let deadline = this.deadline;
+        let timer = this
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        match std::future::Future::poll(timer.as_mut(), cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(BodyTimeout(this.timeout).into()))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     fn is_end_stream(&self) -> bool {

@@ -96,6 +96,14 @@ impl From<arbor_supervisor::Error> for ApiError {
                 reason: arbor_actors::steer::SteerRefused::Empty,
                 ..
             } => ApiError::invalid(error.to_string()),
+            E::SteerRefused {
+                reason: arbor_actors::steer::SteerRefused::Full { .. },
+                ..
+            } => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_messages",
+                format!("{error} ([service] max_pending_steers, max_pending_steer_bytes)"),
+            ),
             E::UnknownApproval { .. } => ApiError::not_found(error.to_string()),
             E::NothingRaised | E::RaiseRefused(_) => ApiError::invalid(error.to_string()),
             E::DecisionRefused {
@@ -150,6 +158,18 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 }
 
 fn json_rejection(rejection: JsonRejection) -> ApiError {
+    // The body did not arrive in time (`[service] body_read_timeout`).
+    let mut source: Option<&dyn std::error::Error> = Some(&rejection);
+    while let Some(error) = source {
+        if let Some(timeout) = error.downcast_ref::<super::conn::BodyTimeout>() {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                timeout.to_string(),
+            );
+        }
+        source = error.source();
+    }
     match rejection.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,

@@ -33,6 +33,35 @@ pub fn connection_cap(configured: usize, fd_limit: Option<u64>) -> usize {
         .max(1)
 }
 
+/// Refuses a request whose `Content-Length` is above `body_limit` with 413
+/// at once, before any of its body is read (or a `100 Continue` invites it):
+/// otherwise the server would wait for the body only to refuse it at the
+/// limit. A body without a length is still cut at the limit as it is read.
+pub(crate) async fn refuse_large_body(
+    axum::extract::State(limit): axum::extract::State<usize>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let length = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match length {
+        Some(length) if length > limit as u64 => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!(
+                "the request body ({length} bytes by its Content-Length) is larger than the \
+                 {limit} bytes the server accepts ([service] body_limit)"
+            ),
+        )
+        .into_response(),
+        _ => next.run(request).await,
+    }
+}
+
 /// The event streams open now, in total and per tree.
 #[derive(Default)]
 pub(crate) struct StreamCounts {

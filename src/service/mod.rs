@@ -518,6 +518,10 @@ impl Service {
             .method_not_allowed_fallback(method_not_allowed)
             .layer(DefaultBodyLimit::max(self.shared.options.body_limit))
             .layer(middleware::from_fn_with_state(
+                self.shared.options.body_limit,
+                limits::refuse_large_body,
+            ))
+            .layer(middleware::from_fn_with_state(
                 self.shared.clone(),
                 guard::check,
             ))

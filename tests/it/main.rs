@@ -28,6 +28,7 @@ mod provider_quirks;
 mod provider_secrets;
 mod replicas;
 mod responses_api;
+mod secrets;
 mod serve;
 mod serve_limits;
 mod store;

@@ -30,7 +30,8 @@ const MAX_STDERR_LINE: u64 = 8 * 1024;
 const STDERR_TAIL: usize = 3;
 
 /// The values a connection was given that must never be shown (resolved
-/// `env` and `headers` values, the bearer token). `Debug` is redacted.
+/// `env` and `headers` values, the bearer token, the password of its `url`).
+/// `Debug` is redacted.
 #[derive(Clone, Default)]
 pub(super) struct Secrets(Arc<Vec<String>>);
 
@@ -211,7 +212,12 @@ pub(super) async fn connect(name: &str, transport: &McpTransport) -> Result<Conn
             headers,
             bearer_token_env,
         } => {
-            let mut secrets = Vec::new();
+            // The URL's password (sent as Basic credentials) is one too.
+            let mut secrets: Vec<String> = reqwest::Url::parse(url)
+                .ok()
+                .and_then(|u| u.password().map(str::to_owned))
+                .into_iter()
+                .collect();
             let mut custom = HashMap::new();
             let mut unset = Vec::new();
             for (key, source) in headers {
