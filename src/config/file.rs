@@ -111,6 +111,21 @@ pub struct ServiceSection {
     /// Event streams open at once on one tree; more get 429.
     #[serde(default = "default_max_event_streams_per_tree")]
     pub max_event_streams_per_tree: usize,
+    /// Largest request head (request line and headers), in bytes; a larger
+    /// one is answered 431 once this much is read.
+    #[serde(default = "default_max_head_size")]
+    pub max_head_size: usize,
+    /// How long a client has to send a request's whole body, from the end
+    /// of its head; a slower one is answered 408 and the connection closed.
+    #[serde(default = "default_body_read_timeout")]
+    pub body_read_timeout: String,
+    /// Steering messages one run may hold before its next step takes them;
+    /// more get 429.
+    #[serde(default = "default_max_pending_steers")]
+    pub max_pending_steers: usize,
+    /// Their bytes at once, in bytes; more get 429.
+    #[serde(default = "default_max_pending_steer_bytes")]
+    pub max_pending_steer_bytes: usize,
     /// Send traces (agent, step, tool and request spans) to this OpenTelemetry
     /// collector's OTLP/HTTP traces URL, e.g. `http://127.0.0.1:4318/v1/traces`.
     #[serde(default)]
@@ -191,6 +206,10 @@ impl Default for ServiceSection {
             max_connections: default_max_connections(),
             max_event_streams: default_max_event_streams(),
             max_event_streams_per_tree: default_max_event_streams_per_tree(),
+            max_head_size: default_max_head_size(),
+            body_read_timeout: default_body_read_timeout(),
+            max_pending_steers: default_max_pending_steers(),
+            max_pending_steer_bytes: default_max_pending_steer_bytes(),
             otlp_endpoint: None,
             principals: BTreeMap::new(),
         }
@@ -203,6 +222,9 @@ impl Default for ServiceSection {
 pub struct ServiceSettings {
     /// How long a shutdown waits for the store to take what is in flight.
     pub shutdown_timeout: std::time::Duration,
+    /// How much steering a run may hold before it takes it (the runtime's
+    /// supervisor is built with it).
+    pub steering: arbor_actors::steer::SteerLimits,
     /// The server's limits.
     pub limits: ServiceLimits,
     /// The named API callers, by name.
@@ -213,6 +235,7 @@ impl Default for ServiceSettings {
     fn default() -> Self {
         ServiceSettings {
             shutdown_timeout: std::time::Duration::from_secs(10),
+            steering: arbor_actors::steer::SteerLimits::default(),
             limits: ServiceLimits::default(),
             principals: Vec::new(),
         }
@@ -237,6 +260,14 @@ pub struct ServiceLimits {
     pub max_event_streams: usize,
     /// Event streams open at once on one tree.
     pub max_event_streams_per_tree: usize,
+    /// Largest request head (request line and headers), in bytes (at least
+    /// 8192, what the HTTP parser needs): a larger one is answered 431 once
+    /// this much is read, so an unfinished head holds no more memory.
+    pub max_head_size: usize,
+    /// How long a client has to send a request's whole body, from the end of
+    /// its head: a body that trickles in (a byte every few seconds keeps a
+    /// connection from being idle) is answered 408 and its connection closed.
+    pub body_read_timeout: Duration,
 }
 
 impl Default for ServiceLimits {
@@ -247,6 +278,8 @@ impl Default for ServiceLimits {
             max_connections: 10_000,
             max_event_streams: 1_000,
             max_event_streams_per_tree: 64,
+            max_head_size: 32 << 10,
+            body_read_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -297,6 +330,22 @@ fn default_max_event_streams() -> usize {
 
 fn default_max_event_streams_per_tree() -> usize {
     ServiceLimits::default().max_event_streams_per_tree
+}
+
+fn default_max_head_size() -> usize {
+    ServiceLimits::default().max_head_size
+}
+
+fn default_body_read_timeout() -> String {
+    "30s".into()
+}
+
+fn default_max_pending_steers() -> usize {
+    arbor_actors::steer::SteerLimits::default().max_pending
+}
+
+fn default_max_pending_steer_bytes() -> usize {
+    arbor_actors::steer::SteerLimits::default().max_pending_bytes
 }
 
 /// Where runs are kept (`arbor runs`, `resume`, `replay`).

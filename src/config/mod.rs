@@ -8,6 +8,7 @@
 mod catalog;
 mod check;
 mod file;
+mod open;
 mod read;
 mod redact;
 pub mod store;
@@ -133,15 +134,16 @@ pub struct Config {
 }
 
 impl Config {
-    /// Reads and validates a config file.
+    /// Reads and validates a config file: a regular file of at most 4 MiB
+    /// (a device, a FIFO or a larger file is refused, naming it).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let source = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        let text = open::read_text(path).map_err(|message| ConfigError {
             file: source.clone(),
             problems: vec![Problem {
                 line: None,
                 key: "(file)".into(),
-                message: format!("cannot read: {e}"),
+                message,
             }],
         })?;
         let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
