@@ -316,16 +316,16 @@ async fn one_users_token_cannot_see_or_control_another_users_trees() {
 
     // Listing and the approvals list: each user its own; the read
     // principal, the named admin and the unnamed one every tree.
-    assert_eq!(listed(&server, ALICE).await, [a_tree.clone()]);
-    assert_eq!(listed(&server, BOB).await, [b_tree.clone()]);
+    assert_eq!(listed(&server, ALICE).await, [a_tree.as_str()]);
+    assert_eq!(listed(&server, BOB).await, [b_tree.as_str()]);
     for token in [AUDIT, OPS, LEGACY] {
         let mut seen = listed(&server, token).await;
         seen.sort();
         assert_eq!(seen, both, "{token}");
         assert_eq!(approval_trees(&server, token).await, both, "{token}");
     }
-    assert_eq!(approval_trees(&server, ALICE).await, [a_tree.clone()]);
-    assert_eq!(approval_trees(&server, BOB).await, [b_tree.clone()]);
+    assert_eq!(approval_trees(&server, ALICE).await, [a_tree.as_str()]);
+    assert_eq!(approval_trees(&server, BOB).await, [b_tree.as_str()]);
     // The list names each tree's principal.
     let (_, list) = get(&server, OPS, "/v1/runs").await;
     let principal = |tree: &str| {
@@ -414,7 +414,7 @@ async fn one_users_token_cannot_see_or_control_another_users_trees() {
     let (status, turn) = call(&server, ALICE, method.clone(), path, body.clone()).await;
     assert_eq!(status, StatusCode::CREATED, "{turn}");
     // The turn is still hers (and so still hidden from Bob).
-    assert_eq!(listed(&server, BOB).await, [b_tree.clone()]);
+    assert_eq!(listed(&server, BOB).await, [b_tree.as_str()]);
     let (status, _) = get(&server, BOB, &format!("/v1/trees/{a_tree}")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
@@ -432,8 +432,8 @@ async fn one_users_token_cannot_see_or_control_another_users_trees() {
     // A second server on the same store (a replica; or this one after a
     // restart) reads the owners from the store: the same answers.
     let replica = server_on_same_store(dir.path());
-    assert_eq!(listed(&replica, ALICE).await, [a_tree.clone()]);
-    assert_eq!(listed(&replica, BOB).await, [b_tree.clone()]);
+    assert_eq!(listed(&replica, ALICE).await, [a_tree.as_str()]);
+    assert_eq!(listed(&replica, BOB).await, [b_tree.as_str()]);
     let (status, _) = get(&replica, BOB, &format!("/v1/trees/{a_tree}")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, _) = get(&replica, ALICE, &format!("/v1/trees/{a_tree}")).await;
@@ -478,7 +478,7 @@ async fn a_second_replica_over_postgres_hides_a_users_tree_from_another_user() {
         .cloned()
         .collect();
     every_route(&second, ALICE, &reads, &tree, StatusCode::OK).await;
-    assert_eq!(listed(&second, ALICE).await, [tree.clone()]);
+    assert_eq!(listed(&second, ALICE).await, [tree.as_str()]);
     assert!(listed(&second, BOB).await.is_empty());
     // Her decision, sent to the other replica, is forwarded and ends it.
     let (what, method, path, body) = &routes[6];
