@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""The service's memory after waves of trees (issue 12, defect 15).
+"""The service's memory after waves of trees (issue 12, defect 15), and
+after reading them back (issue 33).
 
     cargo build --release
     benches/serve_rss.py [--waves 5] [--trees 300] [--agent coordinator] [--clients 300] \
-                         [--binary target/release/arbor] [--settle 10]
+                         [--read-waves 0] [--binary target/release/arbor] [--settle 10]
 
 Starts `arbor serve` (the binary given, default the release build) with
 tests/fixtures/serve.toml on a scratch store and a token, then WAVES times:
@@ -13,6 +14,12 @@ live), and reads the server's VmRSS from /proc/PID/status. After the last
 wave it waits SETTLE seconds and reads it again. Prints one line per reading,
 in MB and as a ratio to the RSS at start (read once the server answers
 /healthz, before any tree). Every started tree must end completed.
+
+With --read-waves N it then reads the trees back N times: each read wave
+GETs /v1/trees/{id} of TREES started trees at once (CLIENTS threads), and
+prints the idle RSS a second after it, with the most threads the server had
+during the wave and the number it has idle (/proc/PID/task). The last
+reading (after SETTLE seconds) is then the idle RSS after the read-back.
 """
 
 import argparse
@@ -63,6 +70,10 @@ def request(base, method, path, body=None):
         return r.read().decode()
 
 
+def task_count(pid):
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
 def metric(text, name):
     total = 0.0
     found = False
@@ -81,6 +92,7 @@ def main():
     ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/arbor"))
     ap.add_argument("--clients", type=int, default=300, help="client threads posting a wave")
     ap.add_argument("--settle", type=float, default=10.0)
+    ap.add_argument("--read-waves", type=int, default=0, help="times to read TREES trees back")
     ap.add_argument("--port", type=int, default=18711)
     ap.add_argument("--wrap", default="", help="a command to run the server under (heaptrack)")
     args = ap.parse_args()
@@ -109,7 +121,9 @@ def main():
             print(f"{label:>14}: {kb / 1024:7.1f} MB  {kb / start:5.2f}x", flush=True)
 
         show("start", start)
+        print(f"{'':>14}  ({task_count(pid)} threads)", flush=True)
         started_total = 0
+        tree_ids = []
         for wave in range(1, args.waves + 1):
             t0 = time.monotonic()
             errors = []
@@ -123,7 +137,9 @@ def main():
                             return
                         todo.pop()
                     try:
-                        request(base, "POST", "/v1/runs", {"agent": args.agent, "prompt": "wave"})
+                        started = request(base, "POST", "/v1/runs", {"agent": args.agent, "prompt": "wave"})
+                        with lock:
+                            tree_ids.append(json.loads(started)["treeId"])
                     except Exception as e:  # noqa: BLE001
                         with lock:
                             errors.append(str(e))
@@ -146,8 +162,51 @@ def main():
             time.sleep(1.0)
             show(f"wave {wave} idle", rss_kb(pid))
             print(f"{'':>14}  (peak {peak / 1024:.1f} MB, {time.monotonic() - t0:.1f} s)", flush=True)
+        for wave in range(1, args.read_waves + 1):
+            # The latest TREES trees, each read once, all at once.
+            todo = tree_ids[-args.trees:]
+            errors = []
+            lock = threading.Lock()
+            done = threading.Event()
+
+            def reader():
+                while True:
+                    with lock:
+                        if not todo:
+                            return
+                        tree = todo.pop()
+                    try:
+                        request(base, "GET", f"/v1/trees/{tree}")
+                    except Exception as e:  # noqa: BLE001
+                        with lock:
+                            errors.append(str(e))
+
+            most = [task_count(pid)]
+
+            def count():
+                while not done.is_set():
+                    most[0] = max(most[0], task_count(pid))
+                    time.sleep(0.05)
+
+            counter = threading.Thread(target=count)
+            counter.start()
+            t0 = time.monotonic()
+            readers = [threading.Thread(target=reader) for _ in range(args.clients)]
+            for t in readers:
+                t.start()
+            for t in readers:
+                t.join()
+            done.set()
+            counter.join()
+            if errors:
+                sys.exit(f"read wave {wave}: {len(errors)} reads failed: {errors[0]}")
+            took = time.monotonic() - t0
+            time.sleep(1.0)
+            show(f"read {wave} idle", rss_kb(pid))
+            print(f"{'':>14}  (threads: {most[0]} at most, {task_count(pid)} idle; {took:.1f} s)", flush=True)
         time.sleep(args.settle)
         show(f"+{args.settle:g} s idle", rss_kb(pid))
+        print(f"{'':>14}  ({task_count(pid)} threads)", flush=True)
         m = request(base, "GET", "/metrics")
         completed = metric(m, 'arbor_runs_finished_total{status="completed"}') or 0
         spawned = metric(m, "arbor_agents_spawned_total") or 0

@@ -164,9 +164,21 @@ fn configured_model(
     })
 }
 
+/// The most threads a command's runtime runs blocking work on (the store's
+/// reads, DNS lookups); more waits in tokio's queue, on no thread. With
+/// tokio's default (512), 300 tree reads at once (`GET /v1/trees/{id}` on
+/// `arbor serve`) started ~250 threads, and each kept the allocator memory
+/// of its read: 470-690 MB idle from 38 MB (issue 33, BENCHMARKS.md). SQLite
+/// reads take turns on one connection and Postgres reads share 8 pooled
+/// ones, so more threads would read no faster.
+const BLOCKING_THREADS: usize = 8;
+
+/// The runtime of every command: a worker per core, at most
+/// [`BLOCKING_THREADS`] blocking threads.
 fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(BLOCKING_THREADS)
         .build()
         .context("cannot start the async runtime")
 }

@@ -12,6 +12,7 @@ mod command_tools;
 mod config;
 mod config_fuzz;
 mod fencing;
+mod ids_and_memory;
 mod input_bounds;
 mod layers;
 mod library;
