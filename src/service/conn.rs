@@ -13,6 +13,10 @@
 //!   error ([`BodyTimeout`], which the JSON extractor answers 408) and the
 //!   connection is closed, so a client trickling a byte every few seconds
 //!   (never idle, never done) holds its slot no longer.
+//! - **Lingering close**: a connection the server closes is first half-closed,
+//!   and what the client still sends is read and dropped until it closes too
+//!   (at most 1 s and 1 MiB), so the client reads the last answer (a 431, a
+//!   413 sent before the body was read) instead of losing it to a reset.
 //! - **Idle timeout**: a connection on which no byte is read or written for
 //!   `idle_timeout` is closed (a stalled upload, a client that stopped
 //!   reading). Event streams send keep-alives well within it.
@@ -320,7 +324,9 @@ async fn connection(
         let guard = Busy::new(busy.clone());
         let request = request.map(|body| TimedBody::new(body, limits.body_read_timeout));
         let response = hyper::service::Service::call(&service, request);
-        async move {
+        // Boxed: the connection is polled without shutting its stream down
+        // (see below), which wants the service's future `Unpin`.
+        Box::pin(async move {
             let response = response.await?;
             Ok::<_, Infallible>(response.map(|body| {
                 Body::new(BusyBody {
@@ -328,22 +334,16 @@ async fn connection(
                     _guard: guard,
                 })
             }))
-        }
+        })
     });
-    let served = builder.serve_connection(io, service);
-    let mut served = std::pin::pin!(served);
+    let mut served = builder.serve_connection(io, service);
     let mut draining = false;
-    loop {
+    let ended = loop {
         tokio::select! {
-            result = served.as_mut() => {
-                if let Err(error) = result {
-                    tracing::debug!(%error, "connection ended");
-                }
-                return;
-            }
+            result = std::future::poll_fn(|cx| served.poll_without_shutdown(cx)) => break result,
             _ = shutdown.wait_for(|stop| *stop), if !draining => {
                 // Finishes the request in progress, then closes.
-                served.as_mut().graceful_shutdown();
+                Pin::new(&mut served).graceful_shutdown();
                 draining = true;
             }
             () = conn.close.notified() => return,
@@ -352,6 +352,44 @@ async fn connection(
                 return;
             }
         }
+    };
+    if let Err(error) = ended {
+        tracing::debug!(%error, "connection ended");
+    }
+    let stream = served.into_parts().io.into_inner().stream;
+    linger(stream, &conn).await;
+}
+
+/// How long a closing connection keeps reading (and dropping) what its
+/// client still sends, and how much of it at most.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 1 << 20;
+
+/// Closes a connection the server is done with so that its client reads the
+/// last answer: ends the writing side, then reads and drops what the client
+/// still sends (the rest of an oversized head answered 431, a body answered
+/// 413 before it was read) until it closes too, for at most [`LINGER`] and
+/// [`LINGER_BYTES`]. Closing a socket with input unread sends a reset, which
+/// can destroy the answer before the client reads it (RFC 9112 §9.6).
+async fn linger(mut stream: TcpStream, conn: &Conn) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    if stream.shutdown().await.is_err() {
+        return;
+    }
+    let drain = async {
+        let mut buf = [0u8; 4096];
+        let mut left = LINGER_BYTES;
+        while left > 0 {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    tokio::select! {
+        () = drain => {}
+        () = tokio::time::sleep(LINGER) => {}
+        () = conn.close.notified() => {}
     }
 }
 

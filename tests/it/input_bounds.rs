@@ -104,6 +104,30 @@ async fn an_oversized_request_head_is_refused_with_431_before_it_is_read() {
     let answer = read_to_close(&mut unfinished, PROMPTLY).await;
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer:?}");
     assert!(started.elapsed() < PROMPTLY);
+    // A client that goes on sending long past the cap reads the 431 too:
+    // the server drains what it sends before closing, rather than resetting
+    // the connection under the answer.
+    let sender = TcpStream::connect(addr(&server)).await.unwrap();
+    let (mut reader, mut writer) = sender.into_split();
+    let flood = tokio::spawn(async move {
+        let _ = writer.write_all(&head(512 << 10, false)).await;
+        writer
+    });
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(PROMPTLY, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    let answer = String::from_utf8_lossy(&got);
+    assert!(read.is_ok(), "still open: {answer:?}");
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer:?}");
+    drop(flood.await);
     // A head under the cap is served.
     let mut small = TcpStream::connect(addr(&server)).await.unwrap();
     small
