@@ -15,8 +15,10 @@
 //!   (never idle, never done) holds its slot no longer.
 //! - **Lingering close**: a connection the server closes is first half-closed,
 //!   and what the client still sends is read and dropped until it closes too
-//!   (at most 1 s and 1 MiB), so the client reads the last answer (a 431, a
-//!   413 sent before the body was read) instead of losing it to a reset.
+//!   (at most 5 s and 1 MiB), so the client reads the last answer (a 431, a
+//!   413 sent before the body was read) instead of losing it to a reset. A
+//!   lingering connection has no request in progress: at the cap it is among
+//!   the first closed to make room.
 //! - **Idle timeout**: a connection on which no byte is read or written for
 //!   `idle_timeout` is closed (a stalled upload, a client that stopped
 //!   reading). Event streams send keep-alives well within it.
@@ -362,7 +364,7 @@ async fn connection(
 
 /// How long a closing connection keeps reading (and dropping) what its
 /// client still sends, and how much of it at most.
-const LINGER: Duration = Duration::from_secs(1);
+const LINGER: Duration = Duration::from_secs(5);
 const LINGER_BYTES: usize = 1 << 20;
 
 /// Closes a connection the server is done with so that its client reads the
