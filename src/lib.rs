@@ -218,6 +218,9 @@ impl RuntimeBuilder {
             }
         }
         if let Some(location) = &self.store {
+            if let Some(config) = &config {
+                supervisor = supervisor.with_store_fail_after(config.store_fail_after());
+            }
             supervisor = supervisor.with_store(location.open()?)?;
         }
         if let (Some(tools), Ok(_)) = (&tools, tokio::runtime::Handle::try_current()) {

@@ -79,6 +79,15 @@ pub trait TreeHooks: Send + Sync + 'static {
     /// Waits for a live-agent slot. `None` when live agents are not limited.
     fn acquire_slot(&self, priority: SlotPriority) -> BoxFuture<'static, Option<Slot>>;
 
+    /// Waits until the tree's store takes writes again, and this process
+    /// has written recently enough to still hold the tree; `None` when a
+    /// model request may go now (always, without a store). An agent asks
+    /// before each model request: no step is taken that could not be
+    /// recorded, or that another process may be taking too.
+    fn store_ready(&self) -> Option<BoxFuture<'static, ()>> {
+        None
+    }
+
     /// Publishes an event about the run `run_id` (the tree numbers it).
     fn emit(&self, run_id: &Arc<str>, kind: EventKind);
 

@@ -47,6 +47,24 @@ fn duration_in(
     }
 }
 
+/// `[store] fail_after`: a duration of 1 s to 1 day.
+pub(super) fn store_fail_after(
+    section: &crate::config::StoreSection,
+    text: &Source<'_>,
+    problems: &mut Vec<Problem>,
+) {
+    use std::time::Duration;
+    let range = (Duration::from_secs(1), Duration::from_secs(86_400));
+    duration_in(
+        text,
+        "store",
+        "fail_after",
+        &section.fail_after,
+        range,
+        problems,
+    );
+}
+
 /// A number key within `min..=max`, or its problem (NaN is outside every range).
 fn number<T: PartialOrd + fmt::Display + Copy>(
     text: &Source<'_>,

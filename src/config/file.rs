@@ -363,6 +363,12 @@ pub struct StoreSection {
     /// `sqlite://PATH`. Set `path` or `url`, not both (see `config::store`).
     #[serde(default)]
     pub url: Option<String>,
+    /// How long the store may stay down (unreachable, its disk full) before
+    /// this process gives its trees up: it releases them to the next process,
+    /// fails them here and fails its health check. Until then the writes
+    /// wait and are tried again. `60s` unless set (1s to 1d).
+    #[serde(default)]
+    pub fail_after: Option<String>,
 }
 
 impl Default for StoreSection {
@@ -371,6 +377,7 @@ impl Default for StoreSection {
             enabled: true,
             path: default_store_path(),
             url: None,
+            fail_after: None,
         }
     }
 }

@@ -39,7 +39,8 @@ pub use store::{PgUrl, StoreLocation, StoreLocationError};
 /// `[store]`: `path` or `url`, not both, and whichever is given names a
 /// store (a Postgres URL is checked here; its password is never repeated).
 fn check_store(section: &StoreSection, text: &Source<'_>, problems: &mut Vec<Problem>) {
-    if section.url.is_some() && text.line(&["store", "path"]).is_some() {
+    check::store_fail_after(section, text, problems);
+    if section.url.is_some() && text.has(&["store", "path"]) {
         problems.push(at(
             text,
             "store",
@@ -239,6 +240,17 @@ impl Config {
             service,
             unresolved_tools,
         })
+    }
+
+    /// How long the store may stay down before this process gives its
+    /// trees up (`[store] fail_after`, checked; 60 s unless set).
+    pub fn store_fail_after(&self) -> std::time::Duration {
+        self.file
+            .store
+            .fail_after
+            .as_deref()
+            .and_then(|v| arbor_actors::duration::parse(v).ok())
+            .unwrap_or(arbor_supervisor::store::DEFAULT_FAIL_AFTER)
     }
 
     /// Checks that every tool a template names is provided: by the file

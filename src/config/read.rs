@@ -121,6 +121,37 @@ impl<'t> Source<'t> {
         Arc::from(out)
     }
 
+    /// Whether the file has every key of `path` (not only its first ones:
+    /// `line` answers a table's own line when a key under it is missing).
+    pub(super) fn has(&self, path: &[&str]) -> bool {
+        let Some((first, rest)) = path.split_first() else {
+            return false;
+        };
+        let Some((_, mut value)) = self
+            .root
+            .get_ref()
+            .iter()
+            .find(|(k, _)| k.get_ref().as_ref() == *first)
+        else {
+            return false;
+        };
+        for segment in rest {
+            let next = match value.get_ref() {
+                DeValue::Table(t) => t
+                    .iter()
+                    .find(|(k, _)| k.get_ref().as_ref() == *segment)
+                    .map(|(_, v)| v),
+                DeValue::Array(a) => segment.parse::<usize>().ok().and_then(|i| a.get(i)),
+                _ => None,
+            };
+            match next {
+                Some(v) => value = v,
+                None => return false,
+            }
+        }
+        true
+    }
+
     /// The line of the deepest key of `path` the file has, from the
     /// parser's spans: quoted keys (`[agents."acme/writer@1"]`), dotted ones
     /// and array elements find their line too.

@@ -69,6 +69,17 @@ impl ApiError {
             format!("{what}; try again later"),
         )
     }
+
+    /// The store is down for now (its connection was lost, its disk is
+    /// full): a 503 that says which, logged at warn.
+    pub fn unavailable_now(message: String) -> Self {
+        tracing::warn!("{message}");
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            message,
+        )
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -119,6 +130,9 @@ impl From<arbor_supervisor::Error> for ApiError {
             E::TreeExists(_) | E::TreeStored(_) | E::NotResumable { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "conflict", error.to_string())
             }
+            // Down for now (a lost connection, a full disk): a 503 that says
+            // so (the message names no secret: the URL is without its password).
+            E::StoreUnavailable { .. } => ApiError::unavailable_now(error.to_string()),
             // The server's own store (or none): a 503, the detail in the log only.
             E::NoStore { .. }
             | E::ReplayWithStore

@@ -440,18 +440,8 @@ impl Service {
                 Arc::downgrade(&shared),
                 shared.control_wake.subscribe(),
             ));
-            let wakes = shared
-                .runtime
-                .supervisor()
-                .store()
-                .map(|store| store.subscribe());
-            match wakes {
-                Some(Ok(Some(wakes))) => replica::forward_wakes(wakes, Arc::downgrade(&shared)),
-                Some(Err(error)) => tracing::warn!(
-                    %error,
-                    "cannot subscribe to the store's notifications; polling only"
-                ),
-                _ => {}
+            if let Some(store) = shared.runtime.supervisor().store() {
+                replica::follow_wakes(Arc::downgrade(store), Arc::downgrade(&shared));
             }
         }
         let observer = Arc::downgrade(&shared);
@@ -541,6 +531,12 @@ impl Service {
             return Vec::new();
         }
         let supervisor = self.shared.runtime.supervisor();
+        // A store that is down (or failed) is not claimed from: this process
+        // could not run what it took. The next pass looks again.
+        if supervisor.store_down().is_some() || supervisor.store_failure().is_some() {
+            self.shared.ready.send_replace(true);
+            return Vec::new();
+        }
         let filter = TreeFilter {
             status: Some(arbor_supervisor::TreeStatus::Interrupted),
             limit: usize::MAX,

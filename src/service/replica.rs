@@ -301,31 +301,81 @@ async fn apply(shared: &Shared, control: Control) {
     }
 }
 
-/// Hands the store's notifications on: a journal change wakes the streams
-/// that follow trees run elsewhere, a control wakes the control loop, a
-/// release (another replica's shutdown) wakes the adoption loop. On a
-/// thread of its own (the store's receiver blocks); ends when the store's
-/// subscription does or the service is gone.
-pub(crate) fn forward_wakes(wakes: std::sync::mpsc::Receiver<Wake>, shared: Weak<Shared>) {
+/// Follows the store's notifications (a Postgres store's `LISTEN`; SQLite
+/// has none), on a thread of its own, until the service is gone: each
+/// wake-up bumps the watch of what it is about. A lost connection (a
+/// database restart, a terminated backend) is opened again, with backoff,
+/// and everything is woken once it is back (a notification sent meanwhile
+/// was missed); between the two, the loops poll as they always do.
+pub(crate) fn follow_wakes(store: Weak<dyn arbor_supervisor::store::Store>, shared: Weak<Shared>) {
     let started = std::thread::Builder::new()
         .name("arbor-wake".into())
         .spawn(move || {
-            for wake in wakes {
-                let Some(shared) = shared.upgrade() else {
+            let mut backoff = WAKE_BACKOFF;
+            let mut first = true;
+            loop {
+                // Held only while subscribing: a dropped store ends the thread.
+                let Some(subscribed) = store.upgrade().map(|store| store.subscribe()) else {
                     return;
                 };
-                let target = match wake {
-                    Wake::Journal { .. } => &shared.journal_wake,
-                    Wake::Control { .. } => &shared.control_wake,
-                    Wake::Released { .. } => &shared.adopt_wake,
+                let wakes = match subscribed {
+                    Ok(Some(wakes)) => wakes,
+                    // No notifications on this store: the loops poll.
+                    Ok(None) => return,
+                    Err(error) => {
+                        if first {
+                            tracing::warn!(
+                                %error,
+                                "cannot subscribe to the store's notifications; polling until it answers"
+                            );
+                        }
+                        first = false;
+                        std::thread::sleep(backoff);
+                        backoff = (backoff * 2).min(WAKE_BACKOFF_MAX);
+                        if shared.strong_count() == 0 {
+                            return;
+                        }
+                        continue;
+                    }
                 };
-                target.send_modify(|n| *n = n.wrapping_add(1));
+                if !first {
+                    tracing::info!("following the store's notifications again");
+                    let Some(shared) = shared.upgrade() else {
+                        return;
+                    };
+                    for target in [&shared.journal_wake, &shared.control_wake, &shared.adopt_wake] {
+                        target.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                }
+                first = false;
+                backoff = WAKE_BACKOFF;
+                for wake in wakes {
+                    let Some(shared) = shared.upgrade() else {
+                        return;
+                    };
+                    let target = match wake {
+                        Wake::Journal { .. } => &shared.journal_wake,
+                        Wake::Control { .. } => &shared.control_wake,
+                        Wake::Released { .. } => &shared.adopt_wake,
+                    };
+                    target.send_modify(|n| *n = n.wrapping_add(1));
+                }
+                // The connection was lost: open it again.
+                if shared.strong_count() == 0 {
+                    return;
+                }
+                std::thread::sleep(backoff);
             }
         });
     if let Err(error) = started {
         tracing::warn!(%error, "cannot follow the store's notifications; polling only");
     }
 }
+
+/// The first wait before the notifications' connection is opened again; it
+/// doubles up to `WAKE_BACKOFF_MAX`.
+const WAKE_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+const WAKE_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {

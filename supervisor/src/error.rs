@@ -166,6 +166,27 @@ pub enum Error {
         /// The error of the last attempt.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The store cannot take writes now, and may later: its connection was
+    /// lost (a database restart, a terminated backend, a network fault) or
+    /// its disk is full. The writer keeps the batch and tries it again with
+    /// backoff; until then no tree starts, and a process sharing the store
+    /// claims nothing.
+    #[error(
+        "{}",
+        if *disk_full {
+            format!("the store's disk is full at {path}: {reason}")
+        } else {
+            format!("the store at {path} cannot be reached: {reason}")
+        }
+    )]
+    StoreUnavailable {
+        /// The store (a file, or a URL without its password).
+        path: String,
+        /// What the store or the system said.
+        reason: String,
+        /// Whether the disk under it is full (freeing space brings it back).
+        disk_full: bool,
+    },
     /// A stored tree's records are not what this build can read.
     #[error("{path}: tree {tree}: {reason}")]
     StoreCorrupt {
@@ -213,7 +234,7 @@ pub enum Error {
 impl Error {
     /// Whether trying the same thing again may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Spawn(_))
+        matches!(self, Error::Spawn(_) | Error::StoreUnavailable { .. })
     }
 }
 

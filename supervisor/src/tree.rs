@@ -22,6 +22,7 @@ use crate::catalog::Catalog;
 use crate::limits::{Budget, TreeLimits};
 use crate::recovery::{Recorded, Recovery};
 use crate::registry::Registry;
+use crate::store::WriterHealth;
 
 pub(crate) struct TreeContext {
     pub(crate) tree_id: Arc<str>,
@@ -56,6 +57,9 @@ pub(crate) struct TreeContext {
     on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
     /// When the tree (or its resume) started: its deadline runs from here.
     started: tokio::time::Instant,
+    /// The store's health, for a stored tree: a model request waits while
+    /// the store is down or this process may have lost its claim.
+    store_health: Option<Arc<WriterHealth>>,
 }
 
 impl Drop for TreeContext {
@@ -95,7 +99,15 @@ impl TreeContext {
             toolboxes: Mutex::new(HashMap::new()),
             on_drop: None,
             started: tokio::time::Instant::now(),
+            store_health: None,
         }
+    }
+
+    /// Holds each model request while the store is down (see
+    /// `WriterHealth::ready`).
+    pub(crate) fn store_health(mut self, health: Option<Arc<WriterHealth>>) -> Self {
+        self.store_health = health;
+        self
     }
 
     /// Calls `f` when the context goes (once every agent of the tree and
@@ -320,6 +332,11 @@ impl TreeHooks for TreeContext {
 
     fn durable(&self) -> bool {
         self.durable
+    }
+
+    fn store_ready(&self) -> Option<futures::future::BoxFuture<'static, ()>> {
+        let health = self.store_health.as_ref()?;
+        (!health.ready()).then(|| health.until_ready())
     }
 
     fn recovering(&self) -> bool {

@@ -34,6 +34,7 @@ mod secrets;
 mod serve;
 mod serve_limits;
 mod store;
+mod store_faults;
 mod structured;
 mod support;
 mod telemetry;

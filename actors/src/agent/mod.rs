@@ -104,6 +104,9 @@ pub enum AgentMsg {
     },
     /// The live slot the agent waited for (`None`: live agents are not limited).
     SlotReady(Option<Slot>),
+    /// The store takes writes again (see `TreeHooks::store_ready`): the
+    /// model request that waited for it goes now.
+    StoreReady(Box<ModelRequest>),
     /// The step timeout of `step` fired.
     StepTimeout {
         /// The step it was started for.
@@ -490,6 +493,13 @@ impl Actor for AgentActor {
             }),
             AgentMsg::RetryDue { key } => run.retry_due(key),
             AgentMsg::SlotReady(permit) => run.resume(&myself, permit),
+            AgentMsg::StoreReady(request) => {
+                // A run cancelled while it waited has nothing to send.
+                if !run.machine.state().status.is_final() {
+                    run.send_model(&myself, *request);
+                }
+                Vec::new()
+            }
             AgentMsg::StepTimeout { step, generation } => run.step_timeout(step, generation),
             AgentMsg::ApprovalTimeout { step, generation } => {
                 run.approval_timeout(&myself, step, generation, &catalog)
@@ -721,6 +731,20 @@ impl AgentRun {
     /// slot, so a parked request neither reserves tokens nor spends a step) and
     /// starts the model call in a task.
     fn send_model(&mut self, myself: &ActorRef<AgentMsg>, mut request: ModelRequest) {
+        // While the store is down (or this process may have lost its claim),
+        // the request waits, in a task; `StoreReady` brings it back.
+        if let Some(ready) = self.hooks.store_ready() {
+            let me = myself.clone();
+            let mut cancelled = self.cancel.subscribe();
+            tokio::spawn(async move {
+                tokio::select! {
+                    biased;
+                    _ = cancelled.wait_for(|c| *c) => {}
+                    () = ready => { let _ = me.cast(AgentMsg::StoreReady(Box::new(request))); }
+                }
+            });
+            return;
+        }
         request.meta.deadline = self.hooks.deadline();
         let estimate = request.messages.estimated_tokens();
         if let Err(limit) = self.hooks.admit_step(estimate) {

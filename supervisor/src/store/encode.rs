@@ -38,6 +38,13 @@ pub(crate) trait Rows {
     /// Where the tree's log goes on from: root run id, next record id,
     /// segments written; `None` if there is no row.
     fn log_of(&mut self, tree_id: &str) -> Result<Option<(String, u64, u64)>, Self::Error>;
+    /// The highest `seq` its row says was written (0 without a row). A
+    /// backend whose commit can go unanswered (Postgres, over a connection
+    /// that was cut) answers it, so a batch tried again after its commit did
+    /// go through writes none of its events twice.
+    fn last_seq_of(&mut self, _tree_id: &str) -> Result<u64, Self::Error> {
+        Ok(0)
+    }
 }
 
 /// What a batch adds to one tree's row.
@@ -230,10 +237,12 @@ impl<'a> Encoder<'a> {
                 // A tree this process has not seen (it started elsewhere): go
                 // on from what its row says.
                 let (root_run_id, next_id, segments) = rows.log_of(tree_id)?.unwrap_or_default();
+                let written_seq = rows.last_seq_of(tree_id)?;
                 Ok(e.insert(TreeCache {
                     root_run_id,
                     next_id: next_id.max(1),
                     segments,
+                    written_seq,
                     ..TreeCache::default()
                 }))
             }
@@ -246,6 +255,11 @@ impl<'a> Encoder<'a> {
             return Ok(());
         }
         let tree = Self::tree(self.cache, rows, &event.tree_id)?;
+        // Already stored: a batch tried again after a commit that went
+        // through unanswered (see `Rows::last_seq_of`).
+        if event.seq <= tree.written_seq {
+            return Ok(());
+        }
         let buffers = &mut *self.buffers;
         let delta = self
             .deltas
@@ -501,6 +515,9 @@ pub(crate) struct TreeCache {
     root_run_id: String,
     next_id: u64,
     segments: u64,
+    /// The highest `seq` stored when this cache was loaded from the row:
+    /// events up to it are not written again.
+    written_seq: u64,
     /// Ids of shared values, by address; the value (for messages, its
     /// allocation: a weak reference, so a message nothing else holds is freed
     /// where it was dropped, not kept and then freed on this thread) is kept

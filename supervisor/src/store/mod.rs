@@ -9,19 +9,15 @@ mod log;
 mod pg;
 mod sqlite;
 mod status;
+mod writer;
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::mpsc;
 
-use arbor_actors::sync::LockExt;
 use arbor_actors::{AgentState, Event, History, Message};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::sync::oneshot;
 
 use crate::error::Error;
 use crate::limits::TreeLimits;
@@ -32,6 +28,8 @@ pub use journal::{EventType, JournalEntry, UnknownEventType, journal_view};
 pub use pg::{MigrateReport, PASSWORD_ENV, PgStore, redact_url};
 pub use sqlite::SqliteStore;
 pub use status::{TreeStatus, UnknownStatus};
+pub use writer::{DEFAULT_FAIL_AFTER, StoreDown};
+pub(crate) use writer::{RESUME_SEQ_GAP, StoreWriter, WriterHealth, WriterHooks};
 
 /// A tree as it was started: enough to start it again (resume, replay).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -644,276 +642,6 @@ pub trait Store: Send + Sync + 'static {
     /// Puts a dumped tree in, unchanged, in one transaction;
     /// `Error::TreeStored` if the store has a tree of that id.
     fn load(&self, dump: &TreeDump) -> Result<(), Error>;
-}
-
-enum Msg {
-    Write(Write),
-    Flush(oneshot::Sender<Result<(), String>>),
-}
-
-/// Feeds a store from the supervisor: a thread takes whatever has queued up
-/// and writes it as one transaction. The queue is bounded (see `QUEUE`). When a write fails the writer stops, keeps
-/// the reason, and calls `on_failure` (the supervisor fails the running trees).
-pub(crate) struct StoreWriter {
-    /// `None` only while dropping.
-    tx: Option<mpsc::SyncSender<Msg>>,
-    failure: Arc<Mutex<Option<String>>>,
-    /// Trees another process took over: nothing more is written for them.
-    fenced: Arc<Mutex<HashMap<String, Fenced>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-/// Dropping the writer (with the supervisor and its last tree) writes what is
-/// still queued and waits for it: nothing emitted is lost on a clean shutdown.
-impl Drop for StoreWriter {
-    fn drop(&mut self) {
-        self.tx = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-const MAX_BATCH: usize = 8192;
-/// How far a resumed tree's event numbers jump past the last one stored.
-/// Events reach readers (an event stream) only once the writer's queue took
-/// them, so at most the queue and a batch in progress were seen but not
-/// stored when the process died; the jump is larger than that, with room for
-/// a shutdown's last moments, so a reader never sees a number twice.
-pub(crate) const RESUME_SEQ_GAP: u64 = 1 << 20;
-/// Writes waiting for the writer. When the store cannot keep up, an agent that
-/// emits an event waits for room (backpressure) instead of the queue, and the
-/// states it holds, growing without bound.
-const QUEUE: usize = 64 * 1024;
-const HEARTBEAT: Duration = Duration::from_secs(1);
-/// How long the writer lets writes gather before a batch (the most a write
-/// waits before it is committed, beyond the time to write the batch before it).
-const GATHER: Duration = Duration::from_millis(2);
-
-impl StoreWriter {
-    /// `on_failure` is called once the store fails; `on_fenced` for each tree
-    /// another process took over (the supervisor stops it here).
-    pub(crate) fn start(
-        store: Arc<dyn Store>,
-        on_failure: Box<dyn Fn(String) + Send>,
-        on_fenced: Box<dyn Fn(Fenced) + Send>,
-    ) -> Result<Self, Error> {
-        let (tx, rx) = mpsc::sync_channel::<Msg>(QUEUE);
-        let failure = Arc::new(Mutex::new(None));
-        let failed = failure.clone();
-        let fenced = Arc::new(Mutex::new(HashMap::new()));
-        let fenced_here = fenced.clone();
-        let runtime = tokio::runtime::Handle::try_current().ok();
-        let thread = std::thread::Builder::new()
-            .name("arbor-store".into())
-            .spawn(move || {
-                // A panic in the writer is a store failure like any other:
-                // the running trees fail with it instead of going on unstored.
-                let on_failure = std::rc::Rc::new(on_failure);
-                let notify = on_failure.clone();
-                let failure = failed.clone();
-                let run = std::panic::AssertUnwindSafe(move || {
-                    let hooks = Hooks {
-                        failure: failed,
-                        on_failure,
-                        fenced: fenced_here,
-                        on_fenced,
-                    };
-                    writer_loop(store, rx, hooks, runtime)
-                });
-                if std::panic::catch_unwind(run).is_err() {
-                    let reason = "the store failed: its writer panicked".to_owned();
-                    *failure.locked() = Some(reason.clone());
-                    notify(reason);
-                }
-            })
-            .map_err(|e| Error::Store(format!("cannot start the store writer: {e}")))?;
-        Ok(StoreWriter {
-            tx: Some(tx),
-            failure,
-            fenced,
-            thread: Some(thread),
-        })
-    }
-
-    /// Whether another process took this tree over (then this one must not
-    /// run it): the claim it holds now, if so.
-    pub(crate) fn fenced(&self, tree_id: &str) -> Option<Fenced> {
-        self.fenced.locked().get(tree_id).cloned()
-    }
-
-    pub(crate) fn send(&self, write: Write) {
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(Msg::Write(write));
-        }
-    }
-
-    /// Why the store stopped taking writes, if it did.
-    pub(crate) fn failure(&self) -> Option<String> {
-        self.failure.locked().clone()
-    }
-
-    /// Waits until everything sent so far is written.
-    pub(crate) async fn flush(&self) -> Result<(), Error> {
-        let (done, wait) = oneshot::channel();
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(Msg::Flush(done));
-        }
-        match wait.await {
-            Ok(result) => result.map_err(Error::Store),
-            Err(_) => Err(Error::Store("the store writer has stopped".into())),
-        }
-    }
-}
-
-/// What the writer reports to, besides the store.
-struct Hooks {
-    failure: Arc<Mutex<Option<String>>>,
-    on_failure: std::rc::Rc<Box<dyn Fn(String) + Send>>,
-    fenced: Arc<Mutex<HashMap<String, Fenced>>>,
-    on_fenced: Box<dyn Fn(Fenced) + Send>,
-}
-
-fn writer_loop(
-    store: Arc<dyn Store>,
-    rx: mpsc::Receiver<Msg>,
-    hooks: Hooks,
-    runtime: Option<tokio::runtime::Handle>,
-) {
-    let Hooks {
-        failure,
-        on_failure,
-        fenced,
-        on_fenced,
-    } = hooks;
-    let is_fenced = |tree: &str| fenced.locked().contains_key(tree);
-    // Trees this process runs, by root run id, so their heartbeat stays fresh.
-    let mut owned: HashMap<String, String> = HashMap::new();
-    let mut released: std::collections::HashSet<String> = std::collections::HashSet::new();
-    let mut last_beat = Instant::now();
-    let mut batch: Vec<Write> = Vec::new();
-    let mut flushes = Vec::new();
-    let mut failed: Option<String> = None;
-    let freeing = Arc::new(AtomicBool::new(false));
-    loop {
-        // With a backlog, go straight on. Otherwise wait for a write, then let
-        // a batch gather: while this thread sleeps, senders find no receiver
-        // to wake, so an event costs them a queue push and no syscall. (Not
-        // for a new tree or a flush: someone waits for those.)
-        let first = match rx.try_recv() {
-            Ok(msg) => Some(msg),
-            Err(mpsc::TryRecvError::Disconnected) => return,
-            Err(mpsc::TryRecvError::Empty) => match rx.recv_timeout(HEARTBEAT) {
-                Ok(msg) => {
-                    if matches!(msg, Msg::Write(Write::Event(_))) {
-                        std::thread::sleep(GATHER);
-                    }
-                    Some(msg)
-                }
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => return,
-            },
-        };
-        for msg in first
-            .into_iter()
-            .chain(std::iter::from_fn(|| rx.try_recv().ok()))
-        {
-            match msg {
-                // Once released, a tree's later events are not recorded: the
-                // next process resumes it from what was stored until then.
-                Msg::Write(Write::Event(event)) if released.contains(&*event.tree_id) => {}
-                // Nor those of a tree another process took over.
-                Msg::Write(Write::Event(event)) if is_fenced(&event.tree_id) => {}
-                Msg::Write(Write::Known { tree_id, .. }) if is_fenced(&tree_id) => {}
-                Msg::Write(mut write) => {
-                    match &mut write {
-                        Write::Tree(tree) => {
-                            // A new claim of its own (a resume after it was fenced).
-                            fenced.locked().remove(&tree.tree_id);
-                            owned.insert(tree.root_run_id.clone(), tree.tree_id.clone());
-                        }
-                        Write::Event(event) if event.kind.final_state().is_some() => {
-                            owned.remove(&*event.run_id);
-                        }
-                        Write::Release(trees) => {
-                            trees.retain(|tree| !is_fenced(tree));
-                            owned.retain(|_, tree| !trees.contains(tree));
-                            released.extend(trees.iter().cloned());
-                        }
-                        _ => {}
-                    }
-                    batch.push(write);
-                }
-                Msg::Flush(done) => flushes.push(done),
-            }
-            if batch.len() >= MAX_BATCH {
-                break;
-            }
-        }
-        if last_beat.elapsed() >= HEARTBEAT && !owned.is_empty() {
-            batch.push(Write::Heartbeat(owned.values().cloned().collect()));
-            last_beat = Instant::now();
-        }
-        if failed.is_none() && !batch.is_empty() {
-            let started = Instant::now();
-            let result = store.write(&batch);
-            tracing::debug!(
-                writes = batch.len(),
-                us = started.elapsed().as_micros() as u64,
-                "store batch"
-            );
-            match result {
-                Ok(out) => {
-                    for f in out {
-                        let mut known = fenced.locked();
-                        if known.contains_key(&f.tree_id) {
-                            continue;
-                        }
-                        tracing::warn!(
-                            tree = %f.tree_id,
-                            epoch = f.epoch,
-                            owner_epoch = f.current,
-                            owner = %f.owner,
-                            "fenced out of tree {}: another process claimed it since (epoch {} \
-                             there, {} here); stopping it in this process, nothing more is \
-                             written for it",
-                            f.tree_id,
-                            f.current,
-                            f.epoch
-                        );
-                        known.insert(f.tree_id.clone(), f.clone());
-                        drop(known);
-                        owned.retain(|_, tree| *tree != f.tree_id);
-                        on_fenced(f);
-                    }
-                }
-                Err(error) => {
-                    let reason = format!("the store failed: {error}");
-                    tracing::error!("{reason}");
-                    *failure.locked() = Some(reason.clone());
-                    on_failure(reason.clone());
-                    failed = Some(reason);
-                }
-            }
-        }
-        // The writes hold the final states of finished runs; freeing them is
-        // work this thread (the store's bottleneck) can hand to the runtime,
-        // one batch at a time (a busy runtime must not pile them up).
-        match &runtime {
-            Some(runtime) if batch.len() > 64 && !freeing.swap(true, Ordering::AcqRel) => {
-                let done = std::mem::take(&mut batch);
-                let freeing = freeing.clone();
-                runtime.spawn(async move {
-                    drop(done);
-                    freeing.store(false, Ordering::Release);
-                });
-            }
-            _ => batch.clear(),
-        }
-        for done in flushes.drain(..) {
-            let _ = done.send(failed.clone().map_or(Ok(()), Err));
-        }
-    }
 }
 
 #[cfg(test)]

@@ -30,7 +30,10 @@ use crate::error::{Error, StoreUse};
 use crate::limits::TreeLimits;
 use crate::recovery::Recovery;
 use crate::registry::{Registry, Retain};
-use crate::store::{Fenced, Store, StoreWriter, TreeRecord, Write};
+use crate::store::{
+    DEFAULT_FAIL_AFTER, Fenced, Store, StoreDown, StoreWriter, TreeRecord, Write, WriterHealth,
+    WriterHooks,
+};
 use crate::tree::TreeContext;
 
 /// What to start: an agent type, its prompt and params.
@@ -109,6 +112,8 @@ pub struct Supervisor {
     gone: Arc<Mutex<HashMap<Arc<str>, tokio::sync::watch::Receiver<bool>>>>,
     /// How much steering a run may hold before it takes it (see `steer`).
     steer_limits: SteerLimits,
+    /// How long the store may be down before the trees are given up.
+    store_fail_after: std::time::Duration,
 }
 
 /// A started tree: its ids, its events, and its result.
@@ -151,6 +156,7 @@ impl Supervisor {
             approvals,
             gone: Arc::new(Mutex::new(HashMap::new())),
             steer_limits: SteerLimits::default(),
+            store_fail_after: DEFAULT_FAIL_AFTER,
         }
     }
 
@@ -213,12 +219,20 @@ impl Supervisor {
     /// `Store::claim`) is stopped here: its agents are cancelled with the
     /// reason (they end `failed`, naming it), nothing more of it is written,
     /// and the other trees go on.
+    ///
+    /// A store that is down for a while (its database restarts, its
+    /// connection is cut, its disk is full) fails nothing: the writer holds
+    /// the writes and tries them again with backoff, the trees' agents take
+    /// no new model step, and no tree starts or is claimed here, until it
+    /// takes writes again ([`store_down`](Self::store_down) says why
+    /// meanwhile). Only past [`with_store_fail_after`](Self::with_store_fail_after)
+    /// (60 s by default) are the trees released and failed here.
     pub fn with_store(mut self, store: Arc<dyn Store>) -> Result<Self, Error> {
         let trees = self.trees.clone();
         let fenced_trees = self.trees.clone();
-        let writer = Arc::new(StoreWriter::start(
-            store.clone(),
-            Box::new(move |reason| {
+        let health = WriterHealth::new(store.lease_ms(), self.store_fail_after);
+        let hooks = WriterHooks {
+            on_failure: Box::new(move |reason| {
                 let roots: Vec<ActorRef<AgentMsg>> = trees
                     .locked()
                     .values()
@@ -231,7 +245,7 @@ impl Supervisor {
                     ))));
                 }
             }),
-            Box::new(move |fenced: Fenced| {
+            on_fenced: Box::new(move |fenced: Fenced| {
                 let root = fenced_trees
                     .locked()
                     .get(fenced.tree_id.as_str())
@@ -244,7 +258,8 @@ impl Supervisor {
                     ))));
                 }
             }),
-        )?);
+        };
+        let writer = Arc::new(StoreWriter::start(store.clone(), hooks, health)?);
         let sink = writer.clone();
         // Streaming deltas are not stored: they need not cross the queue.
         self.bus.sink(move |event| {
@@ -308,9 +323,44 @@ impl Supervisor {
         Ok(trees)
     }
 
-    /// Why the store stopped taking writes, if it did (then no tree starts).
+    /// Why the store stopped taking writes for good, if it did (then no tree
+    /// starts): a write it refused, or an outage longer than
+    /// [`with_store_fail_after`](Self::with_store_fail_after).
     pub fn store_failure(&self) -> Option<String> {
         self.store.as_ref().and_then(|(_, writer)| writer.failure())
+    }
+
+    /// Why the store takes no writes for now, if so (its connection was
+    /// lost, its disk is full): the writer tries again until it does.
+    pub fn store_down(&self) -> Option<StoreDown> {
+        self.store
+            .as_ref()
+            .and_then(|(_, writer)| writer.health().down())
+    }
+
+    /// How long the store may stay down before this process gives its trees
+    /// up (releases them to the next process and fails them here) and
+    /// [`store_failure`](Self::store_failure) says so. 60 s unless set.
+    pub fn with_store_fail_after(mut self, fail_after: std::time::Duration) -> Self {
+        self.store_fail_after = fail_after;
+        if let Some((_, writer)) = &self.store {
+            writer.health().set_fail_after(fail_after);
+        }
+        self
+    }
+
+    /// Refuses a start or a claim while the store is down or has failed.
+    fn store_takes_writes(&self) -> Result<(), Error> {
+        let Some((_, writer)) = &self.store else {
+            return Ok(());
+        };
+        if let Some(reason) = writer.failure() {
+            return Err(Error::Store(reason));
+        }
+        match writer.health().down() {
+            Some(down) => Err(down.to_error()),
+            None => Ok(()),
+        }
     }
 
     /// Runs `f` on the store, on a blocking thread (store calls are
@@ -381,6 +431,9 @@ impl Supervisor {
                 needed_for: StoreUse::Resume,
             });
         };
+        // A store that is down (or failed) is not claimed from: this
+        // process could not run what it took.
+        self.store_takes_writes()?;
         let ids: Vec<String> = tree_ids
             .into_iter()
             .filter(|id| !self.is_running(id))
@@ -485,6 +538,7 @@ impl Supervisor {
         tree_id: &str,
         claim: fn(&dyn Store, &str) -> Result<u64, Error>,
     ) -> Result<(TreeRecord, Recovery), Error> {
+        self.store_takes_writes()?;
         let id = tree_id.to_owned();
         self.read_store(move |store| {
             let (record, _) = store.tree(&id)?;
@@ -567,9 +621,7 @@ impl Supervisor {
         // One trace per tree: the root agent's span is a child of the span
         // this start runs in (the service's, for a tree started over HTTP).
         let caller = tracing::Span::current();
-        if let Some(reason) = self.store.as_ref().and_then(|(_, w)| w.failure()) {
-            return Err(Error::Store(reason));
-        }
+        self.store_takes_writes()?;
         let config = request.config.clone().or_else(|| self.config.clone());
         let catalog = self.catalog_for(config.as_ref())?;
         let template = catalog
@@ -650,7 +702,8 @@ impl Supervisor {
             self.registry.clone(),
             model_override,
         )
-        .durable(self.store.is_some());
+        .durable(self.store.is_some())
+        .store_health(self.store.as_ref().map(|(_, w)| w.health().clone()));
         if let Some((recovery, replay)) = recovery {
             ctx = ctx.recovering(recovery, replay);
         }
@@ -1031,9 +1084,10 @@ impl TreeHandle {
     }
 }
 
-/// A fresh tree id: `t` and 12 hex digits, unique within a process and very
-/// likely across. (To subscribe to a tree's events before it starts, pick its id
-/// with this and pass it in `StartRequest::tree_id`.)
+/// A fresh tree id: `t` and a UUIDv7's 32 hex digits, time-ordered and
+/// unique across processes (`TreeId::generate`). (To subscribe to a tree's
+/// events before it starts, pick its id with this and pass it in
+/// `StartRequest::tree_id`.)
 pub fn new_tree_id() -> String {
     TreeId::generate().into()
 }

@@ -6,6 +6,7 @@
 //! database's fence, concurrent migrations, the password, wake-ups).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::backend::{Backend, both_backends};
 use crate::common::*;
@@ -136,19 +137,95 @@ async fn a_thousand_messages_over_a_hundred_checkpoints_take_under_three_times_t
     );
 }
 
+/// A store whose disk filled up mid-run: the tree waits (no step taken
+/// that could not be recorded, nothing failed), a start is refused naming
+/// the full disk, and once there is room again the writes held go through
+/// and the tree completes, whole, on its own. (The disk is a cap on the
+/// file, `SqliteStore::set_max_bytes`: SQLite's own `SQLITE_FULL`, what a
+/// full filesystem gives it; the CLI test fills a real one.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_store_fails_the_run_with_the_reason_and_stays_readable() {
+async fn a_full_disk_pauses_the_tree_until_space_is_freed_then_it_completes() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("full.db");
     let store = Arc::new(SqliteStore::open(&path).unwrap());
     // Room for the empty schema and a little more, not for a long history.
     store.set_max_bytes(file_bytes(&path) + 256 * 1024).unwrap();
     let sup = stored_supervisor(store.clone(), long_script(150, 2000));
+    let handle = start(&sup, "scribe", "Take notes.").await;
+    let down = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            if let Some(down) = sup.store_down() {
+                return down;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the store reports its full disk");
+    assert!(down.disk_full, "{down}");
+    let text = down.to_string();
+    assert!(text.starts_with("the store's disk is full at "), "{text}");
+    assert!(
+        sup.store_failure().is_none(),
+        "a full disk is not a failure"
+    );
+    // No new tree starts meanwhile, and the refusal says why.
+    let refused = sup.start(request("scribe", "again")).await;
+    assert!(
+        matches!(
+            &refused,
+            Err(arbor_supervisor::Error::StoreUnavailable {
+                disk_full: true,
+                ..
+            })
+        ),
+        "{:?}",
+        refused.err()
+    );
+    // The tree waits: its steps stop while the store is down.
+    let steps = handle.steps();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        handle.steps() <= steps + 1,
+        "{} steps after {steps}",
+        handle.steps()
+    );
+    // Room again: it goes on by itself.
+    store.set_max_bytes(1 << 40).unwrap();
+    let result = finish(handle).await;
+    assert_eq!(
+        result.state.status,
+        AgentStatus::Completed,
+        "{:?}",
+        result.state.error_message()
+    );
+    assert!(sup.store_down().is_none());
+    sup.flush().await.unwrap();
+    drop(sup);
+    let reopened = SqliteStore::open(&path).unwrap();
+    let trees = reopened.trees(&TreeFilter::default()).unwrap();
+    assert_eq!(trees.len(), 1);
+    assert_eq!(trees[0].status, arbor_supervisor::TreeStatus::Completed);
+    let stored = reopened.run(&result.state.run_id).unwrap();
+    assert_eq!(stored.state.as_ref(), Some(&*result.state));
+}
+
+/// A store that stays full past `fail_after`: the run fails naming the
+/// full disk, no new tree starts, and the file is intact and still lists
+/// the tree (released: the next process resumes it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_full_past_fail_after_fails_the_run_with_the_reason_and_stays_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("full.db");
+    let store = Arc::new(SqliteStore::open(&path).unwrap());
+    store.set_max_bytes(file_bytes(&path) + 256 * 1024).unwrap();
+    let sup = stored_supervisor(store.clone(), long_script(150, 2000))
+        .with_store_fail_after(Duration::from_millis(500));
     let result = finish(start(&sup, "scribe", "Take notes.").await).await;
     assert_eq!(result.state.status, AgentStatus::Failed);
     let error = result.state.error_message().unwrap_or_default().to_owned();
     assert!(error.contains("the store failed"), "{error}");
-    assert!(error.contains("full"), "{error}");
+    assert!(error.contains("disk is full"), "{error}");
     // No new tree starts on a store that failed.
     let refused = sup.start(request("scribe", "again")).await;
     assert!(

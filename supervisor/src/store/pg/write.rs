@@ -49,6 +49,7 @@ struct Row {
     root_run_id: String,
     next_id: u64,
     segments: u64,
+    last_seq: u64,
 }
 
 /// The rows a batch locked, answering the encoder's lookups.
@@ -68,6 +69,10 @@ impl Rows for Locked {
             .get(tree_id)
             .map(|r| (r.root_run_id.clone(), r.next_id, r.segments)))
     }
+
+    fn last_seq_of(&mut self, tree_id: &str) -> Result<u64, BatchError> {
+        Ok(self.0.get(tree_id).map_or(0, |r| r.last_seq))
+    }
 }
 
 fn row(r: &tokio_postgres::Row) -> Row {
@@ -77,10 +82,12 @@ fn row(r: &tokio_postgres::Row) -> Row {
         root_run_id: r.get("root_run_id"),
         next_id: r.get::<_, i64>("next_id") as u64,
         segments: r.get::<_, i64>("segments") as u64,
+        last_seq: r.get::<_, i64>("last_seq") as u64,
     }
 }
 
-const LOCK: &str = "SELECT tree_id, epoch, owner, root_run_id, next_id, segments FROM trees
+const LOCK: &str =
+    "SELECT tree_id, epoch, owner, root_run_id, next_id, segments, last_seq FROM trees
      WHERE tree_id = ANY($1) ORDER BY tree_id FOR UPDATE";
 
 const UPSERT: &str = "INSERT INTO trees(tree_id, root_run_id, agent, prompt, params, model,
@@ -94,7 +101,7 @@ const UPSERT: &str = "INSERT INTO trees(tree_id, root_run_id, agent, prompt, par
          owner = excluded.owner, resumes = trees.resumes + 1,
          config = COALESCE(excluded.config, trees.config)
      WHERE trees.epoch = $13
-     RETURNING epoch, owner, root_run_id, next_id, segments";
+     RETURNING epoch, owner, root_run_id, next_id, segments, last_seq";
 
 /// Segments go in only for trees whose row still has the epoch this process
 /// holds (or that it writes without a claim: `NULL`).
@@ -158,6 +165,23 @@ impl PgStore {
                     // What the cache says was written was rolled back.
                     state.cache.clear();
                     tries += 1;
+                    // No connection, or it was lost (a restart, a
+                    // terminated backend): the writer keeps the batch and
+                    // tries it again once the database answers. The epoch
+                    // fence and the encoder's re-read of the locked rows make
+                    // that safe (see `lost`).
+                    let reason = match &e {
+                        BatchError::Store(Error::StoreOpen { reason, .. }) => Some(reason.clone()),
+                        BatchError::Db(db) if lost(db) => Some(self.describe(db)),
+                        _ => None,
+                    };
+                    if let Some(reason) = reason {
+                        return Err(Error::StoreUnavailable {
+                            path: self.shown.clone(),
+                            reason,
+                            disk_full: false,
+                        });
+                    }
                     let again = matches!(&e, BatchError::Db(db) if retryable(db));
                     if !again || tries >= RETRIES {
                         let source: Box<dyn std::error::Error + Send + Sync> = match e {
@@ -173,6 +197,32 @@ impl PgStore {
                 }
             }
         }
+    }
+}
+
+/// The connection is gone or the server is going away: closed, an I/O
+/// error, SQLSTATE class 08 (connection exception), 57P01–57P03
+/// (terminated by an administrator, crash shutdown, cannot connect now)
+/// or 53300 (too many connections). Whatever the batch had done was rolled
+/// back with its transaction, unless the commit itself was what went
+/// unanswered: then the rows the retry locks show the batch's segments
+/// and `last_seq` already there, and the encoder writes only what is new.
+pub(super) fn lost(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        Some(c) => {
+            c.code().starts_with("08")
+                || *c == SqlState::ADMIN_SHUTDOWN
+                || *c == SqlState::CRASH_SHUTDOWN
+                || *c == SqlState::CANNOT_CONNECT_NOW
+                || *c == SqlState::TOO_MANY_CONNECTIONS
+        }
+        // No SQLSTATE: the error is the connection's (I/O, a protocol
+        // error), not one the server sent about the statement.
+        None => e.as_db_error().is_none(),
     }
 }
 

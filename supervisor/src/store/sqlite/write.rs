@@ -213,6 +213,19 @@ fn attempt(
     Ok(state.committed(done))
 }
 
+/// Whether a failed write may go through later, unchanged: `Some(true)` when
+/// the disk is full (`SQLITE_FULL`: the file or its journal could not grow),
+/// `Some(false)` for an I/O error of the system (`SQLITE_IOERR`, which a
+/// full disk under the WAL also gives), `None` for anything else (the
+/// transaction was rolled back either way).
+fn unavailable(e: &rusqlite::Error) -> Option<bool> {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DiskFull) => Some(true),
+        Some(rusqlite::ErrorCode::SystemIoFailure) => Some(false),
+        _ => None,
+    }
+}
+
 impl SqliteStore {
     /// `Store::write`: the batch in one transaction, tried again while
     /// another process holds the file's write lock.
@@ -233,6 +246,14 @@ impl SqliteStore {
                     // What the cache says was written was rolled back.
                     state.cache.clear();
                     tries += 1;
+                    if let Some(disk_full) = unavailable(&e) {
+                        // The writer keeps the batch and tries it again.
+                        return Err(Error::StoreUnavailable {
+                            path: self.path.display().to_string(),
+                            reason: e.to_string(),
+                            disk_full,
+                        });
+                    }
                     if !busy || tries >= BUSY_RETRIES {
                         return Err(Error::StoreWrite {
                             path: self.path.clone(),
