@@ -654,6 +654,45 @@ fn a_truncated_store_and_one_with_a_broken_schema_version_each_get_their_own_mes
     }
 }
 
+/// A store cut by its last page (`truncate -s $((size-4096))`) was opened
+/// for writing and corrupted further: now every command that opens it,
+/// for writing or reading, refuses it as damaged and leaves it as it is.
+#[test]
+fn a_store_cut_by_its_last_page_was_opened_for_writing_and_corrupted_further() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = fixtures().join("scripted.toml").display().to_string();
+    let out = arbor_in(
+        dir.path(),
+        &["run", "--config", &config, "--store", "cut.db", "-q", "go"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let cut = dir.path().join("cut.db");
+    assert!(
+        !dir.path().join("cut.db-wal").exists(),
+        "the last close checkpointed"
+    );
+    let size = std::fs::metadata(&cut).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&cut).unwrap();
+    file.set_len(size - 4096).unwrap();
+    drop(file);
+    for args in [
+        vec![
+            "run", "--config", &config, "--store", "cut.db", "-q", "again",
+        ],
+        vec!["runs", "--store", "cut.db"],
+    ] {
+        let out = arbor_in(dir.path(), &args);
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?} opened it");
+        assert!(err.contains("damaged (truncated or corrupt)"), "{err}");
+        assert!(
+            err.contains(&format!("it has {} bytes", size - 4096)),
+            "{err}"
+        );
+    }
+    assert_eq!(std::fs::metadata(&cut).unwrap().len(), size - 4096);
+}
+
 /// A quick two-agent tree on the simulated model.
 const QUICK: &str = r#"
 [run]

@@ -155,7 +155,10 @@ impl PgServer {
 
     /// What `pg_ctl restart` does for an operator's routine restart.
     fn restart(&self) {
-        self.pg_ctl(&["-m", "fast", "restart"]);
+        // With its log file: a server started without one would hold this
+        // call's output pipes for its whole life.
+        let log = self.dir.join("server.log");
+        self.pg_ctl(&["-m", "fast", "-l", log.to_str().unwrap(), "restart"]);
     }
 
     fn stop(&self) {

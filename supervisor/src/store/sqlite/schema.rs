@@ -136,6 +136,9 @@ impl SqliteStore {
             reason,
             busy: false,
         };
+        if let Some(cut) = cut_short(path) {
+            return Err(open_err(cut));
+        }
         let sql_err = |e: rusqlite::Error| open_sql_err(path, e);
         let connect = |immutable: bool| -> Result<Connection, Error> {
             let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
@@ -234,6 +237,9 @@ impl SqliteStore {
             reason,
             busy: false,
         };
+        if let Some(cut) = cut_short(path) {
+            return Err(open_err(cut));
+        }
         let sql_err = |e: rusqlite::Error| open_sql_err(path, e);
         let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         if create {
@@ -366,6 +372,50 @@ pub(super) fn is_busy(e: &rusqlite::Error) -> bool {
         e.sqlite_error_code(),
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
     )
+}
+
+/// Why the SQLite file at `path` is shorter than its own header says, if
+/// it is: cut (by a full disk, a copy that stopped, `truncate`) after its
+/// last checkpoint. SQLite would open such a file and write past the hole,
+/// corrupting it further; only a file whose header's page count is valid
+/// (its "version-valid-for" matches its change counter) and that has no
+/// writes waiting in a `-wal` (which a crash mid-checkpoint leaves, and
+/// SQLite replays) is judged. `None` for a file that is whole, not SQLite,
+/// or missing.
+pub(super) fn cut_short(path: &Path) -> Option<String> {
+    use std::io::Read as _;
+    let mut file = std::fs::File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    let mut header = [0u8; 100];
+    file.read_exact(&mut header).ok()?;
+    if &header[..16] != b"SQLite format 3\0" {
+        return None;
+    }
+    let be32 = |at: usize| {
+        u32::from_be_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+    };
+    let page_size = match u16::from_be_bytes([header[16], header[17]]) {
+        1 => 65_536,
+        n => u64::from(n),
+    };
+    let (changes, pages, valid_for) = (be32(24), u64::from(be32(28)), be32(92));
+    if pages == 0 || changes != valid_for || page_size < 512 {
+        return None;
+    }
+    let wal = path.with_file_name(format!(
+        "{}-wal",
+        path.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    if std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0) {
+        return None;
+    }
+    let expected = pages * page_size;
+    (len < expected).then(|| {
+        format!(
+            "the file is damaged (truncated or corrupt): it has {len} bytes where its header \
+             says {pages} pages of {page_size} ({expected} bytes); restore it from a backup"
+        )
+    })
 }
 
 /// A SQLite error opening the store at `path`, busy if it is a lock.
