@@ -63,6 +63,16 @@ spawnable_agents = ["worker"]
 
 [agents.worker]
 model = "sim"
+
+# A model call that never ends on its own: a tree that runs until stopped.
+[models.slow]
+provider = "simulated"
+fanout = 2
+depth = 1
+latency = "1h"
+
+[agents.sleeper]
+model = "slow"
 "#;
 
 fn setup(dir: &Path, fail_after: &str) {
@@ -557,4 +567,67 @@ impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.path).status();
     }
+}
+
+/// A tree whose stored log cannot be read (its last segment damaged) was
+/// claimed by the service that adopted it and then listed `running` for
+/// ever (nobody else could claim it): now it fails, naming why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_whose_log_cannot_be_loaded_was_listed_running_for_ever() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path(), "60s");
+    let mut run = Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args([
+            "run",
+            "--config",
+            "faults.toml",
+            "--store",
+            "s.db",
+            "--agent",
+            "sleeper",
+            "-q",
+            "go",
+        ])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let db = dir.path().join("s.db");
+    let segments = || -> Option<(String, i64)> {
+        let conn = rusqlite::Connection::open(&db).ok()?;
+        conn.query_row(
+            "SELECT tree_id, max(n) FROM segments GROUP BY tree_id",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .ok()
+    };
+    let (tree, last) = poll(GUARD, segments).expect("the tree's first segment is stored");
+    run.kill().unwrap();
+    run.wait().unwrap();
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.execute(
+            "UPDATE segments SET body = x'00ff00ff' WHERE tree_id = ?1 AND n = ?2",
+            rusqlite::params![tree, last],
+        )
+        .unwrap();
+    }
+    let server = replica(dir.path(), "s.db");
+    // (Listed from the trees' rows: its log cannot be read.)
+    let ended = until(|| async {
+        let (_, listed) = get(&server, "/v1/runs").await;
+        let row = listed["runs"]
+            .as_array()?
+            .iter()
+            .find(|t| t["treeId"] == tree.as_str())?
+            .clone();
+        (row["status"] != "running").then_some(row)
+    })
+    .await
+    .unwrap_or_else(|| panic!("tree {tree} is still listed running"));
+    assert_eq!(ended["status"], "failed", "{ended}");
+    let error = ended["error"].as_str().unwrap_or_default();
+    assert!(error.contains("cannot be resumed"), "{ended}");
 }

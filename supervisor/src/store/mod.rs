@@ -610,6 +610,12 @@ pub trait Store: Send + Sync + 'static {
     /// for a tree that is running (here or elsewhere) or was cut short.
     fn claim_turn(&self, tree_id: &str) -> Result<u64, Error>;
 
+    /// Ends a tree this process claimed (at `epoch`) but cannot load (its
+    /// log is damaged, its config cannot be built): `failed`, with
+    /// `reason`, so that it is not listed running for ever nor claimed
+    /// again and again. Nothing changes if another process claimed it since.
+    fn fail_claimed(&self, tree_id: &str, epoch: u64, reason: &str) -> Result<(), Error>;
+
     /// Stores a control message for whichever process owns the tree (it
     /// takes it with `take_controls`); returns its id. `Error::UnknownTree`
     /// if the store has no such tree.

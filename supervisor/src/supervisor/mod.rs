@@ -443,13 +443,21 @@ impl Supervisor {
         }
         let read = self
             .read_store(move |store| {
-                let claimed: Vec<String> = store
-                    .claim_interrupted(&ids)?
-                    .into_iter()
-                    .map(|(id, _)| id)
-                    .collect();
-                let read = store.resumes(&claimed)?;
-                Ok(claimed.into_iter().zip(read).collect::<Vec<_>>())
+                let claimed = store.claim_interrupted(&ids)?;
+                let ids: Vec<String> = claimed.iter().map(|(id, _)| id.clone()).collect();
+                let read = store.resumes(&ids)?;
+                let mut out = Vec::with_capacity(read.len());
+                for ((tree_id, epoch), read) in claimed.into_iter().zip(read) {
+                    // A tree claimed that cannot be loaded fails, with the
+                    // reason, instead of staying claimed (running) for ever.
+                    if let Err(error) = &read {
+                        let reason = format!("the tree cannot be resumed: {error}");
+                        tracing::error!(tree = %tree_id, "{reason}");
+                        store.fail_claimed(&tree_id, epoch, &reason)?;
+                    }
+                    out.push((tree_id, read));
+                }
+                Ok(out)
             })
             .await?;
         let starts = read.into_iter().map(|(tree_id, read)| {
@@ -1000,6 +1008,17 @@ impl Supervisor {
             Some(root) => root.cast(AgentMsg::Cancel(CancelReason::Requested)).is_ok(),
             None => false,
         }
+    }
+
+    /// Whether another process claimed this tree after this one did (a
+    /// higher fencing epoch): the store refused this process's writes for
+    /// it from that batch on, so what it emits here since (its stopping
+    /// included) is in no journal. False again once this process claims
+    /// the tree anew.
+    pub fn is_fenced(&self, tree_id: &str) -> bool {
+        self.store
+            .as_ref()
+            .is_some_and(|(_, writer)| writer.fenced(tree_id).is_some())
     }
 
     /// Whether a tree with this id runs in this supervisor.
