@@ -1186,7 +1186,15 @@ pub async fn metrics(State(shared): State<Arc<Shared>>, Caller(caller): Caller) 
     if let Err(error) = access::check(&shared, &caller, Action::Operate, Subject::Service).await {
         return error.into_response();
     }
-    let approvals_pending = shared.runtime.supervisor().approvals(None).len();
+    let supervisor = shared.runtime.supervisor();
+    let approvals_pending = supervisor.approvals(None).len();
+    let down = supervisor.store_down();
+    let writable = supervisor.store().is_some()
+        && down.is_none()
+        && supervisor.store_failure().is_none();
+    shared
+        .metrics
+        .store_state(writable, down.map(|d| d.for_ms));
     (
         [(
             header::CONTENT_TYPE,

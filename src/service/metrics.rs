@@ -182,6 +182,11 @@ pub struct Metrics {
     /// Tool calls waiting for a person's decision: the length of the
     /// supervisor's list, set when scraped (`encode`).
     approvals_pending: Gauge,
+    /// 1 while the store takes this process's writes, 0 while it is down
+    /// or failed.
+    store_writable: Gauge,
+    /// How long the store has taken no writes, while it is down.
+    store_down_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     agents_spawned: Counter,
     runs_finished: Family<StatusLabel, Counter>,
     steps: Counter,
@@ -224,6 +229,8 @@ impl Metrics {
             live_agents: Gauge::default(),
             agents_parked: Gauge::default(),
             approvals_pending: Gauge::default(),
+            store_writable: Gauge::default(),
+            store_down_seconds: Gauge::default(),
             agents_spawned: Counter::default(),
             runs_finished: Family::default(),
             steps: Counter::default(),
@@ -261,6 +268,17 @@ impl Metrics {
             "approvals_pending",
             "Tool calls waiting for a person's decision",
             m.approvals_pending.clone(),
+        );
+        r.register(
+            "store_writable",
+            "1 while the store takes this process's writes; 0 while it is down (the writes \
+             wait and are tried again) or failed",
+            m.store_writable.clone(),
+        );
+        r.register(
+            "store_down_seconds",
+            "How long the store has taken no writes (0 while it takes them)",
+            m.store_down_seconds.clone(),
         );
         r.register(
             "trees_running",
@@ -473,6 +491,14 @@ impl Metrics {
                 }
             }
         }
+    }
+
+    /// Sets the store's gauges before a scrape: whether it takes writes,
+    /// and for how long (ms) it has not, while it is down.
+    pub fn store_state(&self, writable: bool, down_ms: Option<u64>) {
+        self.store_writable.set(i64::from(writable));
+        self.store_down_seconds
+            .set(down_ms.unwrap_or(0) as f64 / 1000.0);
     }
 
     /// The metrics as OpenMetrics text; `approvals_pending`: the number of

@@ -387,6 +387,16 @@ async fn a_terminated_backend_failed_every_running_tree() {
     }
     let (status, ready) = health(&server, "/readyz").await;
     assert_eq!(status, StatusCode::OK, "{ready}");
+    let metrics = client()
+        .get(server.url("/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("arbor_store_writable 1"), "{metrics}");
 }
 
 /// A database down longer than `[store] fail_after`: meanwhile readiness
@@ -420,6 +430,16 @@ async fn a_store_down_past_fail_after_left_healthz_ok_and_its_trees_running() {
     let (status, refused) = post(&a, "/v1/runs", json!({"agent": "lead", "prompt": "go"})).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
     assert_eq!(refused["error"]["code"], "store_unavailable", "{refused}");
+    let metrics = client()
+        .get(a.url("/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("arbor_store_writable 0"), "{metrics}");
     // Past fail_after: unhealthy, so an orchestrator restarts it.
     let (_, unhealthy) = until(|| async {
         let got = health(&a, "/healthz").await;
