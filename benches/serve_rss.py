@@ -70,6 +70,17 @@ def request(base, method, path, body=None):
         return r.read().decode()
 
 
+def rss_split_kb(pid):
+    """The RSS's anonymous and file-backed parts (/proc/PID/smaps_rollup)."""
+    split = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            key = line.split(":")[0]
+            if key in ("Rss", "Anonymous"):
+                split[key] = int(line.split()[1])
+    return split["Anonymous"], split["Rss"] - split["Anonymous"]
+
+
 def task_count(pid):
     return len(os.listdir(f"/proc/{pid}/task"))
 
@@ -121,7 +132,8 @@ def main():
             print(f"{label:>14}: {kb / 1024:7.1f} MB  {kb / start:5.2f}x", flush=True)
 
         show("start", start)
-        print(f"{'':>14}  ({task_count(pid)} threads)", flush=True)
+        anon, file = rss_split_kb(pid)
+        print(f"{'':>14}  ({task_count(pid)} threads; {anon / 1024:.1f} MB anonymous, {file / 1024:.1f} MB file-backed)", flush=True)
         started_total = 0
         tree_ids = []
         for wave in range(1, args.waves + 1):
@@ -206,7 +218,8 @@ def main():
             print(f"{'':>14}  (threads: {most[0]} at most, {task_count(pid)} idle; {took:.1f} s)", flush=True)
         time.sleep(args.settle)
         show(f"+{args.settle:g} s idle", rss_kb(pid))
-        print(f"{'':>14}  ({task_count(pid)} threads)", flush=True)
+        anon, file = rss_split_kb(pid)
+        print(f"{'':>14}  ({task_count(pid)} threads; {anon / 1024:.1f} MB anonymous, {file / 1024:.1f} MB file-backed)", flush=True)
         m = request(base, "GET", "/metrics")
         completed = metric(m, 'arbor_runs_finished_total{status="completed"}') or 0
         spawned = metric(m, "arbor_agents_spawned_total") or 0
