@@ -8,9 +8,6 @@ use arbor::config::ConfigError;
 use clap::Parser;
 
 /// mimalloc measured 2× faster than glibc's allocator on agent trees (BENCHMARKS.md).
-/// Built without transparent huge pages (the `no_thp` feature in Cargo.toml):
-/// with them, the kernel kept whole 2 MB pages of its arena resident after a
-/// burst of trees (issue 33, BENCHMARKS.md).
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -226,6 +226,17 @@ async fn health(server: &Server, path: &str) -> (StatusCode, Value) {
     (status, response.json().await.unwrap())
 }
 
+/// What `/metrics` shows now.
+async fn metrics(server: &Server) -> String {
+    let response = client()
+        .get(server.url("/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    response.text().await.unwrap()
+}
+
 /// Everything stored of a tree (`arbor export`).
 fn export(dir: &Path, store: &str, tree: &str) -> Value {
     let out = crate::arbor_in(dir, &["export", "--store", store, tree]);
@@ -356,13 +367,14 @@ async fn a_postgres_restart_took_every_replica_down_until_restarted_by_hand() {
 }
 
 /// `pg_terminate_backend` of the service's connections (what an operator
-/// or a failover does): the writer reconnects and the tree completes.
+/// or a failover does): the writer reconnects, the trees complete, and the
+/// `LISTEN` connection is opened again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminated_backend_failed_every_running_tree() {
     let db = PgDatabase::new("terminated");
     let dir = tempfile::tempdir().unwrap();
     setup(dir.path(), "60s");
-    let server = replica(dir.path(), &db.url());
+    let mut server = replica(dir.path(), &db.url());
     let mut started = Vec::new();
     for _ in 0..10 {
         started.push(start_tree(&server).await);
@@ -387,16 +399,11 @@ async fn a_terminated_backend_failed_every_running_tree() {
     }
     let (status, ready) = health(&server, "/readyz").await;
     assert_eq!(status, StatusCode::OK, "{ready}");
-    let metrics = client()
-        .get(server.url("/metrics"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(&server).await;
     assert!(metrics.contains("arbor_store_writable 1"), "{metrics}");
+    // The notifications' connection was terminated too: it is open again
+    // (before, it stayed closed and every wake-up waited for a poll).
+    server.wait_for("following the store's notifications again");
 }
 
 /// A database down longer than `[store] fail_after`: meanwhile readiness
@@ -430,15 +437,7 @@ async fn a_store_down_past_fail_after_left_healthz_ok_and_its_trees_running() {
     let (status, refused) = post(&a, "/v1/runs", json!({"agent": "lead", "prompt": "go"})).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
     assert_eq!(refused["error"]["code"], "store_unavailable", "{refused}");
-    let metrics = client()
-        .get(a.url("/metrics"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(&a).await;
     assert!(metrics.contains("arbor_store_writable 0"), "{metrics}");
     // Past fail_after: unhealthy, so an orchestrator restarts it.
     let (_, unhealthy) = until(|| async {
