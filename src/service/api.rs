@@ -138,18 +138,33 @@ pub struct RunList {
     pub next_offset: Option<u64>,
 }
 
+/// A run, as every replica of the service answers for it: its ids, agent
+/// type and status alike everywhere; its state the current one where it
+/// runs, else the one stored last.
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunView {
     pub run_id: String,
-    /// Whether an actor runs it now (its state is the current one).
+    /// The tree it is of.
+    pub tree_id: String,
+    /// The run that spawned it; null for a tree's root (or a turn's).
+    pub parent_run_id: Option<String>,
+    /// Its agent type (the template id it runs).
+    pub agent_type: String,
+    /// `running`, or how it ended: `completed`, `failed`, `cancelled`.
+    pub status: String,
+    /// Whether this process runs it (it runs its tree), so `state` is its
+    /// current one; false: `state` is the one stored last.
     pub live: bool,
     /// Whether the state is the run's final one.
     #[serde(rename = "final")]
     pub is_final: bool,
     /// The run's AgentState: ids, messageHistory, output, status, usage.
-    #[schema(value_type = Object)]
-    pub state: AgentState,
+    /// Null while none is stored and this process does not run it: a run
+    /// another replica runs has none until its first checkpoint (the end of
+    /// its first step).
+    #[schema(value_type = Option<Object>)]
+    pub state: Option<AgentState>,
     /// What a finished run hands back to its parent (or the caller), by its
     /// agent's output mode; null while it runs.
     #[schema(value_type = Option<Object>)]
@@ -572,42 +587,98 @@ pub async fn get_run(
     let supervisor = shared.runtime.supervisor();
     if let Some(state) = supervisor.live_state(&run_id).await {
         return Ok(Json(RunView {
+            tree_id: tree_of(&run_id).to_owned(),
+            parent_run_id: state.ancestor_run_ids.last().cloned(),
+            agent_type: state.agent_type.clone().unwrap_or_default(),
+            status: state.status.as_str().to_owned(),
             run_id,
             live: true,
             is_final: false,
-            state,
+            state: Some(state),
             value: Value::Null,
         }));
     }
-    // Finished or interrupted: as stored (once the store has everything so far).
+    // Finished, interrupted, or run by another replica: as stored (once the
+    // store has everything so far).
     let id = run_id.clone();
     let stored = supervisor
-        .read_store_now(move |store| store.run(&id))
+        .read_store_now(move |store| stored_run(store, &id))
         .await?;
-    let state = stored
-        .state
-        .ok_or_else(|| ApiError::not_found(format!("run {run_id} has no stored state yet")))?;
-    let mode = state.agent_type.as_deref().and_then(|agent| {
-        shared
-            .runtime
-            .supervisor()
-            .catalog()
-            .find_template(agent)
-            .map(|t| t.output_mode)
-    });
-    let value = match mode {
-        Some(mode) if stored.is_final => {
-            arbor_actors::output::output_value(&state, mode, stored.inherited)
+    let arbor_supervisor::store::StoredRun {
+        node,
+        state,
+        is_final,
+        inherited,
+    } = stored;
+    let mode = state
+        .as_ref()
+        .and_then(|s| s.agent_type.as_deref())
+        .and_then(|agent| {
+            shared
+                .runtime
+                .supervisor()
+                .catalog()
+                .find_template(agent)
+                .map(|t| t.output_mode)
+        });
+    let value = match (mode, &state) {
+        (Some(mode), Some(state)) if is_final => {
+            arbor_actors::output::output_value(state, mode, inherited)
         }
         _ => Value::Null,
     };
     Ok(Json(RunView {
+        tree_id: tree_of(&run_id).to_owned(),
+        parent_run_id: node.parent_run_id,
+        agent_type: node.agent_type,
+        status: node.status,
         run_id,
         live: false,
-        is_final: stored.is_final,
+        is_final,
         state,
         value,
     }))
+}
+
+/// The run `run_id` as the store has it, from its log (its `agentStarted`
+/// on); the root of a running tree whose `agentStarted` is not stored yet as
+/// the tree's record tells it (no state yet); `Error::UnknownRun` if the
+/// store has neither.
+fn stored_run(
+    store: &dyn arbor_supervisor::store::Store,
+    run_id: &str,
+) -> Result<arbor_supervisor::store::StoredRun, arbor_supervisor::Error> {
+    use arbor_supervisor::Error;
+    match store.run(run_id) {
+        Err(Error::UnknownRun(_)) => match store.tree(tree_of(run_id)) {
+            Ok((record, summary)) if record.root_run_id == run_id && !summary.status.is_final() => {
+                let node = RunNode {
+                    run_id: run_id.to_owned(),
+                    parent_run_id: None,
+                    agent_type: record.agent,
+                    depth: 0,
+                    status: "running".to_owned(),
+                    error: None,
+                    error_kind: None,
+                    steps: 0,
+                    input_tokens: 0,
+                    output_tokens: 0,
+                    cost: 0.0,
+                    started_ms: record.started_ms,
+                    finished_ms: None,
+                };
+                Ok(arbor_supervisor::store::StoredRun {
+                    node,
+                    state: None,
+                    is_final: false,
+                    inherited: 0,
+                })
+            }
+            Ok(_) | Err(Error::UnknownTree(_)) => Err(Error::UnknownRun(run_id.to_owned())),
+            Err(error) => Err(error),
+        },
+        run => run,
+    }
 }
 
 #[utoipa::path(
@@ -795,7 +866,7 @@ pub async fn steer_run(
 #[utoipa::path(
     get, path = "/v1/approvals", tag = "approvals",
     responses(
-        (status = 200, description = "Every tool call waiting for a decision, in every tree the token's principal may see", body = ApprovalList),
+        (status = 200, description = "Every tool call waiting for a decision, in every running tree the token's principal may see, whichever replica runs it (read from its journal when another does)", body = ApprovalList),
         (status = 401, body = ErrorBody), (status = 503, body = ErrorBody),
     )
 )]
@@ -803,9 +874,50 @@ pub async fn list_approvals(
     State(shared): State<Arc<Shared>>,
     Caller(caller): Caller,
 ) -> Result<Json<ApprovalList>, ApiError> {
-    let approvals = shared.runtime.supervisor().approvals(None);
-    // Only those of trees the caller may see.
-    let approvals = access::readable(&shared, &caller, approvals, |a| &a.tree_id).await?;
+    let supervisor = shared.runtime.supervisor();
+    // Every tree that runs, here or on another replica (or waits to be
+    // adopted), of those the caller may see, as the store lists them.
+    let scope = access::scope(&caller);
+    let listing = scope.clone();
+    let listed = supervisor
+        .read_store(move |store| {
+            let mut trees = Vec::new();
+            for status in [TreeStatus::Running, TreeStatus::Interrupted] {
+                let filter = TreeFilter {
+                    status: Some(status),
+                    limit: 0,
+                    offset: 0,
+                };
+                let found = match &listing {
+                    Scope::All => store.trees(&filter)?,
+                    Scope::Owner(name) => store.trees_of(&filter, name)?,
+                    Scope::Nothing => Vec::new(),
+                };
+                trees.extend(found.into_iter().map(|t| (t.tree_id, t.principal)));
+            }
+            Ok(trees)
+        })
+        .await?;
+    // This replica's trees' calls as it holds them (only those of trees the
+    // caller may see); the others' from their journals.
+    let local = supervisor.approvals(None);
+    let mut approvals = access::readable(&shared, &caller, local, |a| &a.tree_id).await?;
+    let elsewhere: Vec<(String, Option<String>)> = listed
+        .into_iter()
+        .filter(|(tree, _)| !supervisor.is_running(tree))
+        .collect();
+    let held: std::collections::HashSet<(String, String)> = approvals
+        .iter()
+        .map(|a| (a.tree_id.clone(), a.tool_call_id.clone()))
+        .collect();
+    let remote = replica::pending_elsewhere(&shared, elsewhere, &scope).await?;
+    approvals.extend(
+        remote
+            .into_iter()
+            .filter(|a| !held.contains(&(a.tree_id.clone(), a.tool_call_id.clone()))),
+    );
+    // Oldest first, across the replicas.
+    approvals.sort_by_key(|a| a.requested_ms);
     Ok(Json(ApprovalList { approvals }))
 }
 
@@ -1189,12 +1301,9 @@ pub async fn metrics(State(shared): State<Arc<Shared>>, Caller(caller): Caller) 
     let supervisor = shared.runtime.supervisor();
     let approvals_pending = supervisor.approvals(None).len();
     let down = supervisor.store_down();
-    let writable = supervisor.store().is_some()
-        && down.is_none()
-        && supervisor.store_failure().is_none();
-    shared
-        .metrics
-        .store_state(writable, down.map(|d| d.for_ms));
+    let writable =
+        supervisor.store().is_some() && down.is_none() && supervisor.store_failure().is_none();
+    shared.metrics.store_state(writable, down.map(|d| d.for_ms));
     (
         [(
             header::CONTENT_TYPE,

@@ -2,8 +2,12 @@
 //! Server-Sent Events. The journal first (from `Last-Event-ID` on), then live;
 //! one shape either way (`journal_view`), each event's `seq` as its SSE id, so
 //! a client that reconnects with the last id it saw misses nothing and sees
-//! nothing twice. The stream ends after the run's own final event (or the
-//! tree's end, or shutdown); a client too slow to keep up is closed, to
+//! nothing twice. A live event is sent once the store has it (see `stored`):
+//! a stream shows nothing that is not in the journal, and when this process
+//! is fenced out of the tree (another claimed it) the stream follows the
+//! journal the new owner writes, to the tree's real end, as a stream of a
+//! tree run elsewhere does. The stream ends after the run's own final event
+//! (or the tree's end, or shutdown); a client too slow to keep up is closed, to
 //! reconnect and go on from the journal. Open streams are capped, in total
 //! and per tree (`[service] max_event_streams`, `max_event_streams_per_tree`).
 
@@ -23,6 +27,9 @@ use super::error::ApiError;
 
 /// Live events a stream may fall behind by before it is closed.
 const MAX_BEHIND: usize = 100_000;
+/// Live events a stream takes together before it waits for the store to
+/// have them (one flush of the writer for all of them).
+const LIVE_BATCH: usize = 1024;
 /// How long a client may take no event before its stream is closed.
 const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How often a live stream checks its tree still runs (a root lost without a
@@ -214,7 +221,7 @@ pub async fn stream(
     let journal = supervisor
         .read_store_now(move |store| store.events(&tree, after))
         .await?;
-    let running = supervisor.is_running(&tree_id);
+    let running = runs_here(&shared, &tree_id);
     let (tx, mut rx) = mpsc::channel(256);
     let mut follow = Follow {
         run_id,
@@ -237,38 +244,61 @@ pub async fn stream(
         tick.tick().await;
         let mut running = running;
         loop {
-            if !running {
-                // Not running here (any more): what came in until now, then
-                // the journal, if another replica runs the tree.
-                while let Ok(event) = live.try_recv() {
-                    if follow.send_event(&event).await {
-                        return;
+            // What arrived live: one event awaited while the tree runs here,
+            // then whatever else is queued.
+            let mut batch = Vec::new();
+            if running {
+                let event = tokio::select! {
+                    event = live.recv() => event,
+                    () = follow.tx.closed() => return,
+                    _ = shutdown.wait_for(|stop| *stop) => return,
+                    _ = tick.tick() => {
+                        running = runs_here(&shared, &follow.tree_id);
+                        continue;
                     }
+                };
+                let Some(event) = event else { return };
+                // A client that reads slower than its tree runs is cut off
+                // rather than buffered without bound: it reconnects with
+                // Last-Event-ID and reads the rest from the journal, losing
+                // nothing.
+                if live.len() > MAX_BEHIND {
+                    tracing::warn!(run = %follow.run_id, behind = live.len(), "event stream too slow; closed");
+                    return;
                 }
+                batch.push(event);
+            }
+            while batch.len() < LIVE_BATCH {
+                let Ok(event) = live.try_recv() else { break };
+                batch.push(event);
+            }
+            if !batch.is_empty() {
+                match stored(&shared, &follow.tree_id, &mut shutdown, &follow.tx).await {
+                    Stored::Yes => {
+                        for event in &batch {
+                            if follow.send_event(event).await {
+                                return;
+                            }
+                        }
+                    }
+                    // Taken over by another process: these events (its
+                    // stopping here among them) are in no journal. The
+                    // journal has what was stored, and goes on with what
+                    // the new owner writes, to the tree's real end.
+                    Stored::Fenced => {
+                        tracing::info!(run = %follow.run_id, "the tree was taken over by another process; its stream follows the journal");
+                        running = false;
+                    }
+                    Stored::Gone => return,
+                }
+            }
+            if !running {
+                // Not running here (any more): the journal, which another
+                // replica may go on writing.
                 drop(live);
                 shared.replica.remote_streams.inc();
                 follow.journal(&shared, &mut shutdown).await;
                 shared.replica.remote_streams.dec();
-                return;
-            }
-            let event = tokio::select! {
-                event = live.recv() => event,
-                () = follow.tx.closed() => return,
-                _ = shutdown.wait_for(|stop| *stop) => return,
-                _ = tick.tick() => {
-                    running = shared.runtime.supervisor().is_running(&follow.tree_id);
-                    continue;
-                }
-            };
-            let Some(event) = event else { return };
-            // A client that reads slower than its tree runs is cut off rather
-            // than buffered without bound: it reconnects with Last-Event-ID
-            // and reads the rest from the journal, losing nothing.
-            if live.len() > MAX_BEHIND {
-                tracing::warn!(run = %follow.run_id, behind = live.len(), "event stream too slow; closed");
-                return;
-            }
-            if follow.send_event(&event).await {
                 return;
             }
         }
@@ -277,6 +307,54 @@ pub async fn stream(
     // Often enough that a quiet stream is never taken for an idle connection.
     let keep_alive = KeepAlive::new().interval(shared.limits.stream_keep_alive());
     Ok(Sse::new(body).keep_alive(keep_alive))
+}
+
+/// Whether this process runs the tree and still holds it: a tree another
+/// process claimed since (fenced out here) is followed from its journal,
+/// as one run elsewhere is, even while it is still stopping here.
+fn runs_here(shared: &Shared, tree_id: &str) -> bool {
+    let supervisor = shared.runtime.supervisor();
+    supervisor.is_running(tree_id) && !supervisor.is_fenced(tree_id)
+}
+
+/// What became of the live events a stream holds once the store's writer
+/// has had them.
+enum Stored {
+    /// Written: they are in the journal, and may be sent.
+    Yes,
+    /// Another process claimed the tree since: the store refused this
+    /// process's writes for it, so some may be in no journal; none is sent.
+    Fenced,
+    /// The client left, the server stops, or the store failed for good
+    /// (the client reconnects, here or to another replica).
+    Gone,
+}
+
+/// Waits until the store has every event this process emitted so far
+/// (those a stream holds among them), and says whether they went in: a
+/// live event is sent only once it is in the journal of the process that
+/// holds the tree, so a process fenced out of it (paused past its lease,
+/// then going on) never shows a client an event no journal has.
+async fn stored(
+    shared: &Shared,
+    tree_id: &str,
+    shutdown: &mut watch::Receiver<bool>,
+    tx: &mpsc::Sender<SseEvent>,
+) -> Stored {
+    let supervisor = shared.runtime.supervisor();
+    let flushed = tokio::select! {
+        flushed = supervisor.flush() => flushed,
+        () = tx.closed() => return Stored::Gone,
+        _ = shutdown.wait_for(|stop| *stop) => return Stored::Gone,
+    };
+    // The writer records a fence before it answers the flush.
+    if supervisor.is_fenced(tree_id) {
+        Stored::Fenced
+    } else if flushed.is_ok() {
+        Stored::Yes
+    } else {
+        Stored::Gone
+    }
 }
 
 impl Follow {

@@ -195,6 +195,9 @@ pub(crate) struct Shared {
     adopt_wake: watch::Sender<u64>,
     /// The trees this process runs (started or adopted here, not ended).
     owned: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The waiting calls of trees other replicas run, folded from their
+    /// journals as far as `/v1/approvals` read them last.
+    pending_seen: std::sync::Mutex<HashMap<String, replica::PendingFold>>,
     /// One lock per tree taking a follow-up turn: turn requests of one tree
     /// are taken one at a time (a request holds it until its turn runs).
     turns: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -431,6 +434,7 @@ impl Service {
             control_wake: watch::channel(0).0,
             adopt_wake: watch::channel(0).0,
             owned: Default::default(),
+            pending_seen: Default::default(),
             turns: Default::default(),
         });
         // Controls other replicas post for this one's trees, and the

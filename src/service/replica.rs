@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::Shared;
+use super::access::Scope;
 use super::error::ApiError;
 
 /// How often the control loop looks for controls when no notification
@@ -180,49 +181,136 @@ pub(crate) fn pending_from_journal(
     tree_id: &str,
     journal: &[JournalEntry],
 ) -> Vec<arbor_supervisor::PendingApproval> {
-    let mut pending: Vec<arbor_supervisor::PendingApproval> = Vec::new();
-    let call = |entry: &JournalEntry| {
-        entry
-            .body
-            .get("toolCallId")
-            .and_then(|v| v.as_str())
-            .map(str::to_owned)
-    };
-    for entry in journal {
-        match entry.kind.name() {
-            "approvalRequested" => {
-                let Some(call_id) = call(entry) else { continue };
-                pending.retain(|p| p.tool_call_id != call_id);
-                pending.push(arbor_supervisor::PendingApproval {
-                    tree_id: tree_id.to_owned(),
-                    run_id: entry.run_id.to_string(),
-                    tool_call_id: call_id,
-                    step: entry
-                        .body
-                        .get("step")
-                        .and_then(|v| v.as_u64())
-                        .and_then(|v| u32::try_from(v).ok())
-                        .unwrap_or_default(),
-                    tool: entry
-                        .body
-                        .get("tool")
-                        .and_then(|v| v.as_str())
-                        .unwrap_or_default()
-                        .to_owned(),
-                    input: entry.body.get("input").cloned().unwrap_or_default(),
-                    requested_ms: entry.at_ms,
-                });
-            }
-            "approvalDecided" => {
-                if let Some(call_id) = call(entry) {
+    let mut fold = PendingFold::default();
+    fold.apply(tree_id, journal);
+    fold.pending
+}
+
+/// The waiting calls of one tree, folded from its journal up to `read`: the
+/// journal's entries after it go on from here (`apply`), so a tree's journal
+/// is read once, then only what is new.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PendingFold {
+    /// The principal that started the tree (a listing by owner keeps its
+    /// own trees' folds up to date).
+    owner: Option<String>,
+    /// The highest `seq` folded in.
+    read: u64,
+    /// The calls waiting as of `read`, oldest first.
+    pending: Vec<arbor_supervisor::PendingApproval>,
+}
+
+impl PendingFold {
+    /// Folds in the journal's entries that follow the ones folded so far.
+    fn apply(&mut self, tree_id: &str, journal: &[JournalEntry]) {
+        let pending = &mut self.pending;
+        let call = |entry: &JournalEntry| {
+            entry
+                .body
+                .get("toolCallId")
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+        };
+        for entry in journal {
+            self.read = self.read.max(entry.seq);
+            match entry.kind.name() {
+                "approvalRequested" => {
+                    let Some(call_id) = call(entry) else { continue };
                     pending.retain(|p| p.tool_call_id != call_id);
+                    pending.push(arbor_supervisor::PendingApproval {
+                        tree_id: tree_id.to_owned(),
+                        run_id: entry.run_id.to_string(),
+                        tool_call_id: call_id,
+                        step: entry
+                            .body
+                            .get("step")
+                            .and_then(|v| v.as_u64())
+                            .and_then(|v| u32::try_from(v).ok())
+                            .unwrap_or_default(),
+                        tool: entry
+                            .body
+                            .get("tool")
+                            .and_then(|v| v.as_str())
+                            .unwrap_or_default()
+                            .to_owned(),
+                        input: entry.body.get("input").cloned().unwrap_or_default(),
+                        requested_ms: entry.at_ms,
+                    });
                 }
+                "approvalDecided" => {
+                    if let Some(call_id) = call(entry) {
+                        pending.retain(|p| p.tool_call_id != call_id);
+                    }
+                }
+                _ if entry.is_final() => pending.retain(|p| *p.run_id != *entry.run_id),
+                _ => {}
             }
-            _ if entry.is_final() => pending.retain(|p| *p.run_id != *entry.run_id),
-            _ => {}
         }
     }
-    pending
+}
+
+/// The calls waiting in `trees` (trees this process does not run, each
+/// with the principal that started it), read from their journals: each
+/// tree's from where the last listing read it (`Shared::pending_seen`).
+/// `trees` are all the trees other replicas run now that `scope` covers:
+/// the folds of the other trees it covers are dropped, so what is kept
+/// follows what runs. A tree the store no longer has is left out.
+pub(crate) async fn pending_elsewhere(
+    shared: &Shared,
+    trees: Vec<(String, Option<String>)>,
+    scope: &Scope,
+) -> Result<Vec<arbor_supervisor::PendingApproval>, ApiError> {
+    let folds: Vec<(String, PendingFold)> = {
+        let mut seen = shared.pending_seen.locked();
+        let wanted: std::collections::HashSet<&String> = trees.iter().map(|(t, _)| t).collect();
+        seen.retain(|tree, fold| {
+            let covered = match scope {
+                Scope::All => true,
+                Scope::Owner(name) => fold.owner.as_deref() == Some(&**name),
+                Scope::Nothing => false,
+            };
+            wanted.contains(tree) || !covered
+        });
+        trees
+            .into_iter()
+            .map(|(tree, owner)| {
+                let fold = seen.get(&tree).cloned().unwrap_or(PendingFold {
+                    owner,
+                    ..PendingFold::default()
+                });
+                (tree, fold)
+            })
+            .collect()
+    };
+    let folded = shared
+        .runtime
+        .supervisor()
+        .read_store(move |store| {
+            let mut folded = Vec::with_capacity(folds.len());
+            for (tree, mut fold) in folds {
+                match store.events(&tree, fold.read) {
+                    Ok(entries) => {
+                        fold.apply(&tree, &entries);
+                        folded.push((tree, fold));
+                    }
+                    Err(arbor_supervisor::Error::UnknownTree(_)) => {}
+                    Err(error) => return Err(error),
+                }
+            }
+            Ok(folded)
+        })
+        .await?;
+    let mut seen = shared.pending_seen.locked();
+    let mut pending = Vec::new();
+    for (tree, fold) in folded {
+        pending.extend(fold.pending.iter().cloned());
+        // Another listing may have read further meanwhile.
+        let kept = seen.entry(tree).or_default();
+        if fold.read >= kept.read {
+            *kept = fold;
+        }
+    }
+    Ok(pending)
 }
 
 /// Takes the controls of the trees this process runs and applies them, until
@@ -471,6 +559,46 @@ mod tests {
         assert_eq!(pending[0].run_id, "t/0.1");
         assert_eq!(pending[0].requested_ms, 60);
         assert_eq!(pending[0].input, serde_json::json!({"text": "hi"}));
+    }
+
+    /// A journal folded in two reads (the second from where the first
+    /// ended, as a listing goes on from the last) gives what one read of
+    /// it all gives.
+    #[test]
+    fn a_journal_folded_in_parts_gives_what_it_gives_whole() {
+        let asked = |call: &str| {
+            serde_json::json!({"type": "approvalRequested", "step": 1, "toolCallId": call,
+                "tool": "say", "input": {}})
+        };
+        let journal = [
+            entry(1, "t/0.1", asked("c1")),
+            entry(2, "t/0.2", asked("c2")),
+            entry(
+                3,
+                "t/0.1",
+                serde_json::json!({"type": "approvalDecided", "step": 1,
+                "toolCallId": "c1", "decision": {"decision": "approve"}}),
+            ),
+            entry(4, "t/0.3", asked("c3")),
+            entry(
+                5,
+                "t/0.2",
+                serde_json::json!({"type": "agentFailed", "status": "failed"}),
+            ),
+        ];
+        let whole = pending_from_journal("t", &journal);
+        for cut in 0..=journal.len() {
+            let mut fold = PendingFold::default();
+            fold.apply("t", &journal[..cut]);
+            let read = fold.read;
+            let rest: Vec<JournalEntry> =
+                journal.iter().filter(|e| e.seq > read).cloned().collect();
+            fold.apply("t", &rest);
+            assert_eq!(fold.pending, whole, "cut at {cut}");
+            assert_eq!(fold.read, 5);
+        }
+        assert_eq!(whole.len(), 1, "{whole:?}");
+        assert_eq!(whole[0].tool_call_id, "c3");
     }
 
     #[test]

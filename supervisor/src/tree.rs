@@ -336,7 +336,7 @@ impl TreeHooks for TreeContext {
 
     fn store_ready(&self) -> Option<futures::future::BoxFuture<'static, ()>> {
         let health = self.store_health.as_ref()?;
-        (!health.ready()).then(|| health.until_ready())
+        (!health.ready_for(&self.tree_id)).then(|| health.until_ready_for(self.tree_id.clone()))
     }
 
     fn recovering(&self) -> bool {

@@ -28,6 +28,7 @@ mod provider_limits;
 mod provider_options;
 mod provider_quirks;
 mod provider_secrets;
+mod replica_answers;
 mod replicas;
 mod responses_api;
 mod secrets;

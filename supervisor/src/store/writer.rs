@@ -94,6 +94,10 @@ pub(crate) struct WriterHealth {
     written: Notify,
     /// Set when the writer is dropped: it stops trying a store that is down.
     closing: AtomicBool,
+    /// Trees another process claimed after this one (the writer's record,
+    /// set before the write that found it counts as written): they are
+    /// never ready here, whatever the store does.
+    fenced: Arc<Mutex<HashMap<String, Fenced>>>,
 }
 
 impl WriterHealth {
@@ -109,6 +113,7 @@ impl WriterHealth {
             fail_after_ms: AtomicU64::new(fail_after.as_millis() as u64),
             written: Notify::new(),
             closing: AtomicBool::new(false),
+            fenced: Arc::default(),
         })
     }
 
@@ -149,14 +154,26 @@ impl WriterHealth {
             && !self.is_down.load(Ordering::Acquire)
     }
 
-    /// Waits until `ready`.
-    pub(crate) fn until_ready(self: &Arc<Self>) -> BoxFuture<'static, ()> {
+    /// `ready`, for an agent of `tree_id`: never once another process claimed
+    /// the tree after this one. The write that finds the fence goes through
+    /// (for the other trees) and so opens the gate; this tree's agents stay
+    /// held, to be stopped, rather than send one more request.
+    pub(crate) fn ready_for(&self, tree_id: &str) -> bool {
+        self.ready() && !self.fenced.locked().contains_key(tree_id)
+    }
+
+    /// Waits until `ready_for(tree_id)`; for a tree fenced out, for ever
+    /// (its agents are stopped meanwhile).
+    pub(crate) fn until_ready_for(self: &Arc<Self>, tree_id: Arc<str>) -> BoxFuture<'static, ()> {
         let health = self.clone();
         Box::pin(async move {
             loop {
                 let written = health.written.notified();
                 tokio::pin!(written);
                 written.as_mut().enable();
+                if health.fenced.locked().contains_key(&*tree_id) {
+                    return std::future::pending().await;
+                }
                 if health.ready() {
                     return;
                 }
@@ -272,7 +289,8 @@ impl StoreWriter {
         let (tx, rx) = mpsc::sync_channel::<Msg>(QUEUE);
         let failure = Arc::new(Mutex::new(None));
         let failed = failure.clone();
-        let fenced = Arc::new(Mutex::new(HashMap::new()));
+        // Shared with the health, which holds a fenced tree's agents.
+        let fenced = health.fenced.clone();
         let fenced_here = fenced.clone();
         let runtime = tokio::runtime::Handle::try_current().ok();
         let health_here = health.clone();
@@ -503,8 +521,10 @@ impl Loop {
             );
             match result {
                 Ok(fenced) => {
-                    self.health.wrote(began);
+                    // The fences first: the agents the write lets go must
+                    // not include a fenced tree's.
                     self.fenced_out(fenced);
+                    self.health.wrote(began);
                     return Outcome::Done;
                 }
                 Err(Error::StoreUnavailable {
@@ -599,6 +619,8 @@ impl Loop {
 mod tests {
     use std::time::Duration;
 
+    use arbor_actors::sync::LockExt as _;
+
     use super::{StoreDown, WriterHealth};
 
     /// A process whose last write is older than half the lease (it was
@@ -630,5 +652,34 @@ mod tests {
         );
         health.wrote(4_000);
         assert!(health.ready_at(4_001) && health.down().is_none());
+    }
+
+    /// A tree another process claimed is never ready here, even right after
+    /// a write (the one that found the fence): its waiting agents are held
+    /// until they are stopped. The others go on.
+    #[tokio::test]
+    async fn a_fenced_tree_is_never_ready_again() {
+        let health = WriterHealth::new(5_000, Duration::from_secs(60));
+        health.wrote(health.now_ms());
+        assert!(health.ready_for("t") && health.ready_for("u"));
+        health.fenced.locked().insert(
+            "t".into(),
+            super::Fenced {
+                tree_id: "t".into(),
+                epoch: 1,
+                current: 2,
+                owner: "elsewhere:1".into(),
+            },
+        );
+        health.wrote(health.now_ms());
+        assert!(!health.ready_for("t"), "fenced");
+        assert!(health.ready_for("u"));
+        let held = health.until_ready_for("t".into());
+        let waited = tokio::time::timeout(Duration::from_millis(50), held).await;
+        assert!(waited.is_err(), "a fenced tree's agent is let go");
+        let free = health.until_ready_for("u".into());
+        tokio::time::timeout(Duration::from_secs(5), free)
+            .await
+            .expect("another tree's agent goes on");
     }
 }
