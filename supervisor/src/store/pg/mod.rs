@@ -40,10 +40,10 @@ pub const PASSWORD_ENV: &str = "ARBOR_PG_PASSWORD";
 const LIBPQ_PASSWORD_ENV: &str = "PGPASSWORD";
 /// Connections in the pool (the writer takes one per batch; each read one).
 const POOL_SIZE: usize = 8;
-/// How long a call waits for a connection, or to connect.
 /// How long the server lets a transaction of this store sit idle before it
 /// ends it (and frees its row locks): a stopped process's batch.
 const IDLE_IN_TRANSACTION_MS: u64 = 5_000;
+/// How long a call waits for a connection, or to connect.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The `Store` on a PostgreSQL database (see the module doc). Open it with
@@ -191,7 +191,6 @@ impl PgStore {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         config.application_name("arbor");
-        let runtime = tokio::runtime::Builder::new_multi_thread()
         // A process stopped (SIGSTOP, a frozen VM) in the middle of a batch
         // holds the row locks of its trees; the other replicas' claims skip
         // locked rows, so its trees could not be adopted until the server
@@ -202,6 +201,7 @@ impl PgStore {
                 "-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"
             ));
         }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("arbor-pg")
             .enable_all()
