@@ -197,7 +197,7 @@ impl PgStore {
         // ends that transaction. It does after this long idle in it (a
         // batch never idles: its statements are pipelined).
         if config.get_options().is_none() {
-            config.options(&format!(
+            config.options(format!(
                 "-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"
             ));
         }
