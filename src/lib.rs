@@ -206,7 +206,8 @@ impl RuntimeBuilder {
         if let Some(config) = &config {
             supervisor = supervisor
                 .with_config(config.snapshot())
-                .with_steer_limits(config.service.steering);
+                .with_steer_limits(config.service.steering)
+                .with_turn_queue_limit(config.service.queued_turns);
             if self.per_tree_configs {
                 let built = Arc::new(OtherConfigs::default());
                 let (current, code_tools) = (config.clone(), self.tools.clone());
@@ -382,21 +383,92 @@ impl Runtime {
         Ok(Run::new(handle, events))
     }
 
-    /// Starts a follow-up turn of an ended stored tree (see
-    /// [`Supervisor::start_turn`]): its root goes on from its final state with
-    /// `prompt`; the turn's events and its result.
+    /// Asks a stored tree a follow-up turn (see [`Supervisor::start_turn`]):
+    /// started here at once when the tree's last turn has ended (the turn's
+    /// events and its result), or queued behind the running turn (or refused)
+    /// as the request's multitask strategy says. A queued turn starts when
+    /// the turns before it have ended, in whichever process takes it; wait
+    /// for it with [`wait_queued`](Self::wait_queued).
     pub async fn start_turn(
         &self,
         tree_id: &str,
-        prompt: &str,
-        params: Option<Value>,
-    ) -> Result<Run, Error> {
+        request: arbor_supervisor::TurnRequest,
+    ) -> Result<TurnRun, Error> {
+        // Subscribed before the turn starts, so no event is missed.
         let events = self.supervisor.events().subscribe_tree(tree_id);
-        let handle = self
-            .supervisor
-            .start_turn(tree_id, prompt.to_owned(), params)
-            .await?;
-        Ok(Run::new(handle, events))
+        Ok(match self.supervisor.start_turn(tree_id, request).await? {
+            arbor_supervisor::TurnStart::Started(handle) => {
+                TurnRun::Started(Run::new(handle, events))
+            }
+            arbor_supervisor::TurnStart::Queued(queued) => TurnRun::Queued(queued),
+        })
+    }
+
+    /// Waits for a queued turn until it starts here (this process takes it
+    /// once the turns before it have ended: its events and its result) or
+    /// has ended in another process that took it (its final state). Polls
+    /// the store every 200 ms; fails if the turn leaves the queue without
+    /// ever starting (it could not start: the tree's log says why).
+    pub async fn wait_queued(
+        &self,
+        turn: &arbor_supervisor::store::QueuedTurn,
+    ) -> Result<Waited, Error> {
+        /// Polls a turn may be neither queued nor started for (taken, and
+        /// starting elsewhere) before it counts as dropped.
+        const GONE_FOR: u32 = 50;
+        let mut gone = 0;
+        loop {
+            let events = self.supervisor.events().subscribe_tree(&turn.tree_id);
+            if let Some((_, handle)) = self
+                .supervisor
+                .next_turn(&turn.tree_id, Some(turn.id))
+                .await?
+            {
+                return Ok(Waited::Started(Run::new(handle, events)));
+            }
+            drop(events);
+            let (run_id, tree_id, id) = (turn.run_id(), turn.tree_id.clone(), turn.id);
+            /// What the store says of the turn.
+            enum Seen {
+                /// Queued, or running somewhere.
+                Waiting,
+                /// Ended, with this final state.
+                Ended(Box<AgentState>),
+                /// Neither queued nor started.
+                Gone,
+            }
+            let seen = self
+                .supervisor
+                .read_store(move |store| match store.run(&run_id) {
+                    Ok(run) => Ok(match run.state {
+                        Some(state) if run.is_final => Seen::Ended(Box::new(state)),
+                        _ => Seen::Waiting,
+                    }),
+                    Err(arbor_supervisor::Error::UnknownRun(_)) => {
+                        let queued = store.queued_turns(&tree_id)?.iter().any(|q| q.id == id);
+                        Ok(if queued { Seen::Waiting } else { Seen::Gone })
+                    }
+                    Err(error) => Err(error),
+                })
+                .await?;
+            match seen {
+                Seen::Ended(state) => return Ok(Waited::Ended(state)),
+                Seen::Gone => {
+                    gone += 1;
+                    if gone >= GONE_FOR {
+                        return Err(Error::Supervisor(arbor_supervisor::Error::NotResumable {
+                            tree: turn.tree_id.clone(),
+                            reason: format!(
+                                "its queued turn {} left the queue without starting",
+                                turn.run_id()
+                            ),
+                        }));
+                    }
+                }
+                Seen::Waiting => gone = 0,
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
     }
 
     /// Runs `agent` on `prompt` to the end.
@@ -477,6 +549,22 @@ impl Run {
         drop(events);
         Ok(handle.wait().await?)
     }
+}
+
+/// What [`Runtime::start_turn`] did with a follow-up turn.
+pub enum TurnRun {
+    /// It started here.
+    Started(Run),
+    /// It waits behind the tree's running turn (see [`Runtime::wait_queued`]).
+    Queued(arbor_supervisor::Queued),
+}
+
+/// How a queued turn was waited for ([`Runtime::wait_queued`]).
+pub enum Waited {
+    /// This process took it and it runs here now.
+    Started(Run),
+    /// Another process took it and it has ended there: its root's final state.
+    Ended(Box<AgentState>),
 }
 
 /// Every event of one tree, in order; ends after the root's final event.

@@ -95,6 +95,11 @@ impl TreeRenderer {
                 short(event)
             )),
             EventKind::LimitsRaised { .. } => Some(format!("{}↑ budgets raised", indent(0))),
+            EventKind::TurnQueued { turn, position, .. } => Some(format!(
+                "{}⋯ turn {turn} queued as {} (place {position} in line)",
+                indent(0),
+                event.run_id
+            )),
             EventKind::Steered { text, .. } => {
                 Some(format!("  » {} told: {}", short(event), clip(text, 61)))
             }

@@ -265,6 +265,18 @@ pub enum EventKind {
         /// How long it went without progress, in milliseconds.
         idle_ms: u64,
     },
+    /// A follow-up turn was queued behind the tree's running turn
+    /// (semantics §14): an event of the run its root will be (`T/0~turn`),
+    /// which starts when the turns before it have ended.
+    #[serde(rename_all = "camelCase")]
+    TurnQueued {
+        /// Its turn number.
+        turn: u32,
+        /// Its place in the tree's queue when it was queued: 1 is next.
+        position: usize,
+        /// Its prompt.
+        prompt: Arc<str>,
+    },
 }
 
 impl EventKind {
@@ -317,6 +329,7 @@ impl EventKind {
             EventKind::ApprovalDecided { .. } => "approvalDecided",
             EventKind::Looping { .. } => "looping",
             EventKind::Stalled { .. } => "stalled",
+            EventKind::TurnQueued { .. } => "turnQueued",
         }
     }
 }
@@ -379,11 +392,13 @@ pub enum EventType {
     Looping,
     /// `stalled`: a run's own work in flight made no progress for its `idle_timeout`.
     Stalled,
+    /// `turnQueued`: a follow-up turn waits for the tree's running turn to end.
+    TurnQueued,
 }
 
 impl EventType {
     /// Every journal type.
-    pub const ALL: [EventType; 24] = [
+    pub const ALL: [EventType; 25] = [
         EventType::AgentStarted,
         EventType::StepStarted,
         EventType::ModelRetrying,
@@ -408,6 +423,7 @@ impl EventType {
         EventType::BudgetReached,
         EventType::LimitsRaised,
         EventType::Stalled,
+        EventType::TurnQueued,
     ];
 
     /// The journal type of an event; `None` for what the journal leaves out
@@ -440,6 +456,7 @@ impl EventType {
             EventKind::ApprovalDecided { .. } => EventType::ApprovalDecided,
             EventKind::Looping { .. } => EventType::Looping,
             EventKind::Stalled { .. } => EventType::Stalled,
+            EventKind::TurnQueued { .. } => EventType::TurnQueued,
         })
     }
 
@@ -470,6 +487,7 @@ impl EventType {
             EventType::ApprovalDecided => "approvalDecided",
             EventType::Looping => "looping",
             EventType::Stalled => "stalled",
+            EventType::TurnQueued => "turnQueued",
         }
     }
 

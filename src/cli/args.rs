@@ -269,10 +269,21 @@ pub(crate) struct RunArgs {
     /// Use this tree id (every run id derives from it) instead of a random one.
     #[arg(long)]
     pub(crate) tree_id: Option<String>,
-    /// Ask an ended stored tree a follow-up question: its root goes on from
-    /// its final state with PROMPT, as the tree's next turn (semantics §14).
+    /// Ask a stored tree a follow-up question: its root goes on from its
+    /// final state with PROMPT, as the tree's next turn (semantics §14).
+    /// While a turn of it runs, --multitask says what to do.
     #[arg(long = "continue", value_name = "TREE", conflicts_with_all = ["tree_id", "agent", "model"])]
     pub(crate) continue_tree: Option<String>,
+    /// With --continue, when the tree is running a turn: `enqueue` (wait in
+    /// its queue, then run and show the turn), `reject` (refuse, exit 1) or
+    /// `interrupt` (cancel the running turn, then the same as enqueue).
+    #[arg(
+        long,
+        value_name = "STRATEGY",
+        default_value = "enqueue",
+        requires = "continue_tree"
+    )]
+    pub(crate) multitask: arbor_supervisor::Multitask,
     /// Print every event as a JSON line on stderr instead of the tree.
     #[arg(long)]
     pub(crate) events: bool,

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use arbor::render::{TreeRenderer, final_text};
-use arbor::{Run, Runtime};
+use arbor::{Run, Runtime, TurnRun, Waited};
 use arbor_actors::approval::{DecideRefused, Decision};
 use arbor_actors::{AgentStatus, EventKind};
 use arbor_supervisor::{StartRequest, Supervisor};
@@ -25,6 +25,7 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         store,
         tree_id,
         continue_tree,
+        multitask,
         events,
         allow_tools,
         deny_tools,
@@ -78,8 +79,20 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             store.is_some(),
             "--continue needs the store (a follow-up turn goes on from the stored tree)"
         );
+        let request = arbor_supervisor::TurnRequest {
+            prompt,
+            params,
+            multitask,
+        };
         return tokio.block_on(until_signal(async {
-            let run = runtime.start_turn(&tree, &prompt, params).await?;
+            let run = match runtime.start_turn(&tree, request).await? {
+                TurnRun::Started(run) => run,
+                TurnRun::Queued(queued) => match wait_queued(&runtime, queued, show).await? {
+                    Waited::Started(run) => run,
+                    // Another process ran it: what it ended with.
+                    Waited::Ended(state) => return show_result(&state, show),
+                },
+            };
             follow_tree(&runtime, run, show, true).await
         }));
     }
@@ -213,17 +226,23 @@ async fn follow_tree(
     };
     let _ = printer.await;
     runtime.supervisor().flush().await?;
-    let completed = result.state.status == AgentStatus::Completed;
+    show_result(&result.state, show)
+}
+
+/// Prints a root's final state as `run` does (its output, or with --json the
+/// state); exit code 1 unless it completed.
+fn show_result(state: &arbor_actors::AgentState, show: Show) -> anyhow::Result<ExitCode> {
+    let completed = state.status == AgentStatus::Completed;
     if show.json {
-        outln!("{}", serde_json::to_string_pretty(&result.state)?)?;
+        outln!("{}", serde_json::to_string_pretty(state)?)?;
     } else if completed {
-        outln!("{}", final_text(&result.state))?;
+        outln!("{}", final_text(state))?;
     } else if show.quiet || show.events {
         // The tree's last line says why when it is shown; this is the only place otherwise.
         eprintln!(
             "error: the root agent {}: {}",
-            result.state.status.as_str(),
-            result.state.error_message().unwrap_or("no detail")
+            state.status.as_str(),
+            state.error_message().unwrap_or("no detail")
         );
     }
     Ok(if completed {
@@ -231,6 +250,36 @@ async fn follow_tree(
     } else {
         ExitCode::from(1)
     })
+}
+
+/// Waits for a turn `--continue` queued behind a running one: says so,
+/// cancels the running turn where it runs for `interrupt`, then waits until
+/// this process takes the turn or another one has run it.
+async fn wait_queued(
+    runtime: &Runtime,
+    queued: arbor_supervisor::Queued,
+    show: Show,
+) -> anyhow::Result<Waited> {
+    let turn = &queued.turn;
+    if !show.quiet {
+        eprintln!(
+            "turn {} of tree {} queued as {} (place {} in line): it starts when the turns before it end",
+            turn.turn,
+            turn.tree_id,
+            turn.run_id(),
+            turn.position
+        );
+    }
+    if let Some(run_id) = queued.cancel_elsewhere {
+        // As a replica forwards a cancel: the process that runs the turn takes it.
+        let control = serde_json::json!({"control": "cancel", "runId": run_id});
+        let tree = turn.tree_id.clone();
+        runtime
+            .supervisor()
+            .read_store(move |store| store.post_control(&tree, &control))
+            .await?;
+    }
+    Ok(runtime.wait_queued(turn).await?)
 }
 
 /// A tool call of the tree that waits for a decision (semantics §12).

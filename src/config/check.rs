@@ -269,6 +269,14 @@ pub(super) fn check_service(
             defaults.steering.max_pending_bytes,
         ),
     };
+    let queued_turns = count(
+        "max_queued_turns",
+        service.max_queued_turns,
+        1,
+        10_000,
+        "",
+        defaults.queued_turns,
+    );
     if let Some(endpoint) = &service.otlp_endpoint {
         let ok = endpoint
             .strip_prefix("http://")
@@ -295,6 +303,7 @@ pub(super) fn check_service(
     ServiceSettings {
         shutdown_timeout,
         steering,
+        queued_turns,
         limits: super::ServiceLimits {
             header_read_timeout,
             idle_timeout,

@@ -126,6 +126,10 @@ pub struct ServiceSection {
     /// Their bytes at once, in bytes; more get 429.
     #[serde(default = "default_max_pending_steer_bytes")]
     pub max_pending_steer_bytes: usize,
+    /// Follow-up turns one tree may have queued behind its running turn;
+    /// more get 429.
+    #[serde(default = "default_max_queued_turns")]
+    pub max_queued_turns: usize,
     /// Send traces (agent, step, tool and request spans) to this OpenTelemetry
     /// collector's OTLP/HTTP traces URL, e.g. `http://127.0.0.1:4318/v1/traces`.
     #[serde(default)]
@@ -210,6 +214,7 @@ impl Default for ServiceSection {
             body_read_timeout: default_body_read_timeout(),
             max_pending_steers: default_max_pending_steers(),
             max_pending_steer_bytes: default_max_pending_steer_bytes(),
+            max_queued_turns: default_max_queued_turns(),
             otlp_endpoint: None,
             principals: BTreeMap::new(),
         }
@@ -225,6 +230,9 @@ pub struct ServiceSettings {
     /// How much steering a run may hold before it takes it (the runtime's
     /// supervisor is built with it).
     pub steering: arbor_actors::steer::SteerLimits,
+    /// Follow-up turns one tree may have queued (the runtime's supervisor
+    /// is built with it).
+    pub queued_turns: usize,
     /// The server's limits.
     pub limits: ServiceLimits,
     /// The named API callers, by name.
@@ -236,6 +244,7 @@ impl Default for ServiceSettings {
         ServiceSettings {
             shutdown_timeout: std::time::Duration::from_secs(10),
             steering: arbor_actors::steer::SteerLimits::default(),
+            queued_turns: arbor_supervisor::DEFAULT_TURN_QUEUE,
             limits: ServiceLimits::default(),
             principals: Vec::new(),
         }
@@ -346,6 +355,10 @@ fn default_max_pending_steers() -> usize {
 
 fn default_max_pending_steer_bytes() -> usize {
     arbor_actors::steer::SteerLimits::default().max_pending_bytes
+}
+
+fn default_max_queued_turns() -> usize {
+    arbor_supervisor::DEFAULT_TURN_QUEUE
 }
 
 /// Where runs are kept (`arbor runs`, `resume`, `replay`).

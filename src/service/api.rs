@@ -305,19 +305,6 @@ pub struct Budgets {
     pub max_credits: Option<f64>,
 }
 
-/// What a follow-up turn does when the tree is running a turn already.
-#[derive(Clone, Copy, Debug, Default, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Multitask {
-    /// Refuse it (409).
-    Reject,
-    /// Wait for the running turn to end, then start (the answer comes then).
-    #[default]
-    Enqueue,
-    /// Cancel the running turn (its partial state is kept), then start from it.
-    Interrupt,
-}
-
 /// A follow-up turn of a tree (semantics §14).
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -327,8 +314,29 @@ pub struct CreateTurn {
     /// Params for the root, checked against its input schema.
     #[schema(value_type = Option<Object>)]
     pub params: Option<Value>,
-    /// When a turn is running already: `reject`, `enqueue` (default) or `interrupt`.
-    pub multitask: Option<Multitask>,
+    /// When a turn is running already: `reject` (409), `enqueue` (default:
+    /// queued, answered 202 at once) or `interrupt` (the running turn is
+    /// cancelled; queued, answered 202).
+    pub multitask: Option<arbor_supervisor::Multitask>,
+}
+
+/// A follow-up turn queued behind the tree's running turn (and the turns
+/// queued before it): stored, so it starts when they have ended whatever
+/// becomes of this connection or this server.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnQueued {
+    /// The tree.
+    pub tree_id: String,
+    /// The run its root will be (`T/0~n`); its events stream at
+    /// `/v1/runs/{runId}/events` from now on.
+    pub run_id: String,
+    /// Its turn number (`n`).
+    pub turn: u32,
+    /// Its place in the tree's queue: 1 is the next turn.
+    pub position: usize,
+    /// Always `true`: it waits.
+    pub queued: bool,
 }
 
 /// A decision was taken.
@@ -1013,11 +1021,14 @@ pub async fn decide_approval(
     responses(
         (status = 201, description = "The turn started: its root is a new run (`T/0~n`) of the tree's root agent, from its final state", body = Created,
          headers(("Location" = String, description = "The new turn's run"))),
+        (status = 202, description = "The tree is running a turn (here, on another replica, or cut short and waiting for its resume): the turn is queued in the store behind it (`enqueue`, or `interrupt`, which also cancels it) and starts when the turns before it end, whatever becomes of this connection", body = TurnQueued,
+         headers(("Location" = String, description = "The queued turn's run to be"))),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, description = "No stored tree of that id", body = ErrorBody),
-        (status = 409, description = "A turn is running (`multitask = reject`), or the tree was cut short (resume it first)", body = ErrorBody),
+        (status = 409, description = "A turn is running (`multitask = reject`)", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
         (status = 422, body = ErrorBody),
+        (status = 429, description = "As many turns are queued for the tree as it may hold ([service] max_queued_turns)", body = ErrorBody),
         (status = 503, body = ErrorBody),
     )
 )]
@@ -1028,50 +1039,30 @@ pub async fn create_turn(
     ApiJson(body): ApiJson<CreateTurn>,
 ) -> Result<Response, ApiError> {
     access::check(&shared, &caller, Action::Write, Subject::Tree(&tree_id)).await?;
-    let supervisor = shared.runtime.supervisor();
-    let multitask = body.multitask.unwrap_or_default();
-    // One turn request of a tree at a time, held until its turn runs: a
-    // second client's `enqueue` then waits for that turn, not the one before.
-    let lock = shared.turn_lock(&tree_id);
-    let _turn = lock.lock().await;
-    // Bounded: a turn another client started meanwhile is waited for (or
-    // cancelled) again, a few times at most.
-    for _ in 0..8 {
-        match multitask {
-            Multitask::Reject if supervisor.is_running(&tree_id) => {
-                return Err(ApiError::new(
-                    StatusCode::CONFLICT,
-                    "conflict",
-                    format!("tree {tree_id} is running a turn (multitask = reject)"),
-                ));
-            }
-            Multitask::Reject => {}
-            Multitask::Enqueue => supervisor.until_ended(&tree_id).await,
-            Multitask::Interrupt => {
-                if supervisor.cancel_tree(&tree_id) {
-                    supervisor.until_ended(&tree_id).await;
-                }
-            }
+    let request = arbor_supervisor::TurnRequest {
+        prompt: body.prompt,
+        params: body.params,
+        multitask: body.multitask.unwrap_or_default(),
+    };
+    Ok(match shared.turn(tree_id, request).await? {
+        super::turns::Answer::Started { tree, run_id } => created(tree.to_string(), run_id),
+        super::turns::Answer::Queued(turn) => {
+            let run_id = turn.run_id();
+            let location = format!("/v1/runs/{}", run_id.replace('/', "%2F"));
+            (
+                StatusCode::ACCEPTED,
+                [(header::LOCATION, location)],
+                Json(TurnQueued {
+                    tree_id: turn.tree_id,
+                    run_id,
+                    turn: turn.turn,
+                    position: turn.position,
+                    queued: true,
+                }),
+            )
+                .into_response()
         }
-        let started = shared
-            .start_turn(tree_id.clone(), body.prompt.clone(), body.params.clone())
-            .await;
-        match started {
-            Ok((tree, run_id)) => return Ok(created(tree.to_string(), run_id)),
-            // Another client's turn got in first: wait for it (or cancel it) again.
-            Err(e) if e.status == StatusCode::CONFLICT && supervisor.is_running(&tree_id) => {
-                if matches!(multitask, Multitask::Reject) {
-                    return Err(e);
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Err(ApiError::new(
-        StatusCode::CONFLICT,
-        "conflict",
-        format!("tree {tree_id} kept starting turns of other clients; try again"),
-    ))
+    })
 }
 
 #[utoipa::path(

@@ -127,9 +127,17 @@ impl From<arbor_supervisor::Error> for ApiError {
             E::SteerRefused { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "conflict", error.to_string())
             }
-            E::TreeExists(_) | E::TreeStored(_) | E::NotResumable { .. } => {
+            E::TreeExists(_)
+            | E::TreeStored(_)
+            | E::NotResumable { .. }
+            | E::TurnRunning { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "conflict", error.to_string())
             }
+            E::TurnQueueFull { .. } => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_turns",
+                format!("{error} ([service] max_queued_turns)"),
+            ),
             // Down for now (a lost connection, a full disk): a 503 that says
             // so (the message names no secret: the URL is without its password).
             E::StoreUnavailable { .. } => ApiError::unavailable_now(error.to_string()),

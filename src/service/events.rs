@@ -438,6 +438,11 @@ async fn stored_whereabouts(
     let tree = tree_id.to_string();
     let stored = supervisor
         .read_store(move |store| match store.status(&tree) {
+            // Ended with turns queued: the next one is about to start (a
+            // stream of a queued turn's run waits for it).
+            Ok(status) if status.is_final() && !store.queued_turns(&tree)?.is_empty() => {
+                Ok(Some(TreeStatus::Running))
+            }
             Ok(status) => Ok(Some(status)),
             Err(arbor_supervisor::Error::UnknownTree(_)) => Ok(None),
             Err(error) => Err(error),

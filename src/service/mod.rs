@@ -19,6 +19,7 @@ mod limits;
 mod metrics;
 mod replica;
 mod replica_metrics;
+mod turns;
 
 use std::collections::HashMap;
 
@@ -67,18 +68,6 @@ const ADOPT_BATCHES: usize = 2;
 /// at once) is adopted at once on Postgres, where the release wakes every
 /// replica (`Wake::Released`); this poll is the fallback (and SQLite's way).
 pub const ADOPT_EVERY: Duration = Duration::from_millis(500);
-
-/// What the service starts: a new tree, or a follow-up turn of one.
-// One per start request, moved once: not worth a box.
-#[allow(clippy::large_enum_variant)]
-enum Begin {
-    Tree(StartRequest),
-    Turn {
-        tree_id: String,
-        prompt: String,
-        params: Option<serde_json::Value>,
-    },
-}
 
 /// How the service runs (from `[service]` of the config, or in code).
 #[derive(Debug)]
@@ -198,9 +187,6 @@ pub(crate) struct Shared {
     /// The waiting calls of trees other replicas run, folded from their
     /// journals as far as `/v1/approvals` read them last.
     pending_seen: std::sync::Mutex<HashMap<String, replica::PendingFold>>,
-    /// One lock per tree taking a follow-up turn: turn requests of one tree
-    /// are taken one at a time (a request holds it until its turn runs).
-    turns: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Shared {
@@ -233,70 +219,18 @@ impl Shared {
         self: &Arc<Self>,
         request: StartRequest,
     ) -> Result<(Arc<str>, String), ApiError> {
-        self.begin(Begin::Tree(request)).await
-    }
-
-    /// Starts a follow-up turn of an ended tree (semantics §14), counted and
-    /// kept like a new tree.
-    /// The lock turn requests of `tree_id` take one at a time.
-    pub(crate) fn turn_lock(&self, tree_id: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut turns = self.turns.locked();
-        // Locks no request holds or waits for any more go.
-        turns.retain(|_, lock| Arc::strong_count(lock) > 1);
-        turns.entry(tree_id.to_owned()).or_default().clone()
-    }
-
-    pub(crate) async fn start_turn(
-        self: &Arc<Self>,
-        tree_id: String,
-        prompt: String,
-        params: Option<serde_json::Value>,
-    ) -> Result<(Arc<str>, String), ApiError> {
-        self.begin(Begin::Turn {
-            tree_id,
-            prompt,
-            params,
-        })
-        .await
-    }
-
-    async fn begin(self: &Arc<Self>, begin: Begin) -> Result<(Arc<str>, String), ApiError> {
-        if *self.shutdown.borrow() {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "the server is shutting down",
-            ));
-        }
-        // Counted from admission (the gauge of the metrics is the count).
-        let running = self.metrics.trees_running.inc();
-        if running >= self.options.max_running_trees as i64 {
-            self.metrics.trees_running.dec();
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "busy",
-                format!(
-                    "{running} trees are running, the most this server runs at once; try again later"
-                ),
-            ));
-        }
+        self.admit()?;
         // The observer must know the tree's model before its first event.
-        let (tree_id, begin) = match begin {
-            Begin::Tree(request) => {
-                let tree_id = request
-                    .tree_id
-                    .clone()
-                    .unwrap_or_else(arbor_supervisor::new_tree_id);
-                if let Some(model) = &request.model {
-                    self.metrics.tree_model(&tree_id, model);
-                }
-                let request = StartRequest {
-                    tree_id: Some(tree_id.clone()),
-                    ..request
-                };
-                (tree_id, Begin::Tree(request))
-            }
-            Begin::Turn { ref tree_id, .. } => (tree_id.clone(), begin),
+        let tree_id = request
+            .tree_id
+            .clone()
+            .unwrap_or_else(arbor_supervisor::new_tree_id);
+        if let Some(model) = &request.model {
+            self.metrics.tree_model(&tree_id, model);
+        }
+        let request = StartRequest {
+            tree_id: Some(tree_id.clone()),
+            ..request
         };
         // On a task of its own: a client that hangs up mid-request must not
         // cut a start in half (a tree stored but never run). It runs in the
@@ -305,16 +239,7 @@ impl Shared {
         let started = tokio::spawn({
             let shared = self.clone();
             async move {
-                let supervisor = shared.runtime.supervisor();
-                let started = match begin {
-                    Begin::Tree(request) => supervisor.start(request).await,
-                    Begin::Turn {
-                        tree_id,
-                        prompt,
-                        params,
-                    } => supervisor.start_turn(&tree_id, prompt, params).await,
-                };
-                match started {
+                match shared.runtime.supervisor().start(request).await {
                     Ok(handle) => Ok(shared.keep(handle)),
                     Err(error) => {
                         shared.metrics.trees_running.dec();
@@ -328,6 +253,99 @@ impl Shared {
         match started.await {
             Ok(started) => Ok(started?),
             Err(error) => Err(ApiError::unavailable("starting the tree failed", error)),
+        }
+    }
+
+    /// Admits a tree (or a turn) to start now, counted from here (the gauge
+    /// of the metrics is the count): refused while shutting down or at
+    /// `max_running_trees`.
+    fn admit(&self) -> Result<(), ApiError> {
+        if *self.shutdown.borrow() {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the server is shutting down",
+            ));
+        }
+        let running = self.metrics.trees_running.inc();
+        if running >= self.options.max_running_trees as i64 {
+            self.metrics.trees_running.dec();
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                format!(
+                    "{running} trees are running, the most this server runs at once; try again later"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Asks a tree a follow-up turn (semantics §14): the supervisor starts
+    /// it, queues it or refuses it (`Supervisor::start_turn`). On a task of
+    /// its own, so a client that hangs up does not cut an accepted turn in
+    /// half. A turn queued for a tree another replica runs is told to it
+    /// (journaled there), with a cancel of its turn for `interrupt`; one
+    /// queued for a tree that runs nowhere is taken here at once.
+    pub(crate) async fn turn(
+        self: &Arc<Self>,
+        tree_id: String,
+        request: arbor_supervisor::TurnRequest,
+    ) -> Result<turns::Answer, ApiError> {
+        self.admit()?;
+        let span = tree_span(&tree_id);
+        let asked = tokio::spawn({
+            let shared = self.clone();
+            async move {
+                let supervisor = shared.runtime.supervisor();
+                let started = supervisor.start_turn(&tree_id, request).await;
+                // Counted when it starts (here, now or later), not before.
+                shared.metrics.trees_running.dec();
+                match started? {
+                    arbor_supervisor::TurnStart::Started(handle) => {
+                        let (tree, run_id) = shared.keep_turn(handle);
+                        Ok(turns::Answer::Started { tree, run_id })
+                    }
+                    arbor_supervisor::TurnStart::Queued(queued) => {
+                        turns::tell_queued(&shared, &queued).await;
+                        if !queued.here {
+                            shared.next_turns(&tree_id).await;
+                        }
+                        Ok::<_, arbor_supervisor::Error>(turns::Answer::Queued(queued.turn))
+                    }
+                }
+            }
+            .instrument(span)
+        });
+        match asked.await {
+            Ok(answer) => answer.map_err(ApiError::from),
+            Err(error) => Err(ApiError::unavailable("starting the turn failed", error)),
+        }
+    }
+
+    /// Keeps a turn the supervisor started (counted from now).
+    fn keep_turn(self: &Arc<Self>, handle: TreeHandle) -> (Arc<str>, String) {
+        self.metrics.trees_running.inc();
+        self.keep(handle)
+    }
+
+    /// Starts the turns queued for `tree_id` that this process takes (the
+    /// next one, if the tree's turn has ended and no other process got it
+    /// first); each is kept as any tree, and the next is taken when it ends.
+    pub(crate) async fn next_turns(self: &Arc<Self>, tree_id: &str) {
+        if *self.shutdown.borrow() {
+            return;
+        }
+        match self.runtime.supervisor().next_turn(tree_id, None).await {
+            Ok(Some((turn, handle))) => {
+                tracing::info!(tree = tree_id, run = %turn.run_id(), "a queued turn started");
+                self.keep_turn(handle);
+            }
+            // None waits (or a tree that was never stored).
+            Ok(None) | Err(arbor_supervisor::Error::UnknownTree(_)) => {}
+            Err(error) => {
+                tracing::warn!(tree = tree_id, %error, "cannot start the tree's queued turn");
+            }
         }
     }
 
@@ -360,6 +378,10 @@ impl Shared {
                 shared.owned.locked().remove(&*tree_id);
                 if fenced {
                     shared.replica.fenced.inc();
+                } else {
+                    // The turn ended here: the next one queued starts here.
+                    shared.runtime.supervisor().until_ended(&tree_id).await;
+                    shared.next_turns(&tree_id).await;
                 }
             }
         });
@@ -435,7 +457,6 @@ impl Service {
             adopt_wake: watch::channel(0).0,
             owned: Default::default(),
             pending_seen: Default::default(),
-            turns: Default::default(),
         });
         // Controls other replicas post for this one's trees, and the
         // store's notifications (a Postgres store's; SQLite has none).
@@ -564,6 +585,8 @@ impl Service {
             .flat_map(futures::stream::iter)
             .collect::<Vec<String>>()
             .await;
+        // Turns queued for trees that ended with no process to take them.
+        turns::take_waiting(&self.shared).await;
         self.shared.ready.send_replace(true);
         resumed
     }

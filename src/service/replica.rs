@@ -63,6 +63,9 @@ pub(crate) enum ControlBody {
         /// Budgets added to.
         add: Budget,
     },
+    /// `POST /v1/trees/{treeId}/turns` queued a turn behind the one this
+    /// replica runs: journaled here (`turnQueued`).
+    TurnQueued(super::turns::Told),
 }
 
 /// A budget raise as a control carries it.
@@ -376,6 +379,7 @@ async fn apply(shared: &Shared, control: Control) {
         ControlBody::Raise { set, add } => supervisor
             .raise_limits(&tree_id, (*set).into(), (*add).into())
             .map(drop),
+        ControlBody::TurnQueued(told) => super::turns::journal_told(shared, &tree_id, told).await,
     };
     match done {
         Ok(()) => {

@@ -229,6 +229,22 @@ pub enum Error {
         /// The tree's epoch in the store now (the other process's claim).
         current: u64,
     },
+    /// A follow-up turn asked for with `multitask = reject` while the tree
+    /// runs a turn (semantics §14).
+    #[error("tree {tree} is running a turn (multitask = reject)")]
+    TurnRunning {
+        /// The tree's id.
+        tree: String,
+    },
+    /// A follow-up turn that would wait behind as many queued turns of its
+    /// tree as it may hold (`Supervisor::with_turn_queue_limit`).
+    #[error("tree {tree} has {limit} turns queued already, the most it holds")]
+    TurnQueueFull {
+        /// The tree's id.
+        tree: String,
+        /// How many turns a tree may have waiting.
+        limit: usize,
+    },
 }
 
 impl Error {

@@ -41,6 +41,7 @@ mod support;
 mod telemetry;
 mod tools;
 mod tools_e2e;
+mod turn_queue;
 mod turns_serve;
 
 use std::path::{Path, PathBuf};

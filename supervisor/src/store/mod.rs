@@ -276,6 +276,42 @@ pub struct Control {
     pub body: Value,
 }
 
+/// A follow-up turn waiting in the store for its tree's running turn to
+/// end (`Store::queue_turn`, semantics §14): whichever process runs the
+/// tree then (or finds it ended) starts it, as run `T/0~turn`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueuedTurn {
+    /// Its id in the store, increasing in the order turns were queued.
+    pub id: u64,
+    /// The tree it is a turn of.
+    pub tree_id: String,
+    /// Its turn number: its root will be run `T/0~turn`.
+    pub turn: u32,
+    /// The turn's prompt.
+    pub prompt: String,
+    /// The turn's params; `None` when it has none.
+    pub params: Option<Value>,
+    /// When it was queued, in milliseconds since the Unix epoch.
+    pub queued_ms: u64,
+    /// Its place in the tree's queue when it was read: 1 is the next turn.
+    pub position: usize,
+}
+
+impl QueuedTurn {
+    /// The run id its root will have: `T/0~turn`.
+    pub fn run_id(&self) -> String {
+        format!("{}/0~{}", self.tree_id, self.turn)
+    }
+}
+
+/// The turn a tree's latest root run id names (`T/0` is 0, `T/0~n` is n).
+pub(crate) fn turn_of(root_run_id: &str) -> u32 {
+    root_run_id
+        .parse::<arbor_actors::RunId>()
+        .map_or(0, |id| id.attempt())
+}
+
 /// Who runs a tree now (`Store::owner`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Owner {
@@ -624,6 +660,45 @@ pub trait Store: Send + Sync + 'static {
     /// Takes the controls waiting for these trees (the ones the caller
     /// runs), oldest first, atomically: each is taken once, by one caller.
     fn take_controls(&self, tree_ids: &[String]) -> Result<Vec<Control>, Error>;
+
+    /// Queues a follow-up turn of the tree for when its running turn ends
+    /// (semantics §14), durably: its turn number is one past the tree's
+    /// latest turn, started or queued, and its place is after every turn
+    /// waiting already. `Error::UnknownTree` if the store has no such tree;
+    /// `Error::TurnQueueFull` when `limit` turns wait for it already.
+    fn queue_turn(
+        &self,
+        tree_id: &str,
+        prompt: &str,
+        params: Option<&Value>,
+        limit: usize,
+    ) -> Result<QueuedTurn, Error>;
+
+    /// The turns waiting for the tree, next first (those not started yet).
+    fn queued_turns(&self, tree_id: &str) -> Result<Vec<QueuedTurn>, Error>;
+
+    /// Claims the tree for the next turn waiting for it, as `claim_turn`
+    /// does (running again, owned by this process, under the next epoch),
+    /// in the transaction that reads it: of two processes taking a tree's
+    /// next turn, one gets it. `None` (nothing claimed) when the tree's turn
+    /// has not ended (it runs, here or elsewhere, or was cut short), when no
+    /// turn waits, or when `only` names a turn that is not the next. The
+    /// turn stays on record until its root is stored as the tree's latest
+    /// (`Write::Tree`), so a process that dies before it starts leaves it
+    /// for the next.
+    fn take_turn(
+        &self,
+        tree_id: &str,
+        only: Option<u64>,
+    ) -> Result<Option<(QueuedTurn, u64)>, Error>;
+
+    /// Removes a queued turn that cannot start (its input no longer fits,
+    /// its tree cannot go on); nothing if it is gone already.
+    fn forget_turn(&self, id: u64) -> Result<(), Error>;
+
+    /// Trees whose turn has ended that have turns waiting, at most `limit`
+    /// of them: a process that found none running takes them (`take_turn`).
+    fn trees_with_queued_turns(&self, limit: usize) -> Result<Vec<String>, Error>;
 
     /// Who runs the tree now: `None` if it is not running (ended, or
     /// interrupted: its owner is gone or its lease ran out).

@@ -114,6 +114,8 @@ pub struct Supervisor {
     steer_limits: SteerLimits,
     /// How long the store may be down before the trees are given up.
     store_fail_after: std::time::Duration,
+    /// Turns one tree may have queued (see `start_turn`).
+    turn_queue_limit: usize,
 }
 
 /// A started tree: its ids, its events, and its result.
@@ -157,6 +159,7 @@ impl Supervisor {
             gone: Arc::new(Mutex::new(HashMap::new())),
             steer_limits: SteerLimits::default(),
             store_fail_after: DEFAULT_FAIL_AFTER,
+            turn_queue_limit: turns::DEFAULT_TURN_QUEUE,
         }
     }
 
@@ -490,41 +493,6 @@ impl Supervisor {
             request.config = self.config.clone();
         }
         request
-    }
-
-    /// Starts a follow-up turn of the stored tree `tree_id`, which has ended
-    /// (semantics §14): its root goes on from its final state with `prompt`
-    /// (and `params`) as a new run `T/0~n` of the same agent, in the same
-    /// tree; its children are spawned as usual. The tree's budgets cover all
-    /// its turns. A tree still running here is [`Error::TreeExists`] (the
-    /// service's multitask strategies decide what to do then); one cut short
-    /// is [`Error::NotResumable`] (resume it first).
-    pub async fn start_turn(
-        &self,
-        tree_id: &str,
-        prompt: String,
-        params: Option<Value>,
-    ) -> Result<TreeHandle, Error> {
-        let writer = self.writer_to_take(tree_id, StoreUse::Turn)?;
-        // The last turn's end is written before the store is asked if it ended.
-        writer.flush().await?;
-        // Atomic: of two processes starting a turn, one gets it.
-        let (record, recovery) = self
-            .claim_stored(tree_id, |store, id| store.claim_turn(id))
-            .await?;
-        let root = record.root_run_id.clone();
-        let Some((last, _)) = recovery.finished.get(&root).cloned() else {
-            return Err(Error::NotResumable {
-                tree: tree_id.to_owned(),
-                reason: format!("its root {root} has no final state"),
-            });
-        };
-        let mut request = record.request();
-        request.turn += 1;
-        request.prompt = prompt;
-        request.params = params;
-        request.history = Some(last.message_history.clone());
-        self.go_on(writer, tree_id, request, recovery).await
     }
 
     /// The store's writer, to take the stored tree `tree_id` over with (for
@@ -1110,6 +1078,13 @@ impl TreeHandle {
 pub fn new_tree_id() -> String {
     TreeId::generate().into()
 }
+
+mod turns;
+
+pub use turns::{
+    DEFAULT_TURN_QUEUE, Multitask, Queued, TurnDecision, TurnRequest, TurnStart, TurnsNow,
+    decide_turn,
+};
 
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use arbor_actors::{AgentStatus, Model, Tool};
 use arbor_supervisor::store::{SqliteStore, Store};
-use arbor_supervisor::{Catalog, Error, Supervisor, TreeLimits, TreeStatus};
+use arbor_supervisor::{
+    Catalog, Error, Supervisor, TreeHandle, TreeLimits, TreeStatus, TurnRequest, TurnStart,
+};
 use serde_json::json;
 
 use crate::common::*;
@@ -33,6 +35,14 @@ fn chat(store: Arc<SqliteStore>) -> Supervisor {
         .unwrap()
 }
 
+/// A turn of an ended tree starts at once.
+async fn turn(sup: &Supervisor, tree: &str, prompt: &str) -> Result<TreeHandle, Error> {
+    match sup.start_turn(tree, TurnRequest::new(prompt)).await? {
+        TurnStart::Started(handle) => Ok(handle),
+        TurnStart::Queued(q) => panic!("queued, not started: {:?}", q.turn),
+    }
+}
+
 fn texts(state: &arbor_actors::AgentState) -> Vec<String> {
     state.message_history.iter().map(|m| m.text()).collect()
 }
@@ -45,10 +55,7 @@ async fn an_ended_tree_takes_follow_up_turns_from_its_roots_final_state() {
     let first = finish(start(&sup, "chat", "first question").await).await;
     assert_eq!(texts(&first.state), ["first question", "first answer"]);
 
-    let handle = sup
-        .start_turn("t", "second question".into(), None)
-        .await
-        .unwrap();
+    let handle = turn(&sup, "t", "second question").await.unwrap();
     assert_eq!(handle.root_run_id, "t/0~1", "a new run of the same agent");
     let second = finish(handle).await;
     assert_eq!(second.state.agent_id, "t/0");
@@ -62,12 +69,7 @@ async fn an_ended_tree_takes_follow_up_turns_from_its_roots_final_state() {
         ]
     );
     // A third turn spawns as usual, its children under its own run id.
-    let third = finish(
-        sup.start_turn("t", "third question".into(), None)
-            .await
-            .unwrap(),
-    )
-    .await;
+    let third = finish(turn(&sup, "t", "third question").await.unwrap()).await;
     assert_eq!(third.state.run_id, "t/0~2");
     assert_eq!(third.state.child_run_ids, ["t/0~2.1"]);
     assert_eq!(texts(&third.state).last().unwrap(), "third answer");
@@ -94,15 +96,20 @@ async fn a_turn_of_a_running_an_unknown_or_a_storeless_tree_is_refused() {
     let store = Arc::new(SqliteStore::open(&dir.path().join("s.db")).unwrap());
     let sup = chat(store);
     assert!(matches!(
-        sup.start_turn("nope", "hi".into(), None).await,
+        sup.start_turn("nope", TurnRequest::new("hi")).await,
         Err(Error::UnknownTree(t)) if t == "nope"
     ));
     let handle = start(&sup, "chat", "first question").await;
-    // Still running (or just ended): a turn of a running tree is refused.
+    // Still running (or just ended): a turn of a running tree is refused
+    // when the request says `reject`.
     if sup.is_running("t") {
+        let reject = TurnRequest {
+            multitask: arbor_supervisor::Multitask::Reject,
+            ..TurnRequest::new("again")
+        };
         assert!(matches!(
-            sup.start_turn("t", "again".into(), None).await,
-            Err(Error::TreeExists(_)) | Err(Error::NotResumable { .. })
+            sup.start_turn("t", reject).await,
+            Err(Error::TurnRunning { .. }) | Ok(TurnStart::Started(_))
         ));
     }
     let result = finish(handle).await;
@@ -116,7 +123,7 @@ async fn a_turn_of_a_running_an_unknown_or_a_storeless_tree_is_refused() {
         TreeLimits::default(),
     );
     assert!(matches!(
-        storeless.start_turn("t", "hi".into(), None).await,
+        storeless.start_turn("t", TurnRequest::new("hi")).await,
         Err(Error::NoStore { .. })
     ));
 }
@@ -151,6 +158,100 @@ async fn a_cancelled_turn_is_followed_by_the_next_from_its_partial_state() {
     let cancelled = kept.await.unwrap().unwrap();
     assert_eq!(cancelled.state.status, AgentStatus::Cancelled);
     assert!(!sup.is_running("t"));
-    let next = finish(sup.start_turn("t", "go on".into(), None).await.unwrap()).await;
+    let next = finish(turn(&sup, "t", "go on").await.unwrap()).await;
     assert_eq!(texts(&next.state), ["slow", "go on", "answer"]);
+}
+
+crate::backend::both_backends! {
+    /// Turns asked while a turn runs are queued in the store, numbered and
+    /// placed in line, bounded, journaled, refused for `reject`, and taken
+    /// one at a time, in order, each once its predecessor has ended.
+    async fn turns_asked_while_one_runs_are_queued_and_taken_in_order(backend) {
+        use arbor_supervisor::{Multitask, TurnStart};
+        let place = backend.fresh();
+        let store = place.open();
+        let model = scripted(json!({"replies": [
+            {"agent": "chat", "prompt": "slow",
+             "steps": [{"text": "slow answer", "delayMs": 600000}]},
+            {"agent": "chat", "steps": [{"text": "answer"}]}
+        ]}));
+        let catalog = Catalog::builder()
+            .model(model as Arc<dyn Model>)
+            .template(template("chat"))
+            .build()
+            .unwrap();
+        let sup = Supervisor::new(catalog, TreeLimits::default())
+            .with_store(store.clone())
+            .unwrap()
+            .with_turn_queue_limit(2);
+        let mut rx = sup.subscribe();
+        let mut seen = Vec::new();
+        let handle = start(&sup, "chat", "slow").await;
+        wait_for(&mut rx, &mut seen, |e| {
+            matches!(e.kind, arbor_actors::EventKind::StepStarted { .. })
+        })
+        .await;
+        let kept = tokio::spawn(async move { handle.wait().await });
+        let ask = |prompt: &str, multitask| TurnRequest {
+            multitask,
+            ..TurnRequest::new(prompt)
+        };
+        let queued = |started: TurnStart| match started {
+            TurnStart::Queued(q) => q,
+            TurnStart::Started(h) => panic!("started {}", h.root_run_id),
+        };
+        let one = queued(sup.start_turn("t", ask("one", Multitask::Enqueue)).await.unwrap());
+        assert_eq!((one.turn.run_id().as_str(), one.turn.position, one.here), ("t/0~1", 1, true));
+        assert!(matches!(
+            sup.start_turn("t", ask("no", Multitask::Reject)).await,
+            Err(Error::TurnRunning { .. })
+        ));
+        // Params that do not fit are refused before anything is queued.
+        let bad = TurnRequest { params: Some(json!([1])), ..TurnRequest::new("bad") };
+        assert!(matches!(sup.start_turn("t", bad).await, Err(Error::InvalidInput { .. })));
+        // `interrupt`: queued behind `one`, and the running turn is cancelled.
+        let two = queued(sup.start_turn("t", ask("two", Multitask::Interrupt)).await.unwrap());
+        assert_eq!((two.turn.run_id().as_str(), two.turn.position), ("t/0~2", 2));
+        assert!(matches!(
+            sup.start_turn("t", ask("three", Multitask::Enqueue)).await,
+            Err(Error::TurnQueueFull { limit: 2, .. })
+        ));
+        let first = kept.await.unwrap().unwrap();
+        assert_eq!(first.state.status, AgentStatus::Cancelled);
+        sup.until_ended("t").await;
+        let waiting: Vec<String> =
+            store.queued_turns("t").unwrap().iter().map(|q| q.run_id()).collect();
+        assert_eq!(waiting, ["t/0~1", "t/0~2"]);
+        // Only the next turn is taken, and only once its tree has ended.
+        assert!(sup.next_turn("t", Some(two.turn.id)).await.unwrap().is_none());
+        let (turn, handle) = sup.next_turn("t", None).await.unwrap().unwrap();
+        assert_eq!(turn.id, one.turn.id);
+        assert!(sup.next_turn("t", None).await.unwrap().is_none(), "one turn at a time");
+        let ran = finish(handle).await;
+        assert_eq!(ran.state.run_id, "t/0~1");
+        assert_eq!(texts(&ran.state), ["slow", "one", "answer"]);
+        sup.until_ended("t").await;
+        let (_, handle) = sup.next_turn("t", None).await.unwrap().unwrap();
+        let ran = finish(handle).await;
+        assert_eq!(ran.state.run_id, "t/0~2");
+        assert_eq!(texts(&ran.state).last().unwrap(), "answer");
+        sup.until_ended("t").await;
+        assert!(sup.next_turn("t", None).await.unwrap().is_none());
+        assert!(store.queued_turns("t").unwrap().is_empty());
+        // The journal shows both queued, as events of the runs they became.
+        sup.flush().await.unwrap();
+        let queued: Vec<(String, u64)> = store
+            .events("t", 0)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind.name() == "turnQueued")
+            .map(|e| (e.run_id.to_string(), e.get("position").and_then(|p| p.as_u64()).unwrap()))
+            .collect();
+        assert_eq!(queued, [("t/0~1".to_owned(), 1), ("t/0~2".to_owned(), 2)]);
+        // An ended tree with none waiting starts a turn at once.
+        assert!(matches!(
+            sup.start_turn("t", TurnRequest::new("four")).await.unwrap(),
+            TurnStart::Started(h) if h.root_run_id == "t/0~3"
+        ));
+    }
 }

@@ -21,6 +21,7 @@
 mod listen;
 mod query;
 mod schema;
+mod turns;
 mod write;
 
 use std::future::Future;

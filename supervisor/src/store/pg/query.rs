@@ -13,8 +13,8 @@ use crate::error::Error;
 use crate::recovery::Recovery;
 use crate::store::log::TreeLog;
 use crate::store::{
-    Control, Fenced, GcReport, JournalEntry, Owner, RunNode, Segment, Store, StoredRun, TreeDump,
-    TreeFilter, TreeRecord, TreeRow, TreeStatus, TreeSummary, Wake, Write,
+    Control, Fenced, GcReport, JournalEntry, Owner, QueuedTurn, RunNode, Segment, Store, StoredRun,
+    TreeDump, TreeFilter, TreeRecord, TreeRow, TreeStatus, TreeSummary, Wake, Write,
 };
 use crate::tree::now_ms;
 
@@ -430,6 +430,12 @@ impl Store for PgStore {
             tx.execute("DELETE FROM controls WHERE tree_id = ANY($1)", &[&trees])
                 .await
                 .map_err(&io)?;
+            tx.execute(
+                "DELETE FROM queued_turns WHERE tree_id = ANY($1)",
+                &[&trees],
+            )
+            .await
+            .map_err(&io)?;
             // Configs no tree names any more.
             tx.execute(
                 "DELETE FROM configs c WHERE NOT EXISTS
@@ -534,6 +540,36 @@ impl Store for PgStore {
                 .map_err(self.io())
         })?;
         Ok(())
+    }
+
+    fn queue_turn(
+        &self,
+        tree_id: &str,
+        prompt: &str,
+        params: Option<&Value>,
+        limit: usize,
+    ) -> Result<QueuedTurn, Error> {
+        self.queue_turn_here(tree_id, prompt, params, limit)
+    }
+
+    fn queued_turns(&self, tree_id: &str) -> Result<Vec<QueuedTurn>, Error> {
+        self.queued_turns_here(tree_id)
+    }
+
+    fn take_turn(
+        &self,
+        tree_id: &str,
+        only: Option<u64>,
+    ) -> Result<Option<(QueuedTurn, u64)>, Error> {
+        self.take_turn_here(tree_id, only)
+    }
+
+    fn forget_turn(&self, id: u64) -> Result<(), Error> {
+        self.forget_turn_here(id)
+    }
+
+    fn trees_with_queued_turns(&self, limit: usize) -> Result<Vec<String>, Error> {
+        self.trees_with_queued_turns_here(limit)
     }
 
     fn owner(&self, tree_id: &str) -> Result<Option<Owner>, Error> {

@@ -76,6 +76,19 @@ CREATE INDEX controls_tree ON controls(tree_id, id);
 ALTER TABLE trees ADD COLUMN principal TEXT;
 CREATE INDEX trees_principal ON trees(principal, started_ms DESC, made DESC);
 "#,
+    // 5: follow-up turns waiting for their tree's running turn to end
+    // (semantics §14), each with the turn number its root will have.
+    r#"
+CREATE TABLE queued_turns (
+    id        BIGSERIAL PRIMARY KEY,
+    tree_id   TEXT NOT NULL,
+    turn      BIGINT NOT NULL,
+    prompt    TEXT NOT NULL,
+    params    TEXT,
+    queued_ms BIGINT NOT NULL,
+    UNIQUE (tree_id, turn)
+);
+"#,
 ];
 
 /// The advisory lock migrations hold ("ARBR" and 1).

@@ -18,6 +18,7 @@ mod query;
 mod schema;
 #[cfg(test)]
 mod tests;
+mod turns;
 mod write;
 
 use std::path::{Path, PathBuf};

@@ -12,8 +12,8 @@ use crate::error::Error;
 use crate::recovery::Recovery;
 use crate::store::log::TreeLog;
 use crate::store::{
-    Control, Fenced, GcReport, JournalEntry, Owner, RunNode, Segment, Store, StoredRun, TreeDump,
-    TreeFilter, TreeRecord, TreeRow, TreeStatus, TreeSummary, Write,
+    Control, Fenced, GcReport, JournalEntry, Owner, QueuedTurn, RunNode, Segment, Store, StoredRun,
+    TreeDump, TreeFilter, TreeRecord, TreeRow, TreeStatus, TreeSummary, Write,
 };
 use crate::tree::now_ms;
 
@@ -347,6 +347,36 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    fn queue_turn(
+        &self,
+        tree_id: &str,
+        prompt: &str,
+        params: Option<&Value>,
+        limit: usize,
+    ) -> Result<QueuedTurn, Error> {
+        self.queue_turn_here(tree_id, prompt, params, limit)
+    }
+
+    fn queued_turns(&self, tree_id: &str) -> Result<Vec<QueuedTurn>, Error> {
+        self.queued_turns_here(tree_id)
+    }
+
+    fn take_turn(
+        &self,
+        tree_id: &str,
+        only: Option<u64>,
+    ) -> Result<Option<(QueuedTurn, u64)>, Error> {
+        self.take_turn_here(tree_id, only)
+    }
+
+    fn forget_turn(&self, id: u64) -> Result<(), Error> {
+        self.forget_turn_here(id)
+    }
+
+    fn trees_with_queued_turns(&self, limit: usize) -> Result<Vec<String>, Error> {
+        self.trees_with_queued_turns_here(limit)
+    }
+
     fn owner(&self, tree_id: &str) -> Result<Option<Owner>, Error> {
         let conn = self.conn()?;
         let row: Option<(TreeStatus, String, i64, i64)> = conn
@@ -537,6 +567,8 @@ impl Store for SqliteStore {
             tx.execute("DELETE FROM trees WHERE tree_id = ?1", [tree])
                 .map_err(sql(&self.path))?;
             tx.execute("DELETE FROM controls WHERE tree_id = ?1", [tree])
+                .map_err(sql(&self.path))?;
+            tx.execute("DELETE FROM queued_turns WHERE tree_id = ?1", [tree])
                 .map_err(sql(&self.path))?;
         }
         // Configs no tree names any more.

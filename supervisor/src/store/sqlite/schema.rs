@@ -92,6 +92,19 @@ CREATE INDEX controls_tree ON controls(tree_id, id);
 ALTER TABLE trees ADD COLUMN principal TEXT;
 CREATE INDEX trees_principal ON trees(principal, started_ms);
 "#,
+    // 8: follow-up turns waiting for their tree's running turn to end
+    // (semantics §14), each with the turn number its root will have.
+    r#"
+CREATE TABLE queued_turns (
+    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    tree_id   TEXT NOT NULL,
+    turn      INTEGER NOT NULL,
+    prompt    TEXT NOT NULL,
+    params    TEXT,
+    queued_ms INTEGER NOT NULL,
+    UNIQUE (tree_id, turn)
+);
+"#,
 ];
 
 /// How long a write waits for another process holding the file's write lock.
