@@ -147,10 +147,11 @@ fn a_sqlite_store_from_before_principals_reads_as_nobodys_trees() {
             .write(&[started("t", Some("alice"), 1), started("u", None, 2)])
             .unwrap();
     }
-    // Back to version 6: the column and its index gone.
+    // Back to version 6: the column and its index gone (and version 8's
+    // queued turns).
     place.execute(
         "DROP INDEX trees_principal; ALTER TABLE trees DROP COLUMN principal;
-         PRAGMA user_version = 6;",
+         DROP TABLE queued_turns; PRAGMA user_version = 6;",
     );
     let read: Arc<dyn Store> = Arc::new(SqliteStore::open_read_only(place.at.as_ref()).unwrap());
     assert_eq!(read.principal("t").unwrap(), None);
