@@ -1292,8 +1292,7 @@ pub async fn metrics(State(shared): State<Arc<Shared>>, Caller(caller): Caller) 
     let supervisor = shared.runtime.supervisor();
     let approvals_pending = supervisor.approvals(None).len();
     let down = supervisor.store_down();
-    let writable =
-        supervisor.store().is_some() && down.is_none() && supervisor.store_failure().is_none();
+    let writable = supervisor.store().is_some() && supervisor.store_takes_writes().is_ok();
     shared.metrics.store_state(writable, down.map(|d| d.for_ms));
     (
         [(

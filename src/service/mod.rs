@@ -558,7 +558,7 @@ impl Service {
         let supervisor = self.shared.runtime.supervisor();
         // A store that is down (or failed) is not claimed from: this process
         // could not run what it took. The next pass looks again.
-        if supervisor.store_down().is_some() || supervisor.store_failure().is_some() {
+        if supervisor.store_takes_writes().is_err() {
             self.shared.ready.send_replace(true);
             return Vec::new();
         }

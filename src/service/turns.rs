@@ -113,7 +113,7 @@ pub(crate) async fn journal_told(
 /// it first). Called on start and on every adoption pass.
 pub(crate) async fn take_waiting(shared: &Arc<Shared>) {
     let supervisor = shared.runtime.supervisor();
-    if supervisor.store_down().is_some() || supervisor.store_failure().is_some() {
+    if supervisor.store_takes_writes().is_err() {
         return;
     }
     let trees = supervisor

@@ -352,8 +352,10 @@ impl Supervisor {
         self
     }
 
-    /// Refuses a start or a claim while the store is down or has failed.
-    fn store_takes_writes(&self) -> Result<(), Error> {
+    /// Whether this process may start or claim trees on its store now:
+    /// `Ok` without a store, else the error a start gets while the store is
+    /// down ([`Error::StoreUnavailable`]) or has failed ([`Error::Store`]).
+    pub fn store_takes_writes(&self) -> Result<(), Error> {
         let Some((_, writer)) = &self.store else {
             return Ok(());
         };
