@@ -1,0 +1,1 @@
+//! Issue 34 regression tests (filled in as the fixes land).
