@@ -162,14 +162,15 @@ impl ParentInfo {
 
 impl ChildPlan {
     /// The toolbox the child runs with: its own, or its parent's under
-    /// `inheritParentSystemPrompt`.
+    /// `inheritParentSystemPrompt` (with its own structural built-ins: the
+    /// parent's spawn tools would refuse its every call).
     pub(crate) fn toolbox_for(
         &self,
         parent: &ParentInfo,
         own_toolbox: Arc<Toolbox>,
     ) -> Arc<Toolbox> {
         if self.template.inherit_parent_system_prompt {
-            parent.toolbox.clone()
+            parent.toolbox.inherited_by(&own_toolbox)
         } else {
             own_toolbox
         }

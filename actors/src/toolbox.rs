@@ -74,6 +74,19 @@ impl fmt::Debug for ToolKind {
 }
 
 impl ToolKind {
+    /// A built-in the template's output mode and spawnable agents govern
+    /// (not its `tools` list, nor a policy).
+    fn structural(&self) -> bool {
+        matches!(
+            self,
+            ToolKind::SetOutput
+                | ToolKind::EndTurn
+                | ToolKind::SpawnAgents
+                | ToolKind::SpawnAgentInline
+                | ToolKind::SpawnAgentsAsync
+        )
+    }
+
     fn builtin_name(&self) -> Option<&'static str> {
         Some(match self {
             ToolKind::AddMessage => ADD_MESSAGE,
@@ -443,15 +456,7 @@ impl Toolbox {
         let mut definitions = BTreeMap::new();
         let mut denied = self.denied.clone();
         for (wire, entry) in &self.entries {
-            let structural = matches!(
-                entry.kind,
-                ToolKind::SetOutput
-                    | ToolKind::EndTurn
-                    | ToolKind::SpawnAgents
-                    | ToolKind::SpawnAgentInline
-                    | ToolKind::SpawnAgentsAsync
-            );
-            if structural || allowed(&entry.name) {
+            if entry.kind.structural() || allowed(&entry.name) {
                 entries.insert(wire.clone(), entry.clone());
                 if let Some(def) = self.definitions.get(wire) {
                     definitions.insert(wire.clone(), def.clone());
@@ -465,6 +470,49 @@ impl Toolbox {
             definitions: Arc::new(definitions),
             denied,
         }
+    }
+
+    /// The toolbox a child that inherits this (its parent's) toolbox runs
+    /// with (`inheritParentSystemPrompt`): the parent's tools, with the
+    /// structural built-ins (`set_output`, `end_turn`, the spawn tools) of
+    /// the child's `own` toolbox instead of the parent's. A spawn tool of the
+    /// parent names the agents the parent may spawn and would refuse every
+    /// call of the child; the child is offered only what it can use.
+    pub fn inherited_by(self: &Arc<Self>, own: &Toolbox) -> Arc<Toolbox> {
+        // The usual case shares the parent's toolbox as it is (no copy per child).
+        let same = |name: &str| {
+            self.entries.contains_key(name) == own.entries.contains_key(name)
+                && self.definitions.get(name) == own.definitions.get(name)
+        };
+        if [SPAWN_AGENTS, SPAWN_AGENT_INLINE, SPAWN_AGENTS_ASYNC]
+            .iter()
+            .all(|n| !self.entries.contains_key(*n) && !own.entries.contains_key(*n))
+            && [SET_OUTPUT, END_TURN].iter().all(|n| same(n))
+        {
+            return self.clone();
+        }
+        let mut entries = HashMap::new();
+        let mut definitions = BTreeMap::new();
+        let (inherited, structural) = (
+            self.entries.iter().filter(|(_, e)| !e.kind.structural()),
+            own.entries.iter().filter(|(_, e)| e.kind.structural()),
+        );
+        let from_parent = inherited.map(|(wire, e)| (wire, e, &self.definitions));
+        let from_own = structural.map(|(wire, e)| (wire, e, &own.definitions));
+        for (wire, entry, defs) in from_parent.chain(from_own) {
+            entries.insert(wire.clone(), entry.clone());
+            if let Some(def) = defs.get(wire) {
+                definitions.insert(wire.clone(), def.clone());
+            }
+        }
+        let mut denied = self.denied.clone();
+        denied.extend(own.denied.iter().map(|(k, v)| (k.clone(), v.clone())));
+        denied.retain(|wire, _| !entries.contains_key(wire));
+        Arc::new(Toolbox {
+            entries,
+            definitions: Arc::new(definitions),
+            denied,
+        })
     }
 
     /// The tool the model calls `name` (its wire name).
@@ -671,6 +719,29 @@ mod tests {
         assert_eq!(cut.denied("fs__read"), Some("fs/read"));
         assert_eq!(cut.denied("add_message"), Some("add_message"));
         assert!(cut.get("fs__read").is_none());
+    }
+
+    #[test]
+    fn a_child_that_inherits_its_parents_toolbox_is_offered_only_the_spawn_tools_it_can_use() {
+        let mut lead = AgentTemplate::new("lead", "m").spawns(&["w"]);
+        lead.tools = vec!["fs/read".into()];
+        let parent = Arc::new(
+            Toolbox::build(&lead, |_| Some(Arc::new(Named("fs/read")) as Arc<dyn Tool>)).unwrap(),
+        );
+        let heir = AgentTemplate::new("heir", "m");
+        let own = Toolbox::build(&heir, |_| None).unwrap();
+        let child = parent.inherited_by(&own);
+        assert_eq!(child.names(), vec!["end_turn", "fs__read", "set_output"]);
+        assert!(child.get("spawn_agents").is_none());
+        // A child with agents of its own to spawn is offered its own spawn tools.
+        let spawner = AgentTemplate::new("heir", "m").spawns(&["v"]);
+        let own = Toolbox::build(&spawner, |_| None).unwrap();
+        let child = parent.inherited_by(&own);
+        let described = &child.definitions()["spawn_agents"].description;
+        assert!(
+            described.contains("- v") && !described.contains("- w"),
+            "{described}"
+        );
     }
 
     #[test]

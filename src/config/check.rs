@@ -531,7 +531,10 @@ pub(super) fn templates(
             }
         }
         for tool in &a.tools {
-            if arbor_actors::toolbox::OPTIONAL_BUILTINS.contains(&tool.as_str())
+            // Codebuff's templates list every built-in they use (`set_output`,
+            // `end_turn`, `spawn_agents` included): each is offered by its own
+            // rule (the output mode, the spawnable agents), listed or not.
+            if arbor_actors::toolbox::BUILTIN_NAMES.contains(&tool.as_str())
                 || file.tools.contains_key(tool)
             {
                 continue;
@@ -564,8 +567,9 @@ pub(super) fn templates(
                     &table,
                     "tools",
                     format!(
-                        "unknown tool {tool:?}: not a built-in (add_message, set_messages), not under [tools], \
-                         not SERVER/TOOL of an [mcp_servers] entry, and no tool of that name is registered in code"
+                        "unknown tool {tool:?}: not a built-in ({}), not under [tools], \
+                         not SERVER/TOOL of an [mcp_servers] entry, and no tool of that name is registered in code",
+                        arbor_actors::toolbox::BUILTIN_NAMES.join(", ")
                     ),
                 ),
             ));
@@ -667,16 +671,33 @@ pub(super) fn templates(
                 arbor_actors::OnTurnEnd::Wait
             }),
         };
-        if a.tools
-            .iter()
-            .any(|t| t == arbor_actors::toolbox::SPAWN_AGENTS_ASYNC)
-            && a.spawnable_agents.is_empty()
         {
+            use arbor_actors::toolbox::{SPAWN_AGENT_INLINE, SPAWN_AGENTS, SPAWN_AGENTS_ASYNC};
+            // A spawn tool is offered only with agents to spawn: listed
+            // without any, it would silently do nothing.
+            if a.spawnable_agents.is_empty()
+                && let Some(spawn) = a.tools.iter().find(|t| {
+                    [SPAWN_AGENTS, SPAWN_AGENT_INLINE, SPAWN_AGENTS_ASYNC].contains(&t.as_str())
+                })
+            {
+                problems.push(at(
+                    text,
+                    &table,
+                    "tools",
+                    format!("lists {spawn} but has no spawnable_agents to start"),
+                ));
+            }
+        }
+        if a.inherit_parent_system_prompt && !a.system_prompt.is_empty() {
+            // Codebuff refuses the pair too: the inherited prompt would
+            // silently replace this one.
             problems.push(at(
                 text,
                 &table,
-                "tools",
-                "lists spawn_agents_async but has no spawnable_agents to start".to_owned(),
+                "inherit_parent_system_prompt",
+                "runs on its parent's system prompt, so its own system_prompt would never be \
+                 sent: remove one of the two"
+                    .to_owned(),
             ));
         }
         let report_share = match a.report_share {
