@@ -48,7 +48,9 @@ impl TreeRenderer {
             EventKind::AgentCancelled { state, .. } => {
                 Some(self.finished(event, state, "○", "cancelled"))
             }
-            EventKind::LimitHit { limit } => Some(format!("{}! {limit}", indent(0))),
+            EventKind::LimitHit { limit } => {
+                Some(format!("{}! {} stopped: {limit}", indent(0), short(event)))
+            }
             EventKind::Looping {
                 tool,
                 repeats,
@@ -91,8 +93,10 @@ impl TreeRenderer {
                 }
             )),
             EventKind::BudgetReached { limit } => Some(format!(
-                "  ‖ {} paused: {limit} (arbor budget raises it)",
-                short(event)
+                "  ‖ {} paused: {limit} (arbor budget {} {} N raises it)",
+                short(event),
+                event.tree_id,
+                raise_flag(limit.limit)
             )),
             EventKind::LimitsRaised { .. } => Some(format!("{}↑ budgets raised", indent(0))),
             EventKind::TurnQueued { turn, position, .. } => Some(format!(
@@ -127,13 +131,27 @@ impl TreeRenderer {
         let ms = event.at_ms.saturating_sub(start);
         let tokens = self.tokens.remove(event.run_id.as_ref()).unwrap_or(0);
         format!(
-            "{}{mark} {} {} {what} in {ms}ms ({} children, {} tokens)",
+            "{}{mark} {} {} {what} in {ms}ms ({}, {})",
             indent(depth),
             state.agent_type.as_deref().unwrap_or("agent"),
             short(event),
-            state.child_run_ids.len(),
-            tokens,
+            count(state.child_run_ids.len() as u64, "child", "children"),
+            count(tokens, "token", "tokens"),
         )
+    }
+}
+
+/// `n` and the noun for it: "1 child", "3 children", "0 tokens".
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The `arbor budget` flag that raises a spent budget.
+fn raise_flag(limit: arbor_actors::Limit) -> &'static str {
+    match limit {
+        arbor_actors::Limit::TokenBudget => "--add-tokens",
+        arbor_actors::Limit::CostBudget => "--add-credits",
+        _ => "--add-steps",
     }
 }
 
@@ -156,6 +174,12 @@ pub fn final_text(state: &AgentState) -> String {
     if let Some(output) = &state.output {
         return serde_json::to_string_pretty(output).unwrap_or_else(|_| output.to_string());
     }
+    last_text(state)
+}
+
+/// The text of a state's last assistant turn (its text parts, joined by
+/// newlines); empty when it has none.
+pub fn last_text(state: &AgentState) -> String {
     state
         .message_history
         .last_assistant_turn()
@@ -165,6 +189,26 @@ pub fn final_text(state: &AgentState) -> String {
         .filter(|t| !t.is_empty())
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// A state as `arbor run --json` and `arbor show --json` print it: the
+/// `AgentState`, with `finalText` beside it: the text of its last assistant
+/// turn (what a `last_message` agent hands back and `arbor run` prints),
+/// `null` when it has none. (`output` is set only by a structured output.)
+pub fn state_json(state: &AgentState) -> serde_json::Result<serde_json::Value> {
+    let mut json = serde_json::to_value(state)?;
+    if let serde_json::Value::Object(fields) = &mut json {
+        let text = last_text(state);
+        fields.insert(
+            "finalText".to_owned(),
+            if text.is_empty() {
+                serde_json::Value::Null
+            } else {
+                serde_json::Value::String(text)
+            },
+        );
+    }
+    Ok(json)
 }
 
 /// `text` on one line (newlines as spaces), cut to `width` characters, the

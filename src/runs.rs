@@ -8,6 +8,8 @@ use arbor_actors::{AgentState, RunId};
 use arbor_supervisor::store::{RunNode, TreeSummary};
 use serde_json::Value;
 
+use crate::render::count;
+
 /// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS` (UTC).
 pub fn timestamp(ms: u64) -> String {
     let secs = ms / 1000;
@@ -116,13 +118,13 @@ fn walk(nodes: &[RunNode], node: &RunNode, depth: usize, out: &mut String) {
     };
     let _ = write!(
         out,
-        "{}{mark} {} {} {}: {} steps, {} tokens, cost {:.4}, {}",
+        "{}{mark} {} {} {}: {}, {}, cost {:.4}, {}",
         "  ".repeat(depth),
         node.agent_type,
         node.run_id,
         node.status,
-        node.steps,
-        node.input_tokens + node.output_tokens,
+        count(node.steps, "step", "steps"),
+        count(node.input_tokens + node.output_tokens, "token", "tokens"),
         node.cost,
         duration(node.started_ms, node.finished_ms),
     );

@@ -89,8 +89,10 @@ pub(crate) enum Command {
         #[command(flatten)]
         server: ServerArgs,
     },
-    /// Raise a running tree's budgets on `arbor serve` (semantics §13): agents
-    /// paused on a spent budget go on.
+    /// Show a tree's budgets in force, or raise a running tree's (semantics
+    /// §13): agents paused on a spent budget go on. On the store (the process
+    /// that runs the tree, `arbor run` or `arbor serve`, applies the raise),
+    /// or through `arbor serve` with --server or $ARBOR_SERVER.
     Budget {
         /// The tree (its id, as `arbor runs` lists it).
         tree_id: String,
@@ -114,6 +116,28 @@ pub(crate) enum Command {
         max_steps: Option<u64>,
         #[command(flatten)]
         server: ServerArgs,
+        #[command(flatten)]
+        at: Stored,
+    },
+    /// Cancel a tree (its latest turn) or one run and its subtree, wherever
+    /// it runs: on the store (the process that runs it, `arbor run` or `arbor
+    /// serve`, ends it; a tree nobody runs is stored as cancelled, so no
+    /// process resumes or adopts it), or through `arbor serve` with --server
+    /// or $ARBOR_SERVER.
+    Cancel {
+        /// A tree id (as `arbor runs` lists it) or a run id TREE/PATH.
+        id: String,
+        #[command(flatten)]
+        server: ServerArgs,
+        #[command(flatten)]
+        at: Stored,
+    },
+    /// Print a shell completion script: `arbor completions bash >
+    /// ~/.local/share/bash-completion/completions/arbor` (zsh: a `_arbor`
+    /// file on $fpath; fish: ~/.config/fish/completions/arbor.fish).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
     },
     /// List the tool calls that wait for a person's decision on `arbor serve`
     /// (semantics §12), oldest first.
@@ -209,9 +233,10 @@ pub(crate) enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
-    /// List every tool an agent could get, with its source (built-in, MCP
-    /// server, command) and the agents that list it; starts the config's MCP
-    /// servers to ask them for their tools.
+    /// List every tool with its source (built-in, MCP server, command) and
+    /// the agents that are offered it (under [policy]; spawn tools only to
+    /// agents that may spawn); starts the config's MCP servers to ask them
+    /// for their tools.
     Tools {
         /// Config file (default: ./config.toml if present, else the built-in one).
         #[arg(long, short)]
@@ -314,6 +339,15 @@ pub(crate) struct ServerArgs {
 }
 
 impl ServerArgs {
+    /// Whether the command goes through a server rather than the store
+    /// (`arbor budget`, `arbor cancel`): `--server`, `--token` or
+    /// `$ARBOR_SERVER` given.
+    pub(crate) fn given(&self) -> bool {
+        self.server.is_some()
+            || self.token.is_some()
+            || std::env::var_os("ARBOR_SERVER").is_some_and(|v| !v.is_empty())
+    }
+
     /// The server's URL and the token: the flags, else the environment.
     pub(crate) fn resolve(self) -> (String, Option<String>) {
         let server = self

@@ -41,8 +41,32 @@ pub(super) fn agents(config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
 pub(super) fn tools(config: Option<PathBuf>, json: bool) -> anyhow::Result<ExitCode> {
     let config = load_config(config.as_deref())?;
     let tools = config.tool_set();
+    let catalog = config.catalog_with(&tools, &[])?;
     let listing = async_runtime()?.block_on(until_signal(async {
-        let listing = arbor::tools::listing(&config, &tools).await;
+        let mut listing = arbor::tools::listing(&config, &tools).await;
+        // Each tool with the agents that get it: what each template's agents
+        // are offered under [policy], as a tree offers it (the spawn tools
+        // only to agents that may spawn, set_output as the output mode says).
+        let offered: Vec<(&str, Vec<String>)> = config
+            .templates
+            .iter()
+            .map(|t| {
+                let tools = catalog.offered(&t.id, &config.limits.tools);
+                (t.id.as_str(), tools.unwrap_or_default())
+            })
+            .collect();
+        for tool in &mut listing {
+            // A server that is down: the agents that list its tools.
+            if tool.wire_name.is_empty() {
+                continue;
+            }
+            tool.agents = offered
+                .iter()
+                .filter(|(_, tools)| tools.contains(&tool.wire_name))
+                .map(|(agent, _)| (*agent).to_owned())
+                .collect();
+            tool.agents.sort();
+        }
         tools.mcp().shutdown().await;
         Ok(listing)
     }))?;

@@ -4,6 +4,7 @@
 mod approvals;
 mod args;
 mod config;
+mod control;
 mod loadtest;
 mod run;
 mod service;
@@ -45,24 +46,40 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             max_tokens,
             max_steps,
             server,
+            at,
         } => {
-            // Only the budgets given (a credit amount JSON has no number for,
-            // NaN or infinite, is not one).
-            let credits = |v: Option<f64>| v.and_then(serde_json::Number::from_f64).map(Into::into);
-            let count = |v: Option<u64>| v.map(Into::into);
-            let body: serde_json::Map<String, serde_json::Value> = [
-                ("addCredits", credits(add_credits)),
-                ("addTokens", count(add_tokens)),
-                ("addSteps", count(add_steps)),
-                ("maxCredits", credits(max_credits)),
-                ("maxTokens", count(max_tokens)),
-                ("maxSteps", count(max_steps)),
-            ]
-            .into_iter()
-            .filter_map(|(key, value)| Some((key.to_owned(), value?)))
-            .collect();
+            let raise = control::Raise {
+                set: arbor_supervisor::Raised {
+                    max_steps,
+                    max_tokens,
+                    max_credits,
+                },
+                add: arbor_supervisor::Raised {
+                    max_steps: add_steps,
+                    max_tokens: add_tokens,
+                    max_credits: add_credits,
+                },
+            };
+            if !server.given() {
+                return control::budget_on_store(tree_id, raise, at);
+            }
             let api = service::Api::new(server)?;
-            async_runtime()?.block_on(service::budget(&api, &tree_id, body))
+            async_runtime()?.block_on(control::budget_on_server(&api, &tree_id, raise))
+        }
+        Command::Cancel { id, server, at } => {
+            if !server.given() {
+                return control::cancel_on_store(id, at);
+            }
+            let api = service::Api::new(server)?;
+            async_runtime()?.block_on(control::cancel_on_server(&api, &id))
+        }
+        Command::Completions { shell } => {
+            use clap::CommandFactory as _;
+            let mut command = Cli::command();
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command, "arbor", &mut script);
+            out!("{}", String::from_utf8_lossy(&script))?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Say {
             run_id,

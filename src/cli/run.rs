@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use arbor::render::{TreeRenderer, final_text};
+use arbor::render::{TreeRenderer, final_text, state_json};
 use arbor::{Run, Runtime, TurnRun, Waited};
 use arbor_actors::approval::{DecideRefused, Decision};
 use arbor_actors::{AgentStatus, EventKind};
@@ -37,8 +37,10 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         deny: deny_tools,
         ..Default::default()
     };
-    if let Some((pattern, why)) = rule.problems().into_iter().next() {
-        anyhow::bail!("--allow-tools/--deny-tools: pattern {pattern:?}: {why}");
+    // A bad pattern is a config error (exit 2), as in [policy].
+    if let Some((flag, pattern, why)) = tool_flag_problem(&rule) {
+        eprintln!("error: {flag}: pattern {pattern:?}: {why}");
+        return Ok(ExitCode::from(2));
     }
     let mut limits = config.limits.clone();
     limits.tools = limits.tools.narrowed(rule);
@@ -46,9 +48,13 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .map(|p| serde_json::from_str(&p))
         .transpose()
         .context("--params is not valid JSON")?;
-    let store = (!store.no_store && config.file.store.enabled)
-        .then(|| store_location(&config, store.store))
-        .transpose()?;
+    // --store names the store even when the config's is disabled.
+    let store = match (store.no_store, store.store) {
+        (true, _) => None,
+        (false, Some(location)) => Some(location),
+        (false, None) if config.file.store.enabled => Some(store_location(&config, None)?),
+        (false, None) => None,
+    };
     let agent = agent
         .or_else(|| config.default_agent().map(str::to_owned))
         .context("no agent given and the config defines none")?;
@@ -84,7 +90,8 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             params,
             multitask,
         };
-        return tokio.block_on(until_signal(async {
+        let started = Started::default();
+        return tokio.block_on(until_stopped(&runtime, &started, true, async {
             let run = match runtime.start_turn(&tree, request).await? {
                 TurnRun::Started(run) => run,
                 TurnRun::Queued(queued) => match wait_queued(&runtime, queued, show).await? {
@@ -93,10 +100,12 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     Waited::Ended(state) => return show_result(&state, show),
                 },
             };
-            follow_tree(&runtime, run, show, true).await
+            follow_tree(&runtime, run, show, true, &started).await
         }));
     }
-    tokio.block_on(until_signal(async {
+    let started = Started::default();
+    let stored = store.is_some();
+    tokio.block_on(until_stopped(&runtime, &started, stored, async {
         let run = runtime
             .start_with(StartRequest {
                 agent,
@@ -109,8 +118,41 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 ..StartRequest::default()
             })
             .await?;
-        follow_tree(&runtime, run, show, store.is_some()).await
+        follow_tree(&runtime, run, show, stored, &started).await
     }))
+}
+
+/// The first problem of `--allow-tools`/`--deny-tools`: a pattern that is
+/// not one, or a name of a structural built-in (`set_output`, `end_turn`,
+/// the spawn tools), which no policy takes away or gives (an agent's output
+/// mode and spawnable agents govern those).
+fn tool_flag_problem(rule: &arbor_supervisor::ToolRule) -> Option<(&'static str, String, String)> {
+    use arbor_actors::toolbox::{OPTIONAL_BUILTINS, builtin_definitions};
+    let flags = rule
+        .allow
+        .iter()
+        .flatten()
+        .map(|p| ("--allow-tools", p))
+        .chain(rule.deny.iter().map(|p| ("--deny-tools", p)));
+    for (flag, pattern) in flags {
+        if let Err(why) = arbor_supervisor::check_pattern(pattern) {
+            return Some((flag, pattern.clone(), why));
+        }
+        let structural = builtin_definitions()
+            .into_iter()
+            .any(|(name, _)| name == pattern && !OPTIONAL_BUILTINS.contains(&name));
+        if structural {
+            return Some((
+                flag,
+                pattern.clone(),
+                format!(
+                    "{pattern} is a structural built-in: a tool policy neither gives nor takes it \
+                     (an agent's output_mode and spawnable_agents decide it)"
+                ),
+            ));
+        }
+    }
+    None
 }
 
 pub(super) fn resume(
@@ -133,9 +175,10 @@ pub(super) fn resume(
         quiet,
         events,
     };
-    tokio.block_on(until_signal(async {
+    let started = Started::default();
+    tokio.block_on(until_stopped(&runtime, &started, true, async {
         let run = runtime.resume(&tree_id).await?;
-        follow_tree(&runtime, run, show, true).await
+        follow_tree(&runtime, run, show, true, &started).await
     }))
 }
 
@@ -166,6 +209,81 @@ pub(super) async fn until_signal<T>(
     std::process::exit(code);
 }
 
+/// The tree a command started, once it has: what Ctrl-C cancels.
+#[derive(Default)]
+struct Started(std::sync::OnceLock<String>);
+
+/// How long Ctrl-C waits for the cancelled tree to end and be stored.
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs `work` (which follows the tree it starts, see [`Started`]) until it
+/// ends or the process gets a signal, then exits:
+/// - SIGINT (Ctrl-C: a person stopped it): the tree is cancelled and, once
+///   it has ended (within [`CANCEL_WAIT`], or a second signal), exits 130.
+///   A stored tree is then `cancelled`: no process resumes or adopts it
+///   (`arbor run --continue` can still ask it a follow-up turn).
+/// - SIGTERM (a shutdown, a supervisor): exits 143 at once, the tree left
+///   as a crash leaves it: interrupted, for `arbor resume` or an `arbor
+///   serve` on the store to continue.
+///
+/// Every tool process is ended either way.
+async fn until_stopped<T>(
+    runtime: &Runtime,
+    started: &Started,
+    stored: bool,
+    work: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    let mut work = std::pin::pin!(work);
+    tokio::select! {
+        result = &mut work => return result,
+        _ = term.recv() => stop(143, "stopped by SIGTERM; tool processes ended"),
+        _ = int.recv() => {}
+    }
+    let Some(tree) = started
+        .0
+        .get()
+        .filter(|tree| runtime.supervisor().cancel_tree(tree))
+    else {
+        stop(130, "stopped by Ctrl-C; tool processes ended");
+    };
+    eprintln!("stopping: cancelling tree {tree} (Ctrl-C again to quit at once)");
+    let ended = tokio::select! {
+        _ = &mut work => true,
+        _ = int.recv() => false,
+        _ = term.recv() => false,
+        () = tokio::time::sleep(CANCEL_WAIT) => false,
+    };
+    if !ended {
+        stop(
+            130,
+            &format!(
+                "stopped before tree {tree} ended; tool processes ended \
+                 (it is interrupted: arbor cancel {tree} ends it, arbor resume {tree} goes on)"
+            ),
+        );
+    }
+    if stored {
+        stop(
+            130,
+            &format!(
+                "stopped: tree {tree} cancelled, and stored so: no process resumes or adopts it \
+                 (arbor run --continue {tree} asks it a follow-up)"
+            ),
+        );
+    }
+    stop(130, &format!("stopped: tree {tree} cancelled"));
+}
+
+/// Ends every tool process, says `why` and exits with `code`.
+fn stop(code: i32, why: &str) -> ! {
+    arbor::tools::reaper::kill_all();
+    eprintln!("{why}");
+    std::process::exit(code);
+}
+
 /// Shows a started tree until its root ends (its events end there), then
 /// prints the root's output.
 async fn follow_tree(
@@ -173,8 +291,11 @@ async fn follow_tree(
     mut run: Run,
     show: Show,
     stored: bool,
+    started: &Started,
 ) -> anyhow::Result<ExitCode> {
     let tree_id = &run.tree_id;
+    let tree = tree_id.to_string();
+    let _ = started.0.set(tree.clone());
     if !show.quiet && !show.events {
         if stored {
             eprintln!("tree {tree_id} (if interrupted: arbor resume {tree_id})");
@@ -219,12 +340,27 @@ async fn follow_tree(
         approve(runtime.supervisor(), asked).await;
         std::future::pending::<std::convert::Infallible>().await
     };
-    // The approver never ends on its own; it is dropped with the tree.
+    // What `arbor cancel`, `arbor budget` (or a server) post for this
+    // stored tree, taken while it runs; what is not for this command is
+    // posted back once it ends.
+    let aside = std::sync::Mutex::new(Vec::new());
+    let controls = async {
+        if stored {
+            super::control::take_controls(runtime.supervisor(), &tree, &aside).await
+        } else {
+            std::future::pending().await
+        }
+    };
+    // The approver and the control loop never end on their own; they are
+    // dropped with the tree.
     let result = tokio::select! {
         result = run.result() => result?,
         never = approver => match never {},
+        never = controls => match never {},
     };
     let _ = printer.await;
+    let aside = std::mem::take(&mut *aside.lock().unwrap_or_else(|e| e.into_inner()));
+    super::control::post_back(runtime.supervisor(), &tree, aside).await;
     runtime.supervisor().flush().await?;
     show_result(&result.state, show)
 }
@@ -234,7 +370,7 @@ async fn follow_tree(
 fn show_result(state: &arbor_actors::AgentState, show: Show) -> anyhow::Result<ExitCode> {
     let completed = state.status == AgentStatus::Completed;
     if show.json {
-        outln!("{}", serde_json::to_string_pretty(state)?)?;
+        outln!("{}", serde_json::to_string_pretty(&state_json(state)?)?)?;
     } else if completed {
         outln!("{}", final_text(state))?;
     } else if show.quiet || show.events {

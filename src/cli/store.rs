@@ -9,7 +9,7 @@ use anyhow::Context;
 use arbor::Runtime;
 use arbor::config::Config;
 use arbor::config::StoreLocation;
-use arbor::render::final_text;
+use arbor::render::{count, final_text, state_json};
 use arbor_supervisor::store::{Store, TreeFilter};
 
 use super::args::Stored;
@@ -81,11 +81,11 @@ pub(super) fn show(run_id: String, json: bool, at: Stored) -> anyhow::Result<Exi
         anyhow::bail!("run {run_id} started but has no checkpoint yet");
     };
     if json {
-        outln!("{}", serde_json::to_string_pretty(&state)?)?;
+        outln!("{}", serde_json::to_string_pretty(&state_json(&state)?)?)?;
     } else {
         let n = &run.node;
         outln!(
-            "{} {} ({}{}): {} steps, {} tokens, cost {:.4}, {} messages, {} children",
+            "{} {} ({}{}): {}, {}, cost {:.4}, {}, {}",
             n.agent_type,
             n.run_id,
             n.status,
@@ -94,11 +94,11 @@ pub(super) fn show(run_id: String, json: bool, at: Stored) -> anyhow::Result<Exi
             } else {
                 ", last checkpoint"
             },
-            n.steps,
-            n.input_tokens + n.output_tokens,
+            count(n.steps, "step", "steps"),
+            count(n.input_tokens + n.output_tokens, "token", "tokens"),
             n.cost,
-            state.message_history.len(),
-            state.child_run_ids.len()
+            count(state.message_history.len() as u64, "message", "messages"),
+            count(state.child_run_ids.len() as u64, "child", "children")
         )?;
         if let Some(error) = &n.error {
             outln!("error: {error}")?;

@@ -217,6 +217,18 @@ impl Catalog {
         self.tools.values()
     }
 
+    /// The tools (by the names the model sees) an agent of the template
+    /// `template_id` is offered in a tree under `policy`: its toolbox as of
+    /// now (MCP servers' tools once their servers are up), less what the
+    /// policy refuses; the structural built-ins (`set_output`, `end_turn`,
+    /// the spawn tools) only as its output mode and spawnable agents give
+    /// them. `None` for a template the catalog does not have.
+    pub fn offered(&self, template_id: &str, policy: &crate::ToolPolicy) -> Option<Vec<String>> {
+        let toolbox = self.toolbox(template_id)?;
+        let cut = toolbox.restricted(|name| policy.allows(name));
+        Some(cut.definitions().keys().cloned().collect())
+    }
+
     /// A template's toolbox as of now (rebuilt first if the tool source changed).
     pub(crate) fn toolbox(&self, template_id: &str) -> Option<Arc<Toolbox>> {
         let generation = self.source_generation();

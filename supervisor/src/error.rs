@@ -245,6 +245,26 @@ pub enum Error {
         /// How many turns a tree may have waiting.
         limit: usize,
     },
+    /// A cancel that cannot be carried out (`Supervisor::cancel_stored`):
+    /// its tree has ended, or a part of a tree nobody runs was named.
+    #[error("cannot cancel {id}: {reason}")]
+    CancelRefused {
+        /// The tree or run named.
+        id: String,
+        /// Why.
+        reason: String,
+    },
+    /// A raise of the budgets of a tree that has ended
+    /// (`Supervisor::raise_stored`): only a running tree's are raised.
+    #[error(
+        "tree {tree} has ended ({status}): only a running tree's budgets are raised (arbor run --continue {tree} gives it a new turn)"
+    )]
+    RaiseEnded {
+        /// The tree.
+        tree: String,
+        /// How it ended.
+        status: crate::store::TreeStatus,
+    },
 }
 
 impl Error {

@@ -455,13 +455,13 @@ fn an_agent_shows_the_same_tokens_in_the_run_tree_and_in_arbor_tree() {
         ],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
-    // "✓ worker 0.1 completed in 301ms (1 children, 43 tokens)"
+    // "✓ worker 0.1 completed in 301ms (1 child, 43 tokens)"
     let shown: std::collections::HashMap<String, u64> = text(&out.stderr)
         .lines()
         .filter(|l| l.contains(" completed in "))
         .map(|l| {
             let path = l.split_whitespace().nth(2).unwrap().to_owned();
-            let tokens = l.rsplit_once(", ").unwrap().1.trim_end_matches(" tokens)");
+            let tokens = l.rsplit_once(", ").unwrap().1.split(' ').next().unwrap();
             (format!("ttok/{path}"), tokens.parse().unwrap())
         })
         .collect();

@@ -652,6 +652,12 @@ pub trait Store: Send + Sync + 'static {
     /// again and again. Nothing changes if another process claimed it since.
     fn fail_claimed(&self, tree_id: &str, epoch: u64, reason: &str) -> Result<(), Error>;
 
+    /// Ends a tree this process claimed (at `epoch`) as `cancelled`, with
+    /// `reason`: a person cancelled it while nobody ran it (`arbor cancel`),
+    /// so no process resumes or adopts it. Nothing changes if another
+    /// process claimed it since.
+    fn cancel_claimed(&self, tree_id: &str, epoch: u64, reason: &str) -> Result<(), Error>;
+
     /// Stores a control message for whichever process owns the tree (it
     /// takes it with `take_controls`); returns its id. `Error::UnknownTree`
     /// if the store has no such tree.

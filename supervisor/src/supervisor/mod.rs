@@ -1081,7 +1081,10 @@ pub fn new_tree_id() -> String {
     TreeId::generate().into()
 }
 
+mod stored;
 mod turns;
+
+pub use stored::{BudgetOutcome, CancelOutcome};
 
 pub use turns::{
     DEFAULT_TURN_QUEUE, Multitask, Queued, TurnDecision, TurnRequest, TurnStart, TurnsNow,

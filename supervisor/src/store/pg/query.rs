@@ -542,6 +542,22 @@ impl Store for PgStore {
         Ok(())
     }
 
+    fn cancel_claimed(&self, tree_id: &str, epoch: u64, reason: &str) -> Result<(), Error> {
+        self.block(async {
+            let client = self.client().await?;
+            client
+                .execute(
+                    "UPDATE trees SET status = 'cancelled', error = $3, finished_ms = $4,
+                         owner = '-:released', heartbeat_ms = 0
+                     WHERE tree_id = $1 AND epoch = $2 AND status = 'running'",
+                    &[&tree_id, &(epoch as i64), &reason, &(now_ms() as i64)],
+                )
+                .await
+                .map_err(self.io())
+        })?;
+        Ok(())
+    }
+
     fn queue_turn(
         &self,
         tree_id: &str,

@@ -347,6 +347,18 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    fn cancel_claimed(&self, tree_id: &str, epoch: u64, reason: &str) -> Result<(), Error> {
+        let conn = self.conn()?;
+        conn.execute(
+            "UPDATE trees SET status = 'cancelled', error = ?3, finished_ms = ?4,
+                 owner = '-:released', heartbeat_ms = 0
+             WHERE tree_id = ?1 AND epoch = ?2 AND status = 'running'",
+            params![tree_id, epoch as i64, reason, now_ms() as i64],
+        )
+        .map_err(sql(&self.path))?;
+        Ok(())
+    }
+
     fn queue_turn(
         &self,
         tree_id: &str,
