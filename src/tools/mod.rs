@@ -6,6 +6,7 @@
 
 pub mod command;
 pub mod mcp;
+pub mod keeper;
 pub mod reaper;
 
 use std::collections::BTreeMap;

@@ -40,12 +40,16 @@ fn command(mode: &str, rest: &[&str]) -> String {
     serde_json::to_string(&elements).unwrap()
 }
 
+/// A context of its own per call: calls of one tree, run and id take the
+/// same call lock (they would wait for each other across tests).
 fn ctx() -> ToolContext {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     ToolContext {
-        tree_id: "tree".into(),
+        tree_id: format!("tree-{}", std::process::id()).into(),
         run_id: "tree/run".into(),
         agent_type: "tester".into(),
-        call_id: "call-1".into(),
+        call_id: format!("call-{n}"),
     }
 }
 

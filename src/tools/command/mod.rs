@@ -42,7 +42,9 @@
 //! # The process
 //!
 //! Each call starts the program in a new process group (registered with
-//! [`crate::tools::reaper`]), with stdin fed from the `stdin` template (or
+//! [`crate::tools::reaper`]; on Linux under a keeper,
+//! [`crate::tools::keeper`], so that it and everything it starts, even a
+//! `setsid` double fork, die with Arbor, even on SIGKILL), with stdin fed from the `stdin` template (or
 //! `/dev/null` without one) and stdout and stderr read concurrently. The
 //! environment is empty except `PATH` (Arbor's, so bare names resolve as they
 //! do for Arbor) and the variables named in `env` that Arbor's own
@@ -57,6 +59,11 @@
 //! a tool error with the exit code or signal, stderr's last 4 KB and stdout.
 //! On `timeout`, or when the call is cancelled (its future dropped), the whole
 //! group is killed.
+//!
+//! A call first takes the call's lock ([`crate::tools::keeper::CallLock`]),
+//! held until all its processes have ended: when Arbor was killed during the
+//! call and the tree is resumed, the call waits (up to its `timeout`) while
+//! the earlier attempt may still be running, and is not started beside it.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -75,6 +82,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 use tokio::time::Instant;
 
+use crate::tools::keeper::{self, CallLock};
 use crate::tools::reaper;
 
 mod output;
@@ -417,7 +425,13 @@ impl CommandTool {
         self.args.iter().filter_map(|t| t.render(input))
     }
 
-    fn command(&self, args: &[String], piped_stdin: bool) -> Command {
+    /// The command for one call, and whether it runs under a keeper.
+    fn command(
+        &self,
+        args: &[String],
+        piped_stdin: bool,
+        lock: Option<&CallLock>,
+    ) -> (Command, bool) {
         let mut command = Command::new(&self.spawn);
         command.args(args).env_clear();
         if let Some(path) = std::env::var_os("PATH") {
@@ -440,7 +454,8 @@ impl CommandTool {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
-        command
+        let kept = keeper::install(&mut command, lock);
+        (command, kept)
     }
 
     fn error(&self, message: impl std::fmt::Display) -> ToolError {
@@ -449,14 +464,20 @@ impl CommandTool {
 
     /// Runs the program once; the process group is killed on every way out
     /// (including this future being dropped) by the reaper registration.
-    async fn run(&self, args: Vec<String>, stdin: Option<String>) -> Result<String, ToolError> {
+    async fn run(
+        &self,
+        args: Vec<String>,
+        stdin: Option<String>,
+        lock: Option<CallLock>,
+    ) -> Result<String, ToolError> {
         if let Some(i) = args.iter().position(|a| a.contains('\0')) {
             return Err(self.error(format_args!(
                 "could not run: argument {} contains a NUL byte, which no program argument can hold",
                 i + 1
             )));
         }
-        let mut child = self.command(&args, stdin.is_some()).spawn().map_err(|e| {
+        let (mut command, kept) = self.command(&args, stdin.is_some(), lock.as_ref());
+        let mut child = command.spawn().map_err(|e| {
             let place = self
                 .cwd
                 .as_ref()
@@ -473,7 +494,14 @@ impl CommandTool {
         let Some(pid) = child.id() else {
             return Err(self.error("could not run: the process has no pid"));
         };
-        let mut group = reaper::register(pid);
+        let mut group = if kept {
+            reaper::register_keeper(pid)
+        } else {
+            reaper::register(pid)
+        };
+        if let Some(lock) = &lock {
+            lock.note_pid(pid);
+        }
 
         let mut stdout = Head::new(self.max_output_bytes);
         let mut stderr = Tail::new(STDERR_TAIL_BYTES);
@@ -494,9 +522,10 @@ impl CommandTool {
             loop {
                 tokio::select! {
                     exit = child.wait(), if status.is_none() => {
-                        // The program is done: end what it left behind in its
-                        // group, so the pipes close once read to their end.
-                        group.kill();
+                        // The program is done: end what it left behind (its
+                        // keeper did already), so the pipes close once read
+                        // to their end.
+                        group.exited();
                         let exit = exit.map_err(|e| self.error(format_args!("could not be waited for: {e}")))?;
                         status = Some(exit);
                         deadline = deadline.min(Instant::now() + DRAIN_GRACE);
@@ -523,14 +552,22 @@ impl CommandTool {
             Ended::TimedOut => {
                 group.kill();
                 // Reap the killed leader (it dies at once); the reaper would
-                // otherwise leave that to tokio's orphan queue.
-                let _ = tokio::time::timeout(REAP_WAIT, child.wait()).await;
+                // otherwise leave that to tokio's orphan queue. A keeper that
+                // exited has ended every process of the call.
+                if let Ok(Ok(_)) = tokio::time::timeout(REAP_WAIT, child.wait()).await
+                    && let Some(lock) = lock
+                {
+                    lock.release();
+                }
                 Err(self.error(format_args!(
                     "timed out after {} (process group killed)",
                     self.timeout_text
                 )))
             }
             Ended::Exited { status, held_open } => {
+                if let Some(lock) = lock {
+                    lock.release();
+                }
                 let mut text = stdout.text();
                 if held_open {
                     text.push_str(
@@ -610,10 +647,28 @@ impl Tool for CommandTool {
         self.schema.source().clone()
     }
 
-    async fn call(&self, input: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, input: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let args: Vec<String> = self.args(&input).collect();
         let stdin = self.stdin_text(&input);
-        let stdout = self.run(args, stdin).await?;
+        // An earlier attempt of this very call (an Arbor killed while it
+        // ran, now resumed) may still be ending: never run a second copy
+        // beside it.
+        let key = [&*ctx.tree_id, &ctx.run_id, &ctx.call_id, &self.name];
+        let what = format!(
+            "command {} (call {} of {})",
+            self.name, ctx.call_id, ctx.run_id
+        );
+        let lock = CallLock::take(&key, &what, self.timeout).await.map_err(|held| {
+            let pid = held
+                .pid
+                .map(|p| format!(" (its keeper is pid {p})"))
+                .unwrap_or_default();
+            self.error(format_args!(
+                "was not started again: an earlier attempt of this call{pid} was still running after {}",
+                self.timeout_text
+            ))
+        })?;
+        let stdout = self.run(args, stdin, lock).await?;
         Ok(ToolOutput::Json(Value::String(stdout)))
     }
 }

@@ -22,7 +22,7 @@ use tokio::process::{Child, ChildStderr, Command};
 use tokio::sync::mpsc;
 
 use super::config::{INHERITED_ENV, McpTransport, read_env};
-use crate::tools::reaper;
+use crate::tools::{keeper, reaper};
 
 /// Longest stderr line logged as one (longer ones are cut in pieces).
 const MAX_STDERR_LINE: u64 = 8 * 1024;
@@ -78,8 +78,8 @@ impl ClientHandler for Handler {
     }
 }
 
-/// A stdio server's process: the group registration kills the group when
-/// dropped (so does `kill_on_drop` for the leader).
+/// A stdio server's process: the registration ends it and all it started
+/// when dropped (without a keeper, `kill_on_drop` kills the leader too).
 pub(super) struct Process {
     pub child: Child,
     pub pid: Option<u32>,
@@ -92,9 +92,19 @@ impl Process {
     pub(super) async fn end(mut self, grace: Duration) {
         let exited = tokio::time::timeout(grace, self.child.wait()).await.is_ok();
         if let Some(mut group) = self.group.take() {
-            group.kill(); // also what is left of the group after the leader exited
+            if exited {
+                group.exited(); // what is left of the group after the leader exited
+            } else {
+                group.kill();
+            }
         }
-        if !exited {
+        // A keeper exits once it has ended the server's processes; a leader
+        // killed with its group dies at once. Only a stuck one is killed here.
+        if !exited
+            && tokio::time::timeout(Duration::from_secs(2), self.child.wait())
+                .await
+                .is_err()
+        {
             let _ = self.child.start_kill();
             let _ = tokio::time::timeout(Duration::from_secs(2), self.child.wait()).await;
         }
@@ -158,16 +168,24 @@ pub(super) async fn connect(name: &str, transport: &McpTransport) -> Result<Conn
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
-                .process_group(0)
-                .kill_on_drop(true);
+                .process_group(0);
             if let Some(cwd) = cwd {
                 cmd.current_dir(cwd);
             }
+            // Under a keeper, the server and all it starts die with Arbor;
+            // the registration ends them (a SIGKILL of the keeper alone
+            // would leave the server's children behind).
+            let kept = keeper::install(&mut cmd, None);
+            cmd.kill_on_drop(!kept);
             let mut child = cmd
                 .spawn()
                 .map_err(|e| format!("cannot run {command:?}: {e}"))?;
             let pid = child.id();
-            let group = pid.map(reaper::register);
+            let group = pid.map(if kept {
+                reaper::register_keeper
+            } else {
+                reaper::register
+            });
             let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
                 return Err("the process has no stdin/stdout pipes".to_owned());
             };
