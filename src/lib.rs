@@ -97,7 +97,8 @@ pub enum Error {
     /// tokens configured: it would serve anyone who can reach it.
     #[error(
         "refusing to listen on {addr} without API tokens: a non-loopback address needs \
-         [service] tokens (set {env})"
+         some; set {env} (the variable [service] tokens_env names) to one or more \
+         comma-separated tokens, or give a [service.principals.NAME] its token_env"
     )]
     Insecure {
         /// The address asked for.

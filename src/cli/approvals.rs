@@ -9,7 +9,7 @@ use arbor::render::clip;
 use arbor_actors::approval::Decision;
 use serde_json::Value;
 
-use super::service::{Api, error_message};
+use super::service::Api;
 
 /// How much of a call's input the table shows.
 const INPUT_WIDTH: usize = 48;
@@ -23,7 +23,7 @@ pub(super) async fn list(api: &Api, tree_id: Option<&str>, json: bool) -> anyhow
     };
     let (status, body) = api.send(reqwest::Method::GET, &segments, None).await?;
     if !status.is_success() {
-        let message = error_message(&body);
+        let message = api.refusal(status, &body);
         anyhow::bail!("the server refused to list the approvals ({status}): {message}");
     }
     let approvals = body["approvals"]
@@ -61,6 +61,14 @@ pub(super) async fn decide(
     call_id: &str,
     decision: Decision,
 ) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        !tree_id.trim().is_empty(),
+        "the tree id is empty: give the TREE column of `arbor approvals`"
+    );
+    anyhow::ensure!(
+        !call_id.trim().is_empty(),
+        "the call id is empty: give the CALL column of `arbor approvals`"
+    );
     let body = serde_json::to_value(&decision)?;
     let (status, answer) = api
         .send(
@@ -74,7 +82,7 @@ pub(super) async fn decide(
         Decision::Deny { .. } => "deny",
     };
     if !status.is_success() {
-        let message = error_message(&answer);
+        let message = api.refusal(status, &answer);
         anyhow::bail!(
             "cannot {verb} tool call {call_id} of tree {tree_id}: the server refused ({status}): {message}"
         );

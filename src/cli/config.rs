@@ -98,6 +98,9 @@ pub(super) fn check_config(file: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `arbor ping MODEL`: one tiny request, reported in one line. A ping is
+/// not retried: its first failure (a closed port, a 429) is the answer, at
+/// once, where a run would retry it (`retry.max_retries`).
 pub(super) async fn ping(config: Config, name: String) -> anyhow::Result<ExitCode> {
     use std::sync::{Arc, Mutex};
 
@@ -106,16 +109,16 @@ pub(super) async fn ping(config: Config, name: String) -> anyhow::Result<ExitCod
 
     let catalog = config.catalog()?;
     let model = configured_model(&catalog, &name)?;
-    let retries = Arc::new(Mutex::new(Vec::new()));
-    let sink = {
-        let retries = retries.clone();
-        Arc::new(move |delta: Delta| {
-            // Poisoning is recovered: the list is only pushed to.
-            if let Delta::Retry { reason, .. } = delta {
-                retries.locked().push(reason);
-            }
-        })
-    };
+    // The first failure the model would retry: the ping stops there.
+    let (failed, first_failure) = tokio::sync::oneshot::channel::<String>();
+    let failed = Arc::new(Mutex::new(Some(failed)));
+    let sink = Arc::new(move |delta: Delta| {
+        if let Delta::Retry { reason, .. } = delta
+            && let Some(failed) = failed.locked().take()
+        {
+            let _ = failed.send(reason);
+        }
+    });
     let request = ModelRequest {
         system_prompt: Arc::from("You are a health check. Answer with one word."),
         messages: [Message::user("Reply with the single word: pong")]
@@ -130,23 +133,16 @@ pub(super) async fn ping(config: Config, name: String) -> anyhow::Result<ExitCod
         },
     };
     let start = std::time::Instant::now();
-    let result = model.complete(request, sink).await;
-    let ms = start.elapsed().as_millis();
-    let retries = retries.locked().clone();
-    let retried = if retries.is_empty() {
-        String::new()
-    } else {
-        format!(
-            ", {} retries (last: {})",
-            retries.len(),
-            retries.last().map(String::as_str).unwrap_or("")
-        )
+    let result = tokio::select! {
+        result = model.complete(request, sink) => result.map_err(|e| e.to_string()),
+        Ok(reason) = first_failure => Err(format!("{reason} (not retried: a ping reports the first failure)")),
     };
+    let ms = start.elapsed().as_millis();
     match result {
         Ok(response) => {
             let reply: String = response.message.text().chars().take(60).collect();
             outln!(
-                "{name}: ok in {ms}ms, {} in / {} out tokens, cost {:.6}{retried}, reply {reply:?}",
+                "{name}: ok in {ms}ms, {} in / {} out tokens, cost {:.6}, reply {reply:?}",
                 response.usage.input_tokens,
                 response.usage.output_tokens,
                 response.usage.cost
@@ -154,7 +150,7 @@ pub(super) async fn ping(config: Config, name: String) -> anyhow::Result<ExitCod
             Ok(ExitCode::SUCCESS)
         }
         Err(error) => {
-            outln!("{name}: failed after {ms}ms{retried}: {error}")?;
+            outln!("{name}: failed after {ms}ms: {error}")?;
             Ok(ExitCode::from(1))
         }
     }

@@ -11,7 +11,7 @@ use arbor_supervisor::{BudgetOutcome, CancelOutcome, Raised, Supervisor};
 use serde_json::Value;
 
 use super::args::Stored;
-use super::service::{Api, error_message};
+use super::service::Api;
 use super::{async_runtime, load_config, store_location};
 
 /// How long `arbor cancel` and `arbor budget` wait for the process that runs
@@ -98,7 +98,7 @@ pub(super) async fn cancel_on_server(api: &Api, id: &str) -> anyhow::Result<Exit
         if !status.is_success() {
             anyhow::bail!(
                 "cannot cancel tree {id}: the server refused ({status}): {}",
-                error_message(&body)
+                api.refusal(status, &body)
             );
         }
         body["tree"]["rootRunId"]
@@ -112,7 +112,7 @@ pub(super) async fn cancel_on_server(api: &Api, id: &str) -> anyhow::Result<Exit
     if !status.is_success() {
         anyhow::bail!(
             "cannot cancel {id}: the server refused ({status}): {}",
-            error_message(&body)
+            api.refusal(status, &body)
         );
     }
     outln!("cancelling: run {run} and its subtree end as cancelled")?;
@@ -230,7 +230,7 @@ pub(super) async fn budget_on_server(
         )
         .await?;
     if !status.is_success() {
-        let message = error_message(&answer);
+        let message = api.refusal(status, &answer);
         anyhow::bail!(
             "cannot raise the budgets of tree {tree_id}: the server refused ({status}): {message}"
         );

@@ -213,6 +213,11 @@ impl Api {
     /// The URL of the path `segments` (each one segment: a run id's `/` is
     /// encoded) under the server's.
     fn url(&self, segments: &[&str]) -> anyhow::Result<reqwest::Url> {
+        // An empty id would be a path the server has no route for.
+        anyhow::ensure!(
+            segments.iter().all(|s| !s.trim().is_empty()),
+            "an id given is empty"
+        );
         let mut url = self.base.clone();
         url.path_segments_mut()
             .map_err(|()| anyhow::anyhow!("--server {:?} cannot have a path", self.server))?
@@ -259,8 +264,29 @@ impl Api {
 }
 
 /// The message of the server's JSON error (`{"error": {"code", "message"}}`).
-pub(super) fn error_message(body: &serde_json::Value) -> &str {
+fn error_message(body: &serde_json::Value) -> &str {
     body["error"]["message"].as_str().unwrap_or("no detail")
+}
+
+impl Api {
+    /// What a refusal (`status`, the server's JSON error `body`) says to the
+    /// person at this command: a missing or refused token is named by this
+    /// command's flag and variable (the server's own hint is about HTTP
+    /// headers), any other refusal by the server's message.
+    pub(super) fn refusal(&self, status: reqwest::StatusCode, body: &serde_json::Value) -> String {
+        match (status, &self.token) {
+            (reqwest::StatusCode::UNAUTHORIZED, None) => format!(
+                "the server at {} needs an API token: give --token TOKEN or set $ARBOR_API_TOKEN",
+                self.server
+            ),
+            (reqwest::StatusCode::UNAUTHORIZED, Some(_)) => format!(
+                "the server at {} refused the token of --token / $ARBOR_API_TOKEN: {}",
+                self.server,
+                error_message(body)
+            ),
+            _ => error_message(body).to_owned(),
+        }
+    }
 }
 
 /// `arbor say`: posts a steering message to a server's
@@ -278,6 +304,6 @@ pub(super) async fn say(api: &Api, run_id: &str, text: &str) -> anyhow::Result<E
         outln!("accepted: run {run_id} takes the message at its next step")?;
         return Ok(ExitCode::SUCCESS);
     }
-    let message = error_message(&body);
+    let message = api.refusal(status, &body);
     anyhow::bail!("the server refused the message ({status}): {message}")
 }

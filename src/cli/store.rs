@@ -41,7 +41,18 @@ pub(super) fn tree(tree_id: String, json: bool, at: Stored) -> anyhow::Result<Ex
     let Stored { config, store } = at;
     let config = load_config(config.as_deref())?;
     let store = open_store_read_only(&config, store)?;
-    let (_, summary) = store.tree(&tree_id)?;
+    let (_, summary) = match store.tree(&tree_id) {
+        Err(arbor_supervisor::Error::UnknownTree(_))
+            if let Some((tree, _)) = tree_id.split_once('/')
+                && store.run(&tree_id).is_ok() =>
+        {
+            anyhow::bail!(
+                "{tree_id} is a run id, not a tree id: `arbor show {tree_id}` shows the run, \
+                 `arbor tree {tree}` its tree"
+            );
+        }
+        found => found?,
+    };
     let runs = store.runs(&tree_id)?;
     if json {
         outln!(
@@ -154,15 +165,30 @@ async fn replay_tree(
     let recovery = store.recovery(&tree_id)?;
     let runtime = Runtime::new(config)?;
     let supervisor = runtime.supervisor();
+    let root_run_id = record.root_run_id.clone();
     let handle = supervisor.replay(record.request(), recovery).await?;
     handle.wait().await?;
+    // Which turn was replayed, when the tree has had more than one.
+    let turn = root_run_id
+        .parse::<arbor_actors::RunId>()
+        .map_or(0, |id| id.attempt());
+    let which = if turn > 0 {
+        format!(
+            "turn {turn} (run {root_run_id}, its latest; earlier turns are its history) of tree {tree_id}"
+        )
+    } else {
+        format!("tree {tree_id}")
+    };
     match arbor::runs::compare_replay(&recorded, |run| supervisor.finished_state(run)) {
         Ok(n) => {
-            outln!("match: {n} runs of tree {tree_id} replayed identically from the record")?;
+            outln!(
+                "match: {} of {which} replayed identically from the record",
+                count(n as u64, "run", "runs")
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Err(divergence) => {
-            outln!("mismatch: {divergence}")?;
+            outln!("mismatch: {divergence} (replaying {which})")?;
             Ok(ExitCode::from(1))
         }
     }
@@ -279,6 +305,13 @@ pub(super) fn copy(
     tree: Option<String>,
 ) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(from != to, "{from} is both the source and the target");
+    if let StoreLocation::Sqlite(path) = &from
+        && !path.is_file()
+    {
+        anyhow::bail!(
+            "no store at {from} to copy from (FROM is a SQLite file or a postgres:// URL)"
+        );
+    }
     let source = from.open_read_only()?;
     let target = to.open()?;
     let trees = match tree {
@@ -310,10 +343,11 @@ pub(super) fn copy(
             }
         }
     }
-    outln!("copied {copied} trees from {from} to {to} ({skipped} skipped: already there)")?;
-    Ok(if skipped > 0 {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    // A tree already there is copied already: running the copy again is
+    // not a failure.
+    outln!(
+        "copied {} from {from} to {to} ({skipped} skipped: already there)",
+        count(copied as u64, "tree", "trees")
+    )?;
+    Ok(ExitCode::SUCCESS)
 }

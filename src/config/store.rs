@@ -130,10 +130,10 @@ impl StoreLocation {
     pub fn migrate(&self) -> Result<Migrated, arbor_supervisor::Error> {
         match self {
             StoreLocation::Sqlite(path) => {
-                SqliteStore::open(path)?;
+                let (from, to) = SqliteStore::migrate(path)?;
                 Ok(Migrated {
-                    from: None,
-                    to: None,
+                    from: Some(from),
+                    to: Some(to),
                 })
             }
             StoreLocation::Postgres(url) => postgres::migrate(url),

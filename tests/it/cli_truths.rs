@@ -143,26 +143,52 @@ fn a_tree_stopped_with_ctrl_c_is_cancelled_not_left_for_serve_to_adopt() {
 
 #[test]
 fn arbor_cancel_ends_an_interrupted_tree_on_the_store_so_nothing_adopts_it() {
+    cancel_an_interrupted_tree(&[]);
+}
+
+#[test]
+fn arbor_cancel_ends_an_interrupted_tree_on_postgres_so_nothing_adopts_it() {
+    let db = crate::support::PgDatabase::new("cancel_interrupted");
+    cancel_an_interrupted_tree(&["--store", &db.url()]);
+}
+
+/// Runs a tree on the store `store` names (the config's when empty), kills
+/// its process, then cancels it with `arbor cancel`.
+fn cancel_an_interrupted_tree(store: &[&str]) {
     let dir = scene(CONFIG, slow());
-    let (mut run, mut stderr) = spawn(dir.path(), &["run", "go"]);
+    let with = |args: &[&str]| -> Vec<String> {
+        args.iter().chain(store).map(|a| (*a).to_owned()).collect()
+    };
+    let run_args = with(&["run", "go"]);
+    let run_args: Vec<&str> = run_args.iter().map(String::as_str).collect();
+    let (mut run, mut stderr) = spawn(dir.path(), &run_args);
     let tree = tree_line(&mut stderr);
     stderr
         .wait_for(GUARD, |l| l.contains("▸ lead"))
         .expect("the root never started");
     signal(&run, nix::sys::signal::Signal::SIGKILL);
     wait_exit(&mut run, GUARD);
-    assert_eq!(status(dir.path(), &tree), "interrupted");
+    let status = |dir: &Path| {
+        let args = with(&["runs", "--json"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = arbor(dir, &args);
+        let trees: Value = serde_json::from_slice(&out.stdout).unwrap();
+        trees[0]["status"].as_str().unwrap_or_default().to_owned()
+    };
+    assert_eq!(status(dir.path()), "interrupted");
 
-    let out = arbor(dir.path(), &["cancel", &tree]);
+    let cancel = with(&["cancel", &tree]);
+    let cancel: Vec<&str> = cancel.iter().map(String::as_str).collect();
+    let out = arbor(dir.path(), &cancel);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         text(&out.stdout).contains("no process resumes or adopts it"),
         "{}",
         text(&out.stdout)
     );
-    assert_eq!(status(dir.path(), &tree), "cancelled");
+    assert_eq!(status(dir.path()), "cancelled");
     // A tree that has ended: refused, naming how it ended.
-    let again = arbor(dir.path(), &["cancel", &tree]);
+    let again = arbor(dir.path(), &cancel);
     assert_eq!(again.status.code(), Some(1));
     assert!(
         text(&again.stderr).contains("has already ended (cancelled)"),
@@ -323,4 +349,199 @@ fn completions_print_a_shell_script_that_knows_every_command() {
     for command in ["cancel", "budget", "completions", "run"] {
         assert!(script.contains(command), "{command} missing");
     }
+}
+
+#[test]
+fn migrate_prints_the_schema_versions_of_a_sqlite_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = arbor(dir.path(), &["migrate", "--store", "new.db"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    let to = said
+        .trim()
+        .strip_prefix("new.db: schema version 0 -> ")
+        .unwrap_or_else(|| panic!("{said}"));
+    let again = text(&arbor(dir.path(), &["migrate", "--store", "new.db"]).stdout);
+    assert_eq!(
+        again.trim(),
+        format!("new.db: schema version {to}, up to date")
+    );
+}
+
+#[test]
+fn store_copy_run_twice_exits_0_and_a_missing_source_names_no_flag_it_lacks() {
+    let dir = scene(CONFIG, json!([{"text": "copied"}]));
+    let out = arbor(dir.path(), &["run", "go"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let first = arbor(dir.path(), &["store", "copy", "arbor.db", "b.db"]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    assert!(
+        text(&first.stdout).contains("copied 1 tree from"),
+        "{}",
+        text(&first.stdout)
+    );
+    let again = arbor(dir.path(), &["store", "copy", "arbor.db", "b.db"]);
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
+    assert!(text(&again.stdout).contains("(1 skipped: already there)"));
+    let missing = arbor(dir.path(), &["store", "copy", "nothing.db", "c.db"]);
+    assert_eq!(missing.status.code(), Some(1));
+    let said = text(&missing.stderr);
+    assert!(
+        said.contains("no store at nothing.db to copy from"),
+        "{said}"
+    );
+    assert!(!said.contains("--store"), "{said}");
+}
+
+#[test]
+fn approve_with_an_empty_call_id_says_it_is_empty_not_no_such_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = arbor(
+        dir.path(),
+        &["approve", "t1", "", "--server", "http://127.0.0.1:9"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out.stderr);
+    assert!(said.contains("the call id is empty"), "{said}");
+}
+
+#[test]
+fn tree_given_a_run_id_says_it_is_a_run_id() {
+    let dir = scene(CONFIG, json!([{"text": "done"}]));
+    let out = arbor(dir.path(), &["run", "--tree-id", "trun", "go"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = arbor(dir.path(), &["tree", "trun/0"]);
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("trun/0 is a run id, not a tree id") && said.contains("arbor tree trun"),
+        "{said}"
+    );
+}
+
+/// A server on a loopback port that answers every request 401, as `arbor
+/// serve` does without a token; returns its URL.
+fn refusing_server() -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(4) {
+            let Ok(mut stream) = stream else { return };
+            let mut head = [0u8; 4096];
+            let _ = stream.read(&mut head);
+            let body = r#"{"error":{"code":"unauthorized","message":"send an API token: Authorization: Bearer <token>"}}"#;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    url
+}
+
+#[test]
+fn say_without_a_token_names_the_token_flag_and_variable_not_an_http_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = refusing_server();
+    let out = Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(["say", "t1/0", "hello", "--server", &server])
+        .current_dir(dir.path())
+        .env_remove("ARBOR_API_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("--token") && said.contains("$ARBOR_API_TOKEN"),
+        "{said}"
+    );
+    assert!(!said.contains("Authorization: Bearer"), "{said}");
+}
+
+#[test]
+fn the_insecure_bind_error_names_the_tokens_variable_not_a_tokens_key() {
+    let dir = scene(CONFIG, json!([]));
+    let out = Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(["serve", "--bind", "0.0.0.0:0"])
+        .current_dir(dir.path())
+        .env_remove("ARBOR_API_TOKENS")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out.stderr);
+    assert!(said.contains("without API tokens"), "{said}");
+    assert!(
+        said.contains("ARBOR_API_TOKENS (the variable [service] tokens_env names)"),
+        "{said}"
+    );
+    assert!(!said.contains("[service] tokens ("), "{said}");
+}
+
+#[test]
+fn ping_to_a_closed_port_fails_at_once_and_says_its_error_once() {
+    let config = r#"
+[models.m]
+provider = "openai"
+base_url = "http://127.0.0.1:9/v1"
+model = "x"
+retry = { max_retries = 4, base_delay = "2s", max_delay = "2s" }
+"#;
+    let dir = scene(config, json!([]));
+    let out = arbor(dir.path(), &["ping", "m"]);
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out.stdout);
+    assert_eq!(said.matches("Connection refused").count(), 1, "{said}");
+    assert!(!said.contains("retries"), "{said}");
+    let ms: u64 = said
+        .split("failed after ")
+        .nth(1)
+        .and_then(|rest| rest.split("ms").next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    // Not after four waits of 2 s: at its first failure.
+    assert!(ms < 2_000, "{said}");
+}
+
+#[test]
+fn replay_of_a_multi_turn_tree_names_the_turn_it_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.toml"), CONFIG).unwrap();
+    let script = json!({"replies": [
+        {"agent": "lead", "prompt": "first", "steps": [{"text": "one"}]},
+        {"agent": "lead", "prompt": "again", "steps": [{"text": "two"}]}
+    ]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let out = arbor(dir.path(), &["run", "--tree-id", "tturns", "first"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = arbor(dir.path(), &["run", "--continue", "tturns", "again"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = arbor(dir.path(), &["replay", "tturns"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("turn 1 (run tturns/0~1, its latest"),
+        "{said}"
+    );
+}
+
+#[test]
+fn the_tree_view_says_1_child_not_1_children() {
+    let config = crate::fixtures().join("scripted.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let out = arbor(
+        dir.path(),
+        &[
+            "run",
+            "--no-store",
+            "--config",
+            config.to_str().unwrap(),
+            "go",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stderr);
+    assert!(said.contains("(1 child, "), "{said}");
+    assert!(!said.contains("1 children"), "{said}");
 }

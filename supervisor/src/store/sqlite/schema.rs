@@ -116,6 +116,26 @@ impl SqliteStore {
         Self::open_with(path, true)
     }
 
+    /// Brings the store at `path` to this build's schema, creating it if
+    /// there is none: its schema version before (0: a new file) and after.
+    pub fn migrate(path: &Path) -> Result<(i64, i64), Error> {
+        let version = |conn: &Connection| -> Result<i64, Error> {
+            conn.pragma_query_value(None, "user_version", |r| r.get(0))
+                .map_err(|e| Error::StoreOpen {
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                    busy: false,
+                })
+        };
+        let before = if path.is_file() {
+            version(&*Self::open_read_only(path)?.conn()?)?
+        } else {
+            0
+        };
+        let after = version(&*Self::open(path)?.conn()?)?;
+        Ok((before, after))
+    }
+
     /// Opens an existing store; fails if there is none at `path`.
     pub fn open_existing(path: &Path) -> Result<Self, Error> {
         if !path.is_file() {
