@@ -78,12 +78,14 @@ pub enum EventKind {
         /// Why the attempt failed.
         reason: String,
     },
-    /// The model replied to a step's request.
+    /// The model replied to a step's request. Summed over a tree's events,
+    /// `usage` is what the tree's calls were billed, each counted once.
     #[serde(rename_all = "camelCase")]
     ModelResponded {
         /// The step.
         step: u32,
-        /// The tokens the call used.
+        /// The tokens the call used; zero for a reply served from the record
+        /// (`from_record`), which was counted when it was recorded.
         usage: Usage,
         /// How many tool calls the reply makes.
         tool_calls: usize,
@@ -91,6 +93,15 @@ pub enum EventKind {
         /// run can be resumed or replayed without the model).
         #[serde(skip_serializing_if = "Option::is_none")]
         reply: Option<Arc<Message>>,
+        /// The reply was served from the store's record of an earlier call (a
+        /// resumed or replayed tree), not by the model: no request was sent
+        /// and nothing was billed again.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        from_record: bool,
+        /// The reply was billed but not acted on (cut at the output limit):
+        /// it is not in the history, and the run fails saying why.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        refused: bool,
     },
     /// A tool call ended and its result joined the history.
     #[serde(rename_all = "camelCase")]

@@ -294,6 +294,11 @@ pub enum UsageSource {
     /// The reply carried no usage; the counts are an estimate from the text
     /// (`ESTIMATED_BYTES_PER_TOKEN`).
     Estimated,
+    /// The reply was served from the store's record of an earlier call (a
+    /// resumed or replayed tree): the counts are that call's, which were
+    /// counted when it was recorded. Its `modelResponded` event carries no
+    /// usage of its own (`fromRecord`), so sums over events count it once.
+    Recorded,
 }
 
 impl UsageSource {
@@ -329,6 +334,26 @@ impl Usage {
     /// Input plus output tokens.
     pub fn total_tokens(&self) -> u64 {
         self.input_tokens + self.output_tokens
+    }
+
+    /// The usage of two calls made for one request (a reply cut at the
+    /// output limit and the retry that asked again): both were billed.
+    /// Reported when the later one's counts were.
+    pub fn plus(self, later: Usage) -> Usage {
+        Usage {
+            input_tokens: self.input_tokens + later.input_tokens,
+            output_tokens: self.output_tokens + later.output_tokens,
+            cache_read_tokens: self.cache_read_tokens + later.cache_read_tokens,
+            cache_write_tokens: self.cache_write_tokens + later.cache_write_tokens,
+            cost: self.cost + later.cost,
+            source: later.source,
+        }
+    }
+
+    /// Whether the reply was served from the store's record
+    /// ([`UsageSource::Recorded`]).
+    pub fn is_recorded(&self) -> bool {
+        self.source == UsageSource::Recorded
     }
 
     /// The usage of a reply that reported none: input and output estimated
@@ -442,6 +467,9 @@ pub enum ModelError {
         model: String,
         /// What was cut (and the limit).
         message: String,
+        /// What the cut reply (and any cut reply before it) used: billed
+        /// though not acted on, so counted like any reply's.
+        usage: Usage,
     },
     /// The request itself is invalid for this model (e.g. the scripted model ran out of replies).
     #[error("model {model}: {message}")]
@@ -469,6 +497,15 @@ impl ModelError {
         match self {
             ModelError::RateLimited { retry_after, .. }
             | ModelError::Transient { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// What the provider billed for a reply it sent but that is not acted
+    /// on (a reply cut at the output limit); `None` when no reply came.
+    pub fn billed(&self) -> Option<Usage> {
+        match self {
+            ModelError::Truncated { usage, .. } => Some(*usage),
             _ => None,
         }
     }

@@ -260,13 +260,17 @@ impl Collector {
                 step,
                 usage,
                 tool_calls,
+                from_record,
+                refused,
                 ..
             } => {
                 {
                     let mut inner = self.inner.locked();
                     let started = inner.step_started.remove(&event.run_id);
                     let first = inner.first_delta.remove(&event.run_id);
-                    let answer = *tool_calls == 0;
+                    // Neither a reply served from a store's record nor one
+                    // billed and refused (cut) is an answer of the endpoint.
+                    let answer = *tool_calls == 0 && !*from_record && !*refused;
                     if let Some((_, at)) = started.filter(|(s, _)| s == step) {
                         Self::record(&mut inner.step_latency, now - at);
                         if let Some(first) = first {
@@ -284,7 +288,7 @@ impl Collector {
                         a.input_tokens += usage.input_tokens;
                         a.output_tokens += usage.output_tokens;
                         match usage.source {
-                            UsageSource::Reported => {}
+                            UsageSource::Reported | UsageSource::Recorded => {}
                             UsageSource::Estimated => a.replies_estimated += 1,
                             UsageSource::Absent => a.replies_unreported += 1,
                         }

@@ -312,9 +312,10 @@ impl HttpModel {
                 model,
                 message: scrub(message),
             },
-            Failure::Truncated(message) => ModelError::Truncated {
+            Failure::Truncated(message, tokens) => ModelError::Truncated {
                 model,
                 message: scrub(message),
+                usage: self.usage(tokens),
             },
         }
     }
@@ -394,6 +395,9 @@ impl Model for HttpModel {
         let mut more_room = self.settings.truncated_max_tokens;
         // The last attempt's failure, for an error that ends the retries.
         let mut reason: Option<String> = None;
+        // What a cut reply asked for again was billed: counted with the
+        // call's usage, whatever the retry gives.
+        let mut billed: Option<Usage> = None;
         loop {
             // The gate before the limiter (a closed gate holds no slot) and
             // again once admitted: it may have closed while this queued.
@@ -418,8 +422,11 @@ impl Model for HttpModel {
             drop(admission);
             // A reply cut at the output limit is asked for again, once, with
             // more room (`on_truncated`), at once: the endpoint is well.
-            if let (Err(Failure::Truncated(message)), Some(max_tokens)) = (&outcome, more_room) {
+            if let (Err(Failure::Truncated(message, tokens)), Some(max_tokens)) =
+                (&outcome, more_room)
+            {
                 let message = message.clone();
+                billed = Some(self.usage(*tokens));
                 more_room = None;
                 retry += 1;
                 self.format.with_room(&mut body, &self.settings, max_tokens);
@@ -436,6 +443,7 @@ impl Model for HttpModel {
             match outcome {
                 Ok(reply) => {
                     let usage = self.usage(reply.tokens);
+                    let usage = billed.map_or(usage, |cut| cut.plus(usage));
                     // No usage in the reply: count the estimate, not zero.
                     let used = match usage.total_tokens() {
                         0 => estimate,
@@ -497,14 +505,20 @@ impl Model for HttpModel {
                         .truncated_max_tokens
                         .filter(|_| more_room.is_none());
                     let error = match (self.error(failure), roomier) {
-                        (ModelError::Truncated { model, message }, Some(max_tokens)) => {
+                        (
                             ModelError::Truncated {
                                 model,
-                                message: format!(
-                                    "{message} (cut again after a retry with max_tokens {max_tokens})"
-                                ),
-                            }
-                        }
+                                message,
+                                usage,
+                            },
+                            Some(max_tokens),
+                        ) => ModelError::Truncated {
+                            model,
+                            message: format!(
+                                "{message} (cut again after a retry with max_tokens {max_tokens})"
+                            ),
+                            usage: billed.map_or(usage, |cut| cut.plus(usage)),
+                        },
                         (error, _) => error,
                     };
                     return Err(if retry > 0 {

@@ -87,8 +87,9 @@ pub(crate) enum Failure {
     /// The endpoint refused the request: do not retry.
     Rejected { status: u16, message: String },
     /// The reply was cut at the output limit (`finish_reason: length`,
-    /// `stop_reason: max_tokens`): not acted on, not retried.
-    Truncated(String),
+    /// `stop_reason: max_tokens`): not acted on, not retried; the tokens
+    /// it reported were billed all the same.
+    Truncated(String, Tokens),
 }
 
 impl Failure {
@@ -101,7 +102,7 @@ impl Failure {
     }
 
     pub(crate) fn retryable(&self) -> bool {
-        !matches!(self, Failure::Rejected { .. } | Failure::Truncated(_))
+        !matches!(self, Failure::Rejected { .. } | Failure::Truncated(..))
     }
 }
 

@@ -432,9 +432,23 @@ impl Metrics {
                     }
                 }
             }
-            EventKind::ModelResponded { usage, .. } => {
+            EventKind::ModelResponded {
+                usage,
+                from_record,
+                refused,
+                ..
+            } => {
                 if let Some(track) = runs.get_mut(&event.run_id) {
-                    track.in_model_call = false;
+                    // A reply not acted on: the run fails next, of the call.
+                    track.in_model_call = *refused;
+                    // Served from the store's record of an earlier call (a
+                    // resumed tree): no request went out, nothing was billed
+                    // again; the process that made the call counted it.
+                    if *from_record {
+                        track.request_due = None;
+                        track.request_sent = None;
+                        return;
+                    }
                     let label = track.label();
                     // Still due: a built-in model, which does not tell when
                     // it sends; its request counts now.
@@ -732,6 +746,8 @@ mod tests {
             usage: Usage::default(),
             tool_calls: 0,
             reply: None,
+            from_record: false,
+            refused: false,
         }));
         let text = Format::Prometheus.convert(&m.encode(0));
         assert!(
@@ -778,6 +794,8 @@ mod tests {
             usage: arbor_actors::Usage::default(),
             tool_calls: 0,
             reply: None,
+            from_record: false,
+            refused: false,
         }
     }
 

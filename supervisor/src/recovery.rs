@@ -10,7 +10,7 @@ use arbor_actors::background::Scheduled;
 use arbor_actors::steer::Steer;
 use arbor_actors::{
     AgentState, Checkpoint, DeltaSink, Message, Model, ModelError, ModelRequest, ModelResponse,
-    Recovered, Usage,
+    Recovered, Usage, UsageSource,
 };
 use async_trait::async_trait;
 
@@ -167,9 +167,14 @@ impl Model for Recorded {
     ) -> Result<ModelResponse, ModelError> {
         let key = (request.meta.run_id.clone(), request.meta.step);
         if let Some(reply) = self.recovery.replies.get(&key) {
+            // Marked as served from the record: its event counts nothing
+            // again (the record was counted when it was written).
             return Ok(ModelResponse {
                 message: (*reply.message).clone(),
-                usage: reply.usage,
+                usage: Usage {
+                    source: UsageSource::Recorded,
+                    ..reply.usage
+                },
             });
         }
         match &self.live {

@@ -23,7 +23,7 @@ use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
 use crate::hooks::{Slot, SlotPriority, TreeHooks};
 use crate::limit::{Limit, LimitHit};
-use crate::model::{Delta, DeltaSink, ModelRequest, ModelResponse};
+use crate::model::{Delta, DeltaSink, ModelRequest, ModelResponse, Usage};
 use crate::state::{AgentState, AgentStatus};
 use crate::steer::SteerRefused;
 use crate::step::{Action, Catalog, StepMachine};
@@ -63,8 +63,9 @@ pub enum AgentMsg {
     ModelDone {
         /// The step that made the call; a reply for an other step is ignored.
         step: u32,
-        /// The reply, or why the call failed.
-        result: Box<Result<ModelResponse, Failure>>,
+        /// The reply, or why the call failed and what a reply that came
+        /// and is not acted on was billed.
+        result: Box<Result<ModelResponse, (Failure, Option<Usage>)>>,
     },
     /// A tool call of `step` ended.
     ToolDone {
@@ -449,13 +450,18 @@ impl Actor for AgentActor {
                         run.hooks.settle(&usage, reserved);
                         run.guarded(|m| m.model_replied(step, response, &catalog))
                     }
-                    Err(error) => {
+                    Err((error, None)) => {
                         run.release_reservation();
-                        if step == run.machine.step() {
-                            run.machine.fail(error)
-                        } else {
-                            Vec::new()
+                        run.machine.model_failed(step, error, None)
+                    }
+                    // A reply came and is not acted on: billed all the same.
+                    Err((error, Some(mut billed))) => {
+                        let reserved = std::mem::take(&mut run.reserved);
+                        if billed.total_tokens() == 0 {
+                            billed.input_tokens = reserved;
                         }
+                        run.hooks.settle(&billed, reserved);
+                        run.machine.model_failed(step, error, Some(billed))
                     }
                 }
             }
@@ -825,10 +831,16 @@ impl AgentRun {
                         }
                         Ok(response)
                     }
-                    Ok(Err(error)) => Err(Failure::from(error)),
-                    Err(panic) => Err(Failure::new(
-                        FailureKind::Panicked,
-                        format!("model panicked: {}", panic_message(panic)),
+                    Ok(Err(error)) => {
+                        let billed = error.billed();
+                        Err((Failure::from(error), billed))
+                    }
+                    Err(panic) => Err((
+                        Failure::new(
+                            FailureKind::Panicked,
+                            format!("model panicked: {}", panic_message(panic)),
+                        ),
+                        None,
                     )),
                 }
             }

@@ -12,7 +12,7 @@ use crate::failure::{Failure, FailureKind};
 use crate::handler::{Resume, StepProgram};
 use crate::history::{Expiry, History};
 use crate::message::{INSTRUCTIONS_PROMPT, Message, SPAWN_PROMPT, STEP_PROMPT};
-use crate::model::{ModelRequest, ModelResponse, RequestMeta};
+use crate::model::{ModelRequest, ModelResponse, RequestMeta, Usage};
 use crate::output::output_value;
 use crate::spawn::{ChildPlan, ChildReport};
 use crate::state::{AgentState, AgentStatus};
@@ -476,16 +476,51 @@ impl StepMachine {
         self.state.direct_credits_used += usage.cost;
         self.state.credits_used += usage.cost;
         self.state.message_history.push_shared(message);
+        // A reply served from the record was counted when it was recorded:
+        // the run's state counts it again (it goes on from a checkpoint taken
+        // before it), its event does not, so sums over events count it once.
+        let from_record = usage.is_recorded();
         self.events.push(EventKind::ModelResponded {
             step,
-            usage,
+            usage: if from_record { Usage::default() } else { usage },
             tool_calls: calls.len(),
             reply,
+            from_record,
+            refused: false,
         });
         if calls.is_empty() {
             return self.step_committed(true, catalog);
         }
         self.run_calls(calls, Origin::Model, catalog)
+    }
+
+    /// The model call of step `step` failed. A reply that came and is not
+    /// acted on (cut at the output limit) was billed all the same: `billed`
+    /// is its usage, counted in the run's credits and in a `modelResponded`
+    /// event marked `refused` (what sums over events and the store count),
+    /// before the run fails.
+    pub fn model_failed(
+        &mut self,
+        step: u32,
+        failure: impl Into<Failure>,
+        billed: Option<Usage>,
+    ) -> Vec<Action> {
+        if step != self.step || self.state.status.is_final() {
+            return Vec::new();
+        }
+        if let Some(usage) = billed {
+            self.state.direct_credits_used += usage.cost;
+            self.state.credits_used += usage.cost;
+            self.events.push(EventKind::ModelResponded {
+                step,
+                usage,
+                tool_calls: 0,
+                reply: None,
+                from_record: false,
+                refused: true,
+            });
+        }
+        self.fail(failure)
     }
 
     /// An external tool finished.

@@ -647,10 +647,13 @@ fn assistant(blocks: impl IntoIterator<Item = Block>) -> Message {
 /// The failure of a reply cut at `max_tokens`: its text or tool call may be
 /// incomplete, so it is never acted on.
 fn truncated(tokens: &Tokens) -> Failure {
-    Failure::Truncated(format!(
-        "stop_reason max_tokens after {} output tokens (raise max_tokens)",
-        tokens.output
-    ))
+    Failure::Truncated(
+        format!(
+            "stop_reason max_tokens after {} output tokens (raise max_tokens)",
+            tokens.output
+        ),
+        *tokens,
+    )
 }
 
 /// Takes the counts `usage` has. Stream events repeat them cumulatively

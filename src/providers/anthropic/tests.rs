@@ -940,10 +940,18 @@ fn a_reply_cut_at_max_tokens_is_truncated_streamed_or_not() {
     let mut body: Value = serde_json::from_str(TOOL_REPLY).unwrap();
     body["stop_reason"] = json!("max_tokens");
     let failure = parse_response(&body).unwrap_err();
+    // The cut reply's usage is kept: it was billed (issue 34).
+    let tokens = Tokens {
+        input: 42,
+        output: 17,
+        reported: true,
+        ..Tokens::default()
+    };
     assert_eq!(
         failure,
         Failure::Truncated(
-            "stop_reason max_tokens after 17 output tokens (raise max_tokens)".into()
+            "stop_reason max_tokens after 17 output tokens (raise max_tokens)".into(),
+            tokens
         )
     );
     assert!(!failure.retryable());
@@ -953,7 +961,10 @@ fn a_reply_cut_at_max_tokens_is_truncated_streamed_or_not() {
         r#""stop_reason":"max_tokens""#,
     );
     let (reply, _) = assemble(stream_state(), &stream);
-    assert!(matches!(reply, Err(Failure::Truncated(_))), "{reply:?}");
+    assert!(
+        matches!(reply, Err(Failure::Truncated(_, t)) if t == tokens),
+        "{reply:?}"
+    );
 }
 
 #[test]

@@ -304,7 +304,7 @@ fn truncated(calls: &[ToolCall], tokens: &Tokens) -> Failure {
         None => message.push_str(", its text may be incomplete"),
     }
     message.push_str("; raise max_tokens or ask for a shorter reply");
-    Failure::Truncated(message)
+    Failure::Truncated(message, *tokens)
 }
 
 pub(crate) fn parse_response(body: &Value) -> Result<Reply, Failure> {

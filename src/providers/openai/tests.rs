@@ -736,9 +736,14 @@ fn a_reply_cut_at_the_output_limit_is_truncated_and_never_a_tool_call() {
     body["choices"][0]["message"]["tool_calls"][1]["function"]["arguments"] =
         json!("{\"city\":\"Ber");
     let failure = parse_response(&body).unwrap_err();
-    let Failure::Truncated(message) = &failure else {
+    let Failure::Truncated(message, tokens) = &failure else {
         panic!("{failure:?}");
     };
+    // Billed all the same: the usage is kept (issue 34).
+    assert_eq!(
+        (tokens.input, tokens.output, tokens.reported),
+        (10, 23, true)
+    );
     assert!(!failure.retryable());
     assert!(message.contains("finish_reason \"length\""), "{message}");
     assert!(message.contains("after 23 output tokens"), "{message}");
@@ -752,10 +757,11 @@ fn a_reply_cut_at_the_output_limit_is_truncated_and_never_a_tool_call() {
     );
     let (reply, _) = assemble(Box::new(StreamState::default()), &stream);
     let failure = reply.unwrap_err();
-    let Failure::Truncated(message) = &failure else {
+    let Failure::Truncated(message, tokens) = &failure else {
         panic!("{failure:?}");
     };
     assert!(message.contains("after 17 output tokens"), "{message}");
+    assert_eq!((tokens.input, tokens.output), (42, 17));
     assert!(message.contains("`get_weather`"), "{message}");
 
     // A stream closed right after the finish reason (no usage, no [DONE]).
@@ -766,7 +772,7 @@ fn a_reply_cut_at_the_output_limit_is_truncated_and_never_a_tool_call() {
     assert!(state.complete_without_end());
     assert!(matches!(
         Box::new(state).finish(),
-        Err(Failure::Truncated(_))
+        Err(Failure::Truncated(..))
     ));
 }
 
@@ -774,7 +780,7 @@ fn a_reply_cut_at_the_output_limit_is_truncated_and_never_a_tool_call() {
 fn a_text_reply_cut_at_the_output_limit_is_truncated_too() {
     let mut body: Value = serde_json::from_str(TEXT_REPLY).unwrap();
     body["choices"][0]["finish_reason"] = json!("length");
-    let Err(Failure::Truncated(message)) = parse_response(&body) else {
+    let Err(Failure::Truncated(message, _)) = parse_response(&body) else {
         panic!("not truncated");
     };
     assert!(message.contains("text may be incomplete"), "{message}");
@@ -783,7 +789,7 @@ fn a_text_reply_cut_at_the_output_limit_is_truncated_too() {
         json!({"choices": [{"index": 0, "delta": {"content": "Paris is"}, "finish_reason": "length"}]}),
     );
     let (reply, _) = assemble(Box::new(StreamState::default()), &stream);
-    assert!(matches!(reply, Err(Failure::Truncated(_))), "{reply:?}");
+    assert!(matches!(reply, Err(Failure::Truncated(..))), "{reply:?}");
     // Other finish reasons are whole replies.
     body["choices"][0]["finish_reason"] = json!("stop");
     assert!(parse_response(&body).is_ok());

@@ -485,8 +485,11 @@ pub(crate) fn reply(response: &Value, output: &[Value]) -> Result<Reply, Failure
                 .and_then(Value::as_str)
                 .unwrap_or("unknown");
             if reason == "max_output_tokens" {
+                // Billed all the same: its usage is counted.
+                let billed = response.get("usage").filter(|u| !u.is_null());
                 return Err(Failure::Truncated(
                     "the response is incomplete: it reached max_output_tokens".into(),
+                    billed.map(tokens).unwrap_or_default(),
                 ));
             }
             // A content filter ends the reply where it is: what came is the reply.

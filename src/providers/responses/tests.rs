@@ -473,15 +473,18 @@ fn reasoning_without_encrypted_content_or_without_an_item_is_not_sent() {
 
 #[test]
 fn a_reply_cut_at_max_output_tokens_is_truncated_streamed_or_not() {
-    assert!(matches!(parse(TRUNCATED_REPLY), Err(Failure::Truncated(_))));
+    assert!(matches!(
+        parse(TRUNCATED_REPLY),
+        Err(Failure::Truncated(..))
+    ));
     let mut assembler = StreamState::default();
     let (sink, _) = sink();
     let outcomes = feed(&mut assembler, &sse(TRUNCATED_STREAM), &sink);
     assert!(
-        matches!(outcomes.last(), Some(Err(Failure::Truncated(m))) if m.contains("max_output_tokens")),
+        matches!(outcomes.last(), Some(Err(Failure::Truncated(m, _))) if m.contains("max_output_tokens")),
         "{outcomes:?}"
     );
-    assert!(!Failure::Truncated(String::new()).retryable());
+    assert!(!Failure::Truncated(String::new(), Default::default()).retryable());
 }
 
 #[test]

@@ -280,11 +280,13 @@ impl<'a> Encoder<'a> {
                 write_checkpoint(&event.tree_id, tree, &mut out, &c.state, point, false)?;
                 return Ok(());
             }
-            // A reply served again on resume was recorded (and counted) before.
+            // A reply served again on resume was recorded (and counted) before
+            // (its event says so, and the writer knows the calls it has).
             EventKind::ModelResponded {
                 step,
                 usage,
                 reply: Some(reply),
+                from_record: false,
                 ..
             } if tree.calls.is_empty() || !tree.calls.contains(&(event.run_id.clone(), *step)) => {
                 reply_written = true;
@@ -295,6 +297,17 @@ impl<'a> Encoder<'a> {
                 let _ = write!(out.0, ",\"s\":{step},\"m\":{id},\"u\":");
                 out.value(usage)?;
                 out.raw("}");
+                delta.input_tokens += usage.input_tokens;
+                delta.output_tokens += usage.output_tokens;
+                delta.cost += usage.cost;
+            }
+            // A reply billed and not acted on (cut at the output limit):
+            // no reply is recorded; its usage is its event's, and counts.
+            EventKind::ModelResponded {
+                usage,
+                refused: true,
+                ..
+            } => {
                 delta.input_tokens += usage.input_tokens;
                 delta.output_tokens += usage.output_tokens;
                 delta.cost += usage.cost;

@@ -172,6 +172,10 @@ pub(super) fn journal_body(
         #[serde(skip_serializing_if = "Option::is_none")]
         usage: Option<&'a Usage>,
         tool_calls: usize,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        from_record: bool,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        refused: bool,
     }
     /// (Its output is the final state's: put back when the journal is read.)
     #[derive(Serialize)]
@@ -189,12 +193,16 @@ pub(super) fn journal_body(
             step,
             usage,
             tool_calls,
+            from_record,
+            refused,
             ..
         } => {
             let fields = Responded {
                 step: *step,
                 usage: (!reply_written).then_some(usage),
                 tool_calls: *tool_calls,
+                from_record: *from_record,
+                refused: *refused,
             };
             serde_json::to_writer(out, &Typed { r#type, fields })
         }
@@ -282,6 +290,8 @@ mod tests {
             usage,
             tool_calls: 1,
             reply: None,
+            from_record: false,
+            refused: false,
         };
         event(5, "t/0", 1500, kind)
     }

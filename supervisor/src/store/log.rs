@@ -77,6 +77,9 @@ pub(crate) struct TreeLog {
     pub(crate) runs: Vec<(String, RunLog)>,
     pub(crate) index: HashMap<String, usize>,
     pub(crate) replies: Vec<(String, u32, u64, Usage)>,
+    /// Replies billed and not acted on (`modelResponded` with `refused`):
+    /// run, step and usage, which their events carry.
+    refused: Vec<(String, u32, Usage)>,
     /// The budgets raised while the tree ran, the latest of each.
     pub(crate) raised: crate::Raised,
     finished: usize,
@@ -111,6 +114,7 @@ impl TreeLog {
             runs: Vec::new(),
             index: HashMap::new(),
             replies: Vec::new(),
+            refused: Vec::new(),
             raised: crate::Raised::default(),
             finished: 0,
             decoded: HashMap::new(),
@@ -272,6 +276,21 @@ impl TreeLog {
                 let step = e.get("step").and_then(Value::as_u64).unwrap_or(0) as u32;
                 let text: Arc<str> = e.get("text").and_then(Value::as_str).unwrap_or("").into();
                 self.run(run_id).steers.push(Steer { step, text });
+            }
+            // Billed and not acted on: no reply is recorded, the event has
+            // the usage, which counts as the run's.
+            Some("modelResponded") if e.get("refused") == Some(&Value::Bool(true)) => {
+                let step = e.get("step").and_then(Value::as_u64).unwrap_or(0) as u32;
+                let usage: Usage = e
+                    .get("usage")
+                    .and_then(|u| serde_json::from_value(u.clone()).ok())
+                    .unwrap_or_default();
+                let node = self.run(run_id).node.get_or_insert_with(RunNode::default);
+                node.steps += 1;
+                node.input_tokens += usage.input_tokens;
+                node.output_tokens += usage.output_tokens;
+                node.cost += usage.cost;
+                self.refused.push((run_id.to_owned(), step, usage));
             }
             Some("modelResponded") if !e.contains_key("usage") => {
                 let step = e.get("step").and_then(Value::as_u64).unwrap_or(0) as u32;
@@ -654,6 +673,12 @@ impl TreeLog {
             recovery
                 .replies
                 .insert((run_id, step), RecordedReply { message, usage });
+        }
+        // A reply billed and not acted on is never served again: spent.
+        for (_, _, usage) in std::mem::take(&mut log.refused) {
+            spent.steps += 1;
+            spent.tokens += usage.input_tokens + usage.output_tokens;
+            spent.credits += usage.cost;
         }
         recovery.spent = spent;
         recovery.message_ids = log.decoded.iter().map(|(id, m)| (m.clone(), *id)).collect();
