@@ -5,8 +5,8 @@
 //! catalog's [`ToolSource`], whose lists can change at run time.
 
 pub mod command;
-pub mod mcp;
 pub mod keeper;
+pub mod mcp;
 pub mod reaper;
 
 use std::collections::BTreeMap;
@@ -81,8 +81,13 @@ impl ToolSource for McpSource {
         if !tool.contains('*') {
             return Ok(vec![self.0.tool(server, tool)]);
         }
-        // A server that is down offers none of its tools until it is back.
-        let listed = self.0.tools(server).unwrap_or_default();
+        // A server that is down offers none of its tools until it is back,
+        // only a stand-in whose description (and any call) says why, so the
+        // model does not just read "Tool SERVER/… not found".
+        let listed = match self.0.tools(server) {
+            Ok(listed) => listed,
+            Err(_) => return Ok(vec![self.0.stand_in(server)]),
+        };
         Ok(listed
             .into_iter()
             .filter(|t| pattern_matches(entry, t.name()))

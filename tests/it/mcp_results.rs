@@ -1,1 +1,223 @@
-//! Issue 34 regression tests (filled in as the fixes land).
+//! MCP results are bounded and said once (issue 34, item 6): a result over
+//! the server's `max_output_bytes` is cut with a note, one too large to read
+//! fails at once ("result too large (N bytes)") instead of after the call's
+//! timeout, `structuredContent` reaches the model once, and a server that
+//! never answers `initialize` says so. Real servers where they can show it
+//! (`server-everything`), small python servers written here for the rest.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arbor::actors::message::ToolResultPart;
+use arbor::actors::{ToolContext, ToolOutput};
+use arbor::tools::mcp::{McpServerSection, McpServers};
+use serde_json::{Value, json};
+
+use super::mcp::installed;
+
+/// Every call here ends well within this; the servers' own timeouts are longer.
+const GUARD: Duration = Duration::from_secs(20);
+
+/// A minimal MCP server over stdio: `silent` never answers anything; `big`
+/// lists one tool, `big`, whose result is a text of `bytes` x's, written as
+/// the TypeScript SDK writes messages (the id last).
+const PY_SERVER: &str = r#"
+import json, sys
+mode = sys.argv[1]
+for line in sys.stdin:
+    msg = json.loads(line)
+    if mode == "silent" or "id" not in msg:
+        continue
+    method, mid = msg.get("method"), msg["id"]
+    if method == "initialize":
+        result = {"protocolVersion": msg["params"]["protocolVersion"],
+                  "capabilities": {"tools": {}}, "serverInfo": {"name": "py", "version": "1"}}
+    elif method == "tools/list":
+        result = {"tools": [{"name": "big", "inputSchema": {"type": "object",
+                  "properties": {"bytes": {"type": "integer"}}}}]}
+    elif method == "tools/call":
+        n = msg["params"]["arguments"]["bytes"]
+        result = {"content": [{"type": "text", "text": "x" * n}]}
+    else:
+        result = {}
+    sys.stdout.write(json.dumps({"result": result, "jsonrpc": "2.0", "id": mid}) + "\n")
+    sys.stdout.flush()
+"#;
+
+fn servers(tables: &str) -> Arc<McpServers> {
+    let sections: BTreeMap<String, McpServerSection> = toml::from_str(tables).unwrap();
+    let settings = sections
+        .into_iter()
+        .map(|(name, section)| {
+            (
+                name.clone(),
+                section.settings(&name, Path::new("/")).unwrap(),
+            )
+        })
+        .collect();
+    McpServers::new(settings)
+}
+
+/// A python server of `mode` as the `[py]` table, with `extra` lines.
+fn py(dir: &Path, mode: &str, extra: &str) -> Arc<McpServers> {
+    let script = dir.join("server.py");
+    std::fs::write(&script, PY_SERVER).unwrap();
+    servers(&format!(
+        "[py]\ncommand = \"python3\"\nargs = [{:?}, {mode:?}]\n{extra}\n",
+        script.display().to_string()
+    ))
+}
+
+fn everything(extra: &str) -> Arc<McpServers> {
+    servers(&format!(
+        "[everything]\ncommand = {:?}\n{extra}\n",
+        installed(".bin/mcp-server-everything")
+    ))
+}
+
+fn ctx() -> ToolContext {
+    ToolContext {
+        tree_id: Arc::from("tree-mcp-results"),
+        run_id: "run-1".to_owned(),
+        agent_type: "tester".to_owned(),
+        call_id: "call-1".to_owned(),
+    }
+}
+
+async fn call(
+    servers: &McpServers,
+    server: &str,
+    tool: &str,
+    input: Value,
+) -> Result<ToolOutput, String> {
+    tokio::time::timeout(GUARD, servers.tool(server, tool).call(input, ctx()))
+        .await
+        .expect("the call did not end within the guard")
+        .map_err(|e| e.message)
+}
+
+fn parts(output: &ToolOutput) -> &[ToolResultPart] {
+    let ToolOutput::Parts(parts) = output else {
+        panic!("expected parts, got {output:?}");
+    };
+    parts
+}
+
+/// The text parts, joined.
+fn text(output: &ToolOutput) -> String {
+    parts(output)
+        .iter()
+        .filter_map(|part| match part {
+            ToolResultPart::Json {
+                value: Value::String(s),
+            } => Some(s.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn a_structured_result_reaches_the_model_once_not_as_text_and_json() {
+    let servers = everything("");
+    let out = call(
+        &servers,
+        "everything",
+        "get-structured-content",
+        json!({"location": "New York"}),
+    )
+    .await
+    .unwrap();
+    let all = serde_json::to_string(parts(&out)).unwrap();
+    assert_eq!(
+        all.matches("Cloudy").count(),
+        1,
+        "the weather reaches the model more than once: {all}"
+    );
+    assert!(
+        parts(&out).contains(&ToolResultPart::Json {
+            value: json!({"temperature": 33, "conditions": "Cloudy", "humidity": 82})
+        }),
+        "{all}"
+    );
+    servers.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_mcp_result_over_max_output_bytes_is_cut_with_a_note_not_kept_whole() {
+    let servers = everything("max_output_bytes = 1000");
+    let message = "y".repeat(300_000);
+    let out = call(
+        &servers,
+        "everything",
+        "echo",
+        json!({ "message": message }),
+    )
+    .await
+    .unwrap();
+    let shown = text(&out);
+    let total = "Echo: ".len() + message.len();
+    assert!(
+        shown.len() < 1200,
+        "{} bytes reached the model",
+        shown.len()
+    );
+    assert!(
+        shown.contains(&format!(
+            "[output cut: showed the first 1000 of {total} bytes"
+        )),
+        "{}",
+        &shown[shown.len().saturating_sub(200)..]
+    );
+    servers.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_result_too_large_to_read_fails_at_once_instead_of_timing_out() {
+    let dir = tempfile::tempdir().unwrap();
+    // The call's timeout is far beyond the test's guard: only an answer at
+    // once passes.
+    let servers = py(dir.path(), "big", "timeout = \"1h\"");
+    let bytes = 17 << 20;
+    let err = call(&servers, "py", "big", json!({ "bytes": bytes }))
+        .await
+        .unwrap_err();
+    assert!(
+        err.contains("result too large (") && err.contains(" bytes"),
+        "{err}"
+    );
+    assert!(!err.contains("timed out"), "{err}");
+    // The connection is still good.
+    let out = call(&servers, "py", "big", json!({ "bytes": 10 }))
+        .await
+        .unwrap();
+    assert_eq!(text(&out), "x".repeat(10));
+    servers.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_initialize_says_so_instead_of_tool_not_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = py(dir.path(), "silent", "startup_timeout = \"500ms\"");
+    tokio::time::timeout(GUARD, servers.prepare("py"))
+        .await
+        .unwrap();
+    let why = servers.tools("py").err().expect("a silent server came up");
+    assert!(
+        why.contains("never answered the MCP initialize request within 500ms"),
+        "{why}"
+    );
+    // An agent offered py/* gets a stand-in that says why.
+    let stand_in = servers.stand_in("py");
+    assert_eq!(stand_in.name(), "py/unavailable");
+    assert!(
+        stand_in
+            .description()
+            .contains("never answered the MCP initialize request"),
+        "{}",
+        stand_in.description()
+    );
+    servers.shutdown().await;
+}

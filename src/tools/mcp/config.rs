@@ -30,6 +30,18 @@ pub const TIMEOUT_RANGE: (Duration, Duration) =
 /// Calls in flight to one server, at most.
 pub const MAX_CONCURRENT: usize = 1024;
 
+/// How much of a result the model gets when `max_output_bytes` is not set
+/// (as for command tools).
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 100_000;
+
+/// The largest `max_output_bytes` (64 MiB, as for command tools).
+pub const MAX_OUTPUT_BYTES: usize = crate::tools::command::MAX_OUTPUT_BYTES;
+
+/// The largest message read from a stdio server (16 MiB, the SDK's own
+/// bound): a longer one is not read, and the call it answers fails at once
+/// with "result too large (N bytes)".
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
 /// One `[mcp_servers.NAME]` table as written. A server is either a process
 /// spoken to over stdio (`command`, `args`, `env`, `cwd`) or a streamable
 /// HTTP endpoint (`url`, `headers`, `bearer_token_env`).
@@ -63,6 +75,9 @@ pub struct McpServerSection {
     /// Start the server when the runtime starts instead of on first use.
     #[serde(default)]
     pub eager: bool,
+    /// How much of a result the model gets (its text and media, in bytes;
+    /// 100 000 by default); the rest is cut with a note.
+    pub max_output_bytes: Option<usize>,
 }
 
 /// Variables a stdio server inherits from Arbor's environment; everything
@@ -199,6 +214,9 @@ pub struct McpSettings {
     /// Start the server when the runtime is built (inside a tokio runtime)
     /// rather than when a tree first needs one of its tools.
     pub eager: bool,
+    /// How much of a result the model gets (1 to [`MAX_OUTPUT_BYTES`];
+    /// [`DEFAULT_MAX_OUTPUT_BYTES`] when not set).
+    pub max_output_bytes: usize,
 }
 
 impl McpSettings {
@@ -284,6 +302,13 @@ impl McpServerSection {
                 format!("must be from 1 to {MAX_CONCURRENT}"),
             );
         }
+        let max_output_bytes = self.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES);
+        if !(1..=MAX_OUTPUT_BYTES).contains(&max_output_bytes) {
+            problem(
+                "max_output_bytes",
+                format!("must be from 1 to {MAX_OUTPUT_BYTES}"),
+            );
+        }
         if let Some(patterns) = &self.tools
             && patterns.iter().any(String::is_empty)
         {
@@ -319,6 +344,7 @@ impl McpServerSection {
                 startup_timeout,
                 tools: self.tools.clone(),
                 eager: self.eager,
+                max_output_bytes,
             }),
             _ => Err(problems),
         }

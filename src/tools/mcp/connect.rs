@@ -21,7 +21,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, ChildStderr, Command};
 use tokio::sync::mpsc;
 
-use super::config::{INHERITED_ENV, McpTransport, read_env};
+use super::bounded;
+use super::config::{INHERITED_ENV, MAX_MESSAGE_BYTES, McpTransport, read_env};
 use crate::tools::{keeper, reaper};
 
 /// Longest stderr line logged as one (longer ones are cut in pieces).
@@ -199,7 +200,18 @@ pub(super) async fn connect(name: &str, transport: &McpTransport) -> Result<Conn
                 ));
             }
             let mut process = Process { child, pid, group };
-            match handler.serve((stdout, stdin)).await {
+            // Messages go through a bounded reader (a message too large for
+            // the SDK fails its call at once instead of never arriving).
+            let (ours, theirs) = tokio::io::duplex(256 * 1024);
+            tokio::spawn(bounded::pump(
+                name.to_owned(),
+                stdout,
+                ours,
+                MAX_MESSAGE_BYTES,
+            ));
+            let transport = rmcp::transport::async_rw::AsyncRwTransport::new(theirs, stdin)
+                .with_max_line_length(MAX_MESSAGE_BYTES + 1024);
+            match handler.serve(transport).await {
                 Ok(service) => Ok(Connection {
                     service,
                     process: Some(process),

@@ -32,6 +32,7 @@
 //! no log, error, status or `Debug` output: literals are redacted, and text
 //! from the server or the SDK is scrubbed of the values a connection holds.
 
+mod bounded;
 mod call;
 pub mod config;
 mod connect;
@@ -148,6 +149,19 @@ impl McpServers {
             }),
             None => Arc::new(McpTool::unlisted(handle, server, tool)),
         }
+    }
+
+    /// `SERVER/unavailable`: what an agent offered `SERVER/*` gets while the
+    /// server is down, a tool whose description says why (calling it says so
+    /// too, or runs nothing while the server is still starting).
+    pub fn stand_in(&self, server: &str) -> Arc<dyn Tool> {
+        let handle = self.servers.get(server).cloned();
+        let why = McpTool::why_unlisted(handle.as_ref(), server);
+        let mut tool = McpTool::unlisted(handle, server, "unavailable");
+        tool.description = format!(
+            "Stands in for the tools of MCP server {server}, which cannot be used now: {why}"
+        );
+        Arc::new(tool)
     }
 
     /// Increases whenever a server's tool list may have changed (it came up,

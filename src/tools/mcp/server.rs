@@ -24,8 +24,9 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::bounded;
 use super::call::output;
-use super::config::{McpSettings, show_duration};
+use super::config::{McpSettings, McpTransport, show_duration};
 use super::connect::{Connection, Process, Secrets, connect, exit_phrase, transport_error};
 
 /// The first wait before a restart; it doubles up to [`BACKOFF_MAX`].
@@ -242,7 +243,8 @@ impl Server {
         let mut stop = self.stop.subscribe();
         let mut backoff = BACKOFF_MIN;
         while !*stop.borrow() {
-            let start = tokio::time::timeout(self.settings.startup_timeout, self.start());
+            let mut stage = Stage::Initialize;
+            let start = tokio::time::timeout(self.settings.startup_timeout, self.start(&mut stage));
             let outcome = tokio::select! {
                 outcome = start => outcome,
                 () = stopped(&mut stop) => break,
@@ -259,10 +261,7 @@ impl Server {
                 }
                 Ok(Err(why)) => self.start_failed(why, backoff),
                 Err(_) => self.start_failed(
-                    format!(
-                        "no answer within {} (startup_timeout)",
-                        show_duration(self.settings.startup_timeout)
-                    ),
+                    stage.no_answer(&self.settings.transport, self.settings.startup_timeout),
                     backoff,
                 ),
             }
@@ -278,9 +277,11 @@ impl Server {
         });
     }
 
-    /// Connects and lists the tools.
-    async fn start(&self) -> Result<(Connection, Listing), String> {
+    /// Connects and lists the tools; `stage` says which step it is at.
+    async fn start(&self, stage: &mut Stage) -> Result<(Connection, Listing), String> {
+        *stage = Stage::Initialize;
         let connection = connect(&self.name, &self.settings.transport).await?;
+        *stage = Stage::List;
         let listing = list_tools(&self.name, &self.settings, connection.service.peer())
             .await
             .map_err(|e| connection.secrets.scrub(&e))?;
@@ -504,7 +505,7 @@ impl Server {
             biased;
             why = live.ended() => Err(ToolError::new(ended_during_call(name, &why))),
             result = call => match result {
-                Ok(result) => output(result, &live.secrets),
+                Ok(result) => output(result, &live.secrets, self.settings.max_output_bytes),
                 Err(error @ (ServiceError::TransportSend(_) | ServiceError::TransportClosed)) => {
                     let error = match &error {
                         ServiceError::TransportSend(e) => transport_error(e),
@@ -516,6 +517,9 @@ impl Server {
                         .unwrap_or_else(|_| format!("lost the connection ({error})"));
                     Err(ToolError::new(live.secrets.scrub(&ended_during_call(name, &why))))
                 }
+                Err(ServiceError::McpError(error)) if error.code.0 == bounded::TOO_LARGE => Err(ToolError::new(format!(
+                    "MCP tool {full} failed: {}", error.message
+                ))),
                 Err(ServiceError::McpError(error)) => Err(ToolError::new(live.secrets.scrub(&format!(
                     "MCP tool {full} failed: {} (JSON-RPC error {})",
                     error.message, error.code.0
@@ -555,6 +559,34 @@ impl Server {
                         return Err(ToolError::new(format!("MCP server {name} was shut down")));
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The step a start is at, to say which one got no answer.
+#[derive(Clone, Copy, Debug)]
+enum Stage {
+    /// Starting or reaching the server and its `initialize` handshake.
+    Initialize,
+    /// `tools/list`.
+    List,
+}
+
+impl Stage {
+    /// Why a start that took all of `startup_timeout` failed.
+    fn no_answer(self, transport: &McpTransport, within: Duration) -> String {
+        let within = show_duration(within);
+        match (self, transport) {
+            (Stage::Initialize, McpTransport::Stdio { .. }) => format!(
+                "it never answered the MCP initialize request within {within} (startup_timeout): \
+                 is it an MCP server speaking JSON-RPC over stdio?"
+            ),
+            (Stage::Initialize, McpTransport::Http { .. }) => format!(
+                "it never answered the MCP initialize request within {within} (startup_timeout)"
+            ),
+            (Stage::List, _) => {
+                format!("it never answered tools/list within {within} (startup_timeout)")
             }
         }
     }
