@@ -39,6 +39,7 @@ struct StdoutError(#[source] std::io::Error);
 
 // After the macros: the commands print with them.
 mod cli;
+mod idle;
 
 use cli::{Cli, Command, colour, log_filter};
 

@@ -191,13 +191,25 @@ fn configured_model(
 const BLOCKING_THREADS: usize = 8;
 
 /// The runtime of every command: a worker per core, at most
-/// [`BLOCKING_THREADS`] blocking threads.
+/// [`BLOCKING_THREADS`] blocking threads, and freed memory given back when
+/// the process is idle ([`crate::idle`]).
 fn async_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(BLOCKING_THREADS)
+        .on_thread_park(crate::idle::on_park)
         .build()
-        .context("cannot start the async runtime")
+        .context("cannot start the async runtime")?;
+    // Once the process falls idle, each worker gives its freed memory back
+    // (src/idle.rs): the watcher wakes them so that they park again.
+    let handle = runtime.handle().clone();
+    let workers = handle.metrics().num_workers();
+    crate::idle::watch(move || {
+        for _ in 0..workers {
+            drop(handle.spawn(async {}));
+        }
+    });
+    Ok(runtime)
 }
 
 /// Whether to colour what goes to `stream`: a terminal, and `NO_COLOR` unset

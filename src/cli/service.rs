@@ -76,6 +76,9 @@ pub(super) fn serve(
         return Err(Error::NoStore.into());
     }
     let location = store_location(&config, store)?;
+    // A service idles between bursts: its idle memory matters more than the
+    // few percent huge pages save a burst (src/idle.rs).
+    crate::idle::no_huge_pages();
     let tokio = async_runtime()?;
     let served = tokio.block_on(async {
         // A tree resumed after a restart runs on the config it started with,

@@ -242,3 +242,30 @@ fn reading_300_trees_at_once_leaves_no_thread_per_read_holding_memory() {
         "arbor serve had {before} threads before {READS} reads at once and {after} after"
     );
 }
+
+/// Issue 33: an idle `arbor serve` grew by 11 MB in seconds with no CPU
+/// spent: mimalloc asks for transparent huge pages on its arenas, and the
+/// kernel's khugepaged then fills each 2 MiB region a few pages of which are
+/// in use. A service turns them off for itself (the freed memory it gives
+/// back when idle would be filled again otherwise).
+#[test]
+fn an_idle_service_asks_for_no_huge_pages_that_would_fill_its_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = fixtures().join("serve.toml").display().to_string();
+    let mut server = Server::start(
+        dir.path(),
+        &["--config", &config, "--store", "s.db"],
+        Some(TOKEN),
+    );
+    server.wait_for("ready");
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+    let pid = listening_pid(port).expect("the server's pid");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    // Linux 5.0 and later say whether a process may have huge pages.
+    let Some(line) = status.lines().find(|l| l.starts_with("THP_enabled:")) else {
+        eprintln!("this kernel does not say (no THP_enabled in /proc/PID/status)");
+        return;
+    };
+    assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+}
