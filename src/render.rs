@@ -148,11 +148,7 @@ pub fn count(n: u64, one: &str, many: &str) -> String {
 
 /// The `arbor budget` flag that raises a spent budget.
 fn raise_flag(limit: arbor_actors::Limit) -> &'static str {
-    match limit {
-        arbor_actors::Limit::TokenBudget => "--add-tokens",
-        arbor_actors::Limit::CostBudget => "--add-credits",
-        _ => "--add-steps",
-    }
+    crate::runs::raise_flag(limit.key())
 }
 
 /// The run id without its tree prefix.

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use arbor_actors::{AgentState, RunId};
-use arbor_supervisor::store::{RunNode, TreeSummary};
+use arbor_supervisor::store::{EventType, JournalEntry, RunNode, TreeSummary};
 use serde_json::Value;
 
 use crate::render::count;
@@ -46,9 +46,55 @@ fn duration(start: u64, end: Option<u64>) -> String {
     }
 }
 
+/// The runs of a tree paused on a spent budget (semantics §13), from its
+/// journal: each run whose last `budgetReached` came after the tree's last
+/// `limitsRaised` and that has not ended since, with the budget's key
+/// (`max_steps`, `max_tokens`, `max_credits`).
+pub fn paused_runs(journal: &[JournalEntry]) -> std::collections::BTreeMap<String, String> {
+    let mut paused = std::collections::BTreeMap::new();
+    for entry in journal {
+        match entry.kind {
+            EventType::LimitsRaised => paused.clear(),
+            EventType::BudgetReached => {
+                let key = match entry.body["limit"]["limit"].as_str() {
+                    Some("token_budget") => "max_tokens",
+                    Some("cost_budget") => "max_credits",
+                    _ => "max_steps",
+                };
+                paused.insert(entry.run_id.to_string(), key.to_owned());
+            }
+            EventType::AgentFinished | EventType::AgentFailed | EventType::AgentCancelled => {
+                paused.remove(entry.run_id.as_ref());
+            }
+            _ => {}
+        }
+    }
+    paused
+}
+
+/// The status a tree is shown with: `paused` for a running (or
+/// interrupted) tree with runs paused on a spent budget.
+pub fn shown_status(status: arbor_supervisor::TreeStatus, paused: bool) -> String {
+    if paused && !status.is_final() {
+        "paused".to_owned()
+    } else {
+        status.to_string()
+    }
+}
+
+/// The `arbor budget` flag that raises the budget `key` names.
+pub fn raise_flag(key: &str) -> &'static str {
+    match key {
+        "max_tokens" => "--add-tokens",
+        "max_credits" => "--add-credits",
+        _ => "--add-steps",
+    }
+}
+
 /// The table `arbor runs` prints. The tree column is as wide as its widest
 /// id (a generated one is 33 characters, an older or picked one shorter).
-pub fn runs_table(trees: &[TreeSummary]) -> String {
+/// `paused` names the trees shown paused (see [`shown_status`]).
+pub fn runs_table(trees: &[TreeSummary], paused: &std::collections::BTreeSet<String>) -> String {
     let tree = trees
         .iter()
         .map(|t| t.tree_id.chars().count())
@@ -63,7 +109,7 @@ pub fn runs_table(trees: &[TreeSummary]) -> String {
             "{:<tree$} {:<16} {:<11} {:>6} {:>10} {:>9.4} {:<19} {:>9}",
             t.tree_id,
             t.agent,
-            t.status,
+            shown_status(t.status, paused.contains(&t.tree_id)),
             t.agents,
             t.input_tokens + t.output_tokens,
             t.cost,
@@ -74,8 +120,10 @@ pub fn runs_table(trees: &[TreeSummary]) -> String {
     out
 }
 
-/// The spawn tree `arbor tree` prints: one line per run, indented under its parent.
-pub fn tree_text(nodes: &[RunNode]) -> String {
+/// The spawn tree `arbor tree` prints: one line per run, indented under its
+/// parent; a run in `paused` ([`paused_runs`]) is shown paused, on the
+/// budget it waits for.
+pub fn tree_text(nodes: &[RunNode], paused: &std::collections::BTreeMap<String, String>) -> String {
     let mut out = String::new();
     let roots: Vec<&RunNode> = nodes
         .iter()
@@ -86,7 +134,7 @@ pub fn tree_text(nodes: &[RunNode]) -> String {
         })
         .collect();
     for root in roots {
-        walk(nodes, root, 0, &mut out);
+        walk(nodes, root, 0, paused, &mut out);
     }
     out
 }
@@ -109,12 +157,26 @@ fn sort_siblings(children: &mut [&RunNode]) {
     }
 }
 
-fn walk(nodes: &[RunNode], node: &RunNode, depth: usize, out: &mut String) {
-    let mark = match node.status.as_str() {
-        "completed" => "✓",
-        "failed" => "✗",
-        "cancelled" => "○",
+fn walk(
+    nodes: &[RunNode],
+    node: &RunNode,
+    depth: usize,
+    paused: &std::collections::BTreeMap<String, String>,
+    out: &mut String,
+) {
+    let on = paused
+        .get(&node.run_id)
+        .filter(|_| node.status == "running");
+    let mark = match (node.status.as_str(), on) {
+        (_, Some(_)) => "‖",
+        ("completed", _) => "✓",
+        ("failed", _) => "✗",
+        ("cancelled", _) => "○",
         _ => "…",
+    };
+    let status = match on {
+        Some(key) => format!("paused on {key}"),
+        None => node.status.clone(),
     };
     let _ = write!(
         out,
@@ -122,7 +184,7 @@ fn walk(nodes: &[RunNode], node: &RunNode, depth: usize, out: &mut String) {
         "  ".repeat(depth),
         node.agent_type,
         node.run_id,
-        node.status,
+        status,
         count(node.steps, "step", "steps"),
         count(node.input_tokens + node.output_tokens, "token", "tokens"),
         node.cost,
@@ -138,7 +200,7 @@ fn walk(nodes: &[RunNode], node: &RunNode, depth: usize, out: &mut String) {
         .collect();
     sort_siblings(&mut children);
     for child in children {
-        walk(nodes, child, depth + 1, out);
+        walk(nodes, child, depth + 1, paused, out);
     }
 }
 

@@ -307,6 +307,9 @@ async fn follow_tree(
     // Approval requests go from the printer to the approver, which decides
     // them one at a time (a person answers one question at once).
     let (asks, asked) = tokio::sync::mpsc::unbounded_channel();
+    // Held back while a person is asked, so no progress line overwrites the question.
+    let held = Held::default();
+    let printing = held.clone();
     let printer = tokio::spawn(async move {
         let mut renderer = TreeRenderer::default();
         while let Some(event) = events.recv().await {
@@ -327,17 +330,17 @@ async fn follow_tree(
             }
             if show.events {
                 if let Ok(line) = serde_json::to_string(&*event) {
-                    eprintln!("{line}");
+                    printing.print(line);
                 }
             } else if !show.quiet
                 && let Some(line) = renderer.line(&event)
             {
-                eprintln!("{line}");
+                printing.print(line);
             }
         }
     });
     let approver = async {
-        approve(runtime.supervisor(), asked).await;
+        approve(runtime.supervisor(), asked, &held).await;
         std::future::pending::<std::convert::Infallible>().await
     };
     // What `arbor cancel`, `arbor budget` (or a server) post for this
@@ -433,7 +436,11 @@ const NO_TERMINAL: &str =
 
 /// Decides the tree's approval requests as they come: asks at the terminal
 /// when stdin is one, else denies each at once (a run never waits for nobody).
-async fn approve(supervisor: &Supervisor, mut asked: tokio::sync::mpsc::UnboundedReceiver<Ask>) {
+async fn approve(
+    supervisor: &Supervisor,
+    mut asked: tokio::sync::mpsc::UnboundedReceiver<Ask>,
+    held: &Held,
+) {
     use std::io::IsTerminal;
     let terminal = std::io::stdin().is_terminal();
     let mut lines = None;
@@ -460,7 +467,54 @@ async fn approve(supervisor: &Supervisor, mut asked: tokio::sync::mpsc::Unbounde
             continue;
         }
         let lines = lines.get_or_insert_with(stdin_lines);
+        held.hold();
         ask_at_terminal(supervisor, &ask, lines).await;
+        held.release();
+    }
+}
+
+/// The progress lines `arbor run` prints on stderr, held back while a person
+/// is asked about a call (so that none overwrites the question) and printed
+/// once they have answered; at most [`HELD_LINES`] of them, then a count.
+#[derive(Clone, Default)]
+struct Held(std::sync::Arc<std::sync::Mutex<Option<Waiting>>>);
+
+/// The lines held back, and how many more were dropped past [`HELD_LINES`].
+type Waiting = (Vec<String>, usize);
+
+/// The most progress lines held back while a person is asked.
+const HELD_LINES: usize = 10_000;
+
+impl Held {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Waiting>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Prints `line` now, or keeps it while a question is up.
+    fn print(&self, line: String) {
+        match &mut *self.lock() {
+            Some((lines, dropped)) if lines.len() >= HELD_LINES => *dropped += 1,
+            Some((lines, _)) => lines.push(line),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    /// A question is up: lines wait.
+    fn hold(&self) {
+        *self.lock() = Some((Vec::new(), 0));
+    }
+
+    /// The question is answered: the lines that waited, then print as they come.
+    fn release(&self) {
+        let Some((lines, dropped)) = self.lock().take() else {
+            return;
+        };
+        for line in lines {
+            eprintln!("{line}");
+        }
+        if dropped > 0 {
+            eprintln!("… {dropped} more lines while the question was up, not shown");
+        }
     }
 }
 

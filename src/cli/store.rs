@@ -32,7 +32,14 @@ pub(super) fn runs(
     if json {
         outln!("{}", serde_json::to_string_pretty(&trees)?)?;
     } else {
-        out!("{}", arbor::runs::runs_table(&trees))?;
+        // A tree that has not ended may be paused on its budget: its journal says.
+        let mut paused = std::collections::BTreeSet::new();
+        for tree in trees.iter().filter(|t| !t.status.is_final()) {
+            if !arbor::runs::paused_runs(&store.events(&tree.tree_id, 0)?).is_empty() {
+                paused.insert(tree.tree_id.clone());
+            }
+        }
+        out!("{}", arbor::runs::runs_table(&trees, &paused))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -60,15 +67,31 @@ pub(super) fn tree(tree_id: String, json: bool, at: Stored) -> anyhow::Result<Ex
             serde_json::to_string_pretty(&serde_json::json!({"tree": summary, "runs": runs}))?
         )?;
     } else {
+        let paused = if summary.status.is_final() {
+            Default::default()
+        } else {
+            arbor::runs::paused_runs(&store.events(&tree_id, 0)?)
+        };
         outln!(
-            "tree {} ({}): {} agents, {} tokens, cost {:.4}",
+            "tree {} ({}): {}, {}, cost {:.4}",
             summary.tree_id,
-            summary.status,
-            summary.agents,
-            summary.input_tokens + summary.output_tokens,
+            arbor::runs::shown_status(summary.status, !paused.is_empty()),
+            count(summary.agents, "agent", "agents"),
+            count(
+                summary.input_tokens + summary.output_tokens,
+                "token",
+                "tokens"
+            ),
             summary.cost
         )?;
-        out!("{}", arbor::runs::tree_text(&runs))?;
+        if let Some(key) = paused.values().next() {
+            outln!(
+                "paused on its {key} budget: arbor budget {} {} N raises it",
+                summary.tree_id,
+                arbor::runs::raise_flag(key)
+            )?;
+        }
+        out!("{}", arbor::runs::tree_text(&runs, &paused))?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -545,3 +545,173 @@ fn the_tree_view_says_1_child_not_1_children() {
     assert!(said.contains("(1 child, "), "{said}");
     assert!(!said.contains("1 children"), "{said}");
 }
+
+#[test]
+fn a_tree_paused_on_its_budget_shows_paused_in_tree_and_runs_not_running() {
+    let config = CONFIG.replace("max_steps = 5", "max_steps = 1");
+    let steps = json!([
+        {"toolCalls": [{"name": "echo", "input": {"word": "hi"}}]},
+        {"text": "never reached"}
+    ]);
+    let dir = scene(&config, steps);
+    let (mut run, mut stderr) = spawn(dir.path(), &["run", "go"]);
+    let tree = tree_line(&mut stderr);
+    stderr
+        .wait_for(GUARD, |l| l.contains("paused"))
+        .expect("the lead never paused on its budget");
+    let shown = arbor(dir.path(), &["tree", &tree]);
+    assert!(shown.status.success(), "{}", text(&shown.stderr));
+    let shown = text(&shown.stdout);
+    assert!(
+        shown.starts_with(&format!("tree {tree} (paused)")),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(&format!("arbor budget {tree} --add-steps N raises it")),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("‖ lead") && shown.contains("paused on max_steps"),
+        "{shown}"
+    );
+    let listed = text(&arbor(dir.path(), &["runs"]).stdout);
+    let row = listed
+        .lines()
+        .find(|l| l.starts_with(&tree))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert!(row.contains(" paused "), "{listed}");
+    signal(&run, nix::sys::signal::Signal::SIGINT);
+    wait_exit(&mut run, GUARD);
+}
+
+#[test]
+fn follow_up_turns_are_not_counted_as_resumes() {
+    turns_and_resumes(&[]);
+}
+
+#[test]
+fn follow_up_turns_are_not_counted_as_resumes_on_postgres() {
+    let db = crate::support::PgDatabase::new("turns_not_resumes");
+    turns_and_resumes(&["--store", &db.url()]);
+}
+
+/// A tree asked two follow-up turns on the store `store` names (the
+/// config's when empty) has been resumed 0 times.
+fn turns_and_resumes(store: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.toml"), CONFIG).unwrap();
+    let script = json!({"replies": [
+        {"agent": "lead", "prompt": "first", "steps": [{"text": "one"}]},
+        {"agent": "lead", "prompt": "again", "steps": [{"text": "two"}]},
+        {"agent": "lead", "prompt": "more", "steps": [{"text": "three"}]}
+    ]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let with = |args: &[&str]| -> Vec<String> {
+        args.iter().chain(store).map(|a| (*a).to_owned()).collect()
+    };
+    let run = |args: &[&str]| {
+        let args = with(args);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = arbor(dir.path(), &args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        out
+    };
+    run(&["run", "--tree-id", "tres", "first"]);
+    for prompt in ["again", "more"] {
+        run(&["run", "--continue", "tres", prompt]);
+    }
+    let listed = run(&["runs", "--json"]);
+    let trees: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(trees[0]["treeId"], "tres");
+    assert_eq!(trees[0]["resumes"], 0, "{trees}");
+}
+
+#[test]
+fn the_approval_question_is_not_overwritten_by_progress_lines() {
+    use std::io::{Read as _, Write as _};
+    // util-linux's `script` gives arbor run a terminal (its flags differ elsewhere).
+    let util_linux = Command::new("script").arg("--version").output();
+    if !util_linux.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: no `script` to give arbor run a terminal");
+        return;
+    }
+    let config = CONFIG.replace(
+        "tools = [\"echo\"]\n",
+        "tools = [\"echo\"]\napprove = [\"echo\"]\n",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.toml"), &config).unwrap();
+    // Two workers: one asks to run echo, the other finishes while the
+    // question is up.
+    let script = json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [{"name": "spawn_agents", "input": {"agents": [
+                {"agent_type": "worker", "prompt": "ask"},
+                {"agent_type": "worker", "prompt": "quick"}
+            ]}}]},
+            {"text": "done"}
+        ]},
+        {"agent": "worker", "prompt": "ask", "steps": [
+            {"toolCalls": [{"name": "echo", "input": {"word": "hi"}}]},
+            {"text": "asked"}
+        ]},
+        {"agent": "worker", "prompt": "quick", "steps": [{"text": "worked", "delayMs": 200}]}
+    ]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let arbor_bin = env!("CARGO_BIN_EXE_arbor");
+    let mut child = Command::new("script")
+        .args([
+            "-qec",
+            &format!("{arbor_bin} run --tree-id tasked go"),
+            "/dev/null",
+        ])
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let shown = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reading = shown.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            reading
+                .lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    const QUESTION: &str = "approve? [y]es / [n]o / [e]dit input: ";
+    let asked = crate::support::poll(GUARD, || {
+        shown.lock().unwrap().contains(QUESTION).then_some(())
+    });
+    assert!(asked.is_some(), "never asked: {}", shown.lock().unwrap());
+    // The worker ends while the question is up (its end is stored).
+    let ended = crate::support::poll(GUARD, || {
+        let out = arbor(dir.path(), &["tree", "--json", "tasked"]);
+        let doc: Value = serde_json::from_slice(&out.stdout).ok()?;
+        doc["runs"]
+            .as_array()?
+            .iter()
+            .any(|r| r["runId"] == "tasked/0.2" && r["status"] == "completed")
+            .then_some(())
+    });
+    assert!(ended.is_some(), "the worker never ended");
+    stdin.write_all(b"y\n").unwrap();
+    stdin.flush().unwrap();
+    let status = wait_exit(&mut child, GUARD);
+    drop(stdin);
+    let shown = shown.lock().unwrap().clone();
+    assert!(status.success(), "{shown}");
+    // Nothing was printed after the question until it was answered.
+    let after = &shown[shown.find(QUESTION).unwrap() + QUESTION.len()..];
+    assert!(after.trim_start().starts_with('y'), "{shown}");
+    assert!(after.contains("✓ worker 0.2"), "{shown}");
+}

@@ -468,7 +468,8 @@ pub struct TreeSummary {
     /// When its root ended, in milliseconds since the Unix epoch; `None`
     /// while it runs or is interrupted.
     pub finished_ms: Option<u64>,
-    /// How many times it was resumed.
+    /// How many times it was resumed (after a crash, a restart, a
+    /// takeover); a follow-up turn is not a resume.
     pub resumes: u64,
     /// The principal that started it (see `TreeRecord::principal`);
     /// absent when none did.

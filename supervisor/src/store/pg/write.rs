@@ -98,7 +98,9 @@ const UPSERT: &str = "INSERT INTO trees(tree_id, root_run_id, agent, prompt, par
          root_run_id = excluded.root_run_id, prompt = excluded.prompt,
          params = excluded.params, history = excluded.history,
          finished_ms = NULL, heartbeat_ms = excluded.heartbeat_ms,
-         owner = excluded.owner, resumes = trees.resumes + 1,
+         owner = excluded.owner,
+         resumes = trees.resumes
+             + CASE WHEN trees.root_run_id = excluded.root_run_id THEN 1 ELSE 0 END,
          config = COALESCE(excluded.config, trees.config)
      WHERE trees.epoch = $13
      RETURNING epoch, owner, root_run_id, next_id, segments, last_seq";

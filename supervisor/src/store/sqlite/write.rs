@@ -96,7 +96,8 @@ fn attempt(
                          root_run_id = excluded.root_run_id, prompt = excluded.prompt,
                          params = excluded.params, history = excluded.history,
                          finished_ms = NULL, heartbeat_ms = excluded.heartbeat_ms,
-                         owner = excluded.owner, resumes = resumes + 1,
+                         owner = excluded.owner,
+                         resumes = resumes + (trees.root_run_id = excluded.root_run_id),
                          config = COALESCE(excluded.config, trees.config)
                      WHERE trees.epoch = ?13
                      RETURNING epoch",
