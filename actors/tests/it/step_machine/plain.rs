@@ -506,3 +506,71 @@ fn call_ids_reused_by_the_model_across_steps_still_pair() {
         5
     );
 }
+
+#[test]
+fn a_reply_cut_at_the_output_limit_counts_its_billed_usage_then_fails_the_run() {
+    let mut run = Run::solo(AgentTemplate::new("solo", "m"));
+    request(run.start());
+    let failure = Failure::new(FailureKind::ModelTruncated, "cut at the output limit");
+    finish(run.m.model_failed(1, failure, Some(USAGE)));
+    let s = run.state();
+    assert_eq!(s.status, AgentStatus::Failed);
+    assert_eq!(s.error_kind, Some(FailureKind::ModelTruncated));
+    assert_eq!((s.direct_credits_used, s.credits_used), (0.5, 0.5));
+    // Nothing of the cut reply joins the history.
+    assert_eq!(run.history(), vec![Message::user("task")]);
+    let events = run.m.take_events();
+    let responded: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            EventKind::ModelResponded {
+                usage,
+                tool_calls,
+                refused,
+                from_record,
+                ..
+            } => Some((*usage, *tool_calls, *refused, *from_record)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(responded, vec![(USAGE, 0, true, false)]);
+}
+
+#[test]
+fn a_failed_call_with_no_reply_counts_nothing_and_a_stale_failure_is_ignored() {
+    let mut run = Run::solo(AgentTemplate::new("solo", "m"));
+    request(run.start());
+    let failure = || Failure::new(FailureKind::ModelUnavailable, "down");
+    assert!(run.m.model_failed(2, failure(), Some(USAGE)).is_empty());
+    assert_eq!(run.state().credits_used, 0.0);
+    finish(run.m.model_failed(1, failure(), None));
+    assert_eq!(run.state().credits_used, 0.0);
+    let names: Vec<&str> = run.m.take_events().iter().map(EventKind::name).collect();
+    assert_eq!(names, ["stepStarted"]);
+}
+
+#[test]
+fn a_reply_served_from_the_record_counts_in_the_state_but_not_in_its_event() {
+    let mut run = Run::solo(AgentTemplate::new("solo", "m"));
+    request(run.start());
+    let recorded = Usage {
+        source: UsageSource::Recorded,
+        ..USAGE
+    };
+    finish(run.reply_with(Message::assistant_text("hi"), recorded));
+    let s = run.state();
+    assert_eq!(s.status, AgentStatus::Completed);
+    // The run goes on from a checkpoint taken before the reply: it counts it.
+    assert_eq!((s.direct_credits_used, s.credits_used), (0.5, 0.5));
+    assert_eq!(s.context_token_count, 120);
+    let events = run.m.take_events();
+    let Some(EventKind::ModelResponded {
+        usage, from_record, ..
+    }) = events.last()
+    else {
+        panic!("{events:?}");
+    };
+    // The event bills nothing again: it was counted when it was recorded.
+    assert!(*from_record);
+    assert_eq!(*usage, Usage::default());
+}
