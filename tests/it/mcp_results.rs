@@ -221,3 +221,78 @@ async fn a_server_that_never_answers_initialize_says_so_instead_of_tool_not_foun
     );
     servers.shutdown().await;
 }
+
+/// A server-everything speaking only the legacy HTTP+SSE transport on a free
+/// loopback port (killed on drop), and its event-stream URL.
+async fn sse_everything() -> (tokio::process::Child, String) {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let script = installed("@modelcontextprotocol/server-everything/dist/index.js");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let preload = super::mcp::mcp_dir().join("loopback.cjs");
+    let mut child = tokio::process::Command::new("node")
+        .arg(script)
+        .arg("sse")
+        .env("PORT", port.to_string())
+        .env(
+            "NODE_OPTIONS",
+            format!("--require \"{}\"", preload.display()),
+        )
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        if line.contains("running on port") {
+            break;
+        }
+    }
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, format!("http://127.0.0.1:{port}/sse"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_http_sse_server_is_spoken_to_instead_of_failing_on_its_post() {
+    let (_server, url) = tokio::time::timeout(GUARD, sse_everything()).await.unwrap();
+    // No transport named: streamable HTTP is refused, HTTP+SSE is tried.
+    let servers = servers(&format!("[old]\nurl = {url:?}\n"));
+    tokio::time::timeout(GUARD, servers.prepare("old"))
+        .await
+        .unwrap();
+    assert!(
+        servers.status("old").starts_with("running with"),
+        "{}",
+        servers.status("old")
+    );
+    let out = call(&servers, "old", "echo", json!({"message": "over sse"}))
+        .await
+        .unwrap();
+    assert_eq!(text(&out), "Echo: over sse");
+    let out = call(&servers, "old", "get-sum", json!({"a": 2, "b": 5}))
+        .await
+        .unwrap();
+    assert!(text(&out).contains('7'), "{}", text(&out));
+    servers.shutdown().await;
+
+    // Named, it is spoken to at once.
+    let servers = servers_sse(&url);
+    tokio::time::timeout(GUARD, servers.prepare("old"))
+        .await
+        .unwrap();
+    assert!(
+        servers.status("old").starts_with("running with"),
+        "{}",
+        servers.status("old")
+    );
+    servers.shutdown().await;
+}
+
+fn servers_sse(url: &str) -> Arc<McpServers> {
+    servers(&format!("[old]\nurl = {url:?}\ntransport = \"sse\"\n"))
+}

@@ -59,6 +59,12 @@ pub struct McpServerSection {
     pub cwd: Option<PathBuf>,
     /// The streamable HTTP endpoint (`http://` or `https://`).
     pub url: Option<String>,
+    /// How a `url` is spoken to: `"streamable_http"` (also `"http"`), `"sse"`
+    /// (the legacy HTTP+SSE transport), or, when not set, streamable HTTP
+    /// and then HTTP+SSE if the server refuses it. `"stdio"` is accepted
+    /// beside a `command`. (`type` is the same key, as other clients write it.)
+    #[serde(alias = "type")]
+    pub transport: Option<String>,
     /// Headers sent with every request.
     pub headers: Option<BTreeMap<String, ValueSource>>,
     /// The variable holding a bearer token (sent as `Authorization: Bearer …`).
@@ -182,16 +188,29 @@ pub enum McpTransport {
         /// Absolute, or relative to Arbor's working directory.
         cwd: Option<PathBuf>,
     },
-    /// A streamable HTTP endpoint.
+    /// An HTTP endpoint: streamable HTTP or the legacy HTTP+SSE transport.
     Http {
         /// The endpoint (`http://` or `https://`, checked).
         url: String,
+        /// Which HTTP transport.
+        kind: HttpKind,
         /// Headers sent with every request, resolved when it connects.
         headers: BTreeMap<String, ValueSource>,
         /// The variable read at connect time for an `Authorization: Bearer`
         /// token (never together with an `Authorization` header).
         bearer_token_env: Option<String>,
     },
+}
+
+/// Which HTTP transport a `url` server speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HttpKind {
+    /// Streamable HTTP, then HTTP+SSE if the server refuses it.
+    Auto,
+    /// Streamable HTTP only.
+    Streamable,
+    /// The legacy HTTP+SSE transport only.
+    Sse,
 }
 
 /// One server's checked settings. `Debug` shows no secret: literals of `env`
@@ -332,7 +351,15 @@ impl McpServerSection {
                 );
                 None
             }
-            (Some(command), None) => self.stdio(command, base_dir, &mut problem),
+            (Some(command), None) => {
+                if self.transport.as_deref().is_some_and(|t| t != "stdio") {
+                    problem(
+                        "transport",
+                        "is for a url; a server with a command speaks stdio".to_owned(),
+                    );
+                }
+                self.stdio(command, base_dir, &mut problem)
+            }
             (None, Some(url)) => self.http(url, &mut problem),
         };
 
@@ -421,7 +448,24 @@ impl McpServerSection {
         {
             problem("bearer_token_env", "the variable name is empty".to_owned());
         }
+        let kind = match self.transport.as_deref() {
+            None => HttpKind::Auto,
+            Some("streamable_http" | "http" | "streamable-http" | "streamableHttp") => {
+                HttpKind::Streamable
+            }
+            Some("sse") => HttpKind::Sse,
+            Some(other) => {
+                problem(
+                    "transport",
+                    format!(
+                        "{other:?} is not a transport of a url: \"streamable_http\" (or \"http\") or \"sse\" (the legacy HTTP+SSE)"
+                    ),
+                );
+                HttpKind::Auto
+            }
+        };
         Some(McpTransport::Http {
+            kind,
             url: url.to_owned(),
             headers,
             bearer_token_env: self.bearer_token_env.clone(),

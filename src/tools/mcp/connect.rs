@@ -22,13 +22,17 @@ use tokio::process::{Child, ChildStderr, Command};
 use tokio::sync::mpsc;
 
 use super::bounded;
-use super::config::{INHERITED_ENV, MAX_MESSAGE_BYTES, McpTransport, read_env};
+use super::config::{HttpKind, INHERITED_ENV, MAX_MESSAGE_BYTES, McpTransport, read_env};
+use super::sse;
 use crate::tools::{keeper, reaper};
 
 /// Longest stderr line logged as one (longer ones are cut in pieces).
 const MAX_STDERR_LINE: u64 = 8 * 1024;
 /// Stderr lines kept to explain a failed start.
 const STDERR_TAIL: usize = 3;
+/// How long an HTTP+SSE server may take to name its message endpoint (the
+/// start as a whole is bounded by `startup_timeout`).
+const SSE_ENDPOINT_WAIT: Duration = Duration::from_secs(30);
 
 /// The values a connection was given that must never be shown (resolved
 /// `env` and `headers` values, the bearer token, the password of its `url`).
@@ -239,6 +243,7 @@ pub(super) async fn connect(name: &str, transport: &McpTransport) -> Result<Conn
         }
         McpTransport::Http {
             url,
+            kind,
             headers,
             bearer_token_env,
         } => {
@@ -286,16 +291,52 @@ pub(super) async fn connect(name: &str, transport: &McpTransport) -> Result<Conn
                 return Err(unset.join("; "));
             }
             let secrets = Secrets(Arc::new(secrets));
-            let mut config =
-                StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom);
-            if let Some(token) = token {
-                config = config.auth_header(token);
+            let handler_again = Handler {
+                relist: handler.relist.clone(),
+                info: handler.info.clone(),
+            };
+            let mut refused = None;
+            if *kind != HttpKind::Sse {
+                let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                    .custom_headers(custom.clone());
+                if let Some(token) = token.clone() {
+                    config = config.auth_header(token);
+                }
+                let transport = StreamableHttpClientTransport::from_config(config);
+                match handler.serve(transport).await {
+                    Ok(service) => {
+                        return Ok(Connection {
+                            service,
+                            process: None,
+                            relist,
+                            secrets,
+                        });
+                    }
+                    Err(e) => refused = Some(secrets.scrub(&init_error(&e))),
+                }
             }
-            let transport = StreamableHttpClientTransport::from_config(config);
-            let service = handler
-                .serve(transport)
+            if let (HttpKind::Streamable, Some(why)) = (kind, &refused) {
+                return Err(format!("initialize failed: {why}"));
+            }
+            // The legacy HTTP+SSE transport: asked for, or the server refused
+            // streamable HTTP (a 405 or 404 to its POST, most often).
+            let pair = sse::connect(name, url, &custom, token.as_deref(), SSE_ENDPOINT_WAIT)
                 .await
-                .map_err(|e| format!("initialize failed: {}", secrets.scrub(&init_error(&e))))?;
+                .map_err(|e| {
+                    let e = secrets.scrub(&e);
+                    match &refused {
+                        Some(why) => format!(
+                            "initialize failed: {why} (as streamable HTTP; and as a legacy HTTP+SSE server: {e})"
+                        ),
+                        None => format!("cannot open the HTTP+SSE session: {e}"),
+                    }
+                })?;
+            let service = handler_again.serve(pair).await.map_err(|e| {
+                format!(
+                    "initialize failed (HTTP+SSE): {}",
+                    secrets.scrub(&init_error(&e))
+                )
+            })?;
             Ok(Connection {
                 service,
                 process: None,

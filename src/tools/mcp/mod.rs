@@ -37,6 +37,7 @@ mod call;
 pub mod config;
 mod connect;
 mod server;
+mod sse;
 
 use std::collections::BTreeMap;
 use std::fmt;
