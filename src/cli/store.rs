@@ -252,7 +252,7 @@ pub(super) fn tree_config(
             .tree(tree_id)
             .ok()
             .and_then(|(record, _)| record.config);
-        if stored.as_deref() != Some(&*config.snapshot()) {
+        if !stored.is_some_and(|text| config.is_stored_as(&text)) {
             eprintln!(
                 "note: tree {tree_id} runs on {} instead of the config it started with",
                 config.source

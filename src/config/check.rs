@@ -36,7 +36,7 @@ fn duration_in(
 ) -> Option<std::time::Duration> {
     let value = value.as_ref()?;
     match arbor_actors::duration::parse(value)
-        .map_err(|e| e.to_string())
+        .map_err(|e| too_long(value, range.1).unwrap_or_else(|| e.to_string()))
         .and_then(|d| arbor_actors::duration::within(d, range.0, range.1))
     {
         Ok(d) => Some(d),
@@ -45,6 +45,31 @@ fn duration_in(
             None
         }
     }
+}
+
+/// The range's message for a duration written well but too long for any
+/// number to hold (`99999999999h`, `1000000000000000000000s`): the parser's
+/// overflow says nothing of the key's range. `None` if `text` is refused for
+/// its form, which the same text with every number 1 is refused for too.
+fn too_long(text: &str, max: std::time::Duration) -> Option<String> {
+    let mut small = String::with_capacity(text.len());
+    let mut in_number = false;
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            if !in_number {
+                small.push('1');
+            }
+            in_number = true;
+        } else {
+            small.push(c);
+            in_number = false;
+        }
+    }
+    arbor_actors::duration::parse(&small).ok()?;
+    Some(format!(
+        "duration {text:?} is too long: must be at most {}",
+        arbor_actors::duration::Human(max)
+    ))
 }
 
 /// `[store] fail_after`: a duration of 1 s to 1 day.
@@ -834,6 +859,17 @@ fn check_loop_detection(
     for (name, value) in [("warn_after", warn_after), ("fail_after", fail_after)] {
         if let Some(why) = arbor_supervisor::out_of_range(value, ranges::LOOP_COUNT) {
             problems.push(at(text, table, "loop_detection", format!("{name}: {why}")));
+        } else if value == 1 {
+            // A run of one is every call: 1 would warn on (or fail) the first.
+            problems.push(at(
+                text,
+                table,
+                "loop_detection",
+                format!(
+                    "{name} = 1 counts every tool call as a loop (a loop is at least 2 \
+                     identical calls in a row): use 2 or more, or 0 to turn it off"
+                ),
+            ));
         }
     }
     if warn_after > 0 && fail_after > 0 && warn_after >= fail_after {

@@ -77,6 +77,20 @@ impl<'de> serde::Deserialize<'de> for LimitsTable {
 /// removed from a stored config reads.
 pub(super) const REDACTED: &str = "(not stored)";
 
+impl super::Config {
+    /// Whether `stored`, the config text a tree was stored with, is this
+    /// config's: compared as stored, without secrets on either side. A tree
+    /// stored before stored configs were redacted holds its file's secrets;
+    /// it is redacted here first, so the very file it started with is not
+    /// taken for another config.
+    pub fn is_stored_as(&self, stored: &str) -> bool {
+        if *stored == *self.snapshot {
+            return true;
+        }
+        Source::parse(stored).is_ok_and(|s| *s.redacted() == *self.snapshot)
+    }
+}
+
 /// A config file's text and the tree the TOML parser made of it: parsed
 /// once, then read into sections, searched for the line of each problem and
 /// redacted from it.
