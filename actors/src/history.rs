@@ -12,7 +12,7 @@ use imbl::Vector;
 use imbl::shared_ptr::DefaultSharedPtr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::message::{Message, TOOL_CALL_ERROR, TimeToLive};
+use crate::message::{INSTRUCTIONS_PROMPT, Message, SPAWN_PROMPT, TOOL_CALL_ERROR, TimeToLive};
 
 /// The messages, plus what is known about them so the hot paths need no scan:
 /// the calls still open, results that answered nothing, every call id used,
@@ -414,12 +414,24 @@ impl History {
     /// A view that fits `max_tokens` (estimated), for one model request. Keeps
     /// messages marked `keepDuringTruncation` and the newest message, never splits
     /// a tool call from its results, and puts one placeholder where each run of
-    /// messages was removed. The history itself is not changed.
+    /// messages was removed. Of an agent's inputs (its prompts and
+    /// instructions, kept by their tags), only the current turn's are kept: the
+    /// last run of them; an ended turn's prompt may be cut like any message,
+    /// as Codebuff lets older prompts be truncated. The history itself is not
+    /// changed.
     pub fn truncated_view(messages: &[Arc<Message>], max_tokens: u64) -> Vec<Arc<Message>> {
         let total: u64 = messages.iter().map(|m| m.estimated_tokens()).sum();
         if total <= max_tokens {
             return messages.to_vec();
         }
+        let current = current_input(messages);
+        let kept = |i: usize, m: &Message| {
+            if m.has_tag(SPAWN_PROMPT) || m.has_tag(INSTRUCTIONS_PROMPT) {
+                i >= current
+            } else {
+                m.keep_during_truncation()
+            }
+        };
         let units = units(messages);
         let mut removed = vec![false; units.len()];
         let mut excess = total.saturating_sub(max_tokens);
@@ -427,10 +439,10 @@ impl History {
             if excess == 0 || u + 1 == units.len() {
                 break;
             }
-            let unit = &messages[range.clone()];
-            if unit.iter().any(|m| m.keep_during_truncation()) {
+            if range.clone().any(|i| kept(i, &messages[i])) {
                 continue;
             }
+            let unit = &messages[range.clone()];
             removed[u] = true;
             let tokens: u64 = unit.iter().map(|m| m.estimated_tokens()).sum();
             excess = excess.saturating_sub(tokens);
@@ -515,8 +527,22 @@ fn units(messages: &[Arc<Message>]) -> Vec<std::ops::Range<usize>> {
     units
 }
 
+/// Where the current turn's input starts: the first of the last run of
+/// messages tagged `SPAWN_PROMPT` or `INSTRUCTIONS_PROMPT` (the length when
+/// there is none). Each turn appends its prompt and instructions together.
+fn current_input(messages: &[Arc<Message>]) -> usize {
+    let input = |m: &Arc<Message>| m.has_tag(SPAWN_PROMPT) || m.has_tag(INSTRUCTIONS_PROMPT);
+    let Some(last) = messages.iter().rposition(input) else {
+        return messages.len();
+    };
+    messages[..last]
+        .iter()
+        .rposition(|m| !input(m))
+        .map_or(0, |i| i + 1)
+}
+
 /// Whether `m`'s time to live has run out at `at`.
-fn expired(m: &Message, at: Expiry) -> bool {
+pub fn expired(m: &Message, at: Expiry) -> bool {
     matches!(
         (m.meta().time_to_live, at),
         (Some(TimeToLive::AgentStep), _) | (Some(TimeToLive::UserPrompt), Expiry::TurnEnd)
@@ -666,6 +692,40 @@ mod tests {
             assert_eq!(history, copy);
             assert!(history.is_paired() == (n % 10 != 9));
         }
+    }
+
+    /// Issue 34: after many follow-up turns, only the current turn's prompt
+    /// and instructions are kept under truncation; an earlier turn's prompt
+    /// is cut like any message, and the newest answers stay.
+    #[test]
+    fn only_the_current_turns_prompt_is_kept_when_a_long_conversation_is_truncated() {
+        let prompt =
+            |n: usize| Arc::new(Message::user(format!("prompt {n}")).with_tag(SPAWN_PROMPT));
+        let rules = || {
+            let mut m = Message::user("the rules").with_tag(INSTRUCTIONS_PROMPT);
+            m.meta_mut().keep_during_truncation = Some(true);
+            Arc::new(m)
+        };
+        let mut messages = Vec::new();
+        for turn in 1..=10 {
+            messages.push(prompt(turn));
+            if turn == 10 {
+                messages.push(rules());
+            }
+            messages.push(Arc::new(Message::assistant_text(format!(
+                "answer {turn} {}",
+                "x".repeat(400)
+            ))));
+        }
+        messages.pop();
+        let view = History::truncated_view(&messages, 400);
+        let texts: Vec<String> = view.iter().map(|m| m.text()).collect();
+        assert!(
+            texts.iter().any(|t| t.starts_with("answer 9")),
+            "the latest answer stays: {texts:?}"
+        );
+        assert!(!texts.iter().any(|t| t == "prompt 1"), "{texts:?}");
+        assert_eq!(texts[texts.len() - 2..], ["prompt 10", "the rules"]);
     }
 
     /// A child's copy of a long history appends its own messages without

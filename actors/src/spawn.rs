@@ -234,9 +234,12 @@ pub fn input_messages(
     {
         out.push(Message::User {
             content: Content::Text(text.to_owned()),
+            // Instructions are for this turn: they expire when it ends, so
+            // follow-up turns do not pile them up (as Codebuff's do).
             meta: Meta {
                 tags: vec![INSTRUCTIONS_PROMPT.to_owned()],
                 keep_during_truncation: Some(true),
+                time_to_live: Some(crate::message::TimeToLive::UserPrompt),
                 ..Meta::default()
             },
         });

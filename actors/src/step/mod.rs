@@ -583,13 +583,19 @@ impl StepMachine {
         report: ChildReport,
         catalog: &dyn Catalog,
     ) -> Vec<Action> {
-        // The parent's own prompt reached the child as a shared message; only the
-        // child's prompt is dropped from the history the parent takes over.
-        let own_prompts: Vec<*const Message> = self
+        // The parent's own prompt and instructions reached the child as shared
+        // messages; only the child's are dropped from the history the parent
+        // takes over, and only the child's turn has ended (the parent's
+        // messages that live for its turn stay).
+        let own: Vec<*const Message> = self
             .state
             .message_history
             .iter()
-            .filter(|m| m.has_tag(SPAWN_PROMPT) || m.has_tag(INSTRUCTIONS_PROMPT))
+            .filter(|m| {
+                m.has_tag(SPAWN_PROMPT)
+                    || m.has_tag(INSTRUCTIONS_PROMPT)
+                    || crate::history::expired(m, Expiry::TurnEnd)
+            })
             .map(Arc::as_ptr)
             .collect();
         let budget = self.report_budget();
@@ -599,12 +605,12 @@ impl StepMachine {
         let call = &pending.calls[index];
         match (&report.history, report.error_message()) {
             (Some(history), None) => {
-                let merged = history
-                    .retain(|m| {
-                        !(m.has_tag(SPAWN_PROMPT) || m.has_tag(INSTRUCTIONS_PROMPT))
-                            || own_prompts.contains(&std::ptr::from_ref(m))
-                    })
-                    .expire(Expiry::TurnEnd);
+                let merged = history.retain(|m| {
+                    !(m.has_tag(SPAWN_PROMPT)
+                        || m.has_tag(INSTRUCTIONS_PROMPT)
+                        || crate::history::expired(m, Expiry::TurnEnd))
+                        || own.contains(&std::ptr::from_ref(m))
+                });
                 pending.inline = Some((index, merged));
                 let credits = report.credits;
                 let (entry, run_ids) = report.into_entry(budget);

@@ -255,3 +255,47 @@ crate::backend::both_backends! {
         ));
     }
 }
+
+/// Issue 34: a template's instructions live for the turn they were given in.
+/// A turn that failed before it could end (here at its step limit) still
+/// hands the next turn a history without them, so a conversation of many
+/// turns carries one copy, the current turn's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_turns_instructions_do_not_pile_up_in_the_next_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(&dir.path().join("s.db")).unwrap());
+    let model = scripted(json!({"replies": [
+        {"agent": "chat", "prompt": "second", "steps": [{"text": "second answer"}]},
+        {"agent": "chat", "steps": [
+            {"toolCalls": [call("echo", json!({"n": 1}))]},
+            {"text": "never reached"}
+        ]}
+    ]}));
+    let mut chat = template("chat").max_steps(1);
+    chat.instructions_prompt = Some(Arc::from("the rules"));
+    let catalog = Catalog::builder()
+        .model(model as Arc<dyn Model>)
+        .tool(echo() as Arc<dyn Tool>)
+        .template(chat)
+        .build()
+        .unwrap();
+    let sup = Supervisor::new(catalog, TreeLimits::default())
+        .with_store(store)
+        .unwrap();
+    let first = finish(start(&sup, "chat", "first question").await).await;
+    assert_eq!(first.state.status, AgentStatus::Failed, "at its step limit");
+    assert!(texts(&first.state).contains(&"the rules".to_owned()));
+    let second = finish(turn(&sup, "t", "second question").await.unwrap()).await;
+    let history = texts(&second.state);
+    let copies = |h: &[String]| h.iter().filter(|t| *t == "the rules").count();
+    assert_eq!(
+        copies(&history),
+        0,
+        "expired when the turn ended: {history:?}"
+    );
+    assert!(
+        history.contains(&"first question".to_owned())
+            && history.contains(&"second answer".to_owned()),
+        "{history:?}"
+    );
+}
