@@ -241,6 +241,28 @@ mod tests {
     }
 
     #[test]
+    fn a_limit_line_names_the_run_it_stopped_and_a_pause_how_to_raise_it() {
+        let mut r = TreeRenderer::default();
+        let stopped = r
+            .line(&event(EventKind::LimitHit {
+                limit: arbor_actors::LimitHit::new(arbor_actors::Limit::MaxDepth, "3 of 2"),
+            }))
+            .unwrap();
+        assert_eq!(stopped, "! 0.1 stopped: limit max_depth reached: 3 of 2");
+        let paused = r
+            .line(&event(EventKind::BudgetReached {
+                limit: arbor_actors::LimitHit::new(arbor_actors::Limit::TokenBudget, "9 of 9"),
+            }))
+            .unwrap();
+        assert!(
+            paused.ends_with("(arbor budget t --add-tokens N raises it)"),
+            "{paused}"
+        );
+        assert_eq!(count(1, "child", "children"), "1 child");
+        assert_eq!(count(0, "child", "children"), "0 children");
+    }
+
+    #[test]
     fn the_tree_shows_who_waits_for_a_person_or_a_budget() {
         let mut r = TreeRenderer::default();
         let asked = r

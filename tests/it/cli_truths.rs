@@ -715,3 +715,23 @@ fn the_approval_question_is_not_overwritten_by_progress_lines() {
     assert!(after.trim_start().starts_with('y'), "{shown}");
     assert!(after.contains("✓ worker 0.2"), "{shown}");
 }
+
+#[test]
+fn a_limit_message_names_the_run_it_stopped() {
+    let config = CONFIG
+        .replace("max_steps = 5", "max_steps = 1")
+        .replace("on_budget = \"pause\"", "on_budget = \"fail\"");
+    let steps = json!([
+        {"toolCalls": [{"name": "echo", "input": {"word": "hi"}}]},
+        {"text": "never reached"}
+    ]);
+    let dir = scene(&config, steps);
+    let out = arbor(dir.path(), &["run", "--tree-id", "tlimit", "go"]);
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out.stderr);
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with("! 0 stopped: limit max_steps reached")),
+        "{said}"
+    );
+}
