@@ -60,8 +60,12 @@ fn main() -> ExitCode {
     // server or command-tool process is left behind.
     let _reaper = arbor::tools::reaper::ExitGuard;
     let cli = Cli::parse();
-    // A service sets up its own logs once its config is read (serve()).
-    if !matches!(cli.command, Command::Serve { .. }) {
+    // A service, a run and a resume set up their own logs once their config
+    // is read (serve(), run::command_logs: spans to a collector too).
+    if !matches!(
+        cli.command,
+        Command::Serve { .. } | Command::Run(_) | Command::Resume { .. }
+    ) {
         tracing_subscriber::fmt()
             .with_env_filter(log_filter("warn"))
             .with_writer(std::io::stderr)

@@ -39,10 +39,211 @@ use tracing_subscriber::registry::LookupSpan;
 
 use crate::Error;
 
-/// An OTLP trace exporter. Keep it until the process ends, then call
-/// [`shutdown`](Otlp::shutdown) so the last spans are sent.
+/// Where and how a process sends its traces: from the OpenTelemetry
+/// environment variables (the OpenTelemetry specification's names) and
+/// `[service] otlp_endpoint`. The environment wins over the config file, as
+/// `RUST_LOG` does; a process exports only when one of them names an
+/// endpoint.
+///
+/// - the endpoint: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (the full traces URL,
+///   used as it is), else `OTEL_EXPORTER_OTLP_ENDPOINT` (the collector's base
+///   URL, `/v1/traces` appended), else `[service] otlp_endpoint`;
+/// - the protocol: `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, else
+///   `OTEL_EXPORTER_OTLP_PROTOCOL`: `http/protobuf` (the default) is what
+///   Arbor sends; `grpc` and `http/json` are refused with the reason rather
+///   than sent to a collector that expects another encoding;
+/// - headers: `OTEL_EXPORTER_OTLP_TRACES_HEADERS`, else
+///   `OTEL_EXPORTER_OTLP_HEADERS` (`key=value,key2=value2`, values
+///   percent-decoded), on every export request;
+/// - the timeout of an export: `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, else
+///   `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds; 10 s);
+/// - the resource's `service.name`: `OTEL_SERVICE_NAME`, else a
+///   `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, else `arbor` (the other
+///   resource attributes of `OTEL_RESOURCE_ATTRIBUTES` are exported too);
+/// - nothing is exported when `OTEL_SDK_DISABLED=true` or
+///   `OTEL_TRACES_EXPORTER=none`, whatever else is set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OtlpSettings {
+    /// The collector's full traces URL (`http://HOST:4318/v1/traces`).
+    pub endpoint: String,
+    /// What set it: the variable's name, or `[service] otlp_endpoint`.
+    pub source: &'static str,
+    /// The export requests' headers, decoded.
+    pub headers: Vec<(String, String)>,
+    /// How long one export request may take.
+    pub timeout: Duration,
+    /// The resource's `service.name`.
+    pub service_name: String,
+}
+
+const TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+const ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+const CONFIG_KEY: &str = "[service] otlp_endpoint";
+
+impl OtlpSettings {
+    /// The settings this process's environment and `config_endpoint` (the
+    /// config's `[service] otlp_endpoint`) give; `None`: export nothing.
+    pub fn from_env(config_endpoint: Option<&str>) -> Result<Option<OtlpSettings>, Error> {
+        OtlpSettings::resolve(|name| std::env::var(name).ok(), config_endpoint)
+    }
+
+    /// [`from_env`](Self::from_env) over any source of variables.
+    pub fn resolve(
+        var: impl Fn(&str) -> Option<String>,
+        config_endpoint: Option<&str>,
+    ) -> Result<Option<OtlpSettings>, Error> {
+        // An empty variable is an unset one (the specification's rule).
+        let var = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        let bad =
+            |name: &str, value: &str, why: &str| Error::Service(format!("{name}={value:?}: {why}"));
+        if var("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+            return Ok(None);
+        }
+        if var("OTEL_TRACES_EXPORTER").is_some_and(|v| v.trim().eq_ignore_ascii_case("none")) {
+            return Ok(None);
+        }
+        let (endpoint, source) = if let Some(url) = var(TRACES_ENDPOINT) {
+            (url.trim().to_owned(), TRACES_ENDPOINT)
+        } else if let Some(base) = var(ENDPOINT) {
+            let base = base.trim();
+            let slash = if base.ends_with('/') { "" } else { "/" };
+            (format!("{base}{slash}v1/traces"), ENDPOINT)
+        } else if let Some(url) = config_endpoint.filter(|v| !v.trim().is_empty()) {
+            (url.trim().to_owned(), CONFIG_KEY)
+        } else {
+            return Ok(None);
+        };
+        let http = endpoint
+            .strip_prefix("http://")
+            .or_else(|| endpoint.strip_prefix("https://"))
+            .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'));
+        if !http || reqwest::Url::parse(&endpoint).is_err() {
+            return Err(bad(
+                source,
+                &endpoint,
+                "not an http(s) URL like http://127.0.0.1:4318 (an OTLP/HTTP collector)",
+            ));
+        }
+        for name in [
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ] {
+            let Some(protocol) = var(name) else { continue };
+            match protocol.trim() {
+                "http/protobuf" => break,
+                "grpc" => {
+                    return Err(bad(
+                        name,
+                        &protocol,
+                        "Arbor sends OTLP over HTTP only (http/protobuf): point it at the \
+                         collector's OTLP/HTTP endpoint (port 4318) and set http/protobuf",
+                    ));
+                }
+                "http/json" => {
+                    return Err(bad(
+                        name,
+                        &protocol,
+                        "Arbor sends OTLP/HTTP as protobuf only: set http/protobuf (every \
+                         OTLP/HTTP collector takes it)",
+                    ));
+                }
+                _ => {
+                    return Err(bad(
+                        name,
+                        &protocol,
+                        "not an OTLP protocol (grpc, http/protobuf, http/json); Arbor sends \
+                         http/protobuf",
+                    ));
+                }
+            }
+        }
+        let headers = match [
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            "OTEL_EXPORTER_OTLP_HEADERS",
+        ]
+        .into_iter()
+        .find_map(|name| Some((name, var(name)?)))
+        {
+            Some((name, list)) => parse_headers(&list).map_err(|why| bad(name, &list, &why))?,
+            None => Vec::new(),
+        };
+        let timeout = match [
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ]
+        .into_iter()
+        .find_map(|name| Some((name, var(name)?)))
+        {
+            Some((name, ms)) => match ms.trim().parse::<u64>() {
+                Ok(ms) if ms > 0 => Duration::from_millis(ms),
+                _ => return Err(bad(name, &ms, "not a timeout in milliseconds (10000)")),
+            },
+            None => Duration::from_secs(10),
+        };
+        let service_name = var("OTEL_SERVICE_NAME")
+            .map(|name| name.trim().to_owned())
+            .or_else(|| {
+                var("OTEL_RESOURCE_ATTRIBUTES")?
+                    .split(',')
+                    .filter_map(|pair| pair.split_once('='))
+                    .find(|(key, _)| key.trim() == "service.name")
+                    .map(|(_, value)| percent_decode(value.trim()).unwrap_or_default())
+                    .filter(|name| !name.is_empty())
+            })
+            .unwrap_or_else(|| "arbor".to_owned());
+        Ok(Some(OtlpSettings {
+            endpoint,
+            source,
+            headers,
+            timeout,
+            service_name,
+        }))
+    }
+}
+
+/// `key=value,key2=value2` (W3C baggage's list, values percent-encoded).
+fn parse_headers(list: &str) -> Result<Vec<(String, String)>, String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(|item| {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("{item:?} is not key=value"))?;
+            let key = key.trim();
+            let value = percent_decode(value.trim())
+                .ok_or_else(|| format!("the value of {key:?} is not percent-encoded UTF-8"))?;
+            reqwest::header::HeaderName::from_bytes(key.as_bytes())
+                .map_err(|_| format!("{key:?} is not a header name"))?;
+            reqwest::header::HeaderValue::from_str(&value)
+                .map_err(|_| format!("the value of {key:?} is not a header value"))?;
+            Ok((key.to_owned(), value))
+        })
+        .collect()
+}
+
+/// `%XX` escapes decoded; `None` for a broken escape or bytes that are not UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(text.len());
+    let mut rest = text.as_bytes();
+    while let Some((&byte, tail)) = rest.split_first() {
+        if byte == b'%' {
+            let hex = std::str::from_utf8(tail.get(..2)?).ok()?;
+            bytes.push(u8::from_str_radix(hex, 16).ok()?);
+            rest = &tail[2..];
+        } else {
+            bytes.push(byte);
+            rest = tail;
+        }
+    }
+    String::from_utf8(bytes).ok()
+}
+
+/// An OTLP trace exporter. Keep it until the process ends: dropping it (or
+/// [`shutdown`](Otlp::shutdown)) sends the last spans.
 pub struct Otlp {
     provider: SdkTracerProvider,
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -67,29 +268,51 @@ impl HttpClient for Blocking {
 }
 
 impl Otlp {
-    /// Exports to `endpoint`, the collector's full traces URL
-    /// (`http://HOST:4318/v1/traces`), as `service_name`.
-    pub fn new(endpoint: &str, service_name: &str) -> Result<Otlp, Error> {
+    /// Exports as `settings` say.
+    pub fn new(settings: &OtlpSettings) -> Result<Otlp, Error> {
+        let OtlpSettings {
+            endpoint,
+            source,
+            headers,
+            timeout,
+            service_name,
+        } = settings;
         let client = reqwest::blocking::Client::builder()
-            .timeout(Duration::from_secs(10))
+            .timeout(*timeout)
             .build()
             .map_err(|e| Error::Service(format!("OTLP client: {e}")))?;
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_http_client(Blocking(client))
             .with_endpoint(endpoint)
-            .with_timeout(Duration::from_secs(10))
+            .with_headers(headers.iter().cloned().collect())
+            .with_timeout(*timeout)
             .build()
-            .map_err(|e| Error::Service(format!("OTLP exporter for {endpoint}: {e}")))?;
+            .map_err(|e| Error::Service(format!("OTLP exporter for {endpoint} ({source}): {e}")))?;
+        // The environment's resource attributes (OTEL_RESOURCE_ATTRIBUTES),
+        // with the service's name as resolved (the SDK would let a
+        // `service.name` there override OTEL_SERVICE_NAME).
         let provider = SdkTracerProvider::builder()
             .with_span_processor(LastValueWins(BatchSpanProcessor::builder(exporter).build()))
             .with_resource(
                 Resource::builder()
-                    .with_service_name(service_name.to_owned())
+                    .with_service_name(service_name.clone())
                     .build(),
             )
             .build();
-        Ok(Otlp { provider })
+        Ok(Otlp {
+            provider,
+            stopped: Default::default(),
+        })
+    }
+
+    /// The exporter [`OtlpSettings::from_env`] asks for (`config_endpoint`:
+    /// the config's `[service] otlp_endpoint`); `None` when nothing names an
+    /// endpoint.
+    pub fn from_env(config_endpoint: Option<&str>) -> Result<Option<Otlp>, Error> {
+        OtlpSettings::from_env(config_endpoint)?
+            .map(|settings| Otlp::new(&settings))
+            .transpose()
     }
 
     /// The `tracing` layer that hands spans to the exporter: Arbor's spans,
@@ -113,11 +336,20 @@ impl Otlp {
             .with_filter(filter_fn(not_ractor))
     }
 
-    /// Sends what is buffered and stops the exporter.
+    /// Sends what is buffered and stops the exporter (once).
     pub fn shutdown(&self) {
+        if self.stopped.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         if let Err(error) = self.provider.shutdown() {
             eprintln!("OTLP exporter: {error}");
         }
+    }
+}
+
+impl Drop for Otlp {
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }
 
@@ -239,6 +471,150 @@ pub fn inject_traceparent(headers: &mut reqwest::header::HeaderMap) {
 mod tests {
     use super::*;
     use opentelemetry::KeyValue;
+
+    fn settings(
+        vars: &[(&str, &str)],
+        config: Option<&str>,
+    ) -> Result<Option<OtlpSettings>, Error> {
+        let vars: std::collections::HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        OtlpSettings::resolve(|name| vars.get(name).cloned(), config)
+    }
+
+    #[test]
+    fn the_environment_names_the_endpoint_before_the_config_key() {
+        let config = Some("http://config:4318/v1/traces");
+        // Nothing set: no export.
+        assert_eq!(settings(&[], None).unwrap(), None);
+        // The config's key alone.
+        let s = settings(&[], config).unwrap().unwrap();
+        assert_eq!(s.endpoint, "http://config:4318/v1/traces");
+        assert_eq!(s.source, "[service] otlp_endpoint");
+        assert_eq!(s.service_name, "arbor");
+        assert_eq!(s.timeout, Duration::from_secs(10));
+        // The base URL gets /v1/traces (with or without its slash) and wins.
+        for base in ["http://env:4318", "http://env:4318/"] {
+            let s = settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", base)], config)
+                .unwrap()
+                .unwrap();
+            assert_eq!(s.endpoint, "http://env:4318/v1/traces");
+            assert_eq!(s.source, "OTEL_EXPORTER_OTLP_ENDPOINT");
+        }
+        // The traces URL is taken as it is, before the base URL.
+        let s = settings(
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4318"),
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "http://traces:9/custom",
+                ),
+            ],
+            config,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(s.endpoint, "http://traces:9/custom");
+        // An empty variable is an unset one.
+        let s = settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "")], config)
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.source, "[service] otlp_endpoint");
+        // Switched off, whatever else is set.
+        for off in [
+            ("OTEL_SDK_DISABLED", "true"),
+            ("OTEL_TRACES_EXPORTER", "none"),
+        ] {
+            let vars = [off, ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4318")];
+            assert_eq!(settings(&vars, config).unwrap(), None);
+        }
+    }
+
+    #[test]
+    fn headers_timeout_and_service_name_follow_the_specification() {
+        let base = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4318");
+        let s = settings(
+            &[
+                base,
+                ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=general"),
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                    "authorization=Bearer%20t0k, x-team = a%2Cb",
+                ),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+                (
+                    "OTEL_RESOURCE_ATTRIBUTES",
+                    "deployment.environment=ci,service.name=from-attrs",
+                ),
+            ],
+            None,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            s.headers,
+            vec![
+                ("authorization".to_owned(), "Bearer t0k".to_owned()),
+                ("x-team".to_owned(), "a,b".to_owned()),
+            ]
+        );
+        assert_eq!(s.timeout, Duration::from_millis(2500));
+        assert_eq!(s.service_name, "from-attrs");
+        let s = settings(
+            &[
+                base,
+                ("OTEL_SERVICE_NAME", "named"),
+                ("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-attrs"),
+            ],
+            None,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(s.service_name, "named");
+    }
+
+    #[test]
+    fn what_arbor_cannot_send_is_refused_naming_the_variable() {
+        let base = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4318");
+        let refused = |vars: &[(&str, &str)]| settings(vars, None).unwrap_err().to_string();
+        let grpc = refused(&[base, ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]);
+        assert!(
+            grpc.starts_with("OTEL_EXPORTER_OTLP_PROTOCOL=\"grpc\""),
+            "{grpc}"
+        );
+        assert!(grpc.contains("http/protobuf"), "{grpc}");
+        // The traces variable is read first.
+        let json = refused(&[
+            base,
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json"),
+        ]);
+        assert!(
+            json.starts_with("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="),
+            "{json}"
+        );
+        assert!(
+            settings(
+                &[base, ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")],
+                None
+            )
+            .unwrap()
+            .is_some()
+        );
+        let url = refused(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "collector:4318")]);
+        assert!(
+            url.starts_with("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="),
+            "{url}"
+        );
+        let headers = refused(&[base, ("OTEL_EXPORTER_OTLP_HEADERS", "novalue")]);
+        assert!(headers.contains("not key=value"), "{headers}");
+        let timeout = refused(&[base, ("OTEL_EXPORTER_OTLP_TIMEOUT", "10s")]);
+        assert!(
+            timeout.starts_with("OTEL_EXPORTER_OTLP_TIMEOUT="),
+            "{timeout}"
+        );
+    }
 
     #[test]
     fn a_key_recorded_twice_keeps_its_last_value_in_place() {

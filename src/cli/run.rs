@@ -12,7 +12,32 @@ use arbor_supervisor::{StartRequest, Supervisor};
 
 use super::args::{RunArgs, Stored};
 use super::store::tree_config;
-use super::{async_runtime, load_config, store_location};
+use super::{async_runtime, colour, load_config, log_filter, store_location};
+
+/// `arbor run`'s and `arbor resume`'s logs: warnings to stderr (RUST_LOG
+/// says otherwise), and the tree's spans to an OpenTelemetry collector when
+/// `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT` or `[service] otlp_endpoint` names
+/// one (docs/telemetry.md). Keep the exporter until the command ends:
+/// dropping it sends the last spans.
+fn command_logs(config: &arbor::Config) -> anyhow::Result<Option<arbor::telemetry::Otlp>> {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let otlp = arbor::telemetry::Otlp::from_env(config.file.service.otlp_endpoint.as_deref())?;
+    let lines = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(colour(&std::io::stderr()))
+        .with_filter(log_filter("warn"));
+    let spans = otlp.as_ref().map(|o| {
+        o.layer()
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+    });
+    tracing_subscriber::registry()
+        .with(lines)
+        .with(spans)
+        .try_init()?;
+    Ok(otlp)
+}
 
 pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let RunArgs {
@@ -32,6 +57,8 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         prompt,
     } = args;
     let config = load_config(config.as_deref())?;
+    // Kept to the end, when dropping it sends the last spans (one trace per tree).
+    let _otlp = command_logs(&config)?;
     let rule = arbor_supervisor::ToolRule {
         allow: allow_tools,
         deny: deny_tools,
@@ -163,7 +190,10 @@ pub(super) fn resume(
     at: Stored,
 ) -> anyhow::Result<ExitCode> {
     let Stored { config, store } = at;
-    let location = store_location(&load_config(config.as_deref())?, store)?;
+    let current = load_config(config.as_deref())?;
+    // Before the tree's config is read: its warnings are logged.
+    let _otlp = command_logs(&current)?;
+    let location = store_location(&current, store)?;
     let existing = location.open_existing()?;
     let config = tree_config(config, &*existing, &tree_id)?;
     drop(existing);

@@ -11,7 +11,8 @@ use super::{async_runtime, colour, log_filter, store_location};
 
 /// A service's logs: stdout (where its supervisor collects them), as text or
 /// JSON, `info` unless RUST_LOG says otherwise; and spans to an OpenTelemetry
-/// collector when `[service] otlp_endpoint` is set. A JSON line written
+/// collector when `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT` or `[service]
+/// otlp_endpoint` names one (docs/telemetry.md). A JSON line written
 /// inside a traced span (a tree's) carries its `trace_id` and `span_id`.
 fn service_logs(
     config: &Config,
@@ -33,13 +34,8 @@ fn service_logs(
             ))
             .boxed(),
     };
-    let otlp = config
-        .file
-        .service
-        .otlp_endpoint
-        .as_deref()
-        .map(|endpoint| arbor::telemetry::Otlp::new(endpoint, "arbor"))
-        .transpose()?;
+    // OTEL_EXPORTER_OTLP_* and OTEL_SERVICE_NAME, else the config's key.
+    let otlp = arbor::telemetry::Otlp::from_env(config.file.service.otlp_endpoint.as_deref())?;
     tracing_subscriber::registry()
         .with(filter)
         .with(lines)

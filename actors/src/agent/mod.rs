@@ -376,6 +376,9 @@ impl Actor for AgentActor {
             run_id = %state.run_id,
             parent_id = state.parent_id.as_deref().unwrap_or("-"),
             agent_type,
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+            error.type = tracing::field::Empty,
         );
         Ok(AgentRun {
             myself,
@@ -804,10 +807,11 @@ impl AgentRun {
         // The model call (GenAI conventions: `chat {model}`, a client span);
         // an HTTP provider records its own model id and provider name on it.
         let model_name = model.name().to_owned();
+        // Integers as i64: the OpenTelemetry layer exports a u64 as a string.
         let span = tracing::info_span!(
             parent: &self.span,
             "step",
-            step,
+            step = i64::from(step),
             otel.name = format!("chat {model_name}").as_str(),
             otel.kind = "client",
             gen_ai.operation.name = "chat",
@@ -815,6 +819,9 @@ impl AgentRun {
             gen_ai.provider.name = tracing::field::Empty,
             gen_ai.usage.input_tokens = tracing::field::Empty,
             gen_ai.usage.output_tokens = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+            error.type = tracing::field::Empty,
         );
         let mut call = Box::pin(
             async move {
@@ -826,20 +833,21 @@ impl AgentRun {
                         let span = tracing::Span::current();
                         let usage = &response.usage;
                         if usage.total_tokens() > 0 {
-                            span.record("gen_ai.usage.input_tokens", usage.input_tokens);
-                            span.record("gen_ai.usage.output_tokens", usage.output_tokens);
+                            let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+                            span.record("gen_ai.usage.input_tokens", int(usage.input_tokens));
+                            span.record("gen_ai.usage.output_tokens", int(usage.output_tokens));
                         }
                         Ok(response)
                     }
                     Ok(Err(error)) => {
                         let billed = error.billed();
-                        Err((Failure::from(error), billed))
+                        Err((failed_span(Failure::from(error)), billed))
                     }
                     Err(panic) => Err((
-                        Failure::new(
+                        failed_span(Failure::new(
                             FailureKind::Panicked,
                             format!("model panicked: {}", panic_message(panic)),
-                        ),
+                        )),
                         None,
                     )),
                 }
@@ -888,7 +896,7 @@ impl AgentRun {
         let span = tracing::info_span!(
             parent: &self.span,
             "tool",
-            step,
+            step = i64::from(step),
             tool = tool.name(),
             otel.name = format!("execute_tool {}", tool.name()).as_str(),
             gen_ai.operation.name = "execute_tool",
@@ -1039,11 +1047,16 @@ impl AgentRun {
                 state: shared,
                 inherited,
             },
-            AgentStatus::Failed => EventKind::AgentFailed {
-                error: state.error_message().unwrap_or("failed").to_owned(),
-                state: shared,
-                inherited,
-            },
+            AgentStatus::Failed => {
+                let error = state.error_message().unwrap_or("failed").to_owned();
+                let kind = state.error_kind.map_or("_OTHER", |kind| kind.name());
+                mark_failed(&self.span, kind, &error);
+                EventKind::AgentFailed {
+                    error,
+                    state: shared,
+                    inherited,
+                }
+            }
             AgentStatus::Cancelled => EventKind::AgentCancelled {
                 state: shared,
                 inherited,
@@ -1063,6 +1076,25 @@ impl AgentRun {
         }
         myself.stop(None);
     }
+}
+
+/// Marks `span` failed, as the OpenTelemetry conventions say: status
+/// ERROR with the message, and `error.type` the failure's kind
+/// (`model_rate_limited`, …). The span must declare the three fields.
+fn mark_failed(span: &tracing::Span, kind: &str, message: &str) {
+    span.record("otel.status_code", "ERROR");
+    span.record("error.type", kind);
+    span.record("otel.status_description", message);
+}
+
+/// [`mark_failed`] on the current span (a model call's), passing `failure` on.
+fn failed_span(failure: Failure) -> Failure {
+    mark_failed(
+        &tracing::Span::current(),
+        failure.kind.name(),
+        &failure.message,
+    );
+    failure
 }
 
 #[cfg(test)]
