@@ -42,9 +42,8 @@ use axum::routing::{get, patch, post};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::Instrument as _;
-use utoipa::OpenApi;
 
-pub use api::ApiDoc;
+pub use api::{ApiDoc, document as openapi_document};
 pub use auth::Tokens;
 pub use error::{ApiError, ErrorBody};
 pub use limits::{ServiceLimits, connection_cap};
@@ -771,9 +770,9 @@ async fn page() -> Response {
 async fn openapi() -> Response {
     static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let document = DOCUMENT.get_or_init(|| {
-        let mut document = ApiDoc::openapi();
-        metrics::document(&mut document);
-        document.to_json().unwrap_or_default()
+        // utoipa's document, the metrics route's entry, and the schemas of
+        // AgentState and the stream's events.
+        api::document(metrics::document).to_string()
     });
     (
         [(header::CONTENT_TYPE, "application/json")],
