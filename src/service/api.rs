@@ -1074,6 +1074,7 @@ pub async fn create_turn(
         (status = 202, description = "Another replica runs the tree: the raise was posted for it (`forwardedTo`)", body = RaiseForwarded),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, description = "No tree of that id runs here", body = ErrorBody),
+        (status = 409, description = "The tree has ended: only a running tree's budgets are raised", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
         (status = 422, description = "Nothing to raise, a negative or non-finite credit amount, or a body that is not RaiseLimits", body = ErrorBody),
     )
@@ -1109,6 +1110,19 @@ pub async fn raise_limits(
             arbor_supervisor::Raised::check_raise(&set, &add)
                 .map_err(arbor_supervisor::Error::from)?;
             let Some(owner) = elsewhere(&shared, &tree_id).await? else {
+                // A tree that has ended is named so (409), not "no tree".
+                let tree = tree_id.clone();
+                if let Ok(status) = supervisor
+                    .read_store_now(move |store| store.status(&tree))
+                    .await
+                    && status.is_final()
+                {
+                    return Err(arbor_supervisor::Error::RaiseEnded {
+                        tree: tree_id,
+                        status,
+                    }
+                    .into());
+                }
                 return Err(error.into());
             };
             let budget = |r: arbor_supervisor::Raised| Budget {

@@ -130,7 +130,9 @@ impl From<arbor_supervisor::Error> for ApiError {
             E::TreeExists(_)
             | E::TreeStored(_)
             | E::NotResumable { .. }
-            | E::TurnRunning { .. } => {
+            | E::TurnRunning { .. }
+            | E::RaiseEnded { .. }
+            | E::CancelRefused { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "conflict", error.to_string())
             }
             E::TurnQueueFull { .. } => ApiError::new(

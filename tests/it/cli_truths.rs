@@ -735,3 +735,53 @@ fn a_limit_message_names_the_run_it_stopped() {
         "{said}"
     );
 }
+
+#[test]
+fn budget_and_cancel_through_a_server_say_a_tree_has_ended_and_reach_a_tree_arbor_run_runs() {
+    use crate::serve::{Server, TOKEN};
+    let dir = scene(CONFIG, json!([{"text": "done"}]));
+    let out = arbor(dir.path(), &["run", "--tree-id", "tended", "go"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut server = Server::start(dir.path(), &["--bind", "127.0.0.1:0"], Some(TOKEN));
+    server.wait_for("ready");
+    let client = |args: &[&str]| {
+        let mut args: Vec<&str> = args.to_vec();
+        args.extend(["--server", &server.base, "--token", TOKEN]);
+        arbor(dir.path(), &args)
+    };
+    let raised = client(&["budget", "tended", "--add-steps", "1"]);
+    assert_eq!(raised.status.code(), Some(1));
+    let said = text(&raised.stderr);
+    assert!(said.contains("tree tended has ended (completed)"), "{said}");
+    assert!(!said.contains("no tree"), "{said}");
+    let cancelled = client(&["cancel", "tended"]);
+    assert_eq!(cancelled.status.code(), Some(1));
+    let said = text(&cancelled.stderr);
+    assert!(said.contains("is not running (it is completed)"), "{said}");
+
+    // A tree `arbor run` runs on the server's store: the server forwards
+    // the cancel, and `arbor run` takes it.
+    std::fs::write(
+        dir.path().join("script.json"),
+        json!({"replies": [{"agent": "lead", "steps": slow()}]}).to_string(),
+    )
+    .unwrap();
+    let (mut run, mut stderr) = spawn(dir.path(), &["run", "--tree-id", "tslow", "go"]);
+    stderr
+        .wait_for(GUARD, |l| l.contains("▸ lead"))
+        .expect("the root never started");
+    let out = client(&["cancel", "tslow"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("cancelling: run tslow/0"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(
+        wait_exit(&mut run, GUARD).code(),
+        Some(1),
+        "{}",
+        stderr.rest()
+    );
+    assert_eq!(status(dir.path(), "tslow"), "cancelled");
+}
