@@ -430,9 +430,17 @@ pub struct TreeDump {
 }
 
 /// Copies the tree `tree_id` with its whole log from one store to another
-/// (of either backend), unchanged; refused if `to` has a tree of that id.
+/// (of either backend), unchanged, and the turns queued for it (same turn
+/// numbers and order; queued again, so their wait starts anew); refused if
+/// `to` has a tree of that id.
 pub fn copy_tree(from: &dyn Store, to: &dyn Store, tree_id: &str) -> Result<(), Error> {
-    to.load(&from.dump(tree_id)?)
+    let dump = from.dump(tree_id)?;
+    let queued = from.queued_turns(tree_id)?;
+    to.load(&dump)?;
+    for turn in &queued {
+        to.queue_turn(tree_id, &turn.prompt, turn.params.as_ref(), usize::MAX)?;
+    }
+    Ok(())
 }
 
 /// A tree as `arbor runs` lists it.

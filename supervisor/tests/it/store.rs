@@ -915,6 +915,38 @@ fn a_tree_copied_sqlite_to_postgres_and_back_exports_the_same() {
     );
 }
 
+/// Issue 33: `arbor store copy` of a tree with follow-up turns waiting left
+/// them behind, so the copy never ran them. They come along, in order, with
+/// their turn numbers (the runs they will be), both ways.
+#[test]
+fn a_copied_tree_keeps_the_turns_queued_for_it() {
+    use arbor_supervisor::store::copy_tree;
+    let (_a, sqlite) = finished_tree(Backend::Sqlite);
+    let params = serde_json::json!({"n": 2});
+    sqlite.queue_turn("t", "First.", None, 16).unwrap();
+    sqlite
+        .queue_turn("t", "Second.", Some(&params), 16)
+        .unwrap();
+    let pg_place = Backend::Postgres.fresh();
+    let pg = pg_place.open();
+    copy_tree(&*sqlite, &*pg, "t").unwrap();
+    let back_place = Backend::Sqlite.fresh();
+    let back = back_place.open();
+    copy_tree(&*pg, &*back, "t").unwrap();
+    let what = |store: &Arc<dyn Store>| -> Vec<(u32, String, Option<serde_json::Value>, usize)> {
+        store
+            .queued_turns("t")
+            .unwrap()
+            .into_iter()
+            .map(|q| (q.turn, q.prompt, q.params, q.position))
+            .collect()
+    };
+    let original = what(&sqlite);
+    assert_eq!(original.len(), 2, "{original:?}");
+    assert_eq!(what(&pg), original);
+    assert_eq!(what(&back), original);
+}
+
 /// Two replicas on one database resuming one interrupted tree at once: one
 /// claim wins, the other is refused because the winner now runs it.
 #[test]
