@@ -3,7 +3,7 @@
 //! when a stored config is read again ([`restore_secrets`]).
 //!
 //! What is a secret: every literal value of a model's `headers`, of an MCP
-//! server's `env` and `headers`, and the password of a URL (a model's
+//! server's `env` and `headers` (or Codex's `http_headers`), and the password of a URL (a model's
 //! `base_url`, an MCP server's `url`, the store's `url`). API keys, bearer
 //! tokens and `{ env = "VAR" }` values come from environment variables, so
 //! the file has only their names.
@@ -28,7 +28,7 @@ pub(super) fn secret_spans(root: &DeTable<'_>) -> Vec<(Range<usize>, String)> {
     let mut spans = Vec::new();
     for (section, literals, url) in [
         ("models", &["headers"][..], "base_url"),
-        ("mcp_servers", &["env", "headers"][..], "url"),
+        ("mcp_servers", &["env", "headers", "http_headers"][..], "url"),
     ] {
         for (_, entry) in tables(get(root, section)) {
             for key in literals {

@@ -296,3 +296,102 @@ async fn a_legacy_http_sse_server_is_spoken_to_instead_of_failing_on_its_post() 
 fn servers_sse(url: &str) -> Arc<McpServers> {
     servers(&format!("[old]\nurl = {url:?}\ntransport = \"sse\"\n"))
 }
+
+#[test]
+fn a_pasted_codex_mcp_block_is_read_as_written_not_refused_for_its_key_names() {
+    let dir = tempfile::tempdir().unwrap();
+    // As Codex's config.toml writes it.
+    let config = format!(
+        r#"
+[run]
+agent = "lead"
+
+[models.m]
+provider = "scripted"
+file = "script.json"
+
+[agents.lead]
+model = "m"
+tools = ["everything/*"]
+
+[mcp_servers.everything]
+command = {:?}
+args = []
+env_vars = ["HOME"]
+startup_timeout_sec = 20
+tool_timeout_sec = 30.5
+enabled_tools = ["echo", "get-sum", "get-env"]
+disabled_tools = ["get-sum"]
+
+[mcp_servers.off]
+url = "http://127.0.0.1:9/mcp"
+bearer_token_env_var = "NO_SUCH_TOKEN"
+http_headers = {{ X-Team = "arbor" }}
+env_http_headers = {{ X-Key = "NO_SUCH_KEY" }}
+enabled = false
+"#,
+        installed(".bin/mcp-server-everything")
+    );
+    std::fs::write(dir.path().join("config.toml"), config).unwrap();
+    std::fs::write(dir.path().join("script.json"), r#"{"replies": []}"#).unwrap();
+    let check = crate::arbor_in(dir.path(), &["check-config", "config.toml"]);
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let out = crate::arbor_in(dir.path(), &["tools", "--config", "config.toml", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["origin"] == "mcp")
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"everything/echo"), "{names:?}");
+    assert!(names.contains(&"everything/get-env"), "{names:?}");
+    assert!(
+        !names.contains(&"everything/get-sum"),
+        "disabled: {names:?}"
+    );
+    assert!(
+        !names.contains(&"everything/get-tiny-image"),
+        "not enabled: {names:?}"
+    );
+    let off = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "off/*")
+        .unwrap_or_else(|| panic!("{list}"));
+    assert!(
+        off["description"]
+            .as_str()
+            .unwrap()
+            .contains("disabled in the config (enabled = false)"),
+        "{off}"
+    );
+}
+
+#[test]
+fn a_claude_style_entry_reads_dollar_brace_values_from_the_environment() {
+    let section: McpServerSection = toml::from_str(
+        r#"
+type = "sse"
+url = "http://127.0.0.1:9/sse"
+headers = { Authorization = "${TEAM_TOKEN}", X-Plain = "$HOME and ${not a var}" }
+"#,
+    )
+    .unwrap();
+    let settings = format!("{:?}", section.settings("web", Path::new("/")).unwrap());
+    assert!(settings.contains(r#"{ env = "TEAM_TOKEN" }"#), "{settings}");
+    assert!(settings.contains("kind: Sse"), "{settings}");
+    // Not a whole ${VAR}: a literal (a secret, never shown).
+    assert!(!settings.contains("$HOME"), "{settings}");
+}

@@ -65,9 +65,12 @@ pub struct McpServerSection {
     /// beside a `command`. (`type` is the same key, as other clients write it.)
     #[serde(alias = "type")]
     pub transport: Option<String>,
-    /// Headers sent with every request.
+    /// Headers sent with every request (Codex: `http_headers`).
+    #[serde(alias = "http_headers")]
     pub headers: Option<BTreeMap<String, ValueSource>>,
-    /// The variable holding a bearer token (sent as `Authorization: Bearer …`).
+    /// The variable holding a bearer token (sent as `Authorization: Bearer …`;
+    /// Codex: `bearer_token_env_var`).
+    #[serde(alias = "bearer_token_env_var")]
     pub bearer_token_env: Option<String>,
     /// Per-call timeout, e.g. `"60s"`.
     pub timeout: Option<String>,
@@ -76,8 +79,27 @@ pub struct McpServerSection {
     /// How long starting the server may take, e.g. `"30s"`.
     pub startup_timeout: Option<String>,
     /// The server's tools that may be used (`*` matches any run of characters);
-    /// all of them when not set.
+    /// all of them when not set (Codex: `enabled_tools`).
+    #[serde(alias = "enabled_tools")]
     pub tools: Option<Vec<String>>,
+    /// The server's tools that may not be used (patterns as in `tools`).
+    pub disabled_tools: Option<Vec<String>>,
+    /// `false`: the server is declared but not started; its tools say so.
+    pub enabled: Option<bool>,
+    /// Codex's spellings, read as `startup_timeout` and `timeout` (seconds
+    /// or milliseconds as numbers), `headers` whose values come from
+    /// variables (`{ HEADER = "VAR" }`) and variables passed on as they are
+    /// (`env_vars = ["VAR"]`), so a Codex `[mcp_servers.NAME]` block works
+    /// as pasted.
+    pub startup_timeout_sec: Option<f64>,
+    /// See `startup_timeout_sec`.
+    pub startup_timeout_ms: Option<u64>,
+    /// See `startup_timeout_sec`.
+    pub tool_timeout_sec: Option<f64>,
+    /// See `startup_timeout_sec`.
+    pub env_http_headers: Option<BTreeMap<String, String>>,
+    /// See `startup_timeout_sec`.
+    pub env_vars: Option<Vec<String>>,
     /// Start the server when the runtime starts instead of on first use.
     #[serde(default)]
     pub eager: bool,
@@ -112,6 +134,24 @@ impl fmt::Debug for ValueSource {
 }
 
 impl ValueSource {
+    /// A written value: `"${VAR}"` (the whole value, as Claude Code's and
+    /// Cursor's configs write it) is `{ env = "VAR" }`; anything else is a
+    /// literal.
+    pub(crate) fn from_text(text: String) -> ValueSource {
+        let var = text
+            .strip_prefix("${")
+            .and_then(|rest| rest.strip_suffix('}'))
+            .filter(|var| {
+                !var.is_empty()
+                    && !var.starts_with(|c: char| c.is_ascii_digit())
+                    && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            });
+        match var {
+            Some(var) => ValueSource::Env(var.to_owned()),
+            None => ValueSource::Literal(text),
+        }
+    }
+
     /// The value now. `Err` names the variable that is unset (never a value).
     pub(crate) fn resolve(&self) -> Result<String, String> {
         match self {
@@ -143,11 +183,11 @@ impl<'de> Deserialize<'de> for ValueSource {
             }
 
             fn visit_str<E: de::Error>(self, value: &str) -> Result<ValueSource, E> {
-                Ok(ValueSource::Literal(value.to_owned()))
+                Ok(ValueSource::from_text(value.to_owned()))
             }
 
             fn visit_string<E: de::Error>(self, value: String) -> Result<ValueSource, E> {
-                Ok(ValueSource::Literal(value))
+                Ok(ValueSource::from_text(value))
             }
 
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ValueSource, A::Error> {
@@ -230,6 +270,10 @@ pub struct McpSettings {
     pub startup_timeout: Duration,
     /// The allow-list of tool names (with `*` patterns); `None` allows all.
     pub tools: Option<Vec<String>>,
+    /// Tool names (with `*` patterns) that are not allowed, whatever `tools` says.
+    pub disabled_tools: Vec<String>,
+    /// False: the server is never started (`enabled = false`).
+    pub enabled: bool,
     /// Start the server when the runtime is built (inside a tokio runtime)
     /// rather than when a tree first needs one of its tools.
     pub eager: bool,
@@ -244,6 +288,7 @@ impl McpSettings {
         self.tools
             .as_ref()
             .is_none_or(|patterns| patterns.iter().any(|p| glob_match(p, tool)))
+            && !self.disabled_tools.iter().any(|p| glob_match(p, tool))
     }
 }
 
@@ -300,20 +345,57 @@ impl McpServerSection {
                 .and_then(|d| arbor_actors::duration::within(d, TIMEOUT_RANGE.0, TIMEOUT_RANGE.1))
                 .map_err(|e| (key.to_owned(), e)),
         };
+        // Codex's numbers, as the duration text they mean.
+        let seconds = |v: f64| format!("{}ms", (v * 1000.0).round());
+        let mut spelled =
+            |key: &str, ours: &Option<String>, theirs: Vec<(&str, Option<String>)>| {
+                let given: Vec<(&str, String)> = theirs
+                    .into_iter()
+                    .filter_map(|(k, v)| v.map(|v| (k, v)))
+                    .collect();
+                match (ours, given.as_slice()) {
+                    (Some(text), []) => Some(text.clone()),
+                    (None, []) => None,
+                    (None, [(_, text)]) => Some(text.clone()),
+                    _ => {
+                        let mut keys: Vec<&str> = given.iter().map(|(k, _)| *k).collect();
+                        if ours.is_some() {
+                            keys.insert(0, key);
+                        }
+                        problem(
+                            key,
+                            format!("is set more than once ({}): keep one", keys.join(", ")),
+                        );
+                        None
+                    }
+                }
+            };
+        let timeout_text = spelled(
+            "timeout",
+            &self.timeout,
+            vec![("tool_timeout_sec", self.tool_timeout_sec.map(seconds))],
+        );
+        let startup_text = spelled(
+            "startup_timeout",
+            &self.startup_timeout,
+            vec![
+                ("startup_timeout_sec", self.startup_timeout_sec.map(seconds)),
+                (
+                    "startup_timeout_ms",
+                    self.startup_timeout_ms.map(|ms| format!("{ms}ms")),
+                ),
+            ],
+        );
         let timeout =
-            duration("timeout", &self.timeout, DEFAULT_TIMEOUT).unwrap_or_else(|(k, m)| {
+            duration("timeout", &timeout_text, DEFAULT_TIMEOUT).unwrap_or_else(|(k, m)| {
                 problem(&k, m);
                 DEFAULT_TIMEOUT
             });
-        let startup_timeout = duration(
-            "startup_timeout",
-            &self.startup_timeout,
-            DEFAULT_STARTUP_TIMEOUT,
-        )
-        .unwrap_or_else(|(k, m)| {
-            problem(&k, m);
-            DEFAULT_STARTUP_TIMEOUT
-        });
+        let startup_timeout = duration("startup_timeout", &startup_text, DEFAULT_STARTUP_TIMEOUT)
+            .unwrap_or_else(|(k, m)| {
+                problem(&k, m);
+                DEFAULT_STARTUP_TIMEOUT
+            });
         let max_concurrent = self.max_concurrent.unwrap_or(DEFAULT_MAX_CONCURRENT);
         if !(1..=MAX_CONCURRENT).contains(&max_concurrent) {
             problem(
@@ -370,6 +452,8 @@ impl McpServerSection {
                 max_concurrent,
                 startup_timeout,
                 tools: self.tools.clone(),
+                disabled_tools: self.disabled_tools.clone().unwrap_or_default(),
+                enabled: self.enabled.unwrap_or(true),
                 eager: self.eager,
                 max_output_bytes,
             }),
@@ -390,10 +474,17 @@ impl McpServerSection {
         if self.bearer_token_env.is_some() {
             problem("bearer_token_env", only_http.to_owned());
         }
+        if self.env_http_headers.is_some() {
+            problem("env_http_headers", only_http.to_owned());
+        }
         if command.trim().is_empty() {
             problem("command", "is empty".to_owned());
         }
-        let env = self.env.clone().unwrap_or_default();
+        let mut env = self.env.clone().unwrap_or_default();
+        for var in self.env_vars.iter().flatten() {
+            env.entry(var.clone())
+                .or_insert_with(|| ValueSource::Env(var.clone()));
+        }
         for key in env.keys() {
             if key.is_empty() || key.contains('=') || key.contains('\0') {
                 problem(
@@ -415,6 +506,7 @@ impl McpServerSection {
         for (key, set) in [
             ("args", self.args.is_some()),
             ("env", self.env.is_some()),
+            ("env_vars", self.env_vars.is_some()),
             ("cwd", self.cwd.is_some()),
         ] {
             if set {
@@ -426,7 +518,16 @@ impl McpServerSection {
             Ok(_) => problem("url", "must be an http:// or https:// URL".to_owned()),
             Err(e) => problem("url", format!("is not a valid URL: {e}")),
         }
-        let headers = self.headers.clone().unwrap_or_default();
+        let mut headers = self.headers.clone().unwrap_or_default();
+        for (name, var) in self.env_http_headers.iter().flatten() {
+            if headers.contains_key(name) {
+                problem(
+                    &format!("env_http_headers.{name}"),
+                    "is also in headers; keep one".to_owned(),
+                );
+            }
+            headers.insert(name.clone(), ValueSource::Env(var.clone()));
+        }
         for (name, value) in &headers {
             let key = format!("headers.{name}");
             match HeaderName::from_bytes(name.as_bytes()) {

@@ -165,6 +165,13 @@ impl Server {
         if task.is_some() || *self.stop.borrow() {
             return;
         }
+        if !self.settings.enabled {
+            self.update(|s| {
+                s.phase =
+                    Phase::Failed("it is disabled in the config (enabled = false)".to_owned());
+            });
+            return;
+        }
         self.update(|s| s.phase = Phase::Starting);
         *task = Some(tokio::spawn(self.clone().run()));
     }
