@@ -121,11 +121,13 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         return tokio.block_on(until_stopped(&runtime, &started, true, async {
             let run = match runtime.start_turn(&tree, request).await? {
                 TurnRun::Started(run) => run,
-                TurnRun::Queued(queued) => match wait_queued(&runtime, queued, show).await? {
-                    Waited::Started(run) => run,
-                    // Another process ran it: what it ended with.
-                    Waited::Ended(state) => return show_result(&state, show),
-                },
+                TurnRun::Queued(queued) => {
+                    match wait_queued(&runtime, queued, show, &started).await? {
+                        Waited::Started(run) => run,
+                        // Another process ran it: what it ended with.
+                        Waited::Ended(state) => return show_result(&state, show),
+                    }
+                }
             };
             follow_tree(&runtime, run, show, true, &started).await
         }));
@@ -239,9 +241,14 @@ pub(super) async fn until_signal<T>(
     std::process::exit(code);
 }
 
-/// The tree a command started, once it has: what Ctrl-C cancels.
+/// The tree a command started, once it has: what Ctrl-C cancels; and the
+/// turn `--continue` queued, while it waits: what Ctrl-C takes out of the
+/// queue (its store id, its tree and its turn number).
 #[derive(Default)]
-struct Started(std::sync::OnceLock<String>);
+struct Started(
+    std::sync::OnceLock<String>,
+    std::sync::Mutex<Option<(u64, String, u32)>>,
+);
 
 /// How long Ctrl-C waits for the cancelled tree to end and be stored.
 const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -271,6 +278,24 @@ async fn until_stopped<T>(
         result = &mut work => return result,
         _ = term.recv() => stop(143, "stopped by SIGTERM; tool processes ended"),
         _ = int.recv() => {}
+    }
+    let waiting = started.1.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some((id, tree, turn)) = waiting {
+        // Out of the queue, so that no process runs the turn a person gave up on.
+        let taken = runtime
+            .supervisor()
+            .read_store(move |store| store.forget_turn(id))
+            .await;
+        match taken {
+            Ok(()) => stop(
+                130,
+                &format!("stopped: turn {turn} of tree {tree} taken out of its queue"),
+            ),
+            Err(e) => stop(
+                130,
+                &format!("stopped; turn {turn} of tree {tree} may still run: {e}"),
+            ),
+        }
     }
     let Some(tree) = started
         .0
@@ -428,8 +453,11 @@ async fn wait_queued(
     runtime: &Runtime,
     queued: arbor_supervisor::Queued,
     show: Show,
+    started: &Started,
 ) -> anyhow::Result<Waited> {
     let turn = &queued.turn;
+    *started.1.lock().unwrap_or_else(|e| e.into_inner()) =
+        Some((turn.id, turn.tree_id.clone(), turn.turn));
     if !show.quiet {
         eprintln!(
             "turn {} of tree {} queued as {} (place {} in line): it starts when the turns before it end",
@@ -448,7 +476,10 @@ async fn wait_queued(
             .read_store(move |store| store.post_control(&tree, &control))
             .await?;
     }
-    Ok(runtime.wait_queued(turn).await?)
+    let waited = runtime.wait_queued(turn).await?;
+    // Started (or run elsewhere): no longer in the queue.
+    *started.1.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    Ok(waited)
 }
 
 /// A tool call of the tree that waits for a decision (semantics §12).

@@ -785,3 +785,41 @@ fn budget_and_cancel_through_a_server_say_a_tree_has_ended_and_reach_a_tree_arbo
     );
     assert_eq!(status(dir.path(), "tslow"), "cancelled");
 }
+
+#[test]
+fn ctrl_c_on_a_queued_follow_up_takes_it_out_of_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.toml"), CONFIG).unwrap();
+    let script = json!({"replies": [
+        {"agent": "lead", "prompt": "first", "steps": [{"text": "slow", "delayMs": 60_000}]},
+        {"agent": "lead", "prompt": "again", "steps": [{"text": "given up"}]},
+        {"agent": "lead", "prompt": "more", "steps": [{"text": "three"}]}
+    ]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let (mut first, mut first_err) = spawn(dir.path(), &["run", "--tree-id", "tq", "first"]);
+    first_err
+        .wait_for(GUARD, |l| l.contains("▸ lead"))
+        .expect("the root never started");
+    let (mut queued, mut queued_err) = spawn(dir.path(), &["run", "--continue", "tq", "again"]);
+    queued_err
+        .wait_for(GUARD, |l| l.contains("queued as tq/0~1"))
+        .expect("the follow-up was never queued");
+    signal(&queued, nix::sys::signal::Signal::SIGINT);
+    assert_eq!(wait_exit(&mut queued, GUARD).code(), Some(130));
+    assert!(
+        queued_err
+            .rest()
+            .contains("turn 1 of tree tq taken out of its queue"),
+        "{}",
+        queued_err.rest()
+    );
+    let out = arbor(dir.path(), &["cancel", "tq"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    wait_exit(&mut first, GUARD);
+    // The next turn is turn 1 again: nothing waited in the queue.
+    let out = arbor(dir.path(), &["run", "--json", "--continue", "tq", "more"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(state["runId"], "tq/0~1", "{}", text(&out.stderr));
+    assert_eq!(state["finalText"], "three");
+}
