@@ -249,6 +249,24 @@ impl History {
         self.tail.last().or_else(|| self.shared.last())
     }
 
+    /// This history with the message `old` (by address) replaced by `new`;
+    /// the same history when `old` is not in it. The other messages are
+    /// shared, not copied; the summaries are rebuilt.
+    pub fn replace(&self, old: &Arc<Message>, new: Arc<Message>) -> History {
+        if !self.iter().rev().any(|m| Arc::ptr_eq(m, old)) {
+            return self.clone();
+        }
+        self.iter()
+            .map(|m| {
+                if Arc::ptr_eq(m, old) {
+                    new.clone()
+                } else {
+                    m.clone()
+                }
+            })
+            .collect()
+    }
+
     /// The messages from `start` on, sharing their bodies.
     pub fn skip(&self, start: usize) -> History {
         self.from(start).cloned().collect()

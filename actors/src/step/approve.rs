@@ -3,11 +3,12 @@
 //! decided; decisions a restart or replay recorded are taken without asking.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::{Action, Catalog, Pending, StepMachine};
 use crate::approval::{DecideRefused, Decision};
 use crate::event::EventKind;
-use crate::message::Message;
+use crate::message::{Content, Message, Part};
 
 /// The calls of a step that wait for decisions, and what they hold back.
 #[derive(Default)]
@@ -64,7 +65,9 @@ impl StepMachine {
                 .and_then(|side| side.recorded_decisions.remove(&id));
             if let Some(decision) = recorded {
                 // Recorded as valid when it was made: it applies as it did.
-                let _ = apply(&mut pending, index, &decision, self);
+                if apply(&mut pending, index, &decision, self).is_ok() {
+                    self.show_input_that_runs(&mut pending, index, &decision);
+                }
                 continue;
             }
             let input = held_input(&pending, index).unwrap_or_default();
@@ -124,6 +127,7 @@ impl StepMachine {
             return Err(refused);
         }
         pending.held.waiting.remove(at);
+        self.show_input_that_runs(&mut pending, index, &decision);
         self.events.push(EventKind::ApprovalDecided {
             step: pending.step,
             tool_call_id: call_id.to_owned(),
@@ -144,6 +148,38 @@ impl StepMachine {
 }
 
 impl StepMachine {
+    /// After an approval with an edited input: the step's reply in the
+    /// history shows the call with the input that runs, not the model's, so
+    /// the model reads its result beside what produced it.
+    fn show_input_that_runs(&mut self, pending: &mut Pending, index: usize, decision: &Decision) {
+        let Decision::Approve {
+            input: Some(edited),
+        } = decision
+        else {
+            return;
+        };
+        let old = pending.calls.message().clone();
+        let id = pending.calls[index].tool_call_id.clone();
+        let mut message = Message::clone(&old);
+        if let Message::Assistant {
+            content: Content::Parts(parts),
+            ..
+        } = &mut message
+        {
+            for part in parts {
+                if let Part::ToolCall(call) = part
+                    && call.tool_call_id == id
+                {
+                    call.input = edited.clone();
+                }
+            }
+        }
+        let message = Arc::new(message);
+        let history = self.state.message_history.replace(&old, message.clone());
+        self.set_history(history);
+        pending.calls = super::calls::Calls::of(message);
+    }
+
     /// The template's `approval_timeout` passed while this step's calls
     /// waited: each call still waiting gets `approval_default`, decided as a
     /// person would (its `approvalDecided` event included), in call order.

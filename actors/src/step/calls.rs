@@ -45,6 +45,11 @@ impl Calls {
         self.at.is_empty()
     }
 
+    /// The assistant message the calls are in.
+    pub(super) fn message(&self) -> &Arc<Message> {
+        &self.message
+    }
+
     /// The calls in order.
     pub(super) fn iter(&self) -> impl Iterator<Item = &ToolCall> {
         self.message.tool_calls()

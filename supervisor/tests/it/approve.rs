@@ -323,3 +323,36 @@ async fn two_hundred_approvals_across_fifty_trees_are_listed_decided_and_hold_no
     }
     assert!(sup.approvals(None).is_empty());
 }
+
+/// Issue 34: after an approval with an edited input, the model's history
+/// shows the call with the input that ran beside its result, not the
+/// model's own input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_approval_shows_the_input_that_ran_in_the_history() {
+    let sup = tree(None);
+    let mut rx = sup.subscribe();
+    let mut seen = Vec::new();
+    let handle = start(&sup, "lead", "go").await;
+    wait_for(&mut rx, &mut seen, asked).await;
+    let call = sup.approvals(Some("t"))[0].tool_call_id.clone();
+    let edited = json!({"n": 7});
+    sup.decide(
+        "t",
+        &call,
+        Decision::Approve {
+            input: Some(edited.clone()),
+        },
+    )
+    .await
+    .unwrap();
+    finish(handle).await;
+    let leaf = sup.finished_state("t/0.1.1.1").unwrap();
+    let inputs: Vec<Value> = leaf
+        .message_history
+        .iter()
+        .flat_map(|m| m.tool_calls().cloned().collect::<Vec<_>>())
+        .filter(|c| c.tool_call_id == call)
+        .map(|c| c.input)
+        .collect();
+    assert_eq!(inputs, [edited], "the call as it ran, once");
+}
