@@ -265,8 +265,9 @@ impl fmt::Debug for ApiKey {
     }
 }
 
-/// Everything a provider needs, validated.
-#[derive(Clone, Debug)]
+/// Everything a provider needs, validated. Its `Debug` shows no secret:
+/// header values and a password in `base_url` are redacted, as the key is.
+#[derive(Clone)]
 pub struct ProviderSettings {
     /// The API it speaks.
     pub kind: ProviderKind,
@@ -311,6 +312,50 @@ pub struct ProviderSettings {
     pub options: ModelOptions,
     /// Whether requests mark prompt-cache breakpoints (where the API has them).
     pub prompt_cache: bool,
+}
+
+impl fmt::Debug for ProviderSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let headers: Vec<(&str, &str)> = self
+            .headers
+            .iter()
+            .map(|(name, _)| (name.as_str(), "[REDACTED]"))
+            .collect();
+        f.debug_struct("ProviderSettings")
+            .field("kind", &self.kind)
+            .field("api", &self.api)
+            .field("base_url", &redacted_url(&self.base_url))
+            .field("model", &self.model)
+            .field("api_key_env", &self.api_key_env)
+            .field("api_key", &self.api_key)
+            .field("stream", &self.stream)
+            .field("max_tokens", &self.max_tokens)
+            .field("truncated_max_tokens", &self.truncated_max_tokens)
+            .field("pricing", &self.pricing)
+            .field("limits", &self.limits)
+            .field("retry", &self.retry)
+            .field("timeouts", &self.timeouts)
+            .field("headers", &headers)
+            .field("options", &self.options)
+            .field("prompt_cache", &self.prompt_cache)
+            .finish()
+    }
+}
+
+/// `url` with its password (if any) replaced by `[REDACTED]`; a URL that
+/// does not parse is shown as its scheme only.
+fn redacted_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            // A URL with a password has a host, so this cannot fail.
+            let _ = parsed.set_password(Some("[REDACTED]"));
+            parsed.to_string()
+        }
+        Ok(_) => url.to_owned(),
+        Err(_) => url
+            .split_once(':')
+            .map_or_else(String::new, |(scheme, _)| format!("{scheme}:…")),
+    }
 }
 
 impl ProviderSettings {
@@ -544,5 +589,20 @@ mod tests {
         }
         let unknown = toml::from_str::<HttpSection>("model = \"m\"\non_truncated = { tokens = 1 }");
         assert!(unknown.unwrap_err().to_string().contains("unknown field"));
+    }
+
+    /// Issue 33: `{:?}` of a model's settings (a trace-level log, a panic
+    /// message) printed its header values and the password of its base URL.
+    #[test]
+    fn settings_debug_shows_no_header_value_or_url_password() {
+        let extra = "base_url = \"https://user:hunter2@gw.example/v1\"\n\
+                     headers = { \"X-Gateway-Key\" = \"sk-planted-42\" }";
+        let settings = checked(ProviderKind::OpenAi, extra).unwrap();
+        let shown = format!("{settings:?}");
+        assert!(!shown.contains("sk-planted-42"), "{shown}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("X-Gateway-Key"), "{shown}");
+        assert!(shown.contains("gw.example"), "{shown}");
+        assert_eq!(redacted_url("https://u:p@[bad"), "https:…");
     }
 }
