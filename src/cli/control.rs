@@ -209,30 +209,35 @@ pub(super) fn budget_on_store(
     })
 }
 
-/// `arbor budget TREE raises…` through a server: `PATCH
-/// /v1/trees/{treeId}/limits`; prints the budgets now in force.
+/// `arbor budget TREE [raises…]` through a server: `PATCH
+/// /v1/trees/{treeId}/limits` (with no raise, `GET`); prints the budgets
+/// now in force.
 pub(super) async fn budget_on_server(
     api: &Api,
     tree_id: &str,
     raise: Raise,
 ) -> anyhow::Result<ExitCode> {
-    if raise.is_empty() {
-        anyhow::bail!(
-            "nothing to raise: give --add-credits, --add-tokens, --add-steps or a --max-* budget \
-             (without --server or $ARBOR_SERVER, `arbor budget {tree_id}` shows the budgets in force from the store)"
-        );
-    }
-    let (status, answer) = api
-        .send(
+    // Nothing to raise: the budgets in force.
+    let (status, answer) = if raise.is_empty() {
+        api.send(
+            reqwest::Method::GET,
+            &["v1", "trees", tree_id, "limits"],
+            None,
+        )
+        .await?
+    } else {
+        api.send(
             reqwest::Method::PATCH,
             &["v1", "trees", tree_id, "limits"],
             Some(&Value::Object(raise.body())),
         )
-        .await?;
+        .await?
+    };
     if !status.is_success() {
         let message = api.refusal(status, &answer);
+        let verb = if raise.is_empty() { "read" } else { "raise" };
         anyhow::bail!(
-            "cannot raise the budgets of tree {tree_id}: the server refused ({status}): {message}"
+            "cannot {verb} the budgets of tree {tree_id}: the server refused ({status}): {message}"
         );
     }
     let budgets = Raised {

@@ -30,7 +30,7 @@ use super::replica::{self, Budget, ControlBody, Route};
     ),
     paths(
         create_run, list_runs, get_run, run_events, cancel_run, steer_run, get_tree, list_agents,
-        list_approvals, tree_approvals, decide_approval, raise_limits, create_turn,
+        list_approvals, tree_approvals, decide_approval, raise_limits, get_limits, create_turn,
         healthz, readyz, metrics
     ),
     components(schemas(ErrorBody, TreeSummary, RunNode, TreeLimits, ToolRule, TreeStatus)),
@@ -1149,6 +1149,30 @@ pub async fn raise_limits(
         max_credits: now.max_credits,
     })
     .into_response())
+}
+
+#[utoipa::path(
+    get, path = "/v1/trees/{treeId}/limits", tag = "runs",
+    params(("treeId" = String, Path)),
+    responses(
+        (status = 200, description = "The tree's budgets in force: its limits with every raise over them (for a tree that has ended too)", body = Budgets),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 422, body = ErrorBody), (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn get_limits(
+    State(shared): State<Arc<Shared>>,
+    Caller(caller): Caller,
+    ApiPath(tree_id): ApiPath<String>,
+) -> Result<Json<Budgets>, ApiError> {
+    access::check(&shared, &caller, Action::Read, Subject::Tree(&tree_id)).await?;
+    let now = shared.runtime.supervisor().budgets(&tree_id).await?;
+    Ok(Json(Budgets {
+        tree_id,
+        max_steps: now.max_steps,
+        max_tokens: now.max_tokens,
+        max_credits: now.max_credits,
+    }))
 }
 
 #[utoipa::path(

@@ -498,7 +498,10 @@ impl Service {
             .route("/v1/runs/{run_id}/cancel", post(api::cancel_run))
             .route("/v1/runs/{run_id}/messages", post(api::steer_run))
             .route("/v1/approvals", get(api::list_approvals))
-            .route("/v1/trees/{tree_id}/limits", patch(api::raise_limits))
+            .route(
+                "/v1/trees/{tree_id}/limits",
+                patch(api::raise_limits).get(api::get_limits),
+            )
             .route("/v1/trees/{tree_id}/turns", post(api::create_turn))
             .route("/v1/trees/{tree_id}/approvals", get(api::tree_approvals))
             .route(

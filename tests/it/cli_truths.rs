@@ -749,6 +749,12 @@ fn budget_and_cancel_through_a_server_say_a_tree_has_ended_and_reach_a_tree_arbo
         args.extend(["--server", &server.base, "--token", TOKEN]);
         arbor(dir.path(), &args)
     };
+    let shown = client(&["budget", "tended"]);
+    assert!(shown.status.success(), "{}", text(&shown.stderr));
+    assert_eq!(
+        text(&shown.stdout).trim(),
+        "tree tended: max_steps 5, max_tokens unlimited, max_credits unlimited"
+    );
     let raised = client(&["budget", "tended", "--add-steps", "1"]);
     assert_eq!(raised.status.code(), Some(1));
     let said = text(&raised.stderr);
