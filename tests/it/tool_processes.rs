@@ -356,3 +356,94 @@ fn a_resumed_call_is_not_started_again_while_its_earlier_attempt_lives() {
     }
     helper.wait().unwrap();
 }
+
+/// An MCP server over stdio that double-forks a `setsid sleep` grandchild
+/// when it starts and never answers `tools/call` (it writes `called`).
+const MCP_PY: &str = r#"
+import json, os, sys
+os.system("( setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > mcp_grandchild )")
+with open("mcp_grandchild") as f:
+    grandchild = f.read().strip()
+with open("mcp_ready.tmp", "w") as f:
+    f.write(f"{os.getpid()} {grandchild}\n")
+os.rename("mcp_ready.tmp", "mcp_ready")
+for line in sys.stdin:
+    msg = json.loads(line)
+    if "id" not in msg:
+        continue
+    method, mid = msg.get("method"), msg["id"]
+    if method == "initialize":
+        result = {"protocolVersion": msg["params"]["protocolVersion"],
+                  "capabilities": {"tools": {}}, "serverInfo": {"name": "py", "version": "1"}}
+    elif method == "tools/list":
+        result = {"tools": [{"name": "hang", "inputSchema": {"type": "object"}}]}
+    elif method == "tools/call":
+        open("called", "w").close()
+        continue
+    else:
+        result = {}
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": mid, "result": result}) + "\n")
+    sys.stdout.flush()
+"#;
+
+#[test]
+fn kill_9_of_arbor_run_leaves_no_mcp_server_or_its_grandchild_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = Cleanup(dir.path());
+    std::fs::write(dir.path().join("server.py"), MCP_PY).unwrap();
+    std::fs::write(
+        dir.path().join("config.toml"),
+        r#"
+[run]
+agent = "lead"
+
+[models.script]
+provider = "scripted"
+file = "script.json"
+
+[mcp_servers.py]
+command = "python3"
+args = ["server.py"]
+
+[agents.lead]
+model = "script"
+tools = ["py/*"]
+"#,
+    )
+    .unwrap();
+    let script = json!({"replies": [{"agent": "lead", "steps": [
+        {"toolCalls": [{"name": "py__hang", "input": {}}]},
+        {"text": "done"}
+    ]}]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let mut run = spawn(
+        dir.path(),
+        env!("CARGO_BIN_EXE_arbor"),
+        &["run", "--config", "config.toml", "--store", "s.db", "go"],
+    );
+    // The call is in flight at the server.
+    poll(BOUND, || dir.path().join("called").exists().then_some(()))
+        .expect("the MCP call never reached the server");
+    let ready = std::fs::read_to_string(dir.path().join("mcp_ready")).unwrap();
+    let pids: Vec<u32> = ready
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    let (server, grandchild) = (pids[0], pids[1]);
+    assert!(alive(server) && alive(grandchild));
+    run.kill().unwrap(); // SIGKILL
+    run.wait().unwrap();
+    let left = poll(BOUND, || {
+        let left: Vec<u32> = [server, grandchild]
+            .into_iter()
+            .chain(living_in(dir.path()))
+            .filter(|p| alive(*p))
+            .collect();
+        left.is_empty().then_some(())
+    });
+    assert!(
+        left.is_some(),
+        "after kill -9 of arbor run the MCP server {server} or its setsid grandchild {grandchild} still runs: {:?}",
+        living_in(dir.path())
+    );
+}
