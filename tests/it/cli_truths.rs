@@ -139,6 +139,15 @@ fn a_tree_stopped_with_ctrl_c_is_cancelled_not_left_for_serve_to_adopt() {
         "{}",
         text(&resume.stderr)
     );
+    // An `arbor serve` on the store resumes nothing.
+    let mut server = crate::serve::Server::start(
+        dir.path(),
+        &["--bind", "127.0.0.1:0"],
+        Some(crate::serve::TOKEN),
+    );
+    let ready = server.wait_for("ready");
+    assert!(ready.contains("trees=0"), "{ready}");
+    assert_eq!(status(dir.path(), &tree), "cancelled");
 }
 
 #[test]
