@@ -442,9 +442,16 @@ pub(crate) struct LoadtestArgs {
     /// Write every figure as JSON.
     #[arg(long)]
     pub(crate) json: Option<PathBuf>,
-    /// Draw live agents over time and the latency distribution as SVG.
+    /// Draw live agents and throughput over time and the latency
+    /// distribution as SVG, titled with the shape and parameters.
     #[arg(long)]
     pub(crate) plot: Option<PathBuf>,
+    /// Pass/fail criterion, as k6's: exit 99 when a figure crosses it (e.g.
+    /// 'p99<2s', 'error_rate<1%', 'throughput>50'; repeatable). Metrics:
+    /// p50 p90 p95 p99 max (latency of the endpoint's requests, else
+    /// spawn→reply), error_rate, failures, throughput (agents ended/s).
+    #[arg(long = "threshold", value_name = "METRIC<VALUE", value_parser = threshold_arg)]
+    pub(crate) thresholds: Vec<arbor::loadtest::threshold::Threshold>,
     /// Also run a bare tree of the same shape (--baseline-kind) and report
     /// Arbor's ratio to it.
     #[arg(long)]
@@ -466,6 +473,11 @@ pub(crate) struct LoadtestArgs {
     /// Do not store the trees (measures Arbor without its store).
     #[arg(long, conflicts_with = "store")]
     pub(crate) no_store: bool,
+}
+
+/// A `--threshold` ([`arbor::loadtest::threshold`]).
+fn threshold_arg(text: &str) -> Result<arbor::loadtest::threshold::Threshold, String> {
+    text.parse()
 }
 
 /// A duration flag, in the one grammar Arbor reads durations in.

@@ -123,8 +123,10 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal;
     use std::sync::Arc;
 
+    use arbor::loadtest::human_us_f64;
     use arbor::loadtest::{
-        BaselineReport, Collector, PROGRESS_BAR, run_baseline, run_once, write_plot,
+        BaselineReport, Collector, PROGRESS_BAR, Spread, run_baseline, run_once, threshold,
+        write_plot,
     };
 
     // Every flag is checked before anything runs, as a usage error is.
@@ -196,9 +198,10 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
     } else {
         options.repeat
     };
+    let mut crossed = false;
     for round in 1..=arbor_rounds {
-        let supervisor = options.supervisor()?;
         let collector = Arc::new(Collector::default());
+        let supervisor = options.supervisor_recording(collector.endpoint.clone())?;
         {
             let collector = collector.clone();
             supervisor.events().observe(move |e| collector.observe(e));
@@ -240,10 +243,36 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
             report.wall_secs
         )?;
         out!("{}", report.table(options.model.is_some()))?;
+        for verdict in threshold::evaluate(&args.thresholds, &report.observed()) {
+            crossed |= !verdict.passed;
+            outln!("  {:<28} {verdict}", "threshold")?;
+        }
         reports.push(report);
     }
-    // Each baseline runs as many times as Arbor's tree; the best of each
-    // figure is compared with Arbor's best.
+    // The spread of the runs, not the best of them.
+    if reports.len() > 1 {
+        let spread = |f: fn(&arbor::loadtest::LoadReport) -> f64| {
+            Spread::of(&reports.iter().map(f).collect::<Vec<_>>())
+        };
+        outln!("over {} runs:", reports.len())?;
+        let rows: [(
+            &str,
+            fn(&arbor::loadtest::LoadReport) -> f64,
+            fn(f64) -> String,
+        ); 4] = [
+            ("wall time", |r| r.wall_secs * 1e6, human_us_f64),
+            ("per agent", |r| r.us_per_agent, human_us_f64),
+            ("CPU per agent", |r| r.cpu_us_per_agent, human_us_f64),
+            ("agents/s", |r| r.agents_per_sec, |v| format!("{v:.0}")),
+        ];
+        for (name, figure, unit) in rows {
+            if let Some(s) = spread(figure) {
+                outln!("  {name:<28} {}", s.show(unit))?;
+            }
+        }
+    }
+    // Each baseline runs as many times as Arbor's tree; the median of each
+    // figure is compared with Arbor's median.
     let kinds = args.baseline_kinds();
     let mut baselines = Vec::new();
     for round in 1..=options.repeat {
@@ -267,23 +296,19 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if !reports.is_empty() && !kinds.is_empty() {
-        let best = |f: fn(&arbor::loadtest::LoadReport) -> f64| {
-            reports.iter().map(f).fold(f64::INFINITY, f64::min)
+        let median = |f: fn(&arbor::loadtest::LoadReport) -> f64| {
+            Spread::of(&reports.iter().map(f).collect::<Vec<_>>()).map_or(f64::NAN, |s| s.median)
         };
-        let arbor = (best(|r| r.us_per_agent), best(|r| r.cpu_us_per_agent));
+        let arbor = (median(|r| r.us_per_agent), median(|r| r.cpu_us_per_agent));
         out!("{}", BaselineReport::arbor_row(arbor, reports.len()))?;
         for &kind in &kinds {
             let runs = baselines.iter().filter(|b| b.kind == kind);
             let Some(mut row) = runs.clone().next().cloned() else {
                 continue;
             };
-            row.us_per_agent = runs
-                .clone()
-                .map(|b| b.us_per_agent)
-                .fold(f64::INFINITY, f64::min);
-            row.cpu_us_per_agent = runs
-                .map(|b| b.cpu_us_per_agent)
-                .fold(f64::INFINITY, f64::min);
+            let median = |values: Vec<f64>| Spread::of(&values).map_or(f64::NAN, |s| s.median);
+            row.us_per_agent = median(runs.clone().map(|b| b.us_per_agent).collect());
+            row.cpu_us_per_agent = median(runs.map(|b| b.cpu_us_per_agent).collect());
             out!("{}", row.ratio_row(arbor))?;
         }
     }
@@ -304,12 +329,18 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
     }
     let all_completed =
         reports.iter().all(|r| r.completed) && baselines.iter().all(|b| b.nodes == total);
-    Ok(if all_completed {
+    Ok(if crossed {
+        // A crossed threshold, as k6 exits.
+        ExitCode::from(THRESHOLD_CROSSED)
+    } else if all_completed {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
 }
+
+/// The exit status of a run that crossed a `--threshold` (k6's).
+const THRESHOLD_CROSSED: u8 = 99;
 
 fn tempfile_path() -> PathBuf {
     std::env::temp_dir().join(format!("arbor-loadtest-{}.db", std::process::id()))

@@ -39,6 +39,8 @@ pub struct Collector {
     pub steps: AtomicU64,
     /// Model calls retried (each retry counts once).
     pub retries: AtomicU64,
+    /// The endpoint's requests (a `--model` run's model records them).
+    pub endpoint: Arc<super::endpoint::EndpointStats>,
     inner: Mutex<Inner>,
 }
 
@@ -62,13 +64,83 @@ struct Inner {
     generation: Duration,
     errors: HashMap<String, u64>,
     retry_reasons: HashMap<String, u64>,
-    /// (ms since start, live agents) samples.
-    timeline: Vec<(f64, i64)>,
+    /// Live agents and agents ended over time, a point per event.
+    timeline: Timeline,
+}
+
+/// One point of the timeline: at `t_ms` (since the collector was made), the
+/// most agents live (stepping) in the point's span of time and the agents
+/// ended by its end.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Point {
+    /// Milliseconds since the collector was made.
+    pub t_ms: f64,
+    /// The most agents holding a live slot within the point's span.
+    pub live: i64,
+    /// Agents ended (completed, failed or cancelled) by then.
+    pub ended: u64,
+}
+
+/// The live-agent curve, sampled by event: every change of the live count or
+/// of the agents ended makes or updates a point, so a peak between two ticks
+/// is not missed (a 50 ms tick once showed 1 live agent where 90 ran). Its
+/// size is bounded: events less than `span_ms` after the last point update
+/// it (keeping its largest live count), and when there are
+/// [`Timeline::MOST`] points, neighbours are merged in pairs and the span
+/// doubles.
+#[derive(Clone, Debug)]
+pub struct Timeline {
+    points: Vec<Point>,
+    span_ms: f64,
+}
+
+impl Default for Timeline {
+    fn default() -> Self {
+        Timeline {
+            points: Vec::new(),
+            span_ms: 1.0,
+        }
+    }
+}
+
+impl Timeline {
+    /// The most points kept.
+    pub const MOST: usize = 4096;
+
+    /// Records the live count and agents ended at `t_ms`.
+    pub fn record(&mut self, t_ms: f64, live: i64, ended: u64) {
+        if let Some(last) = self.points.last_mut()
+            && t_ms - last.t_ms < self.span_ms
+        {
+            last.live = last.live.max(live);
+            last.ended = last.ended.max(ended);
+            return;
+        }
+        if self.points.len() >= Self::MOST {
+            self.points = self
+                .points
+                .chunks(2)
+                .map(|pair| Point {
+                    t_ms: pair[0].t_ms,
+                    live: pair.iter().map(|p| p.live).max().unwrap_or(0),
+                    ended: pair.iter().map(|p| p.ended).max().unwrap_or(0),
+                })
+                .collect();
+            self.span_ms *= 2.0;
+        }
+        self.points.push(Point { t_ms, live, ended });
+    }
+
+    /// The points, in time order.
+    pub fn points(&self) -> &[Point] {
+        &self.points
+    }
 }
 
 /// 1 µs .. 1 h at 3 significant digits: constant bounds that hdrhistogram accepts.
 #[allow(clippy::expect_used)]
-fn histogram() -> Histogram<u64> {
+pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("constant histogram bounds")
 }
 
@@ -86,6 +158,7 @@ impl Default for Collector {
             alive_max: AtomicI64::new(0),
             steps: AtomicU64::new(0),
             retries: AtomicU64::new(0),
+            endpoint: Arc::default(),
             inner: Mutex::new(Inner {
                 spawned_at: IdMap::default(),
                 first_delta: IdMap::default(),
@@ -97,7 +170,7 @@ impl Default for Collector {
                 generation: Duration::ZERO,
                 errors: HashMap::new(),
                 retry_reasons: HashMap::new(),
-                timeline: Vec::new(),
+                timeline: Timeline::default(),
             }),
         }
     }
@@ -113,6 +186,8 @@ pub struct Percentiles {
     pub p50: u64,
     /// The 90th percentile, µs.
     pub p90: u64,
+    /// The 95th percentile, µs.
+    pub p95: u64,
     /// The 99th percentile, µs.
     pub p99: u64,
     /// The largest recorded, µs.
@@ -120,11 +195,12 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    fn of(h: &Histogram<u64>) -> Self {
+    pub(crate) fn of(h: &Histogram<u64>) -> Self {
         Percentiles {
             count: h.len(),
             p50: h.value_at_quantile(0.5),
             p90: h.value_at_quantile(0.9),
+            p95: h.value_at_quantile(0.95),
             p99: h.value_at_quantile(0.99),
             max: h.max(),
         }
@@ -191,15 +267,35 @@ pub struct Measured {
     pub errors: HashMap<String, u64>,
     /// Retries by kind (the total is `LoadReport::retries`).
     pub retry_kinds: HashMap<String, u64>,
-    /// `(milliseconds since the collector was made, live agents)` samples,
-    /// one per [`Collector::sample`], in time order: the plot's curve.
-    pub timeline: Vec<(f64, i64)>,
+    /// Only for a run on an endpoint (`--model`): its requests, their
+    /// latency and their failures by kind.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<super::endpoint::EndpointFigures>,
+    /// The latency the report leads with (the endpoint's requests with
+    /// `--model`, else spawn→reply) as `(up to µs, count)` buckets: the
+    /// plot's distribution.
+    pub latency_distribution: Vec<(u64, u64)>,
+    /// Live agents and agents ended over time, a point per event (merged
+    /// when close in time, at most [`Timeline::MOST`]): the plot's curves.
+    pub timeline: Vec<Point>,
 }
 
 impl Collector {
     fn live_add(&self, delta: i64) {
         let now = self.live.fetch_add(delta, Ordering::AcqRel) + delta;
         self.live_max.fetch_max(now, Ordering::AcqRel);
+        self.point();
+    }
+
+    /// A timeline point for now.
+    fn point(&self) {
+        let t = self.start.elapsed().as_secs_f64() * 1000.0;
+        let mut inner = self.inner.locked();
+        let live = self.live.load(Ordering::Acquire);
+        let ended = self.finished.load(Ordering::Acquire)
+            + self.failed.load(Ordering::Acquire)
+            + self.cancelled.load(Ordering::Acquire);
+        inner.timeline.record(t, live, ended);
     }
 
     fn record(h: &mut Histogram<u64>, d: Duration) {
@@ -308,7 +404,7 @@ impl Collector {
     }
 
     fn ended(&self, event: &Event, counter: &AtomicU64, error: Option<&str>) {
-        counter.fetch_add(1, Ordering::Relaxed);
+        counter.fetch_add(1, Ordering::AcqRel);
         self.live_add(-1);
         self.alive.fetch_sub(1, Ordering::AcqRel);
         let mut inner = self.inner.locked();
@@ -319,15 +415,15 @@ impl Collector {
         inner.first_delta.remove(&event.run_id);
     }
 
-    /// Records a (time, live agents) sample for the plot.
+    /// Records a timeline point for now (events record their own; a tick
+    /// marks the time between them).
     pub fn sample(&self) {
-        let t = self.start.elapsed().as_secs_f64() * 1000.0;
-        let live = self.live.load(Ordering::Acquire);
-        self.inner.locked().timeline.push((t, live));
+        self.point();
     }
 
     /// A snapshot of the histograms, counts and samples so far.
-    pub(crate) fn measured(&self) -> Measured {
+    pub(crate) fn measured(&self, endpoint: bool) -> Measured {
+        let endpoint = endpoint.then(|| (self.endpoint.figures(), self.endpoint.distribution()));
         let inner = self.inner.locked();
         let secs = inner.generation.as_secs_f64();
         Measured {
@@ -345,9 +441,37 @@ impl Collector {
             }),
             errors: inner.errors.clone(),
             retry_kinds: inner.retry_reasons.clone(),
-            timeline: inner.timeline.clone(),
+            latency_distribution: match &endpoint {
+                Some((_, distribution)) => distribution.clone(),
+                None => distribution(&inner.spawn_to_reply),
+            },
+            endpoint: endpoint.map(|(figures, _)| figures),
+            timeline: inner.timeline.points().to_vec(),
         }
     }
+}
+
+/// A latency distribution as `(up to µs, count)` buckets: at most 40,
+/// spaced evenly on a log scale from the smallest to the largest latency
+/// recorded (none when nothing was).
+pub(crate) fn distribution(h: &Histogram<u64>) -> Vec<(u64, u64)> {
+    const BUCKETS: usize = 40;
+    if h.is_empty() {
+        return Vec::new();
+    }
+    let (low, high) = (h.min().max(1) as f64, h.max().max(1) as f64);
+    let ratio = (high / low).powf(1.0 / BUCKETS as f64).max(1.0 + 1e-6);
+    let mut counts = [0u64; BUCKETS];
+    for v in h.iter_recorded() {
+        let value = (v.value_iterated_to().max(1) as f64).clamp(low, high);
+        let i = ((value / low).ln() / ratio.ln()).floor() as usize;
+        counts[i.min(BUCKETS - 1)] += v.count_at_value();
+    }
+    counts
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| ((low * ratio.powi(i as i32 + 1)).round() as u64, n))
+        .collect()
 }
 
 /// How a failed agent is counted: its failure's kind with the short reason

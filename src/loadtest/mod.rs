@@ -3,8 +3,10 @@
 
 mod bare;
 mod collect;
+mod endpoint;
 mod report;
 mod shaped;
+pub mod threshold;
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -17,8 +19,12 @@ use arbor_actors::{AgentStatus, AgentTemplate, Model};
 use arbor_supervisor::{Catalog, Retain, StartRequest, Supervisor, TreeLimits};
 
 pub use bare::{BareKind, BareRun, Pacing, UnknownBareKind, run_bare};
-pub use collect::{Answers, Collector, Measured, Percentiles, TokenFigures};
-pub use report::{BaselineMemory, BaselineReport, LoadReport, cpu_time, write_plot};
+pub use collect::{Answers, Collector, Measured, Percentiles, Point, Timeline, TokenFigures};
+pub use endpoint::{EndpointFigures, EndpointStats, request_failure_kind};
+pub use report::{
+    BaselineMemory, BaselineReport, LoadReport, Spread, cpu_time, human_us, human_us_f64, unit_for,
+    write_plot,
+};
 use shaped::ShapedModel;
 
 /// The documented range of each load-test option that no config key has
@@ -216,13 +222,30 @@ impl LoadOptions {
     ///
     /// The store file cannot be opened, or the catalog is invalid.
     pub fn supervisor(&self) -> Result<Supervisor, arbor_supervisor::Error> {
+        self.supervisor_recording(Arc::default())
+    }
+
+    /// [`supervisor`](Self::supervisor), its endpoint's requests (with
+    /// `model`) recorded in `endpoint` (a [`Collector`]'s, for its report).
+    ///
+    /// # Errors
+    ///
+    /// The store file cannot be opened, or the catalog is invalid.
+    pub fn supervisor_recording(
+        &self,
+        endpoint: Arc<EndpointStats>,
+    ) -> Result<Supervisor, arbor_supervisor::Error> {
         let model: Arc<dyn Model> = match &self.model {
-            Some(endpoint) => {
+            Some(model) => {
                 let planner = LoadOptions {
                     latency: Latency::Fixed(Duration::ZERO),
                     ..self.clone()
                 };
-                Arc::new(ShapedModel::new(planner.simulated(), endpoint.clone()))
+                Arc::new(ShapedModel::new(
+                    planner.simulated(),
+                    model.clone(),
+                    endpoint,
+                ))
             }
             None => Arc::new(self.simulated()),
         };

@@ -39,6 +39,8 @@ pub fn human_us_f64(us: f64) -> String {
 pub struct LoadReport {
     /// The id of the tree that ran.
     pub tree_id: String,
+    /// What ran, in a line: the shape and the parameters (the plot's title).
+    pub title: String,
     /// Children per level, as in [`LoadOptions::shape`].
     pub shape: Vec<usize>,
     /// Messages the root started with.
@@ -114,8 +116,9 @@ impl LoadReport {
         let peak = peak_rss_bytes().unwrap_or(0);
         let live_max = c.live_max.load(Ordering::Acquire);
         let alive_max = c.alive_max.load(Ordering::Acquire);
-        let measured = c.measured();
+        let measured = c.measured(options.model.is_some());
         LoadReport {
+            title: title(options),
             tree_id,
             shape: options.shape.clone(),
             history: options.history,
@@ -218,12 +221,41 @@ impl LoadReport {
                 None => "off".into(),
             },
         );
-        if endpoint {
-            let s = &self.measured.step_latency_us;
+        if let Some(e) = self.measured.endpoint.as_ref().filter(|_| endpoint) {
             let f = &self.measured.ttft_us;
             row(
-                "model latency p50/p99",
-                format!("{} / {}", human_us(s.p50), human_us(s.p99)),
+                "endpoint requests",
+                format!(
+                    "{} ({} answered, {} failed: {:.1}%)",
+                    e.requests,
+                    e.answered,
+                    e.failed,
+                    e.error_rate() * 100.0
+                ),
+            );
+            // The endpoint's answered requests only: not the steps the load
+            // generator plans itself, and a failure is counted below, not
+            // left out.
+            let l = &e.latency_us;
+            row(
+                "request p50/p90/p99/max",
+                if l.count == 0 {
+                    "none answered".to_owned()
+                } else {
+                    [l.p50, l.p90, l.p99, l.max].map(human_us).join(" / ")
+                },
+            );
+            row(
+                "request failures",
+                if e.failures.is_empty() {
+                    "none".to_owned()
+                } else {
+                    e.failures
+                        .iter()
+                        .map(|(k, n)| format!("{k}: {n}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                },
             );
             // Only streamed replies have a first token: nothing to show otherwise.
             if f.count > 0 {
@@ -242,6 +274,126 @@ impl LoadReport {
         );
         row("errors", kinds(&self.measured.errors));
         t
+    }
+}
+
+impl LoadReport {
+    /// The figures `--threshold`s read: with an endpoint its requests'
+    /// latency and failures, else spawn→reply and the agents that failed.
+    pub fn observed(&self) -> super::threshold::Observed {
+        let ended = self.agents_finished + self.agents_failed + self.agents_cancelled;
+        let throughput = if self.wall_secs > 0.0 {
+            ended as f64 / self.wall_secs
+        } else {
+            0.0
+        };
+        let (p, error_rate, failures) = match &self.measured.endpoint {
+            Some(e) => (&e.latency_us, e.error_rate(), e.failed),
+            None => (
+                &self.measured.spawn_to_reply_us,
+                if ended > 0 {
+                    self.agents_failed as f64 / ended as f64
+                } else {
+                    0.0
+                },
+                self.agents_failed,
+            ),
+        };
+        super::threshold::Observed {
+            latency_us: [p.p50, p.p90, p.p95, p.p99, p.max],
+            error_rate,
+            failures,
+            throughput,
+        }
+    }
+}
+
+/// The report's title: the shape and the parameters the tree ran with.
+fn title(o: &LoadOptions) -> String {
+    use arbor_actors::models::Latency;
+    let shape: Vec<String> = o.shape.iter().map(usize::to_string).collect();
+    let mut t = format!("shape {} ({} agents)", shape.join(","), o.agents());
+    if let Some(model) = &o.model {
+        let _ = write!(t, ", model {}", model.name());
+    } else {
+        let latency = match o.latency {
+            Latency::Fixed(d) => human_us(d.as_micros() as u64),
+            Latency::LogNormal { median, sigma } => {
+                format!(
+                    "lognormal {} σ {sigma}",
+                    human_us(median.as_micros() as u64)
+                )
+            }
+        };
+        let _ = write!(t, ", latency {latency}, {} reply tokens", o.reply_tokens);
+    }
+    match o.max_live {
+        Some(n) => {
+            let _ = write!(t, ", max live {n}");
+        }
+        None => t.push_str(", no live cap"),
+    }
+    if o.history > 0 {
+        let _ = write!(t, ", history {}×{} B", o.history, o.msg_bytes);
+    }
+    t
+}
+
+/// The spread of one figure over the runs of `--repeat`: the median, the
+/// smallest and largest, and the standard deviation (of the sample).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Spread {
+    /// The median (of an even count, the mean of the middle two).
+    pub median: f64,
+    /// The smallest.
+    pub min: f64,
+    /// The largest.
+    pub max: f64,
+    /// The sample standard deviation (0 for one run).
+    pub stdev: f64,
+    /// How many runs.
+    pub runs: usize,
+}
+
+impl Spread {
+    /// The spread of `values` (`None` when there are none).
+    pub fn of(values: &[f64]) -> Option<Spread> {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        let mean = v.iter().sum::<f64>() / n as f64;
+        let stdev = if n > 1 {
+            (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+        } else {
+            0.0
+        };
+        Some(Spread {
+            median,
+            min: v[0],
+            max: v[n - 1],
+            stdev,
+            runs: n,
+        })
+    }
+
+    /// `median M (min–max A–B, stdev S)`, each figure written by `unit`.
+    pub fn show(&self, unit: impl Fn(f64) -> String) -> String {
+        format!(
+            "median {} ({}–{}, stdev {})",
+            unit(self.median),
+            unit(self.min),
+            unit(self.max),
+            unit(self.stdev)
+        )
     }
 }
 
@@ -373,10 +525,10 @@ impl BaselineReport {
     }
 
     /// Arbor's row above the baselines' [`ratio_row`](Self::ratio_row)s:
-    /// its best wall and CPU time per agent (µs) over `runs` runs.
+    /// its median wall and CPU time per agent (µs) over `runs` runs.
     pub fn arbor_row(arbor: (f64, f64), runs: usize) -> String {
         format!(
-            "  {:<28} {} wall, {} CPU per agent (best of {runs})\n",
+            "  {:<28} {} wall, {} CPU per agent (median of {runs})\n",
             "Arbor",
             human_us_f64(arbor.0),
             human_us_f64(arbor.1),
@@ -450,68 +602,161 @@ pub fn peak_rss_bytes() -> Option<u64> {
     status_kb("VmHWM:")
 }
 
-/// Draws live agents over time and the spawn→reply latency distribution.
+/// The unit a span of up to `max_us` microseconds reads best in, and its
+/// size in µs: `µs` under a millisecond, `ms` under a second, else `s`.
+pub fn unit_for(max_us: f64) -> (&'static str, f64) {
+    if max_us < 1e3 {
+        ("µs", 1.0)
+    } else if max_us < 1e6 {
+        ("ms", 1e3)
+    } else {
+        ("s", 1e6)
+    }
+}
+
+/// Agents ended per second over `timeline`, in up to `windows` equal
+/// windows: `(window's end, ms; rate)`.
+pub fn throughput(timeline: &[super::collect::Point], windows: usize) -> Vec<(f64, f64)> {
+    let Some(last) = timeline.last() else {
+        return Vec::new();
+    };
+    let t_max = last.t_ms.max(1.0);
+    let width = t_max / windows.max(1) as f64;
+    // Agents ended by time `t`: the last point at or before it.
+    let ended_by = |t: f64| {
+        let i = timeline.partition_point(|p| p.t_ms <= t);
+        if i == 0 { 0 } else { timeline[i - 1].ended }
+    };
+    (1..=windows.max(1))
+        .map(|k| {
+            let (from, to) = ((k - 1) as f64 * width, k as f64 * width);
+            let ended = ended_by(to).saturating_sub(ended_by(from));
+            (to, ended as f64 / (width / 1e3))
+        })
+        .collect()
+}
+
+/// Draws, under a title naming the shape and parameters: live agents over
+/// time (a point per event, so no peak is missed), agents ended per second
+/// over time, and the latency distribution (the endpoint's requests with
+/// `--model`, else spawn→reply), each axis in the unit that reads best.
 pub fn write_plot(report: &LoadReport, path: &Path) -> Result<(), String> {
     use plotters::prelude::*;
 
     let err = |e: &dyn std::fmt::Display| format!("cannot draw {}: {e}", path.display());
-    let root = SVGBackend::new(path, (1000, 800)).into_drawing_area();
+    let root = SVGBackend::new(path, (1000, 1150)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
-    let (top, bottom) = root.split_vertically(400);
+    let root = root
+        .titled(
+            &format!("arbor loadtest: {}", report.title),
+            ("sans-serif", 20),
+        )
+        .map_err(|e| err(&e))?;
+    let areas = root.split_evenly((3, 1));
 
     let timeline = &report.measured.timeline;
-    let t_max = timeline.last().map(|(t, _)| *t).unwrap_or(1.0).max(1.0);
-    let live_max = timeline.iter().map(|(_, l)| *l).max().unwrap_or(1).max(1);
-    let mut chart = ChartBuilder::on(&top)
-        .caption("live agents over time", ("sans-serif", 20))
+    let t_max_ms = timeline.last().map(|p| p.t_ms).unwrap_or(1.0).max(1.0);
+    let (t_unit, t_scale) = unit_for(t_max_ms * 1e3);
+    let t_of = |ms: f64| ms * 1e3 / t_scale;
+    let t_desc = format!("time since start ({t_unit})");
+
+    // Live agents over time.
+    let live_max = timeline.iter().map(|p| p.live).max().unwrap_or(1).max(1);
+    let mut chart = ChartBuilder::on(&areas[0])
+        .caption("live agents over time", ("sans-serif", 18))
         .margin(15)
         .x_label_area_size(35)
         .y_label_area_size(60)
-        .build_cartesian_2d(0f64..t_max, 0i64..live_max + live_max / 10 + 1)
+        .build_cartesian_2d(0f64..t_of(t_max_ms), 0i64..live_max + live_max / 10 + 1)
         .map_err(|e| err(&e))?;
     chart
         .configure_mesh()
-        .x_desc("ms since start")
+        .x_desc(t_desc.as_str())
         .y_desc("live agents")
         .draw()
         .map_err(|e| err(&e))?;
+    // A step line: the count holds until the next point.
+    let steps = timeline
+        .windows(2)
+        .flat_map(|w| [(t_of(w[0].t_ms), w[0].live), (t_of(w[1].t_ms), w[0].live)]);
+    let steps: Vec<(f64, i64)> = steps
+        .chain(timeline.last().map(|p| (t_of(p.t_ms), p.live)))
+        .collect();
     chart
-        .draw_series(LineSeries::new(timeline.iter().copied(), &BLUE))
+        .draw_series(LineSeries::new(steps, &BLUE))
         .map_err(|e| err(&e))?;
 
-    let p = &report.measured.spawn_to_reply_us;
-    let bars = [
-        ("p50", p.p50),
-        ("p90", p.p90),
-        ("p99", p.p99),
-        ("max", p.max),
-    ];
-    let y_max = bars.iter().map(|(_, v)| *v).max().unwrap_or(1).max(1);
-    let mut chart = ChartBuilder::on(&bottom)
-        .caption("spawn→reply latency (µs)", ("sans-serif", 20))
+    // Throughput over time.
+    let rates = throughput(timeline, 60);
+    let rate_max = rates.iter().map(|(_, r)| *r).fold(0.0, f64::max).max(1.0);
+    let mut chart = ChartBuilder::on(&areas[1])
+        .caption("throughput: agents ended per second", ("sans-serif", 18))
         .margin(15)
         .x_label_area_size(35)
-        .y_label_area_size(80)
-        .build_cartesian_2d((0u32..3u32).into_segmented(), 0u64..y_max + y_max / 10 + 1)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..t_of(t_max_ms), 0f64..rate_max * 1.1)
         .map_err(|e| err(&e))?;
     chart
         .configure_mesh()
+        .x_desc(t_desc.as_str())
+        .y_desc("agents/s")
+        .draw()
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series(LineSeries::new(
+            rates.iter().map(|(t, r)| (t_of(*t), *r)),
+            &RED,
+        ))
+        .map_err(|e| err(&e))?;
+
+    // The latency distribution.
+    let buckets = &report.measured.latency_distribution;
+    let what = if report.measured.endpoint.is_some() {
+        "request latency"
+    } else {
+        "spawn→reply latency"
+    };
+    let top = buckets.last().map(|b| b.0).unwrap_or(1) as f64;
+    let (l_unit, l_scale) = unit_for(top);
+    let count_max = buckets.iter().map(|b| b.1).max().unwrap_or(1).max(1);
+    let n = buckets.len().max(1) as u32;
+    let mut chart = ChartBuilder::on(&areas[2])
+        .caption(
+            format!("{what} distribution ({l_unit})"),
+            ("sans-serif", 18),
+        )
+        .margin(15)
+        .x_label_area_size(35)
+        .y_label_area_size(60)
+        .build_cartesian_2d(
+            (0u32..n).into_segmented(),
+            0u64..count_max + count_max / 10 + 1,
+        )
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_labels(10)
         .x_label_formatter(&|x| match x {
-            SegmentValue::CenterOf(i) => bars
+            SegmentValue::CenterOf(i) => buckets
                 .get(*i as usize)
-                .map(|b| b.0.to_owned())
+                .map(|b| format!("{:.3}", b.0 as f64 / l_scale))
+                .map(|t| {
+                    let t = t.trim_end_matches('0').trim_end_matches('.');
+                    format!("≤{t}")
+                })
                 .unwrap_or_default(),
             _ => String::new(),
         })
-        .y_desc("µs")
+        .x_desc(format!("{what} ({l_unit})"))
+        .y_desc("count")
         .draw()
         .map_err(|e| err(&e))?;
     chart
         .draw_series(
             Histogram::vertical(&chart)
                 .style(BLUE.mix(0.6).filled())
-                .margin(20)
-                .data(bars.iter().enumerate().map(|(i, (_, v))| (i as u32, *v))),
+                .margin(2)
+                .data(buckets.iter().enumerate().map(|(i, b)| (i as u32, b.1))),
         )
         .map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;
@@ -528,6 +773,59 @@ pub(super) fn store_bytes(path: &std::path::Path) -> u64 {
 
 #[cfg(test)]
 mod unit_tests {
+    #[test]
+    fn the_spread_of_repeated_runs_is_their_median_range_and_stdev() {
+        use super::Spread;
+        let s = Spread::of(&[3.0, 1.0, 2.0, 10.0]).unwrap();
+        assert_eq!((s.median, s.min, s.max, s.runs), (2.5, 1.0, 10.0, 4));
+        assert!((s.stdev - 4.0825).abs() < 1e-3, "{s:?}");
+        assert_eq!(
+            s.show(|v| format!("{v:.1}")),
+            "median 2.5 (1.0–10.0, stdev 4.1)"
+        );
+        assert_eq!(Spread::of(&[7.0]).unwrap().stdev, 0.0);
+        assert!(Spread::of(&[]).is_none());
+    }
+
+    #[test]
+    fn plot_axes_take_the_unit_that_reads_best() {
+        use super::unit_for;
+        assert_eq!(unit_for(800.0), ("µs", 1.0));
+        // Not µs up to 800,000.
+        assert_eq!(unit_for(800_000.0), ("ms", 1e3));
+        assert_eq!(unit_for(44_000_000.0), ("s", 1e6));
+    }
+
+    #[test]
+    fn throughput_over_time_is_agents_ended_per_second_of_each_window() {
+        use super::super::collect::Point;
+        use super::throughput;
+        let p = |t_ms: f64, ended: u64| Point {
+            t_ms,
+            live: 0,
+            ended,
+        };
+        // 10 ended in the first second, 30 in the second.
+        let rates = throughput(&[p(0.0, 0), p(1000.0, 10), p(2000.0, 40)], 2);
+        assert_eq!(rates, [(1000.0, 10.0), (2000.0, 30.0)]);
+        assert!(throughput(&[], 10).is_empty());
+    }
+
+    #[test]
+    fn the_timeline_keeps_every_peak_within_its_bound() {
+        use super::super::collect::Timeline;
+        let mut t = Timeline::default();
+        for i in 0..100_000u64 {
+            // A peak of 90 once, 1 otherwise.
+            let live = if i == 54_321 { 90 } else { 1 };
+            t.record(i as f64 * 0.3, live, i);
+        }
+        assert!(t.points().len() <= Timeline::MOST, "{}", t.points().len());
+        assert!(t.points().len() > Timeline::MOST / 4);
+        assert_eq!(t.points().iter().map(|p| p.live).max(), Some(90));
+        assert_eq!(t.points().last().map(|p| p.ended), Some(99_999));
+    }
+
     use super::super::collect::Answers;
     use super::{TokenFigures, human_us, human_us_f64, tokens_per_sec};
 
@@ -616,7 +914,7 @@ mod unit_tests {
         );
         let arbor = BaselineReport::arbor_row((4.744, 3.2), 3);
         assert!(
-            arbor.contains("4.74 µs wall, 3.20 µs CPU per agent (best of 3)"),
+            arbor.contains("4.74 µs wall, 3.20 µs CPU per agent (median of 3)"),
             "{arbor}"
         );
     }

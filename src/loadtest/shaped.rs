@@ -2,8 +2,17 @@
 //! simulated model (which decides the spawns), every answer comes from the
 //! endpoint, with the agent's real, growing history. A reply that reports no
 //! usage gets estimated counts (`Usage::estimated`), marked as estimates.
+//! Each request to the endpoint is timed and its outcome counted
+//! ([`EndpointStats`]); the steps planned locally are not requests.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arbor_actors::Delta;
+use arbor_actors::sync::LockExt;
+
+use super::collect::error_kind;
+use super::endpoint::EndpointStats;
 
 use arbor_actors::models::SimulatedModel;
 use arbor_actors::{DeltaSink, Model, ModelError, ModelRequest, ModelResponse, Usage, UsageSource};
@@ -16,13 +25,23 @@ use async_trait::async_trait;
 pub(crate) struct ShapedModel {
     shape: SimulatedModel,
     endpoint: Arc<dyn Model>,
+    stats: Arc<EndpointStats>,
 }
 
 impl ShapedModel {
     /// Plans with `shape` (give it zero latency: the endpoint's is the one
-    /// measured) and answers with `endpoint`.
-    pub(crate) fn new(shape: SimulatedModel, endpoint: Arc<dyn Model>) -> Self {
-        ShapedModel { shape, endpoint }
+    /// measured) and answers with `endpoint`, recording each of its
+    /// requests in `stats`.
+    pub(crate) fn new(
+        shape: SimulatedModel,
+        endpoint: Arc<dyn Model>,
+        stats: Arc<EndpointStats>,
+    ) -> Self {
+        ShapedModel {
+            shape,
+            endpoint,
+            stats,
+        }
     }
 }
 
@@ -48,7 +67,29 @@ impl Model for ShapedModel {
         }
         let mut real = request;
         real.tools = Default::default();
-        let mut response = self.endpoint.complete(real.clone(), deltas).await?;
+        // Each HTTP request is timed: the client retries a failed one itself
+        // and says so with a `Retry` delta, which ends that request (counted
+        // as failed, by the kind its reason names) and starts the next after
+        // the delay.
+        let attempt = Arc::new(Mutex::new(Instant::now()));
+        let sink: DeltaSink = {
+            let (attempt, stats) = (attempt.clone(), self.stats.clone());
+            Arc::new(move |delta| {
+                if let Delta::Retry {
+                    delay_ms, reason, ..
+                } = &delta
+                {
+                    let mut at = attempt.locked();
+                    stats.record_retried(*at, error_kind(reason));
+                    *at = Instant::now() + Duration::from_millis(*delay_ms);
+                }
+                deltas(delta);
+            })
+        };
+        let outcome = self.endpoint.complete(real.clone(), sink).await;
+        let start = *attempt.locked();
+        self.stats.record(start, &outcome);
+        let mut response = outcome?;
         if response.usage.source == UsageSource::Absent {
             response.usage = Usage::estimated(&real, &response.message);
         }
@@ -91,7 +132,7 @@ mod tests {
                 ..SimulatedConfig::default()
             },
         );
-        let model = ShapedModel::new(shape, Arc::new(Fixed(usage)));
+        let model = ShapedModel::new(shape, Arc::new(Fixed(usage)), Arc::default());
         let request = ModelRequest {
             system_prompt: "".into(),
             messages: [Message::user("a prompt of some thirty-odd bytes")]

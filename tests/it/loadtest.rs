@@ -152,7 +152,10 @@ fn loadtest_f10_d4_prints_the_table_and_progress_and_writes_json_and_svg() {
             text.trim().to_owned()
         })
         .collect();
-    for caption in ["live agents over time", "spawn→reply latency (µs)"] {
+    for caption in [
+        "live agents over time",
+        "throughput: agents ended per second",
+    ] {
         assert!(
             texts.iter().any(|t| t == caption),
             "no text {caption:?} in {texts:?}"
@@ -435,6 +438,14 @@ model = "fake"
     );
     assert_eq!((requests, throttled), (16, 3), "{json:#}");
     assert_eq!(server.not_streamed.load(Ordering::SeqCst), 0);
+    // The report's requests are the endpoint's, each 429 counted by kind.
+    assert_eq!(json["endpoint"]["requests"], 16, "{json:#}");
+    assert_eq!(json["endpoint"]["answered"], 13, "{json:#}");
+    assert_eq!(
+        json["endpoint"]["failures"],
+        json!({"http 429": 3}),
+        "{json:#}"
+    );
 
     assert_eq!(json["retries"], json!(throttled), "{json:#}");
     assert_eq!(
@@ -855,8 +866,8 @@ model = "nousage"
 
     let rows = table_rows(&stdout);
     // Not streamed: there is no first token to time, so no TTFT row (it
-    // once read 0.0 ms); the model's latency is still there.
-    assert!(rows.contains_key("model latency p50/p99"), "{stdout}");
+    // once read 0.0 ms); the endpoint's request latency is still there.
+    assert!(rows.contains_key("request p50/p90/p99/max"), "{stdout}");
     assert!(
         !stdout.to_lowercase().contains("first token") && !stdout.contains("TTFT"),
         "{stdout}"
@@ -917,9 +928,9 @@ fn every_baseline_kind_runs_and_the_report_names_it_with_arbors_ratio() {
     let rows = table_rows(&stdout);
     let cpu = rows["CPU"].split_once(" (").unwrap().1;
     assert!(human(cpu.strip_suffix(" per agent)").unwrap()), "{stdout}");
-    // `X wall, Y CPU per agent (best of 1)`, each in human units.
+    // `X wall, Y CPU per agent (median of 1)`, each in human units.
     let arbor = rows["Arbor"]
-        .strip_suffix(" CPU per agent (best of 1)")
+        .strip_suffix(" CPU per agent (median of 1)")
         .unwrap_or_else(|| panic!("{stdout}"));
     let (wall, cpu) = arbor.split_once(" wall, ").unwrap();
     assert!(human(wall) && human(cpu), "{stdout}");
