@@ -16,9 +16,20 @@ use arbor_actors::{AgentState, Event, EventKind};
 pub struct TreeRenderer {
     started: HashMap<String, (u64, usize)>,
     tokens: HashMap<String, u64>,
+    /// The tree is not stored: `arbor budget` cannot reach it.
+    unstored: bool,
 }
 
 impl TreeRenderer {
+    /// A renderer for a tree that is not stored (`arbor run --no-store`):
+    /// a budget pause says that nothing can raise it.
+    pub fn unstored() -> Self {
+        TreeRenderer {
+            unstored: true,
+            ..TreeRenderer::default()
+        }
+    }
+
     /// The line for `event`, if it is one the tree view shows.
     pub fn line(&mut self, event: &Event) -> Option<String> {
         match &event.kind {
@@ -91,6 +102,11 @@ impl TreeRenderer {
                     arbor_actors::approval::Decision::Deny { reason } =>
                         format!("denied ({reason})"),
                 }
+            )),
+            EventKind::BudgetReached { limit } if self.unstored => Some(format!(
+                "  ‖ {} paused: {limit} (the tree is not stored, so no arbor budget can raise it: \
+                 Ctrl-C stops it)",
+                short(event)
             )),
             EventKind::BudgetReached { limit } => Some(format!(
                 "  ‖ {} paused: {limit} (arbor budget {} {} N raises it)",

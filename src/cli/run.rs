@@ -366,7 +366,11 @@ async fn follow_tree(
     let held = Held::default();
     let printing = held.clone();
     let printer = tokio::spawn(async move {
-        let mut renderer = TreeRenderer::default();
+        let mut renderer = if stored {
+            TreeRenderer::default()
+        } else {
+            TreeRenderer::unstored()
+        };
         while let Some(event) = events.recv().await {
             if let EventKind::ApprovalRequested {
                 tool_call_id,

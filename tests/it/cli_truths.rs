@@ -838,3 +838,21 @@ fn ctrl_c_on_a_queued_follow_up_takes_it_out_of_the_queue() {
     assert_eq!(state["runId"], "tq/0~1", "{}", text(&out.stderr));
     assert_eq!(state["finalText"], "three");
 }
+
+#[test]
+fn a_budget_pause_of_an_unstored_run_does_not_point_at_arbor_budget() {
+    let config = CONFIG.replace("max_steps = 5", "max_steps = 1");
+    let steps = json!([
+        {"toolCalls": [{"name": "echo", "input": {"word": "hi"}}]},
+        {"text": "never reached"}
+    ]);
+    let dir = scene(&config, steps);
+    let (mut run, mut stderr) = spawn(dir.path(), &["run", "--no-store", "go"]);
+    let paused = stderr
+        .wait_for(GUARD, |l| l.contains("paused"))
+        .expect("the lead never paused on its budget");
+    assert!(paused.contains("the tree is not stored"), "{paused}");
+    assert!(!paused.contains("arbor budget t"), "{paused}");
+    signal(&run, nix::sys::signal::Signal::SIGINT);
+    assert_eq!(wait_exit(&mut run, GUARD).code(), Some(130));
+}
