@@ -947,6 +947,64 @@ fn a_copied_tree_keeps_the_turns_queued_for_it() {
     assert_eq!(what(&back), original);
 }
 
+/// A supervisor whose `chat` agent answers a first turn and a turn asked
+/// "second question".
+fn chat(store: Arc<dyn Store>) -> Supervisor {
+    let model = scripted(json!({"replies": [
+        {"agent": "chat", "prompt": "second", "steps": [{"text": "second answer"}]},
+        {"agent": "chat", "steps": [{"text": "first answer"}]}
+    ]}));
+    let catalog = Catalog::builder()
+        .model(model as Arc<dyn Model>)
+        .template(template("chat"))
+        .build()
+        .unwrap();
+    Supervisor::new(catalog, TreeLimits::default())
+        .with_store(store)
+        .unwrap()
+}
+
+both_backends! {
+    /// Issue 33: a process that died between claiming an ended tree for its
+    /// queued turn and writing that turn's first record left the tree
+    /// running under a dead owner with its last turn ended. The process that
+    /// adopts it ends it again, and the turn, still queued, runs.
+    fn a_queued_turn_claimed_by_a_process_that_died_before_starting_it_still_runs(backend) {
+        let place = backend.fresh();
+        runtime().block_on(async {
+            let sup = chat(place.open());
+            finish(sup.start(request("chat", "first question")).await.unwrap()).await;
+            sup.flush().await.unwrap();
+        });
+        let store = place.open();
+        store.queue_turn("t", "second question", None, 16).unwrap();
+        // The process that takes the turn dies before its run starts.
+        assert!(store.take_turn("t", None).unwrap().is_some());
+        abandon(&place, "t");
+        runtime().block_on(async {
+            let sup = chat(place.open());
+            for (tree, adopted) in sup.adopt(vec!["t".to_owned()], |_| {}).await.unwrap() {
+                match adopted {
+                    Ok(handle) => drop(finish(handle).await),
+                    Err(error) => eprintln!("{tree} not adopted: {error}"),
+                }
+            }
+            sup.until_ended("t").await;
+            let (turn, handle) = sup
+                .next_turn("t", None)
+                .await
+                .unwrap()
+                .expect("the queued turn is taken");
+            assert_eq!(turn.run_id(), "t/0~1");
+            let ran = finish(handle).await;
+            assert_eq!(ran.state.run_id, "t/0~1");
+            assert_eq!(ran.state.message_history.last().unwrap().text(), "second answer");
+            sup.flush().await.unwrap();
+        });
+        assert!(place.open().queued_turns("t").unwrap().is_empty());
+    }
+}
+
 /// Two replicas on one database resuming one interrupted tree at once: one
 /// claim wins, the other is refused because the winner now runs it.
 #[test]
