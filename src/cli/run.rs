@@ -438,7 +438,8 @@ fn show_result(state: &arbor_actors::AgentState, show: Show) -> anyhow::Result<E
     } else if show.quiet || show.events {
         // The tree's last line says why when it is shown; this is the only place otherwise.
         eprintln!(
-            "error: the root agent {}: {}",
+            "error: the root agent (run {}) {}: {}",
+            state.run_id,
             state.status.as_str(),
             state.error_message().unwrap_or("no detail")
         );

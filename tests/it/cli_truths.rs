@@ -743,6 +743,17 @@ fn a_limit_message_names_the_run_it_stopped() {
             .any(|l| l.starts_with("! 0 stopped: limit max_steps reached")),
         "{said}"
     );
+    // Quiet, the one line that says why names the run too.
+    let out = arbor(
+        dir.path(),
+        &["run", "--quiet", "--tree-id", "tlimit2", "go"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("error: the root agent (run tlimit2/0) failed: limit max_steps reached"),
+        "{said}"
+    );
 }
 
 #[test]
