@@ -450,10 +450,13 @@ impl StepMachine {
         self.awaiting_model = None;
         let ModelResponse { message, usage } = response;
         if !message.is_assistant() {
-            return self.fail(Failure::new(
+            // Refused, but billed: counted as a reply not acted on.
+            let failure = Failure::new(
                 FailureKind::ModelInvalid,
                 format!("model replied with a {} message", message.role()),
-            ));
+            );
+            let billed = (!usage.is_recorded()).then_some(usage);
+            return self.model_failed(step, failure, billed);
         }
         // A durable tree records the reply as the model sent it; it is the very
         // message the history keeps unless its call ids had to be fixed.

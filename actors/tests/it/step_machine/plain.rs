@@ -574,3 +574,17 @@ fn a_reply_served_from_the_record_counts_in_the_state_but_not_in_its_event() {
     assert!(*from_record);
     assert_eq!(*usage, Usage::default());
 }
+
+#[test]
+fn a_reply_refused_as_no_assistant_message_still_counts_its_usage() {
+    let mut run = Run::solo(AgentTemplate::new("solo", "m"));
+    request(run.start());
+    finish(run.reply(Message::user("not a reply")));
+    let s = run.state();
+    assert_eq!(s.error_kind, Some(FailureKind::ModelInvalid));
+    assert_eq!(s.credits_used, 0.5);
+    let refused = run.m.take_events().iter().any(
+        |e| matches!(e, EventKind::ModelResponded { usage, refused: true, .. } if *usage == USAGE),
+    );
+    assert!(refused);
+}
