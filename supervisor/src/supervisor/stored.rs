@@ -134,11 +134,26 @@ impl Supervisor {
                         owner: owner.map(|o| o.owner).unwrap_or_default(),
                     })
                 }
-                CancelPlan::EndStored => {
-                    let epoch = store.claim(&tree_id)?;
-                    store.cancel_claimed(&tree_id, epoch, ENDED_REASON)?;
-                    Ok(CancelOutcome::Ended)
-                }
+                CancelPlan::EndStored => match store.claim(&tree_id) {
+                    Ok(epoch) => {
+                        store.cancel_claimed(&tree_id, epoch, ENDED_REASON)?;
+                        Ok(CancelOutcome::Ended)
+                    }
+                    // Taken up meanwhile (an `arbor serve` adopted it): the
+                    // cancel goes to the process that runs it now.
+                    Err(Error::NotResumable { .. }) => {
+                        // Or ended meanwhile: refused as an ended tree is.
+                        let status = store.status(&tree_id)?;
+                        plan_cancel(&tree_id, &id, &record.root_run_id, status, true)?;
+                        let owner = store.owner(&tree_id)?.map(|o| o.owner);
+                        store
+                            .post_control(&tree_id, &json!({"control": "cancel", "runId": run}))?;
+                        Ok(CancelOutcome::Posted {
+                            owner: owner.unwrap_or_default(),
+                        })
+                    }
+                    Err(error) => Err(error),
+                },
             }
         })
         .await
