@@ -239,6 +239,20 @@ fn percent_decode(text: &str) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
+/// The exporter of this process, for [`flush_before_exit`].
+static EXPORTING: std::sync::Mutex<Option<SdkTracerProvider>> = std::sync::Mutex::new(None);
+
+/// Sends the spans that have ended, for a path that ends the process without
+/// unwinding (`std::process::exit` on a signal), which would drop them;
+/// bounded (2 s), since a collector that does not answer must not hold the
+/// exit. Nothing when this process exports nothing.
+pub fn flush_before_exit() {
+    let provider = EXPORTING.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(provider) = provider {
+        let _ = provider.shutdown_with_timeout(Duration::from_secs(2));
+    }
+}
+
 /// An OTLP trace exporter. Keep it until the process ends: dropping it (or
 /// [`shutdown`](Otlp::shutdown)) sends the last spans.
 pub struct Otlp {
@@ -300,6 +314,7 @@ impl Otlp {
                     .build(),
             )
             .build();
+        *EXPORTING.lock().unwrap_or_else(|e| e.into_inner()) = Some(provider.clone());
         Ok(Otlp {
             provider,
             stopped: Default::default(),

@@ -237,6 +237,7 @@ pub(super) async fn until_signal<T>(
         _ = int.recv() => 130,
     };
     arbor::tools::reaper::kill_all();
+    arbor::telemetry::flush_before_exit();
     eprintln!("stopped by a signal; tool processes ended");
     std::process::exit(code);
 }
@@ -335,6 +336,7 @@ async fn until_stopped<T>(
 /// Ends every tool process, says `why` and exits with `code`.
 fn stop(code: i32, why: &str) -> ! {
     arbor::tools::reaper::kill_all();
+    arbor::telemetry::flush_before_exit();
     eprintln!("{why}");
     std::process::exit(code);
 }
@@ -366,11 +368,7 @@ async fn follow_tree(
     let held = Held::default();
     let printing = held.clone();
     let printer = tokio::spawn(async move {
-        let mut renderer = if stored {
-            TreeRenderer::default()
-        } else {
-            TreeRenderer::unstored()
-        };
+        let mut renderer = TreeRenderer::default();
         while let Some(event) = events.recv().await {
             if let EventKind::ApprovalRequested {
                 tool_call_id,
@@ -438,8 +436,7 @@ fn show_result(state: &arbor_actors::AgentState, show: Show) -> anyhow::Result<E
     } else if show.quiet || show.events {
         // The tree's last line says why when it is shown; this is the only place otherwise.
         eprintln!(
-            "error: the root agent (run {}) {}: {}",
-            state.run_id,
+            "error: the root agent {}: {}",
             state.status.as_str(),
             state.error_message().unwrap_or("no detail")
         );

@@ -1457,7 +1457,10 @@ mod payload {
 
     /// The fields of one event type beyond the ones every event has:
     /// (required, optional).
-    fn event_fields(t: EventType) -> (Vec<(&'static str, Value)>, Vec<(&'static str, Value)>) {
+    /// Named fields' schemas.
+    type Fields = Vec<(&'static str, Value)>;
+
+    fn event_fields(t: EventType) -> (Fields, Fields) {
         let step = ("step", count());
         let ended = || {
             (

@@ -410,3 +410,81 @@ async fn an_otlp_protocol_arbor_does_not_send_is_refused_with_the_variable_named
         "{stderr}"
     );
 }
+
+/// `arbor serve` too exports where the OpenTelemetry variables say (no
+/// `otlp_endpoint` in its config), as `OTEL_SERVICE_NAME`: it read only
+/// the config's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arbor_serve_with_only_otel_variables_exports_its_trees_as_otel_service_name() {
+    use crate::serve::{Server, TOKEN, post};
+    let dir = tempfile::tempdir().unwrap();
+    let (base, received) = receiver().await;
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        r#"
+[store]
+path = "arbor.db"
+
+[service]
+bind = "127.0.0.1:0"
+shutdown_timeout = "5s"
+
+[models.sim]
+provider = "simulated"
+fanout = 2
+depth = 1
+latency = "0"
+
+[agents.lead]
+model = "sim"
+system_prompt = "You split the work."
+spawnable_agents = ["leaf"]
+
+[agents.leaf]
+model = "sim"
+system_prompt = "You answer."
+"#,
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let traces = format!("{base}/v1/traces");
+    let mut server = Server::start_env(
+        dir.path(),
+        &["--config", &config],
+        Some(TOKEN),
+        &[
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &traces),
+            ("OTEL_SERVICE_NAME", "arbor-serve-under-test"),
+        ],
+    );
+    server.wait_for("ready");
+    let (status, created) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "lead", "prompt": "go"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let line = tokio::task::block_in_place(|| server.wait_for("tree ended"));
+    assert!(line.contains("completed"), "{line}");
+    let (status, _) = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status}");
+    assert_eq!(
+        received.service_names(),
+        HashSet::from(["arbor-serve-under-test".to_owned()])
+    );
+    let spans = received.spans();
+    let tree = spans.iter().find(|s| s.name == "tree").unwrap();
+    assert_eq!(
+        string(&tree.attributes, "arbor.tree.id").as_deref(),
+        created["treeId"].as_str()
+    );
+    let agents = spans
+        .iter()
+        .filter(|s| s.name.starts_with("invoke_agent ") && s.trace_id == tree.trace_id)
+        .count();
+    assert_eq!(agents, 3, "{spans:#?}");
+}
