@@ -368,7 +368,11 @@ async fn follow_tree(
     let held = Held::default();
     let printing = held.clone();
     let printer = tokio::spawn(async move {
-        let mut renderer = TreeRenderer::default();
+        let mut renderer = if stored {
+            TreeRenderer::default()
+        } else {
+            TreeRenderer::unstored()
+        };
         while let Some(event) = events.recv().await {
             if let EventKind::ApprovalRequested {
                 tool_call_id,
@@ -436,7 +440,8 @@ fn show_result(state: &arbor_actors::AgentState, show: Show) -> anyhow::Result<E
     } else if show.quiet || show.events {
         // The tree's last line says why when it is shown; this is the only place otherwise.
         eprintln!(
-            "error: the root agent {}: {}",
+            "error: the root agent (run {}) {}: {}",
+            state.run_id,
             state.status.as_str(),
             state.error_message().unwrap_or("no detail")
         );
