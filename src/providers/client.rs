@@ -15,7 +15,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue, USER_AGENT};
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::limiter::{Closed, Gate, Limiter};
+use super::limiter::{Closed, Gate, Limiter, Said, seconds};
 use super::observe::{RequestEvent, RequestSignal, signal};
 use super::retry::{jitter, retry_after, retryable_status};
 use super::settings::ProviderSettings;
@@ -132,18 +132,22 @@ impl HttpModel {
         // A 429 or 503 with Retry-After closes the gate for that long: the
         // server said when to come back, which overrides its buckets' resets
         // (a server may send `Retry-After: 0` beside a bucket that resets in
-        // minutes). Otherwise spent rate-limit buckets close the gate until
-        // their reset, whatever the status.
+        // minutes).
         let retry_after = retry_after(response.headers());
         let told = matches!(status.as_u16(), 429 | 503) && retry_after.is_some();
-        // Spent buckets, or buckets with no more left than the requests sent
-        // after this one (the endpoint has not counted them yet): hold new
-        // requests until enough has refilled.
-        let exhausted = self.limiter.pace(response.headers(), sent);
-        match (&self.gate, told, retry_after, exhausted) {
-            (Some(gate), true, Some(wait), _) | (Some(gate), false, _, Some(wait)) => {
-                gate.close_for(wait)
+        // The endpoint's buckets, whatever the status: new requests then go
+        // at their rate (the limiter's turns); a spent bucket whose rate is
+        // unknown closes the gate until its reset.
+        let paused = match &self.gate {
+            Some(_) => self.limiter.pace(response.headers(), sent),
+            None => None,
+        };
+        let exhausted = paused.as_ref().map(|pause| pause.wait);
+        match (&self.gate, told, retry_after, paused) {
+            (Some(gate), true, Some(wait), _) => {
+                gate.close_for(wait, Said::retry_after(response.headers()))
             }
+            (Some(gate), false, _, Some(pause)) => gate.close_for(pause.wait, pause.said),
             _ => {}
         }
         if !status.is_success() {
@@ -153,7 +157,7 @@ impl HttpModel {
                 Failure::Transient {
                     status: Some(status.as_u16()),
                     message,
-                    retry_after: retry_after.or(exhausted.filter(|_| self.gate.is_some())),
+                    retry_after: retry_after.or(exhausted),
                 }
             } else {
                 Failure::Rejected {
@@ -245,11 +249,7 @@ impl HttpModel {
     /// the request fails now rather than waiting for nothing. `reason` is the
     /// failure of the request's last attempt, if it made one.
     fn beyond_deadline(&self, closed: Closed, reason: Option<&str>, attempts: u32) -> ModelError {
-        let asked = format!(
-            "the endpoint asked to wait {}, beyond the tree's deadline in {}",
-            seconds(closed.wait),
-            seconds(closed.left)
-        );
+        let asked = closed.to_string();
         let error = ModelError::RateLimited {
             model: self.label(),
             message: match reason {
@@ -404,7 +404,11 @@ impl Model for HttpModel {
             self.wait_for_gate(deadline)
                 .await
                 .map_err(|closed| self.beyond_deadline(closed, reason.as_deref(), retry))?;
-            let admission = self.limiter.admit(estimate).await;
+            let admission = self
+                .limiter
+                .admit_before(estimate, deadline)
+                .await
+                .map_err(|closed| self.beyond_deadline(closed, reason.as_deref(), retry))?;
             self.wait_for_gate(deadline)
                 .await
                 .map_err(|closed| self.beyond_deadline(closed, reason.as_deref(), retry))?;
@@ -483,9 +487,15 @@ impl Model for HttpModel {
                     if let (Some(after), Some(deadline)) = (after, deadline)
                         && now + after > deadline
                     {
+                        // What the endpoint sent is the gate's (the reply
+                        // closed it for this wait).
+                        let said = self.gate.as_ref().and_then(|gate| gate.said());
                         let closed = Closed {
                             wait: after,
                             left: deadline.saturating_duration_since(now),
+                            said: said.unwrap_or_else(|| {
+                                Said::RetryAfter(format!("a wait of {}", seconds(after)))
+                            }),
                         };
                         return Err(self.beyond_deadline(closed, Some(&message), retry));
                     }
@@ -639,16 +649,6 @@ fn error_kind(body: &Value) -> Option<String> {
     }
 }
 
-/// A wait in seconds, as a message shows it: `30s`, `1.5s`.
-fn seconds(wait: std::time::Duration) -> String {
-    let secs = wait.as_secs_f64();
-    if (secs - secs.round()).abs() < 0.05 {
-        format!("{}s", secs.round())
-    } else {
-        format!("{secs:.1}s")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -678,13 +678,5 @@ mod tests {
         assert_eq!(error_message(&bare.to_string(), status), "nope");
         assert_eq!(error_message("", status), "Bad Request");
         assert_eq!(error_message("oops", status), "Bad Request: oops");
-    }
-
-    #[test]
-    fn waits_show_in_seconds() {
-        use std::time::Duration;
-        assert_eq!(seconds(Duration::from_secs(30)), "30s");
-        assert_eq!(seconds(Duration::from_millis(4999)), "5s");
-        assert_eq!(seconds(Duration::from_millis(1500)), "1.5s");
     }
 }

@@ -13,15 +13,21 @@
 //! not widen them.
 //!
 //! Over the limiters, one cooldown [`Gate`] per endpoint and key: when the
-//! endpoint asks to wait (a 429 or 503 with `Retry-After`, or rate-limit
-//! headers saying nothing is left until a reset), the gate closes and no
-//! request of any model on that endpoint and key is sent until it opens.
+//! endpoint asks to wait (a 429 or 503 with `Retry-After`), the gate closes
+//! for that long and no request of any model on that endpoint and key is sent
+//! until it opens.
 //!
-//! [`Limiter::pace`] reads the rate-limit headers beyond "nothing left": when
-//! what a bucket has left is no more than what is already on its way to the
-//! endpoint and not yet counted by it, the next request would find the bucket
-//! spent, so new requests wait ([`hold`], the decision) for the bucket to
-//! refill enough.
+//! [`Limiter::pace`] reads the endpoint's own buckets from the rate-limit
+//! headers of each reply. A bucket whose size is given refills at a rate the
+//! headers tell (OpenAI and Anthropic refill continuously, the reset being
+//! when the bucket is full again): the limiter keeps a copy of it, what is
+//! left less what is already on its way and not yet counted by the endpoint,
+//! and each new request waits, in turn, until its share has refilled
+//! ([`pacing`], the decision): requests go at the bucket's rate, never held
+//! for the whole bucket to refill. A bucket without its size says nothing
+//! of its rate: when it has nothing left for one more request, the gate
+//! closes until its reset. A wait that would end beyond the tree's deadline
+//! fails at once, quoting the headers the endpoint sent ([`Closed`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash as _, Hasher as _};
@@ -32,8 +38,6 @@ use arbor_actors::sync::LockExt as _;
 use reqwest::header::HeaderMap;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-
-use super::retry::{go_duration, rfc3339};
 
 /// A limiter's bounds; `None` leaves that one out.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -80,6 +84,8 @@ struct Budgets {
     requests: Bucket,
     tokens: Bucket,
     in_flight: Mutex<InFlight>,
+    /// The endpoint's buckets as its rate-limit headers gave them.
+    observed: Mutex<Observed>,
 }
 
 /// Held while a request is in flight.
@@ -114,6 +120,7 @@ impl Limiter {
                 requests: Bucket::per_minute(config.requests_per_minute),
                 tokens: Bucket::per_minute(config.tokens_per_minute),
                 in_flight: Mutex::default(),
+                observed: Mutex::default(),
             }),
         }
     }
@@ -139,16 +146,39 @@ impl Limiter {
 
     /// Waits until one more request of about `tokens` tokens may be sent.
     pub async fn admit(&self, tokens: u64) -> Admission {
+        match self.admit_before(tokens, None).await {
+            Ok(admission) => admission,
+            Err(_) => unreachable!("without a deadline, admission waits"),
+        }
+    }
+
+    /// Waits until one more request of about `tokens` tokens may be sent:
+    /// room under the configured bounds, then its turn in the endpoint's own
+    /// buckets (see [`Limiter::pace`]). `Err` at once, without waiting, when
+    /// its turn there comes beyond `deadline`.
+    pub async fn admit_before(
+        &self,
+        tokens: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Admission, Closed> {
         let budgets = &self.budgets;
         let permit = budgets.concurrent.acquire().await;
         budgets.requests.take(1.0).await;
         budgets.tokens.take(tokens as f64).await;
-        let id = budgets.in_flight.locked().admit(tokens);
-        Admission {
+        let id = match budgets.turn(tokens, deadline).await {
+            Ok(id) => id,
+            Err(closed) => {
+                if let Some(permit) = permit {
+                    budgets.concurrent.release(permit);
+                }
+                return Err(closed);
+            }
+        };
+        Ok(Admission {
             budgets: budgets.clone(),
             permit,
             id,
-        }
+        })
     }
 
     /// Corrects the token bucket once the real usage is known.
@@ -156,16 +186,21 @@ impl Limiter {
         self.budgets.tokens.adjust(estimated as f64 - actual as f64);
     }
 
-    /// How long new requests should wait, by the rate-limit headers of the
-    /// reply to a request sent at `sent` (`None`: no wait): the longest of
-    /// the buckets they give, a spent one (nothing left) until its reset,
-    /// another by [`hold`], the requests admitted after `sent` being the ones
-    /// the endpoint had not counted yet when it answered. OpenAI's
+    /// Reads the rate-limit headers of the reply to a request sent at `sent`:
+    /// the requests admitted after `sent` are the ones the endpoint had not
+    /// counted yet when it answered. Each bucket whose rate they tell
+    /// ([`pacing`]) is kept, so that new requests wait in turn for their
+    /// share ([`Limiter::admit_before`]); a bucket whose rate is unknown with
+    /// nothing left for one more request gives a wait until its reset, for
+    /// the gate (`None`: no such wait; the longest otherwise, with the
+    /// headers that said so). OpenAI's
     /// `x-ratelimit-{remaining,reset,limit}-{requests,tokens}` and Anthropic's
     /// `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-
     /// {remaining,reset,limit}`; tokens are the requests' estimates (output
-    /// tokens, unknown before the reply, wait only when spent).
-    pub fn pace(&self, headers: &HeaderMap, sent: Instant) -> Option<Duration> {
+    /// tokens, unknown before the reply, only hold requests back when none
+    /// are left). The headers of a reply to a request sent before the one
+    /// whose headers were read last are older news: not read.
+    pub fn pace(&self, headers: &HeaderMap, sent: Instant) -> Option<Pause> {
         let buckets = buckets(headers);
         if buckets.is_empty() {
             // Most replies of most endpoints: nothing to count against, so
@@ -173,28 +208,91 @@ impl Limiter {
             // under the lock every request takes, on every reply).
             return None;
         }
+        // The buckets' lock first, as a request's turn takes them.
+        let mut observed = self.budgets.observed.locked();
+        if observed.read.is_some_and(|read| read > sent) {
+            return None;
+        }
         let (requests, tokens) = self.budgets.in_flight.locked().after(sent);
-        buckets
-            .iter()
-            .filter_map(|bucket| {
-                // A spent bucket is full again at its reset.
-                if bucket.remaining <= 0.0 {
-                    return Some(bucket.reset);
+        observed.read = Some(sent);
+        let mut pause: Option<Pause> = None;
+        for bucket in &buckets {
+            let uncounted = match bucket.unit {
+                Unit::Requests => requests,
+                Unit::Tokens => tokens,
+                Unit::OutputTokens => 0.0,
+            };
+            let capacity = bucket.limit.unwrap_or(f64::INFINITY);
+            match (
+                pacing(bucket, uncounted),
+                observed.buckets.get_mut(&bucket.row),
+            ) {
+                (Pacing::Refills { per_second, left }, _) => {
+                    observed.buckets.insert(
+                        bucket.row,
+                        Mirror {
+                            unit: bucket.unit,
+                            level: Level {
+                                capacity,
+                                per_second,
+                                level: left.min(capacity),
+                                at: Instant::now(),
+                            },
+                            said: quote(headers, &BUCKET_HEADERS[bucket.row].2),
+                        },
+                    );
                 }
-                hold(
-                    bucket,
-                    match bucket.unit {
-                        Unit::Requests => requests,
-                        Unit::Tokens => tokens,
-                        Unit::OutputTokens => 0.0,
-                    },
-                )
-            })
-            .max()
+                // Its rate is known from an earlier reply: what is left now.
+                (Pacing::Left(left), Some(mirror)) => {
+                    mirror.level.level = left.min(mirror.level.capacity);
+                    mirror.level.at = Instant::now();
+                    mirror.said = quote(headers, &BUCKET_HEADERS[bucket.row].2);
+                }
+                (Pacing::Left(left), None) if left <= 0.0 => {
+                    if pause.as_ref().is_none_or(|p| p.wait < bucket.reset) {
+                        pause = Some(Pause {
+                            wait: bucket.reset,
+                            said: Said::Buckets(quote(headers, &BUCKET_HEADERS[bucket.row].2)),
+                        });
+                    }
+                }
+                (Pacing::Left(_), None) => {}
+            }
+        }
+        pause
     }
 }
 
 impl Budgets {
+    /// Waits for the turn of one more request of about `tokens` tokens in
+    /// the endpoint's buckets as last read, takes its share and counts it in
+    /// flight (its id), under the lock [`Limiter::pace`] reads them with, so
+    /// no reply is read between the two: `Err` at once when the turn comes
+    /// beyond `deadline`.
+    async fn turn(&self, tokens: u64, deadline: Option<Instant>) -> Result<u64, Closed> {
+        loop {
+            let (wait, said) = {
+                let mut observed = self.observed.locked();
+                match observed.take(tokens as f64) {
+                    Ok(()) => return Ok(self.in_flight.locked().admit(tokens)),
+                    Err(short) => short,
+                }
+            };
+            let now = Instant::now();
+            if let Some(deadline) = deadline
+                && now + wait > deadline
+            {
+                return Err(Closed {
+                    wait,
+                    left: deadline.saturating_duration_since(now),
+                    said: Said::Buckets(said),
+                });
+            }
+            // Another request may take the share first: then this waits again.
+            tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
+        }
+    }
+
     /// Tightens every bound `config` sets tighter.
     fn tighten(&self, config: &LimiterConfig) {
         let mut current = self.config.locked();
@@ -286,6 +384,17 @@ impl Level {
             level: capacity,
             at: Instant::now(),
         }
+    }
+
+    /// How long until `need` is there, at the bucket's rate (`None`: it
+    /// is there now).
+    fn wait_for(&self, need: f64) -> Option<Duration> {
+        let need = need.min(self.capacity);
+        if self.level >= need {
+            return None;
+        }
+        let secs = (need - self.level) / self.per_second;
+        Some(Duration::try_from_secs_f64(secs).map_or(LONGEST_CLOSE, |d| d.min(LONGEST_CLOSE)))
     }
 
     fn refill(&mut self) {
@@ -395,6 +504,8 @@ pub(crate) enum Unit {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Remaining {
     pub unit: Unit,
+    /// Its row in [`BUCKET_HEADERS`].
+    pub row: usize,
     /// The bucket's size (`None`: not given).
     pub limit: Option<f64>,
     /// What it has left.
@@ -403,27 +514,81 @@ pub(crate) struct Remaining {
     pub reset: Duration,
 }
 
-/// Whether, and how long, new requests wait for a bucket, `uncounted`
+/// What one bucket of a reply tells the requests to come, `uncounted`
 /// (requests, or their estimated tokens) being on their way to the endpoint
-/// and not yet counted in its `remaining`. When that leaves nothing for one
-/// more (`remaining <= uncounted`), they wait for the shortfall
-/// (`uncounted - remaining + 1`) to refill. OpenAI and Anthropic refill
-/// their buckets continuously, the reset being when the bucket is full
-/// again, so with its `limit` known a bucket refills at
-/// `(limit - remaining) / reset` and the wait is the shortfall at that rate
-/// (at most the reset); without it, the wait is the reset.
-pub(crate) fn hold(bucket: &Remaining, uncounted: f64) -> Option<Duration> {
-    if bucket.remaining > uncounted {
-        return None;
+/// and not yet counted in its `remaining`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Pacing {
+    /// It refills at `per_second`, and `left` (below 0: a debt) is what
+    /// remains for requests not yet sent: each waits until its share is
+    /// there, so requests go at the bucket's rate.
+    Refills { per_second: f64, left: f64 },
+    /// Its rate is not told (no size, or a full bucket): `left` remains.
+    Left(f64),
+}
+
+/// The decision of [`Limiter::pace`] for one bucket. OpenAI and Anthropic
+/// refill their buckets continuously, the reset being when the bucket is
+/// full again, so with its `limit` known and not reached a bucket refills at
+/// `(limit - remaining) / reset`. A spent bucket of 30 a minute, full again
+/// in 58 s, has room for the next request in 2 s, not 58.
+pub(crate) fn pacing(bucket: &Remaining, uncounted: f64) -> Pacing {
+    let left = bucket.remaining - uncounted;
+    match bucket.limit {
+        Some(limit) if limit > bucket.remaining && !bucket.reset.is_zero() => Pacing::Refills {
+            per_second: (limit - bucket.remaining) / bucket.reset.as_secs_f64(),
+            left,
+        },
+        _ => Pacing::Left(left),
     }
-    let shortfall = uncounted - bucket.remaining + 1.0;
-    let wait = match bucket.limit {
-        Some(limit) if limit > bucket.remaining => bucket
-            .reset
-            .mul_f64((shortfall / (limit - bucket.remaining)).min(1.0)),
-        _ => bucket.reset,
-    };
-    Some(wait.min(LONGEST_CLOSE))
+}
+
+/// The endpoint's buckets as last read ([`Limiter::pace`]).
+#[derive(Default)]
+struct Observed {
+    /// When the request was sent whose reply was read last.
+    read: Option<Instant>,
+    /// The buckets whose rate is known, by row of [`BUCKET_HEADERS`].
+    buckets: BTreeMap<usize, Mirror>,
+}
+
+/// A copy of one of the endpoint's buckets.
+struct Mirror {
+    unit: Unit,
+    level: Level,
+    /// The headers it was last read from, quoted.
+    said: String,
+}
+
+impl Observed {
+    /// Takes the share of one more request of about `tokens` tokens from
+    /// every bucket when each has it; otherwise how long until the one
+    /// furthest from it has it, and what its headers said.
+    fn take(&mut self, tokens: f64) -> Result<(), (Duration, String)> {
+        // (need, share): a request needs one output token left, and its
+        // output is only known once its reply is in.
+        let of = |unit: Unit| match unit {
+            Unit::Requests => (1.0, 1.0),
+            Unit::Tokens => (tokens, tokens),
+            Unit::OutputTokens => (1.0, 0.0),
+        };
+        let mut short: Option<(Duration, &str)> = None;
+        for mirror in self.buckets.values_mut() {
+            mirror.level.refill();
+            if let Some(wait) = mirror.level.wait_for(of(mirror.unit).0)
+                && short.is_none_or(|(longest, _)| longest < wait)
+            {
+                short = Some((wait, &mirror.said));
+            }
+        }
+        if let Some((wait, said)) = short {
+            return Err((wait, said.to_owned()));
+        }
+        for mirror in self.buckets.values_mut() {
+            mirror.level.level -= of(mirror.unit).1;
+        }
+        Ok(())
+    }
 }
 
 /// The buckets a reply's rate-limit headers give (each with its remaining
@@ -432,7 +597,7 @@ pub(crate) fn buckets(headers: &HeaderMap) -> Vec<Remaining> {
     let text = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
     let number = |name: &str| text(name)?.parse::<f64>().ok().filter(|n| n.is_finite());
     let mut found = Vec::new();
-    for &(unit, reset_at, [remaining, reset, limit]) in BUCKET_HEADERS {
+    for (row, &(unit, reset_at, [remaining, reset, limit])) in BUCKET_HEADERS.iter().enumerate() {
         let Some(remaining) = number(remaining) else {
             continue;
         };
@@ -446,6 +611,7 @@ pub(crate) fn buckets(headers: &HeaderMap) -> Vec<Remaining> {
         if let Some(reset) = reset {
             found.push(Remaining {
                 unit,
+                row,
                 limit: number(limit),
                 remaining,
                 reset,
@@ -453,6 +619,33 @@ pub(crate) fn buckets(headers: &HeaderMap) -> Vec<Remaining> {
         }
     }
     found
+}
+
+/// The headers of `names` the reply has, as it sent them: `name: value`,
+/// comma-separated.
+pub(crate) fn quote(headers: &HeaderMap, names: &[&str]) -> String {
+    names
+        .iter()
+        .filter_map(|name| {
+            let value = headers.get(*name)?.to_str().ok()?.trim();
+            Some(format!("{name}: {value}"))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A Go duration as OpenAI writes it (`1s`, `6m0s`, `20ms`, `1.5s`,
+/// `1h2m3.5s`), read by jiff's friendly format; `None` when it is not one
+/// or negative.
+pub(crate) fn go_duration(text: &str) -> Option<Duration> {
+    let parsed: jiff::SignedDuration = text.trim().parse().ok()?;
+    Duration::try_from(parsed).ok()
+}
+
+/// An RFC 3339 time (`2025-01-02T03:04:05.678Z`, `...+01:00`), read by jiff.
+pub(crate) fn rfc3339(text: &str) -> Option<std::time::SystemTime> {
+    let at: jiff::Timestamp = text.trim().parse().ok()?;
+    Some(std::time::SystemTime::from(at))
 }
 
 /// How a bucket's reset header is written.
@@ -560,16 +753,73 @@ fn shared<T>(
 /// to the endpoint, the ones waiting to start and the retries alike.
 #[derive(Debug, Default)]
 pub struct Gate {
-    until: Mutex<Option<Instant>>,
+    /// Until when, and what the endpoint said.
+    until: Mutex<Option<(Instant, Said)>>,
 }
 
-/// The gate stays closed beyond the request's deadline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What the endpoint sent that makes requests wait: the headers, quoted as
+/// they came (`retry-after: 2`), so an error says what the endpoint said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Said {
+    /// `Retry-After` or `retry-after-ms`: it asked to wait.
+    RetryAfter(String),
+    /// Rate-limit headers: its buckets have no room for another request
+    /// until then.
+    Buckets(String),
+}
+
+impl Said {
+    /// The `Retry-After` (and `retry-after-ms`) headers of a reply, quoted.
+    pub fn retry_after(headers: &HeaderMap) -> Said {
+        Said::RetryAfter(quote(headers, &["retry-after", "retry-after-ms"]))
+    }
+}
+
+/// A wait the rate-limit headers of a reply give, for the gate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pause {
+    pub wait: Duration,
+    pub said: Said,
+}
+
+/// The next request cannot go before the request's deadline: the gate stays
+/// closed beyond it, or its turn in the endpoint's buckets comes after it.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Closed {
-    /// How long the gate stays closed from now.
+    /// How long until the request could go, from now.
     pub wait: Duration,
     /// How long until the deadline.
     pub left: Duration,
+    /// What the endpoint sent.
+    pub said: Said,
+}
+
+impl std::fmt::Display for Closed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (wait, left) = (seconds(self.wait), seconds(self.left));
+        match &self.said {
+            Said::RetryAfter(said) => write!(
+                f,
+                "the endpoint asked to wait {wait}, beyond the tree's deadline in {left} \
+                 (it sent {said})"
+            ),
+            Said::Buckets(said) => write!(
+                f,
+                "the endpoint's rate limit has room for the next request in {wait}, beyond \
+                 the tree's deadline in {left} (it sent {said})"
+            ),
+        }
+    }
+}
+
+/// A wait in seconds, as a message shows it: `30s`, `1.5s`.
+pub(crate) fn seconds(wait: Duration) -> String {
+    let secs = wait.as_secs_f64();
+    if (secs - secs.round()).abs() < 0.05 {
+        format!("{}s", secs.round())
+    } else {
+        format!("{secs:.1}s")
+    }
 }
 
 /// The longest a gate closes for at once (a guard against a garbled header).
@@ -586,28 +836,34 @@ impl Gate {
         shared(&GATES, endpoint(base_url, key), Arc::default, |_| {})
     }
 
-    /// Closes the gate for `wait` from now (a gate already closed for longer
-    /// stays so).
-    pub fn close_for(&self, wait: Duration) {
+    /// Closes the gate for `wait` from now, because the endpoint `said` so
+    /// (a gate already closed for longer stays so).
+    pub fn close_for(&self, wait: Duration, said: Said) {
         let when = Instant::now() + wait.min(LONGEST_CLOSE);
         let mut until = self.until.locked();
-        if until.is_none_or(|u| u < when) {
-            *until = Some(when);
+        if until.as_ref().is_none_or(|(u, _)| *u < when) {
+            *until = Some((when, said));
         }
     }
 
-    /// How long the gate stays closed (`None`: it is open).
-    pub fn closed_for(&self) -> Option<Duration> {
-        let until = (*self.until.locked())?;
+    /// How long the gate stays closed, and why (`None`: it is open).
+    fn closed(&self) -> Option<(Duration, Said)> {
+        let until = self.until.locked();
+        let (until, said) = until.as_ref()?;
         let now = Instant::now();
-        (until > now).then(|| until - now)
+        (*until > now).then(|| (*until - now, said.clone()))
+    }
+
+    /// What the endpoint said when the gate was last closed (`None`: never).
+    pub fn said(&self) -> Option<Said> {
+        Some(self.until.locked().as_ref()?.1.clone())
     }
 
     /// Waits until the gate is open. `Err` at once, without waiting, when it
     /// stays closed beyond `deadline`.
     pub async fn wait(&self, deadline: Option<Instant>) -> Result<(), Closed> {
         // A loop: the gate may close again, for longer, while this waits.
-        while let Some(wait) = self.closed_for() {
+        while let Some((wait, said)) = self.closed() {
             let now = Instant::now();
             if let Some(deadline) = deadline
                 && now + wait > deadline
@@ -615,6 +871,7 @@ impl Gate {
                 return Err(Closed {
                     wait,
                     left: deadline.saturating_duration_since(now),
+                    said,
                 });
             }
             tokio::time::sleep(wait).await;
@@ -630,7 +887,13 @@ mod tests {
 
     /// `pace` with nothing on its way: what the spent buckets alone say.
     fn spent(headers: &HeaderMap) -> Option<Duration> {
-        Limiter::new(&LimiterConfig::default()).pace(headers, Instant::now())
+        Limiter::new(&LimiterConfig::default())
+            .pace(headers, Instant::now())
+            .map(|pause| pause.wait)
+    }
+
+    fn said() -> Said {
+        Said::RetryAfter("retry-after: 1".into())
     }
 
     #[test]
@@ -760,9 +1023,9 @@ mod tests {
             Duration::ZERO,
             "an open gate does not wait"
         );
-        gate.close_for(Duration::from_secs(2));
+        gate.close_for(Duration::from_secs(2), said());
         // A shorter close does not reopen it earlier.
-        gate.close_for(Duration::from_secs(1));
+        gate.close_for(Duration::from_secs(1), said());
         let waiters: Vec<_> = (0..3)
             .map(|_| {
                 let gate = gate.clone();
@@ -775,20 +1038,20 @@ mod tests {
         for waiter in waiters {
             assert_eq!(waiter.await.unwrap() - start, Duration::from_secs(2));
         }
-        assert_eq!(gate.closed_for(), None);
+        assert_eq!(gate.closed(), None);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_gate_closed_again_while_waiting_is_waited_for_again() {
         let gate = Arc::new(Gate::default());
         let start = Instant::now();
-        gate.close_for(Duration::from_secs(1));
+        gate.close_for(Duration::from_secs(1), said());
         let waiter = tokio::spawn({
             let gate = gate.clone();
             async move { gate.wait(None).await.map(|()| Instant::now()) }
         });
         tokio::time::sleep(Duration::from_millis(500)).await;
-        gate.close_for(Duration::from_secs(3));
+        gate.close_for(Duration::from_secs(3), said());
         let opened = waiter.await.unwrap().unwrap();
         assert_eq!(opened - start, Duration::from_millis(3500));
     }
@@ -797,13 +1060,14 @@ mod tests {
     async fn a_gate_closed_beyond_the_deadline_fails_at_once() {
         let gate = Gate::default();
         let start = Instant::now();
-        gate.close_for(Duration::from_secs(10));
+        gate.close_for(Duration::from_secs(10), said());
         let deadline = start + Duration::from_secs(4);
         assert_eq!(
             gate.wait(Some(deadline)).await,
             Err(Closed {
                 wait: Duration::from_secs(10),
-                left: Duration::from_secs(4)
+                left: Duration::from_secs(4),
+                said: said(),
             })
         );
         assert_eq!(start.elapsed(), Duration::ZERO);
@@ -1029,67 +1293,273 @@ mod tests {
     fn bucket(remaining: f64, limit: Option<f64>, reset_ms: u64) -> Remaining {
         Remaining {
             unit: Unit::Requests,
+            row: 0,
             limit,
             remaining,
             reset: Duration::from_millis(reset_ms),
         }
     }
 
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, value.parse().unwrap());
+        }
+        map
+    }
+
+    /// The headers of an OpenAI-style requests bucket of `limit`, `remaining`
+    /// left, full again after `reset`.
+    fn requests_bucket(limit: &str, remaining: &str, reset: &str) -> HeaderMap {
+        headers(&[
+            ("x-ratelimit-limit-requests", limit),
+            ("x-ratelimit-remaining-requests", remaining),
+            ("x-ratelimit-reset-requests", reset),
+        ])
+    }
+
     #[test]
-    fn new_requests_wait_when_what_is_left_is_already_on_its_way() {
-        // More left than on the way: no wait.
-        assert_eq!(hold(&bucket(3.0, None, 1000), 2.0), None);
-        assert_eq!(hold(&bucket(1.0, None, 1000), 0.0), None);
-        // Just enough for those on the way, none for the next: until the reset.
+    fn a_bucket_of_known_size_refills_at_its_rate_less_what_is_on_its_way() {
+        // 30 a bucket, spent, full again in 60 s: 0.5 a second, nothing left.
         assert_eq!(
-            hold(&bucket(2.0, None, 1000), 2.0),
-            Some(Duration::from_secs(1))
+            pacing(&bucket(0.0, Some(30.0), 60_000), 0.0),
+            Pacing::Refills {
+                per_second: 0.5,
+                left: 0.0
+            }
+        );
+        // 20 left of 100, full in 8 s (10/s), 24 on their way: 4 owed.
+        assert_eq!(
+            pacing(&bucket(20.0, Some(100.0), 8000), 24.0),
+            Pacing::Refills {
+                per_second: 10.0,
+                left: -4.0
+            }
+        );
+        // Without the size, or full, the rate is not told.
+        assert_eq!(pacing(&bucket(0.0, None, 1000), 0.0), Pacing::Left(0.0));
+        assert_eq!(pacing(&bucket(3.0, None, 1000), 2.0), Pacing::Left(1.0));
+        assert_eq!(
+            pacing(&bucket(5.0, Some(5.0), 700), 9.0),
+            Pacing::Left(-4.0)
+        );
+        assert_eq!(pacing(&bucket(1.0, Some(5.0), 0), 0.0), Pacing::Left(1.0));
+    }
+
+    #[test]
+    fn the_next_request_waits_for_its_share_not_for_the_full_bucket() {
+        let level = |level: f64| Level {
+            capacity: 30.0,
+            per_second: 0.5,
+            level,
+            at: Instant::now(),
+        };
+        // Spent: one request's share comes back in 2 s (the bucket is full
+        // in 60).
+        assert_eq!(level(0.0).wait_for(1.0), Some(Duration::from_secs(2)));
+        // Owing 4: the next one is the fifth, in 10 s.
+        assert_eq!(level(-4.0).wait_for(1.0), Some(Duration::from_secs(10)));
+        assert_eq!(level(1.0).wait_for(1.0), None);
+        // A request larger than the bucket waits for a full bucket only.
+        assert_eq!(level(0.0).wait_for(100.0), Some(Duration::from_secs(60)));
+    }
+
+    /// Issue 34: an endpoint at 30 requests a minute says its bucket is
+    /// spent and full again in 58 s. The next requests go at its rate, one
+    /// every 58/30 s, none of them held for the 58 s.
+    #[tokio::test(start_paused = true)]
+    async fn a_spent_bucket_paces_at_its_rate_instead_of_waiting_for_the_full_reset() {
+        let limiter = Limiter::new(&LimiterConfig::default());
+        let start = Instant::now();
+        let spent = requests_bucket("30", "0", "58s");
+        assert_eq!(limiter.pace(&spent, start), None, "the gate stays open");
+        let mut went = Vec::new();
+        for _ in 0..3 {
+            drop(limiter.admit(0).await);
+            went.push(start.elapsed());
+        }
+        let share = Duration::from_secs(58).div_f64(30.0);
+        for (n, at) in went.iter().enumerate() {
+            let expected = share.mul_f64(n as f64 + 1.0);
+            assert!(
+                at.abs_diff(expected) < Duration::from_millis(5),
+                "request {n} went after {at:?}, not {expected:?}"
+            );
+        }
+    }
+
+    /// Waiting requests go one share apart, in turn, each counting the
+    /// share of those before it.
+    #[tokio::test(start_paused = true)]
+    async fn requests_waiting_together_go_one_share_apart() {
+        let limiter = Limiter::new(&LimiterConfig::default());
+        let start = Instant::now();
+        limiter.pace(&requests_bucket("60", "1", "59s"), start);
+        let waiting: Vec<_> = (0..4)
+            .map(|_| {
+                let limiter = limiter.clone();
+                tokio::spawn(async move {
+                    drop(limiter.admit(0).await);
+                    start.elapsed()
+                })
+            })
+            .collect();
+        let mut went = Vec::new();
+        for waiter in waiting {
+            went.push(waiter.await.unwrap());
+        }
+        went.sort();
+        let secs: Vec<u64> = went.iter().map(|at| at.as_millis() as u64 / 100).collect();
+        // One left: the first at once, then one a second.
+        assert_eq!(secs, [0, 10, 20, 30], "{went:?}");
+    }
+
+    /// A request admitted after the answered one was sent is not yet
+    /// counted by the endpoint: it owes its share.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_on_its_way_owes_its_share() {
+        let limiter = Limiter::new(&LimiterConfig::default());
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let on_its_way = limiter.admit(0).await;
+        let start = Instant::now();
+        limiter.pace(&requests_bucket("60", "1", "59s"), sent);
+        drop(limiter.admit(0).await);
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        drop(on_its_way);
+    }
+
+    /// A reply to a request sent before the one read last is older news.
+    #[tokio::test(start_paused = true)]
+    async fn the_headers_of_an_older_request_are_not_read() {
+        let limiter = Limiter::new(&LimiterConfig::default());
+        let older = Instant::now();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let newer = Instant::now();
+        limiter.pace(&requests_bucket("60", "30", "30s"), newer);
+        limiter.pace(&requests_bucket("60", "0", "60s"), older);
+        let start = Instant::now();
+        drop(limiter.admit(0).await);
+        assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+
+    /// Tokens: each request takes its estimate from the endpoint's token
+    /// bucket, and waits for it to refill.
+    #[tokio::test(start_paused = true)]
+    async fn a_token_bucket_is_taken_by_estimate() {
+        let limiter = Limiter::new(&LimiterConfig::default());
+        let tokens = headers(&[
+            ("x-ratelimit-limit-tokens", "1000"),
+            ("x-ratelimit-remaining-tokens", "150"),
+            ("x-ratelimit-reset-tokens", "8.5s"),
+        ]);
+        let start = Instant::now();
+        limiter.pace(&tokens, start);
+        drop(limiter.admit(100).await);
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        // 50 left, 100 a second: the next 100 in half a second.
+        drop(limiter.admit(100).await);
+        assert_eq!(start.elapsed(), Duration::from_millis(500));
+    }
+
+    /// A turn beyond the deadline fails at once, saying what the endpoint
+    /// sent, not that it asked to wait.
+    #[tokio::test(start_paused = true)]
+    async fn a_turn_beyond_the_deadline_fails_at_once_quoting_the_headers() {
+        let limiter = Limiter::new(&LimiterConfig::default());
+        let start = Instant::now();
+        limiter.pace(&requests_bucket("2", "0", "58s"), start);
+        let closed = match limiter
+            .admit_before(0, Some(start + Duration::from_secs(10)))
+            .await
+        {
+            Err(closed) => closed,
+            Ok(_) => panic!("admitted"),
+        };
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(
+            closed,
+            Closed {
+                wait: Duration::from_secs(29),
+                left: Duration::from_secs(10),
+                said: Said::Buckets(
+                    "x-ratelimit-remaining-requests: 0, x-ratelimit-reset-requests: 58s, \
+                     x-ratelimit-limit-requests: 2"
+                        .into()
+                ),
+            }
         );
         assert_eq!(
-            hold(&bucket(2.0, None, 1000), 5.0),
-            Some(Duration::from_secs(1))
+            closed.to_string(),
+            "the endpoint's rate limit has room for the next request in 29s, beyond the \
+             tree's deadline in 10s (it sent x-ratelimit-remaining-requests: 0, \
+             x-ratelimit-reset-requests: 58s, x-ratelimit-limit-requests: 2)"
         );
-        // Nothing left, nothing on the way: the spent bucket.
+        // A Retry-After is quoted as sent.
+        let asked = Closed {
+            wait: Duration::from_secs(2),
+            left: Duration::from_secs(1),
+            said: Said::retry_after(&headers(&[("retry-after", "2")])),
+        };
         assert_eq!(
-            hold(&bucket(0.0, None, 1000), 0.0),
-            Some(Duration::from_secs(1))
+            asked.to_string(),
+            "the endpoint asked to wait 2s, beyond the tree's deadline in 1s \
+             (it sent retry-after: 2)"
         );
     }
 
     #[test]
-    fn with_the_limit_known_the_wait_is_the_shortfalls_refill() {
-        // 100 a bucket, 0 left, full again in 10 s: it refills at 10/s, and the
-        // one more request needs 0.1 s.
+    fn waits_show_in_seconds() {
+        assert_eq!(seconds(Duration::from_secs(30)), "30s");
+        assert_eq!(seconds(Duration::from_millis(4999)), "5s");
+        assert_eq!(seconds(Duration::from_millis(1500)), "1.5s");
+    }
+
+    #[test]
+    fn go_durations_as_openai_writes_them() {
+        let ms = Duration::from_millis;
+        assert_eq!(go_duration("1s"), Some(ms(1000)));
+        assert_eq!(go_duration("6m0s"), Some(ms(360_000)));
+        assert_eq!(go_duration("20ms"), Some(ms(20)));
+        assert_eq!(go_duration("1.5s"), Some(ms(1500)));
+        assert_eq!(go_duration("1h2m3.5s"), Some(ms(3_723_500)));
+        assert_eq!(go_duration("0.25s"), Some(ms(250)));
         assert_eq!(
-            hold(&bucket(0.0, Some(100.0), 10_000), 0.0),
-            Some(Duration::from_millis(100))
+            go_duration("1500us"),
+            Some(ms(1) + Duration::from_micros(500))
         );
-        // 20 left of 100 (full in 8 s: 10/s), 24 on the way: 5 short, 0.5 s.
+        assert_eq!(go_duration("2\u{b5}s"), Some(Duration::from_micros(2)));
+        for bad in ["", "5", "s", "1x", "1.2.3s", "-1s"] {
+            assert_eq!(go_duration(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn rfc3339_times() {
+        let at = |secs: u64, nanos: u32| Some(std::time::UNIX_EPOCH + Duration::new(secs, nanos));
+        assert_eq!(rfc3339("1970-01-01T00:00:00Z"), at(0, 0));
+        assert_eq!(rfc3339("2015-10-21T07:28:00Z"), at(1_445_412_480, 0));
         assert_eq!(
-            hold(&bucket(20.0, Some(100.0), 8000), 24.0),
-            Some(Duration::from_millis(500))
+            rfc3339("2015-10-21T09:28:00.25+02:00"),
+            at(1_445_412_480, 250_000_000)
         );
-        // Never beyond the reset, whatever the shortfall.
         assert_eq!(
-            hold(&bucket(1.0, Some(10.0), 900), 1000.0),
-            Some(Duration::from_millis(900))
+            rfc3339("2024-02-29T23:59:59-00:30"),
+            at(1_709_251_199 + 1800, 0)
         );
-        // A limit no larger than what is left says nothing of the rate.
-        assert_eq!(
-            hold(&bucket(5.0, Some(5.0), 700), 9.0),
-            Some(Duration::from_millis(700))
-        );
+        for bad in [
+            "",
+            "2015-10-21",
+            "2015-10-21T07:28:00",
+            "2015-13-21T07:28:00Z",
+            "2015-10-21T07:28:00.Z",
+        ] {
+            assert_eq!(rfc3339(bad), None, "{bad}");
+        }
     }
 
     #[test]
     fn rate_limit_headers_give_each_bucket_with_its_reset() {
-        let headers = |pairs: &[(&'static str, &str)]| {
-            let mut map = HeaderMap::new();
-            for (name, value) in pairs {
-                map.insert(*name, value.parse().unwrap());
-            }
-            map
-        };
         let openai = headers(&[
             ("x-ratelimit-limit-requests", "500"),
             ("x-ratelimit-remaining-requests", "499"),
@@ -1102,12 +1572,14 @@ mod tests {
             [
                 Remaining {
                     unit: Unit::Requests,
+                    row: 0,
                     limit: Some(500.0),
                     remaining: 499.0,
                     reset: Duration::from_millis(120),
                 },
                 Remaining {
                     unit: Unit::Tokens,
+                    row: 1,
                     limit: None,
                     remaining: 1000.0,
                     reset: Duration::from_secs(360),
@@ -1137,6 +1609,7 @@ mod tests {
             found[1],
             Remaining {
                 unit: Unit::Tokens,
+                row: 4,
                 limit: None,
                 remaining: 7.0,
                 reset: Duration::ZERO,
@@ -1146,9 +1619,9 @@ mod tests {
         assert!(buckets(&headers(&[("x-ratelimit-remaining-requests", "x")])).is_empty());
     }
 
-    /// A reply says 2 requests are left: with 2 requests admitted after it was
-    /// sent (not yet counted), new ones wait for the reset; once one of
-    /// those has ended, they do not.
+    /// A reply says 2 requests are left, of a bucket of unknown size: with 2
+    /// requests admitted after it was sent (not yet counted), new ones wait
+    /// for the reset; once one of those has ended, they do not.
     #[tokio::test(start_paused = true)]
     async fn pace_counts_the_requests_admitted_after_the_answered_one_was_sent() {
         let limiter = Limiter::new(&LimiterConfig::default());
@@ -1157,20 +1630,21 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1)).await;
         let later = limiter.admit(100).await;
         let last = limiter.admit(300).await;
+        let wait = |headers: &HeaderMap| limiter.pace(headers, sent).map(|pause| pause.wait);
         let mut headers = HeaderMap::new();
         headers.insert("x-ratelimit-remaining-requests", "2".parse().unwrap());
         headers.insert("x-ratelimit-reset-requests", "1s".parse().unwrap());
-        assert_eq!(limiter.pace(&headers, sent), Some(Duration::from_secs(1)));
+        assert_eq!(wait(&headers), Some(Duration::from_secs(1)));
         drop(last);
-        assert_eq!(limiter.pace(&headers, sent), None);
+        assert_eq!(wait(&headers), None);
         // Tokens: 150 left, 100 on the way after it: enough for one more.
         headers.insert("x-ratelimit-remaining-tokens", "150".parse().unwrap());
         headers.insert("x-ratelimit-reset-tokens", "6s".parse().unwrap());
-        assert_eq!(limiter.pace(&headers, sent), None);
+        assert_eq!(wait(&headers), None);
         headers.insert("x-ratelimit-remaining-tokens", "100".parse().unwrap());
-        assert_eq!(limiter.pace(&headers, sent), Some(Duration::from_secs(6)));
+        assert_eq!(wait(&headers), Some(Duration::from_secs(6)));
         drop((answered, later));
-        assert_eq!(limiter.pace(&headers, sent), None);
+        assert_eq!(wait(&headers), None);
     }
 
     #[test]

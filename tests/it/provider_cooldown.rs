@@ -386,9 +386,11 @@ async fn every_request_says_it_is_arbor(kind: ProviderKind) {
     assert_eq!(reply.message.text(), "ok");
 }
 
-/// OpenAI: a reply with `x-ratelimit-remaining-requests: 0` closes the gate
+/// OpenAI: a reply with `x-ratelimit-remaining-requests: 0` of a bucket of
+/// unknown size (no `x-ratelimit-limit-requests`, so no rate) closes the gate
 /// until `x-ratelimit-reset-requests` (a Go duration); a spent token bucket
-/// with a reset of `6m0s` makes a request with a nearer deadline fail at once.
+/// with a reset of `6m0s` makes a request with a nearer deadline fail at
+/// once, quoting the headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_remaining_zero_closes_the_gate_until_the_reset() {
     let kind = ProviderKind::OpenAi;
@@ -425,7 +427,11 @@ async fn openai_remaining_zero_closes_the_gate_until_the_reset() {
         .expect_err("the tokens reset in 6 minutes");
     let message = error.to_string();
     assert!(
-        message.contains("the endpoint asked to wait 360s, beyond the tree's deadline in 60s"),
+        message.contains(
+            "the endpoint's rate limit has room for the next request in 360s, beyond the \
+             tree's deadline in 60s (it sent x-ratelimit-remaining-tokens: 0, \
+             x-ratelimit-reset-tokens: 6m0s)"
+        ),
         "{message}"
     );
     assert_eq!(arrivals.lock().unwrap().len(), 2);
