@@ -83,6 +83,24 @@ fn tree_line(stderr: &mut Lines) -> String {
     line.split_whitespace().nth(1).unwrap().to_owned()
 }
 
+/// Waits (bounded) until the store (the config's, or the one `store`
+/// names) lists the tree as running: its row is written after the process
+/// printed that it started it.
+fn wait_stored(dir: &Path, tree: &str, store: &[&str]) {
+    let mut args = vec!["runs", "--json"];
+    args.extend_from_slice(store);
+    let listed = crate::support::poll(GUARD, || {
+        let out = arbor(dir, &args);
+        let trees: Value = serde_json::from_slice(&out.stdout).ok()?;
+        trees
+            .as_array()?
+            .iter()
+            .any(|t| t["treeId"] == tree && t["status"] == "running")
+            .then_some(())
+    });
+    assert!(listed.is_some(), "tree {tree} was never stored as running");
+}
+
 /// `arbor args…` in `dir`, with $ARBOR_SERVER unset.
 fn arbor(dir: &Path, args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_arbor"))
@@ -121,6 +139,7 @@ fn a_tree_stopped_with_ctrl_c_is_cancelled_not_left_for_serve_to_adopt() {
     stderr
         .wait_for(GUARD, |l| l.contains("▸ lead"))
         .expect("the root never started");
+    wait_stored(dir.path(), &tree, &[]);
     signal(&run, nix::sys::signal::Signal::SIGINT);
     let code = wait_exit(&mut run, GUARD).code();
     let said = stderr.rest();
@@ -175,6 +194,7 @@ fn cancel_an_interrupted_tree(store: &[&str]) {
     stderr
         .wait_for(GUARD, |l| l.contains("▸ lead"))
         .expect("the root never started");
+    wait_stored(dir.path(), &tree, store);
     signal(&run, nix::sys::signal::Signal::SIGKILL);
     wait_exit(&mut run, GUARD);
     let status = |dir: &Path| {
@@ -214,6 +234,7 @@ fn arbor_cancel_on_the_store_stops_a_tree_that_arbor_run_runs() {
     stderr
         .wait_for(GUARD, |l| l.contains("▸ lead"))
         .expect("the root never started");
+    wait_stored(dir.path(), &tree, &[]);
     let out = arbor(dir.path(), &["cancel", &tree]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), format!("{tree}: cancelled"));
@@ -292,6 +313,7 @@ fn a_budget_pause_in_arbor_run_is_raised_by_arbor_budget_as_it_says() {
         .wait_for(GUARD, |l| l.contains("paused"))
         .expect("the lead never paused on its budget");
     assert!(paused.contains(&format!("arbor budget {tree}")), "{paused}");
+    wait_stored(dir.path(), &tree, &[]);
     let out = arbor(dir.path(), &["budget", &tree, "--add-steps", "1"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
@@ -562,9 +584,13 @@ fn a_tree_paused_on_its_budget_shows_paused_in_tree_and_runs_not_running() {
     stderr
         .wait_for(GUARD, |l| l.contains("paused"))
         .expect("the lead never paused on its budget");
-    let shown = arbor(dir.path(), &["tree", &tree]);
-    assert!(shown.status.success(), "{}", text(&shown.stderr));
-    let shown = text(&shown.stdout);
+    // Once its budgetReached is stored.
+    let shown = crate::support::poll(GUARD, || {
+        let out = arbor(dir.path(), &["tree", &tree]);
+        let shown = text(&out.stdout);
+        shown.contains("(paused)").then_some(shown)
+    })
+    .unwrap_or_else(|| panic!("tree {tree} never shown paused"));
     assert!(
         shown.starts_with(&format!("tree {tree} (paused)")),
         "{shown}"
@@ -790,6 +816,7 @@ fn budget_and_cancel_through_a_server_say_a_tree_has_ended_and_reach_a_tree_arbo
     stderr
         .wait_for(GUARD, |l| l.contains("▸ lead"))
         .expect("the root never started");
+    wait_stored(dir.path(), "tslow", &[]);
     let out = client(&["cancel", "tslow"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
@@ -820,6 +847,7 @@ fn ctrl_c_on_a_queued_follow_up_takes_it_out_of_the_queue() {
     first_err
         .wait_for(GUARD, |l| l.contains("▸ lead"))
         .expect("the root never started");
+    wait_stored(dir.path(), "tq", &[]);
     let (mut queued, mut queued_err) = spawn(dir.path(), &["run", "--continue", "tq", "again"]);
     queued_err
         .wait_for(GUARD, |l| l.contains("queued as tq/0~1"))
