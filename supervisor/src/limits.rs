@@ -353,6 +353,67 @@ impl Raised {
         Ok(())
     }
 
+    /// What setting `set` and adding `add` over the budgets `in_force`
+    /// (the tree's limits with earlier raises over them) does: the budgets
+    /// it changes, as set values (what the journal records), or why it is
+    /// refused. A raise only raises: a budget set below the one in force,
+    /// or set on a budget the tree does not have (it is unlimited), is
+    /// refused, and so is an amount added to a budget the tree does not
+    /// have (there is nothing to add to) and a raise that leaves every
+    /// budget it names as it was.
+    pub fn decide(in_force: Raised, set: Raised, add: Raised) -> Result<Raised, RaiseRefused> {
+        Self::check_raise(&set, &add)?;
+        let budgets = [
+            ("maxSteps", "addSteps", "steps"),
+            ("maxTokens", "addTokens", "tokens"),
+            ("maxCredits", "addCredits", "credits"),
+        ];
+        let as_f64 = |r: Raised| {
+            [
+                r.max_steps.map(|n| n as f64),
+                r.max_tokens.map(|n| n as f64),
+                r.max_credits,
+            ]
+        };
+        let (now, setting, adding) = (as_f64(in_force), as_f64(set), as_f64(add));
+        for (i, (set_key, add_key, what)) in budgets.into_iter().enumerate() {
+            match (now[i], setting[i], adding[i]) {
+                (None, Some(_), _) | (None, _, Some(_)) => {
+                    let key = if setting[i].is_some() {
+                        set_key
+                    } else {
+                        add_key
+                    };
+                    return Err(RaiseRefused::Unlimited { key, what });
+                }
+                (Some(current), Some(to), _) if to < current => {
+                    return Err(RaiseRefused::Lowers {
+                        key: set_key,
+                        to,
+                        in_force: current,
+                    });
+                }
+                _ => {}
+            }
+        }
+        let after = in_force.then(set).plus(add);
+        let changed = Raised {
+            max_steps: (set.max_steps.is_some() || add.max_steps.is_some())
+                .then_some(after.max_steps)
+                .flatten(),
+            max_tokens: (set.max_tokens.is_some() || add.max_tokens.is_some())
+                .then_some(after.max_tokens)
+                .flatten(),
+            max_credits: (set.max_credits.is_some() || add.max_credits.is_some())
+                .then_some(after.max_credits)
+                .flatten(),
+        };
+        if changed.is_empty() || in_force.then(changed) == in_force {
+            return Err(RaiseRefused::Unchanged);
+        }
+        Ok(changed)
+    }
+
     /// Whether it raises nothing.
     pub fn is_empty(&self) -> bool {
         self.max_steps.is_none() && self.max_tokens.is_none() && self.max_credits.is_none()
@@ -386,6 +447,28 @@ pub enum RaiseRefused {
     /// A step or token budget set to 0.
     #[error("maxSteps and maxTokens must be at least 1")]
     Zero,
+    /// A budget set below the one in force: a raise only raises.
+    #[error("{key} {to} would lower the budget in force ({in_force}): a raise only raises")]
+    Lowers {
+        /// The key that lowers it (`maxCredits`).
+        key: &'static str,
+        /// The value it asked for.
+        to: f64,
+        /// The budget in force.
+        in_force: f64,
+    },
+    /// A budget set or added to where the tree has none (it is unlimited).
+    #[error("{key}: the tree has no {what} budget (it is unlimited), so there is nothing to raise")]
+    Unlimited {
+        /// The key (`addSteps`, `maxSteps`).
+        key: &'static str,
+        /// The budget (`steps`, `tokens`, `credits`).
+        what: &'static str,
+    },
+    /// Every budget named is already at that value (an add of 0, a set to
+    /// the value in force).
+    #[error("nothing is raised: every budget named is already at that value")]
+    Unchanged,
 }
 
 /// The running counts of one tree, shared by its agents through the hooks.
@@ -433,22 +516,19 @@ impl Budget {
     /// Sets the budgets `set` names, then adds `add` to the ones in force;
     /// the agents paused on them can go on. Returns what changed, as the
     /// budgets it set (what a journal records to do the same again).
-    pub(crate) fn raise(&self, set: Raised, add: Raised) -> Raised {
+    /// Puts raises the journal recorded back in force, as they were decided
+    /// (a resumed or replayed tree, a look at a stored one's budgets).
+    pub(crate) fn restore_raised(&self, raised: Raised) {
         let mut current = self.raised.write_locked();
-        let now = self.in_force(current.then(set)).plus(add);
-        let changed = Raised {
-            max_steps: (set.max_steps.is_some() || add.max_steps.is_some())
-                .then_some(now.max_steps)
-                .flatten(),
-            max_tokens: (set.max_tokens.is_some() || add.max_tokens.is_some())
-                .then_some(now.max_tokens)
-                .flatten(),
-            max_credits: (set.max_credits.is_some() || add.max_credits.is_some())
-                .then_some(now.max_credits)
-                .flatten(),
-        };
+        *current = current.then(raised);
+    }
+
+    /// Refused as [`Raised::decide`] says, under the same lock as the change.
+    pub(crate) fn raise(&self, set: Raised, add: Raised) -> Result<Raised, RaiseRefused> {
+        let mut current = self.raised.write_locked();
+        let changed = Raised::decide(self.in_force(*current), set, add)?;
         *current = current.then(changed);
-        changed
+        Ok(changed)
     }
 
     fn in_force(&self, raised: Raised) -> Raised {
@@ -606,6 +686,53 @@ mod tests {
             max_tokens: tokens,
             max_credits: credits,
         }
+    }
+
+    /// Issue 34: a raise only raises. `{"maxCredits": 0.5}` over 1.0 and
+    /// `{"addSteps": 10}` on a tree with no step budget were answered 200.
+    #[test]
+    fn a_raise_that_lowers_a_budget_or_adds_to_an_unlimited_one_is_refused() {
+        let none = Raised::default();
+        let in_force = raised(None, Some(1000), Some(1.0));
+        let decide = |set, add| Raised::decide(in_force, set, add);
+        assert_eq!(
+            decide(raised(None, None, Some(0.5)), none),
+            Err(RaiseRefused::Lowers {
+                key: "maxCredits",
+                to: 0.5,
+                in_force: 1.0
+            })
+        );
+        assert_eq!(
+            decide(none, raised(Some(10), None, None)),
+            Err(RaiseRefused::Unlimited {
+                key: "addSteps",
+                what: "steps"
+            })
+        );
+        assert_eq!(
+            decide(raised(Some(10), None, None), none),
+            Err(RaiseRefused::Unlimited {
+                key: "maxSteps",
+                what: "steps"
+            })
+        );
+        assert_eq!(
+            decide(
+                raised(None, Some(1000), None),
+                raised(None, None, Some(0.0))
+            ),
+            Err(RaiseRefused::Unchanged)
+        );
+        // What does raise: the budgets it changes, as set values.
+        assert_eq!(
+            decide(raised(None, None, Some(2.0)), raised(None, Some(500), None)),
+            Ok(raised(None, Some(1500), Some(2.0)))
+        );
+        assert_eq!(
+            decide(none, raised(None, None, Some(0.25))),
+            Ok(raised(None, None, Some(1.25)))
+        );
     }
 
     #[test]

@@ -197,10 +197,14 @@ impl Supervisor {
             tree_id: tree_id.to_owned(),
             call_id: call_id.to_owned(),
         };
-        let run_id = self
-            .approvals
-            .run_of(tree_id, call_id)
-            .ok_or_else(unknown)?;
+        let Some(run_id) = self.approvals.run_of(tree_id, call_id) else {
+            // A call of a tree that has ended (cancelled, say) waits for
+            // nothing any more: refused as ended (409), not unknown (404).
+            return Err(match self.tree_ended(tree_id).await {
+                true => refused(DecideRefused::Ended),
+                false => unknown(),
+            });
+        };
         let actor = self.live_actor(&run_id).ok_or_else(unknown)?;
         let call_id = call_id.to_owned();
         match ractor::call!(actor, |reply| AgentMsg::Decide {
@@ -211,6 +215,22 @@ impl Supervisor {
             Ok(answer) => answer.map_err(refused),
             Err(_) => Err(refused(DecideRefused::Ended)),
         }
+    }
+
+    /// Whether the tree `tree_id` has ended: it does not run here, and the
+    /// store has it ended (or, without a store, its root's final state is
+    /// still kept).
+    async fn tree_ended(&self, tree_id: &str) -> bool {
+        if self.is_running(tree_id) {
+            return false;
+        }
+        if self.store.is_none() {
+            return self.finished_state(&format!("{tree_id}/0")).is_some();
+        }
+        let tree = tree_id.to_owned();
+        self.read_store_now(move |store| store.status(&tree))
+            .await
+            .is_ok_and(|status| status.is_final())
     }
 
     /// Stores every tree from now on: its runs, a checkpoint of each agent at
@@ -953,7 +973,7 @@ impl Supervisor {
             .get(tree_id)
             .and_then(|(ctx, _)| ctx.upgrade())
             .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
-        Ok(ctx.raise(set, add))
+        Ok(ctx.raise(set, add)?)
     }
 
     /// Waits until the tree `tree_id` no longer runs here (at once if it

@@ -178,7 +178,7 @@ impl Supervisor {
             let (record, _) = store.tree(&tree)?;
             let raised = store.recovery(&tree)?.raised;
             let budget = Budget::new(record.limits);
-            budget.raise(raised, Raised::default());
+            budget.restore_raised(raised);
             Ok(budget.budgets())
         })
         .await

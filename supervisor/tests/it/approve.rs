@@ -356,3 +356,35 @@ async fn an_edited_approval_shows_the_input_that_ran_in_the_history() {
         .collect();
     assert_eq!(inputs, [edited], "the call as it ran, once");
 }
+
+/// Issue 34: a decision on a call of a cancelled tree is refused as ended
+/// (409 over HTTP, as documented), not as a call no one knows (404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deciding_a_call_of_a_cancelled_tree_is_refused_as_ended_not_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(&dir.path().join("s.db")).unwrap());
+    for sup in [tree(None), tree(Some(store))] {
+        let mut rx = sup.subscribe();
+        let mut seen = Vec::new();
+        let handle = start(&sup, "lead", "go").await;
+        wait_for(&mut rx, &mut seen, asked).await;
+        let call = sup.approvals(Some("t"))[0].tool_call_id.clone();
+        handle.cancel();
+        let _ = tokio::time::timeout(GUARD, handle.wait()).await;
+        sup.until_ended("t").await;
+        sup.flush().await.unwrap();
+        let refused = sup
+            .decide("t", &call, Decision::Approve { input: None })
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(Error::DecisionRefused {
+                    reason: DecideRefused::Ended,
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+    }
+}
