@@ -21,7 +21,8 @@ const APPLIED_WITHIN: Duration = Duration::from_secs(10);
 /// How often `arbor run` looks for what was posted for its tree.
 const CONTROL_POLL: Duration = Duration::from_millis(250);
 
-/// A runtime over the store `at` names, to ask its supervisor.
+/// A runtime over the store `at` names, to ask its supervisor; it runs
+/// nothing (its catalog is empty).
 fn store_runtime(at: Stored) -> anyhow::Result<(tokio::runtime::Runtime, Runtime)> {
     let Stored { config, store } = at;
     let config = load_config(config.as_deref())?;
@@ -29,9 +30,14 @@ fn store_runtime(at: Stored) -> anyhow::Result<(tokio::runtime::Runtime, Runtime
     // Refuses a location that holds no store (a typo is not a new store).
     drop(location.open_existing()?);
     let tokio = async_runtime()?;
+    // Only the store is asked: no model is built and no MCP server started
+    // (a model's missing API key is no reason to refuse a cancel).
     let runtime = {
         let _guard = tokio.enter();
-        Runtime::builder(config).store_at(location).build()?
+        let catalog = arbor_supervisor::Catalog::builder().build()?;
+        Runtime::from_catalog(catalog, config.limits.clone())
+            .store_at(location)
+            .build()?
     };
     Ok((tokio, runtime))
 }
