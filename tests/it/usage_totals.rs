@@ -560,3 +560,53 @@ async fn a_reply_served_from_the_record_after_kill_9_is_not_counted_again_on_the
         "tokens over both processes"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_cut_and_asked_again_with_more_room_counts_both_replies() {
+    // Cut below 8192 tokens of room: the first request (256) is cut, the
+    // retry `on_truncated` sends (8192) is whole. Both were billed.
+    let endpoint = Endpoint::start(Arc::new(|request: &Value| {
+        if request["max_tokens"].as_u64().is_some_and(|n| n >= 8192) {
+            text("The whole answer.", (20, 10))
+        } else {
+            cut((220, 40))
+        }
+    }))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let agents = "[agents.solo]\nmodel = \"m\"\nsystem_prompt = \"Answer.\"\n";
+    let text = config(&endpoint, "", agents).replace(
+        "stream = false\n",
+        "stream = false\nmax_tokens = 256\non_truncated = { max_tokens = 8192 }\n",
+    );
+    std::fs::write(dir.path().join("config.toml"), text).unwrap();
+    let out = arbor(
+        dir.path(),
+        &[
+            "run",
+            "--json",
+            "--quiet",
+            "--agent",
+            "solo",
+            "--store",
+            "arbor.db",
+            "--tree-id",
+            "room",
+            "answer",
+        ],
+    )
+    .await;
+    let state: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", super::text(&out.stderr)));
+    assert_eq!(state["status"], "completed", "{state}");
+    assert_eq!(endpoint.answered(), 2, "the cut reply and its retry");
+    let billed = cost((220, 40)) + cost((20, 10));
+    assert!(
+        close(state["creditsUsed"].as_f64().unwrap(), billed),
+        "{state}"
+    );
+    let (shown, _) = stored(dir.path(), "room").await;
+    let tree = totals(&shown["tree"]);
+    assert_eq!((tree.0, tree.1), (240, 50), "{shown}");
+    assert!(close(tree.2, billed), "{shown}");
+}
