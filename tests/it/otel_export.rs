@@ -488,3 +488,82 @@ system_prompt = "You answer."
         .count();
     assert_eq!(agents, 3, "{spans:#?}");
 }
+
+/// Ctrl-C on `arbor run` exits at once (`std::process::exit`, no unwinding):
+/// the spans that had ended (here the root's first model call) are sent
+/// before it does, not dropped with the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arbor_run_stopped_by_ctrl_c_sends_the_spans_that_had_ended() {
+    use crate::support::{GUARD, Lines, wait_exit};
+    let dir = tempfile::tempdir().unwrap();
+    let (base, received) = receiver().await;
+    let config = dir.path().join("slow.toml");
+    // The root answers at once with its spawn calls; the leaves take a
+    // minute, so the tree is running when the signal comes.
+    std::fs::write(
+        &config,
+        r#"
+[store]
+enabled = false
+
+[models.sim]
+provider = "simulated"
+fanout = 2
+depth = 1
+latency = "0"
+
+[models.slow]
+provider = "simulated"
+latency = "60s"
+
+[agents.lead]
+model = "sim"
+system_prompt = "You split the work."
+spawnable_agents = ["leaf"]
+
+[agents.leaf]
+model = "slow"
+system_prompt = "You answer."
+"#,
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_arbor"));
+    command
+        .args([
+            "run", "--config", &config, "--events", "--agent", "lead", "go",
+        ])
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &base)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    let mut lines = Lines::read(child.stderr.take().unwrap());
+    let (status, said) = tokio::task::spawn_blocking(move || {
+        // A leaf started: the root's model call had answered.
+        let started = lines.wait_for(GUARD, |l| {
+            l.contains("agentStarted") && l.contains("\"depth\":1")
+        });
+        assert!(started.is_some(), "{}", lines.rest());
+        let pid = child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-INT", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let status = wait_exit(&mut child, GUARD);
+        (status, lines.rest())
+    })
+    .await
+    .unwrap();
+    assert_eq!(status.code(), Some(130), "{said}");
+    let spans = received.spans();
+    assert!(
+        spans.iter().any(|s| s.name == "chat sim"),
+        "the root's model call was not sent: {spans:#?}\n{said}"
+    );
+}
