@@ -226,34 +226,86 @@ pub async fn listing(config: &crate::Config, tools: &ToolSet) -> Vec<ToolListing
     out
 }
 
-/// `arbor tools` as a table: name, source, the agents that list it, and the
-/// first line of its description.
+/// `arbor tools` as a table: name, source, the agents that get it, and the
+/// first line of its description, each column as wide as its widest cell.
 pub fn listing_table(listing: &[ToolListing]) -> String {
     use std::fmt::Write;
-    let width = listing
-        .iter()
-        .map(|t| t.name.len())
-        .max()
-        .unwrap_or(4)
-        .max(4);
-    let mut out = format!(
-        "{:<width$}  {:<8}  {:<24}  DESCRIPTION\n",
-        "TOOL", "SOURCE", "AGENTS"
-    );
-    for t in listing {
-        let source = match (t.origin, &t.server) {
-            (ToolOrigin::Mcp, Some(server)) => format!("mcp:{server}"),
-            (ToolOrigin::Builtin, _) => "built-in".into(),
-            (ToolOrigin::Command, _) => "command".into(),
-            (ToolOrigin::Code, _) | (ToolOrigin::Mcp, None) => "code".into(),
-        };
-        let agents = if t.agents.is_empty() {
+    let source = |t: &ToolListing| match (t.origin, &t.server) {
+        (ToolOrigin::Mcp, Some(server)) => format!("mcp:{server}"),
+        (ToolOrigin::Builtin, _) => "built-in".into(),
+        (ToolOrigin::Command, _) => "command".into(),
+        (ToolOrigin::Code, _) | (ToolOrigin::Mcp, None) => "code".into(),
+    };
+    let agents = |t: &ToolListing| {
+        if t.agents.is_empty() {
             "-".to_owned()
         } else {
             t.agents.join(",")
-        };
+        }
+    };
+    // Each column as wide as its widest cell (an MCP server's name is any
+    // length), so the columns stay aligned.
+    let width = |header: &str, cell: &dyn Fn(&ToolListing) -> usize| {
+        listing
+            .iter()
+            .map(cell)
+            .max()
+            .unwrap_or(0)
+            .max(header.len())
+    };
+    let name_w = width("TOOL", &|t| t.name.chars().count());
+    let source_w = width("SOURCE", &|t| source(t).chars().count());
+    let agents_w = width("AGENTS", &|t| agents(t).chars().count());
+    let mut out = format!(
+        "{:<name_w$}  {:<source_w$}  {:<agents_w$}  DESCRIPTION\n",
+        "TOOL", "SOURCE", "AGENTS"
+    );
+    for t in listing {
         let line = t.description.lines().next().unwrap_or("");
-        let _ = writeln!(out, "{:<width$}  {source:<8}  {agents:<24}  {line}", t.name);
+        let _ = writeln!(
+            out,
+            "{:<name_w$}  {:<source_w$}  {:<agents_w$}  {line}",
+            t.name,
+            source(t),
+            agents(t)
+        );
     }
     out
+}
+
+#[cfg(test)]
+mod listing_tests {
+    use super::{ToolListing, ToolOrigin, listing_table};
+
+    #[test]
+    fn the_tools_table_stays_aligned_whatever_a_servers_name() {
+        let tool = |name: &str, origin, server: Option<&str>| ToolListing {
+            name: name.to_owned(),
+            wire_name: name.replace('/', "__"),
+            origin,
+            server: server.map(str::to_owned),
+            description: format!("{name} does it"),
+            input_schema: serde_json::Value::Null,
+            agents: vec!["lead".to_owned()],
+        };
+        let table = listing_table(&[
+            tool("end_turn", ToolOrigin::Builtin, None),
+            tool("notes/read_file", ToolOrigin::Mcp, Some("notes")),
+            tool("a_long_server/x", ToolOrigin::Mcp, Some("a_long_server")),
+        ]);
+        // Where the DESCRIPTION column starts: its header, then each
+        // tool's description ("NAME does it", the name's last occurrence).
+        let names = [
+            "DESCRIPTION",
+            "end_turn",
+            "notes/read_file",
+            "a_long_server/x",
+        ];
+        let at: Vec<usize> = table
+            .lines()
+            .zip(names)
+            .map(|(line, name)| line.rfind(name).unwrap())
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] == w[1]), "{table}");
+    }
 }
