@@ -2,7 +2,7 @@
 //! supervisor (semantics §12): kept from the events, so a restarted tree's
 //! agents, which ask again for the calls still undecided, fill it back in.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use arbor_actors::sync::LockExt;
@@ -36,9 +36,22 @@ pub struct PendingApproval {
 #[derive(Default)]
 pub(crate) struct Approvals {
     pending: Mutex<BTreeMap<(String, String), PendingApproval>>,
+    /// When calls a resumed tree's journal has asked for and not decided
+    /// were first asked for (run, ms), by tree and call id: a call asked for
+    /// again keeps its age. Dropped when asked again or when its run ends.
+    first_asked: Mutex<BTreeMap<(String, String), (String, u64)>>,
 }
 
 impl Approvals {
+    /// The calls of tree `tree_id` its journal has asked for and not decided,
+    /// with their run and first ask: before the resumed tree runs.
+    pub(crate) fn asked_before(&self, tree_id: &str, asked: &HashMap<String, (String, u64)>) {
+        let mut first = self.first_asked.locked();
+        for (call, (run, at)) in asked {
+            first.insert((tree_id.to_owned(), call.clone()), (run.clone(), *at));
+        }
+    }
+
     /// Follows one event: a request adds, a decision or the run's end removes.
     pub(crate) fn observe(&self, event: &Event) {
         match &event.kind {
@@ -48,6 +61,9 @@ impl Approvals {
                 tool,
                 input,
             } => {
+                let key = (event.tree_id.to_string(), tool_call_id.clone());
+                let asked = self.first_asked.locked().remove(&key);
+                let requested_ms = asked.map_or(event.at_ms, |(_, at)| at.min(event.at_ms));
                 let pending = PendingApproval {
                     tree_id: event.tree_id.to_string(),
                     run_id: event.run_id.to_string(),
@@ -55,9 +71,8 @@ impl Approvals {
                     step: *step,
                     tool: tool.clone(),
                     input: input.clone(),
-                    requested_ms: event.at_ms,
+                    requested_ms,
                 };
-                let key = (pending.tree_id.clone(), tool_call_id.clone());
                 self.pending.locked().insert(key, pending);
             }
             EventKind::ApprovalDecided { tool_call_id, .. } => {
@@ -72,6 +87,9 @@ impl Approvals {
                 self.pending
                     .locked()
                     .retain(|(t, _), p| !(t == tree && p.run_id == run));
+                self.first_asked
+                    .locked()
+                    .retain(|(t, _), (r, _)| !(t == tree && r == run));
             }
             _ => {}
         }

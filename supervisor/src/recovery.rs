@@ -66,6 +66,10 @@ pub struct Recovery {
     pub decisions: HashMap<String, HashMap<String, Decision>>,
     /// The tree's budgets as raised while it ran (semantics §13).
     pub raised: crate::Raised,
+    /// The calls asked for and not decided, by call id: their run and when
+    /// they were first asked for (ms since the Unix epoch), so a call asked
+    /// for again after a restart keeps its age (semantics §12).
+    pub asked: HashMap<String, (String, u64)>,
     /// Whether this is a replay (steers are sent again at their steps) rather
     /// than a resume (steers no checkpoint holds are given back).
     pub replaying: bool,

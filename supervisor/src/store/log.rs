@@ -82,6 +82,8 @@ pub(crate) struct TreeLog {
     refused: Vec<(String, u32, Usage)>,
     /// The budgets raised while the tree ran, the latest of each.
     pub(crate) raised: crate::Raised,
+    /// The calls asked for and not decided: run and first ask, by call id.
+    asked: HashMap<String, (String, u64)>,
     finished: usize,
     /// Decoded values, shared between the states built from them.
     decoded: HashMap<u64, Arc<Message>>,
@@ -116,6 +118,7 @@ impl TreeLog {
             replies: Vec::new(),
             refused: Vec::new(),
             raised: crate::Raised::default(),
+            asked: HashMap::new(),
             finished: 0,
             decoded: HashMap::new(),
             texts: HashMap::new(),
@@ -256,8 +259,15 @@ impl TreeLog {
                 };
                 self.raised = self.raised.then(raised);
             }
+            Some("approvalRequested") => {
+                let id = str_of("toolCallId").unwrap_or_default();
+                self.asked
+                    .entry(id)
+                    .or_insert_with(|| (run_id.to_owned(), at));
+            }
             Some("approvalDecided") => {
                 let id = str_of("toolCallId").unwrap_or_default();
+                self.asked.remove(&id);
                 let decision = e
                     .get("decision")
                     .and_then(|d| serde_json::from_value::<Decision>(d.clone()).ok());
@@ -651,6 +661,7 @@ impl TreeLog {
         // The root counts even when nothing of it is stored yet.
         agents.insert(format!("{tree_id}/0"));
         recovery.raised = log.raised;
+        recovery.asked = std::mem::take(&mut log.asked);
         let mut spent = Spent {
             agents: agents.len(),
             ..Spent::default()

@@ -703,6 +703,9 @@ impl Supervisor {
         .durable(self.store.is_some())
         .store_health(self.store.as_ref().map(|(_, w)| w.health().clone()));
         if let Some((recovery, replay)) = recovery {
+            if !replay {
+                self.approvals.asked_before(&tree_id, &recovery.asked);
+            }
             ctx = ctx.recovering(recovery, replay);
         }
         // When the tree is gone (every agent and every handle on it), nothing

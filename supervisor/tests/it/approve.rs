@@ -388,3 +388,55 @@ async fn deciding_a_call_of_a_cancelled_tree_is_refused_as_ended_not_unknown() {
         );
     }
 }
+
+/// Issue 34: a call asked for again after a restart keeps the age it had:
+/// its `requestedMs` is when it was first asked for, not the restart.
+#[test]
+fn a_pending_approval_keeps_its_age_across_a_restart() {
+    let rt = crate::store::runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let first = rt.block_on(async {
+        let sup = tree(Some(Arc::new(SqliteStore::open(&path).unwrap())));
+        let mut rx = sup.subscribe();
+        let mut seen = Vec::new();
+        let handle = start(&sup, "lead", "go").await;
+        wait_for(&mut rx, &mut seen, asked).await;
+        let first = sup.approvals(Some("t"))[0].requested_ms;
+        sup.flush().await.unwrap();
+        assert_eq!(sup.release().await.unwrap(), vec!["t".to_owned()]);
+        handle.cancel();
+        let _ = tokio::time::timeout(GUARD, handle.wait()).await;
+        first
+    });
+    // The clock has moved on since (not a wait for anything else).
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    while now() <= first {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    rt.block_on(async {
+        let sup = tree(Some(Arc::new(SqliteStore::open(&path).unwrap())));
+        let mut rx = sup.events().subscribe_tree("t");
+        let mut seen = Vec::new();
+        let handle = sup.resume("t").await.unwrap();
+        if sup.approvals(Some("t")).is_empty() {
+            wait_for(&mut rx, &mut seen, asked).await;
+        }
+        let pending = sup.approvals(Some("t"));
+        assert_eq!(pending.len(), 1, "{pending:?}");
+        assert_eq!(pending[0].requested_ms, first, "the age it had");
+        sup.decide(
+            "t",
+            &pending[0].tool_call_id,
+            Decision::Approve { input: None },
+        )
+        .await
+        .unwrap();
+        finish(handle).await;
+    });
+}
