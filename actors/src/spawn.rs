@@ -412,10 +412,13 @@ pub fn cut_report(value: &Value, budget: u64, run_id: Option<&str>) -> Option<Va
     let mut kept = text;
     kept.truncate(keep);
     let note = match run_id {
+        // The path's run id is URL-encoded (its `/`s are one path segment),
+        // so the path works as written.
         Some(run) => format!(
             "[report cut to fit the context window: {cut} of {} bytes left out; \
-             the full value is in run {run} (arbor show {run}, GET /v1/runs/{run})]",
-            keep + cut
+             the full value is in run {run} (arbor show {run}, GET /v1/runs/{})]",
+            keep + cut,
+            run.replace('%', "%25").replace('/', "%2F")
         ),
         None => format!(
             "[report cut to fit the context window: {cut} of {} bytes left out]",
@@ -470,7 +473,17 @@ mod tests {
         assert_eq!(kept, "€".repeat(5));
         assert!(note.contains("285 of 300 bytes left out"), "{note}");
         assert!(note.contains("arbor show T/0.2"), "{note}");
-        assert!(note.contains("GET /v1/runs/T/0.2"), "{note}");
+        assert!(note.contains("GET /v1/runs/T%2F0.2)"), "{note}");
+    }
+
+    /// Issue 34: the note's `GET` path failed unless the reader encoded the
+    /// run id; it is written encoded, as the route takes it.
+    #[test]
+    fn the_cut_reports_get_path_is_written_with_the_run_id_url_encoded() {
+        let cut = cut_report(&json!("x".repeat(100)), 4, Some("t1/0.1~2.3")).unwrap();
+        let note = cut.as_str().unwrap().split_once('\n').unwrap().1.to_owned();
+        assert!(note.contains("arbor show t1/0.1~2.3,"), "{note}");
+        assert!(note.contains("GET /v1/runs/t1%2F0.1~2.3)"), "{note}");
     }
 
     #[test]
