@@ -103,7 +103,13 @@ impl CallLock {
                     tracing::debug!("no call lock at {}: {e}", path.display());
                     return Ok(None);
                 }
-                Ok(Some(file)) => return Ok(Some(CallLock { file, path })),
+                Ok(Some(file)) => {
+                    #[cfg(target_os = "linux")]
+                    let Some(file) = imp::above_stdio(file.into()).map(File::from) else {
+                        return Ok(None);
+                    };
+                    return Ok(Some(CallLock { file, path }));
+                }
                 Ok(None) if tokio::time::Instant::now() >= deadline => {
                     return Err(StillRunning { pid: holder(&path) });
                 }
@@ -232,10 +238,25 @@ mod imp {
                     return None;
                 }
                 // SAFETY: just created, owned by nothing else.
-                Some(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+                let (read, write) =
+                    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+                Some((above_stdio(read)?, above_stdio(write)?))
             })
             .as_ref()
             .map(|(r, w)| (r.as_raw_fd(), w.as_raw_fd()))
+    }
+
+    /// `fd`, or a copy of it numbered 3 or more: a process started with a
+    /// standard stream closed gets fds 0–2 from `open`, which the child's
+    /// stdio would replace.
+    pub(super) fn above_stdio(fd: OwnedFd) -> Option<OwnedFd> {
+        if fd.as_raw_fd() > 2 {
+            return Some(fd);
+        }
+        // SAFETY: F_DUPFD_CLOEXEC on an fd this process owns makes a new one.
+        let copy = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+        // SAFETY: a new fd, owned by nothing else.
+        (copy >= 0).then(|| unsafe { OwnedFd::from_raw_fd(copy) })
     }
 
     pub(super) fn install(command: &mut tokio::process::Command, lock: Option<RawFd>) -> bool {
