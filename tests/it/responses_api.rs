@@ -394,3 +394,66 @@ async fn api_responses_in_a_config_posts_to_responses_and_api_on_anthropic_is_a_
         "{err}"
     );
 }
+
+/// Issue 34: llama-server's `/v1/responses` stream names its items by
+/// `item_id` and has no `output_index`. Served as it sends it (fixtures
+/// llama_server_calls.sse, llama_server_text_calls.sse): three calls in,
+/// three calls out, each streamed under its own index; a message followed
+/// by calls keeps its text apart from them.
+#[tokio::test]
+async fn a_llama_server_stream_without_output_index_keeps_every_call() {
+    for (streamed, text, cities) in [
+        (
+            "llama_server_calls.sse",
+            "",
+            &["Paris", "Berlin", "Rome"][..],
+        ),
+        (
+            "llama_server_text_calls.sse",
+            "Checking both cities.",
+            &["Oslo", "Lima"][..],
+        ),
+    ] {
+        let server = MockServer::start().await;
+        mount(&server, sse(fixture(streamed)), 1).await;
+        let (sink, deltas) = collector();
+        let reply = support::guarded(
+            model(settings(&server.uri(), true)).complete(support::request(true), sink),
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply.message.text(), text, "{streamed}");
+        let calls: Vec<(&str, &Value)> = reply
+            .message
+            .tool_calls()
+            .map(|call| (call.tool_name.as_str(), &call.input))
+            .collect();
+        let expected: Vec<Value> = cities.iter().map(|city| json!({"city": city})).collect();
+        assert_eq!(
+            calls,
+            expected
+                .iter()
+                .map(|input| ("get_weather", input))
+                .collect::<Vec<_>>(),
+            "{streamed}"
+        );
+        // Each call's arguments streamed under its own index.
+        let mut streamed_args: Vec<String> = vec![String::new(); cities.len()];
+        let mut streamed_text = String::new();
+        for delta in deltas.lock().unwrap().iter() {
+            match delta {
+                arbor::actors::Delta::ToolCallArgs { index, text } => {
+                    streamed_args[*index].push_str(text)
+                }
+                arbor::actors::Delta::Text { text } => streamed_text.push_str(text),
+                _ => {}
+            }
+        }
+        assert_eq!(streamed_text, text, "{streamed}");
+        assert_eq!(
+            streamed_args,
+            expected.iter().map(Value::to_string).collect::<Vec<_>>(),
+            "{streamed}"
+        );
+    }
+}

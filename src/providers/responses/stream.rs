@@ -4,12 +4,16 @@
 //! `response.output_item.added` opens one, the deltas (`output_text`,
 //! `refusal`, `function_call_arguments`, `reasoning_summary_text`,
 //! `reasoning_text`) grow it, `response.output_item.done` replaces it with the
-//! whole item. `response.completed` (or `response.incomplete`) ends the reply:
-//! its status and usage, with the items built (or, if the stream sent none,
-//! the response's own `output`), make the same reply as the non-streamed
-//! parse. `response.failed` and `error` fail it. There is no `[DONE]`.
+//! whole item. A server whose events have no `output_index` (llama-server's)
+//! names the item instead: an event's `item_id`, or its item's `id` or
+//! `call_id`, finds the item that carried it first, and an item not seen yet
+//! goes after the others. `response.completed` (or `response.incomplete`)
+//! ends the reply: its status and usage, with its own `output` when that has
+//! every item the stream built (the server's whole list) and the items built
+//! otherwise, make the same reply as the non-streamed parse.
+//! `response.failed` and `error` fail it. There is no `[DONE]`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use arbor_actors::{Delta, DeltaSink};
 use serde_json::{Value, json};
@@ -20,15 +24,51 @@ use crate::providers::wire::{Assembler, Failure, Reply};
 /// Assembles a streamed Responses reply.
 #[derive(Default)]
 pub(crate) struct StreamState {
-    /// The output items so far, by `output_index`.
+    /// The output items so far, by `output_index` (or the place given to
+    /// an item without one: see [`StreamState::slot`]).
     items: BTreeMap<u64, Value>,
     /// Each function call's index among the reply's calls, by `output_index`.
     calls: BTreeMap<u64, usize>,
+    /// The `output_index` of each item id and call id seen.
+    ids: HashMap<String, u64>,
+    /// The `output_index` after every one seen.
+    next: u64,
     /// The reply, once the response completed.
     reply: Option<Reply>,
 }
 
 impl StreamState {
+    /// The `output_index` of the item `event` is about: its own, else that
+    /// of the item named by its `item_id` (or its item's `id` or `call_id`),
+    /// else, for an item not seen yet, the one after every item seen (0 for
+    /// an event that names none).
+    fn slot(&mut self, event: &Value) -> u64 {
+        let item = event.get("item");
+        let names: Vec<&str> = [
+            event.get("item_id"),
+            item.and_then(|item| item.get("id")),
+            item.and_then(|item| item.get("call_id")),
+        ]
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter(|name| !name.is_empty())
+        .collect();
+        let slot = match event.get("output_index").and_then(Value::as_u64) {
+            Some(index) => index,
+            None if names.is_empty() => return 0,
+            None => match names.iter().find_map(|name| self.ids.get(*name)) {
+                Some(&slot) => slot,
+                None => self.next,
+            },
+        };
+        for name in names {
+            self.ids.entry(name.to_owned()).or_insert(slot);
+        }
+        self.next = self.next.max(slot + 1);
+        slot
+    }
+
     fn item(&mut self, index: u64) -> &mut Value {
         self.items.entry(index).or_insert_with(|| json!({}))
     }
@@ -84,16 +124,19 @@ impl StreamState {
         }
     }
 
-    /// The end of the response: the reply, or why there is none.
+    /// The end of the response: the reply, or why there is none. Its
+    /// items are the response's own `output` when that has at least as many
+    /// as the stream built (the server's whole list, which a stream whose
+    /// items could not be told apart may have run together), else the items
+    /// built (a server may end without them, or with fewer).
     fn end(&mut self, response: &Value) -> Result<bool, Failure> {
-        let output: Vec<Value> = if self.items.is_empty() {
-            response
-                .get("output")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default()
-        } else {
-            std::mem::take(&mut self.items).into_values().collect()
+        let whole = response
+            .get("output")
+            .and_then(Value::as_array)
+            .filter(|output| !output.is_empty() && output.len() >= self.items.len());
+        let output: Vec<Value> = match whole {
+            Some(output) => output.clone(),
+            None => std::mem::take(&mut self.items).into_values().collect(),
         };
         self.reply = Some(reply(response, &output)?);
         Ok(true)
@@ -122,7 +165,7 @@ impl Assembler for StreamState {
             .and_then(Value::as_str)
             .unwrap_or(event)
             .to_owned();
-        let output_index = index(&value, "output_index");
+        let output_index = self.slot(&value);
         let delta = value.get("delta").and_then(Value::as_str).unwrap_or("");
         match kind.as_str() {
             "response.output_item.added" | "response.output_item.done" => {

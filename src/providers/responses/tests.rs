@@ -711,3 +711,135 @@ fn a_truncated_retry_sets_max_output_tokens() {
     assert_eq!(body["max_output_tokens"], json!(8192));
     assert!(body.get("max_tokens").is_none());
 }
+
+/// llama-server's `/v1/responses` stream: no `output_index`, each event
+/// naming its item by `item_id` (a function call's `call_id`).
+const LLAMA_CALLS: &str = include_str!("../../../tests/fixtures/responses/llama_server_calls.sse");
+const LLAMA_TEXT_CALLS: &str =
+    include_str!("../../../tests/fixtures/responses/llama_server_text_calls.sse");
+
+/// The stream's events without `response.output_item.done` and with a
+/// `response.completed` whose output is empty: the reply is what the
+/// stream's items were keyed into.
+fn deltas_only(stream: &str) -> Vec<(String, String)> {
+    sse(stream)
+        .into_iter()
+        .filter(|(e, _)| e != "response.output_item.done")
+        .map(|(e, d)| {
+            if e != "response.completed" {
+                return (e, d);
+            }
+            let mut v: Value = serde_json::from_str(&d).unwrap();
+            v["response"]["output"] = json!([]);
+            (e, v.to_string())
+        })
+        .collect()
+}
+
+/// Issue 34: three calls streamed without `output_index` were filed under
+/// index 0 and ran together into one; they are three, each with its own
+/// arguments, streamed and in the reply.
+#[test]
+fn streamed_calls_without_output_index_are_not_run_together_into_one() {
+    let calls = [
+        weather_call("fc_Vb1qZ8xK2mT4nR7pL0sW3eY6uI9oA5dF", "Paris"),
+        weather_call("fc_Hj2kL4zX6cV8bN0mQ1wE3rT5yU7iO9pA", "Berlin"),
+        weather_call("fc_Sd4fG6hJ8kL0zX2cV4bN6mQ8wE0rT2yU", "Rome"),
+    ];
+    let (reply, deltas) = assemble(Box::new(StreamState::default()), LLAMA_CALLS);
+    let reply = reply.unwrap();
+    assert_eq!(
+        reply.message.tool_calls().collect::<Vec<_>>(),
+        calls.each_ref()
+    );
+    let (text, _, args) = joined(&deltas);
+    assert_eq!(text, "");
+    assert_eq!(
+        args,
+        BTreeMap::from([
+            (0, "{\"city\":\"Paris\"}".to_owned()),
+            (1, "{\"city\":\"Berlin\"}".to_owned()),
+            (2, "{\"city\":\"Rome\"}".to_owned()),
+        ])
+    );
+    assert_eq!((reply.tokens.input, reply.tokens.output), (212, 61));
+
+    // From the deltas alone (no whole items, an empty output at the end).
+    let mut assembler = Box::new(StreamState::default());
+    let (sink, _) = sink();
+    let outcomes = feed(assembler.as_mut(), &deltas_only(LLAMA_CALLS), &sink);
+    assert_eq!(outcomes.last(), Some(&Ok(true)));
+    let reply = assembler.finish().unwrap();
+    assert_eq!(
+        reply.message.tool_calls().collect::<Vec<_>>(),
+        calls.each_ref()
+    );
+}
+
+/// Issue 34: a message followed by calls, without `output_index`: the text
+/// stays the message's and each call its own.
+#[test]
+fn a_streamed_message_followed_by_calls_without_output_index_is_kept_apart() {
+    let calls = [
+        weather_call("fc_Pq7wE9rT1yU3iO5pA7sD9fG1hJ3kL5zX", "Oslo"),
+        weather_call("fc_Mn6bV8cX0zL2kJ4hG6fD8sA0pO2iU4yT", "Lima"),
+    ];
+    let (reply, deltas) = assemble(Box::new(StreamState::default()), LLAMA_TEXT_CALLS);
+    let reply = reply.unwrap();
+    assert_eq!(reply.message.text(), "Checking both cities.");
+    assert_eq!(
+        reply.message.tool_calls().collect::<Vec<_>>(),
+        calls.each_ref()
+    );
+    let (text, _, args) = joined(&deltas);
+    assert_eq!(text, "Checking both cities.");
+    assert_eq!(
+        args,
+        BTreeMap::from([
+            (0, "{\"city\":\"Oslo\"}".to_owned()),
+            (1, "{\"city\":\"Lima\"}".to_owned()),
+        ])
+    );
+
+    let mut assembler = Box::new(StreamState::default());
+    let (sink, _) = sink();
+    feed(assembler.as_mut(), &deltas_only(LLAMA_TEXT_CALLS), &sink);
+    let reply = assembler.finish().unwrap();
+    assert_eq!(reply.message.text(), "Checking both cities.");
+    assert_eq!(
+        reply.message.tool_calls().collect::<Vec<_>>(),
+        calls.each_ref()
+    );
+}
+
+/// The completed response's output is the server's whole list: when the
+/// stream built fewer items (here, two calls it could not tell apart), the
+/// reply is that list; when it built more, the items built.
+#[test]
+fn the_completed_output_is_the_reply_when_it_has_every_item_built() {
+    let (sink, _) = sink();
+    let call = |id: &str, city: &str| {
+        json!({"type": "function_call", "call_id": id, "name": "get_weather",
+               "arguments": json!({"city": city}).to_string()})
+    };
+    let mut state = StreamState::default();
+    // Neither an output_index nor an id: both go to index 0.
+    let added = json!({"type": "response.output_item.added",
+        "item": {"type": "function_call", "name": "get_weather", "arguments": ""}});
+    for _ in 0..2 {
+        state
+            .event("response.output_item.added", &added.to_string(), &sink)
+            .unwrap();
+    }
+    let completed = json!({"type": "response.completed", "response": {"status": "completed",
+        "output": [call("a", "Paris"), call("b", "Rome")]}});
+    assert_eq!(
+        state.event("response.completed", &completed.to_string(), &sink),
+        Ok(true)
+    );
+    let reply = Box::new(state).finish().unwrap();
+    assert_eq!(
+        reply.message.tool_calls().collect::<Vec<_>>(),
+        [&weather_call("a", "Paris"), &weather_call("b", "Rome")]
+    );
+}
