@@ -29,10 +29,9 @@
 //!
 //! Elsewhere (not Linux) tools run as before: in a process group that Arbor
 //! kills (SIGKILL) on every way out it sees, which a SIGKILL of Arbor is not.
-
-// The one module with unsafe code (the workspace denies it elsewhere): the
-// keeper's system calls, each block commented with why it is sound.
-#![allow(unsafe_code)]
+//!
+//! The workspace denies unsafe code: each function here that makes system
+//! calls allows it, with a SAFETY comment on each block.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -148,6 +147,7 @@ impl CallLock {
 /// Opens the lock file at `path` and tries to lock it. `Ok(None)`: held by
 /// another open file (an earlier attempt). A lock on a file that was removed
 /// meanwhile is dropped and tried again on the new one.
+#[allow(unsafe_code)]
 fn try_lock(path: &Path) -> std::io::Result<Option<File>> {
     use std::os::fd::AsRawFd as _;
     use std::os::unix::fs::MetadataExt as _;
@@ -177,6 +177,7 @@ fn try_lock(path: &Path) -> std::io::Result<Option<File>> {
 
 /// `$XDG_RUNTIME_DIR/arbor/calls`, or `$TMPDIR/arbor-UID/calls` (created,
 /// owner-only), or None.
+#[allow(unsafe_code)]
 fn lock_dir() -> Option<PathBuf> {
     use std::os::unix::fs::DirBuilderExt as _;
     use std::os::unix::fs::PermissionsExt as _;
@@ -229,6 +230,7 @@ mod imp {
     /// both for its whole life, keepers only the read end.
     static LIFELINE: OnceLock<Option<(OwnedFd, OwnedFd)>> = OnceLock::new();
 
+    #[allow(unsafe_code)]
     fn lifeline() -> Option<(RawFd, RawFd)> {
         LIFELINE
             .get_or_init(|| {
@@ -249,6 +251,7 @@ mod imp {
     /// `fd`, or a copy of it numbered 3 or more: a process started with a
     /// standard stream closed gets fds 0–2 from `open`, which the child's
     /// stdio would replace.
+    #[allow(unsafe_code)]
     pub(super) fn above_stdio(fd: OwnedFd) -> Option<OwnedFd> {
         if fd.as_raw_fd() > 2 {
             return Some(fd);
@@ -259,6 +262,7 @@ mod imp {
         (copy >= 0).then(|| unsafe { OwnedFd::from_raw_fd(copy) })
     }
 
+    #[allow(unsafe_code)]
     pub(super) fn install(command: &mut tokio::process::Command, lock: Option<RawFd>) -> bool {
         let Some((life, _)) = lifeline() else {
             return false;
@@ -273,6 +277,7 @@ mod imp {
     }
 
     /// The signals the keeper waits for (through a signalfd).
+    #[allow(unsafe_code)]
     fn waited_signals() -> libc::sigset_t {
         // SAFETY: sigset operations on a local set.
         unsafe {
@@ -294,6 +299,7 @@ mod imp {
     /// Runs in the child `spawn` forked, after std set up its stdio, group and
     /// signal mask: forks the program (which returns `Ok` to go on to `exec`)
     /// and becomes its keeper (which never returns).
+    #[allow(unsafe_code)]
     fn keeper(life: RawFd, lock: RawFd) -> std::io::Result<()> {
         // SAFETY: system calls only; this process has one thread.
         unsafe {
@@ -326,6 +332,7 @@ mod imp {
     }
 
     /// The keeper's life: see the module docs.
+    #[allow(unsafe_code)]
     unsafe fn keep(
         program: libc::pid_t,
         arbor: libc::pid_t,
@@ -428,6 +435,7 @@ mod imp {
     }
 
     /// Reaps every child that has ended, noting the program's status.
+    #[allow(unsafe_code)]
     unsafe fn reap(program: libc::pid_t, status: &mut Option<libc::c_int>) {
         loop {
             let mut st = 0;
@@ -445,6 +453,7 @@ mod imp {
     /// Kills the program's group, then every child this keeper has (the
     /// program, what was re-parented to it, and their groups), until none
     /// is left.
+    #[allow(unsafe_code)]
     unsafe fn sweep(program: libc::pid_t, status: &mut Option<libc::c_int>) {
         // SAFETY: system calls only.
         unsafe {
@@ -479,6 +488,7 @@ mod imp {
 
     /// Calls `f` with the pid of each child of this (one-threaded) process;
     /// false when the kernel offers no list (no `/proc/thread-self/children`).
+    #[allow(unsafe_code)]
     unsafe fn for_each_child(mut f: impl FnMut(libc::pid_t)) -> bool {
         // SAFETY: system calls on a local buffer.
         unsafe {
@@ -519,6 +529,7 @@ mod imp {
     }
 
     /// Closes fds `from..=to` (close_range, or one by one on old kernels).
+    #[allow(unsafe_code)]
     unsafe fn close_range(from: RawFd, to: RawFd) {
         if from > to {
             return;
