@@ -567,3 +567,73 @@ system_prompt = "You answer."
         "the root's model call was not sent: {spans:#?}\n{said}"
     );
 }
+
+/// A tool call that fails ends its `execute_tool` span with status ERROR
+/// and `error.type = "tool_error"`; one that succeeds keeps it unset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_tool_call_is_a_span_with_status_error_and_error_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, received) = receiver().await;
+    std::fs::write(
+        dir.path().join("tools.toml"),
+        r#"
+[store]
+enabled = false
+
+[models.script]
+provider = "scripted"
+file = "script.json"
+
+[tools.echo]
+description = "Echoes its word."
+input_schema = { type = "object", properties = { word = { type = "string" } }, required = ["word"] }
+command = ["echo", "{word}"]
+
+[tools.fail]
+description = "Fails."
+input_schema = { type = "object" }
+command = ["sh", "-c", "echo broken >&2; exit 3"]
+
+[agents.lead]
+model = "script"
+tools = ["echo", "fail"]
+"#,
+    )
+    .unwrap();
+    let script = json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [{"name": "echo", "input": {"word": "one"}},
+                           {"name": "fail", "input": {}}]},
+            {"text": "done"}
+        ]}
+    ]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let out = arbor_run(
+        dir.path(),
+        &["--config", "tools.toml", "--agent", "lead", "go"],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &base)],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let spans = received.spans();
+    let tool = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s.name == format!("execute_tool {name}"))
+            .unwrap_or_else(|| panic!("no {name} span: {spans:#?}"))
+    };
+    let failed = tool("fail");
+    let status = failed.status.as_ref().unwrap();
+    assert_eq!(status.code, SpanStatus::Error as i32, "{failed:#?}");
+    assert_eq!(
+        string(&failed.attributes, "error.type").as_deref(),
+        Some("tool_error")
+    );
+    let ok = tool("echo");
+    assert_ne!(
+        ok.status.as_ref().map(|s| s.code),
+        Some(SpanStatus::Error as i32),
+        "{ok:#?}"
+    );
+    assert_eq!(string(&ok.attributes, "error.type"), None);
+}

@@ -902,6 +902,9 @@ impl AgentRun {
             gen_ai.operation.name = "execute_tool",
             gen_ai.tool.name = tool.name(),
             gen_ai.tool.call.id = ctx.call_id.as_str(),
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+            error.type = tracing::field::Empty,
         );
         self.tool_tasks.push(tokio::spawn(
             async move {
@@ -909,6 +912,13 @@ impl AgentRun {
                     Ok(result) => ToolOutcome::Done(result.map_err(|e| e.message)),
                     Err(panic) => ToolOutcome::Panicked(panic_message(panic)),
                 };
+                // A call that failed: status ERROR on its span.
+                let span = tracing::Span::current();
+                match &outcome {
+                    ToolOutcome::Done(Err(message)) => mark_failed(&span, "tool_error", message),
+                    ToolOutcome::Panicked(message) => mark_failed(&span, "panicked", message),
+                    ToolOutcome::Done(Ok(_)) => {}
+                }
                 let _ = me.cast(AgentMsg::ToolDone {
                     step,
                     index,
