@@ -436,6 +436,10 @@ pub(crate) struct LoadtestArgs {
     /// Config file for --model (default: ./config.toml if present, else the built-in one).
     #[arg(long, short)]
     pub(crate) config: Option<PathBuf>,
+    /// Stop the tree after this long (its deadline, e.g. 30s): a tree too
+    /// large to finish runs to it and reports what it did.
+    #[arg(long, value_parser = duration_arg)]
+    pub(crate) duration: Option<std::time::Duration>,
     /// Run the tree this many times (1 to 1000).
     #[arg(long, default_value_t = 1)]
     pub(crate) repeat: usize,

@@ -96,6 +96,7 @@ impl LoadtestArgs {
             model: None,
             repeat: self.repeat,
             store: None,
+            duration: self.duration,
         };
         for (option, why) in options.problems() {
             let flag = match option {

@@ -82,6 +82,9 @@ pub struct LoadOptions {
     /// Store the trees here: a SQLite file or a Postgres database (the run
     /// then includes writing it).
     pub store: Option<crate::config::StoreLocation>,
+    /// The tree's deadline (`[limits] deadline`): a tree too large to finish
+    /// runs to it. `None`: no deadline.
+    pub duration: Option<Duration>,
 }
 
 impl Default for LoadOptions {
@@ -96,6 +99,7 @@ impl Default for LoadOptions {
             model: None,
             repeat: 1,
             store: None,
+            duration: None,
         }
     }
 }
@@ -164,6 +168,9 @@ impl LoadOptions {
                     ranges::HISTORY_BYTES
                 ),
             ));
+        }
+        if self.duration.is_some_and(|d| d.is_zero()) {
+            out.push(("duration", "must be more than 0".to_owned()));
         }
         if let Some(n) = self.max_live {
             // Read as a config's `[limits] max_live_agents` is: its range (zero
@@ -262,6 +269,7 @@ impl LoadOptions {
             max_depth: Some(self.shape.len()),
             max_children_per_call: self.shape.iter().copied().max().and_then(NonZeroUsize::new),
             max_live_agents: self.max_live.and_then(NonZeroUsize::new),
+            deadline: self.duration,
             ..TreeLimits::default()
         };
         let supervisor = Supervisor::with_retention(catalog, limits, Retain::Roots);

@@ -336,6 +336,9 @@ fn title(o: &LoadOptions) -> String {
     if o.history > 0 {
         let _ = write!(t, ", history {}×{} B", o.history, o.msg_bytes);
     }
+    if let Some(d) = o.duration {
+        let _ = write!(t, ", duration {}", human_us(d.as_micros() as u64));
+    }
     t
 }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use arbor_actors::hooks::{RunIds, Slot, SlotPriority};
+use arbor_actors::hooks::{RunIds, Slot, SlotLine, SlotPriority};
 use arbor_actors::idmap::IdMap;
 use arbor_actors::sync::LockExt;
 use arbor_actors::toolbox::Toolbox;
@@ -134,7 +134,7 @@ impl TreeContext {
         };
         self.seq = AtomicU64::new(recovery.last_seq + gap);
         self.budget.restore(&recovery.spent);
-        self.budget.restore_raised(recovery.raised);
+        self.budget.raise(recovery.raised, crate::Raised::default());
         self.recovery = Some(recovery);
         self.replay = replay;
         self
@@ -181,12 +181,8 @@ impl TreeContext {
     /// Raises the tree's budgets and wakes its agents paused on them.
     /// Journaled as a `limitsRaised` event of the root; returns the budgets
     /// in force.
-    pub(crate) fn raise(
-        &self,
-        set: crate::Raised,
-        add: crate::Raised,
-    ) -> Result<crate::Raised, crate::limits::RaiseRefused> {
-        let raised = self.budget.raise(set, add)?;
+    pub(crate) fn raise(&self, set: crate::Raised, add: crate::Raised) -> crate::Raised {
+        let raised = self.budget.raise(set, add);
         let root: Arc<str> = Arc::from(format!("{}/0", self.tree_id()).as_str());
         self.emit(
             &root,
@@ -200,7 +196,7 @@ impl TreeContext {
         for actor in actors {
             let _ = actor.cast(AgentMsg::BudgetRaised);
         }
-        Ok(self.budget.budgets())
+        self.budget.budgets()
     }
 
     /// Ids of the root run, `T/0`.
@@ -292,6 +288,13 @@ impl TreeHooks for TreeContext {
         match &self.budget.slots {
             None => futures::future::ready(None).boxed(),
             Some(slots) => slots.acquire(priority),
+        }
+    }
+
+    fn acquire_slots(&self, priority: SlotPriority, count: usize) -> SlotLine {
+        match &self.budget.slots {
+            None => SlotLine::Unlimited,
+            Some(slots) => slots.line(priority, count),
         }
     }
 

@@ -415,21 +415,17 @@ impl AgentRun {
         // child let a freed slot go to a new, shallower agent whenever no
         // launch happened to be in line, and every new parent brought ten more
         // children: the 1.1 M-agent tree at 10,000 live held 17,000 alive.
-        let slots: Vec<_> = children
-            .iter()
-            .map(|_| hooks.acquire_slot(priority))
-            .collect();
+        // The launch waits in line once, for all its children (see
+        // `SlotLine`): a child waiting for its slot holds nothing of its own.
+        let mut line = hooks.acquire_slots(priority, children.len());
         tokio::spawn(async move {
-            let mut pending = children.into_iter().zip(slots);
-            while let Some((
-                Start {
-                    key,
-                    plan,
-                    toolbox,
-                    ids,
-                },
-                mut acquire,
-            )) = pending.next()
+            let mut pending = children.into_iter();
+            while let Some(Start {
+                key,
+                plan,
+                toolbox,
+                ids,
+            }) = pending.next()
             {
                 // A resumed tree merges a child that finished before, and lets
                 // one that was cut short go on from its last checkpoint.
@@ -462,7 +458,7 @@ impl AgentRun {
                 };
                 // A free slot is taken at once: no wait to set up (a cancel or
                 // skip is checked just below either way).
-                let slot = match (&mut acquire).now_or_never() {
+                let slot = match line.next().now_or_never() {
                     Some(slot) => Some(slot),
                     None => {
                         // Cancelled by its run id before it started: it never will.
@@ -485,7 +481,7 @@ impl AgentRun {
                                 let _ = me.cast(AgentMsg::ChildNotStarted { key, error });
                                 continue;
                             }
-                            slot = acquire => Some(slot),
+                            slot = line.next() => Some(slot),
                         }
                     }
                 };
@@ -496,7 +492,7 @@ impl AgentRun {
                 }
                 // A cancel that raced the slot wins: nothing starts after it.
                 let Some(slot) = slot.filter(|_| !*cancelled.borrow()) else {
-                    for key in std::iter::once(key).chain(pending.map(|(s, _)| s.key)) {
+                    for key in std::iter::once(key).chain(pending.map(|s| s.key)) {
                         let error = "cancelled before it started".to_owned();
                         let _ = me.cast(AgentMsg::ChildNotStarted { key, error });
                     }
