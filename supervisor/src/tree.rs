@@ -134,7 +134,7 @@ impl TreeContext {
         };
         self.seq = AtomicU64::new(recovery.last_seq + gap);
         self.budget.restore(&recovery.spent);
-        self.budget.raise(recovery.raised, crate::Raised::default());
+        self.budget.restore_raised(recovery.raised);
         self.recovery = Some(recovery);
         self.replay = replay;
         self
@@ -181,8 +181,12 @@ impl TreeContext {
     /// Raises the tree's budgets and wakes its agents paused on them.
     /// Journaled as a `limitsRaised` event of the root; returns the budgets
     /// in force.
-    pub(crate) fn raise(&self, set: crate::Raised, add: crate::Raised) -> crate::Raised {
-        let raised = self.budget.raise(set, add);
+    pub(crate) fn raise(
+        &self,
+        set: crate::Raised,
+        add: crate::Raised,
+    ) -> Result<crate::Raised, crate::limits::RaiseRefused> {
+        let raised = self.budget.raise(set, add)?;
         let root: Arc<str> = Arc::from(format!("{}/0", self.tree_id()).as_str());
         self.emit(
             &root,
@@ -196,7 +200,7 @@ impl TreeContext {
         for actor in actors {
             let _ = actor.cast(AgentMsg::BudgetRaised);
         }
-        self.budget.budgets()
+        Ok(self.budget.budgets())
     }
 
     /// Ids of the root run, `T/0`.
