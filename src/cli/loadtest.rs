@@ -256,11 +256,7 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
             Spread::of(&reports.iter().map(f).collect::<Vec<_>>())
         };
         outln!("over {} runs:", reports.len())?;
-        let rows: [(
-            &str,
-            fn(&arbor::loadtest::LoadReport) -> f64,
-            fn(f64) -> String,
-        ); 4] = [
+        let rows: [SpreadRow; 4] = [
             ("wall time", |r| r.wall_secs * 1e6, human_us_f64),
             ("per agent", |r| r.us_per_agent, human_us_f64),
             ("CPU per agent", |r| r.cpu_us_per_agent, human_us_f64),
@@ -339,6 +335,14 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
         ExitCode::from(1)
     })
 }
+
+/// A row of the spread of `--repeat`: its name, the figure of one run, and
+/// how a figure is written.
+type SpreadRow = (
+    &'static str,
+    fn(&arbor::loadtest::LoadReport) -> f64,
+    fn(f64) -> String,
+);
 
 /// The exit status of a run that crossed a `--threshold` (k6's).
 const THRESHOLD_CROSSED: u8 = 99;

@@ -358,3 +358,40 @@ fn the_plot_of_a_short_run_shows_the_live_peak_the_report_gives() {
         "{texts:?}"
     );
 }
+
+/// `--repeat` reported the best run ("best of 3"), which hides how much runs
+/// differ: it reports the spread now, and compares medians with a baseline.
+#[test]
+fn repeated_runs_report_their_spread_not_the_best_of_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "loadtest",
+            "--fanout",
+            "3",
+            "--depth",
+            "1",
+            "--repeat",
+            "3",
+            "--no-store",
+            "--baseline",
+        ],
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("\nover 3 runs:\n"), "{stdout}");
+    for name in ["wall time", "per agent", "CPU per agent", "agents/s"] {
+        let spread = stdout
+            .split("over 3 runs:")
+            .nth(1)
+            .and_then(|after| row(after, name))
+            .unwrap_or_else(|| panic!("no spread of {name:?}: {stdout}"));
+        assert!(
+            spread.starts_with("median ") && spread.contains("–") && spread.contains(", stdev "),
+            "{stdout}"
+        );
+    }
+    assert!(stdout.contains("CPU per agent (median of 3)"), "{stdout}");
+    assert!(!stdout.contains("best of"), "{stdout}");
+}
