@@ -67,8 +67,11 @@ pub(super) async fn decide(
     );
     anyhow::ensure!(
         !call_id.trim().is_empty(),
-        "the call id is empty: give the CALL column of `arbor approvals`"
+        "the call id is empty: give the CALL column of `arbor approvals`, or `all`"
     );
+    if call_id == ALL {
+        return decide_all(api, tree_id, decision).await;
+    }
     let body = serde_json::to_value(&decision)?;
     let (status, answer) = api
         .send(
@@ -98,6 +101,49 @@ pub(super) async fn decide(
             outln!(
                 "denied: tool call {call_id} of tree {tree_id} does not run; the model reads why"
             )?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The call id `arbor approve`/`deny` take for every call of the tree
+/// waiting now (`arbor approve TREE all`).
+const ALL: &str = "all";
+
+/// `arbor approve TREE all` / `arbor deny TREE all`: one decision over every
+/// call of the tree waiting now (`POST /v1/trees/{treeId}/approvals`), each
+/// journaled as its own.
+async fn decide_all(api: &Api, tree_id: &str, decision: Decision) -> anyhow::Result<ExitCode> {
+    let body = match &decision {
+        Decision::Approve { input: Some(_) } => anyhow::bail!(
+            "--input is one call's: approve the calls one by one (`arbor approvals {tree_id}` lists them)"
+        ),
+        Decision::Approve { input: None } => serde_json::json!({"decision": "approve"}),
+        Decision::Deny { reason } => serde_json::json!({"decision": "deny", "reason": reason}),
+    };
+    let (status, answer) = api
+        .send(
+            reqwest::Method::POST,
+            &["v1", "trees", tree_id, "approvals"],
+            Some(&body),
+        )
+        .await?;
+    let verb = match decision {
+        Decision::Approve { .. } => "approve",
+        Decision::Deny { .. } => "deny",
+    };
+    if !status.is_success() {
+        let message = api.refusal(status, &answer);
+        anyhow::bail!(
+            "cannot {verb} the waiting calls of tree {tree_id}: the server refused ({status}): {message}"
+        );
+    }
+    let n = answer["decided"].as_array().map_or(0, Vec::len);
+    let calls = if n == 1 { "call" } else { "calls" };
+    match decision {
+        Decision::Approve { .. } => outln!("approved: {n} tool {calls} of tree {tree_id} run")?,
+        Decision::Deny { .. } => {
+            outln!("denied: {n} tool {calls} of tree {tree_id} do not run; the model reads why")?
         }
     }
     Ok(ExitCode::SUCCESS)

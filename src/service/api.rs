@@ -30,7 +30,7 @@ use super::replica::{self, Budget, ControlBody, Route};
     ),
     paths(
         create_run, list_runs, get_run, run_events, cancel_run, steer_run, get_tree, list_agents,
-        list_approvals, tree_approvals, decide_approval, raise_limits, get_limits, create_turn,
+        list_approvals, tree_approvals, decide_approval, decide_approvals, raise_limits, get_limits, create_turn,
         healthz, readyz, metrics
     ),
     components(schemas(ErrorBody, TreeSummary, RunNode, TreeLimits, ToolRule, TreeStatus)),
@@ -351,6 +351,35 @@ pub struct Decided {
     /// here or, when forwarded, by the replica that runs the tree.
     pub decided: bool,
     /// Set when another replica runs the tree (see `Cancelled`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forwarded: Option<Forwarded>,
+}
+
+/// One decision over many waiting calls of a tree (semantics §12).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecideMany {
+    /// `approve` (each call with the model's input) or `deny`.
+    pub decision: String,
+    /// Why, for the model (`deny` only).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// Only the calls of this tool (by the name templates use); absent:
+    /// every call of the tree waiting now.
+    #[serde(default)]
+    pub tool: Option<String>,
+}
+
+/// Calls decided by one decision.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DecidedMany {
+    /// The tree.
+    pub tree_id: String,
+    /// The calls decided, oldest first (each an `approvalDecided` event).
+    pub decided: Vec<String>,
+    /// Set when another replica runs the tree: the decisions were posted
+    /// for it, one per call its journal has waiting.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forwarded: Option<Forwarded>,
 }
@@ -1012,6 +1041,80 @@ pub async fn decide_approval(
             forwarded,
         }),
     ))
+}
+
+#[utoipa::path(
+    post, path = "/v1/trees/{treeId}/approvals", tag = "approvals",
+    params(("treeId" = String, Path)),
+    request_body = DecideMany,
+    responses(
+        (status = 200, description = "Decided: every call of the tree (or of `tool`) waiting now, each journaled as its own decision", body = DecidedMany),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, description = "No call (of that tool) waits in that tree", body = ErrorBody),
+        (status = 409, description = "The tree has ended", body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 422, description = "Not approve or deny, or a reason given to an approval", body = ErrorBody),
+        (status = 503, body = ErrorBody),
+    )
+)]
+pub async fn decide_approvals(
+    State(shared): State<Arc<Shared>>,
+    Caller(caller): Caller,
+    ApiPath(tree_id): ApiPath<String>,
+    ApiJson(body): ApiJson<DecideMany>,
+) -> Result<Json<DecidedMany>, ApiError> {
+    access::check(&shared, &caller, Action::Write, Subject::Tree(&tree_id)).await?;
+    let decision = match (body.decision.as_str(), body.reason) {
+        ("approve", None) => Decision::Approve { input: None },
+        ("deny", reason) => Decision::Deny {
+            reason: reason.unwrap_or_default(),
+        },
+        ("approve", Some(_)) => {
+            return Err(ApiError::invalid(
+                "a reason is a denial's: approve takes none".to_owned(),
+            ));
+        }
+        (other, _) => {
+            return Err(ApiError::invalid(format!(
+                "decision {other:?}: approve or deny"
+            )));
+        }
+    };
+    let supervisor = shared.runtime.supervisor();
+    if !supervisor.is_running(&tree_id)
+        && let Some(owner) = elsewhere(&shared, &tree_id).await?
+    {
+        // Run by another replica: one decision posted per call its journal has waiting.
+        let tree = tree_id.clone();
+        let journal = supervisor
+            .read_store(move |store| store.events(&tree, 0))
+            .await?;
+        let mut decided = Vec::new();
+        for call in replica::pending_from_journal(&tree_id, &journal) {
+            if body.tool.as_ref().is_some_and(|t| *t != call.tool) {
+                continue;
+            }
+            let control = ControlBody::Decide {
+                call_id: call.tool_call_id.clone(),
+                decision: decision.clone(),
+            };
+            replica::forward(&shared, &tree_id, &control).await?;
+            decided.push(call.tool_call_id);
+        }
+        return Ok(Json(DecidedMany {
+            tree_id,
+            decided,
+            forwarded: Some(Forwarded::to(owner)),
+        }));
+    }
+    let decided = supervisor
+        .decide_all(&tree_id, body.tool.as_deref(), decision)
+        .await?;
+    Ok(Json(DecidedMany {
+        tree_id,
+        decided,
+        forwarded: None,
+    }))
 }
 
 #[utoipa::path(

@@ -503,7 +503,10 @@ impl Service {
                 patch(api::raise_limits).get(api::get_limits),
             )
             .route("/v1/trees/{tree_id}/turns", post(api::create_turn))
-            .route("/v1/trees/{tree_id}/approvals", get(api::tree_approvals))
+            .route(
+                "/v1/trees/{tree_id}/approvals",
+                get(api::tree_approvals).post(api::decide_approvals),
+            )
             .route(
                 "/v1/trees/{tree_id}/approvals/{call_id}",
                 post(api::decide_approval),

@@ -114,6 +114,17 @@ impl Approvals {
         list
     }
 
+    /// The calls one decision over many covers: every call of tree
+    /// `tree_id` that waits, or those of the tool `tool` (by the name
+    /// templates use), oldest first.
+    pub(crate) fn covered(&self, tree_id: &str, tool: Option<&str>) -> Vec<String> {
+        self.list(Some(tree_id))
+            .into_iter()
+            .filter(|p| tool.is_none_or(|t| p.tool == t))
+            .map(|p| p.tool_call_id)
+            .collect()
+    }
+
     /// The run whose call `call_id` of tree `tree_id` waits, if one does.
     pub(crate) fn run_of(&self, tree_id: &str, call_id: &str) -> Option<String> {
         self.pending

@@ -107,3 +107,69 @@ async fn the_page_prefills_the_raise_of_the_budget_that_ran_out_not_ten_steps() 
     assert_eq!(report["amount"], "1", "{report:#}");
     assert_eq!(report["consoleErrors"], json!([]), "{report:#}");
 }
+
+/// A lead whose twenty `echo` calls of one step each wait for a person.
+const MANY: &str = r#"
+[service]
+bind = "127.0.0.1:0"
+shutdown_timeout = "5s"
+
+[models.script]
+provider = "scripted"
+file = "script.json"
+
+[tools.echo]
+description = "Echoes its word."
+input_schema = { type = "object", properties = { word = { type = "string" } }, required = ["word"] }
+command = ["echo", "{word}"]
+
+[agents.lead]
+model = "script"
+tools = ["echo"]
+approve = ["echo"]
+"#;
+
+/// Twenty waiting calls need one decision, not twenty: `arbor approve TREE
+/// all` posts one decision over every call of the tree waiting now
+/// (`POST /v1/trees/{treeId}/approvals`), each journaled as its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_waiting_calls_are_approved_with_one_command_not_twenty() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.toml"), MANY).unwrap();
+    let calls: Vec<Value> = (0..20)
+        .map(|n| json!({"name": "echo", "input": {"word": format!("w{n}")}}))
+        .collect();
+    let script = json!({"replies": [{"agent": "lead", "steps": [
+        {"toolCalls": calls},
+        {"text": "done"}
+    ]}]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let mut server = Server::start(dir.path(), &["--config", "config.toml"], Some(TOKEN));
+    server.wait_for("ready");
+    let (status, created) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "lead", "prompt": "go"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let tree = created["treeId"].as_str().unwrap().to_owned();
+    let run_id = created["runId"].as_str().unwrap().to_owned();
+    read_until(&server, &run_id, "event: suspended", 1).await;
+    let base = server.base.clone();
+    let at = dir.path().to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        crate::arbor_in(
+            &at,
+            &["approve", &tree, "all", "--server", &base, "--token", TOKEN],
+        )
+    })
+    .await
+    .unwrap();
+    let said = crate::text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", crate::text(&out.stderr));
+    assert!(said.contains("approved: 20 tool calls"), "{said}");
+    let text = read_until(&server, &run_id, "event: agentFinished", 1).await;
+    assert_eq!(text.matches("event: approvalDecided").count(), 20, "{text}");
+    assert!(!text.contains("event: agentFailed"), "{text}");
+}

@@ -217,6 +217,55 @@ impl Supervisor {
         }
     }
 
+    /// One decision over many calls (semantics §12): every call of tree
+    /// `tree_id` waiting now, or every one of the tool `tool`, gets
+    /// `decision`, each as its own journaled `approvalDecided` event (so a
+    /// restart takes them as recorded). An edited input is one call's:
+    /// refused here. Returns the calls decided, oldest first; a tree with
+    /// none waiting is refused as [`Error::UnknownApproval`] naming `*` (or
+    /// as ended, when it has).
+    pub async fn decide_all(
+        &self,
+        tree_id: &str,
+        tool: Option<&str>,
+        decision: Decision,
+    ) -> Result<Vec<String>, Error> {
+        let label = tool.map_or_else(|| "*".to_owned(), |t| format!("* ({t})"));
+        if let Decision::Approve { input: Some(_) } = decision {
+            return Err(Error::DecisionRefused {
+                tree_id: tree_id.to_owned(),
+                call_id: label,
+                reason: DecideRefused::InvalidInput(
+                    "an edited input is one call's: approve the calls one by one".into(),
+                ),
+            });
+        }
+        let calls = self.approvals.covered(tree_id, tool);
+        if calls.is_empty() {
+            return Err(match self.tree_ended(tree_id).await {
+                true => Error::DecisionRefused {
+                    tree_id: tree_id.to_owned(),
+                    call_id: label,
+                    reason: DecideRefused::Ended,
+                },
+                false => Error::UnknownApproval {
+                    tree_id: tree_id.to_owned(),
+                    call_id: label,
+                },
+            });
+        }
+        let mut decided = Vec::with_capacity(calls.len());
+        for call in calls {
+            // A call whose run ended meanwhile is no longer decided.
+            match self.decide(tree_id, &call, decision.clone()).await {
+                Ok(()) => decided.push(call),
+                Err(Error::UnknownApproval { .. } | Error::DecisionRefused { .. }) => {}
+                Err(other) => return Err(other),
+            }
+        }
+        Ok(decided)
+    }
+
     /// Whether the tree `tree_id` has ended: it does not run here, and the
     /// store has it ended (or, without a store, its root's final state is
     /// still kept).

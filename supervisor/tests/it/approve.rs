@@ -440,3 +440,68 @@ fn a_pending_approval_keeps_its_age_across_a_restart() {
         finish(handle).await;
     });
 }
+
+/// Issue 34: 200 calls waiting in one tree need one decision, not 200 (as
+/// the OpenAI Agents SDK's `always_approve`): every call of the tool gets it,
+/// each journaled as its own `approvalDecided` event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_pending_calls_of_a_tree_are_decided_with_one_decision() {
+    let calls: Vec<Value> = (0..200)
+        .map(|n| json!({"name": "echo", "input": {"n": n}}))
+        .collect();
+    let model = scripted(json!({"replies": [{"agent": "asker", "steps": [
+        {"toolCalls": calls},
+        {"text": "all done"}
+    ]}]}));
+    let mut asker = with_echo(template("asker"));
+    asker.approve = vec!["echo".into()];
+    let catalog = Catalog::builder()
+        .model(model as Arc<dyn Model>)
+        .tool(echo() as Arc<dyn Tool>)
+        .template(asker)
+        .build()
+        .unwrap();
+    let sup = Supervisor::new(catalog, TreeLimits::default());
+    let mut rx = sup.subscribe();
+    let mut seen = Vec::new();
+    let handle = start(&sup, "asker", "ask").await;
+    wait_for(&mut rx, &mut seen, |e| {
+        matches!(e.kind, EventKind::Suspended)
+    })
+    .await;
+    assert_eq!(sup.approvals(Some("t")).len(), 200);
+    // An edited input is one call's; another tool's calls are none.
+    assert!(matches!(
+        sup.decide_all(
+            "t",
+            None,
+            Decision::Approve {
+                input: Some(json!({"n": 0}))
+            }
+        )
+        .await,
+        Err(Error::DecisionRefused {
+            reason: DecideRefused::InvalidInput(_),
+            ..
+        })
+    ));
+    assert!(matches!(
+        sup.decide_all("t", Some("rm"), Decision::Approve { input: None })
+            .await,
+        Err(Error::UnknownApproval { .. })
+    ));
+    let decided = sup
+        .decide_all("t", Some("echo"), Decision::Approve { input: None })
+        .await
+        .unwrap();
+    assert_eq!(decided.len(), 200);
+    let result = finish(handle).await;
+    assert_eq!(result.state.status, AgentStatus::Completed);
+    assert!(sup.approvals(None).is_empty());
+    seen.extend(drain(&mut rx));
+    let journaled = seen
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::ApprovalDecided { .. }))
+        .count();
+    assert_eq!(journaled, 200, "each decision its own event");
+}
