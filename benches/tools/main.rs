@@ -463,12 +463,15 @@ async fn bare_loop(workers: usize, steps: usize, like_arbor: bool) {
 
 async fn tool_loop(tool: &Arc<CommandTool>, workers: usize, steps: usize) {
     let tasks: Vec<_> = (0..workers)
-        .map(|_| {
+        .map(|w| {
             let tool = tool.clone();
             tokio::spawn(async move {
-                let ctx = ctx();
-                for _ in 0..steps {
-                    let out = tool.call(json!({}), ctx.clone()).await.expect("true");
+                for i in 0..steps {
+                    // A call id of its own, as in a tree: calls of one id
+                    // wait for each other (the call lock).
+                    let mut ctx = ctx();
+                    ctx.call_id = format!("w{w}-c{i}");
+                    let out = tool.call(json!({}), ctx).await.expect("true");
                     assert_eq!(out, ToolOutput::Json(json!("")));
                 }
             })
