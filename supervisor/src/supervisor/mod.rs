@@ -200,7 +200,7 @@ impl Supervisor {
         let Some(run_id) = self.approvals.run_of(tree_id, call_id) else {
             // A call of a tree that has ended (cancelled, say) waits for
             // nothing any more: refused as ended (409), not unknown (404).
-            return Err(match self.tree_ended(tree_id).await {
+            return Err(match self.asked_and_ended(tree_id, call_id).await {
                 true => refused(DecideRefused::Ended),
                 false => unknown(),
             });
@@ -264,6 +264,35 @@ impl Supervisor {
             }
         }
         Ok(decided)
+    }
+
+    /// Whether the call `call_id` of tree `tree_id` was asked for and never
+    /// decided, and the tree has ended (a cancelled tree's waiting call): a
+    /// decision on it is refused as ended. A call decided already waits
+    /// for nothing: that one is unknown. Without a store, whether the tree
+    /// has ended ([`tree_ended`](Self::tree_ended)).
+    async fn asked_and_ended(&self, tree_id: &str, call_id: &str) -> bool {
+        if self.store.is_none() || self.is_running(tree_id) {
+            return self.tree_ended(tree_id).await;
+        }
+        let (tree, call) = (tree_id.to_owned(), call_id.to_owned());
+        self.read_store_now(move |store| {
+            if !store.status(&tree)?.is_final() {
+                return Ok(false);
+            }
+            let journal = store.events(&tree, 0)?;
+            let of_call = |kind: arbor_actors::EventType| {
+                journal.iter().any(|e| {
+                    e.kind == kind
+                        && e.body.get("toolCallId").and_then(serde_json::Value::as_str)
+                            == Some(call.as_str())
+                })
+            };
+            Ok(of_call(arbor_actors::EventType::ApprovalRequested)
+                && !of_call(arbor_actors::EventType::ApprovalDecided))
+        })
+        .await
+        .unwrap_or(false)
     }
 
     /// Whether the tree `tree_id` has ended: it does not run here, and the
