@@ -412,6 +412,7 @@ impl Model for HttpModel {
             self.wait_for_gate(deadline)
                 .await
                 .map_err(|closed| self.beyond_deadline(closed, reason.as_deref(), retry))?;
+            admission.sending();
             let outcome = tokio::time::timeout(
                 self.settings.timeouts.request,
                 self.attempt(headers, &body, &deltas, &request.meta),

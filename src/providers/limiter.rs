@@ -95,6 +95,14 @@ pub struct Admission {
     id: u64,
 }
 
+impl Admission {
+    /// The request is being sent now: from then on, a reply to a request
+    /// sent after it no longer counts it as on its way.
+    pub fn sending(&self) {
+        self.budgets.in_flight.locked().sending(self.id);
+    }
+}
+
 impl Drop for Admission {
     fn drop(&mut self) {
         self.budgets.in_flight.locked().out.remove(&self.id);
@@ -459,30 +467,36 @@ impl Bucket {
     }
 }
 
-/// The admitted requests not yet ended, by admission: when each was
-/// admitted and its estimated tokens.
+/// The admitted requests not yet ended, by admission: when each was sent
+/// (`None`: not yet) and its estimated tokens.
 #[derive(Default)]
 struct InFlight {
     next: u64,
-    out: BTreeMap<u64, (Instant, u64)>,
+    out: BTreeMap<u64, (Option<Instant>, u64)>,
 }
 
 impl InFlight {
     fn admit(&mut self, tokens: u64) -> u64 {
         let id = self.next;
         self.next += 1;
-        self.out.insert(id, (Instant::now(), tokens));
+        self.out.insert(id, (None, tokens));
         id
     }
 
-    /// The requests (and their tokens) admitted after `sent`: the newest
-    /// entries (ids are given in admission order, under the lock that takes
-    /// the time), so the walk stops at the first admitted before.
+    fn sending(&mut self, id: u64) {
+        if let Some((sent, _)) = self.out.get_mut(&id) {
+            *sent = Some(Instant::now());
+        }
+    }
+
+    /// The requests (and their tokens) the endpoint had not counted when
+    /// it answered one sent at `sent`: those sent after it and those not
+    /// sent yet. All are walked: requests admitted together are not sent
+    /// in the order they were admitted in.
     fn after(&self, sent: Instant) -> (f64, f64) {
         self.out
             .values()
-            .rev()
-            .take_while(|(at, _)| *at > sent)
+            .filter(|(at, _)| at.is_none_or(|at| at > sent))
             .fold((0.0, 0.0), |(n, tokens), (_, t)| {
                 (n + 1.0, tokens + *t as f64)
             })
@@ -1429,6 +1443,33 @@ mod tests {
         drop(on_its_way);
     }
 
+    /// Issue 34: requests admitted together are not sent in the order they
+    /// were admitted in. One admitted before the answered one but sent
+    /// after it was not counted by the endpoint: it owes its share, as does
+    /// one admitted and not sent yet; one sent before is counted.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_admitted_before_the_answered_one_but_sent_after_it_owes_its_share() {
+        let limiter = Limiter::new(&LimiterConfig::default());
+        let counted = limiter.admit(0).await;
+        let admitted_first = limiter.admit(0).await;
+        let answered = limiter.admit(0).await;
+        let not_sent = limiter.admit(0).await;
+        counted.sending();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        answered.sending();
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        admitted_first.sending();
+        // 3 left, 2 on their way: room for one more at once, the next in 1 s.
+        let start = Instant::now();
+        limiter.pace(&requests_bucket("60", "3", "57s"), sent);
+        drop(limiter.admit(0).await);
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        drop(limiter.admit(0).await);
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        drop((counted, admitted_first, answered, not_sent));
+    }
+
     /// A reply to a request sent before the one read last is older news.
     #[tokio::test(start_paused = true)]
     async fn the_headers_of_an_older_request_are_not_read() {
@@ -1626,10 +1667,12 @@ mod tests {
     async fn pace_counts_the_requests_admitted_after_the_answered_one_was_sent() {
         let limiter = Limiter::new(&LimiterConfig::default());
         let answered = limiter.admit(100).await;
+        answered.sending();
         let sent = Instant::now();
         tokio::time::advance(Duration::from_millis(1)).await;
         let later = limiter.admit(100).await;
         let last = limiter.admit(300).await;
+        later.sending();
         let wait = |headers: &HeaderMap| limiter.pace(headers, sent).map(|pause| pause.wait);
         let mut headers = HeaderMap::new();
         headers.insert("x-ratelimit-remaining-requests", "2".parse().unwrap());
