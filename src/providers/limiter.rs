@@ -195,8 +195,8 @@ impl Limiter {
     }
 
     /// Reads the rate-limit headers of the reply to a request sent at `sent`:
-    /// the requests admitted after `sent` are the ones the endpoint had not
-    /// counted yet when it answered. Each bucket whose rate they tell
+    /// the requests sent after `sent`, or admitted and not sent yet, are the
+    /// ones the endpoint had not counted yet when it answered. Each bucket whose rate they tell
     /// ([`pacing`]) is kept, so that new requests wait in turn for their
     /// share ([`Limiter::admit_before`]); a bucket whose rate is unknown with
     /// nothing left for one more request gives a wait until its reset, for
@@ -1428,8 +1428,8 @@ mod tests {
         assert_eq!(secs, [0, 10, 20, 30], "{went:?}");
     }
 
-    /// A request admitted after the answered one was sent is not yet
-    /// counted by the endpoint: it owes its share.
+    /// A request admitted after the answered one was sent (and not sent
+    /// yet) is not counted by the endpoint: it owes its share.
     #[tokio::test(start_paused = true)]
     async fn a_request_on_its_way_owes_its_share() {
         let limiter = Limiter::new(&LimiterConfig::default());
