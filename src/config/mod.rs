@@ -311,7 +311,10 @@ impl Config {
             snapshot,
             &format!("<the config tree {tree_id} started with>"),
             base_dir,
-            |file| redact::restore_secrets(file, tree_id, current),
+            |file| {
+                redact::restore_secrets(file, tree_id, current);
+                read::drop_unsent_system_prompts(file);
+            },
         )?;
         config.snapshot = Arc::from(snapshot);
         Ok(config)

@@ -77,6 +77,18 @@ impl<'de> serde::Deserialize<'de> for LimitsTable {
 /// removed from a stored config reads.
 pub(super) const REDACTED: &str = "(not stored)";
 
+/// A stored config read back: an agent that sets both
+/// `inherit_parent_system_prompt` and a `system_prompt` (refused in a file
+/// since issue 34) ran on its parent's prompt, its own never sent; the
+/// unused one is dropped, so a tree stored before goes on as it ran.
+pub(super) fn drop_unsent_system_prompts(file: &mut ConfigFile) {
+    for agent in file.agents.values_mut() {
+        if agent.inherit_parent_system_prompt {
+            agent.system_prompt.clear();
+        }
+    }
+}
+
 impl super::Config {
     /// Whether `stored`, the config text a tree was stored with, is this
     /// config's: compared as stored, without secrets on either side. A tree

@@ -1166,10 +1166,14 @@ fn a_store_written_by_the_build_before_the_redesign_lists_replays_and_resumes() 
     assert_eq!(summary("cut13")["status"], "interrupted");
 
     let replay = arbor_in(dir.path(), &["replay", "before13", "--store", "s.db"]);
+    // Issue 34: a child that inherits its parent's toolbox (the scribe) is
+    // no longer offered the parent's spawn tools, which refused its every
+    // call; that build recorded them. That is the one divergence allowed.
+    let said = text(&replay.stdout);
     assert!(
-        text(&replay.stdout).starts_with("match: 36 runs"),
-        "{}{}",
-        text(&replay.stdout),
+        said.starts_with("match: 36 runs")
+            || said.starts_with("mismatch: run before13/0.1.6 (scribe): toolDefinitions differs"),
+        "{said}{}",
         text(&replay.stderr)
     );
 
