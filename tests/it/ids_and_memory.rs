@@ -82,10 +82,16 @@ fn a_store_with_tree_ids_of_the_old_format_lists_replays_and_resumes_them() {
     assert_eq!(status(&runs, OLD_INTERRUPTED), "interrupted");
 
     let replay = arbor_in(at, &["replay", OLD_COMPLETED, "--store", "s.db"]);
+    // Issue 34: a child that inherits its parent's toolbox (the scribe) is
+    // no longer offered the parent's spawn tools, which refused its every
+    // call; the old build recorded them. That is the one divergence allowed.
+    let said = text(&replay.stdout);
     assert!(
-        text(&replay.stdout).starts_with("match: 36 runs"),
-        "{}{}",
-        text(&replay.stdout),
+        said.starts_with("match: 36 runs")
+            || said.starts_with(&format!(
+                "mismatch: run {OLD_COMPLETED}/0.1.6 (scribe): toolDefinitions differs"
+            )),
+        "{said}{}",
         text(&replay.stderr)
     );
     let root = json_out(&arbor_in(
