@@ -173,3 +173,51 @@ async fn twenty_waiting_calls_are_approved_with_one_command_not_twenty() {
     assert_eq!(text.matches("event: approvalDecided").count(), 20, "{text}");
     assert!(!text.contains("event: agentFailed"), "{text}");
 }
+
+/// In real Chromium: the approvals panel of a tree with twenty waiting calls
+/// has "Approve all 20", which sends one request for all of them (not twenty)
+/// and empties the panel; the tree completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_approves_all_twenty_waiting_calls_with_one_click() {
+    let browser = Browser::new();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.toml"), MANY).unwrap();
+    let calls: Vec<Value> = (0..20)
+        .map(|n| json!({"name": "echo", "input": {"word": format!("w{n}")}}))
+        .collect();
+    let script = json!({"replies": [{"agent": "lead", "steps": [
+        {"toolCalls": calls},
+        {"text": "done"}
+    ]}]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let mut server = Server::start(dir.path(), &["--config", "config.toml"], Some(TOKEN));
+    server.wait_for("ready");
+    let (status, created) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "lead", "prompt": "go"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let tree = created["treeId"].as_str().unwrap().to_owned();
+    let run_id = created["runId"].as_str().unwrap().to_owned();
+    read_until(&server, &run_id, "event: suspended", 1).await;
+    let report = browser
+        .drive(
+            &browser.script("page_approve_all.mjs"),
+            &[server.base.as_str(), TOKEN, tree.as_str(), "20"],
+            &[],
+        )
+        .await;
+    assert_eq!(report["button"], "Approve all 20", "{report:#}");
+    assert_eq!(report["status"], 200, "{report:#}");
+    assert_eq!(report["left"], 0, "{report:#}");
+    assert_eq!(
+        report["requests"].as_array().map(Vec::len),
+        Some(1),
+        "one request, not twenty: {report:#}"
+    );
+    assert_eq!(report["consoleErrors"], json!([]), "{report:#}");
+    let text = read_until(&server, &run_id, "event: agentFinished", 1).await;
+    assert_eq!(text.matches("event: approvalDecided").count(), 20, "{text}");
+}
