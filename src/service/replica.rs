@@ -219,6 +219,11 @@ impl PendingFold {
             match entry.kind.name() {
                 "approvalRequested" => {
                     let Some(call_id) = call(entry) else { continue };
+                    // Asked again after a restart: it keeps the age of its first ask.
+                    let first = pending
+                        .iter()
+                        .find(|p| p.tool_call_id == call_id)
+                        .map_or(entry.at_ms, |p| p.requested_ms.min(entry.at_ms));
                     pending.retain(|p| p.tool_call_id != call_id);
                     pending.push(arbor_supervisor::PendingApproval {
                         tree_id: tree_id.to_owned(),
@@ -237,7 +242,7 @@ impl PendingFold {
                             .unwrap_or_default()
                             .to_owned(),
                         input: entry.body.get("input").cloned().unwrap_or_default(),
-                        requested_ms: entry.at_ms,
+                        requested_ms: first,
                     });
                 }
                 "approvalDecided" => {
@@ -554,14 +559,15 @@ mod tests {
                 "t/0.2",
                 serde_json::json!({"type": "agentCancelled", "status": "cancelled"}),
             ),
-            // Asked again after a resume: one entry, the later one.
+            // Asked again after a resume: one entry, the later one, with
+            // the age of its first ask (issue 34: it restarted at 0).
             entry(6, "t/0.1", asked("c2")),
         ];
         let pending = pending_from_journal("t", &journal);
         assert_eq!(pending.len(), 1, "{pending:?}");
         assert_eq!(pending[0].tool_call_id, "c2");
         assert_eq!(pending[0].run_id, "t/0.1");
-        assert_eq!(pending[0].requested_ms, 60);
+        assert_eq!(pending[0].requested_ms, 20);
         assert_eq!(pending[0].input, serde_json::json!({"text": "hi"}));
     }
 
