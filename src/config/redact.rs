@@ -28,7 +28,11 @@ pub(super) fn secret_spans(root: &DeTable<'_>) -> Vec<(Range<usize>, String)> {
     let mut spans = Vec::new();
     for (section, literals, url) in [
         ("models", &["headers"][..], "base_url"),
-        ("mcp_servers", &["env", "headers", "http_headers"][..], "url"),
+        (
+            "mcp_servers",
+            &["env", "headers", "http_headers"][..],
+            "url",
+        ),
     ] {
         for (_, entry) in tables(get(root, section)) {
             for key in literals {
