@@ -217,6 +217,9 @@ pub(crate) enum Command {
     /// Work on whole stores.
     #[command(subcommand)]
     Store(StoreCommand),
+    /// MCP servers configured for other clients.
+    #[command(subcommand)]
+    Mcp(McpCommand),
     /// Delete trees that ended longer ago than --older-than.
     Gc {
         /// An age: 30d, 12h, 1h30m, 500ms, "30 days" (the duration grammar
@@ -373,6 +376,20 @@ pub(crate) enum StoreCommand {
         /// Only this tree.
         #[arg(long)]
         tree: Option<String>,
+    },
+}
+
+/// `arbor mcp …`.
+#[derive(Subcommand)]
+pub(crate) enum McpCommand {
+    /// Print the `[mcp_servers.NAME]` tables of the servers in another
+    /// client's MCP config: Claude Code's `.mcp.json`, Claude Desktop's and
+    /// Cursor's (`mcpServers`), VS Code's (`servers`). Append them to a
+    /// config: `arbor mcp import .mcp.json >> config.toml`. An entry Arbor
+    /// would refuse is named with its key and why, and nothing is printed.
+    Import {
+        /// The JSON file.
+        file: PathBuf,
     },
 }
 

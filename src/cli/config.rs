@@ -38,6 +38,42 @@ pub(super) fn agents(config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The most a client's MCP config may be (it is a few servers).
+const MCP_IMPORT_MAX_BYTES: u64 = 4 << 20;
+
+/// `arbor mcp import FILE`: the servers of another client's MCP config as
+/// `[mcp_servers.NAME]` tables on stdout; exit 2 naming every entry Arbor
+/// would refuse.
+pub(super) fn mcp_import(file: &std::path::Path) -> anyhow::Result<ExitCode> {
+    use anyhow::Context as _;
+    use std::io::Read as _;
+    let shown = file.display();
+    let opened = std::fs::File::open(file).with_context(|| format!("cannot read {shown}"))?;
+    let mut json = String::new();
+    opened
+        .take(MCP_IMPORT_MAX_BYTES + 1)
+        .read_to_string(&mut json)
+        .with_context(|| format!("cannot read {shown} as UTF-8 text"))?;
+    if json.len() as u64 > MCP_IMPORT_MAX_BYTES {
+        anyhow::bail!("{shown} is larger than {MCP_IMPORT_MAX_BYTES} bytes: not an MCP config");
+    }
+    let base = file.parent().unwrap_or(std::path::Path::new("."));
+    match arbor::tools::mcp::import::mcp_servers_toml(&json, base) {
+        Ok(tables) => {
+            outln!("# MCP servers imported from {shown} (arbor mcp import)")?;
+            out!("{tables}")?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(problems) => {
+            eprintln!("error: {shown} has servers Arbor would refuse; nothing was printed");
+            for line in problems.lines() {
+                eprintln!("  {line}");
+            }
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
 pub(super) fn tools(config: Option<PathBuf>, json: bool) -> anyhow::Result<ExitCode> {
     let config = load_config(config.as_deref())?;
     let tools = config.tool_set();

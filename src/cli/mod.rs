@@ -128,6 +128,7 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Gc { older_than, at } => store::gc(older_than, at),
         Command::Migrate { at } => store::migrate(at),
         Command::Store(args::StoreCommand::Copy { from, to, tree }) => store::copy(from, to, tree),
+        Command::Mcp(args::McpCommand::Import { file }) => config::mcp_import(&file),
         Command::Agents { config } => config::agents(config),
         Command::Tools { config, json } => config::tools(config, json),
         Command::Models { config } => config::models(config),

@@ -395,3 +395,60 @@ headers = { Authorization = "${TEAM_TOKEN}", X-Plain = "$HOME and ${not a var}" 
     // Not a whole ${VAR}: a literal (a secret, never shown).
     assert!(!settings.contains("$HOME"), "{settings}");
 }
+
+/// Issue 34: a server configured for Claude Code could not be brought: its
+/// `.mcp.json` (written as Claude Code's docs show, with a token header)
+/// becomes `[mcp_servers.NAME]` tables with `arbor mcp import`, and the
+/// server runs from them; an entry Arbor would send as written (a variable
+/// inside a value) is named, and nothing is printed.
+#[test]
+fn a_claude_code_mcp_json_is_imported_and_its_server_offers_its_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let mcp_json = json!({"mcpServers": {
+        "everything": {
+            "type": "stdio",
+            "command": installed(".bin/mcp-server-everything"),
+            "args": ["stdio"],
+            "env": {}
+        },
+        "remote": {
+            "type": "http",
+            "url": "https://mcp.example.com/mcp",
+            "headers": {"Authorization": "Bearer ${ARBOR_TEST_REMOTE_TOKEN}"},
+            "enabled": false
+        }
+    }});
+    std::fs::write(dir.path().join(".mcp.json"), mcp_json.to_string()).unwrap();
+    let out = crate::arbor_in(dir.path(), &["mcp", "import", ".mcp.json"]);
+    let tables = crate::text(&out.stdout);
+    assert!(out.status.success(), "{}", crate::text(&out.stderr));
+    assert!(tables.contains("[mcp_servers.everything]"), "{tables}");
+    assert!(
+        tables.contains("bearer_token_env = \"ARBOR_TEST_REMOTE_TOKEN\""),
+        "{tables}"
+    );
+    std::fs::write(dir.path().join("config.toml"), &tables).unwrap();
+    let out = crate::arbor_in(dir.path(), &["tools", "--config", "config.toml", "--json"]);
+    assert!(out.status.success(), "{}", crate::text(&out.stderr));
+    let listing: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = listing
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(names.contains(&"everything/echo"), "{names:?}");
+
+    let bad = json!({"mcpServers": {"api": {
+        "type": "http", "url": "${API_BASE_URL:-https://api.example.com}/mcp"
+    }}});
+    std::fs::write(dir.path().join("bad.json"), bad.to_string()).unwrap();
+    let out = crate::arbor_in(dir.path(), &["mcp", "import", "bad.json"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    let said = crate::text(&out.stderr);
+    assert!(
+        said.contains("mcpServers.api.url") && said.contains("does not expand"),
+        "{said}"
+    );
+}

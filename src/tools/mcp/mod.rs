@@ -36,6 +36,7 @@ mod bounded;
 mod call;
 pub mod config;
 mod connect;
+pub mod import;
 mod server;
 mod sse;
 
