@@ -39,6 +39,11 @@ use reqwest::header::HeaderMap;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+mod headers;
+pub(crate) use headers::{buckets, quote};
+#[cfg(test)]
+use headers::{go_duration, rfc3339};
+
 /// A limiter's bounds; `None` leaves that one out.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LimiterConfig {
@@ -246,7 +251,7 @@ impl Limiter {
                                 level: left.min(capacity),
                                 at: Instant::now(),
                             },
-                            said: quote(headers, &BUCKET_HEADERS[bucket.row].2),
+                            said: headers::quote_row(headers, bucket.row),
                         },
                     );
                 }
@@ -254,13 +259,13 @@ impl Limiter {
                 (Pacing::Left(left), Some(mirror)) => {
                     mirror.level.level = left.min(mirror.level.capacity);
                     mirror.level.at = Instant::now();
-                    mirror.said = quote(headers, &BUCKET_HEADERS[bucket.row].2);
+                    mirror.said = headers::quote_row(headers, bucket.row);
                 }
                 (Pacing::Left(left), None) if left <= 0.0 => {
                     if pause.as_ref().is_none_or(|p| p.wait < bucket.reset) {
                         pause = Some(Pause {
                             wait: bucket.reset,
-                            said: Said::Buckets(quote(headers, &BUCKET_HEADERS[bucket.row].2)),
+                            said: Said::Buckets(headers::quote_row(headers, bucket.row)),
                         });
                     }
                 }
@@ -604,131 +609,6 @@ impl Observed {
         Ok(())
     }
 }
-
-/// The buckets a reply's rate-limit headers give (each with its remaining
-/// count and its reset; see [`Limiter::pace`]).
-pub(crate) fn buckets(headers: &HeaderMap) -> Vec<Remaining> {
-    let text = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
-    let number = |name: &str| text(name)?.parse::<f64>().ok().filter(|n| n.is_finite());
-    let mut found = Vec::new();
-    for (row, &(unit, reset_at, [remaining, reset, limit])) in BUCKET_HEADERS.iter().enumerate() {
-        let Some(remaining) = number(remaining) else {
-            continue;
-        };
-        let reset = text(reset).and_then(|text| match reset_at {
-            ResetAt::After => go_duration(text),
-            ResetAt::Time => rfc3339(text).map(|at| {
-                at.duration_since(std::time::SystemTime::now())
-                    .unwrap_or_default()
-            }),
-        });
-        if let Some(reset) = reset {
-            found.push(Remaining {
-                unit,
-                row,
-                limit: number(limit),
-                remaining,
-                reset,
-            });
-        }
-    }
-    found
-}
-
-/// The headers of `names` the reply has, as it sent them: `name: value`,
-/// comma-separated.
-pub(crate) fn quote(headers: &HeaderMap, names: &[&str]) -> String {
-    names
-        .iter()
-        .filter_map(|name| {
-            let value = headers.get(*name)?.to_str().ok()?.trim();
-            Some(format!("{name}: {value}"))
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// A Go duration as OpenAI writes it (`1s`, `6m0s`, `20ms`, `1.5s`,
-/// `1h2m3.5s`), read by jiff's friendly format; `None` when it is not one
-/// or negative.
-pub(crate) fn go_duration(text: &str) -> Option<Duration> {
-    let parsed: jiff::SignedDuration = text.trim().parse().ok()?;
-    Duration::try_from(parsed).ok()
-}
-
-/// An RFC 3339 time (`2025-01-02T03:04:05.678Z`, `...+01:00`), read by jiff.
-pub(crate) fn rfc3339(text: &str) -> Option<std::time::SystemTime> {
-    let at: jiff::Timestamp = text.trim().parse().ok()?;
-    Some(std::time::SystemTime::from(at))
-}
-
-/// How a bucket's reset header is written.
-#[derive(Clone, Copy)]
-enum ResetAt {
-    /// A duration from now, as Go writes it (OpenAI: `6m0s`).
-    After,
-    /// An RFC 3339 time (Anthropic).
-    Time,
-}
-
-/// Each bucket's headers: remaining, reset, limit. Every reply is read
-/// against them, so the names are written out, not formatted per reply.
-const BUCKET_HEADERS: &[(Unit, ResetAt, [&str; 3])] = &[
-    (
-        Unit::Requests,
-        ResetAt::After,
-        [
-            "x-ratelimit-remaining-requests",
-            "x-ratelimit-reset-requests",
-            "x-ratelimit-limit-requests",
-        ],
-    ),
-    (
-        Unit::Tokens,
-        ResetAt::After,
-        [
-            "x-ratelimit-remaining-tokens",
-            "x-ratelimit-reset-tokens",
-            "x-ratelimit-limit-tokens",
-        ],
-    ),
-    (
-        Unit::Requests,
-        ResetAt::Time,
-        [
-            "anthropic-ratelimit-requests-remaining",
-            "anthropic-ratelimit-requests-reset",
-            "anthropic-ratelimit-requests-limit",
-        ],
-    ),
-    (
-        Unit::Tokens,
-        ResetAt::Time,
-        [
-            "anthropic-ratelimit-tokens-remaining",
-            "anthropic-ratelimit-tokens-reset",
-            "anthropic-ratelimit-tokens-limit",
-        ],
-    ),
-    (
-        Unit::Tokens,
-        ResetAt::Time,
-        [
-            "anthropic-ratelimit-input-tokens-remaining",
-            "anthropic-ratelimit-input-tokens-reset",
-            "anthropic-ratelimit-input-tokens-limit",
-        ],
-    ),
-    (
-        Unit::OutputTokens,
-        ResetAt::Time,
-        [
-            "anthropic-ratelimit-output-tokens-remaining",
-            "anthropic-ratelimit-output-tokens-reset",
-            "anthropic-ratelimit-output-tokens-limit",
-        ],
-    ),
-];
 
 /// An endpoint's base URL (without a trailing `/`) and its key's hash.
 type Endpoint = (String, u64);
