@@ -3,10 +3,12 @@
 use std::time::Duration;
 
 use arbor_actors::{
-    AgentStatus, AgentTemplate, DeltaSink, Message, ModelError, ModelRequest, ModelResponse, Usage,
+    AgentStatus, AgentTemplate, DeltaSink, Message, Model, ModelError, ModelRequest, ModelResponse,
+    Usage,
 };
 
 use super::*;
+use crate::Raised;
 use crate::store::SqliteStore;
 
 /// A model that answers once its gate opens.
