@@ -68,9 +68,22 @@ pub use arbor_actors as actors;
 pub use arbor_supervisor as supervisor;
 pub use config::{Config, ConfigError};
 
+/// Writing a tool in Rust: the [`Tool`] trait, what it takes and gives, the
+/// [`async_trait`](macro@tool::async_trait) attribute its implementations need,
+/// and [`schema_for`](tool::schema_for), the input schema of a Rust type.
+pub use arbor_actors::tool;
+pub use arbor_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
+pub use arbor_actors::{
+    AgentState, AgentStatus, AgentTemplate, Delta, Event, EventKind, Limit, LimitHit, Message,
+    OutputMode, RunId, RunResult, TreeId, Usage,
+};
+pub use arbor_supervisor::{
+    Canceller, Catalog, Multitask, Queued, Retain, StartRequest, Supervisor, TreeLimits,
+    TurnRequest,
+};
+
 use arbor_actors::sync::LockExt as _;
-use arbor_actors::{AgentState, Event, RunResult};
-use arbor_supervisor::{Canceller, EventStream, Retain, StartRequest, Supervisor, TreeHandle};
+use arbor_supervisor::{EventStream, TreeHandle};
 use serde_json::Value;
 use tools::ToolSet;
 

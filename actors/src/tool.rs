@@ -6,10 +6,51 @@
 //! cancelled, its step timed out, or its tree ended). A tool that starts work
 //! outside the process must end it on drop: an MCP call sends
 //! `notifications/cancelled`, a command tool kills its process group.
+//!
+//! **Writing one**: implement [`Tool`] with the [`async_trait`](macro@async_trait) attribute
+//! (re-exported here, so no dependency of one's own is needed), describe the
+//! input with a Rust type (`#[derive(serde::Deserialize, schemars::JsonSchema)]`)
+//! and give [`schema_for`] of it as the input schema, read the input with
+//! [`parse_input`], and register the tool with the runtime
+//! (`RuntimeBuilder::tool` in the `arbor` crate, or a `Catalog`).
+//!
+//! ```
+//! use arbor_actors::tool::{Tool, ToolContext, ToolError, ToolOutput, async_trait, parse_input, schema_for};
+//! use serde_json::{Value, json};
+//!
+//! /// The input the model gives: checked against `schema_for::<Input>()`
+//! /// before `call` runs.
+//! #[derive(serde::Deserialize, schemars::JsonSchema)]
+//! struct Input {
+//!     /// The text to count the words of.
+//!     text: String,
+//! }
+//!
+//! struct WordCount;
+//!
+//! #[async_trait]
+//! impl Tool for WordCount {
+//!     fn name(&self) -> &str {
+//!         "word_count"
+//!     }
+//!     fn description(&self) -> &str {
+//!         "Counts the words of a text."
+//!     }
+//!     fn input_schema(&self) -> Value {
+//!         schema_for::<Input>()
+//!     }
+//!     async fn call(&self, input: Value, _: ToolContext) -> Result<ToolOutput, ToolError> {
+//!         let input: Input = parse_input(input)?;
+//!         Ok(json!({"words": input.text.split_whitespace().count()}).into())
+//!     }
+//! }
+//! # assert_eq!(WordCount.input_schema()["required"], json!(["text"]));
+//! ```
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
+pub use async_trait::async_trait;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::message::ToolResultPart;
@@ -85,4 +126,86 @@ pub trait Tool: Send + Sync + 'static {
     /// Runs the tool on an input that satisfies its schema; cancelled by
     /// dropping the future.
     async fn call(&self, input: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError>;
+}
+
+/// The JSON Schema of `T`'s input, as [`Tool::input_schema`] gives it:
+/// derived with `schemars` (`#[derive(schemars::JsonSchema)]`, doc comments
+/// becoming descriptions) for what `serde` deserialises, subschemas inlined
+/// (a recursive type keeps its `$defs`), and without the `$schema` key some
+/// providers refuse.
+pub fn schema_for<T: schemars::JsonSchema>() -> Value {
+    let generator = schemars::generate::SchemaSettings::draft2020_12()
+        .with(|settings| {
+            settings.inline_subschemas = true;
+            settings.meta_schema = None;
+        })
+        .into_generator();
+    generator.into_root_schema_for::<T>().to_value()
+}
+
+/// The tool's input as a `T` (the type [`schema_for`] described), or a
+/// [`ToolError`] the model reads, naming what does not fit.
+pub fn parse_input<T: DeserializeOwned>(input: Value) -> Result<T, ToolError> {
+    serde_json::from_value(input).map_err(|e| ToolError::new(format!("invalid input: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::schema::Schema;
+
+    /// A tool input with a nested type, an optional field and an enum.
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    #[allow(dead_code)]
+    struct Lookup {
+        /// What to look up.
+        query: String,
+        /// Where.
+        place: Place,
+        /// How many results at most.
+        limit: Option<u32>,
+    }
+
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    #[serde(rename_all = "snake_case")]
+    #[allow(dead_code)]
+    enum Place {
+        Notes,
+        Web,
+    }
+
+    #[test]
+    fn a_derived_schema_is_an_inlined_object_schema_that_checks_the_input() {
+        let schema = schema_for::<Lookup>();
+        assert_eq!(schema["type"], "object");
+        assert_eq!(schema["required"], json!(["query", "place"]));
+        assert_eq!(
+            schema["properties"]["query"]["description"],
+            "What to look up."
+        );
+        assert_eq!(
+            schema["properties"]["place"]["enum"],
+            json!(["notes", "web"])
+        );
+        assert!(schema.get("$schema").is_none(), "{schema}");
+        assert!(schema.get("$defs").is_none(), "{schema}");
+        let compiled = Schema::compile(schema).unwrap();
+        compiled
+            .check(&json!({"query": "q", "place": "web", "limit": 3}))
+            .unwrap();
+        let refused = compiled
+            .check(&json!({"query": "q", "place": "moon"}))
+            .unwrap_err();
+        assert!(refused.contains("/place"), "{refused}");
+    }
+
+    #[test]
+    fn an_input_that_does_not_fit_is_an_error_naming_the_field() {
+        let error = parse_input::<Lookup>(json!({"query": "q"})).err().unwrap();
+        assert!(error.message.contains("missing field `place`"), "{error}");
+        let lookup: Lookup = parse_input(json!({"query": "q", "place": "notes"})).unwrap();
+        assert_eq!(lookup.limit, None);
+    }
 }
