@@ -1,7 +1,9 @@
-//! How a finished run becomes the `value` its parent sees (semantics §7).
+//! How a finished run becomes the `value` its parent sees (semantics §7),
+//! and the text a person (or an embedder) reads from it ([`RunResult::text`]).
 
 use serde_json::{Value, json};
 
+use crate::agent::RunResult;
 use crate::state::{AgentState, AgentStatus};
 use crate::template::OutputMode;
 
@@ -35,6 +37,65 @@ pub fn output_value(state: &AgentState, mode: OutputMode, inherited: usize) -> V
 
 pub(crate) fn error_value(message: &str) -> Value {
     json!({"type": "error", "message": message})
+}
+
+impl RunResult {
+    /// The run's final text, whatever its template's output mode:
+    ///
+    /// - `last_message` and `all_messages`: the text of its last assistant
+    ///   turn (its text parts, joined by newlines; empty if the turn has
+    ///   none);
+    /// - `structured_output`: the output it set, as pretty-printed JSON (the
+    ///   last assistant turn's text if it set none);
+    /// - a run that failed or was cancelled: the error its parent reads (the
+    ///   failure's cause, `Agent was cancelled`), as [`error`](Self::error)
+    ///   gives it.
+    ///
+    /// (The state's `output` is only the structured output, `null` in the
+    /// other modes, as on the wire; [`value`](Self::value) is the whole §7
+    /// value a parent sees.)
+    pub fn text(&self) -> String {
+        if let Some(error) = self.error() {
+            return error.to_owned();
+        }
+        match self.value.get("value") {
+            Some(output)
+                if self.value.get("type") == Some(&json!("structuredOutput"))
+                    && !output.is_null() =>
+            {
+                serde_json::to_string_pretty(output).unwrap_or_else(|_| output.to_string())
+            }
+            _ => last_text(&self.state),
+        }
+    }
+
+    /// Why the run did not complete (failed or cancelled): the error its
+    /// parent reads; `None` for a completed run.
+    pub fn error(&self) -> Option<&str> {
+        if self.value.get("type") != Some(&json!("error")) {
+            return None;
+        }
+        Some(
+            self.value
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or(""),
+        )
+    }
+}
+
+/// The text of a state's last assistant turn: its text parts, joined by
+/// newlines; empty when it has none.
+pub fn last_text(state: &AgentState) -> String {
+    state
+        .message_history
+        .last_assistant_turn()
+        .iter()
+        .filter(|m| m.is_assistant())
+        .map(|m| m.text())
+        .filter(|t| !t.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[cfg(test)]
@@ -127,6 +188,64 @@ mod tests {
             output_value(&s, OutputMode::StructuredOutput, 0),
             json!({"type": "structuredOutput", "value": {"k": 1}})
         );
+    }
+
+    /// The result a root hands back: its state and the value of its mode.
+    fn result(state: AgentState, mode: OutputMode) -> RunResult {
+        let value = output_value(&state, mode, 0);
+        RunResult {
+            state: std::sync::Arc::new(state),
+            value,
+        }
+    }
+
+    #[test]
+    fn text_is_the_final_text_in_every_output_mode() {
+        let call = crate::message::ToolCall {
+            tool_call_id: "c".into(),
+            tool_name: "look".into(),
+            input: json!({}),
+        };
+        let history = vec![
+            Message::user("q"),
+            Message::assistant_text("first"),
+            Message::user("again"),
+            Message::assistant(Some("looking".into()), vec![call.clone()]),
+            Message::tool_result(&call, json!({"found": 1})),
+            Message::assistant_text("found one"),
+            Message::assistant_text("that is all"),
+        ];
+        for mode in [OutputMode::LastMessage, OutputMode::AllMessages] {
+            let done = result(state(history.clone(), AgentStatus::Completed), mode);
+            assert_eq!(done.text(), "found one\nthat is all", "{mode:?}");
+            assert_eq!(done.error(), None);
+        }
+        let mut structured = state(history.clone(), AgentStatus::Completed);
+        structured.output = Some(json!({"answer": 42}));
+        let done = result(structured, OutputMode::StructuredOutput);
+        assert_eq!(done.text(), "{\n  \"answer\": 42\n}");
+        let unset = result(
+            state(history.clone(), AgentStatus::Completed),
+            OutputMode::StructuredOutput,
+        );
+        assert_eq!(unset.text(), "found one\nthat is all");
+    }
+
+    #[test]
+    fn text_of_a_run_that_did_not_complete_is_its_error() {
+        let mut failed = state(vec![Message::user("q")], AgentStatus::Failed);
+        failed.output = Some(json!({"errorMessage": "limit max_steps reached"}));
+        let failed = result(failed, OutputMode::LastMessage);
+        assert_eq!(failed.error(), Some("limit max_steps reached"));
+        assert_eq!(failed.text(), "limit max_steps reached");
+        let cancelled = result(
+            state(
+                vec![Message::user("q"), Message::assistant_text("half")],
+                AgentStatus::Cancelled,
+            ),
+            OutputMode::StructuredOutput,
+        );
+        assert_eq!(cancelled.text(), "Agent was cancelled");
     }
 
     #[test]
