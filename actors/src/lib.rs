@@ -11,6 +11,7 @@ pub mod approval;
 mod checkpoint;
 pub mod duration;
 mod event;
+mod event_line;
 mod failure;
 pub mod handler;
 pub mod history;
