@@ -492,30 +492,33 @@ impl Service {
     pub fn router(&self) -> Router {
         let shared = self.shared.clone();
         let api = Router::new()
-            .route("/v1/runs", post(api::create_run).get(api::list_runs))
-            .route("/v1/runs/{run_id}", get(api::get_run))
-            .route("/v1/runs/{run_id}/events", get(api::run_events))
-            .route("/v1/runs/{run_id}/cancel", post(api::cancel_run))
-            .route("/v1/runs/{run_id}/messages", post(api::steer_run))
-            .route("/v1/approvals", get(api::list_approvals))
+            .route(
+                "/v1/runs",
+                post(api::runs::create_run).get(api::runs::list_runs),
+            )
+            .route("/v1/runs/{run_id}", get(api::runs::get_run))
+            .route("/v1/runs/{run_id}/events", get(api::runs::run_events))
+            .route("/v1/runs/{run_id}/cancel", post(api::runs::cancel_run))
+            .route("/v1/runs/{run_id}/messages", post(api::runs::steer_run))
+            .route("/v1/approvals", get(api::approvals::list_approvals))
             .route(
                 "/v1/trees/{tree_id}/limits",
-                patch(api::raise_limits).get(api::get_limits),
+                patch(api::limits::raise_limits).get(api::limits::get_limits),
             )
-            .route("/v1/trees/{tree_id}/turns", post(api::create_turn))
+            .route("/v1/trees/{tree_id}/turns", post(api::turns::create_turn))
             .route(
                 "/v1/trees/{tree_id}/approvals",
-                get(api::tree_approvals).post(api::decide_approvals),
+                get(api::approvals::tree_approvals).post(api::approvals::decide_approvals),
             )
             .route(
                 "/v1/trees/{tree_id}/approvals/{call_id}",
-                post(api::decide_approval),
+                post(api::approvals::decide_approval),
             )
-            .route("/v1/trees/{tree_id}", get(api::get_tree))
-            .route("/v1/agents", get(api::list_agents))
+            .route("/v1/trees/{tree_id}", get(api::trees::get_tree))
+            .route("/v1/agents", get(api::agents::list_agents))
             .route(
                 "/metrics",
-                get(api::metrics).layer(middleware::from_fn(negotiate_metrics)),
+                get(api::operations::metrics).layer(middleware::from_fn(negotiate_metrics)),
             )
             .route("/openapi.json", get(openapi));
         let api = if self.is_open() {
@@ -529,8 +532,8 @@ impl Service {
         Router::new()
             .route("/", get(page))
             .route("/favicon.ico", get(|| async { StatusCode::NO_CONTENT }))
-            .route("/healthz", get(api::healthz))
-            .route("/readyz", get(api::readyz))
+            .route("/healthz", get(api::operations::healthz))
+            .route("/readyz", get(api::operations::readyz))
             .merge(api)
             // The route template each request matched, for the HTTP metrics.
             .route_layer(middleware::from_fn(http_metrics::matched))
