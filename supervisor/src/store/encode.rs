@@ -11,11 +11,11 @@ use std::io::Write as _;
 use std::sync::{Arc, Weak};
 
 use arbor_actors::state::ToolDefinitions;
-use arbor_actors::{AgentState, AgentStatus, Event, EventKind, FailureKind, History, Message};
+use arbor_actors::{AgentState, Event, EventKind, History, Message};
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::store::journal::journal_body;
+use crate::store::state_row::StateRow;
 use crate::store::{Fenced, TreeStatus};
 
 /// What encoding a batch can fail on.
@@ -580,38 +580,6 @@ struct TreeDelta {
     segment: Vec<u8>,
 }
 
-/// A state as a checkpoint record keeps it: a JSON array (no key names), its
-/// history and shared values by id. Fields, in order: agent id (null when it is
-/// the run id), agent type, run id, parent id (null when it is the last
-/// ancestor), ancestor run ids, child run ids, output, system prompt id, tool
-/// definitions id, context tokens, steps remaining, credits, direct credits,
-/// status, step, children spawned, inherited. Ids of the tree's own runs are
-/// kept without the `TREE/` every one of them starts with.
-#[derive(Serialize)]
-struct StateRow<'a>(
-    Option<&'a str>,
-    &'a Option<String>,
-    &'a str,
-    Option<&'a str>,
-    Vec<&'a str>,
-    Vec<&'a str>,
-    &'a Option<Value>,
-    u64,
-    u64,
-    u64,
-    u32,
-    f64,
-    f64,
-    AgentStatus,
-    u32,
-    u32,
-    usize,
-    Option<FailureKind>,
-);
-
-/// Where a `StateRow` keeps the output.
-pub(crate) const OUTPUT_AT: usize = 6;
-
 fn json_err(e: serde_json::Error) -> EncodeError {
     EncodeError::Json(e)
 }
@@ -732,34 +700,11 @@ fn write_checkpoint<'s>(
     }
     let system_prompt = text_id(tree, out, &state.system_prompt)?;
     let tools = tools_id(tree, out, &state.tool_definitions)?;
-    let short = |id: &'s str| -> &'s str {
-        id.strip_prefix(tree_id)
-            .and_then(|rest| rest.strip_prefix('/'))
-            .unwrap_or(id)
-    };
-    let row = StateRow(
-        (state.agent_id != state.run_id).then(|| short(&state.agent_id)),
-        &state.agent_type,
-        short(&state.run_id),
-        state
-            .parent_id
-            .as_deref()
-            .filter(|p| state.ancestor_run_ids.last().map(String::as_str) != Some(*p))
-            .map(short),
-        state.ancestor_run_ids.iter().map(|id| short(id)).collect(),
-        state.child_run_ids.iter().map(|id| short(id)).collect(),
-        &state.output,
-        system_prompt,
-        tools,
-        state.context_token_count,
-        state.steps_remaining,
-        state.credits_used,
-        state.direct_credits_used,
-        state.status,
-        step,
-        children_spawned,
-        inherited,
-        state.error_kind,
+    let row = StateRow::of(
+        tree_id,
+        state,
+        (system_prompt, tools),
+        (step, children_spawned, inherited),
     );
     out.open();
     out.raw("{\"c\":");

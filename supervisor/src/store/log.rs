@@ -11,40 +11,14 @@ use arbor_actors::approval::Decision;
 use arbor_actors::background::Scheduled;
 use arbor_actors::state::ToolDefinitions;
 use arbor_actors::steer::Steer;
-use arbor_actors::{AgentState, AgentStatus, Checkpoint, FailureKind, History, Message, Usage};
-use serde::Deserialize;
+use arbor_actors::{AgentState, Checkpoint, FailureKind, History, Message, Usage};
 use serde_json::{Value, json};
 
 use crate::error::Error;
 use crate::recovery::{RecordedReply, Recovery, Spent};
-use crate::store::encode::{OUTPUT_AT, SEGMENT};
+use crate::store::encode::SEGMENT;
+use crate::store::state_row::StateRow;
 use crate::store::{JournalEntry, RunNode, StoredRun, TreeRecord, TreeSummary};
-
-#[derive(Deserialize)]
-struct StateRowOwned(
-    Option<String>,
-    Option<String>,
-    String,
-    Option<String>,
-    Vec<String>,
-    Vec<String>,
-    Option<Value>,
-    u64,
-    u64,
-    u64,
-    u32,
-    f64,
-    f64,
-    AgentStatus,
-    u32,
-    u32,
-    usize,
-    Option<FailureKind>,
-);
-
-/// How many fields a state row had before it kept the failure's kind (a
-/// row a build before that wrote; it is read with no kind).
-const STATE_ROW_BEFORE_KINDS: usize = 17;
 
 /// A state as a tree's segments hold it: its message ids and its state row.
 pub(crate) type Point = (Vec<u64>, Value);
@@ -340,7 +314,7 @@ impl TreeLog {
                 let output = r
                     .last_final
                     .as_ref()
-                    .and_then(|(_, row)| row.get(OUTPUT_AT).cloned())
+                    .and_then(|(_, row)| StateRow::output_of(row).cloned())
                     .unwrap_or(Value::Null);
                 let node = r.node.get_or_insert_with(RunNode::default);
                 node.run_id = run_id;
@@ -378,81 +352,27 @@ impl TreeLog {
         (ids, row): &Point,
         bad: &dyn Fn(String) -> Error,
     ) -> Result<Checkpoint, Error> {
-        let StateRowOwned(
-            agent_id,
-            agent_type,
-            run_id,
-            parent_id,
-            ancestor_run_ids,
-            child_run_ids,
-            output,
-            system_prompt,
-            tool_definitions,
-            context_token_count,
-            steps_remaining,
-            credits_used,
-            direct_credits_used,
-            status,
-            step,
-            children_spawned,
-            inherited,
-            error_kind,
-        ) = match row {
-            Value::Array(fields) if fields.len() == STATE_ROW_BEFORE_KINDS => {
-                let mut fields = fields.clone();
-                fields.push(Value::Null);
-                serde_json::from_value(Value::Array(fields))
-            }
-            row => serde_json::from_value(row.clone()),
-        }
-        .map_err(|e| bad(format!("a state is not valid: {e}")))?;
-        let full = |id: String| {
-            if id.contains('/') {
-                id
-            } else {
-                format!("{}/{id}", self.tree_id)
-            }
-        };
-        let (agent_id, run_id, parent_id) = (agent_id.map(full), full(run_id), parent_id.map(full));
-        let ancestor_run_ids: Vec<String> = ancestor_run_ids.into_iter().map(full).collect();
-        let child_run_ids: Vec<String> = child_run_ids.into_iter().map(full).collect();
+        let row = StateRow::read(row).map_err(|e| bad(format!("a state is not valid: {e}")))?;
         let mut history = History::new();
         for id in ids {
             history.push_shared(self.message(*id, bad)?);
         }
         let system_prompt = self
             .texts
-            .get(&system_prompt)
+            .get(&row.system_prompt)
             .cloned()
-            .ok_or_else(|| bad(format!("system prompt {system_prompt} is missing")))?;
+            .ok_or_else(|| bad(format!("system prompt {} is missing", row.system_prompt)))?;
         let tool_definitions = self
             .tools
-            .get(&tool_definitions)
+            .get(&row.tool_definitions)
             .cloned()
-            .ok_or_else(|| bad(format!("tool definitions {tool_definitions} are missing")))?;
-        Ok(Checkpoint {
-            step,
-            children_spawned,
-            inherited,
-            state: AgentState {
-                agent_id: agent_id.unwrap_or_else(|| run_id.clone()),
-                agent_type,
-                parent_id: parent_id.or_else(|| ancestor_run_ids.last().cloned()),
-                run_id,
-                ancestor_run_ids: ancestor_run_ids.into(),
-                child_run_ids,
-                message_history: history,
-                output,
-                system_prompt,
-                tool_definitions,
-                context_token_count,
-                steps_remaining,
-                credits_used,
-                direct_credits_used,
-                status,
-                error_kind,
-            },
-        })
+            .ok_or_else(|| {
+                bad(format!(
+                    "tool definitions {} are missing",
+                    row.tool_definitions
+                ))
+            })?;
+        Ok(row.into_checkpoint(&self.tree_id, history, system_prompt, tool_definitions))
     }
 
     pub(crate) fn nodes(&self) -> Vec<RunNode> {

@@ -5,6 +5,7 @@
 mod encode;
 mod journal;
 mod log;
+mod state_row;
 #[cfg(feature = "postgres")]
 mod pg;
 mod sqlite;

@@ -1,0 +1,280 @@
+//! A state as a checkpoint record keeps it: the state row, written by the
+//! encoder after each checkpoint record (`{"st": ROW}`) and read back by
+//! the log. The one place its fields and their order are spelled.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use arbor_actors::state::ToolDefinitions;
+use arbor_actors::{AgentState, AgentStatus, Checkpoint, FailureKind, History};
+use serde::ser::{Serialize, SerializeTuple, Serializer};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// A state as a checkpoint record keeps it, without its history (the
+/// record's message ids) and with its shared values by id. Stored as a JSON
+/// array of its fields in this order, without key names (a segment holds
+/// one per checkpoint). Ids of the tree's own runs are kept without the
+/// `TREE/` every one of them starts with.
+///
+/// A row has 18 fields; one a build before failure kinds wrote has 17 (no
+/// `error_kind`) and reads as one without a kind.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub(crate) struct StateRow<'a> {
+    /// The agent id; `None` when it is the run id.
+    pub(crate) agent_id: Option<Cow<'a, str>>,
+    /// The agent type.
+    pub(crate) agent_type: Option<Cow<'a, str>>,
+    /// The run id.
+    pub(crate) run_id: Cow<'a, str>,
+    /// The parent's run id; `None` when it is the last ancestor (or there
+    /// is none).
+    pub(crate) parent_id: Option<Cow<'a, str>>,
+    /// The ancestors' run ids, the root first.
+    pub(crate) ancestor_run_ids: Vec<Cow<'a, str>>,
+    /// The children's run ids.
+    pub(crate) child_run_ids: Vec<Cow<'a, str>>,
+    /// The output (a final state's is stored once, here).
+    pub(crate) output: Cow<'a, Option<Value>>,
+    /// The id of the system prompt's record.
+    pub(crate) system_prompt: u64,
+    /// The id of the tool definitions' record.
+    pub(crate) tool_definitions: u64,
+    /// Tokens of the context.
+    pub(crate) context_token_count: u64,
+    /// Steps remaining.
+    pub(crate) steps_remaining: u32,
+    /// Credits used, with the subtree's.
+    pub(crate) credits_used: f64,
+    /// Credits used by the run itself.
+    pub(crate) direct_credits_used: f64,
+    /// The status.
+    pub(crate) status: AgentStatus,
+    /// Model steps taken (the checkpoint's).
+    pub(crate) step: u32,
+    /// Children spawned (the checkpoint's).
+    pub(crate) children_spawned: u32,
+    /// Messages inherited from the parent (the checkpoint's).
+    pub(crate) inherited: usize,
+    /// What kind of failure ended the run.
+    #[serde(default)]
+    pub(crate) error_kind: Option<FailureKind>,
+}
+
+/// Fields of a row as this build writes it.
+const FIELDS: usize = 18;
+
+/// Where a row keeps the output (see [`StateRow::output_of`]).
+const OUTPUT_AT: usize = 6;
+
+impl Serialize for StateRow<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut row = serializer.serialize_tuple(FIELDS)?;
+        row.serialize_element(&self.agent_id)?;
+        row.serialize_element(&self.agent_type)?;
+        row.serialize_element(&self.run_id)?;
+        row.serialize_element(&self.parent_id)?;
+        row.serialize_element(&self.ancestor_run_ids)?;
+        row.serialize_element(&self.child_run_ids)?;
+        row.serialize_element(&self.output)?;
+        row.serialize_element(&self.system_prompt)?;
+        row.serialize_element(&self.tool_definitions)?;
+        row.serialize_element(&self.context_token_count)?;
+        row.serialize_element(&self.steps_remaining)?;
+        row.serialize_element(&self.credits_used)?;
+        row.serialize_element(&self.direct_credits_used)?;
+        row.serialize_element(&self.status)?;
+        row.serialize_element(&self.step)?;
+        row.serialize_element(&self.children_spawned)?;
+        row.serialize_element(&self.inherited)?;
+        row.serialize_element(&self.error_kind)?;
+        row.end()
+    }
+}
+
+impl<'a> StateRow<'a> {
+    /// The row of `state` in tree `tree_id`, at a checkpoint that has taken
+    /// `step` steps, spawned `children_spawned` children and inherited
+    /// `inherited` messages; its system prompt and tool definitions are the
+    /// records `system_prompt` and `tools`.
+    pub(crate) fn of(
+        tree_id: &str,
+        state: &'a AgentState,
+        (system_prompt, tools): (u64, u64),
+        (step, children_spawned, inherited): (u32, u32, usize),
+    ) -> Self {
+        let short = |id: &'a str| -> Cow<'a, str> {
+            Cow::Borrowed(
+                id.strip_prefix(tree_id)
+                    .and_then(|rest| rest.strip_prefix('/'))
+                    .unwrap_or(id),
+            )
+        };
+        let last_ancestor = state.ancestor_run_ids.last().map(String::as_str);
+        StateRow {
+            agent_id: (state.agent_id != state.run_id).then(|| short(&state.agent_id)),
+            agent_type: state.agent_type.as_deref().map(Cow::Borrowed),
+            run_id: short(&state.run_id),
+            parent_id: state
+                .parent_id
+                .as_deref()
+                .filter(|p| last_ancestor != Some(*p))
+                .map(short),
+            ancestor_run_ids: state.ancestor_run_ids.iter().map(|id| short(id)).collect(),
+            child_run_ids: state.child_run_ids.iter().map(|id| short(id)).collect(),
+            output: Cow::Borrowed(&state.output),
+            system_prompt,
+            tool_definitions: tools,
+            context_token_count: state.context_token_count,
+            steps_remaining: state.steps_remaining,
+            credits_used: state.credits_used,
+            direct_credits_used: state.direct_credits_used,
+            status: state.status,
+            step,
+            children_spawned,
+            inherited,
+            error_kind: state.error_kind,
+        }
+    }
+}
+
+impl StateRow<'static> {
+    /// A row as a segment holds it.
+    pub(crate) fn read(row: &Value) -> Result<Self, serde_json::Error> {
+        StateRow::deserialize(row)
+    }
+
+    /// The checkpoint this row of tree `tree_id` describes, with its
+    /// history and the system prompt and tool definitions its ids name.
+    pub(crate) fn into_checkpoint(
+        self,
+        tree_id: &str,
+        history: History,
+        system_prompt: Arc<str>,
+        tool_definitions: ToolDefinitions,
+    ) -> Checkpoint {
+        let full = |id: Cow<'_, str>| {
+            if id.contains('/') {
+                id.into_owned()
+            } else {
+                format!("{tree_id}/{id}")
+            }
+        };
+        let run_id = full(self.run_id);
+        let ancestor_run_ids: Vec<String> = self.ancestor_run_ids.into_iter().map(full).collect();
+        Checkpoint {
+            step: self.step,
+            children_spawned: self.children_spawned,
+            inherited: self.inherited,
+            state: AgentState {
+                agent_id: self.agent_id.map_or_else(|| run_id.clone(), full),
+                agent_type: self.agent_type.map(Cow::into_owned),
+                parent_id: self
+                    .parent_id
+                    .map(full)
+                    .or_else(|| ancestor_run_ids.last().cloned()),
+                run_id,
+                ancestor_run_ids: ancestor_run_ids.into(),
+                child_run_ids: self.child_run_ids.into_iter().map(full).collect(),
+                message_history: history,
+                output: self.output.into_owned(),
+                system_prompt,
+                tool_definitions,
+                context_token_count: self.context_token_count,
+                steps_remaining: self.steps_remaining,
+                credits_used: self.credits_used,
+                direct_credits_used: self.direct_credits_used,
+                status: self.status,
+                error_kind: self.error_kind,
+            },
+        }
+    }
+
+    /// The output a stored row keeps, without reading the rest of it.
+    pub(crate) fn output_of(row: &Value) -> Option<&Value> {
+        row.get(OUTPUT_AT)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::borrow::Cow;
+    use std::sync::Arc;
+
+    use arbor_actors::{AgentState, AgentStatus, FailureKind, History, Message};
+    use serde_json::json;
+
+    use super::StateRow;
+
+    /// A child's final state in tree `t1`, every field set.
+    fn state() -> AgentState {
+        let mut history = History::new();
+        history.push(Message::user("go"));
+        AgentState {
+            agent_id: "t1/0.2".into(),
+            agent_type: Some("worker".into()),
+            run_id: "t1/0.2~1".into(),
+            parent_id: Some("t1/0~1".into()),
+            ancestor_run_ids: vec!["t1/0".to_owned(), "t1/0~1".to_owned()].into(),
+            child_run_ids: vec!["t1/0.2~1.1".into(), "other/0".into()],
+            message_history: history,
+            output: Some(json!({"answer": 42})),
+            system_prompt: Arc::from("be brief"),
+            tool_definitions: Default::default(),
+            context_token_count: 120,
+            steps_remaining: 7,
+            credits_used: 0.5,
+            direct_credits_used: 0.25,
+            status: AgentStatus::Failed,
+            error_kind: Some(FailureKind::ModelTruncated),
+        }
+    }
+
+    #[test]
+    fn a_state_row_round_trips_through_its_stored_json() {
+        let state = state();
+        let row = StateRow::of("t1", &state, (3, 4), (2, 1, 5));
+        let stored = serde_json::to_value(&row).unwrap();
+        let read = StateRow::read(&stored).unwrap();
+        assert_eq!(read, row);
+        assert_eq!(StateRow::output_of(&stored), state.output.as_ref());
+        let back = read.into_checkpoint(
+            "t1",
+            state.message_history.clone(),
+            state.system_prompt.clone(),
+            state.tool_definitions.clone(),
+        );
+        assert_eq!(
+            (back.step, back.children_spawned, back.inherited),
+            (2, 1, 5)
+        );
+        assert_eq!(back.state, state);
+    }
+
+    /// Rows as the builds before the named row wrote them (an 18-field
+    /// positional tuple, and before failure kinds a 17-field one): the same
+    /// JSON, field for field, and it still reads.
+    #[test]
+    fn a_state_row_written_by_earlier_builds_still_decodes() {
+        let written = r#"["0.2","worker","0.2~1",null,["0","0~1"],["0.2~1.1","other/0"],{"answer":42},3,4,120,7,0.5,0.25,"failed",2,1,5,"model_truncated"]"#;
+        let state = state();
+        let row = StateRow::of("t1", &state, (3, 4), (2, 1, 5));
+        assert_eq!(serde_json::to_string(&row).unwrap(), written);
+        let read = StateRow::read(&serde_json::from_str(written).unwrap()).unwrap();
+        assert_eq!(read, row);
+
+        let before_kinds = r#"[null,null,"0",null,[],[],null,1,2,0,50,0.0,0.0,"running",0,0,0]"#;
+        let read = StateRow::read(&serde_json::from_str(before_kinds).unwrap()).unwrap();
+        assert_eq!(read.run_id, Cow::<str>::Borrowed("0"));
+        assert_eq!((read.system_prompt, read.tool_definitions), (1, 2));
+        assert_eq!(read.status, AgentStatus::Running);
+        assert_eq!(read.error_kind, None);
+        let checkpoint =
+            read.into_checkpoint("t9", History::new(), Arc::from(""), Default::default());
+        assert_eq!(checkpoint.state.run_id, "t9/0");
+        assert_eq!(checkpoint.state.agent_id, "t9/0");
+        assert_eq!(checkpoint.state.parent_id, None);
+    }
+}
