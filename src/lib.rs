@@ -13,7 +13,13 @@
 //!
 //! Embedding: build a [`Runtime`] from a config, [`start`](Runtime::start) a
 //! tree, watch its events, cancel it or wait for its final state, and look any
-//! run up by id.
+//! run up by id. A tool written in Rust implements [`Tool`] (see [`tool`]: the
+//! attribute it needs, its input schema from a Rust type) and is registered
+//! with [`RuntimeBuilder::tool`]; [`RunResult::text`] is a run's final text in
+//! every output mode; an [`Event`] prints as one line. Every type these touch
+//! is re-exported here. A whole program (the config read from a file, a Rust
+//! tool, a two-level tree, its events, its final text, a cancel) is
+//! `examples/embedding.rs`, shown in README's "Embedding".
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
