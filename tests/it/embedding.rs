@@ -88,3 +88,20 @@ async fn the_embedding_example_calls_its_rust_tool_from_a_two_level_tree_and_can
         .unwrap();
     assert_eq!(researcher.status, AgentStatus::Cancelled);
 }
+
+#[test]
+fn the_script_docs_scripted_md_shows_is_a_valid_script() {
+    let doc = repo_file("docs/scripted.md");
+    let section = &doc[doc
+        .find("## The script")
+        .expect("a \"## The script\" section")..];
+    let start = section.find("```json\n").expect("a json block") + "```json\n".len();
+    let end = start + section[start..].find("\n```").expect("its end");
+    let script = arbor::actors::models::scripted::Script::from_json(
+        &section[start..end],
+        "docs/scripted.md",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(script.replies.len(), 3);
+    assert_eq!(script.replies[1].prompt.as_deref(), Some("motto"));
+}
