@@ -154,6 +154,16 @@ impl RunId {
         }
     }
 
+    /// The run id of the parent attempt that spawned this run (`T/0.2~1`
+    /// for `T/0.2~1.3`); `None` for a root.
+    pub fn parent(&self) -> Option<RunId> {
+        let (_, above) = self.path.split_last()?;
+        (!above.is_empty()).then(|| RunId {
+            tree: self.tree.clone(),
+            path: above.to_vec(),
+        })
+    }
+
     /// Attempt `attempt` of the same run (0 is the first).
     pub fn retry(&self, attempt: u32) -> RunId {
         let mut path = self.path.clone();

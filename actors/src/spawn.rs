@@ -28,16 +28,22 @@ pub(crate) struct SpawnRequest {
 }
 
 /// A permitted child, ready to be given ids and started.
+///
+/// A wide call's children wait for a live slot as plans (issue 34: the
+/// 10^8-agent tree holds ~10^7 at once), so a plan is kept small: what its
+/// call's children share is shared, its prompt is exactly as long as it is,
+/// and its params (rare in a wide call) are boxed.
 #[derive(Clone, Debug)]
 pub struct ChildPlan {
-    /// The matched `spawnableAgents` entry: the child's `agentType`.
-    pub agent_type: String,
+    /// The matched `spawnableAgents` entry: the child's `agentType` (one
+    /// text per agent type of a step's spawn calls, shared).
+    pub agent_type: Arc<str>,
     /// The child's template.
     pub template: Arc<AgentTemplate>,
     /// The prompt the parent gave it, if any.
-    pub prompt: Option<String>,
+    pub prompt: Option<Box<str>>,
     /// The params the parent gave it, if any (checked against its input schema).
-    pub params: Option<Value>,
+    pub params: Option<Box<Value>>,
     /// The parent's filtered history as of the spawn: one per step, which
     /// the children of all its spawn calls share until each starts from it.
     pub snapshot: Arc<History>,
@@ -54,14 +60,15 @@ pub struct ChildPlan {
 /// type: those children share them instead of each formatting its own (two
 /// strings and a message per child).
 #[derive(Default)]
-pub(crate) struct Notices(RefCell<Vec<(String, Arc<Message>)>>);
+pub(crate) struct Notices(RefCell<Vec<(Arc<str>, Arc<Message>)>>);
 
 impl Notices {
-    /// The notice a child of type `agent_type` gets (made by the first one).
-    fn of(&self, agent_type: &str) -> Arc<Message> {
+    /// The agent type's shared text and the notice a child of that type
+    /// gets (both made by the first one).
+    fn of(&self, agent_type: &str) -> (Arc<str>, Arc<Message>) {
         let mut made = self.0.borrow_mut();
-        if let Some((_, notice)) = made.iter().find(|(t, _)| t == agent_type) {
-            return notice.clone();
+        if let Some((t, notice)) = made.iter().find(|(t, _)| &**t == agent_type) {
+            return (t.clone(), notice.clone());
         }
         let notice = Arc::new(
             Message::user(format!(
@@ -69,8 +76,9 @@ impl Notices {
             ))
             .with_tag(SUBAGENT_SPAWN),
         );
-        made.push((agent_type.to_owned(), notice.clone()));
-        notice
+        let text: Arc<str> = agent_type.into();
+        made.push((text.clone(), notice.clone()));
+        (text, notice)
     }
 }
 
@@ -99,12 +107,13 @@ pub(crate) fn plan_child(
     template
         .check_input(request.prompt.as_deref(), request.params.as_ref())
         .map_err(|e| e.to_string())?;
-    let notice = (template.include_message_history && !inline).then(|| notices.of(entry));
+    let (agent_type, notice) = notices.of(entry);
+    let notice = (template.include_message_history && !inline).then_some(notice);
     Ok(ChildPlan {
-        agent_type: entry.to_owned(),
+        agent_type,
         template,
-        prompt: request.prompt,
-        params: request.params,
+        prompt: request.prompt.map(String::into_boxed_str),
+        params: request.params.map(Box::new),
         snapshot: snapshot.clone(),
         notice,
         inline,
@@ -192,7 +201,7 @@ impl ChildPlan {
         if let Some(notice) = &self.notice {
             history.push_shared(notice.clone());
         }
-        for message in input_messages(t, self.prompt.as_deref(), self.params.as_ref()) {
+        for message in input_messages(t, self.prompt.as_deref(), self.params.as_deref()) {
             history.push(message);
         }
         let system_prompt = if t.inherit_parent_system_prompt {
@@ -206,7 +215,7 @@ impl ChildPlan {
             inherited: history.len(),
             state: AgentState::initial(Start {
                 ids,
-                agent_type: self.agent_type.clone(),
+                agent_type: self.agent_type.to_string(),
                 parent: Some((parent.agent_id.clone(), parent.lineage.clone())),
                 history,
                 system_prompt,

@@ -11,7 +11,7 @@ use arbor_actors::idmap::IdMap;
 use arbor_actors::sync::LockExt;
 use arbor_actors::toolbox::Toolbox;
 use arbor_actors::{
-    AgentMsg, AgentTemplate, Event, EventKind, LimitHit, Model, Recovered, TreeHooks, Usage,
+    AgentMsg, AgentTemplate, Event, EventKind, LimitHit, Model, Recovered, RunId, TreeHooks, Usage,
 };
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -37,10 +37,6 @@ pub(crate) struct TreeContext {
     /// a tree's events in `seq` order.
     order: Mutex<()>,
     live: Mutex<IdMap<Arc<str>, ActorRef<AgentMsg>>>,
-    /// Children spawned whose actor has not started yet (waiting for a live
-    /// slot or a retry), by run id, with their parent's run id: a cancel by
-    /// run id reaches them through the parent.
-    waiting: Mutex<IdMap<String, Arc<str>>>,
     /// Whether the tree is stored (its agents checkpoint every step).
     durable: bool,
     /// What a resumed or replayed tree starts from.
@@ -91,7 +87,6 @@ impl TreeContext {
             seq: AtomicU64::new(0),
             order: Mutex::new(()),
             live: Mutex::new(IdMap::default()),
-            waiting: Mutex::new(IdMap::default()),
             durable: false,
             recovery: None,
             recorded: Mutex::new(HashMap::new()),
@@ -169,9 +164,20 @@ impl TreeContext {
         self.live.locked().get(run_id).cloned()
     }
 
-    /// The parent of a child that was spawned but has not started.
+    /// The running parent of a child of this tree whose own actor does not
+    /// run (it waits for a live slot or a retry, or it ended): a cancel by
+    /// run id reaches a waiting child through its parent, which alone knows
+    /// it (a waiting child costs the tree nothing: issue 34). Read from the
+    /// run id's shape, so a child that ended answers too: callers that must
+    /// tell the two apart ask the registry first.
     pub(crate) fn waiting_parent(&self, run_id: &str) -> Option<Arc<str>> {
-        self.waiting.locked().get(run_id).cloned()
+        let run = run_id.parse::<RunId>().ok()?;
+        if run.tree().as_str() != &*self.tree_id {
+            return None;
+        }
+        let parent: Arc<str> = run.parent()?.to_string().into();
+        let live = self.live.locked();
+        (!live.contains_key(run_id) && live.contains_key(&parent)).then_some(parent)
     }
 
     pub(crate) fn live_count(&self) -> usize {
@@ -306,17 +312,6 @@ impl TreeHooks for TreeContext {
         if let Some(state) = kind.final_state() {
             self.registry.record(state);
         }
-        match &kind {
-            EventKind::ChildSpawned { child_run_id, .. } => {
-                self.waiting
-                    .locked()
-                    .insert(child_run_id.clone(), run_id.clone());
-            }
-            EventKind::ChildFinished { child_run_id, .. } => {
-                self.waiting.locked().remove(child_run_id);
-            }
-            _ => {}
-        }
         let _order = self.order.locked();
         let event = Event {
             seq: self.seq.fetch_add(1, Ordering::AcqRel) + 1,
@@ -334,7 +329,6 @@ impl TreeHooks for TreeContext {
         self.live
             .locked()
             .insert(run_id.clone(), ActorRef::from(actor.clone()));
-        self.waiting.locked().remove(run_id.as_ref());
     }
 
     fn actor_stopped(&self, run_id: &Arc<str>) {

@@ -131,7 +131,7 @@ impl AgentRun {
                 Admission::Admitted { plan, id, .. } => Started::Running {
                     agent_id: id.to_string(),
                     run_id: id.to_string(),
-                    agent_type: plan.agent_type.clone(),
+                    agent_type: plan.agent_type.to_string(),
                     agent_name: plan.template.display_name.clone(),
                 },
             })
@@ -167,11 +167,11 @@ impl AgentRun {
             let planned = plan.and_then(|plan| {
                 let id = agent_id
                     .parse::<RunId>()
-                    .map_err(|e| (plan.agent_type.clone(), e.to_string()))?;
+                    .map_err(|e| (plan.agent_type.to_string(), e.to_string()))?;
                 let toolbox = self
                     .hooks
                     .toolbox(&plan.template)
-                    .map_err(|e| (plan.agent_type.clone(), e))?;
+                    .map_err(|e| (plan.agent_type.to_string(), e))?;
                 Ok(Admission::Admitted { plan, toolbox, id })
             });
             match planned {
@@ -223,7 +223,7 @@ impl AgentRun {
             Ok(parent) => parent.child(next),
             Err(error) => {
                 return Admission::Refused {
-                    agent_type: plan.agent_type,
+                    agent_type: plan.agent_type.to_string(),
                     error: error.to_string(),
                 };
             }
@@ -238,7 +238,7 @@ impl AgentRun {
             let error = limit.to_string();
             self.emit(EventKind::LimitHit { limit });
             return Admission::Refused {
-                agent_type: plan.agent_type,
+                agent_type: plan.agent_type.to_string(),
                 error,
             };
         }
@@ -246,7 +246,7 @@ impl AgentRun {
             Ok(toolbox) => toolbox,
             Err(error) => {
                 return Admission::Refused {
-                    agent_type: plan.agent_type,
+                    agent_type: plan.agent_type.to_string(),
                     error,
                 };
             }
@@ -400,6 +400,7 @@ impl AgentRun {
     fn launch(&mut self, launch: Launch) {
         let Launch {
             parent,
+            parent_run,
             priority,
             children,
         } = launch;
@@ -420,13 +421,13 @@ impl AgentRun {
         let mut line = hooks.acquire_slots(priority, children.len());
         tokio::spawn(async move {
             let mut pending = children.into_iter();
-            while let Some(Start {
-                key,
-                plan,
-                toolbox,
-                ids,
-            }) = pending.next()
-            {
+            while let Some(start) = pending.next() {
+                // The ids are made as the child comes up: a waiting child
+                // holds none (issue 34).
+                let ids = start.ids(parent_run.as_ref());
+                let Start {
+                    key, plan, toolbox, ..
+                } = start;
                 // A resumed tree merges a child that finished before, and lets
                 // one that was cut short go on from its last checkpoint.
                 let checkpoint = match hooks.recovered(&ids.run_id) {
@@ -514,7 +515,7 @@ impl AgentRun {
                             start.inherited,
                             hooks.tree_id().clone(),
                         )
-                        .with_input(plan.prompt.as_deref(), plan.params.as_ref())
+                        .with_input(plan.prompt.as_deref(), plan.params.as_deref())
                     }
                 };
                 let args = AgentArgs {

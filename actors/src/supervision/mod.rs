@@ -141,24 +141,80 @@ pub enum Input<A> {
 pub struct Launch {
     /// What the children take from their parent.
     pub parent: Arc<ParentInfo>,
+    /// The parent's run id, which most children's agent ids extend.
+    pub parent_run: Option<RunId>,
     /// How they wait for a live slot.
     pub priority: SlotPriority,
     /// The attempts to start, in request order.
     pub children: Vec<Start>,
 }
 
-/// One attempt of a child to start.
+/// One attempt of a child to start. A launch holds its call's children
+/// until each gets a live slot (~10^7 at once in the 10^8-agent tree), so
+/// this is small: the plan is the slot's, shared, and the ids are made
+/// when the child starts ([`Start::ids`]).
 #[derive(Debug)]
 pub struct Start {
     /// The child and attempt (its reply goes back under this key).
     pub key: ChildKey,
-    /// What it runs (the slot's own plan, shared, not copied: a launch
-    /// holds its call's children until each gets a live slot).
+    /// What it runs (the slot's own plan, shared, not copied).
     pub plan: Arc<ChildPlan>,
     /// Its template's toolbox.
     pub toolbox: Arc<Toolbox>,
-    /// Its agent id and this attempt's run id.
-    pub ids: RunIds,
+    /// Its agent id, as the slot keeps it.
+    id: ChildId,
+}
+
+impl Start {
+    /// Its agent id and this attempt's run id, `parent_run` being its
+    /// launch's [`Launch::parent_run`].
+    pub fn ids(&self, parent_run: Option<&RunId>) -> RunIds {
+        self.id.ids(parent_run, self.key.attempt)
+    }
+}
+
+/// A child's agent id as its slot keeps it: the ordinal that extends its
+/// parent's run id (`P.n`: every child the parent admits), or, for one
+/// started again under a stored id of another shape, that id. An ordinal
+/// is 4 bytes where a [`RunId`] is ~70 with its path.
+#[derive(Clone, Debug)]
+enum ChildId {
+    Of(u32),
+    Given(Box<RunId>),
+}
+
+impl ChildId {
+    fn new(id: RunId, parent: Option<&RunId>) -> Self {
+        let ordinal = id.path().last().map(|s| s.ordinal);
+        match (parent, ordinal) {
+            (Some(parent), Some(n)) if parent.child(n) == id => ChildId::Of(n),
+            _ => ChildId::Given(Box::new(id)),
+        }
+    }
+
+    fn resolve(&self, parent: Option<&RunId>) -> Option<RunId> {
+        match self {
+            ChildId::Of(n) => parent.map(|p| p.child(*n)),
+            ChildId::Given(id) => Some((**id).clone()),
+        }
+    }
+
+    /// The agent id and the run id of attempt `attempt`, as text.
+    fn ids(&self, parent: Option<&RunId>, attempt: u32) -> RunIds {
+        let Some(id) = self.resolve(parent) else {
+            return RunIds {
+                agent_id: String::new(),
+                run_id: String::new(),
+            };
+        };
+        let agent_id = id.to_string();
+        let run_id = if id.attempt() == attempt {
+            agent_id.clone()
+        } else {
+            id.retry(attempt).to_string()
+        };
+        RunIds { agent_id, run_id }
+    }
 }
 
 /// Every report of one spawn call, in request order.
@@ -216,7 +272,7 @@ struct Slot {
     plan: Option<Arc<ChildPlan>>,
     toolbox: Option<Arc<Toolbox>>,
     /// The agent id of an admitted child (attempt `n` runs as `id.retry(n)`).
-    id: Option<RunId>,
+    id: Option<ChildId>,
     /// The attempt under way (or the last one): its run id is `id.retry(attempt)`.
     attempt: u32,
     /// The attempts that ran, in order: the report's `run_ids` are their run
@@ -234,6 +290,7 @@ impl Slot {
     /// ids and credits so far are the slot's. `None` once it has its report.
     fn report(
         &self,
+        parent: Option<&RunId>,
         status: AgentStatus,
         value: Value,
         history: Option<History>,
@@ -241,10 +298,14 @@ impl Slot {
     ) -> Option<ChildReport> {
         let plan = self.plan.as_ref()?;
         Some(ChildReport {
-            agent_type: plan.agent_type.clone(),
+            agent_type: plan.agent_type.to_string(),
             agent_name: plan.template.display_name.clone(),
-            agent_id: self.id.as_ref().map(RunId::to_string).unwrap_or_default(),
-            run_ids: self.run_ids(),
+            agent_id: self
+                .agent_id(parent)
+                .as_ref()
+                .map(RunId::to_string)
+                .unwrap_or_default(),
+            run_ids: self.run_ids(parent),
             status,
             value,
             credits: self.credits,
@@ -253,9 +314,14 @@ impl Slot {
         })
     }
 
+    /// The agent id of an admitted child.
+    fn agent_id(&self, parent: Option<&RunId>) -> Option<RunId> {
+        self.id.as_ref()?.resolve(parent)
+    }
+
     /// The run ids of the attempts that ran, in order.
-    fn run_ids(&self) -> Vec<String> {
-        let Some(id) = &self.id else {
+    fn run_ids(&self, parent: Option<&RunId>) -> Vec<String> {
+        let Some(id) = self.agent_id(parent) else {
             return Vec::new();
         };
         self.ran
@@ -264,9 +330,21 @@ impl Slot {
             .collect()
     }
 
-    /// Whether the attempt under way (or the last one) is `run`.
-    fn runs_as(&self, run: &RunId) -> bool {
-        self.attempt == run.attempt() && self.id.as_ref().is_some_and(|id| id.has_attempt(run))
+    /// Whether the attempt under way (or the last one) is `run`, whose
+    /// parent is `run_parent` (`run.parent()`, made once by the caller).
+    fn runs_as(&self, parent: Option<&RunId>, run: &RunId, run_parent: Option<&RunId>) -> bool {
+        if self.attempt != run.attempt() {
+            return false;
+        }
+        match &self.id {
+            // The common case without making the id: `P.n~a` is `run`.
+            Some(ChildId::Of(n)) => {
+                run.path().last().is_some_and(|s| s.ordinal == *n)
+                    && parent.is_some_and(|p| run_parent == Some(p))
+            }
+            Some(ChildId::Given(id)) => id.has_attempt(run),
+            None => false,
+        }
     }
 
     /// Gives the child its final report (its plan is no longer needed).
@@ -313,6 +391,8 @@ struct Call {
     /// How many of `slots` have no report yet and were not handed over.
     pending: usize,
     parent: Arc<ParentInfo>,
+    /// The parent's run id, which its children's agent ids extend.
+    parent_run: Option<RunId>,
 }
 
 /// A parent's children: every spawn call not yet delivered, the children that
@@ -380,7 +460,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 c.slots
                     .iter()
                     .filter(|s| !s.delivered)
-                    .map(|s| (*index, s.credits, s.run_ids()))
+                    .map(|s| (*index, s.credits, s.run_ids(c.parent_run.as_ref())))
             })
             .collect()
     }
@@ -443,7 +523,11 @@ impl<A: Clone + Eq + Hash> Children<A> {
         children: Vec<Admission>,
         out: &mut Vec<Output<A>>,
     ) {
-        let mut slots: Vec<Slot> = children.into_iter().map(slot_of).collect();
+        let parent_run = parent.run_id.parse::<RunId>().ok();
+        let mut slots: Vec<Slot> = children
+            .into_iter()
+            .map(|c| slot_of(c, parent_run.as_ref()))
+            .collect();
         if background {
             // The call's result already told the model of a refused child.
             for slot in slots.iter_mut().filter(|s| s.report.is_some()) {
@@ -471,6 +555,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 slots,
                 pending,
                 parent,
+                parent_run,
             },
         );
         if to_launch.is_empty() {
@@ -490,38 +575,34 @@ impl<A: Clone + Eq + Hash> Children<A> {
             let Some(call) = self.calls.get_mut(&(key.step, key.call)) else {
                 continue;
             };
-            parent.get_or_insert_with(|| call.parent.clone());
+            let (_, parent_run) =
+                parent.get_or_insert_with(|| (call.parent.clone(), call.parent_run.clone()));
             let Some(slot) = call.slots.get_mut(key.child) else {
                 continue;
             };
             let (Some(plan), Some(toolbox), Some(id)) =
-                (slot.plan.clone(), slot.toolbox.clone(), slot.id.as_ref())
+                (slot.plan.clone(), slot.toolbox.clone(), slot.id.clone())
             else {
                 continue;
             };
-            let agent_id = id.to_string();
-            let run_id = if id.attempt() == key.attempt {
-                agent_id.clone()
-            } else {
-                id.retry(key.attempt).to_string()
+            let child_run_id = id.ids(parent_run.as_ref(), key.attempt).run_id;
+            let start = Start {
+                key,
+                plan,
+                toolbox,
+                id,
             };
-            let ids = RunIds { agent_id, run_id };
             // Recorded in `ran` once it has run (a run that never started has
             // no state to retrieve, so it is not a child run).
             slot.attempt = key.attempt;
             out.push(Output::Emit(EventKind::ChildSpawned {
-                child_run_id: ids.run_id.clone(),
-                agent_type: plan.agent_type.clone(),
+                child_run_id,
+                agent_type: start.plan.agent_type.to_string(),
                 attempt: key.attempt,
             }));
-            children.push(Start {
-                key,
-                plan,
-                toolbox,
-                ids,
-            });
+            children.push(start);
         }
-        let Some(parent) = parent else {
+        let Some((parent, parent_run)) = parent else {
             return;
         };
         if children.is_empty() {
@@ -534,6 +615,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
         };
         out.push(Output::Launch(Launch {
             parent,
+            parent_run,
             priority,
             children,
         }));
@@ -564,9 +646,12 @@ impl<A: Clone + Eq + Hash> Children<A> {
         let Ok(run) = run_id.parse::<RunId>() else {
             return;
         };
+        let run_parent = run.parent();
         let found = self.calls.iter().find_map(|(&(step, call), c)| {
+            let parent = c.parent_run.as_ref();
             c.slots.iter().enumerate().find_map(|(child, s)| {
-                (s.runs_as(&run) && s.report.is_none() && !s.delivered).then_some(ChildKey {
+                let live = s.report.is_none() && !s.delivered;
+                (live && s.runs_as(parent, &run, run_parent.as_ref())).then_some(ChildKey {
                     step,
                     call,
                     child,
@@ -587,10 +672,12 @@ impl<A: Clone + Eq + Hash> Children<A> {
         out.push(Output::Skip {
             run_id: run_id.clone(),
         });
+        let parent_run = self.parent_run(key);
         let Some(slot) = self.slot_mut(key) else {
             return;
         };
         let Some(report) = slot.report(
+            parent_run.as_ref(),
             AgentStatus::Cancelled,
             json!({ "errorMessage": "Agent was cancelled" }),
             None,
@@ -639,6 +726,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
         out: &mut Vec<Output<A>>,
     ) {
         let parent_ended = self.parent_ended.is_some();
+        let parent_run = self.parent_run(key);
         let Some(slot) = self.slot_mut(key) else {
             return;
         };
@@ -647,8 +735,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             return;
         }
         let run_id = slot
-            .id
-            .as_ref()
+            .agent_id(parent_run.as_ref())
             .map(|id| id.retry(key.attempt).to_string())
             .unwrap_or_default();
         if started && !slot.ran.contains(&key.attempt) {
@@ -689,7 +776,8 @@ impl<A: Clone + Eq + Hash> Children<A> {
             return;
         };
         let failure = plan.template.failure;
-        let Some(report) = slot.report(status, value, history, error_kind) else {
+        let Some(report) = slot.report(parent_run.as_ref(), status, value, history, error_kind)
+        else {
             return;
         };
         out.push(Output::Emit(EventKind::ChildFinished {
@@ -783,6 +871,11 @@ impl<A: Clone + Eq + Hash> Children<A> {
         }
     }
 
+    /// The run id of the parent of `key`'s call (its children's ids extend it).
+    fn parent_run(&self, key: ChildKey) -> Option<RunId> {
+        self.calls.get(&(key.step, key.call))?.parent_run.clone()
+    }
+
     /// The slot of `key`.
     fn slot_mut(&mut self, key: ChildKey) -> Option<&mut Slot> {
         let call = self.calls.get_mut(&(key.step, key.call))?;
@@ -790,7 +883,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
     }
 }
 
-fn slot_of(admission: Admission) -> Slot {
+fn slot_of(admission: Admission, parent: Option<&RunId>) -> Slot {
     let mut slot = Slot {
         plan: None,
         toolbox: None,
@@ -809,7 +902,7 @@ fn slot_of(admission: Admission) -> Slot {
         Admission::Admitted { plan, toolbox, id } => {
             slot.plan = Some(Arc::new(plan));
             slot.toolbox = Some(toolbox);
-            slot.id = Some(id);
+            slot.id = Some(ChildId::new(id, parent));
         }
     }
     slot

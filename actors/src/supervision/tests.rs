@@ -266,10 +266,10 @@ fn show(output: &Output<u32>) -> String {
             show_status(report.status)
         ),
         Output::Launch(launch) => {
-            let runs: Vec<&str> = launch
+            let runs: Vec<String> = launch
                 .children
                 .iter()
-                .map(|s| s.ids.run_id.as_str())
+                .map(|s| s.ids(launch.parent_run.as_ref()).run_id)
                 .collect();
             format!(
                 "launch {} at depth {}",
@@ -1314,7 +1314,8 @@ fn the_children_of_every_attempt_have_their_own_run_ids() {
     let mut take = |outputs: Vec<Output<u32>>| {
         for output in outputs {
             if let Output::Launch(launch) = output {
-                starts.extend(launch.children.into_iter().map(|s| (s.key, s.ids)));
+                let parent = launch.parent_run.as_ref();
+                starts.extend(launch.children.iter().map(|s| (s.key, s.ids(parent))));
             }
         }
     };
@@ -1540,10 +1541,27 @@ fn a_wide_call_counts_its_children_down_and_is_delivered_once_after_the_last() {
 
 /// The attempts the outputs launch, in order.
 fn starts(outputs: Vec<Output<u32>>) -> Vec<Start> {
+    launched(outputs)
+        .into_iter()
+        .map(|(start, _)| start)
+        .collect()
+}
+
+/// The attempts the outputs launch, in order, each with its ids.
+fn launched(outputs: Vec<Output<u32>>) -> Vec<(Start, RunIds)> {
     outputs
         .into_iter()
         .filter_map(|output| match output {
-            Output::Launch(launch) => Some(launch.children),
+            Output::Launch(launch) => Some(
+                launch
+                    .children
+                    .into_iter()
+                    .map(|s| {
+                        let ids = s.ids(launch.parent_run.as_ref());
+                        (s, ids)
+                    })
+                    .collect::<Vec<_>>(),
+            ),
             _ => None,
         })
         .flatten()
@@ -1583,7 +1601,7 @@ fn a_child_whose_stored_agent_id_ends_in_an_attempt_is_cancelled_by_its_run_id()
     };
     let id: RunId = "t/0.1~2".parse().unwrap();
     let outputs = table.handle(open(0, vec![Admission::Admitted { plan, toolbox, id }]));
-    let ids: Vec<RunIds> = starts(outputs).into_iter().map(|s| s.ids).collect();
+    let ids: Vec<RunIds> = launched(outputs).into_iter().map(|(_, ids)| ids).collect();
     assert_eq!(
         ids,
         [RunIds {
@@ -1599,4 +1617,34 @@ fn a_child_whose_stored_agent_id_ends_in_an_attempt_is_cancelled_by_its_run_id()
         "{:?}",
         outputs.iter().map(show).collect::<Vec<_>>()
     );
+}
+
+/// A child waiting for its live slot is its `Start` in the launch, its slot
+/// and its plan: the 10^8-agent tree holds ~10^7 at once (issue 34). None
+/// holds its run ids as text (made when it starts) or a copy of what its
+/// call's children share. Before, a `Start` carried two id strings (152 bytes
+/// with their text) and a plan 224 bytes plus its prompt's spare room.
+#[test]
+fn a_child_waiting_for_its_slot_is_a_few_dozen_bytes_not_a_kilobyte() {
+    use std::mem::size_of;
+    assert!(
+        size_of::<Start>() <= 64,
+        "Start is {} bytes",
+        size_of::<Start>()
+    );
+    assert!(
+        size_of::<Slot>() <= 104,
+        "Slot is {} bytes",
+        size_of::<Slot>()
+    );
+    assert!(
+        size_of::<ChildPlan>() <= 80,
+        "ChildPlan is {} bytes",
+        size_of::<ChildPlan>()
+    );
+    // The ids come from the parent's run id and the child's ordinal.
+    let outputs = Table::default().handle(open(0, vec![child("a", 7)]));
+    let launched = launched(outputs);
+    assert_eq!(launched[0].1.run_id, "t/0.7");
+    assert!(matches!(launched[0].0.id, ChildId::Of(7)));
 }

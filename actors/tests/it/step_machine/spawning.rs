@@ -73,7 +73,10 @@ fn spawn_agents_plans_children_in_request_order_with_permission_checks() {
         .map(|c| match c {
             Ok(plan) => {
                 assert!(!plan.inline);
-                Ok((plan.agent_type.clone(), plan.prompt.clone()))
+                Ok((
+                    plan.agent_type.to_string(),
+                    plan.prompt.as_deref().map(str::to_owned),
+                ))
             }
             Err(e) => Err(e.clone()),
         })
@@ -107,7 +110,7 @@ fn spawn_agents_plans_children_in_request_order_with_permission_checks() {
     );
     assert_eq!(outcome[7], ok("acme/researcher@1.0.0", None));
     let writer = children[3].as_ref().unwrap();
-    assert_eq!(writer.params, Some(json!({"k": 1})));
+    assert_eq!(writer.params.as_deref(), Some(&json!({"k": 1})));
     assert_eq!(&*writer.template.system_prompt, "writer sys");
 }
 
@@ -480,7 +483,7 @@ fn child_machine(plan: &ChildPlan, start: ChildStart) -> Run {
         start.inherited,
         Arc::from("tree-1"),
     )
-    .with_input(plan.prompt.as_deref(), plan.params.as_ref());
+    .with_input(plan.prompt.as_deref(), plan.params.as_deref());
     Run {
         m,
         cat: catalog(Vec::new()),
@@ -527,7 +530,7 @@ fn inline_spawn_hands_the_history_over_and_takes_it_back() {
     ));
     let (step, index, plan) = inline_child(actions);
     assert!(plan.inline);
-    assert_eq!(plan.agent_type, "helper");
+    assert_eq!(&*plan.agent_type, "helper");
     let start = start_child(&run, &plan, 1);
     // An inline child starts from the filtered history, then its prompt.
     let initial = hvalues(&start.state.message_history);
@@ -693,7 +696,7 @@ fn one_invalid_spawn_agents_entry_is_refused_alone_and_the_valid_ones_run() {
         e.starts_with("Invalid input for spawn_agents: agents[0]"),
         "{e}"
     );
-    assert_eq!(children[1].as_ref().unwrap().agent_type, "writer");
+    assert_eq!(&*children[1].as_ref().unwrap().agent_type, "writer");
     assert!(matches!(&children[2], Err((t, e)) if t.is_empty() && e.contains("agents[2]")));
     assert!(matches!(&children[3], Err((t, e)) if t == "historian" && e.contains("agents[3]")));
 }
