@@ -5,6 +5,7 @@
 mod encode;
 mod journal;
 mod log;
+mod query;
 mod state_row;
 #[cfg(feature = "postgres")]
 mod pg;

@@ -12,16 +12,12 @@ use super::PgStore;
 use crate::error::Error;
 use crate::recovery::Recovery;
 use crate::store::log::TreeLog;
+use crate::store::query::{self, Dialect, Listing, RecordTexts, SUMMARY};
 use crate::store::{
     Control, Fenced, GcReport, JournalEntry, Owner, QueuedTurn, RunNode, Segment, Store, StoredRun,
     TreeDump, TreeFilter, TreeRecord, TreeRow, TreeStatus, TreeSummary, Wake, Write,
 };
 use crate::tree::now_ms;
-
-const SUMMARY: &str = "SELECT tree_id, root_run_id, agent, prompt, status, error, agents,
-        input_tokens, output_tokens, cost, started_ms, finished_ms, heartbeat_ms, resumes, owner,
-        principal
-    FROM trees";
 
 const ROW: &str = "SELECT tree_id, root_run_id, agent, prompt, params, model, limits, origin,
         history, status, error, started_ms, finished_ms, heartbeat_ms, owner, last_seq, next_id,
@@ -77,31 +73,15 @@ impl PgStore {
         now: u64,
     ) -> Result<(TreeRecord, TreeSummary), Error> {
         let summary = self.summary_row(row, now)?;
-        let bad = self.bad(&summary.tree_id);
-        let params: Option<String> = row.get("params");
-        let limits: String = row.get("limits");
-        let history: Option<String> = row.get("history");
-        let config: Option<String> = row.get("config_text");
-        let record = TreeRecord {
-            tree_id: summary.tree_id.clone(),
-            root_run_id: summary.root_run_id.clone(),
-            agent: summary.agent.clone(),
-            prompt: summary.prompt.clone(),
-            params: params
-                .map(|p| serde_json::from_str(&p))
-                .transpose()
-                .map_err(|e| bad(format!("params: {e}")))?,
+        let record = RecordTexts {
+            params: row.get("params"),
             model: row.get("model"),
-            limits: serde_json::from_str(&limits).map_err(|e| bad(format!("limits: {e}")))?,
+            limits: row.get("limits"),
             origin: row.get("origin"),
-            config: config.map(Arc::from),
-            history: history
-                .map(|h| serde_json::from_str(&h))
-                .transpose()
-                .map_err(|e| bad(format!("history: {e}")))?,
-            started_ms: summary.started_ms,
-            principal: summary.principal.clone(),
-        };
+            history: row.get("history"),
+            config: row.get("config_text"),
+        }
+        .record(&summary, &self.bad(&summary.tree_id))?;
         Ok((record, summary))
     }
 
@@ -510,20 +490,14 @@ impl Store for PgStore {
                 .await
                 .map_err(self.io())
         })?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
-            let tree_id: String = r.get("tree_id");
-            let body: String = r.get("body");
-            let body = serde_json::from_str(&body)
-                .map_err(|e| self.bad(&tree_id)(format!("a control is not JSON: {e}")))?;
-            out.push(Control {
-                id: r.get::<_, i64>("id") as u64,
-                tree_id,
-                body,
-            });
-        }
-        out.sort_by_key(|c| c.id);
-        Ok(out)
+        let taken = rows.iter().map(|r| {
+            (
+                r.get::<_, i64>("id") as u64,
+                r.get("tree_id"),
+                r.get("body"),
+            )
+        });
+        query::controls(taken, |tree| Box::new(self.bad(tree)))
     }
 
     fn fail_claimed(&self, tree_id: &str, epoch: u64, reason: &str) -> Result<(), Error> {
@@ -786,47 +760,18 @@ impl PgStore {
         principal: Option<&str>,
     ) -> Result<Vec<TreeSummary>, Error> {
         let now = now_ms();
-        // As on SQLite: `running` and `interrupted` are both stored as
-        // running, so only for them is the offset counted here.
-        let stored = filter.status.map(|s| s.stored().as_str());
-        let derived = filter.status.map(TreeStatus::stored) == Some(TreeStatus::Running);
-        let sql_offset = if derived { 0 } else { filter.offset };
+        let listing = Listing::new(filter);
+        let stored = listing.stored.map(TreeStatus::as_str);
         let rows = self.block(async {
             let client = self.client().await?;
             client
                 .query(
-                    &format!(
-                        "{SUMMARY} WHERE ($1::TEXT IS NULL OR status = $1)
-                             AND ($3::TEXT IS NULL OR principal = $3)
-                         ORDER BY started_ms DESC, made DESC OFFSET $2"
-                    ),
-                    &[&stored, &(sql_offset as i64), &principal],
+                    &listing.query(SUMMARY, Dialect::Postgres, principal.is_some()),
+                    &[&stored, &(listing.sql_offset as i64), &principal],
                 )
                 .await
                 .map_err(self.io())
         })?;
-        let limit = if filter.limit == 0 {
-            usize::MAX
-        } else {
-            filter.limit
-        };
-        let offset = filter.offset - sql_offset;
-        let mut out = Vec::new();
-        let mut skipped = 0;
-        for row in &rows {
-            let row = self.summary_row(row, now)?;
-            if filter.status.is_some_and(|s| s != row.status) {
-                continue;
-            }
-            if skipped < offset {
-                skipped += 1;
-                continue;
-            }
-            out.push(row);
-            if out.len() >= limit {
-                break;
-            }
-        }
-        Ok(out)
+        listing.page(rows.iter().map(|row| self.summary_row(row, now)))
     }
 }

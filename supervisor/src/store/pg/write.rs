@@ -13,6 +13,7 @@ use std::sync::Arc;
 use super::PgStore;
 use crate::error::Error;
 use crate::store::encode::{EncodeError, Encoder, Rows, WriterState, config_hash};
+use crate::store::query::{self, Retry};
 use crate::store::{Fenced, Write};
 use crate::tree::now_ms;
 
@@ -158,47 +159,42 @@ impl PgStore {
     /// `Store::write`: the batch in one transaction.
     pub(super) fn write_batch(&self, batch: &[Write]) -> Result<Vec<Fenced>, Error> {
         let mut state = self.writer()?;
-        let mut tries = 0;
-        loop {
-            let result = self.block(attempt(self, &mut state, batch));
-            match result {
-                Ok(fenced) => return Ok(fenced),
-                Err(e) => {
-                    // What the cache says was written was rolled back.
-                    state.cache.clear();
-                    tries += 1;
-                    // No connection, or it was lost (a restart, a
-                    // terminated backend): the writer keeps the batch and
-                    // tries it again once the database answers. The epoch
-                    // fence and the encoder's re-read of the locked rows make
-                    // that safe (see `lost`).
-                    let reason = match &e {
-                        BatchError::Store(Error::StoreOpen { reason, .. }) => Some(reason.clone()),
-                        BatchError::Db(db) if lost(db) => Some(self.describe(db)),
-                        _ => None,
-                    };
-                    if let Some(reason) = reason {
-                        return Err(Error::StoreUnavailable {
-                            path: self.shown.clone(),
-                            reason,
-                            disk_full: false,
-                        });
-                    }
-                    let again = matches!(&e, BatchError::Db(db) if retryable(db));
-                    if !again || tries >= RETRIES {
-                        let source: Box<dyn std::error::Error + Send + Sync> = match e {
-                            BatchError::Db(e) => self.describe(&e).into(),
-                            BatchError::Encode(e) => Box::new(e),
-                            BatchError::Store(e) => Box::new(e),
-                        };
-                        return Err(Error::StoreWrite {
-                            path: self.shown.clone().into(),
-                            source,
-                        });
-                    }
+        query::write_batch(
+            &mut state,
+            |state| self.block(attempt(self, state, batch)),
+            |e, tries| {
+                // No connection, or it was lost (a restart, a terminated
+                // backend): the writer keeps the batch and tries it again
+                // once the database answers. The epoch fence and the
+                // encoder's re-read of the locked rows make that safe (see
+                // `lost`).
+                let reason = match &e {
+                    BatchError::Store(Error::StoreOpen { reason, .. }) => Some(reason.clone()),
+                    BatchError::Db(db) if lost(db) => Some(self.describe(db)),
+                    _ => None,
+                };
+                if let Some(reason) = reason {
+                    return Retry::Fail(Error::StoreUnavailable {
+                        path: self.shown.clone(),
+                        reason,
+                        disk_full: false,
+                    });
                 }
-            }
-        }
+                let again = matches!(&e, BatchError::Db(db) if retryable(db));
+                if !again || tries >= RETRIES {
+                    let source: Box<dyn std::error::Error + Send + Sync> = match e {
+                        BatchError::Db(e) => self.describe(&e).into(),
+                        BatchError::Encode(e) => Box::new(e),
+                        BatchError::Store(e) => Box::new(e),
+                    };
+                    return Retry::Fail(Error::StoreWrite {
+                        path: self.shown.clone().into(),
+                        source,
+                    });
+                }
+                Retry::Again(std::time::Duration::ZERO)
+            },
+        )
     }
 }
 

@@ -1,8 +1,6 @@
 //! The `Store` port over the file: listing and reading trees, claiming one
 //! (fencing's epochs), and collecting old ones.
 
-use std::sync::Arc;
-
 use arbor_actors::{AgentState, RunId};
 use rusqlite::{OptionalExtension, params};
 use serde_json::Value;
@@ -11,20 +9,17 @@ use super::{SqliteStore, sql};
 use crate::error::Error;
 use crate::recovery::Recovery;
 use crate::store::log::TreeLog;
+use crate::store::query::{self, Dialect, Listing, RecordTexts, SUMMARY};
 use crate::store::{
     Control, Fenced, GcReport, JournalEntry, Owner, QueuedTurn, RunNode, Segment, Store, StoredRun,
     TreeDump, TreeFilter, TreeRecord, TreeRow, TreeStatus, TreeSummary, Write,
 };
 use crate::tree::now_ms;
 
-const SUMMARY: &str = "SELECT tree_id, root_run_id, agent, prompt, status, error, agents,
-        input_tokens, output_tokens, cost, started_ms, finished_ms, heartbeat_ms, resumes, owner
-    FROM trees";
-
-/// `SUMMARY` with each tree's principal (column 15), for lists and records.
-const SUMMARY_PRINCIPAL: &str = "SELECT tree_id, root_run_id, agent, prompt, status, error,
-        agents, input_tokens, output_tokens, cost, started_ms, finished_ms, heartbeat_ms,
-        resumes, owner, principal
+/// `SUMMARY` without the principal, for a store older than principals.
+const SUMMARY_BEFORE_PRINCIPALS: &str = "SELECT tree_id, root_run_id, agent, prompt, status,
+        error, agents, input_tokens, output_tokens, cost, started_ms, finished_ms, heartbeat_ms,
+        resumes, owner
     FROM trees";
 
 /// The first schema version with `trees.principal`.
@@ -35,9 +30,9 @@ const PRINCIPAL_VERSION: i64 = 7;
 fn summary_query(conn: &rusqlite::Connection) -> rusqlite::Result<&'static str> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     Ok(if version >= PRINCIPAL_VERSION {
-        SUMMARY_PRINCIPAL
-    } else {
         SUMMARY
+    } else {
+        SUMMARY_BEFORE_PRINCIPALS
     })
 }
 
@@ -158,27 +153,15 @@ impl Store for SqliteStore {
         } else {
             None
         };
-        let bad = self.bad(tree_id);
-        let record = TreeRecord {
-            tree_id: summary.tree_id.clone(),
-            root_run_id: summary.root_run_id.clone(),
-            agent: summary.agent.clone(),
-            prompt: summary.prompt.clone(),
-            params: params_json
-                .map(|p| serde_json::from_str(&p))
-                .transpose()
-                .map_err(|e| bad(format!("params: {e}")))?,
+        let record = RecordTexts {
+            params: params_json,
             model,
-            limits: serde_json::from_str(&limits_json).map_err(|e| bad(format!("limits: {e}")))?,
+            limits: limits_json,
             origin,
-            config: config.map(Arc::from),
-            history: history_json
-                .map(|h| serde_json::from_str(&h))
-                .transpose()
-                .map_err(|e| bad(format!("history: {e}")))?,
-            started_ms: summary.started_ms,
-            principal: summary.principal.clone(),
-        };
+            history: history_json,
+            config,
+        }
+        .record(&summary, &self.bad(tree_id))?;
         Ok((record, summary))
     }
 
@@ -186,7 +169,7 @@ impl Store for SqliteStore {
         let conn = self.conn()?;
         let now = now_ms();
         let summary = conn
-            .prepare_cached(&format!("{SUMMARY} WHERE tree_id = ?1"))
+            .prepare_cached(&format!("{SUMMARY_BEFORE_PRINCIPALS} WHERE tree_id = ?1"))
             .and_then(|mut stmt| {
                 stmt.query_row([tree_id], |r| summary_row(r, now))
                     .optional()
@@ -325,14 +308,7 @@ impl Store for SqliteStore {
             }
         }
         tx.commit().map_err(sql(&self.path))?;
-        let mut out = Vec::with_capacity(taken.len());
-        for (id, tree_id, body) in taken {
-            let body = serde_json::from_str(&body)
-                .map_err(|e| self.bad(&tree_id)(format!("a control is not JSON: {e}")))?;
-            out.push(Control { id, tree_id, body });
-        }
-        out.sort_by_key(|c| c.id);
-        Ok(out)
+        query::controls(taken, |tree| Box::new(self.bad(tree)))
     }
 
     fn fail_claimed(&self, tree_id: &str, epoch: u64, reason: &str) -> Result<(), Error> {
@@ -689,55 +665,21 @@ impl SqliteStore {
     ) -> Result<Vec<TreeSummary>, Error> {
         let conn = self.conn()?;
         let now = now_ms();
-        // The stored status narrows the rows in SQL; `running` and
-        // `interrupted` are both stored as running (which one is judged by the
-        // owner's liveness), so only they are told apart here, and only for
-        // them is the offset counted here rather than in SQL.
-        let stored = filter.status.map(TreeStatus::stored);
-        let derived = stored == Some(TreeStatus::Running);
-        let sql_offset = if derived { 0 } else { filter.offset };
-        let order = "ORDER BY started_ms DESC, rowid DESC LIMIT -1 OFFSET ?2";
         let summary = summary_query(&conn).map_err(sql(&self.path))?;
-        let status = match stored {
-            Some(_) => "status = ?1",
-            None => "?1 IS NULL",
-        };
-        let query = match principal {
+        if principal.is_some() && summary == SUMMARY_BEFORE_PRINCIPALS {
             // A store older than principals: no tree has one.
-            Some(_) if summary == SUMMARY => {
-                format!("{summary} WHERE 0 AND {status} AND ?3 IS NULL {order}")
-            }
-            Some(_) => format!("{summary} WHERE {status} AND principal = ?3 {order}"),
-            None => format!("{summary} WHERE {status} AND ?3 IS NULL {order}"),
-        };
-        let mut stmt = conn.prepare(&query).map_err(sql(&self.path))?;
-        let rows = stmt
-            .query_map(params![stored, sql_offset as i64, principal], |r| {
-                summary_row(r, now)
-            })
-            .map_err(sql(&self.path))?;
-        let limit = if filter.limit == 0 {
-            usize::MAX
-        } else {
-            filter.limit
-        };
-        let offset = filter.offset - sql_offset;
-        let mut out = Vec::new();
-        let mut skipped = 0;
-        for row in rows {
-            let row = row.map_err(sql(&self.path))?;
-            if filter.status.is_some_and(|s| s != row.status) {
-                continue;
-            }
-            if skipped < offset {
-                skipped += 1;
-                continue;
-            }
-            out.push(row);
-            if out.len() >= limit {
-                break;
-            }
+            return Ok(Vec::new());
         }
-        Ok(out)
+        let listing = Listing::new(filter);
+        let mut stmt = conn
+            .prepare(&listing.query(summary, Dialect::Sqlite, principal.is_some()))
+            .map_err(sql(&self.path))?;
+        let rows = stmt
+            .query_map(
+                params![listing.stored, listing.sql_offset as i64, principal],
+                |r| summary_row(r, now),
+            )
+            .map_err(sql(&self.path))?;
+        listing.page(rows).map_err(sql(&self.path))
     }
 }

@@ -11,6 +11,7 @@ use super::SqliteStore;
 use super::schema::is_busy;
 use crate::error::Error;
 use crate::store::encode::{EncodeError, Encoder, Rows, WriterState, config_hash};
+use crate::store::query::{self, Retry};
 use crate::store::{Fenced, Write};
 use crate::tree::now_ms;
 
@@ -238,33 +239,27 @@ impl SqliteStore {
             .map_err(|_| Error::StorePoisoned("the store's writer state was poisoned"))?;
         // Another process holding the lock beyond the busy timeout is not a
         // broken store: try again a few times before failing the trees.
-        let mut tries = 0;
-        loop {
-            match attempt(&mut conn, &mut state, batch) {
-                Ok(fenced) => return Ok(fenced),
-                Err(e) => {
-                    let busy = is_busy(&e);
-                    // What the cache says was written was rolled back.
-                    state.cache.clear();
-                    tries += 1;
-                    if let Some(disk_full) = unavailable(&e) {
-                        // The writer keeps the batch and tries it again.
-                        return Err(Error::StoreUnavailable {
-                            path: self.path.display().to_string(),
-                            reason: e.to_string(),
-                            disk_full,
-                        });
-                    }
-                    if !busy || tries >= BUSY_RETRIES {
-                        return Err(Error::StoreWrite {
-                            path: self.path.clone(),
-                            source: Box::new(e),
-                        });
-                    }
-                    std::thread::sleep(Duration::from_millis(100 * tries));
+        query::write_batch(
+            &mut state,
+            |state| attempt(&mut conn, state, batch),
+            |e, tries| {
+                if let Some(disk_full) = unavailable(&e) {
+                    // The writer keeps the batch and tries it again.
+                    return Retry::Fail(Error::StoreUnavailable {
+                        path: self.path.display().to_string(),
+                        reason: e.to_string(),
+                        disk_full,
+                    });
                 }
-            }
-        }
+                if !is_busy(&e) || u64::from(tries) >= BUSY_RETRIES {
+                    return Retry::Fail(Error::StoreWrite {
+                        path: self.path.clone(),
+                        source: Box::new(e),
+                    });
+                }
+                Retry::Again(Duration::from_millis(100 * u64::from(tries)))
+            },
+        )
     }
 
     /// Records a claim this process made (`claim`, `claim_turn`, `load`).
