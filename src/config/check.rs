@@ -1341,7 +1341,7 @@ impl super::Config {
     /// model `model` instead of its own (`arbor run --model`, `POST /v1/runs`
     /// `{"model"}`): each agent the tree can reach (the root and what it may
     /// spawn, transitively), with its `model_options` over that model's
-    /// `options`, passes the same check ([`option_conflicts`]) the config
+    /// `options`, passes the same check (`option_conflicts`) the config
     /// check runs on an agent's configured model. `Err` names the model, the
     /// agent and the option, and why. An agent or a model this config does
     /// not have passes: starting the tree reports it.

@@ -116,7 +116,7 @@ impl EndpointStats {
     }
 
     /// The answered requests' latency distribution (see
-    /// [`super::collect::distribution`]).
+    /// `collect::distribution`).
     pub fn distribution(&self) -> Vec<(u64, u64)> {
         super::collect::distribution(&self.inner.locked().answered)
     }

@@ -139,7 +139,7 @@ impl Limiter {
     }
 
     /// The limiter of `base_url` with `key` (`""` for none), as the
-    /// [`Gate`]s are shared: the same one for every model built on them
+    /// `Gate`s are shared: the same one for every model built on them
     /// while one of those models lives, its bounds tightened to `config`'s
     /// where those are tighter. The key is kept only as a hash.
     pub fn shared(base_url: &str, key: &str, config: &LimiterConfig) -> Self {
@@ -202,7 +202,7 @@ impl Limiter {
     /// Reads the rate-limit headers of the reply to a request sent at `sent`:
     /// the requests sent after `sent`, or admitted and not sent yet, are the
     /// ones the endpoint had not counted yet when it answered. Each bucket whose rate they tell
-    /// ([`pacing`]) is kept, so that new requests wait in turn for their
+    /// (`pacing`) is kept, so that new requests wait in turn for their
     /// share ([`Limiter::admit_before`]); a bucket whose rate is unknown with
     /// nothing left for one more request gives a wait until its reset, for
     /// the gate (`None`: no such wait; the longest otherwise, with the

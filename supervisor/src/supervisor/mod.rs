@@ -150,7 +150,7 @@ impl Supervisor {
 
     /// Caps the steering messages a run holds before its next step takes
     /// them into its history (default [`SteerLimits::default`]): a message
-    /// beyond is refused ([`SteerRefused::Full`]), not queued.
+    /// beyond is refused ([`SteerRefused::Full`](arbor_actors::steer::SteerRefused::Full)), not queued.
     pub fn with_steer_limits(mut self, limits: SteerLimits) -> Self {
         self.steer_limits = limits;
         self
