@@ -311,46 +311,57 @@ impl EventKind {
         }
     }
 
-    /// The wire name of the kind (the `type` tag of its JSON).
+    /// The wire name of the kind (the `type` tag of its JSON): its journal
+    /// type's name ([`EventType::name`], the one list of the names), or
+    /// for the two kinds the journal leaves out, theirs.
     pub fn name(&self) -> &'static str {
-        match self {
-            EventKind::AgentStarted { .. } => "agentStarted",
-            EventKind::Checkpointed { .. } => "checkpointed",
-            EventKind::StepStarted { .. } => "stepStarted",
-            EventKind::ModelDelta { .. } => "modelDelta",
-            EventKind::ModelRetrying { .. } => "modelRetrying",
-            EventKind::ModelResponded { .. } => "modelResponded",
-            EventKind::ToolCalled { .. } => "toolCalled",
-            EventKind::HistoryRepaired { .. } => "historyRepaired",
-            EventKind::ChildSpawned { .. } => "childSpawned",
-            EventKind::ChildRetrying { .. } => "childRetrying",
-            EventKind::ChildFinished { .. } => "childFinished",
-            EventKind::BackgroundDelivered { .. } => "backgroundDelivered",
-            EventKind::OutputSet { .. } => "outputSet",
-            EventKind::Suspended => "suspended",
-            EventKind::Resumed => "resumed",
-            EventKind::AgentFinished { .. } => "agentFinished",
-            EventKind::AgentFailed { .. } => "agentFailed",
-            EventKind::AgentCancelled { .. } => "agentCancelled",
-            EventKind::LimitHit { .. } => "limitHit",
-            EventKind::Steered { .. } => "steered",
-            EventKind::BudgetReached { .. } => "budgetReached",
-            EventKind::LimitsRaised { .. } => "limitsRaised",
-            EventKind::ApprovalRequested { .. } => "approvalRequested",
-            EventKind::ApprovalDecided { .. } => "approvalDecided",
-            EventKind::Looping { .. } => "looping",
-            EventKind::Stalled { .. } => "stalled",
-            EventKind::TurnQueued { .. } => "turnQueued",
+        match journal_type(self) {
+            Ok(t) => t.name(),
+            Err(name) => name,
         }
     }
+}
+
+/// The journal type of a kind, or the wire name of a kind the journal
+/// leaves out (streaming deltas and checkpoints). Exhaustive: a new
+/// `EventKind` must say here whether it is journaled, and as what.
+fn journal_type(kind: &EventKind) -> Result<EventType, &'static str> {
+    Ok(match kind {
+        EventKind::ModelDelta { .. } => return Err("modelDelta"),
+        EventKind::Checkpointed { .. } => return Err("checkpointed"),
+        EventKind::AgentStarted { .. } => EventType::AgentStarted,
+        EventKind::StepStarted { .. } => EventType::StepStarted,
+        EventKind::ModelRetrying { .. } => EventType::ModelRetrying,
+        EventKind::ModelResponded { .. } => EventType::ModelResponded,
+        EventKind::ToolCalled { .. } => EventType::ToolCalled,
+        EventKind::HistoryRepaired { .. } => EventType::HistoryRepaired,
+        EventKind::ChildSpawned { .. } => EventType::ChildSpawned,
+        EventKind::ChildRetrying { .. } => EventType::ChildRetrying,
+        EventKind::ChildFinished { .. } => EventType::ChildFinished,
+        EventKind::BackgroundDelivered { .. } => EventType::BackgroundDelivered,
+        EventKind::OutputSet { .. } => EventType::OutputSet,
+        EventKind::Suspended => EventType::Suspended,
+        EventKind::Resumed => EventType::Resumed,
+        EventKind::AgentFinished { .. } => EventType::AgentFinished,
+        EventKind::AgentFailed { .. } => EventType::AgentFailed,
+        EventKind::AgentCancelled { .. } => EventType::AgentCancelled,
+        EventKind::LimitHit { .. } => EventType::LimitHit,
+        EventKind::Steered { .. } => EventType::Steered,
+        EventKind::BudgetReached { .. } => EventType::BudgetReached,
+        EventKind::LimitsRaised { .. } => EventType::LimitsRaised,
+        EventKind::ApprovalRequested { .. } => EventType::ApprovalRequested,
+        EventKind::ApprovalDecided { .. } => EventType::ApprovalDecided,
+        EventKind::Looping { .. } => EventType::Looping,
+        EventKind::Stalled { .. } => EventType::Stalled,
+        EventKind::TurnQueued { .. } => EventType::TurnQueued,
+    })
 }
 
 /// The type of a journal entry (a store's record of an [`Event`]): its
 /// `type` on the wire (and an event stream's event name). Every `EventKind`
 /// but the two the journal leaves out (`modelDelta`, `checkpointed`); each
 /// variant is the `EventKind` of its name ([`EventType::of`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum EventType {
     /// `agentStarted`: a run started.
@@ -438,40 +449,14 @@ impl EventType {
     ];
 
     /// The journal type of an event; `None` for what the journal leaves out
-    /// (streaming deltas and checkpoints). Exhaustive: a new `EventKind`
-    /// must say here whether it is journaled, and as what.
+    /// (streaming deltas and checkpoints).
     pub fn of(kind: &EventKind) -> Option<EventType> {
-        Some(match kind {
-            EventKind::ModelDelta { .. } | EventKind::Checkpointed { .. } => return None,
-            EventKind::AgentStarted { .. } => EventType::AgentStarted,
-            EventKind::StepStarted { .. } => EventType::StepStarted,
-            EventKind::ModelRetrying { .. } => EventType::ModelRetrying,
-            EventKind::ModelResponded { .. } => EventType::ModelResponded,
-            EventKind::ToolCalled { .. } => EventType::ToolCalled,
-            EventKind::HistoryRepaired { .. } => EventType::HistoryRepaired,
-            EventKind::ChildSpawned { .. } => EventType::ChildSpawned,
-            EventKind::ChildRetrying { .. } => EventType::ChildRetrying,
-            EventKind::ChildFinished { .. } => EventType::ChildFinished,
-            EventKind::BackgroundDelivered { .. } => EventType::BackgroundDelivered,
-            EventKind::OutputSet { .. } => EventType::OutputSet,
-            EventKind::Suspended => EventType::Suspended,
-            EventKind::Resumed => EventType::Resumed,
-            EventKind::AgentFinished { .. } => EventType::AgentFinished,
-            EventKind::AgentFailed { .. } => EventType::AgentFailed,
-            EventKind::AgentCancelled { .. } => EventType::AgentCancelled,
-            EventKind::LimitHit { .. } => EventType::LimitHit,
-            EventKind::Steered { .. } => EventType::Steered,
-            EventKind::BudgetReached { .. } => EventType::BudgetReached,
-            EventKind::LimitsRaised { .. } => EventType::LimitsRaised,
-            EventKind::ApprovalRequested { .. } => EventType::ApprovalRequested,
-            EventKind::ApprovalDecided { .. } => EventType::ApprovalDecided,
-            EventKind::Looping { .. } => EventType::Looping,
-            EventKind::Stalled { .. } => EventType::Stalled,
-            EventKind::TurnQueued { .. } => EventType::TurnQueued,
-        })
+        journal_type(kind).ok()
     }
 
-    /// Its name on the wire (the same as `EventKind::name`).
+    /// Its name on the wire: the one list of the event kinds' names
+    /// (`EventKind::name` and its JSON's `type`, this type's JSON, the
+    /// journal's `type`, a stream's event name).
     pub fn name(self) -> &'static str {
         match self {
             EventType::AgentStarted => "agentStarted",
@@ -512,6 +497,12 @@ impl EventType {
     }
 }
 
+impl Serialize for EventType {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
 impl fmt::Display for EventType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -538,5 +529,172 @@ impl FromStr for EventType {
             .into_iter()
             .find(|t| t.name() == s)
             .ok_or_else(|| UnknownEventType(s.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    use serde_json::{Value, json};
+
+    use super::{EventKind, EventType};
+    use crate::approval::Decision;
+    use crate::checkpoint::Checkpoint;
+    use crate::limit::{Limit, LimitHit};
+    use crate::model::{Delta, Usage};
+    use crate::state::{AgentState, AgentStatus};
+
+    /// One event of every kind.
+    fn every_kind() -> Vec<EventKind> {
+        let state = Arc::new(AgentState::default());
+        let limit = || LimitHit::new(Limit::Deadline, "late");
+        vec![
+            EventKind::AgentStarted {
+                agent_id: "t/0".into(),
+                agent_type: "a".into(),
+                parent_run_id: None,
+                depth: 0,
+            },
+            EventKind::Checkpointed {
+                checkpoint: Arc::new(Checkpoint {
+                    step: 0,
+                    children_spawned: 0,
+                    inherited: 0,
+                    state: AgentState::default(),
+                }),
+            },
+            EventKind::StepStarted { step: 1 },
+            EventKind::ModelDelta {
+                step: 1,
+                delta: Delta::Text { text: "x".into() },
+            },
+            EventKind::ModelRetrying {
+                step: 1,
+                attempt: 1,
+                delay_ms: 1,
+                reason: "r".into(),
+            },
+            EventKind::ModelResponded {
+                step: 1,
+                usage: Usage::default(),
+                tool_calls: 0,
+                reply: None,
+                from_record: false,
+                refused: false,
+            },
+            EventKind::ToolCalled {
+                step: 1,
+                tool: "t".into(),
+                tool_call_id: "c".into(),
+                error: None,
+            },
+            EventKind::HistoryRepaired {
+                unanswered_calls: vec![],
+                orphan_results: vec![],
+            },
+            EventKind::ChildSpawned {
+                child_run_id: "t/0.1".into(),
+                agent_type: "a".into(),
+                attempt: 1,
+            },
+            EventKind::ChildRetrying {
+                failed_run_id: "t/0.1".into(),
+                attempt: 2,
+                delay_ms: 1,
+                error: "e".into(),
+            },
+            EventKind::ChildFinished {
+                child_run_id: "t/0.1".into(),
+                status: AgentStatus::Completed,
+            },
+            EventKind::BackgroundDelivered {
+                step: 1,
+                child_run_id: "t/0.1".into(),
+            },
+            EventKind::OutputSet { output: json!(1) },
+            EventKind::Suspended,
+            EventKind::Resumed,
+            EventKind::AgentFinished {
+                state: state.clone(),
+                inherited: 0,
+            },
+            EventKind::AgentFailed {
+                error: "e".into(),
+                state: state.clone(),
+                inherited: 0,
+            },
+            EventKind::ApprovalRequested {
+                step: 1,
+                tool_call_id: "c".into(),
+                tool: "t".into(),
+                input: json!({}),
+            },
+            EventKind::ApprovalDecided {
+                step: 1,
+                tool_call_id: "c".into(),
+                decision: Decision::Approve { input: None },
+            },
+            EventKind::Steered {
+                step: 1,
+                text: Arc::from("s"),
+            },
+            EventKind::AgentCancelled {
+                state,
+                inherited: 0,
+            },
+            EventKind::LimitHit { limit: limit() },
+            EventKind::BudgetReached { limit: limit() },
+            EventKind::LimitsRaised {
+                max_steps: Some(1),
+                max_tokens: None,
+                max_credits: None,
+            },
+            EventKind::Looping {
+                step: 1,
+                tool: "t".into(),
+                repeats: 3,
+                fatal: false,
+            },
+            EventKind::Stalled {
+                step: 1,
+                idle_ms: 1,
+            },
+            EventKind::TurnQueued {
+                turn: 1,
+                position: 1,
+                prompt: Arc::from("p"),
+            },
+        ]
+    }
+
+    /// Every kind's name is its JSON's `type`, and its journal type's name
+    /// reads back as that type; every journal type is some kind's.
+    #[test]
+    fn every_event_kinds_name_round_trips() {
+        let kinds = every_kind();
+        let mut journaled = BTreeSet::new();
+        for kind in &kinds {
+            let json = serde_json::to_value(kind).unwrap();
+            assert_eq!(json["type"], Value::from(kind.name()), "{kind:?}");
+            match EventType::of(kind) {
+                Some(t) => {
+                    assert_eq!(t.name(), kind.name());
+                    assert_eq!(kind.name().parse::<EventType>(), Ok(t));
+                    assert_eq!(serde_json::to_value(t).unwrap(), json["type"]);
+                    assert!(journaled.insert(t.name()), "{} twice", t.name());
+                }
+                None => {
+                    assert!(["modelDelta", "checkpointed"].contains(&kind.name()));
+                    assert!(kind.name().parse::<EventType>().is_err());
+                }
+            }
+        }
+        let all: BTreeSet<&str> = EventType::ALL.iter().map(|t| t.name()).collect();
+        assert_eq!(all.len(), EventType::ALL.len(), "a name listed twice");
+        assert_eq!(journaled, all, "a journal type without a kind here");
     }
 }
