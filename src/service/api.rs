@@ -2,20 +2,19 @@
 //! document generated from them (utoipa): what is documented is what the
 //! handlers take and give. One file per group of routes: `runs`, `trees`,
 //! `turns`, `limits`, `approvals`, `agents`, and the operator's
-//! `operations`.
+//! `operations`; `forward` applies a control here or posts it for the
+//! replica that runs the tree.
 
 use arbor_supervisor::store::{RunNode, TreeStatus, TreeSummary};
 use arbor_supervisor::{ToolRule, TreeLimits};
-use serde::Serialize;
 use serde_json::Value;
-use utoipa::{OpenApi, ToSchema};
+use utoipa::OpenApi;
 
-use super::Shared;
-use super::error::{ApiError, ErrorBody};
-use super::replica::{self, Route};
+use super::error::ErrorBody;
 
 pub(super) mod agents;
 pub(super) mod approvals;
+mod forward;
 pub(super) mod limits;
 pub(super) mod operations;
 pub(super) mod runs;
@@ -88,37 +87,6 @@ impl utoipa::Modify for BearerAuth {
             SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
         );
     }
-}
-
-/// A control (cancel, decision, message, budget) for a tree another replica
-/// of the service runs: posted to the shared store, applied by that replica.
-#[derive(Clone, Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Forwarded {
-    /// The replica that runs the tree (`scope:pid`); `null` while the tree
-    /// waits to be adopted (its owner is gone), for the replica that adopts it.
-    pub forwarded_to: Option<String>,
-    /// What happened, in words.
-    pub note: String,
-}
-
-impl Forwarded {
-    fn to(owner: Option<String>) -> Forwarded {
-        Forwarded {
-            note: super::replica::forwarded_note(&owner),
-            forwarded_to: owner,
-        }
-    }
-}
-
-/// `Some(owner)` when another replica runs the tree (or will, once it adopts
-/// it: `Some(None)`); `None` when this process runs it or it runs nowhere
-/// (the local route answers then, as it always has).
-async fn elsewhere(shared: &Shared, tree_id: &str) -> Result<Option<Option<String>>, ApiError> {
-    Ok(match replica::locate(shared, tree_id).await? {
-        Route::Forward { owner } => Some(owner),
-        Route::Local | Route::Ended(_) | Route::Unknown => None,
-    })
 }
 
 /// The service's OpenAPI document as served at `GET /openapi.json`: what

@@ -13,11 +13,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use super::{Forwarded, elsewhere};
+use super::forward::{Applied, Control, Forwarded, here_or_forward};
 use crate::service::Shared;
 use crate::service::access::{self, Action, Caller, Scope, Subject};
 use crate::service::error::{ApiError, ApiJson, ApiPath, ErrorBody};
-use crate::service::replica::{self, ControlBody};
+use crate::service::replica::{self, ControlBody, Route};
 
 /// Tool calls waiting for a person's decision (semantics §12), oldest first.
 #[derive(Serialize, ToSchema)]
@@ -172,7 +172,7 @@ pub async fn tree_approvals(
         return Ok(Json(ApprovalList { approvals }));
     }
     // Run by another replica: its approvals are in the tree's journal.
-    if elsewhere(&shared, &tree_id).await?.is_some() {
+    if let Route::Forward { .. } = replica::locate(&shared, &tree_id).await? {
         let tree = tree_id.clone();
         let journal = supervisor
             .read_store(move |store| store.events(&tree, 0))
@@ -206,25 +206,16 @@ pub async fn decide_approval(
 ) -> Result<(StatusCode, Json<Decided>), ApiError> {
     access::check(&shared, &caller, Action::Write, Subject::Tree(&tree_id)).await?;
     let supervisor = shared.runtime.supervisor();
-    let forwarded = if supervisor.is_running(&tree_id) {
-        None
-    } else {
-        elsewhere(&shared, &tree_id).await?
-    };
-    let forwarded = match forwarded {
+    let control = Control::One(ControlBody::Decide {
+        call_id: call_id.clone(),
+        decision: decision.clone(),
+    });
+    let here = supervisor.decide(&tree_id, &call_id, decision);
+    let forwarded = match here_or_forward(&shared, &tree_id, control, here).await? {
+        Applied::Here(()) => None,
         // Run by another replica: posted for it (which checks the call).
-        Some(owner) => {
-            let control = ControlBody::Decide {
-                call_id: call_id.clone(),
-                decision,
-            };
-            replica::forward(&shared, &tree_id, &control).await?;
-            Some(Forwarded::to(owner))
-        }
-        None => {
-            supervisor.decide(&tree_id, &call_id, decision).await?;
-            None
-        }
+        Applied::Forwarded { to, .. } => Some(to),
+        Applied::Refused(error) => return Err(error.into()),
     };
     Ok((
         StatusCode::ACCEPTED,
@@ -275,38 +266,21 @@ pub async fn decide_approvals(
         }
     };
     let supervisor = shared.runtime.supervisor();
-    if !supervisor.is_running(&tree_id)
-        && let Some(owner) = elsewhere(&shared, &tree_id).await?
-    {
-        // Run by another replica: one decision posted per call its journal has waiting.
-        let tree = tree_id.clone();
-        let journal = supervisor
-            .read_store(move |store| store.events(&tree, 0))
-            .await?;
-        let mut decided = Vec::new();
-        for call in replica::pending_from_journal(&tree_id, &journal) {
-            if body.tool.as_ref().is_some_and(|t| *t != call.tool) {
-                continue;
-            }
-            let control = ControlBody::Decide {
-                call_id: call.tool_call_id.clone(),
-                decision: decision.clone(),
-            };
-            replica::forward(&shared, &tree_id, &control).await?;
-            decided.push(call.tool_call_id);
-        }
-        return Ok(Json(DecidedMany {
-            tree_id,
-            decided,
-            forwarded: Some(Forwarded::to(owner)),
-        }));
-    }
-    let decided = supervisor
-        .decide_all(&tree_id, body.tool.as_deref(), decision)
-        .await?;
+    // Run by another replica: one decision posted per call its journal has
+    // waiting.
+    let control = Control::DecideWaiting {
+        decision: &decision,
+        tool: body.tool.as_deref(),
+    };
+    let here = supervisor.decide_all(&tree_id, body.tool.as_deref(), decision.clone());
+    let (decided, forwarded) = match here_or_forward(&shared, &tree_id, control, here).await? {
+        Applied::Here(decided) => (decided, None),
+        Applied::Forwarded { to, calls } => (calls, Some(to)),
+        Applied::Refused(error) => return Err(error.into()),
+    };
     Ok(Json(DecidedMany {
         tree_id,
         decided,
-        forwarded: None,
+        forwarded,
     }))
 }

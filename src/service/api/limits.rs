@@ -10,11 +10,11 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{Forwarded, elsewhere};
+use super::forward::{Applied, Control, Forwarded, here_or_forward};
 use crate::service::Shared;
 use crate::service::access::{self, Action, Caller, Subject};
 use crate::service::error::{ApiError, ApiJson, ApiPath, ErrorBody};
-use crate::service::replica::{self, Budget, ControlBody};
+use crate::service::replica::{Budget, ControlBody};
 
 /// A budget raise for a tree another replica runs, posted for it.
 #[derive(Serialize, ToSchema)]
@@ -95,51 +95,49 @@ pub async fn raise_limits(
         max_tokens: body.add_tokens,
         max_credits: body.add_credits,
     };
+    let budget = |r: arbor_supervisor::Raised| Budget {
+        max_steps: r.max_steps,
+        max_tokens: r.max_tokens,
+        max_credits: r.max_credits,
+    };
+    let control = Control::One(ControlBody::Raise {
+        set: budget(set),
+        add: budget(add),
+    });
     let supervisor = shared.runtime.supervisor();
-    let now = match supervisor.raise_limits(&tree_id, set, add) {
-        Ok(now) => now,
-        Err(error) => {
-            // Run by another replica: posted for it. (A refused raise, a
-            // zero budget, is refused here all the same: checked first.)
-            if matches!(error, arbor_supervisor::Error::RaiseRefused(_))
-                || supervisor.is_running(&tree_id)
-            {
-                return Err(error.into());
-            }
-            arbor_supervisor::Raised::check_raise(&set, &add)
-                .map_err(arbor_supervisor::Error::from)?;
-            let Some(owner) = elsewhere(&shared, &tree_id).await? else {
-                // A tree that has ended is named so (409), not "no tree".
-                let tree = tree_id.clone();
-                if let Ok(status) = supervisor
-                    .read_store_now(move |store| store.status(&tree))
-                    .await
-                    && status.is_final()
-                {
-                    return Err(arbor_supervisor::Error::RaiseEnded {
-                        tree: tree_id,
-                        status,
-                    }
-                    .into());
-                }
-                return Err(error.into());
-            };
-            let budget = |r: arbor_supervisor::Raised| Budget {
-                max_steps: r.max_steps,
-                max_tokens: r.max_tokens,
-                max_credits: r.max_credits,
-            };
-            let control = ControlBody::Raise {
-                set: budget(set),
-                add: budget(add),
-            };
-            replica::forward(&shared, &tree_id, &control).await?;
+    let here = async {
+        let error = match supervisor.raise_limits(&tree_id, set, add) {
+            Ok(now) => return Ok(now),
+            // A refused raise, a zero budget, is refused wherever the tree
+            // runs: checked first.
+            Err(error @ arbor_supervisor::Error::RaiseRefused(_)) => return Err(error),
+            Err(error) if supervisor.is_running(&tree_id) => return Err(error),
+            Err(error) => error,
+        };
+        // A tree that has ended is named so (409), not "no tree".
+        let tree = tree_id.clone();
+        match supervisor
+            .read_store_now(move |store| store.status(&tree))
+            .await
+        {
+            Ok(status) if status.is_final() => Err(arbor_supervisor::Error::RaiseEnded {
+                tree: tree_id.clone(),
+                status,
+            }),
+            _ => Err(error),
+        }
+    };
+    let now = match here_or_forward(&shared, &tree_id, control, here).await? {
+        Applied::Here(now) => now,
+        // Run by another replica: posted for it.
+        Applied::Forwarded { to, .. } => {
             let body = RaiseForwarded {
                 tree_id,
-                forwarded: Forwarded::to(owner),
+                forwarded: to,
             };
             return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
         }
+        Applied::Refused(error) => return Err(error.into()),
     };
     Ok(Json(Budgets {
         tree_id,

@@ -14,11 +14,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use super::{Forwarded, elsewhere};
+use super::forward::{Applied, Control, Forwarded, here_or_forward};
 use crate::service::Shared;
 use crate::service::access::{self, Action, Caller, Scope, Subject};
 use crate::service::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
-use crate::service::replica::{self, ControlBody};
+use crate::service::replica::ControlBody;
 
 /// Start a tree.
 #[derive(Deserialize, ToSchema)]
@@ -479,32 +479,24 @@ pub async fn cancel_run(
     let run_id = run_path(run_id)?;
     access::check(&shared, &caller, Action::Write, Subject::Run(&run_id)).await?;
     let supervisor = shared.runtime.supervisor();
-    if supervisor.cancel_run(&run_id).is_ok() {
-        return Ok((
-            StatusCode::ACCEPTED,
-            Json(Cancelled {
-                run_id,
-                cancelled: true,
-                forwarded: None,
-            }),
-        ));
-    }
-    // Run by another replica: posted for it.
-    if let Some(owner) = elsewhere(&shared, tree_of(&run_id)).await? {
-        let control = ControlBody::Cancel {
-            run_id: run_id.clone(),
-        };
-        replica::forward(&shared, tree_of(&run_id), &control).await?;
-        return Ok((
-            StatusCode::ACCEPTED,
-            Json(Cancelled {
-                run_id,
-                cancelled: true,
-                forwarded: Some(Forwarded::to(owner)),
-            }),
-        ));
-    }
-    Err(not_running(supervisor, run_id, "").await)
+    let control = Control::One(ControlBody::Cancel {
+        run_id: run_id.clone(),
+    });
+    let here = async { supervisor.cancel_run(&run_id) };
+    let forwarded = match here_or_forward(&shared, tree_of(&run_id), control, here).await? {
+        Applied::Here(()) => None,
+        // Run by another replica: posted for it.
+        Applied::Forwarded { to, .. } => Some(to),
+        Applied::Refused(_) => return Err(not_running(supervisor, run_id, "").await),
+    };
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Cancelled {
+            run_id,
+            cancelled: true,
+            forwarded,
+        }),
+    ))
 }
 
 /// The tree a (checked) run id is of.
@@ -556,36 +548,27 @@ pub async fn steer_run(
     let run_id = run_path(run_id)?;
     access::check(&shared, &caller, Action::Write, Subject::Run(&run_id)).await?;
     let supervisor = shared.runtime.supervisor();
-    match supervisor.steer(&run_id, &body.text).await {
-        Ok(()) => Ok((
-            StatusCode::ACCEPTED,
-            Json(Steered {
-                run_id,
-                accepted: true,
-                forwarded: None,
-            }),
-        )),
-        // Not running here: another replica may run it (posted for it);
-        // else a stored run has ended, and one the store does not know is a
-        // 404.
-        Err(arbor_supervisor::Error::UnknownRun(_)) => {
-            if let Some(owner) = elsewhere(&shared, tree_of(&run_id)).await? {
-                let control = ControlBody::Steer {
-                    run_id: run_id.clone(),
-                    text: body.text.clone(),
-                };
-                replica::forward(&shared, tree_of(&run_id), &control).await?;
-                return Ok((
-                    StatusCode::ACCEPTED,
-                    Json(Steered {
-                        run_id,
-                        accepted: true,
-                        forwarded: Some(Forwarded::to(owner)),
-                    }),
-                ));
-            }
-            Err(not_running(supervisor, run_id, "; start a follow-up turn instead").await)
+    let control = Control::One(ControlBody::Steer {
+        run_id: run_id.clone(),
+        text: body.text.clone(),
+    });
+    let here = supervisor.steer(&run_id, &body.text);
+    let forwarded = match here_or_forward(&shared, tree_of(&run_id), control, here).await? {
+        Applied::Here(()) => None,
+        // Run by another replica: posted for it.
+        Applied::Forwarded { to, .. } => Some(to),
+        // A stored run has ended; one the store does not know is a 404.
+        Applied::Refused(_) => {
+            let hint = "; start a follow-up turn instead";
+            return Err(not_running(supervisor, run_id, hint).await);
         }
-        Err(error) => Err(error.into()),
-    }
+    };
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Steered {
+            run_id,
+            accepted: true,
+            forwarded,
+        }),
+    ))
 }
