@@ -18,7 +18,7 @@ use crate::error::Error;
 use crate::recovery::{RecordedReply, Recovery, Spent};
 use crate::store::encode::SEGMENT;
 use crate::store::state_row::StateRow;
-use crate::store::{JournalEntry, RunNode, StoredRun, TreeRecord, TreeSummary};
+use crate::store::{EventType, JournalEntry, RunNode, StoredRun, TreeRecord, TreeSummary};
 
 /// A state as a tree's segments hold it: its message ids and its state row.
 pub(crate) type Point = (Vec<u64>, Value);
@@ -224,8 +224,9 @@ impl TreeLog {
         };
         let at = e.get("atMs").and_then(Value::as_u64).unwrap_or(0);
         let str_of = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_owned);
-        match e.get("type").and_then(Value::as_str) {
-            Some("limitsRaised") => {
+        let kind = e.get("type").and_then(Value::as_str);
+        match kind.and_then(|kind| kind.parse::<EventType>().ok()) {
+            Some(EventType::LimitsRaised) => {
                 let raised = crate::Raised {
                     max_steps: e.get("maxSteps").and_then(Value::as_u64),
                     max_tokens: e.get("maxTokens").and_then(Value::as_u64),
@@ -233,13 +234,13 @@ impl TreeLog {
                 };
                 self.raised = self.raised.then(raised);
             }
-            Some("approvalRequested") => {
+            Some(EventType::ApprovalRequested) => {
                 let id = str_of("toolCallId").unwrap_or_default();
                 self.asked
                     .entry(id)
                     .or_insert_with(|| (run_id.to_owned(), at));
             }
-            Some("approvalDecided") => {
+            Some(EventType::ApprovalDecided) => {
                 let id = str_of("toolCallId").unwrap_or_default();
                 self.asked.remove(&id);
                 let decision = e
@@ -249,21 +250,21 @@ impl TreeLog {
                     self.run(run_id).decisions.insert(id, decision);
                 }
             }
-            Some("backgroundDelivered") => {
+            Some(EventType::BackgroundDelivered) => {
                 let step = e.get("step").and_then(Value::as_u64).unwrap_or(0) as u32;
                 let child_run_id = str_of("childRunId").unwrap_or_default();
                 self.run(run_id)
                     .deliveries
                     .push(Scheduled { step, child_run_id });
             }
-            Some("steered") => {
+            Some(EventType::Steered) => {
                 let step = e.get("step").and_then(Value::as_u64).unwrap_or(0) as u32;
                 let text: Arc<str> = e.get("text").and_then(Value::as_str).unwrap_or("").into();
                 self.run(run_id).steers.push(Steer { step, text });
             }
             // Billed and not acted on: no reply is recorded, the event has
             // the usage, which counts as the run's.
-            Some("modelResponded") if e.get("refused") == Some(&Value::Bool(true)) => {
+            Some(EventType::ModelResponded) if e.get("refused") == Some(&Value::Bool(true)) => {
                 let step = e.get("step").and_then(Value::as_u64).unwrap_or(0) as u32;
                 let usage: Usage = e
                     .get("usage")
@@ -276,7 +277,7 @@ impl TreeLog {
                 node.cost += usage.cost;
                 self.refused.push((run_id.to_owned(), step, usage));
             }
-            Some("modelResponded") if !e.contains_key("usage") => {
+            Some(EventType::ModelResponded) if !e.contains_key("usage") => {
                 let step = e.get("step").and_then(Value::as_u64).unwrap_or(0) as u32;
                 let usage = self
                     .replies
@@ -290,7 +291,7 @@ impl TreeLog {
                 let at = e.keys().position(|k| k == "step").map_or(1, |i| i + 1);
                 e.shift_insert(at, "usage".into(), usage);
             }
-            Some("agentStarted") => {
+            Some(EventType::AgentStarted) => {
                 let node = self.run(run_id).node.get_or_insert_with(RunNode::default);
                 node.run_id = run_id.to_owned();
                 node.parent_run_id = str_of("parentRunId");
@@ -304,7 +305,7 @@ impl TreeLog {
                     node.started_ms = at;
                 }
             }
-            Some("agentFinished" | "agentFailed" | "agentCancelled") => {
+            Some(EventType::AgentFinished | EventType::AgentFailed | EventType::AgentCancelled) => {
                 let (status, error) = (str_of("status"), str_of("error"));
                 let kind = e
                     .get("errorKind")
