@@ -190,17 +190,10 @@ pub fn final_text(state: &AgentState) -> String {
 }
 
 /// The text of a state's last assistant turn (its text parts, joined by
-/// newlines); empty when it has none.
+/// newlines); empty when it has none. (The library's, as
+/// [`RunResult::text`](arbor_actors::RunResult::text) reads it.)
 pub fn last_text(state: &AgentState) -> String {
-    state
-        .message_history
-        .last_assistant_turn()
-        .iter()
-        .filter(|m| m.is_assistant())
-        .map(|m| m.text())
-        .filter(|t| !t.is_empty())
-        .collect::<Vec<_>>()
-        .join("\n")
+    arbor_actors::output::last_text(state)
 }
 
 /// A state as `arbor run --json` and `arbor show --json` print it: the
