@@ -70,7 +70,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+// Documented here in full (`cargo doc -p arbor-agents --no-deps`), so every
+// type the runtime's API names links to a page of this crate's docs.
+#[doc(inline)]
 pub use arbor_actors as actors;
+#[doc(inline)]
 pub use arbor_supervisor as supervisor;
 pub use config::{Config, ConfigError};
 
