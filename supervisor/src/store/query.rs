@@ -21,6 +21,15 @@ pub(crate) const SUMMARY: &str = "SELECT tree_id, root_run_id, agent, prompt, st
         resumes, owner, principal
     FROM trees";
 
+/// A tree's row as a dump carries it (`TreeRow`), every column in the
+/// order both backends read and load it.
+pub(crate) const TREE_ROW: &str = "tree_id, root_run_id, agent, prompt, params, model, limits,
+        origin, history, status, error, started_ms, finished_ms, heartbeat_ms, owner, last_seq,
+        next_id, segments, resumes, agents, input_tokens, output_tokens, cost, epoch, principal";
+
+/// Columns of [`TREE_ROW`].
+pub(crate) const TREE_ROW_COLUMNS: usize = 25;
+
 /// What tells one backend's SQL from the other's, where a statement is
 /// built here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +64,35 @@ impl Dialect {
         match self {
             Dialect::Sqlite => "rowid",
             Dialect::Postgres => "made",
+        }
+    }
+
+    /// Parameters `1..=n`, comma-separated.
+    fn params(self, n: usize) -> String {
+        (1..=n).map(|i| self.text(i)).collect::<Vec<_>>().join(", ")
+    }
+
+    /// The statement that reads a tree's row (parameter 1: its id).
+    pub(crate) fn tree_row(self) -> String {
+        format!(
+            "SELECT {TREE_ROW} FROM trees WHERE tree_id = {}",
+            self.text(1)
+        )
+    }
+
+    /// The statement that loads a dumped tree's row: its columns in
+    /// [`TREE_ROW`]'s order, then its config's hash (one more parameter).
+    /// A tree stored under the same id is left as it is (nothing inserted).
+    pub(crate) fn load_tree_row(self) -> String {
+        let params = self.params(TREE_ROW_COLUMNS + 1);
+        match self {
+            Dialect::Sqlite => {
+                format!("INSERT OR IGNORE INTO trees({TREE_ROW}, config) VALUES ({params})")
+            }
+            Dialect::Postgres => format!(
+                "INSERT INTO trees({TREE_ROW}, config) VALUES ({params})
+                 ON CONFLICT (tree_id) DO NOTHING"
+            ),
         }
     }
 
@@ -261,10 +299,10 @@ pub(crate) fn write_batch<E>(
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use super::{Dialect, Listing, Retry, SUMMARY, write_batch};
+    use super::{Dialect, Listing, Retry, SUMMARY, TREE_ROW, TREE_ROW_COLUMNS, write_batch};
     use crate::error::Error;
     use crate::store::encode::WriterState;
-    use crate::store::{TreeFilter, TreeStatus, TreeSummary};
+    use crate::store::{TreeFilter, TreeRow, TreeStatus, TreeSummary};
 
     fn filter(status: Option<TreeStatus>, offset: usize, limit: usize) -> TreeFilter {
         TreeFilter {
@@ -322,6 +360,68 @@ mod tests {
         assert_eq!(
             (failed.stored, failed.sql_offset),
             (Some(TreeStatus::Failed), 5)
+        );
+    }
+
+    /// The tree row's columns are `TreeRow`'s fields, in order, and the
+    /// load statement names one parameter per column and the config.
+    #[test]
+    fn a_tree_rows_columns_are_its_fields_in_order() {
+        let row = TreeRow {
+            tree_id: "t".into(),
+            root_run_id: "t/0".into(),
+            agent: "a".into(),
+            prompt: "p".into(),
+            params: Some("{}".into()),
+            model: Some("m".into()),
+            limits: "{}".into(),
+            origin: Some("o".into()),
+            history: Some("[]".into()),
+            status: TreeStatus::Completed,
+            error: Some("e".into()),
+            started_ms: 0,
+            finished_ms: Some(1),
+            heartbeat_ms: 0,
+            owner: "o".into(),
+            last_seq: 0,
+            next_id: 1,
+            segments: 0,
+            resumes: 0,
+            agents: 1,
+            input_tokens: 0,
+            output_tokens: 0,
+            cost: 0.0,
+            epoch: 1,
+            principal: Some("p".into()),
+        };
+        let json = serde_json::to_value(&row).unwrap();
+        let fields: Vec<String> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| {
+                k.chars()
+                    .flat_map(|c| match c.is_ascii_uppercase() {
+                        true => vec!['_', c.to_ascii_lowercase()],
+                        false => vec![c],
+                    })
+                    .collect()
+            })
+            .collect();
+        let columns: Vec<&str> = TREE_ROW.split(',').map(str::trim).collect();
+        assert_eq!(columns, fields);
+        assert_eq!(columns.len(), TREE_ROW_COLUMNS);
+        for dialect in [Dialect::Sqlite, Dialect::Postgres] {
+            let load = dialect.load_tree_row();
+            assert!(load.contains(&dialect.text(TREE_ROW_COLUMNS + 1)), "{load}");
+            assert!(
+                !load.contains(&dialect.text(TREE_ROW_COLUMNS + 2)),
+                "{load}"
+            );
+        }
+        assert_eq!(
+            Dialect::Postgres.tree_row(),
+            format!("SELECT {TREE_ROW} FROM trees WHERE tree_id = $1")
         );
     }
 

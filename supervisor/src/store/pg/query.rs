@@ -19,11 +19,6 @@ use crate::store::{
 };
 use crate::tree::now_ms;
 
-const ROW: &str = "SELECT tree_id, root_run_id, agent, prompt, params, model, limits, origin,
-        history, status, error, started_ms, finished_ms, heartbeat_ms, owner, last_seq, next_id,
-        segments, resumes, agents, input_tokens, output_tokens, cost, epoch, principal
-    FROM trees WHERE tree_id = $1";
-
 /// A tree's record and summary (`record_row` reads them), and its last `seq`.
 const RECORD: &str = "SELECT t.tree_id, t.root_run_id, t.agent, t.prompt, t.status, t.error,
         t.agents, t.input_tokens, t.output_tokens, t.cost, t.started_ms, t.finished_ms,
@@ -611,7 +606,7 @@ impl Store for PgStore {
                 .await
                 .map_err(&io)?;
             let row = tx
-                .query_opt(ROW, &[&tree_id])
+                .query_opt(&Dialect::Postgres.tree_row(), &[&tree_id])
                 .await
                 .map_err(&io)?
                 .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
@@ -696,13 +691,7 @@ impl Store for PgStore {
             let i = |v: u64| v as i64;
             let inserted = tx
                 .execute(
-                    "INSERT INTO trees(tree_id, root_run_id, agent, prompt, params, model, limits,
-                         origin, history, status, error, started_ms, finished_ms, heartbeat_ms,
-                         owner, last_seq, next_id, segments, resumes, agents, input_tokens,
-                         output_tokens, cost, epoch, config, principal)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                         $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)
-                     ON CONFLICT (tree_id) DO NOTHING",
+                    &Dialect::Postgres.load_tree_row(),
                     &[
                         &r.tree_id,
                         &r.root_run_id,
@@ -728,8 +717,8 @@ impl Store for PgStore {
                         &i(r.output_tokens),
                         &r.cost,
                         &i(r.epoch),
-                        &hash,
                         &r.principal,
+                        &hash,
                     ],
                 )
                 .await

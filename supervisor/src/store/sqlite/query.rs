@@ -392,43 +392,35 @@ impl Store for SqliteStore {
         let tx = conn.transaction().map_err(sql(&self.path))?;
         let u = |v: i64| v as u64;
         let row = tx
-            .query_row(
-                "SELECT tree_id, root_run_id, agent, prompt, params, model, limits, origin,
-                     history, status, error, started_ms, finished_ms, heartbeat_ms, owner,
-                     last_seq, next_id, segments, resumes, agents, input_tokens, output_tokens,
-                     cost, epoch, principal
-                 FROM trees WHERE tree_id = ?1",
-                [tree_id],
-                |r| {
-                    Ok(TreeRow {
-                        tree_id: r.get(0)?,
-                        root_run_id: r.get(1)?,
-                        agent: r.get(2)?,
-                        prompt: r.get(3)?,
-                        params: r.get(4)?,
-                        model: r.get(5)?,
-                        limits: r.get(6)?,
-                        origin: r.get(7)?,
-                        history: r.get(8)?,
-                        status: r.get(9)?,
-                        error: r.get(10)?,
-                        started_ms: u(r.get(11)?),
-                        finished_ms: r.get::<_, Option<i64>>(12)?.map(u),
-                        heartbeat_ms: u(r.get(13)?),
-                        owner: r.get(14)?,
-                        last_seq: u(r.get(15)?),
-                        next_id: u(r.get(16)?),
-                        segments: u(r.get(17)?),
-                        resumes: u(r.get(18)?),
-                        agents: u(r.get(19)?),
-                        input_tokens: u(r.get(20)?),
-                        output_tokens: u(r.get(21)?),
-                        cost: r.get(22)?,
-                        epoch: u(r.get(23)?),
-                        principal: r.get(24)?,
-                    })
-                },
-            )
+            .query_row(&Dialect::Sqlite.tree_row(), [tree_id], |r| {
+                Ok(TreeRow {
+                    tree_id: r.get("tree_id")?,
+                    root_run_id: r.get("root_run_id")?,
+                    agent: r.get("agent")?,
+                    prompt: r.get("prompt")?,
+                    params: r.get("params")?,
+                    model: r.get("model")?,
+                    limits: r.get("limits")?,
+                    origin: r.get("origin")?,
+                    history: r.get("history")?,
+                    status: r.get("status")?,
+                    error: r.get("error")?,
+                    started_ms: u(r.get("started_ms")?),
+                    finished_ms: r.get::<_, Option<i64>>("finished_ms")?.map(u),
+                    heartbeat_ms: u(r.get("heartbeat_ms")?),
+                    owner: r.get("owner")?,
+                    last_seq: u(r.get("last_seq")?),
+                    next_id: u(r.get("next_id")?),
+                    segments: u(r.get("segments")?),
+                    resumes: u(r.get("resumes")?),
+                    agents: u(r.get("agents")?),
+                    input_tokens: u(r.get("input_tokens")?),
+                    output_tokens: u(r.get("output_tokens")?),
+                    cost: r.get("cost")?,
+                    epoch: u(r.get("epoch")?),
+                    principal: r.get("principal")?,
+                })
+            })
             .optional()
             .map_err(sql(&self.path))?
             .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
@@ -483,12 +475,7 @@ impl Store for SqliteStore {
         let i = |v: u64| v as i64;
         let inserted = tx
             .execute(
-                "INSERT OR IGNORE INTO trees(tree_id, root_run_id, agent, prompt, params, model,
-                     limits, origin, history, status, error, started_ms, finished_ms,
-                     heartbeat_ms, owner, last_seq, next_id, segments, resumes, agents,
-                     input_tokens, output_tokens, cost, epoch, config, principal)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                     ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)",
+                &Dialect::Sqlite.load_tree_row(),
                 params![
                     r.tree_id,
                     r.root_run_id,
@@ -514,8 +501,8 @@ impl Store for SqliteStore {
                     i(r.output_tokens),
                     r.cost,
                     i(r.epoch),
-                    hash,
                     r.principal,
+                    hash,
                 ],
             )
             .map_err(sql(&self.path))?;
