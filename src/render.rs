@@ -115,6 +115,10 @@ impl TreeRenderer {
                 raise_flag(limit.limit)
             )),
             EventKind::LimitsRaised { .. } => Some(format!("{}↑ budgets raised", indent(0))),
+            EventKind::ApprovalRuleAdded { tool } => Some(format!(
+                "{}✓ {tool} always allowed in this tree: its calls run unasked",
+                indent(0)
+            )),
             EventKind::TurnQueued { turn, position, .. } => Some(format!(
                 "{}⋯ turn {turn} queued as {} (place {position} in line)",
                 indent(0),

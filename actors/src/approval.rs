@@ -14,6 +14,12 @@
 //! waited that long, each one still waiting gets the template's
 //! `approval_default`, decided as a person would (an `approvalDecided` event,
 //! taken as recorded by a restart or a replay).
+//!
+//! A person may also allow a tool for good in one tree ("always allow", the
+//! OpenAI Agents SDK's `always_approve`): an `approvalRuleAdded` event of the
+//! tree, after which a call of that tool runs without asking, in any agent at
+//! any depth and in later turns ([`gate`]). A decision recorded for a call
+//! still wins over the rule, so a replay decides every call as it went.
 
 use std::time::Duration;
 
@@ -84,6 +90,51 @@ impl ApprovalDefault {
     }
 }
 
+/// What a call of a tool that needs approval waits for before it runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Gate {
+    /// Nothing: a restart or a replay recorded its decision, which applies.
+    Recorded(Decision),
+    /// Nothing: a person allowed every call of its tool in the tree.
+    Allowed,
+    /// A person's decision: it is asked for (`approvalRequested`).
+    Ask,
+}
+
+/// The gate of one call that needs approval, from the decision recorded for
+/// it (a restart's or a replay's) and whether its tool is allowed for good
+/// in the tree. A recorded decision wins: a call denied before its tool was
+/// allowed is denied again when the tree is replayed.
+pub fn gate(recorded: Option<Decision>, always_allowed: bool) -> Gate {
+    match (recorded, always_allowed) {
+        (Some(decision), _) => Gate::Recorded(decision),
+        (None, true) => Gate::Allowed,
+        (None, false) => Gate::Ask,
+    }
+}
+
+/// The tools a person allowed for good in one tree, by the name templates
+/// and policies use (each one an `approvalRuleAdded` event).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AlwaysAllowed(std::collections::BTreeSet<String>);
+
+impl AlwaysAllowed {
+    /// Whether every call of `tool` runs without asking.
+    pub fn allows(&self, tool: &str) -> bool {
+        self.0.contains(tool)
+    }
+
+    /// Allows `tool` for good; `false` if it was already.
+    pub fn add(&mut self, tool: &str) -> bool {
+        !self.0.contains(tool) && self.0.insert(tool.to_owned())
+    }
+
+    /// The tools allowed, in name order.
+    pub fn tools(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(String::as_str)
+    }
+}
+
 /// Why a decision was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -104,7 +155,25 @@ pub enum DecideRefused {
 mod tests {
     use std::time::Duration;
 
-    use super::{ApprovalDefault, Decision};
+    use super::{AlwaysAllowed, ApprovalDefault, Decision, Gate, gate};
+
+    #[test]
+    fn a_call_of_an_always_allowed_tool_is_not_asked_unless_its_decision_is_recorded() {
+        let denied = Decision::Deny {
+            reason: "not on prod".into(),
+        };
+        assert_eq!(gate(None, false), Gate::Ask);
+        assert_eq!(gate(None, true), Gate::Allowed);
+        // A replay decides a call denied before the rule as it went.
+        assert_eq!(gate(Some(denied.clone()), true), Gate::Recorded(denied));
+        let mut rules = AlwaysAllowed::default();
+        assert!(!rules.allows("shell"));
+        assert!(rules.add("shell"));
+        assert!(!rules.add("shell"), "a rule is added once");
+        assert!(rules.allows("shell"));
+        assert!(!rules.allows("shell2"), "by exact name, not prefix");
+        assert_eq!(rules.tools().collect::<Vec<_>>(), ["shell"]);
+    }
 
     #[test]
     fn a_default_denial_names_the_timeout_and_the_key() {

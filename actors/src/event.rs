@@ -213,6 +213,13 @@ pub enum EventKind {
         /// What they decided.
         decision: crate::approval::Decision,
     },
+    /// A person allowed every call of a tool in the tree for good ("always
+    /// allow", semantics §12): its later calls, in any agent at any depth and
+    /// in later turns, run without asking. An event of the root run.
+    ApprovalRuleAdded {
+        /// The tool, by the name templates and policies use.
+        tool: String,
+    },
     /// A person sent the run a steering message (semantics §9); it joins the
     /// history at the next step boundary.
     Steered {
@@ -351,6 +358,7 @@ fn journal_type(kind: &EventKind) -> Result<EventType, &'static str> {
         EventKind::LimitsRaised { .. } => EventType::LimitsRaised,
         EventKind::ApprovalRequested { .. } => EventType::ApprovalRequested,
         EventKind::ApprovalDecided { .. } => EventType::ApprovalDecided,
+        EventKind::ApprovalRuleAdded { .. } => EventType::ApprovalRuleAdded,
         EventKind::Looping { .. } => EventType::Looping,
         EventKind::Stalled { .. } => EventType::Stalled,
         EventKind::TurnQueued { .. } => EventType::TurnQueued,
@@ -410,6 +418,8 @@ pub enum EventType {
     ApprovalRequested,
     /// `approvalDecided`: a person decided on a tool call.
     ApprovalDecided,
+    /// `approvalRuleAdded`: a person allowed every call of a tool in the tree.
+    ApprovalRuleAdded,
     /// `looping`: a run repeated the same tool call with the same result.
     Looping,
     /// `stalled`: a run's own work in flight made no progress for its `idle_timeout`.
@@ -420,7 +430,7 @@ pub enum EventType {
 
 impl EventType {
     /// Every journal type.
-    pub const ALL: [EventType; 25] = [
+    pub const ALL: [EventType; 26] = [
         EventType::AgentStarted,
         EventType::StepStarted,
         EventType::ModelRetrying,
@@ -442,6 +452,7 @@ impl EventType {
         EventType::Looping,
         EventType::ApprovalRequested,
         EventType::ApprovalDecided,
+        EventType::ApprovalRuleAdded,
         EventType::BudgetReached,
         EventType::LimitsRaised,
         EventType::Stalled,
@@ -481,6 +492,7 @@ impl EventType {
             EventType::LimitsRaised => "limitsRaised",
             EventType::ApprovalRequested => "approvalRequested",
             EventType::ApprovalDecided => "approvalDecided",
+            EventType::ApprovalRuleAdded => "approvalRuleAdded",
             EventType::Looping => "looping",
             EventType::Stalled => "stalled",
             EventType::TurnQueued => "turnQueued",
@@ -638,6 +650,7 @@ mod tests {
                 tool_call_id: "c".into(),
                 decision: Decision::Approve { input: None },
             },
+            EventKind::ApprovalRuleAdded { tool: "t".into() },
             EventKind::Steered {
                 step: 1,
                 text: Arc::from("s"),

@@ -160,6 +160,7 @@ fn fields(kind: &EventKind) -> String {
                 Decision::Deny { reason } => format!("denied: {}", clip(reason)),
             }
         ),
+        EventKind::ApprovalRuleAdded { tool } => format!("{tool} always allowed"),
         EventKind::Steered { step, text } => format!("at step {step}: {}", quoted(text)),
         EventKind::Looping {
             step,

@@ -200,6 +200,14 @@ pub trait TreeHooks: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Whether a person allowed every call of `tool` (by the name templates
+    /// and policies use) in this tree for good (semantics §12, "always
+    /// allow"): such a call runs without asking. None by default.
+    fn always_allowed(&self, tool: &str) -> bool {
+        let _ = tool;
+        false
+    }
+
     /// The decisions on tool calls a resumed or replayed tree recorded for
     /// the run `run_id`, by call id (semantics §12; none for a new tree).
     fn decisions(

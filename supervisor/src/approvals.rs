@@ -1,10 +1,13 @@
 //! The tool calls that wait for a person's decision, across every tree of a
 //! supervisor (semantics §12): kept from the events, so a restarted tree's
 //! agents, which ask again for the calls still undecided, fill it back in.
+//! It also keeps each running tree's "always allow" rules, followed from
+//! their `approvalRuleAdded` events.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use arbor_actors::approval::AlwaysAllowed;
 use arbor_actors::sync::LockExt;
 use arbor_actors::{Event, EventKind};
 use serde::Serialize;
@@ -32,9 +35,15 @@ pub struct PendingApproval {
     pub requested_ms: u64,
 }
 
+/// One running tree's "always allow" rules: read by its agents (through its
+/// hooks) and added to by its `approvalRuleAdded` events.
+pub(crate) type Rules = Arc<Mutex<AlwaysAllowed>>;
+
 /// The pending approvals, by tree and call id.
 #[derive(Default)]
 pub(crate) struct Approvals {
+    /// The rules of each running tree, by tree id.
+    rules: Mutex<HashMap<String, Rules>>,
     pending: Mutex<BTreeMap<(String, String), PendingApproval>>,
     /// When calls a resumed tree's journal has asked for and not decided
     /// were first asked for (run, ms), by tree and call id: a call asked for
@@ -52,9 +61,44 @@ impl Approvals {
         }
     }
 
-    /// Follows one event: a request adds, a decision or the run's end removes.
+    /// The rules of the tree `tree_id` starting now, from those its journal
+    /// recorded (`recorded`; none for a new tree). Kept until
+    /// [`release_rules`](Self::release_rules).
+    pub(crate) fn rules_for(&self, tree_id: &str, recorded: AlwaysAllowed) -> Rules {
+        let rules = Arc::new(Mutex::new(recorded));
+        self.rules
+            .locked()
+            .insert(tree_id.to_owned(), rules.clone());
+        rules
+    }
+
+    /// The tree's agents are gone: its rules go, unless a later start of
+    /// the same tree (its next turn) holds others already.
+    pub(crate) fn release_rules(&self, tree_id: &str, rules: &Rules) {
+        let mut all = self.rules.locked();
+        if all.get(tree_id).is_some_and(|r| Arc::ptr_eq(r, rules)) {
+            all.remove(tree_id);
+        }
+    }
+
+    /// Whether every call of `tool` in the running tree `tree_id` runs
+    /// without asking.
+    pub(crate) fn allows(&self, tree_id: &str, tool: &str) -> bool {
+        self.rules
+            .locked()
+            .get(tree_id)
+            .is_some_and(|r| r.locked().allows(tool))
+    }
+
+    /// Follows one event: a request adds, a decision or the run's end
+    /// removes; a rule joins its tree's.
     pub(crate) fn observe(&self, event: &Event) {
         match &event.kind {
+            EventKind::ApprovalRuleAdded { tool } => {
+                if let Some(rules) = self.rules.locked().get(&*event.tree_id) {
+                    rules.locked().add(tool);
+                }
+            }
             EventKind::ApprovalRequested {
                 step,
                 tool_call_id,
@@ -123,6 +167,15 @@ impl Approvals {
             .filter(|p| tool.is_none_or(|t| p.tool == t))
             .map(|p| p.tool_call_id)
             .collect()
+    }
+
+    /// The tool (by the name templates use) of the call `call_id` of tree
+    /// `tree_id` that waits, if one does.
+    pub(crate) fn tool_of(&self, tree_id: &str, call_id: &str) -> Option<String> {
+        self.pending
+            .locked()
+            .get(&(tree_id.to_owned(), call_id.to_owned()))
+            .map(|p| p.tool.clone())
     }
 
     /// The run whose call `call_id` of tree `tree_id` waits, if one does.

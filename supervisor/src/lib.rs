@@ -33,7 +33,7 @@ pub use recovery::{RecordedReply, Recovery, Spent, Tape};
 pub use registry::Retain;
 pub use store::{EventType, JournalEntry, TreeStatus, UnknownEventType, journal_view};
 pub use supervisor::{
-    BudgetOutcome, CancelOutcome, Canceller, CatalogResolver, DEFAULT_TURN_QUEUE, Multitask,
-    Queued, StartRequest, Supervisor, TreeHandle, TurnDecision, TurnRequest, TurnStart, TurnsNow,
-    decide_turn, new_tree_id,
+    AlwaysAllowedNow, BudgetOutcome, CancelOutcome, Canceller, CatalogResolver, DEFAULT_TURN_QUEUE,
+    Multitask, Queued, StartRequest, Supervisor, TreeHandle, TurnDecision, TurnRequest, TurnStart,
+    TurnsNow, decide_turn, new_tree_id,
 };

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arbor_actors::approval::Decision;
+use arbor_actors::approval::{AlwaysAllowed, Decision};
 use arbor_actors::background::Scheduled;
 use arbor_actors::steer::Steer;
 use arbor_actors::{
@@ -70,6 +70,9 @@ pub struct Recovery {
     /// they were first asked for (ms since the Unix epoch), so a call asked
     /// for again after a restart keeps its age (semantics §12).
     pub asked: HashMap<String, (String, u64)>,
+    /// The tools a person allowed for good in the tree ("always allow",
+    /// semantics §12): their calls still run without asking.
+    pub allowed: AlwaysAllowed,
     /// Whether this is a replay (steers are sent again at their steps) rather
     /// than a resume (steers no checkpoint holds are given back).
     pub replaying: bool,
@@ -85,6 +88,8 @@ impl Recovery {
             steers: recorded.steers,
             deliveries: recorded.deliveries,
             decisions: recorded.decisions,
+            // A call that ran by a rule runs unasked again.
+            allowed: recorded.allowed,
             // A replay starts with the budgets the tree ended with: it never
             // pauses where the live tree waited to be raised.
             raised: recorded.raised,

@@ -318,6 +318,9 @@ impl Catalog for HookCatalog<'_> {
     fn knows_agent(&self, requested: &str) -> bool {
         self.0.knows_agent(requested)
     }
+    fn always_allowed(&self, tool: &str) -> bool {
+        self.0.always_allowed(tool)
+    }
 }
 
 fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {

@@ -1,12 +1,13 @@
 //! Approvals in the step machine (semantics §12): a step with a call that
 //! needs a person's decision holds all its calls until every such call is
-//! decided; decisions a restart or replay recorded are taken without asking.
+//! decided; decisions a restart or replay recorded are taken without asking,
+//! and a call of a tool a person allowed for good in the tree runs unasked.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{Action, Catalog, Pending, StepMachine};
-use crate::approval::{DecideRefused, Decision};
+use crate::approval::{DecideRefused, Decision, Gate, gate};
 use crate::event::EventKind;
 use crate::message::{Content, Message, Part};
 
@@ -63,18 +64,22 @@ impl StepMachine {
                 .side
                 .as_deref_mut()
                 .and_then(|side| side.recorded_decisions.remove(&id));
-            if let Some(decision) = recorded {
-                // Recorded as valid when it was made: it applies as it did.
-                if apply(&mut pending, index, &decision, self).is_ok() {
-                    self.show_input_that_runs(&mut pending, index, &decision);
-                }
-                continue;
-            }
-            let input = held_input(&pending, index).unwrap_or_default();
             let tool = self
                 .toolbox
                 .get(&call.tool_name)
                 .map_or_else(|| call.tool_name.clone(), |e| e.name.clone());
+            match gate(recorded, catalog.always_allowed(&tool)) {
+                Gate::Recorded(decision) => {
+                    // Recorded as valid when it was made: it applies as it did.
+                    if apply(&mut pending, index, &decision, self).is_ok() {
+                        self.show_input_that_runs(&mut pending, index, &decision);
+                    }
+                    continue;
+                }
+                Gate::Allowed => continue,
+                Gate::Ask => {}
+            }
+            let input = held_input(&pending, index).unwrap_or_default();
             self.events.push(EventKind::ApprovalRequested {
                 step: pending.step,
                 tool_call_id: id.clone(),

@@ -99,12 +99,20 @@ pub enum Action {
     Finish,
 }
 
-/// Lookups the machine needs to plan spawns (pure reads of the catalog).
+/// Lookups the machine needs to plan spawns and gate calls (pure reads of
+/// the catalog and of the tree's approval rules).
 pub trait Catalog {
     /// The template with exactly this id.
     fn template(&self, id: &str) -> Option<Arc<AgentTemplate>>;
     /// Whether any template answers to `requested` (for "not found" vs "not allowed").
     fn knows_agent(&self, requested: &str) -> bool;
+    /// Whether a person allowed every call of `tool` (by the name templates
+    /// use) in this tree for good: a call of it that needs approval runs
+    /// without asking (semantics §12). None by default.
+    fn always_allowed(&self, tool: &str) -> bool {
+        let _ = tool;
+        false
+    }
 }
 
 enum Effect {

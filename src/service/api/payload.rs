@@ -184,6 +184,7 @@ fn event_fields(t: EventType) -> (Fields, Fields) {
             ],
             vec![],
         ),
+        EventType::ApprovalRuleAdded => (vec![("tool", text())], vec![]),
         EventType::ApprovalDecided => (
             vec![
                 step,

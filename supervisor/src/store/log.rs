@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use arbor_actors::approval::Decision;
+use arbor_actors::approval::{AlwaysAllowed, Decision};
 use arbor_actors::background::Scheduled;
 use arbor_actors::state::ToolDefinitions;
 use arbor_actors::steer::Steer;
@@ -56,6 +56,8 @@ pub(crate) struct TreeLog {
     refused: Vec<(String, u32, Usage)>,
     /// The budgets raised while the tree ran, the latest of each.
     pub(crate) raised: crate::Raised,
+    /// The tools a person allowed for good in the tree (`approvalRuleAdded`).
+    allowed: AlwaysAllowed,
     /// The calls asked for and not decided: run and first ask, by call id.
     asked: HashMap<String, (String, u64)>,
     finished: usize,
@@ -92,6 +94,7 @@ impl TreeLog {
             replies: Vec::new(),
             refused: Vec::new(),
             raised: crate::Raised::default(),
+            allowed: AlwaysAllowed::default(),
             asked: HashMap::new(),
             finished: 0,
             decoded: HashMap::new(),
@@ -233,6 +236,11 @@ impl TreeLog {
                     max_credits: e.get("maxCredits").and_then(Value::as_f64),
                 };
                 self.raised = self.raised.then(raised);
+            }
+            Some(EventType::ApprovalRuleAdded) => {
+                if let Some(tool) = e.get("tool").and_then(Value::as_str) {
+                    self.allowed.add(tool);
+                }
             }
             Some(EventType::ApprovalRequested) => {
                 let id = str_of("toolCallId").unwrap_or_default();
@@ -582,6 +590,7 @@ impl TreeLog {
         // The root counts even when nothing of it is stored yet.
         agents.insert(format!("{tree_id}/0"));
         recovery.raised = log.raised;
+        recovery.allowed = std::mem::take(&mut log.allowed);
         recovery.asked = std::mem::take(&mut log.asked);
         let mut spent = Spent {
             agents: agents.len(),

@@ -312,12 +312,14 @@ pub fn new_tree_id() -> String {
 }
 
 mod adopt;
+mod approval_rules;
 mod control;
 mod start;
 mod storage;
 mod stored;
 mod turns;
 
+pub use approval_rules::AlwaysAllowedNow;
 pub use stored::{BudgetOutcome, CancelOutcome};
 
 pub use turns::{

@@ -125,10 +125,12 @@ impl Supervisor {
         )
         .durable(self.store.is_some())
         .store_health(self.store.as_ref().map(|(_, w)| w.health().clone()));
+        let mut allowed = arbor_actors::approval::AlwaysAllowed::default();
         if let Some((recovery, replay)) = recovery {
             if !replay {
                 self.approvals.asked_before(&tree_id, &recovery.asked);
             }
+            allowed = recovery.allowed.clone();
             ctx = ctx.recovering(recovery, replay);
         }
         // When the tree is gone (every agent and every handle on it), nothing
@@ -222,7 +224,7 @@ impl Supervisor {
             .await
         };
         let (tx, rx) = oneshot::channel();
-        let hooks: Arc<dyn arbor_actors::TreeHooks> = ctx.clone();
+        let hooks = self.ruled_hooks(ctx.clone(), allowed);
         let (root, root_task) = Actor::spawn(
             None,
             AgentActor,

@@ -2,6 +2,7 @@
 //! tokio time.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod approval_rules;
 mod approval_timeout;
 mod approve;
 mod backend;

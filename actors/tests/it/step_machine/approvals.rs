@@ -191,3 +191,87 @@ fn a_tool_without_approval_runs_at_once() {
     let actions = run.reply(calls("s1", &[("echo", json!({"n": 1}))]));
     assert_eq!(kinds(&actions), ["RunTool"]);
 }
+
+/// The test catalog, with the tree's "always allow" rules.
+struct Allowing<'a>(&'a Cat, &'a [&'a str]);
+
+impl Catalog for Allowing<'_> {
+    fn template(&self, id: &str) -> Option<Arc<AgentTemplate>> {
+        self.0.template(id)
+    }
+
+    fn knows_agent(&self, requested: &str) -> bool {
+        self.0.knows_agent(requested)
+    }
+
+    fn always_allowed(&self, tool: &str) -> bool {
+        self.1.contains(&tool)
+    }
+}
+
+#[test]
+fn a_call_of_a_tool_allowed_for_good_in_the_tree_runs_without_asking() {
+    let mut run = guarded();
+    request(run.start());
+    run.m.take_events();
+    let step = run.m.step();
+    let allowing = Allowing(&run.cat, &["echo"]);
+    let reply = calls(
+        "s1",
+        &[("echo", json!({"n": 1})), ("echo", json!({"n": 2}))],
+    );
+    let actions = run.m.model_replied(
+        step,
+        ModelResponse {
+            message: reply,
+            usage: USAGE,
+        },
+        &allowing,
+    );
+    assert_eq!(
+        run_tools(&actions),
+        [(0, json!({"n": 1})), (1, json!({"n": 2}))],
+        "both run as the model asked"
+    );
+    assert!(
+        requested(&run.m.take_events()).is_empty(),
+        "nobody is asked"
+    );
+    assert!(run.m.awaiting_approval().is_empty());
+}
+
+#[test]
+fn a_decision_recorded_before_a_tool_was_allowed_for_good_still_applies() {
+    let mut run = guarded();
+    run.m.recover_decisions(
+        [(
+            "s1-0".to_owned(),
+            Decision::Deny {
+                reason: "not on prod".into(),
+            },
+        )]
+        .into(),
+    );
+    request(run.start());
+    run.m.take_events();
+    let step = run.m.step();
+    let allowing = Allowing(&run.cat, &["echo"]);
+    let reply = calls(
+        "s1",
+        &[("echo", json!({"n": 1})), ("echo", json!({"n": 2}))],
+    );
+    let actions = run.m.model_replied(
+        step,
+        ModelResponse {
+            message: reply,
+            usage: USAGE,
+        },
+        &allowing,
+    );
+    assert_eq!(
+        run_tools(&actions),
+        [(1, json!({"n": 2}))],
+        "the denied call stays denied; the other runs by the rule"
+    );
+    assert!(requested(&run.m.take_events()).is_empty());
+}
