@@ -425,6 +425,120 @@ mod tests {
         );
     }
 
+    /// A schema's shape: each table's columns, by name, with their kind
+    /// (text, int, real, bytes) and whether they may be null, after every
+    /// migration (`CREATE TABLE`, `ALTER TABLE … ADD COLUMN`; indexes aside).
+    #[cfg(feature = "postgres")]
+    fn shape(
+        migrations: &[&str],
+    ) -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, (&'static str, bool)>>
+    {
+        let mut tables = std::collections::BTreeMap::new();
+        let column = |def: &str| {
+            let def = def.trim();
+            let (name, rest) = def.split_once(char::is_whitespace).unwrap();
+            let upper = rest.trim_start().to_ascii_uppercase();
+            let kind = [
+                "BIGSERIAL",
+                "INTEGER",
+                "BIGINT",
+                "REAL",
+                "DOUBLE",
+                "BLOB",
+                "BYTEA",
+                "TEXT",
+            ]
+            .into_iter()
+            .find(|k| upper.starts_with(k))
+            .map(|k| match k {
+                "BIGSERIAL" | "INTEGER" | "BIGINT" => "int",
+                "REAL" | "DOUBLE" => "real",
+                "BLOB" | "BYTEA" => "bytes",
+                _ => "text",
+            })
+            .unwrap_or_else(|| panic!("a column of no known type: {def}"));
+            let not_null = ["NOT NULL", "PRIMARY KEY", "BIGSERIAL"]
+                .iter()
+                .any(|k| upper.contains(k));
+            (name.to_owned(), (kind, not_null))
+        };
+        for migration in migrations {
+            let text: String = migration
+                .lines()
+                .map(|l| l.split("--").next().unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join("\n");
+            for statement in text.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+                let words: Vec<&str> = statement.split_whitespace().collect();
+                match words.as_slice() {
+                    ["CREATE", "TABLE", name, ..] => {
+                        let name = name.trim_end_matches('(');
+                        let open = statement.find('(').unwrap();
+                        let body = &statement[open + 1..statement.rfind(')').unwrap()];
+                        let (mut depth, mut start, mut defs) = (0, 0, Vec::new());
+                        for (i, c) in body.char_indices() {
+                            match c {
+                                '(' => depth += 1,
+                                ')' => depth -= 1,
+                                ',' if depth == 0 => {
+                                    defs.push(&body[start..i]);
+                                    start = i + 1;
+                                }
+                                _ => {}
+                            }
+                        }
+                        defs.push(&body[start..]);
+                        let columns: std::collections::BTreeMap<_, _> = defs
+                            .into_iter()
+                            .filter(|d| {
+                                let d = d.trim_start();
+                                !d.starts_with("PRIMARY KEY") && !d.starts_with("UNIQUE")
+                            })
+                            .map(column)
+                            .collect();
+                        tables.insert(name.to_owned(), columns);
+                    }
+                    ["ALTER", "TABLE", name, "ADD", "COLUMN", ..] => {
+                        let def = statement.split("ADD COLUMN").nth(1).unwrap();
+                        let (col, kind) = column(def);
+                        tables.get_mut(*name).unwrap().insert(col, kind);
+                    }
+                    ["CREATE", "INDEX", ..] => {}
+                    other => panic!("a statement this test does not read: {other:?}"),
+                }
+            }
+        }
+        tables
+    }
+
+    /// Both backends' migrations end in one shape: the same tables, with
+    /// the same columns of the same kinds (Postgres adds only `made`, the
+    /// order rows were made in, which SQLite's `rowid` is).
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn both_backends_schemas_have_one_shape() {
+        let sqlite = shape(crate::store::sqlite::MIGRATIONS);
+        let mut pg = shape(crate::store::pg::MIGRATIONS);
+        assert_eq!(
+            pg.get_mut("trees").unwrap().remove("made"),
+            Some(("int", true))
+        );
+        assert_eq!(sqlite, pg);
+        let trees = &sqlite["trees"];
+        for column in TREE_ROW.split(',').map(str::trim) {
+            assert!(trees.contains_key(column), "{column}");
+        }
+        assert_eq!(
+            trees.len(),
+            TREE_ROW_COLUMNS + 1,
+            "the tree row and its config"
+        );
+        assert_eq!(
+            sqlite.keys().collect::<Vec<_>>(),
+            ["configs", "controls", "queued_turns", "segments", "trees"]
+        );
+    }
+
     #[test]
     fn interrupted_trees_are_told_from_running_ones_and_paged_from_the_rows() {
         let listing = Listing::new(&filter(Some(TreeStatus::Interrupted), 1, 2));

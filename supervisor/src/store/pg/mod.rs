@@ -24,6 +24,10 @@ mod schema;
 mod turns;
 mod write;
 
+/// The schema's migrations, for the test that both backends' have one shape.
+#[cfg(test)]
+pub(crate) use schema::MIGRATIONS;
+
 use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;

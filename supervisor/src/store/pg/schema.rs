@@ -8,7 +8,7 @@ use super::PgStore;
 use crate::error::Error;
 
 /// Migrations, in order; `arbor_schema` has a row for each one applied.
-pub(super) const MIGRATIONS: &[&str] = &[
+pub(crate) const MIGRATIONS: &[&str] = &[
     // 1: the trees, their logs, their configs, and the control inbox. JSON is
     // kept as text (as written: `jsonb` would reorder its keys).
     r#"

@@ -21,6 +21,10 @@ mod tests;
 mod turns;
 mod write;
 
+/// The schema's migrations, for the test that both backends' have one shape.
+#[cfg(all(test, feature = "postgres"))]
+pub(crate) use schema::MIGRATIONS;
+
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 

@@ -18,7 +18,7 @@ pub(super) const APPLICATION_ID: i64 = 0x4152_4252;
 /// Reads touch only what the first one made (or look at the version first,
 /// as the journal's read of `segments.last_seq` does), so a read-only open
 /// can read an older store without migrating it.
-pub(super) const MIGRATIONS: &[&str] = &[
+pub(crate) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE trees (
     tree_id       TEXT PRIMARY KEY,
