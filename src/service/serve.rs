@@ -20,7 +20,7 @@ impl Service {
     /// (every run's last checkpoint), each within `shutdown_timeout`. Trees
     /// still running are left interrupted, to resume on the next start.
     ///
-    /// Connections are HTTP/1.1 under the service's [`ServiceLimits`]: a
+    /// Connections are HTTP/1.1 under the service's [`ServiceLimits`](super::ServiceLimits): a
     /// header-read and an idle timeout, and a cap on open connections kept
     /// under the process's open-files limit (raised to its hard limit first);
     /// `conn.rs` says what happens at the cap.
