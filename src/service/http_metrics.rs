@@ -11,7 +11,7 @@
 //! duration ends when the response's head is ready: an event stream's
 //! length is not in it.
 //!
-//! The router (`service/mod.rs`) mounts both.
+//! The router (`service/router.rs`) mounts both.
 
 use std::time::Instant;
 
