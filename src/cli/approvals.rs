@@ -1,5 +1,7 @@
 //! `arbor approvals`, `arbor approve` and `arbor deny`: the tool calls that
-//! wait for a person's decision on a running `arbor serve` (semantics §12).
+//! wait for a person's decision on a running `arbor serve` (semantics §12),
+//! and `arbor approve --always`, which allows a call's tool for good in its
+//! tree.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -103,6 +105,62 @@ pub(super) async fn decide(
             )?;
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `arbor approve TREE CALL --always` (or `TREE all --always`): approves
+/// the call (every waiting call) and always allows its tool (their tools) in
+/// the tree, `{"decision": "approve", "always": true}`: the other waiting
+/// calls of it are approved too, and its later calls run without asking.
+pub(super) async fn approve_always(
+    api: &Api,
+    tree_id: &str,
+    call_id: &str,
+) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        !tree_id.trim().is_empty(),
+        "the tree id is empty: give the TREE column of `arbor approvals`"
+    );
+    anyhow::ensure!(
+        !call_id.trim().is_empty(),
+        "the call id is empty: give the CALL column of `arbor approvals`, or `all`"
+    );
+    let mut segments = vec!["v1", "trees", tree_id, "approvals"];
+    if call_id != ALL {
+        segments.push(call_id);
+    }
+    let body = serde_json::json!({"decision": "approve", "always": true});
+    let (status, answer) = api
+        .send(reqwest::Method::POST, &segments, Some(&body))
+        .await?;
+    if !status.is_success() {
+        let message = api.refusal(status, &answer);
+        let what = match call_id {
+            ALL => "the waiting calls".to_owned(),
+            call => format!("tool call {call}"),
+        };
+        anyhow::bail!(
+            "cannot always allow the tool of {what} of tree {tree_id}: the server refused ({status}): {message}"
+        );
+    }
+    let names = |key: &str| -> Vec<String> {
+        answer[key].as_array().map_or_else(Vec::new, |list| {
+            list.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+    };
+    let n = names("approved").len().max(names("decided").len());
+    let calls = if n == 1 { "call" } else { "calls" };
+    let tools = names("alwaysAllowed");
+    let tools = if tools.is_empty() {
+        "its tool".to_owned()
+    } else {
+        tools.join(", ")
+    };
+    outln!(
+        "approved: {n} tool {calls} of tree {tree_id} run; {tools} always allowed in tree {tree_id}: later calls run without asking"
+    )?;
     Ok(ExitCode::SUCCESS)
 }
 

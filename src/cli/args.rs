@@ -159,8 +159,13 @@ pub(crate) enum Command {
         call_id: String,
         /// Run it with this input instead of the model's: a JSON value,
         /// checked against the tool's input schema.
-        #[arg(long, value_name = "JSON")]
+        #[arg(long, value_name = "JSON", conflicts_with = "always")]
         input: Option<String>,
+        /// Always allow its tool in this tree: its other waiting calls are
+        /// approved too, and its later calls (any agent, any depth, later
+        /// turns) run without asking. With `all`: every waiting call's tool.
+        #[arg(long)]
+        always: bool,
         #[command(flatten)]
         server: ServerArgs,
     },

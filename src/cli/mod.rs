@@ -101,11 +101,16 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             tree_id,
             call_id,
             input,
+            always,
             server,
         } => {
             let decision = approvals::approval(input.as_deref())?;
             let api = service::Api::new(server)?;
-            async_runtime()?.block_on(approvals::decide(&api, &tree_id, &call_id, decision))
+            let runtime = async_runtime()?;
+            if always {
+                return runtime.block_on(approvals::approve_always(&api, &tree_id, &call_id));
+            }
+            runtime.block_on(approvals::decide(&api, &tree_id, &call_id, decision))
         }
         Command::Deny {
             tree_id,

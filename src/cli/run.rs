@@ -599,7 +599,10 @@ async fn ask_at_terminal(
         ask.run_id, ask.tool, ask.call_id
     );
     loop {
-        eprint!("approve? [y]es / [n]o / [e]dit input: ");
+        eprint!(
+            "approve? [y]es / [a]lways (every {} call in this tree) / [n]o / [e]dit input: ",
+            ask.tool
+        );
         let Some(answer) = lines.recv().await else {
             eprintln!();
             let reason = "no answer: stdin closed";
@@ -614,6 +617,14 @@ async fn ask_at_terminal(
         };
         let decision = match answer.trim().to_ascii_lowercase().as_str() {
             "y" | "yes" => Decision::Approve { input: None },
+            "a" | "always" => {
+                // Its other waiting calls are approved with it; later ones
+                // are not asked (the tree's progress lines say so).
+                if let Err(e) = supervisor.approve_always(&ask.tree_id, &ask.call_id).await {
+                    eprintln!("warning: {e}");
+                }
+                return;
+            }
             "n" | "no" => Decision::Deny {
                 reason: String::new(),
             },

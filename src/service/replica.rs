@@ -55,6 +55,13 @@ pub(crate) enum ControlBody {
         /// The decision.
         decision: Decision,
     },
+    /// `POST /v1/trees/{treeId}/approvals/{callId}` with `always`: the call
+    /// approved and its tool allowed for good in the tree.
+    #[serde(rename_all = "camelCase")]
+    ApproveAlways {
+        /// The call approved.
+        call_id: String,
+    },
     /// `PATCH /v1/trees/{treeId}/limits`.
     #[serde(rename_all = "camelCase")]
     Raise {
@@ -381,6 +388,9 @@ async fn apply(shared: &Shared, control: Control) {
             .decide(&tree_id, call_id, decision.clone())
             .await
             .map(drop),
+        ControlBody::ApproveAlways { call_id } => {
+            supervisor.approve_always(&tree_id, call_id).await.map(drop)
+        }
         ControlBody::Raise { set, add } => supervisor
             .raise_limits(&tree_id, (*set).into(), (*add).into())
             .map(drop),
@@ -626,6 +636,9 @@ mod tests {
                 decision: Decision::Deny {
                     reason: "no".into(),
                 },
+            },
+            ControlBody::ApproveAlways {
+                call_id: "t/0-s1-c0".into(),
             },
             ControlBody::Raise {
                 set: Budget::default(),

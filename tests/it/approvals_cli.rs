@@ -373,7 +373,9 @@ fn arbor_run_at_a_terminal_asks_and_runs_the_edited_input() {
     assert!(shown.contains("approval needed: run "), "{shown}");
     assert_eq!(
         shown
-            .matches("approve? [y]es / [n]o / [e]dit input:")
+            .matches(
+                "approve? [y]es / [a]lways (every echo call in this tree) / [n]o / [e]dit input:"
+            )
             .count(),
         2,
         "{shown}"

@@ -717,7 +717,8 @@ fn the_approval_question_is_not_overwritten_by_progress_lines() {
                 .push_str(&String::from_utf8_lossy(&buf[..n]));
         }
     });
-    const QUESTION: &str = "approve? [y]es / [n]o / [e]dit input: ";
+    const QUESTION: &str =
+        "approve? [y]es / [a]lways (every echo call in this tree) / [n]o / [e]dit input: ";
     let asked = crate::support::poll(GUARD, || {
         shown.lock().unwrap().contains(QUESTION).then_some(())
     });

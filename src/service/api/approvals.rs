@@ -40,6 +40,12 @@ enum DecisionBody {
         /// The input to run it with instead of the model's.
         #[schema(value_type = Option<Object>)]
         input: Option<Value>,
+        /// "Always allow" (the OpenAI Agents SDK's `always_approve`): also
+        /// allow the call's tool for good in this tree: its other waiting
+        /// calls are approved, and its later calls in the tree (any agent,
+        /// any depth, later turns) run without asking. Not with `input`.
+        #[serde(default)]
+        always: bool,
     },
     /// Do not run it: the model reads an error result with the reason.
     Deny {
@@ -47,6 +53,41 @@ enum DecisionBody {
         #[serde(default)]
         reason: String,
     },
+}
+
+/// The body of `decide_approval`: a decision, and whether it is "always"
+/// (`{"decision": "approve", "always": true}`).
+pub struct DecisionRequest {
+    /// The decision on the call.
+    pub decision: Decision,
+    /// Also allow the call's tool for good in the tree.
+    pub always: bool,
+}
+
+impl<'de> Deserialize<'de> for DecisionRequest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let mut body = serde_json::Map::<String, Value>::deserialize(d)?;
+        let always = match body.remove("always") {
+            None | Some(Value::Bool(false)) => false,
+            Some(Value::Bool(true)) => true,
+            Some(other) => {
+                return Err(D::Error::custom(format!(
+                    "always is true or false, not {other}"
+                )));
+            }
+        };
+        let decision = Decision::deserialize(Value::Object(body)).map_err(D::Error::custom)?;
+        match (&decision, always) {
+            (Decision::Deny { .. }, true) => Err(D::Error::custom(
+                "always is an approval's: there is no always deny (deny the calls, one or all)",
+            )),
+            (Decision::Approve { input: Some(_) }, true) => Err(D::Error::custom(
+                "always approves with the model's inputs: an edited input is one call's",
+            )),
+            _ => Ok(DecisionRequest { decision, always }),
+        }
+    }
 }
 
 /// A decision was taken.
@@ -60,6 +101,15 @@ pub struct Decided {
     /// Always `true`: the decision is journaled (an `approvalDecided` event),
     /// here or, when forwarded, by the replica that runs the tree.
     pub decided: bool,
+    /// With `always`: the calls approved (this one, and the other calls of
+    /// its tool waiting in the tree), oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub approved: Vec<String>,
+    /// With `always`: the tool now allowed for good in the tree (an
+    /// `approvalRuleAdded` event); empty when forwarded (the replica that
+    /// runs the tree adds it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub always_allowed: Vec<String>,
     /// Set when another replica runs the tree (see `Cancelled`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forwarded: Option<Forwarded>,
@@ -78,6 +128,10 @@ pub struct DecideMany {
     /// every call of the tree waiting now.
     #[serde(default)]
     pub tool: Option<String>,
+    /// `approve` only: also allow each of their tools for good in this
+    /// tree ("always allow"): later calls of them run without asking.
+    #[serde(default)]
+    pub always: bool,
 }
 
 /// Calls decided by one decision.
@@ -88,6 +142,9 @@ pub struct DecidedMany {
     pub tree_id: String,
     /// The calls decided, oldest first (each an `approvalDecided` event).
     pub decided: Vec<String>,
+    /// With `always`: the tools now allowed for good in the tree.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub always_allowed: Vec<String>,
     /// Set when another replica runs the tree: the decisions were posted
     /// for it, one per call its journal has waiting.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -189,12 +246,12 @@ pub async fn tree_approvals(
     params(("treeId" = String, Path), ("callId" = String, Path, description = "The tool call id, URL-encoded (it holds the run id: t1%2F0.1-s2-c0)")),
     request_body = DecisionBody,
     responses(
-        (status = 202, description = "Decided: the call runs (or answers the model with the denial) once its step's last decision is in", body = Decided),
+        (status = 202, description = "Decided: the call runs (or answers the model with the denial) once its step's last decision is in; with `always`, the other waiting calls of its tool are approved too and its later calls in the tree run without asking", body = Decided),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, description = "No call of that id waits in that tree", body = ErrorBody),
         (status = 409, description = "The run has ended", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
-        (status = 422, description = "Not a decision, or an edited input the tool refuses", body = ErrorBody),
+        (status = 422, description = "Not a decision, an edited input the tool refuses, or `always` with a denial or an edited input", body = ErrorBody),
         (status = 503, body = ErrorBody),
     )
 )]
@@ -202,10 +259,14 @@ pub async fn decide_approval(
     State(shared): State<Arc<Shared>>,
     Caller(caller): Caller,
     ApiPath((tree_id, call_id)): ApiPath<(String, String)>,
-    ApiJson(decision): ApiJson<Decision>,
+    ApiJson(request): ApiJson<DecisionRequest>,
 ) -> Result<(StatusCode, Json<Decided>), ApiError> {
     access::check(&shared, &caller, Action::Write, Subject::Tree(&tree_id)).await?;
     let supervisor = shared.runtime.supervisor();
+    if request.always {
+        return approve_always(&shared, tree_id, call_id).await;
+    }
+    let decision = request.decision;
     let control = Control::One(ControlBody::Decide {
         call_id: call_id.clone(),
         decision: decision.clone(),
@@ -223,6 +284,46 @@ pub async fn decide_approval(
             tree_id,
             tool_call_id: call_id,
             decided: true,
+            approved: Vec::new(),
+            always_allowed: Vec::new(),
+            forwarded,
+        }),
+    ))
+}
+
+/// `{"decision": "approve", "always": true}` on one call: approved, with
+/// the other waiting calls of its tool, and the tool allowed for good in
+/// the tree (`Supervisor::approve_always`), here or by the replica that
+/// runs it.
+async fn approve_always(
+    shared: &Shared,
+    tree_id: String,
+    call_id: String,
+) -> Result<(StatusCode, Json<Decided>), ApiError> {
+    let supervisor = shared.runtime.supervisor();
+    let control = Control::One(ControlBody::ApproveAlways {
+        call_id: call_id.clone(),
+    });
+    let here = supervisor.approve_always(&tree_id, &call_id);
+    let (now, forwarded) = match here_or_forward(shared, &tree_id, control, here).await? {
+        Applied::Here(now) => (now, None),
+        Applied::Forwarded { to, .. } => (
+            arbor_supervisor::AlwaysAllowedNow {
+                tools: Vec::new(),
+                approved: vec![call_id.clone()],
+            },
+            Some(to),
+        ),
+        Applied::Refused(error) => return Err(error.into()),
+    };
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Decided {
+            tree_id,
+            tool_call_id: call_id,
+            decided: true,
+            approved: now.approved,
+            always_allowed: now.tools,
             forwarded,
         }),
     ))
@@ -233,12 +334,12 @@ pub async fn decide_approval(
     params(("treeId" = String, Path)),
     request_body = DecideMany,
     responses(
-        (status = 200, description = "Decided: every call of the tree (or of `tool`) waiting now, each journaled as its own decision", body = DecidedMany),
+        (status = 200, description = "Decided: every call of the tree (or of `tool`) waiting now, each journaled as its own decision; with `always`, their tools are allowed for good in the tree", body = DecidedMany),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, description = "No call (of that tool) waits in that tree", body = ErrorBody),
         (status = 409, description = "The tree has ended", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
-        (status = 422, description = "Not approve or deny, or a reason given to an approval", body = ErrorBody),
+        (status = 422, description = "Not approve or deny, a reason given to an approval, or `always` with a denial", body = ErrorBody),
         (status = 503, body = ErrorBody),
     )
 )]
@@ -265,22 +366,48 @@ pub async fn decide_approvals(
             )));
         }
     };
+    if body.always && matches!(decision, Decision::Deny { .. }) {
+        return Err(ApiError::invalid(
+            "always is an approval's: there is no always deny".to_owned(),
+        ));
+    }
     let supervisor = shared.runtime.supervisor();
     // Run by another replica: one decision posted per call its journal has
     // waiting.
     let control = Control::DecideWaiting {
         decision: &decision,
         tool: body.tool.as_deref(),
+        always: body.always,
     };
-    let here = supervisor.decide_all(&tree_id, body.tool.as_deref(), decision.clone());
-    let (decided, forwarded) = match here_or_forward(&shared, &tree_id, control, here).await? {
-        Applied::Here(decided) => (decided, None),
-        Applied::Forwarded { to, calls } => (calls, Some(to)),
+    let tool = body.tool.as_deref();
+    let here = async {
+        if body.always {
+            supervisor.approve_all_always(&tree_id, tool).await
+        } else {
+            let decided = supervisor.decide_all(&tree_id, tool, decision.clone());
+            decided
+                .await
+                .map(|approved| arbor_supervisor::AlwaysAllowedNow {
+                    tools: Vec::new(),
+                    approved,
+                })
+        }
+    };
+    let (now, forwarded) = match here_or_forward(&shared, &tree_id, control, here).await? {
+        Applied::Here(now) => (now, None),
+        Applied::Forwarded { to, calls } => (
+            arbor_supervisor::AlwaysAllowedNow {
+                tools: Vec::new(),
+                approved: calls,
+            },
+            Some(to),
+        ),
         Applied::Refused(error) => return Err(error.into()),
     };
     Ok(Json(DecidedMany {
         tree_id,
-        decided,
+        decided: now.approved,
+        always_allowed: now.tools,
         forwarded,
     }))
 }

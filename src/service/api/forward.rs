@@ -46,6 +46,9 @@ pub(super) enum Control<'a> {
         decision: &'a Decision,
         /// Only the calls of this tool.
         tool: Option<&'a str>,
+        /// "Always allow": one `ApproveAlways` is posted per tool (its first
+        /// call's), which approves the tool's other calls with it.
+        always: bool,
     },
 }
 
@@ -103,7 +106,11 @@ pub(super) async fn here_or_forward<T>(
             replica::forward(shared, tree_id, &body).await?;
             Vec::new()
         }
-        Control::DecideWaiting { decision, tool } => {
+        Control::DecideWaiting {
+            decision,
+            tool,
+            always,
+        } => {
             let tree = tree_id.to_owned();
             let journal = shared
                 .runtime
@@ -111,15 +118,25 @@ pub(super) async fn here_or_forward<T>(
                 .read_store(move |store| store.events(&tree, 0))
                 .await?;
             let mut calls = Vec::new();
+            let mut allowed = std::collections::HashSet::new();
             for call in replica::pending_from_journal(tree_id, &journal) {
                 if tool.is_some_and(|t| t != call.tool) {
                     continue;
                 }
-                let body = ControlBody::Decide {
-                    call_id: call.tool_call_id.clone(),
-                    decision: decision.clone(),
+                let body = match always {
+                    false => Some(ControlBody::Decide {
+                        call_id: call.tool_call_id.clone(),
+                        decision: decision.clone(),
+                    }),
+                    true => allowed
+                        .insert(call.tool.clone())
+                        .then(|| ControlBody::ApproveAlways {
+                            call_id: call.tool_call_id.clone(),
+                        }),
                 };
-                replica::forward(shared, tree_id, &body).await?;
+                if let Some(body) = body {
+                    replica::forward(shared, tree_id, &body).await?;
+                }
                 calls.push(call.tool_call_id);
             }
             calls
