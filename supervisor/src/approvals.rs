@@ -186,3 +186,46 @@ impl Approvals {
             .map(|p| p.run_id.clone())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arbor_actors::approval::AlwaysAllowed;
+    use arbor_actors::{Event, EventKind};
+
+    use super::Approvals;
+
+    fn rule(tree: &str, tool: &str) -> Event {
+        Event {
+            seq: 1,
+            tree_id: Arc::from(tree),
+            run_id: Arc::from(format!("{tree}/0").as_str()),
+            at_ms: 0,
+            kind: EventKind::ApprovalRuleAdded { tool: tool.into() },
+        }
+    }
+
+    #[test]
+    fn a_rule_event_joins_its_trees_rules_and_an_earlier_start_letting_go_keeps_a_later_ones() {
+        let approvals = Approvals::default();
+        let first = approvals.rules_for("t", AlwaysAllowed::default());
+        approvals.observe(&rule("t", "say"));
+        approvals.observe(&rule("u", "say"));
+        assert!(approvals.allows("t", "say"));
+        assert!(
+            !approvals.allows("u", "say"),
+            "a tree not running here has none"
+        );
+        assert!(!approvals.allows("t", "gate"));
+        // The next turn of t starts (from its journal) before the last
+        // turn's agents are all gone: their going keeps the new rules.
+        let mut recorded = AlwaysAllowed::default();
+        recorded.add("say");
+        let second = approvals.rules_for("t", recorded);
+        approvals.release_rules("t", &first);
+        assert!(approvals.allows("t", "say"));
+        approvals.release_rules("t", &second);
+        assert!(!approvals.allows("t", "say"), "gone with the tree");
+    }
+}
