@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arbor_actors::{AgentStatus, Event, EventKind, Model, Tool};
-use arbor_supervisor::store::SqliteStore;
+use arbor_supervisor::store::{SqliteStore, Store};
 use arbor_supervisor::{Catalog, Supervisor, TreeLimits, TurnRequest, TurnStart};
 use serde_json::{Value, json};
 
@@ -15,7 +15,7 @@ use crate::common::*;
 
 /// lead: echo, then a worker (which echoes), then echo again; its second
 /// turn echoes once more. Every echo needs approval.
-fn supervisor(store: Arc<SqliteStore>) -> Supervisor {
+fn supervisor(store: Option<Arc<SqliteStore>>) -> Supervisor {
     let model = scripted(json!({"replies": [
         {"agent": "lead", "prompt": "second", "steps": [
             {"toolCalls": [{"name": "echo", "input": {"n": 4}}]},
@@ -43,9 +43,11 @@ fn supervisor(store: Arc<SqliteStore>) -> Supervisor {
         .template(worker)
         .build()
         .unwrap();
-    Supervisor::new(catalog, TreeLimits::default())
-        .with_store(store)
-        .unwrap()
+    let sup = Supervisor::new(catalog, TreeLimits::default());
+    match store {
+        Some(store) => sup.with_store(store).unwrap(),
+        None => sup,
+    }
 }
 
 fn asked(e: &Event) -> bool {
@@ -61,7 +63,7 @@ async fn an_always_allowed_tool_runs_unasked_at_any_depth_and_in_a_later_turn_af
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
     {
-        let sup = supervisor(Arc::new(SqliteStore::open(&path).unwrap()));
+        let sup = supervisor(Some(Arc::new(SqliteStore::open(&path).unwrap())));
         let mut rx = sup.subscribe();
         let mut seen = Vec::new();
         let handle = start(&sup, "lead", "first").await;
@@ -94,7 +96,7 @@ async fn an_always_allowed_tool_runs_unasked_at_any_depth_and_in_a_later_turn_af
     }
     // Another process on the same store: the rule is read back from the
     // journal; another tree of it still asks.
-    let sup = supervisor(Arc::new(SqliteStore::open(&path).unwrap()));
+    let sup = supervisor(Some(Arc::new(SqliteStore::open(&path).unwrap())));
     let mut rx = sup.subscribe();
     let handle = match sup
         .start_turn("t", TurnRequest::new("second"))
@@ -126,4 +128,44 @@ async fn an_always_allowed_tool_runs_unasked_at_any_depth_and_in_a_later_turn_af
     assert!(!sup.always_allowed("u", "echo"));
     handle.cancel();
     let _ = tokio::time::timeout(GUARD, handle.wait()).await;
+}
+
+/// A replay of a tree whose tool was allowed for good takes the rule from
+/// the journal: it asks no one (its later calls have no decision recorded)
+/// and every run ends as it did.
+#[test]
+fn a_replay_of_a_tree_with_an_always_allowed_tool_asks_no_one_and_matches() {
+    let rt = crate::store::runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let finals = rt.block_on(async {
+        let store = Arc::new(SqliteStore::open(&path).unwrap());
+        let sup = supervisor(Some(store.clone()));
+        let mut rx = sup.subscribe();
+        let mut seen = Vec::new();
+        let handle = start(&sup, "lead", "first").await;
+        wait_for(&mut rx, &mut seen, asked).await;
+        let call = sup.approvals(Some("t"))[0].tool_call_id.clone();
+        sup.approve_always("t", &call).await.unwrap();
+        finish(handle).await;
+        sup.flush().await.unwrap();
+        store.final_states("t").unwrap()
+    });
+    rt.block_on(async {
+        let store = SqliteStore::open(&path).unwrap();
+        let (record, _) = store.tree("t").unwrap();
+        let sup = supervisor(None);
+        let mut rx = sup.subscribe();
+        let handle = sup
+            .replay(record.request(), store.recovery("t").unwrap())
+            .await
+            .unwrap();
+        // Bounded: a call asked again would wait for a person for ever.
+        within(Duration::from_secs(30), finish(handle)).await;
+        assert_eq!(count(&drain(&mut rx), asked), 0, "a replay asks no one");
+        for want in &finals {
+            let got = sup.finished_state(&want.run_id).expect("replayed");
+            assert_eq!(*got, *want, "run {}", want.run_id);
+        }
+    });
 }
