@@ -5,11 +5,11 @@
 mod encode;
 mod journal;
 mod log;
-mod query;
-mod state_row;
 #[cfg(feature = "postgres")]
 mod pg;
+mod query;
 mod sqlite;
+mod state_row;
 mod status;
 mod writer;
 

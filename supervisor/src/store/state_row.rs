@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use arbor_actors::state::ToolDefinitions;
 use arbor_actors::{AgentState, AgentStatus, Checkpoint, FailureKind, History};
-use serde::ser::{Serialize, SerializeTuple, Serializer};
 use serde::Deserialize;
+use serde::ser::{Serialize, SerializeTuple, Serializer};
 use serde_json::Value;
 
 /// A state as a checkpoint record keeps it, without its history (the
