@@ -88,7 +88,7 @@ pub use arbor_actors::{
     OutputMode, RunId, RunResult, TreeId, Usage,
 };
 pub use arbor_supervisor::{
-    Canceller, Catalog, Multitask, Queued, Retain, StartRequest, Supervisor, TreeLimits,
+    Canceller, Catalog, Multitask, Queued, Retain, StartRequest, Supervisor, ToolRule, TreeLimits,
     TurnRequest,
 };
 

@@ -81,10 +81,38 @@ fn main() -> ExitCode {
                 eprintln!("error: invalid config\n{config}");
                 return ExitCode::from(2);
             }
+            // A request the supervisor refused, as it would from the library
+            // or HTTP; the command line's own flags are named as typed.
+            if let Some((field, problem)) = invalid_request(&error) {
+                let field = match field {
+                    "tools.allow" => "--allow-tools",
+                    "tools.deny" => "--deny-tools",
+                    field => field,
+                };
+                eprintln!("error: {field}: {problem}");
+                return ExitCode::from(2);
+            }
             eprintln!("error: {error:#}");
             ExitCode::from(1)
         }
     }
+}
+
+fn invalid_request(error: &anyhow::Error) -> Option<(&str, &str)> {
+    error.chain().find_map(|e| {
+        let supervisor = e.downcast_ref::<arbor_supervisor::Error>().or_else(|| {
+            match e.downcast_ref::<Error>() {
+                Some(Error::Supervisor(s)) => Some(s),
+                _ => None,
+            }
+        });
+        match supervisor {
+            Some(arbor_supervisor::Error::InvalidRequest { field, problem }) => {
+                Some((field.as_str(), problem.as_str()))
+            }
+            _ => None,
+        }
+    })
 }
 
 fn config_error(error: &anyhow::Error) -> Option<&ConfigError> {

@@ -64,11 +64,8 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         deny: deny_tools,
         ..Default::default()
     };
-    // A bad pattern is a config error (exit 2), as in [policy].
-    if let Some((flag, pattern, why)) = tool_flag_problem(&rule) {
-        eprintln!("error: {flag}: pattern {pattern:?}: {why}");
-        return Ok(ExitCode::from(2));
-    }
+    // The supervisor checks the rule as it does every caller's: a bad
+    // pattern is a config error (exit 2), as in [policy] (see main.rs).
     let mut limits = config.limits.clone();
     limits.tools = limits.tools.narrowed(rule);
     let params = params
@@ -149,39 +146,6 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .await?;
         follow_tree(&runtime, run, show, stored, &started).await
     }))
-}
-
-/// The first problem of `--allow-tools`/`--deny-tools`: a pattern that is
-/// not one, or a name of a structural built-in (`set_output`, `end_turn`,
-/// the spawn tools), which no policy takes away or gives (an agent's output
-/// mode and spawnable agents govern those).
-fn tool_flag_problem(rule: &arbor_supervisor::ToolRule) -> Option<(&'static str, String, String)> {
-    use arbor_actors::toolbox::{OPTIONAL_BUILTINS, builtin_definitions};
-    let flags = rule
-        .allow
-        .iter()
-        .flatten()
-        .map(|p| ("--allow-tools", p))
-        .chain(rule.deny.iter().map(|p| ("--deny-tools", p)));
-    for (flag, pattern) in flags {
-        if let Err(why) = arbor_supervisor::check_pattern(pattern) {
-            return Some((flag, pattern.clone(), why));
-        }
-        let structural = builtin_definitions()
-            .into_iter()
-            .any(|(name, _)| name == pattern && !OPTIONAL_BUILTINS.contains(&name));
-        if structural {
-            return Some((
-                flag,
-                pattern.clone(),
-                format!(
-                    "{pattern} is a structural built-in: a tool policy neither gives nor takes it \
-                     (an agent's output_mode and spawnable_agents decide it)"
-                ),
-            ));
-        }
-    }
-    None
 }
 
 pub(super) fn resume(

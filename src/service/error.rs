@@ -101,6 +101,7 @@ impl From<arbor_supervisor::Error> for ApiError {
             E::UnknownAgent(_)
             | E::UnknownModel { .. }
             | E::InvalidInput { .. }
+            | E::InvalidRequest { .. }
             | E::InvalidTreeId(_) => ApiError::invalid(error.to_string()),
             E::UnknownRun(_) | E::UnknownTree(_) => ApiError::not_found(error.to_string()),
             E::SteerRefused {

@@ -41,6 +41,18 @@ pub enum Error {
         /// What failed, as shown to the user.
         message: String,
     },
+    /// A request asks for something no tree may have: a limit out of its
+    /// range or looser than the supervisor's, a tool pattern that is not one
+    /// ([`crate::request`]). Named by the request's own spelling of the field
+    /// (`limits.maxSteps`, `tools.deny`), the same from the library, the CLI
+    /// and HTTP.
+    #[error("{field}: {problem}")]
+    InvalidRequest {
+        /// The field, as a request spells it (`limits.maxSteps`).
+        field: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// The root agent's actor could not be started (the actor system's reason).
     #[error("could not start the root agent: {0}")]
     Spawn(String),

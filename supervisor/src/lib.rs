@@ -18,6 +18,7 @@ mod limits;
 mod policy;
 mod recovery;
 mod registry;
+pub mod request;
 mod slots;
 pub mod store;
 mod supervisor;

@@ -42,6 +42,7 @@ mod rate_limits;
 mod replica_answers;
 mod replicas;
 mod responses_api;
+mod same_errors;
 mod secrets;
 mod serve;
 mod serve_limits;

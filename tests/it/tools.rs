@@ -505,7 +505,7 @@ async fn a_start_over_http_narrows_the_tool_policy_and_a_bad_pattern_is_a_422() 
         body["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("tools: pattern \"fs read\""),
+            .contains("tools.deny: pattern \"fs read\""),
         "{body}"
     );
 

@@ -33,7 +33,8 @@ pub struct CreateRun {
     pub params: Option<Value>,
     /// Run every agent of the tree on this configured model.
     pub model: Option<String>,
-    /// Limits for this tree; each can only tighten the server's own.
+    /// Limits for this tree; each can only tighten the server's own (a looser
+    /// one is refused, 422, naming it).
     pub limits: Option<TreeLimits>,
     /// A tool rule for this tree (`allow`/`deny` patterns over tool names such
     /// as `fs/read_file`): it narrows the server's `[policy]`, never widens it.
@@ -166,23 +167,6 @@ fn run_path(id: String) -> Result<String, ApiError> {
     }
 }
 
-/// `max_live_agents` as `maxLiveAgents`.
-fn camel(snake: &str) -> String {
-    let mut out = String::new();
-    let mut upper = false;
-    for c in snake.chars() {
-        if c == '_' {
-            upper = true;
-        } else if upper {
-            out.push(c.to_ascii_uppercase());
-            upper = false;
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 #[utoipa::path(
     post, path = "/v1/runs", tag = "runs", request_body = CreateRun,
     responses(
@@ -201,23 +185,6 @@ pub async fn create_run(
     ApiJson(body): ApiJson<CreateRun>,
 ) -> Result<Response, ApiError> {
     access::check(&shared, &caller, Action::Start, Subject::Service).await?;
-    if let Some(limits) = &body.limits
-        && let Some((key, problem)) = limits.problems().into_iter().next()
-    {
-        // The request's own spelling of the key: maxLiveAgents, deadlineMs.
-        let key = match key {
-            "deadline" => "deadlineMs".to_owned(),
-            key => camel(key),
-        };
-        return Err(ApiError::invalid(format!("limits.{key}: {problem}")));
-    }
-    if let Some(rule) = &body.tools
-        && let Some((pattern, why)) = rule.problems().into_iter().next()
-    {
-        return Err(ApiError::invalid(format!(
-            "tools: pattern {pattern:?}: {why}"
-        )));
-    }
     // Every agent of the tree goes on `model`: refused before the tree
     // starts when that model's provider would refuse an agent's options.
     if let (Some(model), Some(config)) = (&body.model, shared.runtime.config()) {
@@ -225,11 +192,9 @@ pub async fn create_run(
             .check_model_override(&body.agent, model)
             .map_err(|why| ApiError::invalid(format!("model: {why}")))?;
     }
-    let supervisor = shared.runtime.supervisor();
-    let mut limits = match &body.limits {
-        Some(asked) => supervisor.default_limits().tighten(asked),
-        None => supervisor.default_limits().clone(),
-    };
+    // The supervisor checks the limits and the tool rule and tightens them
+    // against its own, as it does for every caller.
+    let mut limits = body.limits.unwrap_or_default();
     if let Some(rule) = body.tools {
         limits.tools = limits.tools.narrowed(rule);
     }

@@ -106,10 +106,17 @@ impl Supervisor {
                 Err(error) => return Err(error),
             }
         }
-        let mut limits = request
-            .limits
-            .clone()
-            .unwrap_or_else(|| self.limits.clone());
+        // A new tree's limits are the request's, checked and tightened here
+        // (whoever sent it); a resumed tree and a follow-up turn go on with
+        // the ones it started with (and any raised since).
+        let mut limits = if recovery.is_none() && request.turn == 0 {
+            crate::request::start_limits(request.limits.as_ref(), &self.limits)?
+        } else {
+            request
+                .limits
+                .clone()
+                .unwrap_or_else(|| self.limits.clone())
+        };
         // A request narrows the supervisor's tool policy; it never widens it.
         limits.tools = self.limits.tools.clone().with(&limits.tools);
         // The servers of the tools the tree can reach are up (or known to be
