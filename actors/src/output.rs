@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::agent::RunResult;
+use crate::supervision::RunResult;
 use crate::state::{AgentState, AgentStatus};
 use crate::template::OutputMode;
 

@@ -649,16 +649,7 @@ const CRATES: [(&str, &str); 5] = [
 /// that closes it (the crate's root, `from`, `to`) and why it stays for now. The test
 /// fails when one of them is gone (drop it here) and when a cycle not
 /// listed appears.
-const KNOWN_CYCLES: [(&str, &str, &str, &str); 7] = [
-    (
-        "actors/src/lib.rs",
-        "output",
-        "agent",
-        "RunResult::text (issue 35) is written in output.rs, which imports \
-         agent's RunResult, while the agent's children import output_value: \
-         break it in arbor-actors (the text as a function of the state and the \
-         mode, RunResult::text in agent calling it)",
-    ),
+const KNOWN_CYCLES: [(&str, &str, &str, &str); 6] = [
     (
         "supervisor/src/lib.rs",
         "store",
