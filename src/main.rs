@@ -87,6 +87,7 @@ fn main() -> ExitCode {
                 let field = match field {
                     "tools.allow" => "--allow-tools",
                     "tools.deny" => "--deny-tools",
+                    "model" => "--model",
                     field => field,
                 };
                 eprintln!("error: {field}: {problem}");

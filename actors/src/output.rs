@@ -3,8 +3,8 @@
 
 use serde_json::{Value, json};
 
-use crate::supervision::RunResult;
 use crate::state::{AgentState, AgentStatus};
+use crate::supervision::RunResult;
 use crate::template::OutputMode;
 
 /// The child's output value. `inherited` is how many messages the run started with,

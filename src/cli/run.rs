@@ -82,14 +82,6 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let agent = agent
         .or_else(|| config.default_agent().map(str::to_owned))
         .context("no agent given and the config defines none")?;
-    // Every agent of the tree goes on --model: refused before the tree
-    // starts when that model's provider would refuse an agent's options.
-    if let Some(model) = &model
-        && let Err(why) = config.check_model_override(&agent, model)
-    {
-        eprintln!("error: --model {model}: {why}");
-        return Ok(ExitCode::from(2));
-    }
     let show = Show {
         json,
         quiet,

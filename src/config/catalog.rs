@@ -60,6 +60,11 @@ impl Config {
         for template in &self.templates {
             builder = builder.template(template.clone());
         }
+        // The supervisor asks the config what a model override may run.
+        let config = self.clone();
+        builder = builder.override_check(Arc::new(move |agent: &str, model: &str| {
+            config.check_model_override(agent, model)
+        }));
         builder.build().map_err(|e| ConfigError {
             file: self.source.clone(),
             problems: vec![Problem {

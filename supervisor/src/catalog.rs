@@ -29,6 +29,12 @@ pub trait ToolSource: Send + Sync + 'static {
     fn prepare(&self, entries: Vec<String>) -> BoxFuture<'static, ()>;
 }
 
+/// Whether a start request's model override can run a tree of an agent
+/// type: `Err` says why not (a model whose provider refuses some agent's
+/// options). What a provider refuses is its builder's knowledge (the
+/// facade's config); the supervisor asks it of every start request.
+pub type OverrideCheck = Arc<dyn Fn(&str, &str) -> Result<(), String> + Send + Sync>;
+
 /// Collects templates, models and tools; `build` checks them into a
 /// [`Catalog`].
 #[derive(Default)]
@@ -37,6 +43,7 @@ pub struct CatalogBuilder {
     models: HashMap<String, Arc<dyn Model>>,
     tools: HashMap<String, Arc<dyn Tool>>,
     source: Option<Arc<dyn ToolSource>>,
+    override_check: Option<OverrideCheck>,
 }
 
 impl CatalogBuilder {
@@ -70,6 +77,13 @@ impl CatalogBuilder {
         self
     }
 
+    /// How a start request's model override is checked against the agents
+    /// of the tree (`check(agent, model)`); none: every configured model may.
+    pub fn override_check(mut self, check: OverrideCheck) -> Self {
+        self.override_check = Some(check);
+        self
+    }
+
     /// Checks that every template's model, tools and spawnable agents exist,
     /// and builds each template's toolbox.
     pub fn build(self) -> Result<Catalog, Error> {
@@ -98,6 +112,7 @@ impl CatalogBuilder {
             models: self.models,
             tools: self.tools,
             source: self.source,
+            override_check: self.override_check,
             toolboxes: RwLock::new((0, HashMap::new())),
         };
         let generation = catalog.source_generation();
@@ -116,6 +131,7 @@ pub struct Catalog {
     models: HashMap<String, Arc<dyn Model>>,
     tools: HashMap<String, Arc<dyn Tool>>,
     source: Option<Arc<dyn ToolSource>>,
+    override_check: Option<OverrideCheck>,
     /// Every template's toolbox, as of the source's generation.
     toolboxes: RwLock<(u64, Toolboxes)>,
 }
@@ -124,6 +140,14 @@ impl Catalog {
     /// An empty builder.
     pub fn builder() -> CatalogBuilder {
         CatalogBuilder::default()
+    }
+
+    /// Why `model` cannot run a tree of `agent` as a start request's
+    /// override, if it cannot (see [`CatalogBuilder::override_check`]).
+    pub fn check_override(&self, agent: &str, model: &str) -> Result<(), String> {
+        self.override_check
+            .as_ref()
+            .map_or(Ok(()), |check| check(agent, model))
     }
 
     fn source_generation(&self) -> u64 {

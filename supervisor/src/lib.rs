@@ -26,7 +26,7 @@ mod tree;
 
 pub use approvals::PendingApproval;
 pub use bus::{EventBus, EventStream};
-pub use catalog::{Catalog, CatalogBuilder, ToolSource};
+pub use catalog::{Catalog, CatalogBuilder, OverrideCheck, ToolSource};
 pub use error::{Error, StoreUse};
 pub use limits::{OnBudget, RaiseRefused, Raised, TreeLimits, out_of_range};
 pub use policy::{ToolPolicy, ToolRule, check_pattern, matches as pattern_matches};

@@ -641,7 +641,7 @@ fn arbor_run_model_on_a_model_that_refuses_an_agents_options_exits_2_before_the_
         assert_eq!(out.status.code(), Some(2), "{agent}: {stderr}");
         assert!(
             stderr.contains(&format!(
-                "error: --model an: {WRITER_ON_AN}{reached}: {WRITERS_TEMPERATURE}"
+                "error: --model: {WRITER_ON_AN}{reached}: {WRITERS_TEMPERATURE}"
             )),
             "{agent}: {stderr}"
         );
@@ -694,4 +694,30 @@ async fn post_runs_with_a_model_that_refuses_an_agents_options_is_422_naming_the
             "{agent} on {model}: {body}"
         );
     }
+}
+
+/// The library refuses the same override with the same words as the command
+/// line and HTTP (issue 35: the supervisor owns the check, which the config
+/// gives it): before, `Runtime::start_with` started the tree and the
+/// provider refused each request of the writer.
+#[tokio::test]
+async fn start_with_a_model_that_refuses_an_agents_options_is_refused_as_over_http() {
+    let (_dir, config) = override_config();
+    let config = arbor::config::Config::load(std::path::Path::new(&config)).unwrap();
+    let runtime = arbor::Runtime::new(config).unwrap();
+    let refused = runtime
+        .start_with(arbor::StartRequest {
+            agent: "lead".into(),
+            prompt: "go".into(),
+            model: Some("an".into()),
+            ..arbor::StartRequest::default()
+        })
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert_eq!(
+        refused,
+        format!("model: {WRITER_ON_AN} (which \"lead\" may spawn): {WRITERS_TEMPERATURE}")
+    );
 }

@@ -185,15 +185,8 @@ pub async fn create_run(
     ApiJson(body): ApiJson<CreateRun>,
 ) -> Result<Response, ApiError> {
     access::check(&shared, &caller, Action::Start, Subject::Service).await?;
-    // Every agent of the tree goes on `model`: refused before the tree
-    // starts when that model's provider would refuse an agent's options.
-    if let (Some(model), Some(config)) = (&body.model, shared.runtime.config()) {
-        config
-            .check_model_override(&body.agent, model)
-            .map_err(|why| ApiError::invalid(format!("model: {why}")))?;
-    }
-    // The supervisor checks the limits and the tool rule and tightens them
-    // against its own, as it does for every caller.
+    // The supervisor checks the model override, the limits and the tool
+    // rule, and tightens the limits against its own, as for every caller.
     let mut limits = body.limits.unwrap_or_default();
     if let Some(rule) = body.tools {
         limits.tools = limits.tools.narrowed(rule);

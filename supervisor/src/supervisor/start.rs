@@ -61,6 +61,16 @@ impl Supervisor {
                 agent: template.id.clone(),
                 message: e.to_string(),
             })?;
+        // Every agent of the tree goes on the override: refused before the
+        // tree starts when its provider would refuse an agent's options.
+        if let Some(name) = &request.model {
+            catalog
+                .check_override(&request.agent, name)
+                .map_err(|problem| Error::InvalidRequest {
+                    field: "model".into(),
+                    problem,
+                })?;
+        }
         let model_override: Option<Arc<dyn Model>> = match &request.model {
             Some(name) => {
                 Some(
