@@ -12,10 +12,35 @@ pub struct Schema {
     validator: Arc<jsonschema::Validator>,
 }
 
+/// A schema that does not compile: what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidSchema(String);
+
+/// An instance that does not conform: every problem, each at its JSON
+/// pointer, in the validator's order.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", self.shown())]
+pub struct Mismatch {
+    /// `(pointer, problem)`: `/` for the instance itself.
+    pub problems: Vec<(String, String)>,
+}
+
+impl Mismatch {
+    fn shown(&self) -> String {
+        self.problems
+            .iter()
+            .map(|(path, problem)| format!("at {path}: {problem}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
 impl Schema {
     /// Compiles `source`; the error says what is wrong with the schema itself.
-    pub fn compile(source: Value) -> Result<Self, String> {
-        let validator = jsonschema::validator_for(&source).map_err(|e| e.to_string())?;
+    pub fn compile(source: Value) -> Result<Self, InvalidSchema> {
+        let validator =
+            jsonschema::validator_for(&source).map_err(|e| InvalidSchema(e.to_string()))?;
         Ok(Schema {
             source: Arc::new(source),
             validator: Arc::new(validator),
@@ -28,8 +53,8 @@ impl Schema {
     }
 
     /// `Ok` when `instance` conforms; else every problem, each with its JSON pointer.
-    pub fn check(&self, instance: &Value) -> Result<(), String> {
-        let problems: Vec<String> = self
+    pub fn check(&self, instance: &Value) -> Result<(), Mismatch> {
+        let problems: Vec<(String, String)> = self
             .validator
             .iter_errors(instance)
             .map(|e| {
@@ -39,13 +64,13 @@ impl Schema {
                 } else {
                     path
                 };
-                format!("at {path}: {e}")
+                (path, e.to_string())
             })
             .collect();
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(problems.join("; "))
+            Err(Mismatch { problems })
         }
     }
 }
@@ -153,7 +178,12 @@ mod tests {
         .unwrap();
         assert!(schema.check(&json!({"score": 1})).is_ok());
         let err = schema.check(&json!({"score": "high"})).unwrap_err();
-        assert!(err.contains("/score"), "{err}");
+        assert_eq!(err.problems.len(), 1, "{err}");
+        assert_eq!(
+            err.problems[0].0, "/score",
+            "the problem is named by its pointer"
+        );
+        assert!(err.to_string().starts_with("at /score: "), "{err}");
     }
 
     #[test]

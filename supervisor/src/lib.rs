@@ -29,7 +29,7 @@ pub use bus::{EventBus, EventStream};
 pub use catalog::{Catalog, CatalogBuilder, OverrideCheck, ToolSource};
 pub use error::{Error, StoreUse};
 pub use limits::{OnBudget, RaiseRefused, Raised, TreeLimits, out_of_range};
-pub use policy::{ToolPolicy, ToolRule, check_pattern, matches as pattern_matches};
+pub use policy::{PatternError, ToolPolicy, ToolRule, check_pattern, matches as pattern_matches};
 pub use recovery::{RecordedReply, Recovery, Spent, Tape};
 pub use registry::Retain;
 pub use store::{EventType, JournalEntry, TreeStatus, UnknownEventType, journal_view};

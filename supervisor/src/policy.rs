@@ -36,7 +36,7 @@ impl ToolRule {
             .flatten()
             .chain(&self.deny)
             .chain(&self.approve)
-            .filter_map(|p| check_pattern(p).err().map(|e| (p.clone(), e)))
+            .filter_map(|p| check_pattern(p).err().map(|e| (p.clone(), e.to_string())))
             .collect()
     }
 
@@ -106,22 +106,35 @@ impl ToolPolicy {
     }
 }
 
+/// Why a text is not a tool pattern.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PatternError {
+    /// The empty text.
+    #[error("an empty pattern matches no tool")]
+    Empty,
+    /// A character no tool name has.
+    #[error("{0:?} cannot be in a tool name (patterns are names with * wildcards)")]
+    Character(char),
+    /// More than one `/`.
+    #[error("a tool name has at most one '/' (SERVER/TOOL)")]
+    Slashes,
+}
+
 /// A pattern is a tool name with `*` wildcards: letters, digits and `_-./@*`,
 /// with at most one `/` (an MCP server's namespace).
-pub fn check_pattern(pattern: &str) -> Result<(), String> {
+pub fn check_pattern(pattern: &str) -> Result<(), PatternError> {
     if pattern.is_empty() {
-        return Err("an empty pattern matches no tool".into());
+        return Err(PatternError::Empty);
     }
     if let Some(c) = pattern
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || "_-./@*".contains(*c)))
     {
-        return Err(format!(
-            "{c:?} cannot be in a tool name (patterns are names with * wildcards)"
-        ));
+        return Err(PatternError::Character(c));
     }
     if pattern.matches('/').count() > 1 {
-        return Err("a tool name has at most one '/' (SERVER/TOOL)".into());
+        return Err(PatternError::Slashes);
     }
     Ok(())
 }
@@ -204,9 +217,15 @@ mod tests {
     fn bad_patterns_are_named() {
         assert!(check_pattern("fs/*").is_ok());
         assert!(check_pattern("acme/writer@1").is_ok());
-        assert!(check_pattern("").is_err());
-        assert!(check_pattern("fs read").unwrap_err().contains("' '"));
-        assert!(check_pattern("a/b/c").is_err());
-        assert!(check_pattern("fs/[ab]").is_err());
+        assert_eq!(check_pattern(""), Err(PatternError::Empty));
+        assert_eq!(check_pattern("fs read"), Err(PatternError::Character(' ')));
+        assert!(
+            check_pattern("fs read")
+                .unwrap_err()
+                .to_string()
+                .contains("' '")
+        );
+        assert_eq!(check_pattern("a/b/c"), Err(PatternError::Slashes));
+        assert_eq!(check_pattern("fs/[ab]"), Err(PatternError::Character('[')));
     }
 }

@@ -87,13 +87,18 @@ pub(in crate::config) fn templates(
                             "{tool:?} names MCP server {server:?}, which is not declared under [mcp_servers]"
                         ),
                     ));
-                } else if let Err(why) = check_pattern(tool).and_then(|()| {
-                    if name.is_empty() {
-                        Err("names no tool (write SERVER/* for all of its tools)".into())
-                    } else {
-                        Ok(())
-                    }
-                }) {
+                } else if let Err(why) =
+                    check_pattern(tool)
+                        .map_err(|e| e.to_string())
+                        .and_then(|()| {
+                            if name.is_empty() {
+                                Err("names no tool (write SERVER/* for all of its tools)"
+                                    .to_owned())
+                            } else {
+                                Ok(())
+                            }
+                        })
+                {
                     problems.push(at(text, &table, "tools", format!("{tool:?}: {why}")));
                 }
                 continue;
