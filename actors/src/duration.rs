@@ -152,13 +152,24 @@ fn fractional_days_as_hours(text: &str) -> Option<String> {
     ))
 }
 
-/// Checks `value` against an inclusive range, naming the bounds in the
+/// A duration outside its range: the bound it crossed, shown in the
 /// grammar's own spelling.
-pub fn within(value: Duration, min: Duration, max: Duration) -> Result<Duration, String> {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OutOfRange {
+    /// Below the least it may be.
+    #[error("must be at least {}", Human(*.0))]
+    Below(Duration),
+    /// Above the most it may be.
+    #[error("must be at most {}", Human(*.0))]
+    Above(Duration),
+}
+
+/// Checks `value` against an inclusive range.
+pub fn within(value: Duration, min: Duration, max: Duration) -> Result<Duration, OutOfRange> {
     if value < min {
-        Err(format!("must be at least {}", Human(min)))
+        Err(OutOfRange::Below(min))
     } else if value > max {
-        Err(format!("must be at most {}", Human(max)))
+        Err(OutOfRange::Above(max))
     } else {
         Ok(value)
     }
@@ -276,11 +287,17 @@ mod tests {
     fn ranges_name_their_bounds_in_the_grammar() {
         let (min, max) = (Duration::from_millis(1), Duration::from_secs(3600));
         assert_eq!(
-            within(Duration::ZERO, min, max).unwrap_err(),
+            within(Duration::ZERO, min, max).unwrap_err().to_string(),
             "must be at least 1ms"
         );
         assert_eq!(
-            within(Duration::from_secs(5400), min, max).unwrap_err(),
+            within(Duration::from_secs(5400), min, max),
+            Err(OutOfRange::Above(max))
+        );
+        assert_eq!(
+            within(Duration::from_secs(5400), min, max)
+                .unwrap_err()
+                .to_string(),
             "must be at most 1h"
         );
         assert!(within(Duration::from_secs(60), min, max).is_ok());

@@ -35,8 +35,9 @@ fn duration_in(
     let value = value.as_ref()?;
     match arbor_actors::duration::parse(value)
         .map_err(|e| too_long(value, range.1).unwrap_or_else(|| e.to_string()))
-        .and_then(|d| arbor_actors::duration::within(d, range.0, range.1))
-    {
+        .and_then(|d| {
+            arbor_actors::duration::within(d, range.0, range.1).map_err(|e| e.to_string())
+        }) {
         Ok(d) => Some(d),
         Err(e) => {
             problems.push(at(text, table, key, e));

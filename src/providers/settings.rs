@@ -374,7 +374,9 @@ impl ProviderSettings {
                 };
                 arbor_actors::duration::parse(v)
                     .map_err(|e| e.to_string())
-                    .and_then(|d| arbor_actors::duration::within(d, min, max))
+                    .and_then(|d| {
+                        arbor_actors::duration::within(d, min, max).map_err(|e| e.to_string())
+                    })
                     .map_err(|e| (key.to_owned(), e))
             }
             None => Ok(default),

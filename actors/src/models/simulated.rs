@@ -35,6 +35,37 @@ pub(crate) const MAX_LATENCY: Duration = Duration::from_secs(3600);
 /// about 10^7 times the median, already past any load test's interest.
 pub(crate) const MAX_SIGMA: f64 = 3.0;
 
+/// A latency that cannot be read: the text as given and what is wrong.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("latency {text:?}: {problem}")]
+pub struct LatencyError {
+    /// The text as given.
+    pub text: String,
+    /// What is wrong with it.
+    pub problem: LatencyProblem,
+}
+
+/// What is wrong with a latency's text.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LatencyProblem {
+    /// Not a duration.
+    #[error("{0}")]
+    Duration(crate::duration::DurationError),
+    /// A duration past the most a simulated latency may be.
+    #[error("{0}")]
+    Range(crate::duration::OutOfRange),
+    /// `lognormal:` without its two parts.
+    #[error("expected lognormal:MEDIAN,SIGMA")]
+    Shape,
+    /// A sigma that is not a number.
+    #[error("sigma must be a number")]
+    SigmaNotANumber,
+    /// A sigma outside 0 to 3.
+    #[error("sigma must be from 0 to {MAX_SIGMA}")]
+    SigmaRange,
+}
+
 impl Latency {
     /// Whether every call takes no time (a fixed zero, or a zero median).
     pub fn is_zero(&self) -> bool {
@@ -45,25 +76,28 @@ impl Latency {
 
     /// Parses `0`, `50ms`, `2s` or `lognormal:200ms,0.5` (durations in
     /// [`crate::duration`]'s grammar, at most an hour; a sigma from 0 to 3).
-    pub fn parse(text: &str) -> Result<Latency, String> {
+    pub fn parse(text: &str) -> Result<Latency, LatencyError> {
         let text = text.trim();
+        let error = |problem| LatencyError {
+            text: text.to_owned(),
+            problem,
+        };
         let duration = |d: &str| {
-            let value = crate::duration::parse(d).map_err(|e| format!("latency {text:?}: {e}"))?;
+            let value =
+                crate::duration::parse(d).map_err(|e| error(LatencyProblem::Duration(e)))?;
             crate::duration::within(value, Duration::ZERO, MAX_LATENCY)
-                .map_err(|why| format!("latency {text:?}: {why}"))
+                .map_err(|why| error(LatencyProblem::Range(why)))
         };
         if let Some(rest) = text.strip_prefix("lognormal:") {
             let (median, sigma) = rest
                 .split_once(',')
-                .ok_or_else(|| format!("latency {text:?}: expected lognormal:MEDIAN,SIGMA"))?;
+                .ok_or_else(|| error(LatencyProblem::Shape))?;
             let sigma: f64 = sigma
                 .trim()
                 .parse()
-                .map_err(|_| format!("latency {text:?}: sigma must be a number"))?;
+                .map_err(|_| error(LatencyProblem::SigmaNotANumber))?;
             if !(0.0..=MAX_SIGMA).contains(&sigma) {
-                return Err(format!(
-                    "latency {text:?}: sigma must be from 0 to {MAX_SIGMA}"
-                ));
+                return Err(error(LatencyProblem::SigmaRange));
             }
             return Ok(Latency::LogNormal {
                 median: duration(median)?,

@@ -31,7 +31,7 @@ pub(in crate::config) fn check_models(
         let spec = match model {
             ModelSection::Simulated(s) => {
                 let latency = Latency::parse(&s.latency)
-                    .map_err(|e| problems.push(at(text, &table, "latency", e)))
+                    .map_err(|e| problems.push(at(text, &table, "latency", e.to_string())))
                     .ok();
                 number(
                     text,

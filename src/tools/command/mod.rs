@@ -237,8 +237,10 @@ impl CommandToolSection {
 
         let timeout = match arbor_actors::duration::parse(&self.timeout)
             .map_err(|e| e.to_string())
-            .and_then(|d| arbor_actors::duration::within(d, TIMEOUT_RANGE.0, TIMEOUT_RANGE.1))
-        {
+            .and_then(|d| {
+                arbor_actors::duration::within(d, TIMEOUT_RANGE.0, TIMEOUT_RANGE.1)
+                    .map_err(|e| e.to_string())
+            }) {
             Ok(d) => Some(d),
             Err(e) => {
                 problem("timeout", e);

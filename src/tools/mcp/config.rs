@@ -342,7 +342,10 @@ impl McpServerSection {
             None => Ok(default),
             Some(text) => arbor_actors::duration::parse(text)
                 .map_err(|e| e.to_string())
-                .and_then(|d| arbor_actors::duration::within(d, TIMEOUT_RANGE.0, TIMEOUT_RANGE.1))
+                .and_then(|d| {
+                    arbor_actors::duration::within(d, TIMEOUT_RANGE.0, TIMEOUT_RANGE.1)
+                        .map_err(|e| e.to_string())
+                })
                 .map_err(|e| (key.to_owned(), e)),
         };
         // Codex's numbers, as the duration text they mean.
