@@ -105,7 +105,7 @@ impl Config {
     ) -> Result<HttpModel, ConfigError> {
         settings.read_api_key();
         HttpModel::new(name, settings)
-            .map_err(|message| self.problem("models", name, "provider", message))
+            .map_err(|e| self.problem("models", name, "provider", e.to_string()))
     }
 
     fn problem(&self, table: &str, name: &str, key: &str, message: String) -> ConfigError {

@@ -38,17 +38,23 @@ pub struct HttpModel {
     headers: Result<HeaderMap, String>,
 }
 
+/// The HTTP client of a model could not be built (its TLS backend did not
+/// start, say).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot build the HTTP client: {0}")]
+pub struct ClientError(#[source] reqwest::Error);
+
 impl HttpModel {
     /// A model speaking `format` (`HttpModel::new` picks it from the settings).
     pub(crate) fn with_format(
         name: impl Into<String>,
         settings: ProviderSettings,
         format: Arc<dyn WireFormat>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ClientError> {
         let client = reqwest::Client::builder()
             .connect_timeout(settings.timeouts.connect)
             .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+            .map_err(ClientError)?;
         // The limiter and the cooldown gate are both the endpoint's and key's.
         let key = settings.api_key.as_ref().map_or("", |key| key.expose());
         let limiter = Limiter::shared(&settings.base_url, key, &settings.limits);

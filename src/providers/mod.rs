@@ -27,7 +27,7 @@ mod wire;
 
 use std::sync::Arc;
 
-pub use client::HttpModel;
+pub use client::{ClientError, HttpModel};
 pub use limiter::{Limiter, LimiterConfig};
 pub use observe::{RequestEvent, RequestObserver, RequestSignal, observe_requests};
 pub use retry::RetryPolicy;
@@ -47,7 +47,7 @@ fn wire_format(kind: ProviderKind, api: Api) -> Arc<dyn wire::WireFormat> {
 
 impl HttpModel {
     /// A model speaking the wire format of `settings.kind` and `settings.api`.
-    pub fn new(name: impl Into<String>, settings: ProviderSettings) -> Result<Self, String> {
+    pub fn new(name: impl Into<String>, settings: ProviderSettings) -> Result<Self, ClientError> {
         let format = wire_format(settings.kind, settings.api);
         HttpModel::with_format(name, settings, format)
     }
