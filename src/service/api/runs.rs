@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use arbor_actors::AgentState;
+use arbor_actors::{AgentState, RunId};
 use arbor_supervisor::store::{RunNode, TreeFilter, TreeStatus, TreeSummary};
 use arbor_supervisor::{StartRequest, ToolRule, TreeLimits};
 use axum::Json;
@@ -158,9 +158,9 @@ pub struct Steered {
 }
 
 /// A stored or live run id from the path (URL-encoded: `t1/0` is `t1%2F0`).
-fn run_path(id: String) -> Result<String, ApiError> {
-    match id.parse::<arbor_actors::RunId>() {
-        Ok(_) => Ok(id),
+fn run_path(id: String) -> Result<RunId, ApiError> {
+    match id.parse::<RunId>() {
+        Ok(run) => Ok(run),
         Err(e) => Err(ApiError::not_found(format!(
             "no run {id:?} ({e}; URL-encoded in the path: t1%2F0)"
         ))),
@@ -277,12 +277,13 @@ pub async fn get_run(
     Caller(caller): Caller,
     ApiPath(run_id): ApiPath<String>,
 ) -> Result<Json<RunView>, ApiError> {
-    let run_id = run_path(run_id)?;
+    let run = run_path(run_id)?;
+    let run_id = run.to_string();
     access::check(&shared, &caller, Action::Read, Subject::Run(&run_id)).await?;
     let supervisor = shared.runtime.supervisor();
     if let Some(state) = supervisor.live_state(&run_id).await {
         return Ok(Json(RunView {
-            tree_id: tree_of(&run_id).to_owned(),
+            tree_id: run.tree().to_string(),
             parent_run_id: state.ancestor_run_ids.last().cloned(),
             agent_type: state.agent_type.clone().unwrap_or_default(),
             status: state.status.as_str().to_owned(),
@@ -295,7 +296,7 @@ pub async fn get_run(
     }
     // Finished, interrupted, or run by another replica: as stored (once the
     // store has everything so far).
-    let id = run_id.clone();
+    let id = run.clone();
     let stored = supervisor
         .read_store_now(move |store| stored_run(store, &id))
         .await?;
@@ -323,7 +324,7 @@ pub async fn get_run(
         _ => Value::Null,
     };
     Ok(Json(RunView {
-        tree_id: tree_of(&run_id).to_owned(),
+        tree_id: run.tree().to_string(),
         parent_run_id: node.parent_run_id,
         agent_type: node.agent_type,
         status: node.status,
@@ -341,11 +342,12 @@ pub async fn get_run(
 /// store has neither.
 fn stored_run(
     store: &dyn arbor_supervisor::store::Store,
-    run_id: &str,
+    run: &RunId,
 ) -> Result<arbor_supervisor::store::StoredRun, arbor_supervisor::Error> {
     use arbor_supervisor::Error;
+    let run_id = &*run.to_string();
     match store.run(run_id) {
-        Err(Error::UnknownRun(_)) => match store.tree(tree_of(run_id)) {
+        Err(Error::UnknownRun(_)) => match store.tree(run.tree().as_str()) {
             Ok((record, summary)) if record.root_run_id == run_id && !summary.status.is_final() => {
                 let node = RunNode {
                     run_id: run_id.to_owned(),
@@ -400,7 +402,8 @@ pub async fn run_events(
     ApiPath(run_id): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let run_id = run_path(run_id)?;
+    let run = run_path(run_id)?;
+    let run_id = run.to_string();
     access::check(&shared, &caller, Action::Read, Subject::Run(&run_id)).await?;
     let after = match headers.get("last-event-id") {
         None => 0,
@@ -434,14 +437,15 @@ pub async fn cancel_run(
     Caller(caller): Caller,
     ApiPath(run_id): ApiPath<String>,
 ) -> Result<(StatusCode, Json<Cancelled>), ApiError> {
-    let run_id = run_path(run_id)?;
+    let run = run_path(run_id)?;
+    let run_id = run.to_string();
     access::check(&shared, &caller, Action::Write, Subject::Run(&run_id)).await?;
     let supervisor = shared.runtime.supervisor();
     let control = Control::One(ControlBody::Cancel {
         run_id: run_id.clone(),
     });
     let here = async { supervisor.cancel_run(&run_id) };
-    let forwarded = match here_or_forward(&shared, tree_of(&run_id), control, here).await? {
+    let forwarded = match here_or_forward(&shared, run.tree().as_str(), control, here).await? {
         Applied::Here(()) => None,
         // Run by another replica: posted for it.
         Applied::Forwarded { to, .. } => Some(to),
@@ -458,10 +462,6 @@ pub async fn cancel_run(
 }
 
 /// The tree a (checked) run id is of.
-fn tree_of(run_id: &str) -> &str {
-    run_id.split_once('/').map_or(run_id, |(tree, _)| tree)
-}
-
 /// A 409 for a run the store has but this process does not run (a 404, or
 /// the store's error, when it has none): names the status it is in.
 async fn not_running(
@@ -503,7 +503,8 @@ pub async fn steer_run(
     ApiPath(run_id): ApiPath<String>,
     ApiJson(body): ApiJson<SteerMessage>,
 ) -> Result<(StatusCode, Json<Steered>), ApiError> {
-    let run_id = run_path(run_id)?;
+    let run = run_path(run_id)?;
+    let run_id = run.to_string();
     access::check(&shared, &caller, Action::Write, Subject::Run(&run_id)).await?;
     let supervisor = shared.runtime.supervisor();
     let control = Control::One(ControlBody::Steer {
@@ -511,7 +512,7 @@ pub async fn steer_run(
         text: body.text.clone(),
     });
     let here = supervisor.steer(&run_id, &body.text);
-    let forwarded = match here_or_forward(&shared, tree_of(&run_id), control, here).await? {
+    let forwarded = match here_or_forward(&shared, run.tree().as_str(), control, here).await? {
         Applied::Here(()) => None,
         // Run by another replica: posted for it.
         Applied::Forwarded { to, .. } => Some(to),
