@@ -393,7 +393,7 @@ impl Runtime {
             .tree_id
             .get_or_insert_with(arbor_supervisor::new_tree_id)
             .clone();
-        let events = self.supervisor.events().subscribe_tree(&tree_id);
+        let events = self.supervisor.events().subscribe_tree(tree_id.as_str());
         let handle = self.supervisor.start(request).await?;
         Ok(Run::new(handle, events))
     }

@@ -299,9 +299,10 @@ pub(crate) struct RunArgs {
     pub(crate) params: Option<String>,
     #[command(flatten)]
     pub(crate) store: StoreArgs,
-    /// Use this tree id (every run id derives from it) instead of a random one.
+    /// Use this tree id (every run id derives from it) instead of a random
+    /// one: 1 to 128 letters, digits, '-', '_', '.' or ':'.
     #[arg(long)]
-    pub(crate) tree_id: Option<String>,
+    pub(crate) tree_id: Option<arbor_actors::TreeId>,
     /// Ask a stored tree a follow-up question: its root goes on from its
     /// final state with PROMPT, as the tree's next turn (semantics §14).
     /// While a turn of it runs, --multitask says what to do.

@@ -189,7 +189,7 @@ async fn replay_tree(
     let runtime = Runtime::new(config)?;
     let supervisor = runtime.supervisor();
     let root_run_id = record.root_run_id.clone();
-    let handle = supervisor.replay(record.request(), recovery).await?;
+    let handle = supervisor.replay(record.request()?, recovery).await?;
     handle.wait().await?;
     // Which turn was replayed, when the tree has had more than one.
     let turn = root_run_id

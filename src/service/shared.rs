@@ -85,7 +85,7 @@ impl Shared {
             .clone()
             .unwrap_or_else(arbor_supervisor::new_tree_id);
         if let Some(model) = &request.model {
-            self.metrics.tree_model(&tree_id, model);
+            self.metrics.tree_model(tree_id.as_str(), model);
         }
         let request = StartRequest {
             tree_id: Some(tree_id.clone()),
@@ -94,7 +94,7 @@ impl Shared {
         // On a task of its own: a client that hangs up mid-request must not
         // cut a start in half (a tree stored but never run). It runs in the
         // tree's span, whose trace is the request's (see `tree_span`).
-        let span = tree_span(&tree_id);
+        let span = tree_span(tree_id.as_str());
         let started = tokio::spawn({
             let shared = self.clone();
             async move {
@@ -102,7 +102,7 @@ impl Shared {
                     Ok(handle) => Ok(shared.keep(handle)),
                     Err(error) => {
                         shared.metrics.trees_running.dec();
-                        shared.metrics.forget_tree(&tree_id);
+                        shared.metrics.forget_tree(tree_id.as_str());
                         Err(error)
                     }
                 }

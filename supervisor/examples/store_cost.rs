@@ -70,7 +70,7 @@ async fn run(store: Option<Arc<dyn Store>>, n: usize) -> Duration {
             agent: "node".into(),
             prompt: "Measure the tree".into(),
             history: Some(history()),
-            tree_id: Some(format!("bench-{n}")),
+            tree_id: Some(format!("bench-{n}").parse().expect("a tree id")),
             ..StartRequest::default()
         })
         .await

@@ -67,7 +67,7 @@ pub fn request(agent: &str, prompt: &str) -> StartRequest {
     StartRequest {
         agent: agent.to_owned(),
         prompt: prompt.to_owned(),
-        tree_id: Some("t".to_owned()),
+        tree_id: Some("t".parse().expect("a tree id")),
         ..StartRequest::default()
     }
 }

@@ -890,3 +890,19 @@ fn a_budget_pause_of_an_unstored_run_does_not_point_at_arbor_budget() {
     signal(&run, nix::sys::signal::Signal::SIGINT);
     assert_eq!(wait_exit(&mut run, GUARD).code(), Some(130));
 }
+
+/// A `--tree-id` that is not a tree id is refused where it is typed, as a
+/// usage error naming the flag and the rule (issue 35: the id is a `TreeId`
+/// from the command line on); before, the tree's start refused it (exit 1).
+#[test]
+fn a_tree_id_that_is_not_one_is_refused_at_its_flag() {
+    let dir = scene(CONFIG, json!([{"text": "never"}]));
+    let out = arbor(dir.path(), &["run", "--tree-id", "a b", "go"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--tree-id"), "{stderr}");
+    assert!(
+        stderr.contains("use 1 to 128 letters, digits, '-', '_', '.' or ':'"),
+        "{stderr}"
+    );
+}

@@ -105,7 +105,7 @@ async fn a_handed_over_tree(store: &std::path::Path, tree: &str) {
         .start_with(arbor::supervisor::StartRequest {
             agent: "boss".into(),
             prompt: "go".into(),
-            tree_id: Some(tree.into()),
+            tree_id: Some(tree.parse().unwrap()),
             ..Default::default()
         })
         .await

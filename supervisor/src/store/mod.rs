@@ -73,15 +73,21 @@ pub struct TreeRecord {
 }
 
 impl TreeRecord {
-    /// The request that starts this tree again (resume, replay).
-    pub fn request(self) -> crate::StartRequest {
-        crate::StartRequest {
+    /// The request that starts this tree again (resume, replay); a stored
+    /// id that is not a tree id (none is: they are checked before they are
+    /// stored) is [`Error::InvalidTreeId`](crate::Error::InvalidTreeId).
+    pub fn request(self) -> Result<crate::StartRequest, crate::Error> {
+        let tree_id = self
+            .tree_id
+            .parse::<arbor_actors::TreeId>()
+            .map_err(|_| crate::Error::InvalidTreeId(self.tree_id.clone()))?;
+        Ok(crate::StartRequest {
             agent: self.agent,
             prompt: self.prompt,
             params: self.params,
             limits: Some(self.limits),
             model: self.model,
-            tree_id: Some(self.tree_id),
+            tree_id: Some(tree_id),
             history: self.history,
             origin: self.origin,
             config: self.config,
@@ -91,7 +97,7 @@ impl TreeRecord {
                 .root_run_id
                 .parse::<arbor_actors::RunId>()
                 .map_or(0, |id| id.attempt()),
-        }
+        })
     }
 }
 

@@ -19,7 +19,7 @@ impl Supervisor {
         let (record, recovery) = self
             .claim_stored(tree_id, |store, id| store.claim(id))
             .await?;
-        let request = self.resumed_request(tree_id, record);
+        let request = self.resumed_request(tree_id, record)?;
         self.go_on(writer, tree_id, request, recovery).await
     }
 
@@ -77,8 +77,10 @@ impl Supervisor {
                 let started = match read {
                     Ok((record, recovery)) => {
                         before(&record);
-                        let request = self.resumed_request(&tree_id, record);
-                        self.go_on(writer, &tree_id, request, recovery).await
+                        match self.resumed_request(&tree_id, record) {
+                            Ok(request) => self.go_on(writer, &tree_id, request, recovery).await,
+                            Err(error) => Err(error),
+                        }
                     }
                     Err(error) => Err(error),
                 };
@@ -89,8 +91,8 @@ impl Supervisor {
     }
 
     /// The request a claimed stored tree resumes with.
-    fn resumed_request(&self, tree_id: &str, record: TreeRecord) -> StartRequest {
-        let mut request = record.request();
+    fn resumed_request(&self, tree_id: &str, record: TreeRecord) -> Result<StartRequest, Error> {
+        let mut request = record.request()?;
         if self.catalogs.is_none() && request.config != self.config && self.config.is_some() {
             // It runs on this supervisor's catalog: say so, and record it.
             tracing::warn!(
@@ -100,7 +102,7 @@ impl Supervisor {
             );
             request.config = self.config.clone();
         }
-        request
+        Ok(request)
     }
 
     /// The store's writer, to take the stored tree `tree_id` over with (for

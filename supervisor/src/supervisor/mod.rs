@@ -36,8 +36,9 @@ pub struct StartRequest {
     pub limits: Option<TreeLimits>,
     /// Run every agent of the tree on this model instead of its template's.
     pub model: Option<String>,
-    /// A fixed tree id (ids of every run derive from it); random when `None`.
-    pub tree_id: Option<String>,
+    /// A fixed tree id (ids of every run derive from it); a fresh one
+    /// ([`TreeId::generate`]) when `None`.
+    pub tree_id: Option<TreeId>,
     /// A conversation the root starts with, before its prompt (shared, not copied).
     pub history: Option<History>,
     /// Where the templates came from (a config file), kept with a stored tree so
@@ -307,8 +308,8 @@ impl TreeHandle {
 /// unique across processes (`TreeId::generate`). (To subscribe to a tree's
 /// events before it starts, pick its id with this and pass it in
 /// `StartRequest::tree_id`.)
-pub fn new_tree_id() -> String {
-    TreeId::generate().into()
+pub fn new_tree_id() -> TreeId {
+    TreeId::generate()
 }
 
 mod adopt;

@@ -2,7 +2,6 @@
 //! agent, params, model override and tree id), the tree's context, its
 //! record stored before it runs, its root actor and its deadline timer.
 
-use std::str::FromStr;
 use std::sync::Arc;
 
 use arbor_actors::TreeHooks as _;
@@ -85,10 +84,7 @@ impl Supervisor {
             }
             None => None,
         };
-        let tree_id = match &request.tree_id {
-            Some(id) => TreeId::from_str(id).map_err(|_| Error::InvalidTreeId(id.clone()))?,
-            None => TreeId::generate(),
-        };
+        let tree_id = request.tree_id.clone().unwrap_or_else(TreeId::generate);
         let tree_id: Arc<str> = tree_id.as_arc().clone();
         // Started outside any span: a fresh `tree` span is the trace's root.
         let tree_span = if caller.is_none() {

@@ -58,7 +58,7 @@ async fn a_tree_another_process_took_over_stops_here_and_the_others_go_on() {
     let start = |id: &str| StartRequest {
         agent: "a".into(),
         prompt: "p".into(),
-        tree_id: Some(id.into()),
+        tree_id: Some(id.parse().unwrap()),
         ..StartRequest::default()
     };
     let t = sup.start(start("t")).await.unwrap();
@@ -156,7 +156,7 @@ async fn after_waves_of_trees_nothing_of_the_ended_trees_is_retained() {
             let request = StartRequest {
                 agent: "lead".into(),
                 prompt: "go".into(),
-                tree_id: Some(format!("w{wave}-{i}")),
+                tree_id: Some(format!("w{wave}-{i}").parse().unwrap()),
                 ..StartRequest::default()
             };
             handles.push(sup.start(request).await.unwrap());

@@ -389,7 +389,7 @@ impl Supervisor {
             });
         };
         let tree_id = record.tree_id.clone();
-        let mut request = record.request();
+        let mut request = record.request()?;
         request.turn = turn.turn;
         request.prompt = turn.prompt.clone();
         request.params = turn.params.clone();

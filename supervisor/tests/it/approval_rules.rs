@@ -120,7 +120,7 @@ async fn an_always_allowed_tool_runs_unasked_at_any_depth_and_in_a_later_turn_af
     );
 
     let mut other = request("lead", "first");
-    other.tree_id = Some("u".into());
+    other.tree_id = Some("u".parse().unwrap());
     let handle = sup.start(other).await.unwrap();
     let mut seen = Vec::new();
     let request = wait_for(&mut rx, &mut seen, asked).await;
@@ -157,7 +157,7 @@ fn a_replay_of_a_tree_with_an_always_allowed_tool_asks_no_one_and_matches() {
         let sup = supervisor(None);
         let mut rx = sup.subscribe();
         let handle = sup
-            .replay(record.request(), store.recovery("t").unwrap())
+            .replay(record.request().unwrap(), store.recovery("t").unwrap())
             .await
             .unwrap();
         // Bounded: a call asked again would wait for a person for ever.

@@ -232,7 +232,7 @@ fn a_pending_approval_survives_a_restart_and_the_tree_replays() {
         let (record, _) = store.tree("t").unwrap();
         let sup = tree(None);
         let handle = sup
-            .replay(record.request(), store.recovery("t").unwrap())
+            .replay(record.request().unwrap(), store.recovery("t").unwrap())
             .await
             .unwrap();
         finish(handle).await;
@@ -270,7 +270,7 @@ async fn two_hundred_approvals_across_fifty_trees_are_listed_decided_and_hold_no
     let mut handles = Vec::new();
     for i in 0..50 {
         let request = arbor_supervisor::StartRequest {
-            tree_id: Some(format!("t{i}")),
+            tree_id: Some(format!("t{i}").parse().unwrap()),
             ..crate::common::request("asker", "ask")
         };
         handles.push(sup.start(request).await.unwrap());

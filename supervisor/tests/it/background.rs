@@ -283,7 +283,10 @@ fn a_tree_with_background_children_resumed_from_every_cut_and_replayed_ends_as_i
         let recovery = store.recovery("t").unwrap();
         let (record, _) = store.tree("t").unwrap();
         let sup = durable_lead(None);
-        let handle = sup.replay(record.request(), recovery).await.unwrap();
+        let handle = sup
+            .replay(record.request().unwrap(), recovery)
+            .await
+            .unwrap();
         let replayed = finish(handle).await.state;
         assert_eq!(*replayed, whole);
     });

@@ -270,7 +270,7 @@ async fn no_actor_outlives_wait_on_a_multi_thread_runtime() {
         let mut rx = sup.events().subscribe_tree(&tree);
         let handle = sup
             .start(StartRequest {
-                tree_id: Some(tree.clone()),
+                tree_id: Some(tree.parse().unwrap()),
                 ..request("lead", "go")
             })
             .await

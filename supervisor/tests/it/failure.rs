@@ -152,7 +152,7 @@ async fn a_panicking_tool_fails_its_agent_not_the_process() {
     // The supervisor still runs trees afterwards.
     let handle = sup
         .start(arbor_supervisor::StartRequest {
-            tree_id: Some("t2".into()),
+            tree_id: Some("t2".parse().unwrap()),
             ..request("worker", "again")
         })
         .await

@@ -251,7 +251,7 @@ async fn live_slots_hold_on_a_multi_thread_runtime() {
         let mut rx = sup.events().subscribe_tree(&format!("mt{i}"));
         let handle = sup
             .start(StartRequest {
-                tree_id: Some(format!("mt{i}")),
+                tree_id: Some(format!("mt{i}").parse().unwrap()),
                 ..request("lead", "go")
             })
             .await

@@ -237,7 +237,10 @@ fn a_steered_tree_resumed_from_every_cut_after_the_steer_and_replayed_ends_as_it
         let recovery = store.recovery("t").unwrap();
         let (record, _) = store.tree("t").unwrap();
         let sup = boss(scripted(json!({"replies": []})), None);
-        let handle = sup.replay(record.request(), recovery).await.unwrap();
+        let handle = sup
+            .replay(record.request().unwrap(), recovery)
+            .await
+            .unwrap();
         let replayed = finish(handle).await.state;
         assert_eq!(*replayed, whole);
     });
