@@ -75,7 +75,7 @@ pub struct TreeRecord {
 impl TreeRecord {
     /// The request that starts this tree again (resume, replay); a stored
     /// id that is not a tree id (none is: they are checked before they are
-    /// stored) is [`Error::InvalidTreeId`](crate::Error::InvalidTreeId).
+    /// stored) is [`crate::Error::InvalidTreeId`].
     pub fn request(self) -> Result<crate::StartRequest, crate::Error> {
         let tree_id = self
             .tree_id
