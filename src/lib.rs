@@ -57,8 +57,6 @@ pub mod config;
 #[cfg(feature = "loadtest")]
 pub mod loadtest;
 pub mod providers;
-pub mod render;
-pub mod runs;
 #[cfg(feature = "server")]
 pub mod service;
 #[cfg(feature = "otel")]

@@ -6,8 +6,8 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
+use super::render::clip;
 use anyhow::Context;
-use arbor::render::clip;
 use arbor_actors::approval::Decision;
 use serde_json::Value;
 

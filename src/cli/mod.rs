@@ -6,7 +6,9 @@ mod args;
 mod config;
 mod control;
 mod loadtest;
+mod render;
 mod run;
+mod runs;
 mod service;
 mod store;
 

@@ -3,8 +3,8 @@
 
 use std::process::ExitCode;
 
+use super::render::{TreeRenderer, final_text, state_json};
 use anyhow::Context;
-use arbor::render::{TreeRenderer, final_text, state_json};
 use arbor::{Run, Runtime, TurnRun, Waited};
 use arbor_actors::approval::{DecideRefused, Decision};
 use arbor_actors::{AgentStatus, EventKind};

@@ -5,11 +5,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use super::render::{final_text, state_json};
+use super::runs::count;
 use anyhow::Context;
 use arbor::Runtime;
 use arbor::config::Config;
 use arbor::config::StoreLocation;
-use arbor::render::{count, final_text, state_json};
 use arbor_supervisor::store::{Store, TreeFilter};
 
 use super::args::Stored;
@@ -35,11 +36,11 @@ pub(super) fn runs(
         // A tree that has not ended may be paused on its budget: its journal says.
         let mut paused = std::collections::BTreeSet::new();
         for tree in trees.iter().filter(|t| !t.status.is_final()) {
-            if !arbor::runs::paused_runs(&store.events(&tree.tree_id, 0)?).is_empty() {
+            if !super::runs::paused_runs(&store.events(&tree.tree_id, 0)?).is_empty() {
                 paused.insert(tree.tree_id.clone());
             }
         }
-        out!("{}", arbor::runs::runs_table(&trees, &paused))?;
+        out!("{}", super::runs::runs_table(&trees, &paused))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -70,12 +71,12 @@ pub(super) fn tree(tree_id: String, json: bool, at: Stored) -> anyhow::Result<Ex
         let paused = if summary.status.is_final() {
             Default::default()
         } else {
-            arbor::runs::paused_runs(&store.events(&tree_id, 0)?)
+            super::runs::paused_runs(&store.events(&tree_id, 0)?)
         };
         outln!(
             "tree {} ({}): {}, {}, cost {:.4}",
             summary.tree_id,
-            arbor::runs::shown_status(summary.status, !paused.is_empty()),
+            super::runs::shown_status(summary.status, !paused.is_empty()),
             count(summary.agents, "agent", "agents"),
             count(
                 summary.input_tokens + summary.output_tokens,
@@ -88,10 +89,10 @@ pub(super) fn tree(tree_id: String, json: bool, at: Stored) -> anyhow::Result<Ex
             outln!(
                 "paused on its {key} budget: arbor budget {} {} N raises it",
                 summary.tree_id,
-                arbor::runs::raise_flag(key)
+                super::runs::raise_flag(key)
             )?;
         }
-        out!("{}", arbor::runs::tree_text(&runs, &paused))?;
+        out!("{}", super::runs::tree_text(&runs, &paused))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -202,7 +203,7 @@ async fn replay_tree(
     } else {
         format!("tree {tree_id}")
     };
-    match arbor::runs::compare_replay(&recorded, |run| supervisor.finished_state(run)) {
+    match super::runs::compare_replay(&recorded, |run| supervisor.finished_state(run)) {
         Ok(n) => {
             outln!(
                 "match: {} of {which} replayed identically from the record",

@@ -649,7 +649,7 @@ const CRATES: [(&str, &str); 5] = [
 /// that closes it (the crate's root, `from`, `to`) and why it stays for now. The test
 /// fails when one of them is gone (drop it here) and when a cycle not
 /// listed appears.
-const KNOWN_CYCLES: [(&str, &str, &str, &str); 6] = [
+const KNOWN_CYCLES: [(&str, &str, &str, &str); 5] = [
     (
         "supervisor/src/lib.rs",
         "store",
@@ -683,14 +683,6 @@ const KNOWN_CYCLES: [(&str, &str, &str, &str); 6] = [
         "config",
         "tools::listing (`arbor tools`) reads the config's servers and \
          tools, which config builds from tools' sections",
-    ),
-    (
-        "src/lib.rs",
-        "render",
-        "runs",
-        "render's limit lines name runs::raise_flag, and runs prints counts \
-         with render::count: both are the CLI's, to leave the library \
-         (issue 35, the crate split)",
     ),
 ];
 

@@ -8,8 +8,6 @@ use arbor_actors::{AgentState, RunId};
 use arbor_supervisor::store::{EventType, JournalEntry, RunNode, TreeSummary};
 use serde_json::Value;
 
-use crate::render::count;
-
 /// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS` (UTC).
 pub fn timestamp(ms: u64) -> String {
     let secs = ms / 1000;
@@ -310,6 +308,11 @@ pub fn compare_replay(
         return Err(diverge("the states differ".into()));
     }
     Ok(recorded.len())
+}
+
+/// `n` and the noun for it: "1 child", "3 children", "0 tokens".
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@ use std::collections::HashMap;
 
 use arbor_actors::{AgentState, Event, EventKind};
 
+use super::runs::count;
+
 /// Turns events into display lines; keeps what it needs to say how long each
 /// run took and what it used.
 ///
@@ -161,14 +163,9 @@ impl TreeRenderer {
     }
 }
 
-/// `n` and the noun for it: "1 child", "3 children", "0 tokens".
-pub fn count(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
-}
-
 /// The `arbor budget` flag that raises a spent budget.
 fn raise_flag(limit: arbor_actors::Limit) -> &'static str {
-    crate::runs::raise_flag(limit.key())
+    super::runs::raise_flag(limit.key())
 }
 
 /// The run id without its tree prefix.
