@@ -1,0 +1,223 @@
+//! A spawn call's children as the table keeps them: a slot per requested
+//! child (its plan until it reports, its attempts, its report) and the ids
+//! they run under, kept small (a wide call holds a slot per child: issue 34).
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::Admission;
+use crate::failure::FailureKind;
+use crate::history::History;
+use crate::hooks::RunIds;
+use crate::id::RunId;
+use crate::spawn::{ChildPlan, ChildReport, ParentInfo};
+use crate::state::AgentStatus;
+use crate::toolbox::Toolbox;
+
+/// A child's agent id as its slot keeps it: the ordinal that extends its
+/// parent's run id (`P.n`: every child the parent admits), or, for one
+/// started again under a stored id of another shape, that id. An ordinal
+/// is 4 bytes where a [`RunId`] is ~70 with its path.
+#[derive(Clone, Debug)]
+pub(super) enum ChildId {
+    Of(u32),
+    Given(Box<RunId>),
+}
+
+impl ChildId {
+    pub(super) fn new(id: RunId, parent: Option<&RunId>) -> Self {
+        let ordinal = id.path().last().map(|s| s.ordinal);
+        match (parent, ordinal) {
+            (Some(parent), Some(n)) if parent.child(n) == id => ChildId::Of(n),
+            _ => ChildId::Given(Box::new(id)),
+        }
+    }
+
+    pub(super) fn resolve(&self, parent: Option<&RunId>) -> Option<RunId> {
+        match self {
+            ChildId::Of(n) => parent.map(|p| p.child(*n)),
+            ChildId::Given(id) => Some((**id).clone()),
+        }
+    }
+
+    /// The agent id and the run id of attempt `attempt`, as text.
+    pub(super) fn ids(&self, parent: Option<&RunId>, attempt: u32) -> RunIds {
+        let Some(id) = self.resolve(parent) else {
+            return RunIds {
+                agent_id: String::new(),
+                run_id: String::new(),
+            };
+        };
+        let agent_id = id.to_string();
+        let run_id = if id.attempt() == attempt {
+            agent_id.clone()
+        } else {
+            id.retry(attempt).to_string()
+        };
+        RunIds { agent_id, run_id }
+    }
+}
+
+/// One requested child: its attempts so far and its report once it has one.
+#[derive(Debug)]
+pub(super) struct Slot {
+    /// What it runs, until it has its report. The plan (shared with the
+    /// launch that starts it) and the reports are held by pointer: a call
+    /// holds a slot per child until it is delivered (10,000 in a wide call),
+    /// and inline they made a slot 1 KB.
+    pub(super) plan: Option<Arc<ChildPlan>>,
+    pub(super) toolbox: Option<Arc<Toolbox>>,
+    /// The agent id of an admitted child (attempt `n` runs as `id.retry(n)`).
+    pub(super) id: Option<ChildId>,
+    /// The attempt under way (or the last one): its run id is `id.retry(attempt)`.
+    pub(super) attempt: u32,
+    /// The attempts that ran, in order: the report's `run_ids` are their run
+    /// ids. Numbers, not strings: a wide call holds a slot per child.
+    pub(super) ran: Vec<u32>,
+    pub(super) credits: f64,
+    pub(super) last_failure: Option<Box<ChildReport>>,
+    pub(super) report: Option<Box<ChildReport>>,
+    /// A background child's report was handed over (or it was refused).
+    pub(super) delivered: bool,
+}
+
+impl Slot {
+    /// The report of an admitted child whose attempt ended so: its type, name,
+    /// ids and credits so far are the slot's. `None` once it has its report.
+    pub(super) fn report(
+        &self,
+        parent: Option<&RunId>,
+        status: AgentStatus,
+        value: Value,
+        history: Option<History>,
+        error_kind: Option<FailureKind>,
+    ) -> Option<ChildReport> {
+        let plan = self.plan.as_ref()?;
+        Some(ChildReport {
+            agent_type: plan.agent_type.to_string(),
+            agent_name: plan.template.display_name.clone(),
+            agent_id: self
+                .agent_id(parent)
+                .as_ref()
+                .map(RunId::to_string)
+                .unwrap_or_default(),
+            run_ids: self.run_ids(parent),
+            status,
+            value,
+            credits: self.credits,
+            history,
+            error_kind,
+        })
+    }
+
+    /// The agent id of an admitted child.
+    pub(super) fn agent_id(&self, parent: Option<&RunId>) -> Option<RunId> {
+        self.id.as_ref()?.resolve(parent)
+    }
+
+    /// The run ids of the attempts that ran, in order.
+    pub(super) fn run_ids(&self, parent: Option<&RunId>) -> Vec<String> {
+        let Some(id) = self.agent_id(parent) else {
+            return Vec::new();
+        };
+        self.ran
+            .iter()
+            .map(|&attempt| id.retry(attempt).to_string())
+            .collect()
+    }
+
+    /// Whether the attempt under way (or the last one) is `run`, whose
+    /// parent is `run_parent` (`run.parent()`, made once by the caller).
+    pub(super) fn runs_as(
+        &self,
+        parent: Option<&RunId>,
+        run: &RunId,
+        run_parent: Option<&RunId>,
+    ) -> bool {
+        if self.attempt != run.attempt() {
+            return false;
+        }
+        match &self.id {
+            // The common case without making the id: `P.n~a` is `run`.
+            Some(ChildId::Of(n)) => {
+                run.path().last().is_some_and(|s| s.ordinal == *n)
+                    && parent.is_some_and(|p| run_parent == Some(p))
+            }
+            Some(ChildId::Given(id)) => id.has_attempt(run),
+            None => false,
+        }
+    }
+
+    /// Gives the child its final report (its plan is no longer needed).
+    pub(super) fn settle(&mut self, report: ChildReport) {
+        self.report = Some(Box::new(report));
+        self.plan = None;
+        self.toolbox = None;
+    }
+}
+
+impl Call {
+    /// Slots without their report yet (a call is delivered when none is
+    /// left): kept as a count, so a child's report costs O(1), not a walk over
+    /// the call's slots (a call of 10,000 children walked 10,000 slots per report).
+    pub(super) fn pending(&self) -> usize {
+        debug_assert_eq!(
+            self.pending,
+            self.slots
+                .iter()
+                .filter(|s| s.report.is_none() && !s.delivered)
+                .count(),
+            "the pending count follows the slots"
+        );
+        self.pending
+    }
+
+    /// Gives slot `child` its final report, counting it off the pending ones.
+    pub(super) fn settle(&mut self, child: usize, report: ChildReport) {
+        let Some(slot) = self.slots.get_mut(child) else {
+            return;
+        };
+        if slot.report.is_none() && !slot.delivered {
+            self.pending = self.pending.saturating_sub(1);
+        }
+        slot.settle(report);
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Call {
+    pub(super) inline: bool,
+    pub(super) background: bool,
+    pub(super) slots: Vec<Slot>,
+    /// How many of `slots` have no report yet and were not handed over.
+    pub(super) pending: usize,
+    pub(super) parent: Arc<ParentInfo>,
+    /// The parent's run id, which its children's agent ids extend.
+    pub(super) parent_run: Option<RunId>,
+}
+
+pub(super) fn slot_of(admission: Admission, parent: Option<&RunId>) -> Slot {
+    let mut slot = Slot {
+        plan: None,
+        toolbox: None,
+        id: None,
+        attempt: 0,
+        ran: Vec::new(),
+        credits: 0.0,
+        last_failure: None,
+        report: None,
+        delivered: false,
+    };
+    match admission {
+        Admission::Refused { agent_type, error } => {
+            slot.report = Some(Box::new(ChildReport::refused(&agent_type, &error)));
+        }
+        Admission::Admitted { plan, toolbox, id } => {
+            slot.plan = Some(Arc::new(plan));
+            slot.toolbox = Some(toolbox);
+            slot.id = Some(ChildId::new(id, parent));
+        }
+    }
+    slot
+}
