@@ -6,33 +6,30 @@ mod approvals;
 mod children;
 mod idle;
 mod timer;
+mod work;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tracing::Instrument;
 
 use crate::approval::{DecideRefused, Decision};
 use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
-use crate::hooks::{Slot, SlotPriority, TreeHooks};
-use crate::limit::{Limit, LimitHit};
-use crate::model::{Delta, DeltaSink, ModelRequest, ModelResponse, Usage};
+use crate::hooks::{Slot, TreeHooks};
+use crate::model::{ModelRequest, ModelResponse, Usage};
 use crate::state::{AgentState, AgentStatus};
 use crate::steer::SteerRefused;
 use crate::step::{Action, Catalog, StepMachine};
 use crate::supervision;
 use crate::template::AgentTemplate;
-use crate::tool::{ToolContext, ToolOutput};
+use crate::tool::ToolOutput;
 
 pub use crate::supervision::{CancelReason, ChildKey, RunResult};
 use children::ChildActors;
+use work::mark_failed;
 
 /// Where a run's result goes.
 pub enum Reply {
@@ -697,314 +694,6 @@ impl AgentRun {
         }
     }
 
-    fn release_reservation(&mut self) {
-        let reserved = std::mem::take(&mut self.reserved);
-        if reserved > 0 {
-            self.hooks.settle(&crate::model::Usage::default(), reserved);
-        }
-    }
-
-    /// Sends the step, or parks it until a live slot is free again (a parent
-    /// that gave its slot back while its children ran).
-    fn call_model(&mut self, myself: &ActorRef<AgentMsg>, request: ModelRequest) {
-        if let Phase::Suspended { parked } = &mut self.phase {
-            *parked = Some(Box::new(Parked::Request(request)));
-            return self.await_slot(myself);
-        }
-        self.send_model(myself, request);
-    }
-
-    /// Keeps `work` until the agent holds a live slot again, and asks for one.
-    fn park(&mut self, myself: &ActorRef<AgentMsg>, work: Parked) {
-        if let Phase::Suspended { parked } = &mut self.phase {
-            *parked = Some(Box::new(work));
-            self.await_slot(myself);
-        }
-    }
-
-    /// Asks for a live slot in a task; `SlotReady` answers (unless cancelled).
-    fn await_slot(&mut self, myself: &ActorRef<AgentMsg>) {
-        let acquire = self.hooks.acquire_slot(SlotPriority {
-            depth: self.machine.state().depth(),
-            resume: true,
-        });
-        let me = myself.clone();
-        let mut cancelled = self.cancel.subscribe();
-        tokio::spawn(async move {
-            tokio::select! {
-                biased;
-                _ = cancelled.wait_for(|c| *c) => {}
-                permit = acquire => { let _ = me.cast(AgentMsg::SlotReady(permit)); }
-            }
-        });
-    }
-
-    /// Admits the step against the tree's budgets (only now that it holds a
-    /// slot, so a parked request neither reserves tokens nor spends a step) and
-    /// starts the model call in a task.
-    fn send_model(&mut self, myself: &ActorRef<AgentMsg>, mut request: ModelRequest) {
-        // While the store is down (or this process may have lost its claim),
-        // the request waits, in a task; `StoreReady` brings it back.
-        if let Some(ready) = self.hooks.store_ready() {
-            let me = myself.clone();
-            let mut cancelled = self.cancel.subscribe();
-            tokio::spawn(async move {
-                tokio::select! {
-                    biased;
-                    _ = cancelled.wait_for(|c| *c) => {}
-                    () = ready => { let _ = me.cast(AgentMsg::StoreReady(Box::new(request))); }
-                }
-            });
-            return;
-        }
-        request.meta.deadline = self.hooks.deadline();
-        let estimate = request.messages.estimated_tokens();
-        if let Err(limit) = self.hooks.admit_step(estimate) {
-            if limit.limit.is_budget() && self.hooks.pauses_on_budget() {
-                // Paused, not failed: no slot is held while it waits.
-                self.emit(EventKind::BudgetReached { limit });
-                self.suspend();
-                if let Phase::Suspended { parked } = &mut self.phase {
-                    *parked = Some(Box::new(Parked::Budget(request)));
-                }
-                return;
-            }
-            self.emit(EventKind::LimitHit {
-                limit: limit.clone(),
-            });
-            let actions = self.machine.fail(&limit);
-            return self.execute(myself, actions);
-        }
-        self.reserved = estimate;
-        let model_name = &self.machine.template().model;
-        let Some(model) = self.hooks.model(model_name) else {
-            let actions = self.machine.fail(Failure::new(
-                FailureKind::ModelNotConfigured,
-                format!("model {model_name} is not configured"),
-            ));
-            return self.execute(myself, actions);
-        };
-        let step = request.meta.step;
-        let hooks = self.hooks.clone();
-        let run_id = self.run_id.clone();
-        let progress = self.idle.as_ref().map(|idle| idle.progress.clone());
-        let sink: DeltaSink = Arc::new(move |delta| {
-            if let Some(progress) = &progress {
-                progress.touch();
-            }
-            let kind = match delta {
-                Delta::Retry {
-                    attempt,
-                    delay_ms,
-                    reason,
-                } => EventKind::ModelRetrying {
-                    step,
-                    attempt,
-                    delay_ms,
-                    reason,
-                },
-                delta => EventKind::ModelDelta { step, delta },
-            };
-            hooks.emit(&run_id, kind);
-        });
-        // The model call (GenAI conventions: `chat {model}`, a client span);
-        // an HTTP provider records its own model id and provider name on it.
-        let model_name = model.name().to_owned();
-        // Integers as i64: the OpenTelemetry layer exports a u64 as a string.
-        let span = tracing::info_span!(
-            parent: &self.span,
-            "step",
-            step = i64::from(step),
-            otel.name = format!("chat {model_name}").as_str(),
-            otel.kind = "client",
-            gen_ai.operation.name = "chat",
-            gen_ai.request.model = model_name.as_str(),
-            gen_ai.provider.name = tracing::field::Empty,
-            gen_ai.usage.input_tokens = tracing::field::Empty,
-            gen_ai.usage.output_tokens = tracing::field::Empty,
-            otel.status_code = tracing::field::Empty,
-            otel.status_description = tracing::field::Empty,
-            error.type = tracing::field::Empty,
-        );
-        let mut call = Box::pin(
-            async move {
-                let result = AssertUnwindSafe(model.complete(request, sink))
-                    .catch_unwind()
-                    .await;
-                match result {
-                    Ok(Ok(response)) => {
-                        let span = tracing::Span::current();
-                        let usage = &response.usage;
-                        if usage.total_tokens() > 0 {
-                            let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-                            span.record("gen_ai.usage.input_tokens", int(usage.input_tokens));
-                            span.record("gen_ai.usage.output_tokens", int(usage.output_tokens));
-                        }
-                        Ok(response)
-                    }
-                    Ok(Err(error)) => {
-                        let billed = error.billed();
-                        Err((failed_span(Failure::from(error)), billed))
-                    }
-                    Err(panic) => Err((
-                        failed_span(Failure::new(
-                            FailureKind::Panicked,
-                            format!("model panicked: {}", panic_message(panic)),
-                        )),
-                        None,
-                    )),
-                }
-            }
-            .instrument(span),
-        );
-        // Poll once here: a model that answers without waiting (the simulated
-        // one at zero latency) needs no task. Anything that would wait goes on
-        // in a task; the handler never awaits it.
-        let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
-        if let std::task::Poll::Ready(result) = call.as_mut().poll(&mut cx) {
-            let _ = myself.cast(AgentMsg::ModelDone {
-                step,
-                result: Box::new(result),
-            });
-            return;
-        }
-        let me = myself.clone();
-        self.model_task = Some(tokio::spawn(async move {
-            let result = call.await;
-            let _ = me.cast(AgentMsg::ModelDone {
-                step,
-                result: Box::new(result),
-            });
-        }));
-        self.start_timer(myself, step);
-        self.watch_idle(myself);
-    }
-
-    fn run_tool(
-        &mut self,
-        myself: &ActorRef<AgentMsg>,
-        step: u32,
-        index: usize,
-        call_id: String,
-        tool: Arc<dyn crate::tool::Tool>,
-        input: Value,
-    ) {
-        let ctx = ToolContext {
-            tree_id: self.hooks.tree_id().clone(),
-            run_id: self.run_id.to_string(),
-            agent_type: self.machine.state().agent_type.clone().unwrap_or_default(),
-            call_id,
-        };
-        let me = myself.clone();
-        let span = tracing::info_span!(
-            parent: &self.span,
-            "tool",
-            step = i64::from(step),
-            tool = tool.name(),
-            otel.name = format!("execute_tool {}", tool.name()).as_str(),
-            gen_ai.operation.name = "execute_tool",
-            gen_ai.tool.name = tool.name(),
-            gen_ai.tool.call.id = ctx.call_id.as_str(),
-            otel.status_code = tracing::field::Empty,
-            otel.status_description = tracing::field::Empty,
-            error.type = tracing::field::Empty,
-        );
-        self.tool_tasks.push(tokio::spawn(
-            async move {
-                let outcome = match AssertUnwindSafe(tool.call(input, ctx)).catch_unwind().await {
-                    Ok(result) => ToolOutcome::Done(result.map_err(|e| e.message)),
-                    Err(panic) => ToolOutcome::Panicked(panic_message(panic)),
-                };
-                // A call that failed: status ERROR on its span.
-                let span = tracing::Span::current();
-                match &outcome {
-                    ToolOutcome::Done(Err(message)) => mark_failed(&span, "tool_error", message),
-                    ToolOutcome::Panicked(message) => mark_failed(&span, "panicked", message),
-                    ToolOutcome::Done(Ok(_)) => {}
-                }
-                let _ = me.cast(AgentMsg::ToolDone {
-                    step,
-                    index,
-                    outcome: Box::new(outcome),
-                });
-            }
-            .instrument(span),
-        ));
-        self.tools_running += 1;
-        self.watch_idle(myself);
-        if !self.timer.is_running() {
-            self.start_timer(myself, step);
-        }
-    }
-
-    fn start_timer(&mut self, myself: &ActorRef<AgentMsg>, step: u32) {
-        let Some(timeout) = self.machine.template().step_timeout else {
-            return;
-        };
-        let at = tokio::time::Instant::now() + timeout;
-        self.timer
-            .start_at(myself, at, move |generation| AgentMsg::StepTimeout {
-                step,
-                generation,
-            });
-    }
-
-    fn stop_timer(&mut self) {
-        self.timer.stop();
-    }
-
-    fn step_timeout(&mut self, step: u32, generation: u64) -> Vec<Action> {
-        if step != self.machine.step() || !self.timer.fired(generation) {
-            return Vec::new();
-        }
-        let timeout = self
-            .machine
-            .template()
-            .step_timeout
-            .unwrap_or(Duration::ZERO);
-        let limit = LimitHit::new(
-            Limit::StepTimeout,
-            format!("step {step} took longer than {timeout:?}"),
-        );
-        self.emit(EventKind::LimitHit {
-            limit: limit.clone(),
-        });
-        self.machine.fail(limit)
-    }
-
-    /// Gives the live slot back while children run.
-    fn suspend(&mut self) {
-        if matches!(self.phase, Phase::Running) {
-            self.phase = Phase::Suspended { parked: None };
-            // Announce before the slot is released, so no agent taking it is seen
-            // starting while this one still counts as live.
-            self.emit(EventKind::Suspended);
-            self.slot = None;
-        }
-    }
-
-    fn resume(&mut self, myself: &ActorRef<AgentMsg>, permit: Option<Slot>) -> Vec<Action> {
-        if matches!(self.phase, Phase::Finished) || self.machine.state().status.is_final() {
-            return Vec::new();
-        }
-        self.slot = permit;
-        let parked = match std::mem::replace(&mut self.phase, Phase::Running) {
-            Phase::Suspended { parked } => parked,
-            Phase::Running | Phase::Finished => None,
-        };
-        self.emit(EventKind::Resumed);
-        match parked.map(|work| *work) {
-            // (A slot that came while it waits for budget, asked for before
-            // it paused, tries the step again as a raise would.)
-            Some(Parked::Request(request) | Parked::Budget(request)) => {
-                self.send_model(myself, request)
-            }
-            Some(Parked::Actions(actions)) => return actions,
-            None => {}
-        }
-        Vec::new()
-    }
-
     fn cancel(&mut self, reason: CancelReason) -> Vec<Action> {
         if self.machine.state().status.is_final() {
             return Vec::new();
@@ -1089,25 +778,6 @@ impl AgentRun {
         }
         myself.stop(None);
     }
-}
-
-/// Marks `span` failed, as the OpenTelemetry conventions say: status
-/// ERROR with the message, and `error.type` the failure's kind
-/// (`model_rate_limited`, …). The span must declare the three fields.
-fn mark_failed(span: &tracing::Span, kind: &str, message: &str) {
-    span.record("otel.status_code", "ERROR");
-    span.record("error.type", kind);
-    span.record("otel.status_description", message);
-}
-
-/// [`mark_failed`] on the current span (a model call's), passing `failure` on.
-fn failed_span(failure: Failure) -> Failure {
-    mark_failed(
-        &tracing::Span::current(),
-        failure.kind.name(),
-        &failure.message,
-    );
-    failure
 }
 
 #[cfg(test)]

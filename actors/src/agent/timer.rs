@@ -7,7 +7,12 @@ use ractor::ActorRef;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use std::time::Duration;
+
 use super::AgentMsg;
+use crate::event::EventKind;
+use crate::limit::{Limit, LimitHit};
+use crate::step::Action;
 
 /// A restartable, generation-tagged timer (see the module's text).
 #[derive(Default)]
@@ -62,5 +67,43 @@ impl Timer {
 impl Drop for Timer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// The step timeout of an agent.
+impl super::AgentRun {
+    pub(super) fn start_timer(&mut self, myself: &ActorRef<AgentMsg>, step: u32) {
+        let Some(timeout) = self.machine.template().step_timeout else {
+            return;
+        };
+        let at = tokio::time::Instant::now() + timeout;
+        self.timer
+            .start_at(myself, at, move |generation| AgentMsg::StepTimeout {
+                step,
+                generation,
+            });
+    }
+
+    pub(super) fn stop_timer(&mut self) {
+        self.timer.stop();
+    }
+
+    pub(super) fn step_timeout(&mut self, step: u32, generation: u64) -> Vec<Action> {
+        if step != self.machine.step() || !self.timer.fired(generation) {
+            return Vec::new();
+        }
+        let timeout = self
+            .machine
+            .template()
+            .step_timeout
+            .unwrap_or(Duration::ZERO);
+        let limit = LimitHit::new(
+            Limit::StepTimeout,
+            format!("step {step} took longer than {timeout:?}"),
+        );
+        self.emit(EventKind::LimitHit {
+            limit: limit.clone(),
+        });
+        self.machine.fail(limit)
     }
 }
