@@ -1,7 +1,8 @@
 //! An [`Event`] as one line of text (its `Display`): the run it is about (its
-//! id starts with the tree's), the kind's wire name and the kind's key fields,
-//! long text cut to one short line. For logs and for embedders printing a
-//! tree as it runs; the CLI's tree view (`arbor run`) is its own.
+//! id starts with the tree's), the kind's wire name and the kind's key fields
+//! (the ids in them without the tree's prefix), long text cut to one short
+//! line. For logs and for embedders printing a tree as it runs; the CLI's
+//! tree view (`arbor run`) is its own.
 
 use std::fmt;
 
@@ -15,10 +16,10 @@ const CLIP: usize = 60;
 
 impl fmt::Display for Event {
     /// `RUN KIND FIELDS`, e.g.
-    /// `t019af3c2e5a17c3e8b5d2f4a6c8e0b13/0.1 toolCalled step 2 word_count (call c1)`.
+    /// `t019af3c2e5a17c3e8b5d2f4a6c8e0b13/0.1 toolCalled step 2 word_count (call 0.1-s2-c0)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", self.run_id, self.kind.name())?;
-        let fields = fields(&self.kind);
+        let fields = fields(&self.kind, &Short(&self.tree_id));
         if !fields.is_empty() {
             write!(f, " {fields}")?;
         }
@@ -26,8 +27,19 @@ impl fmt::Display for Event {
     }
 }
 
+/// Ids of the event's tree without the tree's prefix: `0.1` for `T/0.1`.
+struct Short<'a>(&'a str);
+
+impl Short<'_> {
+    fn id<'i>(&self, id: &'i str) -> &'i str {
+        id.strip_prefix(self.0)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .unwrap_or(id)
+    }
+}
+
 /// The key fields of `kind`, on one line; empty for a kind that has none.
-fn fields(kind: &EventKind) -> String {
+fn fields(kind: &EventKind, short: &Short) -> String {
     match kind {
         EventKind::AgentStarted {
             agent_type,
@@ -41,7 +53,7 @@ fn fields(kind: &EventKind) -> String {
                 agent_type
             };
             match parent_run_id {
-                Some(parent) => format!("{agent} at depth {depth}, child of {parent}"),
+                Some(parent) => format!("{agent} at depth {depth}, child of {}", short.id(parent)),
                 None => format!("{agent} at depth {depth}"),
             }
         }
@@ -82,10 +94,11 @@ fn fields(kind: &EventKind) -> String {
             error,
         } => match error {
             Some(error) => format!(
-                "step {step} {tool} (call {tool_call_id}) failed: {}",
+                "step {step} {tool} (call {}) failed: {}",
+                short.id(tool_call_id),
                 clip(error)
             ),
-            None => format!("step {step} {tool} (call {tool_call_id})"),
+            None => format!("step {step} {tool} (call {})", short.id(tool_call_id)),
         },
         EventKind::HistoryRepaired {
             unanswered_calls,
@@ -102,8 +115,8 @@ fn fields(kind: &EventKind) -> String {
             agent_type,
             attempt,
         } => match attempt {
-            0 => format!("{agent_type} {child_run_id}"),
-            n => format!("{agent_type} {child_run_id} (attempt {n})"),
+            0 => format!("{agent_type} {}", short.id(child_run_id)),
+            n => format!("{agent_type} {} (attempt {n})", short.id(child_run_id)),
         },
         EventKind::ChildRetrying {
             failed_run_id,
@@ -111,15 +124,19 @@ fn fields(kind: &EventKind) -> String {
             delay_ms,
             error,
         } => format!(
-            "{failed_run_id}, attempt {attempt} in {delay_ms}ms: {}",
+            "{}, attempt {attempt} in {delay_ms}ms: {}",
+            short.id(failed_run_id),
             clip(error)
         ),
         EventKind::ChildFinished {
             child_run_id,
             status,
-        } => format!("{child_run_id} {}", status.as_str()),
+        } => format!("{} {}", short.id(child_run_id), status.as_str()),
         EventKind::BackgroundDelivered { step, child_run_id } => {
-            format!("after step {step}, the report of {child_run_id}")
+            format!(
+                "after step {step}, the report of {}",
+                short.id(child_run_id)
+            )
         }
         EventKind::OutputSet { output } => clip(&output.to_string()),
         EventKind::AgentFinished { state, .. } => quoted(&last_text(state)),
@@ -145,7 +162,8 @@ fn fields(kind: &EventKind) -> String {
             tool,
             input,
         } => format!(
-            "step {step} {tool} (call {tool_call_id}) {}",
+            "step {step} {tool} (call {}) {}",
+            short.id(tool_call_id),
             clip(&input.to_string())
         ),
         EventKind::ApprovalDecided {
@@ -153,7 +171,8 @@ fn fields(kind: &EventKind) -> String {
             tool_call_id,
             decision,
         } => format!(
-            "step {step} call {tool_call_id} {}",
+            "step {step} call {} {}",
+            short.id(tool_call_id),
             match decision {
                 Decision::Approve { input: None } => "approved".to_owned(),
                 Decision::Approve { input: Some(_) } => "approved with an edited input".to_owned(),
@@ -251,16 +270,16 @@ mod tests {
                 parent_run_id: Some("t1/0".into()),
                 depth: 1,
             }),
-            "t1/0.2 agentStarted researcher at depth 1, child of t1/0"
+            "t1/0.2 agentStarted researcher at depth 1, child of 0"
         );
         assert_eq!(
             line(EventKind::ToolCalled {
                 step: 2,
                 tool: "word_count".into(),
-                tool_call_id: "c1".into(),
+                tool_call_id: "t1/0.2-s2-c0".into(),
                 error: Some("invalid input:\nmissing field `text`".into()),
             }),
-            "t1/0.2 toolCalled step 2 word_count (call c1) failed: invalid input: missing field `text`"
+            "t1/0.2 toolCalled step 2 word_count (call 0.2-s2-c0) failed: invalid input: missing field `text`"
         );
         assert_eq!(
             line(EventKind::ModelResponded {
@@ -282,6 +301,23 @@ mod tests {
                 limit: LimitHit::new(Limit::MaxSteps, "3 of 3"),
             }),
             "t1/0.2 limitHit limit max_steps reached: 3 of 3"
+        );
+        assert_eq!(
+            line(EventKind::ChildSpawned {
+                child_run_id: "t1/0.2.1".into(),
+                agent_type: "researcher".into(),
+                attempt: 1,
+            }),
+            "t1/0.2 childSpawned researcher 0.2.1 (attempt 1)"
+        );
+        assert_eq!(
+            line(EventKind::ToolCalled {
+                step: 1,
+                tool: "look".into(),
+                tool_call_id: "call_t1".into(),
+                error: None,
+            }),
+            "t1/0.2 toolCalled step 1 look (call call_t1)"
         );
         assert_eq!(line(EventKind::Suspended), "t1/0.2 suspended");
     }
