@@ -64,9 +64,9 @@ pub(super) fn mcp_import(file: &std::path::Path) -> anyhow::Result<ExitCode> {
             out!("{tables}")?;
             Ok(ExitCode::SUCCESS)
         }
-        Err(problems) => {
+        Err(error) => {
             eprintln!("error: {shown} has servers Arbor would refuse; nothing was printed");
-            for line in problems.lines() {
+            for line in &error.problems {
                 eprintln!("  {line}");
             }
             Ok(ExitCode::from(2))

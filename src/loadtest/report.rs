@@ -639,14 +639,27 @@ pub fn throughput(timeline: &[super::collect::Point], windows: usize) -> Vec<(f6
         .collect()
 }
 
+/// The chart could not be drawn or written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot draw {}: {reason}", path.display())]
+pub struct PlotError {
+    /// Where it was to be written.
+    pub path: std::path::PathBuf,
+    /// What the drawing library said.
+    pub reason: String,
+}
+
 /// Draws, under a title naming the shape and parameters: live agents over
 /// time (a point per event, so no peak is missed), agents ended per second
 /// over time, and the latency distribution (the endpoint's requests with
 /// `--model`, else spawn→reply), each axis in the unit that reads best.
-pub fn write_plot(report: &LoadReport, path: &Path) -> Result<(), String> {
+pub fn write_plot(report: &LoadReport, path: &Path) -> Result<(), PlotError> {
     use plotters::prelude::*;
 
-    let err = |e: &dyn std::fmt::Display| format!("cannot draw {}: {e}", path.display());
+    let err = |e: &dyn std::fmt::Display| PlotError {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
     let root = SVGBackend::new(path, (1000, 1150)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let root = root

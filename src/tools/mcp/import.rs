@@ -20,7 +20,22 @@ use super::config::McpServerSection;
 /// client's MCP config; `base_dir` is where a relative `cwd` would be read
 /// from. `Err` lists every problem, one per line, each naming the entry and
 /// key (`mcpServers.NAME.KEY: …`).
-pub fn mcp_servers_toml(json: &str, base_dir: &Path) -> Result<String, String> {
+pub fn mcp_servers_toml(json: &str, base_dir: &Path) -> Result<String, ImportError> {
+    toml_of(json, base_dir).map_err(|problems| ImportError {
+        problems: problems.split('\n').map(str::to_owned).collect(),
+    })
+}
+
+/// Why a client's MCP config cannot be imported: every problem, each naming
+/// the entry and key (`mcpServers.NAME.KEY: …`), one per line when shown.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", problems.join("\n"))]
+pub struct ImportError {
+    /// The problems, in the document's order.
+    pub problems: Vec<String>,
+}
+
+fn toml_of(json: &str, base_dir: &Path) -> Result<String, String> {
     let root: Value =
         serde_json::from_str(json).map_err(|e| format!("not a JSON document: {e}"))?;
     let Some(object) = root.as_object() else {
@@ -224,7 +239,9 @@ mod tests {
 
     #[test]
     fn a_variable_inside_a_value_is_named_not_sent_as_written() {
-        let error = mcp_servers_toml(CLAUDE, Path::new(".")).unwrap_err();
+        let error = mcp_servers_toml(CLAUDE, Path::new("."))
+            .unwrap_err()
+            .to_string();
         assert_eq!(error.lines().count(), 1, "{error}");
         assert!(
             error.starts_with("mcpServers.api-server.url: \"${API_BASE_URL:-"),
@@ -273,7 +290,9 @@ mod tests {
             "odd": 3,
             "nil": {"command": "x", "cwd": null}
         }}"#;
-        let error = mcp_servers_toml(bad, Path::new(".")).unwrap_err();
+        let error = mcp_servers_toml(bad, Path::new("."))
+            .unwrap_err()
+            .to_string();
         let lines: Vec<&str> = error.lines().collect();
         assert_eq!(lines.len(), 5, "{error}");
         assert!(
@@ -291,7 +310,9 @@ mod tests {
 
     #[test]
     fn a_document_without_servers_says_which_keys_it_looked_for() {
-        let error = mcp_servers_toml(r#"{"theme": "dark"}"#, Path::new(".")).unwrap_err();
+        let error = mcp_servers_toml(r#"{"theme": "dark"}"#, Path::new("."))
+            .unwrap_err()
+            .to_string();
         assert!(
             error.contains("mcpServers") && error.contains("theme"),
             "{error}"
@@ -306,11 +327,13 @@ mod tests {
         assert!(
             mcp_servers_toml("[1]", Path::new("."))
                 .unwrap_err()
+                .to_string()
                 .contains("an array")
         );
         assert!(
             mcp_servers_toml("{", Path::new("."))
                 .unwrap_err()
+                .to_string()
                 .starts_with("not a JSON")
         );
     }
