@@ -306,7 +306,7 @@ pub(crate) struct RunArgs {
     /// Ask a stored tree a follow-up question: its root goes on from its
     /// final state with PROMPT, as the tree's next turn (semantics §14).
     /// While a turn of it runs, --multitask says what to do.
-    #[arg(long = "continue", value_name = "TREE", conflicts_with_all = ["tree_id", "agent", "model"])]
+    #[arg(long = "continue", value_name = "TREE", conflicts_with_all = ["tree_id", "agent", "model", "allow_tools", "deny_tools"])]
     pub(crate) continue_tree: Option<String>,
     /// With --continue, when the tree is running a turn: `enqueue` (wait in
     /// its queue, then run and show the turn), `reject` (refuse, exit 1) or

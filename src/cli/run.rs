@@ -3,14 +3,14 @@
 
 use std::process::ExitCode;
 
-use super::render::{TreeRenderer, final_text, state_json};
 use anyhow::Context;
 use arbor::{Run, Runtime, TurnRun, Waited};
 use arbor_actors::approval::{DecideRefused, Decision};
 use arbor_actors::{AgentStatus, EventKind};
-use arbor_supervisor::{StartRequest, Supervisor};
+use arbor_supervisor::{StartRequest, Supervisor, ToolPolicy, ToolRule, TreeLimits};
 
 use super::args::{RunArgs, Stored};
+use super::render::{TreeRenderer, final_text, state_json};
 use super::store::tree_config;
 use super::{async_runtime, colour, load_config, log_filter, store_location};
 
@@ -59,15 +59,18 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(config.as_deref())?;
     // Kept to the end, when dropping it sends the last spans (one trace per tree).
     let _otlp = command_logs(&config)?;
-    let rule = arbor_supervisor::ToolRule {
+    let rule = ToolRule {
         allow: allow_tools,
         deny: deny_tools,
         ..Default::default()
     };
-    // The supervisor checks the rule as it does every caller's: a bad
-    // pattern is a config error (exit 2), as in [policy] (see main.rs).
-    let mut limits = config.limits.clone();
-    limits.tools = limits.tools.narrowed(rule);
+    // The request asks only what the flags say: the supervisor's limits are
+    // the config's, and it checks the rule as it does every caller's (a bad
+    // pattern is a config error, exit 2, as in [policy]: see main.rs).
+    let limits = (rule != ToolRule::default()).then(|| TreeLimits {
+        tools: ToolPolicy::new(rule),
+        ..TreeLimits::default()
+    });
     let params = params
         .map(|p| serde_json::from_str(&p))
         .transpose()
@@ -132,7 +135,7 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 model,
                 tree_id,
                 origin: runtime.origin(),
-                limits: Some(limits),
+                limits,
                 ..StartRequest::default()
             })
             .await?;

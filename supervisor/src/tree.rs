@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use arbor_actors::hooks::{RunIds, Slot, SlotLine, SlotPriority};
-use arbor_actors::idmap::IdMap;
+use arbor_actors::idmap::{IdMap, IdSet};
 use arbor_actors::sync::LockExt;
 use arbor_actors::toolbox::Toolbox;
 use arbor_actors::{
@@ -37,6 +37,11 @@ pub(crate) struct TreeContext {
     /// a tree's events in `seq` order.
     order: Mutex<()>,
     live: Mutex<IdMap<Arc<str>, ActorRef<AgentMsg>>>,
+    /// Children spawned whose actor has not started yet (waiting for a live
+    /// slot or a retry), by a hash of their run id: a cancel by run id
+    /// reaches them through their parent (read from the run id). A hash, not
+    /// the id's text: the 10^8-agent tree holds ~10^7 at once (issue 34).
+    waiting: Mutex<IdSet<u64>>,
     /// Whether the tree is stored (its agents checkpoint every step).
     durable: bool,
     /// What a resumed or replayed tree starts from.
@@ -87,6 +92,7 @@ impl TreeContext {
             seq: AtomicU64::new(0),
             order: Mutex::new(()),
             live: Mutex::new(IdMap::default()),
+            waiting: Mutex::new(IdSet::default()),
             durable: false,
             recovery: None,
             recorded: Mutex::new(HashMap::new()),
@@ -164,13 +170,13 @@ impl TreeContext {
         self.live.locked().get(run_id).cloned()
     }
 
-    /// The running parent of a child of this tree whose own actor does not
-    /// run (it waits for a live slot or a retry, or it ended): a cancel by
-    /// run id reaches a waiting child through its parent, which alone knows
-    /// it (a waiting child costs the tree nothing: issue 34). Read from the
-    /// run id's shape, so a child that ended answers too: callers that must
-    /// tell the two apart ask the registry first.
+    /// The running parent of a child that was spawned but has not started
+    /// (it waits for a live slot or a retry): a cancel by run id reaches it
+    /// through its parent, which alone holds its plan.
     pub(crate) fn waiting_parent(&self, run_id: &str) -> Option<Arc<str>> {
+        if !self.waiting.locked().contains(&id_hash(run_id)) {
+            return None;
+        }
         let run = run_id.parse::<RunId>().ok()?;
         if run.tree().as_str() != &*self.tree_id {
             return None;
@@ -312,6 +318,15 @@ impl TreeHooks for TreeContext {
         if let Some(state) = kind.final_state() {
             self.registry.record(state);
         }
+        match &kind {
+            EventKind::ChildSpawned { child_run_id, .. } => {
+                self.waiting.locked().insert(id_hash(child_run_id));
+            }
+            EventKind::ChildFinished { child_run_id, .. } => {
+                self.waiting.locked().remove(&id_hash(child_run_id));
+            }
+            _ => {}
+        }
         let _order = self.order.locked();
         let event = Event {
             seq: self.seq.fetch_add(1, Ordering::AcqRel) + 1,
@@ -329,6 +344,7 @@ impl TreeHooks for TreeContext {
         self.live
             .locked()
             .insert(run_id.clone(), ActorRef::from(actor.clone()));
+        self.waiting.locked().remove(&id_hash(run_id));
     }
 
     fn actor_stopped(&self, run_id: &Arc<str>) {
@@ -379,4 +395,13 @@ impl TreeHooks for TreeContext {
             .map(|r| r.deliveries_for(run_id))
             .unwrap_or_default()
     }
+}
+
+/// A run id's hash, as the tree's set of waiting children keeps it (a
+/// fixed hasher: the same id hashes alike in every call).
+fn id_hash(run_id: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    run_id.hash(&mut hasher);
+    hasher.finish()
 }

@@ -906,3 +906,21 @@ fn a_tree_id_that_is_not_one_is_refused_at_its_flag() {
         "{stderr}"
     );
 }
+
+/// The config's own `[policy]` is the supervisor's, not the command line's
+/// request: a rule there that names a structural built-in (which it neither
+/// gives nor takes) does not stop `arbor run`, nor is it blamed on a flag
+/// nobody gave. Between ac70852 and the fix, `arbor run` sent the config's
+/// rules as its request and exited 2 with "--deny-tools: ...".
+#[test]
+fn a_configs_policy_naming_a_structural_built_in_is_not_blamed_on_a_flag() {
+    let config = format!("{CONFIG}\n[policy]\ndeny_tools = [\"end_turn\"]\n");
+    let dir = scene(&config, json!([{"text": "done"}]));
+    let out = arbor(dir.path(), &["run", "--no-store", "go"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("--deny-tools"),
+        "{}",
+        text(&out.stderr)
+    );
+}

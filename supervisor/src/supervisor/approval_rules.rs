@@ -193,14 +193,19 @@ impl TreeHooks for RuledHooks {
     fn emit(&self, run_id: &Arc<str>, kind: EventKind) {
         // A call asked for while its tool was being allowed (its agent read
         // the rules just before): the rule decides it, as it would have.
-        let late = match &kind {
+        // The rule is read after the call is published (and so listed as
+        // waiting): an `allow` that added it before lists this call, one
+        // that adds it after is seen here; either way someone approves it
+        // (twice is harmless: the second finds nothing waiting).
+        let asked = match &kind {
             EventKind::ApprovalRequested {
                 tool, tool_call_id, ..
-            } if self.always_allowed(tool) => Some(tool_call_id.clone()),
+            } => Some((tool.clone(), tool_call_id.clone())),
             _ => None,
         };
         self.port().emit(run_id, kind);
-        if let Some(call_id) = late
+        if let Some((tool, call_id)) = asked
+            && self.always_allowed(&tool)
             && let Some(actor) = self.ctx.live_actor(run_id)
         {
             let (reply, _) = ractor::concurrency::oneshot();

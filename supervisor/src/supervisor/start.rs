@@ -60,9 +60,11 @@ impl Supervisor {
                 agent: template.id.clone(),
                 message: e.to_string(),
             })?;
-        // Every agent of the tree goes on the override: refused before the
-        // tree starts when its provider would refuse an agent's options.
-        if let Some(name) = &request.model {
+        // Every agent of the tree goes on the override: refused before a new
+        // tree starts when its provider would refuse an agent's options (a
+        // resumed tree and a later turn go on with the one they started with).
+        let new_tree = recovery.is_none() && request.turn == 0;
+        if let Some(name) = request.model.as_ref().filter(|_| new_tree) {
             catalog
                 .check_override(&request.agent, name)
                 .map_err(|problem| Error::InvalidRequest {

@@ -112,6 +112,64 @@ async fn cancelling_a_mid_tree_agent_cancels_its_subtree_only() {
     ));
 }
 
+/// A child that ended while its parent still runs is no waiting child, nor
+/// is a run id its parent never spawned: a cancel or a steer by either is
+/// refused as unknown, also where the supervisor keeps no finished states
+/// (`arbor serve` keeps none). Between 2c1af38 and the fix, "waiting" was
+/// read from the run id's shape alone, and both answered as if waiting.
+#[tokio::test(start_paused = true)]
+async fn an_ended_or_never_spawned_child_of_a_running_parent_is_unknown_to_cancel_and_steer() {
+    use std::sync::Arc;
+
+    use arbor_actors::Model;
+    use arbor_supervisor::{Retain, Supervisor};
+
+    let model = scripted(json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [spawn_call(&[("mid", "branch"), ("sib", "sibling")])]},
+            {"text": "lead done"}
+        ]},
+        {"agent": "mid", "steps": [{"text": "mid done", "delayMs": 60000}]},
+        {"agent": "sib", "steps": [{"text": "sibling done", "delayMs": 2000}]}
+    ]}));
+    let models: Vec<(&str, Arc<dyn Model>)> = vec![(model.name(), model.clone())];
+    let templates = vec![
+        template("lead").spawns(&["mid", "sib"]),
+        template("mid"),
+        template("sib"),
+    ];
+    let sup = Supervisor::with_retention(
+        catalog(models, templates, Vec::new()),
+        TreeLimits::default(),
+        Retain::None,
+    );
+    let mut rx = sup.subscribe();
+    let handle = start(&sup, "lead", "go").await;
+    let mut seen = Vec::new();
+    let sib_run = wait_for(&mut rx, &mut seen, |e| {
+        matches!(&e.kind, EventKind::AgentFinished { state, .. }
+            if state.agent_type.as_deref() == Some("sib"))
+    })
+    .await
+    .run_id
+    .to_string();
+    assert_eq!(sup.live_actors(), 2, "lead waits for mid");
+    let never = format!("{}/0.99", handle.tree_id);
+    for run in [sib_run.as_str(), never.as_str()] {
+        assert!(
+            matches!(sup.cancel_run(run), Err(Error::UnknownRun(_))),
+            "cancel {run}: {:?}",
+            sup.cancel_run(run)
+        );
+        assert!(
+            matches!(sup.steer(run, "hello").await, Err(Error::UnknownRun(_))),
+            "steer {run}"
+        );
+    }
+    handle.cancel();
+    finish(handle).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn cancelling_the_tree_cancels_every_agent() {
     let sup = branching_tree();
