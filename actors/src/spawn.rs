@@ -82,16 +82,14 @@ impl Notices {
     }
 }
 
-/// Checks permission (first matching entry wins) and the child's input schema.
-pub(crate) fn plan_child(
-    parent: &AgentTemplate,
-    request: SpawnRequest,
-    snapshot: &Arc<History>,
-    notices: &Notices,
-    inline: bool,
+/// Checks permission (first matching entry wins) and the child's input
+/// schema: the matched `spawnableAgents` entry and its template.
+fn check_child<'p>(
+    parent: &'p AgentTemplate,
+    request: &SpawnRequest,
     template_of: impl Fn(&str) -> Option<Arc<AgentTemplate>>,
     knows_agent: impl Fn(&str) -> bool,
-) -> Result<ChildPlan, String> {
+) -> Result<(&'p str, Arc<AgentTemplate>), String> {
     let requested = request.agent_type.as_str();
     let Some(entry) = parent.match_spawnable(requested) else {
         return Err(if knows_agent(requested) {
@@ -107,6 +105,20 @@ pub(crate) fn plan_child(
     template
         .check_input(request.prompt.as_deref(), request.params.as_ref())
         .map_err(|e| e.to_string())?;
+    Ok((entry, template))
+}
+
+/// Checks permission (first matching entry wins) and the child's input schema.
+pub(crate) fn plan_child(
+    parent: &AgentTemplate,
+    request: SpawnRequest,
+    snapshot: &Arc<History>,
+    notices: &Notices,
+    inline: bool,
+    template_of: impl Fn(&str) -> Option<Arc<AgentTemplate>>,
+    knows_agent: impl Fn(&str) -> bool,
+) -> Result<ChildPlan, String> {
+    let (entry, template) = check_child(parent, &request, template_of, knows_agent)?;
     let (agent_type, notice) = notices.of(entry);
     let notice = (template.include_message_history && !inline).then_some(notice);
     Ok(ChildPlan {
@@ -118,6 +130,199 @@ pub(crate) fn plan_child(
         notice,
         inline,
     })
+}
+
+/// What the children of one agent type in a spawn call share.
+#[derive(Debug)]
+pub struct ChildKind {
+    /// The matched `spawnableAgents` entry: the children's `agentType`.
+    pub agent_type: Arc<str>,
+    /// Their template.
+    pub template: Arc<AgentTemplate>,
+    /// The `SUBAGENT_SPAWN` notice their histories get (`None` when they
+    /// inherit no history).
+    pub notice: Option<Arc<Message>>,
+}
+
+/// Where a spawn call's entries are read from when a child comes up.
+#[derive(Debug)]
+enum Entries {
+    /// The call's input in the assistant message the history keeps (the
+    /// `index`-th tool call): nothing of it is copied.
+    InMessage { message: Arc<Message>, index: usize },
+    /// The input parsed from text (a model that sent its arguments as a
+    /// string): parsed once, kept here.
+    Parsed(Value),
+}
+
+/// A `spawn_agents` call's children, planned compactly (issue 34: the
+/// 10^8-agent tree holds ~10^7 children waiting for a live slot). Every
+/// entry was checked when the call was classified; a child's [`ChildPlan`]
+/// is made from its entry in the call's input when it comes up
+/// ([`SpawnPlan::child`]), so until then a child is its kind's number.
+#[derive(Debug)]
+pub struct SpawnPlan {
+    entries: Entries,
+    kinds: Vec<ChildKind>,
+    snapshot: Arc<History>,
+}
+
+/// A requested child of a planned call: the index of its [`ChildKind`], or
+/// the requested agent type and why it is refused.
+pub type PlannedChild = Result<u16, Box<(String, String)>>;
+
+/// The children of a `spawn_agents` call, as the step machine planned them.
+#[derive(Debug)]
+pub struct SpawnChildren {
+    /// What they share, and where their entries are.
+    pub plan: Arc<SpawnPlan>,
+    /// Each requested child, in request order.
+    pub children: Vec<PlannedChild>,
+}
+
+impl SpawnChildren {
+    /// Each child's full plan (or its refusal), made now: for tests and
+    /// small calls; a driver makes a child's plan as it comes up.
+    pub fn plans(&self) -> Vec<Result<ChildPlan, (String, String)>> {
+        self.children
+            .iter()
+            .enumerate()
+            .map(|(i, child)| match child {
+                Ok(kind) => self.plan.child(i, *kind).ok_or_else(|| {
+                    (
+                        String::new(),
+                        format!("agents[{i}] is no longer in the call"),
+                    )
+                }),
+                Err(refused) => Err((**refused).clone()),
+            })
+            .collect()
+    }
+}
+
+impl SpawnPlan {
+    /// Checks each entry of a `spawn_agents` call's input (`input`, which
+    /// is `message`'s `index`-th tool call's input unless it had to be
+    /// parsed: then `parsed`) and gives each a kind.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn check(
+        parent: &AgentTemplate,
+        source: (Arc<Message>, usize, Option<Value>),
+        tool: &str,
+        snapshot: &Arc<History>,
+        notices: &Notices,
+        template_of: impl Fn(&str) -> Option<Arc<AgentTemplate>>,
+        knows_agent: impl Fn(&str) -> bool,
+    ) -> SpawnChildren {
+        let (message, index, parsed) = source;
+        let entries = match parsed {
+            Some(value) => Entries::Parsed(value),
+            None => Entries::InMessage { message, index },
+        };
+        let mut kinds = Vec::new();
+        let agents = entries.agents();
+        let mut children = Vec::with_capacity(agents.len());
+        for (i, entry) in agents.iter().enumerate() {
+            let checked = crate::toolbox::CHILD_SCHEMA
+                .check(entry)
+                .map_err(|e| format!("Invalid input for {tool}: agents[{i}] {e}"))
+                .and_then(|()| {
+                    SpawnRequest::deserialize(entry)
+                        .map_err(|e| format!("Invalid input for {tool}: agents[{i}]: {e}"))
+                })
+                .and_then(|request| {
+                    check_child(parent, &request, &template_of, &knows_agent)
+                        .map(|(entry, template)| (entry.to_owned(), template))
+                });
+            let child = match checked {
+                Ok((entry, template)) => kind_of(&mut kinds, &entry, template, notices),
+                Err(error) => {
+                    let named = entry
+                        .get("agent_type")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned();
+                    Err(Box::new((named, error)))
+                }
+            };
+            children.push(child);
+        }
+        SpawnChildren {
+            plan: Arc::new(SpawnPlan {
+                entries,
+                kinds,
+                snapshot: snapshot.clone(),
+            }),
+            children,
+        }
+    }
+
+    /// The kinds of the call's children.
+    pub fn kinds(&self) -> &[ChildKind] {
+        &self.kinds
+    }
+
+    /// The plan of child `index`, of kind `kind`, made from its entry
+    /// (`None` if there is no such entry or kind: a caller's mistake).
+    pub fn child(&self, index: usize, kind: u16) -> Option<ChildPlan> {
+        let kind = self.kinds.get(usize::from(kind))?;
+        let request = SpawnRequest::deserialize(self.entries.agents().get(index)?).ok()?;
+        Some(ChildPlan {
+            agent_type: kind.agent_type.clone(),
+            template: kind.template.clone(),
+            prompt: request.prompt.map(String::into_boxed_str),
+            params: request.params.map(Box::new),
+            snapshot: self.snapshot.clone(),
+            notice: kind.notice.clone(),
+            inline: false,
+        })
+    }
+}
+
+impl Entries {
+    /// The call's `agents` entries.
+    fn agents(&self) -> &[Value] {
+        let input = match self {
+            Entries::Parsed(value) => value,
+            Entries::InMessage { message, index } => match message.tool_calls().nth(*index) {
+                Some(call) => &call.input,
+                None => return &[],
+            },
+        };
+        input
+            .get("agents")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
+}
+
+/// The kind of the children of `entry` among `kinds`, added if it is the first.
+fn kind_of(
+    kinds: &mut Vec<ChildKind>,
+    entry: &str,
+    template: Arc<AgentTemplate>,
+    notices: &Notices,
+) -> PlannedChild {
+    if let Some(k) = kinds.iter().position(|k| &*k.agent_type == entry) {
+        return u16::try_from(k).map_err(|_| too_many_kinds(entry));
+    }
+    let k = u16::try_from(kinds.len()).map_err(|_| too_many_kinds(entry))?;
+    let (agent_type, notice) = notices.of(entry);
+    let notice = template.include_message_history.then_some(notice);
+    kinds.push(ChildKind {
+        agent_type,
+        template,
+        notice,
+    });
+    Ok(k)
+}
+
+fn too_many_kinds(entry: &str) -> Box<(String, String)> {
+    Box::new((
+        entry.to_owned(),
+        "a spawn call may ask for at most 65,536 agent types".to_owned(),
+    ))
 }
 
 /// What a child starts with: its state and how many messages it inherited.

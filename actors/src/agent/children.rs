@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::FutureExt;
 use ractor::{Actor, ActorId, ActorRef};
 use tokio::sync::Notify;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::task::JoinHandle;
 
 use super::{AgentActor, AgentArgs, AgentMsg, AgentRun, Reply, RunResult};
@@ -18,11 +19,14 @@ use crate::history::History;
 use crate::id::RunId;
 use crate::idmap::{IdMap, IdSet};
 use crate::output::output_value;
-use crate::spawn::{ChildPlan, ParentInfo};
+use crate::spawn::{ChildPlan, ParentInfo, SpawnChildren};
 use crate::state::AgentState;
 use crate::step::background::Started;
 use crate::step::{Action, StepMachine};
-use crate::supervision::{Admission, ChildKey, Children, Delivery, Input, Launch, Output, Start};
+use crate::supervision::{
+    Admission, ChildKey, Children, Delivery, Input, Launch, Output, Planner, Start,
+};
+use crate::toolbox::Toolbox;
 
 /// A state read back from a store, its history sharing the live `snapshot`'s
 /// messages again: an inline child's history becomes its parent's, which tells
@@ -41,6 +45,8 @@ pub(super) struct ChildActors {
     /// The running children's actors, by the id the table knows them by.
     actors: IdMap<ActorId, ActorRef<AgentMsg>>,
     retry_timers: IdMap<ChildKey, JoinHandle<()>>,
+    /// The launches that wait for more of their call's children, by call.
+    streams: IdMap<(u32, usize), UnboundedSender<Start>>,
     /// Run ids of children cancelled before they started: the launch task
     /// skips them. Made by the first launch: a leaf, most agents, never
     /// needs one (two allocations per agent, issue 17).
@@ -83,18 +89,98 @@ impl AgentRun {
             .map_or_else(Vec::new, |c| c.table.undelivered())
     }
 
+    /// Admits the children of a `spawn_agents` call: each is counted and
+    /// given its ordinal now, and waits as those numbers until it comes up
+    /// (its plan is made then, from its entry in the call).
     pub(super) fn spawn_agents(
         &mut self,
         step: u32,
         index: usize,
-        children: Vec<Result<ChildPlan, (String, String)>>,
+        children: SpawnChildren,
     ) -> Vec<Action> {
-        let children = children
+        let SpawnChildren { plan, children } = children;
+        let toolboxes: Vec<Result<Arc<Toolbox>, String>> = plan
+            .kinds()
+            .iter()
+            .map(|kind| self.hooks.toolbox(&kind.template))
+            .collect();
+        let parent_run = self.machine.state().run_id.parse::<RunId>();
+        let admitted = children
             .into_iter()
             .enumerate()
-            .map(|(i, child)| self.admit(child, i))
+            .map(|(i, child)| {
+                let kind = match child {
+                    Ok(kind) => kind,
+                    Err(refused) => {
+                        let (agent_type, error) = *refused;
+                        return Admission::Refused { agent_type, error };
+                    }
+                };
+                let agent_type = || {
+                    plan.kinds()
+                        .get(usize::from(kind))
+                        .map(|k| k.agent_type.to_string())
+                        .unwrap_or_default()
+                };
+                let parent = match &parent_run {
+                    Ok(parent) => parent,
+                    Err(error) => {
+                        return Admission::Refused {
+                            agent_type: agent_type(),
+                            error: error.to_string(),
+                        };
+                    }
+                };
+                if let Some(Err(error)) = toolboxes.get(usize::from(kind)) {
+                    return Admission::Refused {
+                        agent_type: agent_type(),
+                        error: error.clone(),
+                    };
+                }
+                let next = self.machine.children_spawned() + 1;
+                if let Err(error) = self.count_child(&parent.child(next), i) {
+                    return Admission::Refused {
+                        agent_type: agent_type(),
+                        error,
+                    };
+                }
+                // The child is counted: its id has the ordinal this returns.
+                self.machine.next_child_ordinal();
+                Admission::Waiting {
+                    kind,
+                    ordinal: next,
+                }
+            })
             .collect();
-        self.open_call(step, index, false, children)
+        let planner = Planner {
+            plan,
+            toolboxes: toolboxes.into_iter().map(Result::ok).collect(),
+        };
+        let parent = Arc::new(ParentInfo::of(self.machine.state(), self.machine.toolbox()));
+        self.feed(Input::Open {
+            step,
+            call: index,
+            inline: false,
+            background: false,
+            parent,
+            children: admitted,
+            planner: Some(planner),
+        })
+    }
+
+    /// Counts child `id` (the `index`-th of its call) against the tree's
+    /// limits, unless a resumed tree ran it before (it was counted then).
+    fn count_child(&mut self, id: &RunId, index: usize) -> Result<(), String> {
+        let depth = self.machine.state().depth();
+        let known = self.hooks.recovering() && self.hooks.recovered(&id.to_string()).is_some();
+        if known {
+            return Ok(());
+        }
+        self.hooks.admit_child(depth, index).map_err(|limit| {
+            let error = limit.to_string();
+            self.emit(EventKind::LimitHit { limit });
+            error
+        })
     }
 
     pub(super) fn spawn_inline(
@@ -134,6 +220,11 @@ impl AgentRun {
                     agent_type: plan.agent_type.to_string(),
                     agent_name: plan.template.display_name.clone(),
                 },
+                // `admit` makes no waiting children: a background call is planned in full.
+                Admission::Waiting { .. } => Started::Refused {
+                    agent_type: String::new(),
+                    error: "internal: a background child was not planned".to_owned(),
+                },
             })
             .collect();
         let hooks = self.hooks.clone();
@@ -148,6 +239,7 @@ impl AgentRun {
             background: true,
             parent,
             children,
+            planner: None,
         }));
         actions
     }
@@ -200,6 +292,7 @@ impl AgentRun {
                 background: true,
                 parent,
                 children: admitted,
+                planner: None,
             }));
         }
         actions
@@ -212,7 +305,6 @@ impl AgentRun {
             Ok(plan) => plan,
             Err((agent_type, error)) => return Admission::Refused { agent_type, error },
         };
-        let depth = self.machine.state().depth();
         // A child a resumed tree already ran was admitted then; it is not counted twice.
         let next = self.machine.children_spawned() + 1;
         // From the parent's run id, not its agent id: the children of a
@@ -228,15 +320,7 @@ impl AgentRun {
                 };
             }
         };
-        let known = self.hooks.recovering() && self.hooks.recovered(&id.to_string()).is_some();
-        let admitted = if known {
-            Ok(())
-        } else {
-            self.hooks.admit_child(depth, index)
-        };
-        if let Err(limit) = admitted {
-            let error = limit.to_string();
-            self.emit(EventKind::LimitHit { limit });
+        if let Err(error) = self.count_child(&id, index) {
             return Admission::Refused {
                 agent_type: plan.agent_type.to_string(),
                 error,
@@ -271,6 +355,7 @@ impl AgentRun {
             background: false,
             parent,
             children,
+            planner: None,
         })
     }
 
@@ -323,7 +408,12 @@ impl AgentRun {
         if self.children.is_none() && matches!(input, Input::ParentEnded { .. }) {
             return Vec::new();
         }
+        let ending = matches!(input, Input::ParentEnded { .. });
         let outputs = self.children_mut().table.handle(input);
+        if ending {
+            // No more children follow: the launches waiting for more end.
+            self.children_mut().streams.clear();
+        }
         let mut actions = Vec::new();
         for output in outputs {
             match output {
@@ -336,6 +426,28 @@ impl AgentRun {
                     }
                 }
                 Output::Launch(launch) => self.launch(launch),
+                Output::More {
+                    call,
+                    children,
+                    last,
+                } => {
+                    let streams = &mut self.children_mut().streams;
+                    let unsent: Vec<ChildKey> = match streams.get(&call) {
+                        Some(more) => children
+                            .into_iter()
+                            .filter_map(|start| more.send(start).err().map(|e| e.0.key))
+                            .collect(),
+                        None => children.into_iter().map(|start| start.key).collect(),
+                    };
+                    if last {
+                        streams.remove(&call);
+                    }
+                    // The launch is over (its parent was cancelled): they never start.
+                    for key in unsent {
+                        let error = "cancelled before it started".to_owned();
+                        actions.extend(self.feed(Input::NotStarted { key, error }));
+                    }
+                }
                 Output::Skip { run_id } => {
                     let skip = self.children_mut().skip.get_or_insert_default();
                     skip.ids
@@ -403,7 +515,15 @@ impl AgentRun {
             parent_run,
             priority,
             children,
+            stream,
         } = launch;
+        // A call's children after these come through `more`.
+        let mut more: Option<UnboundedReceiver<Start>> = stream.map(|stream| {
+            let (send, receive) = unbounded_channel();
+            self.children_mut().streams.insert(stream.call, send);
+            receive
+        });
+        let line_len = stream.map_or(children.len(), |s| s.line);
         let skip = self.children_mut().skip.get_or_insert_default().clone();
         let hooks = self.hooks.clone();
         let mut cancelled = self.cancel.subscribe();
@@ -418,10 +538,21 @@ impl AgentRun {
         // children: the 1.1 M-agent tree at 10,000 live held 17,000 alive.
         // The launch waits in line once, for all its children (see
         // `SlotLine`): a child waiting for its slot holds nothing of its own.
-        let mut line = hooks.acquire_slots(priority, children.len());
+        let mut line = hooks.acquire_slots(priority, line_len);
         tokio::spawn(async move {
             let mut pending = children.into_iter();
-            while let Some(start) = pending.next() {
+            loop {
+                let start = match pending.next() {
+                    Some(start) => start,
+                    None => match more.as_mut() {
+                        // The parent drops its end when no more follow or it ends.
+                        Some(receive) => match receive.recv().await {
+                            Some(start) => start,
+                            None => break,
+                        },
+                        None => break,
+                    },
+                };
                 // The ids are made as the child comes up: a waiting child
                 // holds none (issue 34).
                 let ids = start.ids(parent_run.as_ref());
@@ -493,7 +624,16 @@ impl AgentRun {
                 }
                 // A cancel that raced the slot wins: nothing starts after it.
                 let Some(slot) = slot.filter(|_| !*cancelled.borrow()) else {
-                    for key in std::iter::once(key).chain(pending.map(|s| s.key)) {
+                    let mut rest: Vec<ChildKey> = pending.map(|s| s.key).collect();
+                    if let Some(receive) = more.as_mut() {
+                        // What the parent sends after this fails to send: it
+                        // counts those as not started itself.
+                        receive.close();
+                        while let Ok(start) = receive.try_recv() {
+                            rest.push(start.key);
+                        }
+                    }
+                    for key in std::iter::once(key).chain(rest) {
                         let error = "cancelled before it started".to_owned();
                         let _ = me.cast(AgentMsg::ChildNotStarted { key, error });
                     }

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::{Action, Catalog, Effect, Origin, Pending, StepMachine};
 use crate::history::History;
 use crate::message::{Message, Part, ToolCall};
-use crate::spawn::{SpawnRequest, plan_child};
+use crate::spawn::{SpawnPlan, SpawnRequest, plan_child};
 use crate::template::AgentTemplate;
 use crate::toolbox::ToolKind;
 
@@ -140,7 +140,9 @@ impl StepMachine {
                     let snapshot = snapshot.get_or_insert_with(|| {
                         Arc::new(self.state.message_history.filter_unfinished_tool_calls())
                     });
-                    match self.plan_spawn(&input, snapshot, &notices, inline, background, catalog) {
+                    let source = (pending.calls.message().clone(), index);
+                    let spawn = (inline, background);
+                    match self.plan_spawn(input, source, snapshot, &notices, spawn, catalog) {
                         Ok(action) => {
                             pending.awaiting += 1;
                             actions.push(action(self.step, index));
@@ -205,11 +207,11 @@ impl StepMachine {
     #[allow(clippy::type_complexity)]
     fn plan_spawn(
         &self,
-        input: &Value,
+        input: Cow<'_, Value>,
+        (message, call): (Arc<Message>, usize),
         snapshot: &Arc<History>,
         notices: &crate::spawn::Notices,
-        inline: bool,
-        background: bool,
+        (inline, background): (bool, bool),
         catalog: &dyn Catalog,
     ) -> Result<Box<dyn FnOnce(u32, usize) -> Action>, String> {
         let tool = if background {
@@ -231,13 +233,35 @@ impl StepMachine {
             .map_err(|e| (agent_type, e))
         };
         if inline {
-            let request = SpawnRequest::deserialize(input)
+            let request = SpawnRequest::deserialize(&*input)
                 .map_err(|e| format!("Invalid input for spawn_agent_inline: {e}"))?;
             let child = plan(request).map_err(|(_, e)| e)?;
             return Ok(Box::new(move |step, index| Action::SpawnInline {
                 step,
                 index,
                 child,
+            }));
+        }
+        if !background {
+            // Planned compactly: a child's plan is made from its entry when
+            // it comes up (a wide call's children wait as numbers, issue 34).
+            let parsed = match input {
+                Cow::Owned(value) => Some(value),
+                Cow::Borrowed(_) => None,
+            };
+            let children = SpawnPlan::check(
+                &self.template,
+                (message, call, parsed),
+                tool,
+                snapshot,
+                notices,
+                |id| catalog.template(id),
+                |id| catalog.knows_agent(id),
+            );
+            return Ok(Box::new(move |step, index| Action::SpawnAgents {
+                step,
+                index,
+                children,
             }));
         }
         // Each entry on its own: a bad one is refused by itself, the rest run.
@@ -266,20 +290,10 @@ impl StepMachine {
                     .and_then(plan)
             })
             .collect();
-        Ok(Box::new(move |step, index| {
-            if background {
-                Action::SpawnBackground {
-                    step,
-                    index,
-                    children,
-                }
-            } else {
-                Action::SpawnAgents {
-                    step,
-                    index,
-                    children,
-                }
-            }
+        Ok(Box::new(move |step, index| Action::SpawnBackground {
+            step,
+            index,
+            children,
         }))
     }
 }

@@ -228,7 +228,7 @@ fn spawn_children(actions: Vec<Action>) -> Spawn {
     else {
         unreachable!()
     };
-    (step, index, children)
+    (step, index, children.plans())
 }
 
 fn inline_child(actions: Vec<Action>) -> (u32, usize, ChildPlan) {
