@@ -144,15 +144,14 @@ pub struct ChildKind {
     pub notice: Option<Arc<Message>>,
 }
 
-/// Where a spawn call's entries are read from when a child comes up.
+/// Where a spawn call's input text is read from when a child comes up.
 #[derive(Debug)]
 enum Entries {
     /// The call's input in the assistant message the history keeps (the
     /// `index`-th tool call): nothing of it is copied.
     InMessage { message: Arc<Message>, index: usize },
-    /// The input parsed from text (a model that sent its arguments as a
-    /// string): parsed once, kept here.
-    Parsed(Value),
+    /// The JSON text a model sent as a string: unquoted once, kept here.
+    Text(Box<str>),
 }
 
 /// A `spawn_agents` call's children, planned compactly (issue 34: the
@@ -163,6 +162,8 @@ enum Entries {
 #[derive(Debug)]
 pub struct SpawnPlan {
     entries: Entries,
+    /// Where each child's entry is in the input's text (start, length).
+    spans: Vec<(u32, u32)>,
     kinds: Vec<ChildKind>,
     snapshot: Arc<History>,
 }
@@ -201,28 +202,37 @@ impl SpawnChildren {
 }
 
 impl SpawnPlan {
-    /// Checks each entry of a `spawn_agents` call's input (`input`, which
-    /// is `message`'s `index`-th tool call's input unless it had to be
-    /// parsed: then `parsed`) and gives each a kind.
-    #[allow(clippy::too_many_arguments)]
+    /// Checks each entry of a `spawn_agents` call's input (`message`'s
+    /// `index`-th tool call's) and gives each a kind.
     pub(crate) fn check(
         parent: &AgentTemplate,
-        source: (Arc<Message>, usize, Option<Value>),
+        (message, index): (Arc<Message>, usize),
         tool: &str,
         snapshot: &Arc<History>,
         notices: &Notices,
         template_of: impl Fn(&str) -> Option<Arc<AgentTemplate>>,
         knows_agent: impl Fn(&str) -> bool,
     ) -> SpawnChildren {
-        let (message, index, parsed) = source;
-        let entries = match parsed {
-            Some(value) => Entries::Parsed(value),
+        let unquoted = message
+            .tool_calls()
+            .nth(index)
+            .filter(|call| call.input.text().starts_with('"'))
+            .and_then(|call| call.input.parse::<String>().ok());
+        let entries = match unquoted {
+            Some(text) => Entries::Text(text.into_boxed_str()),
             None => Entries::InMessage { message, index },
         };
+        let text = entries.text();
+        let spans = spans_of(text);
         let mut kinds = Vec::new();
-        let agents = entries.agents();
-        let mut children = Vec::with_capacity(agents.len());
-        for (i, entry) in agents.iter().enumerate() {
+        let mut children = Vec::with_capacity(spans.len());
+        for (i, &(start, len)) in spans.iter().enumerate() {
+            let at = start as usize..(start + len) as usize;
+            let entry: Value = text
+                .get(at)
+                .and_then(|t| serde_json::from_str(t).ok())
+                .unwrap_or(Value::Null);
+            let entry = &entry;
             let checked = crate::toolbox::CHILD_SCHEMA
                 .check(entry)
                 .map_err(|e| format!("Invalid input for {tool}: agents[{i}] {e}"))
@@ -250,6 +260,7 @@ impl SpawnPlan {
         SpawnChildren {
             plan: Arc::new(SpawnPlan {
                 entries,
+                spans,
                 kinds,
                 snapshot: snapshot.clone(),
             }),
@@ -266,7 +277,12 @@ impl SpawnPlan {
     /// (`None` if there is no such entry or kind: a caller's mistake).
     pub fn child(&self, index: usize, kind: u16) -> Option<ChildPlan> {
         let kind = self.kinds.get(usize::from(kind))?;
-        let request = SpawnRequest::deserialize(self.entries.agents().get(index)?).ok()?;
+        let (start, len) = *self.spans.get(index)?;
+        let entry = self
+            .entries
+            .text()
+            .get(start as usize..(start + len) as usize)?;
+        let request: SpawnRequest = serde_json::from_str(entry).ok()?;
         Some(ChildPlan {
             agent_type: kind.agent_type.clone(),
             template: kind.template.clone(),
@@ -280,21 +296,40 @@ impl SpawnPlan {
 }
 
 impl Entries {
-    /// The call's `agents` entries.
-    fn agents(&self) -> &[Value] {
-        let input = match self {
-            Entries::Parsed(value) => value,
-            Entries::InMessage { message, index } => match message.tool_calls().nth(*index) {
-                Some(call) => &call.input,
-                None => return &[],
-            },
-        };
-        input
-            .get("agents")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or_default()
+    /// The call's input as JSON text.
+    fn text(&self) -> &str {
+        match self {
+            Entries::Text(text) => text,
+            Entries::InMessage { message, index } => message
+                .tool_calls()
+                .nth(*index)
+                .map_or("null", |call| call.input.text()),
+        }
     }
+}
+
+/// Where each entry of the `agents` array of the JSON object `text` is in
+/// it (start, length); none if it has no such array (the call's schema
+/// check refused it already) or is over 4 GB.
+fn spans_of(text: &str) -> Vec<(u32, u32)> {
+    #[derive(Deserialize)]
+    struct Agents<'a> {
+        #[serde(borrow, default)]
+        agents: Vec<&'a serde_json::value::RawValue>,
+    }
+    let Ok(parsed) = serde_json::from_str::<Agents>(text) else {
+        return Vec::new();
+    };
+    let base = text.as_ptr() as usize;
+    parsed
+        .agents
+        .iter()
+        .map_while(|raw| {
+            let start = u32::try_from((raw.get().as_ptr() as usize).checked_sub(base)?).ok()?;
+            let len = u32::try_from(raw.get().len()).ok()?;
+            Some((start, len))
+        })
+        .collect()
 }
 
 /// The kind of the children of `entry` among `kinds`, added if it is the first.
@@ -669,6 +704,53 @@ pub(crate) fn report_value(state: &AgentState, output: Value) -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A wide call's children are planned from their entries' places in
+    /// the call's text, whether the model sent an object or the same JSON
+    /// as a string (issue 34).
+    #[test]
+    fn a_spawn_calls_children_are_planned_from_their_place_in_its_text() {
+        let input = json!({"note": "[not] {an entry}", "agents": [
+            {"agent_type": "leaf", "prompt": "ünïcode ] }"},
+            {"agent_type": "nope"},
+            {"agent_type": "leaf", "params": {"k": [1, {"x": "]"}]}, "prompt": "b"},
+        ]});
+        let parent = AgentTemplate::new("p", "m").spawns(&["leaf"]);
+        let leaf = Arc::new(AgentTemplate::new("leaf", "m"));
+        for sent in [input.clone(), json!(input.to_string())] {
+            let call = crate::message::ToolCall {
+                tool_call_id: "c".into(),
+                tool_name: "spawn_agents".into(),
+                input: sent.into(),
+            };
+            let message = Arc::new(Message::assistant(None, vec![call]));
+            let planned = SpawnPlan::check(
+                &parent,
+                (message, 0),
+                "spawn_agents",
+                &Arc::new(History::new()),
+                &Notices::default(),
+                |id| (id == "leaf").then(|| leaf.clone()),
+                |id| id == "leaf",
+            );
+            let plans = planned.plans();
+            assert_eq!(plans.len(), 3);
+            let first = plans[0].as_ref().unwrap();
+            assert_eq!(first.prompt.as_deref(), Some("ünïcode ] }"));
+            assert_eq!(&*first.agent_type, "leaf");
+            assert_eq!(
+                plans[1].as_ref().unwrap_err(),
+                &("nope".to_owned(), "Agent type nope not found".to_owned())
+            );
+            let third = plans[2].as_ref().unwrap();
+            assert_eq!(
+                third.params.as_deref(),
+                Some(&json!({"k": [1, {"x": "]"}]}))
+            );
+            // Two children of one kind share it.
+            assert_eq!(planned.plan.kinds().len(), 1);
+        }
+    }
 
     #[test]
     fn a_report_under_its_share_is_untouched() {

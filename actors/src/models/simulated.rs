@@ -220,7 +220,7 @@ impl SimulatedModel {
         Some(ToolCall {
             tool_call_id: format!("{}-spawn", request.meta.run_id),
             tool_name: SPAWN_AGENTS.to_owned(),
-            input: json!({ "agents": agents }),
+            input: json!({ "agents": agents }).into(),
         })
     }
 

@@ -1,7 +1,6 @@
 //! Step 3 of the loop: every call of a step classified (built-in, external,
 //! spawn, or an error the model reads), spawns planned, built-ins' effects.
 
-use std::borrow::Cow;
 use std::ops::Index;
 use std::sync::Arc;
 
@@ -109,18 +108,14 @@ impl StepMachine {
                 ToolKind::AddMessage
                 | ToolKind::SetMessages
                 | ToolKind::SetOutput
-                | ToolKind::EndTurn => {
-                    match builtin_effect(&kind, input.into_owned(), &self.template) {
-                        Ok(effect) => {
-                            pending.effects.push((index, effect));
-                            pending.results[index] =
-                                Some(Message::tool_result(call, json!({"ok": true})));
-                        }
-                        Err(error) => {
-                            pending.results[index] = Some(Message::tool_error(call, error))
-                        }
+                | ToolKind::EndTurn => match builtin_effect(&kind, input, &self.template) {
+                    Ok(effect) => {
+                        pending.effects.push((index, effect));
+                        pending.results[index] =
+                            Some(Message::tool_result(call, json!({"ok": true})));
                     }
-                }
+                    Err(error) => pending.results[index] = Some(Message::tool_error(call, error)),
+                },
                 ToolKind::External(tool) => {
                     pending.awaiting += 1;
                     if approval {
@@ -131,7 +126,7 @@ impl StepMachine {
                         index,
                         call_id: call.tool_call_id.clone(),
                         tool,
-                        input: input.into_owned(),
+                        input,
                     });
                 }
                 ToolKind::SpawnAgents | ToolKind::SpawnAgentInline | ToolKind::SpawnAgentsAsync => {
@@ -165,12 +160,11 @@ impl StepMachine {
     }
 
     /// Finds the tool and checks the input; `Err` is the message the model will read.
-    /// The input is borrowed from the call when it is already a JSON value.
-    fn classify<'c>(
+    fn classify(
         &self,
-        call: &'c ToolCall,
+        call: &ToolCall,
         inline_seen: &mut bool,
-    ) -> Result<(ToolKind, Cow<'c, Value>, bool), String> {
+    ) -> Result<(ToolKind, Value, bool), String> {
         let name = call.tool_name.as_str();
         let Some(entry) = self.toolbox.get(name) else {
             if let Some(denied) = self.toolbox.denied(name) {
@@ -183,13 +177,11 @@ impl StepMachine {
                 self.toolbox.names().join(", ")
             ));
         };
-        let input = match &call.input {
-            Value::String(text) => Cow::Owned(
-                serde_json::from_str(text)
-                    .map_err(|e| format!("Arguments of {name} are not valid JSON: {e}"))?,
-            ),
-            Value::Null => Cow::Owned(json!({})),
-            other => Cow::Borrowed(other),
+        let input = match call.input.value() {
+            Value::String(text) => serde_json::from_str(&text)
+                .map_err(|e| format!("Arguments of {name} are not valid JSON: {e}"))?,
+            Value::Null => json!({}),
+            other => other,
         };
         entry
             .schema
@@ -207,7 +199,7 @@ impl StepMachine {
     #[allow(clippy::type_complexity)]
     fn plan_spawn(
         &self,
-        input: Cow<'_, Value>,
+        input: Value,
         (message, call): (Arc<Message>, usize),
         snapshot: &Arc<History>,
         notices: &crate::spawn::Notices,
@@ -233,7 +225,7 @@ impl StepMachine {
             .map_err(|e| (agent_type, e))
         };
         if inline {
-            let request = SpawnRequest::deserialize(&*input)
+            let request = SpawnRequest::deserialize(&input)
                 .map_err(|e| format!("Invalid input for spawn_agent_inline: {e}"))?;
             let child = plan(request).map_err(|(_, e)| e)?;
             return Ok(Box::new(move |step, index| Action::SpawnInline {
@@ -243,15 +235,12 @@ impl StepMachine {
             }));
         }
         if !background {
-            // Planned compactly: a child's plan is made from its entry when
-            // it comes up (a wide call's children wait as numbers, issue 34).
-            let parsed = match input {
-                Cow::Owned(value) => Some(value),
-                Cow::Borrowed(_) => None,
-            };
+            // Planned compactly: a child's plan is made from its entry in the
+            // call's text when it comes up (a wide call's children wait as
+            // numbers, issue 34).
             let children = SpawnPlan::check(
                 &self.template,
-                (message, call, parsed),
+                (message, call),
                 tool,
                 snapshot,
                 notices,

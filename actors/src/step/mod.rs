@@ -467,8 +467,6 @@ impl StepMachine {
             let billed = (!usage.is_recorded()).then_some(usage);
             return self.model_failed(step, failure, billed);
         }
-        // Kept for the run's life: in no more memory than it needs.
-        let message = message.with_compact_inputs();
         // A durable tree records the reply as the model sent it; it is the very
         // message the history keeps unless its call ids had to be fixed.
         let history = &self.state.message_history;

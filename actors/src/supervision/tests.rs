@@ -1684,14 +1684,14 @@ fn open_planned(n: usize) -> Input<u32> {
     let call = crate::message::ToolCall {
         tool_call_id: "c".into(),
         tool_name: "spawn_agents".into(),
-        input: json!({ "agents": agents }),
+        input: json!({ "agents": agents }).into(),
     };
     let message = Arc::new(Message::assistant(None, vec![call]));
     let parent_template = AgentTemplate::new("p", "m").spawns(&["leaf"]);
     let leaf = Arc::new(AgentTemplate::new("leaf", "m"));
     let planned = SpawnPlan::check(
         &parent_template,
-        (message, 0, None),
+        (message, 0),
         "spawn_agents",
         &Arc::new(History::new()),
         &crate::spawn::Notices::default(),

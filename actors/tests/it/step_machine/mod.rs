@@ -148,7 +148,7 @@ fn call(id: &str, name: &str, input: Value) -> ToolCall {
     ToolCall {
         tool_call_id: id.to_owned(),
         tool_name: name.to_owned(),
-        input,
+        input: input.into(),
     }
 }
 
