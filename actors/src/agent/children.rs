@@ -1,8 +1,9 @@
 //! The driver of a parent's child table ([`crate::supervision::Children`]):
-//! it admits each requested child against the tree, feeds the table what
-//! happens to the children, and carries out what the table answers (start
-//! children in live slots, retry timers, cancels, events, delivery to the
-//! machine). Every decision is the table's.
+//! it lends the table's admission ([`crate::supervision::admit`]) the tree's
+//! toolboxes and limits, feeds the table what happens to the children, and
+//! carries out what the table answers (start children in live slots, retry
+//! timers, cancels, events, delivery to the machine). Every decision is the
+//! table's.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -24,7 +25,7 @@ use crate::state::AgentState;
 use crate::step::background::Started;
 use crate::step::{Action, StepMachine};
 use crate::supervision::{
-    Admission, ChildKey, Children, Delivery, Input, Launch, Output, Planner, Start,
+    Admission, ChildKey, Children, Delivery, Input, Launch, Output, Start, admit,
 };
 use crate::toolbox::Toolbox;
 
@@ -89,73 +90,22 @@ impl AgentRun {
             .map_or_else(Vec::new, |c| c.table.undelivered())
     }
 
-    /// Admits the children of a `spawn_agents` call: each is counted and
-    /// given its ordinal now, and waits as those numbers until it comes up
-    /// (its plan is made then, from its entry in the call).
+    /// Admits the children of a `spawn_agents` call (the table decides,
+    /// [`admit::admit_planned`]): each is counted and given its ordinal now,
+    /// and waits as those numbers until it comes up (its plan is made then,
+    /// from its entry in the call).
     pub(super) fn spawn_agents(
         &mut self,
         step: u32,
         index: usize,
         children: SpawnChildren,
     ) -> Vec<Action> {
-        let SpawnChildren { plan, children } = children;
-        let toolboxes: Vec<Result<Arc<Toolbox>, String>> = plan
-            .kinds()
-            .iter()
-            .map(|kind| self.hooks.toolbox(&kind.template))
-            .collect();
         let parent_run = self.machine.state().run_id.parse::<RunId>();
-        let admitted = children
-            .into_iter()
-            .enumerate()
-            .map(|(i, child)| {
-                let kind = match child {
-                    Ok(kind) => kind,
-                    Err(refused) => {
-                        let (agent_type, error) = *refused;
-                        return Admission::Refused { agent_type, error };
-                    }
-                };
-                let agent_type = || {
-                    plan.kinds()
-                        .get(usize::from(kind))
-                        .map(|k| k.agent_type.to_string())
-                        .unwrap_or_default()
-                };
-                let parent = match &parent_run {
-                    Ok(parent) => parent,
-                    Err(error) => {
-                        return Admission::Refused {
-                            agent_type: agent_type(),
-                            error: error.to_string(),
-                        };
-                    }
-                };
-                if let Some(Err(error)) = toolboxes.get(usize::from(kind)) {
-                    return Admission::Refused {
-                        agent_type: agent_type(),
-                        error: error.clone(),
-                    };
-                }
-                let next = self.machine.children_spawned() + 1;
-                if let Err(error) = self.count_child(&parent.child(next), i) {
-                    return Admission::Refused {
-                        agent_type: agent_type(),
-                        error,
-                    };
-                }
-                // The child is counted: its id has the ordinal this returns.
-                self.machine.next_child_ordinal();
-                Admission::Waiting {
-                    kind,
-                    ordinal: next,
-                }
-            })
-            .collect();
-        let planner = Planner {
-            plan,
-            toolboxes: toolboxes.into_iter().map(Result::ok).collect(),
-        };
+        let mut tree = HookTree::new(self);
+        let next = self.machine.children_spawned() + 1;
+        let (admitted, planner, count) =
+            admit::admit_planned(children, parent_run.as_ref(), next, &mut tree);
+        self.admitted(tree, count);
         let parent = Arc::new(ParentInfo::of(self.machine.state(), self.machine.toolbox()));
         self.feed(Input::Open {
             step,
@@ -168,19 +118,25 @@ impl AgentRun {
         })
     }
 
-    /// Counts child `id` (the `index`-th of its call) against the tree's
-    /// limits, unless a resumed tree ran it before (it was counted then).
-    fn count_child(&mut self, id: &RunId, index: usize) -> Result<(), String> {
-        let depth = self.machine.state().depth();
-        let known = self.hooks.recovering() && self.hooks.recovered(&id.to_string()).is_some();
-        if known {
-            return Ok(());
-        }
-        self.hooks.admit_child(depth, index).map_err(|limit| {
-            let error = limit.to_string();
+    /// Children planned in full, admitted as [`admit::admit_each`] decides.
+    fn admit_each(&mut self, children: Vec<crate::step::Planned>) -> Vec<Admission> {
+        let parent_run = self.machine.state().run_id.parse::<RunId>();
+        let mut tree = HookTree::new(self);
+        let next = self.machine.children_spawned() + 1;
+        let (admitted, count) = admit::admit_each(children, parent_run.as_ref(), next, &mut tree);
+        self.admitted(tree, count);
+        admitted
+    }
+
+    /// After an admission: the limits it hit are events, and the machine
+    /// counts the `count` children admitted.
+    fn admitted(&mut self, tree: HookTree, count: u32) {
+        for limit in tree.hit {
             self.emit(EventKind::LimitHit { limit });
-            error
-        })
+        }
+        for _ in 0..count {
+            self.machine.next_child_ordinal();
+        }
     }
 
     pub(super) fn spawn_inline(
@@ -189,8 +145,8 @@ impl AgentRun {
         index: usize,
         child: ChildPlan,
     ) -> Vec<Action> {
-        let child = self.admit(Ok(child), 0);
-        self.open_call(step, index, true, vec![child])
+        let children = self.admit_each(vec![Ok(child)]);
+        self.open_call(step, index, true, children)
     }
 
     /// Starts the children of a `spawn_agents_async` call: admitted like
@@ -202,11 +158,7 @@ impl AgentRun {
         index: usize,
         children: Vec<Result<ChildPlan, (String, String)>>,
     ) -> Vec<Action> {
-        let children: Vec<Admission> = children
-            .into_iter()
-            .enumerate()
-            .map(|(i, child)| self.admit(child, i))
-            .collect();
+        let children = self.admit_each(children);
         let started = children
             .iter()
             .map(|child| match child {
@@ -296,48 +248,6 @@ impl AgentRun {
             }));
         }
         actions
-    }
-
-    /// Checks a child against the tree's limits and gives it its agent id. Its
-    /// state is built only when it gets a live slot.
-    fn admit(&mut self, child: Result<ChildPlan, (String, String)>, index: usize) -> Admission {
-        let plan = match child {
-            Ok(plan) => plan,
-            Err((agent_type, error)) => return Admission::Refused { agent_type, error },
-        };
-        // A child a resumed tree already ran was admitted then; it is not counted twice.
-        let next = self.machine.children_spawned() + 1;
-        // From the parent's run id, not its agent id: the children of a
-        // retried attempt (`T/0.1~1`) get ids of their own (`T/0.1~1.1`), and
-        // every attempt's run id derives from the child's agent id. A run id
-        // the tree did not make (none does) has no children.
-        let id = match self.machine.state().run_id.parse::<RunId>() {
-            Ok(parent) => parent.child(next),
-            Err(error) => {
-                return Admission::Refused {
-                    agent_type: plan.agent_type.to_string(),
-                    error: error.to_string(),
-                };
-            }
-        };
-        if let Err(error) = self.count_child(&id, index) {
-            return Admission::Refused {
-                agent_type: plan.agent_type.to_string(),
-                error,
-            };
-        }
-        let toolbox = match self.hooks.toolbox(&plan.template) {
-            Ok(toolbox) => toolbox,
-            Err(error) => {
-                return Admission::Refused {
-                    agent_type: plan.agent_type.to_string(),
-                    error,
-                };
-            }
-        };
-        // The child is counted: `id` has the ordinal this returns.
-        self.machine.next_child_ordinal();
-        Admission::Admitted { id, toolbox, plan }
     }
 
     fn open_call(
@@ -675,5 +585,45 @@ impl AgentRun {
                 let _ = me.cast(msg);
             }
         });
+    }
+}
+
+/// The tree as the child table's admission asks it ([`admit::Tree`]):
+/// the hooks' toolboxes and limits, a resumed tree's children not counted
+/// again, and the limits hit kept for their events.
+struct HookTree {
+    hooks: Arc<dyn crate::hooks::TreeHooks>,
+    depth: usize,
+    hit: Vec<crate::limit::LimitHit>,
+}
+
+impl HookTree {
+    fn new(run: &AgentRun) -> Self {
+        HookTree {
+            hooks: run.hooks.clone(),
+            depth: run.machine.state().depth(),
+            hit: Vec::new(),
+        }
+    }
+}
+
+impl admit::Tree for HookTree {
+    fn toolbox(
+        &mut self,
+        template: &crate::template::AgentTemplate,
+    ) -> Result<Arc<Toolbox>, String> {
+        self.hooks.toolbox(template)
+    }
+
+    fn count(&mut self, id: &RunId, index: usize) -> Result<(), String> {
+        // A child a resumed tree already ran was admitted then.
+        if self.hooks.recovering() && self.hooks.recovered(&id.to_string()).is_some() {
+            return Ok(());
+        }
+        self.hooks.admit_child(self.depth, index).map_err(|limit| {
+            let error = limit.to_string();
+            self.hit.push(limit);
+            error
+        })
     }
 }

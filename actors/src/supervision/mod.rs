@@ -27,6 +27,7 @@ use crate::state::{AgentState, AgentStatus};
 use crate::template::FailurePolicy;
 use crate::toolbox::Toolbox;
 
+pub mod admit;
 mod slot;
 
 use slot::{Call, ChildId, Entry, Slot, entry_of};
