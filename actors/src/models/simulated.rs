@@ -130,10 +130,11 @@ impl Latency {
     }
 }
 
-/// What an alive simulated agent holds at most, besides its answer: its
-/// state, history, actor and child table (measured on a release build with
-/// every agent of a 10^6-agent tree alive at once; docs/benchmarks-history.md).
-pub const ALIVE_AGENT_BYTES: u64 = 4_096;
+/// What an alive simulated agent holds, besides its answer: its state,
+/// history, actor, model call in flight and child table (`--shape
+/// 100,100,100` with no live cap peaked at 4.19 GB with 410,104 alive on a
+/// release build: ~10 KB each; docs/benchmarks-history.md).
+pub const ALIVE_AGENT_BYTES: u64 = 10_240;
 
 /// What a child waiting for a live slot costs at most: its entry in its
 /// parent's call as the simulated model writes it (~180 bytes of text), its
