@@ -122,8 +122,18 @@ pub struct ToolCall {
 /// parsed, about its text's length as text (the 10^8-agent tree's parents
 /// hold ~10^7 at once: issue 34). It reads and writes as the JSON value it
 /// is: the wire shape of a tool call is unchanged.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct ToolInput(Box<str>);
+
+impl PartialEq for ToolInput {
+    /// Equal as JSON values: the same object with its keys in another
+    /// order is the same input.
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0 || self.value() == other.value()
+    }
+}
+
+impl Eq for ToolInput {}
 
 impl ToolInput {
     /// The input `value`.
@@ -132,6 +142,10 @@ impl ToolInput {
     }
 
     /// The input as a JSON value.
+    ///
+    /// Written as JSON text by serde_json (and read into a `Value` by
+    /// serde_json's value serializer); other serializers see serde_json's
+    /// raw-value struct.
     pub fn value(&self) -> Value {
         // Always valid: it was written from a value.
         serde_json::from_str(&self.0).unwrap_or(Value::Null)
@@ -633,5 +647,10 @@ mod tests {
         assert_eq!(as_text.arguments(), "{oops");
         assert_eq!(ToolInput::from(json!({"a": 1})).arguments(), r#"{"a":1}"#);
         assert!(ToolInput::default().is_null());
+        // The same object with its keys in another order is the same input.
+        assert_eq!(
+            ToolInput::from(json!({"a": 1, "b": 2})),
+            ToolInput::from(serde_json::from_str::<Value>(r#"{"b":2,"a":1}"#).unwrap())
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! Spawning and merging as plain functions (semantics §6): who may spawn what, the
 //! state a child starts from, and the result its parent records.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -282,7 +283,10 @@ impl SpawnPlan {
             .entries
             .text()
             .get(start as usize..(start + len) as usize)?;
-        let request: SpawnRequest = serde_json::from_str(entry).ok()?;
+        // As a value first, as the check read it: the last of duplicate
+        // keys wins, where a struct refuses them.
+        let entry: Value = serde_json::from_str(entry).ok()?;
+        let request = SpawnRequest::deserialize(&entry).ok()?;
         Some(ChildPlan {
             agent_type: kind.agent_type.clone(),
             template: kind.template.clone(),
@@ -312,17 +316,22 @@ impl Entries {
 /// it (start, length); none if it has no such array (the call's schema
 /// check refused it already) or is over 4 GB.
 fn spans_of(text: &str) -> Vec<(u32, u32)> {
-    #[derive(Deserialize)]
-    struct Agents<'a> {
-        #[serde(borrow, default)]
-        agents: Vec<&'a serde_json::value::RawValue>,
-    }
-    let Ok(parsed) = serde_json::from_str::<Agents>(text) else {
+    use serde_json::value::RawValue;
+    // A map, not a struct: of duplicate keys the last wins, as when the
+    // check parsed the input into a value.
+    let Ok(input) =
+        serde_json::from_str::<std::collections::HashMap<Cow<'_, str>, &RawValue>>(text)
+    else {
+        return Vec::new();
+    };
+    let Some(agents) = input.get("agents") else {
+        return Vec::new();
+    };
+    let Ok(agents) = serde_json::from_str::<Vec<&RawValue>>(agents.get()) else {
         return Vec::new();
     };
     let base = text.as_ptr() as usize;
-    parsed
-        .agents
+    agents
         .iter()
         .map_while(|raw| {
             let start = u32::try_from((raw.get().as_ptr() as usize).checked_sub(base)?).ok()?;
@@ -750,6 +759,35 @@ mod tests {
             // Two children of one kind share it.
             assert_eq!(planned.plan.kinds().len(), 1);
         }
+    }
+
+    /// The review of issue 34's change: of duplicate keys the last wins, as
+    /// when the call was checked as a value, both in an entry and for the
+    /// `agents` list itself (a struct refuses duplicates: the child was
+    /// counted, then could not be planned).
+    #[test]
+    fn duplicate_keys_plan_the_last_as_the_check_read_them() {
+        let text = r#"{"agents":[{"agent_type":"x"}],"agents":[{"agent_type":"leaf","prompt":"a","prompt":"b"}]}"#;
+        let call = crate::message::ToolCall {
+            tool_call_id: "c".into(),
+            tool_name: "spawn_agents".into(),
+            input: json!(text).into(),
+        };
+        let message = Arc::new(Message::assistant(None, vec![call]));
+        let parent = AgentTemplate::new("p", "m").spawns(&["leaf"]);
+        let leaf = Arc::new(AgentTemplate::new("leaf", "m"));
+        let planned = SpawnPlan::check(
+            &parent,
+            (message, 0),
+            "spawn_agents",
+            &Arc::new(History::new()),
+            &Notices::default(),
+            |id| (id == "leaf").then(|| leaf.clone()),
+            |id| id == "leaf",
+        );
+        let plans = planned.plans();
+        assert_eq!(plans.len(), 1);
+        assert_eq!(plans[0].as_ref().unwrap().prompt.as_deref(), Some("b"));
     }
 
     #[test]

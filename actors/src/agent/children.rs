@@ -318,12 +318,29 @@ impl AgentRun {
         if self.children.is_none() && matches!(input, Input::ParentEnded { .. }) {
             return Vec::new();
         }
-        let ending = matches!(input, Input::ParentEnded { .. });
-        let outputs = self.children_mut().table.handle(input);
-        if ending {
-            // No more children follow: the launches waiting for more end.
-            self.children_mut().streams.clear();
+        let mut actions = Vec::new();
+        // Inputs that outputs make (children a launch no longer takes) are
+        // taken in turn here, not by a call per child: a call of 10^4 whose
+        // launch ended would nest that deep.
+        let mut inputs = std::collections::VecDeque::from([input]);
+        while let Some(input) = inputs.pop_front() {
+            let ending = matches!(input, Input::ParentEnded { .. });
+            let outputs = self.children_mut().table.handle(input);
+            if ending {
+                // No more children follow: the launches waiting for more end.
+                self.children_mut().streams.clear();
+            }
+            actions.extend(self.carry_out(outputs, &mut inputs));
         }
+        actions
+    }
+
+    /// Carries out the table's outputs; the inputs they make go to `inputs`.
+    fn carry_out(
+        &mut self,
+        outputs: Vec<Output<ActorId>>,
+        inputs: &mut std::collections::VecDeque<Input<ActorId>>,
+    ) -> Vec<Action> {
         let mut actions = Vec::new();
         for output in outputs {
             match output {
@@ -355,7 +372,7 @@ impl AgentRun {
                     // The launch is over (its parent was cancelled): they never start.
                     for key in unsent {
                         let error = "cancelled before it started".to_owned();
-                        actions.extend(self.feed(Input::NotStarted { key, error }));
+                        inputs.push_back(Input::NotStarted { key, error });
                     }
                 }
                 Output::Skip { run_id } => {

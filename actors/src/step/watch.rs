@@ -41,7 +41,9 @@ struct Seen {
 fn fingerprint(tool: &str, input: &ToolInput) -> u64 {
     let mut hasher = DefaultHasher::new();
     tool.hash(&mut hasher);
-    input.text().hash(&mut hasher);
+    // The value's hash: the same object with its keys in another order is
+    // the same call.
+    input.value().hash(&mut hasher);
     hasher.finish()
 }
 
@@ -220,6 +222,21 @@ mod tests {
         watch.observe(CONFIG, "echo", &json!({"n": 1}).into(), &first);
         assert_eq!(watch.repeats, 2);
         assert_eq!(Arc::strong_count(&first), 2, "a repeat keeps the first");
+    }
+
+    /// The review of issue 34's change: an input is held as text, and the
+    /// same object with its keys in another order is still the same call.
+    #[test]
+    fn a_repeat_with_its_keys_in_another_order_is_still_a_repeat() {
+        let mut watch = LoopWatch::default();
+        let one: ToolInput = json!({"a": 1, "b": 2}).into();
+        let other: ToolInput = serde_json::from_str::<Value>(r#"{"b":2,"a":1}"#)
+            .unwrap()
+            .into();
+        assert_ne!(one.text(), other.text());
+        watch.observe(CONFIG, "echo", &one, &result("a", json!(1)));
+        watch.observe(CONFIG, "echo", &other, &result("b", json!(1)));
+        assert_eq!(watch.repeats, 2);
     }
 
     #[test]

@@ -376,7 +376,10 @@ impl<A: Clone + Eq + Hash> Children<A> {
             Input::NotStarted { key, error } => {
                 self.starting = self.starting.saturating_sub(1);
                 self.result(key, Err(error), false, &mut out);
-                self.acked(key, &mut out);
+                // An escalated failure ends the parent: nothing more comes up.
+                if !out.iter().any(|o| matches!(o, Output::Fail { .. })) {
+                    self.acked(key, &mut out);
+                }
             }
             Input::Recovered { key, result } => {
                 self.starting = self.starting.saturating_sub(1);

@@ -1831,6 +1831,114 @@ fn a_wide_call_whose_parent_ended_launches_no_more_and_its_unannounced_children_
             .any(|o| matches!(o, Output::More { .. } | Output::Launch(_))),
         "{out:?}"
     );
-    // The waiting ones never ran: no run ids to record.
-    assert!(late(&table).iter().all(|(_, runs)| runs.len() <= 1));
+    // Only the launched ones are the call's to record, and only the one
+    // that ran has a run id: the waiting ones never were runs.
+    assert_eq!(late(&table).len(), LAUNCH_WINDOW);
+    table.handle(cancelled(key(0, 0), 7));
+    let runs: Vec<String> = late(&table).into_iter().flat_map(|(_, r)| r).collect();
+    assert_eq!(runs, ["t/0.1"]);
+}
+
+/// The review of issue 34's change: a retry inside a call that still has
+/// children waiting takes no place in the call's window, and an escalated
+/// failure launches nothing more.
+#[test]
+fn a_retry_in_a_wide_call_takes_no_window_place_and_an_escalation_launches_nothing_more() {
+    let n = LAUNCH_WINDOW + 3;
+    let mut table = Table::default();
+    table.handle(open_planned(n));
+    // Child 0 starts (child 64 comes up) and fails: `report` policy, so it
+    // is reported; no retry is asked, and the window does not grow.
+    let out = table.handle(started(key(0, 0), 1));
+    assert_eq!(spawned(&out), [format!("t/0.{}", LAUNCH_WINDOW + 1)]);
+    let out = table.handle(failed(key(0, 0), 1, "boom"));
+    assert!(spawned(&out).is_empty(), "{out:?}");
+    // Every other launched child starts: each brings up one more, until
+    // the last, which says no more follow.
+    let mut more = 0;
+    let mut last = false;
+    for child in 1..=LAUNCH_WINDOW {
+        for o in table.handle(started(key(child, 0), child as u32 + 1)) {
+            if let Output::More {
+                children, last: l, ..
+            } = o
+            {
+                more += children.len();
+                last |= l;
+            }
+        }
+    }
+    assert_eq!(more, 2);
+    assert!(last);
+}
+
+#[test]
+fn a_planned_calls_children_are_numbered_in_order_and_a_broken_kind_is_refused_uncounted() {
+    use crate::supervision::admit::{Tree, admit_planned};
+    struct Canned(Vec<String>);
+    impl Tree for Canned {
+        fn toolbox(&mut self, template: &AgentTemplate) -> Result<Arc<Toolbox>, String> {
+            if template.id == "broken" {
+                return Err("tool x is not configured".into());
+            }
+            Ok(toolbox())
+        }
+        fn count(&mut self, id: &RunId, _index: usize) -> Result<(), String> {
+            self.0.push(id.to_string());
+            Ok(())
+        }
+    }
+    let agents = json!({"agents": [
+        {"agent_type": "leaf", "prompt": "a"},
+        {"agent_type": "broken"},
+        {"agent_type": "ghost"},
+        {"agent_type": "leaf", "prompt": "b"},
+    ]});
+    let call = crate::message::ToolCall {
+        tool_call_id: "c".into(),
+        tool_name: "spawn_agents".into(),
+        input: agents.into(),
+    };
+    let message = Arc::new(Message::assistant(None, vec![call]));
+    let parent_template = AgentTemplate::new("p", "m").spawns(&["leaf", "broken"]);
+    let templates = |id: &str| match id {
+        "leaf" | "broken" => Some(Arc::new(AgentTemplate::new(id, "m"))),
+        _ => None,
+    };
+    let planned = SpawnPlan::check(
+        &parent_template,
+        (message, 0),
+        "spawn_agents",
+        &Arc::new(History::new()),
+        &crate::spawn::Notices::default(),
+        templates,
+        |id| templates(id).is_some(),
+    );
+    let parent: RunId = "t/0".parse().unwrap();
+    let mut tree = Canned(Vec::new());
+    let (admissions, planner, admitted) = admit_planned(planned, Ok(&parent), 3, &mut tree);
+    let shown: Vec<String> = admissions
+        .iter()
+        .map(|a| match a {
+            Admission::Waiting { kind, ordinal } => format!("kind {kind} as {ordinal}"),
+            Admission::Refused { agent_type, error } => format!("{agent_type}: {error}"),
+            Admission::Admitted { id, .. } => id.to_string(),
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            "kind 0 as 3",
+            "broken: tool x is not configured",
+            "ghost: Agent type ghost not found",
+            "kind 0 as 4",
+        ]
+    );
+    assert_eq!(admitted, 2);
+    assert_eq!(tree.0, ["t/0.3", "t/0.4"]);
+    // The refused kind has no toolbox to start with; the admitted one's
+    // plan is made from its entry.
+    assert!(planner.toolboxes[1].is_none());
+    let plan = planner.plan.child(3, 0).unwrap();
+    assert_eq!(plan.prompt.as_deref(), Some("b"));
 }

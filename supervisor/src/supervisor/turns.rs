@@ -257,11 +257,18 @@ impl Supervisor {
         if decision == TurnDecision::Interrupt && !(here && self.cancel_tree(tree_id)) {
             // Run elsewhere: a cancel control in the store, as every caller
             // (the library, `arbor run --continue`, a replica) interrupts.
+            // The turn is queued already: a failed post is logged, not the
+            // request's error (a retry would queue it twice), and the caller
+            // still learns which run to cancel.
             let (id, run) = (tree_id.to_owned(), record.root_run_id.clone());
-            self.read_store(move |store| {
-                store.post_control(&id, &json!({"control": "cancel", "runId": run}))
-            })
-            .await?;
+            let posted = self
+                .read_store(move |store| {
+                    store.post_control(&id, &json!({"control": "cancel", "runId": run}))
+                })
+                .await;
+            if let Err(error) = posted {
+                tracing::warn!(tree = tree_id, %error, "the interrupted turn's cancel was not posted");
+            }
             cancel_elsewhere = Some(record.root_run_id);
         }
         Ok(TurnStart::Queued(Queued {
