@@ -5,4 +5,6 @@ pub mod scripted;
 mod simulated;
 
 pub use scripted::{ScriptError, ScriptedModel};
-pub use simulated::{Latency, SimulatedConfig, SimulatedModel};
+pub use simulated::{
+    ALIVE_AGENT_BYTES, Latency, SimulatedConfig, SimulatedModel, WAITING_CHILD_BYTES,
+};
