@@ -56,7 +56,6 @@
 pub mod config;
 #[cfg(feature = "loadtest")]
 pub mod loadtest;
-pub mod providers;
 #[cfg(feature = "server")]
 pub mod service;
 #[cfg(feature = "otel")]
@@ -72,6 +71,9 @@ use std::task::{Context, Poll};
 // type the runtime's API names links to a page of this crate's docs.
 #[doc(inline)]
 pub use arbor_actors as actors;
+/// Real models over HTTP (the `arbor-providers` crate).
+#[doc(inline)]
+pub use arbor_providers as providers;
 #[doc(inline)]
 pub use arbor_supervisor as supervisor;
 pub use config::{Config, ConfigError};

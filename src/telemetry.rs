@@ -315,6 +315,9 @@ impl Otlp {
             )
             .build();
         *EXPORTING.lock().unwrap_or_else(|e| e.into_inner()) = Some(provider.clone());
+        // Model requests carry their span's trace context, and the model
+        // call's span its names.
+        arbor_providers::trace_requests(Box::new(ProviderTracer));
         Ok(Otlp {
             provider,
             stopped: Default::default(),
@@ -479,6 +482,24 @@ pub fn inject_traceparent(headers: &mut reqwest::header::HeaderMap) {
     if cx.span().span_context().is_valid() {
         TraceContextPropagator::new()
             .inject_context(&cx, &mut opentelemetry_http::HeaderInjector(headers));
+    }
+}
+
+/// The model providers' side of the traces: the `traceparent` of each
+/// request and the model call's span attributes and name.
+struct ProviderTracer;
+
+impl arbor_providers::RequestTracer for ProviderTracer {
+    fn inject(&self, headers: &mut reqwest::header::HeaderMap) {
+        inject_traceparent(headers);
+    }
+
+    fn set_attribute(&self, span: &tracing::Span, key: &'static str, value: String) {
+        span.set_attribute(key, value);
+    }
+
+    fn rename(&self, span: &tracing::Span, name: String) {
+        span.context().span().update_name(name);
     }
 }
 

@@ -141,6 +141,8 @@ impl Live {
                     .get_or_create(&track.label())
                     .observe(after.as_secs_f64());
             }
+            // An event this service does not count.
+            _ => {}
         }
     }
 }

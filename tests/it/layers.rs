@@ -40,6 +40,94 @@ fn tree_deps(package: &str, extra: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// The workspace's crates and the workspace crates each may depend on
+/// directly (normal dependencies): dependencies point one way, down this
+/// list. A crate not listed, or a dependency not allowed, fails the test.
+const CRATE_GRAPH: [(&str, &[&str]); 5] = [
+    ("arbor-actors", &[]),
+    ("arbor-providers", &["arbor-actors"]),
+    ("arbor-supervisor", &["arbor-actors"]),
+    (
+        "arbor-agents",
+        &["arbor-actors", "arbor-providers", "arbor-supervisor"],
+    ),
+    ("arbor-test-support", &["arbor-actors", "arbor-supervisor"]),
+];
+
+#[test]
+fn the_workspace_crates_depend_on_each_other_one_way() {
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let packages = metadata["packages"].as_array().unwrap();
+    let members: BTreeSet<&str> = packages.iter().filter_map(|p| p["name"].as_str()).collect();
+    let listed: BTreeSet<&str> = CRATE_GRAPH.iter().map(|(name, _)| *name).collect();
+    assert_eq!(members, listed, "the workspace's crates");
+    for package in packages {
+        let name = package["name"].as_str().unwrap();
+        // Normal dependencies only (`kind` null); dev-dependencies may reach
+        // any crate.
+        let deps: BTreeSet<&str> = package["dependencies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["kind"].is_null())
+            .filter_map(|d| d["name"].as_str())
+            .filter(|d| members.contains(d))
+            .collect();
+        let allowed: BTreeSet<&str> = CRATE_GRAPH
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, deps)| deps.iter().copied().collect())
+            .unwrap_or_default();
+        assert!(
+            deps.is_subset(&allowed),
+            "{name} depends on {:?}, which it may not",
+            deps.difference(&allowed).collect::<Vec<_>>()
+        );
+    }
+    // Each crate may only depend on crates listed above it.
+    for (i, (name, deps)) in CRATE_GRAPH.iter().enumerate() {
+        for dep in *deps {
+            let at = CRATE_GRAPH.iter().position(|(n, _)| n == dep).unwrap();
+            assert!(at < i, "{name} may depend on {dep}, listed below it");
+        }
+    }
+}
+
+#[test]
+fn providers_know_no_telemetry_supervisor_or_facade() {
+    let deps = normal_deps("arbor-providers");
+    for banned in SQL.iter().chain(&[
+        "opentelemetry",
+        "tracing-opentelemetry",
+        "arbor-supervisor",
+        "arbor-agents",
+        "clap",
+        "axum",
+    ]) {
+        assert!(
+            !deps.iter().any(|d| d == banned),
+            "arbor-providers depends on {banned}"
+        );
+    }
+    assert!(deps.iter().any(|d| d == "reqwest"));
+}
+
 const WEB: [&str; 6] = ["hyper", "reqwest", "axum", "http", "h2", "tower"];
 const SQL: [&str; 3] = ["rusqlite", "sqlx", "libsqlite3-sys"];
 
@@ -509,12 +597,11 @@ fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
         .find_map(|m| visit(graph, m, &mut Vec::new(), &mut done))
 }
 
-/// The modules of `src/providers` (`NAME.rs` and `NAME/…`, the unit tests'
-/// `tests.rs` files aside) and which of them each names, as
-/// `crate::providers::OTHER` or as `super::OTHER` where `super` is
-/// `providers`, outside its tests.
+/// The modules of `arbor-providers` (`NAME.rs` and `NAME/…`, the unit tests'
+/// `tests.rs` files aside) and which of them each names, as `crate::OTHER`
+/// or as `super::OTHER` where `super` is the crate's root, outside its tests.
 fn provider_module_graph() -> Graph {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/providers");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("providers/src");
     let mut graph = std::collections::BTreeMap::new();
     let mut stack = vec![root.clone()];
     while let Some(path) = stack.pop() {
@@ -533,10 +620,10 @@ fn provider_module_graph() -> Graph {
                 .map(|c| c.as_os_str().to_string_lossy().into_owned())
                 .collect();
             let module = parts[0].trim_end_matches(".rs").to_owned();
-            if module == "mod" {
+            if module == "lib" {
                 continue;
             }
-            // What `super::` means here: `providers` for `NAME.rs` and
+            // What `super::` means here: the crate's root for `NAME.rs` and
             // `NAME/mod.rs`, one more `super::` for the files below `NAME/`.
             let depth = parts.len() - usize::from(parts.last().unwrap() == "mod.rs");
             let up = "super::".repeat(depth);
@@ -544,7 +631,7 @@ fn provider_module_graph() -> Graph {
             let code = production_code(&text);
             let code = code.as_str();
             let uses: &mut BTreeSet<String> = graph.entry(module.clone()).or_default();
-            for prefix in ["crate::providers::", up.as_str()] {
+            for prefix in ["crate::", up.as_str()] {
                 for (at, _) in code.match_indices(prefix) {
                     // `super::super::x` is not `super::x` one level down.
                     if code[..at].ends_with("super::") {
@@ -608,13 +695,13 @@ fn the_provider_modules_import_each_other_without_a_cycle() {
         "the graph sees nested files"
     );
     if let Some(cycle) = find_cycle(&graph) {
-        panic!("src/providers has an import cycle: {}", cycle.join(" -> "));
+        panic!("providers/src has an import cycle: {}", cycle.join(" -> "));
     }
 }
 
 #[test]
 fn the_http_client_names_no_provider() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/providers/client.rs");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("providers/src/client.rs");
     let text = std::fs::read_to_string(path).unwrap();
     assert!(
         text.contains("WireFormat"),
@@ -629,7 +716,7 @@ fn the_http_client_names_no_provider() {
         for name in ["openai", "anthropic", "providerkind"] {
             assert!(
                 !lower.contains(name),
-                "src/providers/client.rs:{} names {name}: {line}",
+                "providers/src/client.rs:{} names {name}: {line}",
                 n + 1
             );
         }
@@ -637,8 +724,9 @@ fn the_http_client_names_no_provider() {
 }
 
 /// Every crate's root, as `module_graph` reads it.
-const CRATES: [(&str, &str); 5] = [
+const CRATES: [(&str, &str); 6] = [
     ("actors/src", "lib.rs"),
+    ("providers/src", "lib.rs"),
     ("supervisor/src", "lib.rs"),
     ("src", "lib.rs"),
     ("src", "main.rs"),

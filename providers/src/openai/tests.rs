@@ -3,12 +3,12 @@ use std::collections::BTreeMap;
 use arbor_actors::message::TOOL_CALL_ERROR;
 
 use super::*;
-use crate::providers::ProviderSettings;
-use crate::providers::fixtures::{
+use crate::ProviderSettings;
+use crate::fixtures::{
     assemble, feed, joined, non_adjacent_history, request, sample_history, settings, sink, sse,
     weather_call,
 };
-use crate::providers::settings::ProviderKind;
+use crate::settings::ProviderKind;
 
 // Captured from the aimock mock server (tests/mock).
 const TOOL_REPLY: &str = r#"{"id":"chatcmpl-xfPTaIHe6YghaB2t","object":"chat.completion","created":1796020799,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":null,"refusal":null,"tool_calls":[{"id":"call_paris","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\",\"unit\":\"celsius\"}"}},{"id":"call_berlin","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Berlin\",\"unit\":\"celsius\"}"}}]},"logprobs":null,"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":10,"completion_tokens":23,"total_tokens":33}}"#;

@@ -19,7 +19,7 @@ use arbor_actors::{Delta, DeltaSink};
 use serde_json::{Value, json};
 
 use super::{api_error, reply};
-use crate::providers::wire::{Assembler, Failure, Reply};
+use crate::wire::{Assembler, Failure, Reply};
 
 /// Assembles a streamed Responses reply.
 #[derive(Default)]

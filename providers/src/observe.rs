@@ -9,8 +9,12 @@
 //! that runs it) and held weakly: one lives as long as its owner keeps the
 //! `Arc`. A signal names the tree and run it belongs to, so an observer
 //! takes only its own runs' requests.
+//!
+//! The trace exporter, likewise, is no import of this crate: it installs a
+//! [`RequestTracer`] ([`trace_requests`]) that puts the trace context on each
+//! request's headers and names the model call's span.
 
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
 use arbor_actors::sync::RwLockExt as _;
@@ -58,6 +62,33 @@ pub(crate) fn signal(signal: &RequestSignal<'_>) {
     for observer in observers.iter().filter_map(Weak::upgrade) {
         observer(signal);
     }
+}
+
+/// What a trace exporter adds to each model request, beyond the `tracing`
+/// spans the client opens: installed once per process by the exporter's side
+/// ([`trace_requests`]), so this crate imports no tracing backend.
+pub trait RequestTracer: Send + Sync {
+    /// Adds the current span's trace context to a request's headers (W3C
+    /// `traceparent`), when there is one.
+    fn inject(&self, headers: &mut reqwest::header::HeaderMap);
+    /// Sets the attribute `key` of `span` as exported (a value `tracing`'s
+    /// fields cannot carry, as they are declared when the span starts).
+    fn set_attribute(&self, span: &tracing::Span, key: &'static str, value: String);
+    /// Renames `span` as exported (started before its name was known).
+    fn rename(&self, span: &tracing::Span, name: String);
+}
+
+static TRACER: OnceLock<Box<dyn RequestTracer>> = OnceLock::new();
+
+/// Installs `tracer` for every HTTP model request of the process; the first
+/// one installed stays (false when one was already).
+pub fn trace_requests(tracer: Box<dyn RequestTracer>) -> bool {
+    TRACER.set(tracer).is_ok()
+}
+
+/// The installed tracer, if any.
+pub(crate) fn tracer() -> Option<&'static dyn RequestTracer> {
+    TRACER.get().map(|t| t.as_ref())
 }
 
 #[cfg(test)]

@@ -7,8 +7,8 @@ use arbor_actors::{Delta, DeltaSink};
 use serde_json::Value;
 
 use super::{Block, api_error, assistant, truncated, update_tokens};
-use crate::providers::wire::convert::arguments;
-use crate::providers::wire::{Assembler, Failure, Reply, Tokens};
+use crate::wire::convert::arguments;
+use crate::wire::{Assembler, Failure, Reply, Tokens};
 
 /// A content block being streamed.
 enum Partial {

@@ -386,7 +386,7 @@ impl ProviderSettings {
             value: Option<T>,
             (min, max): (T, T),
         ) -> Result<(), (String, String)> {
-            match value.and_then(|v| arbor_supervisor::out_of_range(v, (min, max))) {
+            match value.and_then(|v| arbor_actors::out_of_range(v, (min, max))) {
                 Some(why) => Err((key.to_owned(), why)),
                 None => Ok(()),
             }

@@ -4,11 +4,11 @@ use arbor_actors::message::{Meta, STEP_PROMPT};
 use arbor_actors::model::ModelOptions;
 
 use super::*;
-use crate::providers::fixtures::{
+use crate::fixtures::{
     assemble, feed, joined, non_adjacent_history, request, sample_history, settings, sink, sse,
     weather_call,
 };
-use crate::providers::settings::{ProviderKind, ProviderSettings};
+use crate::settings::{ProviderKind, ProviderSettings};
 
 // Captured from the aimock mock server (tests/mock): the same fixture
 // (text + two calls, usage 42/17) non-streamed and streamed.

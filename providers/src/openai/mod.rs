@@ -11,9 +11,9 @@ use arbor_actors::model::{ModelOptions, OutputFormat, ToolChoice};
 use serde_json::{Value, json};
 
 pub(crate) use self::stream::StreamState;
-use crate::providers::settings::{ProviderKind, ProviderSettings};
-use crate::providers::wire::convert::{adjacent_results, arguments, result_text};
-use crate::providers::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
+use crate::settings::{ProviderKind, ProviderSettings};
+use crate::wire::convert::{adjacent_results, arguments, result_text};
+use crate::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
 
 /// The Chat Completions API (OpenAI and the servers compatible with it).
 pub(crate) struct OpenAi;

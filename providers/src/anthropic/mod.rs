@@ -27,9 +27,9 @@ use arbor_actors::model::{ModelOptions, ToolChoice};
 use serde_json::{Value, json};
 
 pub(crate) use self::stream::StreamState;
-use crate::providers::settings::{DEFAULT_MAX_TOKENS, ProviderKind, ProviderSettings};
-use crate::providers::wire::convert::{adjacent_results, result_text};
-use crate::providers::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
+use crate::settings::{DEFAULT_MAX_TOKENS, ProviderKind, ProviderSettings};
+use crate::wire::convert::{adjacent_results, result_text};
+use crate::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
 
 /// The Messages API.
 pub(crate) struct Anthropic;

@@ -16,7 +16,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::limiter::{Closed, Gate, Limiter, Said, seconds};
-use super::observe::{RequestEvent, RequestSignal, signal};
+use super::observe::{RequestEvent, RequestSignal, signal, tracer};
 use super::retry::{jitter, retry_after, retryable_status};
 use super::settings::ProviderSettings;
 use super::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
@@ -117,11 +117,11 @@ impl HttpModel {
         sink: &DeltaSink,
         meta: &RequestMeta,
     ) -> Result<Reply, Failure> {
-        #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
         let mut headers = headers.clone(); // reqwest takes the map by value
         // The model call's span (`chat {model}`) goes on at the provider.
-        #[cfg(feature = "otel")]
-        crate::telemetry::inject_traceparent(&mut headers);
+        if let Some(tracer) = tracer() {
+            tracer.inject(&mut headers);
+        }
         // Counted here, past the gate and the limiter: a request refused
         // before this point was never sent.
         self.signal(meta, RequestEvent::Sent);
@@ -378,15 +378,10 @@ impl Model for HttpModel {
         let span = tracing::Span::current();
         span.record("gen_ai.provider.name", self.settings.kind.name());
         span.record("gen_ai.request.model", self.settings.model.as_str());
-        #[cfg(feature = "otel")]
-        {
-            use opentelemetry::trace::TraceContextExt as _;
-            use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-            span.set_attribute("arbor.model", self.name.clone());
+        if let Some(tracer) = tracer() {
+            tracer.set_attribute(&span, "arbor.model", self.name.clone());
             // Started when it was entered, so renamed on the span itself.
-            span.context()
-                .span()
-                .update_name(format!("chat {}", self.settings.model));
+            tracer.rename(&span, format!("chat {}", self.settings.model));
         }
         let mut body = self.body(&request);
         let estimate = request.messages.estimated_tokens();
@@ -560,13 +555,15 @@ fn record_response_model(value: &Value) -> bool {
         .into_iter()
         .find_map(|at| value.pointer(at).and_then(Value::as_str))
         .filter(|model| !model.is_empty());
-    let Some(_model) = model else {
+    let Some(model) = model else {
         return false;
     };
-    #[cfg(feature = "otel")]
-    {
-        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-        tracing::Span::current().set_attribute("gen_ai.response.model", _model.to_owned());
+    if let Some(tracer) = tracer() {
+        tracer.set_attribute(
+            &tracing::Span::current(),
+            "gen_ai.response.model",
+            model.to_owned(),
+        );
     }
     true
 }

@@ -4,11 +4,11 @@ use std::sync::Arc;
 use arbor_actors::model::{Reasoning, ReasoningEffort};
 
 use super::*;
-use crate::providers::fixtures::{
+use crate::fixtures::{
     assemble, feed, joined, non_adjacent_history, request, sample_history, settings, sink, sse,
     weather_call,
 };
-use crate::providers::settings::{Api, HttpSection};
+use crate::settings::{Api, HttpSection};
 
 const TOOL_REPLY: &str = include_str!("../../../tests/fixtures/responses/tool_reply.json");
 const TOOL_STREAM: &str = include_str!("../../../tests/fixtures/responses/tool_reply.sse");

@@ -24,9 +24,9 @@ use arbor_actors::model::{ModelOptions, ToolChoice};
 use serde_json::{Map, Value, json};
 
 pub(crate) use self::stream::StreamState;
-use crate::providers::settings::{ProviderKind, ProviderSettings};
-use crate::providers::wire::convert::{adjacent_results, arguments, result_text};
-use crate::providers::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
+use crate::settings::{ProviderKind, ProviderSettings};
+use crate::wire::convert::{adjacent_results, arguments, result_text};
+use crate::wire::{Assembler, Failure, Reply, Tokens, WireFormat};
 
 /// The Responses API.
 pub(crate) struct Responses;

@@ -11,7 +11,10 @@
 //! [`ProviderKind`] (and its [`Api`]) to it. API keys live in [`ApiKey`] and
 //! never reach logs, events, errors or stored state. The client tells
 //! [`observe_requests`] observers when a request is really sent and when its
-//! first streamed token comes (the service's metrics count and time them).
+//! first streamed token comes (the service's metrics count and time them),
+//! and an installed [`RequestTracer`] about each request's trace context.
+
+#![deny(missing_docs)]
 
 mod anthropic;
 mod client;
@@ -29,7 +32,9 @@ use std::sync::Arc;
 
 pub use client::{ClientError, HttpModel};
 pub use limiter::{Limiter, LimiterConfig};
-pub use observe::{RequestEvent, RequestObserver, RequestSignal, observe_requests};
+pub use observe::{
+    RequestEvent, RequestObserver, RequestSignal, RequestTracer, observe_requests, trace_requests,
+};
 pub use retry::RetryPolicy;
 pub use settings::{
     Api, ApiKey, HttpSection, OnTruncatedSection, Pricing, ProviderKind, ProviderSettings, Timeouts,
