@@ -60,7 +60,6 @@ pub mod loadtest;
 pub mod service;
 #[cfg(feature = "otel")]
 pub mod telemetry;
-pub mod tools;
 
 use std::path::Path;
 use std::pin::Pin;
@@ -76,6 +75,10 @@ pub use arbor_actors as actors;
 pub use arbor_providers as providers;
 #[doc(inline)]
 pub use arbor_supervisor as supervisor;
+/// Tools from outside the runtime: MCP servers, command tools (the
+/// `arbor-tools` crate).
+#[doc(inline)]
+pub use arbor_tools as tools;
 pub use config::{Config, ConfigError};
 
 /// Writing a tool in Rust: the [`Tool`] trait, what it takes and gives, the

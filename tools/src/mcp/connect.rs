@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use super::bounded;
 use super::config::{HttpKind, INHERITED_ENV, MAX_MESSAGE_BYTES, McpTransport, read_env};
 use super::sse;
-use crate::tools::{keeper, reaper};
+use crate::{keeper, reaper};
 
 /// Longest stderr line logged as one (longer ones are cut in pieces).
 const MAX_STDERR_LINE: u64 = 8 * 1024;

@@ -4,6 +4,8 @@
 //! command tools in the catalog and serves the MCP servers' tools as the
 //! catalog's [`ToolSource`], whose lists can change at run time.
 
+#![deny(missing_docs)]
+
 pub mod command;
 pub mod keeper;
 pub mod mcp;
@@ -12,7 +14,7 @@ pub mod reaper;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arbor_actors::Tool;
+use arbor_actors::{AgentTemplate, Tool};
 use arbor_supervisor::{CatalogBuilder, ToolSource, pattern_matches};
 use futures::future::BoxFuture;
 use serde::Serialize;
@@ -32,7 +34,7 @@ pub struct ToolSet {
 impl ToolSet {
     /// The MCP servers by name (none started yet: each starts when a tree
     /// first needs it, or at once when `eager`) and the command tools.
-    /// [`Config::tool_set`](crate::Config::tool_set) makes the config's.
+    /// The `arbor` crate's `Config::tool_set` makes the config's.
     pub fn new(servers: &BTreeMap<String, McpSettings>, commands: Vec<Arc<CommandTool>>) -> Self {
         ToolSet {
             mcp: McpServers::new(servers.clone()),
@@ -123,8 +125,8 @@ pub enum ToolOrigin {
     Mcp,
     /// A command tool of the config (`[tools.NAME]`).
     Command,
-    /// A tool written in Rust and registered in code
-    /// ([`RuntimeBuilder::tool`](crate::RuntimeBuilder::tool)).
+    /// A tool written in Rust and registered in code (the `arbor` crate's
+    /// `RuntimeBuilder::tool`).
     Code,
 }
 
@@ -151,16 +153,15 @@ pub struct ToolListing {
     pub agents: Vec<String>,
 }
 
-/// Every tool an agent of `config` could get: the built-ins, the command
+/// Every tool an agent of `templates` (a config's) could get: the built-ins, the command
 /// tools, and each MCP server's tools (servers are started for this and
 /// waited for up to their `startup_timeout`; one that does not come up is
 /// listed as `SERVER/*` with why).
-pub async fn listing(config: &crate::Config, tools: &ToolSet) -> Vec<ToolListing> {
+pub async fn listing(templates: &[AgentTemplate], tools: &ToolSet) -> Vec<ToolListing> {
     use arbor_actors::toolbox::{OPTIONAL_BUILTINS, builtin_definitions, wire_name};
 
     let agents_listing = |name: &str, structural: bool| -> Vec<String> {
-        let mut agents: Vec<String> = config
-            .templates
+        let mut agents: Vec<String> = templates
             .iter()
             .filter(|t| structural || t.tools.iter().any(|e| pattern_matches(e, name)))
             .map(|t| t.id.clone())

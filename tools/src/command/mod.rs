@@ -42,8 +42,8 @@
 //! # The process
 //!
 //! Each call starts the program in a new process group (registered with
-//! [`crate::tools::reaper`]; on Linux under a keeper,
-//! [`crate::tools::keeper`], so that it and everything it starts, even a
+//! [`crate::reaper`]; on Linux under a keeper,
+//! [`crate::keeper`], so that it and everything it starts, even a
 //! `setsid` double fork, die with Arbor, even on SIGKILL), with stdin fed from the `stdin` template (or
 //! `/dev/null` without one) and stdout and stderr read concurrently. The
 //! environment is empty except `PATH` (Arbor's, so bare names resolve as they
@@ -60,7 +60,7 @@
 //! On `timeout`, or when the call is cancelled (its future dropped), the whole
 //! group is killed.
 //!
-//! A call first takes the call's lock ([`crate::tools::keeper::CallLock`]),
+//! A call first takes the call's lock ([`crate::keeper::CallLock`]),
 //! held until all its processes have ended: when Arbor was killed during the
 //! call and the tree is resumed, the call waits (up to its `timeout`) while
 //! the earlier attempt may still be running, and is not started beside it.
@@ -82,8 +82,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 use tokio::time::Instant;
 
-use crate::tools::keeper::{self, CallLock};
-use crate::tools::reaper;
+use crate::keeper::{self, CallLock};
+use crate::reaper;
 
 mod output;
 mod template;

@@ -35,7 +35,7 @@ pub const MAX_CONCURRENT: usize = 1024;
 pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 100_000;
 
 /// The largest `max_output_bytes` (64 MiB, as for command tools).
-pub const MAX_OUTPUT_BYTES: usize = crate::tools::command::MAX_OUTPUT_BYTES;
+pub const MAX_OUTPUT_BYTES: usize = crate::command::MAX_OUTPUT_BYTES;
 
 /// The largest message read from a stdio server (16 MiB, the SDK's own
 /// bound): a longer one is not read, and the call it answers fails at once

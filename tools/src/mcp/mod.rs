@@ -24,7 +24,7 @@
 //! future is dropped) and releases its permit.
 //!
 //! **Processes.** A stdio server runs in its own process group, registered
-//! with the [reaper](crate::tools::reaper) while it lives; its stderr goes to
+//! with the [reaper](crate::reaper) while it lives; its stderr goes to
 //! `debug` logs. It inherits only [`config::INHERITED_ENV`] from Arbor's
 //! environment, plus its `env` table.
 //!

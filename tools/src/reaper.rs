@@ -4,7 +4,7 @@
 //! exit, a cancelled call), and [`kill_all`] ends every group still registered
 //! (the SIGTERM/SIGINT handler and [`ExitGuard`] call it).
 //!
-//! On Linux a tool process runs under a keeper ([`crate::tools::keeper`]),
+//! On Linux a tool process runs under a keeper ([`crate::keeper`]),
 //! registered with [`register_keeper`]: ending it means asking its keeper
 //! (SIGTERM), which kills the program's group and everything it left
 //! behind, and which does so by itself when Arbor dies, even by SIGKILL.
@@ -49,7 +49,7 @@ pub fn register(pgid: u32) -> Registration {
 }
 
 /// Registers the keeper `pid` of a tool process (started with
-/// [`keeper::install`](crate::tools::keeper::install)).
+/// [`keeper::install`](crate::keeper::install)).
 pub fn register_keeper(pid: u32) -> Registration {
     let pid = i32::try_from(pid).unwrap_or(i32::MAX);
     insert(pid, Target::Keeper(pid))
