@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 use super::{Service, conn, connection_cap};
-use crate::Error;
+use arbor::Error;
 
 impl Service {
     /// Ends every event stream and fails readiness (a shutdown has begun).

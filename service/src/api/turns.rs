@@ -11,9 +11,9 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::runs::{Created, created};
-use crate::service::Shared;
-use crate::service::access::{self, Action, Caller, Subject};
-use crate::service::error::{ApiError, ApiJson, ApiPath, ErrorBody};
+use crate::Shared;
+use crate::access::{self, Action, Caller, Subject};
+use crate::error::{ApiError, ApiJson, ApiPath, ErrorBody};
 
 /// A follow-up turn of a tree (semantics §14).
 #[derive(Deserialize, ToSchema)]
@@ -80,10 +80,8 @@ pub async fn create_turn(
         multitask: body.multitask.unwrap_or_default(),
     };
     Ok(match shared.turn(tree_id, request).await? {
-        crate::service::turns::Answer::Started { tree, run_id } => {
-            created(tree.to_string(), run_id)
-        }
-        crate::service::turns::Answer::Queued(turn) => {
+        crate::turns::Answer::Started { tree, run_id } => created(tree.to_string(), run_id),
+        crate::turns::Answer::Queued(turn) => {
             let run_id = turn.run_id();
             let location = format!("/v1/runs/{}", run_id.replace('/', "%2F"));
             (

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{Tokens, access};
-use crate::Error;
+use arbor::Error;
 
 /// How the service runs (from `[service]` of the config, or in code).
 #[derive(Debug)]
@@ -28,12 +28,12 @@ impl ServiceOptions {
     /// `[service.principals.NAME] token_env`. A principal's variable that is
     /// unset or holds no token, and a token two principals share, are
     /// config errors naming the key.
-    pub fn from_config(config: &crate::Config) -> Result<ServiceOptions, Error> {
+    pub fn from_config(config: &arbor::Config) -> Result<ServiceOptions, Error> {
         let section = &config.file.service;
         let mut tokens = Tokens::parse(&std::env::var(&section.tokens_env).unwrap_or_default());
         let mut problems = Vec::new();
         let problem =
-            |p: &crate::config::PrincipalSettings, message: String| crate::config::Problem {
+            |p: &arbor::config::PrincipalSettings, message: String| arbor::config::Problem {
                 line: p.line,
                 key: format!("service.principals.{}.token_env", p.name),
                 message,
@@ -69,7 +69,7 @@ impl ServiceOptions {
             ));
         }
         if !problems.is_empty() {
-            return Err(Error::Config(crate::ConfigError {
+            return Err(Error::Config(arbor::ConfigError {
                 file: config.source.clone(),
                 problems,
             }));

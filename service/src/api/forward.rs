@@ -9,9 +9,9 @@ use arbor_supervisor::Error;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::service::Shared;
-use crate::service::error::ApiError;
-use crate::service::replica::{self, ControlBody, Route};
+use crate::Shared;
+use crate::error::ApiError;
+use crate::replica::{self, ControlBody, Route};
 
 /// A control (cancel, decision, message, budget) for a tree another replica
 /// of the service runs: posted to the shared store, applied by that replica.

@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 
 use super::error::ApiError;
 
-pub use crate::config::ServiceLimits;
+pub use arbor::config::ServiceLimits;
 
 /// File descriptors kept free of connections for everything else a server
 /// opens (its store, MCP servers, tool processes, model connections): a

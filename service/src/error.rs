@@ -157,10 +157,10 @@ impl From<arbor_supervisor::Error> for ApiError {
     }
 }
 
-impl From<crate::Error> for ApiError {
-    fn from(error: crate::Error) -> Self {
+impl From<arbor::Error> for ApiError {
+    fn from(error: arbor::Error) -> Self {
         match error {
-            crate::Error::Supervisor(e) => e.into(),
+            arbor::Error::Supervisor(e) => e.into(),
             other => ApiError::unavailable("the service failed", other),
         }
     }

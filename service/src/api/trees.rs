@@ -8,9 +8,9 @@ use axum::extract::State;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::service::Shared;
-use crate::service::access::{self, Action, Caller, Subject};
-use crate::service::error::{ApiError, ApiPath, ErrorBody};
+use crate::Shared;
+use crate::access::{self, Action, Caller, Subject};
+use crate::error::{ApiError, ApiPath, ErrorBody};
 
 #[derive(Serialize, ToSchema)]
 pub struct TreeView {

@@ -11,10 +11,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::forward::{Applied, Control, Forwarded, here_or_forward};
-use crate::service::Shared;
-use crate::service::access::{self, Action, Caller, Subject};
-use crate::service::error::{ApiError, ApiJson, ApiPath, ErrorBody};
-use crate::service::replica::{Budget, ControlBody};
+use crate::Shared;
+use crate::access::{self, Action, Caller, Subject};
+use crate::error::{ApiError, ApiJson, ApiPath, ErrorBody};
+use crate::replica::{Budget, ControlBody};
 
 /// A budget raise for a tree another replica runs, posted for it.
 #[derive(Serialize, ToSchema)]

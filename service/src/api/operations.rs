@@ -11,9 +11,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::service::Shared;
-use crate::service::access::{self, Action, Caller, Subject};
-use crate::service::error::ErrorBody;
+use crate::Shared;
+use crate::access::{self, Action, Caller, Subject};
+use crate::error::ErrorBody;
 
 #[derive(Serialize, ToSchema)]
 pub struct Health {
@@ -69,7 +69,7 @@ pub async fn healthz(State(shared): State<Arc<Shared>>) -> (StatusCode, Json<Hea
                     reachable: false,
                     writable: false,
                     down_for_ms: None,
-                    error: Some(crate::config::store::redact(&reason)),
+                    error: Some(arbor::config::store::redact(&reason)),
                 }),
             }),
         ),
@@ -108,7 +108,7 @@ pub async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, Json<Heal
 /// failed), and answers a small read (one tree listed) in time.
 async fn store_health(shared: &Shared) -> StoreHealth {
     let supervisor = shared.runtime.supervisor();
-    let redact = |text: &str| crate::config::store::redact(text);
+    let redact = |text: &str| arbor::config::store::redact(text);
     let (writable, down_for_ms, why) = match (supervisor.store_failure(), supervisor.store_down()) {
         (Some(reason), _) => (false, None, Some(redact(&reason))),
         (None, Some(down)) => (false, Some(down.for_ms), Some(redact(&down.to_string()))),

@@ -14,10 +14,10 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::forward::{Applied, Control, Forwarded, here_or_forward};
-use crate::service::Shared;
-use crate::service::access::{self, Action, Caller, Scope, Subject};
-use crate::service::error::{ApiError, ApiJson, ApiPath, ErrorBody};
-use crate::service::replica::{self, ControlBody, Route};
+use crate::Shared;
+use crate::access::{self, Action, Caller, Scope, Subject};
+use crate::error::{ApiError, ApiJson, ApiPath, ErrorBody};
+use crate::replica::{self, ControlBody, Route};
 
 /// Tool calls waiting for a person's decision (semantics §12), oldest first.
 #[derive(Serialize, ToSchema)]

@@ -38,7 +38,7 @@ pub use error::{ApiError, ErrorBody};
 pub use limits::{ServiceLimits, connection_cap};
 pub use options::ServiceOptions;
 
-use crate::{Error, Runtime};
+use arbor::{Error, Runtime};
 use metrics::Metrics;
 use replica_metrics::ReplicaMetrics;
 use shared::Shared;

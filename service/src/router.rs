@@ -172,7 +172,7 @@ async fn log_request(request: Request, next: Next) -> Response {
     // A caller's W3C `traceparent`: the request (and a tree it starts) goes
     // on in the caller's trace.
     #[cfg(feature = "otel")]
-    crate::telemetry::continue_trace(&span, request.headers());
+    arbor::telemetry::continue_trace(&span, request.headers());
     let started = std::time::Instant::now();
     let response = next.run(request).instrument(span).await;
     tracing::info!(

@@ -15,10 +15,10 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 use super::forward::{Applied, Control, Forwarded, here_or_forward};
-use crate::service::Shared;
-use crate::service::access::{self, Action, Caller, Scope, Subject};
-use crate::service::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
-use crate::service::replica::ControlBody;
+use crate::Shared;
+use crate::access::{self, Action, Caller, Scope, Subject};
+use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
+use crate::replica::ControlBody;
 
 /// Start a tree.
 #[derive(Deserialize, ToSchema)]
@@ -417,7 +417,7 @@ pub async fn run_events(
                 )
             })?,
     };
-    Ok(crate::service::events::stream(shared, run_id, after)
+    Ok(crate::events::stream(shared, run_id, after)
         .await?
         .into_response())
 }

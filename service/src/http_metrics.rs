@@ -20,7 +20,7 @@ use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
 
-use crate::service::metrics::HttpMetrics;
+use crate::metrics::HttpMetrics;
 
 /// The route label of a request no route took.
 pub(crate) const UNMATCHED: &str = "unmatched";
@@ -77,7 +77,7 @@ fn method_label(method: &Method) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::metrics::{Format, Metrics};
+    use crate::metrics::{Format, Metrics};
     use axum::Router;
     use axum::http::StatusCode;
     use axum::middleware::{from_fn, from_fn_with_state};

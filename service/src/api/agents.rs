@@ -7,8 +7,8 @@ use axum::extract::State;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::service::Shared;
-use crate::service::error::ErrorBody;
+use crate::Shared;
+use crate::error::ErrorBody;
 
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]

@@ -12,7 +12,7 @@ use axum::extract::FromRequestParts;
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 
-pub use crate::config::Role;
+pub use arbor::config::Role;
 
 use super::Shared;
 use super::error::ApiError;

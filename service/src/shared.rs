@@ -16,7 +16,7 @@ use tracing::Instrument as _;
 use super::metrics::Metrics;
 use super::replica_metrics::ReplicaMetrics;
 use super::{ApiError, ServiceLimits, ServiceOptions, limits, replica, turns};
-use crate::Runtime;
+use arbor::Runtime;
 
 /// What every handler shares.
 pub(crate) struct Shared {

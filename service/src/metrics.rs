@@ -20,7 +20,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::providers::{RequestEvent, RequestObserver, RequestSignal, observe_requests};
+use arbor::providers::{RequestEvent, RequestObserver, RequestSignal, observe_requests};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabel {
@@ -657,7 +657,7 @@ mod tests {
     #[test]
     fn the_document_has_both_formats() {
         use utoipa::OpenApi as _;
-        let mut doc = crate::service::ApiDoc::openapi();
+        let mut doc = crate::ApiDoc::openapi();
         document(&mut doc);
         let json = serde_json::to_value(&doc).unwrap_or_default();
         let content = &json["paths"]["/metrics"]["get"]["responses"]["200"]["content"];
