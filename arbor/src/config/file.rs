@@ -252,7 +252,7 @@ impl Default for ServiceSettings {
 }
 
 /// Connection and event-stream limits of `arbor serve` (`[service]`, or set
-/// in code); plain values, so a build without the `server` feature reads them too.
+/// in code); plain values, so the config reads them without the `arbor-service` crate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServiceLimits {
     /// How long a client has to send a whole request head, from its connect
