@@ -621,7 +621,7 @@ mod tests {
         ToolCall {
             tool_call_id: id.to_owned(),
             tool_name: "t".to_owned(),
-            input: Value::Null,
+            input: Value::Null.into(),
         }
     }
 

@@ -43,7 +43,7 @@ pub use history::History;
 pub use hooks::{RunIds, TreeHooks};
 pub use id::{IdError, RunId, TreeId};
 pub use limit::{Limit, LimitHit, out_of_range};
-pub use message::{Content, Message, Part, ToolCall, ToolResultPart};
+pub use message::{Content, Message, Part, ToolCall, ToolInput, ToolResultPart};
 pub use model::{
     Delta, DeltaSink, Model, ModelError, ModelRequest, ModelResponse, RequestMeta, Usage,
     UsageSource,

@@ -111,9 +111,108 @@ pub struct ToolCall {
     /// The tool's wire name.
     #[serde(rename = "toolName")]
     pub tool_name: String,
-    /// The tool's input (`null` if the model sent none).
+    /// The tool's input (`null` if the model sent none), as JSON text.
     #[serde(default)]
-    pub input: Value,
+    pub input: ToolInput,
+}
+
+/// A tool call's input, held as compact JSON text and parsed when read
+/// ([`ToolInput::value`]). A history keeps a reply for the run's life, and
+/// a wide spawn call's input is an object per child: ~540 bytes each
+/// parsed, about its text's length as text (the 10^8-agent tree's parents
+/// hold ~10^7 at once: issue 34). It reads and writes as the JSON value it
+/// is: the wire shape of a tool call is unchanged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ToolInput(Box<str>);
+
+impl ToolInput {
+    /// The input `value`.
+    pub fn new(value: &Value) -> Self {
+        ToolInput(value.to_string().into_boxed_str())
+    }
+
+    /// The input as a JSON value.
+    pub fn value(&self) -> Value {
+        // Always valid: it was written from a value.
+        serde_json::from_str(&self.0).unwrap_or(Value::Null)
+    }
+
+    /// The input as compact JSON text.
+    pub fn text(&self) -> &str {
+        &self.0
+    }
+
+    /// The input read as a `T`.
+    pub fn parse<'a, T: Deserialize<'a>>(&'a self) -> serde_json::Result<T> {
+        serde_json::from_str(&self.0)
+    }
+
+    /// The input as a Chat Completions `arguments` string: the text itself
+    /// when the model sent its arguments as a string (JSON or not), else
+    /// the JSON text.
+    pub fn arguments(&self) -> String {
+        match self.parse::<String>() {
+            Ok(text) if self.0.starts_with('"') => text,
+            _ => self.0.to_string(),
+        }
+    }
+
+    /// Whether the input is `null` (the model sent none).
+    pub fn is_null(&self) -> bool {
+        &*self.0 == "null"
+    }
+}
+
+impl Default for ToolInput {
+    /// `null`.
+    fn default() -> Self {
+        ToolInput("null".into())
+    }
+}
+
+impl From<Value> for ToolInput {
+    fn from(value: Value) -> Self {
+        ToolInput::new(&value)
+    }
+}
+
+impl From<&Value> for ToolInput {
+    fn from(value: &Value) -> Self {
+        ToolInput::new(value)
+    }
+}
+
+impl PartialEq<Value> for ToolInput {
+    fn eq(&self, other: &Value) -> bool {
+        self.value() == *other
+    }
+}
+
+impl std::fmt::Debug for ToolInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::fmt::Display for ToolInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for ToolInput {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        // Written as the JSON it is, not as a string.
+        let raw: &serde_json::value::RawValue =
+            serde_json::from_str(&self.0).map_err(serde::ser::Error::custom)?;
+        raw.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolInput {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Value::deserialize(deserializer).map(ToolInput::from)
+    }
 }
 
 /// A part of a tool result.
@@ -323,27 +422,6 @@ impl Message {
 
     /// The typed parts of an assistant message; empty for other roles and
     /// for a plain-text body.
-    /// The message with its tool calls' inputs held in no more memory than
-    /// they need: a parsed JSON object keeps room for twice its keys and an
-    /// array for twice its items, and a history keeps a reply for the run's
-    /// life. A wide spawn call's input is one object per child (the
-    /// 10^8-agent tree's parents hold ~10^7 at once: issue 34); each is
-    /// ~40 % smaller compacted. The value is unchanged.
-    pub(crate) fn with_compact_inputs(mut self) -> Self {
-        if let Message::Assistant {
-            content: Content::Parts(parts),
-            ..
-        } = &mut self
-        {
-            for part in parts.iter_mut() {
-                if let Part::ToolCall(call) = part {
-                    compact_json(&mut call.input);
-                }
-            }
-        }
-        self
-    }
-
     pub(crate) fn assistant_parts(&self) -> &[Part] {
         match self {
             Message::Assistant {
@@ -451,7 +529,7 @@ impl Content {
                     Part::Text { text } | Part::Reasoning { text } => text.len(),
                     Part::Image { image, .. } => image.len(),
                     Part::File { data, .. } => data.len(),
-                    Part::ToolCall(call) => call.tool_name.len() + json_len(&call.input),
+                    Part::ToolCall(call) => call.tool_name.len() + call.input.text().len(),
                 })
                 .sum(),
         }
@@ -471,29 +549,6 @@ pub(crate) fn json_len(value: &Value) -> usize {
                 .map(|(k, v)| k.len() + 4 + json_len(v))
                 .sum::<usize>()
         }
-    }
-}
-
-/// Shrinks every object, array and string of `value` to its length (see
-/// [`Message::with_compact_inputs`]).
-pub(crate) fn compact_json(value: &mut Value) {
-    match value {
-        Value::Object(map) => {
-            let old = std::mem::take(map);
-            let mut exact = serde_json::Map::with_capacity(old.len());
-            for (mut key, mut item) in old {
-                key.shrink_to_fit();
-                compact_json(&mut item);
-                exact.insert(key, item);
-            }
-            *map = exact;
-        }
-        Value::Array(items) => {
-            items.shrink_to_fit();
-            items.iter_mut().for_each(compact_json);
-        }
-        Value::String(text) => text.shrink_to_fit(),
-        Value::Null | Value::Bool(_) | Value::Number(_) => {}
     }
 }
 
@@ -554,28 +609,29 @@ mod tests {
         assert!(err.contains("robot"), "{err}");
     }
 
-    /// A wide spawn call's input keeps its value and gives back the room
-    /// its parse left in each object and array (issue 34).
+    /// A tool call's input is held as its compact text and reads and
+    /// writes as the JSON value it is (issue 34).
     #[test]
-    fn a_compacted_input_is_the_same_value_with_no_spare_room() {
-        let text = r#"{"agents":[{"agent_type":"a","prompt":"p1"},{"agent_type":"b","prompt":"p2","params":{"k":[1,2,3]}}]}"#;
-        let parsed: Value = serde_json::from_str(text).unwrap();
-        let mut compact = parsed.clone();
-        compact_json(&mut compact);
-        assert_eq!(compact, parsed);
-        let agents = compact["agents"].as_array().unwrap();
-        assert_eq!(agents.capacity(), agents.len());
-        let Value::Object(first) = &agents[0] else {
-            panic!("an object")
+    fn a_tool_input_is_its_compact_text_and_round_trips_as_a_value() {
+        let wire = json!({"type": "tool-call", "toolCallId": "c", "toolName": "spawn_agents",
+            "input": {"agents": [{"agent_type": "a", "prompt": "p1"}, {"agent_type": "b", "params": {"k": [1, 2.5, null]}}]}});
+        let part: Part = serde_json::from_value(wire.clone()).unwrap();
+        let Part::ToolCall(call) = &part else {
+            panic!("a tool call")
         };
         assert_eq!(
-            first.keys().collect::<Vec<_>>(),
-            ["agent_type", "prompt"],
-            "order kept"
+            call.input.text(),
+            r#"{"agents":[{"agent_type":"a","prompt":"p1"},{"agent_type":"b","params":{"k":[1,2.5,null]}}]}"#
         );
-        let mut grown = Value::Array(Vec::with_capacity(64));
-        grown.as_array_mut().unwrap().push(Value::Null);
-        compact_json(&mut grown);
-        assert_eq!(grown.as_array().unwrap().capacity(), 1);
+        assert_eq!(serde_json::to_value(&part).unwrap(), wire);
+        let text = serde_json::to_string(&part).unwrap();
+        assert!(text.contains(r#""input":{"agents":"#), "{text}");
+        assert_eq!(serde_json::from_str::<Part>(&text).unwrap(), part);
+        // Arguments sent as a string stay a string.
+        let as_text = ToolInput::from(json!("{oops"));
+        assert_eq!(as_text.value(), json!("{oops"));
+        assert_eq!(as_text.arguments(), "{oops");
+        assert_eq!(ToolInput::from(json!({"a": 1})).arguments(), r#"{"a":1}"#);
+        assert!(ToolInput::default().is_null());
     }
 }

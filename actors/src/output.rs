@@ -141,7 +141,7 @@ mod tests {
         let call = crate::message::ToolCall {
             tool_call_id: "x".into(),
             tool_name: "nope".into(),
-            input: json!({}),
+            input: json!({}).into(),
         };
         let s = state(
             vec![
@@ -204,7 +204,7 @@ mod tests {
         let call = crate::message::ToolCall {
             tool_call_id: "c".into(),
             tool_name: "look".into(),
-            input: json!({}),
+            input: json!({}).into(),
         };
         let history = vec![
             Message::user("q"),

@@ -82,16 +82,14 @@ impl Notices {
     }
 }
 
-/// Checks permission (first matching entry wins) and the child's input schema.
-pub(crate) fn plan_child(
-    parent: &AgentTemplate,
-    request: SpawnRequest,
-    snapshot: &Arc<History>,
-    notices: &Notices,
-    inline: bool,
+/// Checks permission (first matching entry wins) and the child's input
+/// schema: the matched `spawnableAgents` entry and its template.
+fn check_child<'p>(
+    parent: &'p AgentTemplate,
+    request: &SpawnRequest,
     template_of: impl Fn(&str) -> Option<Arc<AgentTemplate>>,
     knows_agent: impl Fn(&str) -> bool,
-) -> Result<ChildPlan, String> {
+) -> Result<(&'p str, Arc<AgentTemplate>), String> {
     let requested = request.agent_type.as_str();
     let Some(entry) = parent.match_spawnable(requested) else {
         return Err(if knows_agent(requested) {
@@ -107,6 +105,20 @@ pub(crate) fn plan_child(
     template
         .check_input(request.prompt.as_deref(), request.params.as_ref())
         .map_err(|e| e.to_string())?;
+    Ok((entry, template))
+}
+
+/// Checks permission (first matching entry wins) and the child's input schema.
+pub(crate) fn plan_child(
+    parent: &AgentTemplate,
+    request: SpawnRequest,
+    snapshot: &Arc<History>,
+    notices: &Notices,
+    inline: bool,
+    template_of: impl Fn(&str) -> Option<Arc<AgentTemplate>>,
+    knows_agent: impl Fn(&str) -> bool,
+) -> Result<ChildPlan, String> {
+    let (entry, template) = check_child(parent, &request, template_of, knows_agent)?;
     let (agent_type, notice) = notices.of(entry);
     let notice = (template.include_message_history && !inline).then_some(notice);
     Ok(ChildPlan {
@@ -118,6 +130,234 @@ pub(crate) fn plan_child(
         notice,
         inline,
     })
+}
+
+/// What the children of one agent type in a spawn call share.
+#[derive(Debug)]
+pub struct ChildKind {
+    /// The matched `spawnableAgents` entry: the children's `agentType`.
+    pub agent_type: Arc<str>,
+    /// Their template.
+    pub template: Arc<AgentTemplate>,
+    /// The `SUBAGENT_SPAWN` notice their histories get (`None` when they
+    /// inherit no history).
+    pub notice: Option<Arc<Message>>,
+}
+
+/// Where a spawn call's input text is read from when a child comes up.
+#[derive(Debug)]
+enum Entries {
+    /// The call's input in the assistant message the history keeps (the
+    /// `index`-th tool call): nothing of it is copied.
+    InMessage { message: Arc<Message>, index: usize },
+    /// The JSON text a model sent as a string: unquoted once, kept here.
+    Text(Box<str>),
+}
+
+/// A `spawn_agents` call's children, planned compactly (issue 34: the
+/// 10^8-agent tree holds ~10^7 children waiting for a live slot). Every
+/// entry was checked when the call was classified; a child's [`ChildPlan`]
+/// is made from its entry in the call's input when it comes up
+/// ([`SpawnPlan::child`]), so until then a child is its kind's number.
+#[derive(Debug)]
+pub struct SpawnPlan {
+    entries: Entries,
+    /// Where each child's entry is in the input's text (start, length).
+    spans: Vec<(u32, u32)>,
+    kinds: Vec<ChildKind>,
+    snapshot: Arc<History>,
+}
+
+/// A requested child of a planned call: the index of its [`ChildKind`], or
+/// the requested agent type and why it is refused.
+pub type PlannedChild = Result<u16, Box<(String, String)>>;
+
+/// The children of a `spawn_agents` call, as the step machine planned them.
+#[derive(Debug)]
+pub struct SpawnChildren {
+    /// What they share, and where their entries are.
+    pub plan: Arc<SpawnPlan>,
+    /// Each requested child, in request order.
+    pub children: Vec<PlannedChild>,
+}
+
+impl SpawnChildren {
+    /// Each child's full plan (or its refusal), made now: for tests and
+    /// small calls; a driver makes a child's plan as it comes up.
+    pub fn plans(&self) -> Vec<Result<ChildPlan, (String, String)>> {
+        self.children
+            .iter()
+            .enumerate()
+            .map(|(i, child)| match child {
+                Ok(kind) => self.plan.child(i, *kind).ok_or_else(|| {
+                    (
+                        String::new(),
+                        format!("agents[{i}] is no longer in the call"),
+                    )
+                }),
+                Err(refused) => Err((**refused).clone()),
+            })
+            .collect()
+    }
+}
+
+impl SpawnPlan {
+    /// Checks each entry of a `spawn_agents` call's input (`message`'s
+    /// `index`-th tool call's) and gives each a kind.
+    pub(crate) fn check(
+        parent: &AgentTemplate,
+        (message, index): (Arc<Message>, usize),
+        tool: &str,
+        snapshot: &Arc<History>,
+        notices: &Notices,
+        template_of: impl Fn(&str) -> Option<Arc<AgentTemplate>>,
+        knows_agent: impl Fn(&str) -> bool,
+    ) -> SpawnChildren {
+        let unquoted = message
+            .tool_calls()
+            .nth(index)
+            .filter(|call| call.input.text().starts_with('"'))
+            .and_then(|call| call.input.parse::<String>().ok());
+        let entries = match unquoted {
+            Some(text) => Entries::Text(text.into_boxed_str()),
+            None => Entries::InMessage { message, index },
+        };
+        let text = entries.text();
+        let spans = spans_of(text);
+        let mut kinds = Vec::new();
+        let mut children = Vec::with_capacity(spans.len());
+        for (i, &(start, len)) in spans.iter().enumerate() {
+            let at = start as usize..(start + len) as usize;
+            let entry: Value = text
+                .get(at)
+                .and_then(|t| serde_json::from_str(t).ok())
+                .unwrap_or(Value::Null);
+            let entry = &entry;
+            let checked = crate::toolbox::CHILD_SCHEMA
+                .check(entry)
+                .map_err(|e| format!("Invalid input for {tool}: agents[{i}] {e}"))
+                .and_then(|()| {
+                    SpawnRequest::deserialize(entry)
+                        .map_err(|e| format!("Invalid input for {tool}: agents[{i}]: {e}"))
+                })
+                .and_then(|request| {
+                    check_child(parent, &request, &template_of, &knows_agent)
+                        .map(|(entry, template)| (entry.to_owned(), template))
+                });
+            let child = match checked {
+                Ok((entry, template)) => kind_of(&mut kinds, &entry, template, notices),
+                Err(error) => {
+                    let named = entry
+                        .get("agent_type")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned();
+                    Err(Box::new((named, error)))
+                }
+            };
+            children.push(child);
+        }
+        SpawnChildren {
+            plan: Arc::new(SpawnPlan {
+                entries,
+                spans,
+                kinds,
+                snapshot: snapshot.clone(),
+            }),
+            children,
+        }
+    }
+
+    /// The kinds of the call's children.
+    pub fn kinds(&self) -> &[ChildKind] {
+        &self.kinds
+    }
+
+    /// The plan of child `index`, of kind `kind`, made from its entry
+    /// (`None` if there is no such entry or kind: a caller's mistake).
+    pub fn child(&self, index: usize, kind: u16) -> Option<ChildPlan> {
+        let kind = self.kinds.get(usize::from(kind))?;
+        let (start, len) = *self.spans.get(index)?;
+        let entry = self
+            .entries
+            .text()
+            .get(start as usize..(start + len) as usize)?;
+        let request: SpawnRequest = serde_json::from_str(entry).ok()?;
+        Some(ChildPlan {
+            agent_type: kind.agent_type.clone(),
+            template: kind.template.clone(),
+            prompt: request.prompt.map(String::into_boxed_str),
+            params: request.params.map(Box::new),
+            snapshot: self.snapshot.clone(),
+            notice: kind.notice.clone(),
+            inline: false,
+        })
+    }
+}
+
+impl Entries {
+    /// The call's input as JSON text.
+    fn text(&self) -> &str {
+        match self {
+            Entries::Text(text) => text,
+            Entries::InMessage { message, index } => message
+                .tool_calls()
+                .nth(*index)
+                .map_or("null", |call| call.input.text()),
+        }
+    }
+}
+
+/// Where each entry of the `agents` array of the JSON object `text` is in
+/// it (start, length); none if it has no such array (the call's schema
+/// check refused it already) or is over 4 GB.
+fn spans_of(text: &str) -> Vec<(u32, u32)> {
+    #[derive(Deserialize)]
+    struct Agents<'a> {
+        #[serde(borrow, default)]
+        agents: Vec<&'a serde_json::value::RawValue>,
+    }
+    let Ok(parsed) = serde_json::from_str::<Agents>(text) else {
+        return Vec::new();
+    };
+    let base = text.as_ptr() as usize;
+    parsed
+        .agents
+        .iter()
+        .map_while(|raw| {
+            let start = u32::try_from((raw.get().as_ptr() as usize).checked_sub(base)?).ok()?;
+            let len = u32::try_from(raw.get().len()).ok()?;
+            Some((start, len))
+        })
+        .collect()
+}
+
+/// The kind of the children of `entry` among `kinds`, added if it is the first.
+fn kind_of(
+    kinds: &mut Vec<ChildKind>,
+    entry: &str,
+    template: Arc<AgentTemplate>,
+    notices: &Notices,
+) -> PlannedChild {
+    if let Some(k) = kinds.iter().position(|k| &*k.agent_type == entry) {
+        return u16::try_from(k).map_err(|_| too_many_kinds(entry));
+    }
+    let k = u16::try_from(kinds.len()).map_err(|_| too_many_kinds(entry))?;
+    let (agent_type, notice) = notices.of(entry);
+    let notice = template.include_message_history.then_some(notice);
+    kinds.push(ChildKind {
+        agent_type,
+        template,
+        notice,
+    });
+    Ok(k)
+}
+
+fn too_many_kinds(entry: &str) -> Box<(String, String)> {
+    Box::new((
+        entry.to_owned(),
+        "a spawn call may ask for at most 65,536 agent types".to_owned(),
+    ))
 }
 
 /// What a child starts with: its state and how many messages it inherited.
@@ -464,6 +704,53 @@ pub(crate) fn report_value(state: &AgentState, output: Value) -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A wide call's children are planned from their entries' places in
+    /// the call's text, whether the model sent an object or the same JSON
+    /// as a string (issue 34).
+    #[test]
+    fn a_spawn_calls_children_are_planned_from_their_place_in_its_text() {
+        let input = json!({"note": "[not] {an entry}", "agents": [
+            {"agent_type": "leaf", "prompt": "ünïcode ] }"},
+            {"agent_type": "nope"},
+            {"agent_type": "leaf", "params": {"k": [1, {"x": "]"}]}, "prompt": "b"},
+        ]});
+        let parent = AgentTemplate::new("p", "m").spawns(&["leaf"]);
+        let leaf = Arc::new(AgentTemplate::new("leaf", "m"));
+        for sent in [input.clone(), json!(input.to_string())] {
+            let call = crate::message::ToolCall {
+                tool_call_id: "c".into(),
+                tool_name: "spawn_agents".into(),
+                input: sent.into(),
+            };
+            let message = Arc::new(Message::assistant(None, vec![call]));
+            let planned = SpawnPlan::check(
+                &parent,
+                (message, 0),
+                "spawn_agents",
+                &Arc::new(History::new()),
+                &Notices::default(),
+                |id| (id == "leaf").then(|| leaf.clone()),
+                |id| id == "leaf",
+            );
+            let plans = planned.plans();
+            assert_eq!(plans.len(), 3);
+            let first = plans[0].as_ref().unwrap();
+            assert_eq!(first.prompt.as_deref(), Some("ünïcode ] }"));
+            assert_eq!(&*first.agent_type, "leaf");
+            assert_eq!(
+                plans[1].as_ref().unwrap_err(),
+                &("nope".to_owned(), "Agent type nope not found".to_owned())
+            );
+            let third = plans[2].as_ref().unwrap();
+            assert_eq!(
+                third.params.as_deref(),
+                Some(&json!({"k": [1, {"x": "]"}]}))
+            );
+            // Two children of one kind share it.
+            assert_eq!(planned.plan.kinds().len(), 1);
+        }
+    }
 
     #[test]
     fn a_report_under_its_share_is_untouched() {

@@ -199,7 +199,7 @@ impl Model for StepModel {
             parts.push(Part::ToolCall(ToolCall {
                 tool_call_id: format!("{}-s{}-c{i}", meta.run_id, meta.step),
                 tool_name: call.name.clone(),
-                input: call.input.clone(),
+                input: call.input.clone().into(),
             }));
         }
         Ok(ModelResponse {

@@ -67,7 +67,7 @@ pub(crate) fn weather_call(id: &str, city: &str) -> ToolCall {
     ToolCall {
         tool_call_id: id.into(),
         tool_name: "get_weather".into(),
-        input: json!({"city": city}),
+        input: json!({"city": city}).into(),
     }
 }
 

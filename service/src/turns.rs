@@ -64,29 +64,22 @@ impl Told {
 }
 
 /// Tells the replica that runs the tree (when another one does) of a turn
-/// queued here, to journal it there, and forwards the cancel of its turn
-/// for `interrupt`. Nothing to tell when this process runs the tree (the
-/// supervisor journaled it and cancelled the turn).
+/// queued here, to journal it there (for `interrupt`, the supervisor posted
+/// the cancel of its turn). Nothing to tell when this process runs the tree
+/// (the supervisor journaled it and cancelled the turn).
 pub(crate) async fn tell_queued(shared: &Shared, queued: &Queued) {
     if queued.here {
         return;
     }
     let tree = &queued.turn.tree_id;
-    let mut controls = vec![ControlBody::TurnQueued(Told {
+    let control = ControlBody::TurnQueued(Told {
         id: queued.turn.id,
         turn: queued.turn.turn,
         position: queued.turn.position,
         prompt: queued.turn.prompt.clone(),
-    })];
-    if let Some(run_id) = &queued.cancel_elsewhere {
-        controls.push(ControlBody::Cancel {
-            run_id: run_id.clone(),
-        });
-    }
-    for control in controls {
-        if let Err(error) = replica::forward(shared, tree, &control).await {
-            tracing::warn!(tree = %tree, ?control, error = %error.message, "cannot tell the tree's replica of a queued turn");
-        }
+    });
+    if let Err(error) = replica::forward(shared, tree, &control).await {
+        tracing::warn!(tree = %tree, ?control, error = %error.message, "cannot tell the tree's replica of a queued turn");
     }
 }
 

@@ -412,9 +412,10 @@ fn show_result(state: &arbor_actors::AgentState, show: Show) -> anyhow::Result<E
     })
 }
 
-/// Waits for a turn `--continue` queued behind a running one: says so,
-/// cancels the running turn where it runs for `interrupt`, then waits until
-/// this process takes the turn or another one has run it.
+/// Waits for a turn `--continue` queued behind a running one: says so
+/// (for `interrupt`, the supervisor has cancelled the running turn where it
+/// runs), then waits until this process takes the turn or another one has
+/// run it.
 async fn wait_queued(
     runtime: &Runtime,
     queued: arbor_supervisor::Queued,
@@ -432,15 +433,6 @@ async fn wait_queued(
             turn.run_id(),
             turn.position
         );
-    }
-    if let Some(run_id) = queued.cancel_elsewhere {
-        // As a replica forwards a cancel: the process that runs the turn takes it.
-        let control = serde_json::json!({"control": "cancel", "runId": run_id});
-        let tree = turn.tree_id.clone();
-        runtime
-            .supervisor()
-            .read_store(move |store| store.post_control(&tree, &control))
-            .await?;
     }
     let waited = runtime.wait_queued(turn).await?;
     // Started (or run elsewhere): no longer in the queue.

@@ -145,6 +145,19 @@ impl LoadOptions {
                 format!("makes a tree of {agents} agents: at most {SIMULATED_AGENTS}"),
             ));
         }
+        let sized = self.shape.len() <= DEPTH.1 && self.shape.iter().all(|&f| f <= FANOUT.1);
+        if sized && agents <= SIMULATED_AGENTS {
+            let config = SimulatedConfig {
+                shape: self.shape.clone(),
+                reply_tokens: self.reply_tokens.min(REPLY_TOKENS.1),
+                ..SimulatedConfig::default()
+            };
+            let live = self.max_live.map(|n| n as u64);
+            let lower = "a lower --max-live or a smaller shape";
+            if let Some(why) = arbor::config::peak_problem(&config, live, None, lower) {
+                out.push((if live.is_some() { "max_live" } else { "shape" }, why));
+            }
+        }
         let mut check = |option, value, range| {
             if let Some(why) = out_of_range(value, range) {
                 out.push((option, why));

@@ -452,7 +452,7 @@ type Shape = (
 fn shape(m: &Message) -> Shape {
     let calls = m
         .tool_calls()
-        .map(|c| (c.tool_call_id.clone(), c.tool_name.clone(), c.input.clone()))
+        .map(|c| (c.tool_call_id.clone(), c.tool_name.clone(), c.input.value()))
         .collect();
     let result = match m {
         Message::Tool {

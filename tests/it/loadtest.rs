@@ -696,6 +696,18 @@ async fn loadtest_size_flags_beyond_their_ranges_are_refused_before_anything_run
             "--latency: latency \"lognormal:1s,1000\": sigma must be from 0 to 3".into(),
         ),
         (vec!["--latency", "2h"], "--latency: latency \"2h\"".into()),
+        // Issue 34: inside the documented bound, and it aborted on allocation
+        // at 8 GB: with no live cap every one of its 10^8 agents is alive at
+        // once, and with a cap of 10^6 its 10^4 parents hold 10^8 waiting
+        // children (each estimate is far over any machine's memory).
+        (
+            vec!["--shape", "9999,9999"],
+            "--shape: makes a tree that holds about ".into(),
+        ),
+        (
+            vec!["--shape", "9999,9999", "--max-live", "1000000"],
+            "--max-live: makes a tree that holds about ".into(),
+        ),
     ];
     for (args, expected) in cases {
         let tmp = tempfile::tempdir().unwrap();
@@ -719,6 +731,12 @@ async fn loadtest_size_flags_beyond_their_ranges_are_refused_before_anything_run
             stderr.contains(&format!("error: {expected}")),
             "{args:?}: {stderr}"
         );
+        if expected.contains("holds about") {
+            assert!(
+                stderr.contains("at its peak") && stderr.contains("this machine can give it"),
+                "{args:?}: {stderr}"
+            );
+        }
         assert!(stdout.is_empty(), "{args:?} ran: {stdout}");
         assert!(!stderr.contains("progress"), "{args:?} ran: {stderr}");
         // No scratch store was made: nothing ran.

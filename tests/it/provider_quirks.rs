@@ -99,7 +99,7 @@ async fn ollama_parallel_calls_all_at_index_0_are_not_merged_into_one() {
     let calls: Vec<(String, String, Value)> = response
         .message
         .tool_calls()
-        .map(|c| (c.tool_call_id.clone(), c.tool_name.clone(), c.input.clone()))
+        .map(|c| (c.tool_call_id.clone(), c.tool_name.clone(), c.input.value()))
         .collect();
     assert_eq!(
         calls,

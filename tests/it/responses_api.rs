@@ -113,8 +113,8 @@ async fn the_request_has_the_documented_shape_and_the_reply_its_items() {
     let calls: Vec<_> = reply.message.tool_calls().collect();
     assert_eq!(calls.len(), 1);
     assert_eq!(
-        (calls[0].tool_call_id.as_str(), &calls[0].input),
-        ("call_echo", &json!({"text": "hi"}))
+        (calls[0].tool_call_id.as_str(), calls[0].input.value()),
+        ("call_echo", json!({"text": "hi"}))
     );
     assert_eq!(
         reply.message.meta().provider_options,
@@ -423,17 +423,17 @@ async fn a_llama_server_stream_without_output_index_keeps_every_call() {
         .await
         .unwrap();
         assert_eq!(reply.message.text(), text, "{streamed}");
-        let calls: Vec<(&str, &Value)> = reply
+        let calls: Vec<(&str, Value)> = reply
             .message
             .tool_calls()
-            .map(|call| (call.tool_name.as_str(), &call.input))
+            .map(|call| (call.tool_name.as_str(), call.input.value()))
             .collect();
         let expected: Vec<Value> = cities.iter().map(|city| json!({"city": city})).collect();
         assert_eq!(
             calls,
             expected
                 .iter()
-                .map(|input| ("get_weather", input))
+                .map(|input| ("get_weather", input.clone()))
                 .collect::<Vec<_>>(),
             "{streamed}"
         );

@@ -1,14 +1,16 @@
 //! The driver of a parent's child table ([`crate::supervision::Children`]):
-//! it admits each requested child against the tree, feeds the table what
-//! happens to the children, and carries out what the table answers (start
-//! children in live slots, retry timers, cancels, events, delivery to the
-//! machine). Every decision is the table's.
+//! it lends the table's admission ([`crate::supervision::admit`]) the tree's
+//! toolboxes and limits, feeds the table what happens to the children, and
+//! carries out what the table answers (start children in live slots, retry
+//! timers, cancels, events, delivery to the machine). Every decision is the
+//! table's.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::FutureExt;
 use ractor::{Actor, ActorId, ActorRef};
 use tokio::sync::Notify;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::task::JoinHandle;
 
 use super::{AgentActor, AgentArgs, AgentMsg, AgentRun, Reply, RunResult};
@@ -18,11 +20,14 @@ use crate::history::History;
 use crate::id::RunId;
 use crate::idmap::{IdMap, IdSet};
 use crate::output::output_value;
-use crate::spawn::{ChildPlan, ParentInfo};
+use crate::spawn::{ChildPlan, ParentInfo, SpawnChildren};
 use crate::state::AgentState;
 use crate::step::background::Started;
 use crate::step::{Action, StepMachine};
-use crate::supervision::{Admission, ChildKey, Children, Delivery, Input, Launch, Output, Start};
+use crate::supervision::{
+    Admission, ChildKey, Children, Delivery, Input, Launch, Output, Start, admit,
+};
+use crate::toolbox::Toolbox;
 
 /// A state read back from a store, its history sharing the live `snapshot`'s
 /// messages again: an inline child's history becomes its parent's, which tells
@@ -41,6 +46,8 @@ pub(super) struct ChildActors {
     /// The running children's actors, by the id the table knows them by.
     actors: IdMap<ActorId, ActorRef<AgentMsg>>,
     retry_timers: IdMap<ChildKey, JoinHandle<()>>,
+    /// The launches that wait for more of their call's children, by call.
+    streams: IdMap<(u32, usize), UnboundedSender<Start>>,
     /// Run ids of children cancelled before they started: the launch task
     /// skips them. Made by the first launch: a leaf, most agents, never
     /// needs one (two allocations per agent, issue 17).
@@ -83,18 +90,53 @@ impl AgentRun {
             .map_or_else(Vec::new, |c| c.table.undelivered())
     }
 
+    /// Admits the children of a `spawn_agents` call (the table decides,
+    /// [`admit::admit_planned`]): each is counted and given its ordinal now,
+    /// and waits as those numbers until it comes up (its plan is made then,
+    /// from its entry in the call).
     pub(super) fn spawn_agents(
         &mut self,
         step: u32,
         index: usize,
-        children: Vec<Result<ChildPlan, (String, String)>>,
+        children: SpawnChildren,
     ) -> Vec<Action> {
-        let children = children
-            .into_iter()
-            .enumerate()
-            .map(|(i, child)| self.admit(child, i))
-            .collect();
-        self.open_call(step, index, false, children)
+        let parent_run = self.machine.state().run_id.parse::<RunId>();
+        let mut tree = HookTree::new(self);
+        let next = self.machine.children_spawned() + 1;
+        let (admitted, planner, count) =
+            admit::admit_planned(children, parent_run.as_ref(), next, &mut tree);
+        self.admitted(tree, count);
+        let parent = Arc::new(ParentInfo::of(self.machine.state(), self.machine.toolbox()));
+        self.feed(Input::Open {
+            step,
+            call: index,
+            inline: false,
+            background: false,
+            parent,
+            children: admitted,
+            planner: Some(planner),
+        })
+    }
+
+    /// Children planned in full, admitted as [`admit::admit_each`] decides.
+    fn admit_each(&mut self, children: Vec<crate::step::Planned>) -> Vec<Admission> {
+        let parent_run = self.machine.state().run_id.parse::<RunId>();
+        let mut tree = HookTree::new(self);
+        let next = self.machine.children_spawned() + 1;
+        let (admitted, count) = admit::admit_each(children, parent_run.as_ref(), next, &mut tree);
+        self.admitted(tree, count);
+        admitted
+    }
+
+    /// After an admission: the limits it hit are events, and the machine
+    /// counts the `count` children admitted.
+    fn admitted(&mut self, tree: HookTree, count: u32) {
+        for limit in tree.hit {
+            self.emit(EventKind::LimitHit { limit });
+        }
+        for _ in 0..count {
+            self.machine.next_child_ordinal();
+        }
     }
 
     pub(super) fn spawn_inline(
@@ -103,8 +145,8 @@ impl AgentRun {
         index: usize,
         child: ChildPlan,
     ) -> Vec<Action> {
-        let child = self.admit(Ok(child), 0);
-        self.open_call(step, index, true, vec![child])
+        let children = self.admit_each(vec![Ok(child)]);
+        self.open_call(step, index, true, children)
     }
 
     /// Starts the children of a `spawn_agents_async` call: admitted like
@@ -116,11 +158,7 @@ impl AgentRun {
         index: usize,
         children: Vec<Result<ChildPlan, (String, String)>>,
     ) -> Vec<Action> {
-        let children: Vec<Admission> = children
-            .into_iter()
-            .enumerate()
-            .map(|(i, child)| self.admit(child, i))
-            .collect();
+        let children = self.admit_each(children);
         let started = children
             .iter()
             .map(|child| match child {
@@ -133,6 +171,11 @@ impl AgentRun {
                     run_id: id.to_string(),
                     agent_type: plan.agent_type.to_string(),
                     agent_name: plan.template.display_name.clone(),
+                },
+                // `admit` makes no waiting children: a background call is planned in full.
+                Admission::Waiting { .. } => Started::Refused {
+                    agent_type: String::new(),
+                    error: "internal: a background child was not planned".to_owned(),
                 },
             })
             .collect();
@@ -148,6 +191,7 @@ impl AgentRun {
             background: true,
             parent,
             children,
+            planner: None,
         }));
         actions
     }
@@ -200,60 +244,10 @@ impl AgentRun {
                 background: true,
                 parent,
                 children: admitted,
+                planner: None,
             }));
         }
         actions
-    }
-
-    /// Checks a child against the tree's limits and gives it its agent id. Its
-    /// state is built only when it gets a live slot.
-    fn admit(&mut self, child: Result<ChildPlan, (String, String)>, index: usize) -> Admission {
-        let plan = match child {
-            Ok(plan) => plan,
-            Err((agent_type, error)) => return Admission::Refused { agent_type, error },
-        };
-        let depth = self.machine.state().depth();
-        // A child a resumed tree already ran was admitted then; it is not counted twice.
-        let next = self.machine.children_spawned() + 1;
-        // From the parent's run id, not its agent id: the children of a
-        // retried attempt (`T/0.1~1`) get ids of their own (`T/0.1~1.1`), and
-        // every attempt's run id derives from the child's agent id. A run id
-        // the tree did not make (none does) has no children.
-        let id = match self.machine.state().run_id.parse::<RunId>() {
-            Ok(parent) => parent.child(next),
-            Err(error) => {
-                return Admission::Refused {
-                    agent_type: plan.agent_type.to_string(),
-                    error: error.to_string(),
-                };
-            }
-        };
-        let known = self.hooks.recovering() && self.hooks.recovered(&id.to_string()).is_some();
-        let admitted = if known {
-            Ok(())
-        } else {
-            self.hooks.admit_child(depth, index)
-        };
-        if let Err(limit) = admitted {
-            let error = limit.to_string();
-            self.emit(EventKind::LimitHit { limit });
-            return Admission::Refused {
-                agent_type: plan.agent_type.to_string(),
-                error,
-            };
-        }
-        let toolbox = match self.hooks.toolbox(&plan.template) {
-            Ok(toolbox) => toolbox,
-            Err(error) => {
-                return Admission::Refused {
-                    agent_type: plan.agent_type.to_string(),
-                    error,
-                };
-            }
-        };
-        // The child is counted: `id` has the ordinal this returns.
-        self.machine.next_child_ordinal();
-        Admission::Admitted { id, toolbox, plan }
     }
 
     fn open_call(
@@ -271,6 +265,7 @@ impl AgentRun {
             background: false,
             parent,
             children,
+            planner: None,
         })
     }
 
@@ -323,7 +318,12 @@ impl AgentRun {
         if self.children.is_none() && matches!(input, Input::ParentEnded { .. }) {
             return Vec::new();
         }
+        let ending = matches!(input, Input::ParentEnded { .. });
         let outputs = self.children_mut().table.handle(input);
+        if ending {
+            // No more children follow: the launches waiting for more end.
+            self.children_mut().streams.clear();
+        }
         let mut actions = Vec::new();
         for output in outputs {
             match output {
@@ -336,6 +336,28 @@ impl AgentRun {
                     }
                 }
                 Output::Launch(launch) => self.launch(launch),
+                Output::More {
+                    call,
+                    children,
+                    last,
+                } => {
+                    let streams = &mut self.children_mut().streams;
+                    let unsent: Vec<ChildKey> = match streams.get(&call) {
+                        Some(more) => children
+                            .into_iter()
+                            .filter_map(|start| more.send(start).err().map(|e| e.0.key))
+                            .collect(),
+                        None => children.into_iter().map(|start| start.key).collect(),
+                    };
+                    if last {
+                        streams.remove(&call);
+                    }
+                    // The launch is over (its parent was cancelled): they never start.
+                    for key in unsent {
+                        let error = "cancelled before it started".to_owned();
+                        actions.extend(self.feed(Input::NotStarted { key, error }));
+                    }
+                }
                 Output::Skip { run_id } => {
                     let skip = self.children_mut().skip.get_or_insert_default();
                     skip.ids
@@ -403,7 +425,15 @@ impl AgentRun {
             parent_run,
             priority,
             children,
+            stream,
         } = launch;
+        // A call's children after these come through `more`.
+        let mut more: Option<UnboundedReceiver<Start>> = stream.map(|stream| {
+            let (send, receive) = unbounded_channel();
+            self.children_mut().streams.insert(stream.call, send);
+            receive
+        });
+        let line_len = stream.map_or(children.len(), |s| s.line);
         let skip = self.children_mut().skip.get_or_insert_default().clone();
         let hooks = self.hooks.clone();
         let mut cancelled = self.cancel.subscribe();
@@ -418,10 +448,21 @@ impl AgentRun {
         // children: the 1.1 M-agent tree at 10,000 live held 17,000 alive.
         // The launch waits in line once, for all its children (see
         // `SlotLine`): a child waiting for its slot holds nothing of its own.
-        let mut line = hooks.acquire_slots(priority, children.len());
+        let mut line = hooks.acquire_slots(priority, line_len);
         tokio::spawn(async move {
             let mut pending = children.into_iter();
-            while let Some(start) = pending.next() {
+            loop {
+                let start = match pending.next() {
+                    Some(start) => start,
+                    None => match more.as_mut() {
+                        // The parent drops its end when no more follow or it ends.
+                        Some(receive) => match receive.recv().await {
+                            Some(start) => start,
+                            None => break,
+                        },
+                        None => break,
+                    },
+                };
                 // The ids are made as the child comes up: a waiting child
                 // holds none (issue 34).
                 let ids = start.ids(parent_run.as_ref());
@@ -493,7 +534,16 @@ impl AgentRun {
                 }
                 // A cancel that raced the slot wins: nothing starts after it.
                 let Some(slot) = slot.filter(|_| !*cancelled.borrow()) else {
-                    for key in std::iter::once(key).chain(pending.map(|s| s.key)) {
+                    let mut rest: Vec<ChildKey> = pending.map(|s| s.key).collect();
+                    if let Some(receive) = more.as_mut() {
+                        // What the parent sends after this fails to send: it
+                        // counts those as not started itself.
+                        receive.close();
+                        while let Ok(start) = receive.try_recv() {
+                            rest.push(start.key);
+                        }
+                    }
+                    for key in std::iter::once(key).chain(rest) {
                         let error = "cancelled before it started".to_owned();
                         let _ = me.cast(AgentMsg::ChildNotStarted { key, error });
                     }
@@ -535,5 +585,45 @@ impl AgentRun {
                 let _ = me.cast(msg);
             }
         });
+    }
+}
+
+/// The tree as the child table's admission asks it ([`admit::Tree`]):
+/// the hooks' toolboxes and limits, a resumed tree's children not counted
+/// again, and the limits hit kept for their events.
+struct HookTree {
+    hooks: Arc<dyn crate::hooks::TreeHooks>,
+    depth: usize,
+    hit: Vec<crate::limit::LimitHit>,
+}
+
+impl HookTree {
+    fn new(run: &AgentRun) -> Self {
+        HookTree {
+            hooks: run.hooks.clone(),
+            depth: run.machine.state().depth(),
+            hit: Vec::new(),
+        }
+    }
+}
+
+impl admit::Tree for HookTree {
+    fn toolbox(
+        &mut self,
+        template: &crate::template::AgentTemplate,
+    ) -> Result<Arc<Toolbox>, String> {
+        self.hooks.toolbox(template)
+    }
+
+    fn count(&mut self, id: &RunId, index: usize) -> Result<(), String> {
+        // A child a resumed tree already ran was admitted then.
+        if self.hooks.recovering() && self.hooks.recovered(&id.to_string()).is_some() {
+            return Ok(());
+        }
+        self.hooks.admit_child(self.depth, index).map_err(|limit| {
+            let error = limit.to_string();
+            self.hit.push(limit);
+            error
+        })
     }
 }

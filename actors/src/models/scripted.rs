@@ -268,7 +268,7 @@ impl Model for ScriptedModel {
                     format!("{}-s{}-c{i}", request.meta.run_id, request.meta.step)
                 }),
                 tool_name: call.name,
-                input: call.input,
+                input: call.input.into(),
             }));
         }
         let message = Message::Assistant {

@@ -130,6 +130,17 @@ impl Latency {
     }
 }
 
+/// What an alive simulated agent holds, besides its answer: its state,
+/// history, actor, model call in flight and child table (`--shape
+/// 100,100,100` with no live cap peaked at 4.19 GB with 410,104 alive on a
+/// release build: ~10 KB each; docs/benchmarks-history.md).
+pub const ALIVE_AGENT_BYTES: u64 = 10_240;
+
+/// What a child waiting for a live slot costs at most: its entry in its
+/// parent's call as the simulated model writes it (~180 bytes of text), its
+/// place in the child table (24 bytes), and its share of the call's reports.
+pub const WAITING_CHILD_BYTES: u64 = 300;
+
 /// The shape of a simulated tree and the cost of its calls.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimulatedConfig {
@@ -149,6 +160,35 @@ impl SimulatedConfig {
             shape: vec![fanout; depth],
             ..SimulatedConfig::default()
         }
+    }
+
+    /// About how many bytes the tree holds at its peak, when at most `live`
+    /// agents step at once and at most `max_agents` run (`None`: no limit):
+    /// what a check compares with the machine's memory before a tree is
+    /// run, so that a tree it lets through does not abort on allocation
+    /// (issue 34). Without a live cap every agent is alive at once; with one,
+    /// each level has at most `live` agents alive, and the children of the
+    /// parents that stepped wait for a slot ([`WAITING_CHILD_BYTES`] each).
+    pub fn peak_bytes(&self, live: Option<u64>, max_agents: Option<u64>) -> u64 {
+        let cap = max_agents.unwrap_or(u64::MAX);
+        let Some(live) = live else {
+            return self.agents().min(cap).saturating_mul(self.alive_bytes());
+        };
+        let mut level = 1u64;
+        let mut alive = 1u64;
+        let mut waiting = 0u64;
+        for &fanout in &self.shape {
+            waiting = waiting.max(level.min(live).saturating_mul(fanout as u64));
+            level = level.saturating_mul(fanout as u64);
+            alive = alive.saturating_add(level.min(live));
+        }
+        let alive = alive.min(cap).saturating_mul(self.alive_bytes());
+        alive.saturating_add(waiting.min(cap).saturating_mul(WAITING_CHILD_BYTES))
+    }
+
+    /// What one alive agent holds: its state and actor, and its answer.
+    fn alive_bytes(&self) -> u64 {
+        ALIVE_AGENT_BYTES.saturating_add((self.reply_tokens as u64).saturating_mul(8))
     }
 
     /// How many agents the whole tree has, the root included.
@@ -220,7 +260,7 @@ impl SimulatedModel {
         Some(ToolCall {
             tool_call_id: format!("{}-spawn", request.meta.run_id),
             tool_name: SPAWN_AGENTS.to_owned(),
-            input: json!({ "agents": agents }),
+            input: json!({ "agents": agents }).into(),
         })
     }
 
@@ -363,6 +403,28 @@ impl Model for SimulatedModel {
 
 #[cfg(test)]
 mod tests {
+
+    /// Issue 34: a check refuses what would outgrow the machine by this
+    /// estimate, so it must follow the live cap and the tree's limit.
+    #[test]
+    fn a_trees_peak_follows_its_live_cap_not_its_size() {
+        let tree = SimulatedConfig {
+            reply_tokens: 0,
+            ..SimulatedConfig::tree(9999, 2)
+        };
+        let uncapped = tree.peak_bytes(None, None);
+        assert_eq!(uncapped, 99_990_001 * ALIVE_AGENT_BYTES);
+        // 1000 parents step, their 10^7 children wait: ~3 GB, not 400.
+        let capped = tree.peak_bytes(Some(1000), None);
+        assert_eq!(
+            capped,
+            2001 * ALIVE_AGENT_BYTES + 1000 * 9999 * WAITING_CHILD_BYTES
+        );
+        // A tree limited to 200 agents holds no more than 200.
+        assert_eq!(tree.peak_bytes(None, Some(200)), 200 * ALIVE_AGENT_BYTES);
+        assert!(tree.peak_bytes(Some(1_000_000), None) > 30_000_000_000);
+    }
+
     use super::*;
 
     #[test]

@@ -175,7 +175,7 @@ impl StepMachine {
                 if let Part::ToolCall(call) = part
                     && call.tool_call_id == id
                 {
-                    call.input = edited.clone();
+                    call.input = edited.into();
                 }
             }
         }

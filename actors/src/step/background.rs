@@ -112,7 +112,7 @@ pub fn outstanding(history: &History) -> Vec<Outstanding> {
             Message::Assistant { .. } => {
                 for call in message.tool_calls() {
                     if call.tool_name == SPAWN_AGENTS_ASYNC {
-                        calls.push((call.tool_call_id.clone(), call.input.clone(), at + 1));
+                        calls.push((call.tool_call_id.clone(), call.input.value(), at + 1));
                     }
                 }
             }
@@ -437,7 +437,7 @@ mod tests {
         ToolCall {
             tool_call_id: id.into(),
             tool_name: SPAWN_AGENTS_ASYNC.into(),
-            input: json!({ "agents": agents }),
+            input: json!({ "agents": agents }).into(),
         }
     }
 
@@ -526,7 +526,7 @@ mod tests {
         let c = ToolCall {
             tool_call_id: "c1".into(),
             tool_name: SPAWN_AGENTS_ASYNC.into(),
-            input: json!("{\"agents\":[{\"agent_type\":\"worker\",\"prompt\":\"x\"}]}"),
+            input: json!("{\"agents\":[{\"agent_type\":\"worker\",\"prompt\":\"x\"}]}").into(),
         };
         let mut history = History::new();
         history.push(Message::assistant(None, vec![c.clone()]));

@@ -1,7 +1,6 @@
 //! Step 3 of the loop: every call of a step classified (built-in, external,
 //! spawn, or an error the model reads), spawns planned, built-ins' effects.
 
-use std::borrow::Cow;
 use std::ops::Index;
 use std::sync::Arc;
 
@@ -11,7 +10,7 @@ use serde_json::{Value, json};
 use super::{Action, Catalog, Effect, Origin, Pending, StepMachine};
 use crate::history::History;
 use crate::message::{Message, Part, ToolCall};
-use crate::spawn::{SpawnRequest, plan_child};
+use crate::spawn::{SpawnPlan, SpawnRequest, plan_child};
 use crate::template::AgentTemplate;
 use crate::toolbox::ToolKind;
 
@@ -109,18 +108,14 @@ impl StepMachine {
                 ToolKind::AddMessage
                 | ToolKind::SetMessages
                 | ToolKind::SetOutput
-                | ToolKind::EndTurn => {
-                    match builtin_effect(&kind, input.into_owned(), &self.template) {
-                        Ok(effect) => {
-                            pending.effects.push((index, effect));
-                            pending.results[index] =
-                                Some(Message::tool_result(call, json!({"ok": true})));
-                        }
-                        Err(error) => {
-                            pending.results[index] = Some(Message::tool_error(call, error))
-                        }
+                | ToolKind::EndTurn => match builtin_effect(&kind, input, &self.template) {
+                    Ok(effect) => {
+                        pending.effects.push((index, effect));
+                        pending.results[index] =
+                            Some(Message::tool_result(call, json!({"ok": true})));
                     }
-                }
+                    Err(error) => pending.results[index] = Some(Message::tool_error(call, error)),
+                },
                 ToolKind::External(tool) => {
                     pending.awaiting += 1;
                     if approval {
@@ -131,7 +126,7 @@ impl StepMachine {
                         index,
                         call_id: call.tool_call_id.clone(),
                         tool,
-                        input: input.into_owned(),
+                        input,
                     });
                 }
                 ToolKind::SpawnAgents | ToolKind::SpawnAgentInline | ToolKind::SpawnAgentsAsync => {
@@ -140,7 +135,9 @@ impl StepMachine {
                     let snapshot = snapshot.get_or_insert_with(|| {
                         Arc::new(self.state.message_history.filter_unfinished_tool_calls())
                     });
-                    match self.plan_spawn(&input, snapshot, &notices, inline, background, catalog) {
+                    let source = (pending.calls.message().clone(), index);
+                    let spawn = (inline, background);
+                    match self.plan_spawn(input, source, snapshot, &notices, spawn, catalog) {
                         Ok(action) => {
                             pending.awaiting += 1;
                             actions.push(action(self.step, index));
@@ -163,12 +160,11 @@ impl StepMachine {
     }
 
     /// Finds the tool and checks the input; `Err` is the message the model will read.
-    /// The input is borrowed from the call when it is already a JSON value.
-    fn classify<'c>(
+    fn classify(
         &self,
-        call: &'c ToolCall,
+        call: &ToolCall,
         inline_seen: &mut bool,
-    ) -> Result<(ToolKind, Cow<'c, Value>, bool), String> {
+    ) -> Result<(ToolKind, Value, bool), String> {
         let name = call.tool_name.as_str();
         let Some(entry) = self.toolbox.get(name) else {
             if let Some(denied) = self.toolbox.denied(name) {
@@ -181,13 +177,11 @@ impl StepMachine {
                 self.toolbox.names().join(", ")
             ));
         };
-        let input = match &call.input {
-            Value::String(text) => Cow::Owned(
-                serde_json::from_str(text)
-                    .map_err(|e| format!("Arguments of {name} are not valid JSON: {e}"))?,
-            ),
-            Value::Null => Cow::Owned(json!({})),
-            other => Cow::Borrowed(other),
+        let input = match call.input.value() {
+            Value::String(text) => serde_json::from_str(&text)
+                .map_err(|e| format!("Arguments of {name} are not valid JSON: {e}"))?,
+            Value::Null => json!({}),
+            other => other,
         };
         entry
             .schema
@@ -205,11 +199,11 @@ impl StepMachine {
     #[allow(clippy::type_complexity)]
     fn plan_spawn(
         &self,
-        input: &Value,
+        input: Value,
+        (message, call): (Arc<Message>, usize),
         snapshot: &Arc<History>,
         notices: &crate::spawn::Notices,
-        inline: bool,
-        background: bool,
+        (inline, background): (bool, bool),
         catalog: &dyn Catalog,
     ) -> Result<Box<dyn FnOnce(u32, usize) -> Action>, String> {
         let tool = if background {
@@ -231,13 +225,32 @@ impl StepMachine {
             .map_err(|e| (agent_type, e))
         };
         if inline {
-            let request = SpawnRequest::deserialize(input)
+            let request = SpawnRequest::deserialize(&input)
                 .map_err(|e| format!("Invalid input for spawn_agent_inline: {e}"))?;
             let child = plan(request).map_err(|(_, e)| e)?;
             return Ok(Box::new(move |step, index| Action::SpawnInline {
                 step,
                 index,
                 child,
+            }));
+        }
+        if !background {
+            // Planned compactly: a child's plan is made from its entry in the
+            // call's text when it comes up (a wide call's children wait as
+            // numbers, issue 34).
+            let children = SpawnPlan::check(
+                &self.template,
+                (message, call),
+                tool,
+                snapshot,
+                notices,
+                |id| catalog.template(id),
+                |id| catalog.knows_agent(id),
+            );
+            return Ok(Box::new(move |step, index| Action::SpawnAgents {
+                step,
+                index,
+                children,
             }));
         }
         // Each entry on its own: a bad one is refused by itself, the rest run.
@@ -266,20 +279,10 @@ impl StepMachine {
                     .and_then(plan)
             })
             .collect();
-        Ok(Box::new(move |step, index| {
-            if background {
-                Action::SpawnBackground {
-                    step,
-                    index,
-                    children,
-                }
-            } else {
-                Action::SpawnAgents {
-                    step,
-                    index,
-                    children,
-                }
-            }
+        Ok(Box::new(move |step, index| Action::SpawnBackground {
+            step,
+            index,
+            children,
         }))
     }
 }

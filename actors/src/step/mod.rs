@@ -14,7 +14,7 @@ use crate::history::{Expiry, History};
 use crate::message::{INSTRUCTIONS_PROMPT, Message, SPAWN_PROMPT, STEP_PROMPT};
 use crate::model::{ModelRequest, ModelResponse, RequestMeta, Usage};
 use crate::output::output_value;
-use crate::spawn::{ChildPlan, ChildReport};
+use crate::spawn::{ChildPlan, ChildReport, SpawnChildren};
 use crate::state::{AgentState, AgentStatus};
 use crate::steer::{STEERING, Steer, SteerLimits, SteerRefused};
 use crate::template::AgentTemplate;
@@ -57,9 +57,9 @@ pub enum Action {
         step: u32,
         /// The call's index among the step's tool calls.
         index: usize,
-        /// Each requested child, in request order: its plan, or the requested
-        /// agent type and why it is refused.
-        children: Vec<Result<ChildPlan, (String, String)>>,
+        /// Each requested child, in request order: its kind in the call's
+        /// plan, or the requested agent type and why it is refused.
+        children: SpawnChildren,
     },
     /// Start the child of a `spawn_agent_inline` call; answer with `inline_done`.
     SpawnInline {
@@ -467,8 +467,6 @@ impl StepMachine {
             let billed = (!usage.is_recorded()).then_some(usage);
             return self.model_failed(step, failure, billed);
         }
-        // Kept for the run's life: in no more memory than it needs.
-        let message = message.with_compact_inputs();
         // A durable tree records the reply as the model sent it; it is the very
         // message the history keeps unless its call ids had to be fixed.
         let history = &self.state.message_history;

@@ -287,7 +287,7 @@ impl StepMachine {
                             &mut seen,
                         ),
                         tool_name: name,
-                        input,
+                        input: input.into(),
                     })
                     .collect();
                 let message = Arc::new(Message::assistant(None, calls));

@@ -5,11 +5,9 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
-use serde_json::Value;
-
 use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
-use crate::message::{Message, ToolResultPart};
+use crate::message::{Message, ToolInput, ToolResultPart};
 use crate::template::LoopDetection;
 
 /// What the watchdog makes of one more call.
@@ -40,10 +38,10 @@ struct Seen {
 
 /// The fingerprint of a call: its tool and input hashed together
 /// (`DefaultHasher::new` has fixed keys, so it is the same in every run).
-fn fingerprint(tool: &str, input: &Value) -> u64 {
+fn fingerprint(tool: &str, input: &ToolInput) -> u64 {
     let mut hasher = DefaultHasher::new();
     tool.hash(&mut hasher);
-    input.hash(&mut hasher);
+    input.text().hash(&mut hasher);
     hasher.finish()
 }
 
@@ -62,7 +60,7 @@ impl LoopWatch {
         &mut self,
         config: LoopDetection,
         tool: &str,
-        input: &Value,
+        input: &ToolInput,
         result: &Arc<Message>,
     ) -> Verdict {
         let call = fingerprint(tool, input);
@@ -139,13 +137,13 @@ impl super::StepMachine {
 mod tests {
     use super::*;
     use crate::message::ToolCall;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn result(id: &str, value: Value) -> Arc<Message> {
         let call = ToolCall {
             tool_call_id: id.into(),
             tool_name: "echo".into(),
-            input: json!({}),
+            input: json!({}).into(),
         };
         Arc::new(Message::tool_result(&call, value))
     }
@@ -163,7 +161,7 @@ mod tests {
                 watch.observe(
                     CONFIG,
                     "echo",
-                    &json!({"n": 1}),
+                    &json!({"n": 1}).into(),
                     &result(&format!("c{i}"), json!(1)),
                 )
             })
@@ -183,7 +181,7 @@ mod tests {
     #[test]
     fn a_different_input_or_result_starts_the_count_again() {
         let mut watch = LoopWatch::default();
-        let same = json!({"n": 1});
+        let same: ToolInput = json!({"n": 1}).into();
         for i in 0..2 {
             watch.observe(CONFIG, "echo", &same, &result(&format!("a{i}"), json!(1)));
         }
@@ -196,9 +194,19 @@ mod tests {
             watch.observe(CONFIG, "echo", &same, &result(&format!("c{i}"), json!(2)));
         }
         assert_eq!(watch.repeats, 3);
-        watch.observe(CONFIG, "echo", &json!({"n": 2}), &result("d", json!(2)));
+        watch.observe(
+            CONFIG,
+            "echo",
+            &json!({"n": 2}).into(),
+            &result("d", json!(2)),
+        );
         assert_eq!(watch.repeats, 1, "another input");
-        watch.observe(CONFIG, "other", &json!({"n": 2}), &result("e", json!(2)));
+        watch.observe(
+            CONFIG,
+            "other",
+            &json!({"n": 2}).into(),
+            &result("e", json!(2)),
+        );
         assert_eq!(watch.repeats, 1, "another tool");
     }
 
@@ -206,10 +214,10 @@ mod tests {
     fn the_watchdog_keeps_the_result_shared_not_copied() {
         let mut watch = LoopWatch::default();
         let first = result("a", json!({"big": "body"}));
-        watch.observe(CONFIG, "echo", &json!({"n": 1}), &first);
+        watch.observe(CONFIG, "echo", &json!({"n": 1}).into(), &first);
         assert_eq!(Arc::strong_count(&first), 2, "held as the same Arc");
         // The same result again (the same Arc) is a repeat.
-        watch.observe(CONFIG, "echo", &json!({"n": 1}), &first);
+        watch.observe(CONFIG, "echo", &json!({"n": 1}).into(), &first);
         assert_eq!(watch.repeats, 2);
         assert_eq!(Arc::strong_count(&first), 2, "a repeat keeps the first");
     }
@@ -219,7 +227,12 @@ mod tests {
         let mut watch = LoopWatch::default();
         let off = LoopDetection::OFF;
         for i in 0..50 {
-            let v = watch.observe(off, "echo", &json!({}), &result(&format!("c{i}"), json!(1)));
+            let v = watch.observe(
+                off,
+                "echo",
+                &json!({}).into(),
+                &result(&format!("c{i}"), json!(1)),
+            );
             assert_eq!(v, Verdict::Fine);
         }
         let fail_only = LoopDetection {
@@ -228,11 +241,11 @@ mod tests {
         };
         let mut watch = LoopWatch::default();
         assert_eq!(
-            watch.observe(fail_only, "t", &json!({}), &result("a", json!(1))),
+            watch.observe(fail_only, "t", &json!({}).into(), &result("a", json!(1))),
             Verdict::Fine
         );
         assert_eq!(
-            watch.observe(fail_only, "t", &json!({}), &result("b", json!(1))),
+            watch.observe(fail_only, "t", &json!({}).into(), &result("b", json!(1))),
             Verdict::Fail(2)
         );
     }

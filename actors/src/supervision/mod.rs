@@ -22,14 +22,21 @@ use crate::hooks::{RunIds, SlotPriority};
 use crate::id::RunId;
 use crate::idmap::{IdMap, IdSet};
 use crate::limit::LimitHit;
-use crate::spawn::{ChildPlan, ChildReport, ParentInfo, report_value};
+use crate::spawn::{ChildPlan, ChildReport, ParentInfo, SpawnPlan, report_value};
 use crate::state::{AgentState, AgentStatus};
 use crate::template::FailurePolicy;
 use crate::toolbox::Toolbox;
 
+pub mod admit;
 mod slot;
 
-use slot::{Call, ChildId, Slot, slot_of};
+use slot::{Call, ChildId, Entry, Slot, entry_of};
+
+/// How many first attempts of a waited-for call's children are launched
+/// and not yet started at once: the rest wait in the call as numbers
+/// ([`Admission::Waiting`]) and come up as those start. Enough that the
+/// launch never waits for the parent between two slots.
+pub const LAUNCH_WINDOW: usize = 64;
 
 /// Identifies one attempt of one child of one spawn call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -89,6 +96,26 @@ pub enum Admission {
         /// attempt `n` runs as `id.retry(n)`).
         id: RunId,
     },
+    /// Admitted, to be planned from its call's [`Planner`] when it comes
+    /// up: until then it is these two numbers (issue 34).
+    Waiting {
+        /// Its kind in the call's plan.
+        kind: u16,
+        /// The ordinal its agent id extends its parent's run id with
+        /// (`P.ordinal`).
+        ordinal: u32,
+    },
+}
+
+/// What the waiting children of a planned call are made from when they
+/// come up.
+#[derive(Debug)]
+pub struct Planner {
+    /// The call's plan: its entries and kinds.
+    pub plan: Arc<SpawnPlan>,
+    /// Each kind's toolbox (`None` where it could not be made: the
+    /// children of that kind were refused).
+    pub toolboxes: Vec<Option<Arc<Toolbox>>>,
 }
 
 /// What happened to the parent's children.
@@ -107,6 +134,8 @@ pub enum Input<A> {
         /// What the children take from the parent, as of the spawn.
         parent: Arc<ParentInfo>,
         children: Vec<Admission>,
+        /// What its [`Admission::Waiting`] children are planned from.
+        planner: Option<Planner>,
     },
     /// A child's actor is running.
     #[allow(missing_docs)]
@@ -150,6 +179,20 @@ pub struct Launch {
     pub priority: SlotPriority,
     /// The attempts to start, in request order.
     pub children: Vec<Start>,
+    /// Set when more of the call's children follow (in [`Output::More`]):
+    /// the launch waits in line for all of them at once, and for more
+    /// starts once these are taken.
+    pub stream: Option<Stream>,
+}
+
+/// A launch that more children of its call follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stream {
+    /// The call (step, index) whose children follow.
+    pub call: (u32, usize),
+    /// How many children the launch starts in all: its place in the line
+    /// for live slots is for that many.
+    pub line: usize,
 }
 
 /// One attempt of a child to start. A launch holds its call's children
@@ -199,6 +242,14 @@ pub enum Output<A> {
     Wait,
     /// Start these children, each when it gets a live slot.
     Launch(Launch),
+    /// More children for the launch of `call` (its [`Stream`]); `last`: no
+    /// more follow.
+    #[allow(missing_docs)]
+    More {
+        call: (u32, usize),
+        children: Vec<Start>,
+        last: bool,
+    },
     /// A child waiting for its slot was cancelled: it must not start.
     #[allow(missing_docs)]
     Skip { run_id: String },
@@ -285,6 +336,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             .flat_map(|((_, index), c)| {
                 c.slots
                     .iter()
+                    .filter_map(Entry::slot)
                     .filter(|s| !s.delivered)
                     .map(|s| (*index, s.credits, s.run_ids(c.parent_run.as_ref())))
             })
@@ -302,8 +354,19 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 background,
                 parent,
                 children,
-            } => self.open((step, call), inline, background, parent, children, &mut out),
-            Input::Started { key, actor } => self.started(key, actor, &mut out),
+                planner,
+            } => {
+                let how = Opening {
+                    inline,
+                    background,
+                    planner,
+                };
+                self.open((step, call), how, parent, children, &mut out)
+            }
+            Input::Started { key, actor } => {
+                self.started(key, actor, &mut out);
+                self.acked(key, &mut out);
+            }
             Input::Ended { key, actor, result } => {
                 if self.live.remove(&actor).is_none() {
                     self.ended.insert(actor);
@@ -313,10 +376,12 @@ impl<A: Clone + Eq + Hash> Children<A> {
             Input::NotStarted { key, error } => {
                 self.starting = self.starting.saturating_sub(1);
                 self.result(key, Err(error), false, &mut out);
+                self.acked(key, &mut out);
             }
             Input::Recovered { key, result } => {
                 self.starting = self.starting.saturating_sub(1);
                 self.result(key, Ok(result), true, &mut out);
+                self.acked(key, &mut out);
             }
             Input::Lost { actor, error } => match self.live.remove(&actor) {
                 Some(key) => self.result(key, Err(error), true, &mut out),
@@ -326,7 +391,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             },
             Input::RetryDue { key } => {
                 if self.retrying.remove(&key) && self.parent_ended.is_none() {
-                    self.launch(vec![key], &mut out);
+                    self.launch(vec![key], How::Once, &mut out);
                 }
             }
             Input::Cancel { run_id } => self.cancel(run_id, &mut out),
@@ -343,36 +408,31 @@ impl<A: Clone + Eq + Hash> Children<A> {
     fn open(
         &mut self,
         (step, call): (u32, usize),
-        inline: bool,
-        background: bool,
+        how: Opening,
         parent: Arc<ParentInfo>,
         children: Vec<Admission>,
         out: &mut Vec<Output<A>>,
     ) {
+        let Opening {
+            inline,
+            background,
+            planner,
+        } = how;
         let parent_run = parent.run_id.parse::<RunId>().ok();
-        let mut slots: Vec<Slot> = children
+        let mut slots: Vec<Entry> = children
             .into_iter()
-            .map(|c| slot_of(c, parent_run.as_ref()))
+            .map(|c| entry_of(c, parent_run.as_ref()))
             .collect();
         if background {
             // The call's result already told the model of a refused child.
-            for slot in slots.iter_mut().filter(|s| s.report.is_some()) {
-                slot.delivered = true;
+            for slot in slots.iter_mut().filter_map(Entry::slot_mut) {
+                if slot.report.is_some() {
+                    slot.delivered = true;
+                }
             }
         }
-        let to_launch: Vec<ChildKey> = (0..slots.len())
-            .filter(|i| slots[*i].plan.is_some() && slots[*i].report.is_none())
-            .map(|child| ChildKey {
-                step,
-                call,
-                child,
-                attempt: 0,
-            })
-            .collect();
-        let pending = slots
-            .iter()
-            .filter(|s| s.report.is_none() && !s.delivered)
-            .count();
+        let launchable = slots.iter().filter(|e| e.launchable()).count();
+        let pending = slots.iter().filter(|e| e.pending()).count();
         self.calls.insert(
             (step, call),
             Call {
@@ -382,19 +442,106 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 pending,
                 parent,
                 parent_run,
+                planner,
+                next: 0,
+                launching: 0,
+                // A background call's children are all announced at once:
+                // their ids are in the call's result already.
+                window: if background {
+                    usize::MAX
+                } else {
+                    LAUNCH_WINDOW
+                },
+                streaming: false,
             },
         );
-        if to_launch.is_empty() {
+        if launchable == 0 {
             return self.deliver_if_complete(step, call, out);
         }
         if !background {
             out.push(Output::Wait);
         }
-        self.launch(to_launch, out);
+        self.fill((step, call), Some(launchable), out);
+    }
+
+    /// Launches the call's next children, up to its window of first
+    /// attempts not yet started (`line`: the call's first launch, for
+    /// that many children in all).
+    fn fill(&mut self, (step, call): (u32, usize), line: Option<usize>, out: &mut Vec<Output<A>>) {
+        if self.parent_ended.is_some() {
+            return;
+        }
+        let Some(c) = self.calls.get_mut(&(step, call)) else {
+            return;
+        };
+        if line.is_none() && !c.streaming {
+            return;
+        }
+        let mut keys = Vec::new();
+        let mut unplanned = Vec::new();
+        while c.launching < c.window && c.next < c.slots.len() {
+            let child = c.next;
+            c.next += 1;
+            if !c.slots[child].launchable() {
+                continue;
+            }
+            match c.materialize(child) {
+                Ok(_) => {
+                    c.launching += 1;
+                    keys.push(ChildKey {
+                        step,
+                        call,
+                        child,
+                        attempt: 0,
+                    });
+                }
+                Err(error) => unplanned.push((child, error)),
+            }
+        }
+        let last = c.next >= c.slots.len();
+        let how = match line {
+            Some(_) if last => How::Once,
+            Some(line) => How::First(Stream {
+                call: (step, call),
+                line,
+            }),
+            None => How::More {
+                call: (step, call),
+                last,
+            },
+        };
+        c.streaming = !last;
+        for (child, error) in unplanned {
+            let report = ChildReport::refused("", &error);
+            self.settle(
+                ChildKey {
+                    step,
+                    call,
+                    child,
+                    attempt: 0,
+                },
+                report,
+            );
+        }
+        self.launch(keys, how, out);
+        self.deliver_if_complete(step, call, out);
+    }
+
+    /// A first attempt launched from a call's window started (or did not):
+    /// the next child may come up.
+    fn acked(&mut self, key: ChildKey, out: &mut Vec<Output<A>>) {
+        if key.attempt != 0 {
+            return;
+        }
+        let Some(c) = self.calls.get_mut(&(key.step, key.call)) else {
+            return;
+        };
+        c.launching = c.launching.saturating_sub(1);
+        self.fill((key.step, key.call), None, out);
     }
 
     /// Starts attempts of one spawn call's children, each announced first.
-    fn launch(&mut self, keys: Vec<ChildKey>, out: &mut Vec<Output<A>>) {
+    fn launch(&mut self, keys: Vec<ChildKey>, how: How, out: &mut Vec<Output<A>>) {
         let mut children = Vec::with_capacity(keys.len());
         let mut parent = None;
         for key in keys {
@@ -403,7 +550,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             };
             let (_, parent_run) =
                 parent.get_or_insert_with(|| (call.parent.clone(), call.parent_run.clone()));
-            let Some(slot) = call.slots.get_mut(key.child) else {
+            let Some(slot) = call.slots.get_mut(key.child).and_then(Entry::slot_mut) else {
                 continue;
             };
             let (Some(plan), Some(toolbox), Some(id)) =
@@ -428,13 +575,25 @@ impl<A: Clone + Eq + Hash> Children<A> {
             }));
             children.push(start);
         }
+        self.starting += children.len();
+        if let How::More { call, last } = how {
+            // Even empty, the last tells the launch that no more follow.
+            if children.is_empty() && !last {
+                return;
+            }
+            out.push(Output::More {
+                call,
+                children,
+                last,
+            });
+            return;
+        }
         let Some((parent, parent_run)) = parent else {
             return;
         };
         if children.is_empty() {
             return;
         }
-        self.starting += children.len();
         let priority = SlotPriority {
             depth: parent.lineage.len(),
             resume: false,
@@ -444,6 +603,10 @@ impl<A: Clone + Eq + Hash> Children<A> {
             parent_run,
             priority,
             children,
+            stream: match how {
+                How::First(stream) => Some(stream),
+                How::Once | How::More { .. } => None,
+            },
         }));
     }
 
@@ -475,15 +638,21 @@ impl<A: Clone + Eq + Hash> Children<A> {
         let run_parent = run.parent();
         let found = self.calls.iter().find_map(|(&(step, call), c)| {
             let parent = c.parent_run.as_ref();
-            c.slots.iter().enumerate().find_map(|(child, s)| {
-                let live = s.report.is_none() && !s.delivered;
-                (live && s.runs_as(parent, &run, run_parent.as_ref())).then_some(ChildKey {
-                    step,
-                    call,
-                    child,
-                    attempt: s.attempt,
+            // A child not launched yet was never announced.
+            c.slots
+                .iter()
+                .enumerate()
+                .take(c.next)
+                .find_map(|(child, e)| {
+                    let s = e.slot()?;
+                    let live = s.report.is_none() && !s.delivered;
+                    (live && s.runs_as(parent, &run, run_parent.as_ref())).then_some(ChildKey {
+                        step,
+                        call,
+                        child,
+                        attempt: s.attempt,
+                    })
                 })
-            })
         });
         let Some(key) = found else {
             return;
@@ -660,13 +829,19 @@ impl<A: Clone + Eq + Hash> Children<A> {
         };
         if c.background {
             // Each background child's report goes on its own, once.
-            for slot in c.slots.iter_mut().filter(|s| !s.delivered) {
+            for slot in c.slots.iter_mut().filter_map(Entry::slot_mut) {
+                if slot.delivered {
+                    continue;
+                }
                 if let Some(report) = slot.report.take() {
                     slot.delivered = true;
                     out.push(Output::Report(report));
                 }
             }
-            if c.slots.iter().all(|s| s.delivered) {
+            if c.slots
+                .iter()
+                .all(|e| e.slot().is_some_and(|s| s.delivered))
+            {
                 self.calls.remove(&(step, call));
             }
             return;
@@ -680,6 +855,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
         let reports = c
             .slots
             .iter_mut()
+            .filter_map(Entry::slot_mut)
             .filter_map(|s| s.report.take().map(|r| *r))
             .collect();
         out.push(Output::Deliver(Delivery {
@@ -705,8 +881,25 @@ impl<A: Clone + Eq + Hash> Children<A> {
     /// The slot of `key`.
     fn slot_mut(&mut self, key: ChildKey) -> Option<&mut Slot> {
         let call = self.calls.get_mut(&(key.step, key.call))?;
-        call.slots.get_mut(key.child)
+        call.slots.get_mut(key.child)?.slot_mut()
     }
+}
+
+/// How a spawn call is opened.
+struct Opening {
+    inline: bool,
+    background: bool,
+    planner: Option<Planner>,
+}
+
+/// How a launch's children go out.
+enum How {
+    /// In one launch (all of them, or a retry).
+    Once,
+    /// The first of a call's children that more follow.
+    First(Stream),
+    /// More children for the launch of `call`; `last`: no more follow.
+    More { call: (u32, usize), last: bool },
 }
 
 #[cfg(test)]

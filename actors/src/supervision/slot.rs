@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::Admission;
+use super::{Admission, Planner};
 use crate::failure::FailureKind;
 use crate::history::History;
 use crate::hooks::RunIds;
@@ -164,10 +164,7 @@ impl Call {
     pub(super) fn pending(&self) -> usize {
         debug_assert_eq!(
             self.pending,
-            self.slots
-                .iter()
-                .filter(|s| s.report.is_none() && !s.delivered)
-                .count(),
+            self.slots.iter().filter(|e| e.pending()).count(),
             "the pending count follows the slots"
         );
         self.pending
@@ -175,13 +172,20 @@ impl Call {
 
     /// Gives slot `child` its final report, counting it off the pending ones.
     pub(super) fn settle(&mut self, child: usize, report: ChildReport) {
-        let Some(slot) = self.slots.get_mut(child) else {
+        let Some(entry) = self.slots.get_mut(child) else {
             return;
         };
-        if slot.report.is_none() && !slot.delivered {
+        if entry.pending() {
             self.pending = self.pending.saturating_sub(1);
         }
-        slot.settle(report);
+        match entry {
+            Entry::Slot(slot) => slot.settle(report),
+            Entry::Waiting { .. } => {
+                let mut slot = empty_slot();
+                slot.settle(report);
+                *entry = Entry::Slot(Box::new(slot));
+            }
+        }
     }
 }
 
@@ -189,16 +193,98 @@ impl Call {
 pub(super) struct Call {
     pub(super) inline: bool,
     pub(super) background: bool,
-    pub(super) slots: Vec<Slot>,
+    pub(super) slots: Vec<Entry>,
     /// How many of `slots` have no report yet and were not handed over.
     pub(super) pending: usize,
     pub(super) parent: Arc<ParentInfo>,
     /// The parent's run id, which its children's agent ids extend.
     pub(super) parent_run: Option<RunId>,
+    /// What the waiting children's plans are made from.
+    pub(super) planner: Option<Planner>,
+    /// The next child to launch: the ones before it were launched (or never
+    /// needed to be).
+    pub(super) next: usize,
+    /// First attempts launched whose start (or failure to start) is not
+    /// known yet.
+    pub(super) launching: usize,
+    /// How many first attempts may be launched and not started at once.
+    pub(super) window: usize,
+    /// Whether the call's launch waits for more children (its first
+    /// `Launch` had a `stream`, and the last `More` was not sent yet).
+    pub(super) streaming: bool,
 }
 
-pub(super) fn slot_of(admission: Admission, parent: Option<&RunId>) -> Slot {
-    let mut slot = Slot {
+/// A requested child as its call keeps it: a number until it comes up
+/// (issue 34: a call of 9,999 children holds each in 8 bytes while it
+/// waits), then a slot.
+#[derive(Debug)]
+pub(super) enum Entry {
+    /// Admitted, not launched yet: its kind in the call's plan and the
+    /// ordinal its agent id extends its parent's run id with.
+    Waiting { kind: u16, ordinal: u32 },
+    /// Launched, refused, or started again under a stored id.
+    Slot(Box<Slot>),
+}
+
+impl Entry {
+    pub(super) fn slot(&self) -> Option<&Slot> {
+        match self {
+            Entry::Slot(slot) => Some(slot),
+            Entry::Waiting { .. } => None,
+        }
+    }
+
+    pub(super) fn slot_mut(&mut self) -> Option<&mut Slot> {
+        match self {
+            Entry::Slot(slot) => Some(slot),
+            Entry::Waiting { .. } => None,
+        }
+    }
+
+    /// Without its report, and not handed over: the call waits for it.
+    pub(super) fn pending(&self) -> bool {
+        self.slot()
+            .is_none_or(|s| s.report.is_none() && !s.delivered)
+    }
+
+    /// Admitted and not yet launched (at its open, every admitted child).
+    pub(super) fn launchable(&self) -> bool {
+        match self {
+            Entry::Waiting { .. } => true,
+            Entry::Slot(s) => s.plan.is_some() && s.report.is_none() && !s.delivered,
+        }
+    }
+}
+
+impl Call {
+    /// The slot of child `child`, made now from the call's plan if it was
+    /// waiting. `Err` is why it cannot be planned (a caller's mistake: the
+    /// plan checked its entry when the call was classified).
+    pub(super) fn materialize(&mut self, child: usize) -> Result<&mut Slot, String> {
+        let Some(entry) = self.slots.get_mut(child) else {
+            return Err(format!("no child {child}"));
+        };
+        if let Entry::Waiting { kind, ordinal } = *entry {
+            let planned = self.planner.as_ref().and_then(|p| {
+                let plan = p.plan.child(child, kind)?;
+                let toolbox = p.toolboxes.get(usize::from(kind))?.clone()?;
+                Some((plan, toolbox))
+            });
+            let Some((plan, toolbox)) = planned else {
+                return Err(format!("agents[{child}] could not be planned again"));
+            };
+            let mut slot = empty_slot();
+            slot.plan = Some(Arc::new(plan));
+            slot.toolbox = Some(toolbox);
+            slot.id = Some(ChildId::Of(ordinal));
+            *entry = Entry::Slot(Box::new(slot));
+        }
+        entry.slot_mut().ok_or_else(|| format!("no child {child}"))
+    }
+}
+
+fn empty_slot() -> Slot {
+    Slot {
         plan: None,
         toolbox: None,
         id: None,
@@ -208,7 +294,11 @@ pub(super) fn slot_of(admission: Admission, parent: Option<&RunId>) -> Slot {
         last_failure: None,
         report: None,
         delivered: false,
-    };
+    }
+}
+
+pub(super) fn entry_of(admission: Admission, parent: Option<&RunId>) -> Entry {
+    let mut slot = empty_slot();
     match admission {
         Admission::Refused { agent_type, error } => {
             slot.report = Some(Box::new(ChildReport::refused(&agent_type, &error)));
@@ -218,6 +308,7 @@ pub(super) fn slot_of(admission: Admission, parent: Option<&RunId>) -> Slot {
             slot.toolbox = Some(toolbox);
             slot.id = Some(ChildId::new(id, parent));
         }
+        Admission::Waiting { kind, ordinal } => return Entry::Waiting { kind, ordinal },
     }
-    slot
+    Entry::Slot(Box::new(slot))
 }

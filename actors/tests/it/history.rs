@@ -13,7 +13,7 @@ fn call(id: &str) -> ToolCall {
     ToolCall {
         tool_call_id: id.to_owned(),
         tool_name: format!("tool_{id}"),
-        input: json!({}),
+        input: json!({}).into(),
     }
 }
 

@@ -17,7 +17,7 @@ fn call(i: usize) -> ToolCall {
     ToolCall {
         tool_call_id: IDS[i].to_owned(),
         tool_name: "t".to_owned(),
-        input: json!({"i": i}),
+        input: json!({"i": i}).into(),
     }
 }
 
@@ -302,7 +302,7 @@ proptest! {
             history.push(Message::user("x".repeat(*text)));
             let calls: Vec<ToolCall> = calls.iter().map(|n| {
                 next += 1;
-                ToolCall { tool_call_id: format!("id{next}"), tool_name: "t".into(), input: json!({"n": n}) }
+                ToolCall { tool_call_id: format!("id{next}"), tool_name: "t".into(), input: json!({"n": n}).into() }
             }).collect();
             history.push(Message::assistant(Some("y".repeat(*text)), calls.clone()));
             for c in &calls {

@@ -8,6 +8,7 @@
 
 use std::fmt;
 
+use arbor_actors::models::SimulatedConfig;
 use arbor_supervisor::TreeLimits;
 
 use super::Problem;
@@ -101,6 +102,56 @@ fn number<T: PartialOrd + fmt::Display + Copy>(
     if let Some(why) = value.and_then(|v| arbor_supervisor::out_of_range(v, (min, max))) {
         problems.push(at(text, table, key, why));
     }
+}
+
+/// What a tree may be estimated to hold at its peak on this machine: 80 %
+/// of its memory (or of its cgroup's limit, when that is lower), or of
+/// 8 GiB when neither can be read. A check refuses a simulated tree whose
+/// estimate ([`SimulatedConfig::peak_bytes`]) is over it, so that what
+/// passes does not abort on allocation (issue 34).
+pub fn memory_budget() -> u64 {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find_map(|l| l.strip_prefix("MemTotal:"))?;
+            let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+            Some(kib.saturating_mul(1024))
+        });
+    // cgroup v2's limit; "max" (none) does not parse.
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok());
+    let memory = match (total, cgroup) {
+        (Some(total), Some(limit)) => total.min(limit),
+        (total, limit) => total.or(limit).unwrap_or(8 << 30),
+    };
+    memory / 5 * 4
+}
+
+/// Why the simulated tree `config` cannot run here, if its estimated peak
+/// with `live` agents stepping at once and at most `max_agents` is over
+/// [`memory_budget`]; `lower` says what to change.
+pub fn peak_problem(
+    config: &SimulatedConfig,
+    live: Option<u64>,
+    max_agents: Option<u64>,
+    lower: &str,
+) -> Option<String> {
+    let peak = config.peak_bytes(live, max_agents);
+    let budget = memory_budget();
+    let gb = |bytes: u64| format!("{:.1} GB", bytes as f64 / 1e9);
+    let alive = match live {
+        None => "with no live cap every agent is alive at once".to_owned(),
+        Some(live) => format!("{live} agents stepping at once"),
+    };
+    (peak > budget).then(|| {
+        format!(
+            "makes a tree that holds about {} at its peak ({alive}): more than the {} this \
+             machine can give it (80 % of its memory); {lower}",
+            gb(peak),
+            gb(budget)
+        )
+    })
 }
 
 /// The documented range of the agent and simulated-model keys (docs/config.md

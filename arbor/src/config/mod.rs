@@ -24,10 +24,10 @@ use arbor_supervisor::{ToolPolicy, TreeLimits, check_pattern};
 use crate::tools::command::CommandTool;
 use crate::tools::mcp::McpSettings;
 use catalog::ModelSpec;
-pub use check::ranges;
 use check::{
     check_graph, check_limits, check_models, check_service, command_tools, mcp_servers, templates,
 };
+pub use check::{memory_budget, peak_problem, ranges};
 pub use file::{
     AgentSection, ConfigFile, FailureSection, InputSchemaSection, ModelSection, PolicySection,
     PrincipalSection, PrincipalSettings, RetrySection, Role, RunSection, ScriptedSection,
@@ -206,7 +206,7 @@ impl Config {
         let mut unresolved_tools = Vec::new();
         let templates = templates(&file, &broken, text, &mut problems, &mut unresolved_tools);
         check_graph(&file, &limits, text, &mut problems);
-        let models = check_models(&file, &base_dir, text, &mut problems);
+        let models = check_models(&file, &limits, &base_dir, text, &mut problems);
         check_store(&file.store, text, &mut problems);
         let service = check_service(&file.service, text, &mut problems);
         if let Some(agent) = &file.run.agent

@@ -387,7 +387,7 @@ fn assistant_blocks(content: &Content, meta: &Meta) -> Vec<Value> {
                         "type": "tool_use",
                         "id": call.tool_call_id,
                         "name": call.tool_name,
-                        "input": tool_input(&call.input),
+                        "input": tool_input(&call.input.value()),
                     })),
                     // Reasoning goes back as the kept thinking blocks (the API
                     // takes them only with their signature); media cannot be in
@@ -598,7 +598,11 @@ impl Block {
             Some("tool_use") => Block::ToolUse(ToolCall {
                 tool_call_id: text("id"),
                 tool_name: text("name"),
-                input: block.get("input").cloned().unwrap_or_else(|| json!({})),
+                input: block
+                    .get("input")
+                    .cloned()
+                    .unwrap_or_else(|| json!({}))
+                    .into(),
             }),
             _ => Block::Other,
         }

@@ -213,9 +213,9 @@ impl Assembler for StreamState {
                 tool_name: name,
                 input: if json.trim().is_empty() && start.as_object().is_some_and(|o| !o.is_empty())
                 {
-                    start
+                    start.into()
                 } else {
-                    arguments(&json)
+                    arguments(&json).into()
                 },
             }),
             Partial::Other => Block::Other,

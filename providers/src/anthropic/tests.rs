@@ -97,7 +97,7 @@ fn two_calls() -> Vec<ToolCall> {
         .map(|city| ToolCall {
             tool_call_id: format!("call_{}", city.to_lowercase()),
             tool_name: "get_weather".into(),
-            input: json!({"city": city, "unit": "celsius"}),
+            input: json!({"city": city, "unit": "celsius"}).into(),
         })
         .to_vec()
 }
@@ -242,17 +242,17 @@ fn tool_inputs_are_always_objects() {
     let bad = ToolCall {
         tool_call_id: "c1".into(),
         tool_name: "get_weather".into(),
-        input: json!("{oops"),
+        input: json!("{oops").into(),
     };
     let as_text = ToolCall {
         tool_call_id: "c2".into(),
         tool_name: "get_weather".into(),
-        input: json!("{\"city\":\"Oslo\"}"),
+        input: json!("{\"city\":\"Oslo\"}").into(),
     };
     let null = ToolCall {
         tool_call_id: "c3".into(),
         tool_name: "get_weather".into(),
-        input: Value::Null,
+        input: Value::Null.into(),
     };
     let body = body(vec![
         Message::user("go"),

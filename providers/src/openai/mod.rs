@@ -172,7 +172,7 @@ fn message(m: &Message) -> Value {
                 .map(|c| {
                     json!({"id": c.tool_call_id, "type": "function", "function": {
                         "name": c.tool_name,
-                        "arguments": match &c.input { Value::String(s) => s.clone(), v => v.to_string() }
+                        "arguments": c.input.arguments()
                     }})
                 })
                 .collect();
@@ -346,7 +346,8 @@ pub(crate) fn parse_response(body: &Value) -> Result<Reply, Failure> {
                         c.pointer("/function/arguments")
                             .and_then(Value::as_str)
                             .unwrap_or(""),
-                    ),
+                    )
+                    .into(),
                 })
                 .collect()
         })

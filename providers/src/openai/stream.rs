@@ -160,7 +160,7 @@ impl Assembler for StreamState {
             .map(|c| ToolCall {
                 tool_call_id: c.id,
                 tool_name: c.name,
-                input: arguments(&c.arguments),
+                input: arguments(&c.arguments).into(),
             })
             .collect();
         // The usage chunk comes after the finish reason: the message can say

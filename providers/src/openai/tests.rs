@@ -51,12 +51,12 @@ fn two_calls() -> Vec<ToolCall> {
         ToolCall {
             tool_call_id: "call_paris".into(),
             tool_name: "get_weather".into(),
-            input: json!({"city": "Paris", "unit": "celsius"}),
+            input: json!({"city": "Paris", "unit": "celsius"}).into(),
         },
         ToolCall {
             tool_call_id: "call_berlin".into(),
             tool_name: "get_weather".into(),
-            input: json!({"city": "Berlin", "unit": "celsius"}),
+            input: json!({"city": "Berlin", "unit": "celsius"}).into(),
         },
     ]
 }
@@ -186,7 +186,7 @@ fn a_malformed_stored_input_is_sent_back_as_the_model_wrote_it() {
     let call = ToolCall {
         tool_call_id: "c1".into(),
         tool_name: "get_weather".into(),
-        input: json!("{oops"),
+        input: json!("{oops").into(),
     };
     let body = request_body(
         &settings(ProviderKind::OpenAi, false),

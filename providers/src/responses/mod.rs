@@ -294,10 +294,7 @@ fn assistant_items(input: &mut Vec<Value>, content: &Content, meta: &Meta) {
                     "type": "function_call",
                     "call_id": call.tool_call_id,
                     "name": call.tool_name,
-                    "arguments": match &call.input {
-                        Value::String(s) => s.clone(),
-                        v => v.to_string(),
-                    },
+                    "arguments": call.input.arguments(),
                 }));
             }
             Part::Image { .. } | Part::File { .. } => {}
@@ -408,7 +405,7 @@ pub(crate) fn assistant<'a>(output: impl IntoIterator<Item = &'a Value>) -> Mess
             Some("function_call") => parts.push(Part::ToolCall(ToolCall {
                 tool_call_id: text("call_id"),
                 tool_name: text("name"),
-                input: arguments(&text("arguments")),
+                input: arguments(&text("arguments")).into(),
             })),
             Some("reasoning") => {
                 parts.push(Part::Reasoning {

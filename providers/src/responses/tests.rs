@@ -181,7 +181,7 @@ fn a_malformed_stored_input_is_sent_back_as_the_model_wrote_it() {
     let call = ToolCall {
         tool_call_id: "c1".into(),
         tool_name: "get_weather".into(),
-        input: json!("{oops"),
+        input: json!("{oops").into(),
     };
     let body = request_body(
         &responses_settings(false),

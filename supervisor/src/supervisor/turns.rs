@@ -16,7 +16,7 @@ use arbor_actors::EventKind;
 use arbor_actors::TreeHooks as _;
 use arbor_actors::sync::LockExt as _;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::{Supervisor, TreeHandle, not_an_object};
 use crate::error::{Error, StoreUse};
@@ -158,8 +158,10 @@ pub struct Queued {
     /// running turn ends, if it takes the tree's next turns
     /// ([`Supervisor::next_turn`]).
     pub here: bool,
-    /// With `interrupt` and a turn this process does not run: the run to
-    /// cancel where it runs (the tree's latest root).
+    /// With `interrupt` and a turn this process does not run: the run
+    /// (the tree's latest root) whose cancel was posted in the store for
+    /// the process that runs it, which takes it as it takes `arbor cancel`'s
+    /// (nothing is left for the caller to do).
     pub cancel_elsewhere: Option<String>,
 }
 
@@ -183,8 +185,11 @@ impl Supervisor {
     /// have, journaled as a `turnQueued` event when this process runs the
     /// tree, and started when the turns before it have ended, by whichever
     /// process then takes the tree's next turn ([`next_turn`](Self::next_turn)).
-    /// Either way its prompt and params are checked against the root's
-    /// template first, so a queued turn is one that can start.
+    /// With `interrupt` the running turn is cancelled: here when this
+    /// process runs it, else by a cancel control posted in the store for
+    /// the process that does. Either way its prompt and params are checked
+    /// against the root's template first, so a queued turn is one that can
+    /// start.
     pub async fn start_turn(
         &self,
         tree_id: &str,
@@ -250,6 +255,13 @@ impl Supervisor {
         let here = self.journal_queued(&turn);
         let mut cancel_elsewhere = None;
         if decision == TurnDecision::Interrupt && !(here && self.cancel_tree(tree_id)) {
+            // Run elsewhere: a cancel control in the store, as every caller
+            // (the library, `arbor run --continue`, a replica) interrupts.
+            let (id, run) = (tree_id.to_owned(), record.root_run_id.clone());
+            self.read_store(move |store| {
+                store.post_control(&id, &json!({"control": "cancel", "runId": run}))
+            })
+            .await?;
             cancel_elsewhere = Some(record.root_run_id);
         }
         Ok(TurnStart::Queued(Queued {

@@ -352,7 +352,7 @@ async fn an_edited_approval_shows_the_input_that_ran_in_the_history() {
         .iter()
         .flat_map(|m| m.tool_calls().cloned().collect::<Vec<_>>())
         .filter(|c| c.tool_call_id == call)
-        .map(|c| c.input)
+        .map(|c| c.input.value())
         .collect();
     assert_eq!(inputs, [edited], "the call as it ran, once");
 }

@@ -148,7 +148,7 @@ fn call(id: &str, name: &str, input: Value) -> ToolCall {
     ToolCall {
         tool_call_id: id.to_owned(),
         tool_name: name.to_owned(),
-        input,
+        input: input.into(),
     }
 }
 
@@ -228,7 +228,7 @@ fn spawn_children(actions: Vec<Action>) -> Spawn {
     else {
         unreachable!()
     };
-    (step, index, children)
+    (step, index, children.plans())
 }
 
 fn inline_child(actions: Vec<Action>) -> (u32, usize, ChildPlan) {

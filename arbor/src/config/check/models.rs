@@ -14,6 +14,7 @@ use crate::config::catalog::{ModelSpec, simulated_config};
 use crate::config::read::{Source, at};
 use crate::config::{ConfigFile, ModelSection, Problem};
 use crate::providers::{ProviderKind, ProviderSettings};
+use arbor_supervisor::TreeLimits;
 
 use super::{number, ranges};
 
@@ -21,6 +22,7 @@ use super::{number, ranges};
 /// from (an entry with a problem gives nothing).
 pub(in crate::config) fn check_models(
     file: &ConfigFile,
+    limits: &TreeLimits,
     base_dir: &Path,
     text: &Source<'_>,
     problems: &mut Vec<Problem>,
@@ -97,6 +99,16 @@ pub(in crate::config) fn check_models(
                             ranges::SIMULATED_AGENTS
                         ),
                     ));
+                } else if let Some(config) = &config {
+                    // A tree this model makes runs under the config's limits
+                    // (a request may only tighten them).
+                    let live = limits.max_live_agents.map(|n| n.get() as u64);
+                    let max_agents = limits.max_agents.map(|n| n.get() as u64);
+                    let lower = "set [limits] max_live_agents (lower), or a smaller shape";
+                    if let Some(why) = super::peak_problem(config, live, max_agents, lower) {
+                        let key = if s.shape.is_some() { "shape" } else { "fanout" };
+                        problems.push(at(text, &table, key, why));
+                    }
                 }
                 config.map(ModelSpec::Simulated)
             }
