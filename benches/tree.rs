@@ -29,8 +29,8 @@ use std::time::Duration;
 
 use arbor::actors::AgentStatus;
 use arbor::actors::history::History;
-use arbor::loadtest::{BareKind, Collector, LoadOptions, run_bare};
 use arbor::supervisor::{StartRequest, Supervisor};
+use arbor_cli::loadtest::{BareKind, Collector, LoadOptions, run_bare};
 use criterion::{
     BatchSize, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
 };

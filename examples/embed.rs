@@ -15,9 +15,9 @@
 use std::time::Duration;
 
 use arbor::actors::EventKind;
-use arbor::service::{Service, ServiceOptions, Tokens};
 use arbor::supervisor::Retain;
 use arbor::{Config, Runtime};
+use arbor_service::{Service, ServiceOptions, Tokens};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;

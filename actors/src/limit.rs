@@ -79,3 +79,13 @@ impl fmt::Display for LimitHit {
         write!(f, "limit {} reached: {}", self.limit.key(), self.detail)
     }
 }
+
+/// Why `value` is outside `min..=max` (inclusive; NaN is outside every
+/// range), in the words every range check of a setting uses.
+pub fn out_of_range<T: PartialOrd + std::fmt::Display + Copy>(
+    value: T,
+    (min, max): (T, T),
+) -> Option<String> {
+    (!(value >= min && value <= max))
+        .then(|| format!("{value} is out of range: must be from {min} to {max}"))
+}

@@ -478,7 +478,7 @@ pub(crate) struct LoadtestArgs {
     /// p50 p90 p95 p99 max (latency of the endpoint's requests, else
     /// spawn→reply), error_rate, failures, throughput (agents ended/s).
     #[arg(long = "threshold", value_name = "METRIC<VALUE", value_parser = threshold_arg)]
-    pub(crate) thresholds: Vec<arbor::loadtest::threshold::Threshold>,
+    pub(crate) thresholds: Vec<arbor_cli::loadtest::threshold::Threshold>,
     /// Also run a bare tree of the same shape (--baseline-kind) and report
     /// Arbor's ratio to it.
     #[arg(long)]
@@ -502,8 +502,8 @@ pub(crate) struct LoadtestArgs {
     pub(crate) no_store: bool,
 }
 
-/// A `--threshold` ([`arbor::loadtest::threshold`]).
-fn threshold_arg(text: &str) -> Result<arbor::loadtest::threshold::Threshold, String> {
+/// A `--threshold` ([`arbor_cli::loadtest::threshold`]).
+fn threshold_arg(text: &str) -> Result<arbor_cli::loadtest::threshold::Threshold, String> {
     text.parse()
 }
 

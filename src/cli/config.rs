@@ -79,7 +79,7 @@ pub(super) fn tools(config: Option<PathBuf>, json: bool) -> anyhow::Result<ExitC
     let tools = config.tool_set();
     let catalog = config.catalog_with(&tools, &[])?;
     let listing = async_runtime()?.block_on(until_signal(async {
-        let mut listing = arbor::tools::listing(&config, &tools).await;
+        let mut listing = arbor::tools::listing(&config.templates, &tools).await;
         // Each tool with the agents that get it: what each template's agents
         // are offered under [policy], as a tree offers it (the spawn tools
         // only to agents that may spawn, set_output as the output mode says).

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use arbor::config::StoreLocation;
-use arbor::loadtest::{BareKind, LoadOptions};
+use arbor_cli::loadtest::{BareKind, LoadOptions};
 
 use super::args::LoadtestArgs;
 use super::{configured_model, load_config};
@@ -124,8 +124,8 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
     use std::io::IsTerminal;
     use std::sync::Arc;
 
-    use arbor::loadtest::human_us_f64;
-    use arbor::loadtest::{
+    use arbor_cli::loadtest::human_us_f64;
+    use arbor_cli::loadtest::{
         BaselineReport, Collector, PROGRESS_BAR, Spread, run_baseline, run_once, threshold,
         write_plot,
     };
@@ -252,7 +252,7 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
     }
     // The spread of the runs, not the best of them.
     if reports.len() > 1 {
-        let spread = |f: fn(&arbor::loadtest::LoadReport) -> f64| {
+        let spread = |f: fn(&arbor_cli::loadtest::LoadReport) -> f64| {
             Spread::of(&reports.iter().map(f).collect::<Vec<_>>())
         };
         outln!("over {} runs:", reports.len())?;
@@ -293,7 +293,7 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if !reports.is_empty() && !kinds.is_empty() {
-        let median = |f: fn(&arbor::loadtest::LoadReport) -> f64| {
+        let median = |f: fn(&arbor_cli::loadtest::LoadReport) -> f64| {
             Spread::of(&reports.iter().map(f).collect::<Vec<_>>()).map_or(f64::NAN, |s| s.median)
         };
         let arbor = (median(|r| r.us_per_agent), median(|r| r.cpu_us_per_agent));
@@ -340,7 +340,7 @@ pub(super) async fn loadtest(args: LoadtestArgs) -> anyhow::Result<ExitCode> {
 /// how a figure is written.
 type SpreadRow = (
     &'static str,
-    fn(&arbor::loadtest::LoadReport) -> f64,
+    fn(&arbor_cli::loadtest::LoadReport) -> f64,
     fn(f64) -> String,
 );
 

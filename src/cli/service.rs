@@ -50,7 +50,7 @@ pub(super) fn serve(
     store: Option<arbor::config::StoreLocation>,
     log_format: LogFormat,
 ) -> anyhow::Result<ExitCode> {
-    use arbor::service::{Service, ServiceOptions};
+    use arbor_service::{Service, ServiceOptions};
     let otlp = service_logs(&config, log_format)?;
     let bind = bind.unwrap_or_else(|| config.file.service.bind.clone());
     let addr: std::net::SocketAddr = bind
@@ -103,9 +103,7 @@ pub(super) fn serve(
             // Then trees another replica handed over (released on its
             // shutdown: interrupted at once), and those whose owner crashed,
             // once they go stale.
-            resuming
-                .adopt_interrupted(arbor::service::ADOPT_EVERY)
-                .await;
+            resuming.adopt_interrupted(arbor_service::ADOPT_EVERY).await;
         });
         service.serve(listener, shutdown_signal()).await?;
         tracing::info!("stopped");

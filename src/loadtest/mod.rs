@@ -30,7 +30,7 @@ use shaped::ShapedModel;
 /// The documented range of each load-test option that no config key has
 /// (inclusive; `--help` states them). The others are read in their config
 /// keys' ranges: the shape and `reply_tokens` in a simulated model's
-/// ([`crate::config::ranges`]), `latency` in its grammar, `max_live` in
+/// ([`arbor::config::ranges`]), `latency` in its grammar, `max_live` in
 /// `[limits] max_live_agents`'.
 pub mod ranges {
     /// `history`: messages the root starts with.
@@ -81,7 +81,7 @@ pub struct LoadOptions {
     pub repeat: usize,
     /// Store the trees here: a SQLite file or a Postgres database (the run
     /// then includes writing it).
-    pub store: Option<crate::config::StoreLocation>,
+    pub store: Option<arbor::config::StoreLocation>,
     /// The tree's deadline (`[limits] deadline`): a tree too large to finish
     /// runs to it. `None`: no deadline.
     pub duration: Option<Duration>,
@@ -122,7 +122,7 @@ impl LoadOptions {
     /// are the config's where a config key says the same, checked by the same
     /// helper ([`arbor_supervisor::out_of_range`]) in the same words.
     pub fn problems(&self) -> Vec<(&'static str, String)> {
-        use crate::config::ranges::{DEPTH, FANOUT, REPLY_TOKENS, SIMULATED_AGENTS};
+        use arbor::config::ranges::{DEPTH, FANOUT, REPLY_TOKENS, SIMULATED_AGENTS};
         use arbor_supervisor::out_of_range;
         let mut out = Vec::new();
         if self.shape.len() > DEPTH.1 {
@@ -154,7 +154,7 @@ impl LoadOptions {
             };
             let live = self.max_live.map(|n| n as u64);
             let lower = "a lower --max-live or a smaller shape";
-            if let Some(why) = crate::config::peak_problem(&config, live, None, lower) {
+            if let Some(why) = arbor::config::peak_problem(&config, live, None, lower) {
                 out.push((if live.is_some() { "max_live" } else { "shape" }, why));
             }
         }

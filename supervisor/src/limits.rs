@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+pub use arbor_actors::out_of_range;
 use arbor_actors::sync::RwLockExt;
 use arbor_actors::{Limit, LimitHit, Usage};
 use serde::{Deserialize, Deserializer};
@@ -179,16 +180,6 @@ pub(crate) mod ranges {
     pub(crate) const MAX_CREDITS: (f64, f64) = (0.0, 1e12);
     pub(crate) const DEADLINE: (Duration, Duration) =
         (Duration::from_millis(1), Duration::from_secs(365 * 86_400));
-}
-
-/// Why `value` is outside `min..=max` (inclusive; NaN is outside every
-/// range), in the words every range check of a setting uses.
-pub fn out_of_range<T: PartialOrd + std::fmt::Display + Copy>(
-    value: T,
-    (min, max): (T, T),
-) -> Option<String> {
-    (!(value >= min && value <= max))
-        .then(|| format!("{value} is out of range: must be from {min} to {max}"))
 }
 
 impl TreeLimits {

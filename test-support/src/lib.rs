@@ -3,8 +3,8 @@
 //! the script entries they replay, and, with the `supervisor` feature (on by
 //! default), catalogs, supervisors and tree runners that wait with a bound.
 //!
-//! Helpers that need the facade itself (its binary, config files, HTTP
-//! fakes) live in the facade's `tests/it/support`.
+//! Helpers that need the product itself (its binary, config files, HTTP
+//! fakes) live in the root package's `tests/it/support`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod script;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use arbor::actors::EventKind;
 use arbor::actors::models::Latency;
-use arbor::loadtest::{Collector, LoadOptions, run_once};
+use arbor_cli::loadtest::{Collector, LoadOptions, run_once};
 use arbor_test_support::drain;
 use axum::body::Body;
 use axum::extract::State;
@@ -579,7 +579,7 @@ fn a_signal_mid_run_removes_the_scratch_store(signal: nix::sys::signal::Signal, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loadtest_size_flags_beyond_their_ranges_are_refused_before_anything_runs() {
     use arbor::config::ranges::{DEPTH, FANOUT, REPLY_TOKENS, SIMULATED_AGENTS};
-    use arbor::loadtest::ranges::{
+    use arbor_cli::loadtest::ranges::{
         COPIED_HISTORY_BYTES, HISTORY, HISTORY_BYTES, MSG_BYTES, REPEAT,
     };
 
@@ -772,7 +772,7 @@ async fn loadtest_size_flags_beyond_their_ranges_are_refused_before_anything_run
 #[test]
 fn loadtest_flags_and_their_config_keys_share_one_range() {
     use arbor::config::ranges::{DEPTH, FANOUT, REPLY_TOKENS};
-    use arbor::loadtest::ranges::{HISTORY, MSG_BYTES, REPEAT};
+    use arbor_cli::loadtest::ranges::{HISTORY, MSG_BYTES, REPEAT};
 
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use arbor::loadtest::{Collector, LoadOptions, run_once};
+use arbor_cli::loadtest::{Collector, LoadOptions, run_once};
 
 use crate::{arbor, text};
 
