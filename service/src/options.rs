@@ -29,8 +29,8 @@ impl ServiceOptions {
     /// unset or holds no token, and a token two principals share, are
     /// config errors naming the key.
     pub fn from_config(config: &arbor::Config) -> Result<ServiceOptions, Error> {
-        let section = &config.file.service;
-        let mut tokens = Tokens::parse(&std::env::var(&section.tokens_env).unwrap_or_default());
+        let mut tokens =
+            Tokens::parse(&std::env::var(&config.service.tokens_env).unwrap_or_default());
         let mut problems = Vec::new();
         let problem =
             |p: &arbor::config::PrincipalSettings, message: String| arbor::config::Problem {
@@ -76,9 +76,9 @@ impl ServiceOptions {
         }
         Ok(ServiceOptions {
             tokens,
-            tokens_env: section.tokens_env.clone(),
-            body_limit: section.body_limit,
-            max_running_trees: section.max_running_trees,
+            tokens_env: config.service.tokens_env.clone(),
+            body_limit: config.service.body_limit,
+            max_running_trees: config.service.max_running_trees,
             shutdown_timeout: config.service.shutdown_timeout,
         })
     }

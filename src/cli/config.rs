@@ -116,7 +116,7 @@ pub(super) fn tools(config: Option<PathBuf>, json: bool) -> anyhow::Result<ExitC
 
 pub(super) fn models(config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     let config = load_config(config.as_deref())?;
-    for (name, model) in &config.file.models {
+    for (name, model) in config.model_sections() {
         outln!("{name:<16} {:<10} {}", model.provider(), model.describe())?;
     }
     Ok(ExitCode::SUCCESS)
@@ -128,7 +128,7 @@ pub(super) fn check_config(file: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     outln!(
         "{}: ok ({} models, {} agents)",
         config.source,
-        config.file.models.len(),
+        config.model_sections().count(),
         config.templates.len()
     )?;
     Ok(ExitCode::SUCCESS)

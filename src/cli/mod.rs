@@ -173,7 +173,8 @@ fn store_location(
 ) -> anyhow::Result<arbor::config::StoreLocation> {
     match flag {
         Some(location) => Ok(location),
-        None => arbor::config::StoreLocation::from_section(&config.file.store)
+        None => config
+            .store_location()
             .with_context(|| format!("{}: [store]", config.source)),
     }
 }

@@ -23,7 +23,7 @@ fn command_logs(config: &arbor::Config) -> anyhow::Result<Option<arbor::telemetr
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
-    let otlp = arbor::telemetry::Otlp::from_env(config.file.service.otlp_endpoint.as_deref())?;
+    let otlp = arbor::telemetry::Otlp::from_env(config.service.otlp_endpoint.as_deref())?;
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(colour(&std::io::stderr()))
@@ -79,7 +79,7 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let store = match (store.no_store, store.store) {
         (true, _) => None,
         (false, Some(location)) => Some(location),
-        (false, None) if config.file.store.enabled => Some(store_location(&config, None)?),
+        (false, None) if config.stores() => Some(store_location(&config, None)?),
         (false, None) => None,
     };
     let agent = agent

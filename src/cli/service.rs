@@ -35,7 +35,7 @@ fn service_logs(
             .boxed(),
     };
     // OTEL_EXPORTER_OTLP_* and OTEL_SERVICE_NAME, else the config's key.
-    let otlp = arbor::telemetry::Otlp::from_env(config.file.service.otlp_endpoint.as_deref())?;
+    let otlp = arbor::telemetry::Otlp::from_env(config.service.otlp_endpoint.as_deref())?;
     tracing_subscriber::registry()
         .with(filter)
         .with(lines)
@@ -52,15 +52,17 @@ pub(super) fn serve(
 ) -> anyhow::Result<ExitCode> {
     use arbor_service::{Service, ServiceOptions};
     let otlp = service_logs(&config, log_format)?;
-    let bind = bind.unwrap_or_else(|| config.file.service.bind.clone());
-    let addr: std::net::SocketAddr = bind
-        .parse()
-        .with_context(|| format!("--bind {bind:?} is not an address like 127.0.0.1:8080"))?;
+    let addr: std::net::SocketAddr = match bind {
+        Some(bind) => bind
+            .parse()
+            .with_context(|| format!("--bind {bind:?} is not an address like 127.0.0.1:8080"))?,
+        None => config.service.bind,
+    };
     let options = ServiceOptions::from_config(&config)?;
     // Checked again by `serve`; here before the store is opened.
     options.check_bind(addr)?;
     if options.tokens.is_empty() {
-        let env = &config.file.service.tokens_env;
+        let env = &config.service.tokens_env;
         let why = match std::env::var_os(env) {
             None => "is unset",
             Some(v) if v.is_empty() => "is empty",
@@ -68,7 +70,7 @@ pub(super) fn serve(
         };
         tracing::warn!("no API tokens ({env} {why}): anyone on this machine can call the API");
     }
-    if store.is_none() && !config.file.store.enabled {
+    if store.is_none() && !config.stores() {
         return Err(Error::NoStore.into());
     }
     let location = store_location(&config, store)?;

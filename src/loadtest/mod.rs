@@ -440,7 +440,14 @@ mod tests {
             shape: vec![10_000, 9_000],
             ..LoadOptions::default()
         };
-        assert!(problems(fine.clone()).is_empty(), "{:?}", fine.problems());
+        // Each in its range; together they make a tree past any machine's
+        // memory, which is a problem of its own (issue 34).
+        let beyond: Vec<(&str, String)> = fine
+            .problems()
+            .into_iter()
+            .filter(|(_, why)| !why.contains("at its peak"))
+            .collect();
+        assert!(beyond.is_empty(), "{beyond:?}");
         // A copied bare tree holds a history per node: 100 MB × 90,010,001.
         assert!(fine.baseline_problem(BareKind::Copied).is_some());
         assert!(fine.baseline_problem(BareKind::Shared).is_none());

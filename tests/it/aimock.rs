@@ -219,7 +219,7 @@ fn supervisor(combo: Combo, test_id: &str, agents: &str, tools: Vec<Arc<dyn Tool
         // Config templates may only name built-in tools, so this catalog is
         // built by hand around the config's own HTTP model.
         let mut builder = Catalog::builder();
-        for (name, section) in &config.file.models {
+        for (name, section) in config.model_sections() {
             let (kind, section) = match section {
                 ModelSection::Openai(s) => (ProviderKind::OpenAi, s),
                 ModelSection::Anthropic(s) => (ProviderKind::Anthropic, s),

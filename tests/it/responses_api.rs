@@ -355,8 +355,10 @@ async fn api_responses_in_a_config_posts_to_responses_and_api_on_anthropic_is_a_
     )
     .await;
     let responses = parse_config("openai", "api = \"responses\"", &server.uri()).unwrap();
-    let Some(ModelSection::Openai(section)) = responses.file.models.get("r") else {
-        panic!("{:?}", responses.file.models)
+    let Some((_, ModelSection::Openai(section))) =
+        responses.model_sections().find(|(name, _)| *name == "r")
+    else {
+        panic!("no model r")
     };
     let model = responses
         .http_model("r", ProviderKind::OpenAi, section)
@@ -371,7 +373,8 @@ async fn api_responses_in_a_config_posts_to_responses_and_api_on_anthropic_is_a_
     assert_eq!(bodies(&server).await.len(), 1);
 
     let chat = parse_config("openai", "", &server.uri()).unwrap();
-    let Some(ModelSection::Openai(section)) = chat.file.models.get("r") else {
+    let Some((_, ModelSection::Openai(section))) = chat.model_sections().find(|(n, _)| *n == "r")
+    else {
         panic!()
     };
     assert_eq!(

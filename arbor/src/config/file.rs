@@ -237,11 +237,27 @@ pub struct ServiceSettings {
     pub limits: ServiceLimits,
     /// The named API callers, by name.
     pub principals: Vec<PrincipalSettings>,
+    /// The address `arbor serve` listens on unless `--bind` says another
+    /// (checked to be one).
+    pub bind: std::net::SocketAddr,
+    /// The variable that holds the unnamed admin tokens.
+    pub tokens_env: String,
+    /// Where traces go, unless `OTEL_EXPORTER_OTLP_*` says.
+    pub otlp_endpoint: Option<String>,
+    /// The largest request body the API reads, in bytes.
+    pub body_limit: usize,
+    /// Trees one server runs at once.
+    pub max_running_trees: usize,
 }
 
 impl Default for ServiceSettings {
     fn default() -> Self {
         ServiceSettings {
+            bind: std::net::SocketAddr::from(([127, 0, 0, 1], 8080)),
+            tokens_env: default_tokens_env(),
+            otlp_endpoint: None,
+            body_limit: default_body_limit(),
+            max_running_trees: default_max_running_trees(),
             shutdown_timeout: std::time::Duration::from_secs(10),
             steering: arbor_actors::steer::SteerLimits::default(),
             queued_turns: arbor_supervisor::DEFAULT_TURN_QUEUE,

@@ -105,8 +105,9 @@ impl fmt::Display for ConfigError {
 /// A parsed and validated config, ready to build a catalog from.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// The file's sections as read.
-    pub file: ConfigFile,
+    /// The file's sections as read: the config's own. What others need of
+    /// it is a checked value (`limits`, `service`, ...) or a method.
+    file: ConfigFile,
     /// Where relative paths (scripts) are resolved.
     pub base_dir: PathBuf,
     /// The name used in messages (the path, or the built-in marker).
@@ -135,6 +136,22 @@ pub struct Config {
 }
 
 impl Config {
+    /// Each `[models.NAME]` entry as written, by name (what `arbor models`
+    /// lists; [`Config::http_model`] builds one).
+    pub fn model_sections(&self) -> impl Iterator<Item = (&str, &ModelSection)> {
+        self.file.models.iter().map(|(name, m)| (name.as_str(), m))
+    }
+
+    /// Whether `[store] enabled`: trees are stored unless a command says not.
+    pub fn stores(&self) -> bool {
+        self.file.store.enabled
+    }
+
+    /// Where `[store]` keeps trees: its `url` when it has one, else its `path`.
+    pub fn store_location(&self) -> Result<StoreLocation, StoreLocationError> {
+        StoreLocation::from_section(&self.file.store)
+    }
+
     /// Reads and validates a config file: a regular file of at most 4 MiB
     /// (a device, a FIFO or a larger file is refused, naming it).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {

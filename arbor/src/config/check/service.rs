@@ -208,6 +208,11 @@ pub(in crate::config) fn check_service(
             body_read_timeout,
         },
         principals,
+        bind: service.bind.parse().unwrap_or(defaults.bind),
+        tokens_env: service.tokens_env.clone(),
+        otlp_endpoint: service.otlp_endpoint.clone(),
+        body_limit: service.body_limit,
+        max_running_trees: service.max_running_trees,
     }
 }
 
