@@ -632,15 +632,15 @@ impl admit::Tree for HookTree {
         self.hooks.toolbox(template)
     }
 
-    fn count(&mut self, id: &RunId, index: usize) -> Result<(), String> {
+    fn count(&mut self, id: &RunId, index: usize) -> Result<(), crate::limit::LimitHit> {
         // A child a resumed tree already ran was admitted then.
         if self.hooks.recovering() && self.hooks.recovered(&id.to_string()).is_some() {
             return Ok(());
         }
-        self.hooks.admit_child(self.depth, index).map_err(|limit| {
-            let error = limit.to_string();
-            self.hit.push(limit);
-            error
-        })
+        self.hooks
+            .admit_child(self.depth, index)
+            .inspect_err(|limit| {
+                self.hit.push(limit.clone());
+            })
     }
 }

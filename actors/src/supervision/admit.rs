@@ -14,9 +14,26 @@ use std::sync::Arc;
 
 use super::{Admission, Planner};
 use crate::id::{IdError, RunId};
+use crate::limit::LimitHit;
 use crate::spawn::{ChildPlan, SpawnChildren};
 use crate::template::AgentTemplate;
 use crate::toolbox::Toolbox;
+
+/// Why a requested child the step machine planned is not admitted; its
+/// words are what the child's entry in the call's result says.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// Its parent has no run id of the tree's shape.
+    #[error(transparent)]
+    ParentId(#[from] IdError),
+    /// Its template's toolbox cannot be made (the hooks' words).
+    #[error("{0}")]
+    Toolbox(String),
+    /// A limit of the tree refuses it.
+    #[error(transparent)]
+    Limit(#[from] LimitHit),
+}
 
 /// What the table asks of the tree to admit a child.
 pub trait Tree {
@@ -26,7 +43,7 @@ pub trait Tree {
     /// Counts child `id` (the `index`-th of its call) against the tree's
     /// limits, or says which one refuses it. A resumed tree does not count
     /// again a child it ran before.
-    fn count(&mut self, id: &RunId, index: usize) -> Result<(), String>;
+    fn count(&mut self, id: &RunId, index: usize) -> Result<(), LimitHit>;
 }
 
 /// The children of a `spawn_agents` call, planned compactly: each admitted
@@ -40,10 +57,10 @@ pub fn admit_planned(
     tree: &mut impl Tree,
 ) -> (Vec<Admission>, Planner, u32) {
     let SpawnChildren { plan, children } = children;
-    let toolboxes: Vec<Result<Arc<Toolbox>, String>> = plan
+    let toolboxes: Vec<Result<Arc<Toolbox>, Refusal>> = plan
         .kinds()
         .iter()
-        .map(|kind| tree.toolbox(&kind.template))
+        .map(|kind| tree.toolbox(&kind.template).map_err(Refusal::Toolbox))
         .collect();
     let mut admitted = 0;
     let admissions = children
@@ -65,16 +82,20 @@ pub fn admit_planned(
             let toolbox = toolboxes
                 .get(usize::from(kind))
                 .cloned()
-                .unwrap_or_else(|| Err(format!("no kind {kind} in the call's plan")));
+                .unwrap_or_else(|| {
+                    Err(Refusal::Toolbox(format!(
+                        "no kind {kind} in the call's plan"
+                    )))
+                });
             let ordinal = next + admitted;
             match checked(parent, ordinal, index, toolbox, tree) {
                 Ok((_, _)) => {
                     admitted += 1;
                     Admission::Waiting { kind, ordinal }
                 }
-                Err(error) => Admission::Refused {
+                Err(refusal) => Admission::Refused {
                     agent_type: agent_type.to_owned(),
-                    error,
+                    error: refusal.to_string(),
                 },
             }
         })
@@ -104,15 +125,15 @@ pub fn admit_each(
                 Ok(plan) => plan,
                 Err((agent_type, error)) => return Admission::Refused { agent_type, error },
             };
-            let toolbox = tree.toolbox(&plan.template);
+            let toolbox = tree.toolbox(&plan.template).map_err(Refusal::Toolbox);
             match checked(parent, next + admitted, index, toolbox, tree) {
                 Ok((id, toolbox)) => {
                     admitted += 1;
                     Admission::Admitted { plan, toolbox, id }
                 }
-                Err(error) => Admission::Refused {
+                Err(refusal) => Admission::Refused {
                     agent_type: plan.agent_type.to_string(),
-                    error,
+                    error: refusal.to_string(),
                 },
             }
         })
@@ -126,12 +147,12 @@ fn checked(
     parent: Result<&RunId, &IdError>,
     ordinal: u32,
     index: usize,
-    toolbox: Result<Arc<Toolbox>, String>,
+    toolbox: Result<Arc<Toolbox>, Refusal>,
     tree: &mut impl Tree,
-) -> Result<(RunId, Arc<Toolbox>), String> {
+) -> Result<(RunId, Arc<Toolbox>), Refusal> {
     // From the parent's run id, not its agent id: the children of a retried
     // attempt (`T/0.1~1`) get ids of their own (`T/0.1~1.1`).
-    let id = parent.map_err(ToString::to_string)?.child(ordinal);
+    let id = parent.map_err(Clone::clone)?.child(ordinal);
     let toolbox = toolbox?;
     tree.count(&id, index)?;
     Ok((id, toolbox))
@@ -159,9 +180,12 @@ mod tests {
                 .map_err(|e| e.to_string())
         }
 
-        fn count(&mut self, id: &RunId, _index: usize) -> Result<(), String> {
+        fn count(&mut self, id: &RunId, _index: usize) -> Result<(), LimitHit> {
             if self.room == 0 {
-                return Err("limit max_agents reached".into());
+                return Err(LimitHit::new(
+                    crate::limit::Limit::MaxAgents,
+                    "the tree has 2 agents",
+                ));
             }
             self.room -= 1;
             self.counted.push(id.to_string());
@@ -214,7 +238,7 @@ mod tests {
                 "ghost: Agent type ghost not found",
                 "broken: tool x is not configured",
                 "t/0.2.5",
-                "c: limit max_agents reached",
+                "c: limit max_agents reached: the tree has 2 agents",
             ]
         );
         assert_eq!(admitted, 2);

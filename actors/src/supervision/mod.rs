@@ -489,7 +489,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 continue;
             }
             match c.materialize(child) {
-                Ok(_) => {
+                Some(_) => {
                     c.launching += 1;
                     keys.push(ChildKey {
                         step,
@@ -498,7 +498,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
                         attempt: 0,
                     });
                 }
-                Err(error) => unplanned.push((child, error)),
+                None => unplanned.push((child, format!("agents[{child}] could not be planned"))),
             }
         }
         let last = c.next >= c.slots.len();

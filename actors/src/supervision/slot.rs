@@ -258,28 +258,24 @@ impl Entry {
 
 impl Call {
     /// The slot of child `child`, made now from the call's plan if it was
-    /// waiting. `Err` is why it cannot be planned (a caller's mistake: the
-    /// plan checked its entry when the call was classified).
-    pub(super) fn materialize(&mut self, child: usize) -> Result<&mut Slot, String> {
-        let Some(entry) = self.slots.get_mut(child) else {
-            return Err(format!("no child {child}"));
-        };
+    /// waiting; `None` if it cannot be planned (there is no such child, or
+    /// its entry is gone: the plan checked it when the call was classified).
+    pub(super) fn materialize(&mut self, child: usize) -> Option<&mut Slot> {
+        let entry = self.slots.get_mut(child)?;
         if let Entry::Waiting { kind, ordinal } = *entry {
             let planned = self.planner.as_ref().and_then(|p| {
                 let plan = p.plan.child(child, kind)?;
                 let toolbox = p.toolboxes.get(usize::from(kind))?.clone()?;
                 Some((plan, toolbox))
             });
-            let Some((plan, toolbox)) = planned else {
-                return Err(format!("agents[{child}] could not be planned again"));
-            };
+            let (plan, toolbox) = planned?;
             let mut slot = empty_slot();
             slot.plan = Some(Arc::new(plan));
             slot.toolbox = Some(toolbox);
             slot.id = Some(ChildId::Of(ordinal));
             *entry = Entry::Slot(Box::new(slot));
         }
-        entry.slot_mut().ok_or_else(|| format!("no child {child}"))
+        entry.slot_mut()
     }
 }
 

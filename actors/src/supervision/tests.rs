@@ -1883,7 +1883,7 @@ fn a_planned_calls_children_are_numbered_in_order_and_a_broken_kind_is_refused_u
             }
             Ok(toolbox())
         }
-        fn count(&mut self, id: &RunId, _index: usize) -> Result<(), String> {
+        fn count(&mut self, id: &RunId, _index: usize) -> Result<(), crate::limit::LimitHit> {
             self.0.push(id.to_string());
             Ok(())
         }
