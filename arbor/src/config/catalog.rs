@@ -76,7 +76,7 @@ impl Config {
     }
 
     /// The HTTP model of `[models.NAME]`, `kind` and `section` being that
-    /// entry's (as [`Config::file`] has them): built from the settings
+    /// entry's (as [`Config::model_sections`] gives them): built from the settings
     /// checked when the config was read, not validated again. The key is read
     /// from the environment now.
     pub fn http_model(
