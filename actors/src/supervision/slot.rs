@@ -6,58 +6,13 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Admission, Planner};
+use super::io::{Admission, ChildId, Planner};
 use crate::failure::FailureKind;
 use crate::history::History;
-use crate::hooks::RunIds;
 use crate::id::RunId;
 use crate::spawn::{ChildPlan, ChildReport, ParentInfo};
 use crate::state::AgentStatus;
 use crate::toolbox::Toolbox;
-
-/// A child's agent id as its slot keeps it: the ordinal that extends its
-/// parent's run id (`P.n`: every child the parent admits), or, for one
-/// started again under a stored id of another shape, that id. An ordinal
-/// is 4 bytes where a [`RunId`] is ~70 with its path.
-#[derive(Clone, Debug)]
-pub(super) enum ChildId {
-    Of(u32),
-    Given(Box<RunId>),
-}
-
-impl ChildId {
-    pub(super) fn new(id: RunId, parent: Option<&RunId>) -> Self {
-        let ordinal = id.path().last().map(|s| s.ordinal);
-        match (parent, ordinal) {
-            (Some(parent), Some(n)) if parent.child(n) == id => ChildId::Of(n),
-            _ => ChildId::Given(Box::new(id)),
-        }
-    }
-
-    pub(super) fn resolve(&self, parent: Option<&RunId>) -> Option<RunId> {
-        match self {
-            ChildId::Of(n) => parent.map(|p| p.child(*n)),
-            ChildId::Given(id) => Some((**id).clone()),
-        }
-    }
-
-    /// The agent id and the run id of attempt `attempt`, as text.
-    pub(super) fn ids(&self, parent: Option<&RunId>, attempt: u32) -> RunIds {
-        let Some(id) = self.resolve(parent) else {
-            return RunIds {
-                agent_id: String::new(),
-                run_id: String::new(),
-            };
-        };
-        let agent_id = id.to_string();
-        let run_id = if id.attempt() == attempt {
-            agent_id.clone()
-        } else {
-            id.retry(attempt).to_string()
-        };
-        RunIds { agent_id, run_id }
-    }
-}
 
 /// One requested child: its attempts so far and its report once it has one.
 #[derive(Debug)]

@@ -7,10 +7,16 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::io::ChildId;
 use super::*;
 use crate::history::History;
+use crate::hooks::RunIds;
+use crate::limit::LimitHit;
 use crate::message::Message;
+use crate::spawn::{ChildPlan, SpawnPlan};
+use crate::state::AgentState;
 use crate::template::AgentTemplate;
+use crate::toolbox::Toolbox;
 
 type Table = Children<u32>;
 
