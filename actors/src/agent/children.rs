@@ -106,16 +106,7 @@ impl AgentRun {
         let (admitted, planner, count) =
             admit::admit_planned(children, parent_run.as_ref(), next, &mut tree);
         self.admitted(tree, count);
-        let parent = Arc::new(ParentInfo::of(self.machine.state(), self.machine.toolbox()));
-        self.feed(Input::Open {
-            step,
-            call: index,
-            inline: false,
-            background: false,
-            parent,
-            children: admitted,
-            planner: Some(planner),
-        })
+        self.open_call(step, index, false, admitted, Some(planner))
     }
 
     /// Children planned in full, admitted as [`admit::admit_each`] decides.
@@ -146,7 +137,7 @@ impl AgentRun {
         child: ChildPlan,
     ) -> Vec<Action> {
         let children = self.admit_each(vec![Ok(child)]);
-        self.open_call(step, index, true, children)
+        self.open_call(step, index, true, children, None)
     }
 
     /// Starts the children of a `spawn_agents_async` call: admitted like
@@ -256,6 +247,7 @@ impl AgentRun {
         call: usize,
         inline: bool,
         children: Vec<Admission>,
+        planner: Option<crate::supervision::Planner>,
     ) -> Vec<Action> {
         let parent = Arc::new(ParentInfo::of(self.machine.state(), self.machine.toolbox()));
         self.feed(Input::Open {
@@ -265,7 +257,7 @@ impl AgentRun {
             background: false,
             parent,
             children,
-            planner: None,
+            planner,
         })
     }
 
