@@ -1,6 +1,7 @@
 //! `arbor serve`: the service's logs, the server and its shutdown signal.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use arbor::config::Config;
@@ -59,6 +60,7 @@ pub(super) fn serve(
         None => config.service.bind,
     };
     let options = ServiceOptions::from_config(&config)?;
+    let shutdown_timeout = options.shutdown_timeout;
     // Checked again by `serve`; here before the store is opened.
     options.check_bind(addr)?;
     if options.tokens.is_empty() {
@@ -107,16 +109,51 @@ pub(super) fn serve(
             // once they go stale.
             resuming.adopt_interrupted(arbor_service::ADOPT_EVERY).await;
         });
-        service.serve(listener, shutdown_signal()).await?;
+        let bound = shutdown_timeout + EXIT_GRACE;
+        let signal = async move {
+            shutdown_signal().await;
+            exit_after(bound);
+        };
+        service.serve(listener, signal).await?;
         tracing::info!("stopped");
         Ok::<_, anyhow::Error>(())
     });
+    // Tasks still running (the trees handed over) are dropped; one that
+    // does not yield, or a blocking task, is not waited for past the grace.
+    tokio.shutdown_timeout(EXIT_GRACE);
     // The last spans go out whether or not the server ended well.
     if let Some(otlp) = otlp {
         otlp.shutdown();
     }
     served?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// How long past its `shutdown_timeout` a stopping `arbor serve` may take
+/// before it exits anyway (see [`exit_after`]).
+const EXIT_GRACE: Duration = Duration::from_secs(5);
+
+/// Arms the exit bound once a shutdown begins: a process that has not
+/// exited `bound` later (something it waits for never ends) says so and
+/// exits at once with status 70 (EX_SOFTWARE). Its store was flushed and
+/// its trees handed over within `shutdown_timeout` (or it said it could
+/// not): a supervisor restarting it, or the next replica, resumes them.
+/// A service that hangs instead holds its port and its trees until
+/// someone kills it.
+fn exit_after(bound: Duration) {
+    let armed = std::thread::Builder::new()
+        .name("arbor-exit".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            std::thread::sleep(bound);
+            tracing::error!(
+                "arbor serve did not exit within {bound:?} of the shutdown signal; exiting now"
+            );
+            std::process::exit(70)
+        });
+    if let Err(error) = armed {
+        tracing::warn!(%error, "cannot bound the shutdown: no thread for it");
+    }
 }
 
 /// SIGINT or SIGTERM.

@@ -108,13 +108,23 @@ impl Server {
         std::thread::spawn(move || {
             let _ = tx.send(child.wait());
         });
-        let status = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("arbor serve exits within its shutdown bound after SIGTERM")
-            .unwrap();
-        // The rest of its output, for the assertions of the caller.
+        let exited = rx.recv_timeout(Duration::from_secs(20));
+        // The rest of its output, for the assertions of the caller (and to
+        // say where a server that did not exit stopped).
         let lines = self.lines.lock().unwrap();
         let mut seen = std::mem::take(&mut *self.seen.lock().unwrap());
+        let Ok(status) = exited else {
+            while let Ok(line) = lines.recv_timeout(Duration::from_millis(200)) {
+                seen.push(line);
+            }
+            let last = &seen[seen.len().saturating_sub(20)..];
+            panic!(
+                "arbor serve exits within its shutdown bound after SIGTERM (pid {pid}); \
+                 its last lines:\n{}",
+                last.join("\n")
+            );
+        };
+        let status = status.unwrap();
         while let Ok(line) = lines.recv_timeout(Duration::from_secs(5)) {
             let stopped = line.contains("stopped");
             seen.push(line);
