@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use arbor_supervisor::store::{SqliteStore, Store};
+use arbor_supervisor::store::Store;
 
 /// The environment variable a Postgres store takes its password from when
 /// its URL has none.
@@ -103,7 +103,7 @@ impl StoreLocation {
     /// Opens the store to run trees on, creating and migrating it as needed.
     pub fn open(&self) -> Result<Arc<dyn Store>, arbor_supervisor::Error> {
         match self {
-            StoreLocation::Sqlite(path) => Ok(Arc::new(SqliteStore::open(path)?)),
+            StoreLocation::Sqlite(path) => sqlite::open(path),
             StoreLocation::Postgres(url) => postgres::open(url),
         }
     }
@@ -112,7 +112,7 @@ impl StoreLocation {
     /// created or migrated), for the commands that change one (gc, resume).
     pub fn open_existing(&self) -> Result<Arc<dyn Store>, arbor_supervisor::Error> {
         match self {
-            StoreLocation::Sqlite(path) => Ok(Arc::new(SqliteStore::open_existing(path)?)),
+            StoreLocation::Sqlite(path) => sqlite::open_existing(path),
             StoreLocation::Postgres(url) => postgres::open_existing(url),
         }
     }
@@ -121,7 +121,7 @@ impl StoreLocation {
     /// read-only; a database as it is (nothing created or migrated).
     pub fn open_read_only(&self) -> Result<Arc<dyn Store>, arbor_supervisor::Error> {
         match self {
-            StoreLocation::Sqlite(path) => Ok(Arc::new(SqliteStore::open_read_only(path)?)),
+            StoreLocation::Sqlite(path) => sqlite::open_read_only(path),
             StoreLocation::Postgres(url) => postgres::open_existing(url),
         }
     }
@@ -129,15 +129,67 @@ impl StoreLocation {
     /// Brings the store to this build's schema.
     pub fn migrate(&self) -> Result<Migrated, arbor_supervisor::Error> {
         match self {
-            StoreLocation::Sqlite(path) => {
-                let (from, to) = SqliteStore::migrate(path)?;
-                Ok(Migrated {
-                    from: Some(from),
-                    to: Some(to),
-                })
-            }
+            StoreLocation::Sqlite(path) => sqlite::migrate(path),
             StoreLocation::Postgres(url) => postgres::migrate(url),
         }
+    }
+}
+
+/// The SQLite backend, when this build has it (the `sqlite` feature).
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use super::*;
+    use arbor_supervisor::store::SqliteStore;
+
+    pub(super) fn open(path: &Path) -> Result<Arc<dyn Store>, arbor_supervisor::Error> {
+        Ok(Arc::new(SqliteStore::open(path)?))
+    }
+
+    pub(super) fn open_existing(path: &Path) -> Result<Arc<dyn Store>, arbor_supervisor::Error> {
+        Ok(Arc::new(SqliteStore::open_existing(path)?))
+    }
+
+    pub(super) fn open_read_only(path: &Path) -> Result<Arc<dyn Store>, arbor_supervisor::Error> {
+        Ok(Arc::new(SqliteStore::open_read_only(path)?))
+    }
+
+    pub(super) fn migrate(path: &Path) -> Result<Migrated, arbor_supervisor::Error> {
+        let (from, to) = SqliteStore::migrate(path)?;
+        Ok(Migrated {
+            from: Some(from),
+            to: Some(to),
+        })
+    }
+}
+
+/// Without the `sqlite` feature: a SQLite file is refused, saying why (the
+/// build compiles no C for SQLite).
+#[cfg(not(feature = "sqlite"))]
+mod sqlite {
+    use super::*;
+
+    fn missing(path: &Path) -> arbor_supervisor::Error {
+        arbor_supervisor::Error::Store(format!(
+            "cannot open {}: this build of Arbor has no SQLite store (build arbor-agents with \
+             the `sqlite` feature, or store trees in Postgres)",
+            path.display()
+        ))
+    }
+
+    pub(super) fn open(path: &Path) -> Result<Arc<dyn Store>, arbor_supervisor::Error> {
+        Err(missing(path))
+    }
+
+    pub(super) fn open_existing(path: &Path) -> Result<Arc<dyn Store>, arbor_supervisor::Error> {
+        Err(missing(path))
+    }
+
+    pub(super) fn open_read_only(path: &Path) -> Result<Arc<dyn Store>, arbor_supervisor::Error> {
+        Err(missing(path))
+    }
+
+    pub(super) fn migrate(path: &Path) -> Result<Migrated, arbor_supervisor::Error> {
+        Err(missing(path))
     }
 }
 
@@ -324,6 +376,38 @@ mod tests {
 
     fn parse(text: &str) -> Result<StoreLocation, StoreLocationError> {
         text.parse()
+    }
+
+    /// A lean build (no `sqlite` feature) compiles no SQLite: a SQLite
+    /// store is refused, naming the file and the feature, for every use.
+    #[cfg(not(feature = "sqlite"))]
+    #[test]
+    fn a_build_without_sqlite_refuses_a_sqlite_store_naming_the_feature() {
+        let location = StoreLocation::Sqlite(PathBuf::from("trees.db"));
+        let errors = [
+            location.open().err(),
+            location.open_existing().err(),
+            location.open_read_only().err(),
+            location.migrate().err(),
+        ];
+        for error in errors {
+            let text = error.expect("refused").to_string();
+            assert!(text.contains("trees.db"), "{text}");
+            assert!(text.contains("`sqlite` feature"), "{text}");
+        }
+        assert!(!std::path::Path::new("trees.db").exists());
+    }
+
+    /// With the feature, the same location opens (and so makes) the file.
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn a_build_with_sqlite_opens_a_sqlite_store() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("trees.db");
+        let location = StoreLocation::Sqlite(path.clone());
+        assert!(location.open().is_ok());
+        assert!(path.exists());
+        assert!(location.open_read_only().is_ok());
     }
 
     #[test]

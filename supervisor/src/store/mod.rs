@@ -2,12 +2,20 @@
 //! feeds it from the event bus on a thread of its own, in batches, off the
 //! agents' path. Only the supervisor side writes; agents never see the store.
 
+// The backend-neutral helpers serve the backends: a build with neither
+// (an embedder with its own `Store`) leaves them unused.
+#![cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres")),
+    allow(dead_code, unused_imports)
+)]
+
 mod encode;
 mod journal;
 mod log;
 #[cfg(feature = "postgres")]
 mod pg;
 mod query;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 mod state_row;
 mod status;
@@ -28,6 +36,7 @@ use crate::recovery::Recovery;
 pub use journal::{EventType, JournalEntry, UnknownEventType, journal_view};
 #[cfg(feature = "postgres")]
 pub use pg::{MigrateReport, PASSWORD_ENV, PgStore, redact_url};
+#[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use status::{TreeStatus, UnknownStatus};
 pub use writer::{DEFAULT_FAIL_AFTER, StoreDown};
