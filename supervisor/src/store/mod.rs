@@ -226,6 +226,7 @@ pub(crate) fn owner_alive(owner: &str) -> Option<bool> {
 
 /// Whether a tree marked running is really being run: its owner is alive, or
 /// (when that cannot be told) its heartbeat is fresh.
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) fn still_running(owner: &str, heartbeat_ms: u64, now_ms: u64) -> bool {
     still_running_within(owner, heartbeat_ms, now_ms, STALE_AFTER_MS)
 }

@@ -35,6 +35,7 @@ pub(crate) const TREE_ROW_COLUMNS: usize = 25;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Dialect {
     /// SQLite: parameters `?N`; rows made later have a higher `rowid`.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     Sqlite,
     /// Postgres: parameters `$N` (typed where nothing else says their
     /// type); rows made later have a higher `made`.
