@@ -10,6 +10,7 @@ pub mod command;
 pub mod keeper;
 pub mod mcp;
 pub mod reaper;
+pub mod sandbox;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
