@@ -18,6 +18,7 @@ pub mod history;
 pub mod hooks;
 pub mod id;
 pub mod idmap;
+pub mod lifecycle;
 mod limit;
 pub mod message;
 pub mod model;
