@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 
 pub mod command;
+pub mod hooks;
 pub mod keeper;
 pub mod mcp;
 pub mod reaper;

@@ -1,0 +1,458 @@
+//! Lifecycle hooks: the user's commands at `PreToolUse`, `PostToolUse`,
+//! `UserPromptSubmit`, `SubagentStart`, `SubagentStop` and `Stop`, written in
+//! the config or in a Claude Code `.claude/settings.json` as it is, matched
+//! and run here. What their answers mean is `arbor_actors::lifecycle`.
+//!
+//! ```toml
+//! [[hooks.PreToolUse]]
+//! matcher = "Bash|workspace/shell"
+//! command = "python3 \"$CLAUDE_PROJECT_DIR\"/.claude/hooks/check_bash.py"
+//! timeout = "10s"
+//!
+//! [hooks]
+//! claude_settings = [".claude/settings.json"]
+//! ```
+//!
+//! - `command` is a shell line (run with `bash -c`, as Claude Code runs
+//!   hooks) or an argv array (run directly). It gets the event as one JSON
+//!   object on stdin, `CLAUDE_PROJECT_DIR` (the tree's workspace, else the
+//!   config's directory) and the tree's ids (`ARBOR_TREE_ID`,
+//!   `ARBOR_RUN_ID`) in its environment, and runs in its own process
+//!   group, killed whole at its timeout (60 s unless given).
+//! - `matcher` picks by tool name (`PreToolUse`, `PostToolUse`) or agent
+//!   type (`SubagentStart`, `SubagentStop`): a plain name matches exactly,
+//!   anything else is a regular expression over the whole name, and an
+//!   absent, empty or `*` matcher matches everything. Other events ignore it.
+//! - The hooks of one event run at once; a command given twice (the same
+//!   line from two files) runs once.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use arbor_actors::lifecycle::{HookEvent, HookRun, Verdict, decide};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::reaper;
+
+/// How long a hook may run unless its entry says (Claude Code's default).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most of a hook's stdout or stderr that is kept (1 MiB each): a hook
+/// that writes more is read on and cut, never held whole.
+const MAX_OUTPUT: usize = 1 << 20;
+
+/// A hook's command: a shell line or an argv.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(untagged)]
+pub enum HookCommand {
+    /// Run with `bash -c` (`sh -c` where there is no bash).
+    Shell(String),
+    /// The program, then its arguments, run directly.
+    Argv(Vec<String>),
+}
+
+/// One `[[hooks.EVENT]]` table of the config.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookEntry {
+    /// Which tools (or agent types) it runs for; all when absent.
+    #[serde(default)]
+    pub matcher: Option<String>,
+    /// What runs.
+    pub command: HookCommand,
+    /// How long it may run ("10s"); 60 s when absent.
+    #[serde(default)]
+    pub timeout: Option<String>,
+}
+
+/// The config's `[hooks]` section: a list of entries per event, and
+/// Claude Code settings files whose `hooks` are loaded as they are.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct HooksSection {
+    /// `.claude/settings.json` files (relative to the config's directory).
+    #[serde(default)]
+    pub claude_settings: Vec<PathBuf>,
+    /// `PreToolUse = [...]` and the others, by event name.
+    #[serde(flatten)]
+    pub events: BTreeMap<String, Vec<HookEntry>>,
+}
+
+/// A Claude Code settings file, as far as its hooks go.
+#[derive(Deserialize)]
+struct ClaudeSettings {
+    #[serde(default)]
+    hooks: BTreeMap<String, Vec<ClaudeGroup>>,
+}
+
+#[derive(Deserialize)]
+struct ClaudeGroup {
+    #[serde(default)]
+    matcher: Option<String>,
+    hooks: Vec<ClaudeHook>,
+}
+
+#[derive(Deserialize)]
+struct ClaudeHook {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    command: Option<String>,
+    /// Seconds.
+    #[serde(default)]
+    timeout: Option<f64>,
+}
+
+/// Which names a hook runs for.
+#[derive(Clone, Debug)]
+enum Matcher {
+    All,
+    Exact(String),
+    Pattern(regex::Regex),
+}
+
+impl Matcher {
+    fn parse(text: Option<&str>) -> Result<Matcher, String> {
+        let text = text.map(str::trim).unwrap_or("");
+        if text.is_empty() || text == "*" {
+            return Ok(Matcher::All);
+        }
+        if text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-/".contains(c))
+        {
+            return Ok(Matcher::Exact(text.to_owned()));
+        }
+        regex::Regex::new(&format!("^(?:{text})$"))
+            .map(Matcher::Pattern)
+            .map_err(|e| format!("matcher {text:?} is not a regular expression: {e}"))
+    }
+
+    fn matches(&self, name: &str) -> bool {
+        match self {
+            Matcher::All => true,
+            Matcher::Exact(exact) => exact == name,
+            Matcher::Pattern(pattern) => pattern.is_match(name),
+        }
+    }
+}
+
+/// One hook, checked.
+#[derive(Clone, Debug)]
+struct Hook {
+    event: HookEvent,
+    matcher: Matcher,
+    command: HookCommand,
+    timeout: Duration,
+}
+
+/// Every hook of a runtime, checked: what runs at each event.
+#[derive(Clone, Debug, Default)]
+pub struct HookSet {
+    hooks: Vec<Hook>,
+    /// `CLAUDE_PROJECT_DIR` when a tree has no workspace.
+    project_dir: PathBuf,
+    shell: PathBuf,
+}
+
+/// What a hook is told beyond the event: the ids and the place.
+#[derive(Clone, Debug, Default)]
+pub struct HookContext {
+    /// The tree (Claude Code's `session_id`).
+    pub tree_id: String,
+    /// The agent's run.
+    pub run_id: String,
+    /// The agent's type, if it has one.
+    pub agent_type: Option<String>,
+    /// The tree's workspace, if it has one (`cwd` and `CLAUDE_PROJECT_DIR`).
+    pub workspace: Option<PathBuf>,
+}
+
+impl HookSet {
+    /// The config's hooks: its `[hooks]` entries, then those of each Claude
+    /// Code settings file it names (paths relative to `base_dir`). On
+    /// failure, every problem at once, as (key, message).
+    pub fn from_section(
+        section: &HooksSection,
+        base_dir: &Path,
+    ) -> Result<HookSet, Vec<(String, String)>> {
+        let mut problems = Vec::new();
+        let mut hooks = Vec::new();
+        for (name, entries) in &section.events {
+            let Some(event) = HookEvent::from_name(name) else {
+                problems.push((
+                    format!("hooks.{name}"),
+                    format!(
+                        "is not a hook event: use one of {}",
+                        HookEvent::ALL.map(HookEvent::name).join(", ")
+                    ),
+                ));
+                continue;
+            };
+            for (i, entry) in entries.iter().enumerate() {
+                let key = format!("hooks.{name}[{i}]");
+                match check(event, entry) {
+                    Ok(hook) => hooks.push(hook),
+                    Err(message) => problems.push((key, message)),
+                }
+            }
+        }
+        for file in &section.claude_settings {
+            let path = base_dir.join(file);
+            match claude_hooks(&path) {
+                Ok(more) => hooks.extend(more),
+                Err(message) => problems.push(("hooks.claude_settings".to_owned(), message)),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        // One command given twice for the same event and matcher runs once.
+        let mut seen = std::collections::HashSet::new();
+        hooks.retain(|h: &Hook| {
+            seen.insert((h.event, format!("{:?}", h.matcher), h.command.clone()))
+        });
+        Ok(HookSet {
+            hooks,
+            project_dir: base_dir.to_path_buf(),
+            shell: shell(),
+        })
+    }
+
+    /// Whether no hook is configured.
+    pub fn is_empty(&self) -> bool {
+        self.hooks.is_empty()
+    }
+
+    /// Whether any hook runs at `event` for `name` (a tool name or an
+    /// agent type; ignored by events without a matcher).
+    pub fn wants(&self, event: HookEvent, name: &str) -> bool {
+        self.matching(event, name).next().is_some()
+    }
+
+    fn matching<'a>(&'a self, event: HookEvent, name: &'a str) -> impl Iterator<Item = &'a Hook> {
+        self.hooks.iter().filter(move |h| {
+            h.event == event && (event.matches_by().is_none() || h.matcher.matches(name))
+        })
+    }
+
+    /// Runs the hooks of `event` for `name` at once, each with `input` (the
+    /// event's own fields; the common ones are added), and decides.
+    pub async fn run(
+        &self,
+        event: HookEvent,
+        name: &str,
+        mut input: Map<String, Value>,
+        ctx: &HookContext,
+    ) -> Verdict {
+        let dir = ctx.workspace.as_deref().unwrap_or(&self.project_dir);
+        input.insert("session_id".into(), ctx.tree_id.clone().into());
+        input.insert("transcript_path".into(), Value::String(String::new()));
+        input.insert("cwd".into(), dir.display().to_string().into());
+        input.insert("hook_event_name".into(), event.name().into());
+        input.insert("permission_mode".into(), "default".into());
+        input.insert("arbor_tree_id".into(), ctx.tree_id.clone().into());
+        input.insert("arbor_run_id".into(), ctx.run_id.clone().into());
+        if let Some(agent_type) = &ctx.agent_type {
+            input
+                .entry("agent_type")
+                .or_insert_with(|| agent_type.clone().into());
+        }
+        let stdin = Value::Object(input).to_string();
+        let runs = futures::future::join_all(
+            self.matching(event, name)
+                .map(|hook| self.run_one(hook, &stdin, dir, ctx)),
+        )
+        .await;
+        let verdict = decide(event, &runs);
+        for error in &verdict.errors {
+            tracing::warn!(event = event.name(), tree = %ctx.tree_id, run = %ctx.run_id, "a hook failed: {error}");
+        }
+        verdict
+    }
+
+    async fn run_one(&self, hook: &Hook, stdin: &str, dir: &Path, ctx: &HookContext) -> HookRun {
+        let mut command = match &hook.command {
+            HookCommand::Shell(line) => {
+                let mut c = tokio::process::Command::new(&self.shell);
+                c.arg("-c").arg(line);
+                c
+            }
+            HookCommand::Argv(argv) => {
+                let (program, args) = argv.split_first().map_or(("", &[][..]), |(p, a)| (p, a));
+                let mut c = tokio::process::Command::new(program);
+                c.args(args);
+                c
+            }
+        };
+        command
+            .current_dir(dir)
+            .env("CLAUDE_PROJECT_DIR", dir)
+            .env("ARBOR_TREE_ID", &ctx.tree_id)
+            .env("ARBOR_RUN_ID", &ctx.run_id)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .process_group(0);
+        let failed = |stderr: String| HookRun {
+            exit: None,
+            stdout: String::new(),
+            stderr,
+        };
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(e) => return failed(format!("could not start {:?}: {e}", hook.command)),
+        };
+        // Dropping the registration kills the hook's whole group: its
+        // timeout, and this future being dropped (the call cancelled).
+        let _group = child.id().map(reaper::register);
+        let feed = {
+            let pipe = child.stdin.take();
+            let text = stdin.as_bytes().to_vec();
+            async move {
+                if let Some(mut pipe) = pipe {
+                    // A hook that does not read its stdin is not an error.
+                    let _ = pipe.write_all(&text).await;
+                }
+            }
+        };
+        let out = read_capped(child.stdout.take());
+        let err = read_capped(child.stderr.take());
+        let ran = tokio::time::timeout(hook.timeout, async {
+            let ((), stdout, stderr, status) = tokio::join!(feed, out, err, child.wait());
+            (stdout, stderr, status)
+        })
+        .await;
+        match ran {
+            Ok((stdout, stderr, Ok(status))) => HookRun {
+                exit: status.code(),
+                stdout,
+                stderr,
+            },
+            Ok((_, _, Err(e))) => failed(format!("could not wait for it: {e}")),
+            Err(_) => failed(format!(
+                "{:?} did not finish within {:?}: killed",
+                hook.command, hook.timeout
+            )),
+        }
+    }
+}
+
+async fn read_capped(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> String {
+    let Some(mut pipe) = pipe else {
+        return String::new();
+    };
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = MAX_OUTPUT.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+    String::from_utf8_lossy(&kept).into_owned()
+}
+
+fn check(event: HookEvent, entry: &HookEntry) -> Result<Hook, String> {
+    let matcher = Matcher::parse(entry.matcher.as_deref())?;
+    match &entry.command {
+        HookCommand::Shell(line) if line.trim().is_empty() => {
+            return Err("command is empty".to_owned());
+        }
+        HookCommand::Argv(argv) if argv.first().is_none_or(|p| p.is_empty()) => {
+            return Err(
+                "command is empty: it must name the program, then its arguments".to_owned(),
+            );
+        }
+        _ => {}
+    }
+    let timeout = match &entry.timeout {
+        None => DEFAULT_TIMEOUT,
+        Some(text) => match arbor_actors::duration::parse(text) {
+            Ok(d) if !d.is_zero() => d,
+            Ok(_) => return Err("timeout must be more than 0s".to_owned()),
+            Err(e) => return Err(format!("timeout {text:?}: {e}")),
+        },
+    };
+    Ok(Hook {
+        event,
+        matcher,
+        command: entry.command.clone(),
+        timeout,
+    })
+}
+
+/// The hooks of a Claude Code settings file.
+fn claude_hooks(path: &Path) -> Result<Vec<Hook>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let settings: ClaudeSettings = serde_json::from_str(&text)
+        .map_err(|e| format!("{} is not a Claude Code settings file: {e}", path.display()))?;
+    let mut hooks = Vec::new();
+    for (name, groups) in settings.hooks {
+        // Events Arbor has no counterpart of (Notification, SessionStart,
+        // PreCompact, …) are not run, and said so once.
+        let Some(event) = HookEvent::from_name(&name) else {
+            tracing::warn!(
+                file = %path.display(),
+                "{name} hooks are not run: Arbor has no {name} event"
+            );
+            continue;
+        };
+        for (g, group) in groups.into_iter().enumerate() {
+            let matcher = Matcher::parse(group.matcher.as_deref())
+                .map_err(|e| format!("{}: hooks.{name}[{g}]: {e}", path.display()))?;
+            for (h, hook) in group.hooks.into_iter().enumerate() {
+                let at = || format!("{}: hooks.{name}[{g}].hooks[{h}]", path.display());
+                if hook.kind != "command" {
+                    return Err(format!(
+                        "{}: type {:?} is not run by Arbor (only \"command\" hooks are)",
+                        at(),
+                        hook.kind
+                    ));
+                }
+                let Some(command) = hook.command.filter(|c| !c.trim().is_empty()) else {
+                    return Err(format!("{}: a command hook needs a command", at()));
+                };
+                let timeout = match hook.timeout {
+                    None => DEFAULT_TIMEOUT,
+                    Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => {
+                        Duration::from_secs_f64(s)
+                    }
+                    Some(s) => {
+                        return Err(format!(
+                            "{}: timeout {s} is not a number of seconds from 0 to 86400",
+                            at()
+                        ));
+                    }
+                };
+                hooks.push(Hook {
+                    event,
+                    matcher: matcher.clone(),
+                    command: HookCommand::Shell(command),
+                    timeout,
+                });
+            }
+        }
+    }
+    Ok(hooks)
+}
+
+/// bash, as Claude Code runs hooks with; sh where there is none.
+fn shell() -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join("bash"))
+        .find(|p| p.is_file());
+    on_path.unwrap_or_else(|| PathBuf::from("/bin/sh"))
+}
+
+#[cfg(test)]
+mod tests;
