@@ -220,6 +220,20 @@ pub enum EventKind {
         /// The tool, by the name templates and policies use.
         tool: String,
     },
+    /// The lifecycle hooks of a tool call decided (Claude Code's hooks):
+    /// journaled, so a resumed or replayed run takes the verdict instead of
+    /// running the hooks again.
+    #[serde(rename_all = "camelCase")]
+    HookDecided {
+        /// The step of the call.
+        step: u32,
+        /// The model's call id.
+        tool_call_id: String,
+        /// Which hooks (`PreToolUse`, `PostToolUse`).
+        hook: crate::lifecycle::HookEvent,
+        /// What they decided together.
+        verdict: crate::lifecycle::Verdict,
+    },
     /// A person sent the run a steering message (semantics §9); it joins the
     /// history at the next step boundary.
     Steered {
@@ -359,6 +373,7 @@ fn journal_type(kind: &EventKind) -> Result<EventType, &'static str> {
         EventKind::ApprovalRequested { .. } => EventType::ApprovalRequested,
         EventKind::ApprovalDecided { .. } => EventType::ApprovalDecided,
         EventKind::ApprovalRuleAdded { .. } => EventType::ApprovalRuleAdded,
+        EventKind::HookDecided { .. } => EventType::HookDecided,
         EventKind::Looping { .. } => EventType::Looping,
         EventKind::Stalled { .. } => EventType::Stalled,
         EventKind::TurnQueued { .. } => EventType::TurnQueued,
@@ -420,6 +435,8 @@ pub enum EventType {
     ApprovalDecided,
     /// `approvalRuleAdded`: a person allowed every call of a tool in the tree.
     ApprovalRuleAdded,
+    /// `hookDecided`: the lifecycle hooks of a tool call decided.
+    HookDecided,
     /// `looping`: a run repeated the same tool call with the same result.
     Looping,
     /// `stalled`: a run's own work in flight made no progress for its `idle_timeout`.
@@ -430,7 +447,7 @@ pub enum EventType {
 
 impl EventType {
     /// Every journal type.
-    pub const ALL: [EventType; 26] = [
+    pub const ALL: [EventType; 27] = [
         EventType::AgentStarted,
         EventType::StepStarted,
         EventType::ModelRetrying,
@@ -453,6 +470,7 @@ impl EventType {
         EventType::ApprovalRequested,
         EventType::ApprovalDecided,
         EventType::ApprovalRuleAdded,
+        EventType::HookDecided,
         EventType::BudgetReached,
         EventType::LimitsRaised,
         EventType::Stalled,
@@ -493,6 +511,7 @@ impl EventType {
             EventType::ApprovalRequested => "approvalRequested",
             EventType::ApprovalDecided => "approvalDecided",
             EventType::ApprovalRuleAdded => "approvalRuleAdded",
+            EventType::HookDecided => "hookDecided",
             EventType::Looping => "looping",
             EventType::Stalled => "stalled",
             EventType::TurnQueued => "turnQueued",
@@ -651,6 +670,12 @@ mod tests {
                 decision: Decision::Approve { input: None },
             },
             EventKind::ApprovalRuleAdded { tool: "t".into() },
+            EventKind::HookDecided {
+                step: 1,
+                tool_call_id: "c".into(),
+                hook: crate::lifecycle::HookEvent::PreToolUse,
+                verdict: crate::lifecycle::Verdict::default(),
+            },
             EventKind::Steered {
                 step: 1,
                 text: Arc::from("s"),

@@ -180,6 +180,26 @@ fn fields(kind: &EventKind, short: &Short) -> String {
             }
         ),
         EventKind::ApprovalRuleAdded { tool } => format!("{tool} always allowed"),
+        EventKind::HookDecided {
+            step,
+            tool_call_id,
+            hook,
+            verdict,
+        } => format!(
+            "step {step} call {} {hook} hooks: {}",
+            short.id(tool_call_id),
+            if verdict.refuses_call() {
+                format!("refused: {}", clip(&verdict.refusal()))
+            } else if verdict.updated_input.is_some() {
+                "input rewritten".to_owned()
+            } else if let Some(p) = verdict.permission {
+                format!("{p:?}").to_lowercase()
+            } else if verdict.note_for_model().is_some() {
+                "context added".to_owned()
+            } else {
+                "nothing to say".to_owned()
+            }
+        ),
         EventKind::Steered { step, text } => format!("at step {step}: {}", quoted(text)),
         EventKind::Looping {
             step,

@@ -217,4 +217,21 @@ pub trait TreeHooks: Send + Sync + 'static {
         let _ = run_id;
         std::collections::HashMap::new()
     }
+
+    /// The tree's lifecycle hooks (Claude Code's `PreToolUse` and the
+    /// others), if it has any. None by default.
+    fn lifecycle(&self) -> Option<Arc<dyn crate::lifecycle::Lifecycle>> {
+        None
+    }
+
+    /// The `PreToolUse` verdicts a resumed or replayed tree recorded for the
+    /// run `run_id`, by call id: taken instead of running the hooks again
+    /// (none for a new tree).
+    fn hook_verdicts(
+        &self,
+        run_id: &str,
+    ) -> std::collections::HashMap<String, crate::lifecycle::Verdict> {
+        let _ = run_id;
+        std::collections::HashMap::new()
+    }
 }

@@ -50,6 +50,6 @@ pub use model::{
     UsageSource,
 };
 pub use state::{AgentState, AgentStatus, ToolDefinition};
-pub use step::{Action, Catalog, Planned, StepMachine, background};
+pub use step::{Action, Catalog, HookRequest, Planned, StepMachine, background};
 pub use template::{AgentTemplate, FailurePolicy, OnTurnEnd, OutputMode};
 pub use tool::{Tool, ToolContext, ToolError, ToolOutput};

@@ -27,8 +27,38 @@
 //! permissions deny beats ask beats allow; contexts are kept in order; the
 //! last updated input wins.
 
+use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
+
+/// The tree's lifecycle hooks, as its agents see them (the runtime's hook
+/// set: `arbor_tools::hooks::HookSet`). An agent never awaits them in its
+/// handler: it runs them in a task and takes the verdict back as a message.
+pub trait Lifecycle: Send + Sync {
+    /// Whether any hook runs at `event` for `name` (a tool name, by the
+    /// name templates use, or an agent type).
+    fn wants(&self, event: HookEvent, name: &str) -> bool;
+    /// Runs the hooks of `event` for `name` with `input` (the event's own
+    /// fields: `tool_name`, `tool_input`, …) and decides.
+    fn run(
+        &self,
+        event: HookEvent,
+        name: &str,
+        input: Map<String, Value>,
+        call: HookCall,
+    ) -> BoxFuture<'static, Verdict>;
+}
+
+/// Who runs a hook: the ids a hook is told.
+#[derive(Clone, Debug, Default)]
+pub struct HookCall {
+    /// The tree (Claude Code's `session_id`).
+    pub tree_id: String,
+    /// The agent's run.
+    pub run_id: String,
+    /// The agent's type, if it has one.
+    pub agent_type: Option<String>,
+}
 
 /// When a hook runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -73,6 +73,16 @@ pub enum AgentMsg {
         /// What the tool returned (or that it panicked). Boxed, like the
         /// other large variants: every message is boxed at this enum's size.
         outcome: Box<ToolOutcome>,
+        /// What its `PostToolUse` hooks decided, if it has any (their note
+        /// is in the outcome already; this is for the journal).
+        post: Option<Box<crate::lifecycle::Verdict>>,
+    },
+    /// The `PreToolUse` hooks of `step`'s calls decided.
+    HooksDone {
+        /// The step of the calls.
+        step: u32,
+        /// Each call's verdict, by its index among the step's tool calls.
+        verdicts: Box<Vec<(usize, crate::lifecycle::Verdict)>>,
     },
     /// A child's actor started.
     ChildStarted {
@@ -318,6 +328,11 @@ impl Catalog for HookCatalog<'_> {
     fn always_allowed(&self, tool: &str) -> bool {
         self.0.always_allowed(tool)
     }
+    fn hooks_before(&self, tool: &str) -> bool {
+        self.0
+            .lifecycle()
+            .is_some_and(|l| l.wants(crate::lifecycle::HookEvent::PreToolUse, tool))
+    }
 }
 
 fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
@@ -423,6 +438,10 @@ impl Actor for AgentActor {
         if !decisions.is_empty() {
             run.machine.recover_decisions(decisions);
         }
+        let verdicts = hooks.hook_verdicts(&run.run_id);
+        if !verdicts.is_empty() {
+            run.machine.recover_hook_verdicts(verdicts);
+        }
         let actions = run.guarded(|m| m.start(&HookCatalog(hooks.as_ref())));
         run.execute(&myself, actions);
         // A run can end before its first message (a refused first step).
@@ -468,11 +487,27 @@ impl Actor for AgentActor {
                     }
                 }
             }
+            AgentMsg::HooksDone { step, verdicts } => {
+                run.tools_running = run.tools_running.saturating_sub(1);
+                run.guarded(|m| m.hooks_done(step, *verdicts, &catalog))
+            }
             AgentMsg::ToolDone {
                 step,
                 index,
                 outcome,
+                post,
             } => {
+                if let Some(verdict) = post
+                    && step == run.machine.step()
+                {
+                    let call_id = run.machine.call_id(index).unwrap_or_default();
+                    run.emit(EventKind::HookDecided {
+                        step,
+                        tool_call_id: call_id,
+                        hook: crate::lifecycle::HookEvent::PostToolUse,
+                        verdict: *verdict,
+                    });
+                }
                 // The step timeout covers the step's tools, not the children a
                 // spawn in the same step may still be waiting for.
                 run.tools_running = run.tools_running.saturating_sub(1);
@@ -653,6 +688,7 @@ impl AgentRun {
                     tool,
                     input,
                 } => self.run_tool(myself, step, index, call_id, tool, input),
+                Action::RunHooks { step, calls } => self.run_hooks(myself, step, calls),
                 Action::SpawnAgents {
                     step,
                     index,

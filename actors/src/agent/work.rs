@@ -15,9 +15,10 @@ use super::{AgentMsg, AgentRun, Parked, Phase, ToolOutcome, panic_message};
 use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
 use crate::hooks::{Slot, SlotPriority};
+use crate::lifecycle::{HookCall, HookEvent};
 use crate::model::{Delta, DeltaSink, ModelRequest};
 use crate::step::Action;
-use crate::tool::ToolContext;
+use crate::tool::{ToolContext, ToolOutput};
 
 impl AgentRun {
     pub(super) fn release_reservation(&mut self) {
@@ -232,12 +233,52 @@ impl AgentRun {
             otel.status_description = tracing::field::Empty,
             error.type = tracing::field::Empty,
         );
+        // Its PostToolUse hooks, if it has any, run in the task after it.
+        let post = self
+            .hooks
+            .lifecycle()
+            .filter(|l| l.wants(HookEvent::PostToolUse, tool.name()))
+            .map(|l| (l, self.hook_call(), input.clone()));
         self.tool_tasks.push(tokio::spawn(
             async move {
-                let outcome = match AssertUnwindSafe(tool.call(input, ctx)).catch_unwind().await {
+                let call_id = ctx.call_id.clone();
+                let mut outcome = match AssertUnwindSafe(tool.call(input, ctx)).catch_unwind().await
+                {
                     Ok(result) => ToolOutcome::Done(result.map_err(|e| e.message)),
                     Err(panic) => ToolOutcome::Panicked(panic_message(panic)),
                 };
+                let mut verdict = None;
+                if let (Some((lifecycle, call, input)), ToolOutcome::Done(result)) =
+                    (post, &mut outcome)
+                {
+                    let response = match &*result {
+                        Ok(output) => {
+                            serde_json::to_value(output.clone().into_parts()).unwrap_or_default()
+                        }
+                        Err(error) => serde_json::json!({"error": error}),
+                    };
+                    let mut fields = serde_json::Map::new();
+                    fields.insert("tool_name".into(), tool.name().into());
+                    fields.insert("tool_input".into(), input);
+                    fields.insert("tool_response".into(), response);
+                    fields.insert("tool_use_id".into(), call_id.into());
+                    let decided = lifecycle
+                        .run(HookEvent::PostToolUse, tool.name(), fields, call)
+                        .await;
+                    if let Some(note) = post_note(&decided) {
+                        *result = match std::mem::replace(result, Err(String::new())) {
+                            Ok(output) => {
+                                let mut parts = output.into_parts();
+                                parts.push(crate::message::ToolResultPart::Json {
+                                    value: note.into(),
+                                });
+                                Ok(ToolOutput::Parts(parts))
+                            }
+                            Err(error) => Err(format!("{error}\n{note}")),
+                        };
+                    }
+                    verdict = Some(Box::new(decided));
+                }
                 // A call that failed: status ERROR on its span.
                 let span = tracing::Span::current();
                 match &outcome {
@@ -249,10 +290,61 @@ impl AgentRun {
                     step,
                     index,
                     outcome: Box::new(outcome),
+                    post: verdict,
                 });
             }
             .instrument(span),
         ));
+        self.tools_running += 1;
+        self.watch_idle(myself);
+        if !self.timer.is_running() {
+            self.start_timer(myself, step);
+        }
+    }
+
+    /// Who runs a hook: the ids a hook is told.
+    fn hook_call(&self) -> HookCall {
+        HookCall {
+            tree_id: self.hooks.tree_id().to_string(),
+            run_id: self.run_id.to_string(),
+            agent_type: self.machine.state().agent_type.clone(),
+        }
+    }
+
+    /// Runs the `PreToolUse` hooks of `calls` in a task (never in the
+    /// handler); their verdicts come back as `HooksDone`.
+    pub(super) fn run_hooks(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        step: u32,
+        calls: Vec<crate::step::HookRequest>,
+    ) {
+        let lifecycle = self.hooks.lifecycle();
+        let call = self.hook_call();
+        let me = myself.clone();
+        self.tool_tasks.push(tokio::spawn(async move {
+            let runs = calls.into_iter().map(|request| {
+                let future = lifecycle.as_ref().map(|lifecycle| {
+                    let mut fields = serde_json::Map::new();
+                    fields.insert("tool_name".into(), request.tool.clone().into());
+                    fields.insert("tool_input".into(), request.input);
+                    fields.insert("tool_use_id".into(), request.call_id.into());
+                    lifecycle.run(HookEvent::PreToolUse, &request.tool, fields, call.clone())
+                });
+                async move {
+                    let verdict = match future {
+                        Some(future) => future.await,
+                        None => crate::lifecycle::Verdict::default(),
+                    };
+                    (request.index, verdict)
+                }
+            });
+            let verdicts = futures::future::join_all(runs).await;
+            let _ = me.cast(AgentMsg::HooksDone {
+                step,
+                verdicts: Box::new(verdicts),
+            });
+        }));
         self.tools_running += 1;
         self.watch_idle(myself);
         if !self.timer.is_running() {
@@ -296,6 +388,17 @@ impl AgentRun {
         }
         Vec::new()
     }
+}
+
+/// What `PostToolUse` hooks give the model beside a result: their context,
+/// a block's reason, or why they stopped the agent.
+fn post_note(verdict: &crate::lifecycle::Verdict) -> Option<String> {
+    let mut note = verdict.note_for_model();
+    if let Some(stop) = &verdict.stop {
+        let stop = format!("A hook asks you to stop: {stop}");
+        note = Some(note.map_or(stop.clone(), |n| format!("{n}\n{stop}")));
+    }
+    note
 }
 
 /// Marks `span` failed, as the OpenTelemetry conventions say: status

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Action, Catalog, Effect, Origin, Pending, StepMachine};
+use super::{Action, Catalog, Effect, Origin, Pending, StepMachine, hooked};
 use crate::history::History;
 use crate::message::{Message, Part, ToolCall};
 use crate::spawn::{SpawnPlan, SpawnRequest, plan_child};
@@ -87,8 +87,11 @@ impl StepMachine {
             awaiting: 0,
             origin,
             held: Default::default(),
+            hooking: None,
+            hook_notes: Vec::new(),
         };
         let mut needing = Vec::new();
+        let mut hooked = Vec::new();
         let mut actions = Vec::new();
         let mut snapshot: Option<Arc<History>> = None;
         let notices = crate::spawn::Notices::default();
@@ -118,6 +121,10 @@ impl StepMachine {
                 },
                 ToolKind::External(tool) => {
                     pending.awaiting += 1;
+                    if catalog.hooks_before(tool.name()) {
+                        hooked.push(hooked::Hooked::new(index, tool, input, approval));
+                        continue;
+                    }
                     if approval {
                         needing.push(index);
                     }
@@ -148,6 +155,9 @@ impl StepMachine {
                     }
                 }
             }
+        }
+        if !hooked.is_empty() {
+            return self.run_hooks(pending, hooked, needing, actions, catalog);
         }
         if !needing.is_empty() {
             return self.hold_for_approval(pending, needing, actions, catalog);

@@ -24,6 +24,9 @@ use crate::toolbox::Toolbox;
 mod approve;
 pub mod background;
 mod calls;
+mod hooked;
+
+pub use hooked::HookRequest;
 mod ids;
 mod spawned;
 mod turn;
@@ -50,6 +53,13 @@ pub enum Action {
         tool: Arc<dyn Tool>,
         /// Its input, checked against its schema.
         input: Value,
+    },
+    /// Run the `PreToolUse` hooks of these calls; answer with `hooks_done`.
+    RunHooks {
+        /// The step of the calls.
+        step: u32,
+        /// The calls, each with its input.
+        calls: Vec<hooked::HookRequest>,
     },
     /// Start the children of a `spawn_agents` call; answer with `spawn_done`.
     SpawnAgents {
@@ -114,6 +124,12 @@ pub trait Catalog {
         let _ = tool;
         false
     }
+    /// Whether `PreToolUse` hooks run before a call of `tool` (by the name
+    /// templates use): the call waits for their verdict. None by default.
+    fn hooks_before(&self, tool: &str) -> bool {
+        let _ = tool;
+        false
+    }
 }
 
 enum Effect {
@@ -152,6 +168,11 @@ struct Pending {
     origin: Origin,
     /// The calls that wait for a person's decision (semantics §12).
     held: approve::Held,
+    /// The calls that wait for their `PreToolUse` hooks, and what waits
+    /// with them.
+    hooking: Option<Box<hooked::Hooking>>,
+    /// What hooks gave the model for a call, added to its result.
+    hook_notes: Vec<(usize, String)>,
 }
 
 /// The pure decisions of one run (semantics §4–§7): fed model replies, tool
@@ -198,6 +219,8 @@ struct Sideband {
     scheduled_steers: Vec<Steer>,
     /// Decisions on tool calls recorded before a restart, by call id.
     recorded_decisions: std::collections::HashMap<String, crate::approval::Decision>,
+    /// `PreToolUse` verdicts recorded before a restart, by call id.
+    recorded_hooks: std::collections::HashMap<String, crate::lifecycle::Verdict>,
     /// Agent ids of the background children started and not yet reported
     /// in the history (semantics §15).
     background: Vec<String>,
@@ -546,10 +569,21 @@ impl StepMachine {
         let Some(pending) = self.pending_for(step, index) else {
             return Vec::new();
         };
+        let note = pending
+            .hook_notes
+            .iter()
+            .position(|(i, _)| *i == index)
+            .map(|at| pending.hook_notes.swap_remove(at).1);
         let call = &pending.calls[index];
-        pending.results[index] = Some(match result {
-            Ok(output) => Message::tool_output(call, output.into_parts()),
-            Err(error) => Message::tool_error(call, error),
+        pending.results[index] = Some(match (result, note) {
+            (Ok(output), None) => Message::tool_output(call, output.into_parts()),
+            (Ok(output), Some(note)) => {
+                let mut parts = output.into_parts();
+                parts.push(crate::message::ToolResultPart::Json { value: note.into() });
+                Message::tool_output(call, parts)
+            }
+            (Err(error), None) => Message::tool_error(call, error),
+            (Err(error), Some(note)) => Message::tool_error(call, format!("{error}\n{note}")),
         });
         self.resolved(catalog)
     }

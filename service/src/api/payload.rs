@@ -202,6 +202,33 @@ fn event_fields(t: EventType) -> (Fields, Fields) {
             ],
             vec![],
         ),
+        EventType::HookDecided => (
+            vec![
+                step,
+                ("toolCallId", text()),
+                (
+                    "hook",
+                    json!({"type": "string", "enum": ["PreToolUse", "PostToolUse"]}),
+                ),
+                (
+                    "verdict",
+                    json!({
+                        "type": "object",
+                        "description": "What the hooks decided together: stop, block, permission (allow, ask, deny), reason, updatedInput, context, errors",
+                        "properties": {
+                            "stop": {"type": "string"},
+                            "block": {"type": "string"},
+                            "permission": {"type": "string", "enum": ["allow", "ask", "deny"]},
+                            "reason": {"type": "string"},
+                            "updatedInput": {"type": "object"},
+                            "context": {"type": "array", "items": {"type": "string"}},
+                            "errors": {"type": "array", "items": {"type": "string"}}
+                        }
+                    }),
+                ),
+            ],
+            vec![],
+        ),
         EventType::Stalled => (vec![step, ("idleMs", count())], vec![]),
         EventType::TurnQueued => (
             vec![("turn", count()), ("position", count()), ("prompt", text())],

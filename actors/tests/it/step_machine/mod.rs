@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 
 mod approvals;
 mod checkpoints;
+mod hooks;
 mod plain;
 mod programs;
 mod spawning;
@@ -179,6 +180,7 @@ fn kind(action: &Action) -> &'static str {
     match action {
         Action::CallModel(_) => "CallModel",
         Action::RunTool { .. } => "RunTool",
+        Action::RunHooks { .. } => "RunHooks",
         Action::SpawnAgents { .. } => "SpawnAgents",
         Action::SpawnInline { .. } => "SpawnInline",
         Action::SpawnBackground { .. } => "SpawnBackground",

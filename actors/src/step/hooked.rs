@@ -1,0 +1,225 @@
+//! `PreToolUse` hooks in the step machine: a step whose calls have hooks
+//! holds them (and the step's other work) until the hooks decided, then
+//! each call is refused, runs with the input a hook gave it, runs without
+//! asking (`allow`), or waits for a person (`ask`, an approval); a call
+//! without a permission from its hooks is asked for as its template says.
+//! Verdicts are journaled (`hookDecided`), and a resumed or replayed run
+//! takes the recorded verdict instead of running the hooks again.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{Action, Catalog, Pending, StepMachine};
+use crate::event::EventKind;
+use crate::lifecycle::{HookEvent, Permission, Verdict};
+use crate::message::Message;
+use crate::tool::Tool;
+
+/// A call that waits for its hooks.
+pub(super) struct Hooked {
+    index: usize,
+    tool: Arc<dyn Tool>,
+    input: Value,
+    /// Whether its template asks a person before it runs.
+    approval: bool,
+    /// Its verdict, recorded before a restart.
+    recorded: Option<Verdict>,
+}
+
+impl Hooked {
+    pub(super) fn new(index: usize, tool: Arc<dyn Tool>, input: Value, approval: bool) -> Self {
+        Hooked {
+            index,
+            tool,
+            input,
+            approval,
+            recorded: None,
+        }
+    }
+}
+
+/// The step's calls that wait for their hooks, and what waits with them.
+pub(super) struct Hooking {
+    calls: Vec<Hooked>,
+    /// Calls without hooks that wait for a person (by index).
+    needing: Vec<usize>,
+    /// The step's other actions, started with the hooked calls.
+    actions: Vec<Action>,
+}
+
+/// A call whose `PreToolUse` hooks the driver runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HookRequest {
+    /// The call's index among the step's tool calls.
+    pub index: usize,
+    /// The model's call id.
+    pub call_id: String,
+    /// The tool, by the name templates use.
+    pub tool: String,
+    /// The call's input, as checked against the tool's schema.
+    pub input: Value,
+}
+
+impl StepMachine {
+    /// `PreToolUse` verdicts recorded before a restart (or for a replay), by
+    /// call id: taken when the call comes, without running the hooks.
+    pub fn recover_hook_verdicts(&mut self, verdicts: HashMap<String, Verdict>) {
+        if !verdicts.is_empty() {
+            self.side().recorded_hooks.extend(verdicts);
+        }
+    }
+
+    /// The model's call id of the current step's `index`-th call.
+    pub fn call_id(&self, index: usize) -> Option<String> {
+        let pending = self.pending.as_ref()?;
+        (index < pending.calls.len()).then(|| pending.calls[index].tool_call_id.clone())
+    }
+
+    /// Step 3, for a step with calls that have `PreToolUse` hooks: asks the
+    /// driver to run them (those without a recorded verdict), holding the
+    /// step's other work.
+    pub(super) fn run_hooks(
+        &mut self,
+        mut pending: Pending,
+        mut calls: Vec<Hooked>,
+        needing: Vec<usize>,
+        actions: Vec<Action>,
+        catalog: &dyn Catalog,
+    ) -> Vec<Action> {
+        let mut requests = Vec::new();
+        for call in &mut calls {
+            let id = &pending.calls[call.index].tool_call_id;
+            call.recorded = self
+                .side
+                .as_deref_mut()
+                .and_then(|side| side.recorded_hooks.remove(id));
+            if call.recorded.is_none() {
+                requests.push(HookRequest {
+                    index: call.index,
+                    call_id: id.clone(),
+                    tool: call.tool.name().to_owned(),
+                    input: call.input.clone(),
+                });
+            }
+        }
+        let step = pending.step;
+        pending.hooking = Some(Box::new(Hooking {
+            calls,
+            needing,
+            actions,
+        }));
+        self.pending = Some(Box::new(pending));
+        if requests.is_empty() {
+            return self.hooks_done(step, Vec::new(), catalog);
+        }
+        vec![Action::RunHooks {
+            step,
+            calls: requests,
+        }]
+    }
+
+    /// The `PreToolUse` hooks of `step`'s calls decided (`verdicts`, by call
+    /// index; a call missing from it had nothing decided): journaled, and
+    /// the step goes on with what they allow.
+    pub fn hooks_done(
+        &mut self,
+        step: u32,
+        verdicts: Vec<(usize, Verdict)>,
+        catalog: &dyn Catalog,
+    ) -> Vec<Action> {
+        if self.state.status.is_final() {
+            return Vec::new();
+        }
+        let Some(mut pending) = self.pending.take() else {
+            return Vec::new();
+        };
+        let hooking = match pending.hooking.take() {
+            Some(hooking) if pending.step == step => hooking,
+            other => {
+                pending.hooking = other;
+                self.pending = Some(pending);
+                return Vec::new();
+            }
+        };
+        let Hooking {
+            calls,
+            mut needing,
+            mut actions,
+        } = *hooking;
+        let mut verdicts: HashMap<usize, Verdict> = verdicts.into_iter().collect();
+        for call in calls {
+            let index = call.index;
+            let tool_call = &pending.calls[index];
+            let call_id = tool_call.tool_call_id.clone();
+            let verdict = match call.recorded {
+                Some(verdict) => verdict,
+                None => {
+                    let verdict = verdicts.remove(&index).unwrap_or_default();
+                    self.events.push(EventKind::HookDecided {
+                        step,
+                        tool_call_id: call_id.clone(),
+                        hook: HookEvent::PreToolUse,
+                        verdict: verdict.clone(),
+                    });
+                    verdict
+                }
+            };
+            if verdict.refuses_call() {
+                pending.results[index] = Some(Message::tool_error(tool_call, verdict.refusal()));
+                pending.awaiting -= 1;
+                continue;
+            }
+            let input = match verdict.updated_input {
+                None => call.input,
+                Some(input) => {
+                    let checked = self
+                        .toolbox
+                        .get(&tool_call.tool_name)
+                        .map(|entry| entry.schema.check(&input));
+                    if let Some(Err(e)) = checked {
+                        pending.results[index] = Some(Message::tool_error(
+                            tool_call,
+                            format!(
+                                "a PreToolUse hook rewrote the input of {}, and the new input is \
+                                 invalid: {e}",
+                                tool_call.tool_name
+                            ),
+                        ));
+                        pending.awaiting -= 1;
+                        continue;
+                    }
+                    input
+                }
+            };
+            let ask = match verdict.permission {
+                Some(Permission::Allow) => false,
+                Some(Permission::Ask) => true,
+                Some(Permission::Deny) | None => call.approval,
+            };
+            if ask {
+                needing.push(index);
+            }
+            if !verdict.context.is_empty() {
+                pending.hook_notes.push((index, verdict.context.join("\n")));
+            }
+            actions.push(Action::RunTool {
+                step,
+                index,
+                call_id,
+                tool: call.tool,
+                input,
+            });
+        }
+        needing.sort_unstable();
+        if !needing.is_empty() {
+            return self.hold_for_approval(*pending, needing, actions, catalog);
+        }
+        self.pending = Some(pending);
+        if actions.is_empty() {
+            return self.resolved(catalog);
+        }
+        actions
+    }
+}

@@ -1,0 +1,250 @@
+//! `PreToolUse` hooks in the step machine: a step whose calls have hooks
+//! holds them until the hooks decided; each call is then refused, rewritten,
+//! allowed without asking, or asked for, and the verdict is journaled (and
+//! taken from the journal on resume).
+
+use super::*;
+use arbor_actors::HookRequest;
+use arbor_actors::approval::Decision;
+use arbor_actors::lifecycle::{HookEvent, Permission, Verdict};
+
+/// The test catalog, with `PreToolUse` hooks on `echo`.
+struct Hooked<'a>(&'a Cat);
+
+impl Catalog for Hooked<'_> {
+    fn template(&self, id: &str) -> Option<Arc<AgentTemplate>> {
+        self.0.template(id)
+    }
+    fn knows_agent(&self, requested: &str) -> bool {
+        self.0.knows_agent(requested)
+    }
+    fn hooks_before(&self, tool: &str) -> bool {
+        tool == "echo"
+    }
+}
+
+/// A worker with `echo` and `add_message`; `approval` says whether its
+/// template asks a person before `echo` runs.
+fn worker(approval: bool) -> Run {
+    let mut t = AgentTemplate::new("worker", "m");
+    t.tools = vec!["echo".into(), "add_message".into()];
+    let mut run = Run::solo(t.clone());
+    let template = Arc::new(t);
+    let tb = Arc::new(toolbox(&template).with_approval(move |name| approval && name == "echo"));
+    let state = run.m.state().clone();
+    run.m = StepMachine::new(state, template, tb, 0, Arc::from("tree-1"));
+    run
+}
+
+fn reply(run: &mut Run, message: Message) -> Vec<Action> {
+    let step = run.m.step();
+    let cat = Hooked(&run.cat);
+    run.m.model_replied(
+        step,
+        ModelResponse {
+            message,
+            usage: USAGE,
+        },
+        &cat,
+    )
+}
+
+fn hook_requests(actions: &[Action]) -> Vec<HookRequest> {
+    match actions {
+        [Action::RunHooks { calls, .. }] => calls.clone(),
+        other => panic!("expected one RunHooks, got {:?}", kinds(other)),
+    }
+}
+
+fn decided(events: &[EventKind]) -> Vec<(String, Verdict)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            EventKind::HookDecided {
+                tool_call_id,
+                hook: HookEvent::PreToolUse,
+                verdict,
+                ..
+            } => Some((tool_call_id.clone(), verdict.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn deny(why: &str) -> Verdict {
+    Verdict {
+        block: Some(why.into()),
+        permission: Some(Permission::Deny),
+        ..Verdict::default()
+    }
+}
+
+#[test]
+fn a_hooked_call_waits_for_its_hooks_and_a_refused_one_never_runs() {
+    let mut run = worker(false);
+    request(run.start());
+    run.m.take_events();
+    let actions = reply(
+        &mut run,
+        calls(
+            "s1",
+            &[
+                ("echo", json!({"n": 1})),
+                ("echo", json!({"n": 2})),
+                add_user("hi"),
+            ],
+        ),
+    );
+    let asked = hook_requests(&actions);
+    assert_eq!(
+        asked
+            .iter()
+            .map(|r| (r.index, r.tool.as_str()))
+            .collect::<Vec<_>>(),
+        [(0, "echo"), (1, "echo")]
+    );
+    assert_eq!(asked[1].input, json!({"n": 2}));
+    let step = run.m.step();
+    let cat = Hooked(&run.cat);
+    let actions = run.m.hooks_done(
+        step,
+        vec![(0, deny("no echo of 1")), (1, Verdict::default())],
+        &cat,
+    );
+    // Only the call the hooks let through runs.
+    let runs: Vec<usize> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::RunTool { index, .. } => Some(*index),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(runs, [1]);
+    let journaled = decided(&run.m.take_events());
+    assert_eq!(journaled.len(), 2);
+    assert_eq!(journaled[0], ("s1-0".to_owned(), deny("no echo of 1")));
+    let next = run
+        .m
+        .tool_done(step, 1, Ok(json!("echoed").into()), &run.cat);
+    let req = request(next);
+    let refused = req
+        .messages
+        .iter()
+        .map(|m| format!("{m:?}"))
+        .find(|m| m.contains("s1-0") && m.contains("refused"))
+        .expect("the refused call has a result");
+    assert!(
+        refused.contains("a hook refused this call: no echo of 1"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn a_hook_rewrites_the_input_that_runs_and_its_context_joins_the_result() {
+    let mut run = worker(false);
+    request(run.start());
+    let actions = reply(&mut run, calls("s1", &[("echo", json!({"n": 1}))]));
+    hook_requests(&actions);
+    let step = run.m.step();
+    let verdict = Verdict {
+        permission: Some(Permission::Allow),
+        updated_input: Some(json!({"n": 100})),
+        context: vec!["rewritten by policy".into()],
+        ..Verdict::default()
+    };
+    let cat = Hooked(&run.cat);
+    let actions = run.m.hooks_done(step, vec![(0, verdict)], &cat);
+    match &actions[..] {
+        [Action::RunTool { input, .. }] => assert_eq!(input, &json!({"n": 100})),
+        other => panic!("{:?}", kinds(other)),
+    }
+    let req = request(run.m.tool_done(step, 0, Ok(json!("done").into()), &run.cat));
+    let text = format!("{:?}", req.messages.last());
+    assert!(text.contains("rewritten by policy"), "{text}");
+    // A rewrite that breaks the tool's schema is refused, not run.
+    let actions = reply(&mut run, calls("s2", &[("echo", json!({"n": 2}))]));
+    hook_requests(&actions);
+    let bad = Verdict {
+        updated_input: Some(json!({"n": "two"})),
+        ..Verdict::default()
+    };
+    let step = run.m.step();
+    let cat = Hooked(&run.cat);
+    let actions = run.m.hooks_done(step, vec![(0, bad)], &cat);
+    let req = request(actions);
+    let text = format!("{:?}", req.messages.last());
+    assert!(text.contains("the new input is invalid"), "{text}");
+}
+
+#[test]
+fn allow_skips_the_templates_approval_and_ask_asks_a_person_for_an_unguarded_tool() {
+    // The template asks before echo: a hook's allow runs it unasked.
+    let mut run = worker(true);
+    request(run.start());
+    let actions = reply(&mut run, calls("s1", &[("echo", json!({"n": 1}))]));
+    hook_requests(&actions);
+    let allow = Verdict {
+        permission: Some(Permission::Allow),
+        ..Verdict::default()
+    };
+    let step = run.m.step();
+    let cat = Hooked(&run.cat);
+    let actions = run.m.hooks_done(step, vec![(0, allow)], &cat);
+    assert_eq!(kinds(&actions), ["RunTool"]);
+    // The template does not ask: a hook's ask makes it an approval.
+    let mut run = worker(false);
+    request(run.start());
+    run.m.take_events();
+    let actions = reply(&mut run, calls("s1", &[("echo", json!({"n": 1}))]));
+    hook_requests(&actions);
+    let ask = Verdict {
+        permission: Some(Permission::Ask),
+        reason: Some("touches production".into()),
+        ..Verdict::default()
+    };
+    let step = run.m.step();
+    let cat = Hooked(&run.cat);
+    let actions = run.m.hooks_done(step, vec![(0, ask)], &cat);
+    assert_eq!(kinds(&actions), ["AwaitApproval"]);
+    assert!(run.m.take_events().iter().any(
+        |e| matches!(e, EventKind::ApprovalRequested { tool_call_id, .. } if tool_call_id == "s1-0")
+    ));
+    let actions = run
+        .m
+        .decide("s1-0", Decision::Approve { input: None }, &run.cat)
+        .expect("decided");
+    assert_eq!(kinds(&actions), ["RunTool"]);
+}
+
+#[test]
+fn a_resumed_run_takes_the_recorded_verdict_and_runs_no_hook_again() {
+    let mut run = worker(false);
+    let mut recorded = HashMap::new();
+    recorded.insert("s1-0".to_owned(), deny("recorded before the crash"));
+    run.m.recover_hook_verdicts(recorded);
+    request(run.start());
+    run.m.take_events();
+    let actions = reply(
+        &mut run,
+        calls(
+            "s1",
+            &[("echo", json!({"n": 1})), ("echo", json!({"n": 2}))],
+        ),
+    );
+    // Only the call without a recorded verdict goes to the hooks.
+    let asked = hook_requests(&actions);
+    assert_eq!(asked.iter().map(|r| r.index).collect::<Vec<_>>(), [1]);
+    let step = run.m.step();
+    let cat = Hooked(&run.cat);
+    let actions = run.m.hooks_done(step, Vec::new(), &cat);
+    assert_eq!(kinds(&actions), ["RunTool"]);
+    // The recorded one is not journaled again; the new one is.
+    let journaled = decided(&run.m.take_events());
+    assert_eq!(
+        journaled
+            .iter()
+            .map(|(id, _)| id.as_str())
+            .collect::<Vec<_>>(),
+        ["s1-1"]
+    );
+}
