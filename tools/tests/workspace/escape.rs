@@ -89,6 +89,14 @@ fn layout(base: &Path) {
         0,
     )
     .unwrap();
+    // A device file (like /dev/null), where this user may make one (root).
+    let _ = rustix::fs::mknodat(
+        rustix::fs::CWD,
+        ws.join("device"),
+        FileType::CharacterDevice,
+        Mode::from_raw_mode(0o666),
+        rustix::fs::makedev(1, 3),
+    );
 }
 
 /// The outside is as `layout` made it.
@@ -108,6 +116,11 @@ fn outside_untouched(base: &Path) {
         .collect();
     names.sort();
     assert_eq!(names, ["secret.txt", "sub"]);
+    let sub: Vec<String> = std::fs::read_dir(outside.join("sub"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(sub, ["secret.txt"]);
 }
 
 #[tokio::test]
@@ -144,6 +157,10 @@ async fn every_way_out_of_the_workspace_is_refused_by_every_tool_that_takes_a_pa
         "hard".into(),
         "fifo".into(),
     ];
+    let mut escapes = escapes;
+    if base.join("ws/device").exists() {
+        escapes.push("device".into());
+    }
     // Each escape with each tool: refused (an error, or for read_files a
     // per-file error), and never the secret in what the model reads.
     let ctx = ctx(&handle, "agent-1");
@@ -188,11 +205,16 @@ async fn refusals_say_why_in_words_the_model_reads() {
         ("proc_link/etc/hostname", "leads outside the workspace"),
         ("hard", "hard links"),
         ("fifo", "fifo"),
+        ("/dev/null", "outside the workspace"),
         ("missing.txt", "no such file"),
     ];
     for (path, says) in cases {
         let e = call("Read", read(path), &ctx).await.unwrap_err();
         assert!(e.message.contains(says), "{path}: {e}");
+    }
+    if base.join("ws/device").exists() {
+        let e = call("Read", read("device"), &ctx).await.unwrap_err();
+        assert!(e.message.contains("device file"), "{e}");
     }
     // A write through a link that stays inside is refused too: it would
     // replace the link.
@@ -269,5 +291,74 @@ async fn a_directory_swapped_for_a_link_out_mid_run_is_refused_at_its_next_use()
     .await
     .unwrap_err();
     assert!(e.message.contains("leads outside the workspace"), "{e}");
+    outside_untouched(&base);
+}
+
+#[test]
+fn a_link_swapped_in_and_out_while_an_agent_reads_and_writes_never_reaches_the_outside() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use arbor_tools::workspace::{Workspace, files};
+
+    let base = tempfile::tempdir().unwrap();
+    let base = base.path().canonicalize().unwrap();
+    layout(&base);
+    let ws_dir = base.join("ws");
+    std::fs::create_dir(ws_dir.join("cur")).unwrap();
+    std::fs::write(ws_dir.join("cur/secret.txt"), "inside\n").unwrap();
+    symlink("../outside/sub", ws_dir.join("other")).unwrap();
+    let ws = Workspace::open(&ws_dir, Access::ReadWrite).unwrap();
+    // Another process swaps `cur` (a directory) and `other` (a link out)
+    // atomically, over and over, while the agent uses `cur/secret.txt`.
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let (stop, dir) = (stop.clone(), ws_dir.clone());
+        std::thread::spawn(move || {
+            let mut swaps = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                rustix::fs::renameat_with(
+                    rustix::fs::CWD,
+                    dir.join("cur"),
+                    rustix::fs::CWD,
+                    dir.join("other"),
+                    rustix::fs::RenameFlags::EXCHANGE,
+                )
+                .unwrap();
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let (mut read, mut refused) = (0, 0);
+    for i in 0..2000 {
+        match files::read(&ws, "agent", "cur/secret.txt", None, None) {
+            Ok(r) => {
+                assert!(r.lines[0].starts_with("inside"), "read {i}: {:?}", r.lines);
+                read += 1;
+            }
+            Err(e) => {
+                assert!(!e.0.contains(SECRET), "{e}");
+                refused += 1;
+            }
+        }
+        // Writes: through the swapped link they would land outside.
+        let (old, new) = if i % 2 == 0 {
+            ("inside\n", "inside!\n")
+        } else {
+            ("inside!\n", "inside\n")
+        };
+        let edit = files::Edit {
+            old: old.into(),
+            new: new.into(),
+            all: false,
+        };
+        let _ = files::edit(&ws, "agent", "cur/secret.txt", &[edit]);
+        let _ = files::write(&ws, "writer", &format!("cur/new-{i}.txt"), "x");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert!(swaps > 0);
+    assert_eq!(read + refused, 2000);
     outside_untouched(&base);
 }

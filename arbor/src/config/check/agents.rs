@@ -73,6 +73,8 @@ pub(in crate::config) fn templates(
     unresolved: &mut Vec<(String, Problem)>,
 ) -> Vec<AgentTemplate> {
     let mut out = Vec::new();
+    let workspace_tools_all = arbor_tools::workspace::all_tools();
+    let workspace_names: Vec<&str> = workspace_tools_all.iter().map(|t| t.name()).collect();
     for (id, a) in &file.agents {
         let table = format!("agents.{id}");
         let mut schema = |key: &str, value: &Option<Value>| -> Option<Schema> {
@@ -121,9 +123,7 @@ pub(in crate::config) fn templates(
             // rule (the output mode, the spawnable agents), listed or not.
             if arbor_actors::toolbox::BUILTIN_NAMES.contains(&tool.as_str())
                 || file.tools.contains_key(tool)
-                || arbor_tools::workspace::all_tools()
-                    .iter()
-                    .any(|t| t.name() == tool.as_str())
+                || workspace_names.contains(&tool.as_str())
             {
                 continue;
             }
