@@ -11,7 +11,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
 use rustix::io::Errno;
 
 use super::stale::Reads;
@@ -20,13 +20,6 @@ use super::stale::Reads;
 /// (`/proc`, whose magic links lead anywhere) and sysfs.
 const PROC_SUPER_MAGIC: u64 = 0x9fa0;
 const SYSFS_MAGIC: u64 = 0x6265_6572;
-
-/// How a symbolic link is allowed to resolve: never out of the workspace's
-/// directory (not by `..`, not by an absolute target), never through a
-/// `/proc` magic link.
-fn beneath() -> ResolveFlags {
-    ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS
-}
 
 /// What agents may do in a workspace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
@@ -189,19 +182,9 @@ impl Workspace {
     }
 
     /// Opens `rel` beneath the workspace's handle, symbolic links resolved
-    /// by the kernel but never out of it (see the module docs).
+    /// but never out of it (see [`super::beneath`]).
     fn open_beneath(&self, rel: &Path, flags: OFlags, mode: Mode) -> Result<OwnedFd, Errno> {
-        let path: &Path = if rel.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            rel
-        };
-        loop {
-            match rustix::fs::openat2(&self.dir, path, flags | OFlags::CLOEXEC, mode, beneath()) {
-                Err(Errno::INTR) | Err(Errno::AGAIN) => continue,
-                other => return other,
-            }
-        }
+        super::beneath::open(&self.dir, rel, flags, mode)
     }
 
     /// The error for a failed resolution of `rel` (given as `given`).
@@ -218,9 +201,6 @@ impl Workspace {
             Errno::NOTDIR => "a component of the path is not a directory",
             Errno::ISDIR => "is a directory",
             Errno::ACCESS | Errno::PERM => "permission denied",
-            Errno::NOSYS => {
-                "this kernel has no openat2 (Linux 5.6 or later is needed to confine paths)"
-            }
             other => return Refusal(format!("{given}: {}", io::Error::from(other))),
         };
         Refusal(format!("{given}: {why}"))

@@ -46,8 +46,12 @@
 //! handle, then works inside it by name without following links
 //! (`O_NOFOLLOW`, `AT_SYMLINK_NOFOLLOW`, `renameat`), and missing
 //! directories are made one by one, each inside the one before as opened
-//! beneath the handle. Without `openat2` (an older kernel, or a seccomp
-//! filter that refuses it) the tools refuse every path and say why.
+//! beneath the handle. Without `openat2` (a kernel older than 5.6, a
+//! seccomp filter that refuses it) each path is walked one component at a
+//! time from the handle, each directory opened with `O_NOFOLLOW` and each
+//! link read and resolved by Arbor, not the kernel (`beneath.rs`): just as
+//! race-free, only slower. The module uses Linux's `O_PATH`, so for now it
+//! builds on Linux only.
 //!
 //! Listing, glob and grep walk the tree with ripgrep's walker by path (see
 //! [`search`]); they never follow symbolic links, and grep opens each file
@@ -66,6 +70,7 @@
 //! conflict the model reads.
 
 mod arbor;
+mod beneath;
 mod claude;
 mod codebuff;
 mod confine;

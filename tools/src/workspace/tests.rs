@@ -80,3 +80,50 @@ fn workspace_entries_expand_to_the_tools_of_each_family() {
     );
     assert_eq!(expand("fs/*", Family::Claude), None);
 }
+
+#[test]
+fn the_walk_resolves_links_inside_and_refuses_every_way_out() {
+    use std::os::unix::fs::symlink;
+
+    use rustix::fs::{Mode, OFlags};
+    use rustix::io::Errno;
+
+    let base = tempfile::tempdir().unwrap();
+    let ws = base.path().join("ws");
+    std::fs::create_dir_all(ws.join("a/b")).unwrap();
+    std::fs::write(ws.join("a/b/file.txt"), "inside").unwrap();
+    std::fs::write(base.path().join("secret.txt"), "outside").unwrap();
+    symlink("a/b", ws.join("to_b")).unwrap();
+    symlink("../../to_b/file.txt", ws.join("a/b/loop_back")).unwrap();
+    symlink("../secret.txt", ws.join("out")).unwrap();
+    symlink(base.path().join("secret.txt"), ws.join("abs")).unwrap();
+    symlink("self", ws.join("self")).unwrap();
+    let dir = rustix::fs::open(&ws, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+    let read = |path: &str| -> Result<String, Errno> {
+        let fd = beneath::walk(
+            &dir,
+            std::path::Path::new(path),
+            OFlags::RDONLY,
+            Mode::empty(),
+        )?;
+        Ok(std::io::read_to_string(std::fs::File::from(fd)).unwrap())
+    };
+    assert_eq!(read("a/b/file.txt").unwrap(), "inside");
+    assert_eq!(read("to_b/file.txt").unwrap(), "inside");
+    assert_eq!(read("a/../to_b/./file.txt").unwrap(), "inside");
+    assert_eq!(read("a/b/loop_back").unwrap(), "inside");
+    assert_eq!(read("out"), Err(Errno::XDEV));
+    assert_eq!(read("abs"), Err(Errno::XDEV));
+    assert_eq!(read("../secret.txt"), Err(Errno::XDEV));
+    assert_eq!(read("a/../../secret.txt"), Err(Errno::XDEV));
+    assert_eq!(read("self"), Err(Errno::LOOP));
+    assert_eq!(read("missing"), Err(Errno::NOENT));
+    // The directory itself, reached by `..`.
+    let fd = beneath::walk(
+        &dir,
+        std::path::Path::new("a/.."),
+        OFlags::RDONLY | OFlags::DIRECTORY,
+        Mode::empty(),
+    );
+    assert!(fd.is_ok());
+}

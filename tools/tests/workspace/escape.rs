@@ -362,3 +362,26 @@ fn a_link_swapped_in_and_out_while_an_agent_reads_and_writes_never_reaches_the_o
     assert_eq!(read + refused, 2000);
     outside_untouched(&base);
 }
+
+/// The escape tests again, in a copy of this test binary whose workspaces
+/// resolve paths by walking them one component at a time, as they do where
+/// the kernel has no `openat2`.
+#[test]
+fn without_openat2_the_walk_refuses_every_way_out_too() {
+    if std::env::var_os("ARBOR_NO_OPENAT2").is_some() {
+        return; // The copy itself.
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["escape::", "--test-threads", "2"])
+        .env("ARBOR_NO_OPENAT2", "1")
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{shown}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every escape test ran in the copy (this one returned at once there).
+    assert!(shown.contains("test result: ok. 6 passed"), "{shown}");
+}
