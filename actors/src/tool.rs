@@ -47,6 +47,9 @@
 //! # assert_eq!(WordCount.input_schema()["required"], json!(["text"]));
 //! ```
 
+use std::any::Any;
+use std::fmt::Debug;
+use std::path::Path;
 use std::sync::Arc;
 
 pub use async_trait::async_trait;
@@ -66,6 +69,22 @@ pub struct ToolContext {
     pub agent_type: String,
     /// The id of the model's tool call this call answers.
     pub call_id: String,
+    /// The directory the calling agent works in, when its tree has one: the
+    /// workspace tools (`arbor_tools::workspace`) resolve every path against
+    /// it and answer with an error without one.
+    pub workspace: Option<Arc<dyn Workspace>>,
+}
+
+/// A tree's workspace, as the runtime carries it to tools: opened by the
+/// tools crate (`arbor_tools::workspace::Workspace`, which also keeps what
+/// each agent last read there), carried here as a trait object so that the
+/// runtime and the supervisor need not know its type; the tools get theirs
+/// back by upcasting to [`Any`] and downcasting.
+pub trait Workspace: Any + Send + Sync + Debug {
+    /// The workspace's directory (canonical).
+    fn root(&self) -> &Path;
+    /// Whether agents may only read there.
+    fn read_only(&self) -> bool;
 }
 
 /// What a tool gives back: one JSON value, or parts (text as JSON strings,

@@ -117,6 +117,7 @@ pub(crate) fn ctx() -> ToolContext {
         run_id: "t-bench/0".to_owned(),
         agent_type: "bench".to_owned(),
         call_id: "call-1".to_owned(),
+        workspace: None,
     }
 }
 

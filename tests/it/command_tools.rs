@@ -50,6 +50,7 @@ fn ctx() -> ToolContext {
         run_id: "tree/run".into(),
         agent_type: "tester".into(),
         call_id: format!("call-{n}"),
+        workspace: None,
     }
 }
 

@@ -76,6 +76,7 @@ fn ctx() -> ToolContext {
         run_id: "run-1".to_owned(),
         agent_type: "tester".to_owned(),
         call_id: "call-1".to_owned(),
+        workspace: None,
     }
 }
 

@@ -206,6 +206,7 @@ async fn a_setsid_grandchild_does_not_outlive_its_command_tool_call() {
         run_id: "setsid/0".into(),
         agent_type: "tester".into(),
         call_id: format!("call-{}", std::process::id()),
+        workspace: None,
     };
     let out = tokio::time::timeout(BOUND, tool.call(json!({}), ctx))
         .await

@@ -491,6 +491,7 @@ fn tool_context() -> arbor::actors::ToolContext {
         run_id: "t/0".into(),
         agent_type: "test".into(),
         call_id: "c".into(),
+        workspace: None,
     }
 }
 

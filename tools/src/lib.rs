@@ -1,8 +1,11 @@
-//! Tools from outside the agent runtime, declared in the config: MCP servers
-//! (`mcp`), command tools (`command`), and the process reaper both use
-//! (`reaper`). A [`ToolSet`] is what one runtime has of them; it registers the
-//! command tools in the catalog and serves the MCP servers' tools as the
-//! catalog's [`ToolSource`], whose lists can change at run time.
+//! Tools from outside the agent runtime: MCP servers (`mcp`) and command
+//! tools (`command`) declared in the config, the process reaper both use
+//! (`reaper`), and the built-in workspace tools (`workspace`: files, search,
+//! shell, todos, under Arbor's, Codebuff's and Claude Code's names). A
+//! [`ToolSet`] is what one runtime has of them; it registers the workspace
+//! and command tools in the catalog and serves the MCP servers' tools (and
+//! patterns over `workspace/NAME`) as the catalog's [`ToolSource`], whose
+//! lists can change at run time.
 
 #![deny(missing_docs)]
 
@@ -12,6 +15,7 @@ pub mod keeper;
 pub mod mcp;
 pub mod reaper;
 pub mod sandbox;
+pub mod workspace;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -54,15 +58,66 @@ impl ToolSet {
         &self.commands
     }
 
-    /// Adds the command tools and the MCP servers to a catalog being built.
+    /// Adds the workspace tools (every family's names), the command tools
+    /// (a command tool of the same name as a workspace tool replaces it) and
+    /// the MCP servers to a catalog being built. Patterns over Arbor's
+    /// names (`workspace/*`) resolve to Arbor's workspace tools, before any
+    /// MCP server of that name.
     pub fn register(&self, mut builder: CatalogBuilder) -> CatalogBuilder {
+        for tool in workspace::all_tools() {
+            builder = builder.tool(tool);
+        }
         for tool in &self.commands {
             builder = builder.tool(tool.clone() as Arc<dyn Tool>);
         }
-        if !self.mcp.names().is_empty() {
-            builder = builder.tool_source(Arc::new(McpSource(self.mcp.clone())));
+        builder.tool_source(Arc::new(Sources {
+            mcp: (!self.mcp.names().is_empty()).then(|| McpSource(self.mcp.clone())),
+        }))
+    }
+}
+
+/// The catalog's tool source: patterns over Arbor's workspace tool names,
+/// then the MCP servers.
+struct Sources {
+    mcp: Option<McpSource>,
+}
+
+impl ToolSource for Sources {
+    fn owns(&self, entry: &str) -> bool {
+        entry.starts_with(workspace::PREFIX) || self.mcp.as_ref().is_some_and(|m| m.owns(entry))
+    }
+
+    fn resolve(&self, entry: &str) -> Result<Vec<Arc<dyn Tool>>, String> {
+        if entry.starts_with(workspace::PREFIX) {
+            let tools: Vec<Arc<dyn Tool>> = workspace::tools(workspace::Family::Arbor)
+                .into_iter()
+                .filter(|t| pattern_matches(entry, t.name()))
+                .map(|t| t as Arc<dyn Tool>)
+                .collect();
+            if tools.is_empty() {
+                return Err(format!("no workspace tool is named {entry}"));
+            }
+            return Ok(tools);
         }
-        builder
+        match &self.mcp {
+            Some(mcp) => mcp.resolve(entry),
+            None => Err(format!("unknown tool {entry}")),
+        }
+    }
+
+    fn generation(&self) -> u64 {
+        self.mcp.as_ref().map_or(0, |m| m.generation())
+    }
+
+    fn prepare(&self, entries: Vec<String>) -> BoxFuture<'static, ()> {
+        let entries: Vec<String> = entries
+            .into_iter()
+            .filter(|e| !e.starts_with(workspace::PREFIX))
+            .collect();
+        match &self.mcp {
+            Some(mcp) => mcp.prepare(entries),
+            None => Box::pin(async {}),
+        }
     }
 }
 
@@ -125,6 +180,8 @@ pub enum ToolOrigin {
     Builtin,
     /// A tool an MCP server offers (named `SERVER/TOOL`).
     Mcp,
+    /// A built-in workspace tool (`workspace/read`, `read_files`, `Read`, ...).
+    Workspace,
     /// A command tool of the config (`[tools.NAME]`).
     Command,
     /// A tool written in Rust and registered in code (the `arbor` crate's
@@ -184,6 +241,17 @@ pub async fn listing(templates: &[AgentTemplate], tools: &ToolSet) -> Vec<ToolLi
             agents: agents_listing(name, structural),
         });
     }
+    for tool in workspace::all_tools() {
+        out.push(ToolListing {
+            name: tool.name().to_owned(),
+            wire_name: wire_name(tool.name()),
+            origin: ToolOrigin::Workspace,
+            server: None,
+            description: tool.description().to_owned(),
+            input_schema: tool.input_schema(),
+            agents: agents_listing(tool.name(), false),
+        });
+    }
     for tool in &tools.commands {
         out.push(ToolListing {
             name: tool.name().to_owned(),
@@ -237,6 +305,7 @@ pub fn listing_table(listing: &[ToolListing]) -> String {
         (ToolOrigin::Mcp, Some(server)) => format!("mcp:{server}"),
         (ToolOrigin::Builtin, _) => "built-in".into(),
         (ToolOrigin::Command, _) => "command".into(),
+        (ToolOrigin::Workspace, _) => "workspace".into(),
         (ToolOrigin::Code, _) | (ToolOrigin::Mcp, None) => "code".into(),
     };
     let agents = |t: &ToolListing| {

@@ -218,6 +218,7 @@ impl AgentRun {
             run_id: self.run_id.to_string(),
             agent_type: self.machine.state().agent_type.clone().unwrap_or_default(),
             call_id,
+            workspace: None,
         };
         let me = myself.clone();
         let span = tracing::info_span!(

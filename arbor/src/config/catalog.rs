@@ -178,4 +178,75 @@ mod tests {
         assert!(config.catalog().unwrap().model("s").is_some());
         assert!(config.catalog().unwrap().model("s").is_some());
     }
+
+    #[test]
+    fn a_template_picks_the_workspace_tools_family_and_its_names_reach_the_model() {
+        let text = "[models.m]\nprovider = \"simulated\"\n\n\
+                    [agents.claude]\nmodel = \"m\"\ntools = [\"workspace/*\"]\ntool_names = \"claude\"\n\n\
+                    [agents.codebuff]\nmodel = \"m\"\ntools = [\"workspace/read\", \"workspace/grep\", \"workspace/sh*\"]\ntool_names = \"codebuff\"\n\n\
+                    [agents.arbor]\nmodel = \"m\"\ntools = [\"workspace/edit\", \"Bash\"]\n";
+        let config = Config::parse(text, "c.toml", std::env::temp_dir()).unwrap();
+        let tools = |id: &str| {
+            config
+                .templates
+                .iter()
+                .find(|t| t.id == id)
+                .unwrap()
+                .tools
+                .clone()
+        };
+        assert_eq!(
+            tools("claude"),
+            [
+                "Read",
+                "Write",
+                "Edit",
+                "MultiEdit",
+                "Bash",
+                "Grep",
+                "Glob",
+                "LS",
+                "TodoWrite"
+            ]
+        );
+        assert_eq!(
+            tools("codebuff"),
+            ["read_files", "code_search", "run_terminal_command"]
+        );
+        assert_eq!(tools("arbor"), ["workspace/edit", "Bash"]);
+        // The names resolve in the catalog, and the model gets them.
+        let catalog = config.catalog().unwrap();
+        let policy = arbor_supervisor::ToolPolicy::default();
+        let offered = catalog.offered("codebuff", &policy).unwrap();
+        for name in ["read_files", "code_search", "run_terminal_command"] {
+            assert!(offered.iter().any(|n| n == name), "{offered:?}");
+        }
+        let offered = catalog.offered("arbor", &policy).unwrap();
+        assert!(
+            offered.iter().any(|n| n == "workspace__edit"),
+            "{offered:?}"
+        );
+    }
+
+    #[test]
+    fn a_workspace_entry_naming_no_tool_of_the_family_is_a_problem() {
+        let text = "[models.m]\nprovider = \"simulated\"\n\n\
+                    [agents.a]\nmodel = \"m\"\ntools = [\"workspace/nope\"]\n\n\
+                    [agents.b]\nmodel = \"m\"\ntools = [\"workspace/list\"]\ntool_names = \"codebuff\"\n\n\
+                    [agents.c]\nmodel = \"m\"\ntool_names = \"cursor\"\n";
+        let error = Config::parse(text, "c.toml", std::env::temp_dir())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains("\"workspace/nope\" names no workspace tool"),
+            "{error}"
+        );
+        assert!(
+            error
+                .contains("\"workspace/list\": the Codebuff family of tool names has no such tool"),
+            "{error}"
+        );
+        assert!(error.contains("unknown variant `cursor`"), "{error}");
+    }
 }

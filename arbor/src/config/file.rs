@@ -537,6 +537,11 @@ pub struct AgentSection {
     /// External tools by name or pattern (built-ins are always available).
     #[serde(default)]
     pub tools: Vec<String>,
+    /// Whose names and schemas the workspace tools it lists as
+    /// `workspace/*` (or `workspace/NAME`) have: `"arbor"` (absent:
+    /// `workspace/read`, ...), `"codebuff"` (`read_files`, ...) or
+    /// `"claude"` (`Read`, ...).
+    pub tool_names: Option<arbor_tools::workspace::Family>,
     /// The agent types it may spawn.
     #[serde(default)]
     pub spawnable_agents: Vec<String>,

@@ -78,32 +78,20 @@ use async_trait::async_trait;
 use nix::sys::signal::Signal;
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
-use tokio::time::Instant;
 
 use crate::keeper::{self, CallLock};
-use crate::reaper;
 
-mod output;
+pub(crate) mod output;
+pub(crate) mod run;
 mod template;
 
-use output::{Head, Tail};
+use output::Tail;
+use run::NotStarted;
 use template::Template;
 
 /// How much of stderr's end a failure shows.
 const STDERR_TAIL_BYTES: usize = 4096;
-
-/// How long, after the program exited and its group was killed, the output
-/// pipes may stay open (held by a process that left the group) before the
-/// call stops reading them.
-const DRAIN_GRACE: Duration = Duration::from_secs(2);
-
-/// Stands in for a timeout too long to add to the clock (about 30 years).
-const FOREVER: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
-
-/// How long a killed group's leader gets to be reaped after a timeout.
-const REAP_WAIT: Duration = Duration::from_secs(1);
 
 fn default_timeout() -> String {
     "60s".to_owned()
@@ -478,110 +466,41 @@ impl CommandTool {
                 i + 1
             )));
         }
-        let (mut command, kept) = self.command(&args, stdin.is_some(), lock.as_ref());
-        let mut child = command.spawn().map_err(|e| {
-            let place = self
-                .cwd
-                .as_ref()
-                .map(|d| format!(" in {}", d.display()))
-                .unwrap_or_default();
-            self.error(format_args!(
-                "could not start program {:?}{place}: {e}",
-                self.program.display().to_string()
-            ))
-        })?;
-        // Dropping `group` (any return, or the call being cancelled) kills the
-        // whole group. A pid is only missing once the child was reaped, which
-        // cannot have happened yet.
-        let Some(pid) = child.id() else {
-            return Err(self.error("could not run: the process has no pid"));
+        let (command, kept) = self.command(&args, stdin.is_some(), lock.as_ref());
+        let limits = (self.max_output_bytes, STDERR_TAIL_BYTES);
+        let finished = match run::run(command, kept, stdin, self.timeout, limits, lock).await {
+            Ok(finished) => finished,
+            Err(NotStarted::Spawn(e)) => {
+                let place = self
+                    .cwd
+                    .as_ref()
+                    .map(|d| format!(" in {}", d.display()))
+                    .unwrap_or_default();
+                return Err(self.error(format_args!(
+                    "could not start program {:?}{place}: {e}",
+                    self.program.display().to_string()
+                )));
+            }
+            Err(NotStarted::NoPid) => {
+                return Err(self.error("could not run: the process has no pid"));
+            }
         };
-        let mut group = if kept {
-            reaper::register_keeper(pid)
-        } else {
-            reaper::register(pid)
+        let Some(status) = finished.status else {
+            return Err(self.error(format_args!(
+                "timed out after {} (process group killed)",
+                self.timeout_text
+            )));
         };
-        if let Some(lock) = &lock {
-            lock.note_pid(pid);
+        let mut text = finished.stdout.text();
+        if finished.held_open {
+            text.push_str(
+                "\n[stopped reading: a process that left the command's process group kept its output open]",
+            );
         }
-
-        let mut stdout = Head::new(self.max_output_bytes);
-        let mut stderr = Tail::new(STDERR_TAIL_BYTES);
-        let ended = {
-            let feed = feed(child.stdin.take(), stdin);
-            let out_pipe = child.stdout.take();
-            let err_pipe = child.stderr.take();
-            let drain = async {
-                tokio::join!(feed, stdout.fill(out_pipe), stderr.fill(err_pipe));
-            };
-            tokio::pin!(drain);
-            // A timeout too long for the clock is as good as none.
-            let mut deadline = Instant::now()
-                .checked_add(self.timeout)
-                .unwrap_or_else(|| Instant::now() + FOREVER);
-            let mut status = None;
-            let mut drained = false;
-            loop {
-                tokio::select! {
-                    exit = child.wait(), if status.is_none() => {
-                        // The program is done: end what it left behind (its
-                        // keeper did already), so the pipes close once read
-                        // to their end.
-                        group.exited();
-                        let exit = exit.map_err(|e| self.error(format_args!("could not be waited for: {e}")))?;
-                        status = Some(exit);
-                        deadline = deadline.min(Instant::now() + DRAIN_GRACE);
-                    }
-                    () = &mut drain, if !drained => drained = true,
-                    () = tokio::time::sleep_until(deadline) => {
-                        break match status {
-                            // A process outside the group holds the pipes open.
-                            Some(exit) => Ended::Exited { status: exit, held_open: true },
-                            None => Ended::TimedOut,
-                        };
-                    }
-                }
-                if drained && let Some(exit) = status {
-                    break Ended::Exited {
-                        status: exit,
-                        held_open: false,
-                    };
-                }
-            }
-        };
-
-        match ended {
-            Ended::TimedOut => {
-                group.kill();
-                // Reap the killed leader (it dies at once); the reaper would
-                // otherwise leave that to tokio's orphan queue. A keeper that
-                // exited has ended every process of the call.
-                if let Ok(Ok(_)) = tokio::time::timeout(REAP_WAIT, child.wait()).await
-                    && let Some(lock) = lock
-                {
-                    lock.release();
-                }
-                Err(self.error(format_args!(
-                    "timed out after {} (process group killed)",
-                    self.timeout_text
-                )))
-            }
-            Ended::Exited { status, held_open } => {
-                if let Some(lock) = lock {
-                    lock.release();
-                }
-                let mut text = stdout.text();
-                if held_open {
-                    text.push_str(
-                        "\n[stopped reading: a process that left the command's process group kept its output open]",
-                    );
-                }
-                if status.success() {
-                    Ok(text)
-                } else {
-                    Err(self.failure(status, &stderr, &text))
-                }
-            }
+        if status.success() {
+            Ok(text)
+        } else {
+            Err(self.failure(status, &finished.stderr, &text))
         }
     }
 
@@ -617,21 +536,6 @@ impl CommandTool {
             let _ = write!(message, "\nstdout:\n{out}");
         }
         ToolError::new(message)
-    }
-}
-
-/// How the wait for a process ended.
-enum Ended {
-    Exited { status: ExitStatus, held_open: bool },
-    TimedOut,
-}
-
-/// Writes `text` to the process's stdin, then closes it. A program that exits
-/// without reading it all is not an error (the write fails with EPIPE).
-async fn feed(pipe: Option<tokio::process::ChildStdin>, text: Option<String>) {
-    if let (Some(mut pipe), Some(text)) = (pipe, text) {
-        let _ = pipe.write_all(text.as_bytes()).await;
-        let _ = pipe.shutdown().await;
     }
 }
 

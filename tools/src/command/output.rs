@@ -5,14 +5,14 @@ use std::fmt::Write as _;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// The first `limit` bytes of a stream, and how long it was.
-pub(super) struct Head {
-    pub(super) kept: Vec<u8>,
-    pub(super) limit: usize,
-    pub(super) total: u64,
+pub(crate) struct Head {
+    pub(crate) kept: Vec<u8>,
+    pub(crate) limit: usize,
+    pub(crate) total: u64,
 }
 
 impl Head {
-    pub(super) fn new(limit: usize) -> Self {
+    pub(crate) fn new(limit: usize) -> Self {
         Head {
             kept: Vec::new(),
             limit,
@@ -22,7 +22,7 @@ impl Head {
 
     /// Reads `pipe` to its end (or a read error), keeping the head and
     /// counting the rest.
-    pub(super) async fn fill(&mut self, pipe: Option<impl AsyncRead + Unpin>) {
+    pub(crate) async fn fill(&mut self, pipe: Option<impl AsyncRead + Unpin>) {
         let Some(mut pipe) = pipe else { return };
         let mut buf = vec![0u8; 16 * 1024];
         while let Ok(n) = pipe.read(&mut buf).await {
@@ -37,7 +37,7 @@ impl Head {
 
     /// The kept bytes as text (lossy UTF-8), with a note when cut. A cut
     /// that splits a character ends before it.
-    pub(super) fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         if self.total <= self.kept.len() as u64 {
             return String::from_utf8_lossy(&self.kept).into_owned();
         }
@@ -57,14 +57,14 @@ impl Head {
 }
 
 /// The last `limit` bytes of a stream, and how long it was.
-pub(super) struct Tail {
-    pub(super) kept: Vec<u8>,
-    pub(super) limit: usize,
-    pub(super) total: u64,
+pub(crate) struct Tail {
+    pub(crate) kept: Vec<u8>,
+    pub(crate) limit: usize,
+    pub(crate) total: u64,
 }
 
 impl Tail {
-    pub(super) fn new(limit: usize) -> Self {
+    pub(crate) fn new(limit: usize) -> Self {
         Tail {
             kept: Vec::new(),
             limit,
@@ -73,7 +73,7 @@ impl Tail {
     }
 
     /// Reads `pipe` to its end (or a read error), keeping the tail.
-    pub(super) async fn fill(&mut self, pipe: Option<impl AsyncRead + Unpin>) {
+    pub(crate) async fn fill(&mut self, pipe: Option<impl AsyncRead + Unpin>) {
         let Some(mut pipe) = pipe else { return };
         let mut buf = vec![0u8; 8 * 1024];
         while let Ok(n) = pipe.read(&mut buf).await {
@@ -94,7 +94,7 @@ impl Tail {
 
     /// The kept bytes as text (lossy UTF-8); a cut that splits a character
     /// starts after it.
-    pub(super) fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         let mut start = 0;
         if self.total > self.kept.len() as u64 {
             // Skip UTF-8 continuation bytes (0b10xx_xxxx) left by the cut.

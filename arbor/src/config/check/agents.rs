@@ -19,6 +19,52 @@ use crate::providers::ProviderKind;
 
 use super::{duration_in, number, ranges};
 
+/// The template's tools with each `workspace/...` entry (a name or a
+/// pattern over Arbor's workspace tool names) made the names of its
+/// `tool_names` family (Arbor's by default); an entry that matches no
+/// workspace tool, or one the family lacks named outright, is a problem.
+fn workspace_tools(
+    a: &crate::config::file::AgentSection,
+    text: &Source<'_>,
+    table: &str,
+    problems: &mut Vec<Problem>,
+) -> Vec<String> {
+    use arbor_tools::workspace::{self, Family};
+    let family = a.tool_names.unwrap_or(Family::Arbor);
+    let mut out: Vec<String> = Vec::with_capacity(a.tools.len());
+    for entry in &a.tools {
+        let Some(names) = workspace::expand(entry, family) else {
+            out.push(entry.clone());
+            continue;
+        };
+        let matched_any = workspace::expand(entry, Family::Arbor).is_some_and(|n| !n.is_empty());
+        if !matched_any {
+            problems.push(at(
+                text,
+                table,
+                "tools",
+                format!(
+                    "{entry:?} names no workspace tool (they are {})",
+                    workspace::names(Family::Arbor).join(", ")
+                ),
+            ));
+        } else if names.is_empty() && !entry.contains('*') {
+            problems.push(at(
+                text,
+                table,
+                "tools",
+                format!("{entry:?}: the {family:?} family of tool names has no such tool"),
+            ));
+        }
+        for name in names {
+            if !out.contains(&name) {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
 pub(in crate::config) fn templates(
     file: &ConfigFile,
     broken: &HashSet<String>,
@@ -27,6 +73,8 @@ pub(in crate::config) fn templates(
     unresolved: &mut Vec<(String, Problem)>,
 ) -> Vec<AgentTemplate> {
     let mut out = Vec::new();
+    let workspace_tools_all = arbor_tools::workspace::all_tools();
+    let workspace_names: Vec<&str> = workspace_tools_all.iter().map(|t| t.name()).collect();
     for (id, a) in &file.agents {
         let table = format!("agents.{id}");
         let mut schema = |key: &str, value: &Option<Value>| -> Option<Schema> {
@@ -68,12 +116,14 @@ pub(in crate::config) fn templates(
                 ));
             }
         }
-        for tool in &a.tools {
+        let tools = workspace_tools(a, text, &table, problems);
+        for tool in &tools {
             // Codebuff's templates list every built-in they use (`set_output`,
             // `end_turn`, `spawn_agents` included): each is offered by its own
             // rule (the output mode, the spawnable agents), listed or not.
             if arbor_actors::toolbox::BUILTIN_NAMES.contains(&tool.as_str())
                 || file.tools.contains_key(tool)
+                || workspace_names.contains(&tool.as_str())
             {
                 continue;
             }
@@ -274,7 +324,7 @@ pub(in crate::config) fn templates(
         t.instructions_prompt = a.instructions_prompt.as_deref().map(Arc::from);
         t.step_prompt = a.step_prompt.as_deref().map(Arc::from);
         t.system_prompt = Arc::from(a.system_prompt.as_str());
-        t.tools = a.tools.clone();
+        t.tools = tools;
         t.spawnable_agents = a.spawnable_agents.clone();
         t.output_mode = a.output_mode;
         t.output_schema = output_schema;
