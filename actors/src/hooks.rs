@@ -218,6 +218,12 @@ pub trait TreeHooks: Send + Sync + 'static {
         std::collections::HashMap::new()
     }
 
+    /// Where the tree's agents work (the workspace tools' directory), if it
+    /// has one. None by default.
+    fn workspace(&self) -> Option<Arc<dyn crate::tool::Workspace>> {
+        None
+    }
+
     /// The tree's lifecycle hooks (Claude Code's `PreToolUse` and the
     /// others), if it has any. None by default.
     fn lifecycle(&self) -> Option<Arc<dyn crate::lifecycle::Lifecycle>> {

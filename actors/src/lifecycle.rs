@@ -58,6 +58,9 @@ pub struct HookCall {
     pub run_id: String,
     /// The agent's type, if it has one.
     pub agent_type: Option<String>,
+    /// The tree's workspace, if it has one (the hook's `cwd` and
+    /// `CLAUDE_PROJECT_DIR`).
+    pub workspace: Option<std::path::PathBuf>,
 }
 
 /// When a hook runs.

@@ -306,7 +306,7 @@ pub(crate) struct RunArgs {
     /// Ask a stored tree a follow-up question: its root goes on from its
     /// final state with PROMPT, as the tree's next turn (semantics §14).
     /// While a turn of it runs, --multitask says what to do.
-    #[arg(long = "continue", value_name = "TREE", conflicts_with_all = ["tree_id", "agent", "model", "allow_tools", "deny_tools"])]
+    #[arg(long = "continue", value_name = "TREE", conflicts_with_all = ["tree_id", "agent", "model", "allow_tools", "deny_tools", "workspace", "read_only"])]
     pub(crate) continue_tree: Option<String>,
     /// With --continue, when the tree is running a turn: `enqueue` (wait in
     /// its queue, then run and show the turn), `reject` (refuse, exit 1) or
@@ -328,6 +328,15 @@ pub(crate) struct RunArgs {
     /// No tool matching one of these patterns (comma-separated).
     #[arg(long, value_delimiter = ',', value_name = "PATTERNS")]
     pub(crate) deny_tools: Vec<String>,
+    /// The directory the tree's agents work in: every path the workspace
+    /// tools (read, edit, grep, shell, …) take is resolved in it and cannot
+    /// leave it. Default: the current directory.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) workspace: Option<PathBuf>,
+    /// The tree's agents may only read their workspace (write, edit and an
+    /// unsandboxed shell are refused).
+    #[arg(long)]
+    pub(crate) read_only: bool,
     /// What to ask.
     pub(crate) prompt: String,
 }

@@ -54,6 +54,8 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         events,
         allow_tools,
         deny_tools,
+        workspace,
+        read_only,
         prompt,
     } = args;
     let config = load_config(config.as_deref())?;
@@ -67,8 +69,16 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // The request asks only what the flags say: the supervisor's limits are
     // the config's, and it checks the rule as it does every caller's (a bad
     // pattern is a config error, exit 2, as in [policy]: see main.rs).
-    let limits = (rule != ToolRule::default()).then(|| TreeLimits {
+    // The workspace: --workspace, else where the command runs (made
+    // absolute here; the supervisor checks and keeps it canonical).
+    let root = match workspace {
+        Some(dir) => std::path::absolute(&dir)
+            .with_context(|| format!("--workspace {}", dir.display()))?,
+        None => std::env::current_dir().context("the current directory")?,
+    };
+    let limits = Some(TreeLimits {
         tools: ToolPolicy::new(rule),
+        workspace: Some(arbor_supervisor::WorkspaceSpec { root, read_only }),
         ..TreeLimits::default()
     });
     let params = params

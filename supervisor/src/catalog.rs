@@ -44,9 +44,31 @@ pub struct CatalogBuilder {
     tools: HashMap<String, Arc<dyn Tool>>,
     source: Option<Arc<dyn ToolSource>>,
     override_check: Option<OverrideCheck>,
+    lifecycle: Option<Arc<dyn arbor_actors::lifecycle::Lifecycle>>,
+    workspaces: Option<crate::workspace::WorkspaceOpener>,
+    workspace_roots: Vec<std::path::PathBuf>,
 }
 
 impl CatalogBuilder {
+    /// The lifecycle hooks every tree of this catalog runs (Claude Code's
+    /// `PreToolUse` and the others; `arbor_tools::hooks`).
+    pub fn lifecycle(mut self, hooks: Arc<dyn arbor_actors::lifecycle::Lifecycle>) -> Self {
+        self.lifecycle = Some(hooks);
+        self
+    }
+
+    /// How a tree's workspace is opened (`arbor_tools::workspace`), and the
+    /// directories a start request's workspace must be inside (none: any).
+    pub fn workspaces(
+        mut self,
+        opener: crate::workspace::WorkspaceOpener,
+        roots: Vec<std::path::PathBuf>,
+    ) -> Self {
+        self.workspaces = Some(opener);
+        self.workspace_roots = roots;
+        self
+    }
+
     /// Adds a template; of two with one id, the later is kept.
     pub fn template(mut self, template: AgentTemplate) -> Self {
         self.templates.push(template);
@@ -113,6 +135,9 @@ impl CatalogBuilder {
             tools: self.tools,
             source: self.source,
             override_check: self.override_check,
+            lifecycle: self.lifecycle,
+            workspaces: self.workspaces,
+            workspace_roots: self.workspace_roots,
             toolboxes: RwLock::new((0, HashMap::new())),
         };
         let generation = catalog.source_generation();
@@ -132,6 +157,9 @@ pub struct Catalog {
     tools: HashMap<String, Arc<dyn Tool>>,
     source: Option<Arc<dyn ToolSource>>,
     override_check: Option<OverrideCheck>,
+    lifecycle: Option<Arc<dyn arbor_actors::lifecycle::Lifecycle>>,
+    workspaces: Option<crate::workspace::WorkspaceOpener>,
+    workspace_roots: Vec<std::path::PathBuf>,
     /// Every template's toolbox, as of the source's generation.
     toolboxes: RwLock<(u64, Toolboxes)>,
 }
@@ -148,6 +176,25 @@ impl Catalog {
         self.override_check
             .as_ref()
             .map_or(Ok(()), |check| check(agent, model))
+    }
+
+    /// The lifecycle hooks of this catalog's trees, if any.
+    pub fn lifecycle(&self) -> Option<&Arc<dyn arbor_actors::lifecycle::Lifecycle>> {
+        self.lifecycle.as_ref()
+    }
+
+    /// Opens a tree's workspace as checked (`spec` admitted already); `None`
+    /// when this catalog opens none (its tools have no workspace).
+    pub(crate) fn open_workspace(
+        &self,
+        spec: &crate::workspace::WorkspaceSpec,
+    ) -> Option<Result<Arc<dyn arbor_actors::tool::Workspace>, String>> {
+        self.workspaces.as_ref().map(|open| open(spec))
+    }
+
+    /// The directories a start request's workspace must be inside (none: any).
+    pub(crate) fn workspace_roots(&self) -> &[std::path::PathBuf] {
+        &self.workspace_roots
     }
 
     fn source_generation(&self) -> u64 {

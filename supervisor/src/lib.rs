@@ -23,6 +23,7 @@ mod slots;
 pub mod store;
 mod supervisor;
 mod tree;
+mod workspace;
 
 pub use approvals::PendingApproval;
 pub use bus::{EventBus, EventStream};
@@ -38,3 +39,4 @@ pub use supervisor::{
     Multitask, Queued, StartRequest, Supervisor, TreeHandle, TurnDecision, TurnRequest, TurnStart,
     TurnsNow, decide_turn, new_tree_id,
 };
+pub use workspace::{WorkspaceOpener, WorkspaceSpec};

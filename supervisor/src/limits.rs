@@ -64,6 +64,13 @@ pub struct TreeLimits {
     /// budget is raised (semantics §13).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub on_budget: Option<OnBudget>,
+    /// Where the tree's agents work: the directory the workspace tools
+    /// resolve every path in and cannot leave, and whether they may only
+    /// read there (issue 36). Not a bound: the request's (checked against
+    /// the workspace roots the config allows), else this one's; a read-only
+    /// default stays read-only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<crate::workspace::WorkspaceSpec>,
 }
 
 /// What a spent budget does to the agents that need more (semantics §13).
@@ -117,6 +124,9 @@ struct ConfigLimits {
     tools: ToolPolicy,
     #[serde(default)]
     on_budget: Option<OnBudget>,
+    /// The config's `[workspace]`, not a limit key.
+    #[serde(skip)]
+    workspace: Option<crate::workspace::WorkspaceSpec>,
 }
 
 /// A duration in the config's words (`"90s"`, `"1h30m"`).
@@ -278,6 +288,13 @@ impl TreeLimits {
             tools: self.tools.clone().with(&other.tools),
             // Not a bound: the request's choice, else this one's.
             on_budget: other.on_budget.or(self.on_budget),
+            workspace: match (&self.workspace, &other.workspace) {
+                (Some(mine), Some(asked)) => Some(crate::workspace::WorkspaceSpec {
+                    root: asked.root.clone(),
+                    read_only: mine.read_only || asked.read_only,
+                }),
+                (mine, asked) => asked.clone().or_else(|| mine.clone()),
+            },
         }
     }
 }

@@ -64,6 +64,8 @@ pub struct Recovery {
     pub deliveries: HashMap<String, Vec<Scheduled>>,
     /// Every run's decisions on tool calls, by call id (semantics §12).
     pub decisions: HashMap<String, HashMap<String, Decision>>,
+    /// Every run's `PreToolUse` verdicts, by call id (issue 36).
+    pub hook_verdicts: HashMap<String, HashMap<String, arbor_actors::lifecycle::Verdict>>,
     /// The tree's budgets as raised while it ran (semantics §13).
     pub raised: crate::Raised,
     /// The calls asked for and not decided, by call id: their run and when
@@ -88,6 +90,7 @@ impl Recovery {
             steers: recorded.steers,
             deliveries: recorded.deliveries,
             decisions: recorded.decisions,
+            hook_verdicts: recorded.hook_verdicts,
             // A call that ran by a rule runs unasked again.
             allowed: recorded.allowed,
             // A replay starts with the budgets the tree ended with: it never
@@ -96,6 +99,14 @@ impl Recovery {
             replaying: true,
             ..Recovery::default()
         }
+    }
+
+    /// The `PreToolUse` verdicts recorded for the run `run_id`'s tool calls.
+    pub(crate) fn hook_verdicts_for(
+        &self,
+        run_id: &str,
+    ) -> HashMap<String, arbor_actors::lifecycle::Verdict> {
+        self.hook_verdicts.get(run_id).cloned().unwrap_or_default()
     }
 
     /// The decisions recorded for the run `run_id`'s tool calls.

@@ -58,6 +58,8 @@ pub(crate) struct TreeContext {
     on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
     /// When the tree (or its resume) started: its deadline runs from here.
     started: tokio::time::Instant,
+    /// Where its agents work, opened once for the tree (issue 36).
+    workspace: Option<Arc<dyn arbor_actors::tool::Workspace>>,
     /// The store's health, for a stored tree: a model request waits while
     /// the store is down or this process may have lost its claim.
     store_health: Option<Arc<WriterHealth>>,
@@ -101,7 +103,17 @@ impl TreeContext {
             on_drop: None,
             started: tokio::time::Instant::now(),
             store_health: None,
+            workspace: None,
         }
+    }
+
+    /// The tree's workspace, opened.
+    pub(crate) fn workspace(
+        mut self,
+        workspace: Option<Arc<dyn arbor_actors::tool::Workspace>>,
+    ) -> Self {
+        self.workspace = workspace;
+        self
     }
 
     /// Holds each model request while the store is down (see
@@ -376,6 +388,24 @@ impl TreeHooks for TreeContext {
             .as_ref()
             .map(|r| r.decisions_for(run_id))
             .unwrap_or_default()
+    }
+
+    fn lifecycle(&self) -> Option<Arc<dyn arbor_actors::lifecycle::Lifecycle>> {
+        self.catalog.lifecycle().cloned()
+    }
+
+    fn hook_verdicts(
+        &self,
+        run_id: &str,
+    ) -> std::collections::HashMap<String, arbor_actors::lifecycle::Verdict> {
+        self.recovery
+            .as_ref()
+            .map(|r| r.hook_verdicts_for(run_id))
+            .unwrap_or_default()
+    }
+
+    fn workspace(&self) -> Option<Arc<dyn arbor_actors::tool::Workspace>> {
+        self.workspace.clone()
     }
 
     fn steers(&self, run_id: &str) -> Vec<arbor_actors::steer::Steer> {

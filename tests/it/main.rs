@@ -57,6 +57,7 @@ mod tools_e2e;
 mod turn_prompts;
 mod turn_queue;
 mod turns_serve;
+mod hands;
 mod usage_totals;
 mod waiting_children;
 

@@ -29,9 +29,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
-use arbor_actors::lifecycle::{HookEvent, HookRun, Verdict, decide};
+use arbor_actors::lifecycle::{HookCall, HookEvent, HookRun, Lifecycle, Verdict, decide};
+use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -151,23 +153,10 @@ struct Hook {
 /// Every hook of a runtime, checked: what runs at each event.
 #[derive(Clone, Debug, Default)]
 pub struct HookSet {
-    hooks: Vec<Hook>,
+    hooks: Arc<[Hook]>,
     /// `CLAUDE_PROJECT_DIR` when a tree has no workspace.
     project_dir: PathBuf,
     shell: PathBuf,
-}
-
-/// What a hook is told beyond the event: the ids and the place.
-#[derive(Clone, Debug, Default)]
-pub struct HookContext {
-    /// The tree (Claude Code's `session_id`).
-    pub tree_id: String,
-    /// The agent's run.
-    pub run_id: String,
-    /// The agent's type, if it has one.
-    pub agent_type: Option<String>,
-    /// The tree's workspace, if it has one (`cwd` and `CLAUDE_PROJECT_DIR`).
-    pub workspace: Option<PathBuf>,
 }
 
 impl HookSet {
@@ -215,7 +204,7 @@ impl HookSet {
             seen.insert((h.event, format!("{:?}", h.matcher), h.command.clone()))
         });
         Ok(HookSet {
-            hooks,
+            hooks: hooks.into(),
             project_dir: base_dir.to_path_buf(),
             shell: shell(),
         })
@@ -245,7 +234,7 @@ impl HookSet {
         event: HookEvent,
         name: &str,
         mut input: Map<String, Value>,
-        ctx: &HookContext,
+        ctx: &HookCall,
     ) -> Verdict {
         let dir = ctx.workspace.as_deref().unwrap_or(&self.project_dir);
         input.insert("session_id".into(), ctx.tree_id.clone().into());
@@ -273,7 +262,7 @@ impl HookSet {
         verdict
     }
 
-    async fn run_one(&self, hook: &Hook, stdin: &str, dir: &Path, ctx: &HookContext) -> HookRun {
+    async fn run_one(&self, hook: &Hook, stdin: &str, dir: &Path, ctx: &HookCall) -> HookRun {
         let mut command = match &hook.command {
             HookCommand::Shell(line) => {
                 let mut c = tokio::process::Command::new(&self.shell);
@@ -338,6 +327,26 @@ impl HookSet {
                 hook.command, hook.timeout
             )),
         }
+    }
+}
+
+/// The hook set as the agents' port: each run clones the set (a few
+/// pointers) into its future.
+impl Lifecycle for HookSet {
+    fn wants(&self, event: HookEvent, name: &str) -> bool {
+        HookSet::wants(self, event, name)
+    }
+
+    fn run(
+        &self,
+        event: HookEvent,
+        name: &str,
+        input: Map<String, Value>,
+        call: HookCall,
+    ) -> BoxFuture<'static, Verdict> {
+        let this = self.clone();
+        let name = name.to_owned();
+        Box::pin(async move { HookSet::run(&this, event, &name, input, &call).await })
     }
 }
 

@@ -137,6 +137,17 @@ impl Sandbox {
     /// arguments) with `workspace` writable, starting in `cwd`. Pure: what
     /// the sandbox allows is all here.
     pub fn argv(&self, workspace: &Path, cwd: &Path, command: &[String]) -> Vec<OsString> {
+        self.argv_with(workspace, true, cwd, command)
+    }
+
+    /// [`argv`](Self::argv), with the workspace read-only unless `writable`.
+    pub fn argv_with(
+        &self,
+        workspace: &Path,
+        writable: bool,
+        cwd: &Path,
+        command: &[String],
+    ) -> Vec<OsString> {
         let mut argv: Vec<OsString> = [
             "--die-with-parent",
             "--unshare-all",
@@ -160,7 +171,10 @@ impl Sandbox {
         }
         // Writable places last, so that one under /tmp shows through the
         // fresh /tmp.
-        for dir in std::iter::once(workspace).chain(self.writable.iter().map(PathBuf::as_path)) {
+        argv.push(if writable { "--bind" } else { "--ro-bind" }.into());
+        argv.push(workspace.into());
+        argv.push(workspace.into());
+        for dir in &self.writable {
             argv.push("--bind".into());
             argv.push(dir.into());
             argv.push(dir.into());

@@ -218,7 +218,7 @@ impl AgentRun {
             run_id: self.run_id.to_string(),
             agent_type: self.machine.state().agent_type.clone().unwrap_or_default(),
             call_id,
-            workspace: None,
+            workspace: self.hooks.workspace(),
         };
         let me = myself.clone();
         let span = tracing::info_span!(
@@ -309,6 +309,7 @@ impl AgentRun {
             tree_id: self.hooks.tree_id().to_string(),
             run_id: self.run_id.to_string(),
             agent_type: self.machine.state().agent_type.clone(),
+            workspace: self.hooks.workspace().map(|w| w.root().to_path_buf()),
         }
     }
 

@@ -43,7 +43,12 @@ impl Config {
     ) -> Result<Catalog, ConfigError> {
         let names: Vec<&str> = code_tools.iter().map(|t| t.name()).collect();
         self.check_tools(&names)?;
-        let mut builder = tools.register(Catalog::builder());
+        let mut builder = tools
+            .register(Catalog::builder())
+            .workspaces(self.workspace_opener(), self.workspace.roots.clone());
+        if let Some(hooks) = &self.hooks {
+            builder = builder.lifecycle(Arc::new(hooks.clone()));
+        }
         for tool in code_tools {
             builder = builder.tool(tool.clone());
         }

@@ -46,6 +46,37 @@ pub struct ConfigFile {
     /// Which tools any tree may use, whatever its templates list.
     #[serde(default)]
     pub policy: PolicySection,
+    /// Lifecycle hooks (Claude Code's `PreToolUse` and the others): the
+    /// config's own `[[hooks.EVENT]]` and `.claude/settings.json` files.
+    #[serde(default)]
+    pub hooks: crate::tools::hooks::HooksSection,
+    /// Where trees' agents work, and how their commands run.
+    #[serde(default)]
+    pub workspace: WorkspaceSection,
+}
+
+/// `[workspace]`: the workspace tools' directory and the shell's sandbox.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceSection {
+    /// `"bwrap"`: the shell runs under bubblewrap (the workspace writable,
+    /// the rest read-only, a fresh /tmp, no network unless `network`).
+    #[serde(default)]
+    pub sandbox: crate::tools::sandbox::SandboxKind,
+    /// Whether sandboxed commands may use the network.
+    #[serde(default)]
+    pub network: bool,
+    /// Other directories a sandboxed command may write (a build cache).
+    #[serde(default)]
+    pub writable: Vec<PathBuf>,
+    /// The variables the shell passes from Arbor's environment (besides
+    /// `PATH`); absent: HOME, USER, LOGNAME, LANG, LC_*, TERM, TZ, TMPDIR.
+    #[serde(default)]
+    pub shell_env: Option<Vec<String>>,
+    /// Directories a start request's workspace must be inside (`arbor
+    /// serve`); empty: any directory (the CLI's).
+    #[serde(default)]
+    pub roots: Vec<PathBuf>,
 }
 
 /// `[policy]`: patterns over tool names (`fs/*`, `fs/write_*`, `rg`) that cap

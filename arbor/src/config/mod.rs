@@ -120,6 +120,10 @@ pub struct Config {
     pub mcp_servers: BTreeMap<String, McpSettings>,
     /// The command tools, built.
     pub command_tools: Vec<Arc<CommandTool>>,
+    /// The lifecycle hooks, checked; `None` when there are none.
+    pub hooks: Option<crate::tools::hooks::HookSet>,
+    /// How trees' workspaces are opened (sandbox, shell environment, roots).
+    pub workspace: WorkspaceSettings,
     /// `[service]`, validated and typed.
     pub service: ServiceSettings,
     /// What each `[models]` entry's model is built from, checked.
@@ -220,6 +224,17 @@ impl Config {
         limits.tools = ToolPolicy::new(rule);
         let mcp_servers = mcp_servers(&file, &base_dir, text, &mut problems);
         let command_tools = command_tools(&file, &base_dir, text, &mut problems);
+        let hooks = match crate::tools::hooks::HookSet::from_section(&file.hooks, &base_dir) {
+            Ok(hooks) => (!hooks.is_empty()).then_some(hooks),
+            Err(found) => {
+                for (key, message) in found {
+                    let (table, key) = key.rsplit_once('.').unwrap_or(("hooks", &key));
+                    problems.push(at(text, table, key, message));
+                }
+                None
+            }
+        };
+        let workspace = WorkspaceSettings::check(&file.workspace, &base_dir, text, &mut problems);
         let mut unresolved_tools = Vec::new();
         let templates = templates(&file, &broken, text, &mut problems, &mut unresolved_tools);
         check_graph(&file, &limits, text, &mut problems);
@@ -254,8 +269,30 @@ impl Config {
             models,
             mcp_servers,
             command_tools,
+            hooks,
+            workspace,
             service,
             unresolved_tools,
+        })
+    }
+
+    /// Opens a tree's workspace as this config says (its sandbox and shell
+    /// environment): the catalog's opener.
+    pub fn workspace_opener(&self) -> arbor_supervisor::WorkspaceOpener {
+        let settings = self.workspace.clone();
+        Arc::new(move |spec: &arbor_supervisor::WorkspaceSpec| {
+            use crate::tools::workspace::{Access, Workspace};
+            let access = if spec.read_only {
+                Access::ReadOnly
+            } else {
+                Access::ReadWrite
+            };
+            let mut workspace = Workspace::open(&spec.root, access)
+                .map_err(|e| format!("cannot open {}: {e}", spec.root.display()))?;
+            if let Some(env) = &settings.shell_env {
+                workspace = workspace.with_shell_env(env.clone());
+            }
+            Ok(workspace.with_sandbox(settings.sandbox.clone()).into_handle())
         })
     }
 
@@ -380,5 +417,46 @@ mod tests {
         // Without a current file, the header is left out (not sent as a placeholder).
         let alone = Config::from_snapshot(&snapshot, "t", PathBuf::from("."), None).unwrap();
         assert!(headers(&alone).is_empty());
+    }
+}
+
+/// `[workspace]`, checked: the sandbox found and tried, the roots absolute.
+#[derive(Clone, Debug, Default)]
+pub struct WorkspaceSettings {
+    /// The shell's sandbox, if the config asks for one (it works here:
+    /// `check-config` tried it).
+    pub sandbox: Option<crate::tools::sandbox::Sandbox>,
+    /// What the shell passes from Arbor's environment (`None`: the default).
+    pub shell_env: Option<Vec<String>>,
+    /// Directories a start request's workspace must be inside (empty: any).
+    pub roots: Vec<PathBuf>,
+}
+
+impl WorkspaceSettings {
+    fn check(
+        section: &file::WorkspaceSection,
+        base_dir: &Path,
+        text: &Source<'_>,
+        problems: &mut Vec<Problem>,
+    ) -> WorkspaceSettings {
+        use crate::tools::sandbox::{Sandbox, SandboxKind};
+        let sandbox = match section.sandbox {
+            SandboxKind::None => None,
+            SandboxKind::Bwrap => {
+                let writable = section.writable.iter().map(|d| base_dir.join(d)).collect();
+                match Sandbox::bwrap(section.network, writable) {
+                    Ok(sandbox) => Some(sandbox),
+                    Err(why) => {
+                        problems.push(at(text, "workspace", "sandbox", why.to_string()));
+                        None
+                    }
+                }
+            }
+        };
+        WorkspaceSettings {
+            sandbox,
+            shell_env: section.shell_env.clone(),
+            roots: section.roots.iter().map(|r| base_dir.join(r)).collect(),
+        }
     }
 }

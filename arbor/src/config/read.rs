@@ -40,6 +40,8 @@ pub(super) fn parse_file(
             "store" => reader.section(&key, value, &mut file.store),
             "service" => reader.section(&key, value, &mut file.service),
             "policy" => reader.section(&key, value, &mut file.policy),
+            "hooks" => reader.section(&key, value, &mut file.hooks),
+            "workspace" => reader.section(&key, value, &mut file.workspace),
             "models" => {
                 for (name, entry) in reader.entries(&key, value) {
                     if let Some(model) = reader.model(&name, entry) {
@@ -55,7 +57,7 @@ pub(super) fn parse_file(
                 key: key.clone(),
                 message: format!(
                     "unknown section `{key}` (run, limits, models, agents, store, service, \
-                     mcp_servers, tools, policy)"
+                     mcp_servers, tools, policy, hooks, workspace)"
                 ),
             }),
         }

@@ -37,6 +37,8 @@ pub(crate) struct RunLog {
     pub(crate) deliveries: Vec<Scheduled>,
     /// Its decisions on tool calls, by call id (semantics §12).
     pub(crate) decisions: HashMap<String, Decision>,
+    /// Its `PreToolUse` verdicts, by call id (issue 36).
+    pub(crate) hook_verdicts: HashMap<String, arbor_actors::lifecycle::Verdict>,
     /// Message ids of the history being rebuilt from deltas.
     ids: Vec<u64>,
     /// Where it finished among the tree's runs.
@@ -247,6 +249,15 @@ impl TreeLog {
                 self.asked
                     .entry(id)
                     .or_insert_with(|| (run_id.to_owned(), at));
+            }
+            Some(EventType::HookDecided) => {
+                let pre = e.get("hook").and_then(Value::as_str) == Some("PreToolUse");
+                let verdict = e.get("verdict").and_then(|v| {
+                    serde_json::from_value::<arbor_actors::lifecycle::Verdict>(v.clone()).ok()
+                });
+                if let (true, Some(id), Some(verdict)) = (pre, str_of("toolCallId"), verdict) {
+                    self.run(run_id).hook_verdicts.insert(id, verdict);
+                }
             }
             Some(EventType::ApprovalDecided) => {
                 let id = str_of("toolCallId").unwrap_or_default();
@@ -567,6 +578,11 @@ impl TreeLog {
             }
             if !r.decisions.is_empty() {
                 recovery.decisions.insert(id.clone(), r.decisions.clone());
+            }
+            if !r.hook_verdicts.is_empty() {
+                recovery
+                    .hook_verdicts
+                    .insert(id.clone(), r.hook_verdicts.clone());
             }
         }
         for (run_id, last_final, checkpoint) in runs {

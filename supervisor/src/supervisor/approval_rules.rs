@@ -303,4 +303,19 @@ impl TreeHooks for RuledHooks {
     fn decisions(&self, run_id: &str) -> std::collections::HashMap<String, Decision> {
         self.port().decisions(run_id)
     }
+
+    fn workspace(&self) -> Option<Arc<dyn arbor_actors::tool::Workspace>> {
+        self.port().workspace()
+    }
+
+    fn lifecycle(&self) -> Option<Arc<dyn arbor_actors::lifecycle::Lifecycle>> {
+        self.port().lifecycle()
+    }
+
+    fn hook_verdicts(
+        &self,
+        run_id: &str,
+    ) -> std::collections::HashMap<String, arbor_actors::lifecycle::Verdict> {
+        self.port().hook_verdicts(run_id)
+    }
 }

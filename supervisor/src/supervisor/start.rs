@@ -127,6 +127,28 @@ impl Supervisor {
         };
         // A request narrows the supervisor's tool policy; it never widens it.
         limits.tools = self.limits.tools.clone().with(&limits.tools);
+        // A new tree's workspace is checked against the roots the config
+        // allows and kept canonical; a resumed tree reopens where it was.
+        if recovery.is_none()
+            && request.turn == 0
+            && let Some(spec) = &limits.workspace
+        {
+            limits.workspace = Some(crate::workspace::admit(spec, catalog.workspace_roots())?);
+        }
+        let workspace = match limits
+            .workspace
+            .as_ref()
+            .and_then(|spec| catalog.open_workspace(spec))
+        {
+            None => None,
+            Some(Ok(workspace)) => Some(workspace),
+            Some(Err(problem)) => {
+                return Err(Error::InvalidRequest {
+                    field: "limits.workspace.root".to_owned(),
+                    problem,
+                });
+            }
+        };
         // The servers of the tools the tree can reach are up (or known to be
         // down) before its first agent builds a request.
         catalog.prepare_tools(&template.id).await;
@@ -139,7 +161,8 @@ impl Supervisor {
             model_override,
         )
         .durable(self.store.is_some())
-        .store_health(self.store.as_ref().map(|(_, w)| w.health().clone()));
+        .store_health(self.store.as_ref().map(|(_, w)| w.health().clone()))
+        .workspace(workspace);
         let mut allowed = arbor_actors::approval::AlwaysAllowed::default();
         if let Some((recovery, replay)) = recovery {
             if !replay {

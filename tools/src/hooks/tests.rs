@@ -13,8 +13,8 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/hooks")
 }
 
-fn ctx() -> HookContext {
-    HookContext {
+fn ctx() -> HookCall {
+    HookCall {
         tree_id: "t1".into(),
         run_id: "t1/0".into(),
         agent_type: Some("editor".into()),

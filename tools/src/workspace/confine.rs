@@ -44,6 +44,8 @@ pub struct Workspace {
     access: Access,
     pub(super) reads: Reads,
     pub(super) env: Vec<String>,
+    /// The sandbox the shell runs in, if the config asks for one.
+    pub(super) sandbox: Option<crate::sandbox::Sandbox>,
 }
 
 impl fmt::Debug for Workspace {
@@ -89,7 +91,15 @@ impl Workspace {
             access,
             reads: Reads::default(),
             env: DEFAULT_SHELL_ENV.iter().map(|v| (*v).to_owned()).collect(),
+            sandbox: None,
         })
+    }
+
+    /// The same workspace whose shell runs in `sandbox` (then a read-only
+    /// workspace's shell runs too, with the workspace read-only in it).
+    pub fn with_sandbox(mut self, sandbox: Option<crate::sandbox::Sandbox>) -> Self {
+        self.sandbox = sandbox;
+        self
     }
 
     /// The same workspace whose shell passes exactly `names` (besides

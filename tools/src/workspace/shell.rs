@@ -60,12 +60,13 @@ pub async fn run(
     cwd: Option<&str>,
     timeout: Duration,
 ) -> Result<Ran, Refusal> {
-    ws.writable("the shell").map_err(|_| {
-        Refusal(format!(
+    let writable = ws.writable("the shell").is_ok();
+    if !writable && ws.sandbox.is_none() {
+        return Err(Refusal(format!(
             "the shell is refused: the workspace {} is read-only, and a command could write anywhere without a sandbox",
             ws.root().display()
-        ))
-    })?;
+        )));
+    }
     if command.trim().is_empty() {
         return Err(Refusal("the command is empty".to_owned()));
     }
@@ -90,8 +91,26 @@ pub async fn run(
         ))
     })?;
 
-    let mut cmd = Command::new("bash");
-    cmd.arg("-c").arg(command).env_clear().current_dir(&dir);
+    // In the sandbox (bwrap), the workspace is the one writable place (or
+    // none, read-only); without one, bash runs as Arbor's own process.
+    let mut cmd = match &ws.sandbox {
+        Some(sandbox) => {
+            let mut cmd = Command::new(sandbox.program());
+            cmd.args(sandbox.argv_with(
+                ws.root(),
+                writable,
+                &dir,
+                &["bash".to_owned(), "-c".to_owned(), command.to_owned()],
+            ));
+            cmd
+        }
+        None => {
+            let mut cmd = Command::new("bash");
+            cmd.arg("-c").arg(command);
+            cmd
+        }
+    };
+    cmd.env_clear().current_dir(&dir);
     if let Some(path) = std::env::var_os("PATH") {
         cmd.env("PATH", path);
     }

@@ -1,0 +1,191 @@
+//! Agents with hands, through the binary (issue 36): the workspace tools
+//! under Claude Code's names, in the workspace `--workspace` names, guarded
+//! by Claude Code's hooks as its docs show them (tests/fixtures/hooks),
+//! loaded from its `.claude/settings.json` as it is and from the config's
+//! TOML.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::{arbor_in, text};
+
+/// A workspace with a `build/` directory, `app.py`, and the hook scripts
+/// under `.claude/`; a config whose editor works there with Claude Code's
+/// tool names and `hooks`; the script: `rm -rf build`, then read and edit
+/// `app.py`, then done.
+fn setup(dir: &Path, hooks: &str) -> std::path::PathBuf {
+    let ws = dir.join("ws");
+    std::fs::create_dir_all(ws.join("build")).unwrap();
+    std::fs::write(ws.join("build/keep.txt"), "keep").unwrap();
+    std::fs::write(ws.join("app.py"), "x = 1\n").unwrap();
+    let claude = crate::fixtures().join("hooks/.claude");
+    std::fs::create_dir_all(ws.join(".claude/hooks")).unwrap();
+    std::fs::copy(
+        claude.join("settings.json"),
+        ws.join(".claude/settings.json"),
+    )
+    .unwrap();
+    for entry in std::fs::read_dir(claude.join("hooks")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(
+            entry.path(),
+            ws.join(".claude/hooks").join(entry.file_name()),
+        )
+        .unwrap();
+    }
+    let ws = std::fs::canonicalize(&ws).unwrap();
+    let hooks = hooks.replace("WS", &ws.display().to_string());
+    std::fs::write(
+        dir.join("config.toml"),
+        format!(
+            r#"
+[models.script]
+provider = "scripted"
+file = "script.json"
+
+[agents.editor]
+model = "script"
+tools = ["workspace/*"]
+tool_names = "claude"
+{hooks}
+"#
+        ),
+    )
+    .unwrap();
+    let app = ws.join("app.py").display().to_string();
+    let script = serde_json::json!({"replies": [{"agent": "editor", "steps": [
+        {"toolCalls": [{"name": "Bash", "input": {"command": "rm -rf build", "description": "clean"}}]},
+        {"toolCalls": [{"name": "Read", "input": {"file_path": app}}]},
+        {"toolCalls": [{"name": "Edit", "input": {"file_path": app, "old_string": "x = 1", "new_string": "x = 2"}}]},
+        {"text": "DONE"}
+    ]}]});
+    std::fs::write(dir.join("script.json"), script.to_string()).unwrap();
+    ws
+}
+
+fn events(lines: &[u8]) -> Vec<Value> {
+    text(lines)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The tool results the root's final state holds, by tool name.
+fn results(events: &[Value]) -> Vec<(String, String)> {
+    let finished = events
+        .iter()
+        .find(|e| e["type"] == "agentFinished")
+        .expect("the editor finished");
+    finished["state"]["messageHistory"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["toolName"].as_str().unwrap().to_owned(),
+                m["content"].to_string(),
+            )
+        })
+        .collect()
+}
+
+fn run_guarded(hooks: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = setup(dir.path(), hooks);
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "run",
+            "--config",
+            "config.toml",
+            "--no-store",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--agent",
+            "editor",
+            "--json",
+            "--events",
+            "tidy up",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // The hook blocked the rm -rf: the directory is there, and the model
+    // read the hook's reason as the call's result.
+    assert!(ws.join("build/keep.txt").exists());
+    // --events writes the events to stderr, one JSON object a line.
+    let events = events(&out.stderr);
+    let results = results(&events);
+    assert_eq!(results[0].0, "Bash");
+    assert!(
+        results[0]
+            .1
+            .contains("a hook refused this call: • Refusing rm -rf: delete files one by one"),
+        "{results:?}"
+    );
+    // The edit ran, and the PostToolUse hook's context joined its result.
+    assert_eq!(
+        std::fs::read_to_string(ws.join("app.py")).unwrap(),
+        "x = 2\n"
+    );
+    assert_eq!(results[2].0, "Edit");
+    assert!(
+        results[2]
+            .1
+            .contains("app.py changed: run the test suite before finishing."),
+        "{results:?}"
+    );
+    // Both verdicts are journaled.
+    let decided: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "hookDecided")
+        .map(|e| e["hook"].as_str().unwrap())
+        .collect();
+    assert_eq!(decided, ["PreToolUse", "PostToolUse"]);
+}
+
+#[test]
+fn claude_code_hooks_from_its_settings_json_guard_an_editor_through_the_binary() {
+    run_guarded("[hooks]\nclaude_settings = [\"WS/.claude/settings.json\"]\n");
+}
+
+#[test]
+fn the_same_hooks_written_as_toml_guard_the_same_editor() {
+    run_guarded(
+        r#"
+[[hooks.PreToolUse]]
+matcher = "Bash"
+command = "\"$CLAUDE_PROJECT_DIR\"/.claude/hooks/bash_command_validator.py"
+
+[[hooks.PostToolUse]]
+matcher = "Write|Edit|MultiEdit"
+command = ["python3", "WS/.claude/hooks/after_edit.py"]
+timeout = "30s"
+"#,
+    );
+}
+
+#[test]
+fn a_workspace_that_does_not_exist_is_refused_naming_the_field_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path(), "");
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "run",
+            "--config",
+            "config.toml",
+            "--no-store",
+            "--workspace",
+            "no/such/dir",
+            "--agent",
+            "editor",
+            "go",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("limits.workspace.root"), "{stderr}");
+    assert!(stderr.contains("No such file"), "{stderr}");
+}
