@@ -98,8 +98,11 @@ impl Follow {
     /// journal leaves out, which `journal_view` tells before any JSON).
     async fn send_event(&mut self, event: &Event) -> bool {
         // The final kinds are the journal's final types (and always journaled).
-        let ends = self.ends(&event.run_id, event.kind.final_state().is_some());
-        if !self.wanted(event.seq, &event.run_id) {
+        // The run id's text, made once for both questions (a stream
+        // compares it with the text ids the client asked for).
+        let run = event.run_id.to_string();
+        let ends = self.ends(&run, event.kind.final_state().is_some());
+        if !self.wanted(event.seq, &run) {
             return ends;
         }
         match journal_view(event) {
