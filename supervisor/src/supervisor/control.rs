@@ -194,7 +194,7 @@ impl Supervisor {
     /// [`Error::UnknownRun`] for a run this supervisor does not run or keep.
     pub async fn steer(&self, run_id: &RunId, text: &str) -> Result<(), Error> {
         let refused = |reason| Error::SteerRefused {
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             reason,
         };
         if text.trim().is_empty() {

@@ -299,7 +299,7 @@ impl TreeHandle {
     pub async fn wait(self) -> Result<RunResult, Error> {
         let result = self.result.await;
         let _ = self.root_task.await;
-        result.map_err(|_| Error::Lost(self.tree_id.to_string()))
+        result.map_err(|_| Error::Lost(self.tree_id.clone()))
     }
 }
 
