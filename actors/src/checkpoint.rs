@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::id::RunId;
 use crate::state::AgentState;
 
 /// A model-driven run's state at a step boundary: taken just before step
@@ -45,5 +46,5 @@ pub struct Scheduled {
     /// The step the run had taken when the report joined its history.
     pub step: u32,
     /// The child's last run id.
-    pub child_run_id: String,
+    pub child_run_id: RunId,
 }

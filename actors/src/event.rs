@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::checkpoint::Checkpoint;
+use crate::id::{AgentId, RunId, TreeId};
 use crate::limit::LimitHit;
 use crate::message::Message;
 use crate::model::{Delta, Usage};
@@ -21,9 +22,9 @@ pub struct Event {
     /// Position in the tree's event sequence, from 1.
     pub seq: u64,
     /// The tree it happened in.
-    pub tree_id: Arc<str>,
+    pub tree_id: TreeId,
     /// The run the event is about.
-    pub run_id: Arc<str>,
+    pub run_id: RunId,
     /// Wall-clock milliseconds since the Unix epoch.
     pub at_ms: u64,
     /// What happened (serialised inline, tagged by `type`).
@@ -41,11 +42,11 @@ pub enum EventKind {
     #[serde(rename_all = "camelCase")]
     AgentStarted {
         /// The agent's id (the same for every attempt of it).
-        agent_id: String,
+        agent_id: AgentId,
         /// Its `agentType` (empty if it has none).
         agent_type: String,
         /// The parent's run id; `None` for the root.
-        parent_run_id: Option<String>,
+        parent_run_id: Option<RunId>,
         /// 0 for the root, 1 for its children, and so on.
         depth: usize,
     },
@@ -127,7 +128,7 @@ pub enum EventKind {
     #[serde(rename_all = "camelCase")]
     ChildSpawned {
         /// The child's run id.
-        child_run_id: String,
+        child_run_id: RunId,
         /// The child's `agentType` (the matched `spawnableAgents` entry).
         agent_type: String,
         /// 0 for the first run, n for the n-th retry.
@@ -137,7 +138,7 @@ pub enum EventKind {
     #[serde(rename_all = "camelCase")]
     ChildRetrying {
         /// The run id of the attempt that failed.
-        failed_run_id: String,
+        failed_run_id: RunId,
         /// The attempt that comes next (1 for the first retry).
         attempt: u32,
         /// The backoff before it, in milliseconds.
@@ -149,7 +150,7 @@ pub enum EventKind {
     #[serde(rename_all = "camelCase")]
     ChildFinished {
         /// The child's run id.
-        child_run_id: String,
+        child_run_id: RunId,
         /// How it ended.
         status: AgentStatus,
     },
@@ -160,7 +161,7 @@ pub enum EventKind {
         /// The step the run had taken when the report joined its history.
         step: u32,
         /// The child's last run id.
-        child_run_id: String,
+        child_run_id: RunId,
     },
     /// The agent set its output (`set_output`).
     OutputSet {
@@ -581,11 +582,11 @@ mod tests {
 
     /// One event of every kind.
     fn every_kind() -> Vec<EventKind> {
-        let state = Arc::new(AgentState::default());
+        let state = Arc::new(AgentState::of_run("t/0".parse().unwrap()));
         let limit = || LimitHit::new(Limit::Deadline, "late");
         vec![
             EventKind::AgentStarted {
-                agent_id: "t/0".into(),
+                agent_id: "t/0".parse().unwrap(),
                 agent_type: "a".into(),
                 parent_run_id: None,
                 depth: 0,
@@ -595,7 +596,7 @@ mod tests {
                     step: 0,
                     children_spawned: 0,
                     inherited: 0,
-                    state: AgentState::default(),
+                    state: AgentState::of_run("t/0".parse().unwrap()),
                 }),
             },
             EventKind::StepStarted { step: 1 },
@@ -628,23 +629,23 @@ mod tests {
                 orphan_results: vec![],
             },
             EventKind::ChildSpawned {
-                child_run_id: "t/0.1".into(),
+                child_run_id: "t/0.1".parse().unwrap(),
                 agent_type: "a".into(),
                 attempt: 1,
             },
             EventKind::ChildRetrying {
-                failed_run_id: "t/0.1".into(),
+                failed_run_id: "t/0.1".parse().unwrap(),
                 attempt: 2,
                 delay_ms: 1,
                 error: "e".into(),
             },
             EventKind::ChildFinished {
-                child_run_id: "t/0.1".into(),
+                child_run_id: "t/0.1".parse().unwrap(),
                 status: AgentStatus::Completed,
             },
             EventKind::BackgroundDelivered {
                 step: 1,
-                child_run_id: "t/0.1".into(),
+                child_run_id: "t/0.1".parse().unwrap(),
             },
             EventKind::OutputSet { output: json!(1) },
             EventKind::Suspended,

@@ -8,6 +8,7 @@ use std::fmt;
 
 use crate::approval::Decision;
 use crate::event::{Event, EventKind};
+use crate::id::{RunId, TreeId};
 use crate::model::Delta;
 use crate::output::last_text;
 
@@ -28,13 +29,23 @@ impl fmt::Display for Event {
 }
 
 /// Ids of the event's tree without the tree's prefix: `0.1` for `T/0.1`.
-struct Short<'a>(&'a str);
+struct Short<'a>(&'a TreeId);
 
 impl Short<'_> {
+    /// An id made from a run id (a tool call's), without the tree's prefix.
     fn id<'i>(&self, id: &'i str) -> &'i str {
-        id.strip_prefix(self.0)
+        id.strip_prefix(self.0.as_str())
             .and_then(|rest| rest.strip_prefix('/'))
             .unwrap_or(id)
+    }
+
+    /// A run id, without the tree's prefix when it is of this tree.
+    fn run(&self, id: &RunId) -> String {
+        if id.tree() == self.0 {
+            id.path_text().to_string()
+        } else {
+            id.to_string()
+        }
     }
 }
 
@@ -53,7 +64,7 @@ fn fields(kind: &EventKind, short: &Short) -> String {
                 agent_type
             };
             match parent_run_id {
-                Some(parent) => format!("{agent} at depth {depth}, child of {}", short.id(parent)),
+                Some(parent) => format!("{agent} at depth {depth}, child of {}", short.run(parent)),
                 None => format!("{agent} at depth {depth}"),
             }
         }
@@ -115,8 +126,8 @@ fn fields(kind: &EventKind, short: &Short) -> String {
             agent_type,
             attempt,
         } => match attempt {
-            0 => format!("{agent_type} {}", short.id(child_run_id)),
-            n => format!("{agent_type} {} (attempt {n})", short.id(child_run_id)),
+            0 => format!("{agent_type} {}", short.run(child_run_id)),
+            n => format!("{agent_type} {} (attempt {n})", short.run(child_run_id)),
         },
         EventKind::ChildRetrying {
             failed_run_id,
@@ -125,17 +136,17 @@ fn fields(kind: &EventKind, short: &Short) -> String {
             error,
         } => format!(
             "{}, attempt {attempt} in {delay_ms}ms: {}",
-            short.id(failed_run_id),
+            short.run(failed_run_id),
             clip(error)
         ),
         EventKind::ChildFinished {
             child_run_id,
             status,
-        } => format!("{} {}", short.id(child_run_id), status.as_str()),
+        } => format!("{} {}", short.run(child_run_id), status.as_str()),
         EventKind::BackgroundDelivered { step, child_run_id } => {
             format!(
                 "after step {step}, the report of {}",
-                short.id(child_run_id)
+                short.run(child_run_id)
             )
         }
         EventKind::OutputSet { output } => clip(&output.to_string()),
@@ -273,8 +284,8 @@ mod tests {
     fn line(kind: EventKind) -> String {
         Event {
             seq: 3,
-            tree_id: "t1".into(),
-            run_id: "t1/0.2".into(),
+            tree_id: "t1".parse().unwrap(),
+            run_id: "t1/0.2".parse().unwrap(),
             at_ms: 0,
             kind,
         }
@@ -285,9 +296,9 @@ mod tests {
     fn an_event_is_one_line_of_its_run_its_kind_and_its_key_fields() {
         assert_eq!(
             line(EventKind::AgentStarted {
-                agent_id: "t1/0.2".into(),
+                agent_id: "t1/0.2".parse().unwrap(),
                 agent_type: "researcher".into(),
-                parent_run_id: Some("t1/0".into()),
+                parent_run_id: Some("t1/0".parse().unwrap()),
                 depth: 1,
             }),
             "t1/0.2 agentStarted researcher at depth 1, child of 0"
@@ -324,7 +335,7 @@ mod tests {
         );
         assert_eq!(
             line(EventKind::ChildSpawned {
-                child_run_id: "t1/0.2.1".into(),
+                child_run_id: "t1/0.2.1".parse().unwrap(),
                 agent_type: "researcher".into(),
                 attempt: 1,
             }),
@@ -352,7 +363,7 @@ mod tests {
             .into_iter()
             .collect(),
             status: AgentStatus::Completed,
-            ..AgentState::default()
+            ..AgentState::of_run("t/0".parse().unwrap())
         };
         let text = line(EventKind::AgentFinished {
             state: Arc::new(state),

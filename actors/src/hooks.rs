@@ -91,11 +91,12 @@ pub struct SlotPriority {
 }
 
 pub use crate::id::RunIds;
+use crate::id::{RunId, TreeId};
 
 /// What an agent may ask of its tree; the supervisor implements it, once per tree.
 pub trait TreeHooks: Send + Sync + 'static {
     /// The tree's id.
-    fn tree_id(&self) -> &Arc<str>;
+    fn tree_id(&self) -> &TreeId;
 
     /// The template with exactly this id.
     fn template(&self, id: &str) -> Option<Arc<AgentTemplate>>;
@@ -141,16 +142,16 @@ pub trait TreeHooks: Send + Sync + 'static {
     }
 
     /// Publishes an event about the run `run_id` (the tree numbers it).
-    fn emit(&self, run_id: &Arc<str>, kind: EventKind);
+    fn emit(&self, run_id: &RunId, kind: EventKind);
 
     /// An agent actor started: the supervisor may now cancel it by run id.
     /// `actor` is the agent's actor (its messages are `AgentMsg`; the port
     /// stays free of the actor's types, so the actor module depends on the
     /// port and not the other way round).
-    fn actor_started(&self, run_id: &Arc<str>, actor: &ActorCell);
+    fn actor_started(&self, run_id: &RunId, actor: &ActorCell);
 
     /// An agent actor's state was dropped: it is gone.
-    fn actor_stopped(&self, run_id: &Arc<str>);
+    fn actor_stopped(&self, run_id: &RunId);
 
     /// Whether the tree is stored: its agents then emit a checkpoint at every
     /// step boundary and keep each raw model reply in their events.
@@ -167,7 +168,7 @@ pub trait TreeHooks: Send + Sync + 'static {
     }
 
     /// What a resumed tree already knows of the run `run_id` (nothing for a new tree).
-    fn recovered(&self, run_id: &str) -> Option<Recovered> {
+    fn recovered(&self, run_id: &RunId) -> Option<Recovered> {
         let _ = run_id;
         None
     }
@@ -187,7 +188,7 @@ pub trait TreeHooks: Send + Sync + 'static {
     /// The steers a resumed or replayed tree gives the run `run_id` back:
     /// those no checkpoint it starts from holds (semantics §9; none for a
     /// new tree).
-    fn steers(&self, run_id: &str) -> Vec<crate::steer::Steer> {
+    fn steers(&self, run_id: &RunId) -> Vec<crate::steer::Steer> {
         let _ = run_id;
         Vec::new()
     }
@@ -195,7 +196,7 @@ pub trait TreeHooks: Send + Sync + 'static {
     /// Where a resumed or replayed tree's run `run_id` takes its background
     /// reports: the deliveries its journal recorded that no checkpoint it
     /// starts from holds (semantics §15; none for a new tree).
-    fn deliveries(&self, run_id: &str) -> Vec<crate::checkpoint::Scheduled> {
+    fn deliveries(&self, run_id: &RunId) -> Vec<crate::checkpoint::Scheduled> {
         let _ = run_id;
         Vec::new()
     }
@@ -212,7 +213,7 @@ pub trait TreeHooks: Send + Sync + 'static {
     /// the run `run_id`, by call id (semantics §12; none for a new tree).
     fn decisions(
         &self,
-        run_id: &str,
+        run_id: &RunId,
     ) -> std::collections::HashMap<String, crate::approval::Decision> {
         let _ = run_id;
         std::collections::HashMap::new()
@@ -235,7 +236,7 @@ pub trait TreeHooks: Send + Sync + 'static {
     /// (none for a new tree).
     fn hook_verdicts(
         &self,
-        run_id: &str,
+        run_id: &RunId,
     ) -> std::collections::HashMap<String, crate::lifecycle::Verdict> {
         let _ = run_id;
         std::collections::HashMap::new()

@@ -22,9 +22,19 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunIds {
     /// The agent's id, the same for all its attempts.
-    pub agent_id: String,
+    pub agent_id: AgentId,
     /// This attempt's run id.
-    pub run_id: String,
+    pub run_id: RunId,
+}
+
+impl RunIds {
+    /// The ids of `run`: its agent id ([`RunId::agent_id`]) and itself.
+    pub fn of(run: RunId) -> Self {
+        RunIds {
+            agent_id: run.agent_id(),
+            run_id: run,
+        }
+    }
 }
 
 /// What is wrong with a text given as a tree or run id.
@@ -71,10 +81,10 @@ impl TreeId {
     pub fn root(&self) -> RunId {
         RunId {
             tree: self.clone(),
-            path: vec![Step {
+            path: Arc::new([Step {
                 ordinal: 0,
                 attempt: 0,
-            }],
+            }]),
         }
     }
 }
@@ -92,6 +102,21 @@ impl FromStr for TreeId {
             return Err(IdError::Tree(s.to_owned()));
         }
         Ok(TreeId(s.into()))
+    }
+}
+
+impl std::ops::Deref for TreeId {
+    type Target = str;
+
+    /// A tree id is text: it reads as one wherever text is asked for.
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for TreeId {
+    fn borrow(&self) -> &str {
+        &self.0
     }
 }
 
@@ -118,11 +143,17 @@ pub struct Step {
 }
 
 /// The id of one attempt of one run of a tree.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+///
+/// Shared: a clone counts two references and copies nothing (a run id is
+/// cloned into every event and every child's lineage), and a child's id is
+/// one allocation, its path.
+///
+/// Ordered as [`sort_key`](Self::sort_key): by tree, then in spawn order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RunId {
     tree: TreeId,
     /// Never empty; the first step is the root (`0`).
-    path: Vec<Step>,
+    path: Arc<[Step]>,
 }
 
 impl RunId {
@@ -143,14 +174,13 @@ impl RunId {
 
     /// The first attempt of the `ordinal`-th child this run spawns.
     pub fn child(&self, ordinal: u32) -> RunId {
-        let mut path = self.path.clone();
-        path.push(Step {
+        let step = Step {
             ordinal,
             attempt: 0,
-        });
+        };
         RunId {
             tree: self.tree.clone(),
-            path,
+            path: self.path.iter().copied().chain([step]).collect(),
         }
     }
 
@@ -160,28 +190,35 @@ impl RunId {
         let (_, above) = self.path.split_last()?;
         (!above.is_empty()).then(|| RunId {
             tree: self.tree.clone(),
-            path: above.to_vec(),
+            path: above.into(),
         })
     }
 
     /// Attempt `attempt` of the same run (0 is the first).
     pub fn retry(&self, attempt: u32) -> RunId {
-        let mut path = self.path.clone();
-        if let Some(last) = path.last_mut() {
-            last.attempt = attempt;
+        if self.attempt() == attempt {
+            return self.clone();
         }
+        let last = self.path.len() - 1;
+        let path = self.path.iter().enumerate().map(|(i, step)| Step {
+            ordinal: step.ordinal,
+            attempt: if i == last { attempt } else { step.attempt },
+        });
         RunId {
             tree: self.tree.clone(),
-            path,
+            path: path.collect(),
         }
     }
 
     /// The root of the run's turn: `T/0` for a run of the first turn, `T/0~n`
     /// for one of a follow-up turn (the first step of its path).
     pub fn turn_root(&self) -> RunId {
+        if self.path.len() == 1 {
+            return self.clone();
+        }
         RunId {
             tree: self.tree.clone(),
-            path: self.path[..1].to_vec(),
+            path: self.path[..1].into(),
         }
     }
 
@@ -198,8 +235,8 @@ impl RunId {
 
     /// The agent id: this run id without its last attempt, shared by every
     /// attempt of the run.
-    pub fn agent_id(&self) -> RunId {
-        self.retry(0)
+    pub fn agent_id(&self) -> AgentId {
+        AgentId(self.retry(0))
     }
 
     /// Whether this run is `ancestor` or runs below it (any attempt of its
@@ -244,7 +281,7 @@ impl FromStr for RunId {
                 }
                 Ok(Step { ordinal, attempt })
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Arc<[Step]>, _>>()?;
         if path.first().map(|s| s.ordinal) != Some(0) {
             return Err(bad());
         }
@@ -253,10 +290,26 @@ impl FromStr for RunId {
 }
 
 impl RunId {
+    /// The path alone, without the tree id and its `/` (`0.3~1.2` for
+    /// `T/0.3~1.2`), for showing ids of one tree: printed, it is the text of
+    /// the id after `TREE/`.
+    pub fn path_text(&self) -> PathText<'_> {
+        PathText(self)
+    }
+
     /// Hands the id's text (`T/0.3~1.2`) to `put` in pieces, digits by
     /// hand: the formatter's integer path was ~4 % of a deep tree's CPU
     /// (issue 17).
-    fn write_pieces(&self, mut put: impl FnMut(&[u8]) -> fmt::Result) -> fmt::Result {
+    fn write_pieces(&self, put: impl FnMut(&[u8]) -> fmt::Result) -> fmt::Result {
+        self.write_from(true, put)
+    }
+
+    /// [`write_pieces`](Self::write_pieces), with the tree's `TREE/` or without.
+    fn write_from(
+        &self,
+        with_tree: bool,
+        mut put: impl FnMut(&[u8]) -> fmt::Result,
+    ) -> fmt::Result {
         fn digits(buf: &mut [u8; 10], mut n: u32) -> &[u8] {
             let mut at = buf.len();
             loop {
@@ -270,8 +323,10 @@ impl RunId {
             &buf[at..]
         }
         let mut buf = [0u8; 10];
-        put(self.tree.0.as_bytes())?;
-        put(b"/")?;
+        if with_tree {
+            put(self.tree.0.as_bytes())?;
+            put(b"/")?;
+        }
         for (i, step) in self.path.iter().enumerate() {
             if i > 0 {
                 put(b".")?;
@@ -333,6 +388,16 @@ impl fmt::Display for RunId {
     }
 }
 
+/// A run id's path, printed without its tree ([`RunId::path_text`]).
+#[derive(Clone, Copy, Debug)]
+pub struct PathText<'a>(&'a RunId);
+
+impl fmt::Display for PathText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.write_from(false, |bytes| f.write_str(text(bytes)?))
+    }
+}
+
 /// [`RunId::is_within`] on the printed ids, without reading them: whether
 /// `candidate` is `run` or runs below it. (For filtering many events by one
 /// run; both are taken to be run ids.)
@@ -362,6 +427,127 @@ macro_rules! as_string {
 
 as_string!(TreeId);
 as_string!(RunId);
+as_string!(AgentId);
+
+/// The id of an agent: a run id without its last attempt, shared by every
+/// attempt of the run (`T/0.2` for `T/0.2~1`), printed and serialised as
+/// that run id. The first attempt's run id is the agent id itself.
+///
+/// Read from text, any run id is an agent id: a stored id is taken as it
+/// was written.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AgentId(RunId);
+
+impl AgentId {
+    /// `run`'s text as an agent id, as it is: for an id given or read back
+    /// (an agent id a store kept may end in an attempt of its own, and keeps
+    /// it). The agent a run belongs to is [`RunId::agent_id`].
+    pub fn from_run(run: RunId) -> AgentId {
+        AgentId(run)
+    }
+
+    /// The agent id as the run id of its first attempt.
+    pub fn as_run(&self) -> &RunId {
+        &self.0
+    }
+
+    /// The agent id as the run id of its first attempt, taken.
+    pub fn into_run(self) -> RunId {
+        self.0
+    }
+
+    /// The tree the agent belongs to.
+    pub fn tree(&self) -> &TreeId {
+        self.0.tree()
+    }
+
+    /// Attempt `attempt` of the agent's run (0 is the first).
+    pub fn attempt(&self, attempt: u32) -> RunId {
+        self.0.retry(attempt)
+    }
+
+    /// Whether `run` is an attempt of this agent.
+    pub fn has_attempt(&self, run: &RunId) -> bool {
+        self.0.has_attempt(run)
+    }
+}
+
+impl From<AgentId> for RunId {
+    fn from(id: AgentId) -> RunId {
+        id.0
+    }
+}
+
+impl FromStr for AgentId {
+    type Err = IdError;
+
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        s.parse().map(AgentId)
+    }
+}
+
+impl fmt::Display for AgentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl RunId {
+    /// Whether the id's text is `text`, without printing it.
+    fn is_text(&self, text: &str) -> bool {
+        let mut rest = text.as_bytes();
+        self.write_pieces(|piece| match rest.strip_prefix(piece) {
+            Some(after) => {
+                rest = after;
+                Ok(())
+            }
+            None => Err(fmt::Error),
+        })
+        .is_ok()
+            && rest.is_empty()
+    }
+}
+
+/// Comparisons with the ids' text (`run_id == "t1/0.2"`), without printing
+/// or reading either.
+macro_rules! eq_text {
+    ($ty:ty, $this:ident => $test:expr) => {
+        impl PartialEq<str> for $ty {
+            fn eq(&self, text: &str) -> bool {
+                let $this = (self, text);
+                $test
+            }
+        }
+
+        impl PartialEq<&str> for $ty {
+            fn eq(&self, text: &&str) -> bool {
+                self == *text
+            }
+        }
+
+        impl PartialEq<String> for $ty {
+            fn eq(&self, text: &String) -> bool {
+                self == text.as_str()
+            }
+        }
+    };
+}
+
+eq_text!(TreeId, pair => pair.0.as_str() == pair.1);
+eq_text!(RunId, pair => pair.0.is_text(pair.1));
+eq_text!(AgentId, pair => pair.0.0.is_text(pair.1));
+
+impl PartialEq<RunId> for AgentId {
+    fn eq(&self, run: &RunId) -> bool {
+        self.0 == *run
+    }
+}
+
+impl PartialEq<AgentId> for RunId {
+    fn eq(&self, agent: &AgentId) -> bool {
+        *self == agent.0
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -443,6 +629,7 @@ mod tests {
         assert_eq!(retried.attempt(), 1);
         assert_eq!(retried.child(0).to_string(), "t1/0.1~1.0");
         assert_eq!(retried.agent_id(), child);
+        assert_eq!(retried.agent_id().attempt(1), retried);
         assert_eq!(retried.child(0).agent_id().to_string(), "t1/0.1~1.0");
     }
 

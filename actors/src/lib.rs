@@ -42,7 +42,7 @@ pub use event::{Event, EventKind, EventType, UnknownEventType};
 pub use failure::{Failure, FailureKind};
 pub use history::History;
 pub use hooks::{RunIds, TreeHooks};
-pub use id::{IdError, RunId, TreeId};
+pub use id::{AgentId, IdError, RunId, TreeId};
 pub use limit::{Limit, LimitHit, out_of_range};
 pub use message::{Content, Message, Part, ToolCall, ToolInput, ToolResultPart};
 pub use model::{

@@ -108,7 +108,7 @@ mod tests {
         AgentState {
             message_history: history.into_iter().collect::<History>(),
             status,
-            ..AgentState::default()
+            ..AgentState::of_run("t/0".parse().unwrap())
         }
     }
 

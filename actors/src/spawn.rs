@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use crate::failure::FailureKind;
 use crate::history::History;
 use crate::hooks::RunIds;
+use crate::id::{AgentId, RunId};
 use crate::message::{
     Content, INSTRUCTIONS_PROMPT, Message, Meta, Part, SPAWN_PROMPT, SUBAGENT_SPAWN,
 };
@@ -384,12 +385,12 @@ pub struct ChildStart {
 #[derive(Clone, Debug)]
 pub struct ParentInfo {
     /// The parent's agent id: the children's `parentId`.
-    pub agent_id: String,
+    pub agent_id: AgentId,
     /// The parent's run id.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The parent's ancestors plus the parent: the children's `ancestorRunIds`
     /// (one list all of them share).
-    pub lineage: Arc<[String]>,
+    pub lineage: Arc<[RunId]>,
     /// The parent's system prompt (a child may inherit it).
     pub system_prompt: Arc<str>,
     /// The parent's latest context size in tokens; a child starts from it.
@@ -544,10 +545,10 @@ pub struct ChildReport {
     pub agent_type: String,
     /// The template's display name (the requested type when it was refused).
     pub agent_name: String,
-    /// The child's agent id (empty when it never started).
-    pub agent_id: String,
+    /// The child's agent id (`None` when it never started).
+    pub agent_id: Option<AgentId>,
     /// Every attempt's run id, in order (empty when it never started).
-    pub run_ids: Vec<String>,
+    pub run_ids: Vec<RunId>,
     /// How it ended (`failed` when it never started).
     pub status: AgentStatus,
     /// The child's output value, or `{errorMessage}` when it could not start or failed.
@@ -567,7 +568,7 @@ impl ChildReport {
         ChildReport {
             agent_type: agent_type.to_owned(),
             agent_name: agent_type.to_owned(),
-            agent_id: String::new(),
+            agent_id: None,
             run_ids: Vec::new(),
             status: AgentStatus::Failed,
             value: json!({ "errorMessage": message }),
@@ -581,12 +582,12 @@ impl ChildReport {
     /// tokens), a larger `value` is cut to it ([`cut_report`]).
     pub(crate) fn entry(&self, budget: Option<u64>) -> Value {
         let run_id = self.run_ids.last();
-        let cut = budget.and_then(|b| cut_report(&self.value, b, run_id.map(String::as_str)));
+        let cut = budget.and_then(|b| cut_report(&self.value, b, run_id));
         let value = cut.unwrap_or_else(|| self.value.clone());
         entry_value(
             self.agent_name.clone(),
             self.agent_type.clone(),
-            self.agent_id.clone(),
+            self.agent_id.as_ref(),
             run_id,
             value,
         )
@@ -595,7 +596,7 @@ impl ChildReport {
     /// Like [`entry`](Self::entry), taking the report apart: the value moves
     /// into the entry (a child's report can be a whole subtree's answers; it
     /// is not copied), and the run ids come back for the parent's record.
-    pub(crate) fn into_entry(self, budget: Option<u64>) -> (Value, Vec<String>) {
+    pub(crate) fn into_entry(self, budget: Option<u64>) -> (Value, Vec<RunId>) {
         let ChildReport {
             agent_type,
             agent_name,
@@ -605,12 +606,12 @@ impl ChildReport {
             ..
         } = self;
         let run_id = run_ids.last();
-        let value = match budget.and_then(|b| cut_report(&value, b, run_id.map(String::as_str))) {
+        let value = match budget.and_then(|b| cut_report(&value, b, run_id)) {
             Some(cut) => cut,
             None => value,
         };
         // The report is used up here: its strings move into the entry.
-        let entry = entry_value(agent_name, agent_type, agent_id, run_id, value);
+        let entry = entry_value(agent_name, agent_type, agent_id.as_ref(), run_id, value);
         (entry, run_ids)
     }
 
@@ -621,21 +622,25 @@ impl ChildReport {
 }
 
 /// One entry of a spawn result, built as a map directly (the `json!` macro
-/// would serialise `value` into a copy).
+/// would serialise `value` into a copy). The model reads the ids as text:
+/// a child that never started has the agent id `""` and the run id `null`.
 fn entry_value(
     agent_name: String,
     agent_type: String,
-    agent_id: String,
-    run_id: Option<&String>,
+    agent_id: Option<&AgentId>,
+    run_id: Option<&RunId>,
     value: Value,
 ) -> Value {
     let mut map = serde_json::Map::with_capacity(5);
     map.insert("agentName".to_owned(), Value::String(agent_name));
     map.insert("agentType".to_owned(), Value::String(agent_type));
-    map.insert("agentId".to_owned(), Value::String(agent_id));
+    map.insert(
+        "agentId".to_owned(),
+        Value::String(agent_id.map(ToString::to_string).unwrap_or_default()),
+    );
     map.insert(
         "runId".to_owned(),
-        run_id.map_or(Value::Null, |r| Value::from(r.as_str())),
+        run_id.map_or(Value::Null, |r| Value::String(r.to_string())),
     );
     map.insert("value".to_owned(), value);
     Value::Object(map)
@@ -646,7 +651,7 @@ fn entry_value(
 /// (on a char boundary) followed by the note; any other value is cut as its
 /// JSON text inside `{type: "truncated", text, cutBytes, runId, note}`. The
 /// note says how many bytes were left out and where the full value is.
-pub fn cut_report(value: &Value, budget: u64, run_id: Option<&str>) -> Option<Value> {
+pub fn cut_report(value: &Value, budget: u64, run_id: Option<&RunId>) -> Option<Value> {
     use crate::message::{ESTIMATED_BYTES_PER_TOKEN, json_len};
     if (json_len(value) as u64).div_ceil(ESTIMATED_BYTES_PER_TOKEN) <= budget {
         return None;
@@ -676,7 +681,7 @@ pub fn cut_report(value: &Value, budget: u64, run_id: Option<&str>) -> Option<Va
             "[report cut to fit the context window: {cut} of {} bytes left out; \
              the full value is in run {run} (arbor show {run}, GET /v1/runs/{})]",
             keep + cut,
-            run.replace('%', "%25").replace('/', "%2F")
+            run.to_string().replace('%', "%25").replace('/', "%2F")
         ),
         None => format!(
             "[report cut to fit the context window: {cut} of {} bytes left out]",
@@ -793,7 +798,10 @@ mod tests {
     #[test]
     fn a_report_under_its_share_is_untouched() {
         let value = json!({"type": "lastMessage", "value": "short"});
-        assert_eq!(cut_report(&value, 100, Some("T/0.1")), None);
+        assert_eq!(
+            cut_report(&value, 100, Some(&"T/0.1".parse().unwrap())),
+            None
+        );
         assert_eq!(cut_report(&json!("é".repeat(10)), 100, None), None);
     }
 
@@ -801,7 +809,7 @@ mod tests {
     fn a_string_report_over_its_share_is_cut_on_a_char_boundary_with_a_note() {
         // 3 bytes a char: a budget of 4 tokens (16 bytes) keeps 5 chars (15 bytes).
         let long = "€".repeat(100);
-        let cut = cut_report(&json!(long), 4, Some("T/0.2")).unwrap();
+        let cut = cut_report(&json!(long), 4, Some(&"T/0.2".parse().unwrap())).unwrap();
         let text = cut.as_str().unwrap();
         let (kept, note) = text.split_once('\n').unwrap();
         assert_eq!(kept, "€".repeat(5));
@@ -814,7 +822,12 @@ mod tests {
     /// run id; it is written encoded, as the route takes it.
     #[test]
     fn the_cut_reports_get_path_is_written_with_the_run_id_url_encoded() {
-        let cut = cut_report(&json!("x".repeat(100)), 4, Some("t1/0.1~2.3")).unwrap();
+        let cut = cut_report(
+            &json!("x".repeat(100)),
+            4,
+            Some(&"t1/0.1~2.3".parse().unwrap()),
+        )
+        .unwrap();
         let note = cut.as_str().unwrap().split_once('\n').unwrap().1.to_owned();
         assert!(note.contains("arbor show t1/0.1~2.3,"), "{note}");
         assert!(note.contains("GET /v1/runs/t1%2F0.1~2.3)"), "{note}");
@@ -824,7 +837,7 @@ mod tests {
     fn a_json_report_over_its_share_is_cut_as_text_in_a_truncated_wrapper() {
         let value = json!({"type": "lastMessage", "value": "x".repeat(1000)});
         let full = value.to_string();
-        let cut = cut_report(&value, 10, Some("T/0.3")).unwrap();
+        let cut = cut_report(&value, 10, Some(&"T/0.3".parse().unwrap())).unwrap();
         assert_eq!(cut["type"], "truncated");
         assert_eq!(cut["text"], json!(full[..40]));
         assert_eq!(cut["cutBytes"], json!(full.len() - 40));

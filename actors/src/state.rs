@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::failure::FailureKind;
 use crate::history::History;
+use crate::id::{AgentId, RunId, RunIds};
 
 /// How a run ended, or that it is still going.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -54,30 +55,30 @@ pub struct ToolDefinition {
 /// Tool definitions by name; shared between every agent of a template.
 pub type ToolDefinitions = Arc<BTreeMap<String, ToolDefinition>>;
 
-/// One run's state (semantics §2); every field but `agentId` may be absent
-/// on input and takes its default.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// One run's state (semantics §2); every field but `agentId` and `runId`
+/// may be absent on input and takes its default. Ids are typed and
+/// serialise as their text (`"t1/0.2~1"`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentState {
     /// This agent's id (the same for all its attempts).
-    pub agent_id: String,
+    pub agent_id: AgentId,
     /// The template it runs; for a child, the matched `spawnableAgents` entry.
     #[serde(default)]
     pub agent_type: Option<String>,
     /// This run's id.
-    #[serde(default)]
-    pub run_id: String,
+    pub run_id: RunId,
     /// The parent's agent id; `None` for a root.
     #[serde(default)]
-    pub parent_id: Option<String>,
+    pub parent_id: Option<AgentId>,
     /// Run ids from the root down to the parent; its length is the depth.
     /// Shared: every child of one parent holds the same list (issue 17:
     /// copied, it was a vector and one string per ancestor for every agent).
     #[serde(default)]
-    pub ancestor_run_ids: Arc<[String]>,
+    pub ancestor_run_ids: Arc<[RunId]>,
     /// Every child run that started, in request order.
     #[serde(default)]
-    pub child_run_ids: Vec<String>,
+    pub child_run_ids: Vec<RunId>,
     /// The conversation.
     #[serde(default)]
     pub message_history: History,
@@ -117,12 +118,12 @@ pub struct AgentState {
 #[derive(Clone, Debug)]
 pub struct Start {
     /// The run's agent id and run id.
-    pub ids: crate::id::RunIds,
+    pub ids: RunIds,
     /// The template it runs (for a child, the matched `spawnableAgents` entry).
     pub agent_type: String,
     /// The parent's agent id and the run ids above the new run (the parent's
     /// ancestors, then the parent); `None` for a root.
-    pub parent: Option<(String, Arc<[String]>)>,
+    pub parent: Option<(AgentId, Arc<[RunId]>)>,
     /// The history the run starts its turn with (inherited messages, then its
     /// input messages).
     pub history: History,
@@ -164,6 +165,36 @@ impl AgentState {
         }
     }
 
+    /// The state of the root run `run_id` before anything happened: running,
+    /// with no history, system prompt, tools, steps or spending (for states
+    /// built by hand, as tests do; a run starts from [`initial`](Self::initial)).
+    pub fn of_run(run_id: RunId) -> AgentState {
+        AgentState {
+            agent_id: run_id.agent_id(),
+            agent_type: None,
+            run_id,
+            parent_id: None,
+            ancestor_run_ids: Arc::default(),
+            child_run_ids: Vec::new(),
+            message_history: History::new(),
+            output: None,
+            system_prompt: Arc::default(),
+            tool_definitions: ToolDefinitions::default(),
+            context_token_count: 0,
+            steps_remaining: 0,
+            credits_used: 0.0,
+            direct_credits_used: 0.0,
+            status: AgentStatus::Running,
+            error_kind: None,
+        }
+    }
+
+    /// The parent's run id (the last of [`ancestor_run_ids`](Self::ancestor_run_ids));
+    /// `None` for a root.
+    pub fn parent_run_id(&self) -> Option<&RunId> {
+        self.ancestor_run_ids.last()
+    }
+
     /// Depth in the tree: 0 for a root.
     pub fn depth(&self) -> usize {
         self.ancestor_run_ids.len()
@@ -184,14 +215,15 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// A state as Codebuff writes it (with fields Arbor does not know).
+    /// A state as Codebuff writes it (with fields Arbor does not know), with
+    /// ids of Arbor's shape (typed ids read only those).
     fn codebuff_state() -> Value {
         json!({
-            "agentId": "a1",
+            "agentId": "t1/0.1",
             "agentType": "codebuff/researcher@0.1.0",
-            "runId": "r1",
-            "parentId": "p0",
-            "ancestorRunIds": ["r0"],
+            "runId": "t1/0.1",
+            "parentId": "t1/0",
+            "ancestorRunIds": ["t1/0"],
             "childRunIds": [],
             "messageHistory": [
                 {"role": "user", "content": "find it"},
@@ -224,6 +256,45 @@ mod tests {
         assert_eq!(state.depth(), 1);
         assert_eq!(state.status, AgentStatus::Running);
         assert_eq!(state.tool_definitions["read_files"].description, "read");
+    }
+
+    /// States as the build before typed ids (5c8d466) wrote them: a
+    /// helper's final state from `arbor show --json` on the scripted tree
+    /// (`finalText` taken out, as the CLI adds it), and one with every id
+    /// shape (a follow-up turn, retried runs, a tree id of the format before
+    /// issue 33, a failure kind).
+    const STATES_OF_THE_BUILD_BEFORE_TYPED_IDS: [&str; 2] = [
+        r#"{"agentId":"t01a24f2c0585708d8969d4ee45797cc5/0.1.1","agentType":"helper","runId":"t01a24f2c0585708d8969d4ee45797cc5/0.1.1","parentId":"t01a24f2c0585708d8969d4ee45797cc5/0.1","ancestorRunIds":["t01a24f2c0585708d8969d4ee45797cc5/0","t01a24f2c0585708d8969d4ee45797cc5/0.1"],"childRunIds":[],"messageHistory":[{"role":"user","content":"dig","tags":["SPAWN_PROMPT"]},{"role":"assistant","content":[{"type":"tool-call","toolCallId":"t01a24f2c0585708d8969d4ee45797cc5/0.1.1-s1-c0","toolName":"set_output","input":{"found":42}}]},{"role":"tool","toolCallId":"t01a24f2c0585708d8969d4ee45797cc5/0.1.1-s1-c0","toolName":"set_output","content":[{"type":"json","value":{"ok":true}}]}],"output":{"found":42},"systemPrompt":"","toolDefinitions":{"end_turn":{"description":"End your turn after this step.","inputSchema":{"type":"object"}},"set_output":{"description":"Set your output to this object (replaces any earlier output).","inputSchema":{"type":"object"}}},"contextTokenCount":10,"stepsRemaining":19,"creditsUsed":0.0625,"directCreditsUsed":0.0625,"status":"completed"}"#,
+        r#"{"agentId":"t1c2a3b4c5d6e/0~1.1~1.2","agentType":"worker","runId":"t1c2a3b4c5d6e/0~1.1~1.2~3","parentId":"t1c2a3b4c5d6e/0~1.1","ancestorRunIds":["t1c2a3b4c5d6e/0~1","t1c2a3b4c5d6e/0~1.1~1"],"childRunIds":["t1c2a3b4c5d6e/0~1.1~1.2~3.0","t1c2a3b4c5d6e/0~1.1~1.2~3.0~1","t1c2a3b4c5d6e/0~1.1~1.2~3.10"],"messageHistory":[{"role":"user","content":"go"}],"output":{"errorMessage":"child failed"},"systemPrompt":"You work.","toolDefinitions":{},"contextTokenCount":7,"stepsRemaining":3,"creditsUsed":0.5,"directCreditsUsed":0.25,"status":"failed","errorKind":"child_failed"}"#,
+    ];
+
+    /// Typed ids keep the wire: a state stored or served by the build
+    /// before them reads, and writes back byte for byte.
+    #[test]
+    fn states_with_typed_ids_write_back_the_json_of_the_build_before_them() {
+        for text in STATES_OF_THE_BUILD_BEFORE_TYPED_IDS {
+            let state: AgentState = serde_json::from_str(text).unwrap();
+            assert_eq!(serde_json::to_string(&state).unwrap(), text);
+        }
+        let retried: AgentState =
+            serde_json::from_str(STATES_OF_THE_BUILD_BEFORE_TYPED_IDS[1]).unwrap();
+        assert_eq!(retried.agent_id.attempt(3), retried.run_id);
+        assert_eq!(retried.run_id.agent_id(), retried.agent_id);
+        assert_eq!(
+            retried.parent_run_id().map(RunId::agent_id),
+            retried.parent_id
+        );
+        assert_eq!(retried.depth(), 2);
+        assert_eq!(retried.child_run_ids[2].path().len(), 4);
+    }
+
+    /// An id that is not a run id is refused when a state is read, naming it.
+    #[test]
+    fn a_state_with_an_id_that_is_no_run_id_is_refused() {
+        let mut state = codebuff_state();
+        state["childRunIds"] = json!(["t1/0.1.x"]);
+        let error = serde_json::from_value::<AgentState>(state).unwrap_err();
+        assert!(error.to_string().contains("t1/0.1.x"), "{error}");
     }
 
     #[test]

@@ -56,15 +56,16 @@ pub use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::id::{RunId, TreeId};
 use crate::message::ToolResultPart;
 
 /// Who is calling, for tools that care.
 #[derive(Clone, Debug)]
 pub struct ToolContext {
     /// The calling agent's tree.
-    pub tree_id: Arc<str>,
+    pub tree_id: TreeId,
     /// The calling agent's run id.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The calling agent's `agentType` (empty if it has none).
     pub agent_type: String,
     /// The id of the model's tool call this call answers.

@@ -83,8 +83,8 @@ pub use config::{Config, ConfigError};
 pub use arbor_actors::tool;
 pub use arbor_actors::tool::{Tool, ToolContext, ToolError, ToolOutput};
 pub use arbor_actors::{
-    AgentState, AgentStatus, AgentTemplate, Delta, Event, EventKind, Limit, LimitHit, Message,
-    OutputMode, RunId, RunResult, TreeId, Usage,
+    AgentId, AgentState, AgentStatus, AgentTemplate, Delta, Event, EventKind, Limit, LimitHit,
+    Message, OutputMode, RunId, RunResult, TreeId, Usage,
 };
 pub use arbor_supervisor::{
     Canceller, Catalog, Multitask, Queued, Retain, StartRequest, Supervisor, ToolRule, TreeLimits,
@@ -501,15 +501,15 @@ impl Runtime {
 
     /// Any run's state by id: live (its current state), finished in this
     /// process, or (with a store) as stored: final, or its last checkpoint.
-    pub async fn state(&self, run_id: &str) -> Result<AgentState, Error> {
+    pub async fn state(&self, run_id: &RunId) -> Result<AgentState, Error> {
         match self.supervisor.state(run_id).await {
             Err(arbor_supervisor::Error::UnknownRun(_)) => {}
             found => return Ok(found?),
         }
+        let run_id = run_id.to_string();
         if self.supervisor.store().is_none() {
-            return Err(arbor_supervisor::Error::UnknownRun(run_id.to_owned()).into());
+            return Err(arbor_supervisor::Error::UnknownRun(run_id).into());
         }
-        let run_id = run_id.to_owned();
         let stored = self
             .supervisor
             .read_store_now(move |store| store.run(&run_id))
@@ -523,9 +523,9 @@ impl Runtime {
 /// A started tree: its ids, its events, a way to cancel it, and its result.
 pub struct Run {
     /// The tree's id (the prefix of every run id in it).
-    pub tree_id: Arc<str>,
+    pub tree_id: TreeId,
     /// The root run's id.
-    pub run_id: String,
+    pub run_id: RunId,
     events: Option<Events>,
     handle: TreeHandle,
 }
@@ -550,7 +550,7 @@ impl Run {
     pub fn take_events(&mut self) -> Events {
         self.events.take().unwrap_or_else(|| Events {
             rx: tokio::sync::mpsc::unbounded_channel().1,
-            root: String::new(),
+            root: self.run_id.clone(),
             done: true,
         })
     }
@@ -594,7 +594,7 @@ pub enum Waited {
 /// Also a [`futures::Stream`].
 pub struct Events {
     rx: EventStream,
-    root: String,
+    root: RunId,
     done: bool,
 }
 
@@ -611,7 +611,7 @@ impl Events {
         }
         let polled = self.rx.poll_recv(cx);
         if let Poll::Ready(Some(event)) = &polled {
-            self.done = *event.run_id == *self.root && event.kind.final_state().is_some();
+            self.done = event.run_id == self.root && event.kind.final_state().is_some();
         }
         polled
     }

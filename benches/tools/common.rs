@@ -113,8 +113,8 @@ pub(crate) fn histogram() -> Histogram<u64> {
 
 pub(crate) fn ctx() -> ToolContext {
     ToolContext {
-        tree_id: Arc::from("t-bench"),
-        run_id: "t-bench/0".to_owned(),
+        tree_id: "t-bench".parse().expect("a tree id"),
+        run_id: "t-bench/0".parse().expect("a run id"),
         agent_type: "bench".to_owned(),
         call_id: "call-1".to_owned(),
         workspace: None,

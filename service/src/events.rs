@@ -14,7 +14,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use arbor_actors::Event;
+use arbor_actors::{Event, RunId};
 use arbor_supervisor::TreeStatus;
 use arbor_supervisor::{JournalEntry, journal_view};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -50,6 +50,8 @@ struct Follow {
     run_id: String,
     /// The root run of the followed run's turn: its end ends the stream.
     root: String,
+    /// `run_id` and `root` typed, for live events (whose ids are).
+    typed: (RunId, RunId),
     tree_id: Arc<str>,
     last: u64,
     /// The highest `seq` read from the journal (of any run of the tree):
@@ -81,6 +83,17 @@ impl Follow {
         seq > self.last && in_subtree(run, &self.run_id)
     }
 
+    /// [`ends`](Self::ends) for a live event's run id.
+    fn ends_live(&self, run: &RunId, is_final: bool) -> bool {
+        let (own, root) = &self.typed;
+        is_final && (run == root || run == own)
+    }
+
+    /// [`wanted`](Self::wanted) for a live event's run id.
+    fn wanted_live(&self, seq: u64, run: &RunId) -> bool {
+        seq > self.last && run.is_within(&self.typed.0)
+    }
+
     /// Sends a journal entry (read from the store) if it is of the subtree
     /// and new; returns whether the stream is over (the run's final event
     /// went out, or the client left).
@@ -98,8 +111,8 @@ impl Follow {
     /// journal leaves out, which `journal_view` tells before any JSON).
     async fn send_event(&mut self, event: &Event) -> bool {
         // The final kinds are the journal's final types (and always journaled).
-        let ends = self.ends(&event.run_id, event.kind.final_state().is_some());
-        if !self.wanted(event.seq, &event.run_id) {
+        let ends = self.ends_live(&event.run_id, event.kind.final_state().is_some());
+        if !self.wanted_live(event.seq, &event.run_id) {
             return ends;
         }
         match journal_view(event) {
@@ -199,7 +212,8 @@ pub async fn stream(
     shared.wait_ready().await;
     // The root of the run's turn (`T/0`, or `T/0~n` for a follow-up turn):
     // another turn's end does not end this stream.
-    let root = id.turn_root().to_string();
+    let turn_root = id.turn_root();
+    let root = turn_root.to_string();
     // A run of a tree running here or on another replica may not have
     // started yet (a root right after the 201, a child named by
     // `childSpawned` that waits for a live slot): it is followed all the
@@ -226,6 +240,7 @@ pub async fn stream(
     let mut follow = Follow {
         run_id,
         root,
+        typed: (id, turn_root),
         tree_id,
         last: after,
         read: after,

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arbor_actors::sync::LockExt as _;
-use arbor_actors::{Event, EventKind};
+use arbor_actors::{Event, EventKind, RunId};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -114,7 +114,7 @@ impl Track {
 
 /// What the bus observer and the client's request signals share.
 struct Live {
-    runs: Mutex<HashMap<Arc<str>, Track>>,
+    runs: Mutex<HashMap<RunId, Track>>,
     requests: Family<ModelLabel, Counter>,
     ttft: Family<ModelLabel, Histogram>,
 }
@@ -123,8 +123,11 @@ impl Live {
     /// A signal from the HTTP client about a request of one of our runs
     /// (another service's runs are not in `runs`).
     fn signal(&self, signal: &RequestSignal<'_>, now: Instant) {
+        let Ok(run) = signal.run_id.parse::<RunId>() else {
+            return;
+        };
         let mut runs = self.runs.locked();
-        let Some(track) = runs.get_mut(signal.run_id) else {
+        let Some(track) = runs.get_mut(&run) else {
             return;
         };
         match signal.event {
@@ -378,7 +381,7 @@ impl Metrics {
                 let model = self
                     .tree_models
                     .locked()
-                    .get(&event.tree_id)
+                    .get(&*event.tree_id)
                     .cloned()
                     .or_else(|| self.models.get(agent_type).cloned())
                     .unwrap_or_else(|| Arc::from("unknown"));
@@ -503,7 +506,7 @@ impl Metrics {
                     }
                 }
                 if state.parent_id.is_none() {
-                    self.tree_models.locked().remove(&event.tree_id);
+                    self.tree_models.locked().remove(&*event.tree_id);
                 }
             }
         }
@@ -724,13 +727,13 @@ mod tests {
         let m = metrics();
         let event = |kind: EventKind| Event {
             seq: 0,
-            tree_id: "t".into(),
-            run_id: "t/0".into(),
+            tree_id: "t".parse().unwrap(),
+            run_id: "t/0".parse().unwrap(),
             at_ms: 0,
             kind,
         };
         m.observe(&event(EventKind::AgentStarted {
-            agent_id: "a".into(),
+            agent_id: "t/0".parse().unwrap(),
             agent_type: "a".into(),
             parent_run_id: None,
             depth: 0,
@@ -773,20 +776,20 @@ mod tests {
     fn event(run: &str, kind: EventKind) -> Event {
         Event {
             seq: 0,
-            tree_id: "t".into(),
-            run_id: run.into(),
+            tree_id: "t".parse().unwrap(),
+            run_id: run.parse().unwrap(),
             at_ms: 0,
             kind,
         }
     }
 
     fn started(run: &str) -> EventKind {
-        let parent = run.rsplit_once('/').map(|(p, _)| p.to_owned());
+        let run: RunId = run.parse().unwrap();
         EventKind::AgentStarted {
-            agent_id: run.into(),
+            agent_id: run.agent_id(),
             agent_type: "a".into(),
-            parent_run_id: parent.filter(|p| p.contains('/')),
-            depth: run.matches('/').count() - 1,
+            parent_run_id: run.parent(),
+            depth: run.path().len() - 1,
         }
     }
 
@@ -803,10 +806,10 @@ mod tests {
 
     fn finished(run: &str) -> EventKind {
         let state = arbor_actors::AgentState {
-            run_id: run.into(),
-            parent_id: Some("t/0".into()),
+            run_id: run.parse().unwrap(),
+            parent_id: Some("t/0".parse().unwrap()),
             status: arbor_actors::AgentStatus::Completed,
-            ..Default::default()
+            ..arbor_actors::AgentState::of_run(run.parse().unwrap())
         };
         EventKind::AgentFinished {
             state: Arc::new(state),
@@ -839,7 +842,7 @@ mod tests {
         let m = metrics();
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let (parent, child) = ("t/0", "t/0/0");
+        let (parent, child) = ("t/0", "t/0.1");
         m.observe_at(&event(parent, started(parent)), at(0));
         m.observe_at(&event(parent, EventKind::StepStarted { step: 1 }), at(0));
         // The model answers in 100 ms with a spawn; the parent gives its
@@ -906,7 +909,7 @@ mod tests {
         m.observe_at(&event("t/0", EventKind::StepStarted { step: 2 }), at(200));
         let state = arbor_actors::AgentState {
             status: arbor_actors::AgentStatus::Failed,
-            ..Default::default()
+            ..arbor_actors::AgentState::of_run("t/0".parse().unwrap())
         };
         let failed = EventKind::AgentFailed {
             error: "the endpoint asked to wait 60s, beyond the tree's deadline in 5s".into(),

@@ -13,6 +13,7 @@
 use std::sync::Weak;
 use std::time::Duration;
 
+use arbor_actors::RunId;
 use arbor_actors::approval::Decision;
 use arbor_actors::sync::LockExt as _;
 use arbor_supervisor::store::{Control, Owner, Wake};
@@ -37,13 +38,13 @@ pub(crate) enum ControlBody {
     #[serde(rename_all = "camelCase")]
     Cancel {
         /// The run whose subtree is cancelled.
-        run_id: String,
+        run_id: RunId,
     },
     /// `POST /v1/runs/{runId}/messages`.
     #[serde(rename_all = "camelCase")]
     Steer {
         /// The run the message is for.
-        run_id: String,
+        run_id: RunId,
         /// The message.
         text: String,
     },
@@ -625,10 +626,10 @@ mod tests {
     fn controls_travel_as_tagged_json_and_back() {
         let controls = [
             ControlBody::Cancel {
-                run_id: "t/0.1".into(),
+                run_id: "t/0.1".parse().unwrap(),
             },
             ControlBody::Steer {
-                run_id: "t/0".into(),
+                run_id: "t/0".parse().unwrap(),
                 text: "hurry".into(),
             },
             ControlBody::Decide {
@@ -657,7 +658,7 @@ mod tests {
             );
         }
         let cancel = serde_json::to_value(ControlBody::Cancel {
-            run_id: "t/0".into(),
+            run_id: "t/0".parse().unwrap(),
         })
         .unwrap();
         assert_eq!(

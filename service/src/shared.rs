@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arbor_actors::FailureKind;
 use arbor_actors::sync::LockExt as _;
+use arbor_actors::{FailureKind, RunId, TreeId};
 use arbor_supervisor::{StartRequest, TreeHandle};
 use axum::http::StatusCode;
 use tokio::sync::watch;
@@ -77,7 +77,7 @@ impl Shared {
     pub(super) async fn start(
         self: &Arc<Self>,
         request: StartRequest,
-    ) -> Result<(Arc<str>, String), ApiError> {
+    ) -> Result<(TreeId, RunId), ApiError> {
         self.admit()?;
         // The observer must know the tree's model before its first event.
         let tree_id = request
@@ -183,7 +183,7 @@ impl Shared {
     }
 
     /// Keeps a turn the supervisor started (counted from now).
-    pub(super) fn keep_turn(self: &Arc<Self>, handle: TreeHandle) -> (Arc<str>, String) {
+    pub(super) fn keep_turn(self: &Arc<Self>, handle: TreeHandle) -> (TreeId, RunId) {
         self.metrics.trees_running.inc();
         self.keep(handle)
     }
@@ -209,7 +209,7 @@ impl Shared {
     }
 
     /// Lets a started (and counted) tree run to its end, and uncounts it then.
-    pub(super) fn keep(self: &Arc<Self>, handle: TreeHandle) -> (Arc<str>, String) {
+    pub(super) fn keep(self: &Arc<Self>, handle: TreeHandle) -> (TreeId, RunId) {
         let ids = (handle.tree_id.clone(), handle.root_run_id.clone());
         let gauge = self.metrics.trees_running.clone();
         self.replica.owned.inc();

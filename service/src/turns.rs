@@ -25,9 +25,9 @@ pub(crate) enum Answer {
     /// It started here: its tree and root run.
     Started {
         /// The tree.
-        tree: Arc<str>,
+        tree: arbor_actors::TreeId,
         /// The turn's root run (`T/0~n`).
-        run_id: String,
+        run_id: arbor_actors::RunId,
     },
     /// It waits for the turns before it to end.
     Queued(QueuedTurn),

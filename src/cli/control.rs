@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use arbor::Runtime;
+use arbor_actors::RunId;
 use arbor_supervisor::{BudgetOutcome, CancelOutcome, Raised, Supervisor};
 use serde_json::Value;
 
@@ -280,12 +281,21 @@ pub(super) async fn take_controls(
         for control in controls {
             let body = &control.body;
             let text = |key: &str| body[key].as_str().unwrap_or_default().to_owned();
+            // The control's run, read once (a run id of no tree runs nowhere).
+            let run = || {
+                let run = text("runId");
+                run.parse::<RunId>()
+                    .map_err(|_| arbor_supervisor::Error::UnknownRun(run))
+            };
             let done = match body["control"].as_str() {
-                Some("cancel") => supervisor.cancel_run(&text("runId")),
+                Some("cancel") => run().and_then(|run| supervisor.cancel_run(&run)),
                 Some("raise") => supervisor
                     .raise_limits(tree_id, raised(&body["set"]), raised(&body["add"]))
                     .map(drop),
-                Some("steer") => supervisor.steer(&text("runId"), &text("text")).await,
+                Some("steer") => match run() {
+                    Ok(run) => supervisor.steer(&run, &text("text")).await,
+                    Err(error) => Err(error),
+                },
                 Some("decide") => match serde_json::from_value(body["decision"].clone()) {
                     Ok(decision) => supervisor
                         .decide(tree_id, &text("callId"), decision)

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use arbor_actors::{AgentState, Event, EventKind};
+use arbor_actors::{AgentState, Event, EventKind, RunId};
 
 use super::runs::count;
 
@@ -16,8 +16,8 @@ use super::runs::count;
 /// its children's.
 #[derive(Default)]
 pub struct TreeRenderer {
-    started: HashMap<String, (u64, usize)>,
-    tokens: HashMap<String, u64>,
+    started: HashMap<RunId, (u64, usize)>,
+    tokens: HashMap<RunId, u64>,
     /// The tree is not stored: `arbor budget` cannot reach it.
     unstored: bool,
 }
@@ -39,7 +39,7 @@ impl TreeRenderer {
                 agent_type, depth, ..
             } => {
                 self.started
-                    .insert(event.run_id.to_string(), (event.at_ms, *depth));
+                    .insert(event.run_id.clone(), (event.at_ms, *depth));
                 if *depth == 0 {
                     return Some(format!(
                         "▸ {agent_type} {} (tree {})",
@@ -49,7 +49,7 @@ impl TreeRenderer {
                 Some(format!("{}▸ {agent_type} {}", indent(*depth), short(event)))
             }
             EventKind::ModelResponded { usage, .. } => {
-                *self.tokens.entry(event.run_id.to_string()).or_default() += usage.total_tokens();
+                *self.tokens.entry(event.run_id.clone()).or_default() += usage.total_tokens();
                 None
             }
             EventKind::AgentFinished { state, .. } => {
@@ -148,10 +148,10 @@ impl TreeRenderer {
     fn finished(&mut self, event: &Event, state: &AgentState, mark: &str, what: &str) -> String {
         let (start, depth) = self
             .started
-            .remove(event.run_id.as_ref())
+            .remove(&event.run_id)
             .unwrap_or((event.at_ms, state.depth()));
         let ms = event.at_ms.saturating_sub(start);
-        let tokens = self.tokens.remove(event.run_id.as_ref()).unwrap_or(0);
+        let tokens = self.tokens.remove(&event.run_id).unwrap_or(0);
         format!(
             "{}{mark} {} {} {what} in {ms}ms ({}, {})",
             indent(depth),
@@ -169,12 +169,8 @@ fn raise_flag(limit: arbor_actors::Limit) -> &'static str {
 }
 
 /// The run id without its tree prefix.
-fn short(event: &Event) -> &str {
-    event
-        .run_id
-        .strip_prefix(event.tree_id.as_ref())
-        .and_then(|r| r.strip_prefix('/'))
-        .unwrap_or(&event.run_id)
+fn short(event: &Event) -> arbor_actors::id::PathText<'_> {
+    event.run_id.path_text()
 }
 
 fn indent(depth: usize) -> String {
@@ -243,8 +239,8 @@ mod tests {
     fn event(kind: EventKind) -> Event {
         Event {
             seq: 1,
-            tree_id: "t".into(),
-            run_id: "t/0.1".into(),
+            tree_id: "t".parse().unwrap(),
+            run_id: "t/0.1".parse().unwrap(),
             at_ms: 0,
             kind,
         }
@@ -317,7 +313,7 @@ mod tests {
         let report = r
             .line(&event(EventKind::BackgroundDelivered {
                 step: 2,
-                child_run_id: "t/0.3".into(),
+                child_run_id: "t/0.3".parse().unwrap(),
             }))
             .unwrap();
         assert!(

@@ -256,12 +256,12 @@ fn same(a: &Value, b: &Value) -> bool {
 /// Returns how many runs matched, or the first run (in finish order) that differs.
 pub fn compare_replay(
     recorded: &[AgentState],
-    replayed: impl Fn(&str) -> Option<Arc<AgentState>>,
+    replayed: impl Fn(&RunId) -> Option<Arc<AgentState>>,
 ) -> Result<usize, Divergence> {
     for want in recorded {
         let agent_type = want.agent_type.clone().unwrap_or_default();
         let diverge = |detail: String| Divergence {
-            run_id: want.run_id.clone(),
+            run_id: want.run_id.to_string(),
             agent_type: agent_type.clone(),
             detail,
         };
@@ -382,9 +382,9 @@ mod tests {
     fn a_replay_names_the_first_run_and_message_that_differ() {
         use arbor_actors::Message;
         let mut a = AgentState {
-            run_id: "t/0.1".into(),
+            run_id: "t/0.1".parse().unwrap(),
             agent_type: Some("worker".into()),
-            ..AgentState::default()
+            ..AgentState::of_run("t/0".parse().unwrap())
         };
         a.message_history.push(Message::user("hi"));
         a.message_history.push(Message::assistant_text("one"));
@@ -393,8 +393,8 @@ mod tests {
         b.message_history.push(Message::user("hi"));
         b.message_history.push(Message::assistant_text("two"));
         let root = AgentState {
-            run_id: "t/0".into(),
-            ..AgentState::default()
+            run_id: "t/0".parse().unwrap(),
+            ..AgentState::of_run("t/0".parse().unwrap())
         };
         let recorded = vec![a.clone(), root.clone()];
         assert_eq!(
@@ -419,10 +419,10 @@ mod tests {
     #[test]
     fn a_failed_run_stored_before_error_kinds_still_replays_identically() {
         let old = AgentState {
-            run_id: "t/0".into(),
+            run_id: "t/0".parse().unwrap(),
             status: arbor_actors::AgentStatus::Failed,
             output: Some(json!({"errorMessage": "limit max_steps reached"})),
-            ..AgentState::default()
+            ..AgentState::of_run("t/0".parse().unwrap())
         };
         let new = AgentState {
             error_kind: Some(arbor_actors::FailureKind::Limit),

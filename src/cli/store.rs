@@ -184,7 +184,7 @@ async fn replay_tree(
     let recorded: Vec<_> = store
         .final_states(&tree_id)?
         .into_iter()
-        .filter(|s| arbor_actors::id::is_within(&s.run_id, &record.root_run_id))
+        .filter(|s| arbor_actors::id::is_within(&s.run_id.to_string(), &record.root_run_id))
         .collect();
     let recovery = store.recovery(&tree_id)?;
     let runtime = Runtime::new(config)?;

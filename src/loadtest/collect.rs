@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arbor_actors::sync::LockExt as _;
-use arbor_actors::{Delta, Event, EventKind, FailureKind, UsageSource};
+use arbor_actors::{Delta, Event, EventKind, FailureKind, RunId, UsageSource};
 use hdrhistogram::Histogram;
 
 /// Counters and histograms of one run, updated from events.
@@ -54,8 +54,8 @@ struct Inner {
     ids: arbor_actors::idmap::IdHasher,
     /// Per run (one step in flight at a time): the step and when it started,
     /// and when its first delta arrived.
-    step_started: IdMap<Arc<str>, (u32, Instant)>,
-    first_delta: IdMap<Arc<str>, Instant>,
+    step_started: IdMap<RunId, (u32, Instant)>,
+    first_delta: IdMap<RunId, Instant>,
     /// Spawn to reply, microseconds.
     spawn_to_reply: Histogram<u64>,
     /// Model step latency (request to reply), microseconds.

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use arbor_actors::approval::AlwaysAllowed;
 use arbor_actors::sync::LockExt;
-use arbor_actors::{Event, EventKind};
+use arbor_actors::{Event, EventKind, RunId};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -127,13 +127,13 @@ impl Approvals {
             | EventKind::AgentFailed { .. }
             | EventKind::AgentCancelled { .. } => {
                 let tree = &*event.tree_id;
-                let run = &*event.run_id;
+                let run = &event.run_id;
                 self.pending
                     .locked()
-                    .retain(|(t, _), p| !(t == tree && p.run_id == run));
+                    .retain(|(t, _), p| !(t == tree && *run == p.run_id));
                 self.first_asked
                     .locked()
-                    .retain(|(t, _), (r, _)| !(t == tree && r == run));
+                    .retain(|(t, _), (r, _)| !(t == tree && *run == *r));
             }
             _ => {}
         }
@@ -179,17 +179,16 @@ impl Approvals {
     }
 
     /// The run whose call `call_id` of tree `tree_id` waits, if one does.
-    pub(crate) fn run_of(&self, tree_id: &str, call_id: &str) -> Option<String> {
+    pub(crate) fn run_of(&self, tree_id: &str, call_id: &str) -> Option<RunId> {
         self.pending
             .locked()
             .get(&(tree_id.to_owned(), call_id.to_owned()))
-            .map(|p| p.run_id.clone())
+            .and_then(|p| p.run_id.parse().ok())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use arbor_actors::approval::AlwaysAllowed;
     use arbor_actors::{Event, EventKind};
@@ -199,8 +198,8 @@ mod tests {
     fn rule(tree: &str, tool: &str) -> Event {
         Event {
             seq: 1,
-            tree_id: Arc::from(tree),
-            run_id: Arc::from(format!("{tree}/0").as_str()),
+            tree_id: tree.parse().unwrap(),
+            run_id: format!("{tree}/0").parse().unwrap(),
             at_ms: 0,
             kind: EventKind::ApprovalRuleAdded { tool: tool.into() },
         }

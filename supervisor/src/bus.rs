@@ -74,7 +74,7 @@ impl EventBus {
         }
         let mut closed = false;
         for sub in subs.iter() {
-            if sub.tree.as_ref().is_some_and(|t| *t != event.tree_id) {
+            if sub.tree.as_ref().is_some_and(|t| **t != *event.tree_id) {
                 continue;
             }
             closed |= sub.tx.send(event.clone()).is_err();
@@ -100,8 +100,8 @@ mod tests {
     fn event(seq: u64) -> Event {
         Event {
             seq,
-            tree_id: Arc::from("t"),
-            run_id: Arc::from("t/0"),
+            tree_id: "t".parse().unwrap(),
+            run_id: "t/0".parse().unwrap(),
             at_ms: 0,
             kind: EventKind::Suspended,
         }

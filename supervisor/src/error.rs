@@ -58,7 +58,7 @@ pub enum Error {
     Spawn(String),
     /// The root of this tree stopped without sending its result.
     #[error("the root agent of tree {0} ended without a result")]
-    Lost(String),
+    Lost(arbor_actors::TreeId),
     /// No run has this id where it was looked up (the live trees, the
     /// finished states this supervisor keeps, or the store).
     #[error("no run {0}")]
@@ -92,7 +92,7 @@ pub enum Error {
     #[error("run {run_id} refused the message: {reason}")]
     SteerRefused {
         /// The run it was for.
-        run_id: String,
+        run_id: arbor_actors::RunId,
         /// Why.
         reason: arbor_actors::steer::SteerRefused,
     },

@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use arbor_actors::AgentState;
 use arbor_actors::sync::LockExt;
+use arbor_actors::{AgentState, RunId};
 
 /// Which final states the registry keeps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -21,7 +21,7 @@ pub enum Retain {
 #[derive(Default)]
 pub(crate) struct Registry {
     retain: Retain,
-    finished: Mutex<HashMap<String, Arc<AgentState>>>,
+    finished: Mutex<HashMap<RunId, Arc<AgentState>>>,
 }
 
 impl Registry {
@@ -43,7 +43,7 @@ impl Registry {
             .insert(state.run_id.clone(), state.clone());
     }
 
-    pub(crate) fn get(&self, run_id: &str) -> Option<Arc<AgentState>> {
+    pub(crate) fn get(&self, run_id: &RunId) -> Option<Arc<AgentState>> {
         self.finished.locked().get(run_id).cloned()
     }
 
@@ -73,14 +73,14 @@ mod tests {
         })
         .join();
         assert!(registry.finished.is_poisoned());
-        let state = Arc::new(AgentState {
-            run_id: "t/0".into(),
-            ..AgentState::default()
-        });
+        let state = Arc::new(AgentState::of_run("t/0".parse().unwrap()));
         registry.record(&state);
         assert_eq!(registry.len(), 1);
         assert_eq!(
-            registry.get("t/0").map(|s| s.run_id.clone()).as_deref(),
+            registry
+                .get(&"t/0".parse().unwrap())
+                .map(|s| s.run_id.to_string())
+                .as_deref(),
             Some("t/0")
         );
     }

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use arbor_actors::TreeId;
 use arbor_actors::hooks::{RunIds, Slot, SlotLine, SlotPriority};
 use arbor_actors::idmap::{IdMap, IdSet};
 use arbor_actors::sync::LockExt;
@@ -25,7 +26,7 @@ use crate::registry::Registry;
 use crate::store::WriterHealth;
 
 pub(crate) struct TreeContext {
-    pub(crate) tree_id: Arc<str>,
+    pub(crate) tree_id: TreeId,
     catalog: Arc<Catalog>,
     pub(crate) budget: Budget,
     bus: EventBus,
@@ -36,7 +37,7 @@ pub(crate) struct TreeContext {
     /// Held while an event is numbered and published, so every subscriber sees
     /// a tree's events in `seq` order.
     order: Mutex<()>,
-    live: Mutex<IdMap<Arc<str>, ActorRef<AgentMsg>>>,
+    live: Mutex<IdMap<RunId, ActorRef<AgentMsg>>>,
     /// Children spawned whose actor has not started yet (waiting for a live
     /// slot or a retry), by a hash of their run id: a cancel by run id
     /// reaches them through their parent (read from the run id). A hash, not
@@ -77,7 +78,7 @@ type ToolboxCache = HashMap<String, (Arc<Toolbox>, Arc<Toolbox>)>;
 
 impl TreeContext {
     pub(crate) fn new(
-        tree_id: Arc<str>,
+        tree_id: TreeId,
         catalog: Arc<Catalog>,
         limits: TreeLimits,
         bus: EventBus,
@@ -178,22 +179,18 @@ impl TreeContext {
         Some(model)
     }
 
-    pub(crate) fn live_actor(&self, run_id: &str) -> Option<ActorRef<AgentMsg>> {
+    pub(crate) fn live_actor(&self, run_id: &RunId) -> Option<ActorRef<AgentMsg>> {
         self.live.locked().get(run_id).cloned()
     }
 
     /// The running parent of a child that was spawned but has not started
     /// (it waits for a live slot or a retry): a cancel by run id reaches it
     /// through its parent, which alone holds its plan.
-    pub(crate) fn waiting_parent(&self, run_id: &str) -> Option<Arc<str>> {
-        if !self.waiting.locked().contains(&id_hash(run_id)) {
+    pub(crate) fn waiting_parent(&self, run_id: &RunId) -> Option<RunId> {
+        if run_id.tree() != &self.tree_id || !self.waiting.locked().contains(&id_hash(run_id)) {
             return None;
         }
-        let run = run_id.parse::<RunId>().ok()?;
-        if run.tree().as_str() != &*self.tree_id {
-            return None;
-        }
-        let parent: Arc<str> = run.parent()?.to_string().into();
+        let parent = run_id.parent()?;
         let live = self.live.locked();
         (!live.contains_key(run_id) && live.contains_key(&parent)).then_some(parent)
     }
@@ -211,7 +208,7 @@ impl TreeContext {
         add: crate::Raised,
     ) -> Result<crate::Raised, crate::limits::RaiseRefused> {
         let raised = self.budget.raise(set, add)?;
-        let root: Arc<str> = Arc::from(format!("{}/0", self.tree_id()).as_str());
+        let root = self.tree_id.root();
         self.emit(
             &root,
             EventKind::LimitsRaised {
@@ -227,18 +224,13 @@ impl TreeContext {
         Ok(self.budget.budgets())
     }
 
-    /// Ids of the root run, `T/0`.
     /// Ids of the root run of turn `turn`: `T/0`, then `T/0~n` for a
     /// follow-up turn (the same agent, `T/0`, in every turn).
     pub(crate) fn root_ids(&self, turn: u32) -> RunIds {
-        let root = format!("{}/0", self.tree_id);
-        let run_id = match turn {
-            0 => root.clone(),
-            n => format!("{root}~{n}"),
-        };
+        let root = self.tree_id.root();
         RunIds {
-            agent_id: root,
-            run_id,
+            run_id: root.retry(turn),
+            agent_id: root.agent_id(),
         }
     }
 }
@@ -251,7 +243,7 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 impl TreeHooks for TreeContext {
-    fn tree_id(&self) -> &Arc<str> {
+    fn tree_id(&self) -> &TreeId {
         &self.tree_id
     }
 
@@ -326,7 +318,7 @@ impl TreeHooks for TreeContext {
         }
     }
 
-    fn emit(&self, run_id: &Arc<str>, kind: EventKind) {
+    fn emit(&self, run_id: &RunId, kind: EventKind) {
         if let Some(state) = kind.final_state() {
             self.registry.record(state);
         }
@@ -351,7 +343,7 @@ impl TreeHooks for TreeContext {
         self.bus.publish(event);
     }
 
-    fn actor_started(&self, run_id: &Arc<str>, actor: &ractor::ActorCell) {
+    fn actor_started(&self, run_id: &RunId, actor: &ractor::ActorCell) {
         // An agent's actor: its messages are `AgentMsg`.
         self.live
             .locked()
@@ -359,7 +351,7 @@ impl TreeHooks for TreeContext {
         self.waiting.locked().remove(&id_hash(run_id));
     }
 
-    fn actor_stopped(&self, run_id: &Arc<str>) {
+    fn actor_stopped(&self, run_id: &RunId) {
         self.live.locked().remove(run_id);
     }
 
@@ -369,24 +361,25 @@ impl TreeHooks for TreeContext {
 
     fn store_ready(&self) -> Option<futures::future::BoxFuture<'static, ()>> {
         let health = self.store_health.as_ref()?;
-        (!health.ready_for(&self.tree_id)).then(|| health.until_ready_for(self.tree_id.clone()))
+        (!health.ready_for(&self.tree_id))
+            .then(|| health.until_ready_for(self.tree_id.as_arc().clone()))
     }
 
     fn recovering(&self) -> bool {
         self.recovery.is_some()
     }
 
-    fn recovered(&self, run_id: &str) -> Option<Recovered> {
-        self.recovery.as_ref()?.recovered(run_id)
+    fn recovered(&self, run_id: &RunId) -> Option<Recovered> {
+        self.recovery.as_ref()?.recovered(&run_id.to_string())
     }
 
     fn decisions(
         &self,
-        run_id: &str,
+        run_id: &RunId,
     ) -> std::collections::HashMap<String, arbor_actors::approval::Decision> {
         self.recovery
             .as_ref()
-            .map(|r| r.decisions_for(run_id))
+            .map(|r| r.decisions_for(&run_id.to_string()))
             .unwrap_or_default()
     }
 
@@ -396,11 +389,11 @@ impl TreeHooks for TreeContext {
 
     fn hook_verdicts(
         &self,
-        run_id: &str,
+        run_id: &RunId,
     ) -> std::collections::HashMap<String, arbor_actors::lifecycle::Verdict> {
         self.recovery
             .as_ref()
-            .map(|r| r.hook_verdicts_for(run_id))
+            .map(|r| r.hook_verdicts_for(&run_id.to_string()))
             .unwrap_or_default()
     }
 
@@ -408,10 +401,10 @@ impl TreeHooks for TreeContext {
         self.workspace.clone()
     }
 
-    fn steers(&self, run_id: &str) -> Vec<arbor_actors::steer::Steer> {
+    fn steers(&self, run_id: &RunId) -> Vec<arbor_actors::steer::Steer> {
         self.recovery
             .as_ref()
-            .map(|r| r.steers_for(run_id))
+            .map(|r| r.steers_for(&run_id.to_string()))
             .unwrap_or_default()
     }
 
@@ -419,17 +412,17 @@ impl TreeHooks for TreeContext {
         self.budget.limits().deadline.map(|d| self.started + d)
     }
 
-    fn deliveries(&self, run_id: &str) -> Vec<arbor_actors::background::Scheduled> {
+    fn deliveries(&self, run_id: &RunId) -> Vec<arbor_actors::background::Scheduled> {
         self.recovery
             .as_ref()
-            .map(|r| r.deliveries_for(run_id))
+            .map(|r| r.deliveries_for(&run_id.to_string()))
             .unwrap_or_default()
     }
 }
 
 /// A run id's hash, as the tree's set of waiting children keeps it (a
 /// fixed hasher: the same id hashes alike in every call).
-fn id_hash(run_id: &str) -> u64 {
+fn id_hash(run_id: &RunId) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::hash::DefaultHasher::new();
     run_id.hash(&mut hasher);

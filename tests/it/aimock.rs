@@ -21,8 +21,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arbor::Config;
 use arbor::actors::message::{Content, Message, Part, ToolResultPart};
 use arbor::actors::{
-    AgentState, AgentStatus, Delta, Event, EventKind, RunResult, Tool, ToolContext, ToolError,
-    ToolOutput,
+    AgentState, AgentStatus, Delta, Event, EventKind, RunId, RunResult, Tool, ToolContext,
+    ToolError, ToolOutput,
 };
 use arbor::config::ModelSection;
 use arbor::providers::ProviderKind;
@@ -306,9 +306,9 @@ fn cost(input: u64, output: u64) -> f64 {
 }
 
 /// Deltas of the run `run_id`, in order.
-fn deltas<'a>(events: &'a [Arc<Event>], run_id: &'a str) -> impl Iterator<Item = &'a Delta> + 'a {
+fn deltas<'a>(events: &'a [Arc<Event>], run_id: &'a RunId) -> impl Iterator<Item = &'a Delta> + 'a {
     events.iter().filter_map(move |e| match &e.kind {
-        EventKind::ModelDelta { delta, .. } if &*e.run_id == run_id => Some(delta),
+        EventKind::ModelDelta { delta, .. } if e.run_id == *run_id => Some(delta),
         _ => None,
     })
 }
@@ -907,7 +907,7 @@ async fn tree_of_three(provider: Provider) {
             cost(input, output),
             "[{combo}] child {run_id}'s cost"
         );
-        assert_eq!(child.parent_id.as_deref(), Some(root.agent_id.as_str()));
+        assert_eq!(child.parent_id.as_ref(), Some(&root.agent_id));
         children_credits += child.credits_used;
     }
 

@@ -382,7 +382,7 @@ include_message_history = true
     // The children's usage: a cache write, then a read, at the cache prices.
     let mut usages: Vec<Usage> = events
         .iter()
-        .filter(|e| e.run_id.as_ref() != result.state.run_id.as_str())
+        .filter(|e| e.run_id != result.state.run_id)
         .filter_map(|e| match &e.kind {
             EventKind::ModelResponded { usage, .. } => Some(*usage),
             _ => None,

@@ -46,8 +46,8 @@ fn ctx() -> ToolContext {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     ToolContext {
-        tree_id: format!("tree-{}", std::process::id()).into(),
-        run_id: "tree/run".into(),
+        tree_id: format!("tree-{}", std::process::id()).parse().unwrap(),
+        run_id: format!("tree-{}/0", std::process::id()).parse().unwrap(),
         agent_type: "tester".into(),
         call_id: format!("call-{n}"),
         workspace: None,

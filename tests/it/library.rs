@@ -39,7 +39,7 @@ async fn a_tree_built_in_code_streams_its_events_and_ends_with_its_result() {
     let mut last = None;
     while let Some(event) = events.recv().await {
         if event.kind.name() == "agentStarted" {
-            started.push(event.run_id.to_string());
+            started.push(event.run_id.clone());
         }
         last = Some(event);
     }
@@ -47,15 +47,15 @@ async fn a_tree_built_in_code_streams_its_events_and_ends_with_its_result() {
     assert_eq!(started.len(), 7);
     let last = last.unwrap();
     assert_eq!(
-        (&*last.run_id, last.kind.name()),
-        (run.run_id.as_str(), "agentFinished")
+        (&last.run_id, last.kind.name()),
+        (&run.run_id, "agentFinished")
     );
     let result = run.result().await.unwrap();
     assert_eq!(result.state.status, AgentStatus::Completed);
     // Any run by id.
     let child = runtime.state(&started[1]).await.unwrap();
     assert_eq!(child.run_id, started[1]);
-    assert!(runtime.state("t-none/0").await.is_err());
+    assert!(runtime.state(&"t-none/0".parse().unwrap()).await.is_err());
 }
 
 #[tokio::test(start_paused = true)]

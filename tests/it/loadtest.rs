@@ -227,10 +227,10 @@ async fn a_20k_tree_with_max_live_100_ends_every_run_once_and_never_exceeds_the_
     );
 
     let mut started = HashSet::new();
-    let mut ended: HashMap<&str, Vec<&'static str>> = HashMap::new();
+    let mut ended: HashMap<&arbor::RunId, Vec<&'static str>> = HashMap::new();
     let (mut live, mut live_max) = (0i64, 0i64);
     for e in &all {
-        let run = &*e.run_id;
+        let run = &e.run_id;
         match &e.kind {
             EventKind::AgentStarted { .. } => {
                 assert!(started.insert(run), "{run} started twice");

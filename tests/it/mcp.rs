@@ -72,8 +72,8 @@ fn counter(extra: &str) -> Arc<McpServers> {
 
 fn ctx() -> ToolContext {
     ToolContext {
-        tree_id: Arc::from("tree-mcp"),
-        run_id: "run-1".to_owned(),
+        tree_id: "tree-mcp".parse().unwrap(),
+        run_id: "tree-mcp/0.1".parse().unwrap(),
         agent_type: "tester".to_owned(),
         call_id: "call-1".to_owned(),
         workspace: None,

@@ -79,8 +79,8 @@ fn everything(extra: &str) -> Arc<McpServers> {
 
 fn ctx() -> ToolContext {
     ToolContext {
-        tree_id: Arc::from("tree-mcp-results"),
-        run_id: "run-1".to_owned(),
+        tree_id: "tree-mcp-results".parse().unwrap(),
+        run_id: "tree-mcp-results/0.1".parse().unwrap(),
         agent_type: "tester".to_owned(),
         call_id: "call-1".to_owned(),
         workspace: None,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arbor::Config;
-use arbor::actors::{AgentStatus, Event, EventKind, RunResult};
+use arbor::actors::{AgentStatus, Event, EventKind, RunId, RunResult};
 use arbor::supervisor::{StartRequest, Supervisor};
 use arbor_test_support::run_request;
 use serde_json::json;
@@ -72,12 +72,12 @@ fn all_completed(result: &RunResult, events: &[Arc<Event>]) -> usize {
         "{:?}",
         result.state.error_message()
     );
-    let started: HashSet<&str> = events
+    let started: HashSet<&RunId> = events
         .iter()
         .filter(|e| matches!(e.kind, EventKind::AgentStarted { .. }))
-        .map(|e| &*e.run_id)
+        .map(|e| &e.run_id)
         .collect();
-    let mut ended: HashMap<&str, &str> = HashMap::new();
+    let mut ended: HashMap<&RunId, &str> = HashMap::new();
     for e in events {
         if e.kind.final_state().is_some() {
             assert!(

@@ -202,8 +202,8 @@ async fn a_setsid_grandchild_does_not_outlive_its_command_tool_call() {
     .build("forks", dir.path())
     .unwrap();
     let ctx = ToolContext {
-        tree_id: "setsid".into(),
-        run_id: "setsid/0".into(),
+        tree_id: "setsid".parse().unwrap(),
+        run_id: "setsid/0".parse().unwrap(),
         agent_type: "tester".into(),
         call_id: format!("call-{}", std::process::id()),
         workspace: None,

@@ -487,8 +487,8 @@ max_steps = 4
 
 fn tool_context() -> arbor::actors::ToolContext {
     arbor::actors::ToolContext {
-        tree_id: "t".into(),
-        run_id: "t/0".into(),
+        tree_id: "t".parse().unwrap(),
+        run_id: "t/0".parse().unwrap(),
         agent_type: "test".into(),
         call_id: "c".into(),
         workspace: None,

@@ -17,7 +17,7 @@ use super::{AgentActor, AgentArgs, AgentMsg, AgentRun, Reply, RunResult};
 use crate::checkpoint::{Checkpoint, Recovered};
 use crate::event::EventKind;
 use crate::history::History;
-use crate::id::RunId;
+use crate::id::{AgentId, RunId};
 use crate::idmap::{IdMap, IdSet};
 use crate::output::output_value;
 use crate::spawn::{ChildPlan, ParentInfo, SpawnChildren};
@@ -58,7 +58,7 @@ pub(super) struct ChildActors {
 /// a slot when an id is added.
 #[derive(Default)]
 struct SkipList {
-    ids: Mutex<IdSet<String>>,
+    ids: Mutex<IdSet<RunId>>,
     changed: Notify,
 }
 
@@ -84,7 +84,7 @@ impl AgentRun {
     }
 
     /// Call index, credits and run ids of the calls never handed to the machine.
-    pub(super) fn undelivered_children(&self) -> Vec<(usize, f64, Vec<String>)> {
+    pub(super) fn undelivered_children(&self) -> Vec<(usize, f64, Vec<RunId>)> {
         self.children
             .as_ref()
             .map_or_else(Vec::new, |c| c.table.undelivered())
@@ -100,21 +100,21 @@ impl AgentRun {
         index: usize,
         children: SpawnChildren,
     ) -> Vec<Action> {
-        let parent_run = self.machine.state().run_id.parse::<RunId>();
+        let parent_run = self.machine.state().run_id.clone();
         let mut tree = HookTree::new(self);
         let next = self.machine.children_spawned() + 1;
         let (admitted, planner, count) =
-            admit::admit_planned(children, parent_run.as_ref(), next, &mut tree);
+            admit::admit_planned(children, &parent_run, next, &mut tree);
         self.admitted(tree, count);
         self.open_call(step, index, false, admitted, Some(planner))
     }
 
     /// Children planned in full, admitted as [`admit::admit_each`] decides.
     fn admit_each(&mut self, children: Vec<crate::step::Planned>) -> Vec<Admission> {
-        let parent_run = self.machine.state().run_id.parse::<RunId>();
+        let parent_run = self.machine.state().run_id.clone();
         let mut tree = HookTree::new(self);
         let next = self.machine.children_spawned() + 1;
-        let (admitted, count) = admit::admit_each(children, parent_run.as_ref(), next, &mut tree);
+        let (admitted, count) = admit::admit_each(children, &parent_run, next, &mut tree);
         self.admitted(tree, count);
         admitted
     }
@@ -158,8 +158,8 @@ impl AgentRun {
                     error: error.clone(),
                 },
                 Admission::Admitted { plan, id, .. } => Started::Running {
-                    agent_id: id.to_string(),
-                    run_id: id.to_string(),
+                    agent_id: AgentId::from_run(id.clone()),
+                    run_id: id.clone(),
                     agent_type: plan.agent_type.to_string(),
                     agent_name: plan.template.display_name.clone(),
                 },
@@ -194,15 +194,13 @@ impl AgentRun {
     /// the store, one cut short goes on from its own checkpoint.
     pub(super) fn relaunch(
         &mut self,
-        children: Vec<(String, crate::step::Planned)>,
+        children: Vec<(AgentId, crate::step::Planned)>,
     ) -> Vec<Action> {
         let mut admitted = Vec::new();
         let mut failed = Vec::new();
         for (agent_id, plan) in children {
             let planned = plan.and_then(|plan| {
-                let id = agent_id
-                    .parse::<RunId>()
-                    .map_err(|e| (plan.agent_type.to_string(), e.to_string()))?;
+                let id = agent_id.as_run().clone();
                 let toolbox = self
                     .hooks
                     .toolbox(&plan.template)
@@ -216,7 +214,7 @@ impl AgentRun {
                         &agent_type,
                         &format!("could not be started again: {error}"),
                     );
-                    report.agent_id = agent_id;
+                    report.agent_id = Some(agent_id);
                     failed.push(report);
                 }
             }
@@ -431,7 +429,6 @@ impl AgentRun {
     fn launch(&mut self, launch: Launch) {
         let Launch {
             parent,
-            parent_run,
             priority,
             children,
             stream,
@@ -474,7 +471,7 @@ impl AgentRun {
                 };
                 // The ids are made as the child comes up: a waiting child
                 // holds none (issue 34).
-                let ids = start.ids(parent_run.as_ref());
+                let ids = start.ids(&parent.run_id);
                 let Start {
                     key, plan, toolbox, ..
                 } = start;
@@ -626,7 +623,7 @@ impl admit::Tree for HookTree {
 
     fn count(&mut self, id: &RunId, index: usize) -> Result<(), crate::limit::LimitHit> {
         // A child a resumed tree already ran was admitted then.
-        if self.hooks.recovering() && self.hooks.recovered(&id.to_string()).is_some() {
+        if self.hooks.recovering() && self.hooks.recovered(id).is_some() {
             return Ok(());
         }
         self.hooks

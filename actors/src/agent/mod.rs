@@ -19,6 +19,7 @@ use crate::approval::{DecideRefused, Decision};
 use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
 use crate::hooks::{Slot, TreeHooks};
+use crate::id::RunId;
 use crate::model::{ModelRequest, ModelResponse, Usage};
 use crate::state::{AgentState, AgentStatus};
 use crate::steer::SteerRefused;
@@ -141,7 +142,7 @@ pub enum AgentMsg {
     /// slot or a retry); a child that runs is cancelled directly.
     CancelChild {
         /// The child's run id.
-        run_id: String,
+        run_id: RunId,
     },
     /// Answer with a snapshot of the run.
     Status(RpcReplyPort<AgentSnapshot>),
@@ -228,7 +229,7 @@ pub struct AgentRun {
     machine: Box<StepMachine>,
     reply: Option<Reply>,
     slot: Option<Slot>,
-    run_id: Arc<str>,
+    run_id: RunId,
     span: tracing::Span,
     model_task: Option<JoinHandle<()>>,
     tool_tasks: Vec<JoinHandle<()>>,
@@ -308,7 +309,19 @@ impl CancelSignal {
     }
 }
 
-struct LiveGuard(Arc<dyn TreeHooks>, Arc<str>);
+struct LiveGuard(Arc<dyn TreeHooks>, RunId);
+
+/// An id as a span field: itself, or `-` when there is none.
+struct OrDash<'a, T>(Option<&'a T>);
+
+impl<T: std::fmt::Display> std::fmt::Display for OrDash<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(id) => id.fmt(f),
+            None => f.write_str("-"),
+        }
+    }
+}
 
 impl Drop for LiveGuard {
     fn drop(&mut self) {
@@ -365,7 +378,7 @@ impl Actor for AgentActor {
         } = args;
         machine.set_checkpointing(hooks.durable());
         let state = machine.state();
-        let run_id: Arc<str> = Arc::from(state.run_id.as_str());
+        let run_id = state.run_id.clone();
         hooks.actor_started(&run_id, &myself.get_cell());
         // The agent exists from here (its state is built, its actor
         // registered), whether or not the runtime has polled it yet: a
@@ -375,7 +388,7 @@ impl Actor for AgentActor {
             EventKind::AgentStarted {
                 agent_id: state.agent_id.clone(),
                 agent_type: state.agent_type.clone().unwrap_or_default(),
-                parent_run_id: state.ancestor_run_ids.last().cloned(),
+                parent_run_id: state.parent_run_id().cloned(),
                 depth: state.depth(),
             },
         );
@@ -389,7 +402,7 @@ impl Actor for AgentActor {
             gen_ai.agent.name = machine.template().display_name.as_str(),
             gen_ai.agent.id = %state.run_id,
             run_id = %state.run_id,
-            parent_id = state.parent_id.as_deref().unwrap_or("-"),
+            parent_id = %OrDash(state.parent_id.as_ref()),
             agent_type,
             otel.status_code = tracing::field::Empty,
             otel.status_description = tracing::field::Empty,

@@ -215,7 +215,7 @@ impl AgentRun {
     ) {
         let ctx = ToolContext {
             tree_id: self.hooks.tree_id().clone(),
-            run_id: self.run_id.to_string(),
+            run_id: self.run_id.clone(),
             agent_type: self.machine.state().agent_type.clone().unwrap_or_default(),
             call_id,
             workspace: self.hooks.workspace(),

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::{Action, Catalog, StepMachine};
 use crate::event::EventKind;
 use crate::history::History;
-use crate::id::RunId;
+use crate::id::{AgentId, RunId};
 use crate::message::{Message, ToolResultPart};
 use crate::spawn::{ChildPlan, ChildReport, SpawnRequest, plan_child};
 use crate::state::AgentStatus;
@@ -31,9 +31,9 @@ pub enum Started {
     /// Admitted: it runs in the background under these ids.
     Running {
         /// The child's agent id (every attempt's run id derives from it).
-        agent_id: String,
+        agent_id: AgentId,
         /// Its first attempt's run id.
-        run_id: String,
+        run_id: RunId,
         /// Its `agentType` (the matched `spawnableAgents` entry).
         agent_type: String,
         /// Its template's display name.
@@ -91,7 +91,7 @@ pub use crate::checkpoint::Scheduled;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Outstanding {
     /// The child's agent id.
-    pub agent_id: String,
+    pub agent_id: AgentId,
     /// The call that started it.
     pub call_id: String,
     /// Its entry of that call's `agents`, as the model asked for it.
@@ -102,11 +102,12 @@ pub struct Outstanding {
 }
 
 /// The background children `history` started and has no report of, in the
-/// order they were started.
+/// order they were started. An entry whose `agentId` is no agent id (Arbor
+/// never writes one) names no child.
 pub fn outstanding(history: &History) -> Vec<Outstanding> {
     let mut calls: Vec<(String, Value, usize)> = Vec::new();
     let mut started: Vec<Outstanding> = Vec::new();
-    let mut reported: Vec<String> = Vec::new();
+    let mut reported: Vec<AgentId> = Vec::new();
     for (at, message) in history.iter().enumerate() {
         match &**message {
             Message::Assistant { .. } => {
@@ -140,11 +141,15 @@ pub fn outstanding(history: &History) -> Vec<Outstanding> {
                     if entry.get("errorMessage").is_some() {
                         continue;
                     }
-                    let Some(agent_id) = entry.get("agentId").and_then(Value::as_str) else {
+                    let Some(Ok(agent_id)) = entry
+                        .get("agentId")
+                        .and_then(Value::as_str)
+                        .map(str::parse::<AgentId>)
+                    else {
                         continue;
                     };
                     started.push(Outstanding {
-                        agent_id: agent_id.to_owned(),
+                        agent_id,
                         call_id: call_id.clone(),
                         request: input["agents"][i].clone(),
                         upto: *upto,
@@ -164,17 +169,29 @@ pub fn outstanding(history: &History) -> Vec<Outstanding> {
 }
 
 /// The agent id a report message is about.
-pub fn reported_agent(message: &Message) -> Option<String> {
+pub fn reported_agent(message: &Message) -> Option<AgentId> {
     let text = message.text();
     let (_, body) = text.split_once('\n')?;
     let value: Value = serde_json::from_str(body).ok()?;
-    value.get("agentId")?.as_str().map(str::to_owned)
+    value.get("agentId")?.as_str()?.parse().ok()
+}
+
+/// A run id in words: itself, or nothing when there is none.
+struct OrEmpty<'a>(Option<&'a RunId>);
+
+impl std::fmt::Display for OrEmpty<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(id) => id.fmt(f),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The message that brings `report` (cut to `budget` estimated tokens, as a
 /// spawn result's entry is): a sentence for the model, then the entry as JSON.
 pub(crate) fn report_message(report: &ChildReport, budget: Option<u64>) -> Message {
-    let run_id = report.run_ids.last().map_or("", String::as_str);
+    let run_id = OrEmpty(report.run_ids.last());
     let how = match report.status {
         AgentStatus::Completed => "finished",
         AgentStatus::Failed => "failed",
@@ -222,7 +239,10 @@ impl StepMachine {
         let Some(side) = self.side.as_deref_mut() else {
             return Vec::new();
         };
-        if ended || !side.background.contains(&report.agent_id) {
+        let Some(agent_id) = &report.agent_id else {
+            return Vec::new();
+        };
+        if ended || !side.background.contains(agent_id) {
             return Vec::new();
         }
         if side.arrived.iter().any(|r| r.agent_id == report.agent_id) {
@@ -271,21 +291,18 @@ impl StepMachine {
         // will never be delivered there: its entry is dropped.
         side.scheduled.retain(|s| {
             s.step > step
-                || (s.step == step
-                    && s.child_run_id
-                        .parse::<RunId>()
-                        .is_ok_and(|r| outstanding.contains(&r.agent_id().to_string())))
+                || (s.step == step && outstanding.iter().any(|a| a.has_attempt(&s.child_run_id)))
         });
         let reports: Vec<ChildReport> = if side.scheduled.is_empty() {
             std::mem::take(&mut side.arrived)
         } else {
-            let due: Vec<String> = side
+            let due: Vec<RunId> = side
                 .scheduled
                 .iter()
                 .filter(|s| s.step == step)
                 .map(|s| s.child_run_id.clone())
                 .collect();
-            let came = |id: &String| side.arrived.iter().any(|r| r.run_ids.last() == Some(id));
+            let came = |id: &RunId| side.arrived.iter().any(|r| r.run_ids.last() == Some(id));
             if !due.iter().all(came) {
                 return None;
             }
@@ -316,16 +333,19 @@ impl StepMachine {
         let mut delivered = Vec::new();
         for report in reports {
             if let Some(side) = self.side.as_deref_mut() {
-                side.background.retain(|id| *id != report.agent_id);
+                side.background
+                    .retain(|id| Some(id) != report.agent_id.as_ref());
             }
             self.state
                 .message_history
                 .push(report_message(&report, budget));
             self.state.credits_used += report.credits;
-            delivered.push(EventKind::BackgroundDelivered {
-                step: self.step,
-                child_run_id: report.run_ids.last().cloned().unwrap_or_default(),
-            });
+            if let Some(child_run_id) = report.run_ids.last() {
+                delivered.push(EventKind::BackgroundDelivered {
+                    step: self.step,
+                    child_run_id: child_run_id.clone(),
+                });
+            }
             self.state.child_run_ids.extend(report.run_ids);
         }
         delivered
@@ -445,8 +465,8 @@ mod tests {
         ChildReport {
             agent_type: "worker".into(),
             agent_name: "Worker".into(),
-            agent_id: agent_id.into(),
-            run_ids: vec![agent_id.into()],
+            agent_id: Some(agent_id.parse().unwrap()),
+            run_ids: vec![agent_id.parse().unwrap()],
             status: AgentStatus::Completed,
             value: json!("done"),
             credits: 0.5,
@@ -464,8 +484,8 @@ mod tests {
         );
         let started = [
             Started::Running {
-                agent_id: "t/0.1".into(),
-                run_id: "t/0.1".into(),
+                agent_id: "t/0.1".parse().unwrap(),
+                run_id: "t/0.1".parse().unwrap(),
                 agent_type: "worker".into(),
                 agent_name: "Worker".into(),
             },
@@ -474,8 +494,8 @@ mod tests {
                 error: "Agent type nope not found".into(),
             },
             Started::Running {
-                agent_id: "t/0.2".into(),
-                run_id: "t/0.2".into(),
+                agent_id: "t/0.2".parse().unwrap(),
+                run_id: "t/0.2".parse().unwrap(),
                 agent_type: "worker".into(),
                 agent_name: "Worker".into(),
             },
@@ -489,7 +509,7 @@ mod tests {
         assert_eq!(
             waiting
                 .iter()
-                .map(|o| o.agent_id.as_str())
+                .map(|o| o.agent_id.to_string())
                 .collect::<Vec<_>>(),
             ["t/0.1", "t/0.2"]
         );
@@ -508,7 +528,7 @@ mod tests {
     fn a_report_message_names_its_agent_and_says_how_it_ended() {
         let m = report_message(&report("t/0.3"), None);
         assert!(m.has_tag(BACKGROUND_REPORT));
-        assert_eq!(reported_agent(&m).as_deref(), Some("t/0.3"));
+        assert_eq!(reported_agent(&m).unwrap(), "t/0.3");
         let text = m.text();
         assert!(
             text.starts_with("Background agent worker (t/0.3) finished."),

@@ -11,6 +11,7 @@ use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
 use crate::handler::{Resume, StepProgram};
 use crate::history::{Expiry, History};
+use crate::id::TreeId;
 use crate::message::{INSTRUCTIONS_PROMPT, Message, SPAWN_PROMPT, STEP_PROMPT};
 use crate::model::{ModelRequest, ModelResponse, RequestMeta, Usage};
 use crate::output::output_value;
@@ -98,7 +99,7 @@ pub enum Action {
     /// again gets a failed report.
     Relaunch {
         /// Each child's agent id and its plan (or its type and why not).
-        children: Vec<(String, Planned)>,
+        children: Vec<(crate::id::AgentId, Planned)>,
     },
     /// The turn is over but background children still run: give the live
     /// slot back; `background_reported` answers.
@@ -161,7 +162,7 @@ struct Pending {
     step: u32,
     calls: calls::Calls,
     results: Vec<Option<Message>>,
-    child_runs: Vec<Vec<String>>,
+    child_runs: Vec<Vec<crate::id::RunId>>,
     effects: Vec<(usize, Effect)>,
     inline: Option<(usize, History)>,
     awaiting: usize,
@@ -188,7 +189,7 @@ pub struct StepMachine {
     program: Option<Box<dyn StepProgram>>,
     drive: Drive,
     events: Vec<EventKind>,
-    tree_id: Arc<str>,
+    tree_id: TreeId,
     prompt: Option<String>,
     params: Option<Value>,
     /// Children given an ordinal so far (ids derive from it).
@@ -223,7 +224,7 @@ struct Sideband {
     recorded_hooks: std::collections::HashMap<String, crate::lifecycle::Verdict>,
     /// Agent ids of the background children started and not yet reported
     /// in the history (semantics §15).
-    background: Vec<String>,
+    background: Vec<crate::id::AgentId>,
     /// Background reports that came and wait for the next step boundary.
     arrived: Vec<ChildReport>,
     /// How the run waits for background reports at the end of its turn.
@@ -231,7 +232,7 @@ struct Sideband {
     /// Deliveries a resumed or replayed run makes where its journal made them.
     scheduled: Vec<background::Scheduled>,
     /// Child runs of calls that had reported when the run was cut short.
-    abandoned: Vec<(usize, Vec<String>)>,
+    abandoned: Vec<(usize, Vec<crate::id::RunId>)>,
 }
 
 impl StepMachine {
@@ -255,7 +256,7 @@ impl StepMachine {
         template: Arc<AgentTemplate>,
         toolbox: Arc<Toolbox>,
         inherited: usize,
-        tree_id: Arc<str>,
+        tree_id: TreeId,
     ) -> Self {
         StepMachine {
             state,
@@ -285,7 +286,7 @@ impl StepMachine {
         checkpoint: &crate::checkpoint::Checkpoint,
         template: Arc<AgentTemplate>,
         toolbox: Arc<Toolbox>,
-        tree_id: Arc<str>,
+        tree_id: TreeId,
     ) -> Self {
         let mut machine = StepMachine::new(
             checkpoint.state.clone(),
@@ -416,7 +417,8 @@ impl StepMachine {
 
     /// Takes the state out of a finished machine (it keeps an empty one).
     pub(crate) fn take_state(&mut self) -> AgentState {
-        std::mem::take(&mut self.state)
+        let empty = AgentState::of_run(self.state.run_id.clone());
+        std::mem::replace(&mut self.state, empty)
     }
 
     /// The template the run follows.
@@ -615,7 +617,7 @@ impl StepMachine {
     /// At the end of a run cut short: records the children of the unfinished
     /// step, both the calls that had reported and those still out (`late`: call
     /// index, credits, run ids), in call order.
-    pub(crate) fn close_children(&mut self, late: Vec<(usize, f64, Vec<String>)>) {
+    pub(crate) fn close_children(&mut self, late: Vec<(usize, f64, Vec<crate::id::RunId>)>) {
         let mut calls = self.take_side(|side| &mut side.abandoned);
         let arrived = self.take_side(|side| &mut side.arrived);
         for (index, credits, runs) in late {
@@ -755,8 +757,8 @@ impl StepMachine {
             messages,
             tools: self.state.tool_definitions.clone(),
             meta: RequestMeta {
-                tree_id: self.tree_id.clone(),
-                run_id: self.state.run_id.clone(),
+                tree_id: self.tree_id.as_arc().clone(),
+                run_id: self.state.run_id.to_string(),
                 agent_type: self.state.agent_type.clone().unwrap_or_default(),
                 depth: self.state.depth(),
                 step: self.step,

@@ -4,8 +4,7 @@
 //! canned answers and no runtime.
 //!
 //! In request order, a requested child is refused when the step machine
-//! refused it (its type, permission or input), when its parent has no run
-//! id of the tree's shape, when its template's toolbox cannot be made, or
+//! refused it (its type, permission or input), when its template's toolbox cannot be made, or
 //! when the tree's limits refuse it; only a child that passes the checks
 //! before the limits is counted against them. An admitted child gets the
 //! next ordinal of its parent (`P.n`).
@@ -13,7 +12,7 @@
 use std::sync::Arc;
 
 use super::{Admission, Planner};
-use crate::id::{IdError, RunId};
+use crate::id::RunId;
 use crate::limit::LimitHit;
 use crate::spawn::{ChildPlan, SpawnChildren};
 use crate::template::AgentTemplate;
@@ -24,9 +23,6 @@ use crate::toolbox::Toolbox;
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Refusal {
-    /// Its parent has no run id of the tree's shape.
-    #[error(transparent)]
-    ParentId(#[from] IdError),
     /// Its template's toolbox cannot be made (the hooks' words).
     #[error("{0}")]
     Toolbox(String),
@@ -52,7 +48,7 @@ pub trait Tree {
 /// planner their plans are made from, and how many were admitted.
 pub fn admit_planned(
     children: SpawnChildren,
-    parent: Result<&RunId, &IdError>,
+    parent: &RunId,
     next: u32,
     tree: &mut impl Tree,
 ) -> (Vec<Admission>, Planner, u32) {
@@ -112,7 +108,7 @@ pub fn admit_planned(
 /// plan or its requested type and why it was refused.
 pub fn admit_each(
     children: Vec<Result<ChildPlan, (String, String)>>,
-    parent: Result<&RunId, &IdError>,
+    parent: &RunId,
     next: u32,
     tree: &mut impl Tree,
 ) -> (Vec<Admission>, u32) {
@@ -141,10 +137,10 @@ pub fn admit_each(
     (admissions, admitted)
 }
 
-/// The checks after the step machine's, in order: the parent's run id, the
-/// toolbox, then the limits (the only one that counts the child).
+/// The checks after the step machine's, in order: the toolbox, then the
+/// limits (the only one that counts the child).
 fn checked(
-    parent: Result<&RunId, &IdError>,
+    parent: &RunId,
     ordinal: u32,
     index: usize,
     toolbox: Result<Arc<Toolbox>, Refusal>,
@@ -152,7 +148,7 @@ fn checked(
 ) -> Result<(RunId, Arc<Toolbox>), Refusal> {
     // From the parent's run id, not its agent id: the children of a retried
     // attempt (`T/0.1~1`) get ids of their own (`T/0.1~1.1`).
-    let id = parent.map_err(Clone::clone)?.child(ordinal);
+    let id = parent.child(ordinal);
     let toolbox = toolbox?;
     tree.count(&id, index)?;
     Ok((id, toolbox))
@@ -230,7 +226,7 @@ mod tests {
             plan("b"),
             plan("c"),
         ];
-        let (admissions, admitted) = admit_each(children, Ok(&parent), 4, &mut tree);
+        let (admissions, admitted) = admit_each(children, &parent, 4, &mut tree);
         assert_eq!(
             shown(&admissions),
             [
@@ -244,18 +240,5 @@ mod tests {
         assert_eq!(admitted, 2);
         // The refused ones were never counted against the limits.
         assert_eq!(tree.counted, ["t/0.2.4", "t/0.2.5"]);
-    }
-
-    #[test]
-    fn a_parent_without_a_run_id_of_the_trees_shape_admits_no_child() {
-        let error = "not-a-run-id".parse::<RunId>().unwrap_err();
-        let mut tree = Canned {
-            room: 10,
-            counted: Vec::new(),
-        };
-        let (admissions, admitted) = admit_each(vec![plan("a")], Err(&error), 1, &mut tree);
-        assert_eq!(admitted, 0);
-        assert!(tree.counted.is_empty());
-        assert!(matches!(&admissions[0], Admission::Refused { .. }));
     }
 }

@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::event::EventKind;
 use crate::failure::Failure;
 use crate::hooks::{RunIds, SlotPriority};
-use crate::id::RunId;
+use crate::id::{AgentId, RunId};
 use crate::limit::LimitHit;
 use crate::spawn::{ChildPlan, ChildReport, ParentInfo, SpawnPlan};
 use crate::state::AgentState;
@@ -139,7 +139,7 @@ pub enum Input<A> {
     RetryDue { key: ChildKey },
     /// Cancel the child whose attempt under way is `run_id`.
     #[allow(missing_docs)]
-    Cancel { run_id: String },
+    Cancel { run_id: RunId },
     /// The parent's run is over (finished, failed, or cancelled for
     /// `cancelled`): its children are told to stop.
     #[allow(missing_docs)]
@@ -151,8 +151,6 @@ pub enum Input<A> {
 pub struct Launch {
     /// What the children take from their parent.
     pub parent: Arc<ParentInfo>,
-    /// The parent's run id, which most children's agent ids extend.
-    pub parent_run: Option<RunId>,
     /// How they wait for a live slot.
     pub priority: SlotPriority,
     /// The attempts to start, in request order.
@@ -191,8 +189,8 @@ pub struct Start {
 
 impl Start {
     /// Its agent id and this attempt's run id, `parent_run` being its
-    /// launch's [`Launch::parent_run`].
-    pub fn ids(&self, parent_run: Option<&RunId>) -> RunIds {
+    /// launch's parent's run id ([`ParentInfo::run_id`]).
+    pub fn ids(&self, parent_run: &RunId) -> RunIds {
         self.id.ids(parent_run, self.key.attempt)
     }
 }
@@ -230,7 +228,7 @@ pub enum Output<A> {
     },
     /// A child waiting for its slot was cancelled: it must not start.
     #[allow(missing_docs)]
-    Skip { run_id: String },
+    Skip { run_id: RunId },
     /// Tell this running child to stop.
     #[allow(missing_docs)]
     Cancel { actor: A, reason: CancelReason },
@@ -261,35 +259,26 @@ pub(super) enum ChildId {
 }
 
 impl ChildId {
-    pub(super) fn new(id: RunId, parent: Option<&RunId>) -> Self {
-        let ordinal = id.path().last().map(|s| s.ordinal);
-        match (parent, ordinal) {
-            (Some(parent), Some(n)) if parent.child(n) == id => ChildId::Of(n),
+    pub(super) fn new(id: RunId, parent: &RunId) -> Self {
+        match id.path().last().map(|s| s.ordinal) {
+            Some(n) if parent.child(n) == id => ChildId::Of(n),
             _ => ChildId::Given(Box::new(id)),
         }
     }
 
-    pub(super) fn resolve(&self, parent: Option<&RunId>) -> Option<RunId> {
+    pub(super) fn resolve(&self, parent: &RunId) -> RunId {
         match self {
-            ChildId::Of(n) => parent.map(|p| p.child(*n)),
-            ChildId::Given(id) => Some((**id).clone()),
+            ChildId::Of(n) => parent.child(*n),
+            ChildId::Given(id) => (**id).clone(),
         }
     }
 
-    /// The agent id and the run id of attempt `attempt`, as text.
-    pub(super) fn ids(&self, parent: Option<&RunId>, attempt: u32) -> RunIds {
-        let Some(id) = self.resolve(parent) else {
-            return RunIds {
-                agent_id: String::new(),
-                run_id: String::new(),
-            };
-        };
-        let agent_id = id.to_string();
-        let run_id = if id.attempt() == attempt {
-            agent_id.clone()
-        } else {
-            id.retry(attempt).to_string()
-        };
-        RunIds { agent_id, run_id }
+    /// The agent id and the run id of attempt `attempt`.
+    pub(super) fn ids(&self, parent: &RunId, attempt: u32) -> RunIds {
+        let id = self.resolve(parent);
+        RunIds {
+            run_id: id.retry(attempt),
+            agent_id: AgentId::from_run(id),
+        }
     }
 }

@@ -99,7 +99,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
 
     /// Call index, credits and run ids of the calls never handed to the
     /// machine, in call order (for `StepMachine::close_children`).
-    pub fn undelivered(&self) -> Vec<(usize, f64, Vec<String>)> {
+    pub fn undelivered(&self) -> Vec<(usize, f64, Vec<RunId>)> {
         self.calls
             .iter()
             .flat_map(|((_, index), c)| {
@@ -107,7 +107,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
                     .iter()
                     .filter_map(Entry::slot)
                     .filter(|s| !s.delivered)
-                    .map(|s| (*index, s.credits, s.run_ids(c.parent_run.as_ref())))
+                    .map(|s| (*index, s.credits, s.run_ids(&c.parent.run_id)))
             })
             .collect()
     }
@@ -190,10 +190,9 @@ impl<A: Clone + Eq + Hash> Children<A> {
             background,
             planner,
         } = how;
-        let parent_run = parent.run_id.parse::<RunId>().ok();
         let mut slots: Vec<Entry> = children
             .into_iter()
-            .map(|c| entry_of(c, parent_run.as_ref()))
+            .map(|c| entry_of(c, &parent.run_id))
             .collect();
         if background {
             // The call's result already told the model of a refused child.
@@ -213,7 +212,6 @@ impl<A: Clone + Eq + Hash> Children<A> {
                 slots,
                 pending,
                 parent,
-                parent_run,
                 planner,
                 next: 0,
                 launching: 0,
@@ -320,8 +318,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             let Some(call) = self.calls.get_mut(&(key.step, key.call)) else {
                 continue;
             };
-            let (_, parent_run) =
-                parent.get_or_insert_with(|| (call.parent.clone(), call.parent_run.clone()));
+            let parent = parent.get_or_insert_with(|| call.parent.clone());
             let Some(slot) = call.slots.get_mut(key.child).and_then(Entry::slot_mut) else {
                 continue;
             };
@@ -330,7 +327,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             else {
                 continue;
             };
-            let child_run_id = id.ids(parent_run.as_ref(), key.attempt).run_id;
+            let child_run_id = id.ids(&parent.run_id, key.attempt).run_id;
             let start = Start {
                 key,
                 plan,
@@ -360,7 +357,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             });
             return;
         }
-        let Some((parent, parent_run)) = parent else {
+        let Some(parent) = parent else {
             return;
         };
         if children.is_empty() {
@@ -372,7 +369,6 @@ impl<A: Clone + Eq + Hash> Children<A> {
         };
         out.push(Output::Launch(Launch {
             parent,
-            parent_run,
             priority,
             children,
             stream: match how {
@@ -402,14 +398,10 @@ impl<A: Clone + Eq + Hash> Children<A> {
 
     /// A child that runs is cancelled directly; one still waiting for its live
     /// slot ends `cancelled` now, without starting.
-    fn cancel(&mut self, run_id: String, out: &mut Vec<Output<A>>) {
-        // Not a run id of this tree's shape: no child of ours runs under it.
-        let Ok(run) = run_id.parse::<RunId>() else {
-            return;
-        };
+    fn cancel(&mut self, run: RunId, out: &mut Vec<Output<A>>) {
         let run_parent = run.parent();
         let found = self.calls.iter().find_map(|(&(step, call), c)| {
-            let parent = c.parent_run.as_ref();
+            let parent = &c.parent.run_id;
             // A child not launched yet was never announced.
             c.slots
                 .iter()
@@ -437,14 +429,16 @@ impl<A: Clone + Eq + Hash> Children<A> {
             return;
         }
         out.push(Output::Skip {
-            run_id: run_id.clone(),
+            run_id: run.clone(),
         });
-        let parent_run = self.parent_run(key);
+        let Some(parent_run) = self.parent_run(key) else {
+            return;
+        };
         let Some(slot) = self.slot_mut(key) else {
             return;
         };
         let Some(report) = slot.report(
-            parent_run.as_ref(),
+            &parent_run,
             AgentStatus::Cancelled,
             json!({ "errorMessage": "Agent was cancelled" }),
             None,
@@ -454,7 +448,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
         };
         self.settle(key, report);
         out.push(Output::Emit(EventKind::ChildFinished {
-            child_run_id: run_id,
+            child_run_id: run,
             status: AgentStatus::Cancelled,
         }));
         self.deliver_if_complete(key.step, key.call, out);
@@ -493,7 +487,9 @@ impl<A: Clone + Eq + Hash> Children<A> {
         out: &mut Vec<Output<A>>,
     ) {
         let parent_ended = self.parent_ended.is_some();
-        let parent_run = self.parent_run(key);
+        let Some(parent_run) = self.parent_run(key) else {
+            return;
+        };
         let Some(slot) = self.slot_mut(key) else {
             return;
         };
@@ -501,10 +497,9 @@ impl<A: Clone + Eq + Hash> Children<A> {
         if slot.attempt != key.attempt || slot.report.is_some() || slot.delivered {
             return;
         }
-        let run_id = slot
-            .agent_id(parent_run.as_ref())
-            .map(|id| id.retry(key.attempt).to_string())
-            .unwrap_or_default();
+        let Some(run_id) = slot.agent_id(&parent_run).map(|id| id.retry(key.attempt)) else {
+            return;
+        };
         if started && !slot.ran.contains(&key.attempt) {
             slot.ran.push(key.attempt);
         }
@@ -543,8 +538,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
             return;
         };
         let failure = plan.template.failure;
-        let Some(report) = slot.report(parent_run.as_ref(), status, value, history, error_kind)
-        else {
+        let Some(report) = slot.report(&parent_run, status, value, history, error_kind) else {
             return;
         };
         out.push(Output::Emit(EventKind::ChildFinished {
@@ -647,7 +641,7 @@ impl<A: Clone + Eq + Hash> Children<A> {
 
     /// The run id of the parent of `key`'s call (its children's ids extend it).
     fn parent_run(&self, key: ChildKey) -> Option<RunId> {
-        self.calls.get(&(key.step, key.call))?.parent_run.clone()
+        Some(self.calls.get(&(key.step, key.call))?.parent.run_id.clone())
     }
 
     /// The slot of `key`.

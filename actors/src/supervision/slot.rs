@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::io::{Admission, ChildId, Planner};
 use crate::failure::FailureKind;
 use crate::history::History;
-use crate::id::RunId;
+use crate::id::{AgentId, RunId};
 use crate::spawn::{ChildPlan, ChildReport, ParentInfo};
 use crate::state::AgentStatus;
 use crate::toolbox::Toolbox;
@@ -42,7 +42,7 @@ impl Slot {
     /// ids and credits so far are the slot's. `None` once it has its report.
     pub(super) fn report(
         &self,
-        parent: Option<&RunId>,
+        parent: &RunId,
         status: AgentStatus,
         value: Value,
         history: Option<History>,
@@ -52,11 +52,7 @@ impl Slot {
         Some(ChildReport {
             agent_type: plan.agent_type.to_string(),
             agent_name: plan.template.display_name.clone(),
-            agent_id: self
-                .agent_id(parent)
-                .as_ref()
-                .map(RunId::to_string)
-                .unwrap_or_default(),
+            agent_id: self.agent_id(parent).map(AgentId::from_run),
             run_ids: self.run_ids(parent),
             status,
             value,
@@ -67,37 +63,28 @@ impl Slot {
     }
 
     /// The agent id of an admitted child.
-    pub(super) fn agent_id(&self, parent: Option<&RunId>) -> Option<RunId> {
-        self.id.as_ref()?.resolve(parent)
+    pub(super) fn agent_id(&self, parent: &RunId) -> Option<RunId> {
+        Some(self.id.as_ref()?.resolve(parent))
     }
 
     /// The run ids of the attempts that ran, in order.
-    pub(super) fn run_ids(&self, parent: Option<&RunId>) -> Vec<String> {
+    pub(super) fn run_ids(&self, parent: &RunId) -> Vec<RunId> {
         let Some(id) = self.agent_id(parent) else {
             return Vec::new();
         };
-        self.ran
-            .iter()
-            .map(|&attempt| id.retry(attempt).to_string())
-            .collect()
+        self.ran.iter().map(|&attempt| id.retry(attempt)).collect()
     }
 
     /// Whether the attempt under way (or the last one) is `run`, whose
     /// parent is `run_parent` (`run.parent()`, made once by the caller).
-    pub(super) fn runs_as(
-        &self,
-        parent: Option<&RunId>,
-        run: &RunId,
-        run_parent: Option<&RunId>,
-    ) -> bool {
+    pub(super) fn runs_as(&self, parent: &RunId, run: &RunId, run_parent: Option<&RunId>) -> bool {
         if self.attempt != run.attempt() {
             return false;
         }
         match &self.id {
             // The common case without making the id: `P.n~a` is `run`.
             Some(ChildId::Of(n)) => {
-                run.path().last().is_some_and(|s| s.ordinal == *n)
-                    && parent.is_some_and(|p| run_parent == Some(p))
+                run.path().last().is_some_and(|s| s.ordinal == *n) && run_parent == Some(parent)
             }
             Some(ChildId::Given(id)) => id.has_attempt(run),
             None => false,
@@ -152,8 +139,6 @@ pub(super) struct Call {
     /// How many of `slots` have no report yet and were not handed over.
     pub(super) pending: usize,
     pub(super) parent: Arc<ParentInfo>,
-    /// The parent's run id, which its children's agent ids extend.
-    pub(super) parent_run: Option<RunId>,
     /// What the waiting children's plans are made from.
     pub(super) planner: Option<Planner>,
     /// The next child to launch: the ones before it were launched (or never
@@ -248,7 +233,7 @@ fn empty_slot() -> Slot {
     }
 }
 
-pub(super) fn entry_of(admission: Admission, parent: Option<&RunId>) -> Entry {
+pub(super) fn entry_of(admission: Admission, parent: &RunId) -> Entry {
     let mut slot = empty_slot();
     match admission {
         Admission::Refused { agent_type, error } => {

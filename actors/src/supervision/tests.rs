@@ -48,9 +48,9 @@ fn toolbox() -> Arc<Toolbox> {
 
 fn parent() -> Arc<ParentInfo> {
     Arc::new(ParentInfo {
-        agent_id: "t/0".into(),
-        run_id: "t/0".into(),
-        lineage: ["t/0".to_owned()].into(),
+        agent_id: "t/0".parse().unwrap(),
+        run_id: "t/0".parse().unwrap(),
+        lineage: ["t/0".parse().unwrap()].into(),
         system_prompt: Arc::from(""),
         context_token_count: 0,
         toolbox: toolbox(),
@@ -133,7 +133,7 @@ fn result(status: AgentStatus, value: Value, credits: f64) -> RunResult {
             status,
             credits_used: credits,
             message_history: history,
-            ..AgentState::default()
+            ..AgentState::of_run("t/0".parse().unwrap())
         }),
         value,
     }
@@ -197,7 +197,7 @@ fn due(key: ChildKey) -> Input<u32> {
 
 fn cancel(run_id: &str) -> Input<u32> {
     Input::Cancel {
-        run_id: run_id.into(),
+        run_id: run_id.parse().unwrap(),
     }
 }
 
@@ -233,7 +233,7 @@ fn show_report(r: &ChildReport) -> String {
     let runs = if r.run_ids.is_empty() {
         "-".to_owned()
     } else {
-        r.run_ids.join(",")
+        join(&r.run_ids)
     };
     let value = match r.error_message() {
         Some(error) => error.to_owned(),
@@ -270,14 +270,14 @@ fn show(output: &Output<u32>) -> String {
         Output::Wait => "wait".into(),
         Output::Report(report) => format!(
             "report {} {}",
-            report.run_ids.join(","),
+            join(&report.run_ids),
             show_status(report.status)
         ),
         Output::Launch(launch) => {
             let runs: Vec<String> = launch
                 .children
                 .iter()
-                .map(|s| s.ids(launch.parent_run.as_ref()).run_id)
+                .map(|s| s.ids(&launch.parent.run_id).run_id.to_string())
                 .collect();
             let stream = match launch.stream {
                 Some(s) => format!(", {} in all", s.line),
@@ -339,8 +339,16 @@ fn late(table: &Table) -> Vec<(usize, Vec<String>)> {
     table
         .undelivered()
         .into_iter()
-        .map(|(index, _, runs)| (index, runs))
+        .map(|(index, _, runs)| (index, runs.iter().map(ToString::to_string).collect()))
         .collect()
+}
+
+/// Run ids as one text, joined by commas.
+fn join(runs: &[RunId]) -> String {
+    runs.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn strings(ids: &[&str]) -> Vec<String> {
@@ -1335,7 +1343,7 @@ fn the_children_of_every_attempt_have_their_own_run_ids() {
     let mut take = |outputs: Vec<Output<u32>>| {
         for output in outputs {
             if let Output::Launch(launch) = output {
-                let parent = launch.parent_run.as_ref();
+                let parent = &launch.parent.run_id;
                 starts.extend(launch.children.iter().map(|s| (s.key, s.ids(parent))));
             }
         }
@@ -1350,15 +1358,15 @@ fn the_children_of_every_attempt_have_their_own_run_ids() {
             (
                 key(0, 0),
                 RunIds {
-                    agent_id: "t/0.1".into(),
-                    run_id: "t/0.1".into()
+                    agent_id: "t/0.1".parse().unwrap(),
+                    run_id: "t/0.1".parse().unwrap()
                 }
             ),
             (
                 key(0, 1),
                 RunIds {
-                    agent_id: "t/0.1".into(),
-                    run_id: "t/0.1~1".into()
+                    agent_id: "t/0.1".parse().unwrap(),
+                    run_id: "t/0.1~1".parse().unwrap()
                 }
             ),
         ]
@@ -1587,7 +1595,7 @@ fn launched(outputs: Vec<Output<u32>>) -> Vec<(Start, RunIds)> {
                     .children
                     .into_iter()
                     .map(|s| {
-                        let ids = s.ids(launch.parent_run.as_ref());
+                        let ids = s.ids(&launch.parent.run_id);
                         (s, ids)
                     })
                     .collect::<Vec<_>>(),
@@ -1635,8 +1643,8 @@ fn a_child_whose_stored_agent_id_ends_in_an_attempt_is_cancelled_by_its_run_id()
     assert_eq!(
         ids,
         [RunIds {
-            agent_id: "t/0.1~2".into(),
-            run_id: "t/0.1".into()
+            agent_id: "t/0.1~2".parse().unwrap(),
+            run_id: "t/0.1".parse().unwrap()
         }]
     );
     let outputs = table.handle(cancel("t/0.1"));
@@ -1730,7 +1738,7 @@ fn open_planned(n: usize) -> Input<u32> {
     }
 }
 
-fn spawned(outputs: &[Output<u32>]) -> Vec<String> {
+fn spawned(outputs: &[Output<u32>]) -> Vec<RunId> {
     outputs
         .iter()
         .filter_map(|o| match o {
@@ -1922,7 +1930,7 @@ fn a_planned_calls_children_are_numbered_in_order_and_a_broken_kind_is_refused_u
     );
     let parent: RunId = "t/0".parse().unwrap();
     let mut tree = Canned(Vec::new());
-    let (admissions, planner, admitted) = admit_planned(planned, Ok(&parent), 3, &mut tree);
+    let (admissions, planner, admitted) = admit_planned(planned, &parent, 3, &mut tree);
     let shown: Vec<String> = admissions
         .iter()
         .map(|a| match a {

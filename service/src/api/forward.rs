@@ -174,7 +174,7 @@ mod tests {
             Error::NothingRaised,
             Error::RaiseRefused(RaiseRefused::Zero),
             Error::SteerRefused {
-                run_id: "t1/0".into(),
+                run_id: "t1/0".parse().unwrap(),
                 reason: SteerRefused::Empty,
             },
         ] {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use arbor_actors::{AgentState, RunId};
+use arbor_actors::{AgentState, RunId, TreeId};
 use arbor_supervisor::store::{RunNode, TreeFilter, TreeStatus, TreeSummary};
 use arbor_supervisor::{StartRequest, ToolRule, TreeLimits};
 use axum::Json;
@@ -203,17 +203,21 @@ pub async fn create_run(
         ..StartRequest::default()
     };
     let (tree, run_id) = shared.start(request).await?;
-    Ok(created(tree.to_string(), run_id))
+    Ok(created(&tree, &run_id))
 }
 
 /// 201 for a run just started (a tree's root, a turn's): its ids, and the
 /// run's URL (its id URL-encoded) as the `Location`.
-pub(super) fn created(tree_id: String, run_id: String) -> Response {
+pub(super) fn created(tree_id: &TreeId, run_id: &RunId) -> Response {
+    let run_id = run_id.to_string();
     let location = format!("/v1/runs/{}", run_id.replace('/', "%2F"));
     (
         StatusCode::CREATED,
         [(header::LOCATION, location)],
-        Json(Created { tree_id, run_id }),
+        Json(Created {
+            tree_id: tree_id.to_string(),
+            run_id,
+        }),
     )
         .into_response()
 }
@@ -281,10 +285,10 @@ pub async fn get_run(
     let run_id = run.to_string();
     access::check(&shared, &caller, Action::Read, Subject::Run(&run_id)).await?;
     let supervisor = shared.runtime.supervisor();
-    if let Some(state) = supervisor.live_state(&run_id).await {
+    if let Some(state) = supervisor.live_state(&run).await {
         return Ok(Json(RunView {
             tree_id: run.tree().to_string(),
-            parent_run_id: state.ancestor_run_ids.last().cloned(),
+            parent_run_id: state.parent_run_id().map(ToString::to_string),
             agent_type: state.agent_type.clone().unwrap_or_default(),
             status: state.status.as_str().to_owned(),
             run_id,
@@ -442,9 +446,9 @@ pub async fn cancel_run(
     access::check(&shared, &caller, Action::Write, Subject::Run(&run_id)).await?;
     let supervisor = shared.runtime.supervisor();
     let control = Control::One(ControlBody::Cancel {
-        run_id: run_id.clone(),
+        run_id: run.clone(),
     });
-    let here = async { supervisor.cancel_run(&run_id) };
+    let here = async { supervisor.cancel_run(&run) };
     let forwarded = match here_or_forward(&shared, run.tree().as_str(), control, here).await? {
         Applied::Here(()) => None,
         // Run by another replica: posted for it.
@@ -508,10 +512,10 @@ pub async fn steer_run(
     access::check(&shared, &caller, Action::Write, Subject::Run(&run_id)).await?;
     let supervisor = shared.runtime.supervisor();
     let control = Control::One(ControlBody::Steer {
-        run_id: run_id.clone(),
+        run_id: run.clone(),
         text: body.text.clone(),
     });
-    let here = supervisor.steer(&run_id, &body.text);
+    let here = supervisor.steer(&run, &body.text);
     let forwarded = match here_or_forward(&shared, run.tree().as_str(), control, here).await? {
         Applied::Here(()) => None,
         // Run by another replica: posted for it.

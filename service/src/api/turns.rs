@@ -80,7 +80,7 @@ pub async fn create_turn(
         multitask: body.multitask.unwrap_or_default(),
     };
     Ok(match shared.turn(tree_id, request).await? {
-        crate::turns::Answer::Started { tree, run_id } => created(tree.to_string(), run_id),
+        crate::turns::Answer::Started { tree, run_id } => created(&tree, &run_id),
         crate::turns::Answer::Queued(turn) => {
             let run_id = turn.run_id();
             let location = format!("/v1/runs/{}", run_id.replace('/', "%2F"));

@@ -11,7 +11,7 @@ use std::io::Write as _;
 use std::sync::{Arc, Weak};
 
 use arbor_actors::state::ToolDefinitions;
-use arbor_actors::{AgentState, Event, EventKind, History, Message};
+use arbor_actors::{AgentState, Event, EventKind, History, Message, RunId};
 use serde::Serialize;
 
 use crate::store::journal::journal_body;
@@ -218,11 +218,14 @@ impl<'a> Encoder<'a> {
             let key = Arc::as_ptr(message) as usize;
             tree.messages.insert(key, (Arc::downgrade(message), *id));
         }
+        // A stored id that is no run id matches no event.
         for (run, step) in calls {
-            tree.calls.insert((Arc::from(run.as_str()), *step));
+            if let Ok(run) = run.parse::<RunId>() {
+                tree.calls.insert((run, *step));
+            }
         }
         tree.started
-            .extend(runs.iter().map(|r| Arc::from(r.as_str())));
+            .extend(runs.iter().filter_map(|r| r.parse::<RunId>().ok()));
         Ok(())
     }
 
@@ -254,7 +257,7 @@ impl<'a> Encoder<'a> {
         if !self.holds(rows, &event.tree_id)? {
             return Ok(());
         }
-        let tree = Self::tree(self.cache, rows, &event.tree_id)?;
+        let tree = Self::tree(self.cache, rows, event.tree_id.as_arc())?;
         // Already stored: a batch tried again after a commit that went
         // through unanswered (see `Rows::last_seq_of`).
         if event.seq <= tree.written_seq {
@@ -263,7 +266,7 @@ impl<'a> Encoder<'a> {
         let buffers = &mut *self.buffers;
         let delta = self
             .deltas
-            .entry(event.tree_id.clone())
+            .entry(event.tree_id.as_arc().clone())
             .or_insert_with(|| TreeDelta {
                 segment: buffers.take(),
                 ..TreeDelta::default()
@@ -293,7 +296,7 @@ impl<'a> Encoder<'a> {
                 let id = message_id(tree, &mut out, reply)?;
                 out.open();
                 out.raw("{\"r\":");
-                out.value(&*event.run_id)?;
+                out.value(&event.run_id)?;
                 let _ = write!(out.0, ",\"s\":{step},\"m\":{id},\"u\":");
                 out.value(usage)?;
                 out.raw("}");
@@ -317,7 +320,7 @@ impl<'a> Encoder<'a> {
         // A run counts once, when it starts (not again when a resumed tree
         // goes on with it), so a running or interrupted tree shows its runs.
         if matches!(event.kind, EventKind::AgentStarted { .. })
-            && !tree.started.remove(&*event.run_id)
+            && !tree.started.remove(&event.run_id)
         {
             delta.agents += 1;
         }
@@ -331,7 +334,7 @@ impl<'a> Encoder<'a> {
                 (0, 0, inherited),
                 true,
             )?;
-            if *event.run_id == *tree.root_run_id {
+            if event.run_id == tree.root_run_id {
                 let error = match &event.kind {
                     EventKind::AgentFailed { error, .. } => Some(error.clone()),
                     _ => state.error_message().map(str::to_owned),
@@ -347,7 +350,7 @@ impl<'a> Encoder<'a> {
             out.0.pop();
         }
         let _ = write!(out.0, ",\"seq\":{},\"runId\":", event.seq);
-        out.value(&*event.run_id)?;
+        out.value(&event.run_id)?;
         let _ = write!(out.0, ",\"atMs\":{}}}", event.at_ms);
         if delta.segment.len() >= SEGMENT {
             // Packed at once, and its buffer goes on with the next segment:
@@ -358,7 +361,7 @@ impl<'a> Encoder<'a> {
             let len = pack(&mut delta.segment, packed)?;
             let seq = std::mem::take(&mut delta.segment_seq);
             self.closed
-                .push((event.tree_id.clone(), packed[..len].to_vec(), seq));
+                .push((event.tree_id.as_arc().clone(), packed[..len].to_vec(), seq));
             delta.segment.clear();
         }
         Ok(())
@@ -539,14 +542,14 @@ pub(crate) struct TreeCache {
     texts: ByAddress<(Arc<str>, u64)>,
     tools: ByAddress<(ToolDefinitions, u64)>,
     /// Per live run: the history of its last checkpoint and the chain length.
-    last: HashMap<Arc<str>, (History, u32)>,
+    last: HashMap<RunId, (History, u32)>,
     /// Model calls recorded before this process resumed the tree: served
     /// again from the record, they are not written (or counted) twice. Empty
     /// for a tree started here (a call is never answered twice in one life).
-    calls: HashSet<(Arc<str>, u32)>,
+    calls: HashSet<(RunId, u32)>,
     /// Runs that started before this process resumed the tree: starting
     /// again, they are not counted again (each leaves the set as it does).
-    started: HashSet<Arc<str>>,
+    started: HashSet<RunId>,
     /// Messages held after the last sweep.
     swept: usize,
 }
@@ -671,7 +674,7 @@ fn write_checkpoint<'s>(
     is_final: bool,
 ) -> Result<(), EncodeError> {
     let history = &state.message_history;
-    let run: Arc<str> = Arc::from(state.run_id.as_str());
+    let run = &state.run_id;
     let common = |previous: &History| {
         previous
             .iter()
@@ -682,8 +685,8 @@ fn write_checkpoint<'s>(
     // A run's first record starts from its parent's last checkpoint when
     // their histories begin alike (a child inherits its parent's messages):
     // the child then lists only what it added, not the ~100 inherited ids.
-    let parent = state.ancestor_run_ids.last().map(String::as_str);
-    let (keep, chain, from) = match tree.last.get(&run) {
+    let parent = state.parent_run_id();
+    let (keep, chain, from) = match tree.last.get(run) {
         Some((previous, chain)) if *chain < MAX_CHAIN => (Some(common(previous)), chain + 1, None),
         Some(_) => (None, 0, None),
         None => match parent.and_then(|p| tree.last.get(p).map(|last| (p, last))) {
@@ -724,9 +727,9 @@ fn write_checkpoint<'s>(
     out.value(&row)?;
     out.raw("}");
     if is_final {
-        tree.last.remove(&run);
+        tree.last.remove(run);
     } else {
-        tree.last.insert(run, (history.clone(), chain));
+        tree.last.insert(run.clone(), (history.clone(), chain));
     }
     Ok(())
 }

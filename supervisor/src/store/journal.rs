@@ -142,7 +142,7 @@ pub fn journal_view(event: &Event) -> Option<JournalEntry> {
             .final_state()
             .map(|state| state.output.clone().unwrap_or(Value::Null)),
         seq: event.seq,
-        run_id: event.run_id.clone(),
+        run_id: event.run_id.to_string().into(),
         at_ms: event.at_ms,
     })
 }
@@ -237,8 +237,8 @@ mod tests {
     fn event(seq: u64, run_id: &str, at_ms: u64, kind: EventKind) -> Event {
         Event {
             seq,
-            tree_id: "t".into(),
-            run_id: run_id.into(),
+            tree_id: "t".parse().unwrap(),
+            run_id: run_id.parse().unwrap(),
             at_ms,
             kind,
         }
@@ -246,10 +246,10 @@ mod tests {
 
     fn finished() -> Event {
         let state = AgentState {
-            run_id: "t/0".into(),
+            run_id: "t/0".parse().unwrap(),
             status: AgentStatus::Completed,
             output: Some(json!({"answer": 42})),
-            ..AgentState::default()
+            ..AgentState::of_run("t/0".parse().unwrap())
         };
         let state = Arc::new(state);
         event(
@@ -265,9 +265,9 @@ mod tests {
 
     fn failed() -> Event {
         let state = AgentState {
-            run_id: "t/0.1".into(),
+            run_id: "t/0.1".parse().unwrap(),
             status: AgentStatus::Failed,
-            ..AgentState::default()
+            ..AgentState::of_run("t/0".parse().unwrap())
         };
         let (error, state) = ("boom".into(), Arc::new(state));
         let kind = EventKind::AgentFailed {
@@ -305,10 +305,10 @@ mod tests {
     #[test]
     fn a_failed_runs_entry_names_its_error_kind() {
         let mut state = AgentState {
-            run_id: "t/0.2".into(),
+            run_id: "t/0.2".parse().unwrap(),
             status: AgentStatus::Failed,
             error_kind: Some(arbor_actors::FailureKind::ModelRateLimited),
-            ..AgentState::default()
+            ..AgentState::of_run("t/0".parse().unwrap())
         };
         let failed = |state: &AgentState| {
             let kind = EventKind::AgentFailed {

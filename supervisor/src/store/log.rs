@@ -271,10 +271,12 @@ impl TreeLog {
             }
             Some(EventType::BackgroundDelivered) => {
                 let step = e.get("step").and_then(Value::as_u64).unwrap_or(0) as u32;
-                let child_run_id = str_of("childRunId").unwrap_or_default();
-                self.run(run_id)
-                    .deliveries
-                    .push(Scheduled { step, child_run_id });
+                // A delivery of no run (none is journaled) has no place to go.
+                if let Some(Ok(child_run_id)) = str_of("childRunId").map(|id| id.parse()) {
+                    self.run(run_id)
+                        .deliveries
+                        .push(Scheduled { step, child_run_id });
+                }
             }
             Some(EventType::Steered) => {
                 let step = e.get("step").and_then(Value::as_u64).unwrap_or(0) as u32;
@@ -392,7 +394,8 @@ impl TreeLog {
                     row.tool_definitions
                 ))
             })?;
-        Ok(row.into_checkpoint(&self.tree_id, history, system_prompt, tool_definitions))
+        row.into_checkpoint(&self.tree_id, history, system_prompt, tool_definitions)
+            .map_err(|e| bad(format!("a state is not valid: {e}")))
     }
 
     pub(crate) fn nodes(&self) -> Vec<RunNode> {
@@ -590,13 +593,13 @@ impl TreeLog {
                 // Its output depends on how much of its final history it
                 // inherited, which the final record keeps.
                 let last = log.state(&point, &bad)?;
-                agents.insert(last.state.agent_id.clone());
+                agents.insert(last.state.agent_id.to_string());
                 recovery
                     .finished
                     .insert(run_id.clone(), (Arc::new(last.state), last.inherited));
             } else if let Some(point) = checkpoint {
                 let checkpoint = log.state(&point, &bad)?;
-                agents.insert(checkpoint.state.agent_id.clone());
+                agents.insert(checkpoint.state.agent_id.to_string());
                 recovery
                     .checkpoints
                     .insert(run_id.clone(), Arc::new(checkpoint));

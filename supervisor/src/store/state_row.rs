@@ -6,9 +6,11 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use arbor_actors::state::ToolDefinitions;
-use arbor_actors::{AgentState, AgentStatus, Checkpoint, FailureKind, History};
-use serde::Deserialize;
+use arbor_actors::{
+    AgentId, AgentState, AgentStatus, Checkpoint, FailureKind, History, IdError, RunId,
+};
 use serde::ser::{Serialize, SerializeTuple, Serializer};
+use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 /// A state as a checkpoint record keeps it, without its history (the
@@ -22,18 +24,18 @@ use serde_json::Value;
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub(crate) struct StateRow<'a> {
     /// The agent id; `None` when it is the run id.
-    pub(crate) agent_id: Option<Cow<'a, str>>,
+    pub(crate) agent_id: Option<RowId<'a>>,
     /// The agent type.
     pub(crate) agent_type: Option<Cow<'a, str>>,
     /// The run id.
-    pub(crate) run_id: Cow<'a, str>,
-    /// The parent's run id; `None` when it is the last ancestor (or there
+    pub(crate) run_id: RowId<'a>,
+    /// The parent's agent id; `None` when it is the last ancestor (or there
     /// is none).
-    pub(crate) parent_id: Option<Cow<'a, str>>,
+    pub(crate) parent_id: Option<RowId<'a>>,
     /// The ancestors' run ids, the root first.
-    pub(crate) ancestor_run_ids: Vec<Cow<'a, str>>,
+    pub(crate) ancestor_run_ids: Vec<RowId<'a>>,
     /// The children's run ids.
-    pub(crate) child_run_ids: Vec<Cow<'a, str>>,
+    pub(crate) child_run_ids: Vec<RowId<'a>>,
     /// The output (a final state's is stored once, here).
     pub(crate) output: Cow<'a, Option<Value>>,
     /// The id of the system prompt's record.
@@ -59,6 +61,68 @@ pub(crate) struct StateRow<'a> {
     /// What kind of failure ended the run.
     #[serde(default)]
     pub(crate) error_kind: Option<FailureKind>,
+}
+
+/// An id in a row: `PATH` for a run of the row's tree (`0.2~1`), else the
+/// whole `TREE/PATH`.
+#[derive(Clone, Debug)]
+pub(crate) enum RowId<'a> {
+    /// An id of the state being written; `short`: of the row's tree.
+    Of {
+        /// The id.
+        id: &'a RunId,
+        /// Whether it is written without its tree.
+        short: bool,
+    },
+    /// An id as a stored row holds it.
+    Text(Cow<'a, str>),
+}
+
+impl<'a> RowId<'a> {
+    /// `id`, in a row of tree `tree_id`.
+    fn of(id: &'a RunId, tree_id: &str) -> Self {
+        RowId::Of {
+            id,
+            short: id.tree().as_str() == tree_id,
+        }
+    }
+
+    /// The id this stands for, in a row of tree `tree_id`.
+    fn read(&self, tree_id: &str) -> Result<RunId, IdError> {
+        match self {
+            RowId::Of { id, .. } => Ok((*id).clone()),
+            RowId::Text(text) if text.contains('/') => text.parse(),
+            RowId::Text(text) => format!("{tree_id}/{text}").parse(),
+        }
+    }
+}
+
+impl Serialize for RowId<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            RowId::Of { id, short: true } => serializer.collect_str(&id.path_text()),
+            RowId::Of { id, short: false } => serializer.collect_str(id),
+            RowId::Text(text) => serializer.serialize_str(text),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RowId<'_> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(|text| RowId::Text(Cow::Owned(text)))
+    }
+}
+
+/// Two row ids are alike when they are written alike.
+impl PartialEq for RowId<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        let text = |id: &RowId<'_>| match id {
+            RowId::Of { id, short: true } => id.path_text().to_string(),
+            RowId::Of { id, short: false } => id.to_string(),
+            RowId::Text(text) => text.to_string(),
+        };
+        text(self) == text(other)
+    }
 }
 
 /// Fields of a row as this build writes it.
@@ -103,25 +167,20 @@ impl<'a> StateRow<'a> {
         (system_prompt, tools): (u64, u64),
         (step, children_spawned, inherited): (u32, u32, usize),
     ) -> Self {
-        let short = |id: &'a str| -> Cow<'a, str> {
-            Cow::Borrowed(
-                id.strip_prefix(tree_id)
-                    .and_then(|rest| rest.strip_prefix('/'))
-                    .unwrap_or(id),
-            )
-        };
-        let last_ancestor = state.ancestor_run_ids.last().map(String::as_str);
+        let short = |id: &'a RunId| RowId::of(id, tree_id);
+        let last_ancestor = state.parent_run_id();
         StateRow {
-            agent_id: (state.agent_id != state.run_id).then(|| short(&state.agent_id)),
+            agent_id: (state.agent_id != state.run_id).then(|| short(state.agent_id.as_run())),
             agent_type: state.agent_type.as_deref().map(Cow::Borrowed),
             run_id: short(&state.run_id),
             parent_id: state
                 .parent_id
-                .as_deref()
+                .as_ref()
+                .map(AgentId::as_run)
                 .filter(|p| last_ancestor != Some(*p))
                 .map(short),
-            ancestor_run_ids: state.ancestor_run_ids.iter().map(|id| short(id)).collect(),
-            child_run_ids: state.child_run_ids.iter().map(|id| short(id)).collect(),
+            ancestor_run_ids: state.ancestor_run_ids.iter().map(short).collect(),
+            child_run_ids: state.child_run_ids.iter().map(short).collect(),
             output: Cow::Borrowed(&state.output),
             system_prompt,
             tool_definitions: tools,
@@ -145,37 +204,46 @@ impl StateRow<'static> {
     }
 
     /// The checkpoint this row of tree `tree_id` describes, with its
-    /// history and the system prompt and tool definitions its ids name.
+    /// history and the system prompt and tool definitions its ids name; an
+    /// id that is no run id is an error. Ids are taken as they were written
+    /// (an agent id keeps an attempt it was stored with).
     pub(crate) fn into_checkpoint(
         self,
         tree_id: &str,
         history: History,
         system_prompt: Arc<str>,
         tool_definitions: ToolDefinitions,
-    ) -> Checkpoint {
-        let full = |id: Cow<'_, str>| {
-            if id.contains('/') {
-                id.into_owned()
-            } else {
-                format!("{tree_id}/{id}")
-            }
+    ) -> Result<Checkpoint, IdError> {
+        let full = |id: &RowId<'_>| id.read(tree_id);
+        let run_id = full(&self.run_id)?;
+        let ancestor_run_ids = self
+            .ancestor_run_ids
+            .iter()
+            .map(full)
+            .collect::<Result<Arc<[RunId]>, _>>()?;
+        let agent_id = match &self.agent_id {
+            Some(id) => full(id)?,
+            None => run_id.clone(),
         };
-        let run_id = full(self.run_id);
-        let ancestor_run_ids: Vec<String> = self.ancestor_run_ids.into_iter().map(full).collect();
-        Checkpoint {
+        let parent_id = match &self.parent_id {
+            Some(id) => Some(full(id)?),
+            None => ancestor_run_ids.last().cloned(),
+        };
+        Ok(Checkpoint {
             step: self.step,
             children_spawned: self.children_spawned,
             inherited: self.inherited,
             state: AgentState {
-                agent_id: self.agent_id.map_or_else(|| run_id.clone(), full),
+                agent_id: AgentId::from_run(agent_id),
                 agent_type: self.agent_type.map(Cow::into_owned),
-                parent_id: self
-                    .parent_id
-                    .map(full)
-                    .or_else(|| ancestor_run_ids.last().cloned()),
+                parent_id: parent_id.map(AgentId::from_run),
                 run_id,
-                ancestor_run_ids: ancestor_run_ids.into(),
-                child_run_ids: self.child_run_ids.into_iter().map(full).collect(),
+                ancestor_run_ids,
+                child_run_ids: self
+                    .child_run_ids
+                    .iter()
+                    .map(full)
+                    .collect::<Result<_, _>>()?,
                 message_history: history,
                 output: self.output.into_owned(),
                 system_prompt,
@@ -187,7 +255,7 @@ impl StateRow<'static> {
                 status: self.status,
                 error_kind: self.error_kind,
             },
-        }
+        })
     }
 
     /// The output a stored row keeps, without reading the rest of it.
@@ -213,12 +281,12 @@ mod tests {
         let mut history = History::new();
         history.push(Message::user("go"));
         AgentState {
-            agent_id: "t1/0.2".into(),
+            agent_id: "t1/0.2".parse().unwrap(),
             agent_type: Some("worker".into()),
-            run_id: "t1/0.2~1".into(),
-            parent_id: Some("t1/0~1".into()),
-            ancestor_run_ids: vec!["t1/0".to_owned(), "t1/0~1".to_owned()].into(),
-            child_run_ids: vec!["t1/0.2~1.1".into(), "other/0".into()],
+            run_id: "t1/0.2~1".parse().unwrap(),
+            parent_id: Some("t1/0~1".parse().unwrap()),
+            ancestor_run_ids: ["t1/0".parse().unwrap(), "t1/0~1".parse().unwrap()].into(),
+            child_run_ids: vec!["t1/0.2~1.1".parse().unwrap(), "other/0".parse().unwrap()],
             message_history: history,
             output: Some(json!({"answer": 42})),
             system_prompt: Arc::from("be brief"),
@@ -240,12 +308,14 @@ mod tests {
         let read = StateRow::read(&stored).unwrap();
         assert_eq!(read, row);
         assert_eq!(StateRow::output_of(&stored), state.output.as_ref());
-        let back = read.into_checkpoint(
-            "t1",
-            state.message_history.clone(),
-            state.system_prompt.clone(),
-            state.tool_definitions.clone(),
-        );
+        let back = read
+            .into_checkpoint(
+                "t1",
+                state.message_history.clone(),
+                state.system_prompt.clone(),
+                state.tool_definitions.clone(),
+            )
+            .unwrap();
         assert_eq!(
             (back.step, back.children_spawned, back.inherited),
             (2, 1, 5)
@@ -267,14 +337,27 @@ mod tests {
 
         let before_kinds = r#"[null,null,"0",null,[],[],null,1,2,0,50,0.0,0.0,"running",0,0,0]"#;
         let read = StateRow::read(&serde_json::from_str(before_kinds).unwrap()).unwrap();
-        assert_eq!(read.run_id, Cow::<str>::Borrowed("0"));
+        assert_eq!(read.run_id, super::RowId::Text(Cow::Borrowed("0")));
         assert_eq!((read.system_prompt, read.tool_definitions), (1, 2));
         assert_eq!(read.status, AgentStatus::Running);
         assert_eq!(read.error_kind, None);
-        let checkpoint =
-            read.into_checkpoint("t9", History::new(), Arc::from(""), Default::default());
+        let checkpoint = read
+            .into_checkpoint("t9", History::new(), Arc::from(""), Default::default())
+            .unwrap();
         assert_eq!(checkpoint.state.run_id, "t9/0");
         assert_eq!(checkpoint.state.agent_id, "t9/0");
         assert_eq!(checkpoint.state.parent_id, None);
+    }
+
+    /// A row whose id is no run id is an error when read back, naming it
+    /// (before typed ids it read as a state with that text for an id).
+    #[test]
+    fn a_state_row_with_an_id_that_is_no_run_id_is_refused() {
+        let written = r#"[null,null,"0",null,[],["0.x"],null,1,2,0,50,0.0,0.0,"running",0,0,0]"#;
+        let read = StateRow::read(&serde_json::from_str(written).unwrap()).unwrap();
+        let error = read
+            .into_checkpoint("t9", History::new(), Arc::from(""), Default::default())
+            .unwrap_err();
+        assert!(error.to_string().contains("t9/0.x"), "{error}");
     }
 }

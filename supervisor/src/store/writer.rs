@@ -491,8 +491,11 @@ impl Loop {
                 self.owned
                     .insert(tree.root_run_id.clone(), tree.tree_id.clone());
             }
-            Write::Event(event) if event.kind.final_state().is_some() => {
-                self.owned.remove(&*event.run_id);
+            // Only a root's end releases what the tree owned.
+            Write::Event(event)
+                if event.kind.final_state().is_some() && event.run_id.path().len() == 1 =>
+            {
+                self.owned.remove(&event.run_id.to_string());
             }
             Write::Release(trees) => {
                 trees.retain(|tree| !self.is_fenced(tree));

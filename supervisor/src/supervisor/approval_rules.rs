@@ -17,7 +17,7 @@ use arbor_actors::approval::{DecideRefused, Decision};
 use arbor_actors::hooks::{Slot, SlotLine, SlotPriority};
 use arbor_actors::sync::LockExt as _;
 use arbor_actors::{
-    AgentMsg, AgentTemplate, EventKind, LimitHit, Model, Recovered, TreeHooks, Usage,
+    AgentMsg, AgentTemplate, EventKind, LimitHit, Model, Recovered, RunId, TreeHooks, TreeId, Usage,
 };
 use futures::future::BoxFuture;
 
@@ -116,7 +116,7 @@ impl Supervisor {
                 reason: DecideRefused::Ended,
             });
         };
-        let root: Arc<str> = Arc::from(format!("{tree_id}/0").as_str());
+        let root = ctx.tree_id.root();
         for tool in &tools {
             if !self.approvals.allows(tree_id, tool) {
                 ctx.emit(&root, EventKind::ApprovalRuleAdded { tool: tool.clone() });
@@ -190,7 +190,7 @@ impl TreeHooks for RuledHooks {
         self.rules.locked().allows(tool)
     }
 
-    fn emit(&self, run_id: &Arc<str>, kind: EventKind) {
+    fn emit(&self, run_id: &RunId, kind: EventKind) {
         // A call asked for while its tool was being allowed (its agent read
         // the rules just before): the rule decides it, as it would have.
         // The rule is read after the call is published (and so listed as
@@ -217,7 +217,7 @@ impl TreeHooks for RuledHooks {
         }
     }
 
-    fn tree_id(&self) -> &Arc<str> {
+    fn tree_id(&self) -> &TreeId {
         self.port().tree_id()
     }
 
@@ -264,11 +264,11 @@ impl TreeHooks for RuledHooks {
         self.port().store_ready()
     }
 
-    fn actor_started(&self, run_id: &Arc<str>, actor: &ractor::ActorCell) {
+    fn actor_started(&self, run_id: &RunId, actor: &ractor::ActorCell) {
         self.port().actor_started(run_id, actor);
     }
 
-    fn actor_stopped(&self, run_id: &Arc<str>) {
+    fn actor_stopped(&self, run_id: &RunId) {
         self.port().actor_stopped(run_id);
     }
 
@@ -280,7 +280,7 @@ impl TreeHooks for RuledHooks {
         self.port().recovering()
     }
 
-    fn recovered(&self, run_id: &str) -> Option<Recovered> {
+    fn recovered(&self, run_id: &RunId) -> Option<Recovered> {
         self.port().recovered(run_id)
     }
 
@@ -292,15 +292,15 @@ impl TreeHooks for RuledHooks {
         self.port().pauses_on_budget()
     }
 
-    fn steers(&self, run_id: &str) -> Vec<arbor_actors::steer::Steer> {
+    fn steers(&self, run_id: &RunId) -> Vec<arbor_actors::steer::Steer> {
         self.port().steers(run_id)
     }
 
-    fn deliveries(&self, run_id: &str) -> Vec<arbor_actors::background::Scheduled> {
+    fn deliveries(&self, run_id: &RunId) -> Vec<arbor_actors::background::Scheduled> {
         self.port().deliveries(run_id)
     }
 
-    fn decisions(&self, run_id: &str) -> std::collections::HashMap<String, Decision> {
+    fn decisions(&self, run_id: &RunId) -> std::collections::HashMap<String, Decision> {
         self.port().decisions(run_id)
     }
 
@@ -314,7 +314,7 @@ impl TreeHooks for RuledHooks {
 
     fn hook_verdicts(
         &self,
-        run_id: &str,
+        run_id: &RunId,
     ) -> std::collections::HashMap<String, arbor_actors::lifecycle::Verdict> {
         self.port().hook_verdicts(run_id)
     }

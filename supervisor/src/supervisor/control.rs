@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arbor_actors::approval::{DecideRefused, Decision};
 use arbor_actors::steer::SteerRefused;
 use arbor_actors::sync::LockExt as _;
-use arbor_actors::{AgentMsg, CancelReason};
+use arbor_actors::{AgentMsg, CancelReason, RunId, TreeId};
 
 use super::Supervisor;
 use crate::Raised;
@@ -146,7 +146,9 @@ impl Supervisor {
             return false;
         }
         if self.store.is_none() {
-            return self.finished_state(&format!("{tree_id}/0")).is_some();
+            return tree_id
+                .parse::<TreeId>()
+                .is_ok_and(|tree| self.finished_state(&tree.root()).is_some());
         }
         let tree = tree_id.to_owned();
         self.read_store_now(move |store| store.status(&tree))
@@ -158,8 +160,8 @@ impl Supervisor {
     /// Cancels a running run and its subtree. A child that is spawned but
     /// has not started (it waits for a live slot, or for a retry) ends
     /// cancelled without starting: its parent is told.
-    pub fn cancel_run(&self, run_id: &str) -> Result<(), Error> {
-        let unknown = || Error::UnknownRun(run_id.to_owned());
+    pub fn cancel_run(&self, run_id: &RunId) -> Result<(), Error> {
+        let unknown = || Error::UnknownRun(run_id.to_string());
         if let Some(actor) = self.live_actor(run_id) {
             return actor
                 .cast(AgentMsg::Cancel(CancelReason::Requested))
@@ -179,7 +181,7 @@ impl Supervisor {
             .ok_or_else(unknown)?;
         parent
             .cast(AgentMsg::CancelChild {
-                run_id: run_id.to_owned(),
+                run_id: run_id.clone(),
             })
             .map_err(|_| unknown())
     }
@@ -190,9 +192,9 @@ impl Supervisor {
     /// an empty message, and for one more message than the run may hold
     /// before it takes them ([`Supervisor::with_steer_limits`]);
     /// [`Error::UnknownRun`] for a run this supervisor does not run or keep.
-    pub async fn steer(&self, run_id: &str, text: &str) -> Result<(), Error> {
+    pub async fn steer(&self, run_id: &RunId, text: &str) -> Result<(), Error> {
         let refused = |reason| Error::SteerRefused {
-            run_id: run_id.to_owned(),
+            run_id: run_id.clone(),
             reason,
         };
         if text.trim().is_empty() {
@@ -209,7 +211,7 @@ impl Supervisor {
             if waiting {
                 return Err(refused(SteerRefused::NotStarted));
             }
-            return Err(Error::UnknownRun(run_id.to_owned()));
+            return Err(Error::UnknownRun(run_id.to_string()));
         };
         let (text, limits): (Arc<str>, _) = (text.into(), self.steer_limits);
         match ractor::call!(actor, |reply| AgentMsg::Steer {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use arbor_actors::history::History;
 use arbor_actors::steer::SteerLimits;
 use arbor_actors::sync::LockExt as _;
-use arbor_actors::{AgentMsg, AgentSnapshot, AgentState, CancelReason, RunResult, TreeId};
+use arbor_actors::{AgentMsg, AgentSnapshot, AgentState, CancelReason, RunId, RunResult, TreeId};
 use ractor::ActorRef;
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -107,9 +107,9 @@ pub struct Supervisor {
 /// A started tree: its ids, its events, and its result.
 pub struct TreeHandle {
     /// The tree's id.
-    pub tree_id: Arc<str>,
+    pub tree_id: TreeId,
     /// The root's run id.
-    pub root_run_id: String,
+    pub root_run_id: RunId,
     root: ActorRef<AgentMsg>,
     result: oneshot::Receiver<RunResult>,
     /// The root actor's task: done once the actor (and every agent below it) is gone.
@@ -195,23 +195,22 @@ impl Supervisor {
     }
 
     /// The final state of a finished run.
-    pub fn finished_state(&self, run_id: &str) -> Option<Arc<AgentState>> {
+    pub fn finished_state(&self, run_id: &RunId) -> Option<Arc<AgentState>> {
         self.registry.get(run_id)
     }
 
     /// The current state of a live run, or the final state of a finished one.
-    pub async fn state(&self, run_id: &str) -> Result<AgentState, Error> {
+    pub async fn state(&self, run_id: &RunId) -> Result<AgentState, Error> {
         if let Some(state) = self.live_state(run_id).await {
             return Ok(state);
         }
-        self.registry
-            .get(run_id)
+        self.finished_state(run_id)
             .map(|s| (*s).clone())
-            .ok_or_else(|| Error::UnknownRun(run_id.to_owned()))
+            .ok_or_else(|| Error::UnknownRun(run_id.to_string()))
     }
 
     /// The current state of a run an actor runs now (asked of the actor).
-    pub async fn live_state(&self, run_id: &str) -> Option<AgentState> {
+    pub async fn live_state(&self, run_id: &RunId) -> Option<AgentState> {
         let actor = self.live_actor(run_id)?;
         let snapshot: AgentSnapshot = ractor::call!(actor, AgentMsg::Status).ok()?;
         Some(snapshot.state)
@@ -247,7 +246,7 @@ impl Supervisor {
             .collect()
     }
 
-    fn live_actor(&self, run_id: &str) -> Option<ActorRef<AgentMsg>> {
+    fn live_actor(&self, run_id: &RunId) -> Option<ActorRef<AgentMsg>> {
         self.contexts().iter().find_map(|c| c.live_actor(run_id))
     }
 }
@@ -300,7 +299,7 @@ impl TreeHandle {
     pub async fn wait(self) -> Result<RunResult, Error> {
         let result = self.result.await;
         let _ = self.root_task.await;
-        result.map_err(|_| Error::Lost(self.tree_id.to_string()))
+        result.map_err(|_| Error::Lost(self.tree_id.clone()))
     }
 }
 

@@ -86,8 +86,8 @@ impl Supervisor {
             }
             None => None,
         };
-        let tree_id = request.tree_id.clone().unwrap_or_else(TreeId::generate);
-        let tree_id: Arc<str> = tree_id.as_arc().clone();
+        let tree = request.tree_id.clone().unwrap_or_else(TreeId::generate);
+        let tree_id: Arc<str> = tree.as_arc().clone();
         // Started outside any span: a fresh `tree` span is the trace's root.
         let tree_span = if caller.is_none() {
             tracing::info_span!(
@@ -153,7 +153,7 @@ impl Supervisor {
         // down) before its first agent builds a request.
         catalog.prepare_tools(&template.id).await;
         let mut ctx = TreeContext::new(
-            tree_id.clone(),
+            tree.clone(),
             catalog.clone(),
             limits.clone(),
             self.bus.clone(),
@@ -204,13 +204,13 @@ impl Supervisor {
         let root_run_id = ids.run_id.clone();
         let resumed = ctx
             .recovery()
-            .and_then(|r| r.checkpoints.get(&root_run_id).cloned());
+            .and_then(|r| r.checkpoints.get(&root_run_id.to_string()).cloned());
         let machine = match resumed {
             Some(checkpoint) => StepMachine::from_checkpoint(
                 &checkpoint,
                 template.clone(),
                 toolbox,
-                tree_id.clone(),
+                ctx.tree_id.clone(),
             ),
             None => {
                 let mut history = request.history.clone().unwrap_or_default();
@@ -230,15 +230,21 @@ impl Supervisor {
                     context_token_count: 0,
                     steps_remaining: template.max_steps,
                 });
-                StepMachine::new(state, template.clone(), toolbox, inherited, tree_id.clone())
-                    .with_input(Some(&request.prompt), request.params.as_ref())
+                StepMachine::new(
+                    state,
+                    template.clone(),
+                    toolbox,
+                    inherited,
+                    ctx.tree_id.clone(),
+                )
+                .with_input(Some(&request.prompt), request.params.as_ref())
             }
         };
         if let Some((_, writer)) = &self.store {
             // Durable before it runs: once `start` returns, the tree can be resumed.
             writer.send(Write::Tree(Box::new(TreeRecord {
                 tree_id: tree_id.to_string(),
-                root_run_id: root_run_id.clone(),
+                root_run_id: root_run_id.to_string(),
                 agent: template.id.clone(),
                 prompt: request.prompt.clone(),
                 params: request.params.clone(),
@@ -315,7 +321,7 @@ impl Supervisor {
             ))));
         }
         Ok(TreeHandle {
-            tree_id,
+            tree_id: tree,
             root_run_id,
             root,
             result: rx,

@@ -6,6 +6,7 @@
 //! A cancel of a tree nobody runs (it was interrupted) stores it as
 //! cancelled, so that no process resumes or adopts it.
 
+use arbor_actors::RunId;
 use arbor_actors::sync::LockExt as _;
 use serde_json::json;
 
@@ -106,6 +107,9 @@ impl Supervisor {
                 self.read_store(move |store| Ok(store.tree(&tree_id)?.0.root_run_id))
                     .await?
             };
+            let run = run
+                .parse::<RunId>()
+                .map_err(|_| Error::UnknownRun(run.clone()))?;
             self.cancel_run(&run)?;
             return Ok(CancelOutcome::Here);
         }

@@ -10,11 +10,10 @@
 //! [`decide_turn`], a plain function.
 
 use std::str::FromStr;
-use std::sync::Arc;
 
-use arbor_actors::EventKind;
 use arbor_actors::TreeHooks as _;
 use arbor_actors::sync::LockExt as _;
+use arbor_actors::{EventKind, RunId};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -290,7 +289,9 @@ impl Supervisor {
         let Some(ctx) = ctx else {
             return false;
         };
-        let run_id: Arc<str> = turn.run_id().into();
+        let Ok(run_id) = turn.run_id().parse::<RunId>() else {
+            return false;
+        };
         ctx.emit(
             &run_id,
             EventKind::TurnQueued {

@@ -90,7 +90,9 @@ async fn an_always_allowed_tool_runs_unasked_at_any_depth_and_in_a_later_turn_af
             .flat_map(|s| tool_results(s, "echo"))
             .collect();
         assert_eq!(ran, [json!({"echo": {"n": 1}}), json!({"echo": {"n": 3}})]);
-        let worker = sup.finished_state("t/0.1").expect("the worker finished");
+        let worker = sup
+            .finished_state(&rid("t/0.1"))
+            .expect("the worker finished");
         assert_eq!(tool_result(&worker, "echo"), json!({"echo": {"n": 2}}));
         sup.flush().await.unwrap();
     }

@@ -76,8 +76,8 @@ fn leaf_echo(sup: &Supervisor) -> Value {
     let leaf = sup
         .approvals(None)
         .first()
-        .map(|p| p.run_id.clone())
-        .unwrap_or_else(|| "t/0.1.1.1".into());
+        .map(|p| rid(&p.run_id))
+        .unwrap_or_else(|| rid("t/0.1.1.1"));
     let state = sup.finished_state(&leaf).expect("the leaf finished");
     tool_result(&state, "echo")
 }
@@ -89,7 +89,7 @@ async fn an_approval_at_depth_three_parks_only_its_agent_and_an_edited_input_run
     let mut seen = Vec::new();
     let handle = start(&sup, "lead", "go").await;
     let request = wait_for(&mut rx, &mut seen, asked).await;
-    assert_eq!(request.run_id.as_ref(), "t/0.1.1.1", "the leaf, at depth 3");
+    assert_eq!(request.run_id, "t/0.1.1.1", "the leaf, at depth 3");
     // The sibling gets the one live slot and finishes while the leaf waits.
     if !seen.iter().any(|e| ended(e, "sib")) {
         wait_for(&mut rx, &mut seen, |e| ended(e, "sib")).await;
@@ -141,7 +141,7 @@ async fn an_approval_at_depth_three_parks_only_its_agent_and_an_edited_input_run
     let result = finish(handle).await;
     assert_eq!(result.state.status, AgentStatus::Completed);
     assert!(sup.approvals(None).is_empty());
-    let echo = tool_result(&sup.finished_state("t/0.1.1.1").unwrap(), "echo");
+    let echo = tool_result(&sup.finished_state(&rid("t/0.1.1.1")).unwrap(), "echo");
     assert_eq!(
         echo,
         json!({"echo": {"n": 7}}),
@@ -167,7 +167,7 @@ async fn a_denied_call_gives_the_model_the_reason() {
     .await
     .unwrap();
     finish(handle).await;
-    let leaf = sup.finished_state("t/0.1.1.1").unwrap();
+    let leaf = sup.finished_state(&rid("t/0.1.1.1")).unwrap();
     let denied = leaf
         .message_history
         .iter()
@@ -346,7 +346,7 @@ async fn an_edited_approval_shows_the_input_that_ran_in_the_history() {
     .await
     .unwrap();
     finish(handle).await;
-    let leaf = sup.finished_state("t/0.1.1.1").unwrap();
+    let leaf = sup.finished_state(&rid("t/0.1.1.1")).unwrap();
     let inputs: Vec<Value> = leaf
         .message_history
         .iter()

@@ -29,7 +29,7 @@ fn reports(state: &AgentState) -> Vec<String> {
         .message_history
         .iter()
         .filter(|m| m.has_tag(BACKGROUND_REPORT))
-        .filter_map(|m| reported_agent(m))
+        .filter_map(|m| reported_agent(m).map(|a| a.to_string()))
         .collect()
 }
 
@@ -59,11 +59,11 @@ async fn background_children_answer_at_once_and_each_report_starts_a_step_of_the
     let entries = entries.as_array().unwrap();
     assert_eq!(entries.len(), 2);
     assert!(entries.iter().all(|e| e["status"] == "running"));
-    let slow = entries[0]["runId"].as_str().unwrap().to_owned();
-    let fast = entries[1]["runId"].as_str().unwrap().to_owned();
+    let slow = rid(entries[0]["runId"].as_str().unwrap());
+    let fast = rid(entries[1]["runId"].as_str().unwrap());
 
     // Each report once, in the order they came: the fast one first.
-    assert_eq!(reports(root), [fast.clone(), slow.clone()]);
+    assert_eq!(reports(root), [fast.to_string(), slow.to_string()]);
     assert_eq!(root.child_run_ids, [fast.clone(), slow.clone()]);
     // Four steps: the spawn, the turn that would end, one per report.
     let texts: Vec<String> = root
@@ -78,12 +78,12 @@ async fn background_children_answer_at_once_and_each_report_starts_a_step_of_the
     let at = |pred: &dyn Fn(&arbor_actors::Message) -> bool| {
         root.message_history.iter().position(|m| pred(m)).unwrap()
     };
-    let fast_at = at(&|m| reported_agent(m).as_deref() == Some(fast.as_str()));
+    let fast_at = at(&|m| reported_agent(m).is_some_and(|a| a == fast));
     let answered_at = at(&|m| m.text() == "got the fast one");
-    let slow_at = at(&|m| reported_agent(m).as_deref() == Some(slow.as_str()));
+    let slow_at = at(&|m| reported_agent(m).is_some_and(|a| a == slow));
     assert!(fast_at < answered_at && answered_at < slow_at);
 
-    let delivered: Vec<(u32, String)> = events
+    let delivered: Vec<(u32, RunId)> = events
         .iter()
         .filter_map(|e| match &e.kind {
             EventKind::BackgroundDelivered { step, child_run_id } => {
@@ -97,7 +97,7 @@ async fn background_children_answer_at_once_and_each_report_starts_a_step_of_the
     assert!(
         events
             .iter()
-            .any(|e| matches!(e.kind, EventKind::Suspended) && e.run_id.as_ref() == root.run_id)
+            .any(|e| matches!(e.kind, EventKind::Suspended) && e.run_id == root.run_id)
     );
     for run in [&fast, &slow] {
         let child = sup.finished_state(run).expect("child kept");

@@ -52,7 +52,7 @@ async fn cancelling_a_mid_tree_agent_cancels_its_subtree_only() {
     let mid_run = wait_for(&mut rx, &mut seen, |e| started_type(e, "mid"))
         .await
         .run_id
-        .to_string();
+        .clone();
     // Both leaves are running (their model calls pending) before the cancel.
     wait_for(&mut rx, &mut seen, |e| started_type(e, "leaf")).await;
     wait_for(&mut rx, &mut seen, |e| started_type(e, "leaf")).await;
@@ -78,7 +78,7 @@ async fn cancelling_a_mid_tree_agent_cancels_its_subtree_only() {
     let entries = tool_result(&result.state, "spawn_agents");
     let error = error_of(&entries[0]).expect("mid is an error entry");
     assert!(error.to_lowercase().contains("cancel"), "{error}");
-    assert_eq!(entries[0]["runId"], mid_run.as_str());
+    assert_eq!(entries[0]["runId"], mid_run.to_string());
     assert_eq!(last_text(&entries[1]["value"]), "sibling done");
 
     // The whole subtree ended cancelled, and kept its history.
@@ -97,13 +97,13 @@ async fn cancelling_a_mid_tree_agent_cancels_its_subtree_only() {
     let sib = &states[&result.state.child_run_ids[1]];
     assert_eq!(sib.agent_type.as_deref(), Some("sib"));
     assert_eq!(sib.status, AgentStatus::Completed);
-    let cancelled: HashSet<&str> = seen
+    let cancelled: HashSet<&RunId> = seen
         .iter()
         .filter(|e| matches!(e.kind, EventKind::AgentCancelled { .. }))
-        .map(|e| &*e.run_id)
+        .map(|e| &e.run_id)
         .collect();
     assert_eq!(cancelled.len(), 3);
-    assert!(cancelled.contains(mid_run.as_str()));
+    assert!(cancelled.contains(&mid_run));
 
     // A finished run can no longer be cancelled.
     assert!(matches!(
@@ -152,10 +152,10 @@ async fn an_ended_or_never_spawned_child_of_a_running_parent_is_unknown_to_cance
     })
     .await
     .run_id
-    .to_string();
+    .clone();
     assert_eq!(sup.live_actors(), 2, "lead waits for mid");
-    let never = format!("{}/0.99", handle.tree_id);
-    for run in [sib_run.as_str(), never.as_str()] {
+    let never = handle.root_run_id.child(99);
+    for run in [&sib_run, &never] {
         assert!(
             matches!(sup.cancel_run(run), Err(Error::UnknownRun(_))),
             "cancel {run}: {:?}",
@@ -214,7 +214,7 @@ async fn cancelling_the_tree_cancels_every_agent() {
     let answered: Vec<&str> = seen
         .iter()
         .filter(|e| matches!(e.kind, EventKind::ModelResponded { .. }))
-        .filter_map(|e| states[&*e.run_id].agent_type.as_deref())
+        .filter_map(|e| states[&e.run_id].agent_type.as_deref())
         .collect();
     assert_eq!(
         answered,
@@ -243,7 +243,7 @@ async fn status_is_served_while_a_model_call_is_pending() {
     let root = handle.root_run_id.clone();
     let mut seen = Vec::new();
     wait_for(&mut rx, &mut seen, |e| {
-        matches!(e.kind, EventKind::StepStarted { step: 1 }) && *e.run_id == *root
+        matches!(e.kind, EventKind::StepStarted { step: 1 }) && e.run_id == root
     })
     .await;
 
@@ -265,11 +265,11 @@ async fn status_is_served_while_a_model_call_is_pending() {
 
     // While its child's call is pending, both answer.
     let child = wait_for(&mut rx, &mut seen, |e| {
-        matches!(e.kind, EventKind::StepStarted { step: 1 }) && *e.run_id != *root
+        matches!(e.kind, EventKind::StepStarted { step: 1 }) && e.run_id != root
     })
     .await
     .run_id
-    .to_string();
+    .clone();
     let child_state = sup.state(&child).await.unwrap();
     assert_eq!(child_state.status, AgentStatus::Running);
     assert_eq!(&*child_state.ancestor_run_ids, std::slice::from_ref(&root));
@@ -294,7 +294,10 @@ async fn status_is_served_while_a_model_call_is_pending() {
         sup.state(&child).await.unwrap().status,
         AgentStatus::Completed
     );
-    assert!(matches!(sup.state("t/9").await, Err(Error::UnknownRun(_))));
+    assert!(matches!(
+        sup.state(&rid("t9/0")).await,
+        Err(Error::UnknownRun(_))
+    ));
 }
 
 /// On worker threads, with a cancel racing the tree at every stage: whatever
@@ -340,7 +343,7 @@ async fn no_actor_outlives_wait_on_a_multi_thread_runtime() {
             match rx.recv().await {
                 Some(e) => {
                     n += 1;
-                    if e.kind.final_state().is_some() && *e.run_id == handle.root_run_id {
+                    if e.kind.final_state().is_some() && e.run_id == handle.root_run_id {
                         break;
                     }
                 }
@@ -358,10 +361,10 @@ async fn no_actor_outlives_wait_on_a_multi_thread_runtime() {
         assert!(result.state.status.is_final());
         outcomes.insert(result.state.status);
         let events = drain(&mut rx);
-        let started: HashSet<String> = events
+        let started: HashSet<RunId> = events
             .iter()
             .filter(|e| matches!(e.kind, EventKind::AgentStarted { .. }))
-            .map(|e| e.run_id.to_string())
+            .map(|e| e.run_id.clone())
             .collect();
         for run in &started {
             assert!(
@@ -418,7 +421,7 @@ async fn a_child_cancelled_while_it_waits_for_a_live_slot_ends_cancelled_without
     assert!(
         !seen
             .iter()
-            .any(|e| *e.run_id == *waiting && matches!(e.kind, EventKind::AgentStarted { .. })),
+            .any(|e| e.run_id == waiting && matches!(e.kind, EventKind::AgentStarted { .. })),
         "the cancelled child started"
     );
     assert_eq!(result.state.status, AgentStatus::Completed);
@@ -432,7 +435,7 @@ async fn a_child_cancelled_while_it_waits_for_a_live_slot_ends_cancelled_without
     assert_eq!(sup.live_actors(), 0);
     // An id nothing knows is still unknown.
     assert!(matches!(
-        sup.cancel_run("nope/0.9"),
+        sup.cancel_run(&rid("nope/0.9")),
         Err(Error::UnknownRun(_))
     ));
 }

@@ -6,12 +6,18 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+pub use arbor_actors::RunId;
 use arbor_actors::message::{Message, TOOL_CALL_ERROR};
 use arbor_actors::{AgentState, Event, EventKind};
 pub use arbor_test_support::*;
 use serde_json::Value;
 
 /// The JSON value of the (first) tool result answering a call to `tool`.
+/// The run id of a test's text.
+pub fn rid(text: &str) -> RunId {
+    text.parse().expect("a run id")
+}
+
 pub fn tool_result(state: &AgentState, tool: &str) -> Value {
     tool_results(state, tool)
         .into_iter()
@@ -61,7 +67,7 @@ pub fn last_text(value: &Value) -> String {
 }
 
 /// Final states of every run, keyed by run id (from the final events).
-pub fn final_states(events: &[Arc<Event>]) -> HashMap<String, Arc<AgentState>> {
+pub fn final_states(events: &[Arc<Event>]) -> HashMap<RunId, Arc<AgentState>> {
     events
         .iter()
         .filter_map(|e| e.kind.final_state())
@@ -70,7 +76,7 @@ pub fn final_states(events: &[Arc<Event>]) -> HashMap<String, Arc<AgentState>> {
 }
 
 /// Run ids of `ChildSpawned` events for `agent_type`, in order.
-pub fn spawned(events: &[Arc<Event>], agent_type: &str) -> Vec<String> {
+pub fn spawned(events: &[Arc<Event>], agent_type: &str) -> Vec<RunId> {
     events
         .iter()
         .filter_map(|e| match &e.kind {

@@ -352,8 +352,8 @@ async fn retry_runs_again_with_doubling_backoff_and_records_every_attempt() {
     let once = spawned(&events, "once");
     assert_eq!(doomed.len(), 3, "{doomed:?}");
     assert_eq!(once.len(), 2, "{once:?}");
-    assert!(doomed[1].ends_with("~1") && doomed[2].ends_with("~2"));
-    let all: Vec<String> = doomed.iter().chain(&once).cloned().collect();
+    assert!(doomed[1].attempt() == 1 && doomed[2].attempt() == 2);
+    let all: Vec<RunId> = doomed.iter().chain(&once).cloned().collect();
     assert_eq!(
         result.state.child_run_ids, all,
         "every attempt, in request order"
@@ -372,7 +372,7 @@ async fn retry_runs_again_with_doubling_backoff_and_records_every_attempt() {
         .collect();
     assert_eq!(attempts, [0, 1, 2]);
 
-    let retries: Vec<(String, u32, u64)> = events
+    let retries: Vec<(RunId, u32, u64)> = events
         .iter()
         .filter_map(|e| match &e.kind {
             EventKind::ChildRetrying {
@@ -398,9 +398,9 @@ async fn retry_runs_again_with_doubling_backoff_and_records_every_attempt() {
     let entries = tool_result(&result.state, "spawn_agents");
     let error = error_of(&entries[0]).expect("doomed failed");
     assert!(error.contains("always down"), "{error}");
-    assert_eq!(entries[0]["runId"], doomed[2].as_str());
+    assert_eq!(entries[0]["runId"], doomed[2].to_string());
     assert_eq!(last_text(&entries[1]["value"]), "finally");
-    assert_eq!(entries[1]["runId"], once[1].as_str());
+    assert_eq!(entries[1]["runId"], once[1].to_string());
 
     for id in &doomed {
         assert_eq!(sup.finished_state(id).unwrap().status, AgentStatus::Failed);
@@ -569,7 +569,7 @@ async fn a_failed_childs_entry_has_one_shape_errormessage_whatever_the_cause() {
     assert!(
         !seen
             .iter()
-            .any(|e| *e.run_id == *sleepers[1] && matches!(e.kind, EventKind::AgentStarted { .. })),
+            .any(|e| e.run_id == sleepers[1] && matches!(e.kind, EventKind::AgentStarted { .. })),
         "the waiting sleeper started"
     );
 

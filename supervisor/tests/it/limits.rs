@@ -139,9 +139,9 @@ async fn children_past_max_children_per_call_are_error_entries() {
 fn live_profile(events: &[Arc<Event>]) -> (i64, usize) {
     let mut live: i64 = 0;
     let mut max_live = 0;
-    let mut per_run: HashMap<&str, i64> = HashMap::new();
-    let mut finals: HashMap<&str, usize> = HashMap::new();
-    let mut starts: HashMap<&str, usize> = HashMap::new();
+    let mut per_run: HashMap<&RunId, i64> = HashMap::new();
+    let mut finals: HashMap<&RunId, usize> = HashMap::new();
+    let mut starts: HashMap<&RunId, usize> = HashMap::new();
     for e in events {
         let delta = match &e.kind {
             EventKind::AgentStarted { .. } => {

@@ -46,9 +46,9 @@ async fn spawn_agents_merges_in_request_order_whatever_the_finish_order() {
         assert_eq!(e["agentName"], "worker");
     }
 
-    let entry_runs: Vec<String> = entries
+    let entry_runs: Vec<RunId> = entries
         .iter()
-        .map(|e| e["runId"].as_str().unwrap().to_owned())
+        .map(|e| rid(e["runId"].as_str().unwrap()))
         .collect();
     assert_eq!(result.state.child_run_ids, entry_runs);
     // Each run id is the child that got that prompt.
@@ -58,14 +58,14 @@ async fn spawn_agents_merges_in_request_order_whatever_the_finish_order() {
         assert_eq!(child.status, AgentStatus::Completed);
     }
 
-    let finished: Vec<String> = events
+    let finished: Vec<RunId> = events
         .iter()
         .filter_map(|e| match &e.kind {
             EventKind::ChildFinished { child_run_id, .. } => Some(child_run_id.clone()),
             _ => None,
         })
         .collect();
-    let reversed: Vec<String> = entry_runs.iter().rev().cloned().collect();
+    let reversed: Vec<RunId> = entry_runs.iter().rev().cloned().collect();
     assert_eq!(finished, reversed, "children finish in reverse order");
 }
 
@@ -114,7 +114,7 @@ async fn a_three_level_tree_keeps_every_state_and_sums_credits() {
         let mut own_and_children = parent.direct_credits_used;
         for child_id in &parent.child_run_ids {
             let child = (*sup.finished_state(child_id).expect("child kept")).clone();
-            assert_eq!(child.parent_id.as_deref(), Some(parent.agent_id.as_str()));
+            assert_eq!(child.parent_id.as_ref(), Some(&parent.agent_id));
             let mut expected_ancestors = parent.ancestor_run_ids.to_vec();
             expected_ancestors.push(parent.run_id.clone());
             assert_eq!(*child.ancestor_run_ids, expected_ancestors);

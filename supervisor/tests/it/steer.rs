@@ -80,7 +80,7 @@ async fn steered_run(sup: &Supervisor, gate: &Semaphore) -> Arc<arbor_actors::Ag
         matches!(e.kind, EventKind::StepStarted { step: 2 })
     })
     .await;
-    let root = handle.root_run_id.to_string();
+    let root = handle.root_run_id.clone();
     sup.steer(&root, "Use metric units.").await.unwrap();
     gate.add_permits(1);
     finish(handle).await.state
@@ -134,8 +134,8 @@ async fn a_steer_to_an_ended_an_unknown_or_an_empty_run_is_refused_with_the_reas
         Some(SteerRefused::Empty)
     );
     assert!(matches!(
-        sup.steer("t/9", "hello").await.unwrap_err(),
-        Error::UnknownRun(run) if run == "t/9"
+        sup.steer(&rid("t9/0"), "hello").await.unwrap_err(),
+        Error::UnknownRun(run) if run == "t9/0"
     ));
 }
 
@@ -157,7 +157,7 @@ async fn steers_beyond_the_pending_cap_are_refused_and_the_run_takes_only_those_
         matches!(e.kind, EventKind::StepStarted { step: 2 })
     })
     .await;
-    let root = handle.root_run_id.to_string();
+    let root = handle.root_run_id.clone();
     // Step 2 waits at the gate: nothing is taken meanwhile.
     for n in 1..=3 {
         sup.steer(&root, &format!("note {n}")).await.unwrap();

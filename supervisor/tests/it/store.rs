@@ -124,7 +124,7 @@ async fn a_thousand_messages_over_a_hundred_checkpoints_take_under_three_times_t
     db.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
         .unwrap();
     drop(db);
-    let stored = store.run(&state.run_id).unwrap();
+    let stored = store.run(&state.run_id.to_string()).unwrap();
     assert!(stored.is_final);
     assert_eq!(stored.state.as_ref(), Some(&**state));
 
@@ -206,7 +206,7 @@ async fn a_full_disk_pauses_the_tree_until_space_is_freed_then_it_completes() {
     let trees = reopened.trees(&TreeFilter::default()).unwrap();
     assert_eq!(trees.len(), 1);
     assert_eq!(trees[0].status, arbor_supervisor::TreeStatus::Completed);
-    let stored = reopened.run(&result.state.run_id).unwrap();
+    let stored = reopened.run(&result.state.run_id.to_string()).unwrap();
     assert_eq!(stored.state.as_ref(), Some(&*result.state));
 }
 
@@ -541,8 +541,8 @@ fn a_tree_released_in_a_batch_with_its_events_stays_interrupted(backend) {
     let event = |seq: u64| {
         Write::Event(Arc::new(Event {
             seq,
-            tree_id: "t".into(),
-            run_id: "t/0".into(),
+            tree_id: "t".parse().unwrap(),
+            run_id: "t/0".parse().unwrap(),
             at_ms: 1,
             kind: EventKind::StepStarted { step: seq as u32 },
         }))
@@ -604,8 +604,8 @@ fn step(tree: &str, seq: u64) -> Write {
     use arbor_actors::{Event, EventKind};
     Write::Event(Arc::new(Event {
         seq,
-        tree_id: tree.into(),
-        run_id: format!("{tree}/0").into(),
+        tree_id: tree.parse().unwrap(),
+        run_id: (format!("{tree}/0")).parse().unwrap(),
         at_ms: 1,
         kind: EventKind::StepStarted { step: seq as u32 },
     }))
@@ -1195,8 +1195,8 @@ fn a_batch_of_many_full_segments_reads_back_in_order(backend) {
     let big = |tree: &str, seq: u64| {
         Write::Event(Arc::new(Event {
             seq,
-            tree_id: tree.into(),
-            run_id: format!("{tree}/0").into(),
+            tree_id: tree.parse().unwrap(),
+            run_id: (format!("{tree}/0")).parse().unwrap(),
             at_ms: 1,
             kind: EventKind::OutputSet {
                 output: json!(words(100_000, seq)),
@@ -1269,7 +1269,7 @@ both_backends! {
         for child in &readers {
             let first = records
                 .iter()
-                .find(|r| r["c"] == child.run_id.as_str())
+                .find(|r| r["c"] == child.run_id.to_string())
                 .expect("a checkpoint of the child");
             assert_eq!(first["from"], "t/0", "{first}");
             let added = first["a"].as_array().unwrap().len();

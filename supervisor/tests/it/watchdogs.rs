@@ -62,7 +62,7 @@ impl Model for Trickle {
     }
 }
 
-fn stalls(events: &[Arc<Event>]) -> Vec<(Arc<str>, u32, u64)> {
+fn stalls(events: &[Arc<Event>]) -> Vec<(RunId, u32, u64)> {
     events
         .iter()
         .filter_map(|e| match &e.kind {
@@ -116,7 +116,7 @@ async fn a_tool_that_never_returns_stalls_its_agent_while_its_sibling_and_parent
     // One stall, of the stuck child, at its step 1, after the whole timeout.
     assert_eq!(
         stalls(&events),
-        [(Arc::from(stuck_run.as_str()), 1, 2000)],
+        [(stuck_run.clone(), 1, 2000)],
         "{events:#?}"
     );
     let stalled_at = events
@@ -125,9 +125,7 @@ async fn a_tool_that_never_returns_stalls_its_agent_while_its_sibling_and_parent
         .unwrap();
     let failed_at = events
         .iter()
-        .position(|e| {
-            matches!(e.kind, EventKind::AgentFailed { .. }) && &*e.run_id == stuck_run.as_str()
-        })
+        .position(|e| matches!(e.kind, EventKind::AgentFailed { .. }) && e.run_id == *stuck_run)
         .expect("the stuck child fails");
     assert!(stalled_at < failed_at);
 

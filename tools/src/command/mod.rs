@@ -559,7 +559,8 @@ impl Tool for CommandTool {
         // An earlier attempt of this very call (an Arbor killed while it
         // ran, now resumed) may still be ending: never run a second copy
         // beside it.
-        let key = [&*ctx.tree_id, &ctx.run_id, &ctx.call_id, &self.name];
+        let run_id = ctx.run_id.to_string();
+        let key = [&*ctx.tree_id, &run_id, &ctx.call_id, &self.name];
         let what = format!(
             "command {} (call {} of {})",
             self.name, ctx.call_id, ctx.run_id

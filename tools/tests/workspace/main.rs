@@ -19,9 +19,15 @@ use serde_json::Value;
 
 /// A context for the agent run `run` in `ws`.
 pub fn ctx(ws: &Arc<dyn arbor_actors::tool::Workspace>, run: &str) -> ToolContext {
+    // A run of its own per label (`agent-1`, `tree/a`): a child of the
+    // root numbered from the label.
+    let ordinal = run
+        .bytes()
+        .fold(0u32, |n, b| n.wrapping_mul(31).wrapping_add(u32::from(b)))
+        % 100_000;
     ToolContext {
-        tree_id: Arc::from("t-ws"),
-        run_id: run.to_owned(),
+        tree_id: "t-ws".parse().expect("a tree id"),
+        run_id: format!("t-ws/0.{ordinal}").parse().expect("a run id"),
         agent_type: "editor".to_owned(),
         call_id: format!("call-{run}-{}", std::process::id()),
         workspace: Some(ws.clone()),

@@ -12,7 +12,7 @@ fn guarded() -> Run {
     let template = Arc::new(t);
     let tb = Arc::new(toolbox(&template).with_approval(|name| name == "echo"));
     let state = run.m.state().clone();
-    run.m = StepMachine::new(state, template, tb, 0, Arc::from("tree-1"));
+    run.m = StepMachine::new(state, template, tb, 0, "tree-1".parse().unwrap());
     run
 }
 

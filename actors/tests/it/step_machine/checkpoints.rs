@@ -50,7 +50,8 @@ fn a_durable_run_checkpoints_every_step_boundary_but_the_first() {
     // Going on from the checkpoint asks the model the same thing again.
     let template = run.m.template().clone();
     let toolbox = run.m.toolbox().clone();
-    let mut resumed = StepMachine::from_checkpoint(&cps[0], template, toolbox, Arc::from("tree-1"));
+    let mut resumed =
+        StepMachine::from_checkpoint(&cps[0], template, toolbox, "tree-1".parse().unwrap());
     let again = request(resumed.start(&run.cat));
     assert_eq!(again.meta.step, 2);
     assert_eq!(

@@ -32,7 +32,7 @@ fn worker(approval: bool) -> Run {
     let template = Arc::new(t);
     let tb = Arc::new(toolbox(&template).with_approval(move |name| approval && name == "echo"));
     let state = run.m.state().clone();
-    run.m = StepMachine::new(state, template, tb, 0, Arc::from("tree-1"));
+    run.m = StepMachine::new(state, template, tb, 0, "tree-1".parse().unwrap());
     run
 }
 

@@ -19,7 +19,7 @@ use arbor_actors::template::{AgentTemplate, AgentTypeId, OutputMode};
 use arbor_actors::tool::Tool;
 use arbor_actors::toolbox::Toolbox;
 use arbor_actors::{Action, Catalog, EventKind, StepMachine};
-use arbor_actors::{Failure, FailureKind};
+use arbor_actors::{Failure, FailureKind, RunId};
 use arbor_test_support::Echo;
 use serde_json::{Value, json};
 
@@ -46,6 +46,11 @@ impl Catalog for Cat {
         let want = AgentTypeId::parse(requested);
         self.0.keys().any(|k| want.matches(&AgentTypeId::parse(k)))
     }
+}
+
+/// A run id of a test's text.
+fn rid(text: &str) -> RunId {
+    text.parse().unwrap()
 }
 
 fn catalog(templates: Vec<AgentTemplate>) -> Cat {
@@ -92,17 +97,16 @@ impl Run {
         let template = Arc::new(template);
         let tb = toolbox(&template);
         let state = AgentState {
-            agent_id: "agent-p".into(),
             agent_type: Some(template.id.clone()),
-            run_id: "run-p".into(),
-            ancestor_run_ids: ["run-root".to_owned()].into(),
+            parent_id: Some(rid("tree-1/0").agent_id()),
+            ancestor_run_ids: [rid("tree-1/0")].into(),
             message_history: history.into_iter().collect(),
             system_prompt: template.system_prompt.clone(),
             tool_definitions: tb.definitions().clone(),
             steps_remaining: template.max_steps,
-            ..AgentState::default()
+            ..AgentState::of_run(rid("tree-1/0.1~1"))
         };
-        let m = StepMachine::new(state, template, tb, 0, Arc::from("tree-1"));
+        let m = StepMachine::new(state, template, tb, 0, "tree-1".parse().unwrap());
         Run {
             m,
             cat: catalog(others),

@@ -17,7 +17,7 @@ fn a_reply_without_tool_calls_completes_the_run() {
             req.meta.agent_type.as_str(),
             req.meta.depth
         ),
-        (1, "run-p", "solo", 1)
+        (1, "tree-1/0.1~1", "solo", 1)
     );
     assert_eq!(&*req.meta.tree_id, "tree-1");
     finish(run.reply(Message::assistant_text("hi")));

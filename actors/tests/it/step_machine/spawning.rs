@@ -202,8 +202,8 @@ fn spawn_results_come_back_as_one_array_in_request_order() {
         |agent_type: &str, id: &str, runs: &[&str], status, value: Value, credits| ChildReport {
             agent_type: agent_type.into(),
             agent_name: AgentTypeId::parse(agent_type).name.into(),
-            agent_id: id.into(),
-            run_ids: runs.iter().map(|r| (*r).to_owned()).collect(),
+            agent_id: Some(rid(id).agent_id()),
+            run_ids: runs.iter().map(|r| rid(r)).collect(),
             status,
             value,
             credits,
@@ -213,8 +213,8 @@ fn spawn_results_come_back_as_one_array_in_request_order() {
     let reports = vec![
         report(
             "writer",
-            "ag-1",
-            &["run-1"],
+            "T/0.1",
+            &["T/0.1"],
             AgentStatus::Completed,
             json!({"type": "lastMessage", "value": []}),
             1.0,
@@ -223,16 +223,16 @@ fn spawn_results_come_back_as_one_array_in_request_order() {
         // A failed child that was retried: both attempts are on record, both paid.
         report(
             "acme/researcher@1.0.0",
-            "ag-3",
-            &["run-3a", "run-3b"],
+            "T/0.3",
+            &["T/0.3", "T/0.3~1"],
             AgentStatus::Failed,
             json!({"errorMessage": "model exploded"}),
             0.25,
         ),
         report(
             "writer",
-            "ag-4",
-            &["run-4"],
+            "T/0.4",
+            &["T/0.4"],
             AgentStatus::Completed,
             json!({"type": "structuredOutput", "value": {"x": 1}}),
             2.0,
@@ -246,18 +246,18 @@ fn spawn_results_come_back_as_one_array_in_request_order() {
     assert_eq!(
         result_value(&h[2]),
         json!([
-            {"agentName": "writer", "agentType": "writer", "agentId": "ag-1", "runId": "run-1",
+            {"agentName": "writer", "agentType": "writer", "agentId": "T/0.1", "runId": "T/0.1",
              "value": {"type": "lastMessage", "value": []}},
             {"agentName": "ghost", "agentType": "ghost", "agentId": "", "runId": null,
              "value": {"errorMessage": "Agent type ghost not found"}},
-            {"agentName": "researcher", "agentType": "acme/researcher@1.0.0", "agentId": "ag-3",
-             "runId": "run-3b", "value": {"errorMessage": "model exploded"}},
-            {"agentName": "writer", "agentType": "writer", "agentId": "ag-4", "runId": "run-4",
+            {"agentName": "researcher", "agentType": "acme/researcher@1.0.0", "agentId": "T/0.3",
+             "runId": "T/0.3~1", "value": {"errorMessage": "model exploded"}},
+            {"agentName": "writer", "agentType": "writer", "agentId": "T/0.4", "runId": "T/0.4",
              "value": {"type": "structuredOutput", "value": {"x": 1}}}
         ])
     );
     let s = run.state();
-    assert_eq!(s.child_run_ids, ["run-1", "run-3a", "run-3b", "run-4"]);
+    assert_eq!(s.child_run_ids, ["T/0.1", "T/0.3", "T/0.3~1", "T/0.4"]);
     assert_eq!(s.credits_used, credits_before + 0.5 + 3.25);
     assert_eq!(s.direct_credits_used, 0.5);
     // A failed child never fails the parent.
@@ -277,8 +277,8 @@ fn start_child(run: &Run, plan: &ChildPlan, n: u32) -> ChildStart {
     plan.start_from(
         &ParentInfo::of(run.state(), run.m.toolbox()),
         RunIds {
-            agent_id: format!("agent-c{n}"),
-            run_id: format!("run-c{n}"),
+            agent_id: format!("tree-1/0.1~1.{n}").parse().unwrap(),
+            run_id: format!("tree-1/0.1~1.{n}~1").parse().unwrap(),
         },
         own,
     )
@@ -318,15 +318,15 @@ fn the_children_of_one_spawn_share_one_ancestor_list() {
         plan.start_from(
             &parent,
             RunIds {
-                agent_id: format!("agent-c{n}"),
-                run_id: format!("run-c{n}"),
+                agent_id: format!("tree-1/0.1~1.{n}").parse().unwrap(),
+                run_id: format!("tree-1/0.1~1.{n}~1").parse().unwrap(),
             },
             toolbox(&plan.template),
         )
     };
     let a = start(children[0].as_ref().unwrap(), 1);
     let b = start(children[1].as_ref().unwrap(), 2);
-    assert_eq!(*a.state.ancestor_run_ids, ["run-root", "run-p"]);
+    assert_eq!(*a.state.ancestor_run_ids, ["tree-1/0", "tree-1/0.1~1"]);
     assert!(Arc::ptr_eq(
         &a.state.ancestor_run_ids,
         &b.state.ancestor_run_ids
@@ -393,13 +393,11 @@ fn a_child_starts_from_its_parent_as_the_spec_says() {
     // With includeMessageHistory: the filtered history, the spawn notice, the prompt.
     let c = start_child(&run, plans[0], 1);
     let s = &c.state;
-    assert_eq!(
-        (s.agent_id.as_str(), s.run_id.as_str()),
-        ("agent-c1", "run-c1")
-    );
-    assert_eq!(s.parent_id.as_deref(), Some("agent-p"));
+    assert_eq!(s.agent_id, "tree-1/0.1~1.1");
+    assert_eq!(s.run_id, "tree-1/0.1~1.1~1");
+    assert_eq!(s.parent_id, Some(rid("tree-1/0.1").agent_id()));
     assert_eq!(s.agent_type.as_deref(), Some("historian"));
-    assert_eq!(*s.ancestor_run_ids, ["run-root", "run-p"]);
+    assert_eq!(*s.ancestor_run_ids, ["tree-1/0", "tree-1/0.1~1"]);
     assert!(s.child_run_ids.is_empty());
     assert_eq!(s.steps_remaining, 7);
     assert_eq!((s.credits_used, s.direct_credits_used), (0.0, 0.0));
@@ -481,7 +479,7 @@ fn child_machine(plan: &ChildPlan, start: ChildStart) -> Run {
         plan.template.clone(),
         start.toolbox,
         start.inherited,
-        Arc::from("tree-1"),
+        "tree-1".parse().unwrap(),
     )
     .with_input(plan.prompt.as_deref(), plan.params.as_deref());
     Run {
@@ -548,8 +546,8 @@ fn inline_spawn_hands_the_history_over_and_takes_it_back() {
     let report = ChildReport {
         agent_type: "helper".into(),
         agent_name: "helper".into(),
-        agent_id: "agent-c1".into(),
-        run_ids: vec!["run-c1".into()],
+        agent_id: Some(rid("tree-1/0.1~1.1").agent_id()),
+        run_ids: vec![rid("tree-1/0.1~1.1~1")],
         status: AgentStatus::Completed,
         value: json!({"type": "lastMessage", "value": []}),
         credits: 2.0,
@@ -566,7 +564,7 @@ fn inline_spawn_hands_the_history_over_and_takes_it_back() {
     ];
     assert_eq!(run.history(), expected);
     assert_eq!(values(&req.messages.to_vec()), expected);
-    assert_eq!(run.state().child_run_ids, ["run-c1"]);
+    assert_eq!(run.state().child_run_ids, ["tree-1/0.1~1.1~1"]);
     assert_eq!(run.state().credits_used, before + 2.0);
 }
 
@@ -597,8 +595,8 @@ fn inline_spawn_alongside_other_calls_keeps_their_results() {
     let report = ChildReport {
         agent_type: "helper".into(),
         agent_name: "helper".into(),
-        agent_id: "agent-c1".into(),
-        run_ids: vec!["run-c1".into()],
+        agent_id: Some(rid("tree-1/0.1~1.1").agent_id()),
+        run_ids: vec![rid("tree-1/0.1~1.1~1")],
         status: AgentStatus::Completed,
         value: json!({}),
         credits: 0.0,
@@ -634,8 +632,8 @@ fn a_failed_inline_child_is_an_error_result_and_the_history_stays() {
     let report = ChildReport {
         agent_type: "helper".into(),
         agent_name: "helper".into(),
-        agent_id: "agent-c1".into(),
-        run_ids: vec!["run-c1".into()],
+        agent_id: Some(rid("tree-1/0.1~1.1").agent_id()),
+        run_ids: vec![rid("tree-1/0.1~1.1~1")],
         status: AgentStatus::Failed,
         value: json!({"errorMessage": "it broke"}),
         credits: 0.75,
@@ -649,7 +647,7 @@ fn a_failed_inline_child_is_an_error_result_and_the_history_stays() {
     assert_eq!(h[0], Message::user("task"));
     assert_eq!(h[1].tool_calls().next().unwrap().tool_call_id, "in-1");
     assert_eq!(error_text(&h[2]), "it broke");
-    assert_eq!(run.state().child_run_ids, ["run-c1"]);
+    assert_eq!(run.state().child_run_ids, ["tree-1/0.1~1.1~1"]);
     assert_eq!(run.state().credits_used, before + 0.75);
     assert_eq!(run.state().status, AgentStatus::Running);
 }
@@ -717,8 +715,8 @@ fn a_child_report_larger_than_its_share_of_the_parents_window_is_cut_with_a_note
     let report = |id: &str, value: Value| ChildReport {
         agent_type: "writer".into(),
         agent_name: "writer".into(),
-        agent_id: id.into(),
-        run_ids: vec![format!("T/0.{id}")],
+        agent_id: Some(rid(&format!("T/0.{id}")).agent_id()),
+        run_ids: vec![rid(&format!("T/0.{id}"))],
         status: AgentStatus::Completed,
         value,
         credits: 0.0,
@@ -751,8 +749,8 @@ fn without_a_context_window_a_large_report_is_not_cut() {
     let report = ChildReport {
         agent_type: "writer".into(),
         agent_name: "writer".into(),
-        agent_id: "a".into(),
-        run_ids: vec!["T/0.1".into()],
+        agent_id: Some(rid("T/0.1").agent_id()),
+        run_ids: vec![rid("T/0.1")],
         status: AgentStatus::Completed,
         value: long.clone(),
         credits: 0.0,

@@ -14,8 +14,8 @@ use crate::store::{Store, Write};
 fn event(tree: &str, seq: u64) -> Write {
     Write::Event(Arc::new(Event {
         seq,
-        tree_id: tree.into(),
-        run_id: format!("{tree}/0").into(),
+        tree_id: tree.parse().unwrap(),
+        run_id: (format!("{tree}/0")).parse().unwrap(),
         at_ms: 1,
         kind: EventKind::StepStarted { step: seq as u32 },
     }))
