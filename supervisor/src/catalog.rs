@@ -188,7 +188,7 @@ impl Catalog {
     pub(crate) fn open_workspace(
         &self,
         spec: &crate::workspace::WorkspaceSpec,
-    ) -> Option<Result<Arc<dyn arbor_actors::tool::Workspace>, String>> {
+    ) -> Option<std::io::Result<Arc<dyn arbor_actors::tool::Workspace>>> {
         self.workspaces.as_ref().map(|open| open(spec))
     }
 

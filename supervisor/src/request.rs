@@ -138,6 +138,52 @@ fn wire_key(key: &str) -> String {
     out
 }
 
+/// A new tree's workspace, checked: an existing directory, given as an
+/// absolute path, inside one of `roots` when there are any (a service's
+/// `workspace_roots`); kept canonical, so the store holds where it really
+/// is.
+pub(crate) fn admit_workspace(
+    spec: &crate::workspace::WorkspaceSpec,
+    roots: &[std::path::PathBuf],
+) -> Result<crate::workspace::WorkspaceSpec, Error> {
+    let invalid = |problem: String| Error::InvalidRequest {
+        field: "limits.workspace.root".to_owned(),
+        problem,
+    };
+    if !spec.root.is_absolute() {
+        return Err(invalid(format!(
+            "{} is not an absolute path",
+            spec.root.display()
+        )));
+    }
+    let root = std::fs::canonicalize(&spec.root)
+        .map_err(|e| invalid(format!("{}: {e}", spec.root.display())))?;
+    if !root.is_dir() {
+        return Err(invalid(format!("{} is not a directory", root.display())));
+    }
+    if !roots.is_empty() && !roots.iter().any(|allowed| within(&root, allowed)) {
+        return Err(invalid(format!(
+            "{} is outside the workspace roots this service allows ({})",
+            root.display(),
+            roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    Ok(crate::workspace::WorkspaceSpec {
+        root,
+        read_only: spec.read_only,
+    })
+}
+
+/// Whether `path` (canonical) is `root` or below it (`root` canonicalised
+/// here; a root that does not exist holds nothing).
+fn within(path: &std::path::Path, root: &std::path::Path) -> bool {
+    std::fs::canonicalize(root).is_ok_and(|root| path.starts_with(root))
+}
+
 #[cfg(test)]
 mod tests {
     use std::num::NonZeroU64;
@@ -241,5 +287,45 @@ mod tests {
             ..ToolRule::default()
         });
         assert!(start_limits(Some(&fine), &TreeLimits::default()).is_ok());
+    }
+
+    fn spec(root: &std::path::Path) -> crate::workspace::WorkspaceSpec {
+        crate::workspace::WorkspaceSpec {
+            root: root.to_path_buf(),
+            read_only: false,
+        }
+    }
+
+    #[test]
+    fn a_workspace_must_be_an_absolute_existing_directory_inside_the_roots() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let inside = dir.path().join("repo");
+        std::fs::create_dir(&inside).expect("mkdir");
+        let other = tempfile::tempdir().expect("tempdir");
+        let roots = [dir.path().to_path_buf()];
+        let admitted = admit_workspace(&spec(&inside), &roots).expect("inside a root");
+        assert_eq!(
+            admitted.root,
+            std::fs::canonicalize(&inside).expect("canon")
+        );
+        // Anywhere, without roots (the CLI).
+        assert!(admit_workspace(&spec(other.path()), &[]).is_ok());
+        let problem = |s: crate::workspace::WorkspaceSpec| match admit_workspace(&s, &roots) {
+            Err(Error::InvalidRequest { field, problem }) => {
+                assert_eq!(field, "limits.workspace.root");
+                problem
+            }
+            other => panic!("{other:?}"),
+        };
+        assert!(problem(spec(other.path())).contains("outside the workspace roots"));
+        assert!(problem(spec(std::path::Path::new("repo"))).contains("not an absolute path"));
+        assert!(problem(spec(&dir.path().join("missing"))).contains("No such file"));
+        let file = dir.path().join("f");
+        std::fs::write(&file, "x").expect("write");
+        assert!(problem(spec(&file)).contains("not a directory"));
+        // A link inside the root that leads out is judged by where it leads.
+        let link = dir.path().join("out");
+        std::os::unix::fs::symlink(other.path(), &link).expect("symlink");
+        assert!(problem(spec(&link)).contains("outside the workspace roots"));
     }
 }

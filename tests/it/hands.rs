@@ -189,3 +189,70 @@ fn a_workspace_that_does_not_exist_is_refused_naming_the_field_before_anything_r
     assert!(stderr.contains("limits.workspace.root"), "{stderr}");
     assert!(stderr.contains("No such file"), "{stderr}");
 }
+
+/// A config with `[workspace] sandbox = "bwrap"`: the editor's shell runs
+/// in bubblewrap, writing its workspace and nothing outside it (CI installs
+/// bubblewrap; without it the config is refused, as the last check shows).
+#[test]
+fn a_sandboxed_editors_shell_writes_its_workspace_and_nothing_outside() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = setup(dir.path(), "[workspace]\nsandbox = \"bwrap\"\n");
+    let outside = tempfile::tempdir().unwrap();
+    let escaped = outside.path().join("escaped.txt");
+    let command = format!(
+        "echo made > made.txt; echo out > {} ; true",
+        escaped.display()
+    );
+    let script = serde_json::json!({"replies": [{"agent": "editor", "steps": [
+        {"toolCalls": [{"name": "Bash", "input": {"command": command}}]},
+        {"text": "DONE"}
+    ]}]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let args = [
+        "run",
+        "--config",
+        "config.toml",
+        "--no-store",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "--agent",
+        "editor",
+        "go",
+    ];
+    let out = arbor_in(dir.path(), &args);
+    let stderr = text(&out.stderr);
+    if which_bwrap().is_none() && std::env::var_os("CI").is_none() {
+        // No bubblewrap here: refused before anything runs, naming why.
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("bubblewrap"), "{stderr}");
+        return;
+    }
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("made.txt")).unwrap(),
+        "made\n"
+    );
+    assert!(
+        !escaped.exists(),
+        "the sandboxed shell wrote outside its workspace"
+    );
+}
+
+fn which_bwrap() -> Option<std::path::PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join("bwrap"))
+        .find(|p| p.is_file())
+}
+
+/// Hooks of the events the agents do not run yet are refused in the
+/// config, naming the event, not silently ignored.
+#[test]
+fn a_stop_hook_the_agents_do_not_run_yet_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path(), "[[hooks.Stop]]\ncommand = \"echo '{}'\"\n");
+    let out = arbor_in(dir.path(), &["check-config", "config.toml"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("hooks.Stop"), "{stderr}");
+    assert!(stderr.contains("not run by this build yet"), "{stderr}");
+}

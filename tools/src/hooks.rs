@@ -210,6 +210,11 @@ impl HookSet {
         })
     }
 
+    /// The events that have hooks.
+    pub fn events(&self) -> std::collections::BTreeSet<HookEvent> {
+        self.hooks.iter().map(|h| h.event).collect()
+    }
+
     /// Whether no hook is configured.
     pub fn is_empty(&self) -> bool {
         self.hooks.is_empty()

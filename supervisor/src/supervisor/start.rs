@@ -133,7 +133,10 @@ impl Supervisor {
             && request.turn == 0
             && let Some(spec) = &limits.workspace
         {
-            limits.workspace = Some(crate::workspace::admit(spec, catalog.workspace_roots())?);
+            limits.workspace = Some(crate::request::admit_workspace(
+                spec,
+                catalog.workspace_roots(),
+            )?);
         }
         let workspace = match limits
             .workspace
@@ -145,7 +148,7 @@ impl Supervisor {
             Some(Err(problem)) => {
                 return Err(Error::InvalidRequest {
                     field: "limits.workspace.root".to_owned(),
-                    problem,
+                    problem: format!("cannot open it: {problem}"),
                 });
             }
         };
