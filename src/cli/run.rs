@@ -72,8 +72,9 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // The workspace: --workspace, else where the command runs (made
     // absolute here; the supervisor checks and keeps it canonical).
     let root = match workspace {
-        Some(dir) => std::path::absolute(&dir)
-            .with_context(|| format!("--workspace {}", dir.display()))?,
+        Some(dir) => {
+            std::path::absolute(&dir).with_context(|| format!("--workspace {}", dir.display()))?
+        }
         None => std::env::current_dir().context("the current directory")?,
     };
     let limits = Some(TreeLimits {

@@ -18,6 +18,7 @@ mod config_edges;
 mod config_fuzz;
 mod embedding;
 mod fencing;
+mod hands;
 mod ids_and_memory;
 mod input_bounds;
 mod layers;
@@ -57,7 +58,6 @@ mod tools_e2e;
 mod turn_prompts;
 mod turn_queue;
 mod turns_serve;
-mod hands;
 mod usage_totals;
 mod waiting_children;
 
