@@ -247,12 +247,74 @@ fn which_bwrap() -> Option<std::path::PathBuf> {
 /// Hooks of the events the agents do not run yet are refused in the
 /// config, naming the event, not silently ignored.
 #[test]
-fn a_stop_hook_the_agents_do_not_run_yet_is_refused_naming_it() {
+fn a_prompt_hook_the_agents_do_not_run_yet_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
-    setup(dir.path(), "[[hooks.Stop]]\ncommand = \"echo '{}'\"\n");
+    setup(
+        dir.path(),
+        "[[hooks.UserPromptSubmit]]\ncommand = \"echo '{}'\"\n",
+    );
     let out = arbor_in(dir.path(), &["check-config", "config.toml"]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("hooks.Stop"), "{stderr}");
+    assert!(stderr.contains("hooks.UserPromptSubmit"), "{stderr}");
     assert!(stderr.contains("not run by this build yet"), "{stderr}");
+}
+
+/// Claude Code's SubagentStop example, from its settings file: a child that
+/// ends without saying DONE is kept going with the hook's reason, once.
+#[test]
+fn a_subagent_stop_hook_keeps_a_child_going_until_it_says_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = setup(
+        dir.path(),
+        "[hooks]\nclaude_settings = [\"WS/.claude/settings.json\"]\n\n[agents.lead]\nmodel = \"script\"\nspawnable_agents = [\"editor\"]\n",
+    );
+    let script = serde_json::json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [{"name": "spawn_agents", "input": {"agents": [
+                {"agent_type": "editor", "prompt": "fix it"}]}}]},
+            {"text": "All done."}
+        ]},
+        {"agent": "editor", "steps": [
+            {"text": "I edited two files."},
+            {"text": "DONE"}
+        ]}
+    ]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "run",
+            "--config",
+            "config.toml",
+            "--no-store",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--agent",
+            "lead",
+            "--json",
+            "--events",
+            "go",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let events = events(&out.stderr);
+    let stops: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "hookDecided" && e["hook"] == "SubagentStop")
+        .collect();
+    assert_eq!(stops.len(), 2, "{stops:?}");
+    assert_eq!(
+        stops[0]["verdict"]["block"],
+        "You have not said DONE: finish the task, then say DONE."
+    );
+    assert_eq!(stops[1]["verdict"], serde_json::json!({}));
+    // The child's second step read the reason, and its report is DONE.
+    let child = events
+        .iter()
+        .find(|e| e["type"] == "agentFinished" && e["state"]["agentType"] == "editor")
+        .expect("the editor finished");
+    let history = child["state"]["messageHistory"].to_string();
+    assert!(history.contains("STOP_HOOK"), "{history}");
+    assert!(history.contains("DONE"), "{history}");
 }

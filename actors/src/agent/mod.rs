@@ -78,6 +78,13 @@ pub enum AgentMsg {
         /// is in the outcome already; this is for the journal).
         post: Option<Box<crate::lifecycle::Verdict>>,
     },
+    /// The stop hooks of `step` decided.
+    StopHooksDone {
+        /// The step that would have ended the turn.
+        step: u32,
+        /// What they decided.
+        verdict: Box<crate::lifecycle::Verdict>,
+    },
     /// The `PreToolUse` hooks of `step`'s calls decided.
     HooksDone {
         /// The step of the calls.
@@ -341,6 +348,11 @@ impl Catalog for HookCatalog<'_> {
     fn always_allowed(&self, tool: &str) -> bool {
         self.0.always_allowed(tool)
     }
+    fn hooks_at_stop(&self, event: crate::lifecycle::HookEvent, agent_type: &str) -> bool {
+        self.0
+            .lifecycle()
+            .is_some_and(|l| l.wants(event, agent_type))
+    }
     fn hooks_before(&self, tool: &str) -> bool {
         self.0
             .lifecycle()
@@ -499,6 +511,10 @@ impl Actor for AgentActor {
                         run.machine.model_failed(step, error, Some(billed))
                     }
                 }
+            }
+            AgentMsg::StopHooksDone { step, verdict } => {
+                run.tools_running = run.tools_running.saturating_sub(1);
+                run.guarded(|m| m.stop_hooks_done(step, *verdict))
             }
             AgentMsg::HooksDone { step, verdicts } => {
                 run.tools_running = run.tools_running.saturating_sub(1);
@@ -702,6 +718,12 @@ impl AgentRun {
                     input,
                 } => self.run_tool(myself, step, index, call_id, tool, input),
                 Action::RunHooks { step, calls } => self.run_hooks(myself, step, calls),
+                Action::RunStopHooks {
+                    step,
+                    event,
+                    last_message,
+                    active,
+                } => self.run_stop_hooks(myself, step, event, last_message, active),
                 Action::SpawnAgents {
                     step,
                     index,

@@ -354,6 +354,40 @@ impl AgentRun {
         }
     }
 
+    /// Runs the `Stop` or `SubagentStop` hooks in a task; their verdict
+    /// comes back as `StopHooksDone`.
+    pub(super) fn run_stop_hooks(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        step: u32,
+        event: HookEvent,
+        last_message: String,
+        active: bool,
+    ) {
+        let lifecycle = self.hooks.lifecycle();
+        let call = self.hook_call();
+        let name = call.agent_type.clone().unwrap_or_default();
+        let me = myself.clone();
+        self.tool_tasks.push(tokio::spawn(async move {
+            let mut fields = serde_json::Map::new();
+            fields.insert("stop_hook_active".into(), active.into());
+            fields.insert("last_assistant_message".into(), last_message.into());
+            let verdict = match lifecycle {
+                Some(lifecycle) => lifecycle.run(event, &name, fields, call).await,
+                None => crate::lifecycle::Verdict::default(),
+            };
+            let _ = me.cast(AgentMsg::StopHooksDone {
+                step,
+                verdict: Box::new(verdict),
+            });
+        }));
+        self.tools_running += 1;
+        self.watch_idle(myself);
+        if !self.timer.is_running() {
+            self.start_timer(myself, step);
+        }
+    }
+
     /// Gives the live slot back while children run.
     pub(super) fn suspend(&mut self) {
         if matches!(self.phase, Phase::Running) {

@@ -222,4 +222,91 @@ impl StepMachine {
         }
         actions
     }
+
+    /// The turn would end: `Stop` (a root) or `SubagentStop` (a child)
+    /// hooks decide first, when there are any; a verdict recorded before a
+    /// restart is taken instead of running them again.
+    pub(super) fn stop_or_complete(&mut self, catalog: &dyn Catalog) -> Vec<Action> {
+        let event = if self.state.parent_id.is_none() {
+            HookEvent::Stop
+        } else {
+            HookEvent::SubagentStop
+        };
+        let agent_type = self.state.agent_type.clone().unwrap_or_default();
+        if !catalog.hooks_at_stop(event, &agent_type) {
+            return self.complete();
+        }
+        let step = self.step;
+        let recorded = self
+            .side
+            .as_deref_mut()
+            .and_then(|side| side.recorded_hooks.remove(&stop_key(step)));
+        if let Some(verdict) = recorded {
+            return self.apply_stop(step, verdict);
+        }
+        let last_message = self
+            .state
+            .message_history
+            .last()
+            .filter(|m| m.is_assistant())
+            .map(|m| m.text())
+            .unwrap_or_default();
+        let active = self.side.as_deref().is_some_and(|s| s.stop_hook_active);
+        self.side().stop_hook_step = Some(step);
+        vec![Action::RunStopHooks {
+            step,
+            event,
+            last_message,
+            active,
+        }]
+    }
+
+    /// The stop hooks of `step` decided: journaled; a block keeps the agent
+    /// going, its reason the next instruction; else the turn ends.
+    pub fn stop_hooks_done(&mut self, step: u32, verdict: Verdict) -> Vec<Action> {
+        if self.state.status.is_final() {
+            return Vec::new();
+        }
+        let waiting = self
+            .side
+            .as_deref_mut()
+            .and_then(|s| s.stop_hook_step.take());
+        if waiting != Some(step) {
+            return Vec::new();
+        }
+        let event = if self.state.parent_id.is_none() {
+            HookEvent::Stop
+        } else {
+            HookEvent::SubagentStop
+        };
+        self.events.push(EventKind::HookDecided {
+            step,
+            tool_call_id: stop_key(step),
+            hook: event,
+            verdict: verdict.clone(),
+        });
+        self.apply_stop(step, verdict)
+    }
+
+    fn apply_stop(&mut self, _step: u32, verdict: Verdict) -> Vec<Action> {
+        if verdict.stop.is_none()
+            && let Some(reason) = verdict.block
+            && self.state.steps_remaining > 0
+        {
+            self.side().stop_hook_active = true;
+            self.state
+                .message_history
+                .push(Message::user(reason).with_tag(STOP_HOOK));
+            return self.begin_step();
+        }
+        self.complete()
+    }
+}
+
+/// The tag of the message a stop hook that blocked gives the agent.
+pub const STOP_HOOK: &str = "STOP_HOOK";
+
+/// The key a stop hook's verdict is journaled under (in place of a call id).
+fn stop_key(step: u32) -> String {
+    format!("stop@{step}")
 }

@@ -55,6 +55,18 @@ pub enum Action {
         /// Its input, checked against its schema.
         input: Value,
     },
+    /// Run the `Stop` (a root) or `SubagentStop` (a child) hooks before the
+    /// turn ends; answer with `stop_hooks_done`.
+    RunStopHooks {
+        /// The step that would end the turn.
+        step: u32,
+        /// Which hooks.
+        event: crate::lifecycle::HookEvent,
+        /// The text of the agent's last reply.
+        last_message: String,
+        /// Whether the agent goes on now because a stop hook blocked before.
+        active: bool,
+    },
     /// Run the `PreToolUse` hooks of these calls; answer with `hooks_done`.
     RunHooks {
         /// The step of the calls.
@@ -123,6 +135,12 @@ pub trait Catalog {
     /// without asking (semantics §12). None by default.
     fn always_allowed(&self, tool: &str) -> bool {
         let _ = tool;
+        false
+    }
+    /// Whether `event` (`Stop` or `SubagentStop`) hooks run when an agent
+    /// of `agent_type` ends its turn. None by default.
+    fn hooks_at_stop(&self, event: crate::lifecycle::HookEvent, agent_type: &str) -> bool {
+        let _ = (event, agent_type);
         false
     }
     /// Whether `PreToolUse` hooks run before a call of `tool` (by the name
@@ -222,6 +240,10 @@ struct Sideband {
     recorded_decisions: std::collections::HashMap<String, crate::approval::Decision>,
     /// `PreToolUse` verdicts recorded before a restart, by call id.
     recorded_hooks: std::collections::HashMap<String, crate::lifecycle::Verdict>,
+    /// Whether the run goes on because a stop hook blocked its end (the
+    /// hooks' `stop_hook_active`), and the step it waits at for them.
+    stop_hook_active: bool,
+    stop_hook_step: Option<u32>,
     /// Agent ids of the background children started and not yet reported
     /// in the history (semantics §15).
     background: Vec<crate::id::AgentId>,

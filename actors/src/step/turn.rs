@@ -203,7 +203,7 @@ impl StepMachine {
             {
                 self.begin_step()
             }
-            (Drive::Model, true) => self.complete(),
+            (Drive::Model, true) => self.stop_or_complete(catalog),
             (Drive::OneStep, _) | (Drive::AllSteps, true) => {
                 self.resume_program(None, turn_ended, catalog)
             }

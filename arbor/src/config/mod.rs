@@ -233,7 +233,7 @@ impl Config {
                     text,
                     "hooks",
                     name,
-                    format!("{name} hooks are not run by this build yet: only PreToolUse and PostToolUse are"),
+                    format!("{name} hooks are not run by this build yet: only PreToolUse, PostToolUse, SubagentStop and Stop are"),
                 ));
             }
         }
@@ -242,7 +242,7 @@ impl Config {
                 for event in hooks.events() {
                     if !RUN_HOOKS.contains(&event.name()) {
                         tracing::warn!(
-                            "{event} hooks of {:?} are not run by this build yet: only PreToolUse and PostToolUse are",
+                            "{event} hooks of {:?} are not run by this build yet: only PreToolUse, PostToolUse, SubagentStop and Stop are",
                             file.hooks.claude_settings
                         );
                     }
@@ -445,7 +445,7 @@ mod tests {
 }
 
 /// The hook events the agents run so far.
-const RUN_HOOKS: [&str; 2] = ["PreToolUse", "PostToolUse"];
+const RUN_HOOKS: [&str; 4] = ["PreToolUse", "PostToolUse", "SubagentStop", "Stop"];
 
 /// `[workspace]`, checked: the sandbox found and tried, the roots absolute.
 #[derive(Clone, Debug, Default)]

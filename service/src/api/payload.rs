@@ -208,7 +208,7 @@ fn event_fields(t: EventType) -> (Fields, Fields) {
                 ("toolCallId", text()),
                 (
                     "hook",
-                    json!({"type": "string", "enum": ["PreToolUse", "PostToolUse"]}),
+                    json!({"type": "string", "enum": ["PreToolUse", "PostToolUse", "SubagentStop", "Stop"]}),
                 ),
                 (
                     "verdict",

@@ -251,7 +251,12 @@ impl TreeLog {
                     .or_insert_with(|| (run_id.to_owned(), at));
             }
             Some(EventType::HookDecided) => {
-                let pre = e.get("hook").and_then(Value::as_str) == Some("PreToolUse");
+                // A call's PreToolUse verdict (by its call id) and a stop
+                // hook's (by `stop@STEP`) are taken again on resume.
+                let pre = matches!(
+                    e.get("hook").and_then(Value::as_str),
+                    Some("PreToolUse" | "Stop" | "SubagentStop")
+                );
                 let verdict = e.get("verdict").and_then(|v| {
                     serde_json::from_value::<arbor_actors::lifecycle::Verdict>(v.clone()).ok()
                 });

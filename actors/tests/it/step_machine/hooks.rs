@@ -248,3 +248,92 @@ fn a_resumed_run_takes_the_recorded_verdict_and_runs_no_hook_again() {
         ["s1-1"]
     );
 }
+
+/// The test catalog, with `Stop` and `SubagentStop` hooks on every agent.
+struct Stopping<'a>(&'a Cat);
+
+impl Catalog for Stopping<'_> {
+    fn template(&self, id: &str) -> Option<Arc<AgentTemplate>> {
+        self.0.template(id)
+    }
+    fn knows_agent(&self, requested: &str) -> bool {
+        self.0.knows_agent(requested)
+    }
+    fn hooks_at_stop(&self, event: HookEvent, _agent_type: &str) -> bool {
+        matches!(event, HookEvent::Stop | HookEvent::SubagentStop)
+    }
+}
+
+#[test]
+fn a_stop_hook_that_blocks_keeps_the_agent_going_with_its_reason_and_then_lets_it_end() {
+    let mut run = worker(false);
+    request(run.start());
+    run.m.take_events();
+    // A root's end runs Stop hooks, a child's SubagentStop ones.
+    let expected = if run.state().parent_id.is_none() {
+        HookEvent::Stop
+    } else {
+        HookEvent::SubagentStop
+    };
+    let step = run.m.step();
+    let cat = Stopping(&run.cat);
+    let actions = run.m.model_replied(
+        step,
+        ModelResponse {
+            message: Message::assistant(Some("I edited it.".into()), vec![]),
+            usage: USAGE,
+        },
+        &cat,
+    );
+    match &actions[..] {
+        [
+            Action::RunStopHooks {
+                active,
+                last_message,
+                event,
+                ..
+            },
+        ] => {
+            assert!(!active);
+            assert_eq!(last_message, "I edited it.");
+            assert_eq!(*event, expected);
+        }
+        other => panic!("{:?}", kinds(other)),
+    }
+    let block = Verdict {
+        block: Some("Run the tests first.".into()),
+        ..Verdict::default()
+    };
+    let req = request(run.m.stop_hooks_done(step, block));
+    let last = format!("{:?}", req.messages.last());
+    assert!(last.contains("Run the tests first."), "{last}");
+    assert!(
+        run.m
+            .take_events()
+            .iter()
+            .any(|e| matches!(e, EventKind::HookDecided { hook, tool_call_id, .. } if *hook == expected && *tool_call_id == format!("stop@{step}")))
+    );
+    // The next end asks again, now with stop_hook_active; a verdict that
+    // does not block ends the turn.
+    let step = run.m.step();
+    let actions = run.m.model_replied(
+        step,
+        ModelResponse {
+            message: Message::assistant(Some("Tests pass.".into()), vec![]),
+            usage: USAGE,
+        },
+        &Stopping(&run.cat),
+    );
+    match &actions[..] {
+        [Action::RunStopHooks { active, .. }] => assert!(*active),
+        other => panic!("{:?}", kinds(other)),
+    }
+    finish(run.m.stop_hooks_done(step, Verdict::default()));
+    assert_eq!(run.state().status, AgentStatus::Completed);
+    // A verdict for another step is ignored.
+    assert!(
+        run.m
+            .stop_hooks_done(step + 7, Verdict::default())
+            .is_empty()
+    );
+}

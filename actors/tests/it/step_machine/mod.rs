@@ -185,6 +185,7 @@ fn kind(action: &Action) -> &'static str {
         Action::CallModel(_) => "CallModel",
         Action::RunTool { .. } => "RunTool",
         Action::RunHooks { .. } => "RunHooks",
+        Action::RunStopHooks { .. } => "RunStopHooks",
         Action::SpawnAgents { .. } => "SpawnAgents",
         Action::SpawnInline { .. } => "SpawnInline",
         Action::SpawnBackground { .. } => "SpawnBackground",
