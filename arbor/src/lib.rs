@@ -167,6 +167,7 @@ pub struct RuntimeBuilder {
     retain: Retain,
     tools: Vec<Arc<dyn arbor_actors::Tool>>,
     per_tree_configs: bool,
+    confine_workspaces: bool,
 }
 
 enum Source {
@@ -212,6 +213,14 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Takes a start request's workspace only inside the config's
+    /// `[workspace] roots` (none without roots): for a service, whose
+    /// callers are not on this machine. Without it, any directory (the CLI).
+    pub fn confine_workspaces(mut self) -> Self {
+        self.confine_workspaces = true;
+        self
+    }
+
     /// Builds the runtime. Inside a tokio runtime, MCP servers marked
     /// `eager = true` start now; the others start when a tree first needs them.
     pub fn build(self) -> Result<Runtime, Error> {
@@ -225,6 +234,9 @@ impl RuntimeBuilder {
             Source::Code(catalog, limits) => (None, *catalog, limits, None),
         };
         let mut supervisor = Supervisor::with_retention(catalog, limits, self.retain);
+        if self.confine_workspaces {
+            supervisor = supervisor.confine_workspaces();
+        }
         let mut others = None;
         if let Some(config) = &config {
             supervisor = supervisor
@@ -315,6 +327,7 @@ impl Runtime {
             retain: Retain::All,
             tools: Vec::new(),
             per_tree_configs: false,
+            confine_workspaces: false,
         }
     }
 
@@ -330,6 +343,7 @@ impl Runtime {
             retain: Retain::All,
             tools: Vec::new(),
             per_tree_configs: false,
+            confine_workspaces: false,
         }
     }
 

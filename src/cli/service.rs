@@ -87,6 +87,7 @@ pub(super) fn serve(
             .store_at(location.clone())
             .retain(arbor_supervisor::Retain::None)
             .per_tree_configs()
+            .confine_workspaces()
             .build()?;
         let service = Service::new(runtime, options)?;
         let listener = tokio::net::TcpListener::bind(addr)

@@ -318,3 +318,56 @@ fn a_subagent_stop_hook_keeps_a_child_going_until_it_says_done() {
     assert!(history.contains("STOP_HOOK"), "{history}");
     assert!(history.contains("DONE"), "{history}");
 }
+
+/// A service takes a request's workspace only inside the config's
+/// `[workspace] roots`, and none without roots: a caller cannot point the
+/// workspace tools at the server's whole filesystem.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_service_takes_a_requests_workspace_only_inside_its_roots() {
+    use crate::serve::{Server, TOKEN, post};
+    use reqwest::StatusCode;
+    let start = |root: &Path| {
+        serde_json::json!({
+            "agent": "worker",
+            "prompt": "go",
+            "limits": {"workspace": {"root": root}},
+        })
+    };
+    // Without roots: refused, naming the field.
+    let dir = tempfile::tempdir().unwrap();
+    let plain = crate::fixtures().join("serve.toml");
+    let server = Server::start(
+        dir.path(),
+        &["--config", plain.to_str().unwrap()],
+        Some(TOKEN),
+    );
+    let (status, body) = post(&server, "/v1/runs", start(Path::new("/"))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(body.to_string().contains("limits.workspace"), "{body}");
+    assert!(body.to_string().contains("no [workspace] roots"), "{body}");
+    drop(server);
+    // With roots: a directory inside is taken, one outside refused.
+    let dir = tempfile::tempdir().unwrap();
+    let roots = dir.path().join("repos");
+    std::fs::create_dir_all(roots.join("app")).unwrap();
+    let text = std::fs::read_to_string(crate::fixtures().join("serve.toml")).unwrap()
+        + &format!(
+            "\n[workspace]\nroots = [{:?}]\n",
+            roots.display().to_string()
+        );
+    let config = dir.path().join("rooted.toml");
+    std::fs::write(&config, text).unwrap();
+    let server = Server::start(
+        dir.path(),
+        &["--config", config.to_str().unwrap()],
+        Some(TOKEN),
+    );
+    let (status, body) = post(&server, "/v1/runs", start(&roots.join("app"))).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = post(&server, "/v1/runs", start(Path::new("/etc"))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body.to_string().contains("outside the workspace roots"),
+        "{body}"
+    );
+}

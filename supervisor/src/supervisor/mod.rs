@@ -102,6 +102,9 @@ pub struct Supervisor {
     store_fail_after: std::time::Duration,
     /// Turns one tree may have queued (see `start_turn`).
     turn_queue_limit: usize,
+    /// Whether a request's workspace must be inside the config's roots (a
+    /// service), rather than anywhere (the CLI's own directory).
+    confined_workspaces: bool,
 }
 
 /// A started tree: its ids, its events, and its result.
@@ -146,7 +149,16 @@ impl Supervisor {
             steer_limits: SteerLimits::default(),
             store_fail_after: DEFAULT_FAIL_AFTER,
             turn_queue_limit: turns::DEFAULT_TURN_QUEUE,
+            confined_workspaces: false,
         }
+    }
+
+    /// Takes a start request's workspace (`limits.workspace`) only inside
+    /// the config's `[workspace] roots`, and none when it names no roots:
+    /// what a service, whose callers are not on this machine, wants.
+    pub fn confine_workspaces(mut self) -> Self {
+        self.confined_workspaces = true;
+        self
     }
 
     /// Caps the steering messages a run holds before its next step takes

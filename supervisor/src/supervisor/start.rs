@@ -133,6 +133,18 @@ impl Supervisor {
             && request.turn == 0
             && let Some(spec) = &limits.workspace
         {
+            let asked = request
+                .limits
+                .as_ref()
+                .is_some_and(|l| l.workspace.is_some());
+            if asked && self.confined_workspaces && catalog.workspace_roots().is_empty() {
+                return Err(Error::InvalidRequest {
+                    field: "limits.workspace".to_owned(),
+                    problem: "this service takes no workspace from a request: its config names \
+                              no [workspace] roots"
+                        .to_owned(),
+                });
+            }
             limits.workspace = Some(crate::request::admit_workspace(
                 spec,
                 catalog.workspace_roots(),
