@@ -371,3 +371,92 @@ async fn a_service_takes_a_requests_workspace_only_inside_its_roots() {
         "{body}"
     );
 }
+
+/// A PreToolUse verdict survives a kill -9: the tree is killed while the
+/// call it allowed runs, and `arbor resume` runs the call again on the
+/// recorded verdict, without running the hook a second time.
+#[test]
+fn a_resumed_tree_takes_the_recorded_hook_verdict_and_does_not_run_the_hook_again() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let counted = dir.path().join("hook-runs.txt");
+    let ws = setup(
+        dir.path(),
+        &format!(
+            "[[hooks.PreToolUse]]\nmatcher = \"Bash\"\ncommand = \"echo ran >> {}\"\n",
+            counted.display()
+        ),
+    );
+    let script = serde_json::json!({"replies": [{"agent": "editor", "steps": [
+        {"toolCalls": [{"name": "Bash", "input": {"command": "sleep 3; echo slept > slept.txt"}}]},
+        {"text": "DONE"}
+    ]}]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let mut first = Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args([
+            "run",
+            "--config",
+            "config.toml",
+            "--store",
+            "s.db",
+            "--tree-id",
+            "hooked",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--agent",
+            "editor",
+            "--events",
+            "go",
+        ])
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = first.stderr.take().unwrap();
+    let mut seen = false;
+    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+        if line.contains("\"hookDecided\"") {
+            seen = true;
+            break;
+        }
+    }
+    assert!(seen, "the hook's verdict was announced");
+    // The verdict reaches the store within the writer's batch; the call
+    // sleeps 3 s, so the kill lands while it runs.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    first.kill().unwrap();
+    let _ = first.wait();
+    assert!(
+        !ws.join("slept.txt").exists(),
+        "killed before the call ended"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&counted).unwrap().lines().count(),
+        1
+    );
+    let resumed = arbor_in(
+        dir.path(),
+        &[
+            "resume",
+            "hooked",
+            "--config",
+            "config.toml",
+            "--store",
+            "s.db",
+        ],
+    );
+    assert!(resumed.status.success(), "{}", text(&resumed.stderr));
+    // The call ran again, on the recorded verdict: the hook did not.
+    assert_eq!(
+        std::fs::read_to_string(ws.join("slept.txt")).unwrap(),
+        "slept\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&counted).unwrap().lines().count(),
+        1,
+        "the hook ran again on resume"
+    );
+}
