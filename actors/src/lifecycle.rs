@@ -16,7 +16,10 @@
 //!   instruction. `UserPromptSubmit`: the prompt is refused.
 //! - **Any other exit, a timeout, a command that does not start**: a
 //!   non-blocking error, logged; the action goes on.
-//! - **JSON** (exit 0): `continue: false` stops the agent (`stopReason`);
+//! - **JSON** (exit 0): `continue: false` stops (`stopReason`): here it
+//!   refuses the call (`PreToolUse`), or tells the model to stop beside the
+//!   result (`PostToolUse`), and ends a turn a stop hook would keep going;
+//!   it does not yet end the run itself;
 //!   `decision: "block"` with `reason` blocks as exit 2 does (`"approve"`,
 //!   and for `PreToolUse` the older `"block"`/`"approve"`, map to deny/allow);
 //!   `hookSpecificOutput` carries `permissionDecision` (`allow`, `deny`,

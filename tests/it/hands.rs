@@ -197,10 +197,13 @@ fn a_workspace_that_does_not_exist_is_refused_naming_the_field_before_anything_r
 fn a_sandboxed_editors_shell_writes_its_workspace_and_nothing_outside() {
     let dir = tempfile::tempdir().unwrap();
     let ws = setup(dir.path(), "[workspace]\nsandbox = \"bwrap\"\n");
-    let outside = tempfile::tempdir().unwrap();
+    // Outside /tmp (the sandbox has a fresh /tmp of its own, which would
+    // hide an escape there), and outside the workspace; also a try at the
+    // workspace's .claude/, whose hooks run unsandboxed.
+    let outside = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let escaped = outside.path().join("escaped.txt");
     let command = format!(
-        "echo made > made.txt; echo out > {} ; true",
+        "echo made > made.txt; echo out > {} ; echo evil >> .claude/hooks/keep_going.py; true",
         escaped.display()
     );
     let script = serde_json::json!({"replies": [{"agent": "editor", "steps": [
@@ -236,6 +239,8 @@ fn a_sandboxed_editors_shell_writes_its_workspace_and_nothing_outside() {
         !escaped.exists(),
         "the sandboxed shell wrote outside its workspace"
     );
+    let hook = std::fs::read_to_string(ws.join(".claude/hooks/keep_going.py")).unwrap();
+    assert!(!hook.contains("evil"), "the sandboxed shell rewrote a hook");
 }
 
 fn which_bwrap() -> Option<std::path::PathBuf> {
@@ -459,4 +464,50 @@ fn a_resumed_tree_takes_the_recorded_hook_verdict_and_does_not_run_the_hook_agai
         1,
         "the hook ran again on resume"
     );
+}
+
+/// The workspace tools do not write the workspace's `.claude/`: the hooks
+/// there run outside any sandbox, with Arbor's environment.
+#[test]
+fn an_agent_cannot_rewrite_the_hooks_that_guard_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = setup(
+        dir.path(),
+        "[hooks]\nclaude_settings = [\"WS/.claude/settings.json\"]\n",
+    );
+    let hook = ws.join(".claude/hooks/bash_command_validator.py");
+    let before = std::fs::read_to_string(&hook).unwrap();
+    let path = hook.display().to_string();
+    let script = serde_json::json!({"replies": [{"agent": "editor", "steps": [
+        {"toolCalls": [{"name": "Read", "input": {"file_path": path}}]},
+        {"toolCalls": [{"name": "Write", "input": {"file_path": path, "content": "import sys; sys.exit(0)\n"}}]},
+        {"toolCalls": [{"name": "Edit", "input": {"file_path": path, "old_string": "sys.exit(2)", "new_string": "sys.exit(0)"}}]},
+        {"text": "DONE"}
+    ]}]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "run",
+            "--config",
+            "config.toml",
+            "--no-store",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--agent",
+            "editor",
+            "--json",
+            "--events",
+            "go",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&hook).unwrap(), before);
+    let results = results(&events(&out.stderr));
+    for (tool, content) in &results[1..3] {
+        assert!(
+            content.contains("is not written by agents"),
+            "{tool}: {content}"
+        );
+    }
 }

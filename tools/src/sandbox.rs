@@ -171,13 +171,22 @@ impl Sandbox {
         }
         // Writable places last, so that one under /tmp shows through the
         // fresh /tmp.
-        argv.push(if writable { "--bind" } else { "--ro-bind" }.into());
-        argv.push(workspace.into());
-        argv.push(workspace.into());
+        // The other writable places first, then the workspace (so one that
+        // holds the workspace cannot make a read-only workspace writable),
+        // then its `.claude/` read-only: hooks there run outside the sandbox.
         for dir in &self.writable {
             argv.push("--bind".into());
             argv.push(dir.into());
             argv.push(dir.into());
+        }
+        argv.push(if writable { "--bind" } else { "--ro-bind" }.into());
+        argv.push(workspace.into());
+        argv.push(workspace.into());
+        let hooks = workspace.join(".claude");
+        if hooks.is_dir() {
+            argv.push("--ro-bind".into());
+            argv.push(hooks.clone().into());
+            argv.push(hooks.into());
         }
         argv.push("--chdir".into());
         argv.push(cwd.into());
@@ -247,11 +256,11 @@ mod tests {
             text[text.len() - 10..],
             [
                 "--bind",
-                "/w",
-                "/w",
+                "/var/cache/x",
+                "/var/cache/x",
                 "--bind",
-                "/var/cache/x",
-                "/var/cache/x",
+                "/w",
+                "/w",
                 "--chdir",
                 "/w/sub",
                 "--",

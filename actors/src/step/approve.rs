@@ -68,7 +68,8 @@ impl StepMachine {
                 .toolbox
                 .get(&call.tool_name)
                 .map_or_else(|| call.tool_name.clone(), |e| e.name.clone());
-            match gate(recorded, catalog.always_allowed(&tool)) {
+            let always = catalog.always_allowed(&tool) && !pending.forced_asks.contains(&index);
+            match gate(recorded, always) {
                 Gate::Recorded(decision) => {
                     // Recorded as valid when it was made: it applies as it did.
                     if apply(&mut pending, index, &decision, self).is_ok() {

@@ -89,6 +89,7 @@ impl StepMachine {
             held: Default::default(),
             hooking: None,
             hook_notes: Vec::new(),
+            forced_asks: Vec::new(),
         };
         let mut needing = Vec::new();
         let mut hooked = Vec::new();

@@ -201,6 +201,10 @@ impl StepMachine {
             if ask {
                 needing.push(index);
             }
+            // A hook's ask is asked even of a tool a person allowed for good.
+            if verdict.permission == Some(Permission::Ask) {
+                pending.forced_asks.push(index);
+            }
             if !verdict.context.is_empty() {
                 pending.hook_notes.push((index, verdict.context.join("\n")));
             }
@@ -297,6 +301,11 @@ impl StepMachine {
             self.state
                 .message_history
                 .push(Message::user(reason).with_tag(STOP_HOOK));
+            return self.begin_step();
+        }
+        // What came while the hooks ran (a steer, a background report) is
+        // answered before the turn ends, as at any other end of a step.
+        if self.has_pending_steers() || (self.delivers_now() && self.state.steps_remaining > 0) {
             return self.begin_step();
         }
         self.complete()

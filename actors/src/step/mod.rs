@@ -78,6 +78,9 @@ struct Pending {
     hooking: Option<Box<hooked::Hooking>>,
     /// What hooks gave the model for a call, added to its result.
     hook_notes: Vec<(usize, String)>,
+    /// Calls a hook asked a person about: asked even when their tool is
+    /// allowed for good.
+    forced_asks: Vec<usize>,
 }
 
 /// The pure decisions of one run (semantics §4–§7): fed model replies, tool

@@ -408,7 +408,11 @@ pub(super) fn flags(text: &str) -> Result<Query, ToolError> {
         // `-A3` and `--after-context=3` as well as `-A 3`.
         let (flag, attached) = match word.split_once('=') {
             Some((f, v)) if f.starts_with("--") => (f, Some(v)),
-            _ if word.len() > 2 && !word.starts_with("--") && word.starts_with('-') => {
+            _ if word.len() > 2
+                && !word.starts_with("--")
+                && word.starts_with('-')
+                && word.is_char_boundary(2) =>
+            {
                 (&word[..2], Some(&word[2..]))
             }
             _ => (word, None),

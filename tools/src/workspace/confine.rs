@@ -67,6 +67,10 @@ impl arbor_actors::tool::Workspace for Workspace {
     }
 }
 
+/// The directory of the workspace agents may not write: Claude Code's hooks
+/// and settings, which run outside any sandbox.
+pub const PROTECTED: &str = ".claude";
+
 /// The variables the shell tool passes from Arbor's environment by default
 /// (besides `PATH`): who and where the user is, the locale, the terminal and
 /// the temporary directory. Anything else (tokens, keys) must be listed.
@@ -297,6 +301,18 @@ impl Workspace {
     /// [`Target::current`].
     pub fn target(&self, given: &str, create: bool) -> Result<Target, Refusal> {
         let rel = self.relative(given)?;
+        // The hooks and settings there run outside any sandbox, with
+        // Arbor's environment: an agent that could rewrite them could run
+        // anything (`.claude/hooks/*.py` is how Claude Code's docs write them).
+        if rel
+            .components()
+            .next()
+            .is_some_and(|c| c.as_os_str() == PROTECTED)
+        {
+            return Err(Refusal(format!(
+                "{given}: the workspace's {PROTECTED}/ (its hooks and settings) is not written by agents"
+            )));
+        }
         let Some(name) = rel.file_name().map(OsStr::to_os_string) else {
             return Err(Refusal(format!("{given}: names no file")));
         };
@@ -367,6 +383,14 @@ impl Target {
         .map_err(|e| ws.failed(given, e))?;
         let opened = rustix::fs::fstat(&fd).map_err(|e| ws.failed(given, e))?;
         ws.regular(given, &opened)?;
+        // Never held whole past what a write or an edit takes.
+        let size = u64::try_from(opened.st_size).unwrap_or(u64::MAX);
+        if size > super::files::MAX_FILE_BYTES {
+            return Err(Refusal(format!(
+                "{given}: the file is {size} bytes, more than a write or an edit takes ({})",
+                super::files::MAX_FILE_BYTES
+            )));
+        }
         let mut bytes = Vec::new();
         io::Read::read_to_end(&mut File::from(fd), &mut bytes)
             .map_err(|e| Refusal(format!("{given}: {e}")))?;
@@ -382,16 +406,26 @@ impl Target {
             Ok(stat) => Mode::from_raw_mode(stat.st_mode & 0o7777),
             Err(_) => Mode::from_raw_mode(0o644),
         };
-        let mut temp = std::ffi::OsString::from(".");
-        temp.push(&self.name);
-        temp.push(format!(".arbor-{}.tmp", std::process::id()));
-        let fd = rustix::fs::openat(
-            &self.dir,
-            &temp,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            mode,
-        )
-        .map_err(|e| fail(&e))?;
+        // A name of its own (process, counter), made new or refused: two
+        // writers never share it, and nothing planted at it is truncated.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let mut attempt = 0;
+        let (temp, fd) = loop {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut temp = std::ffi::OsString::from(".");
+            temp.push(&self.name);
+            temp.push(format!(".arbor-{}-{n}.tmp", std::process::id()));
+            match rustix::fs::openat(
+                &self.dir,
+                &temp,
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                mode,
+            ) {
+                Ok(fd) => break (temp, fd),
+                Err(Errno::EXIST) if attempt < 16 => attempt += 1,
+                Err(e) => return Err(fail(&e)),
+            }
+        };
         let _ = rustix::fs::fchmod(&fd, mode);
         let written = io::Write::write_all(&mut File::from(fd), bytes);
         let renamed = written.map_err(|e| fail(&e)).and_then(|()| {

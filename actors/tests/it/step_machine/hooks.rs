@@ -337,3 +337,89 @@ fn a_stop_hook_that_blocks_keeps_the_agent_going_with_its_reason_and_then_lets_i
             .is_empty()
     );
 }
+
+/// A steer that arrives while the stop hooks run is answered, not lost:
+/// the turn goes on for it instead of ending.
+#[test]
+fn a_steer_that_arrives_while_the_stop_hooks_run_is_answered_before_the_turn_ends() {
+    let mut run = worker(false);
+    request(run.start());
+    let step = run.m.step();
+    let cat = Stopping(&run.cat);
+    let actions = run.m.model_replied(
+        step,
+        ModelResponse {
+            message: Message::assistant(Some("Done here.".into()), vec![]),
+            usage: USAGE,
+        },
+        &cat,
+    );
+    assert_eq!(kinds(&actions), ["RunStopHooks"]);
+    run.m.steer("Also update the changelog.").expect("taken");
+    let req = request(run.m.stop_hooks_done(step, Verdict::default()));
+    let last = format!("{:?}", req.messages.last());
+    assert!(last.contains("Also update the changelog."), "{last}");
+    assert_ne!(run.state().status, AgentStatus::Completed);
+}
+
+/// The test catalog: `PreToolUse` hooks on `echo`, which a person allowed
+/// for good in the tree.
+struct AllowedForGood<'a>(&'a Cat);
+
+impl Catalog for AllowedForGood<'_> {
+    fn template(&self, id: &str) -> Option<Arc<AgentTemplate>> {
+        self.0.template(id)
+    }
+    fn knows_agent(&self, requested: &str) -> bool {
+        self.0.knows_agent(requested)
+    }
+    fn always_allowed(&self, tool: &str) -> bool {
+        tool == "echo"
+    }
+    fn hooks_before(&self, tool: &str) -> bool {
+        tool == "echo"
+    }
+}
+
+/// A hook's ask is asked of a person even when the tool is allowed for
+/// good: the hook saw something the rule did not (an `rm -rf`).
+#[test]
+fn a_hooks_ask_is_asked_even_of_a_tool_allowed_for_good() {
+    let mut run = worker(true);
+    request(run.start());
+    run.m.take_events();
+    let step = run.m.step();
+    let cat = AllowedForGood(&run.cat);
+    let actions = run.m.model_replied(
+        step,
+        ModelResponse {
+            message: calls(
+                "s1",
+                &[("echo", json!({"n": 1})), ("echo", json!({"n": 2}))],
+            ),
+            usage: USAGE,
+        },
+        &cat,
+    );
+    hook_requests(&actions);
+    let ask = Verdict {
+        permission: Some(Permission::Ask),
+        ..Verdict::default()
+    };
+    // The first call the hook asks about waits; the second, allowed for
+    // good and not asked about by the hook, would run unasked.
+    let actions = run
+        .m
+        .hooks_done(step, vec![(0, ask), (1, Verdict::default())], &cat);
+    assert_eq!(kinds(&actions), ["AwaitApproval"]);
+    let asked: Vec<String> = run
+        .m
+        .take_events()
+        .iter()
+        .filter_map(|e| match e {
+            EventKind::ApprovalRequested { tool_call_id, .. } => Some(tool_call_id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked, ["s1-0"]);
+}
