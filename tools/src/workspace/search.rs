@@ -301,6 +301,10 @@ pub fn grep(ws: &Workspace, query: &Query) -> Result<Grepped, Refusal> {
             per_file: query.per_file,
             count: 0,
             lines: Vec::new(),
+            // What the whole search may still keep: one file never holds
+            // more than the result can show.
+            room_lines: want.saturating_sub(lines.len()) + 1,
+            room_bytes: MAX_GREP_BYTES.saturating_sub(bytes) + 1,
         };
         if searcher.search_file(&matcher, &file, &mut sink).is_err() || sink.count == 0 {
             continue;
@@ -399,16 +403,29 @@ struct Collect<'a> {
     per_file: Option<usize>,
     count: u64,
     lines: Vec<String>,
+    /// Lines and bytes the search may still keep.
+    room_lines: usize,
+    room_bytes: usize,
 }
 
 impl Collect<'_> {
     fn push(&mut self, number: Option<u64>, sep: char, bytes: &[u8]) {
-        let text = String::from_utf8_lossy(bytes);
+        // A line is kept up to what a read shows of one.
+        let cut = &bytes[..bytes.len().min(super::files::MAX_LINE_CHARS * 4)];
+        let text = String::from_utf8_lossy(cut);
         let text = text.trim_end_matches(['\n', '\r']);
-        self.lines.push(match (self.numbers, number) {
+        let line = match (self.numbers, number) {
             (true, Some(n)) => format!("{}{sep}{n}{sep}{text}", self.path),
             _ => format!("{}{sep}{text}", self.path),
-        });
+        };
+        self.room_lines = self.room_lines.saturating_sub(1);
+        self.room_bytes = self.room_bytes.saturating_sub(line.len() + 1);
+        self.lines.push(line);
+    }
+
+    /// Whether there is room for more lines of this file.
+    fn room(&self) -> bool {
+        self.room_lines > 0 && self.room_bytes > 0
     }
 }
 
@@ -428,16 +445,17 @@ impl Sink for Collect<'_> {
                 }
             }
         }
-        Ok(self
-            .per_file
-            .is_none_or(|max| self.count < u64::try_from(max).unwrap_or(u64::MAX)))
+        Ok(self.room()
+            && self
+                .per_file
+                .is_none_or(|max| self.count < u64::try_from(max).unwrap_or(u64::MAX)))
     }
 
     fn context(&mut self, _: &Searcher, c: &SinkContext<'_>) -> Result<bool, Self::Error> {
         if self.mode == Mode::Content {
             self.push(c.line_number(), '-', c.bytes());
         }
-        Ok(true)
+        Ok(self.room())
     }
 
     fn context_break(&mut self, _: &Searcher) -> Result<bool, Self::Error> {
