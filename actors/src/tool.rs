@@ -141,6 +141,12 @@ pub trait Tool: Send + Sync + 'static {
     fn name(&self) -> &str;
     /// What the tool does, for the model.
     fn description(&self) -> &str;
+    /// Other names policies and approval patterns may use for this tool (a
+    /// workspace tool under Claude Code's or Codebuff's name is also its
+    /// `workspace/OP`). None by default.
+    fn aliases(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// JSON Schema of the input object.
     fn input_schema(&self) -> Value;
     /// Runs the tool on an input that satisfies its schema; cancelled by

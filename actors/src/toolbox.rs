@@ -437,11 +437,14 @@ impl Toolbox {
     /// This toolbox with the external tools `needs` names (by the name
     /// templates and policies use) waiting for a person's decision before
     /// each call runs (semantics §12). The built-ins never wait.
-    pub fn with_approval(&self, needs: impl Fn(&str) -> bool) -> Toolbox {
+    pub fn with_approval(&self, needs: impl Fn(&[&str]) -> bool) -> Toolbox {
         let mut tb = self.clone();
         for entry in tb.entries.values_mut() {
-            if matches!(entry.kind, ToolKind::External(_)) && needs(&entry.name) {
-                entry.approval = true;
+            if let ToolKind::External(tool) = &entry.kind {
+                let aliases = tool.aliases();
+                if needs(&names_of(&entry.name, &aliases)) {
+                    entry.approval = true;
+                }
             }
         }
         tb
@@ -451,12 +454,16 @@ impl Toolbox {
     /// and policies use). The structural built-ins (`set_output`, `end_turn`,
     /// the spawn tools) stay: the template's output mode and spawnable agents
     /// govern those. A refused tool is neither offered nor callable.
-    pub fn restricted(&self, allowed: impl Fn(&str) -> bool) -> Toolbox {
+    pub fn restricted(&self, allowed: impl Fn(&[&str]) -> bool) -> Toolbox {
         let mut entries = HashMap::new();
         let mut definitions = BTreeMap::new();
         let mut denied = self.denied.clone();
         for (wire, entry) in &self.entries {
-            if entry.kind.structural() || allowed(&entry.name) {
+            let aliases = match &entry.kind {
+                ToolKind::External(tool) => tool.aliases(),
+                _ => Vec::new(),
+            };
+            if entry.kind.structural() || allowed(&names_of(&entry.name, &aliases)) {
                 entries.insert(wire.clone(), entry.clone());
                 if let Some(def) = self.definitions.get(wire) {
                     definitions.insert(wire.clone(), def.clone());
@@ -606,6 +613,13 @@ fn describe_spawnable(def: &mut ToolDefinition, agents: &[SpawnableInfo]) {
     }
 }
 
+/// A tool's name, then the other names policies may use for it.
+fn names_of<'a>(name: &'a str, aliases: &'a [String]) -> Vec<&'a str> {
+    std::iter::once(name)
+        .chain(aliases.iter().map(String::as_str))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -706,7 +720,7 @@ mod tests {
         let mut t = AgentTemplate::new("lead", "m").spawns(&["w"]);
         t.tools = vec!["add_message".into(), "fs/read".into()];
         let tb = Toolbox::build(&t, |_| Some(Arc::new(Named("fs/read")) as Arc<dyn Tool>)).unwrap();
-        let cut = tb.restricted(|name| name == "nothing");
+        let cut = tb.restricted(|names| names.contains(&"nothing"));
         assert_eq!(
             cut.names(),
             vec![

@@ -228,11 +228,11 @@ impl Catalog {
                     crate::policy::check_pattern(pattern)
                         .map_err(|e| invalid(format!("approve pattern {pattern:?}: {e}")))?;
                 }
-                toolbox = toolbox.with_approval(|name| {
+                toolbox = toolbox.with_approval(|names| {
                     template
                         .approve
                         .iter()
-                        .any(|p| crate::policy::matches(p, name))
+                        .any(|p| names.iter().any(|name| crate::policy::matches(p, name)))
                 });
             }
             out.insert(template.id.clone(), Arc::new(toolbox));
@@ -296,7 +296,7 @@ impl Catalog {
     /// them. `None` for a template the catalog does not have.
     pub fn offered(&self, template_id: &str, policy: &crate::ToolPolicy) -> Option<Vec<String>> {
         let toolbox = self.toolbox(template_id)?;
-        let cut = toolbox.restricted(|name| policy.allows(name));
+        let cut = toolbox.restricted(|names| policy.allows_any(names));
         Some(cut.definitions().keys().cloned().collect())
     }
 

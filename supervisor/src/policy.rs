@@ -40,12 +40,17 @@ impl ToolRule {
             .collect()
     }
 
-    pub(crate) fn allows(&self, tool: &str) -> bool {
-        let allowed = self
-            .allow
-            .as_ref()
-            .is_none_or(|allow| allow.iter().any(|p| matches(p, tool)));
-        allowed && !self.deny.iter().any(|p| matches(p, tool))
+    /// Whether a tool known by all of `names` passes: some name on the
+    /// allow list (when there is one), none on the deny list. A workspace
+    /// tool under Claude Code's or Codebuff's name is also its
+    /// `workspace/OP`, so a pattern over either reaches it.
+    pub(crate) fn allows_any(&self, names: &[&str]) -> bool {
+        let hit = |patterns: &[String]| {
+            patterns
+                .iter()
+                .any(|p| names.iter().any(|name| matches(p, name)))
+        };
+        self.allow.as_deref().is_none_or(hit) && !hit(&self.deny)
     }
 }
 
@@ -71,15 +76,29 @@ impl ToolPolicy {
         &self.rules
     }
 
+    #[cfg(test)]
     pub(crate) fn allows(&self, tool: &str) -> bool {
-        self.rules.iter().all(|r| r.allows(tool))
+        self.allows_any(&[tool])
     }
 
-    /// Whether some rule says the tool's calls wait for approval.
+    /// Whether every rule lets a tool known by all of `names` be offered.
+    pub(crate) fn allows_any(&self, names: &[&str]) -> bool {
+        self.rules.iter().all(|r| r.allows_any(names))
+    }
+
+    #[cfg(test)]
     pub(crate) fn needs_approval(&self, tool: &str) -> bool {
-        self.rules
-            .iter()
-            .any(|r| r.approve.iter().any(|p| matches(p, tool)))
+        self.needs_approval_any(&[tool])
+    }
+
+    /// Whether some rule says the calls of a tool known by all of `names`
+    /// wait for approval.
+    pub(crate) fn needs_approval_any(&self, names: &[&str]) -> bool {
+        self.rules.iter().any(|r| {
+            r.approve
+                .iter()
+                .any(|p| names.iter().any(|name| matches(p, name)))
+        })
     }
 
     /// Whether some rule asks for approvals at all.

@@ -279,9 +279,9 @@ impl TreeHooks for TreeContext {
         {
             return Ok(cut.clone());
         }
-        let mut cut = base.restricted(|name| policy.allows(name));
+        let mut cut = base.restricted(|names| policy.allows_any(names));
         if policy.approves() {
-            cut = cut.with_approval(|name| policy.needs_approval(name));
+            cut = cut.with_approval(|names| policy.needs_approval_any(names));
         }
         let cut = Arc::new(cut);
         cache.insert(template.id.clone(), (base, cut.clone()));

@@ -511,3 +511,47 @@ fn an_agent_cannot_rewrite_the_hooks_that_guard_it() {
         );
     }
 }
+
+/// A policy over Arbor's names (`--deny-tools workspace/shell`) reaches the
+/// same tool under Claude Code's name (`Bash`): it is not offered, and a
+/// call of it is refused by the tree's policy.
+#[test]
+fn denying_workspace_shell_denies_claude_codes_bash_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = setup(dir.path(), "");
+    let script = serde_json::json!({"replies": [{"agent": "editor", "steps": [
+        {"toolCalls": [{"name": "Bash", "input": {"command": "echo ran > ran.txt"}}]},
+        {"text": "DONE"}
+    ]}]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "run",
+            "--config",
+            "config.toml",
+            "--no-store",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--deny-tools",
+            "workspace/shell",
+            "--agent",
+            "editor",
+            "--json",
+            "--events",
+            "go",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        !ws.join("ran.txt").exists(),
+        "Bash ran under a policy denying workspace/shell"
+    );
+    let results = results(&events(&out.stderr));
+    assert!(
+        results[0]
+            .1
+            .contains("not allowed by this tree's tool policy"),
+        "{results:?}"
+    );
+}

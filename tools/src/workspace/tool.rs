@@ -87,6 +87,25 @@ impl Tool for WorkspaceTool {
         self.description
     }
 
+    /// Arbor's name for what it does (`Bash` is also `workspace/shell`,
+    /// `MultiEdit` `workspace/edit`, `find_files` `workspace/glob`), so a
+    /// policy or approval pattern over `workspace/…` reaches every family.
+    fn aliases(&self) -> Vec<String> {
+        if self.family == super::Family::Arbor {
+            return Vec::new();
+        }
+        let op = match self.op {
+            Op::MultiEdit => Op::Edit,
+            Op::FindFiles => Op::Glob,
+            op => op,
+        };
+        super::arbor::tools()
+            .iter()
+            .filter(|t| t.op == op)
+            .map(|t| t.name.to_owned())
+            .collect()
+    }
+
     fn input_schema(&self) -> Value {
         self.schema.clone()
     }

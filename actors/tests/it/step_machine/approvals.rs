@@ -10,7 +10,7 @@ fn guarded() -> Run {
     t.tools = vec!["echo".into(), "add_message".into()];
     let mut run = Run::solo(t.clone());
     let template = Arc::new(t);
-    let tb = Arc::new(toolbox(&template).with_approval(|name| name == "echo"));
+    let tb = Arc::new(toolbox(&template).with_approval(|names| names.contains(&"echo")));
     let state = run.m.state().clone();
     run.m = StepMachine::new(state, template, tb, 0, "tree-1".parse().unwrap());
     run

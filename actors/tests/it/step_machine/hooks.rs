@@ -30,7 +30,9 @@ fn worker(approval: bool) -> Run {
     t.tools = vec!["echo".into(), "add_message".into()];
     let mut run = Run::solo(t.clone());
     let template = Arc::new(t);
-    let tb = Arc::new(toolbox(&template).with_approval(move |name| approval && name == "echo"));
+    let tb = Arc::new(
+        toolbox(&template).with_approval(move |names| approval && names.contains(&"echo")),
+    );
     let state = run.m.state().clone();
     run.m = StepMachine::new(state, template, tb, 0, "tree-1".parse().unwrap());
     run
