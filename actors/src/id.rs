@@ -451,11 +451,6 @@ impl AgentId {
         &self.0
     }
 
-    /// The agent id as the run id of its first attempt, taken.
-    pub fn into_run(self) -> RunId {
-        self.0
-    }
-
     /// The tree the agent belongs to.
     pub fn tree(&self) -> &TreeId {
         self.0.tree()

@@ -379,6 +379,31 @@ fn raise(verdict: &mut Verdict, permission: Permission) {
     verdict.permission = Some(verdict.permission.map_or(permission, |p| p.max(permission)));
 }
 
+/// The fields a tool's hooks get of its call (Claude Code's names).
+pub fn tool_fields(tool: &str, input: Value, call_id: String) -> Map<String, Value> {
+    let mut fields = Map::new();
+    fields.insert("tool_name".into(), tool.into());
+    fields.insert("tool_input".into(), input);
+    fields.insert("tool_use_id".into(), call_id.into());
+    fields
+}
+
+/// A tool call's result with what hooks gave the model beside it: one more
+/// part of an output, one more line of an error.
+pub fn with_note(
+    result: Result<crate::tool::ToolOutput, String>,
+    note: String,
+) -> Result<crate::tool::ToolOutput, String> {
+    match result {
+        Ok(output) => {
+            let mut parts = output.into_parts();
+            parts.push(crate::message::ToolResultPart::Json { value: note.into() });
+            Ok(crate::tool::ToolOutput::Parts(parts))
+        }
+        Err(error) => Err(format!("{error}\n{note}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;

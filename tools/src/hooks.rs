@@ -460,12 +460,8 @@ fn claude_hooks(path: &Path) -> Result<Vec<Hook>, String> {
 
 /// bash, as Claude Code runs hooks with; sh where there is none.
 fn shell() -> PathBuf {
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("bash"))
-        .find(|p| p.is_file());
-    on_path.unwrap_or_else(|| PathBuf::from("/bin/sh"))
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    crate::command::find_on(&path, Path::new("bash")).unwrap_or_else(|| PathBuf::from("/bin/sh"))
 }
 
 #[cfg(test)]

@@ -83,10 +83,8 @@ impl Sandbox {
         network: bool,
         writable: Vec<PathBuf>,
     ) -> Result<Sandbox, SandboxError> {
-        let program = std::env::split_paths(path)
-            .map(|dir| dir.join("bwrap"))
-            .find(|candidate| is_executable(candidate))
-            .ok_or(SandboxError::Missing)?;
+        let program =
+            crate::command::find_on(path, Path::new("bwrap")).ok_or(SandboxError::Missing)?;
         let sandbox = Sandbox {
             program,
             network,
@@ -194,11 +192,6 @@ impl Sandbox {
         argv.extend(command.iter().map(OsString::from));
         argv
     }
-}
-
-fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 #[cfg(test)]

@@ -15,10 +15,10 @@ use super::{AgentMsg, AgentRun, Parked, Phase, ToolOutcome, panic_message};
 use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
 use crate::hooks::{Slot, SlotPriority};
-use crate::lifecycle::{HookCall, HookEvent};
+use crate::lifecycle::{HookCall, HookEvent, tool_fields, with_note};
 use crate::model::{Delta, DeltaSink, ModelRequest};
 use crate::step::Action;
-use crate::tool::{ToolContext, ToolOutput};
+use crate::tool::ToolContext;
 
 impl AgentRun {
     pub(super) fn release_reservation(&mut self) {
@@ -258,25 +258,13 @@ impl AgentRun {
                         }
                         Err(error) => serde_json::json!({"error": error}),
                     };
-                    let mut fields = serde_json::Map::new();
-                    fields.insert("tool_name".into(), tool.name().into());
-                    fields.insert("tool_input".into(), input);
+                    let mut fields = tool_fields(tool.name(), input, call_id);
                     fields.insert("tool_response".into(), response);
-                    fields.insert("tool_use_id".into(), call_id.into());
                     let decided = lifecycle
                         .run(HookEvent::PostToolUse, tool.name(), fields, call)
                         .await;
                     if let Some(note) = post_note(&decided) {
-                        *result = match std::mem::replace(result, Err(String::new())) {
-                            Ok(output) => {
-                                let mut parts = output.into_parts();
-                                parts.push(crate::message::ToolResultPart::Json {
-                                    value: note.into(),
-                                });
-                                Ok(ToolOutput::Parts(parts))
-                            }
-                            Err(error) => Err(format!("{error}\n{note}")),
-                        };
+                        *result = with_note(std::mem::replace(result, Err(String::new())), note);
                     }
                     verdict = Some(Box::new(decided));
                 }
@@ -296,6 +284,12 @@ impl AgentRun {
             }
             .instrument(span),
         ));
+        self.work_started(myself, step);
+    }
+
+    /// A task of the step's own work (a tool, its hooks) started: counted,
+    /// watched for progress, and under the step's timer.
+    fn work_started(&mut self, myself: &ActorRef<AgentMsg>, step: u32) {
         self.tools_running += 1;
         self.watch_idle(myself);
         if !self.timer.is_running() {
@@ -327,10 +321,7 @@ impl AgentRun {
         self.tool_tasks.push(tokio::spawn(async move {
             let runs = calls.into_iter().map(|request| {
                 let future = lifecycle.as_ref().map(|lifecycle| {
-                    let mut fields = serde_json::Map::new();
-                    fields.insert("tool_name".into(), request.tool.clone().into());
-                    fields.insert("tool_input".into(), request.input);
-                    fields.insert("tool_use_id".into(), request.call_id.into());
+                    let fields = tool_fields(&request.tool, request.input, request.call_id);
                     lifecycle.run(HookEvent::PreToolUse, &request.tool, fields, call.clone())
                 });
                 async move {
@@ -347,11 +338,7 @@ impl AgentRun {
                 verdicts: Box::new(verdicts),
             });
         }));
-        self.tools_running += 1;
-        self.watch_idle(myself);
-        if !self.timer.is_running() {
-            self.start_timer(myself, step);
-        }
+        self.work_started(myself, step);
     }
 
     /// Runs the `Stop` or `SubagentStop` hooks in a task; their verdict
@@ -381,11 +368,7 @@ impl AgentRun {
                 verdict: Box::new(verdict),
             });
         }));
-        self.tools_running += 1;
-        self.watch_idle(myself);
-        if !self.timer.is_running() {
-            self.start_timer(myself, step);
-        }
+        self.work_started(myself, step);
     }
 
     /// Gives the live slot back while children run.

@@ -231,11 +231,7 @@ impl StepMachine {
     /// hooks decide first, when there are any; a verdict recorded before a
     /// restart is taken instead of running them again.
     pub(super) fn stop_or_complete(&mut self, catalog: &dyn Catalog) -> Vec<Action> {
-        let event = if self.state.parent_id.is_none() {
-            HookEvent::Stop
-        } else {
-            HookEvent::SubagentStop
-        };
+        let event = self.stop_event();
         let agent_type = self.state.agent_type.clone().unwrap_or_default();
         if !catalog.hooks_at_stop(event, &agent_type) {
             return self.complete();
@@ -246,7 +242,7 @@ impl StepMachine {
             .as_deref_mut()
             .and_then(|side| side.recorded_hooks.remove(&stop_key(step)));
         if let Some(verdict) = recorded {
-            return self.apply_stop(step, verdict);
+            return self.apply_stop(verdict);
         }
         let last_message = self
             .state
@@ -278,21 +274,26 @@ impl StepMachine {
         if waiting != Some(step) {
             return Vec::new();
         }
-        let event = if self.state.parent_id.is_none() {
-            HookEvent::Stop
-        } else {
-            HookEvent::SubagentStop
-        };
+        let event = self.stop_event();
         self.events.push(EventKind::HookDecided {
             step,
             tool_call_id: stop_key(step),
             hook: event,
             verdict: verdict.clone(),
         });
-        self.apply_stop(step, verdict)
+        self.apply_stop(verdict)
     }
 
-    fn apply_stop(&mut self, _step: u32, verdict: Verdict) -> Vec<Action> {
+    /// A root's end runs `Stop` hooks, a child's `SubagentStop` ones.
+    fn stop_event(&self) -> HookEvent {
+        if self.state.parent_id.is_none() {
+            HookEvent::Stop
+        } else {
+            HookEvent::SubagentStop
+        }
+    }
+
+    fn apply_stop(&mut self, verdict: Verdict) -> Vec<Action> {
         if verdict.stop.is_none()
             && let Some(reason) = verdict.block
             && self.state.steps_remaining > 0

@@ -487,16 +487,14 @@ impl StepMachine {
             .iter()
             .position(|(i, _)| *i == index)
             .map(|at| pending.hook_notes.swap_remove(at).1);
+        let result = match note {
+            Some(note) => crate::lifecycle::with_note(result, note),
+            None => result,
+        };
         let call = &pending.calls[index];
-        pending.results[index] = Some(match (result, note) {
-            (Ok(output), None) => Message::tool_output(call, output.into_parts()),
-            (Ok(output), Some(note)) => {
-                let mut parts = output.into_parts();
-                parts.push(crate::message::ToolResultPart::Json { value: note.into() });
-                Message::tool_output(call, parts)
-            }
-            (Err(error), None) => Message::tool_error(call, error),
-            (Err(error), Some(note)) => Message::tool_error(call, format!("{error}\n{note}")),
+        pending.results[index] = Some(match result {
+            Ok(output) => Message::tool_output(call, output.into_parts()),
+            Err(error) => Message::tool_error(call, error),
         });
         self.resolved(catalog)
     }

@@ -37,7 +37,8 @@ pub(crate) struct RunLog {
     pub(crate) deliveries: Vec<Scheduled>,
     /// Its decisions on tool calls, by call id (semantics §12).
     pub(crate) decisions: HashMap<String, Decision>,
-    /// Its `PreToolUse` verdicts, by call id (issue 36).
+    /// Its `PreToolUse` verdicts by call id, and its stop hooks' by
+    /// `stop@STEP` (issue 36).
     pub(crate) hook_verdicts: HashMap<String, arbor_actors::lifecycle::Verdict>,
     /// Message ids of the history being rebuilt from deltas.
     ids: Vec<u64>,
@@ -253,14 +254,17 @@ impl TreeLog {
             Some(EventType::HookDecided) => {
                 // A call's PreToolUse verdict (by its call id) and a stop
                 // hook's (by `stop@STEP`) are taken again on resume.
-                let pre = matches!(
+                // (A PostToolUse verdict is in the call's result already.)
+                let resumed = matches!(
                     e.get("hook").and_then(Value::as_str),
                     Some("PreToolUse" | "Stop" | "SubagentStop")
                 );
-                let verdict = e.get("verdict").and_then(|v| {
-                    serde_json::from_value::<arbor_actors::lifecycle::Verdict>(v.clone()).ok()
-                });
-                if let (true, Some(id), Some(verdict)) = (pre, str_of("toolCallId"), verdict) {
+                if let (true, Some(id)) = (resumed, str_of("toolCallId"))
+                    && let Some(verdict) = e.get("verdict").and_then(|v| {
+                        <arbor_actors::lifecycle::Verdict as serde::Deserialize>::deserialize(v)
+                            .ok()
+                    })
+                {
                     self.run(run_id).hook_verdicts.insert(id, verdict);
                 }
             }

@@ -336,21 +336,25 @@ fn resolve_program(text: &str, base_dir: &Path) -> PathBuf {
 /// would find); a path, or a name not found (the call then says so), as is.
 /// Relative `PATH` entries are skipped: they depend on the call's `cwd`.
 fn on_path(program: &Path) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
     if program.components().count() != 1 || !program.is_relative() {
         return program.to_path_buf();
     }
-    let Some(path) = std::env::var_os("PATH") else {
-        return program.to_path_buf();
-    };
-    std::env::split_paths(&path)
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    find_on(&path, program).unwrap_or_else(|| program.to_path_buf())
+}
+
+/// The first executable file named `program` in the absolute directories
+/// of `path` (a `PATH` value): the one lookup of the crate's programs (a
+/// command tool's, the sandbox's `bwrap`, the hooks' `bash`).
+pub(crate) fn find_on(path: &std::ffi::OsStr, program: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(path)
         .filter(|dir| dir.is_absolute())
         .map(|dir| dir.join(program))
         .find(|file| {
             std::fs::metadata(file)
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
-        .unwrap_or_else(|| program.to_path_buf())
 }
 
 /// A command tool, built from a [`CommandToolSection`]: each call renders the
@@ -483,6 +487,9 @@ impl CommandTool {
             }
             Err(NotStarted::NoPid) => {
                 return Err(self.error("could not run: the process has no pid"));
+            }
+            Err(NotStarted::Wait(e)) => {
+                return Err(self.error(format_args!("could not be waited for: {e}")));
             }
         };
         let Some(status) = finished.status else {

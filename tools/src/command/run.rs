@@ -44,6 +44,8 @@ pub(crate) enum NotStarted {
     Spawn(std::io::Error),
     /// The child had no pid (cannot happen before it is reaped).
     NoPid,
+    /// Waiting for the started child failed.
+    Wait(std::io::Error),
 }
 
 /// Spawns `command` (already set up with piped stdout and stderr, its own
@@ -96,7 +98,7 @@ pub(crate) async fn run(
                     // keeper did already), so the pipes close once read
                     // to their end.
                     group.exited();
-                    let exit = exit.map_err(NotStarted::Spawn)?;
+                    let exit = exit.map_err(NotStarted::Wait)?;
                     status = Some(exit);
                     deadline = deadline.min(Instant::now() + DRAIN_GRACE);
                 }

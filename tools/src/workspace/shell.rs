@@ -16,7 +16,7 @@ use std::time::Duration;
 use arbor_actors::ToolContext;
 use tokio::process::Command;
 
-use super::confine::{Refusal, Workspace};
+use super::confine::{Access, Refusal, Workspace};
 use crate::command::run::{self, NotStarted};
 use crate::keeper::{self, CallLock};
 
@@ -60,7 +60,7 @@ pub async fn run(
     cwd: Option<&str>,
     timeout: Duration,
 ) -> Result<Ran, Refusal> {
-    let writable = ws.writable("the shell").is_ok();
+    let writable = ws.access() == Access::ReadWrite;
     if !writable && ws.sandbox.is_none() {
         return Err(Refusal(format!(
             "the shell is refused: the workspace {} is read-only, and a command could write anywhere without a sandbox",
@@ -129,6 +129,7 @@ pub async fn run(
         .map_err(|e| match e {
             NotStarted::Spawn(e) => Refusal(format!("{tool}: could not start bash: {e}")),
             NotStarted::NoPid => Refusal(format!("{tool}: could not run: no pid")),
+            NotStarted::Wait(e) => Refusal(format!("{tool}: could not be waited for: {e}")),
         })?;
     let mut stdout = finished.stdout.text();
     if finished.held_open {
