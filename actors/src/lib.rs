@@ -35,6 +35,7 @@ pub mod sync;
 pub mod template;
 pub mod tool;
 pub mod toolbox;
+pub mod worktree;
 
 pub use agent::{AgentActor, AgentArgs, AgentMsg, AgentSnapshot, CancelReason, Reply, RunResult};
 pub use checkpoint::{Checkpoint, Recovered};

@@ -63,6 +63,8 @@ enum Parked {
 pub struct AgentRun {
     myself: ActorRef<AgentMsg>,
     hooks: Arc<dyn TreeHooks>,
+    /// Where its tools work ([`AgentArgs::workspace`]).
+    workspace: Option<Arc<dyn crate::tool::Workspace>>,
     machine: Box<StepMachine>,
     reply: Option<Reply>,
     slot: Option<Slot>,
@@ -217,6 +219,7 @@ impl Actor for AgentActor {
             reply,
             slot,
             parent_span,
+            workspace,
         } = args;
         machine.set_checkpointing(hooks.durable());
         let state = machine.state();
@@ -255,6 +258,7 @@ impl Actor for AgentActor {
             _live: LiveGuard(hooks.clone(), run_id.clone()),
             idle: idle::IdleWatch::new(machine.template().idle_timeout),
             hooks,
+            workspace,
             machine,
             reply: Some(reply),
             slot,
@@ -296,6 +300,9 @@ impl Actor for AgentActor {
         let verdicts = hooks.hook_verdicts(&run.run_id);
         if !verdicts.is_empty() {
             run.machine.recover_hook_verdicts(verdicts);
+        }
+        if let Some(report) = hooks.worktree_report(&run.run_id) {
+            run.machine.recover_worktree(report);
         }
         let actions = run.guarded(|m| m.start(&HookCatalog(hooks.as_ref())));
         run.execute(&myself, actions);
@@ -345,6 +352,10 @@ impl Actor for AgentActor {
             AgentMsg::StopHooksDone { step, verdict } => {
                 run.tools_running = run.tools_running.saturating_sub(1);
                 run.guarded(|m| m.stop_hooks_done(step, *verdict))
+            }
+            AgentMsg::WorktreeSealed(report) => {
+                run.tools_running = run.tools_running.saturating_sub(1);
+                run.guarded(|m| m.worktree_sealed(report.map(|r| *r)))
             }
             AgentMsg::HooksDone { step, verdicts } => {
                 run.tools_running = run.tools_running.saturating_sub(1);
@@ -548,6 +559,7 @@ impl AgentRun {
                     input,
                 } => self.run_tool(myself, step, index, call_id, tool, input),
                 Action::RunHooks { step, calls } => self.run_hooks(myself, step, calls),
+                Action::SealWorktree => self.seal_worktree(myself),
                 Action::RunStopHooks {
                     step,
                     event,

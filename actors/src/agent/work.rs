@@ -218,7 +218,7 @@ impl AgentRun {
             run_id: self.run_id.clone(),
             agent_type: self.machine.state().agent_type.clone().unwrap_or_default(),
             call_id,
-            workspace: self.hooks.workspace(),
+            workspace: self.workspace.clone(),
         };
         let me = myself.clone();
         let span = tracing::info_span!(
@@ -303,7 +303,7 @@ impl AgentRun {
             tree_id: self.hooks.tree_id().to_string(),
             run_id: self.run_id.to_string(),
             agent_type: self.machine.state().agent_type.clone(),
-            workspace: self.hooks.workspace().map(|w| w.root().to_path_buf()),
+            workspace: self.workspace.as_ref().map(|w| w.root().to_path_buf()),
         }
     }
 
@@ -369,6 +369,21 @@ impl AgentRun {
             });
         }));
         self.work_started(myself, step);
+    }
+
+    /// Seals the run's worktree in a task (git's work never runs in the
+    /// handler); the report comes back as `WorktreeSealed`.
+    pub(super) fn seal_worktree(&mut self, myself: &ActorRef<AgentMsg>) {
+        let seal = self.workspace.clone().and_then(|w| w.seal());
+        let me = myself.clone();
+        self.tools_running += 1;
+        self.tool_tasks.push(tokio::spawn(async move {
+            let report = match seal {
+                Some(seal) => seal.await.map(Box::new),
+                None => None,
+            };
+            let _ = me.cast(AgentMsg::WorktreeSealed(report));
+        }));
     }
 
     /// Gives the live slot back while children run.

@@ -43,6 +43,9 @@ pub enum Action {
         /// Whether the agent goes on now because a stop hook blocked before.
         active: bool,
     },
+    /// Seal the run's worktree (it completes); answer with
+    /// `worktree_sealed`.
+    SealWorktree,
     /// Run the `PreToolUse` hooks of these calls; answer with `hooks_done`.
     RunHooks {
         /// The step of the calls.

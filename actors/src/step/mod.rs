@@ -31,6 +31,7 @@ mod hooked;
 pub use action::{Action, Catalog, Planned};
 pub use hooked::HookRequest;
 mod ids;
+mod sealed;
 mod spawned;
 mod turn;
 mod watch;
@@ -133,6 +134,11 @@ struct Sideband {
     /// hooks' `stop_hook_active`), and the step it waits at for them.
     stop_hook_active: bool,
     stop_hook_step: Option<u32>,
+    /// The worktree report a resumed or replayed run recorded, whether the
+    /// run waits for its worktree to be sealed, and whether it was.
+    recorded_worktree: Option<crate::worktree::WorktreeReport>,
+    sealing: bool,
+    sealed: bool,
     /// Agent ids of the background children started and not yet reported
     /// in the history (semantics §15).
     background: Vec<crate::id::AgentId>,

@@ -65,6 +65,14 @@ impl arbor_actors::tool::Workspace for Workspace {
     fn read_only(&self) -> bool {
         self.access == Access::ReadOnly
     }
+
+    fn isolate(
+        self: Arc<Self>,
+        run: &arbor_actors::id::RunId,
+        agent_type: &str,
+    ) -> Option<Arc<dyn arbor_actors::tool::Workspace>> {
+        Some(super::worktree::isolate(self, run, agent_type))
+    }
 }
 
 /// The directory of the workspace agents may not write: Claude Code's hooks
