@@ -249,20 +249,97 @@ fn which_bwrap() -> Option<std::path::PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Hooks of the events the agents do not run yet are refused in the
-/// config, naming the event, not silently ignored.
+/// Claude Code's UserPromptSubmit example (its hooks reference, as it is):
+/// a prompt with a secret in it is blocked before any model call, the run
+/// failing with the hook's reason; any other prompt gets the current time
+/// as context. And a SubagentStart hook's `additionalContext` reaches the
+/// child it matches before its first step.
 #[test]
-fn a_prompt_hook_the_agents_do_not_run_yet_is_refused_naming_it() {
+fn a_prompt_hook_blocks_a_secret_and_gives_context_and_a_subagent_start_hook_briefs_the_child() {
     let dir = tempfile::tempdir().unwrap();
-    setup(
-        dir.path(),
-        "[[hooks.UserPromptSubmit]]\ncommand = \"echo '{}'\"\n",
+    let hooks = r#"
+[[hooks.UserPromptSubmit]]
+command = ["python3", "WS/.claude/hooks/prompt_guard.py"]
+
+[[hooks.SubagentStart]]
+matcher = "editor"
+command = """echo '{"hookSpecificOutput": {"hookEventName": "SubagentStart", "additionalContext": "Follow security guidelines for this task"}}'"""
+
+[agents.lead]
+model = "script"
+spawnable_agents = ["editor"]
+"#;
+    let ws = setup(dir.path(), hooks);
+    let script = serde_json::json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [{"name": "spawn_agents", "input": {"agents": [
+                {"agent_type": "editor", "prompt": "fix it"}]}}]},
+            {"text": "All done."}
+        ]},
+        {"agent": "editor", "steps": [{"text": "DONE"}]}
+    ]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let run = |prompt: &str| {
+        arbor_in(
+            dir.path(),
+            &[
+                "run",
+                "--config",
+                "config.toml",
+                "--no-store",
+                "--workspace",
+                ws.to_str().unwrap(),
+                "--agent",
+                "lead",
+                "--json",
+                "--events",
+                prompt,
+            ],
+        )
+    };
+    let blocked = run("deploy with password: hunter2");
+    assert!(!blocked.status.success(), "{}", text(&blocked.stderr));
+    let refused = events(&blocked.stderr);
+    let failed = refused
+        .iter()
+        .find(|e| e["type"] == "agentFailed")
+        .expect("the root failed");
+    let why = failed["state"]["output"].to_string();
+    assert!(
+        why.contains("Security policy violation: Prompt contains potential secrets"),
+        "{why}"
     );
-    let out = arbor_in(dir.path(), &["check-config", "config.toml"]);
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("hooks.UserPromptSubmit"), "{stderr}");
-    assert!(stderr.contains("not run by this build yet"), "{stderr}");
+    assert_eq!(failed["state"]["errorKind"], "blocked");
+    assert!(
+        !refused.iter().any(|e| e["type"] == "modelResponded"),
+        "the model was never called"
+    );
+
+    let out = run("fix the app");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let events = events(&out.stderr);
+    let decided: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "hookDecided" && e["toolCallId"] == "start@0")
+        .map(|e| e["hook"].as_str().unwrap())
+        .collect();
+    assert_eq!(decided, ["UserPromptSubmit", "SubagentStart"]);
+    let history = |agent: &str| {
+        events
+            .iter()
+            .find(|e| e["type"] == "agentFinished" && e["state"]["agentType"] == agent)
+            .map(|e| e["state"]["messageHistory"].to_string())
+            .unwrap_or_default()
+    };
+    let lead = history("lead");
+    assert!(lead.contains("Current time: "), "{lead}");
+    assert!(lead.contains("HOOK_CONTEXT"), "{lead}");
+    let editor = history("editor");
+    assert!(
+        editor.contains("Follow security guidelines for this task"),
+        "{editor}"
+    );
+    assert!(!editor.contains("Current time: "), "{editor}");
 }
 
 /// Claude Code's SubagentStop example, from its settings file: a child that

@@ -180,7 +180,7 @@ impl Catalog for HookCatalog<'_> {
     fn always_allowed(&self, tool: &str) -> bool {
         self.0.always_allowed(tool)
     }
-    fn hooks_at_stop(&self, event: crate::lifecycle::HookEvent, agent_type: &str) -> bool {
+    fn hooks_at(&self, event: crate::lifecycle::HookEvent, agent_type: &str) -> bool {
         self.0
             .lifecycle()
             .is_some_and(|l| l.wants(event, agent_type))
@@ -352,6 +352,10 @@ impl Actor for AgentActor {
             AgentMsg::StopHooksDone { step, verdict } => {
                 run.tools_running = run.tools_running.saturating_sub(1);
                 run.guarded(|m| m.stop_hooks_done(step, *verdict))
+            }
+            AgentMsg::StartHooksDone(verdict) => {
+                run.tools_running = run.tools_running.saturating_sub(1);
+                run.guarded(|m| m.start_hooks_done(*verdict, &catalog))
             }
             AgentMsg::WorktreeSealed(report) => {
                 run.tools_running = run.tools_running.saturating_sub(1);
@@ -560,6 +564,9 @@ impl AgentRun {
                 } => self.run_tool(myself, step, index, call_id, tool, input),
                 Action::RunHooks { step, calls } => self.run_hooks(myself, step, calls),
                 Action::SealWorktree => self.seal_worktree(myself),
+                Action::RunStartHooks { event, prompt } => {
+                    self.run_start_hooks(myself, event, prompt)
+                }
                 Action::RunStopHooks {
                     step,
                     event,

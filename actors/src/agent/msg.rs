@@ -73,6 +73,8 @@ pub enum AgentMsg {
     },
     /// The run's worktree was sealed (`None`: there was none to seal).
     WorktreeSealed(Option<Box<crate::worktree::WorktreeReport>>),
+    /// The start hooks (`UserPromptSubmit`, `SubagentStart`) decided.
+    StartHooksDone(Box<crate::lifecycle::Verdict>),
     /// The `PreToolUse` hooks of `step`'s calls decided.
     HooksDone {
         /// The step of the calls.

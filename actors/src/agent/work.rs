@@ -371,6 +371,36 @@ impl AgentRun {
         self.work_started(myself, step);
     }
 
+    /// Runs the start hooks (`UserPromptSubmit` with the prompt, or
+    /// `SubagentStart` with the agent's ids) in a task; the verdict comes
+    /// back as `StartHooksDone`.
+    pub(super) fn run_start_hooks(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        event: HookEvent,
+        prompt: String,
+    ) {
+        let lifecycle = self.hooks.lifecycle();
+        let call = self.hook_call();
+        let name = call.agent_type.clone().unwrap_or_default();
+        let me = myself.clone();
+        let mut fields = serde_json::Map::new();
+        if event == HookEvent::UserPromptSubmit {
+            fields.insert("prompt".into(), prompt.into());
+        } else {
+            fields.insert("agent_id".into(), self.run_id.to_string().into());
+            fields.insert("agent_type".into(), name.clone().into());
+        }
+        self.tools_running += 1;
+        self.tool_tasks.push(tokio::spawn(async move {
+            let verdict = match lifecycle {
+                Some(lifecycle) => lifecycle.run(event, &name, fields, call).await,
+                None => crate::lifecycle::Verdict::default(),
+            };
+            let _ = me.cast(AgentMsg::StartHooksDone(Box::new(verdict)));
+        }));
+    }
+
     /// Seals the run's worktree in a task (git's work never runs in the
     /// handler); the report comes back as `WorktreeSealed`.
     pub(super) fn seal_worktree(&mut self, myself: &ActorRef<AgentMsg>) {

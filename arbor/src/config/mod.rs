@@ -224,31 +224,8 @@ impl Config {
         limits.tools = ToolPolicy::new(rule);
         let mcp_servers = mcp_servers(&file, &base_dir, text, &mut problems);
         let command_tools = command_tools(&file, &base_dir, text, &mut problems);
-        // The agents run PreToolUse and PostToolUse hooks so far: the
-        // config's own hooks of the other events are refused, and those of
-        // a Claude Code settings file are skipped, saying so.
-        for (name, entries) in &file.hooks.events {
-            if !entries.is_empty() && !RUN_HOOKS.contains(&name.as_str()) {
-                problems.push(at(
-                    text,
-                    "hooks",
-                    name,
-                    format!("{name} hooks are not run by this build yet: only PreToolUse, PostToolUse, SubagentStop and Stop are"),
-                ));
-            }
-        }
         let hooks = match crate::tools::hooks::HookSet::from_section(&file.hooks, &base_dir) {
-            Ok(hooks) => {
-                for event in hooks.events() {
-                    if !RUN_HOOKS.contains(&event.name()) {
-                        tracing::warn!(
-                            "{event} hooks of {:?} are not run by this build yet: only PreToolUse, PostToolUse, SubagentStop and Stop are",
-                            file.hooks.claude_settings
-                        );
-                    }
-                }
-                (!hooks.is_empty()).then_some(hooks)
-            }
+            Ok(hooks) => (!hooks.is_empty()).then_some(hooks),
             Err(found) => {
                 for (key, message) in found {
                     let (table, key) = key.rsplit_once('.').unwrap_or(("hooks", &key));
@@ -443,9 +420,6 @@ mod tests {
         assert!(headers(&alone).is_empty());
     }
 }
-
-/// The hook events the agents run so far.
-const RUN_HOOKS: [&str; 4] = ["PreToolUse", "PostToolUse", "SubagentStop", "Stop"];
 
 /// `[workspace]`, checked: the sandbox found and tried, the roots absolute.
 #[derive(Clone, Debug, Default)]

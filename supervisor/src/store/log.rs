@@ -259,7 +259,13 @@ impl TreeLog {
                 // (A PostToolUse verdict is in the call's result already.)
                 let resumed = matches!(
                     e.get("hook").and_then(Value::as_str),
-                    Some("PreToolUse" | "Stop" | "SubagentStop")
+                    Some(
+                        "PreToolUse"
+                            | "Stop"
+                            | "SubagentStop"
+                            | "UserPromptSubmit"
+                            | "SubagentStart"
+                    )
                 );
                 if let (true, Some(id)) = (resumed, str_of("toolCallId"))
                     && let Some(verdict) = e.get("verdict").and_then(|v| {

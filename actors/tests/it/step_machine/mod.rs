@@ -195,6 +195,7 @@ fn kind(action: &Action) -> &'static str {
         Action::AwaitApproval => "AwaitApproval",
         Action::Finish => "Finish",
         Action::SealWorktree => "SealWorktree",
+        Action::RunStartHooks { .. } => "RunStartHooks",
     }
 }
 
