@@ -243,6 +243,77 @@ fn a_sandboxed_editors_shell_writes_its_workspace_and_nothing_outside() {
     assert!(!hook.contains("evil"), "the sandboxed shell rewrote a hook");
 }
 
+/// A command tool runs in the same sandbox as the shell: it writes the
+/// workspace, not outside it, and opens no socket (no network unless
+/// allowed).
+#[test]
+fn a_sandboxed_command_tool_writes_its_workspace_but_not_outside_and_opens_no_socket() {
+    if which_bwrap().is_none() && std::env::var_os("CI").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let escaped = outside.path().join("escaped.txt");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let tool = format!(
+        r#"[workspace]
+sandbox = "bwrap"
+
+[tools.probe]
+description = "Writes here and elsewhere, then tries the network."
+input_schema = {{ type = "object" }}
+command = ["bash", "-c", "echo made > made.txt; (echo out > {escaped}) 2>/dev/null && echo wrote-outside; (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo connected; echo probed"]
+"#,
+        escaped = escaped.display()
+    );
+    let ws = setup(dir.path(), &tool);
+    let config = std::fs::read_to_string(dir.path().join("config.toml"))
+        .unwrap()
+        .replace(
+            "tools = [\"workspace/*\"]",
+            "tools = [\"workspace/*\", \"probe\"]",
+        );
+    std::fs::write(dir.path().join("config.toml"), config).unwrap();
+    let script = serde_json::json!({"replies": [{"agent": "editor", "steps": [
+        {"toolCalls": [{"name": "probe", "input": {}}]},
+        {"text": "DONE"}
+    ]}]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "run",
+            "--config",
+            "config.toml",
+            "--no-store",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--agent",
+            "editor",
+            "--json",
+            "--events",
+            "go",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let results = results(&events(&out.stderr));
+    assert_eq!(results[0].0, "probe");
+    let result = &results[0].1;
+    assert!(result.contains("probed"), "{result}");
+    assert!(!result.contains("wrote-outside"), "{result}");
+    assert!(!result.contains("connected"), "{result}");
+    assert!(
+        !escaped.exists(),
+        "the sandboxed command wrote outside its workspace"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("made.txt")).unwrap(),
+        "made\n"
+    );
+    drop(listener);
+}
+
 fn which_bwrap() -> Option<std::path::PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|d| d.join("bwrap"))

@@ -223,7 +223,6 @@ impl Config {
         }
         limits.tools = ToolPolicy::new(rule);
         let mcp_servers = mcp_servers(&file, &base_dir, text, &mut problems);
-        let command_tools = command_tools(&file, &base_dir, text, &mut problems);
         let hooks = match crate::tools::hooks::HookSet::from_section(&file.hooks, &base_dir) {
             Ok(hooks) => (!hooks.is_empty()).then_some(hooks),
             Err(found) => {
@@ -235,6 +234,11 @@ impl Config {
             }
         };
         let workspace = WorkspaceSettings::check(&file.workspace, &base_dir, text, &mut problems);
+        // Command tools run in the workspace's sandbox too.
+        let command_tools = command_tools(&file, &base_dir, text, &mut problems)
+            .into_iter()
+            .map(|tool| Arc::new((*tool).clone().with_sandbox(workspace.sandbox.clone())))
+            .collect();
         let mut unresolved_tools = Vec::new();
         let templates = templates(&file, &broken, text, &mut problems, &mut unresolved_tools);
         check_graph(&file, &limits, text, &mut problems);

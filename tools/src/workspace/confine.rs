@@ -45,7 +45,7 @@ pub struct Workspace {
     pub(super) reads: Reads,
     pub(super) env: Vec<String>,
     /// The sandbox the shell runs in, if the config asks for one.
-    pub(super) sandbox: Option<crate::sandbox::Sandbox>,
+    pub(crate) sandbox: Option<crate::sandbox::Sandbox>,
 }
 
 impl fmt::Debug for Workspace {
