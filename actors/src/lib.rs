@@ -51,6 +51,8 @@ pub use model::{
     UsageSource,
 };
 pub use state::{AgentState, AgentStatus, ToolDefinition};
-pub use step::{Action, Catalog, HookRequest, Planned, StepMachine, background};
+pub use step::{
+    Action, Catalog, HOOK_CONTEXT, HookRequest, Planned, STOP_HOOK, StepMachine, background,
+};
 pub use template::{AgentTemplate, FailurePolicy, OnTurnEnd, OutputMode};
 pub use tool::{Tool, ToolContext, ToolError, ToolOutput};

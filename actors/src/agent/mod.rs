@@ -371,9 +371,13 @@ impl Actor for AgentActor {
                 outcome,
                 post,
             } => {
+                // `continue: false` from a PostToolUse hook stops the agent
+                // once the call's result is in (Claude Code's contract).
+                let mut stopped = None;
                 if let Some(verdict) = post
                     && step == run.machine.step()
                 {
+                    stopped = verdict.stop.clone();
                     let call_id = run.machine.call_id(index).unwrap_or_default();
                     run.emit(EventKind::HookDecided {
                         step,
@@ -393,7 +397,15 @@ impl Actor for AgentActor {
                 }
                 match *outcome {
                     ToolOutcome::Done(result) => {
-                        run.guarded(|m| m.tool_done(step, index, result, &catalog))
+                        let mut actions =
+                            run.guarded(|m| m.tool_done(step, index, result, &catalog));
+                        if let Some(why) = stopped {
+                            actions.extend(run.machine.fail(Failure::new(
+                                FailureKind::Blocked,
+                                format!("a PostToolUse hook stopped the agent: {why}"),
+                            )));
+                        }
+                        actions
                     }
                     ToolOutcome::Panicked(error) if step == run.machine.step() => run.machine.fail(
                         Failure::new(FailureKind::Panicked, format!("a tool panicked: {error}")),

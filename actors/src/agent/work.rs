@@ -249,14 +249,17 @@ impl AgentRun {
                     Err(panic) => ToolOutcome::Panicked(panic_message(panic)),
                 };
                 let mut verdict = None;
+                // As in Claude Code, PostToolUse hooks run after a call that
+                // succeeded (a failed one is its own event there).
                 if let (Some((lifecycle, call, input)), ToolOutcome::Done(result)) =
                     (post, &mut outcome)
+                    && result.is_ok()
                 {
                     let response = match &*result {
                         Ok(output) => {
                             serde_json::to_value(output.clone().into_parts()).unwrap_or_default()
                         }
-                        Err(error) => serde_json::json!({"error": error}),
+                        Err(_) => Value::Null,
                     };
                     let mut fields = tool_fields(tool.name(), input, call_id);
                     fields.insert("tool_response".into(), response);

@@ -149,6 +149,7 @@ impl StepMachine {
             mut actions,
         } = *hooking;
         let mut verdicts: HashMap<usize, Verdict> = verdicts.into_iter().collect();
+        let mut stopped: Option<String> = None;
         for call in calls {
             let index = call.index;
             let tool_call = &pending.calls[index];
@@ -166,6 +167,9 @@ impl StepMachine {
                     verdict
                 }
             };
+            if let Some(why) = &verdict.stop {
+                stopped.get_or_insert_with(|| why.clone());
+            }
             if verdict.refuses_call() {
                 pending.results[index] = Some(Message::tool_error(tool_call, verdict.refusal()));
                 pending.awaiting -= 1;
@@ -216,6 +220,14 @@ impl StepMachine {
                 input,
             });
         }
+        // `continue: false` stops the agent: none of the step's calls runs.
+        if let Some(why) = stopped {
+            self.pending = Some(pending);
+            return self.fail(crate::failure::Failure::new(
+                crate::failure::FailureKind::Blocked,
+                format!("a PreToolUse hook stopped the agent: {why}"),
+            ));
+        }
         needing.sort_unstable();
         if !needing.is_empty() {
             return self.hold_for_approval(*pending, needing, actions, catalog);
@@ -251,7 +263,15 @@ impl StepMachine {
             .filter(|m| m.is_assistant())
             .map(|m| m.text())
             .unwrap_or_default();
-        let active = self.side.as_deref().is_some_and(|s| s.stop_hook_active);
+        // Active once a stop hook kept the run going: the flag, or (a run
+        // resumed from a checkpoint) the reason it left in the history.
+        let active = self.side.as_deref().is_some_and(|s| s.stop_hook_active)
+            || self
+                .state
+                .message_history
+                .iter()
+                .skip(self.inherited)
+                .any(|m| m.has_tag(STOP_HOOK));
         self.side().stop_hook_step = Some(step);
         vec![Action::RunStopHooks {
             step,

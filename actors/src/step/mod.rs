@@ -29,7 +29,7 @@ mod calls;
 mod hooked;
 
 pub use action::{Action, Catalog, Planned};
-pub use hooked::HookRequest;
+pub use hooked::{HOOK_CONTEXT, HookRequest, STOP_HOOK};
 mod ids;
 mod sealed;
 mod spawned;

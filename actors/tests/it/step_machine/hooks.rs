@@ -525,3 +525,65 @@ fn a_recorded_start_verdict_is_taken_without_running_the_hooks_again() {
     let req = request(run.m.start(&cat));
     assert_eq!(req.messages.last().unwrap().text(), "recorded");
 }
+
+#[test]
+fn continue_false_from_a_pre_tool_use_hook_stops_the_agent_and_no_call_runs() {
+    let mut run = worker(false);
+    request(run.start());
+    let actions = reply(&mut run, calls("s1", &[("echo", json!({"n": 1}))]));
+    let requests = hook_requests(&actions);
+    let cat = Hooked(&run.cat);
+    let stop = Verdict {
+        stop: Some("Build is broken; stop here.".into()),
+        ..Verdict::default()
+    };
+    let step = run.m.step();
+    let actions = run
+        .m
+        .hooks_done(step, vec![(requests[0].index, stop)], &cat);
+    assert!(
+        !kinds(&actions).contains(&"RunTool"),
+        "{:?}",
+        kinds(&actions)
+    );
+    assert_eq!(run.state().status, AgentStatus::Failed);
+    assert_eq!(
+        run.state().error_kind,
+        Some(arbor_actors::FailureKind::Blocked)
+    );
+    let output = run.state().output.clone().unwrap_or_default().to_string();
+    assert!(output.contains("Build is broken; stop here."), "{output}");
+}
+
+#[test]
+fn a_run_resumed_after_a_stop_hook_kept_it_going_tells_the_next_stop_hook_it_is_active() {
+    let mut run = worker(false);
+    // The history a checkpoint holds after a stop hook blocked once.
+    let mut state = run.m.state().clone();
+    state
+        .message_history
+        .push(Message::user("You have not said DONE").with_tag(arbor_actors::STOP_HOOK));
+    let template = run.m.template().clone();
+    run.m = StepMachine::new(
+        state,
+        template.clone(),
+        toolbox(&template),
+        0,
+        "tree-1".parse().unwrap(),
+    );
+    request(run.start());
+    let step = run.m.step();
+    let cat = Stopping(&run.cat);
+    let actions = run.m.model_replied(
+        step,
+        ModelResponse {
+            message: Message::assistant(Some("DONE".into()), vec![]),
+            usage: USAGE,
+        },
+        &cat,
+    );
+    match &actions[..] {
+        [Action::RunStopHooks { active, .. }] => assert!(*active),
+        other => panic!("expected RunStopHooks, got {:?}", kinds(other)),
+    }
+}
