@@ -461,7 +461,7 @@ fn claude_hooks(path: &Path) -> Result<Vec<Hook>, String> {
 /// bash, as Claude Code runs hooks with; sh where there is none.
 fn shell() -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    crate::command::find_on(&path, Path::new("bash")).unwrap_or_else(|| PathBuf::from("/bin/sh"))
+    crate::program::find_on(&path, Path::new("bash")).unwrap_or_else(|| PathBuf::from("/bin/sh"))
 }
 
 #[cfg(test)]
