@@ -1,0 +1,197 @@
+//! Claude Code's sub-agent files through the binary (issue 37): a TOML
+//! root spawns a loaded `.claude/agents` editor that reads and edits its
+//! workspace, a workspace's `.claude/agents` runs with one command, and
+//! `check-config --agents` names an unsupported field at its line.
+
+use std::path::Path;
+
+use arbor_test_support::{call, spawn_call};
+use serde_json::{Value, json};
+
+use crate::{arbor_in, fixtures, text};
+
+/// A workspace with `app.py`, and a scripted config whose `lead` (TOML)
+/// may spawn `editor` (the Claude Code file of
+/// `tests/fixtures/claude-agents/editor`).
+fn setup(dir: &Path, script: &Value) -> std::path::PathBuf {
+    let ws = dir.join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("app.py"), "x = 1\n").unwrap();
+    std::fs::write(
+        dir.join("config.toml"),
+        r#"
+[models.script]
+provider = "scripted"
+file = "script.json"
+
+[agents.lead]
+model = "script"
+spawnable_agents = ["editor"]
+"#,
+    )
+    .unwrap();
+    std::fs::write(dir.join("script.json"), script.to_string()).unwrap();
+    std::fs::canonicalize(&ws).unwrap()
+}
+
+/// The editor's steps: read `app.py`, edit it, done.
+fn editor_steps(app: &str) -> Value {
+    json!([
+        {"toolCalls": [call("Read", json!({"file_path": app}))]},
+        {"toolCalls": [call("Edit", json!({"file_path": app, "old_string": "x = 1", "new_string": "x = 2"}))]},
+        {"text": "DONE"}
+    ])
+}
+
+/// The tool results of the `agent_type` run's final state, by tool name.
+fn results(stderr: &[u8], agent_type: &str) -> Vec<(String, String)> {
+    let events: Vec<Value> = text(stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let finished = events
+        .iter()
+        .find(|e| e["type"] == "agentFinished" && e["state"]["agentType"] == agent_type)
+        .unwrap_or_else(|| panic!("{agent_type} finished: {}", text(stderr)));
+    finished["state"]["messageHistory"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["toolName"].as_str().unwrap().to_owned(),
+                m["content"].to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_toml_root_spawns_a_claude_code_agent_file_that_reads_and_edits_the_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = dir.path().join("ws/app.py");
+    let app = app.display().to_string();
+    let script = json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [spawn_call(&[("editor", "make x 2 in app.py")])]},
+            {"text": "done"}
+        ]},
+        {"agent": "editor", "steps": editor_steps(&app)}
+    ]});
+    let ws = setup(dir.path(), &script);
+    let editors = fixtures().join("claude-agents/editor");
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "run",
+            "--config",
+            "config.toml",
+            "--agents",
+            editors.to_str().unwrap(),
+            "--no-store",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--agent",
+            "lead",
+            "--events",
+            "fix app.py",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(ws.join("app.py")).unwrap(),
+        "x = 2\n"
+    );
+    let results = results(&out.stderr, "editor");
+    let names: Vec<&str> = results.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["Read", "Edit"]);
+    assert!(results[0].1.contains("x = 1"), "{results:?}");
+    // The file's own PostToolUse hook ran on its Edit.
+    assert!(
+        results[1].1.contains("edited: run the tests"),
+        "{results:?}"
+    );
+}
+
+#[test]
+fn a_workspaces_claude_agents_directory_runs_with_one_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = dir.path().join("ws/app.py");
+    let app = app.display().to_string();
+    let script = json!({"replies": [{"agent": "editor", "steps": editor_steps(&app)}]});
+    let ws = setup(dir.path(), &script);
+    std::fs::create_dir_all(ws.join(".claude/agents")).unwrap();
+    std::fs::copy(
+        fixtures().join("claude-agents/editor/editor.md"),
+        ws.join(".claude/agents/editor.md"),
+    )
+    .unwrap();
+    let config = dir.path().join("config.toml");
+    // Run where the workspace is: its .claude/agents is loaded by default,
+    // and the editor (model: inherit, a root) runs on the only model.
+    let out = arbor_in(
+        &ws,
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--no-store",
+            "--agent",
+            "editor",
+            "fix app.py",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "DONE");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("app.py")).unwrap(),
+        "x = 2\n"
+    );
+}
+
+#[test]
+fn check_config_names_an_unsupported_field_of_an_agent_file_at_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path(), &json!({"replies": []}));
+    std::fs::write(
+        dir.path().join("config.toml"),
+        "[models.script]\nprovider = \"scripted\"\nfile = \"script.json\"\n\n\
+         [agents.lead]\nmodel = \"script\"\n",
+    )
+    .unwrap();
+    let agents = dir.path().join("agents");
+    std::fs::create_dir_all(&agents).unwrap();
+    std::fs::write(
+        agents.join("code-reviewer.md"),
+        "---\nname: code-reviewer\ndescription: Reviews code for quality and best practices\n\
+         memory: user\n---\n\nYou are a code reviewer.\n",
+    )
+    .unwrap();
+    let out = arbor_in(
+        dir.path(),
+        &["check-config", "config.toml", "--agents", "agents"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("agents/code-reviewer.md:4: memory: is not supported"),
+        "{stderr}"
+    );
+    // Without the field it passes, and counts the loaded agent.
+    std::fs::write(
+        agents.join("code-reviewer.md"),
+        "---\nname: code-reviewer\ndescription: Reviews code\ntools: Read, Grep\n---\n\nYou review.\n",
+    )
+    .unwrap();
+    let out = arbor_in(
+        dir.path(),
+        &["check-config", "config.toml", "--agents", "agents"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("2 agents"),
+        "{}",
+        text(&out.stdout)
+    );
+}
