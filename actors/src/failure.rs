@@ -63,6 +63,9 @@ pub enum FailureKind {
     /// The run's own work in flight (its model call or tools) made no
     /// progress for its template's `idle_timeout`.
     Stalled,
+    /// A `UserPromptSubmit` hook refused the prompt (Claude Code's hooks):
+    /// the run never called its model.
+    Blocked,
 }
 
 impl FailureKind {
@@ -87,6 +90,7 @@ impl FailureKind {
             FailureKind::Internal => "internal",
             FailureKind::Looping => "looping",
             FailureKind::Stalled => "stalled",
+            FailureKind::Blocked => "blocked",
         }
     }
 }

@@ -227,6 +227,9 @@ pub struct AgentTemplate {
     pub on_turn_end: OnTurnEnd,
     /// A programmatic driver (semantics §4.5); `None` lets the model drive.
     pub handler: Option<Arc<dyn StepHandler>>,
+    /// Where its runs work: in their parent's workspace, or in a git
+    /// worktree of their own ([`crate::worktree`]).
+    pub isolation: crate::worktree::Isolation,
 }
 
 impl AgentTemplate {
@@ -263,6 +266,7 @@ impl AgentTemplate {
             on_turn_end: OnTurnEnd::Wait,
             model_options: Arc::default(),
             handler: None,
+            isolation: crate::worktree::Isolation::Shared,
         }
     }
 

@@ -68,10 +68,11 @@ pub(super) fn tree(tree_id: String, json: bool, at: Stored) -> anyhow::Result<Ex
             serde_json::to_string_pretty(&serde_json::json!({"tree": summary, "runs": runs}))?
         )?;
     } else {
+        let journal = store.events(&tree_id, 0)?;
         let paused = if summary.status.is_final() {
             Default::default()
         } else {
-            super::runs::paused_runs(&store.events(&tree_id, 0)?)
+            super::runs::paused_runs(&journal)
         };
         outln!(
             "tree {} ({}): {}, {}, cost {:.4}",
@@ -93,6 +94,7 @@ pub(super) fn tree(tree_id: String, json: bool, at: Stored) -> anyhow::Result<Ex
             )?;
         }
         out!("{}", super::runs::tree_text(&runs, &paused))?;
+        out!("{}", super::runs::kept_worktrees(&journal))?;
     }
     Ok(ExitCode::SUCCESS)
 }

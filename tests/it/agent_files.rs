@@ -195,3 +195,65 @@ fn check_config_names_an_unsupported_field_of_an_agent_file_at_its_line() {
         text(&out.stdout)
     );
 }
+
+#[test]
+fn a_stored_tree_replays_on_the_agent_files_it_started_with_after_they_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = dir.path().join("ws/app.py");
+    let app = app.display().to_string();
+    let script = json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [spawn_call(&[("editor", "make x 2 in app.py")])]},
+            {"text": "done"}
+        ]},
+        {"agent": "editor", "steps": editor_steps(&app)}
+    ]});
+    let ws = setup(dir.path(), &script);
+    // The config names the directory itself this time.
+    let config = std::fs::read_to_string(dir.path().join("config.toml")).unwrap();
+    std::fs::write(
+        dir.path().join("config.toml"),
+        format!("{config}\n[agents]\ninclude = [\"editors\"]\n"),
+    )
+    .unwrap();
+    let editors = dir.path().join("editors");
+    std::fs::create_dir_all(&editors).unwrap();
+    let editor =
+        std::fs::read_to_string(fixtures().join("claude-agents/editor/editor.md")).unwrap();
+    std::fs::write(editors.join("editor.md"), &editor).unwrap();
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "run",
+            "--config",
+            "config.toml",
+            "--tree-id",
+            "tfiles",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--agent",
+            "lead",
+            "--quiet",
+            "fix app.py",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&app).unwrap(), "x = 2\n");
+    // The file loses its Edit tool: run on it, the editor's Edit call would
+    // be refused and its state differ. The replay (no --config: the config
+    // the tree stored) runs on the stored file.
+    std::fs::write(
+        editors.join("editor.md"),
+        editor.replace("tools: Read, Edit", "tools: Read"),
+    )
+    .unwrap();
+    // The replay runs the tools again: the workspace as it was.
+    std::fs::write(&app, "x = 1\n").unwrap();
+    let out = arbor_in(dir.path(), &["replay", "tfiles"]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}

@@ -61,6 +61,7 @@ mod turn_queue;
 mod turns_serve;
 mod usage_totals;
 mod waiting_children;
+mod worktrees;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

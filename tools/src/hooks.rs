@@ -498,10 +498,19 @@ fn claude_groups(
     Ok(hooks)
 }
 
-/// The events an agent file's `hooks` may name: those Arbor runs.
+/// The events an agent file's `hooks` may name: those Arbor runs (the
+/// start events with the agent's own start: `UserPromptSubmit` as a root,
+/// `SubagentStart` as a child).
 /// `Stop` is the agent's own end, run as `Stop` for a root and as
 /// `SubagentStop` for a child (Claude Code turns it into `SubagentStop`).
-pub const AGENT_FILE_EVENTS: [&str; 4] = ["PreToolUse", "PostToolUse", "Stop", "SubagentStop"];
+pub const AGENT_FILE_EVENTS: [&str; 6] = [
+    "PreToolUse",
+    "PostToolUse",
+    "Stop",
+    "SubagentStop",
+    "UserPromptSubmit",
+    "SubagentStart",
+];
 
 impl HookSet {
     /// Adds the hooks of an agent file (Claude Code's `hooks` front matter:

@@ -640,6 +640,11 @@ pub struct AgentSection {
     /// What its parent does when its run fails.
     #[serde(default)]
     pub failure: FailureSection,
+    /// `"worktree"`: each of its runs works in a git worktree of its own,
+    /// on a new branch from its parent's workspace (absent: `"shared"`, in
+    /// its parent's workspace).
+    #[serde(default)]
+    pub isolation: arbor_actors::worktree::Isolation,
 }
 
 /// An agent's `structured`: a way, or `auto` to let its model decide.

@@ -270,31 +270,9 @@ impl Config {
         }
         limits.tools = ToolPolicy::new(rule);
         let mcp_servers = mcp_servers(&file, &base_dir, text, &mut problems);
-        let command_tools = command_tools(&file, &base_dir, text, &mut problems);
-        // The agents run PreToolUse and PostToolUse hooks so far: the
-        // config's own hooks of the other events are refused, and those of
-        // a Claude Code settings file are skipped, saying so.
-        for (name, entries) in &file.hooks.events {
-            if !entries.is_empty() && !RUN_HOOKS.contains(&name.as_str()) {
-                problems.push(at(
-                    text,
-                    "hooks",
-                    name,
-                    format!("{name} hooks are not run by this build yet: only PreToolUse, PostToolUse, SubagentStop and Stop are"),
-                ));
-            }
-        }
         let hooks = match crate::tools::hooks::HookSet::from_section(&file.hooks, &base_dir) {
             Ok(mut hooks) => {
                 loaded.add_hooks(&mut hooks, &mut problems);
-                for event in hooks.events() {
-                    if !RUN_HOOKS.contains(&event.name()) {
-                        tracing::warn!(
-                            "{event} hooks of {:?} are not run by this build yet: only PreToolUse, PostToolUse, SubagentStop and Stop are",
-                            file.hooks.claude_settings
-                        );
-                    }
-                }
                 (!hooks.is_empty() || loaded.has_hooks()).then_some(hooks)
             }
             Err(found) => {
@@ -306,6 +284,11 @@ impl Config {
             }
         };
         let workspace = WorkspaceSettings::check(&file.workspace, &base_dir, text, &mut problems);
+        // Command tools run in the workspace's sandbox too.
+        let command_tools = command_tools(&file, &base_dir, text, &mut problems)
+            .into_iter()
+            .map(|tool| Arc::new((*tool).clone().with_sandbox(workspace.sandbox.clone())))
+            .collect();
         let mut unresolved_tools = Vec::new();
         let templates = templates(&file, &broken, text, &mut problems, &mut unresolved_tools);
         check_graph(&file, &limits, text, &mut problems);
@@ -522,9 +505,6 @@ fn check_model_aliases(file: &ConfigFile, text: &Source<'_>, problems: &mut Vec<
         }
     }
 }
-
-/// The hook events the agents run so far.
-const RUN_HOOKS: [&str; 4] = ["PreToolUse", "PostToolUse", "SubagentStop", "Stop"];
 
 /// `[workspace]`, checked: the sandbox found and tried, the roots absolute.
 #[derive(Clone, Debug, Default)]

@@ -284,6 +284,10 @@ impl Supervisor {
         };
         let (tx, rx) = oneshot::channel();
         let hooks = self.ruled_hooks(ctx.clone(), allowed);
+        let workspace = {
+            let tree_workspace = arbor_actors::TreeHooks::workspace(&*ctx);
+            arbor_actors::worktree::workspace_for(tree_workspace.as_ref(), &template, &root_run_id)
+        };
         let (root, root_task) = Actor::spawn(
             None,
             AgentActor,
@@ -293,6 +297,7 @@ impl Supervisor {
                 reply: Reply::Root(tx),
                 slot,
                 parent_span: tree_span,
+                workspace,
             },
         )
         .await

@@ -13,12 +13,13 @@
 //! | `maxTurns` | `max_steps` |
 //! | `permissionMode` | `default`: approvals on `Write`, `Edit`, `MultiEdit`, `Bash`; `acceptEdits`: on `Bash`; `plan`: no `Write`, `Edit`, `MultiEdit`, `Bash`; `dontAsk`: whatever would ask is denied at once; `bypassPermissions`: no approvals of its own (`[policy]` still applies); `auto` refused |
 //! | `mcpServers` | a name: that `[mcp_servers]` entry's tools (`NAME/*`); `{NAME: {...}}` (as `.mcp.json`): a server of that name, and its tools |
-//! | `hooks` | its hooks, run for this agent only (`Stop` as `Stop` at a root, `SubagentStop` for a child) |
+//! | `hooks` | its hooks, run for this agent only (`Stop` as `Stop` at a root, `SubagentStop` for a child); events Arbor does not run refused |
 //! | `effort` | `model_options.reasoning.effort` (`low`, `medium`, `high`) |
 //! | `initialPrompt` | `instructions_prompt` |
 //! | `color` | kept for `arbor agents` |
 //! | `background: false` | nothing (`true` refused: the spawning agent picks background with `spawn_agents_async`) |
-//! | `isolation`, `skills`, `memory` | refused by name |
+//! | `isolation: worktree` | `isolation = "worktree"` |
+//! | `skills`, `memory` | refused by name |
 
 use std::collections::BTreeMap;
 
@@ -546,11 +547,20 @@ pub(super) fn map(
                 ),
                 _ => out.at(*line, "background", format!("must be true or false, not {}", node.what())),
             },
-            "isolation" => out.at(
-                *line,
-                "isolation",
-                "is not supported yet: Arbor's agent templates have no isolation (a git worktree per agent); remove the field",
-            ),
+            "isolation" => match node.as_str() {
+                Some("worktree") => {
+                    section.insert("isolation".into(), json!("worktree"));
+                    lines.insert("isolation", ("isolation", *line));
+                }
+                _ => out.at(
+                    *line,
+                    "isolation",
+                    format!(
+                        "must be worktree (a git worktree of its own), not {}",
+                        node.to_json()
+                    ),
+                ),
+            },
             "skills" => out.at(
                 *line,
                 "skills",

@@ -209,8 +209,11 @@ fn every_unsupported_field_is_refused_by_name_at_its_line() {
         "name: a\ndescription: b\nskills:\n  - api-conventions\n",
     );
     assert!(err.starts_with("x.md:4: skills: "), "{err}");
-    let err = refused(SIM, "name: a\ndescription: b\nisolation: worktree\n");
-    assert!(err.starts_with("x.md:4: isolation: "), "{err}");
+    let err = refused(SIM, "name: a\ndescription: b\nisolation: container\n");
+    assert!(
+        err.starts_with("x.md:4: isolation: must be worktree"),
+        "{err}"
+    );
     let err = refused(SIM, "name: a\ndescription: b\nbackground: true\n");
     assert!(
         err.contains("x.md:4: background: true is not honoured"),
@@ -473,7 +476,11 @@ fn permission_modes_become_approvals_or_fewer_tools() {
     let bypass = one("bypassPermissions");
     assert!(bypass.approve.is_empty());
     assert_eq!(bypass.tools, ["Read", "Edit", "Write", "Bash"]);
-    let dont_ask = one("dontAsk");
+    let dont_ask = one("dontAsk\nisolation: worktree");
+    assert_eq!(
+        dont_ask.isolation,
+        arbor_actors::worktree::Isolation::Worktree
+    );
     assert_eq!(
         dont_ask.approval_default,
         arbor_actors::approval::ApprovalDefault::Deny
