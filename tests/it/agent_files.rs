@@ -257,3 +257,40 @@ fn a_stored_tree_replays_on_the_agent_files_it_started_with_after_they_changed()
         text(&out.stderr)
     );
 }
+
+/// README's "Bring your agents" config, in a project whose
+/// `.claude/agents` holds Claude Code's documented reviewer: the config
+/// checks, and the reviewer runs on the model its `sonnet` names.
+#[test]
+fn readmes_claude_code_config_loads_a_projects_agents() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let section = readme
+        .split("## Bring your agents")
+        .nth(1)
+        .expect("README has a \"## Bring your agents\" section");
+    let block = section
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("with a ```toml block");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.toml"), block).unwrap();
+    std::fs::create_dir_all(dir.path().join(".claude/agents")).unwrap();
+    std::fs::copy(
+        fixtures().join("claude-agents/docs/code-reviewer.md"),
+        dir.path().join(".claude/agents/code-reviewer.md"),
+    )
+    .unwrap();
+    let out = arbor_in(dir.path(), &["check-config"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = arbor_in(dir.path(), &["agents"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listing = text(&out.stdout);
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.starts_with("code-reviewer") && l.contains("model=claude")),
+        "{listing}"
+    );
+}
