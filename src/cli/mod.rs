@@ -161,9 +161,11 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `--config F`, else ./config.toml if it exists, else the built-in config.
+/// `--config F`, else ./config.toml if it exists, else the built-in config;
+/// with the current directory's `.claude/agents` when it has one, so that
+/// every command in a project reads the config `arbor run` does there.
 fn load_config(path: Option<&Path>) -> Result<Config, ConfigError> {
-    load_config_with(path, &AgentFiles::default())
+    load_config_with(path, &agent_files(Vec::new(), None))
 }
 
 /// [`load_config`] with the agent files of `agents` (`--agents`, the

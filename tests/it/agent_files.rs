@@ -136,7 +136,8 @@ fn a_workspaces_claude_agents_directory_runs_with_one_command() {
             "run",
             "--config",
             config.to_str().unwrap(),
-            "--no-store",
+            "--tree-id",
+            "tws",
             "--agent",
             "editor",
             "fix app.py",
@@ -148,6 +149,11 @@ fn a_workspaces_claude_agents_directory_runs_with_one_command() {
         std::fs::read_to_string(ws.join("app.py")).unwrap(),
         "x = 2\n"
     );
+    // Every command there reads the same config: lead (TOML) spawns the
+    // editor the directory defines, so without it the config would not load.
+    let out = arbor_in(&ws, &["runs", "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("tws"), "{}", text(&out.stdout));
 }
 
 #[test]
