@@ -140,6 +140,21 @@ pub(super) fn show(run_id: String, json: bool, at: Stored) -> anyhow::Result<Exi
         if let Some(error) = &n.error {
             outln!("error: {error}")?;
         }
+        if let Some(todos) = arbor::tools::workspace::notes::latest(&state.message_history) {
+            outln!("todos:\n{}", arbor::tools::workspace::notes::render(&todos))?;
+        }
+        if let Some(worktree) = &state.worktree {
+            outln!(
+                "worktree: {} ({}){}",
+                worktree.branch,
+                worktree.summary,
+                worktree
+                    .path
+                    .as_ref()
+                    .map(|p| format!(", kept at {}", p.display()))
+                    .unwrap_or_default()
+            )?;
+        }
         outln!("{}", final_text(&state))?;
     }
     Ok(ExitCode::SUCCESS)

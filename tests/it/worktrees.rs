@@ -397,3 +397,105 @@ fn the_worktree_swarm_killed_at_three_points_resumes_without_applying_an_edit_tw
         text(&replay.stderr)
     );
 }
+
+/// A service's run shows what its agent is doing: `GET /v1/runs/{id}` has
+/// the todo list its last `TodoWrite` wrote and its sealed worktree, and
+/// the live page, in real Chromium, shows both in the run's details.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_and_the_page_show_an_agents_todo_list_and_its_worktree() {
+    use crate::serve::{Server, TOKEN, get, post};
+    use crate::support::browser::Browser;
+    let browser = Browser::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (ws, _) = setup(dir.path(), 0);
+    let script = json!({"replies": [
+        {"agent": "planner", "steps": [
+            {"toolCalls": [{"name": "spawn_agents", "input": {"agents": [
+                {"agent_type": "editor", "prompt": "fix a.txt"}]}}]},
+            {"text": "Done."}
+        ]},
+        {"agent": "editor", "steps": [
+            {"toolCalls": [{"name": "TodoWrite", "input": {"todos": [
+                {"content": "Fix a.txt", "status": "completed", "activeForm": "Fixing a.txt"},
+                {"content": "Run the test", "status": "in_progress", "activeForm": "Running the test"}
+            ]}}]},
+            {"toolCalls": [{"name": "Read", "input": {"file_path": "a.txt"}}]},
+            {"toolCalls": [{"name": "Edit", "input": {
+                "file_path": "a.txt", "old_string": "broken", "new_string": "fixed"}}]},
+            {"text": "Fixed."}
+        ]}
+    ]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let config = std::fs::read_to_string(dir.path().join("config.toml")).unwrap()
+        + &format!(
+            "\n[store]\npath = \"arbor.db\"\n\n[service]\nbind = \"127.0.0.1:0\"\nshutdown_timeout = \"5s\"\n\n[workspace]\nroots = [{:?}]\n",
+            ws.display().to_string()
+        );
+    std::fs::write(dir.path().join("config.toml"), config).unwrap();
+    let config = dir.path().join("config.toml");
+    let mut server = Server::start(
+        dir.path(),
+        &["--config", config.to_str().unwrap()],
+        Some(TOKEN),
+    );
+    server.wait_for("ready");
+    let (status, created) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "planner", "prompt": "fix it", "limits": {"workspace": {"root": ws}}}),
+    )
+    .await;
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{created}");
+    let tree = created["treeId"].as_str().unwrap().to_owned();
+    let root = created["runId"].as_str().unwrap().to_owned();
+    crate::approvals_restart::read_until(&server, &root, "event: agentFinished", 2).await;
+    let editor = format!("{root}.1");
+    let (status, run) = get(
+        &server,
+        &format!("/v1/runs/{}", crate::serve::encoded(&editor)),
+    )
+    .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{run}");
+    assert_eq!(
+        run["todos"],
+        json!([
+            {"content": "Fix a.txt", "status": "completed", "activeForm": "Fixing a.txt"},
+            {"content": "Run the test", "status": "in_progress", "activeForm": "Running the test"}
+        ])
+    );
+    let worktree = &run["state"]["worktree"];
+    assert_eq!(
+        worktree["summary"],
+        "1 file changed, 1 insertion(+), 1 deletion(-)"
+    );
+    // The planner wrote no todo list: none is shown.
+    let (_, planner) = get(
+        &server,
+        &format!("/v1/runs/{}", crate::serve::encoded(&root)),
+    )
+    .await;
+    assert!(planner.get("todos").is_none(), "{planner}");
+
+    let report = browser
+        .drive(
+            &browser.script("page_todos.mjs"),
+            &[server.base.as_str(), TOKEN, tree.as_str(), editor.as_str()],
+            &[],
+        )
+        .await;
+    assert_eq!(report["todoHeading"], "Todos (1/2 done)", "{report:#}");
+    assert_eq!(report["todos"][0]["status"], "completed", "{report:#}");
+    assert_eq!(report["todos"][0]["text"], "☑ Fix a.txt", "{report:#}");
+    assert_eq!(
+        report["todos"][1]["text"], "▶ Running the test",
+        "{report:#}"
+    );
+    let line = report["worktree"].as_str().unwrap();
+    assert!(
+        line.starts_with("arbor/editor-")
+            && line.contains("1 file changed")
+            && line.contains("kept at"),
+        "{report:#}"
+    );
+    assert_eq!(report["consoleErrors"], json!([]), "{report:#}");
+}

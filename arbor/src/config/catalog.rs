@@ -45,7 +45,8 @@ impl Config {
         self.check_tools(&names)?;
         let mut builder = tools
             .register(Catalog::builder())
-            .workspaces(self.workspace_opener(), self.workspace.roots.clone());
+            .workspaces(self.workspace_opener(), self.workspace.roots.clone())
+            .principal_roots(self.workspace.principal_roots.clone());
         if let Some(hooks) = &self.hooks {
             builder = builder.lifecycle(Arc::new(hooks.clone()));
         }

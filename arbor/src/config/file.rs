@@ -90,6 +90,12 @@ pub struct WorkspaceSection {
     /// serve`); empty: any directory (the CLI's).
     #[serde(default)]
     pub roots: Vec<PathBuf>,
+    /// `[workspace.principal_roots] NAME = [...]`: the directories the
+    /// requests of principal `NAME` (`[service.principals.NAME]`) must keep
+    /// their workspace inside, instead of `roots`, so tenants of one
+    /// service cannot point their agents at each other's repositories.
+    #[serde(default)]
+    pub principal_roots: std::collections::BTreeMap<String, Vec<PathBuf>>,
 }
 
 /// `[policy]`: patterns over tool names (`fs/*`, `fs/write_*`, `rg`) that cap

@@ -284,6 +284,16 @@ impl Config {
             }
         };
         let workspace = WorkspaceSettings::check(&file.workspace, &base_dir, text, &mut problems);
+        for name in file.workspace.principal_roots.keys() {
+            if !file.service.principals.contains_key(name) {
+                problems.push(at(
+                    text,
+                    "workspace.principal_roots",
+                    name,
+                    format!("{name:?} is no principal: [service.principals] has no such entry"),
+                ));
+            }
+        }
         // Command tools run in the workspace's sandbox too.
         let command_tools = command_tools(&file, &base_dir, text, &mut problems)
             .into_iter()
@@ -458,6 +468,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn principal_roots_for_a_principal_the_service_lacks_are_refused_naming_it() {
+        let text = "[service.principals.alice]\ntoken_env = \"A\"\nrole = \"user\"\n\n\
+                    [workspace.principal_roots]\nalice = [\"repos/alice\"]\nmallory = [\"repos/m\"]\n";
+        let error = Config::parse(text, "c.toml", PathBuf::from("/srv")).unwrap_err();
+        let error = error.to_string();
+        assert!(
+            error.contains("c.toml:7: workspace.principal_roots.mallory"),
+            "{error}"
+        );
+        assert!(!error.contains("alice"), "{error}");
+        let ok = text.replace("mallory = [\"repos/m\"]\n", "");
+        let config = Config::parse(&ok, "c.toml", PathBuf::from("/srv")).unwrap();
+        assert_eq!(
+            config.workspace.principal_roots["alice"],
+            vec![PathBuf::from("/srv/repos/alice")]
+        );
+    }
+
+    #[test]
     fn a_stored_config_keeps_no_header_value_and_takes_it_back_from_the_current_file() {
         let text = "[models.m]\nprovider = \"openai\"\nmodel = \"x\"\nbase_url = \"http://127.0.0.1:9\"\n\
                     headers = { Authorization = \"Bearer sk-secret\", X-Title = \"arbor\" }\n\n\
@@ -516,6 +545,8 @@ pub struct WorkspaceSettings {
     pub shell_env: Option<Vec<String>>,
     /// Directories a start request's workspace must be inside (empty: any).
     pub roots: Vec<PathBuf>,
+    /// The roots of each principal that has its own, instead of `roots`.
+    pub principal_roots: std::collections::BTreeMap<String, Vec<PathBuf>>,
 }
 
 impl WorkspaceSettings {
@@ -543,6 +574,16 @@ impl WorkspaceSettings {
             sandbox,
             shell_env: section.shell_env.clone(),
             roots: section.roots.iter().map(|r| base_dir.join(r)).collect(),
+            principal_roots: section
+                .principal_roots
+                .iter()
+                .map(|(name, roots)| {
+                    (
+                        name.clone(),
+                        roots.iter().map(|r| base_dir.join(r)).collect(),
+                    )
+                })
+                .collect(),
         }
     }
 }

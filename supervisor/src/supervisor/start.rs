@@ -137,7 +137,8 @@ impl Supervisor {
                 .limits
                 .as_ref()
                 .is_some_and(|l| l.workspace.is_some());
-            if asked && self.confined_workspaces && catalog.workspace_roots().is_empty() {
+            let roots = catalog.workspace_roots(request.principal.as_deref());
+            if asked && self.confined_workspaces && roots.is_empty() {
                 return Err(Error::InvalidRequest {
                     field: "limits.workspace".to_owned(),
                     problem: "this service takes no workspace from a request: its config names \
@@ -145,10 +146,7 @@ impl Supervisor {
                         .to_owned(),
                 });
             }
-            limits.workspace = Some(crate::request::admit_workspace(
-                spec,
-                catalog.workspace_roots(),
-            )?);
+            limits.workspace = Some(crate::request::admit_workspace(spec, roots)?);
         }
         let workspace = match limits
             .workspace
