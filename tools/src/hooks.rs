@@ -364,6 +364,13 @@ impl Lifecycle for HookSet {
         HookSet::wants(self, event, name)
     }
 
+    /// Only hooks that run for this agent: another agent's own tool hooks
+    /// leave its calls alone (no run, no `hookDecided`).
+    fn wants_tool(&self, event: HookEvent, tool: &str, agent_type: &str) -> bool {
+        self.matching(event, tool)
+            .any(|hook| hook.for_agent(Some(agent_type)))
+    }
+
     fn run(
         &self,
         event: HookEvent,

@@ -300,6 +300,10 @@ async fn an_agent_files_hooks_run_for_that_agent_only() {
         .run(HookEvent::PreToolUse, "Bash", bash("rm -rf build"), &other)
         .await;
     assert!(!verdict.refuses_call(), "another agent's call: {verdict:?}");
+    // Another agent's calls are not held for the editor's own hooks.
+    use arbor_actors::lifecycle::Lifecycle as _;
+    assert!(hooks.wants_tool(HookEvent::PreToolUse, "Bash", "editor"));
+    assert!(!hooks.wants_tool(HookEvent::PreToolUse, "Bash", "reviewer"));
     assert!(hooks.wants(HookEvent::SubagentStop, "editor"));
     assert!(hooks.wants(HookEvent::Stop, "editor"));
     assert!(!hooks.wants(HookEvent::SubagentStop, "reviewer"));
