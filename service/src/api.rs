@@ -20,6 +20,7 @@ pub(super) mod operations;
 pub(super) mod runs;
 pub(super) mod trees;
 pub(super) mod turns;
+pub(super) mod wait;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -29,7 +30,7 @@ pub(super) mod turns;
         license(name = "MIT OR Apache-2.0")
     ),
     paths(
-        runs::create_run, runs::list_runs, runs::get_run, runs::run_events, runs::cancel_run,
+        runs::create_run, wait::wait_run, runs::list_runs, runs::get_run, runs::run_events, runs::cancel_run,
         runs::steer_run, trees::get_tree, agents::list_agents, approvals::list_approvals,
         approvals::tree_approvals, approvals::decide_approval, approvals::decide_approvals,
         limits::raise_limits, limits::get_limits, turns::create_turn, operations::healthz,
