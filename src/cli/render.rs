@@ -21,7 +21,9 @@ pub struct TreeRenderer {
     /// The whole tree's: when its root started, its runs by how they
     /// ended, and every run's tokens, for the summary line.
     tree_started: Option<u64>,
-    ended: [u64; 3],
+    /// Each agent's last ending (a retried child is one agent, semantics
+    /// §1): 0 completed, 1 failed, 2 cancelled.
+    ended: HashMap<arbor_actors::AgentId, usize>,
     tree_tokens: u64,
     /// The tree is not stored: `arbor budget` cannot reach it.
     unstored: bool,
@@ -179,7 +181,7 @@ impl TreeRenderer {
             .unwrap_or((event.at_ms, state.depth()));
         let ms = event.at_ms.saturating_sub(start);
         let tokens = self.tokens.remove(&event.run_id).unwrap_or(0);
-        self.ended[how] += 1;
+        self.ended.insert(state.agent_id.clone(), how);
         let line = format!(
             "{}{mark} {} {} {what} in {ms}ms ({}, {})",
             indent(depth),
@@ -201,7 +203,11 @@ impl TreeRenderer {
         let ms = event
             .at_ms
             .saturating_sub(self.tree_started.unwrap_or(event.at_ms));
-        let [done, failed, cancelled] = self.ended;
+        let mut by = [0u64; 3];
+        for how in self.ended.values() {
+            by[*how] += 1;
+        }
+        let [done, failed, cancelled] = by;
         let mut how = vec![format!("{done} completed")];
         if failed > 0 {
             how.push(format!("{failed} failed"));

@@ -42,7 +42,7 @@ async fn a_wait_answers_with_the_ended_trees_root_and_its_final_text() {
         last.contains(&text[..text.len().min(20)]),
         "{last} / {text}"
     );
-    // 13 agents ran in the tree it waited for.
+    // Its three researchers ran (and their analysts) before it answered.
     assert_eq!(run["state"]["childRunIds"].as_array().unwrap().len(), 3);
 }
 
