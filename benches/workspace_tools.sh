@@ -38,18 +38,21 @@
 #   --keep DIR     keep the copy, the config and the raw times (TSV) in DIR
 #                  (a second run with the same DIR reuses the copy)
 #   --only NAMES   comma-separated pairs to run: grep-l,grep-n,glob,glob-few,read
+#   --arbor BIN    time this arbor binary instead of building target/release/arbor
+#                  (to measure an older build against the same baselines)
 #
 # Debian: apt-get install ripgrep fd-find python3
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rounds=7 tree="" keep="" only="grep-l,grep-n,glob,glob-few,read"
+rounds=7 tree="" keep="" only="grep-l,grep-n,glob,glob-few,read" bin=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=${2:?--rounds needs a number}; shift ;;
     --tree) tree=${2:?--tree needs a directory}; shift ;;
     --keep) keep=${2:?--keep needs a directory}; shift ;;
     --only) only=${2:?--only needs names}; shift ;;
+    --arbor) bin=${2:?--arbor needs a binary}; shift ;;
     -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "workspace_tools.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -70,10 +73,14 @@ else echo "workspace_tools.sh: needs fdfind or fd (Debian: apt-get install fd-fi
 tree=${tree:-${CARGO_HOME:-$HOME/.cargo}/registry/src}
 [ -d "$tree" ] || { echo "workspace_tools.sh: no sources at $tree (give --tree DIR)" >&2; exit 2; }
 
-cargo build --release --quiet --bin arbor
-target=${CARGO_TARGET_DIR:-target}
-case "$target" in /*) ;; *) target=$(pwd)/$target ;; esac
-bin=$target/release/arbor
+if [ -z "$bin" ]; then
+  cargo build --release --quiet --bin arbor
+  target=${CARGO_TARGET_DIR:-target}
+  case "$target" in /*) ;; *) target=$(pwd)/$target ;; esac
+  bin=$target/release/arbor
+fi
+[ -x "$bin" ] || { echo "workspace_tools.sh: $bin is not an executable" >&2; exit 2; }
+case "$bin" in /*) ;; *) bin=$(pwd)/$bin ;; esac
 
 work=${keep:-$(mktemp -d)}
 mkdir -p "$work"
