@@ -63,6 +63,9 @@ pub enum FailureKind {
     /// The run's own work in flight (its model call or tools) made no
     /// progress for its template's `idle_timeout`.
     Stalled,
+    /// The agent's program (a JavaScript `handleSteps`) threw, broke its
+    /// engine's memory or time limit, or yielded what a program cannot.
+    Program,
 }
 
 impl FailureKind {
@@ -87,6 +90,7 @@ impl FailureKind {
             FailureKind::Internal => "internal",
             FailureKind::Looping => "looping",
             FailureKind::Stalled => "stalled",
+            FailureKind::Program => "program",
         }
     }
 }
@@ -159,6 +163,7 @@ mod tests {
             FailureKind::Internal,
             FailureKind::Looping,
             FailureKind::Stalled,
+            FailureKind::Program,
         ] {
             let json = serde_json::to_value(kind).unwrap();
             assert_eq!(json, serde_json::json!(kind.name()));

@@ -64,6 +64,7 @@ const FAILURE_KINDS: &[&str] = &[
     "internal",
     "looping",
     "stalled",
+    "program",
 ];
 
 /// The wire names of `Limit` (a `LimitHit`'s `limit`).
