@@ -235,6 +235,13 @@ pub enum EventKind {
         /// What they decided together.
         verdict: crate::lifecycle::Verdict,
     },
+    /// A run of an `isolation = "worktree"` template completed and its
+    /// worktree was sealed: journaled, so a resumed or replayed run takes
+    /// the report instead of touching the repository again.
+    WorktreeSealed {
+        /// The branch, its commits and changes.
+        report: crate::worktree::WorktreeReport,
+    },
     /// A person sent the run a steering message (semantics §9); it joins the
     /// history at the next step boundary.
     Steered {
@@ -375,6 +382,7 @@ fn journal_type(kind: &EventKind) -> Result<EventType, &'static str> {
         EventKind::ApprovalDecided { .. } => EventType::ApprovalDecided,
         EventKind::ApprovalRuleAdded { .. } => EventType::ApprovalRuleAdded,
         EventKind::HookDecided { .. } => EventType::HookDecided,
+        EventKind::WorktreeSealed { .. } => EventType::WorktreeSealed,
         EventKind::Looping { .. } => EventType::Looping,
         EventKind::Stalled { .. } => EventType::Stalled,
         EventKind::TurnQueued { .. } => EventType::TurnQueued,
@@ -438,6 +446,8 @@ pub enum EventType {
     ApprovalRuleAdded,
     /// `hookDecided`: the lifecycle hooks of a tool call decided.
     HookDecided,
+    /// `worktreeSealed`: a run's worktree was sealed.
+    WorktreeSealed,
     /// `looping`: a run repeated the same tool call with the same result.
     Looping,
     /// `stalled`: a run's own work in flight made no progress for its `idle_timeout`.
@@ -448,7 +458,7 @@ pub enum EventType {
 
 impl EventType {
     /// Every journal type.
-    pub const ALL: [EventType; 27] = [
+    pub const ALL: [EventType; 28] = [
         EventType::AgentStarted,
         EventType::StepStarted,
         EventType::ModelRetrying,
@@ -472,6 +482,7 @@ impl EventType {
         EventType::ApprovalDecided,
         EventType::ApprovalRuleAdded,
         EventType::HookDecided,
+        EventType::WorktreeSealed,
         EventType::BudgetReached,
         EventType::LimitsRaised,
         EventType::Stalled,
@@ -513,6 +524,7 @@ impl EventType {
             EventType::ApprovalDecided => "approvalDecided",
             EventType::ApprovalRuleAdded => "approvalRuleAdded",
             EventType::HookDecided => "hookDecided",
+            EventType::WorktreeSealed => "worktreeSealed",
             EventType::Looping => "looping",
             EventType::Stalled => "stalled",
             EventType::TurnQueued => "turnQueued",
@@ -676,6 +688,9 @@ mod tests {
                 tool_call_id: "c".into(),
                 hook: crate::lifecycle::HookEvent::PreToolUse,
                 verdict: crate::lifecycle::Verdict::default(),
+            },
+            EventKind::WorktreeSealed {
+                report: crate::worktree::WorktreeReport::default(),
             },
             EventKind::Steered {
                 step: 1,

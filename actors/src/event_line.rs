@@ -191,6 +191,20 @@ fn fields(kind: &EventKind, short: &Short) -> String {
             }
         ),
         EventKind::ApprovalRuleAdded { tool } => format!("{tool} always allowed"),
+        EventKind::WorktreeSealed { report } => match &report.error {
+            Some(error) => format!(
+                "worktree {} could not be sealed: {}",
+                report.branch,
+                clip(error)
+            ),
+            None if report.has_changes() => format!(
+                "worktree {} kept: {} commit(s), {}",
+                report.branch,
+                report.commits.len(),
+                report.summary
+            ),
+            None => format!("worktree {} removed: no changes", report.branch),
+        },
         EventKind::HookDecided {
             step,
             tool_call_id,

@@ -63,6 +63,9 @@ pub enum FailureKind {
     /// The run's own work in flight (its model call or tools) made no
     /// progress for its template's `idle_timeout`.
     Stalled,
+    /// A `UserPromptSubmit` hook refused the prompt (Claude Code's hooks):
+    /// the run never called its model.
+    Blocked,
     /// The agent's program (a JavaScript `handleSteps`) threw, broke its
     /// engine's memory or time limit, or yielded what a program cannot.
     Program,
@@ -90,6 +93,7 @@ impl FailureKind {
             FailureKind::Internal => "internal",
             FailureKind::Looping => "looping",
             FailureKind::Stalled => "stalled",
+            FailureKind::Blocked => "blocked",
             FailureKind::Program => "program",
         }
     }

@@ -225,6 +225,13 @@ pub trait TreeHooks: Send + Sync + 'static {
         None
     }
 
+    /// The worktree report a resumed or replayed tree recorded for the run
+    /// `run_id` (`worktreeSealed`), if it recorded one.
+    fn worktree_report(&self, run_id: &RunId) -> Option<crate::worktree::WorktreeReport> {
+        let _ = run_id;
+        None
+    }
+
     /// The tree's lifecycle hooks (Claude Code's `PreToolUse` and the
     /// others), if it has any. None by default.
     fn lifecycle(&self) -> Option<Arc<dyn crate::lifecycle::Lifecycle>> {

@@ -35,6 +35,7 @@ pub mod sync;
 pub mod template;
 pub mod tool;
 pub mod toolbox;
+pub mod worktree;
 
 pub use agent::{AgentActor, AgentArgs, AgentMsg, AgentSnapshot, CancelReason, Reply, RunResult};
 pub use checkpoint::{Checkpoint, Recovered};
@@ -50,6 +51,8 @@ pub use model::{
     UsageSource,
 };
 pub use state::{AgentState, AgentStatus, ToolDefinition};
-pub use step::{Action, Catalog, HookRequest, Planned, StepMachine, background};
+pub use step::{
+    Action, Catalog, HOOK_CONTEXT, HookRequest, Planned, STOP_HOOK, StepMachine, background,
+};
 pub use template::{AgentTemplate, FailurePolicy, OnTurnEnd, OutputMode};
 pub use tool::{Tool, ToolContext, ToolError, ToolOutput};

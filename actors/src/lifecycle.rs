@@ -11,15 +11,17 @@
 //!   context added for the model.
 //! - **Exit 2**: a blocking error; stderr is the reason. `PreToolUse`: the
 //!   call does not run and the model reads the reason. `PostToolUse`: the
-//!   tool ran; the model reads the reason beside its result. `Stop`,
+//!   tool ran; the model reads the reason beside its result (these run
+//!   only after a call that succeeded, as in Claude Code). `Stop`,
 //!   `SubagentStop`: the agent does not stop; the reason is its next
 //!   instruction. `UserPromptSubmit`: the prompt is refused.
 //! - **Any other exit, a timeout, a command that does not start**: a
 //!   non-blocking error, logged; the action goes on.
-//! - **JSON** (exit 0): `continue: false` stops (`stopReason`): here it
-//!   refuses the call (`PreToolUse`), or tells the model to stop beside the
-//!   result (`PostToolUse`), and ends a turn a stop hook would keep going;
-//!   it does not yet end the run itself;
+//! - **JSON** (exit 0): `continue: false` stops the agent (`stopReason`):
+//!   at `PreToolUse` none of the step's calls runs and the run ends, at
+//!   `PostToolUse` the run ends once the call's result is in (both failed,
+//!   kind `blocked`, with the reason), at `UserPromptSubmit` the prompt is
+//!   refused, and it ends a turn a stop hook would keep going;
 //!   `decision: "block"` with `reason` blocks as exit 2 does (`"approve"`,
 //!   and for `PreToolUse` the older `"block"`/`"approve"`, map to deny/allow);
 //!   `hookSpecificOutput` carries `permissionDecision` (`allow`, `deny`,
@@ -41,6 +43,13 @@ pub trait Lifecycle: Send + Sync {
     /// Whether any hook runs at `event` for `name` (a tool name, by the
     /// name templates use, or an agent type).
     fn wants(&self, event: HookEvent, name: &str) -> bool;
+    /// Whether any hook runs at a tool's `event` for a call of `tool` by an
+    /// agent of type `agent_type` (hooks may be an agent's own); by default
+    /// [`wants`](Self::wants), whoever calls.
+    fn wants_tool(&self, event: HookEvent, tool: &str, agent_type: &str) -> bool {
+        let _ = agent_type;
+        self.wants(event, tool)
+    }
     /// Runs the hooks of `event` for `name` with `input` (the event's own
     /// fields: `tool_name`, `tool_input`, …) and decides.
     fn run(

@@ -18,6 +18,17 @@ pub fn output_value(state: &AgentState, mode: OutputMode, inherited: usize) -> V
             return error_value(state.error_message().unwrap_or("Agent failed"));
         }
     }
+    let mut value = completed_value(state, mode, inherited);
+    // A worktree's branch is part of what its parent learns (issue 36).
+    if let (Some(report), Value::Object(map)) = (&state.worktree, &mut value)
+        && let Ok(report) = serde_json::to_value(report)
+    {
+        map.insert("worktree".to_owned(), report);
+    }
+    value
+}
+
+fn completed_value(state: &AgentState, mode: OutputMode, inherited: usize) -> Value {
     match mode {
         OutputMode::LastMessage => {
             let turn = state.message_history.last_assistant_turn();

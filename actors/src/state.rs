@@ -111,6 +111,10 @@ pub struct AgentState {
     /// build before kinds were recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_kind: Option<FailureKind>,
+    /// The branch a run of an `isolation = "worktree"` template left its
+    /// work on, once it completed (absent for every other run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worktree: Option<crate::worktree::WorktreeReport>,
 }
 
 /// Where a run starts: what [`AgentState::initial`] builds its state from,
@@ -162,6 +166,7 @@ impl AgentState {
             direct_credits_used: 0.0,
             status: AgentStatus::Running,
             error_kind: None,
+            worktree: None,
         }
     }
 
@@ -186,6 +191,7 @@ impl AgentState {
             direct_credits_used: 0.0,
             status: AgentStatus::Running,
             error_kind: None,
+            worktree: None,
         }
     }
 

@@ -227,9 +227,32 @@ pub struct AgentTemplate {
     pub on_turn_end: OnTurnEnd,
     /// A programmatic driver (semantics §4.5); `None` lets the model drive.
     pub handler: Option<Arc<dyn StepHandler>>,
+    /// Where its runs work: in their parent's workspace, or in a git
+    /// worktree of their own ([`crate::worktree`]).
+    pub isolation: crate::worktree::Isolation,
 }
 
 impl AgentTemplate {
+    /// Where a run of this template whose parent works in `parent` (for a
+    /// root, the tree's workspace) works: there, or in a worktree of its
+    /// own made from it when the template isolates it
+    /// ([`crate::worktree`]). Nothing is made here.
+    pub fn workspace_for(
+        &self,
+        parent: Option<&Arc<dyn crate::tool::Workspace>>,
+        run_id: &crate::id::RunId,
+    ) -> Option<Arc<dyn crate::tool::Workspace>> {
+        let parent = parent?.clone();
+        if self.isolation != crate::worktree::Isolation::Worktree {
+            return Some(parent);
+        }
+        let agent_type = AgentTypeId::parse(&self.id).name;
+        match parent.clone().isolate(run_id, agent_type) {
+            Some(own) => Some(own),
+            None => Some(parent),
+        }
+    }
+
     /// A template with defaults: no tools, no children, `last_message` output, 20 steps.
     pub fn new(id: impl Into<String>, model: impl Into<String>) -> Self {
         let id = id.into();
@@ -263,6 +286,7 @@ impl AgentTemplate {
             on_turn_end: OnTurnEnd::Wait,
             model_options: Arc::default(),
             handler: None,
+            isolation: crate::worktree::Isolation::Shared,
         }
     }
 

@@ -86,7 +86,29 @@ pub trait Workspace: Any + Send + Sync + Debug {
     fn root(&self) -> &Path;
     /// Whether agents may only read there.
     fn read_only(&self) -> bool;
+
+    /// A workspace of its own for the run `run` (an agent of type
+    /// `agent_type`) whose template asks for `isolation = "worktree"`: a
+    /// git worktree on a new branch from this one. Made when first used
+    /// (never here: this runs in an actor's handler). `None`: this
+    /// workspace cannot isolate, and the run shares it.
+    fn isolate(self: Arc<Self>, run: &RunId, agent_type: &str) -> Option<Arc<dyn Workspace>> {
+        let _ = (run, agent_type);
+        None
+    }
+
+    /// Seals an isolated workspace when its run completes: commits what is
+    /// left, reports the branch, removes a worktree without changes. `None`:
+    /// nothing to seal (a shared workspace, or a worktree never made).
+    fn seal(self: Arc<Self>) -> Option<SealFuture> {
+        None
+    }
 }
+
+/// What [`Workspace::seal`] gives: the report, once git has answered.
+pub type SealFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Option<crate::worktree::WorktreeReport>> + Send>,
+>;
 
 /// What a tool gives back: one JSON value, or parts (text as JSON strings,
 /// images and other media) as the tool result's content.

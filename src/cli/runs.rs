@@ -70,6 +70,36 @@ pub fn paused_runs(journal: &[JournalEntry]) -> std::collections::BTreeMap<Strin
     paused
 }
 
+/// The worktrees a tree's runs kept (issue 36): one line each, with the
+/// run, the branch, where it is and what it holds; nothing when none.
+pub fn kept_worktrees(journal: &[JournalEntry]) -> String {
+    let mut text = String::new();
+    for entry in journal {
+        if entry.kind != EventType::WorktreeSealed {
+            continue;
+        }
+        let Ok(report) = serde_json::from_value::<arbor_actors::worktree::WorktreeReport>(
+            entry.body["report"].clone(),
+        ) else {
+            continue;
+        };
+        let Some(path) = &report.path else {
+            continue;
+        };
+        let commits = report.commits.len();
+        text.push_str(&format!(
+            "worktree kept: {} at {} ({} {}, {}) by {}\n",
+            report.branch,
+            path.display(),
+            commits,
+            if commits == 1 { "commit" } else { "commits" },
+            report.error.as_deref().unwrap_or(&report.summary),
+            entry.run_id
+        ));
+    }
+    text
+}
+
 /// The status a tree is shown with: `paused` for a running (or
 /// interrupted) tree with runs paused on a spent budget.
 pub fn shown_status(status: arbor_supervisor::TreeStatus, paused: bool) -> String {

@@ -68,10 +68,11 @@ pub(super) fn tree(tree_id: String, json: bool, at: Stored) -> anyhow::Result<Ex
             serde_json::to_string_pretty(&serde_json::json!({"tree": summary, "runs": runs}))?
         )?;
     } else {
+        let journal = store.events(&tree_id, 0)?;
         let paused = if summary.status.is_final() {
             Default::default()
         } else {
-            super::runs::paused_runs(&store.events(&tree_id, 0)?)
+            super::runs::paused_runs(&journal)
         };
         outln!(
             "tree {} ({}): {}, {}, cost {:.4}",
@@ -93,6 +94,7 @@ pub(super) fn tree(tree_id: String, json: bool, at: Stored) -> anyhow::Result<Ex
             )?;
         }
         out!("{}", super::runs::tree_text(&runs, &paused))?;
+        out!("{}", super::runs::kept_worktrees(&journal))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -138,6 +140,21 @@ pub(super) fn show(run_id: String, json: bool, at: Stored) -> anyhow::Result<Exi
         if let Some(error) = &n.error {
             outln!("error: {error}")?;
         }
+        if let Some(todos) = arbor::tools::workspace::notes::latest(&state.message_history) {
+            outln!("todos:\n{}", arbor::tools::workspace::notes::render(&todos))?;
+        }
+        if let Some(worktree) = &state.worktree {
+            outln!(
+                "worktree: {} ({}){}",
+                worktree.branch,
+                worktree.summary,
+                worktree
+                    .path
+                    .as_ref()
+                    .map(|p| format!(", kept at {}", p.display()))
+                    .unwrap_or_default()
+            )?;
+        }
         outln!("{}", final_text(&state))?;
     }
     Ok(ExitCode::SUCCESS)
@@ -163,7 +180,7 @@ pub(super) fn export(
 pub(super) fn replay(tree_id: String, at: Stored) -> anyhow::Result<ExitCode> {
     let Stored { config, store } = at;
     let store = open_store_read_only(&load_config(config.as_deref())?, store)?;
-    let config = tree_config(config, &*store, &tree_id)?;
+    let config = tree_config(config, &Default::default(), &*store, &tree_id)?;
     async_runtime()?.block_on(replay_tree(config, store, tree_id))
 }
 
@@ -240,6 +257,7 @@ pub(super) fn gc(older_than: std::time::Duration, at: Stored) -> anyhow::Result<
 /// was started with (if it is still there), else the default.
 pub(super) fn tree_config(
     flag: Option<PathBuf>,
+    agents: &arbor::config::AgentFiles,
     store: &dyn Store,
     tree_id: &str,
 ) -> anyhow::Result<Config> {
@@ -248,7 +266,7 @@ pub(super) fn tree_config(
         // records the change with the tree. The file it started with is not
         // another config: both are compared without their secrets (the
         // stored one has none), and it runs on the values of the file given.
-        let config = load_config(flag.as_deref())?;
+        let config = super::load_config_with(flag.as_deref(), agents)?;
         let stored = store
             .tree(tree_id)
             .ok()

@@ -47,6 +47,7 @@ pub struct CatalogBuilder {
     lifecycle: Option<Arc<dyn arbor_actors::lifecycle::Lifecycle>>,
     workspaces: Option<crate::workspace::WorkspaceOpener>,
     workspace_roots: Vec<std::path::PathBuf>,
+    principal_roots: std::collections::BTreeMap<String, Vec<std::path::PathBuf>>,
 }
 
 impl CatalogBuilder {
@@ -66,6 +67,17 @@ impl CatalogBuilder {
     ) -> Self {
         self.workspaces = Some(opener);
         self.workspace_roots = roots;
+        self
+    }
+
+    /// The directories the requests of each principal named here must keep
+    /// their workspace inside, instead of the roots of
+    /// [`workspaces`](Self::workspaces).
+    pub fn principal_roots(
+        mut self,
+        roots: std::collections::BTreeMap<String, Vec<std::path::PathBuf>>,
+    ) -> Self {
+        self.principal_roots = roots;
         self
     }
 
@@ -138,6 +150,7 @@ impl CatalogBuilder {
             lifecycle: self.lifecycle,
             workspaces: self.workspaces,
             workspace_roots: self.workspace_roots,
+            principal_roots: self.principal_roots,
             toolboxes: RwLock::new((0, HashMap::new())),
         };
         let generation = catalog.source_generation();
@@ -160,6 +173,7 @@ pub struct Catalog {
     lifecycle: Option<Arc<dyn arbor_actors::lifecycle::Lifecycle>>,
     workspaces: Option<crate::workspace::WorkspaceOpener>,
     workspace_roots: Vec<std::path::PathBuf>,
+    principal_roots: std::collections::BTreeMap<String, Vec<std::path::PathBuf>>,
     /// Every template's toolbox, as of the source's generation.
     toolboxes: RwLock<(u64, Toolboxes)>,
 }
@@ -192,9 +206,13 @@ impl Catalog {
         self.workspaces.as_ref().map(|open| open(spec))
     }
 
-    /// The directories a start request's workspace must be inside (none: any).
-    pub(crate) fn workspace_roots(&self) -> &[std::path::PathBuf] {
-        &self.workspace_roots
+    /// The directories a start request's workspace must be inside (none:
+    /// any): the principal's own, when `principal` has some, else the
+    /// service's.
+    pub(crate) fn workspace_roots(&self, principal: Option<&str>) -> &[std::path::PathBuf] {
+        principal
+            .and_then(|p| self.principal_roots.get(p))
+            .unwrap_or(&self.workspace_roots)
     }
 
     fn source_generation(&self) -> u64 {

@@ -66,6 +66,8 @@ pub struct Recovery {
     pub decisions: HashMap<String, HashMap<String, Decision>>,
     /// Every run's `PreToolUse` verdicts, by call id (issue 36).
     pub hook_verdicts: HashMap<String, HashMap<String, arbor_actors::lifecycle::Verdict>>,
+    /// Every isolated run's sealed worktree (issue 36).
+    pub worktrees: HashMap<String, arbor_actors::worktree::WorktreeReport>,
     /// The tree's budgets as raised while it ran (semantics §13).
     pub raised: crate::Raised,
     /// The calls asked for and not decided, by call id: their run and when
@@ -91,6 +93,8 @@ impl Recovery {
             deliveries: recorded.deliveries,
             decisions: recorded.decisions,
             hook_verdicts: recorded.hook_verdicts,
+            // Worktrees are sealed again, for real: a replay runs the
+            // tools again, and sealing the same work makes the same commit.
             // A call that ran by a rule runs unasked again.
             allowed: recorded.allowed,
             // A replay starts with the budgets the tree ended with: it never

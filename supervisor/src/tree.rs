@@ -401,6 +401,12 @@ impl TreeHooks for TreeContext {
         self.workspace.clone()
     }
 
+    fn worktree_report(&self, run_id: &RunId) -> Option<arbor_actors::worktree::WorktreeReport> {
+        self.recovery
+            .as_ref()
+            .and_then(|r| r.worktrees.get(&run_id.to_string()).cloned())
+    }
+
     fn steers(&self, run_id: &RunId) -> Vec<arbor_actors::steer::Steer> {
         self.recovery
             .as_ref()

@@ -243,26 +243,174 @@ fn a_sandboxed_editors_shell_writes_its_workspace_and_nothing_outside() {
     assert!(!hook.contains("evil"), "the sandboxed shell rewrote a hook");
 }
 
+/// A command tool runs in the same sandbox as the shell: it writes the
+/// workspace, not outside it, and opens no socket (no network unless
+/// allowed).
+#[test]
+fn a_sandboxed_command_tool_writes_its_workspace_but_not_outside_and_opens_no_socket() {
+    if which_bwrap().is_none() && std::env::var_os("CI").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let escaped = outside.path().join("escaped.txt");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let tool = format!(
+        r#"[workspace]
+sandbox = "bwrap"
+
+[tools.probe]
+description = "Writes here and elsewhere, then tries the network."
+input_schema = {{ type = "object" }}
+command = ["bash", "-c", "echo made > made.txt; (echo out > {escaped}) 2>/dev/null && echo wrote-outside; (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo connected; echo probed"]
+"#,
+        escaped = escaped.display()
+    );
+    let ws = setup(dir.path(), &tool);
+    let config = std::fs::read_to_string(dir.path().join("config.toml"))
+        .unwrap()
+        .replace(
+            "tools = [\"workspace/*\"]",
+            "tools = [\"workspace/*\", \"probe\"]",
+        );
+    std::fs::write(dir.path().join("config.toml"), config).unwrap();
+    let script = serde_json::json!({"replies": [{"agent": "editor", "steps": [
+        {"toolCalls": [{"name": "probe", "input": {}}]},
+        {"text": "DONE"}
+    ]}]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "run",
+            "--config",
+            "config.toml",
+            "--no-store",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--agent",
+            "editor",
+            "--json",
+            "--events",
+            "go",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let results = results(&events(&out.stderr));
+    assert_eq!(results[0].0, "probe");
+    let result = &results[0].1;
+    assert!(result.contains("probed"), "{result}");
+    assert!(!result.contains("wrote-outside"), "{result}");
+    assert!(!result.contains("connected"), "{result}");
+    assert!(
+        !escaped.exists(),
+        "the sandboxed command wrote outside its workspace"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("made.txt")).unwrap(),
+        "made\n"
+    );
+    drop(listener);
+}
+
 fn which_bwrap() -> Option<std::path::PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|d| d.join("bwrap"))
         .find(|p| p.is_file())
 }
 
-/// Hooks of the events the agents do not run yet are refused in the
-/// config, naming the event, not silently ignored.
+/// Claude Code's UserPromptSubmit example (its hooks reference, as it is):
+/// a prompt with a secret in it is blocked before any model call, the run
+/// failing with the hook's reason; any other prompt gets the current time
+/// as context. And a SubagentStart hook's `additionalContext` reaches the
+/// child it matches before its first step.
 #[test]
-fn a_prompt_hook_the_agents_do_not_run_yet_is_refused_naming_it() {
+fn a_prompt_hook_blocks_a_secret_and_gives_context_and_a_subagent_start_hook_briefs_the_child() {
     let dir = tempfile::tempdir().unwrap();
-    setup(
-        dir.path(),
-        "[[hooks.UserPromptSubmit]]\ncommand = \"echo '{}'\"\n",
+    let hooks = r#"
+[[hooks.UserPromptSubmit]]
+command = ["python3", "WS/.claude/hooks/prompt_guard.py"]
+
+[[hooks.SubagentStart]]
+matcher = "editor"
+command = """echo '{"hookSpecificOutput": {"hookEventName": "SubagentStart", "additionalContext": "Follow security guidelines for this task"}}'"""
+
+[agents.lead]
+model = "script"
+spawnable_agents = ["editor"]
+"#;
+    let ws = setup(dir.path(), hooks);
+    let script = serde_json::json!({"replies": [
+        {"agent": "lead", "steps": [
+            {"toolCalls": [{"name": "spawn_agents", "input": {"agents": [
+                {"agent_type": "editor", "prompt": "fix it"}]}}]},
+            {"text": "All done."}
+        ]},
+        {"agent": "editor", "steps": [{"text": "DONE"}]}
+    ]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let run = |prompt: &str| {
+        arbor_in(
+            dir.path(),
+            &[
+                "run",
+                "--config",
+                "config.toml",
+                "--no-store",
+                "--workspace",
+                ws.to_str().unwrap(),
+                "--agent",
+                "lead",
+                "--json",
+                "--events",
+                prompt,
+            ],
+        )
+    };
+    let blocked = run("deploy with password: hunter2");
+    assert!(!blocked.status.success(), "{}", text(&blocked.stderr));
+    let refused = events(&blocked.stderr);
+    let failed = refused
+        .iter()
+        .find(|e| e["type"] == "agentFailed")
+        .expect("the root failed");
+    let why = failed["state"]["output"].to_string();
+    assert!(
+        why.contains("Security policy violation: Prompt contains potential secrets"),
+        "{why}"
     );
-    let out = arbor_in(dir.path(), &["check-config", "config.toml"]);
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("hooks.UserPromptSubmit"), "{stderr}");
-    assert!(stderr.contains("not run by this build yet"), "{stderr}");
+    assert_eq!(failed["state"]["errorKind"], "blocked");
+    assert!(
+        !refused.iter().any(|e| e["type"] == "modelResponded"),
+        "the model was never called"
+    );
+
+    let out = run("fix the app");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let events = events(&out.stderr);
+    let decided: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "hookDecided" && e["toolCallId"] == "start@0")
+        .map(|e| e["hook"].as_str().unwrap())
+        .collect();
+    assert_eq!(decided, ["UserPromptSubmit", "SubagentStart"]);
+    let history = |agent: &str| {
+        events
+            .iter()
+            .find(|e| e["type"] == "agentFinished" && e["state"]["agentType"] == agent)
+            .map(|e| e["state"]["messageHistory"].to_string())
+            .unwrap_or_default()
+    };
+    let lead = history("lead");
+    assert!(lead.contains("Current time: "), "{lead}");
+    assert!(lead.contains("HOOK_CONTEXT"), "{lead}");
+    let editor = history("editor");
+    assert!(
+        editor.contains("Follow security guidelines for this task"),
+        "{editor}"
+    );
+    assert!(!editor.contains("Current time: "), "{editor}");
 }
 
 /// Claude Code's SubagentStop example, from its settings file: a child that

@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `arbor` binary in a temp dir, one test binary.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod agent_files;
 mod aimock;
 mod anthropic_cache;
 mod approvals_budgets;
@@ -61,6 +62,7 @@ mod turn_queue;
 mod turns_serve;
 mod usage_totals;
 mod waiting_children;
+mod worktrees;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -555,3 +555,46 @@ fn an_unknown_role_or_an_unset_token_env_is_refused_naming_the_key() {
         "{err}"
     );
 }
+
+/// Tenants keep to their own repositories: with `[workspace.principal_roots]`
+/// alice's requests may name a workspace only under hers and bob's only
+/// under his (422 naming the roots otherwise), while a principal without
+/// roots of its own (the admin) keeps the service's `roots`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_request_cannot_point_its_agents_at_another_tenants_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    scene(dir.path());
+    for who in ["alice", "bob", "shared"] {
+        std::fs::create_dir_all(dir.path().join("repos").join(who).join("app")).unwrap();
+    }
+    let config = std::fs::read_to_string(dir.path().join("config.toml")).unwrap()
+        + "\n[workspace]\nroots = [\"repos/shared\"]\n\n[workspace.principal_roots]\nalice = [\"repos/alice\"]\nbob = [\"repos/bob\"]\n";
+    std::fs::write(dir.path().join("config.toml"), config).unwrap();
+    let server = server(dir.path(), None);
+    let repo =
+        |who: &str| std::fs::canonicalize(dir.path().join("repos").join(who).join("app")).unwrap();
+    let start = |token: &'static str, who: &str| {
+        let body =
+            json!({"agent": "lead", "prompt": "go", "limits": {"workspace": {"root": repo(who)}}});
+        let server = &server;
+        async move { call(server, token, Method::POST, "/v1/runs", Some(body)).await }
+    };
+    let (status, body) = start(ALICE, "alice").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = start(ALICE, "bob").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body.to_string().contains("outside the workspace roots"),
+        "{body}"
+    );
+    assert!(body.to_string().contains("repos/alice"), "{body}");
+    let (status, body) = start(BOB, "bob").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = start(BOB, "shared").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    // The admin has no roots of its own: the service's.
+    let (status, body) = start(OPS, "shared").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = start(OPS, "alice").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+}

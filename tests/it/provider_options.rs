@@ -436,3 +436,126 @@ system_prompt = "Answer."
     assert!(body.get("max_tokens").is_none(), "{body:#}");
     assert_eq!(body["reasoning_effort"], "minimal");
 }
+
+// --- The workspace tools on the wire ------------------------------------------
+
+/// What a model is sent for `workspace/*` under each family (issue 36): the
+/// recorded request of an agent per family offers exactly that family's
+/// names, each with its documented input schema, as Anthropic's Messages
+/// API carries them (`tools[].name`, `input_schema`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_familys_workspace_tools_reach_the_model_with_its_names_and_schemas() {
+    let server = server(ProviderKind::Anthropic).await;
+    let config = parse(&format!(
+        r#"
+[models.claude]
+provider = "anthropic"
+base_url = "{uri}"
+model = "{MODEL_ID}"
+stream = false
+max_tokens = 1024
+retry = {{ max_retries = 0 }}
+
+[agents.arbor]
+model = "claude"
+tools = ["workspace/*"]
+
+[agents.codebuff]
+model = "claude"
+tools = ["workspace/*"]
+tool_names = "codebuff"
+
+[agents.claude]
+model = "claude"
+tools = ["workspace/*"]
+tool_names = "claude"
+"#,
+        uri = server.uri()
+    ));
+    let expected: [(&str, &[&str]); 3] = [
+        (
+            "arbor",
+            &[
+                "workspace/read",
+                "workspace/write",
+                "workspace/edit",
+                "workspace/list",
+                "workspace/glob",
+                "workspace/grep",
+                "workspace/shell",
+                "workspace/todos",
+                "workspace/think",
+            ],
+        ),
+        (
+            "codebuff",
+            &[
+                "read_files",
+                "write_file",
+                "str_replace",
+                "find_files",
+                "code_search",
+                "run_terminal_command",
+                "write_todos",
+                "think_deeply",
+            ],
+        ),
+        (
+            "claude",
+            &[
+                "Read",
+                "Write",
+                "Edit",
+                "MultiEdit",
+                "LS",
+                "Glob",
+                "Grep",
+                "Bash",
+                "TodoWrite",
+            ],
+        ),
+    ];
+    for (agent, names) in expected {
+        let body = sent_by(&config, &server, agent).await;
+        let mut sent: Vec<&str> = tool_names(&body)
+            .into_iter()
+            .filter(|n| !["set_output", "end_turn"].contains(n))
+            .collect();
+        sent.sort_unstable();
+        // A name with `/` travels as `__` (the APIs' tool names allow
+        // neither `/` nor `.`), and reads back as it was.
+        let mut want: Vec<String> = names.iter().map(|n| n.replace('/', "__")).collect();
+        want.sort_unstable();
+        assert_eq!(sent, want, "{agent}");
+    }
+    // The schemas the models of each family were written against.
+    let body = sent_by(&config, &server, "claude").await;
+    let schema = |name: &str| {
+        body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap()["input_schema"]
+            .clone()
+    };
+    assert_eq!(schema("Read")["required"], json!(["file_path"]));
+    assert!(schema("Read")["properties"]["offset"].is_object());
+    assert_eq!(
+        schema("Edit")["required"],
+        json!(["file_path", "old_string", "new_string"])
+    );
+    assert_eq!(schema("Bash")["required"], json!(["command"]));
+    let body = sent_by(&config, &server, "codebuff").await;
+    let read_files = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "read_files")
+        .unwrap();
+    assert_eq!(read_files["input_schema"]["required"], json!(["paths"]));
+    assert_eq!(
+        read_files["input_schema"]["properties"]["paths"]["type"],
+        "array"
+    );
+}

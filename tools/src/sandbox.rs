@@ -70,6 +70,15 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
+    /// The same sandbox with `dir` writable too.
+    pub fn with_writable(&self, dir: PathBuf) -> Sandbox {
+        let mut sandbox = self.clone();
+        if !sandbox.writable.contains(&dir) {
+            sandbox.writable.push(dir);
+        }
+        sandbox
+    }
+
     /// Finds `bwrap` on `PATH` and makes one sandbox with it, to know now
     /// (not at the first call) that it works here.
     pub fn bwrap(network: bool, writable: Vec<PathBuf>) -> Result<Sandbox, SandboxError> {
@@ -84,7 +93,7 @@ impl Sandbox {
         writable: Vec<PathBuf>,
     ) -> Result<Sandbox, SandboxError> {
         let program =
-            crate::command::find_on(path, Path::new("bwrap")).ok_or(SandboxError::Missing)?;
+            crate::program::find_on(path, Path::new("bwrap")).ok_or(SandboxError::Missing)?;
         let sandbox = Sandbox {
             program,
             network,

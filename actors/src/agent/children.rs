@@ -446,6 +446,8 @@ impl AgentRun {
         let me = self.myself.clone();
         // Each child's span is a child of this agent's: one trace per tree.
         let parent_span = self.span.clone();
+        // A child works where its parent does, or in a worktree of its own.
+        let workspace = self.workspace.clone();
         // Every child joins the line for a slot at once, in order, so a
         // parent's children are served one after another before the children
         // of a parent that launched later (see `Slots`). Joining child after
@@ -555,6 +557,7 @@ impl AgentRun {
                     }
                     return;
                 };
+                let child_ws = plan.template.workspace_for(workspace.as_ref(), &ids.run_id);
                 let machine = match checkpoint {
                     Some(checkpoint) => StepMachine::from_checkpoint(
                         &checkpoint,
@@ -580,6 +583,7 @@ impl AgentRun {
                     reply: Reply::Parent(key),
                     slot,
                     parent_span: parent_span.clone(),
+                    workspace: child_ws,
                 };
                 let msg = match Actor::spawn_linked(None, AgentActor, args, me.get_cell()).await {
                     Ok((actor, _)) => AgentMsg::ChildStarted { key, actor },

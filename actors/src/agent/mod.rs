@@ -63,6 +63,8 @@ enum Parked {
 pub struct AgentRun {
     myself: ActorRef<AgentMsg>,
     hooks: Arc<dyn TreeHooks>,
+    /// Where its tools work ([`AgentArgs::workspace`]).
+    workspace: Option<Arc<dyn crate::tool::Workspace>>,
     machine: Box<StepMachine>,
     reply: Option<Reply>,
     slot: Option<Slot>,
@@ -178,15 +180,15 @@ impl Catalog for HookCatalog<'_> {
     fn always_allowed(&self, tool: &str) -> bool {
         self.0.always_allowed(tool)
     }
-    fn hooks_at_stop(&self, event: crate::lifecycle::HookEvent, agent_type: &str) -> bool {
+    fn hooks_at(&self, event: crate::lifecycle::HookEvent, agent_type: &str) -> bool {
         self.0
             .lifecycle()
             .is_some_and(|l| l.wants(event, agent_type))
     }
-    fn hooks_before(&self, tool: &str) -> bool {
-        self.0
-            .lifecycle()
-            .is_some_and(|l| l.wants(crate::lifecycle::HookEvent::PreToolUse, tool))
+    fn hooks_before(&self, tool: &str, agent_type: &str) -> bool {
+        self.0.lifecycle().is_some_and(|l| {
+            l.wants_tool(crate::lifecycle::HookEvent::PreToolUse, tool, agent_type)
+        })
     }
 }
 
@@ -217,6 +219,7 @@ impl Actor for AgentActor {
             reply,
             slot,
             parent_span,
+            workspace,
         } = args;
         machine.set_checkpointing(hooks.durable());
         let state = machine.state();
@@ -255,6 +258,7 @@ impl Actor for AgentActor {
             _live: LiveGuard(hooks.clone(), run_id.clone()),
             idle: idle::IdleWatch::new(machine.template().idle_timeout),
             hooks,
+            workspace,
             machine,
             reply: Some(reply),
             slot,
@@ -296,6 +300,9 @@ impl Actor for AgentActor {
         let verdicts = hooks.hook_verdicts(&run.run_id);
         if !verdicts.is_empty() {
             run.machine.recover_hook_verdicts(verdicts);
+        }
+        if let Some(report) = hooks.worktree_report(&run.run_id) {
+            run.machine.recover_worktree(report);
         }
         let actions = run.guarded(|m| m.start(&HookCatalog(hooks.as_ref())));
         run.execute(&myself, actions);
@@ -346,6 +353,14 @@ impl Actor for AgentActor {
                 run.tools_running = run.tools_running.saturating_sub(1);
                 run.guarded(|m| m.stop_hooks_done(step, *verdict))
             }
+            AgentMsg::StartHooksDone(verdict) => {
+                run.tools_running = run.tools_running.saturating_sub(1);
+                run.guarded(|m| m.start_hooks_done(*verdict, &catalog))
+            }
+            AgentMsg::WorktreeSealed(report) => {
+                run.tools_running = run.tools_running.saturating_sub(1);
+                run.guarded(|m| m.worktree_sealed(report.map(|r| *r)))
+            }
             AgentMsg::HooksDone { step, verdicts } => {
                 run.tools_running = run.tools_running.saturating_sub(1);
                 run.guarded(|m| m.hooks_done(step, *verdicts, &catalog))
@@ -356,9 +371,13 @@ impl Actor for AgentActor {
                 outcome,
                 post,
             } => {
+                // `continue: false` from a PostToolUse hook stops the agent
+                // once the call's result is in (Claude Code's contract).
+                let mut stopped = None;
                 if let Some(verdict) = post
                     && step == run.machine.step()
                 {
+                    stopped = verdict.stop.clone();
                     let call_id = run.machine.call_id(index).unwrap_or_default();
                     run.emit(EventKind::HookDecided {
                         step,
@@ -378,7 +397,15 @@ impl Actor for AgentActor {
                 }
                 match *outcome {
                     ToolOutcome::Done(result) => {
-                        run.guarded(|m| m.tool_done(step, index, result, &catalog))
+                        let mut actions =
+                            run.guarded(|m| m.tool_done(step, index, result, &catalog));
+                        if let Some(why) = stopped {
+                            actions.extend(run.machine.fail(Failure::new(
+                                FailureKind::Blocked,
+                                format!("a PostToolUse hook stopped the agent: {why}"),
+                            )));
+                        }
+                        actions
                     }
                     ToolOutcome::Panicked(error) if step == run.machine.step() => run.machine.fail(
                         Failure::new(FailureKind::Panicked, format!("a tool panicked: {error}")),
@@ -548,6 +575,10 @@ impl AgentRun {
                     input,
                 } => self.run_tool(myself, step, index, call_id, tool, input),
                 Action::RunHooks { step, calls } => self.run_hooks(myself, step, calls),
+                Action::SealWorktree => self.seal_worktree(myself),
+                Action::RunStartHooks { event, prompt } => {
+                    self.run_start_hooks(myself, event, prompt)
+                }
                 Action::RunStopHooks {
                     step,
                     event,

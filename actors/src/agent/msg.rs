@@ -71,6 +71,10 @@ pub enum AgentMsg {
         /// What they decided.
         verdict: Box<crate::lifecycle::Verdict>,
     },
+    /// The run's worktree was sealed (`None`: there was none to seal).
+    WorktreeSealed(Option<Box<crate::worktree::WorktreeReport>>),
+    /// The start hooks (`UserPromptSubmit`, `SubagentStart`) decided.
+    StartHooksDone(Box<crate::lifecycle::Verdict>),
     /// The `PreToolUse` hooks of `step`'s calls decided.
     HooksDone {
         /// The step of the calls.
@@ -182,6 +186,9 @@ pub struct AgentArgs {
     pub reply: Reply,
     /// The live slot the agent runs in (acquired before it was started).
     pub slot: Option<Slot>,
+    /// Where it works: its parent's workspace (the tree's, for a root), or
+    /// one of its own when its template isolates it.
+    pub workspace: Option<Arc<dyn crate::tool::Workspace>>,
     /// The span the agent's `invoke_agent` span is a child of: its parent
     /// agent's, or for a root the tree's (so a whole tree is one trace).
     pub parent_span: tracing::Span,

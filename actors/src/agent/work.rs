@@ -218,7 +218,7 @@ impl AgentRun {
             run_id: self.run_id.clone(),
             agent_type: self.machine.state().agent_type.clone().unwrap_or_default(),
             call_id,
-            workspace: self.hooks.workspace(),
+            workspace: self.workspace.clone(),
         };
         let me = myself.clone();
         let span = tracing::info_span!(
@@ -238,7 +238,15 @@ impl AgentRun {
         let post = self
             .hooks
             .lifecycle()
-            .filter(|l| l.wants(HookEvent::PostToolUse, tool.name()))
+            .filter(|l| {
+                let agent_type = self
+                    .machine
+                    .state()
+                    .agent_type
+                    .as_deref()
+                    .unwrap_or_default();
+                l.wants_tool(HookEvent::PostToolUse, tool.name(), agent_type)
+            })
             .map(|l| (l, self.hook_call(), input.clone()));
         self.tool_tasks.push(tokio::spawn(
             async move {
@@ -249,14 +257,17 @@ impl AgentRun {
                     Err(panic) => ToolOutcome::Panicked(panic_message(panic)),
                 };
                 let mut verdict = None;
+                // As in Claude Code, PostToolUse hooks run after a call that
+                // succeeded (a failed one is its own event there).
                 if let (Some((lifecycle, call, input)), ToolOutcome::Done(result)) =
                     (post, &mut outcome)
+                    && result.is_ok()
                 {
                     let response = match &*result {
                         Ok(output) => {
                             serde_json::to_value(output.clone().into_parts()).unwrap_or_default()
                         }
-                        Err(error) => serde_json::json!({"error": error}),
+                        Err(_) => Value::Null,
                     };
                     let mut fields = tool_fields(tool.name(), input, call_id);
                     fields.insert("tool_response".into(), response);
@@ -303,7 +314,7 @@ impl AgentRun {
             tree_id: self.hooks.tree_id().to_string(),
             run_id: self.run_id.to_string(),
             agent_type: self.machine.state().agent_type.clone(),
-            workspace: self.hooks.workspace().map(|w| w.root().to_path_buf()),
+            workspace: self.workspace.as_ref().map(|w| w.root().to_path_buf()),
         }
     }
 
@@ -369,6 +380,51 @@ impl AgentRun {
             });
         }));
         self.work_started(myself, step);
+    }
+
+    /// Runs the start hooks (`UserPromptSubmit` with the prompt, or
+    /// `SubagentStart` with the agent's ids) in a task; the verdict comes
+    /// back as `StartHooksDone`.
+    pub(super) fn run_start_hooks(
+        &mut self,
+        myself: &ActorRef<AgentMsg>,
+        event: HookEvent,
+        prompt: String,
+    ) {
+        let lifecycle = self.hooks.lifecycle();
+        let call = self.hook_call();
+        let name = call.agent_type.clone().unwrap_or_default();
+        let me = myself.clone();
+        let mut fields = serde_json::Map::new();
+        if event == HookEvent::UserPromptSubmit {
+            fields.insert("prompt".into(), prompt.into());
+        } else {
+            fields.insert("agent_id".into(), self.run_id.to_string().into());
+            fields.insert("agent_type".into(), name.clone().into());
+        }
+        self.tools_running += 1;
+        self.tool_tasks.push(tokio::spawn(async move {
+            let verdict = match lifecycle {
+                Some(lifecycle) => lifecycle.run(event, &name, fields, call).await,
+                None => crate::lifecycle::Verdict::default(),
+            };
+            let _ = me.cast(AgentMsg::StartHooksDone(Box::new(verdict)));
+        }));
+    }
+
+    /// Seals the run's worktree in a task (git's work never runs in the
+    /// handler); the report comes back as `WorktreeSealed`.
+    pub(super) fn seal_worktree(&mut self, myself: &ActorRef<AgentMsg>) {
+        let seal = self.workspace.clone().and_then(|w| w.seal());
+        let me = myself.clone();
+        self.tools_running += 1;
+        self.tool_tasks.push(tokio::spawn(async move {
+            let report = match seal {
+                Some(seal) => seal.await.map(Box::new),
+                None => None,
+            };
+            let _ = me.cast(AgentMsg::WorktreeSealed(report));
+        }));
     }
 
     /// Gives the live slot back while children run.

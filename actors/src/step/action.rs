@@ -43,6 +43,17 @@ pub enum Action {
         /// Whether the agent goes on now because a stop hook blocked before.
         active: bool,
     },
+    /// Seal the run's worktree (it completes); answer with
+    /// `worktree_sealed`.
+    SealWorktree,
+    /// Run the `UserPromptSubmit` (a root) or `SubagentStart` (a child)
+    /// hooks before the run's first step; answer with `start_hooks_done`.
+    RunStartHooks {
+        /// Which hooks.
+        event: crate::lifecycle::HookEvent,
+        /// The run's prompt (the `prompt` a `UserPromptSubmit` hook reads).
+        prompt: String,
+    },
     /// Run the `PreToolUse` hooks of these calls; answer with `hooks_done`.
     RunHooks {
         /// The step of the calls.
@@ -115,14 +126,15 @@ pub trait Catalog {
     }
     /// Whether `event` (`Stop` or `SubagentStop`) hooks run when an agent
     /// of `agent_type` ends its turn. None by default.
-    fn hooks_at_stop(&self, event: crate::lifecycle::HookEvent, agent_type: &str) -> bool {
+    fn hooks_at(&self, event: crate::lifecycle::HookEvent, agent_type: &str) -> bool {
         let _ = (event, agent_type);
         false
     }
     /// Whether `PreToolUse` hooks run before a call of `tool` (by the name
-    /// templates use): the call waits for their verdict. None by default.
-    fn hooks_before(&self, tool: &str) -> bool {
-        let _ = tool;
+    /// templates use) by an agent of type `agent_type`: the call waits for
+    /// their verdict. None by default.
+    fn hooks_before(&self, tool: &str, agent_type: &str) -> bool {
+        let _ = (tool, agent_type);
         false
     }
 }

@@ -149,6 +149,7 @@ impl StepMachine {
             mut actions,
         } = *hooking;
         let mut verdicts: HashMap<usize, Verdict> = verdicts.into_iter().collect();
+        let mut stopped: Option<String> = None;
         for call in calls {
             let index = call.index;
             let tool_call = &pending.calls[index];
@@ -166,6 +167,9 @@ impl StepMachine {
                     verdict
                 }
             };
+            if let Some(why) = &verdict.stop {
+                stopped.get_or_insert_with(|| why.clone());
+            }
             if verdict.refuses_call() {
                 pending.results[index] = Some(Message::tool_error(tool_call, verdict.refusal()));
                 pending.awaiting -= 1;
@@ -216,6 +220,14 @@ impl StepMachine {
                 input,
             });
         }
+        // `continue: false` stops the agent: none of the step's calls runs.
+        if let Some(why) = stopped {
+            self.pending = Some(pending);
+            return self.fail(crate::failure::Failure::new(
+                crate::failure::FailureKind::Blocked,
+                format!("a PreToolUse hook stopped the agent: {why}"),
+            ));
+        }
         needing.sort_unstable();
         if !needing.is_empty() {
             return self.hold_for_approval(*pending, needing, actions, catalog);
@@ -233,7 +245,7 @@ impl StepMachine {
     pub(super) fn stop_or_complete(&mut self, catalog: &dyn Catalog) -> Vec<Action> {
         let event = self.stop_event();
         let agent_type = self.state.agent_type.clone().unwrap_or_default();
-        if !catalog.hooks_at_stop(event, &agent_type) {
+        if !catalog.hooks_at(event, &agent_type) {
             return self.complete();
         }
         let step = self.step;
@@ -251,7 +263,15 @@ impl StepMachine {
             .filter(|m| m.is_assistant())
             .map(|m| m.text())
             .unwrap_or_default();
-        let active = self.side.as_deref().is_some_and(|s| s.stop_hook_active);
+        // Active once a stop hook kept the run going: the flag, or (a run
+        // resumed from a checkpoint) the reason it left in the history.
+        let active = self.side.as_deref().is_some_and(|s| s.stop_hook_active)
+            || self
+                .state
+                .message_history
+                .iter()
+                .skip(self.inherited)
+                .any(|m| m.has_tag(STOP_HOOK));
         self.side().stop_hook_step = Some(step);
         vec![Action::RunStopHooks {
             step,
@@ -312,6 +332,100 @@ impl StepMachine {
         self.complete()
     }
 }
+
+impl StepMachine {
+    /// A run that starts afresh (not from a checkpoint, which holds what
+    /// its start hooks added) runs its `UserPromptSubmit` (a root) or
+    /// `SubagentStart` (a child) hooks first, when it has any; a verdict
+    /// recorded before a restart is taken instead. `None`: go on starting.
+    pub(super) fn start_hooks(&mut self, catalog: &dyn Catalog) -> Option<Vec<Action>> {
+        if self.resumed || self.step > 0 {
+            return None;
+        }
+        let event = self.start_event();
+        let agent_type = self.state.agent_type.clone().unwrap_or_default();
+        if !catalog.hooks_at(event, &agent_type) {
+            return None;
+        }
+        let recorded = self
+            .side
+            .as_deref_mut()
+            .and_then(|side| side.recorded_hooks.remove(START_KEY));
+        if let Some(verdict) = recorded {
+            return Some(self.apply_start(event, verdict, catalog));
+        }
+        self.side().starting = true;
+        // The run's prompt: its last message tagged as one, else its last
+        // user message (a machine keeps the prompt itself only for a
+        // program).
+        let history = &self.state.message_history;
+        let prompt = history
+            .iter()
+            .rev()
+            .find(|m| m.has_tag(crate::message::SPAWN_PROMPT))
+            .or_else(|| history.iter().rev().find(|m| m.role() == "user"))
+            .map(|m| m.text())
+            .unwrap_or_default();
+        Some(vec![Action::RunStartHooks { event, prompt }])
+    }
+
+    /// The start hooks decided: journaled; a `UserPromptSubmit` block (or
+    /// stop) fails the run before its model is called, saying why; their
+    /// context joins the history before the first step.
+    pub fn start_hooks_done(&mut self, verdict: Verdict, catalog: &dyn Catalog) -> Vec<Action> {
+        let waiting = self.side.as_deref().is_some_and(|s| s.starting);
+        if !waiting || self.state.status.is_final() {
+            return Vec::new();
+        }
+        self.side().starting = false;
+        let event = self.start_event();
+        self.events.push(EventKind::HookDecided {
+            step: 0,
+            tool_call_id: START_KEY.to_owned(),
+            hook: event,
+            verdict: verdict.clone(),
+        });
+        self.apply_start(event, verdict, catalog)
+    }
+
+    /// A root's start runs `UserPromptSubmit` hooks, a child's `SubagentStart` ones.
+    fn start_event(&self) -> HookEvent {
+        if self.state.parent_id.is_none() {
+            HookEvent::UserPromptSubmit
+        } else {
+            HookEvent::SubagentStart
+        }
+    }
+
+    fn apply_start(
+        &mut self,
+        event: HookEvent,
+        verdict: Verdict,
+        catalog: &dyn Catalog,
+    ) -> Vec<Action> {
+        // Claude Code's SubagentStart cannot block; a prompt hook can.
+        if event == HookEvent::UserPromptSubmit
+            && let Some(why) = verdict.stop.or(verdict.block)
+        {
+            return self.fail(crate::failure::Failure::new(
+                crate::failure::FailureKind::Blocked,
+                format!("a UserPromptSubmit hook blocked the prompt: {why}"),
+            ));
+        }
+        if !verdict.context.is_empty() {
+            self.state
+                .message_history
+                .push(Message::user(verdict.context.join("\n")).with_tag(HOOK_CONTEXT));
+        }
+        self.start_now(catalog)
+    }
+}
+
+/// The tag of the message a start hook's context gives the agent.
+pub const HOOK_CONTEXT: &str = "HOOK_CONTEXT";
+
+/// The key a start hook's verdict is journaled under (in place of a call id).
+const START_KEY: &str = "start@0";
 
 /// The tag of the message a stop hook that blocked gives the agent.
 pub const STOP_HOOK: &str = "STOP_HOOK";

@@ -29,8 +29,9 @@ mod calls;
 mod hooked;
 
 pub use action::{Action, Catalog, Planned};
-pub use hooked::HookRequest;
+pub use hooked::{HOOK_CONTEXT, HookRequest, STOP_HOOK};
 mod ids;
+mod sealed;
 mod spawned;
 mod turn;
 mod watch;
@@ -136,6 +137,14 @@ struct Sideband {
     /// hooks' `stop_hook_active`), and the step it waits at for them.
     stop_hook_active: bool,
     stop_hook_step: Option<u32>,
+    /// Whether the run waits for its start hooks (`UserPromptSubmit`,
+    /// `SubagentStart`).
+    starting: bool,
+    /// The worktree report a resumed or replayed run recorded, whether the
+    /// run waits for its worktree to be sealed, and whether it was.
+    recorded_worktree: Option<crate::worktree::WorktreeReport>,
+    sealing: bool,
+    sealed: bool,
     /// Agent ids of the background children started and not yet reported
     /// in the history (semantics §15).
     background: Vec<crate::id::AgentId>,
@@ -366,8 +375,18 @@ impl StepMachine {
         output_value(&self.state, self.template.output_mode, self.inherited)
     }
 
-    /// Starts the run: the template's program if it has one, else the model.
+    /// Starts the run: its start hooks first when it has any (a run that
+    /// starts afresh, not from a checkpoint), then the template's program
+    /// if it has one, else the model.
     pub fn start(&mut self, catalog: &dyn Catalog) -> Vec<Action> {
+        if let Some(hooks) = self.start_hooks(catalog) {
+            return hooks;
+        }
+        self.start_now(catalog)
+    }
+
+    /// [`start`](Self::start), its start hooks done.
+    pub(super) fn start_now(&mut self, catalog: &dyn Catalog) -> Vec<Action> {
         let Some(handler) = self.template.handler.clone() else {
             let mut actions: Vec<Action> = Vec::new();
             if self.resumed {

@@ -225,6 +225,9 @@ impl StepMachine {
         if let Some(wait) = self.wait_for_background() {
             return wait;
         }
+        if let Some(seal) = self.seal_first() {
+            return seal;
+        }
         self.state.status = AgentStatus::Completed;
         vec![Action::Finish]
     }

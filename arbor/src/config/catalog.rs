@@ -45,7 +45,8 @@ impl Config {
         self.check_tools(&names)?;
         let mut builder = tools
             .register(Catalog::builder())
-            .workspaces(self.workspace_opener(), self.workspace.roots.clone());
+            .workspaces(self.workspace_opener(), self.workspace.roots.clone())
+            .principal_roots(self.workspace.principal_roots.clone());
         if let Some(hooks) = &self.hooks {
             builder = builder.lifecycle(Arc::new(hooks.clone()));
         }
@@ -73,6 +74,7 @@ impl Config {
         builder.build().map_err(|e| ConfigError {
             file: self.source.clone(),
             problems: vec![Problem {
+                file: None,
                 line: None,
                 key: "agents".into(),
                 message: e.to_string(),
@@ -117,6 +119,7 @@ impl Config {
         ConfigError {
             file: self.source.clone(),
             problems: vec![Problem {
+                file: None,
                 line: None,
                 key: format!("{table}.{name}.{key}"),
                 message,

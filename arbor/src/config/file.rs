@@ -53,6 +53,19 @@ pub struct ConfigFile {
     /// Where trees' agents work, and how their commands run.
     #[serde(default)]
     pub workspace: WorkspaceSection,
+    /// `[model_aliases]`: the model names of agent files (Claude Code's
+    /// `sonnet`, `opus`, `haiku`, full model ids, and `inherit` for a root)
+    /// as `[models]` entries.
+    #[serde(default)]
+    pub model_aliases: BTreeMap<String, String>,
+    /// `[agents] include`: agent files and directories of them to load,
+    /// relative to the config's directory (`super::agent_files`).
+    #[serde(skip)]
+    pub agent_include: Vec<PathBuf>,
+    /// `[[stored_agent_files]]`: the agent files a stored config carries
+    /// (what its tree started with); loaded instead of any directory.
+    #[serde(skip)]
+    pub stored_agent_files: Vec<super::agent_files::StoredAgentFile>,
 }
 
 /// `[workspace]`: the workspace tools' directory and the shell's sandbox.
@@ -77,6 +90,12 @@ pub struct WorkspaceSection {
     /// serve`); empty: any directory (the CLI's).
     #[serde(default)]
     pub roots: Vec<PathBuf>,
+    /// `[workspace.principal_roots] NAME = [...]`: the directories the
+    /// requests of principal `NAME` (`[service.principals.NAME]`) must keep
+    /// their workspace inside, instead of `roots`, so tenants of one
+    /// service cannot point their agents at each other's repositories.
+    #[serde(default)]
+    pub principal_roots: std::collections::BTreeMap<String, Vec<PathBuf>>,
 }
 
 /// `[policy]`: patterns over tool names (`fs/*`, `fs/write_*`, `rg`) that cap
@@ -627,6 +646,11 @@ pub struct AgentSection {
     /// What its parent does when its run fails.
     #[serde(default)]
     pub failure: FailureSection,
+    /// `"worktree"`: each of its runs works in a git worktree of its own,
+    /// on a new branch from its parent's workspace (absent: `"shared"`, in
+    /// its parent's workspace).
+    #[serde(default)]
+    pub isolation: arbor_actors::worktree::Isolation,
     /// A program that drives it (semantics §4.5): a `.ts` or `.js` file,
     /// relative to the config's directory, whose default export is a
     /// generator function (Codebuff's `handleSteps`) or an

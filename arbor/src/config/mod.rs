@@ -5,6 +5,7 @@
 //! problem in `read`, its checks in `check`, and building the models and the
 //! catalog from it in `catalog`.
 
+pub mod agent_files;
 mod catalog;
 mod check;
 mod file;
@@ -23,6 +24,7 @@ use arbor_supervisor::{ToolPolicy, TreeLimits, check_pattern};
 
 use crate::tools::command::CommandTool;
 use crate::tools::mcp::McpSettings;
+pub use agent_files::{AgentFiles, AgentOrigin};
 use catalog::ModelSpec;
 use check::{
     check_graph, check_limits, check_models, check_service, command_tools, mcp_servers, templates,
@@ -70,6 +72,8 @@ pub const DEFAULT_CONFIG_NAME: &str = "<built-in config.toml>";
 /// One problem in a config file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {
+    /// The file, when it is not the config's own (an agent file).
+    pub file: Option<String>,
     /// The line of the key (or of its table), when the file has it.
     pub line: Option<usize>,
     /// The dotted key, e.g. `agents.writer.max_steps`.
@@ -93,9 +97,10 @@ impl fmt::Display for ConfigError {
             if i > 0 {
                 writeln!(f)?;
             }
+            let file = p.file.as_deref().unwrap_or(&self.file);
             match p.line {
-                Some(line) => write!(f, "{}:{line}: {}: {}", self.file, p.key, p.message)?,
-                None => write!(f, "{}: {}: {}", self.file, p.key, p.message)?,
+                Some(line) => write!(f, "{file}:{line}: {}: {}", p.key, p.message)?,
+                None => write!(f, "{file}: {}: {}", p.key, p.message)?,
             }
         }
         Ok(())
@@ -122,6 +127,9 @@ pub struct Config {
     pub command_tools: Vec<Arc<CommandTool>>,
     /// The lifecycle hooks, checked; `None` when there are none.
     pub hooks: Option<crate::tools::hooks::HookSet>,
+    /// The agents loaded from agent files (`[agents] include`, `--agents`,
+    /// a workspace's `.claude/agents`): where each came from, by name.
+    pub agent_origins: BTreeMap<String, AgentOrigin>,
     /// How trees' workspaces are opened (sandbox, shell environment, roots).
     pub workspace: WorkspaceSettings,
     /// `[service]`, validated and typed.
@@ -159,27 +167,55 @@ impl Config {
     /// Reads and validates a config file: a regular file of at most 4 MiB
     /// (a device, a FIFO or a larger file is refused, naming it).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Self::load_with(path, &AgentFiles::default())
+    }
+
+    /// [`Config::load`], with the agent files of `agents` too (`--agents`
+    /// directories, a workspace's `.claude/agents`).
+    pub fn load_with(path: &Path, agents: &AgentFiles) -> Result<Config, ConfigError> {
         let source = path.display().to_string();
         let text = open::read_text(path).map_err(|message| ConfigError {
             file: source.clone(),
             problems: vec![Problem {
+                file: None,
                 line: None,
                 key: "(file)".into(),
                 message,
             }],
         })?;
         let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Self::parse(&text, &source, base_dir)
+        Self::parse_with(&text, &source, base_dir, agents, |_| {})
     }
 
     /// The built-in default config.
     pub fn default_config() -> Result<Config, ConfigError> {
-        Self::parse(DEFAULT_CONFIG, DEFAULT_CONFIG_NAME, PathBuf::from("."))
+        Self::default_config_with(&AgentFiles::default())
+    }
+
+    /// The built-in default config with the agent files of `agents`.
+    pub fn default_config_with(agents: &AgentFiles) -> Result<Config, ConfigError> {
+        Self::parse_with(
+            DEFAULT_CONFIG,
+            DEFAULT_CONFIG_NAME,
+            PathBuf::from("."),
+            agents,
+            |_| {},
+        )
     }
 
     /// Parses and validates config text; `source` names it in errors.
     pub fn parse(text: &str, source: &str, base_dir: PathBuf) -> Result<Config, ConfigError> {
-        Self::parse_with(text, source, base_dir, |_| {})
+        Self::parse_with(text, source, base_dir, &AgentFiles::default(), |_| {})
+    }
+
+    /// [`Config::parse`], with the agent files of `agents` too.
+    pub fn parse_with_agents(
+        text: &str,
+        source: &str,
+        base_dir: PathBuf,
+        agents: &AgentFiles,
+    ) -> Result<Config, ConfigError> {
+        Self::parse_with(text, source, base_dir, agents, |_| {})
     }
 
     /// Parses config text, lets `restore` complete the file's sections (what
@@ -189,6 +225,7 @@ impl Config {
         raw: &str,
         source: &str,
         base_dir: PathBuf,
+        agents: &AgentFiles,
         restore: impl FnOnce(&mut ConfigFile),
     ) -> Result<Config, ConfigError> {
         let error = |problems| ConfigError {
@@ -197,8 +234,18 @@ impl Config {
         };
         let parsed = Source::parse(raw).map_err(|p| error(vec![p]))?;
         let text = &parsed;
-        let (mut file, mut problems, broken) = parse_file(text).map_err(|p| error(vec![p]))?;
+        let (mut file, mut problems, mut broken) = parse_file(text).map_err(|p| error(vec![p]))?;
         restore(&mut file);
+        check_model_aliases(&file, text, &mut problems);
+        let loaded = agent_files::load(
+            &mut file,
+            &base_dir,
+            agents,
+            text,
+            source,
+            &mut problems,
+            &mut broken,
+        );
         check_limits(&file.limits, text, &mut problems);
         let mut limits = file.limits.clone();
         let rule = file.policy.rule();
@@ -223,31 +270,10 @@ impl Config {
         }
         limits.tools = ToolPolicy::new(rule);
         let mcp_servers = mcp_servers(&file, &base_dir, text, &mut problems);
-        let command_tools = command_tools(&file, &base_dir, text, &mut problems);
-        // The agents run PreToolUse and PostToolUse hooks so far: the
-        // config's own hooks of the other events are refused, and those of
-        // a Claude Code settings file are skipped, saying so.
-        for (name, entries) in &file.hooks.events {
-            if !entries.is_empty() && !RUN_HOOKS.contains(&name.as_str()) {
-                problems.push(at(
-                    text,
-                    "hooks",
-                    name,
-                    format!("{name} hooks are not run by this build yet: only PreToolUse, PostToolUse, SubagentStop and Stop are"),
-                ));
-            }
-        }
         let hooks = match crate::tools::hooks::HookSet::from_section(&file.hooks, &base_dir) {
-            Ok(hooks) => {
-                for event in hooks.events() {
-                    if !RUN_HOOKS.contains(&event.name()) {
-                        tracing::warn!(
-                            "{event} hooks of {:?} are not run by this build yet: only PreToolUse, PostToolUse, SubagentStop and Stop are",
-                            file.hooks.claude_settings
-                        );
-                    }
-                }
-                (!hooks.is_empty()).then_some(hooks)
+            Ok(mut hooks) => {
+                loaded.add_hooks(&mut hooks, &mut problems);
+                (!hooks.is_empty() || loaded.has_hooks()).then_some(hooks)
             }
             Err(found) => {
                 for (key, message) in found {
@@ -258,6 +284,21 @@ impl Config {
             }
         };
         let workspace = WorkspaceSettings::check(&file.workspace, &base_dir, text, &mut problems);
+        for name in file.workspace.principal_roots.keys() {
+            if !file.service.principals.contains_key(name) {
+                problems.push(at(
+                    text,
+                    "workspace.principal_roots",
+                    name,
+                    format!("{name:?} is no principal: [service.principals] has no such entry"),
+                ));
+            }
+        }
+        // Command tools run in the workspace's sandbox too.
+        let command_tools = command_tools(&file, &base_dir, text, &mut problems)
+            .into_iter()
+            .map(|tool| Arc::new((*tool).clone().with_sandbox(workspace.sandbox.clone())))
+            .collect();
         let mut unresolved_tools = Vec::new();
         let templates = templates(
             &file,
@@ -282,17 +323,28 @@ impl Config {
                 format!("no agent named {agent:?}"),
             ));
         }
+        for p in problems
+            .iter_mut()
+            .chain(unresolved_tools.iter_mut().map(|(_, p)| p))
+        {
+            loaded.relocate(p);
+        }
         if !problems.is_empty() {
             // The file fails anyway: report the tool names nothing in it
             // provides too, so one check shows every problem.
             problems.extend(unresolved_tools.into_iter().map(|(_, p)| p));
-            problems.sort_by_key(|p| p.line);
+            // The config's own first, then each agent file's, each in line order.
+            problems.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
             return Err(error(problems));
+        }
+        let mut snapshot = text.redacted();
+        if !loaded.stored.is_empty() {
+            snapshot = agent_files::with_stored(&snapshot, &loaded.stored);
         }
         Ok(Config {
             file,
             base_dir,
-            snapshot: text.redacted(),
+            snapshot,
             source: source.to_owned(),
             limits,
             templates,
@@ -300,6 +352,7 @@ impl Config {
             mcp_servers,
             command_tools,
             hooks,
+            agent_origins: loaded.origins,
             workspace,
             service,
             unresolved_tools,
@@ -396,6 +449,7 @@ impl Config {
             snapshot,
             &format!("<the config tree {tree_id} started with>"),
             base_dir,
+            &AgentFiles::default(),
             |file| {
                 redact::restore_secrets(file, tree_id, current);
                 read::drop_unsent_system_prompts(file);
@@ -419,6 +473,25 @@ impl Config {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn principal_roots_for_a_principal_the_service_lacks_are_refused_naming_it() {
+        let text = "[service.principals.alice]\ntoken_env = \"A\"\nrole = \"user\"\n\n\
+                    [workspace.principal_roots]\nalice = [\"repos/alice\"]\nmallory = [\"repos/m\"]\n";
+        let error = Config::parse(text, "c.toml", PathBuf::from("/srv")).unwrap_err();
+        let error = error.to_string();
+        assert!(
+            error.contains("c.toml:7: workspace.principal_roots.mallory"),
+            "{error}"
+        );
+        assert!(!error.contains("alice"), "{error}");
+        let ok = text.replace("mallory = [\"repos/m\"]\n", "");
+        let config = Config::parse(&ok, "c.toml", PathBuf::from("/srv")).unwrap();
+        assert_eq!(
+            config.workspace.principal_roots["alice"],
+            vec![PathBuf::from("/srv/repos/alice")]
+        );
+    }
 
     #[test]
     fn a_stored_config_keeps_no_header_value_and_takes_it_back_from_the_current_file() {
@@ -451,8 +524,23 @@ mod tests {
     }
 }
 
-/// The hook events the agents run so far.
-const RUN_HOOKS: [&str; 4] = ["PreToolUse", "PostToolUse", "SubagentStop", "Stop"];
+/// `[model_aliases]`: each value a `[models]` entry.
+fn check_model_aliases(file: &ConfigFile, text: &Source<'_>, problems: &mut Vec<Problem>) {
+    for (alias, model) in &file.model_aliases {
+        if !file.models.contains_key(model) {
+            let known: Vec<&str> = file.models.keys().map(String::as_str).collect();
+            problems.push(at(
+                text,
+                "model_aliases",
+                alias,
+                format!(
+                    "{alias} = {model:?}: no such [models] entry (configured: {})",
+                    known.join(", ")
+                ),
+            ));
+        }
+    }
+}
 
 /// `[workspace]`, checked: the sandbox found and tried, the roots absolute.
 #[derive(Clone, Debug, Default)]
@@ -464,6 +552,8 @@ pub struct WorkspaceSettings {
     pub shell_env: Option<Vec<String>>,
     /// Directories a start request's workspace must be inside (empty: any).
     pub roots: Vec<PathBuf>,
+    /// The roots of each principal that has its own, instead of `roots`.
+    pub principal_roots: std::collections::BTreeMap<String, Vec<PathBuf>>,
 }
 
 impl WorkspaceSettings {
@@ -491,6 +581,16 @@ impl WorkspaceSettings {
             sandbox,
             shell_env: section.shell_env.clone(),
             roots: section.roots.iter().map(|r| base_dir.join(r)).collect(),
+            principal_roots: section
+                .principal_roots
+                .iter()
+                .map(|(name, roots)| {
+                    (
+                        name.clone(),
+                        roots.iter().map(|r| base_dir.join(r)).collect(),
+                    )
+                })
+                .collect(),
         }
     }
 }

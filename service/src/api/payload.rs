@@ -64,6 +64,7 @@ const FAILURE_KINDS: &[&str] = &[
     "internal",
     "looping",
     "stalled",
+    "blocked",
     "program",
 ];
 
@@ -228,6 +229,26 @@ fn event_fields(t: EventType) -> (Fields, Fields) {
                     }),
                 ),
             ],
+            vec![],
+        ),
+        EventType::WorktreeSealed => (
+            vec![(
+                "report",
+                json!({
+                    "type": "object",
+                    "description": "The sealed worktree: branch, base, path (while kept), commits [{sha, subject}], files [{path, added, removed}], summary, error",
+                    "required": ["branch", "base", "commits", "files", "summary"],
+                    "properties": {
+                        "branch": {"type": "string"},
+                        "base": {"type": "string"},
+                        "path": {"type": "string"},
+                        "commits": {"type": "array", "items": {"type": "object"}},
+                        "files": {"type": "array", "items": {"type": "object"}},
+                        "summary": {"type": "string"},
+                        "error": {"type": "string"}
+                    }
+                }),
+            )],
             vec![],
         ),
         EventType::Stalled => (vec![step, ("idleMs", count())], vec![]),

@@ -103,6 +103,13 @@ pub struct RunView {
     /// agent's output mode; null while it runs.
     #[schema(value_type = Option<Object>)]
     pub value: Value,
+    /// Its todo list as its last todo call wrote it (`TodoWrite`,
+    /// `write_todos`, `workspace/todos`): `[{content, status, activeForm}]`,
+    /// status `pending`, `in_progress` or `completed`; absent when it has
+    /// none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub todos: Option<Vec<arbor::tools::workspace::notes::Todo>>,
 }
 
 /// One Server-Sent Event of a run's stream (the document's schema of each
@@ -294,6 +301,7 @@ pub async fn get_run(
             run_id,
             live: true,
             is_final: false,
+            todos: arbor::tools::workspace::notes::latest(&state.message_history),
             state: Some(state),
             value: Value::Null,
         }));
@@ -335,6 +343,9 @@ pub async fn get_run(
         run_id,
         live: false,
         is_final,
+        todos: state
+            .as_ref()
+            .and_then(|s| arbor::tools::workspace::notes::latest(&s.message_history)),
         state,
         value,
     }))

@@ -40,6 +40,8 @@ pub(crate) struct RunLog {
     /// Its `PreToolUse` verdicts by call id, and its stop hooks' by
     /// `stop@STEP` (issue 36).
     pub(crate) hook_verdicts: HashMap<String, arbor_actors::lifecycle::Verdict>,
+    /// Its `worktreeSealed` report (issue 36).
+    pub(crate) worktree: Option<arbor_actors::worktree::WorktreeReport>,
     /// Message ids of the history being rebuilt from deltas.
     ids: Vec<u64>,
     /// Where it finished among the tree's runs.
@@ -257,7 +259,13 @@ impl TreeLog {
                 // (A PostToolUse verdict is in the call's result already.)
                 let resumed = matches!(
                     e.get("hook").and_then(Value::as_str),
-                    Some("PreToolUse" | "Stop" | "SubagentStop")
+                    Some(
+                        "PreToolUse"
+                            | "Stop"
+                            | "SubagentStop"
+                            | "UserPromptSubmit"
+                            | "SubagentStart"
+                    )
                 );
                 if let (true, Some(id)) = (resumed, str_of("toolCallId"))
                     && let Some(verdict) = e.get("verdict").and_then(|v| {
@@ -266,6 +274,14 @@ impl TreeLog {
                     })
                 {
                     self.run(run_id).hook_verdicts.insert(id, verdict);
+                }
+            }
+            Some(EventType::WorktreeSealed) => {
+                if let Some(report) = e.get("report").and_then(|v| {
+                    <arbor_actors::worktree::WorktreeReport as serde::Deserialize>::deserialize(v)
+                        .ok()
+                }) {
+                    self.run(run_id).worktree = Some(report);
                 }
             }
             Some(EventType::ApprovalDecided) => {
@@ -595,6 +611,9 @@ impl TreeLog {
                 recovery
                     .hook_verdicts
                     .insert(id.clone(), r.hook_verdicts.clone());
+            }
+            if let Some(report) = &r.worktree {
+                recovery.worktrees.insert(id.clone(), report.clone());
             }
         }
         for (run_id, last_final, checkpoint) in runs {

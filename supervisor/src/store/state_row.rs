@@ -19,7 +19,8 @@ use serde_json::Value;
 /// one per checkpoint). Ids of the tree's own runs are kept without the
 /// `TREE/` every one of them starts with.
 ///
-/// A row has 18 fields; one a build before failure kinds wrote has 17 (no
+/// A row has 18 fields, 19 for an isolated run's final state (its
+/// worktree); one a build before failure kinds wrote has 17 (no
 /// `error_kind`) and reads as one without a kind.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub(crate) struct StateRow<'a> {
@@ -61,6 +62,10 @@ pub(crate) struct StateRow<'a> {
     /// What kind of failure ended the run.
     #[serde(default)]
     pub(crate) error_kind: Option<FailureKind>,
+    /// The sealed worktree of an isolated run (issue 36); written only
+    /// when there is one, so every other row keeps its 18 fields.
+    #[serde(default)]
+    pub(crate) worktree: Cow<'a, Option<arbor_actors::worktree::WorktreeReport>>,
 }
 
 /// An id in a row: `PATH` for a run of the row's tree (`0.2~1`), else the
@@ -133,7 +138,8 @@ const OUTPUT_AT: usize = 6;
 
 impl Serialize for StateRow<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut row = serializer.serialize_tuple(FIELDS)?;
+        let fields = FIELDS + usize::from(self.worktree.is_some());
+        let mut row = serializer.serialize_tuple(fields)?;
         row.serialize_element(&self.agent_id)?;
         row.serialize_element(&self.agent_type)?;
         row.serialize_element(&self.run_id)?;
@@ -152,6 +158,9 @@ impl Serialize for StateRow<'_> {
         row.serialize_element(&self.children_spawned)?;
         row.serialize_element(&self.inherited)?;
         row.serialize_element(&self.error_kind)?;
+        if self.worktree.is_some() {
+            row.serialize_element(&self.worktree)?;
+        }
         row.end()
     }
 }
@@ -193,6 +202,7 @@ impl<'a> StateRow<'a> {
             children_spawned,
             inherited,
             error_kind: state.error_kind,
+            worktree: Cow::Borrowed(&state.worktree),
         }
     }
 }
@@ -254,6 +264,7 @@ impl StateRow<'static> {
                 direct_credits_used: self.direct_credits_used,
                 status: self.status,
                 error_kind: self.error_kind,
+                worktree: self.worktree.into_owned(),
             },
         })
     }
@@ -297,6 +308,7 @@ mod tests {
             direct_credits_used: 0.25,
             status: AgentStatus::Failed,
             error_kind: Some(FailureKind::ModelTruncated),
+            worktree: None,
         }
     }
 
@@ -321,6 +333,43 @@ mod tests {
             (2, 1, 5)
         );
         assert_eq!(back.state, state);
+    }
+
+    /// An isolated run's final row has a 19th field, its worktree, and
+    /// reads back with it; every other row keeps its 18.
+    #[test]
+    fn an_isolated_runs_row_keeps_its_worktree_as_a_nineteenth_field() {
+        let mut state = state();
+        state.worktree = Some(arbor_actors::worktree::WorktreeReport {
+            branch: "arbor/worker-t1-0-2-1".into(),
+            base: "abc".into(),
+            summary: "no changes".into(),
+            ..Default::default()
+        });
+        let row = StateRow::of("t1", &state, (3, 4), (2, 1, 5));
+        let stored = serde_json::to_value(&row).unwrap();
+        assert_eq!(stored.as_array().unwrap().len(), 19);
+        assert_eq!(stored[18]["branch"], "arbor/worker-t1-0-2-1");
+        let back = StateRow::read(&stored)
+            .unwrap()
+            .into_checkpoint(
+                "t1",
+                state.message_history.clone(),
+                state.system_prompt.clone(),
+                state.tool_definitions.clone(),
+            )
+            .unwrap();
+        assert_eq!(back.state, state);
+        state.worktree = None;
+        let row = StateRow::of("t1", &state, (3, 4), (2, 1, 5));
+        assert_eq!(
+            serde_json::to_value(&row)
+                .unwrap()
+                .as_array()
+                .unwrap()
+                .len(),
+            18
+        );
     }
 
     /// Rows as the builds before the named row wrote them (an 18-field

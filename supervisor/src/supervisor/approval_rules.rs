@@ -308,6 +308,10 @@ impl TreeHooks for RuledHooks {
         self.port().workspace()
     }
 
+    fn worktree_report(&self, run_id: &RunId) -> Option<arbor_actors::worktree::WorktreeReport> {
+        self.port().worktree_report(run_id)
+    }
+
     fn lifecycle(&self) -> Option<Arc<dyn arbor_actors::lifecycle::Lifecycle>> {
         self.port().lifecycle()
     }

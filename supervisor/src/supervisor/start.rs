@@ -137,7 +137,8 @@ impl Supervisor {
                 .limits
                 .as_ref()
                 .is_some_and(|l| l.workspace.is_some());
-            if asked && self.confined_workspaces && catalog.workspace_roots().is_empty() {
+            let roots = catalog.workspace_roots(request.principal.as_deref());
+            if asked && self.confined_workspaces && roots.is_empty() {
                 return Err(Error::InvalidRequest {
                     field: "limits.workspace".to_owned(),
                     problem: "this service takes no workspace from a request: its config names \
@@ -145,10 +146,7 @@ impl Supervisor {
                         .to_owned(),
                 });
             }
-            limits.workspace = Some(crate::request::admit_workspace(
-                spec,
-                catalog.workspace_roots(),
-            )?);
+            limits.workspace = Some(crate::request::admit_workspace(spec, roots)?);
         }
         let workspace = match limits
             .workspace
@@ -284,6 +282,10 @@ impl Supervisor {
         };
         let (tx, rx) = oneshot::channel();
         let hooks = self.ruled_hooks(ctx.clone(), allowed);
+        let workspace = {
+            let tree_workspace = arbor_actors::TreeHooks::workspace(&*ctx);
+            template.workspace_for(tree_workspace.as_ref(), &root_run_id)
+        };
         let (root, root_task) = Actor::spawn(
             None,
             AgentActor,
@@ -293,6 +295,7 @@ impl Supervisor {
                 reply: Reply::Root(tx),
                 slot,
                 parent_span: tree_span,
+                workspace,
             },
         )
         .await

@@ -82,12 +82,10 @@ use tokio::process::Command;
 
 use crate::keeper::{self, CallLock};
 
-pub(crate) mod output;
-pub(crate) mod run;
 mod template;
 
-use output::Tail;
-use run::NotStarted;
+use crate::process::output::Tail;
+use crate::process::{self as run, NotStarted};
 use template::Template;
 
 /// How much of stderr's end a failure shows.
@@ -257,6 +255,7 @@ impl CommandToolSection {
                 timeout,
                 timeout_text: self.timeout.trim().to_owned(),
                 max_output_bytes: self.max_output_bytes,
+                sandbox: None,
             }),
             _ => Err(problems),
         }
@@ -340,21 +339,7 @@ fn on_path(program: &Path) -> PathBuf {
         return program.to_path_buf();
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
-    find_on(&path, program).unwrap_or_else(|| program.to_path_buf())
-}
-
-/// The first executable file named `program` in the absolute directories
-/// of `path` (a `PATH` value): the one lookup of the crate's programs (a
-/// command tool's, the sandbox's `bwrap`, the hooks' `bash`).
-pub(crate) fn find_on(path: &std::ffi::OsStr, program: &Path) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    std::env::split_paths(path)
-        .filter(|dir| dir.is_absolute())
-        .map(|dir| dir.join(program))
-        .find(|file| {
-            std::fs::metadata(file)
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+    crate::program::find_on(&path, program).unwrap_or_else(|| program.to_path_buf())
 }
 
 /// A command tool, built from a [`CommandToolSection`]: each call renders the
@@ -377,9 +362,27 @@ pub struct CommandTool {
     timeout: Duration,
     timeout_text: String,
     max_output_bytes: usize,
+    /// The sandbox its calls run in (`[workspace] sandbox`), if any: the
+    /// calling agent's workspace writable (unless read-only), the rest of
+    /// the file system read-only, a fresh `/tmp`, no network unless allowed.
+    sandbox: Option<crate::sandbox::Sandbox>,
+}
+
+/// Where a sandboxed call runs: the sandbox, the workspace it may write
+/// (or only read) and the directory it starts in.
+struct Confined<'a> {
+    sandbox: &'a crate::sandbox::Sandbox,
+    workspace: Option<(PathBuf, bool)>,
 }
 
 impl CommandTool {
+    /// The same tool, its calls run in `sandbox` (none: as Arbor's own
+    /// processes).
+    pub fn with_sandbox(mut self, sandbox: Option<crate::sandbox::Sandbox>) -> Self {
+        self.sandbox = sandbox;
+        self
+    }
+
     /// The argv a call with `input` runs: the program, then the arguments
     /// (elements mentioning an absent property dropped). Pure.
     pub fn argv(&self, input: &Value) -> Vec<String> {
@@ -425,9 +428,29 @@ impl CommandTool {
         args: &[String],
         piped_stdin: bool,
         lock: Option<&CallLock>,
+        confined: Option<&Confined<'_>>,
     ) -> (Command, bool) {
-        let mut command = Command::new(&self.spawn);
-        command.args(args).env_clear();
+        let mut command = match confined {
+            Some(Confined { sandbox, workspace }) => {
+                let mut argv = Vec::with_capacity(args.len() + 1);
+                argv.push(self.spawn.to_string_lossy().into_owned());
+                argv.extend(args.iter().cloned());
+                let (root, writable) = match workspace {
+                    Some((root, writable)) => (root.clone(), *writable),
+                    None => (PathBuf::from("/"), false),
+                };
+                let cwd = self.cwd.clone().unwrap_or_else(|| root.clone());
+                let mut command = Command::new(sandbox.program());
+                command.args(sandbox.argv_with(&root, writable, &cwd, &argv));
+                command
+            }
+            None => {
+                let mut command = Command::new(&self.spawn);
+                command.args(args);
+                command
+            }
+        };
+        command.env_clear();
         if let Some(path) = std::env::var_os("PATH") {
             command.env("PATH", path);
         }
@@ -436,7 +459,7 @@ impl CommandTool {
                 command.env(name, value);
             }
         }
-        if let Some(dir) = &self.cwd {
+        if let (Some(dir), None) = (&self.cwd, confined) {
             command.current_dir(dir);
         }
         command
@@ -463,6 +486,7 @@ impl CommandTool {
         args: Vec<String>,
         stdin: Option<String>,
         lock: Option<CallLock>,
+        confined: Option<Confined<'_>>,
     ) -> Result<String, ToolError> {
         if let Some(i) = args.iter().position(|a| a.contains('\0')) {
             return Err(self.error(format_args!(
@@ -470,7 +494,8 @@ impl CommandTool {
                 i + 1
             )));
         }
-        let (command, kept) = self.command(&args, stdin.is_some(), lock.as_ref());
+        let (command, kept) =
+            self.command(&args, stdin.is_some(), lock.as_ref(), confined.as_ref());
         let limits = (self.max_output_bytes, STDERR_TAIL_BYTES);
         let finished = match run::run(command, kept, stdin, self.timeout, limits, lock).await {
             Ok(finished) => finished,
@@ -582,7 +607,26 @@ impl Tool for CommandTool {
                 self.timeout_text
             ))
         })?;
-        let stdout = self.run(args, stdin, lock).await?;
+        // Sandboxed (`[workspace] sandbox`): in the calling agent's
+        // workspace's sandbox (a worktree's lets git write its repository
+        // too), with no writable workspace when the agent has none.
+        let workspace = match (&self.sandbox, &ctx.workspace) {
+            (Some(_), Some(_)) => Some(crate::workspace::workspace_of(&self.name, &ctx).await?),
+            _ => None,
+        };
+        let confined = self.sandbox.as_ref().map(|config| Confined {
+            sandbox: workspace
+                .as_ref()
+                .and_then(|ws| ws.sandbox.as_ref())
+                .unwrap_or(config),
+            workspace: workspace.as_ref().map(|ws| {
+                (
+                    ws.root().to_path_buf(),
+                    ws.access() == crate::workspace::Access::ReadWrite,
+                )
+            }),
+        });
+        let stdout = self.run(args, stdin, lock, confined).await?;
         Ok(ToolOutput::Json(Value::String(stdout)))
     }
 }

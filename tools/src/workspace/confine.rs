@@ -45,7 +45,7 @@ pub struct Workspace {
     pub(super) reads: Reads,
     pub(super) env: Vec<String>,
     /// The sandbox the shell runs in, if the config asks for one.
-    pub(super) sandbox: Option<crate::sandbox::Sandbox>,
+    pub(crate) sandbox: Option<crate::sandbox::Sandbox>,
 }
 
 impl fmt::Debug for Workspace {
@@ -64,6 +64,14 @@ impl arbor_actors::tool::Workspace for Workspace {
 
     fn read_only(&self) -> bool {
         self.access == Access::ReadOnly
+    }
+
+    fn isolate(
+        self: Arc<Self>,
+        run: &arbor_actors::id::RunId,
+        agent_type: &str,
+    ) -> Option<Arc<dyn arbor_actors::tool::Workspace>> {
+        Some(super::worktree::isolate(self, run, agent_type))
     }
 }
 

@@ -80,6 +80,7 @@ pub mod search;
 pub mod shell;
 pub mod stale;
 mod tool;
+pub mod worktree;
 
 use std::sync::Arc;
 

@@ -50,3 +50,106 @@ pub fn render(todos: &[Todo]) -> String {
     let _ = write!(out, "({done}/{} done)", todos.len());
     out
 }
+
+/// The names of the todo tools of every family.
+pub const TODO_TOOLS: [&str; 3] = ["workspace/todos", "write_todos", "TodoWrite"];
+
+/// The run's todo list as its last todo call (of any family) wrote it,
+/// read off its history (every call gives the whole list); `None` when it
+/// never wrote one. What the API, `arbor show` and the page show.
+pub fn latest(history: &arbor_actors::History) -> Option<Vec<Todo>> {
+    history.iter().rev().find_map(|m| {
+        m.tool_calls()
+            .filter(|c| TODO_TOOLS.contains(&c.tool_name.as_str()))
+            .last()
+            .and_then(|c| from_input(&c.input.value()))
+    })
+}
+
+/// A todo call's list, whichever family's shape it has: each entry's
+/// `content` (Claude Code, Arbor) or `task` (Codebuff), its `status`, or
+/// `completed` (Codebuff's boolean), and `activeForm` when given.
+pub fn from_input(input: &serde_json::Value) -> Option<Vec<Todo>> {
+    let entries = input.get("todos")?.as_array()?;
+    let todos = entries
+        .iter()
+        .filter_map(|e| {
+            let content = e
+                .get("content")
+                .or_else(|| e.get("task"))
+                .and_then(serde_json::Value::as_str)?
+                .to_owned();
+            let status = match (
+                e.get("status").and_then(serde_json::Value::as_str),
+                e.get("completed").and_then(serde_json::Value::as_bool),
+            ) {
+                (Some("completed"), _) | (None, Some(true)) => Status::Completed,
+                (Some("in_progress"), _) => Status::InProgress,
+                _ => Status::Pending,
+            };
+            let active_form = e
+                .get("activeForm")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned);
+            Some(Todo {
+                content,
+                status,
+                active_form,
+            })
+        })
+        .collect();
+    Some(todos)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use arbor_actors::message::ToolCall;
+    use arbor_actors::{History, Message};
+    use serde_json::json;
+
+    use super::*;
+
+    fn call(name: &str, input: serde_json::Value) -> Message {
+        Message::assistant(
+            None,
+            vec![ToolCall {
+                tool_call_id: "c".into(),
+                tool_name: name.into(),
+                input: input.into(),
+            }],
+        )
+    }
+
+    #[test]
+    fn the_latest_todo_list_of_any_family_is_read_off_the_history() {
+        let mut history = History::new();
+        assert_eq!(latest(&history), None);
+        history.push(call(
+            "TodoWrite",
+            json!({"todos": [{"content": "Run the tests", "status": "in_progress", "activeForm": "Running the tests"}]}),
+        ));
+        history.push(Message::user("go on"));
+        let todos = latest(&history).unwrap();
+        assert_eq!(todos[0].status, Status::InProgress);
+        assert_eq!(todos[0].active_form.as_deref(), Some("Running the tests"));
+        // Codebuff's shape, written later, wins.
+        history.push(call(
+            "write_todos",
+            json!({"todos": [{"task": "Fix a.txt", "completed": true}, {"task": "Fix b.txt", "completed": false}]}),
+        ));
+        let todos = latest(&history).unwrap();
+        assert_eq!(
+            todos
+                .iter()
+                .map(|t| (t.content.as_str(), t.status))
+                .collect::<Vec<_>>(),
+            [
+                ("Fix a.txt", Status::Completed),
+                ("Fix b.txt", Status::Pending)
+            ]
+        );
+        assert_eq!(render(&todos), "[x] Fix a.txt\n[ ] Fix b.txt\n(1/2 done)");
+    }
+}

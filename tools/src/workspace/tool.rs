@@ -111,7 +111,7 @@ impl Tool for WorkspaceTool {
     }
 
     async fn call(&self, input: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        let ws = workspace_of(self.name, &ctx)?;
+        let ws = workspace_of(self.name, &ctx).await?;
         match self.family {
             Family::Arbor => arbor::call(self, ws, input, ctx).await,
             Family::Codebuff => codebuff::call(self, ws, input, ctx).await,
@@ -121,18 +121,27 @@ impl Tool for WorkspaceTool {
 }
 
 /// The calling agent's workspace, or the error a tool without one answers.
-pub fn workspace_of(tool: &str, ctx: &ToolContext) -> Result<Arc<Workspace>, ToolError> {
+pub async fn workspace_of(tool: &str, ctx: &ToolContext) -> Result<Arc<Workspace>, ToolError> {
     let Some(handle) = ctx.workspace.clone() else {
         return Err(ToolError::new(format!(
             "{tool}: this agent has no workspace, so it cannot use files or the shell (its tree was started without one)"
         )));
     };
     let any: Arc<dyn Any + Send + Sync> = handle;
-    any.downcast::<Workspace>().map_err(|_| {
-        ToolError::new(format!(
+    let any = match any.downcast::<Workspace>() {
+        Ok(ws) => return Ok(ws),
+        Err(any) => any,
+    };
+    match any.downcast::<super::worktree::Worktree>() {
+        // The agent's own worktree is made the first time it is used.
+        Ok(worktree) => worktree
+            .open()
+            .await
+            .map_err(|e| ToolError::new(format!("{tool}: {e}"))),
+        Err(_) => Err(ToolError::new(format!(
             "{tool}: this agent's workspace is not one the workspace tools can use"
-        ))
-    })
+        ))),
+    }
 }
 
 /// The input schema of `T` ([`schema_for`](arbor_actors::tool::schema_for)),

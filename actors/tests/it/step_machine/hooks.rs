@@ -18,7 +18,7 @@ impl Catalog for Hooked<'_> {
     fn knows_agent(&self, requested: &str) -> bool {
         self.0.knows_agent(requested)
     }
-    fn hooks_before(&self, tool: &str) -> bool {
+    fn hooks_before(&self, tool: &str, _agent_type: &str) -> bool {
         tool == "echo"
     }
 }
@@ -261,7 +261,7 @@ impl Catalog for Stopping<'_> {
     fn knows_agent(&self, requested: &str) -> bool {
         self.0.knows_agent(requested)
     }
-    fn hooks_at_stop(&self, event: HookEvent, _agent_type: &str) -> bool {
+    fn hooks_at(&self, event: HookEvent, _agent_type: &str) -> bool {
         matches!(event, HookEvent::Stop | HookEvent::SubagentStop)
     }
 }
@@ -378,7 +378,7 @@ impl Catalog for AllowedForGood<'_> {
     fn always_allowed(&self, tool: &str) -> bool {
         tool == "echo"
     }
-    fn hooks_before(&self, tool: &str) -> bool {
+    fn hooks_before(&self, tool: &str, _agent_type: &str) -> bool {
         tool == "echo"
     }
 }
@@ -424,4 +424,166 @@ fn a_hooks_ask_is_asked_even_of_a_tool_allowed_for_good() {
         })
         .collect();
     assert_eq!(asked, ["s1-0"]);
+}
+
+/// A catalog with start hooks (`UserPromptSubmit`, `SubagentStart`).
+struct Starting<'a>(&'a Cat);
+
+impl Catalog for Starting<'_> {
+    fn template(&self, id: &str) -> Option<Arc<AgentTemplate>> {
+        self.0.template(id)
+    }
+    fn knows_agent(&self, requested: &str) -> bool {
+        self.0.knows_agent(requested)
+    }
+    fn hooks_at(&self, event: HookEvent, _agent_type: &str) -> bool {
+        matches!(
+            event,
+            HookEvent::UserPromptSubmit | HookEvent::SubagentStart
+        )
+    }
+}
+
+fn start_hooks(run: &mut Run) -> HookEvent {
+    let cat = Starting(&run.cat);
+    match &run.m.start(&cat)[..] {
+        [Action::RunStartHooks { event, prompt }] => {
+            assert_eq!(prompt, "task");
+            *event
+        }
+        other => panic!("expected RunStartHooks, got {:?}", kinds(other)),
+    }
+}
+
+#[test]
+fn a_start_hooks_context_joins_the_history_before_the_first_model_call() {
+    let mut run = worker(false);
+    let event = start_hooks(&mut run);
+    let cat = Starting(&run.cat);
+    let verdict = Verdict {
+        context: vec!["Current branch: main".into()],
+        ..Verdict::default()
+    };
+    let req = request(run.m.start_hooks_done(verdict.clone(), &cat));
+    let last = req.messages.last().unwrap();
+    assert_eq!(last.text(), "Current branch: main");
+    assert!(last.has_tag("HOOK_CONTEXT"));
+    // Journaled under start@0, so a restart takes it instead of running
+    // the hooks again; a second answer does nothing.
+    assert!(run.m.take_events().iter().any(|e| matches!(e,
+        EventKind::HookDecided { tool_call_id, hook, verdict: v, .. }
+            if tool_call_id == "start@0" && *hook == event && *v == verdict)));
+    assert!(run.m.start_hooks_done(Verdict::default(), &cat).is_empty());
+}
+
+/// `worker`'s machine as a tree's root (no parent).
+fn root_worker() -> Run {
+    let mut run = worker(false);
+    let mut state = run.m.state().clone();
+    state.parent_id = None;
+    state.ancestor_run_ids = Default::default();
+    let template = run.m.template().clone();
+    let tb = toolbox(&template);
+    run.m = StepMachine::new(state, template, tb, 0, "tree-1".parse().unwrap());
+    run
+}
+
+#[test]
+fn a_prompt_hook_that_blocks_fails_the_run_before_any_model_call() {
+    let block = || Verdict {
+        block: Some("Security policy violation".into()),
+        ..Verdict::default()
+    };
+    let mut root = root_worker();
+    assert_eq!(start_hooks(&mut root), HookEvent::UserPromptSubmit);
+    let cat = Starting(&root.cat);
+    let actions = root.m.start_hooks_done(block(), &cat);
+    assert!(!kinds(&actions).contains(&"CallModel"));
+    assert_eq!(root.state().status, AgentStatus::Failed);
+    assert_eq!(
+        root.state().error_kind,
+        Some(arbor_actors::FailureKind::Blocked)
+    );
+    // Claude Code's SubagentStart cannot block: the child goes on.
+    let mut child = worker(false);
+    assert_eq!(start_hooks(&mut child), HookEvent::SubagentStart);
+    let cat = Starting(&child.cat);
+    request(child.m.start_hooks_done(block(), &cat));
+    assert_eq!(child.state().status, AgentStatus::Running);
+}
+
+#[test]
+fn a_recorded_start_verdict_is_taken_without_running_the_hooks_again() {
+    let mut run = worker(false);
+    let verdict = Verdict {
+        context: vec!["recorded".into()],
+        ..Verdict::default()
+    };
+    run.m
+        .recover_hook_verdicts(HashMap::from([("start@0".to_owned(), verdict)]));
+    let cat = Starting(&run.cat);
+    let req = request(run.m.start(&cat));
+    assert_eq!(req.messages.last().unwrap().text(), "recorded");
+}
+
+#[test]
+fn continue_false_from_a_pre_tool_use_hook_stops_the_agent_and_no_call_runs() {
+    let mut run = worker(false);
+    request(run.start());
+    let actions = reply(&mut run, calls("s1", &[("echo", json!({"n": 1}))]));
+    let requests = hook_requests(&actions);
+    let cat = Hooked(&run.cat);
+    let stop = Verdict {
+        stop: Some("Build is broken; stop here.".into()),
+        ..Verdict::default()
+    };
+    let step = run.m.step();
+    let actions = run
+        .m
+        .hooks_done(step, vec![(requests[0].index, stop)], &cat);
+    assert!(
+        !kinds(&actions).contains(&"RunTool"),
+        "{:?}",
+        kinds(&actions)
+    );
+    assert_eq!(run.state().status, AgentStatus::Failed);
+    assert_eq!(
+        run.state().error_kind,
+        Some(arbor_actors::FailureKind::Blocked)
+    );
+    let output = run.state().output.clone().unwrap_or_default().to_string();
+    assert!(output.contains("Build is broken; stop here."), "{output}");
+}
+
+#[test]
+fn a_run_resumed_after_a_stop_hook_kept_it_going_tells_the_next_stop_hook_it_is_active() {
+    let mut run = worker(false);
+    // The history a checkpoint holds after a stop hook blocked once.
+    let mut state = run.m.state().clone();
+    state
+        .message_history
+        .push(Message::user("You have not said DONE").with_tag(arbor_actors::STOP_HOOK));
+    let template = run.m.template().clone();
+    run.m = StepMachine::new(
+        state,
+        template.clone(),
+        toolbox(&template),
+        0,
+        "tree-1".parse().unwrap(),
+    );
+    request(run.start());
+    let step = run.m.step();
+    let cat = Stopping(&run.cat);
+    let actions = run.m.model_replied(
+        step,
+        ModelResponse {
+            message: Message::assistant(Some("DONE".into()), vec![]),
+            usage: USAGE,
+        },
+        &cat,
+    );
+    match &actions[..] {
+        [Action::RunStopHooks { active, .. }] => assert!(*active),
+        other => panic!("expected RunStopHooks, got {:?}", kinds(other)),
+    }
 }

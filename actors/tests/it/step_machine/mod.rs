@@ -32,6 +32,7 @@ mod spawning;
 mod steering;
 mod structured;
 mod watchdogs;
+mod worktrees;
 
 // ------------------------------------------------------------ test doubles
 
@@ -193,6 +194,8 @@ fn kind(action: &Action) -> &'static str {
         Action::AwaitChildren => "AwaitChildren",
         Action::AwaitApproval => "AwaitApproval",
         Action::Finish => "Finish",
+        Action::SealWorktree => "SealWorktree",
+        Action::RunStartHooks { .. } => "RunStartHooks",
     }
 }
 

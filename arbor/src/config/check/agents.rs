@@ -342,6 +342,7 @@ pub(in crate::config) fn templates(
         t.approval_timeout = approval_timeout;
         t.approval_default = approval_default;
         t.on_turn_end = on_turn_end;
+        t.isolation = a.isolation;
         t.model_options = std::sync::Arc::new(a.model_options.clone().unwrap_or_default());
         t.failure = failure;
         if let Some(program) = &a.program {

@@ -1,0 +1,59 @@
+//! Sealing a run's worktree as it completes (issue 36, [`crate::worktree`]):
+//! the machine asks its driver once, waits for the report, journals it
+//! (`worktreeSealed`) and puts it in the state; a resumed or replayed run
+//! takes the recorded report instead.
+
+use super::{Action, StepMachine};
+use crate::event::EventKind;
+use crate::worktree::{Isolation, WorktreeReport};
+
+impl StepMachine {
+    /// The worktree report a resumed or replayed run recorded: taken when
+    /// the run completes, without sealing again.
+    pub fn recover_worktree(&mut self, report: WorktreeReport) {
+        self.side().recorded_worktree = Some(report);
+    }
+
+    /// The run would complete: an isolated run seals its worktree first.
+    /// `None`: nothing to seal (any more), go on completing.
+    pub(super) fn seal_first(&mut self) -> Option<Vec<Action>> {
+        if self.template.isolation != Isolation::Worktree || self.state.worktree.is_some() {
+            return None;
+        }
+        let side = self.side();
+        if side.sealed {
+            return None;
+        }
+        if side.sealing {
+            return Some(Vec::new());
+        }
+        if let Some(report) = side.recorded_worktree.take() {
+            side.sealed = true;
+            self.state.worktree = Some(report);
+            return None;
+        }
+        side.sealing = true;
+        Some(vec![Action::SealWorktree])
+    }
+
+    /// The worktree was sealed (`None`: there was none to seal, the agent
+    /// never used its workspace): journaled, then the run completes.
+    pub fn worktree_sealed(&mut self, report: Option<WorktreeReport>) -> Vec<Action> {
+        let side = self.side();
+        if !side.sealing {
+            return Vec::new();
+        }
+        side.sealing = false;
+        side.sealed = true;
+        if let Some(report) = report {
+            self.events.push(EventKind::WorktreeSealed {
+                report: report.clone(),
+            });
+            self.state.worktree = Some(report);
+        }
+        if self.state.status.is_final() {
+            return Vec::new();
+        }
+        self.complete()
+    }
+}

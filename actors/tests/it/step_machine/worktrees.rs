@@ -1,0 +1,80 @@
+//! Sealing an isolated run's worktree in the step machine (issue 36): the
+//! run completes only once its worktree is sealed, the report is journaled
+//! and kept in its state, and a resumed run takes the recorded report
+//! instead of sealing again.
+
+use super::*;
+use arbor_actors::worktree::{Isolation, WorktreeCommit, WorktreeReport};
+
+fn isolated() -> Run {
+    let mut t = AgentTemplate::new("editor", "m");
+    t.isolation = Isolation::Worktree;
+    Run::solo(t)
+}
+
+fn report() -> WorktreeReport {
+    WorktreeReport {
+        branch: "arbor/editor-x".into(),
+        base: "b".into(),
+        path: Some("/w".into()),
+        commits: vec![WorktreeCommit {
+            sha: "c".into(),
+            subject: "s".into(),
+        }],
+        files: Vec::new(),
+        summary: "1 file changed".into(),
+        error: None,
+    }
+}
+
+#[test]
+fn an_isolated_run_completes_only_after_its_worktree_is_sealed() {
+    let mut run = isolated();
+    request(run.start());
+    let actions = run.reply(Message::assistant_text("done"));
+    assert_eq!(kinds(&actions), ["SealWorktree"]);
+    assert_eq!(run.state().status, AgentStatus::Running);
+    // A second report of the same seal does nothing.
+    let actions = run.m.worktree_sealed(Some(report()));
+    assert_eq!(kinds(&actions), ["Finish"]);
+    assert!(run.m.worktree_sealed(Some(report())).is_empty());
+    let s = run.state();
+    assert_eq!(s.status, AgentStatus::Completed);
+    assert_eq!(s.worktree, Some(report()));
+    let events = run.m.take_events();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, EventKind::WorktreeSealed { report: r } if *r == report())),
+        "the seal is journaled"
+    );
+    // The parent reads the branch in the child's value.
+    assert_eq!(run.m.output_value()["worktree"]["branch"], "arbor/editor-x");
+}
+
+#[test]
+fn a_worktree_never_made_completes_without_a_report() {
+    let mut run = isolated();
+    request(run.start());
+    run.reply(Message::assistant_text("done"));
+    assert_eq!(kinds(&run.m.worktree_sealed(None)), ["Finish"]);
+    assert_eq!(run.state().worktree, None);
+    assert!(run.m.output_value().get("worktree").is_none());
+}
+
+#[test]
+fn a_resumed_run_takes_the_recorded_report_without_sealing_again() {
+    let mut run = isolated();
+    run.m.recover_worktree(report());
+    request(run.start());
+    let actions = run.reply(Message::assistant_text("done"));
+    assert_eq!(kinds(&actions), ["Finish"]);
+    assert_eq!(run.state().worktree, Some(report()));
+}
+
+#[test]
+fn a_shared_run_never_seals() {
+    let mut run = Run::solo(AgentTemplate::new("solo", "m"));
+    request(run.start());
+    assert_eq!(kinds(&run.reply(Message::assistant_text("hi"))), ["Finish"]);
+}
