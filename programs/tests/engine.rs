@@ -3,7 +3,6 @@
 //! the yields and what the generator is sent back, and the engine's limits.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -417,5 +416,4 @@ fn a_program_file_may_export_the_generator_itself() {
     let none = dir(&[("x.ts", "export const y = 1\n")]);
     let err = load_program_file(none.path(), &none.path().join("x.ts"), fast()).unwrap_err();
     assert!(err.message.contains("exports no handleSteps"), "{err}");
-    let _ = Path::new("");
 }
