@@ -1,6 +1,7 @@
 //! Taking stored trees up again: resuming one, adopting many at once (one
 //! claim, one read), and replaying one on its recorded replies.
 
+use arbor_actors::TreeId;
 use std::sync::Arc;
 
 use super::{StartRequest, Supervisor, TreeHandle};
@@ -13,7 +14,7 @@ impl Supervisor {
     /// from their stored final states, runs that were cut short go on from their
     /// last checkpoint, and recorded model replies are served instead of asking
     /// the model again.
-    pub async fn resume(&self, tree_id: &str) -> Result<TreeHandle, Error> {
+    pub async fn resume(&self, tree_id: &TreeId) -> Result<TreeHandle, Error> {
         let writer = self.writer_to_take(tree_id, StoreUse::Resume)?;
         // Atomic: of two processes resuming one tree, one gets it.
         let (record, recovery) = self
@@ -34,7 +35,7 @@ impl Supervisor {
     /// in it.
     pub async fn adopt(
         &self,
-        tree_ids: Vec<String>,
+        tree_ids: Vec<TreeId>,
         before: impl Fn(&TreeRecord),
     ) -> Result<Vec<(String, Result<TreeHandle, Error>)>, Error> {
         let Some((_, writer)) = &self.store else {
@@ -91,7 +92,7 @@ impl Supervisor {
     }
 
     /// The request a claimed stored tree resumes with.
-    fn resumed_request(&self, tree_id: &str, record: TreeRecord) -> Result<StartRequest, Error> {
+    fn resumed_request(&self, tree_id: &TreeId, record: TreeRecord) -> Result<StartRequest, Error> {
         let mut request = record.request()?;
         if self.catalogs.is_none() && request.config != self.config && self.config.is_some() {
             // It runs on this supervisor's catalog: say so, and record it.
@@ -107,12 +108,12 @@ impl Supervisor {
 
     /// The store's writer, to take the stored tree `tree_id` over with (for
     /// `needed_for`): refused without a store, or while the tree runs here.
-    fn writer_to_take(&self, tree_id: &str, needed_for: StoreUse) -> Result<&StoreWriter, Error> {
+    fn writer_to_take(&self, tree_id: &TreeId, needed_for: StoreUse) -> Result<&StoreWriter, Error> {
         let Some((_, writer)) = &self.store else {
             return Err(Error::NoStore { needed_for });
         };
         if self.is_running(tree_id) {
-            return Err(Error::TreeExists(tree_id.to_owned()));
+            return Err(Error::TreeExists(tree_id.to_string()));
         }
         Ok(writer)
     }
@@ -121,7 +122,7 @@ impl Supervisor {
     /// store recovers of it.
     async fn claim_stored(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         claim: fn(&dyn Store, &str) -> Result<u64, Error>,
     ) -> Result<(TreeRecord, Recovery), Error> {
         self.store_takes_writes()?;
@@ -140,7 +141,7 @@ impl Supervisor {
     pub(super) async fn go_on(
         &self,
         writer: &StoreWriter,
-        tree_id: &str,
+        tree_id: &TreeId,
         request: StartRequest,
         mut recovery: Recovery,
     ) -> Result<TreeHandle, Error> {
@@ -148,7 +149,7 @@ impl Supervisor {
             self.registry.record(state);
         }
         writer.send(Write::Known {
-            tree_id: tree_id.to_owned(),
+            tree_id: tree_id.to_string(),
             messages: std::mem::take(&mut recovery.message_ids),
             calls: recovery.replies.keys().cloned().collect(),
             runs: std::mem::take(&mut recovery.runs),

@@ -234,10 +234,10 @@ impl Supervisor {
     }
 
     /// Whether a tree with this id runs in this supervisor.
-    pub fn is_running(&self, tree_id: &str) -> bool {
+    pub fn is_running(&self, tree_id: &TreeId) -> bool {
         self.trees
             .locked()
-            .get(tree_id)
+            .get(tree_id.as_str())
             .is_some_and(|(ctx, _)| ctx.strong_count() > 0)
     }
 

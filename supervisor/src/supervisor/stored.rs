@@ -6,6 +6,7 @@
 //! A cancel of a tree nobody runs (it was interrupted) stores it as
 //! cancelled, so that no process resumes or adopts it.
 
+use arbor_actors::TreeId;
 use arbor_actors::RunId;
 use arbor_actors::sync::LockExt as _;
 use serde_json::json;
@@ -61,7 +62,7 @@ pub(crate) enum CancelPlan {
 /// for a run below the root of a tree nobody runs (only a running tree can
 /// cancel part of itself).
 pub(crate) fn plan_cancel(
-    tree_id: &str,
+    tree_id: &TreeId,
     run_id: &str,
     root_run_id: &str,
     status: TreeStatus,
@@ -168,11 +169,11 @@ impl Supervisor {
     /// The budgets in force for the tree `tree_id` (semantics §13): its
     /// limits with every raise over them, read from this process when it
     /// runs the tree, else from the store (for a tree that has ended too).
-    pub async fn budgets(&self, tree_id: &str) -> Result<Raised, Error> {
+    pub async fn budgets(&self, tree_id: &TreeId) -> Result<Raised, Error> {
         let here = self
             .trees
             .locked()
-            .get(tree_id)
+            .get(tree_id.as_str())
             .and_then(|(ctx, _)| ctx.upgrade());
         if let Some(ctx) = here {
             return Ok(ctx.budget.budgets());
@@ -195,7 +196,7 @@ impl Supervisor {
     /// ([`Error::RaiseEnded`]) for a tree that has ended.
     pub async fn raise_stored(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         set: Raised,
         add: Raised,
     ) -> Result<BudgetOutcome, Error> {

@@ -9,6 +9,7 @@
 //! looks for ended trees with turns waiting. The decision itself is
 //! [`decide_turn`], a plain function.
 
+use arbor_actors::TreeId;
 use std::str::FromStr;
 
 use arbor_actors::TreeHooks as _;
@@ -191,7 +192,7 @@ impl Supervisor {
     /// start.
     pub async fn start_turn(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         request: TurnRequest,
     ) -> Result<TurnStart, Error> {
         let Some((_, writer)) = &self.store else {
@@ -315,7 +316,7 @@ impl Supervisor {
     /// reason, and a turn that could never start is dropped.
     pub async fn next_turn(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         only: Option<u64>,
     ) -> Result<Option<(QueuedTurn, TreeHandle)>, Error> {
         let Some((_, writer)) = &self.store else {
