@@ -47,9 +47,9 @@ pub(crate) use writer::{RESUME_SEQ_GAP, StoreWriter, WriterHealth, WriterHooks};
 #[serde(rename_all = "camelCase")]
 pub struct TreeRecord {
     /// The tree's id.
-    pub tree_id: String,
+    pub tree_id: TreeId,
     /// The root's run id (`<tree>/0`).
-    pub root_run_id: String,
+    pub root_run_id: RunId,
     /// The root's agent type (the template id it started as).
     pub agent: String,
     /// The root's prompt.
@@ -82,30 +82,21 @@ pub struct TreeRecord {
 }
 
 impl TreeRecord {
-    /// The request that starts this tree again (resume, replay); a stored
-    /// id that is not a tree id (none is: they are checked before they are
-    /// stored) is [`crate::Error::InvalidTreeId`].
+    /// The request that starts this tree again (resume, replay).
     pub fn request(self) -> Result<crate::StartRequest, crate::Error> {
-        let tree_id = self
-            .tree_id
-            .parse::<arbor_actors::TreeId>()
-            .map_err(|_| crate::Error::InvalidTreeId(self.tree_id.clone()))?;
         Ok(crate::StartRequest {
             agent: self.agent,
             prompt: self.prompt,
             params: self.params,
             limits: Some(self.limits),
             model: self.model,
-            tree_id: Some(tree_id),
+            tree_id: Some(self.tree_id),
             history: self.history,
             origin: self.origin,
             config: self.config,
             principal: self.principal,
             // The turn its root's run id names (`T/0~n` is turn n).
-            turn: self
-                .root_run_id
-                .parse::<arbor_actors::RunId>()
-                .map_or(0, |id| id.attempt()),
+            turn: self.root_run_id.attempt(),
         })
     }
 }
@@ -289,7 +280,7 @@ pub struct Control {
     /// Its id, increasing in the order controls were posted.
     pub id: u64,
     /// The tree it is for.
-    pub tree_id: String,
+    pub tree_id: TreeId,
     /// What it says.
     pub body: Value,
 }
@@ -303,7 +294,7 @@ pub struct QueuedTurn {
     /// Its id in the store, increasing in the order turns were queued.
     pub id: u64,
     /// The tree it is a turn of.
-    pub tree_id: String,
+    pub tree_id: TreeId,
     /// Its turn number: its root will be run `T/0~turn`.
     pub turn: u32,
     /// The turn's prompt.
@@ -318,8 +309,8 @@ pub struct QueuedTurn {
 
 impl QueuedTurn {
     /// The run id its root will have: `T/0~turn`.
-    pub fn run_id(&self) -> String {
-        format!("{}/0~{}", self.tree_id, self.turn)
+    pub fn run_id(&self) -> RunId {
+        self.tree_id.root().retry(self.turn)
     }
 }
 
@@ -447,10 +438,6 @@ pub struct TreeDump {
     pub segments: Vec<Segment>,
 }
 
-/// Copies the tree `tree_id` with its whole log from one store to another
-/// (of either backend), unchanged, and the turns queued for it (same turn
-/// numbers and order; queued again, so their wait starts anew); refused if
-/// `to` has a tree of that id.
 /// Tree ids as the store keeps them (text), typed; one that is no tree id
 /// is the store's corruption, named.
 pub(crate) fn tree_ids(ids: Vec<String>) -> Result<Vec<TreeId>, Error> {
@@ -462,7 +449,11 @@ pub(crate) fn tree_ids(ids: Vec<String>) -> Result<Vec<TreeId>, Error> {
         .collect()
 }
 
-pub fn copy_tree(from: &dyn Store, to: &dyn Store, tree_id: &str) -> Result<(), Error> {
+/// Copies the tree `tree_id` with its whole log from one store to another
+/// (of either backend), unchanged, and the turns queued for it (same turn
+/// numbers and order; queued again, so their wait starts anew); refused if
+/// `to` has a tree of that id.
+pub fn copy_tree(from: &dyn Store, to: &dyn Store, tree_id: &TreeId) -> Result<(), Error> {
     let dump = from.dump(tree_id)?;
     let queued = from.queued_turns(tree_id)?;
     to.load(&dump)?;
@@ -478,9 +469,11 @@ pub fn copy_tree(from: &dyn Store, to: &dyn Store, tree_id: &str) -> Result<(), 
 #[serde(rename_all = "camelCase")]
 pub struct TreeSummary {
     /// The tree's id.
-    pub tree_id: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub tree_id: TreeId,
     /// The root's run id.
-    pub root_run_id: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub root_run_id: RunId,
     /// The root's agent type.
     pub agent: String,
     /// The root's prompt.

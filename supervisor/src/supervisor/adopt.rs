@@ -37,7 +37,7 @@ impl Supervisor {
         &self,
         tree_ids: Vec<TreeId>,
         before: impl Fn(&TreeRecord),
-    ) -> Result<Vec<(String, Result<TreeHandle, Error>)>, Error> {
+    ) -> Result<Vec<(TreeId, Result<TreeHandle, Error>)>, Error> {
         let Some((_, writer)) = &self.store else {
             return Err(Error::NoStore {
                 needed_for: StoreUse::Resume,
@@ -46,7 +46,7 @@ impl Supervisor {
         // A store that is down (or failed) is not claimed from: this
         // process could not run what it took.
         self.store_takes_writes()?;
-        let ids: Vec<String> = tree_ids
+        let ids: Vec<TreeId> = tree_ids
             .into_iter()
             .filter(|id| !self.is_running(id))
             .collect();
@@ -56,7 +56,7 @@ impl Supervisor {
         let read = self
             .read_store(move |store| {
                 let claimed = store.claim_interrupted(&ids)?;
-                let ids: Vec<String> = claimed.iter().map(|(id, _)| id.clone()).collect();
+                let ids: Vec<TreeId> = claimed.iter().map(|(id, _)| id.clone()).collect();
                 let read = store.resumes(&ids)?;
                 let mut out = Vec::with_capacity(read.len());
                 for ((tree_id, epoch), read) in claimed.into_iter().zip(read) {
@@ -97,7 +97,7 @@ impl Supervisor {
         if self.catalogs.is_none() && request.config != self.config && self.config.is_some() {
             // It runs on this supervisor's catalog: say so, and record it.
             tracing::warn!(
-                tree = tree_id,
+                tree = %tree_id,
                 "resuming on this process's config, not the one the tree started with; \
                  the change is recorded with the tree"
             );
@@ -108,7 +108,11 @@ impl Supervisor {
 
     /// The store's writer, to take the stored tree `tree_id` over with (for
     /// `needed_for`): refused without a store, or while the tree runs here.
-    fn writer_to_take(&self, tree_id: &TreeId, needed_for: StoreUse) -> Result<&StoreWriter, Error> {
+    fn writer_to_take(
+        &self,
+        tree_id: &TreeId,
+        needed_for: StoreUse,
+    ) -> Result<&StoreWriter, Error> {
         let Some((_, writer)) = &self.store else {
             return Err(Error::NoStore { needed_for });
         };
@@ -123,7 +127,7 @@ impl Supervisor {
     async fn claim_stored(
         &self,
         tree_id: &TreeId,
-        claim: fn(&dyn Store, &str) -> Result<u64, Error>,
+        claim: fn(&dyn Store, &TreeId) -> Result<u64, Error>,
     ) -> Result<(TreeRecord, Recovery), Error> {
         self.store_takes_writes()?;
         let id = tree_id.to_owned();

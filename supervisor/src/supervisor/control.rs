@@ -231,7 +231,12 @@ impl Supervisor {
     /// event, so a resumed tree keeps it. Returns the budgets now in force.
     /// Refused for a raise of nothing ([`Error::NothingRaised`]) or one that
     /// cannot be in force ([`Error::RaiseRefused`], see [`Raised::check_raise`]).
-    pub fn raise_limits(&self, tree_id: &TreeId, set: Raised, add: Raised) -> Result<Raised, Error> {
+    pub fn raise_limits(
+        &self,
+        tree_id: &TreeId,
+        set: Raised,
+        add: Raised,
+    ) -> Result<Raised, Error> {
         if set.is_empty() && add.is_empty() {
             return Err(Error::NothingRaised);
         }

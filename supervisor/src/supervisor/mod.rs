@@ -332,7 +332,7 @@ mod stored;
 mod turns;
 
 pub use approval_rules::AlwaysAllowedNow;
-pub use stored::{BudgetOutcome, CancelOutcome};
+pub use stored::{BudgetOutcome, CancelOutcome, Target};
 
 pub use turns::{
     DEFAULT_TURN_QUEUE, Multitask, Queued, TurnDecision, TurnRequest, TurnStart, TurnsNow,

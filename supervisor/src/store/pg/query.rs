@@ -43,9 +43,15 @@ impl PgStore {
         {
             status = TreeStatus::Interrupted;
         }
+        let root: &str = r.get("root_run_id");
+        let root_run_id = root
+            .parse()
+            .map_err(|e| self.bad(&tree_id)(format!("root run id: {e}")))?;
         Ok(TreeSummary {
-            tree_id,
-            root_run_id: r.get("root_run_id"),
+            tree_id: tree_id
+                .parse()
+                .map_err(|e| self.bad(&tree_id)(format!("tree id: {e}")))?,
+            root_run_id,
             agent: r.get("agent"),
             prompt: r.get("prompt"),
             status,
@@ -552,12 +558,10 @@ impl Store for PgStore {
         params: Option<&Value>,
         limit: usize,
     ) -> Result<QueuedTurn, Error> {
-        let tree_id = tree_id.as_str();
         self.queue_turn_here(tree_id, prompt, params, limit)
     }
 
     fn queued_turns(&self, tree_id: &TreeId) -> Result<Vec<QueuedTurn>, Error> {
-        let tree_id = tree_id.as_str();
         self.queued_turns_here(tree_id)
     }
 
@@ -566,7 +570,6 @@ impl Store for PgStore {
         tree_id: &TreeId,
         only: Option<u64>,
     ) -> Result<Option<(QueuedTurn, u64)>, Error> {
-        let tree_id = tree_id.as_str();
         self.take_turn_here(tree_id, only)
     }
 

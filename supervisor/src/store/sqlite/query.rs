@@ -44,9 +44,23 @@ fn summary_row(r: &rusqlite::Row<'_>, now: u64) -> rusqlite::Result<TreeSummary>
     {
         status = TreeStatus::Interrupted;
     }
+    /// An id column, read as text and typed.
+    fn id<T: std::str::FromStr<Err = arbor_actors::IdError>>(
+        r: &rusqlite::Row<'_>,
+        column: usize,
+    ) -> rusqlite::Result<T> {
+        let text: String = r.get(column)?;
+        text.parse().map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(
+                column,
+                rusqlite::types::Type::Text,
+                Box::new(e),
+            )
+        })
+    }
     Ok(TreeSummary {
-        tree_id: r.get(0)?,
-        root_run_id: r.get(1)?,
+        tree_id: id(r, 0)?,
+        root_run_id: id(r, 1)?,
         agent: r.get(2)?,
         prompt: r.get(3)?,
         status,
@@ -357,12 +371,10 @@ impl Store for SqliteStore {
         params: Option<&Value>,
         limit: usize,
     ) -> Result<QueuedTurn, Error> {
-        let tree_id = tree_id.as_str();
         self.queue_turn_here(tree_id, prompt, params, limit)
     }
 
     fn queued_turns(&self, tree_id: &TreeId) -> Result<Vec<QueuedTurn>, Error> {
-        let tree_id = tree_id.as_str();
         self.queued_turns_here(tree_id)
     }
 
@@ -371,7 +383,6 @@ impl Store for SqliteStore {
         tree_id: &TreeId,
         only: Option<u64>,
     ) -> Result<Option<(QueuedTurn, u64)>, Error> {
-        let tree_id = tree_id.as_str();
         self.take_turn_here(tree_id, only)
     }
 
