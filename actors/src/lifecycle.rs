@@ -43,6 +43,13 @@ pub trait Lifecycle: Send + Sync {
     /// Whether any hook runs at `event` for `name` (a tool name, by the
     /// name templates use, or an agent type).
     fn wants(&self, event: HookEvent, name: &str) -> bool;
+    /// Whether any hook runs at a tool's `event` for a call of `tool` by an
+    /// agent of type `agent_type` (hooks may be an agent's own); by default
+    /// [`wants`](Self::wants), whoever calls.
+    fn wants_tool(&self, event: HookEvent, tool: &str, agent_type: &str) -> bool {
+        let _ = agent_type;
+        self.wants(event, tool)
+    }
     /// Runs the hooks of `event` for `name` with `input` (the event's own
     /// fields: `tool_name`, `tool_input`, …) and decides.
     fn run(

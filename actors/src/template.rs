@@ -233,6 +233,26 @@ pub struct AgentTemplate {
 }
 
 impl AgentTemplate {
+    /// Where a run of this template whose parent works in `parent` (for a
+    /// root, the tree's workspace) works: there, or in a worktree of its
+    /// own made from it when the template isolates it
+    /// ([`crate::worktree`]). Nothing is made here.
+    pub fn workspace_for(
+        &self,
+        parent: Option<&Arc<dyn crate::tool::Workspace>>,
+        run_id: &crate::id::RunId,
+    ) -> Option<Arc<dyn crate::tool::Workspace>> {
+        let parent = parent?.clone();
+        if self.isolation != crate::worktree::Isolation::Worktree {
+            return Some(parent);
+        }
+        let agent_type = AgentTypeId::parse(&self.id).name;
+        match parent.clone().isolate(run_id, agent_type) {
+            Some(own) => Some(own),
+            None => Some(parent),
+        }
+    }
+
     /// A template with defaults: no tools, no children, `last_message` output, 20 steps.
     pub fn new(id: impl Into<String>, model: impl Into<String>) -> Self {
         let id = id.into();

@@ -13,7 +13,6 @@
 //! seals again.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -81,24 +80,5 @@ impl WorktreeReport {
     /// Whether the branch has work to merge.
     pub fn has_changes(&self) -> bool {
         !self.commits.is_empty()
-    }
-}
-
-/// Where a run of `template` whose parent works in `parent` (for a root,
-/// the tree's workspace) works: there, or in a worktree of its own made
-/// from it when the template isolates it. Nothing is made here.
-pub fn workspace_for(
-    parent: Option<&Arc<dyn crate::tool::Workspace>>,
-    template: &crate::template::AgentTemplate,
-    run_id: &crate::id::RunId,
-) -> Option<Arc<dyn crate::tool::Workspace>> {
-    let parent = parent?.clone();
-    if template.isolation != Isolation::Worktree {
-        return Some(parent);
-    }
-    let agent_type = crate::template::AgentTypeId::parse(&template.id).name;
-    match parent.clone().isolate(run_id, agent_type) {
-        Some(own) => Some(own),
-        None => Some(parent),
     }
 }

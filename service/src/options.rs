@@ -34,6 +34,7 @@ impl ServiceOptions {
         let mut problems = Vec::new();
         let problem =
             |p: &arbor::config::PrincipalSettings, message: String| arbor::config::Problem {
+                file: None,
                 line: p.line,
                 key: format!("service.principals.{}.token_env", p.name),
                 message,

@@ -39,6 +39,11 @@ pub(crate) enum Command {
         /// Log lines on stdout as text or JSON.
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
+        /// Load the agent files of this directory (or file) too: Claude
+        /// Code's `.md` sub-agents. Repeatable. The workspace's
+        /// `.claude/agents` is loaded when present.
+        #[arg(long = "agents", value_name = "DIR")]
+        agents: Vec<PathBuf>,
     },
     /// Continue an interrupted tree from the store: finished runs are merged,
     /// cut-short runs go on from their last checkpoint.
@@ -54,6 +59,11 @@ pub(crate) enum Command {
         /// Print every event as a JSON line on stderr instead of the tree.
         #[arg(long)]
         events: bool,
+        /// With --config: load the agent files of this directory too
+        /// (repeatable); without it the tree runs on the agents it
+        /// started with, stored with it.
+        #[arg(long = "agents", value_name = "DIR")]
+        agents: Vec<PathBuf>,
         #[command(flatten)]
         at: Stored,
     },
@@ -240,6 +250,11 @@ pub(crate) enum Command {
         /// Config file (default: ./config.toml if present, else the built-in one).
         #[arg(long, short)]
         config: Option<PathBuf>,
+        /// Load the agent files of this directory (or file) too: Claude
+        /// Code's `.md` sub-agents. Repeatable. The workspace's
+        /// `.claude/agents` is loaded when present.
+        #[arg(long = "agents", value_name = "DIR")]
+        agents: Vec<PathBuf>,
     },
     /// List every tool with its source (built-in, MCP server, command) and
     /// the agents that are offered it (under [policy]; spawn tools only to
@@ -274,6 +289,11 @@ pub(crate) enum Command {
     CheckConfig {
         /// The file (default: ./config.toml if present, else the built-in one).
         file: Option<PathBuf>,
+        /// Load the agent files of this directory (or file) too: Claude
+        /// Code's `.md` sub-agents. Repeatable. The workspace's
+        /// `.claude/agents` is loaded when present.
+        #[arg(long = "agents", value_name = "DIR")]
+        agents: Vec<PathBuf>,
     },
 }
 
@@ -337,6 +357,11 @@ pub(crate) struct RunArgs {
     /// unsandboxed shell are refused).
     #[arg(long)]
     pub(crate) read_only: bool,
+    /// Load the agent files of this directory (or file) too: Claude Code's
+    /// `.md` sub-agents. Repeatable. The workspace's `.claude/agents` is
+    /// loaded when present.
+    #[arg(long = "agents", value_name = "DIR")]
+    pub(crate) agents: Vec<PathBuf>,
     /// What to ask.
     pub(crate) prompt: String,
 }

@@ -7,10 +7,13 @@ use std::process::ExitCode;
 use arbor::config::Config;
 
 use super::run::until_signal;
-use super::{async_runtime, configured_model, load_config};
+use super::{async_runtime, configured_model, load_config, load_config_with};
 
-pub(super) fn agents(config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
-    let config = load_config(config.as_deref())?;
+pub(super) fn agents(
+    config: Option<PathBuf>,
+    agents: arbor::config::AgentFiles,
+) -> anyhow::Result<ExitCode> {
+    let config = load_config_with(config.as_deref(), &agents)?;
     let list = |items: &[String]| {
         if items.is_empty() {
             "-".to_owned()
@@ -34,6 +37,12 @@ pub(super) fn agents(config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
             outln!("    {description}")?;
         }
         outln!("    tools: {}", list(&t.tools))?;
+        if let Some(origin) = config.agent_origins.get(&t.id) {
+            match &origin.color {
+                Some(color) => outln!("    from {}:{} (color {color})", origin.file, origin.line)?,
+                None => outln!("    from {}:{}", origin.file, origin.line)?,
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -122,8 +131,11 @@ pub(super) fn models(config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub(super) fn check_config(file: Option<PathBuf>) -> anyhow::Result<ExitCode> {
-    let config = load_config(file.as_deref())?;
+pub(super) fn check_config(
+    file: Option<PathBuf>,
+    agents: arbor::config::AgentFiles,
+) -> anyhow::Result<ExitCode> {
+    let config = load_config_with(file.as_deref(), &agents)?;
     config.catalog()?;
     outln!(
         "{}: ok ({} models, {} agents)",

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use arbor::config::{Config, ConfigError};
+use arbor::config::{AgentFiles, Config, ConfigError};
 use arbor_actors::{IdError, TreeId};
 use arbor_supervisor::Target;
 
@@ -31,8 +31,16 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             quiet,
             events,
+            agents,
             at,
-        } => run::resume(tree_arg(&tree_id)?, json, quiet, events, at),
+        } => run::resume(
+            tree_arg(&tree_id)?,
+            json,
+            quiet,
+            events,
+            agent_files(agents, None),
+            at,
+        ),
         Command::Replay { tree_id, at } => store::replay(tree_arg(&tree_id)?, at),
         Command::Runs {
             status,
@@ -140,7 +148,7 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             store::copy(from, to, tree.as_deref().map(tree_arg).transpose()?)
         }
         Command::Mcp(args::McpCommand::Import { file }) => config::mcp_import(&file),
-        Command::Agents { config } => config::agents(config),
+        Command::Agents { config, agents } => config::agents(config, agent_files(agents, None)),
         Command::Tools { config, json } => config::tools(config, json),
         Command::Models { config } => config::models(config),
         Command::Serve {
@@ -148,8 +156,9 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             bind,
             store,
             log_format,
+            agents,
         } => {
-            let config = load_config(config.as_deref())?;
+            let config = load_config_with(config.as_deref(), &agent_files(agents, None))?;
             service::serve(config, bind, store, log_format)
         }
         Command::Ping { config, model } => {
@@ -157,7 +166,9 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             async_runtime()?.block_on(config::ping(config, model))
         }
         Command::Loadtest(args) => async_runtime()?.block_on(loadtest::loadtest(args)),
-        Command::CheckConfig { file } => config::check_config(file),
+        Command::CheckConfig { file, agents } => {
+            config::check_config(file, agent_files(agents, None))
+        }
     }
 }
 
@@ -178,12 +189,34 @@ fn target_arg(id: &str) -> Result<Target, arbor_supervisor::Error> {
     })
 }
 
-/// `--config F`, else ./config.toml if it exists, else the built-in config.
+/// `--config F`, else ./config.toml if it exists, else the built-in config;
+/// with the current directory's `.claude/agents` when it has one, so that
+/// every command in a project reads the config `arbor run` does there.
 fn load_config(path: Option<&Path>) -> Result<Config, ConfigError> {
+    load_config_with(path, &agent_files(Vec::new(), None))
+}
+
+/// [`load_config`] with the agent files of `agents` (`--agents`, the
+/// workspace's `.claude/agents`).
+fn load_config_with(path: Option<&Path>, agents: &AgentFiles) -> Result<Config, ConfigError> {
     match path {
-        Some(path) => Config::load(path),
-        None if Path::new("config.toml").is_file() => Config::load(Path::new("config.toml")),
-        None => Config::default_config(),
+        Some(path) => Config::load_with(path, agents),
+        None if Path::new("config.toml").is_file() => {
+            Config::load_with(Path::new("config.toml"), agents)
+        }
+        None => Config::default_config_with(agents),
+    }
+}
+
+/// The agent files a command loads: its `--agents` directories, and the
+/// `.claude/agents` of `workspace` (else of the current directory) when
+/// it has one.
+fn agent_files(dirs: Vec<std::path::PathBuf>, workspace: Option<&Path>) -> AgentFiles {
+    AgentFiles {
+        dirs,
+        workspace: workspace
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::current_dir().ok()),
     }
 }
 

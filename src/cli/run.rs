@@ -12,7 +12,7 @@ use arbor_supervisor::{StartRequest, Supervisor, ToolPolicy, ToolRule, TreeLimit
 use super::args::{RunArgs, Stored};
 use super::render::{TreeRenderer, final_text, state_json};
 use super::store::tree_config;
-use super::{async_runtime, colour, load_config, log_filter, store_location};
+use super::{agent_files, async_runtime, colour, load_config_with, log_filter, store_location};
 
 /// `arbor run`'s and `arbor resume`'s logs: warnings to stderr (RUST_LOG
 /// says otherwise), and the tree's spans to an OpenTelemetry collector when
@@ -56,9 +56,18 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         deny_tools,
         workspace,
         read_only,
+        agents,
         prompt,
     } = args;
-    let config = load_config(config.as_deref())?;
+    // The workspace: --workspace, else where the command runs (made
+    // absolute here; the supervisor checks and keeps it canonical).
+    let root = match workspace {
+        Some(dir) => {
+            std::path::absolute(&dir).with_context(|| format!("--workspace {}", dir.display()))?
+        }
+        None => std::env::current_dir().context("the current directory")?,
+    };
+    let config = load_config_with(config.as_deref(), &agent_files(agents, Some(&root)))?;
     // Kept to the end, when dropping it sends the last spans (one trace per tree).
     let _otlp = command_logs(&config)?;
     let rule = ToolRule {
@@ -69,14 +78,6 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // The request asks only what the flags say: the supervisor's limits are
     // the config's, and it checks the rule as it does every caller's (a bad
     // pattern is a config error, exit 2, as in [policy]: see main.rs).
-    // The workspace: --workspace, else where the command runs (made
-    // absolute here; the supervisor checks and keeps it canonical).
-    let root = match workspace {
-        Some(dir) => {
-            std::path::absolute(&dir).with_context(|| format!("--workspace {}", dir.display()))?
-        }
-        None => std::env::current_dir().context("the current directory")?,
-    };
     let limits = Some(TreeLimits {
         tools: ToolPolicy::new(rule),
         workspace: Some(arbor_supervisor::WorkspaceSpec { root, read_only }),
@@ -160,15 +161,16 @@ pub(super) fn resume(
     json: bool,
     quiet: bool,
     events: bool,
+    agents: arbor::config::AgentFiles,
     at: Stored,
 ) -> anyhow::Result<ExitCode> {
     let Stored { config, store } = at;
-    let current = load_config(config.as_deref())?;
+    let current = load_config_with(config.as_deref(), &agents)?;
     // Before the tree's config is read: its warnings are logged.
     let _otlp = command_logs(&current)?;
     let location = store_location(&current, store)?;
     let existing = location.open_existing()?;
-    let config = tree_config(config, &*existing, &tree_id)?;
+    let config = tree_config(config, &agents, &*existing, &tree_id)?;
     drop(existing);
     let tokio = async_runtime()?;
     let _guard = tokio.enter();

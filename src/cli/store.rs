@@ -190,7 +190,7 @@ pub(super) fn export(
 pub(super) fn replay(tree_id: TreeId, at: Stored) -> anyhow::Result<ExitCode> {
     let Stored { config, store } = at;
     let store = open_store_read_only(&load_config(config.as_deref())?, store)?;
-    let config = tree_config(config, &*store, &tree_id)?;
+    let config = tree_config(config, &Default::default(), &*store, &tree_id)?;
     async_runtime()?.block_on(replay_tree(config, store, tree_id))
 }
 
@@ -265,6 +265,7 @@ pub(super) fn gc(older_than: std::time::Duration, at: Stored) -> anyhow::Result<
 /// was started with (if it is still there), else the default.
 pub(super) fn tree_config(
     flag: Option<PathBuf>,
+    agents: &arbor::config::AgentFiles,
     store: &dyn Store,
     tree_id: &TreeId,
 ) -> anyhow::Result<Config> {
@@ -273,7 +274,7 @@ pub(super) fn tree_config(
         // records the change with the tree. The file it started with is not
         // another config: both are compared without their secrets (the
         // stored one has none), and it runs on the values of the file given.
-        let config = load_config(flag.as_deref())?;
+        let config = super::load_config_with(flag.as_deref(), agents)?;
         let stored = store
             .tree(tree_id)
             .ok()

@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `arbor` binary in a temp dir, one test binary.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod agent_files;
 mod aimock;
 mod anthropic_cache;
 mod approvals_budgets;

@@ -89,14 +89,14 @@ struct ClaudeSettings {
     hooks: BTreeMap<String, Vec<ClaudeGroup>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Clone, Deserialize)]
 struct ClaudeGroup {
     #[serde(default)]
     matcher: Option<String>,
     hooks: Vec<ClaudeHook>,
 }
 
-#[derive(Deserialize)]
+#[derive(Clone, Deserialize)]
 struct ClaudeHook {
     #[serde(rename = "type")]
     kind: String,
@@ -148,6 +148,19 @@ struct Hook {
     matcher: Matcher,
     command: HookCommand,
     timeout: Duration,
+    /// The agent type it runs for only (an agent file's own hooks); every
+    /// agent's when `None`.
+    agent: Option<Arc<str>>,
+}
+
+impl Hook {
+    /// Whether it runs for an agent of type `agent_type` (`None`: unknown,
+    /// which only an unscoped hook runs for).
+    fn for_agent(&self, agent_type: Option<&str>) -> bool {
+        self.agent
+            .as_deref()
+            .is_none_or(|scope| agent_type == Some(scope))
+    }
 }
 
 /// Every hook of a runtime, checked: what runs at each event.
@@ -226,9 +239,17 @@ impl HookSet {
         self.matching(event, name).next().is_some()
     }
 
+    /// The hooks of `event` for `name`. The stop and subagent events are
+    /// asked with the agent's type as `name`, so an agent's own hooks are
+    /// told apart here; for a tool's events an agent's own hooks are in
+    /// (the caller knows no agent) and [`HookSet::run`] leaves out those
+    /// of other agents.
     fn matching<'a>(&'a self, event: HookEvent, name: &'a str) -> impl Iterator<Item = &'a Hook> {
+        let by_agent = !matches!(event, HookEvent::PreToolUse | HookEvent::PostToolUse);
         self.hooks.iter().filter(move |h| {
-            h.event == event && (event.matches_by().is_none() || h.matcher.matches(name))
+            h.event == event
+                && (event.matches_by().is_none() || h.matcher.matches(name))
+                && (!by_agent || h.for_agent(Some(name)))
         })
     }
 
@@ -257,6 +278,7 @@ impl HookSet {
         let stdin = Value::Object(input).to_string();
         let runs = futures::future::join_all(
             self.matching(event, name)
+                .filter(|hook| hook.for_agent(ctx.agent_type.as_deref()))
                 .map(|hook| self.run_one(hook, &stdin, dir, ctx)),
         )
         .await;
@@ -342,6 +364,13 @@ impl Lifecycle for HookSet {
         HookSet::wants(self, event, name)
     }
 
+    /// Only hooks that run for this agent: another agent's own tool hooks
+    /// leave its calls alone (no run, no `hookDecided`).
+    fn wants_tool(&self, event: HookEvent, tool: &str, agent_type: &str) -> bool {
+        self.matching(event, tool)
+            .any(|hook| hook.for_agent(Some(agent_type)))
+    }
+
     fn run(
         &self,
         event: HookEvent,
@@ -399,6 +428,7 @@ fn check(event: HookEvent, entry: &HookEntry) -> Result<Hook, String> {
         matcher,
         command: entry.command.clone(),
         timeout,
+        agent: None,
     })
 }
 
@@ -419,49 +449,131 @@ fn claude_hooks(path: &Path) -> Result<Vec<Hook>, String> {
             );
             continue;
         };
-        for (g, group) in groups.into_iter().enumerate() {
-            let matcher = Matcher::parse(group.matcher.as_deref())
-                .map_err(|e| format!("{}: hooks.{name}[{g}]: {e}", path.display()))?;
-            for (h, hook) in group.hooks.into_iter().enumerate() {
-                let at = || format!("{}: hooks.{name}[{g}].hooks[{h}]", path.display());
-                if hook.kind != "command" {
-                    return Err(format!(
-                        "{}: type {:?} is not run by Arbor (only \"command\" hooks are)",
-                        at(),
+        hooks.extend(
+            claude_groups(event, &name, groups, None)
+                .map_err(|(key, why)| format!("{}: {key}: {why}", path.display()))?,
+        );
+    }
+    Ok(hooks)
+}
+
+/// The hooks of one event in Claude Code's shape (a settings file's or an
+/// agent file's), scoped to `agent` when given; `Err` is (key, why).
+fn claude_groups(
+    event: HookEvent,
+    name: &str,
+    groups: Vec<ClaudeGroup>,
+    agent: Option<&Arc<str>>,
+) -> Result<Vec<Hook>, (String, String)> {
+    let mut hooks = Vec::new();
+    for (g, group) in groups.into_iter().enumerate() {
+        let matcher = Matcher::parse(group.matcher.as_deref())
+            .map_err(|e| (format!("hooks.{name}[{g}]"), e))?;
+        for (h, hook) in group.hooks.into_iter().enumerate() {
+            let at = || format!("hooks.{name}[{g}].hooks[{h}]");
+            if hook.kind != "command" {
+                return Err((
+                    at(),
+                    format!(
+                        "type {:?} is not run by Arbor (only \"command\" hooks are)",
                         hook.kind
+                    ),
+                ));
+            }
+            let Some(command) = hook.command.filter(|c| !c.trim().is_empty()) else {
+                return Err((at(), "a command hook needs a command".to_owned()));
+            };
+            let timeout = match hook.timeout {
+                None => DEFAULT_TIMEOUT,
+                Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Duration::from_secs_f64(s),
+                Some(s) => {
+                    return Err((
+                        at(),
+                        format!("timeout {s} is not a number of seconds from 0 to 86400"),
                     ));
                 }
-                let Some(command) = hook.command.filter(|c| !c.trim().is_empty()) else {
-                    return Err(format!("{}: a command hook needs a command", at()));
-                };
-                let timeout = match hook.timeout {
-                    None => DEFAULT_TIMEOUT,
-                    Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => {
-                        Duration::from_secs_f64(s)
-                    }
-                    Some(s) => {
-                        return Err(format!(
-                            "{}: timeout {s} is not a number of seconds from 0 to 86400",
-                            at()
-                        ));
-                    }
-                };
-                hooks.push(Hook {
-                    event,
-                    matcher: matcher.clone(),
-                    command: HookCommand::Shell(command),
-                    timeout,
-                });
-            }
+            };
+            hooks.push(Hook {
+                event,
+                matcher: matcher.clone(),
+                command: HookCommand::Shell(command),
+                timeout,
+                agent: agent.cloned(),
+            });
         }
     }
     Ok(hooks)
 }
 
+/// The events an agent file's `hooks` may name: those Arbor runs (the
+/// start events with the agent's own start: `UserPromptSubmit` as a root,
+/// `SubagentStart` as a child).
+/// `Stop` is the agent's own end, run as `Stop` for a root and as
+/// `SubagentStop` for a child (Claude Code turns it into `SubagentStop`).
+pub const AGENT_FILE_EVENTS: [&str; 6] = [
+    "PreToolUse",
+    "PostToolUse",
+    "Stop",
+    "SubagentStop",
+    "UserPromptSubmit",
+    "SubagentStart",
+];
+
+impl HookSet {
+    /// Adds the hooks of an agent file (Claude Code's `hooks` front matter:
+    /// `{EVENT: [{matcher, hooks: [{type: command, command, timeout}]}]}`),
+    /// run only for agents of type `agent`. An event outside
+    /// [`AGENT_FILE_EVENTS`] or a hook Arbor cannot run is refused: `Err`
+    /// is (key, why), the key as the front matter spells it
+    /// (`hooks.PreToolUse[0].hooks[1]`).
+    pub fn add_agent_hooks(&mut self, agent: &str, hooks: &Value) -> Result<(), (String, String)> {
+        let by_event: BTreeMap<String, Vec<ClaudeGroup>> =
+            serde_json::from_value(hooks.clone()).map_err(|e| {
+                (
+                    "hooks".to_owned(),
+                    format!(
+                        "not Claude Code's hooks ({{EVENT: [{{matcher, hooks: [{{type, command}}]}}]}}): {e}"
+                    ),
+                )
+            })?;
+        let scope: Arc<str> = Arc::from(agent);
+        let mut added = Vec::new();
+        for (name, groups) in by_event {
+            let event = HookEvent::from_name(&name)
+                .filter(|_| AGENT_FILE_EVENTS.contains(&name.as_str()))
+                .ok_or_else(|| {
+                    (
+                        format!("hooks.{name}"),
+                        format!(
+                            "{name} hooks are not run by Arbor for an agent (only {} are)",
+                            AGENT_FILE_EVENTS.join(", ")
+                        ),
+                    )
+                })?;
+            let hooks = claude_groups(event, &name, groups.clone(), Some(&scope))?;
+            if event == HookEvent::Stop {
+                // A child's end is SubagentStop, a root's Stop: both, each
+                // for this agent only.
+                let mut child =
+                    claude_groups(HookEvent::SubagentStop, &name, groups, Some(&scope))?;
+                added.append(&mut child);
+            }
+            added.extend(hooks);
+        }
+        if self.shell.as_os_str().is_empty() {
+            self.shell = shell();
+        }
+        let mut all = self.hooks.to_vec();
+        all.extend(added);
+        self.hooks = all.into();
+        Ok(())
+    }
+}
+
 /// bash, as Claude Code runs hooks with; sh where there is none.
 fn shell() -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    crate::command::find_on(&path, Path::new("bash")).unwrap_or_else(|| PathBuf::from("/bin/sh"))
+    crate::program::find_on(&path, Path::new("bash")).unwrap_or_else(|| PathBuf::from("/bin/sh"))
 }
 
 #[cfg(test)]

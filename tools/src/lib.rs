@@ -13,6 +13,8 @@ pub mod command;
 pub mod hooks;
 pub mod keeper;
 pub mod mcp;
+mod process;
+mod program;
 pub mod reaper;
 pub mod sandbox;
 pub mod workspace;

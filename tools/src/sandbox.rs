@@ -93,7 +93,7 @@ impl Sandbox {
         writable: Vec<PathBuf>,
     ) -> Result<Sandbox, SandboxError> {
         let program =
-            crate::command::find_on(path, Path::new("bwrap")).ok_or(SandboxError::Missing)?;
+            crate::program::find_on(path, Path::new("bwrap")).ok_or(SandboxError::Missing)?;
         let sandbox = Sandbox {
             program,
             network,

@@ -557,8 +557,7 @@ impl AgentRun {
                     }
                     return;
                 };
-                let child_ws =
-                    crate::worktree::workspace_for(workspace.as_ref(), &plan.template, &ids.run_id);
+                let child_ws = plan.template.workspace_for(workspace.as_ref(), &ids.run_id);
                 let machine = match checkpoint {
                     Some(checkpoint) => StepMachine::from_checkpoint(
                         &checkpoint,

@@ -185,10 +185,10 @@ impl Catalog for HookCatalog<'_> {
             .lifecycle()
             .is_some_and(|l| l.wants(event, agent_type))
     }
-    fn hooks_before(&self, tool: &str) -> bool {
-        self.0
-            .lifecycle()
-            .is_some_and(|l| l.wants(crate::lifecycle::HookEvent::PreToolUse, tool))
+    fn hooks_before(&self, tool: &str, agent_type: &str) -> bool {
+        self.0.lifecycle().is_some_and(|l| {
+            l.wants_tool(crate::lifecycle::HookEvent::PreToolUse, tool, agent_type)
+        })
     }
 }
 

@@ -238,7 +238,15 @@ impl AgentRun {
         let post = self
             .hooks
             .lifecycle()
-            .filter(|l| l.wants(HookEvent::PostToolUse, tool.name()))
+            .filter(|l| {
+                let agent_type = self
+                    .machine
+                    .state()
+                    .agent_type
+                    .as_deref()
+                    .unwrap_or_default();
+                l.wants_tool(HookEvent::PostToolUse, tool.name(), agent_type)
+            })
             .map(|l| (l, self.hook_call(), input.clone()));
         self.tool_tasks.push(tokio::spawn(
             async move {

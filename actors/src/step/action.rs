@@ -131,9 +131,10 @@ pub trait Catalog {
         false
     }
     /// Whether `PreToolUse` hooks run before a call of `tool` (by the name
-    /// templates use): the call waits for their verdict. None by default.
-    fn hooks_before(&self, tool: &str) -> bool {
-        let _ = tool;
+    /// templates use) by an agent of type `agent_type`: the call waits for
+    /// their verdict. None by default.
+    fn hooks_before(&self, tool: &str, agent_type: &str) -> bool {
+        let _ = (tool, agent_type);
         false
     }
 }

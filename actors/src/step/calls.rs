@@ -122,7 +122,8 @@ impl StepMachine {
                 },
                 ToolKind::External(tool) => {
                     pending.awaiting += 1;
-                    if catalog.hooks_before(tool.name()) {
+                    let agent_type = self.state.agent_type.as_deref().unwrap_or_default();
+                    if catalog.hooks_before(tool.name(), agent_type) {
                         hooked.push(hooked::Hooked::new(index, tool, input, approval));
                         continue;
                     }

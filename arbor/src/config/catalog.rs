@@ -74,6 +74,7 @@ impl Config {
         builder.build().map_err(|e| ConfigError {
             file: self.source.clone(),
             problems: vec![Problem {
+                file: None,
                 line: None,
                 key: "agents".into(),
                 message: e.to_string(),
@@ -118,6 +119,7 @@ impl Config {
         ConfigError {
             file: self.source.clone(),
             problems: vec![Problem {
+                file: None,
                 line: None,
                 key: format!("{table}.{name}.{key}"),
                 message,

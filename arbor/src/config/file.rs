@@ -53,6 +53,19 @@ pub struct ConfigFile {
     /// Where trees' agents work, and how their commands run.
     #[serde(default)]
     pub workspace: WorkspaceSection,
+    /// `[model_aliases]`: the model names of agent files (Claude Code's
+    /// `sonnet`, `opus`, `haiku`, full model ids, and `inherit` for a root)
+    /// as `[models]` entries.
+    #[serde(default)]
+    pub model_aliases: BTreeMap<String, String>,
+    /// `[agents] include`: agent files and directories of them to load,
+    /// relative to the config's directory (`super::agent_files`).
+    #[serde(skip)]
+    pub agent_include: Vec<PathBuf>,
+    /// `[[stored_agent_files]]`: the agent files a stored config carries
+    /// (what its tree started with); loaded instead of any directory.
+    #[serde(skip)]
+    pub stored_agent_files: Vec<super::agent_files::StoredAgentFile>,
 }
 
 /// `[workspace]`: the workspace tools' directory and the shell's sandbox.

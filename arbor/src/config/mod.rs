@@ -5,6 +5,7 @@
 //! problem in `read`, its checks in `check`, and building the models and the
 //! catalog from it in `catalog`.
 
+pub mod agent_files;
 mod catalog;
 mod check;
 mod file;
@@ -23,6 +24,7 @@ use arbor_supervisor::{ToolPolicy, TreeLimits, check_pattern};
 
 use crate::tools::command::CommandTool;
 use crate::tools::mcp::McpSettings;
+pub use agent_files::{AgentFiles, AgentOrigin};
 use catalog::ModelSpec;
 use check::{
     check_graph, check_limits, check_models, check_service, command_tools, mcp_servers, templates,
@@ -70,6 +72,8 @@ pub const DEFAULT_CONFIG_NAME: &str = "<built-in config.toml>";
 /// One problem in a config file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {
+    /// The file, when it is not the config's own (an agent file).
+    pub file: Option<String>,
     /// The line of the key (or of its table), when the file has it.
     pub line: Option<usize>,
     /// The dotted key, e.g. `agents.writer.max_steps`.
@@ -93,9 +97,10 @@ impl fmt::Display for ConfigError {
             if i > 0 {
                 writeln!(f)?;
             }
+            let file = p.file.as_deref().unwrap_or(&self.file);
             match p.line {
-                Some(line) => write!(f, "{}:{line}: {}: {}", self.file, p.key, p.message)?,
-                None => write!(f, "{}: {}: {}", self.file, p.key, p.message)?,
+                Some(line) => write!(f, "{file}:{line}: {}: {}", p.key, p.message)?,
+                None => write!(f, "{file}: {}: {}", p.key, p.message)?,
             }
         }
         Ok(())
@@ -122,6 +127,9 @@ pub struct Config {
     pub command_tools: Vec<Arc<CommandTool>>,
     /// The lifecycle hooks, checked; `None` when there are none.
     pub hooks: Option<crate::tools::hooks::HookSet>,
+    /// The agents loaded from agent files (`[agents] include`, `--agents`,
+    /// a workspace's `.claude/agents`): where each came from, by name.
+    pub agent_origins: BTreeMap<String, AgentOrigin>,
     /// How trees' workspaces are opened (sandbox, shell environment, roots).
     pub workspace: WorkspaceSettings,
     /// `[service]`, validated and typed.
@@ -159,27 +167,55 @@ impl Config {
     /// Reads and validates a config file: a regular file of at most 4 MiB
     /// (a device, a FIFO or a larger file is refused, naming it).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Self::load_with(path, &AgentFiles::default())
+    }
+
+    /// [`Config::load`], with the agent files of `agents` too (`--agents`
+    /// directories, a workspace's `.claude/agents`).
+    pub fn load_with(path: &Path, agents: &AgentFiles) -> Result<Config, ConfigError> {
         let source = path.display().to_string();
         let text = open::read_text(path).map_err(|message| ConfigError {
             file: source.clone(),
             problems: vec![Problem {
+                file: None,
                 line: None,
                 key: "(file)".into(),
                 message,
             }],
         })?;
         let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Self::parse(&text, &source, base_dir)
+        Self::parse_with(&text, &source, base_dir, agents, |_| {})
     }
 
     /// The built-in default config.
     pub fn default_config() -> Result<Config, ConfigError> {
-        Self::parse(DEFAULT_CONFIG, DEFAULT_CONFIG_NAME, PathBuf::from("."))
+        Self::default_config_with(&AgentFiles::default())
+    }
+
+    /// The built-in default config with the agent files of `agents`.
+    pub fn default_config_with(agents: &AgentFiles) -> Result<Config, ConfigError> {
+        Self::parse_with(
+            DEFAULT_CONFIG,
+            DEFAULT_CONFIG_NAME,
+            PathBuf::from("."),
+            agents,
+            |_| {},
+        )
     }
 
     /// Parses and validates config text; `source` names it in errors.
     pub fn parse(text: &str, source: &str, base_dir: PathBuf) -> Result<Config, ConfigError> {
-        Self::parse_with(text, source, base_dir, |_| {})
+        Self::parse_with(text, source, base_dir, &AgentFiles::default(), |_| {})
+    }
+
+    /// [`Config::parse`], with the agent files of `agents` too.
+    pub fn parse_with_agents(
+        text: &str,
+        source: &str,
+        base_dir: PathBuf,
+        agents: &AgentFiles,
+    ) -> Result<Config, ConfigError> {
+        Self::parse_with(text, source, base_dir, agents, |_| {})
     }
 
     /// Parses config text, lets `restore` complete the file's sections (what
@@ -189,6 +225,7 @@ impl Config {
         raw: &str,
         source: &str,
         base_dir: PathBuf,
+        agents: &AgentFiles,
         restore: impl FnOnce(&mut ConfigFile),
     ) -> Result<Config, ConfigError> {
         let error = |problems| ConfigError {
@@ -197,8 +234,18 @@ impl Config {
         };
         let parsed = Source::parse(raw).map_err(|p| error(vec![p]))?;
         let text = &parsed;
-        let (mut file, mut problems, broken) = parse_file(text).map_err(|p| error(vec![p]))?;
+        let (mut file, mut problems, mut broken) = parse_file(text).map_err(|p| error(vec![p]))?;
         restore(&mut file);
+        check_model_aliases(&file, text, &mut problems);
+        let loaded = agent_files::load(
+            &mut file,
+            &base_dir,
+            agents,
+            text,
+            source,
+            &mut problems,
+            &mut broken,
+        );
         check_limits(&file.limits, text, &mut problems);
         let mut limits = file.limits.clone();
         let rule = file.policy.rule();
@@ -224,7 +271,10 @@ impl Config {
         limits.tools = ToolPolicy::new(rule);
         let mcp_servers = mcp_servers(&file, &base_dir, text, &mut problems);
         let hooks = match crate::tools::hooks::HookSet::from_section(&file.hooks, &base_dir) {
-            Ok(hooks) => (!hooks.is_empty()).then_some(hooks),
+            Ok(mut hooks) => {
+                loaded.add_hooks(&mut hooks, &mut problems);
+                (!hooks.is_empty() || loaded.has_hooks()).then_some(hooks)
+            }
             Err(found) => {
                 for (key, message) in found {
                     let (table, key) = key.rsplit_once('.').unwrap_or(("hooks", &key));
@@ -266,17 +316,28 @@ impl Config {
                 format!("no agent named {agent:?}"),
             ));
         }
+        for p in problems
+            .iter_mut()
+            .chain(unresolved_tools.iter_mut().map(|(_, p)| p))
+        {
+            loaded.relocate(p);
+        }
         if !problems.is_empty() {
             // The file fails anyway: report the tool names nothing in it
             // provides too, so one check shows every problem.
             problems.extend(unresolved_tools.into_iter().map(|(_, p)| p));
-            problems.sort_by_key(|p| p.line);
+            // The config's own first, then each agent file's, each in line order.
+            problems.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
             return Err(error(problems));
+        }
+        let mut snapshot = text.redacted();
+        if !loaded.stored.is_empty() {
+            snapshot = agent_files::with_stored(&snapshot, &loaded.stored);
         }
         Ok(Config {
             file,
             base_dir,
-            snapshot: text.redacted(),
+            snapshot,
             source: source.to_owned(),
             limits,
             templates,
@@ -284,6 +345,7 @@ impl Config {
             mcp_servers,
             command_tools,
             hooks,
+            agent_origins: loaded.origins,
             workspace,
             service,
             unresolved_tools,
@@ -380,6 +442,7 @@ impl Config {
             snapshot,
             &format!("<the config tree {tree_id} started with>"),
             base_dir,
+            &AgentFiles::default(),
             |file| {
                 redact::restore_secrets(file, tree_id, current);
                 read::drop_unsent_system_prompts(file);
@@ -451,6 +514,24 @@ mod tests {
         // Without a current file, the header is left out (not sent as a placeholder).
         let alone = Config::from_snapshot(&snapshot, "t", PathBuf::from("."), None).unwrap();
         assert!(headers(&alone).is_empty());
+    }
+}
+
+/// `[model_aliases]`: each value a `[models]` entry.
+fn check_model_aliases(file: &ConfigFile, text: &Source<'_>, problems: &mut Vec<Problem>) {
+    for (alias, model) in &file.model_aliases {
+        if !file.models.contains_key(model) {
+            let known: Vec<&str> = file.models.keys().map(String::as_str).collect();
+            problems.push(at(
+                text,
+                "model_aliases",
+                alias,
+                format!(
+                    "{alias} = {model:?}: no such [models] entry (configured: {})",
+                    known.join(", ")
+                ),
+            ));
+        }
     }
 }
 

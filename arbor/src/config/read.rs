@@ -49,15 +49,26 @@ pub(super) fn parse_file(
                     }
                 }
             }
-            "agents" => reader.map(&key, value, &mut file.agents),
+            "agents" => {
+                let mut value = value;
+                if let toml::Value::Table(table) = &mut value
+                    && let Some(include) = table.remove("include")
+                {
+                    file.agent_include = reader.include(include);
+                }
+                reader.map(&key, value, &mut file.agents)
+            }
+            "model_aliases" => reader.section(&key, value, &mut file.model_aliases),
+            "stored_agent_files" => reader.section(&key, value, &mut file.stored_agent_files),
             "mcp_servers" => reader.map(&key, value, &mut file.mcp_servers),
             "tools" => reader.map(&key, value, &mut file.tools),
             _ => reader.problems.push(Problem {
+                file: None,
                 line: text.line(&[key.as_str()]),
                 key: key.clone(),
                 message: format!(
                     "unknown section `{key}` (run, limits, models, agents, store, service, \
-                     mcp_servers, tools, policy, hooks, workspace)"
+                     mcp_servers, tools, policy, hooks, workspace, model_aliases)"
                 ),
             }),
         }
@@ -123,6 +134,7 @@ impl<'t> Source<'t> {
     /// A syntax error in `text` as a problem.
     fn syntax(text: &str, e: &toml::de::Error) -> Problem {
         Problem {
+            file: None,
             line: e.span().map(|s| line_of(text, s.start)),
             key: "(syntax)".into(),
             message: e.message().trim().to_owned(),
@@ -251,6 +263,7 @@ impl Reader<'_> {
                         .collect();
                     let message = e.into_inner().message().trim().to_owned();
                     self.problems.push(Problem {
+                        file: None,
                         line: self.text.line(&full),
                         key: full.join("."),
                         message,
@@ -280,6 +293,7 @@ impl Reader<'_> {
             toml::Value::Table(table) => table.into_iter().collect(),
             other => {
                 self.problems.push(Problem {
+                    file: None,
                     line: self.text.line(&[key]),
                     key: key.to_owned(),
                     message: format!(
@@ -310,6 +324,41 @@ impl Reader<'_> {
         }
     }
 
+    /// `[agents] include`: a list of directories or files. `include` is
+    /// not an agent's name: a table there is an agent named so, refused.
+    fn include(&mut self, value: toml::Value) -> Vec<std::path::PathBuf> {
+        let problem = |message: String| Problem {
+            file: None,
+            line: self.text.line(&["agents", "include"]),
+            key: "agents.include".into(),
+            message,
+        };
+        match value {
+            toml::Value::Array(items) if items.iter().all(toml::Value::is_str) => items
+                .into_iter()
+                .filter_map(|i| i.as_str().map(std::path::PathBuf::from))
+                .collect(),
+            toml::Value::Table(_) => {
+                let p = problem(
+                    "`include` is the list of agent files and directories to load \
+                     (include = [\".claude/agents\"]), not an agent: an agent cannot be named \
+                     include, rename it"
+                        .into(),
+                );
+                self.problems.push(p);
+                Vec::new()
+            }
+            other => {
+                let p = problem(format!(
+                    "must be a list of directories or files (include = [\".claude/agents\"]), not a {}",
+                    other.type_str()
+                ));
+                self.problems.push(p);
+                Vec::new()
+            }
+        }
+    }
+
     /// `[models.NAME]`: its `provider` picks the table's shape.
     fn model(&mut self, name: &str, value: toml::Value) -> Option<ModelSection> {
         let path = ["models", name];
@@ -317,6 +366,7 @@ impl Reader<'_> {
             toml::Value::Table(t) => t,
             other => {
                 self.problems.push(Problem {
+                    file: None,
                     line: self.text.line(&path),
                     key: path.join("."),
                     message: format!("must be a table, not a {}", other.type_str()),
@@ -327,6 +377,7 @@ impl Reader<'_> {
         let provider = table.remove("provider");
         let known = "simulated, scripted, openai, anthropic";
         let problem = |message: String| Problem {
+            file: None,
             line: self
                 .text
                 .line(&["models", name, "provider"])
@@ -400,6 +451,7 @@ fn line_of(text: &str, offset: usize) -> usize {
 /// A problem at `table.name.key`, with the line where that key (or table) is.
 pub(super) fn at(text: &Source<'_>, table: &str, key: &str, message: String) -> Problem {
     Problem {
+        file: None,
         line: locate(text, table, key),
         key: format!("{table}.{key}"),
         message,

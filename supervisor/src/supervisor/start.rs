@@ -284,7 +284,7 @@ impl Supervisor {
         let hooks = self.ruled_hooks(ctx.clone(), allowed);
         let workspace = {
             let tree_workspace = arbor_actors::TreeHooks::workspace(&*ctx);
-            arbor_actors::worktree::workspace_for(tree_workspace.as_ref(), &template, &root_run_id)
+            template.workspace_for(tree_workspace.as_ref(), &root_run_id)
         };
         let (root, root_task) = Actor::spawn(
             None,

@@ -82,12 +82,10 @@ use tokio::process::Command;
 
 use crate::keeper::{self, CallLock};
 
-pub(crate) mod output;
-pub(crate) mod run;
 mod template;
 
-use output::Tail;
-use run::NotStarted;
+use crate::process::output::Tail;
+use crate::process::{self as run, NotStarted};
 use template::Template;
 
 /// How much of stderr's end a failure shows.
@@ -341,21 +339,7 @@ fn on_path(program: &Path) -> PathBuf {
         return program.to_path_buf();
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
-    find_on(&path, program).unwrap_or_else(|| program.to_path_buf())
-}
-
-/// The first executable file named `program` in the absolute directories
-/// of `path` (a `PATH` value): the one lookup of the crate's programs (a
-/// command tool's, the sandbox's `bwrap`, the hooks' `bash`).
-pub(crate) fn find_on(path: &std::ffi::OsStr, program: &Path) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    std::env::split_paths(path)
-        .filter(|dir| dir.is_absolute())
-        .map(|dir| dir.join(program))
-        .find(|file| {
-            std::fs::metadata(file)
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+    crate::program::find_on(&path, program).unwrap_or_else(|| program.to_path_buf())
 }
 
 /// A command tool, built from a [`CommandToolSection`]: each call renders the

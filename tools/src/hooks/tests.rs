@@ -275,3 +275,43 @@ fn matchers_are_exact_names_or_whole_name_patterns() {
     assert!(m("").matches("anything"));
     assert!(m("workspace/shell").matches("workspace/shell"));
 }
+
+/// An agent file's hooks (Claude Code's front matter shape) run for that
+/// agent only; its `Stop` runs as `Stop` and `SubagentStop`, for it alone.
+#[tokio::test]
+async fn an_agent_files_hooks_run_for_that_agent_only() {
+    let mut hooks = HookSet::from_section(&HooksSection::default(), &fixtures()).unwrap();
+    let front = json!({
+        "PreToolUse": [{"matcher": "Bash", "hooks": [
+            {"type": "command", "command": "\"$CLAUDE_PROJECT_DIR\"/.claude/hooks/bash_command_validator.py"}
+        ]}],
+        "Stop": [{"hooks": [{"type": "command", "command": "true"}]}]
+    });
+    hooks.add_agent_hooks("editor", &front).unwrap();
+    let verdict = hooks
+        .run(HookEvent::PreToolUse, "Bash", bash("rm -rf build"), &ctx())
+        .await;
+    assert!(verdict.refuses_call(), "{verdict:?}");
+    let other = HookCall {
+        agent_type: Some("reviewer".into()),
+        ..ctx()
+    };
+    let verdict = hooks
+        .run(HookEvent::PreToolUse, "Bash", bash("rm -rf build"), &other)
+        .await;
+    assert!(!verdict.refuses_call(), "another agent's call: {verdict:?}");
+    // Another agent's calls are not held for the editor's own hooks.
+    use arbor_actors::lifecycle::Lifecycle as _;
+    assert!(hooks.wants_tool(HookEvent::PreToolUse, "Bash", "editor"));
+    assert!(!hooks.wants_tool(HookEvent::PreToolUse, "Bash", "reviewer"));
+    assert!(hooks.wants(HookEvent::SubagentStop, "editor"));
+    assert!(hooks.wants(HookEvent::Stop, "editor"));
+    assert!(!hooks.wants(HookEvent::SubagentStop, "reviewer"));
+    assert!(!hooks.wants(HookEvent::Stop, "reviewer"));
+    // An event Arbor does not run for an agent is refused by name.
+    let (key, why) = hooks
+        .add_agent_hooks("editor", &json!({"SessionStart": []}))
+        .unwrap_err();
+    assert_eq!(key, "hooks.SessionStart");
+    assert!(why.contains("not run by Arbor"), "{why}");
+}

@@ -1,5 +1,5 @@
 //! The shell tool's run: `bash -c COMMAND` in a directory of the workspace,
-//! started, reaped and killed as command tools are ([`crate::command`]'s
+//! started, reaped and killed as command tools are ([`crate::process`]'s
 //! runner: its own process group under a keeper, registered with the
 //! reaper, the whole group killed on timeout, cancellation and exit, and a
 //! call lock so a resumed call never runs beside an earlier attempt).
@@ -17,8 +17,8 @@ use arbor_actors::ToolContext;
 use tokio::process::Command;
 
 use super::confine::{Access, Refusal, Workspace};
-use crate::command::run::{self, NotStarted};
 use crate::keeper::{self, CallLock};
+use crate::process::{self as run, NotStarted};
 
 /// How long a shell command may run when not told: two minutes.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);

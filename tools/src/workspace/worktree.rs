@@ -99,6 +99,20 @@ impl arbor_actors::tool::Workspace for Worktree {
     }
 }
 
+/// The lock of the repository whose git directory is `common`: one git
+/// command sequence of Arbor's at a time changes it (making a worktree,
+/// sealing one), so siblings made or sealed at once never race on git's
+/// own lock files.
+fn repo_lock(common: &Path) -> Arc<tokio::sync::Mutex<()>> {
+    static LOCKS: std::sync::LazyLock<
+        std::sync::Mutex<std::collections::HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
+    > = std::sync::LazyLock::new(Default::default);
+    let mut locks = LOCKS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    locks.entry(common.to_path_buf()).or_default().clone()
+}
+
 /// `parent`'s workspace isolated for `run` (see [`Workspace`]'s
 /// `isolate`).
 pub(super) fn isolate(
@@ -156,6 +170,12 @@ impl Worktree {
         &self.branch
     }
 
+    /// Where the branch's base commit is kept, beside the worktree (not in
+    /// git's config, which siblings would lock against each other).
+    fn base_file(&self) -> PathBuf {
+        self.path.with_extension("base")
+    }
+
     /// The workspace in the worktree, made (or found again) the first time.
     pub fn open(
         &self,
@@ -190,6 +210,9 @@ impl Worktree {
     async fn make(&self) -> Result<Arc<Workspace>, String> {
         let repo = self.repo.as_ref().map_err(Clone::clone)?;
         let (checkout, parent) = self.parent_checkout().await?;
+        // Siblings made at once would race on the repository's locks.
+        let lock = repo_lock(&repo.common);
+        let _held = lock.lock().await;
         if !self.path.join(".git").exists() {
             let branch_ref = format!("refs/heads/{}", self.branch);
             let exists = git(
@@ -224,8 +247,9 @@ impl Worktree {
                     ],
                 )
                 .await?;
-                let key = format!("branch.{}.arborBase", self.branch);
-                git(&checkout, &["config", &key, base]).await?;
+                std::fs::write(self.base_file(), base).map_err(|e| {
+                    format!("{} could not be written: {e}", self.base_file().display())
+                })?;
             }
         }
         let mut ws = Workspace::open(&self.root, self.access).map_err(|e| {
@@ -257,6 +281,8 @@ impl Worktree {
             Ok(found) => found,
             Err(error) => return Some(self.failed(error)),
         };
+        let lock = self.repo.as_ref().map(|r| repo_lock(&r.common)).ok()?;
+        let _held = lock.lock().await;
         let branch_ref = format!("refs/heads/{}", self.branch);
         if !made
             && git(
@@ -285,8 +311,7 @@ impl Worktree {
     }
 
     async fn seal_in(&self, checkout: &Path, made: bool) -> Result<WorktreeReport, String> {
-        let key = format!("branch.{}.arborBase", self.branch);
-        let base = match git(checkout, &["config", "--get", &key]).await {
+        let base = match std::fs::read_to_string(self.base_file()) {
             Ok(base) => base.trim().to_owned(),
             Err(_) => git(checkout, &["merge-base", &self.branch, "HEAD"])
                 .await?
@@ -345,6 +370,7 @@ impl Worktree {
                 git(checkout, &["worktree", "remove", "--force", &path]).await?;
             }
             git(checkout, &["branch", "--quiet", "-D", &self.branch]).await?;
+            let _ = std::fs::remove_file(self.base_file());
             None
         } else {
             Some(self.path.clone())
@@ -429,7 +455,7 @@ async fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
 
 /// [`git`] with `env` set.
 async fn git_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<String, String> {
-    let program = crate::command::find_on(
+    let program = crate::program::find_on(
         &std::env::var_os("PATH").unwrap_or_default(),
         Path::new("git"),
     )

@@ -18,7 +18,7 @@ impl Catalog for Hooked<'_> {
     fn knows_agent(&self, requested: &str) -> bool {
         self.0.knows_agent(requested)
     }
-    fn hooks_before(&self, tool: &str) -> bool {
+    fn hooks_before(&self, tool: &str, _agent_type: &str) -> bool {
         tool == "echo"
     }
 }
@@ -378,7 +378,7 @@ impl Catalog for AllowedForGood<'_> {
     fn always_allowed(&self, tool: &str) -> bool {
         tool == "echo"
     }
-    fn hooks_before(&self, tool: &str) -> bool {
+    fn hooks_before(&self, tool: &str, _agent_type: &str) -> bool {
         tool == "echo"
     }
 }

@@ -132,6 +132,7 @@ pub(in crate::config) fn check_models(
                         let mut path = vec!["models", name.as_str()];
                         path.extend(key.split('.'));
                         problems.push(Problem {
+                            file: None,
                             line: text.line(&path),
                             key: path.join("."),
                             message,
@@ -411,6 +412,7 @@ fn check_thinking(file: &ConfigFile, text: &Source<'_>, problems: &mut Vec<Probl
                 let key = layer.key(field);
                 if seen.insert((key.clone(), message.clone())) {
                     problems.push(Problem {
+                        file: None,
                         line: text.line(&layer.path(field)),
                         key,
                         message,

@@ -232,6 +232,7 @@ fn check_principals(
         let line = |k: &str| text.line(&["service", "principals", name, k]);
         let mut problem = |k: &str, message: String| {
             problems.push(Problem {
+                file: None,
                 line: line(k),
                 key: key(k),
                 message,

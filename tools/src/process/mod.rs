@@ -10,9 +10,11 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 use tokio::time::Instant;
 
-use super::output::{Head, Tail};
+pub(crate) mod output;
+
 use crate::keeper::CallLock;
 use crate::reaper;
+use output::{Head, Tail};
 
 /// How long, after the program exited and its group was killed, the output
 /// pipes may stay open (held by a process that left the group) before the

@@ -1,0 +1,758 @@
+//! Agent files: agents written for other tools, loaded as they are into
+//! the config's templates (`[agents] include`, `--agents DIR`, and a
+//! workspace's `.claude/agents` when it has one).
+//!
+//! Discovery walks each directory (files in name order, hidden ones and
+//! subdirectories deeper than [`MAX_DEPTH`] left out) and dispatches each
+//! file by its extension: `.md` is a Claude Code sub-agent (`claude.rs`);
+//! `.ts`, `.js` and `.json` are Codebuff agent definitions, not loaded yet
+//! (an error when the directory was named, never a silent skip). A
+//! Markdown file without front matter (a README) is left out with a
+//! warning. Each file becomes an `[agents.NAME]` section, through the same
+//! checks as one written in TOML (`check/agents.rs`); its problems are
+//! reported at the file's line of the field they come from
+//! (`reviewer.md:4: tools: ...`). TOML templates and loaded ones spawn
+//! each other; a name defined twice is an error naming both places.
+//!
+//! A tree stores the files' text with its config (`[[stored_agent_files]]`
+//! appended to the snapshot), so that resume and replay run on the agents
+//! it started with, whatever the directory holds by then.
+
+mod claude;
+mod yaml;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::read::Source;
+use super::{AgentSection, ConfigFile, ModelSection, Problem};
+
+/// How deep below an included directory files are looked for.
+pub const MAX_DEPTH: usize = 8;
+/// The most files one config loads (a directory of thousands is a mistake).
+pub const MAX_FILES: usize = 10_000;
+/// The directories looked up in a workspace, and loaded when present.
+pub const WORKSPACE_DIRS: [&str; 1] = [".claude/agents"];
+
+/// Where agent files are loaded from besides `[agents] include`.
+#[derive(Clone, Debug, Default)]
+pub struct AgentFiles {
+    /// Directories (or files) named on the command line (`--agents DIR`):
+    /// each must exist.
+    pub dirs: Vec<PathBuf>,
+    /// The workspace whose [`WORKSPACE_DIRS`] are loaded when present.
+    pub workspace: Option<PathBuf>,
+}
+
+/// An agent file's text, as a stored config keeps it.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct StoredAgentFile {
+    /// The file, as messages name it.
+    pub path: String,
+    /// Its whole text.
+    pub text: String,
+}
+
+/// Where a loaded agent came from (what `arbor agents` shows).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentOrigin {
+    /// The file.
+    pub file: String,
+    /// The line of its `name`.
+    pub line: usize,
+    /// Its display colour (Claude Code's `color`), kept as written.
+    pub color: Option<String>,
+}
+
+/// A file's agent, mapped into an `[agents.NAME]` section (as JSON) with
+/// what is decided once every agent is known: its model and whom it
+/// spawns.
+pub(super) struct Mapped {
+    id: String,
+    /// The line of its `name`.
+    line: usize,
+    section: Value,
+    model: ModelChoice,
+    spawn: Spawn,
+    /// Inline MCP servers: name, line, definition (`.mcp.json`'s shape).
+    servers: Vec<(String, usize, Value)>,
+    /// Its own hooks (Claude Code's shape) and their line.
+    hooks: Option<(yaml::Node, usize)>,
+    color: Option<String>,
+    /// Each `[agents]` key it set: the file's field and line.
+    lines: BTreeMap<&'static str, (&'static str, usize)>,
+}
+
+/// A file's `model`.
+pub(super) enum ModelChoice {
+    /// `inherit` or absent: its spawners' model (the line of the field, or
+    /// of `name`).
+    Inherit(usize),
+    /// An alias, a model id or a `[models]` entry, at its line.
+    Named(String, usize),
+}
+
+impl ModelChoice {
+    fn line(&self) -> usize {
+        match self {
+            ModelChoice::Inherit(line) | ModelChoice::Named(_, line) => *line,
+        }
+    }
+}
+
+/// Whom a file's agent may spawn.
+pub(super) enum Spawn {
+    None,
+    /// Every other agent (`Agent`).
+    All,
+    /// Every other agent but these.
+    AllBut(Vec<String>),
+    /// These (`Agent(a, b)`), each with its line.
+    Some(Vec<(String, usize)>),
+}
+
+/// Where a loaded agent's problems are reported.
+struct Place {
+    file: String,
+    /// The line of its `name`: where a problem of no field of its own goes.
+    line: usize,
+    /// Each `[agents]` key it set: the file's field and line.
+    lines: BTreeMap<&'static str, (&'static str, usize)>,
+}
+
+/// What loading left for the rest of the config: the places to report
+/// problems at, the hooks to add, the files to store.
+#[derive(Default)]
+pub(super) struct Loaded {
+    /// Each loaded agent: its file and the line of each field it set.
+    places: BTreeMap<String, Place>,
+    /// Each inline MCP server: its file and line.
+    servers: BTreeMap<String, (String, usize)>,
+    /// Agent hooks: agent, hooks, file.
+    hooks: Vec<(String, yaml::Node, String)>,
+    /// The files read, to store with a tree (empty when they came from a
+    /// stored config).
+    pub stored: Vec<StoredAgentFile>,
+    /// Where each loaded agent came from.
+    pub origins: BTreeMap<String, AgentOrigin>,
+}
+
+/// A file found by discovery.
+struct Found {
+    path: PathBuf,
+    /// Named (or in a directory named) by `include` or `--agents`, not
+    /// looked up by default.
+    explicit: bool,
+}
+
+/// Loads the agent files into `file.agents` (and their inline MCP
+/// servers into `file.mcp_servers`): the stored ones when the config
+/// carries them, else those `[agents] include`, `sources` and the
+/// workspace name. Problems go to `problems`, each at its file and line;
+/// an agent that cannot be loaded is added to `broken`, so that what names
+/// it is not reported too.
+pub(super) fn load(
+    file: &mut ConfigFile,
+    base_dir: &Path,
+    sources: &AgentFiles,
+    text: &Source<'_>,
+    source_name: &str,
+    problems: &mut Vec<Problem>,
+    broken: &mut HashSet<String>,
+) -> Loaded {
+    let mut loaded = Loaded::default();
+    let files = if file.stored_agent_files.is_empty() {
+        let found = discover(file, base_dir, sources, text, problems);
+        let mut read = Vec::new();
+        for f in found {
+            let shown = f.path.display().to_string();
+            let ext = f.path.extension().and_then(|e| e.to_str()).unwrap_or("");
+            match ext {
+                "md" => match super::open::read_text(&f.path) {
+                    Ok(text) => read.push(StoredAgentFile { path: shown, text }),
+                    Err(why) => problems.push(file_problem(&shown, why)),
+                },
+                // Codebuff's agent definitions (`.agents/*.ts`): their
+                // loader goes here. Until then one in a directory named
+                // explicitly is refused; one in a workspace's default
+                // directory falls through to the files left out.
+                "ts" | "js" | "json" | "mts" | "mjs" | "cts" | "cjs" if f.explicit => {
+                    problems.push(file_problem(
+                        &shown,
+                        "Codebuff agent files are not loaded yet (only Claude Code's .md \
+                         agent files are): leave it out of the agent directories"
+                            .to_owned(),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        loaded.stored = read.clone();
+        read
+    } else {
+        std::mem::take(&mut file.stored_agent_files)
+    };
+    let command_tools: Vec<String> = file.tools.keys().cloned().collect();
+    let servers: Vec<String> = file.mcp_servers.keys().cloned().collect();
+    let ctx = claude::Context {
+        command_tools: &command_tools,
+        servers: &servers,
+    };
+    let mut mapped: Vec<(String, Mapped)> = Vec::new();
+    for f in &files {
+        match claude::map(&f.path, &f.text, &ctx) {
+            Ok(Some(m)) => mapped.push((f.path.clone(), m)),
+            Ok(None) => tracing::warn!(
+                "{}: left out: a Markdown file without front matter (---) is not an agent file",
+                f.path
+            ),
+            Err(found) => {
+                // Its name, if it has one, is known: what names it is not
+                // reported too.
+                if let Some(id) = name_of(&f.text) {
+                    broken.insert(format!("agents.{id}"));
+                }
+                problems.extend(found);
+            }
+        }
+    }
+    // A name defined twice: in the config and a file, or in two files.
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    let mut unique = Vec::new();
+    for (path, m) in mapped {
+        let here = format!("{path}:{}", m.line);
+        let before = if file.agents.contains_key(&m.id) {
+            Some(match text.line(&["agents", &m.id]) {
+                Some(line) => format!("{source_name}:{line} ([agents.{}])", m.id),
+                None => format!("{source_name} ([agents.{}])", m.id),
+            })
+        } else {
+            seen.get(&m.id).cloned()
+        };
+        if let Some(before) = before {
+            problems.push(Problem {
+                file: Some(path.clone()),
+                line: Some(m.line),
+                key: "name".into(),
+                message: format!(
+                    "agent {:?} is defined twice: here and at {before}; rename one",
+                    m.id
+                ),
+            });
+            continue;
+        }
+        seen.insert(m.id.clone(), here);
+        unique.push((path, m));
+    }
+    // Whom each spawns, now that every agent is known.
+    let mut names: BTreeSet<String> = file.agents.keys().cloned().collect();
+    names.extend(unique.iter().map(|(_, m)| m.id.clone()));
+    let spawns: BTreeMap<String, Vec<String>> = unique
+        .iter()
+        .map(|(_, m)| {
+            let list = match &m.spawn {
+                Spawn::None => Vec::new(),
+                Spawn::All => names.iter().filter(|n| **n != m.id).cloned().collect(),
+                Spawn::AllBut(but) => names
+                    .iter()
+                    .filter(|n| **n != m.id && !but.contains(n))
+                    .cloned()
+                    .collect(),
+                Spawn::Some(list) => list.iter().map(|(a, _)| a.clone()).collect(),
+            };
+            (m.id.clone(), list)
+        })
+        .collect();
+    let models = Models {
+        file,
+        unique: &unique,
+        spawns: &spawns,
+    };
+    let mut all = models.resolve_all();
+    let mut resolved = Vec::new();
+    for (path, m) in &unique {
+        match all
+            .remove(&m.id)
+            .unwrap_or_else(|| Err(format!("no agent {:?}", m.id)))
+        {
+            Ok(model) => resolved.push(Some(model)),
+            Err(why) => {
+                problems.push(Problem {
+                    file: Some(path.clone()),
+                    line: Some(m.model.line()),
+                    key: "model".into(),
+                    message: why,
+                });
+                broken.insert(format!("agents.{}", m.id));
+                resolved.push(None);
+            }
+        }
+    }
+    for ((path, m), model) in unique.into_iter().zip(resolved) {
+        let Some(model) = model else { continue };
+        let mut section = m.section;
+        if let Value::Object(map) = &mut section {
+            map.insert("model".into(), Value::String(model));
+            map.insert(
+                "spawnable_agents".into(),
+                serde_json::json!(spawns.get(&m.id).cloned().unwrap_or_default()),
+            );
+        }
+        let agent: AgentSection = match serde_json::from_value(section) {
+            Ok(agent) => agent,
+            Err(e) => {
+                problems.push(Problem {
+                    file: Some(path.clone()),
+                    line: Some(m.line),
+                    key: "(front matter)".into(),
+                    message: e.to_string(),
+                });
+                broken.insert(format!("agents.{}", m.id));
+                continue;
+            }
+        };
+        for (server, line, definition) in m.servers {
+            let taken = if file.mcp_servers.contains_key(&server) {
+                Some(match loaded.servers.get(&server) {
+                    Some((f, l)) => format!("{f}:{l}"),
+                    None => format!("{source_name} ([mcp_servers.{server}])"),
+                })
+            } else {
+                None
+            };
+            if let Some(taken) = taken {
+                problems.push(Problem {
+                    file: Some(path.clone()),
+                    line: Some(line),
+                    key: format!("mcpServers.{server}"),
+                    message: format!(
+                        "MCP server {server:?} is defined here and at {taken}: name the one \
+                         configured (- {server}) or rename this one"
+                    ),
+                });
+                continue;
+            }
+            match serde_json::from_value(definition) {
+                Ok(section) => {
+                    file.mcp_servers.insert(server.clone(), section);
+                    loaded.servers.insert(server, (path.clone(), line));
+                }
+                Err(e) => problems.push(Problem {
+                    file: Some(path.clone()),
+                    line: Some(line),
+                    key: format!("mcpServers.{server}"),
+                    message: format!("not an MCP server definition Arbor reads: {e}"),
+                }),
+            }
+        }
+        if let Some((hooks, _)) = m.hooks {
+            loaded.hooks.push((m.id.clone(), hooks, path.clone()));
+        }
+        loaded.origins.insert(
+            m.id.clone(),
+            AgentOrigin {
+                file: path.clone(),
+                line: m.line,
+                color: m.color,
+            },
+        );
+        loaded.places.insert(
+            m.id.clone(),
+            Place {
+                file: path,
+                line: m.line,
+                lines: m.lines,
+            },
+        );
+        file.agents.insert(m.id, agent);
+    }
+    loaded
+}
+
+/// A config's stored text with the agent files it loaded appended, as
+/// `[[stored_agent_files]]` tables (read back by [`load`] instead of the
+/// directories).
+pub(super) fn with_stored(text: &str, files: &[StoredAgentFile]) -> std::sync::Arc<str> {
+    #[derive(Serialize)]
+    struct Stored<'a> {
+        stored_agent_files: &'a [StoredAgentFile],
+    }
+    let tables = toml::to_string(&Stored {
+        stored_agent_files: files,
+    })
+    .unwrap_or_default();
+    let mut out = String::with_capacity(text.len() + tables.len() + 100);
+    out.push_str(text);
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push_str(
+        "\n# The agent files this config loaded, as they were (arbor stores them with a tree).\n",
+    );
+    out.push_str(&tables);
+    std::sync::Arc::from(out)
+}
+
+/// A file's `name`, read without the rest (for a file that fails).
+fn name_of(text: &str) -> Option<String> {
+    let parts = claude::split(text)?.ok()?;
+    parts.front.lines().find_map(|l| {
+        let value = l.strip_prefix("name:")?.trim().trim_matches(['"', '\'']);
+        (!value.is_empty()).then(|| value.to_owned())
+    })
+}
+
+fn file_problem(file: &str, message: String) -> Problem {
+    Problem {
+        file: Some(file.to_owned()),
+        line: None,
+        key: "(file)".into(),
+        message,
+    }
+}
+
+/// Every agent file named by `[agents] include` (relative to the config),
+/// `--agents` and the workspace's default directories, each once.
+fn discover(
+    file: &ConfigFile,
+    base_dir: &Path,
+    sources: &AgentFiles,
+    text: &Source<'_>,
+    problems: &mut Vec<Problem>,
+) -> Vec<Found> {
+    let mut roots: Vec<(PathBuf, bool, Option<Problem>)> = Vec::new();
+    for (i, entry) in file.agent_include.iter().enumerate() {
+        let missing = Problem {
+            file: None,
+            line: text
+                .line(&["agents", "include", &i.to_string()])
+                .or_else(|| text.line(&["agents", "include"])),
+            key: "agents.include".into(),
+            message: format!(
+                "{}: no such directory or file (relative to the config's directory)",
+                entry.display()
+            ),
+        };
+        roots.push((base_dir.join(entry), true, Some(missing)));
+    }
+    for dir in &sources.dirs {
+        roots.push((dir.clone(), true, None));
+    }
+    if let Some(workspace) = &sources.workspace {
+        for dir in WORKSPACE_DIRS {
+            let dir = workspace.join(dir);
+            if dir.is_dir() {
+                roots.push((dir, false, None));
+            }
+        }
+    }
+    let mut seen_roots = HashSet::new();
+    let mut seen_files = HashSet::new();
+    let mut found = Vec::new();
+    for (root, explicit, missing) in roots {
+        let Ok(canonical) = std::fs::canonicalize(&root) else {
+            problems.push(missing.unwrap_or_else(|| Problem {
+                file: Some(root.display().to_string()),
+                line: None,
+                key: "--agents".into(),
+                message: "no such directory or file".into(),
+            }));
+            continue;
+        };
+        if !seen_roots.insert(canonical) {
+            continue;
+        }
+        let mut files = Vec::new();
+        if root.is_dir() {
+            walk(&root, 0, &mut files);
+        } else {
+            files.push(root);
+        }
+        for path in files {
+            if found.len() >= MAX_FILES {
+                problems.push(file_problem(
+                    &path.display().to_string(),
+                    format!("more than {MAX_FILES} agent files: name a smaller directory"),
+                ));
+                return found;
+            }
+            let key = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+            if seen_files.insert(key) {
+                found.push(Found { path, explicit });
+            }
+        }
+    }
+    found
+}
+
+/// The files under `dir`, in name order, directories' files after the
+/// directory's own; hidden entries left out.
+fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| !n.starts_with('.'))
+        })
+        .collect();
+    paths.sort();
+    let (dirs, files): (Vec<PathBuf>, Vec<PathBuf>) = paths.into_iter().partition(|p| p.is_dir());
+    out.extend(files.into_iter().filter(|p| p.is_file()));
+    if depth < MAX_DEPTH {
+        for d in dirs {
+            walk(&d, depth + 1, out);
+        }
+    }
+}
+
+/// The model each loaded agent runs on.
+struct Models<'a> {
+    file: &'a ConfigFile,
+    unique: &'a [(String, Mapped)],
+    spawns: &'a BTreeMap<String, Vec<String>>,
+}
+
+impl Models<'_> {
+    /// The `[models]` entry each loaded agent runs on: its named model
+    /// (through `[model_aliases]`), or, on `inherit`, the one model of the
+    /// agents that spawn it (TOML ones run on their `model`). The models an
+    /// agent may run on are found by growing each inheriting agent's set
+    /// from its spawners' until nothing changes (a cycle included); an
+    /// inheriting agent that nothing spawns, or whose spawners have no
+    /// model to give, runs as a root does.
+    fn resolve_all(&self) -> BTreeMap<String, Result<String, String>> {
+        let mut out: BTreeMap<String, Result<String, String>> = BTreeMap::new();
+        let mut sets: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+        for (name, agent) in &self.file.agents {
+            sets.insert(name, BTreeSet::from([agent.model.clone()]));
+        }
+        let spawners = |id: &str| -> BTreeSet<&str> {
+            self.file
+                .agents
+                .iter()
+                .filter(|(_, a)| a.spawnable_agents.iter().any(|s| s == id))
+                .map(|(n, _)| n.as_str())
+                .chain(
+                    self.spawns
+                        .iter()
+                        .filter(|(_, list)| list.iter().any(|s| s == id))
+                        .map(|(n, _)| n.as_str()),
+                )
+                .collect()
+        };
+        let mut inheriting = Vec::new();
+        for (_, m) in self.unique {
+            match &m.model {
+                ModelChoice::Named(name, _) => {
+                    let model = self.named(name);
+                    if let Ok(model) = &model {
+                        sets.insert(&m.id, BTreeSet::from([model.clone()]));
+                    }
+                    out.insert(m.id.clone(), model);
+                }
+                ModelChoice::Inherit(_) => {
+                    let from = spawners(&m.id);
+                    if from.is_empty()
+                        && let Ok(model) = self.root_model(&m.id)
+                    {
+                        sets.insert(&m.id, BTreeSet::from([model]));
+                    }
+                    inheriting.push((m.id.as_str(), from));
+                }
+            }
+        }
+        // Each round adds a model to a set or ends: at most one round per
+        // (agent, model) pair.
+        loop {
+            let mut changed = false;
+            for (id, from) in &inheriting {
+                let mut grown: BTreeSet<String> = sets.get(id).cloned().unwrap_or_default();
+                for spawner in from {
+                    if let Some(models) = sets.get(spawner) {
+                        grown.extend(models.iter().cloned());
+                    }
+                }
+                if grown.len() > sets.get(id).map_or(0, BTreeSet::len) {
+                    sets.insert(id, grown);
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        for (id, from) in inheriting {
+            let models = sets.get(id).cloned().unwrap_or_default();
+            let result = match models.len() {
+                1 => Ok(models.into_iter().next().unwrap_or_default()),
+                0 if from.is_empty() => self.root_model(id),
+                0 => self.root_model(id).map_err(|_| {
+                    format!(
+                        "inherit (also what no model means): agent {id:?} takes the model of the \
+                         agents that spawn it ({}), and none of them has one to give: name its \
+                         model, or set [model_aliases] inherit = \"<a [models] entry>\"",
+                        from.into_iter().collect::<Vec<_>>().join(", ")
+                    )
+                }),
+                _ => Err(format!(
+                    "inherit: agent {id:?} is spawned by agents on different models ({}), and \
+                     Arbor picks an inherited model when the config is read: name its model \
+                     (model: sonnet, with [model_aliases])",
+                    from.iter()
+                        .map(|s| {
+                            let on: Vec<String> = sets
+                                .get(s)
+                                .map(|m| m.iter().map(|m| format!("{m:?}")).collect())
+                                .unwrap_or_default();
+                            format!("{s} on {}", on.join(" or "))
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )),
+            };
+            out.insert(id.to_owned(), result);
+        }
+        out
+    }
+
+    /// An `inherit` agent nothing spawns runs as a root: on
+    /// `[model_aliases] inherit`, else on the config's only model.
+    fn root_model(&self, id: &str) -> Result<String, String> {
+        if let Some(model) = self.file.model_aliases.get("inherit") {
+            return Ok(model.clone());
+        }
+        let mut configured = self.file.models.keys();
+        if let (Some(only), None) = (configured.next(), configured.next()) {
+            return Ok(only.clone());
+        }
+        Err(format!(
+            "inherit (also what no model means): agent {id:?} is spawned by no agent, so it \
+             has no parent's model to take: set [model_aliases] inherit = \"<a [models] entry>\" (the model such \
+             a root runs on), or name its model (configured: {})",
+            self.configured()
+        ))
+    }
+
+    /// A named model: a `[model_aliases]` key, a `[models]` entry, or the
+    /// model id of one `openai` or `anthropic` entry.
+    fn named(&self, name: &str) -> Result<String, String> {
+        if let Some(model) = self.file.model_aliases.get(name) {
+            return Ok(model.clone());
+        }
+        if self.file.models.contains_key(name) {
+            return Ok(name.to_owned());
+        }
+        let by_id = self.file.models.iter().find(|(_, m)| match m {
+            ModelSection::Openai(s) | ModelSection::Anthropic(s) => s.model == name,
+            _ => false,
+        });
+        if let Some((entry, _)) = by_id {
+            return Ok(entry.clone());
+        }
+        if ["sonnet", "opus", "haiku"].contains(&name) {
+            return Err(format!(
+                "{name:?} is a Claude Code alias: say which [models] entry it is with \
+                 [model_aliases] {name} = \"<a [models] entry>\" (configured: {})",
+                self.configured()
+            ));
+        }
+        Err(format!(
+            "{name:?} is not a [model_aliases] key, a [models] entry, nor the model id of one \
+             (configured: {}): add [model_aliases] \"{name}\" = \"<a [models] entry>\"",
+            self.configured()
+        ))
+    }
+
+    fn configured(&self) -> String {
+        let names: Vec<&str> = self.file.models.keys().map(String::as_str).collect();
+        if names.is_empty() {
+            "none".into()
+        } else {
+            names.join(", ")
+        }
+    }
+}
+
+impl Loaded {
+    /// Adds each loaded agent's own hooks to `set`; a hook Arbor cannot
+    /// run is a problem at its line.
+    pub(super) fn add_hooks(
+        &self,
+        set: &mut crate::tools::hooks::HookSet,
+        problems: &mut Vec<Problem>,
+    ) {
+        for (agent, hooks, file) in &self.hooks {
+            if let Err((key, why)) = set.add_agent_hooks(agent, &hooks.to_json()) {
+                let path = key_path(key.strip_prefix("hooks").unwrap_or(&key));
+                problems.push(Problem {
+                    file: Some(file.clone()),
+                    line: Some(hooks.line_at(&path)),
+                    key,
+                    message: why,
+                });
+            }
+        }
+    }
+
+    /// Whether any loaded agent has hooks of its own.
+    pub(super) fn has_hooks(&self) -> bool {
+        !self.hooks.is_empty()
+    }
+
+    /// Moves each problem the config's checks found in a loaded agent
+    /// (`agents.NAME.KEY`) or an inline MCP server (`mcp_servers.NAME.KEY`)
+    /// to its file, at the line of the field it came from, named as the
+    /// file names it.
+    pub(super) fn relocate(&self, problem: &mut Problem) {
+        if problem.file.is_some() {
+            return;
+        }
+        if let Some(rest) = problem.key.strip_prefix("agents.") {
+            // The longest agent name that the key starts with.
+            let found = self
+                .places
+                .iter()
+                .filter(|(id, _)| rest == id.as_str() || rest.starts_with(&format!("{id}.")))
+                .max_by_key(|(id, _)| id.len());
+            if let Some((id, place)) = found {
+                let key = rest[id.len()..].trim_start_matches('.');
+                let first = key.split('.').next().unwrap_or("");
+                let (field, at) = place
+                    .lines
+                    .get(first)
+                    .copied()
+                    .unwrap_or(("name", place.line));
+                problem.file = Some(place.file.clone());
+                problem.line = Some(at);
+                problem.key = field.to_owned();
+            }
+        } else if let Some(rest) = problem.key.strip_prefix("mcp_servers.") {
+            let server = rest.split('.').next().unwrap_or(rest);
+            if let Some((file, line)) = self.servers.get(server) {
+                problem.file = Some(file.clone());
+                problem.line = Some(*line);
+                problem.key = format!("mcpServers.{rest}");
+            }
+        }
+    }
+}
+
+/// `.PreToolUse[0].hooks[1]` as `["PreToolUse", "0", "hooks", "1"]`.
+fn key_path(key: &str) -> Vec<String> {
+    key.split(['.', '[', ']'])
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
