@@ -165,7 +165,7 @@ mod tests {
             Error::UnknownRun("t1/0".into()),
             Error::UnknownTree("t1".into()),
             Error::UnknownApproval {
-                tree_id: "t1".into(),
+                tree_id: "t1".parse().unwrap(),
                 call_id: "c".into(),
             },
         ] {

@@ -111,7 +111,7 @@ impl Supervisor {
             .and_then(|(ctx, _)| ctx.upgrade());
         let Some(ctx) = ctx else {
             return Err(Error::DecisionRefused {
-                tree_id: tree_id.to_string(),
+                tree_id: tree_id.clone(),
                 call_id: "*".to_owned(),
                 reason: DecideRefused::Ended,
             });

@@ -32,12 +32,12 @@ impl Supervisor {
         decision: Decision,
     ) -> Result<(), Error> {
         let refused = |reason| Error::DecisionRefused {
-            tree_id: tree_id.to_string(),
+            tree_id: tree_id.clone(),
             call_id: call_id.to_owned(),
             reason,
         };
         let unknown = || Error::UnknownApproval {
-            tree_id: tree_id.to_string(),
+            tree_id: tree_id.clone(),
             call_id: call_id.to_owned(),
         };
         let Some(run_id) = self.approvals.run_of(tree_id, call_id) else {
@@ -76,7 +76,7 @@ impl Supervisor {
         let label = tool.map_or_else(|| "*".to_owned(), |t| format!("* ({t})"));
         if let Decision::Approve { input: Some(_) } = decision {
             return Err(Error::DecisionRefused {
-                tree_id: tree_id.to_string(),
+                tree_id: tree_id.clone(),
                 call_id: label,
                 reason: DecideRefused::InvalidInput(
                     "an edited input is one call's: approve the calls one by one".into(),
@@ -87,12 +87,12 @@ impl Supervisor {
         if calls.is_empty() {
             return Err(match self.tree_ended(tree_id).await {
                 true => Error::DecisionRefused {
-                    tree_id: tree_id.to_string(),
+                    tree_id: tree_id.clone(),
                     call_id: label,
                     reason: DecideRefused::Ended,
                 },
                 false => Error::UnknownApproval {
-                    tree_id: tree_id.to_string(),
+                    tree_id: tree_id.clone(),
                     call_id: label,
                 },
             });

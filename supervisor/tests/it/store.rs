@@ -991,7 +991,7 @@ both_backends! {
         abandon(&place, "t");
         runtime().block_on(async {
             let sup = chat(place.open());
-            for (tree, adopted) in sup.adopt(vec![as_tree(&"t".to_owned())], |_| {}).await.unwrap() {
+            for (tree, adopted) in sup.adopt(vec![as_tree("t")], |_| {}).await.unwrap() {
                 match adopted {
                     Ok(handle) => drop(finish(handle).await),
                     Err(error) => eprintln!("{tree} not adopted: {error}"),
