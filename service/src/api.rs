@@ -21,6 +21,7 @@ pub(super) mod operations;
 pub(super) mod runs;
 pub(super) mod trees;
 pub(super) mod turns;
+pub(super) mod wait;
 
 /// A stored or live run id from the path (URL-encoded: `t1/0` is `t1%2F0`),
 /// read once here; one that is no run id is a run nobody has (404).
@@ -48,7 +49,7 @@ pub(super) fn tree_path(id: String) -> Result<TreeId, ApiError> {
         license(name = "MIT OR Apache-2.0")
     ),
     paths(
-        runs::create_run, runs::list_runs, runs::get_run, runs::run_events, runs::cancel_run,
+        runs::create_run, wait::wait_run, runs::list_runs, runs::get_run, runs::run_events, runs::cancel_run,
         runs::steer_run, trees::get_tree, agents::list_agents, approvals::list_approvals,
         approvals::tree_approvals, approvals::decide_approval, approvals::decide_approvals,
         limits::raise_limits, limits::get_limits, turns::create_turn, operations::healthz,

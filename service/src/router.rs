@@ -25,6 +25,7 @@ impl Service {
                 "/v1/runs",
                 post(api::runs::create_run).get(api::runs::list_runs),
             )
+            .route("/v1/runs/wait", post(api::wait::wait_run))
             .route("/v1/runs/{run_id}", get(api::runs::get_run))
             .route("/v1/runs/{run_id}/events", get(api::runs::run_events))
             .route("/v1/runs/{run_id}/cancel", post(api::runs::cancel_run))

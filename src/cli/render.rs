@@ -18,6 +18,13 @@ use super::runs::count;
 pub struct TreeRenderer {
     started: HashMap<RunId, (u64, usize)>,
     tokens: HashMap<RunId, u64>,
+    /// The whole tree's: when its root started, its runs by how they
+    /// ended, and every run's tokens, for the summary line.
+    tree_started: Option<u64>,
+    /// Each agent's last ending (a retried child is one agent, semantics
+    /// §1): 0 completed, 1 failed, 2 cancelled.
+    ended: HashMap<arbor_actors::AgentId, usize>,
+    tree_tokens: u64,
     /// The tree is not stored: `arbor budget` cannot reach it.
     unstored: bool,
 }
@@ -36,30 +43,45 @@ impl TreeRenderer {
     pub fn line(&mut self, event: &Event) -> Option<String> {
         match &event.kind {
             EventKind::AgentStarted {
-                agent_type, depth, ..
+                agent_type,
+                depth,
+                parent_run_id,
+                ..
             } => {
                 self.started
                     .insert(event.run_id.clone(), (event.at_ms, *depth));
                 if *depth == 0 {
+                    self.tree_started.get_or_insert(event.at_ms);
                     return Some(format!(
                         "▸ {agent_type} {} (tree {})",
                         event.run_id, event.tree_id
                     ));
                 }
-                Some(format!("{}▸ {agent_type} {}", indent(*depth), short(event)))
+                // Lines come in time order, not tree order: each names its
+                // parent, so it reads right whatever printed before it.
+                let parent = parent_run_id
+                    .as_ref()
+                    .map(|p| format!(" (parent {})", p.path_text()))
+                    .unwrap_or_default();
+                Some(format!(
+                    "{}▸ {agent_type} {}{parent}",
+                    indent(*depth),
+                    short(event)
+                ))
             }
             EventKind::ModelResponded { usage, .. } => {
                 *self.tokens.entry(event.run_id.clone()).or_default() += usage.total_tokens();
+                self.tree_tokens += usage.total_tokens();
                 None
             }
             EventKind::AgentFinished { state, .. } => {
-                Some(self.finished(event, state, "✓", "completed"))
+                Some(self.finished(event, state, 0, "✓", "completed"))
             }
             EventKind::AgentFailed { state, error, .. } => {
-                Some(self.finished(event, state, "✗", &format!("failed: {error}")))
+                Some(self.finished(event, state, 1, "✗", &format!("failed: {error}")))
             }
             EventKind::AgentCancelled { state, .. } => {
-                Some(self.finished(event, state, "○", "cancelled"))
+                Some(self.finished(event, state, 2, "○", "cancelled"))
             }
             EventKind::LimitHit { limit } => {
                 Some(format!("{}! {} stopped: {limit}", indent(0), short(event)))
@@ -145,20 +167,60 @@ impl TreeRenderer {
         }
     }
 
-    fn finished(&mut self, event: &Event, state: &AgentState, mark: &str, what: &str) -> String {
+    fn finished(
+        &mut self,
+        event: &Event,
+        state: &AgentState,
+        how: usize,
+        mark: &str,
+        what: &str,
+    ) -> String {
         let (start, depth) = self
             .started
             .remove(&event.run_id)
             .unwrap_or((event.at_ms, state.depth()));
         let ms = event.at_ms.saturating_sub(start);
         let tokens = self.tokens.remove(&event.run_id).unwrap_or(0);
-        format!(
+        self.ended.insert(state.agent_id.clone(), how);
+        let line = format!(
             "{}{mark} {} {} {what} in {ms}ms ({}, {})",
             indent(depth),
             state.agent_type.as_deref().unwrap_or("agent"),
             short(event),
             count(state.child_run_ids.len() as u64, "child", "children"),
             count(tokens, "token", "tokens"),
+        );
+        if depth > 0 {
+            return line;
+        }
+        format!("{line}\n{}", self.summary(event))
+    }
+
+    /// The tree's last line, as cargo ends with `Finished`: how long it
+    /// ran, its agents by how they ended and the whole tree's tokens (the
+    /// root's line shows only its own).
+    fn summary(&self, event: &Event) -> String {
+        let ms = event
+            .at_ms
+            .saturating_sub(self.tree_started.unwrap_or(event.at_ms));
+        let mut by = [0u64; 3];
+        for how in self.ended.values() {
+            by[*how] += 1;
+        }
+        let [done, failed, cancelled] = by;
+        let mut how = vec![format!("{done} completed")];
+        if failed > 0 {
+            how.push(format!("{failed} failed"));
+        }
+        if cancelled > 0 {
+            how.push(format!("{cancelled} cancelled"));
+        }
+        format!(
+            "Finished tree {} in {ms}ms: {} ({}), {} in all",
+            event.tree_id,
+            count(done + failed + cancelled, "agent", "agents"),
+            how.join(", "),
+            count(self.tree_tokens, "token", "tokens"),
         )
     }
 }

@@ -466,6 +466,18 @@ fn an_agent_shows_the_same_tokens_in_the_run_tree_and_in_arbor_tree() {
         })
         .collect();
     assert_eq!(shown.len(), 5, "{}", text(&out.stderr));
+    // The last line is the whole tree's, as cargo's Finished: its agents and
+    // the sum of every run's tokens (the root's line has only its own).
+    let stderr = text(&out.stderr);
+    let last = stderr.lines().last().unwrap();
+    let sum: u64 = shown.values().sum();
+    assert!(
+        last.starts_with("Finished tree ttok in ")
+            && last.ends_with(&format!(": 5 agents (5 completed), {sum} tokens in all")),
+        "{stderr}"
+    );
+    // A child's start line names its parent: it reads right out of order.
+    assert!(stderr.contains("▸ worker 0.1 (parent 0)"), "{stderr}");
     let out = crate::arbor_in(
         dir.path(),
         &["tree", "--config", "scripted.toml", "--json", "ttok"],

@@ -60,6 +60,7 @@ mod turn_prompts;
 mod turn_queue;
 mod turns_serve;
 mod usage_totals;
+mod wait;
 mod waiting_children;
 mod worktrees;
 

@@ -396,16 +396,16 @@ impl Actor for AgentActor {
                     }
                 }
                 match *outcome {
+                    // Stopped before the step goes on: no next model call,
+                    // checkpoint or spawn for a run that ends here.
+                    ToolOutcome::Done(_) if let Some(why) = stopped => {
+                        run.machine.fail(Failure::new(
+                            FailureKind::Blocked,
+                            format!("a PostToolUse hook stopped the agent: {why}"),
+                        ))
+                    }
                     ToolOutcome::Done(result) => {
-                        let mut actions =
-                            run.guarded(|m| m.tool_done(step, index, result, &catalog));
-                        if let Some(why) = stopped {
-                            actions.extend(run.machine.fail(Failure::new(
-                                FailureKind::Blocked,
-                                format!("a PostToolUse hook stopped the agent: {why}"),
-                            )));
-                        }
-                        actions
+                        run.guarded(|m| m.tool_done(step, index, result, &catalog))
                     }
                     ToolOutcome::Panicked(error) if step == run.machine.step() => run.machine.fail(
                         Failure::new(FailureKind::Panicked, format!("a tool panicked: {error}")),

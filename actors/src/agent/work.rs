@@ -314,7 +314,10 @@ impl AgentRun {
             tree_id: self.hooks.tree_id().to_string(),
             run_id: self.run_id.to_string(),
             agent_type: self.machine.state().agent_type.clone(),
-            workspace: self.workspace.as_ref().map(|w| w.root().to_path_buf()),
+            // The tree's workspace, where the project's `.claude/` hooks
+            // are: a worktree agent's own may not be made yet, and a hook
+            // that cannot start there would be skipped.
+            workspace: self.hooks.workspace().map(|w| w.root().to_path_buf()),
         }
     }
 
@@ -418,13 +421,16 @@ impl AgentRun {
         let seal = self.workspace.clone().and_then(|w| w.seal());
         let me = myself.clone();
         self.tools_running += 1;
-        self.tool_tasks.push(tokio::spawn(async move {
+        // Detached, not one of the step's tasks: a seal that started ends
+        // whole (git killed mid-commit would leave its lock behind), even
+        // if the run is cancelled meanwhile; its report then goes nowhere.
+        tokio::spawn(async move {
             let report = match seal {
                 Some(seal) => seal.await.map(Box::new),
                 None => None,
             };
             let _ = me.cast(AgentMsg::WorktreeSealed(report));
-        }));
+        });
     }
 
     /// Gives the live slot back while children run.

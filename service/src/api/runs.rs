@@ -182,25 +182,34 @@ pub async fn create_run(
     ApiJson(body): ApiJson<CreateRun>,
 ) -> Result<Response, ApiError> {
     access::check(&shared, &caller, Action::Start, Subject::Service).await?;
-    // The supervisor checks the model override, the limits and the tool
-    // rule, and tightens the limits against its own, as for every caller.
+    let request = start_request(&shared, &caller, body);
+    let (tree, run_id) = shared.start(request).await?;
+    Ok(created(&tree, &run_id))
+}
+
+/// The start request of a `CreateRun` body (`POST /v1/runs` and
+/// `/v1/runs/wait`): the supervisor checks the model override, the limits
+/// and the tool rule, and tightens the limits against its own, as for every
+/// caller; the tree is the caller's.
+pub(super) fn start_request(
+    shared: &Shared,
+    caller: &crate::access::Principal,
+    body: CreateRun,
+) -> StartRequest {
     let mut limits = body.limits.unwrap_or_default();
     if let Some(rule) = body.tools {
         limits.tools = limits.tools.narrowed(rule);
     }
-    let request = StartRequest {
+    StartRequest {
         agent: body.agent,
         prompt: body.prompt,
         params: body.params,
         model: body.model,
         limits: Some(limits),
         origin: shared.runtime.origin(),
-        // The tree is the caller's.
         principal: caller.owner_name(),
         ..StartRequest::default()
-    };
-    let (tree, run_id) = shared.start(request).await?;
-    Ok(created(&tree, &run_id))
+    }
 }
 
 /// 201 for a run just started (a tree's root, a turn's): its ids, and the

@@ -50,7 +50,9 @@
 //! do for Arbor) and the variables named in `env` that Arbor's own
 //! environment sets; `HOME`, `LANG` and the like must be listed to be passed.
 //! The working directory is `cwd` (relative to the config's directory) or else
-//! Arbor's own.
+//! Arbor's own; under `[workspace] sandbox = "bwrap"` it is `cwd` or else
+//! the calling agent's workspace (`/` for an agent without one), and the
+//! program runs in the sandbox.
 //!
 //! When the program exits, whatever it left running in its group is killed
 //! (SIGKILL), and the output already written is read to its end. The call's
@@ -206,6 +208,8 @@ impl CommandToolSection {
         };
 
         let cwd = self.cwd.as_ref().map(|dir| base_dir.join(dir));
+        // Absolute, so a sandbox (`bwrap --chdir`) finds it as Arbor does.
+        let cwd = cwd.map(|dir| std::path::absolute(&dir).unwrap_or(dir));
         if let Some(dir) = &cwd
             && !dir.is_dir()
         {

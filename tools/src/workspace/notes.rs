@@ -51,16 +51,32 @@ pub fn render(todos: &[Todo]) -> String {
     out
 }
 
-/// The names of the todo tools of every family.
-pub const TODO_TOOLS: [&str; 3] = ["workspace/todos", "write_todos", "TodoWrite"];
+/// The names of the todo tools of every family, as the model calls them
+/// (Arbor's `workspace/todos` on the wire).
+pub const TODO_TOOLS: [&str; 3] = ["workspace__todos", "write_todos", "TodoWrite"];
 
-/// The run's todo list as its last todo call (of any family) wrote it,
-/// read off its history (every call gives the whole list); `None` when it
-/// never wrote one. What the API, `arbor show` and the page show.
+/// The run's todo list as its last todo call (of any family) that was
+/// taken wrote it, read off its history (every call gives the whole list);
+/// a call answered with an error (bad input, refused by a hook or a
+/// person) wrote nothing. `None` when it never wrote one. What the API,
+/// `arbor show` and the page show.
 pub fn latest(history: &arbor_actors::History) -> Option<Vec<Todo>> {
+    use arbor_actors::message::TOOL_CALL_ERROR;
+    let failed: std::collections::HashSet<&str> = history
+        .iter()
+        .filter_map(|m| match &**m {
+            arbor_actors::Message::Tool { tool_call_id, .. } if m.has_tag(TOOL_CALL_ERROR) => {
+                Some(tool_call_id.as_str())
+            }
+            _ => None,
+        })
+        .collect();
     history.iter().rev().find_map(|m| {
         m.tool_calls()
-            .filter(|c| TODO_TOOLS.contains(&c.tool_name.as_str()))
+            .filter(|c| {
+                TODO_TOOLS.contains(&c.tool_name.as_str())
+                    && !failed.contains(c.tool_call_id.as_str())
+            })
             .last()
             .and_then(|c| from_input(&c.input.value()))
     })
@@ -151,5 +167,28 @@ mod tests {
             ]
         );
         assert_eq!(render(&todos), "[x] Fix a.txt\n[ ] Fix b.txt\n(1/2 done)");
+        // Arbor's own, as the model calls it on the wire.
+        history.push(call(
+            "workspace__todos",
+            json!({"todos": [{"content": "Merge", "status": "pending"}]}),
+        ));
+        assert_eq!(latest(&history).unwrap()[0].content, "Merge");
+    }
+
+    #[test]
+    fn a_todo_call_that_was_refused_wrote_no_list() {
+        let mut history = History::new();
+        history.push(call(
+            "TodoWrite",
+            json!({"todos": [{"content": "kept", "status": "pending"}]}),
+        ));
+        let refused = ToolCall {
+            tool_call_id: "c2".into(),
+            tool_name: "TodoWrite".into(),
+            input: json!({"todos": [{"content": "refused", "status": "pending"}]}).into(),
+        };
+        history.push(Message::assistant(None, vec![refused.clone()]));
+        history.push(Message::tool_error(&refused, "a hook denied it"));
+        assert_eq!(latest(&history).unwrap()[0].content, "kept");
     }
 }

@@ -1,5 +1,5 @@
 //! The shell tool's run: `bash -c COMMAND` in a directory of the workspace,
-//! started, reaped and killed as command tools are ([`crate::process`]'s
+//! started, reaped and killed as command tools are (the `process` module's
 //! runner: its own process group under a keeper, registered with the
 //! reaper, the whole group killed on timeout, cancellation and exit, and a
 //! call lock so a resumed call never runs beside an earlier attempt).

@@ -145,7 +145,7 @@ impl Worktree {
         agent_type: &str,
         access: Access,
     ) -> Self {
-        let name = format!("{}-{}", clean(agent_type), clean(&run.to_string()));
+        let name = worktree_name(agent_type, &run.to_string());
         let path = match &repo {
             Ok(repo) => repo.common.join("arbor-worktrees").join(&name),
             Err(_) => parent.root().to_path_buf(),
@@ -261,11 +261,28 @@ impl Worktree {
         if let Some(parent) = parent {
             ws.env = parent.env.clone();
             // Git writes the worktree's commits in the repository's shared
-            // directory, which the sandbox must then let it write.
-            ws.sandbox = parent
-                .sandbox
-                .as_ref()
-                .map(|s| s.with_writable(repo.common.clone()));
+            // directory: the sandbox lets it write there only what a commit
+            // on an `arbor/` branch needs (objects, those branches and their
+            // logs, this worktree's own git directory), never the config,
+            // the hooks or another branch; nothing for a read-only agent.
+            ws.sandbox = parent.sandbox.as_ref().map(|sandbox| {
+                if self.access == Access::ReadOnly {
+                    return sandbox.clone();
+                }
+                let own = std::fs::read_to_string(self.path.join(".git"))
+                    .ok()
+                    .and_then(|t| t.strip_prefix("gitdir:").map(|d| PathBuf::from(d.trim())));
+                [
+                    Some(repo.common.join("objects")),
+                    Some(repo.common.join("refs/heads/arbor")),
+                    Some(repo.common.join("logs/refs/heads/arbor")),
+                    own,
+                ]
+                .into_iter()
+                .flatten()
+                .filter(|dir| dir.is_dir())
+                .fold(sandbox.clone(), |s, dir| s.with_writable(dir))
+            });
         }
         Ok(Arc::new(ws))
     }
@@ -277,23 +294,24 @@ impl Worktree {
             return None;
         }
         let made = self.path.join(".git").exists();
+        let common = self.repo.as_ref().ok()?.common.clone();
+        // Never made (no worktree, no branch): nothing to seal, and nothing
+        // made now (not even a worktree parent's, as asking for the parent's
+        // checkout would).
+        let branch_ref = format!("refs/heads/{}", self.branch);
+        if !made
+            && git_in_repo(&common, &["rev-parse", "--verify", "--quiet", &branch_ref])
+                .await
+                .is_err()
+        {
+            return None;
+        }
         let (checkout, _) = match self.parent_checkout().await {
             Ok(found) => found,
             Err(error) => return Some(self.failed(error)),
         };
-        let lock = self.repo.as_ref().map(|r| repo_lock(&r.common)).ok()?;
+        let lock = repo_lock(&common);
         let _held = lock.lock().await;
-        let branch_ref = format!("refs/heads/{}", self.branch);
-        if !made
-            && git(
-                &checkout,
-                &["rev-parse", "--verify", "--quiet", &branch_ref],
-            )
-            .await
-            .is_err()
-        {
-            return None;
-        }
         match self.seal_in(&checkout, made).await {
             Ok(report) => Some(report),
             Err(error) => Some(self.failed(error)),
@@ -447,8 +465,33 @@ fn find_repo(dir: &Path) -> Result<(Repo, PathBuf), String> {
     ))
 }
 
+/// Runs `git --git-dir=COMMON ARGS` (questions of the repository's refs,
+/// asked without a checkout).
+async fn git_in_repo(common: &Path, args: &[&str]) -> Result<String, String> {
+    let dir = format!("--git-dir={}", common.display());
+    let mut all = vec![dir.as_str()];
+    all.extend_from_slice(args);
+    git(common, &all).await
+}
+
+/// The worktree's directory and branch name of run `run` (an agent of type
+/// `agent_type`): both cleaned for git, and a hash of the run id as it is,
+/// since `T/0.2~1` (a retry) and `T/0.2.1` (a grandchild) clean alike.
+fn worktree_name(agent_type: &str, run: &str) -> String {
+    format!("{}-{}-{:08x}", clean(agent_type), clean(run), fnv32(run))
+}
+
+/// FNV-1a over `text`: a short, stable tag that tells apart names `clean`
+/// makes alike.
+fn fnv32(text: &str) -> u32 {
+    text.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
 /// Runs `git -C dir ARGS`; its standard output, or an error with its
-/// standard error.
+/// standard error. Git's hooks and file-system monitor are off: what an
+/// agent wrote in the repository never runs as Arbor.
 async fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
     git_with(dir, args, &[]).await
 }
@@ -463,6 +506,12 @@ async fn git_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<Str
     let out = tokio::process::Command::new(program)
         .arg("-C")
         .arg(dir)
+        .args([
+            "-c",
+            "core.hooksPath=/dev/null",
+            "-c",
+            "core.fsmonitor=false",
+        ])
         .args(args)
         .env("GIT_TERMINAL_PROMPT", "0")
         .envs(env.iter().copied())
@@ -480,5 +529,31 @@ async fn git_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<Str
             dir.display(),
             String::from_utf8_lossy(&out.stderr).trim()
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_and_a_grandchild_whose_ids_clean_alike_get_worktrees_of_their_own() {
+        let retry = worktree_name("worker", "T/0.2~1");
+        let grandchild = worktree_name("worker", "T/0.2.1");
+        assert!(retry.starts_with("worker-T-0-2-1-"), "{retry}");
+        assert!(grandchild.starts_with("worker-T-0-2-1-"), "{grandchild}");
+        assert_ne!(retry, grandchild);
+        assert_eq!(
+            retry,
+            worktree_name("worker", "T/0.2~1"),
+            "stable across runs"
+        );
+        // Nothing git refuses in a branch name: no `..`, `~`, `:` or `/`.
+        let odd = worktree_name("a/b", "t:x/0~1");
+        assert!(
+            odd.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            "{odd}"
+        );
     }
 }

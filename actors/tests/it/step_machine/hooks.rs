@@ -530,17 +530,31 @@ fn a_recorded_start_verdict_is_taken_without_running_the_hooks_again() {
 fn continue_false_from_a_pre_tool_use_hook_stops_the_agent_and_no_call_runs() {
     let mut run = worker(false);
     request(run.start());
-    let actions = reply(&mut run, calls("s1", &[("echo", json!({"n": 1}))]));
+    // Two calls of the step: the hooks stop at the first; the second, which
+    // they allowed, does not run either.
+    let actions = reply(
+        &mut run,
+        calls(
+            "s1",
+            &[("echo", json!({"n": 1})), ("echo", json!({"n": 2}))],
+        ),
+    );
     let requests = hook_requests(&actions);
+    assert_eq!(requests.len(), 2);
     let cat = Hooked(&run.cat);
     let stop = Verdict {
         stop: Some("Build is broken; stop here.".into()),
         ..Verdict::default()
     };
     let step = run.m.step();
-    let actions = run
-        .m
-        .hooks_done(step, vec![(requests[0].index, stop)], &cat);
+    let actions = run.m.hooks_done(
+        step,
+        vec![
+            (requests[0].index, stop),
+            (requests[1].index, Verdict::default()),
+        ],
+        &cat,
+    );
     assert!(
         !kinds(&actions).contains(&"RunTool"),
         "{:?}",

@@ -490,25 +490,38 @@ fn discover(
 }
 
 /// The files under `dir`, in name order, directories' files after the
-/// directory's own; hidden entries left out.
+/// directory's own; hidden entries and symbolic links to directories left
+/// out (a link to a parent would never end), and no more than one past
+/// `MAX_FILES` in all (the caller refuses that many), so a directory named
+/// by mistake (`--agents ~`) costs a bounded walk.
 fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
-    let mut paths: Vec<PathBuf> = entries
+    let mut entries: Vec<(PathBuf, bool)> = entries
         .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| !n.starts_with('.'))
+        .filter(|e| e.file_name().to_str().is_some_and(|n| !n.starts_with('.')))
+        .map(|e| {
+            // The entry's own type: a symbolic link is not followed here.
+            let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            (e.path(), is_dir)
         })
         .collect();
-    paths.sort();
-    let (dirs, files): (Vec<PathBuf>, Vec<PathBuf>) = paths.into_iter().partition(|p| p.is_dir());
-    out.extend(files.into_iter().filter(|p| p.is_file()));
+    entries.sort();
+    let (dirs, files): (Vec<_>, Vec<_>) = entries.into_iter().partition(|(_, is_dir)| *is_dir);
+    for (path, _) in files {
+        if out.len() > MAX_FILES {
+            return;
+        }
+        if path.is_file() {
+            out.push(path);
+        }
+    }
     if depth < MAX_DEPTH {
-        for d in dirs {
+        for (d, _) in dirs {
+            if out.len() > MAX_FILES {
+                return;
+            }
             walk(&d, depth + 1, out);
         }
     }

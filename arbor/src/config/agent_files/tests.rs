@@ -490,3 +490,29 @@ fn permission_modes_become_approvals_or_fewer_tools() {
         Some(std::time::Duration::from_millis(1))
     );
 }
+
+/// A directory named by mistake costs a bounded walk: a symbolic link to a
+/// parent is not followed (it would never end), and the walk stops one
+/// file past the cap the loader refuses.
+#[test]
+fn a_symlink_loop_and_a_huge_directory_end_the_walk() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.md"), "x").unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    std::os::unix::fs::symlink(dir.path(), dir.path().join("sub/loop")).unwrap();
+    std::fs::write(dir.path().join("sub/b.md"), "x").unwrap();
+    let mut found = Vec::new();
+    super::walk(dir.path(), 0, &mut found);
+    let names: Vec<String> = found
+        .iter()
+        .map(|p| p.strip_prefix(dir.path()).unwrap().display().to_string())
+        .collect();
+    assert_eq!(names, ["a.md", "sub/b.md"]);
+    let many = tempfile::tempdir().unwrap();
+    for i in 0..super::MAX_FILES + 50 {
+        std::fs::write(many.path().join(format!("{i}.md")), "").unwrap();
+    }
+    let mut found = Vec::new();
+    super::walk(many.path(), 0, &mut found);
+    assert_eq!(found.len(), super::MAX_FILES + 1);
+}
