@@ -66,6 +66,9 @@ pub enum FailureKind {
     /// A `UserPromptSubmit` hook refused the prompt (Claude Code's hooks):
     /// the run never called its model.
     Blocked,
+    /// The agent's program (a JavaScript `handleSteps`) threw, broke its
+    /// engine's memory or time limit, or yielded what a program cannot.
+    Program,
 }
 
 impl FailureKind {
@@ -91,6 +94,7 @@ impl FailureKind {
             FailureKind::Looping => "looping",
             FailureKind::Stalled => "stalled",
             FailureKind::Blocked => "blocked",
+            FailureKind::Program => "program",
         }
     }
 }
@@ -163,6 +167,7 @@ mod tests {
             FailureKind::Internal,
             FailureKind::Looping,
             FailureKind::Stalled,
+            FailureKind::Program,
         ] {
             let json = serde_json::to_value(kind).unwrap();
             assert_eq!(json, serde_json::json!(kind.name()));

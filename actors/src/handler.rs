@@ -42,14 +42,48 @@ pub enum Resume<'a> {
 /// What a program asks for next.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Yield {
-    /// Run these tools (name, input), in order, as one step.
+    /// Run these tools (name, input), in order, as one step; each call and
+    /// its result go into the history.
     ToolCalls(Vec<(String, Value)>),
+    /// Run these tools, in order, as one step, each saying whether its call
+    /// and result go into the history (Codebuff's `includeToolCall`).
+    Calls(Vec<ProgramCall>),
     /// Let the model take one step.
     Step,
     /// Let the model run to the end of its turn.
     StepAll,
+    /// Put this text into the history as the model's reply, without a model
+    /// call, and resume as after a step that did not end the turn
+    /// (Codebuff's `{ type: 'STEP_TEXT', text }`).
+    StepText(String),
     /// Finish the run.
     Done,
+    /// The program failed: the run fails with this error, which its parent reads.
+    Fail(String),
+}
+
+/// One tool call a program yields.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProgramCall {
+    /// The tool's name.
+    pub name: String,
+    /// Its input.
+    pub input: Value,
+    /// Whether the call and its result go into the history (`false`: the
+    /// tool runs and its effects apply, but neither message is kept, as
+    /// Codebuff's `includeToolCall: false`).
+    pub include_in_history: bool,
+}
+
+impl ProgramCall {
+    /// A call that goes into the history.
+    pub fn new(name: impl Into<String>, input: Value) -> Self {
+        Self {
+            name: name.into(),
+            input,
+            include_in_history: true,
+        }
+    }
 }
 
 /// One run of a programmatic agent.

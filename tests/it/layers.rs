@@ -45,8 +45,9 @@ fn tree_deps(package: &str, extra: &[&str]) -> Vec<String> {
 /// The workspace's crates and the workspace crates each may depend on
 /// directly (normal dependencies): dependencies point one way, down this
 /// list. A crate not listed, or a dependency not allowed, fails the test.
-const CRATE_GRAPH: [(&str, &[&str]); 8] = [
+const CRATE_GRAPH: [(&str, &[&str]); 9] = [
     ("arbor-actors", &[]),
+    ("arbor-programs", &["arbor-actors"]),
     ("arbor-providers", &["arbor-actors"]),
     ("arbor-supervisor", &["arbor-actors"]),
     ("arbor-tools", &["arbor-actors", "arbor-supervisor"]),
@@ -54,6 +55,7 @@ const CRATE_GRAPH: [(&str, &[&str]); 8] = [
         "arbor-agents",
         &[
             "arbor-actors",
+            "arbor-programs",
             "arbor-providers",
             "arbor-supervisor",
             "arbor-tools",
@@ -184,6 +186,29 @@ fn actors_knows_no_http_sql_cli_toml_or_supervisor() {
         );
     }
     assert!(deps.iter().any(|d| d == "ractor"));
+}
+
+#[test]
+fn programs_know_only_the_actors_and_no_http_sql_or_cli() {
+    let deps = normal_deps("arbor-programs");
+    for banned in WEB.iter().chain(&SQL).chain(&[
+        "clap",
+        "toml",
+        "arbor-supervisor",
+        "arbor-tools",
+        "arbor-agents",
+    ]) {
+        assert!(
+            !deps.iter().any(|d| d == banned),
+            "arbor-programs depends on {banned}"
+        );
+    }
+    for needed in ["arbor-actors", "rquickjs", "oxc"] {
+        assert!(
+            deps.iter().any(|d| d == needed),
+            "arbor-programs lacks {needed}"
+        );
+    }
 }
 
 #[test]
@@ -766,8 +791,9 @@ fn the_http_client_names_no_provider() {
 /// modules import each other at all (the embedder's crate has two, `config`
 /// and `telemetry`, which do not; the binary's library is `loadtest` alone
 /// and not listed).
-const CRATES: [(&str, &str, bool); 8] = [
+const CRATES: [(&str, &str, bool); 9] = [
     ("actors/src", "lib.rs", true),
+    ("programs/src", "lib.rs", true),
     ("providers/src", "lib.rs", true),
     ("supervisor/src", "lib.rs", true),
     ("tools/src", "lib.rs", true),
@@ -957,6 +983,10 @@ fn the_library_without_default_features_has_no_server_otel_plots_or_cli() {
         "tracing-opentelemetry",
         "indicatif",
         "hdrhistogram",
+        // The JavaScript engine is the default feature `programs`.
+        "arbor-programs",
+        "rquickjs",
+        "oxc",
     ] {
         assert!(
             !deps.iter().any(|d| d == banned),

@@ -34,6 +34,7 @@ mod otel_export;
 mod page_approvals;
 mod page_turns;
 mod principals;
+mod programs;
 mod provider_cooldown;
 mod provider_faults;
 mod provider_limits;

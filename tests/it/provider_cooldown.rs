@@ -657,7 +657,7 @@ fn tree_reply(request: &serde_json::Value) -> serde_json::Value {
                 json!({"agents": agents}),
             )
         }
-        ["work", steps] if results + 1 < steps.parse().unwrap() => {
+        ["work", steps] if results + 1 < steps.parse::<usize>().unwrap() => {
             call("echo", format!("call_{results}"), json!({"n": results}))
         }
         _ => json!({"role": "assistant", "content": "done"}),

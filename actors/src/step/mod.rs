@@ -113,6 +113,9 @@ pub struct StepMachine {
     /// Whether the run goes on from a checkpoint (its background children
     /// are started again).
     resumed: bool,
+    /// The calls of the program's current step whose call and result stay
+    /// out of the history (`includeToolCall: false`), by index.
+    hidden_calls: Vec<usize>,
 }
 
 /// What reaches a run beside its own steps. Most runs never see any of it,
@@ -197,6 +200,7 @@ impl StepMachine {
             loops: watch::LoopWatch::default(),
             side: None,
             resumed: false,
+            hidden_calls: Vec::new(),
         }
     }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{Action, Catalog, Drive, Effect, Origin, StepMachine, fresh_id};
 use crate::event::EventKind;
 use crate::failure::{Failure, FailureKind};
-use crate::handler::{Resume, Yield};
+use crate::handler::{ProgramCall, Resume, Yield};
 use crate::history::{Expiry, History};
 use crate::message::{Message, ToolCall};
 use crate::schema::Schema;
@@ -97,8 +97,11 @@ impl StepMachine {
             }
             self.set_history(history);
         } else {
-            for r in &results {
-                self.state.message_history.push_shared(Arc::clone(r));
+            let hidden = std::mem::take(&mut self.hidden_calls);
+            for (i, r) in results.iter().enumerate() {
+                if !hidden.contains(&i) {
+                    self.state.message_history.push_shared(Arc::clone(r));
+                }
             }
         }
         for (call, result) in p.calls.iter().zip(&results) {
@@ -266,7 +269,29 @@ impl StepMachine {
                 self.drive = Drive::AllSteps;
                 self.begin_step()
             }
-            Yield::ToolCalls(calls) => {
+            Yield::Fail(error) => self.fail(Failure::new(FailureKind::Program, error)),
+            Yield::StepText(text) => {
+                if self.state.steps_remaining == 0 {
+                    return self.step_limit();
+                }
+                self.state.steps_remaining -= 1;
+                self.step += 1;
+                self.events.push(EventKind::StepStarted { step: self.step });
+                self.state
+                    .message_history
+                    .push(Message::assistant_text(text));
+                self.resume_program(None, false, catalog)
+            }
+            Yield::ToolCalls(calls) => self.follow(
+                Yield::Calls(
+                    calls
+                        .into_iter()
+                        .map(|(name, input)| ProgramCall::new(name, input))
+                        .collect(),
+                ),
+                catalog,
+            ),
+            Yield::Calls(calls) => {
                 if self.state.steps_remaining == 0 {
                     return self.step_limit();
                 }
@@ -280,21 +305,44 @@ impl StepMachine {
                 }
                 let mut seen = HashSet::new();
                 let history = &self.state.message_history;
+                let mut hidden = Vec::new();
                 let calls: Vec<ToolCall> = calls
                     .into_iter()
                     .enumerate()
-                    .map(|(i, (name, input))| ToolCall {
-                        tool_call_id: fresh_id(
-                            format!("prog-{}-{i}", self.step),
-                            history,
-                            &mut seen,
-                        ),
-                        tool_name: name,
-                        input: input.into(),
+                    .map(|(i, call)| {
+                        if !call.include_in_history {
+                            hidden.push(i);
+                        }
+                        ToolCall {
+                            tool_call_id: fresh_id(
+                                format!("prog-{}-{i}", self.step),
+                                history,
+                                &mut seen,
+                            ),
+                            tool_name: call.name,
+                            input: call.input.into(),
+                        }
                     })
                     .collect();
                 let message = Arc::new(Message::assistant(None, calls));
-                self.state.message_history.push_shared(message.clone());
+                if hidden.is_empty() {
+                    self.state.message_history.push_shared(message.clone());
+                } else {
+                    // Only the calls that go into the history are recorded;
+                    // `commit` leaves out the others' results.
+                    let shown: Vec<ToolCall> = message
+                        .tool_calls()
+                        .enumerate()
+                        .filter(|(i, _)| !hidden.contains(i))
+                        .map(|(_, c)| c.clone())
+                        .collect();
+                    if !shown.is_empty() {
+                        self.state
+                            .message_history
+                            .push(Message::assistant(None, shown));
+                    }
+                }
+                self.hidden_calls = hidden;
                 self.run_calls(super::calls::Calls::of(message), Origin::Program, catalog)
             }
         }

@@ -651,6 +651,11 @@ pub struct AgentSection {
     /// its parent's workspace).
     #[serde(default)]
     pub isolation: arbor_actors::worktree::Isolation,
+    /// A program that drives it (semantics §4.5): a `.ts` or `.js` file,
+    /// relative to the config's directory, whose default export is a
+    /// generator function (Codebuff's `handleSteps`) or an
+    /// `AgentDefinition` with one (feature `programs`).
+    pub program: Option<String>,
 }
 
 /// An agent's `structured`: a way, or `auto` to let its model decide.

@@ -300,7 +300,14 @@ impl Config {
             .map(|tool| Arc::new((*tool).clone().with_sandbox(workspace.sandbox.clone())))
             .collect();
         let mut unresolved_tools = Vec::new();
-        let templates = templates(&file, &broken, text, &mut problems, &mut unresolved_tools);
+        let templates = templates(
+            &file,
+            &base_dir,
+            &broken,
+            text,
+            &mut problems,
+            &mut unresolved_tools,
+        );
         check_graph(&file, &limits, text, &mut problems);
         let models = check_models(&file, &limits, &base_dir, text, &mut problems);
         check_store(&file.store, text, &mut problems);

@@ -65,6 +65,7 @@ const FAILURE_KINDS: &[&str] = &[
     "looping",
     "stalled",
     "blocked",
+    "program",
 ];
 
 /// The wire names of `Limit` (a `LimitHit`'s `limit`).

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use arbor_actors::handler::{FnHandler, FnProgram, Resume, Yield};
+use arbor_actors::handler::{FnHandler, FnProgram, ProgramCall, Resume, Yield};
 use arbor_actors::history::{History, check_pairing};
 use arbor_actors::hooks::RunIds;
 use arbor_actors::message::{

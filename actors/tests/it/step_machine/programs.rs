@@ -198,3 +198,93 @@ fn a_program_that_yields_end_turn_is_not_resumed_for_later_yields() {
     let shown = serde_json::to_string(&run.state().message_history).unwrap();
     assert!(!shown.contains("after the end"), "{shown}");
 }
+
+#[test]
+fn a_call_yielded_without_include_tool_call_runs_but_stays_out_of_the_history() {
+    // Codebuff's context-pruner: set_messages with includeToolCall: false
+    // replaces the history and leaves no call or result of its own.
+    let handler = FnHandler(|| {
+        FnProgram(|resume: Resume<'_>| match resume {
+            Resume::Start { .. } => Yield::Calls(vec![
+                ProgramCall {
+                    include_in_history: false,
+                    ..ProgramCall::new(
+                        "set_messages",
+                        json!({"messages": [{"role": "user", "content": "pruned"}]}),
+                    )
+                },
+                ProgramCall::new("add_message", json!({"role": "user", "content": "kept"})),
+            ]),
+            Resume::ToolResults { results, .. } => {
+                assert_eq!(results.len(), 2, "the program still reads every result");
+                Yield::Done
+            }
+            Resume::StepsDone { .. } => Yield::Done,
+        })
+    });
+    let mut t = AgentTemplate::new("prog", "m").handler(Arc::new(handler));
+    t.tools = vec!["add_message".into(), "set_messages".into()];
+    let mut run = Run::new(t, Vec::new(), vec![Message::user("old")]);
+    finish(run.start());
+    assert_eq!(run.state().status, AgentStatus::Completed);
+    let h = run.history();
+    let names: Vec<String> = h
+        .iter()
+        .flat_map(|m| {
+            m.tool_calls()
+                .map(|c| c.tool_name.clone())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(!names.contains(&"set_messages".to_string()), "{h:?}");
+    assert!(
+        !h.iter()
+            .any(|m| m.answers().is_some_and(|id| id.ends_with("-0"))),
+        "the hidden call's result is in the history: {h:?}"
+    );
+    assert!(!h.iter().any(|m| m.text() == "old"), "{h:?}");
+    assert!(h.iter().any(|m| m.text() == "kept"), "{h:?}");
+}
+
+#[test]
+fn step_text_puts_the_text_in_the_history_as_a_step_without_a_model_call() {
+    let handler = FnHandler(|| {
+        let mut said = false;
+        FnProgram(move |resume: Resume<'_>| match resume {
+            Resume::Start { .. } => Yield::StepText("I already know the answer".into()),
+            Resume::StepsDone { turn_ended, .. } if !said => {
+                assert!(!turn_ended);
+                said = true;
+                Yield::Done
+            }
+            _ => Yield::Fail("resumed twice".into()),
+        })
+    });
+    let mut run = Run::solo(
+        AgentTemplate::new("prog", "m")
+            .max_steps(4)
+            .handler(Arc::new(handler)),
+    );
+    finish(run.start());
+    assert_eq!(run.state().status, AgentStatus::Completed);
+    assert_eq!(run.state().steps_remaining, 3, "STEP_TEXT spends a step");
+    assert_eq!(
+        run.history().last().map(|m| (m.role(), m.text())),
+        Some(("assistant", "I already know the answer".to_string()))
+    );
+}
+
+#[test]
+fn a_program_that_fails_fails_its_run_with_the_program_kind() {
+    let handler = FnHandler(|| {
+        FnProgram(|_: Resume<'_>| Yield::Fail("handleSteps failed: p.ts:3: TypeError: x".into()))
+    });
+    let mut run = Run::solo(AgentTemplate::new("prog", "m").handler(Arc::new(handler)));
+    finish(run.start());
+    assert_eq!(run.state().status, AgentStatus::Failed);
+    assert_eq!(run.state().error_kind, Some(FailureKind::Program));
+    assert_eq!(
+        run.state().error_message(),
+        Some("handleSteps failed: p.ts:3: TypeError: x")
+    );
+}

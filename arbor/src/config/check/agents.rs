@@ -67,6 +67,7 @@ fn workspace_tools(
 
 pub(in crate::config) fn templates(
     file: &ConfigFile,
+    base_dir: &std::path::Path,
     broken: &HashSet<String>,
     text: &Source<'_>,
     problems: &mut Vec<Problem>,
@@ -344,6 +345,12 @@ pub(in crate::config) fn templates(
         t.isolation = a.isolation;
         t.model_options = std::sync::Arc::new(a.model_options.clone().unwrap_or_default());
         t.failure = failure;
+        if let Some(program) = &a.program {
+            match program_handler(base_dir, program) {
+                Ok(handler) => t.handler = Some(handler),
+                Err(why) => problems.push(at(text, &table, "program", why)),
+            }
+        }
         let structured = structured_mode(
             a.structured,
             a.output_mode,
@@ -358,6 +365,37 @@ pub(in crate::config) fn templates(
         out.push(t.structured(structured));
     }
     out
+}
+
+/// The step handler of `program = "..."`: the file (relative to the
+/// config's directory, which is also the directory its imports stay in)
+/// loaded into the JavaScript engine.
+#[cfg(feature = "programs")]
+fn program_handler(
+    base_dir: &std::path::Path,
+    program: &str,
+) -> Result<Arc<dyn arbor_actors::handler::StepHandler>, String> {
+    use arbor_programs::{JsHandler, Limits, load_program_file};
+    let limits = Limits::default();
+    let root = if base_dir.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        base_dir
+    };
+    let loaded = load_program_file(root, &root.join(program), limits)
+        .map_err(|e| format!("{program:?}: {e}"))?;
+    Ok(Arc::new(JsHandler::new(loaded, limits)))
+}
+
+/// Without the `programs` feature there is no engine to run a program in.
+#[cfg(not(feature = "programs"))]
+fn program_handler(
+    _base_dir: &std::path::Path,
+    program: &str,
+) -> Result<Arc<dyn arbor_actors::handler::StepHandler>, String> {
+    Err(format!(
+        "{program:?}: this build has no JavaScript engine (arbor-agents' feature `programs`)"
+    ))
 }
 
 /// How a template gives its structured output, from its `structured`, its

@@ -1,0 +1,350 @@
+//! A file and the files it imports, read from the agents directory and
+//! turned into JavaScript: the bundle the engine evaluates. Nothing is read
+//! once the bundle is built; the engine's loader serves only these modules.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::path::{Component, Path, PathBuf};
+
+use crate::strip::{self, Stripped};
+
+/// The most a file of an agent's module graph may hold.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+/// The most modules one agent file may import, directly or not.
+pub const MAX_MODULES: usize = 256;
+
+/// Why an agent file could not be loaded: the file, the line where known,
+/// and what is wrong. Printed as `file:line: problem`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadError {
+    /// The file, as given (the entry) or under the agents directory.
+    pub file: PathBuf,
+    /// The 1-based line, where known.
+    pub line: Option<usize>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl LoadError {
+    pub(crate) fn new(file: impl Into<PathBuf>, line: Option<usize>, message: String) -> Self {
+        Self {
+            file: file.into(),
+            line,
+            message,
+        }
+    }
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{line}: {}", self.file.display(), self.message),
+            None => write!(f, "{}: {}", self.file.display(), self.message),
+        }
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// One module of a bundle.
+#[derive(Clone, Debug)]
+pub(crate) struct Module {
+    pub code: String,
+    /// Printed line (0-based) to source line (1-based).
+    pub lines: Vec<Option<u32>>,
+    /// Each import specifier of this module and the module it names.
+    pub resolved: BTreeMap<String, String>,
+}
+
+/// An agent file and every module it imports, as JavaScript, keyed by their
+/// paths under the agents directory (`/`-separated).
+#[derive(Clone, Debug)]
+pub struct Bundle {
+    pub(crate) root: PathBuf,
+    pub(crate) entry: String,
+    pub(crate) modules: BTreeMap<String, Module>,
+}
+
+impl Bundle {
+    /// The entry module's key (its path under the agents directory).
+    pub fn entry(&self) -> &str {
+        &self.entry
+    }
+
+    /// The keys of every module in the bundle, the entry's included.
+    pub fn modules(&self) -> impl Iterator<Item = &str> {
+        self.modules.keys().map(String::as_str)
+    }
+
+    /// The file of module `key`, for errors.
+    pub(crate) fn file(&self, key: &str) -> PathBuf {
+        self.root.join(key)
+    }
+
+    /// The source line of line `line` (1-based) of module `key`'s printed code.
+    pub(crate) fn source_line(&self, key: &str, line: usize) -> Option<usize> {
+        let module = self.modules.get(key)?;
+        let mapped = module.lines.get(line.checked_sub(1)?).copied().flatten()?;
+        Some(mapped as usize)
+    }
+
+    /// A bundle of one module from JavaScript source (a `handleSteps` given
+    /// as a string), with no imports.
+    pub(crate) fn of_source(name: &str, code: String) -> Self {
+        let lines = (1..=code.lines().count() as u32).map(Some).collect();
+        let mut modules = BTreeMap::new();
+        modules.insert(
+            name.to_string(),
+            Module {
+                code,
+                lines,
+                resolved: BTreeMap::new(),
+            },
+        );
+        Self {
+            root: PathBuf::new(),
+            entry: name.to_string(),
+            modules,
+        }
+    }
+}
+
+/// Reads `file` (which must be inside `root`) and the modules it imports into
+/// a bundle. Relative imports resolve inside `root` only; a package import,
+/// an import leaving `root` or one naming no file is an error naming the
+/// import and its `file:line`. `import type` and imports used only as types
+/// are dropped before anything is resolved.
+pub fn bundle(root: &Path, file: &Path) -> Result<Bundle, LoadError> {
+    let canonical_root = root.canonicalize().map_err(|e| {
+        LoadError::new(
+            root,
+            None,
+            format!("the agents directory cannot be read: {e}"),
+        )
+    })?;
+    let canonical_file = file
+        .canonicalize()
+        .map_err(|e| LoadError::new(file, None, format!("cannot be read: {e}")))?;
+    let entry = key_of(&canonical_root, &canonical_file)
+        .ok_or_else(|| LoadError::new(file, None, "is not inside the agents directory".into()))?;
+    let mut modules: BTreeMap<String, Module> = BTreeMap::new();
+    let mut queue = VecDeque::from([entry.clone()]);
+    while let Some(key) = queue.pop_front() {
+        if modules.contains_key(&key) {
+            continue;
+        }
+        if modules.len() >= MAX_MODULES {
+            return Err(LoadError::new(
+                file,
+                None,
+                format!("imports more than {MAX_MODULES} modules"),
+            ));
+        }
+        let path = canonical_root.join(&key);
+        let shown = if key == entry {
+            file.to_path_buf()
+        } else {
+            root.join(&key)
+        };
+        let source = read_bounded(&path).map_err(|e| LoadError::new(&shown, None, e))?;
+        let stripped = if key.ends_with(".json") {
+            json_module(&source).map_err(|e| LoadError::new(&shown, e.line, e.message))?
+        } else {
+            strip::strip(&source, &path).map_err(|e| LoadError::new(&shown, e.line, e.message))?
+        };
+        let mut resolved = BTreeMap::new();
+        for (spec, line) in &stripped.imports {
+            let target = resolve(&canonical_root, &key, spec)
+                .map_err(|why| LoadError::new(&shown, Some(*line), why))?;
+            resolved.insert(spec.clone(), target.clone());
+            queue.push_back(target);
+        }
+        modules.insert(
+            key,
+            Module {
+                code: stripped.code,
+                lines: stripped.lines,
+                resolved,
+            },
+        );
+    }
+    Ok(Bundle {
+        root: root.to_path_buf(),
+        entry,
+        modules,
+    })
+}
+
+/// A JSON file imported as a module: its value is the default export.
+fn json_module(source: &str) -> Result<Stripped, strip::SyntaxError> {
+    let value: serde_json::Value =
+        serde_json::from_str(source).map_err(|e| strip::SyntaxError {
+            line: Some(e.line()),
+            message: format!("not valid JSON: {e}"),
+        })?;
+    Ok(Stripped {
+        code: format!("export default {value};\n"),
+        imports: Vec::new(),
+        lines: vec![Some(1), Some(1)],
+    })
+}
+
+fn read_bounded(path: &Path) -> Result<String, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot be read: {e}"))?;
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(format!(
+            "is {} bytes, more than the {MAX_FILE_BYTES} an agent file may hold",
+            meta.len()
+        ));
+    }
+    std::fs::read_to_string(path).map_err(|e| format!("cannot be read: {e}"))
+}
+
+/// `path`'s key under `root` (both canonical): its components joined by `/`.
+fn key_of(root: &Path, path: &Path) -> Option<String> {
+    let rel = path.strip_prefix(root).ok()?;
+    let parts: Vec<&str> = rel
+        .components()
+        .map(|c| match c {
+            Component::Normal(s) => s.to_str(),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    (!parts.is_empty()).then(|| parts.join("/"))
+}
+
+/// The extensions a specifier without one may name, in order.
+const PROBES: [&str; 8] = [
+    "",
+    ".ts",
+    ".js",
+    ".mjs",
+    ".json",
+    "/index.ts",
+    "/index.js",
+    "/index.mjs",
+];
+
+/// The module that `spec`, imported from module `from`, names.
+fn resolve(root: &Path, from: &str, spec: &str) -> Result<String, String> {
+    if !(spec.starts_with("./") || spec.starts_with("../")) {
+        return Err(format!(
+            "import '{spec}': a package import cannot be resolved (only relative imports inside the agents directory are; type-only imports are dropped)"
+        ));
+    }
+    let mut parts: Vec<&str> = from.split('/').collect();
+    parts.pop();
+    for part in spec.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                if parts.pop().is_none() {
+                    return Err(format!("import '{spec}' leaves the agents directory"));
+                }
+            }
+            p => parts.push(p),
+        }
+    }
+    let base = parts.join("/");
+    // TypeScript's convention: `./x.js` may name `./x.ts`.
+    let alternates = match base.strip_suffix(".js") {
+        Some(stem) => vec![base.clone(), format!("{stem}.ts")],
+        None => vec![base.clone()],
+    };
+    for candidate in alternates {
+        for probe in PROBES {
+            let key = format!("{candidate}{probe}");
+            let path = root.join(&key);
+            if !path.is_file() {
+                continue;
+            }
+            // A symbolic link may not lead out of the directory either.
+            let real = path
+                .canonicalize()
+                .map_err(|e| format!("import '{spec}': {e}"))?;
+            return key_of(root, &real)
+                .ok_or_else(|| format!("import '{spec}' leaves the agents directory"));
+        }
+    }
+    Err(format!(
+        "import '{spec}': no such file in the agents directory"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        for (name, body) in files {
+            let p = d.path().join(name);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, body).unwrap();
+        }
+        d
+    }
+
+    #[test]
+    fn relative_imports_are_bundled_and_type_only_ones_dropped() {
+        let d = dir(&[
+            (
+                "a.ts",
+                "import type { X } from './types/x'\nimport { y } from './lib/y'\nexport default { y } as X\n",
+            ),
+            (
+                "lib/y.ts",
+                "import { z } from '../z.js'\nexport const y: number = z\n",
+            ),
+            ("z.ts", "export const z = 1\n"),
+        ]);
+        let b = bundle(d.path(), &d.path().join("a.ts")).unwrap();
+        assert_eq!(
+            b.modules().collect::<Vec<_>>(),
+            ["a.ts", "lib/y.ts", "z.ts"]
+        );
+    }
+
+    #[test]
+    fn a_package_import_is_an_error_naming_it_and_its_line() {
+        let d = dir(&[(
+            "a.ts",
+            "import type { T } from '@codebuff/sdk'\n\nimport { AgentTemplateTypes } from '@codebuff/common/types/session-state'\nexport default { id: AgentTemplateTypes.x }\n",
+        )]);
+        let err = bundle(d.path(), &d.path().join("a.ts")).unwrap_err();
+        assert_eq!(err.line, Some(3), "{err}");
+        assert!(
+            err.to_string()
+                .contains("a.ts:3: import '@codebuff/common/types/session-state'"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_import_leaving_the_directory_is_refused() {
+        let outer = dir(&[
+            ("secret.ts", "export const s = 1\n"),
+            (
+                "agents/a.ts",
+                "import { s } from '../secret'\nexport default { s }\n",
+            ),
+        ]);
+        let root = outer.path().join("agents");
+        let err = bundle(&root, &root.join("a.ts")).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("a.ts:1: import '../secret' leaves the agents directory"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_missing_relative_import_is_named() {
+        let d = dir(&[("a.ts", "import { s } from './nope'\nexport default { s }\n")]);
+        let err = bundle(d.path(), &d.path().join("a.ts")).unwrap_err();
+        assert!(
+            err.to_string().contains("import './nope': no such file"),
+            "{err}"
+        );
+    }
+}
