@@ -413,7 +413,7 @@ impl Runtime {
 
     /// Resumes a stored tree that was interrupted (see
     /// [`Supervisor::resume`]): its events from the resume on, and its result.
-    pub async fn resume(&self, tree_id: &str) -> Result<Run, Error> {
+    pub async fn resume(&self, tree_id: &TreeId) -> Result<Run, Error> {
         // Subscribed before the tree goes on, so no event is missed.
         let events = self.supervisor.events().subscribe_tree(tree_id);
         let handle = self.supervisor.resume(tree_id).await?;
@@ -428,7 +428,7 @@ impl Runtime {
     /// for it with [`wait_queued`](Self::wait_queued).
     pub async fn start_turn(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         request: arbor_supervisor::TurnRequest,
     ) -> Result<TurnRun, Error> {
         // Subscribed before the turn starts, so no event is missed.
@@ -494,7 +494,7 @@ impl Runtime {
                     gone += 1;
                     if gone >= GONE_FOR {
                         return Err(Error::Supervisor(arbor_supervisor::Error::NotResumable {
-                            tree: turn.tree_id.clone(),
+                            tree: turn.tree_id.to_string(),
                             reason: format!(
                                 "its queued turn {} left the queue without starting",
                                 turn.run_id()
@@ -520,10 +520,10 @@ impl Runtime {
             Err(arbor_supervisor::Error::UnknownRun(_)) => {}
             found => return Ok(found?),
         }
-        let run_id = run_id.to_string();
         if self.supervisor.store().is_none() {
-            return Err(arbor_supervisor::Error::UnknownRun(run_id).into());
+            return Err(arbor_supervisor::Error::UnknownRun(run_id.to_string()).into());
         }
+        let run_id = run_id.clone();
         let stored = self
             .supervisor
             .read_store_now(move |store| store.run(&run_id))

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use arbor_actors::{RunId, TreeId};
 use axum::extract::FromRequestParts;
 use axum::http::StatusCode;
 use axum::http::request::Parts;
@@ -177,17 +178,17 @@ pub(crate) enum Subject<'a> {
     /// No tree (a start, the metrics).
     Service,
     /// A tree, by id.
-    Tree(&'a str),
-    /// A run (of the tree its id starts with).
-    Run(&'a str),
+    Tree(&'a TreeId),
+    /// A run (of the tree its id names).
+    Run(&'a RunId),
 }
 
 impl Subject<'_> {
-    fn tree_id(&self) -> Option<&str> {
+    fn tree_id(&self) -> Option<&TreeId> {
         match self {
             Subject::Service => None,
             Subject::Tree(tree) => Some(tree),
-            Subject::Run(run) => Some(run.split_once('/').map_or(*run, |(tree, _)| tree)),
+            Subject::Run(run) => Some(run.tree()),
         }
     }
 
@@ -195,8 +196,8 @@ impl Subject<'_> {
     fn missing(&self) -> ApiError {
         use arbor_supervisor::Error;
         match self {
-            Subject::Run(run) => Error::UnknownRun((*run).to_owned()).into(),
-            Subject::Tree(tree) => Error::UnknownTree((*tree).to_owned()).into(),
+            Subject::Run(run) => Error::UnknownRun(run.to_string()).into(),
+            Subject::Tree(tree) => Error::UnknownTree(tree.to_string()).into(),
             Subject::Service => ApiError::not_found("no such route"),
         }
     }
@@ -214,7 +215,7 @@ pub(crate) async fn check(
 ) -> Result<(), ApiError> {
     let owner = match subject.tree_id() {
         Some(tree) if needs_owner(caller, action) => {
-            let tree = tree.to_owned();
+            let tree = tree.clone();
             let read = shared
                 .runtime
                 .supervisor()
@@ -241,7 +242,7 @@ pub(crate) async fn readable<T: Send + 'static>(
     shared: &Shared,
     caller: &Principal,
     items: Vec<T>,
-    tree: impl Fn(&T) -> &str,
+    tree: impl Fn(&T) -> &TreeId,
 ) -> Result<Vec<T>, ApiError> {
     if !needs_owner(caller, Action::Read) {
         return match decide(caller, Action::Read, None) {
@@ -249,7 +250,7 @@ pub(crate) async fn readable<T: Send + 'static>(
             _ => Ok(Vec::new()),
         };
     }
-    let mut trees: Vec<String> = items.iter().map(|i| tree(i).to_owned()).collect();
+    let mut trees: Vec<TreeId> = items.iter().map(|i| tree(i).clone()).collect();
     trees.sort();
     trees.dedup();
     let owners = shared

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use arbor_actors::TreeId;
 use arbor_supervisor::store::TreeFilter;
 use futures::StreamExt as _;
 
@@ -24,7 +25,7 @@ pub const ADOPT_EVERY: Duration = Duration::from_millis(500);
 impl Service {
     /// Resumes every interrupted tree in the store (a server that stopped, or
     /// crashed, mid-run), then reports ready. Returns the trees resumed.
-    pub async fn resume_interrupted(&self) -> Vec<String> {
+    pub async fn resume_interrupted(&self) -> Vec<TreeId> {
         if *self.shared.shutdown.borrow() {
             return Vec::new();
         }
@@ -50,13 +51,13 @@ impl Service {
         // In batches: a replica that shut down hands over all its trees at
         // once; each batch is one claim and one read of the store for all
         // of its trees.
-        let ids: Vec<String> = trees.into_iter().map(|t| t.tree_id).collect();
-        let batches: Vec<Vec<String>> = ids.chunks(ADOPT_AT_ONCE).map(<[_]>::to_vec).collect();
+        let ids: Vec<TreeId> = trees.into_iter().map(|t| t.tree_id).collect();
+        let batches: Vec<Vec<TreeId>> = ids.chunks(ADOPT_AT_ONCE).map(<[_]>::to_vec).collect();
         let resumed = futures::stream::iter(batches)
             .map(|batch| self.adopt(batch))
             .buffer_unordered(ADOPT_BATCHES)
             .flat_map(futures::stream::iter)
-            .collect::<Vec<String>>()
+            .collect::<Vec<TreeId>>()
             .await;
         // Turns queued for trees that ended with no process to take them.
         turns::take_waiting(&self.shared).await;
@@ -66,7 +67,7 @@ impl Service {
 
     /// Claims and resumes those of the interrupted trees `batch` this
     /// process can take; the ids of those that run here now.
-    async fn adopt(&self, batch: Vec<String>) -> Vec<String> {
+    async fn adopt(&self, batch: Vec<TreeId>) -> Vec<TreeId> {
         if *self.shared.shutdown.borrow() {
             return Vec::new();
         }

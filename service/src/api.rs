@@ -5,12 +5,13 @@
 //! `operations`; `forward` applies a control here or posts it for the
 //! replica that runs the tree.
 
+use arbor_actors::{RunId, TreeId};
 use arbor_supervisor::store::{RunNode, TreeStatus, TreeSummary};
 use arbor_supervisor::{ToolRule, TreeLimits};
 use serde_json::Value;
 use utoipa::OpenApi;
 
-use super::error::ErrorBody;
+use super::error::{ApiError, ErrorBody};
 
 pub(super) mod agents;
 pub(super) mod approvals;
@@ -21,6 +22,24 @@ pub(super) mod runs;
 pub(super) mod trees;
 pub(super) mod turns;
 pub(super) mod wait;
+
+/// A stored or live run id from the path (URL-encoded: `t1/0` is `t1%2F0`),
+/// read once here; one that is no run id is a run nobody has (404).
+pub(super) fn run_path(id: String) -> Result<RunId, ApiError> {
+    match id.parse::<RunId>() {
+        Ok(run) => Ok(run),
+        Err(e) => Err(ApiError::not_found(format!(
+            "no run {id:?} ({e}; URL-encoded in the path: t1%2F0)"
+        ))),
+    }
+}
+
+/// A tree id from the path, read once here; one that is no tree id is a
+/// tree the store does not have (the 404 of a missing tree).
+pub(super) fn tree_path(id: String) -> Result<TreeId, ApiError> {
+    id.parse::<TreeId>()
+        .map_err(|_| arbor_supervisor::Error::UnknownTree(id).into())
+}
 
 #[derive(OpenApi)]
 #[openapi(

@@ -14,7 +14,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use arbor_actors::{Event, RunId};
+use arbor_actors::{Event, RunId, TreeId};
 use arbor_supervisor::TreeStatus;
 use arbor_supervisor::{JournalEntry, journal_view};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -52,7 +52,7 @@ struct Follow {
     root: String,
     /// `run_id` and `root` typed, for live events (whose ids are).
     typed: (RunId, RunId),
-    tree_id: Arc<str>,
+    tree_id: TreeId,
     last: u64,
     /// The highest `seq` read from the journal (of any run of the tree):
     /// the next read starts after it.
@@ -184,7 +184,7 @@ const POLL: std::time::Duration = std::time::Duration::from_millis(200);
 const ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Where `tree_id` runs now: here, or (asked of the store) elsewhere.
-async fn whereabouts(shared: &Shared, tree_id: &Arc<str>) -> Result<Whereabouts, ApiError> {
+async fn whereabouts(shared: &Shared, tree_id: &TreeId) -> Result<Whereabouts, ApiError> {
     if shared.runtime.supervisor().is_running(tree_id) {
         return Ok(Whereabouts::Here);
     }
@@ -194,17 +194,15 @@ async fn whereabouts(shared: &Shared, tree_id: &Arc<str>) -> Result<Whereabouts,
 /// Opens the stream; fails (before any byte is sent) if the run is unknown.
 pub async fn stream(
     shared: Arc<Shared>,
-    run_id: String,
+    id: RunId,
     after: u64,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
-    let id = match run_id.parse::<arbor_actors::RunId>() {
-        Ok(id) => id,
-        Err(e) => return Err(ApiError::not_found(format!("no run {run_id} ({e})"))),
-    };
-    let tree_id: Arc<str> = id.tree().as_arc().clone();
+    // Kept as text too: events are filtered by their printed ids.
+    let run_id = id.to_string();
+    let tree_id = id.tree().clone();
     // Held until the stream ends; refused (503 or 429, naming the cap) before
     // anything else is done for it.
-    let slot = shared.streams.open(&tree_id, &shared.limits)?;
+    let slot = shared.streams.open(tree_id.as_arc(), &shared.limits)?;
     let supervisor = shared.runtime.supervisor();
     // Ends with the server; subscribed first, so a stop during the set-up counts.
     let mut shutdown = shared.shutdown.subscribe();
@@ -221,7 +219,7 @@ pub async fn stream(
     // that ends after it may have events the store does not have yet; one
     // that ended before has them all stored.)
     let known = whereabouts(&shared, &tree_id).await? != Whereabouts::Ended;
-    let run = run_id.clone();
+    let run = id.clone();
     supervisor
         .read_store_now(move |store| match store.run(&run) {
             Err(arbor_supervisor::Error::UnknownRun(_)) if known => Ok(()),
@@ -327,7 +325,7 @@ pub async fn stream(
 /// Whether this process runs the tree and still holds it: a tree another
 /// process claimed since (fenced out here) is followed from its journal,
 /// as one run elsewhere is, even while it is still stopping here.
-fn runs_here(shared: &Shared, tree_id: &str) -> bool {
+fn runs_here(shared: &Shared, tree_id: &TreeId) -> bool {
     let supervisor = shared.runtime.supervisor();
     supervisor.is_running(tree_id) && !supervisor.is_fenced(tree_id)
 }
@@ -352,7 +350,7 @@ enum Stored {
 /// then going on) never shows a client an event no journal has.
 async fn stored(
     shared: &Shared,
-    tree_id: &str,
+    tree_id: &TreeId,
     shutdown: &mut watch::Receiver<bool>,
     tx: &mpsc::Sender<SseEvent>,
 ) -> Stored {
@@ -447,10 +445,10 @@ impl Follow {
 /// gone, not adopted yet); the store's error when it cannot say.
 async fn stored_whereabouts(
     shared: &Shared,
-    tree_id: &Arc<str>,
+    tree_id: &TreeId,
 ) -> Result<(Whereabouts, bool), arbor_supervisor::Error> {
     let supervisor = shared.runtime.supervisor();
-    let tree = tree_id.to_string();
+    let tree = tree_id.clone();
     let stored = supervisor
         .read_store(move |store| match store.status(&tree) {
             // Ended with turns queued: the next one is about to start (a

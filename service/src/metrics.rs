@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arbor_actors::sync::LockExt as _;
-use arbor_actors::{Event, EventKind, RunId};
+use arbor_actors::{Event, EventKind, RunId, TreeId};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -356,15 +356,15 @@ impl Metrics {
     }
 
     /// The tree runs every agent on `model` (a start request's override).
-    pub fn tree_model(&self, tree_id: &str, model: &str) {
+    pub fn tree_model(&self, tree_id: &TreeId, model: &str) {
         self.tree_models
             .locked()
-            .insert(tree_id.into(), model.into());
+            .insert(tree_id.as_str().into(), model.into());
     }
 
     /// A tree that did not start after all.
-    pub fn forget_tree(&self, tree_id: &str) {
-        self.tree_models.locked().remove(tree_id);
+    pub fn forget_tree(&self, tree_id: &TreeId) {
+        self.tree_models.locked().remove(tree_id.as_str());
     }
 
     pub fn observe(&self, event: &Event) {

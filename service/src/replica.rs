@@ -13,9 +13,9 @@
 use std::sync::Weak;
 use std::time::Duration;
 
-use arbor_actors::RunId;
 use arbor_actors::approval::Decision;
 use arbor_actors::sync::LockExt as _;
+use arbor_actors::{RunId, TreeId};
 use arbor_supervisor::store::{Control, Owner, Wake};
 use arbor_supervisor::{JournalEntry, TreeStatus};
 use serde::{Deserialize, Serialize};
@@ -133,7 +133,7 @@ pub(crate) fn route(here: bool, owner: Option<&Owner>, status: Option<TreeStatus
 
 /// Where a control for `tree_id` goes now (asked of the store when this
 /// process does not run the tree).
-pub(crate) async fn locate(shared: &Shared, tree_id: &str) -> Result<Route, ApiError> {
+pub(crate) async fn locate(shared: &Shared, tree_id: &TreeId) -> Result<Route, ApiError> {
     let supervisor = shared.runtime.supervisor();
     if supervisor.is_running(tree_id) {
         return Ok(Route::Local);
@@ -161,7 +161,7 @@ pub(crate) async fn locate(shared: &Shared, tree_id: &str) -> Result<Route, ApiE
 /// Posts a control for a tree another replica runs; the owner it went to.
 pub(crate) async fn forward(
     shared: &Shared,
-    tree_id: &str,
+    tree_id: &TreeId,
     control: &ControlBody,
 ) -> Result<(), ApiError> {
     let body = serde_json::to_value(control)
@@ -189,7 +189,7 @@ pub(crate) fn forwarded_note(owner: &Option<String>) -> String {
 /// not hold): asked for and not decided, and of a run that has not ended.
 /// A resumed run that asks again replaces its earlier request.
 pub(crate) fn pending_from_journal(
-    tree_id: &str,
+    tree_id: &TreeId,
     journal: &[JournalEntry],
 ) -> Vec<arbor_supervisor::PendingApproval> {
     let mut fold = PendingFold::default();
@@ -213,7 +213,7 @@ pub(crate) struct PendingFold {
 
 impl PendingFold {
     /// Folds in the journal's entries that follow the ones folded so far.
-    fn apply(&mut self, tree_id: &str, journal: &[JournalEntry]) {
+    fn apply(&mut self, tree_id: &TreeId, journal: &[JournalEntry]) {
         let pending = &mut self.pending;
         let call = |entry: &JournalEntry| {
             entry
@@ -227,6 +227,11 @@ impl PendingFold {
             match entry.kind.name() {
                 "approvalRequested" => {
                     let Some(call_id) = call(entry) else { continue };
+                    // The journal keeps run ids as text; one that is no run
+                    // id names no call that can be decided.
+                    let Ok(run_id) = entry.run_id.parse::<RunId>() else {
+                        continue;
+                    };
                     // Asked again after a restart: it keeps the age of its first ask.
                     let first = pending
                         .iter()
@@ -234,8 +239,8 @@ impl PendingFold {
                         .map_or(entry.at_ms, |p| p.requested_ms.min(entry.at_ms));
                     pending.retain(|p| p.tool_call_id != call_id);
                     pending.push(arbor_supervisor::PendingApproval {
-                        tree_id: tree_id.to_owned(),
-                        run_id: entry.run_id.to_string(),
+                        tree_id: tree_id.clone(),
+                        run_id,
                         tool_call_id: call_id,
                         step: entry
                             .body
@@ -258,7 +263,7 @@ impl PendingFold {
                         pending.retain(|p| p.tool_call_id != call_id);
                     }
                 }
-                _ if entry.is_final() => pending.retain(|p| *p.run_id != *entry.run_id),
+                _ if entry.is_final() => pending.retain(|p| p.run_id != *entry.run_id),
                 _ => {}
             }
         }
@@ -273,12 +278,12 @@ impl PendingFold {
 /// follows what runs. A tree the store no longer has is left out.
 pub(crate) async fn pending_elsewhere(
     shared: &Shared,
-    trees: Vec<(String, Option<String>)>,
+    trees: Vec<(TreeId, Option<String>)>,
     scope: &Scope,
 ) -> Result<Vec<arbor_supervisor::PendingApproval>, ApiError> {
-    let folds: Vec<(String, PendingFold)> = {
+    let folds: Vec<(TreeId, PendingFold)> = {
         let mut seen = shared.pending_seen.locked();
-        let wanted: std::collections::HashSet<&String> = trees.iter().map(|(t, _)| t).collect();
+        let wanted: std::collections::HashSet<&TreeId> = trees.iter().map(|(t, _)| t).collect();
         seen.retain(|tree, fold| {
             let covered = match scope {
                 Scope::All => true,
@@ -348,7 +353,7 @@ pub(crate) async fn control_loop(shared: Weak<Shared>, mut wake: watch::Receiver
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        let trees: Vec<String> = shared.owned.locked().iter().cloned().collect();
+        let trees: Vec<TreeId> = shared.owned.locked().iter().cloned().collect();
         if trees.is_empty() {
             continue;
         }
@@ -489,6 +494,11 @@ const WAKE_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 mod tests {
     use super::*;
 
+    /// A tree id from a test's literal.
+    fn as_tree(id: &str) -> TreeId {
+        id.parse().unwrap()
+    }
+
     fn owner() -> Owner {
         Owner {
             owner: "boot/ns:42".into(),
@@ -574,7 +584,7 @@ mod tests {
             // the age of its first ask (issue 34: it restarted at 0).
             entry(6, "t/0.1", asked("c2")),
         ];
-        let pending = pending_from_journal("t", &journal);
+        let pending = pending_from_journal(&as_tree("t"), &journal);
         assert_eq!(pending.len(), 1, "{pending:?}");
         assert_eq!(pending[0].tool_call_id, "c2");
         assert_eq!(pending[0].run_id, "t/0.1");
@@ -607,14 +617,14 @@ mod tests {
                 serde_json::json!({"type": "agentFailed", "status": "failed"}),
             ),
         ];
-        let whole = pending_from_journal("t", &journal);
+        let whole = pending_from_journal(&as_tree("t"), &journal);
         for cut in 0..=journal.len() {
             let mut fold = PendingFold::default();
-            fold.apply("t", &journal[..cut]);
+            fold.apply(&as_tree("t"), &journal[..cut]);
             let read = fold.read;
             let rest: Vec<JournalEntry> =
                 journal.iter().filter(|e| e.seq > read).cloned().collect();
-            fold.apply("t", &rest);
+            fold.apply(&as_tree("t"), &rest);
             assert_eq!(fold.pending, whole, "cut at {cut}");
             assert_eq!(fold.read, 5);
         }

@@ -42,10 +42,10 @@ pub(crate) struct Shared {
     /// adoption loop looks for them at once.
     pub(super) adopt_wake: watch::Sender<u64>,
     /// The trees this process runs (started or adopted here, not ended).
-    pub(super) owned: std::sync::Mutex<std::collections::HashSet<String>>,
+    pub(super) owned: std::sync::Mutex<std::collections::HashSet<TreeId>>,
     /// The waiting calls of trees other replicas run, folded from their
     /// journals as far as `/v1/approvals` read them last.
-    pub(super) pending_seen: std::sync::Mutex<HashMap<String, replica::PendingFold>>,
+    pub(super) pending_seen: std::sync::Mutex<HashMap<TreeId, replica::PendingFold>>,
 }
 
 impl Shared {
@@ -85,7 +85,7 @@ impl Shared {
             .clone()
             .unwrap_or_else(arbor_supervisor::new_tree_id);
         if let Some(model) = &request.model {
-            self.metrics.tree_model(tree_id.as_str(), model);
+            self.metrics.tree_model(&tree_id, model);
         }
         let request = StartRequest {
             tree_id: Some(tree_id.clone()),
@@ -94,7 +94,7 @@ impl Shared {
         // On a task of its own: a client that hangs up mid-request must not
         // cut a start in half (a tree stored but never run). It runs in the
         // tree's span, whose trace is the request's (see `tree_span`).
-        let span = tree_span(tree_id.as_str());
+        let span = tree_span(&tree_id);
         let started = tokio::spawn({
             let shared = self.clone();
             async move {
@@ -102,7 +102,7 @@ impl Shared {
                     Ok(handle) => Ok(shared.keep(handle)),
                     Err(error) => {
                         shared.metrics.trees_running.dec();
-                        shared.metrics.forget_tree(tree_id.as_str());
+                        shared.metrics.forget_tree(&tree_id);
                         Err(error)
                     }
                 }
@@ -148,7 +148,7 @@ impl Shared {
     /// queued for a tree that runs nowhere is taken here at once.
     pub(crate) async fn turn(
         self: &Arc<Self>,
-        tree_id: String,
+        tree_id: TreeId,
         request: arbor_supervisor::TurnRequest,
     ) -> Result<turns::Answer, ApiError> {
         self.admit()?;
@@ -191,19 +191,19 @@ impl Shared {
     /// Starts the turns queued for `tree_id` that this process takes (the
     /// next one, if the tree's turn has ended and no other process got it
     /// first); each is kept as any tree, and the next is taken when it ends.
-    pub(crate) async fn next_turns(self: &Arc<Self>, tree_id: &str) {
+    pub(crate) async fn next_turns(self: &Arc<Self>, tree_id: &TreeId) {
         if *self.shutdown.borrow() {
             return;
         }
         match self.runtime.supervisor().next_turn(tree_id, None).await {
             Ok(Some((turn, handle))) => {
-                tracing::info!(tree = tree_id, run = %turn.run_id(), "a queued turn started");
+                tracing::info!(tree = %tree_id, run = %turn.run_id(), "a queued turn started");
                 self.keep_turn(handle);
             }
             // None waits (or a tree that was never stored).
             Ok(None) | Err(arbor_supervisor::Error::UnknownTree(_)) => {}
             Err(error) => {
-                tracing::warn!(tree = tree_id, %error, "cannot start the tree's queued turn");
+                tracing::warn!(tree = %tree_id, %error, "cannot start the tree's queued turn");
             }
         }
     }
@@ -213,7 +213,7 @@ impl Shared {
         let ids = (handle.tree_id.clone(), handle.root_run_id.clone());
         let gauge = self.metrics.trees_running.clone();
         self.replica.owned.inc();
-        self.owned.locked().insert(ids.0.to_string());
+        self.owned.locked().insert(ids.0.clone());
         let shared = Arc::downgrade(self);
         tokio::spawn(async move {
             let tree_id = handle.tree_id.clone();
@@ -234,7 +234,7 @@ impl Shared {
             gauge.dec();
             if let Some(shared) = shared.upgrade() {
                 shared.replica.owned.dec();
-                shared.owned.locked().remove(&*tree_id);
+                shared.owned.locked().remove(&tree_id);
                 if fenced {
                     shared.replica.fenced.inc();
                 } else {
@@ -252,9 +252,9 @@ impl Shared {
 /// its child): a span of its own, so the request's span ends with the
 /// request, not with the tree; with OpenTelemetry, in the request's trace
 /// (its OTLP parent is the request's span).
-fn tree_span(tree_id: &str) -> tracing::Span {
+fn tree_span(tree_id: &TreeId) -> tracing::Span {
     let request = tracing::Span::current();
-    let span = tracing::info_span!(parent: None, "tree", arbor.tree.id = tree_id);
+    let span = tracing::info_span!(parent: None, "tree", arbor.tree.id = %tree_id);
     #[cfg(feature = "otel")]
     {
         use tracing_opentelemetry::OpenTelemetrySpanExt;

@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use arbor_actors::TreeId;
 use arbor_supervisor::Queued;
 use arbor_supervisor::store::QueuedTurn;
 use serde::{Deserialize, Serialize};
@@ -25,7 +26,7 @@ pub(crate) enum Answer {
     /// It started here: its tree and root run.
     Started {
         /// The tree.
-        tree: arbor_actors::TreeId,
+        tree: TreeId,
         /// The turn's root run (`T/0~n`).
         run_id: arbor_actors::RunId,
     },
@@ -50,10 +51,10 @@ pub(crate) struct Told {
 
 impl Told {
     /// The queued turn it tells of, of tree `tree_id`.
-    pub(crate) fn turn(&self, tree_id: &str) -> QueuedTurn {
+    pub(crate) fn turn(&self, tree_id: &TreeId) -> QueuedTurn {
         QueuedTurn {
             id: self.id,
-            tree_id: tree_id.to_owned(),
+            tree_id: tree_id.clone(),
             turn: self.turn,
             prompt: self.prompt.clone(),
             params: None,
@@ -87,7 +88,7 @@ pub(crate) async fn tell_queued(shared: &Shared, queued: &Queued) {
 /// if it still waits (not journaled when it has started meanwhile).
 pub(crate) async fn journal_told(
     shared: &Shared,
-    tree_id: &str,
+    tree_id: &TreeId,
     told: &Told,
 ) -> Result<(), arbor_supervisor::Error> {
     let supervisor = shared.runtime.supervisor();
@@ -96,7 +97,7 @@ pub(crate) async fn journal_told(
         .read_store(move |store| Ok(store.queued_turns(&tree)?.iter().any(|q| q.id == id)))
         .await?;
     if waits && !supervisor.journal_queued(&told.turn(tree_id)) {
-        return Err(arbor_supervisor::Error::UnknownTree(tree_id.to_owned()));
+        return Err(arbor_supervisor::Error::UnknownTree(tree_id.to_string()));
     }
     Ok(())
 }
@@ -130,6 +131,11 @@ pub(crate) async fn take_waiting(shared: &Arc<Shared>) {
 mod tests {
     use super::*;
 
+    /// A tree id from a test's literal.
+    fn as_tree(id: &str) -> TreeId {
+        id.parse().unwrap()
+    }
+
     #[test]
     fn a_queued_turn_travels_as_a_tagged_control_and_back() {
         let control = ControlBody::TurnQueued(Told {
@@ -151,6 +157,6 @@ mod tests {
         let ControlBody::TurnQueued(told) = control else {
             unreachable!()
         };
-        assert_eq!(told.turn("t").run_id(), "t/0~2");
+        assert_eq!(told.turn(&as_tree("t")).run_id(), "t/0~2");
     }
 }

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use arbor::Runtime;
-use arbor_actors::RunId;
-use arbor_supervisor::{BudgetOutcome, CancelOutcome, Raised, Supervisor};
+use arbor_actors::{RunId, TreeId};
+use arbor_supervisor::{BudgetOutcome, CancelOutcome, Raised, Supervisor, Target};
 use serde_json::Value;
 
 use super::args::Stored;
@@ -44,7 +44,7 @@ fn store_runtime(at: Stored) -> anyhow::Result<(tokio::runtime::Runtime, Runtime
 }
 
 /// `arbor cancel ID` on the store.
-pub(super) fn cancel_on_store(id: String, at: Stored) -> anyhow::Result<ExitCode> {
+pub(super) fn cancel_on_store(id: Target, at: Stored) -> anyhow::Result<ExitCode> {
     let (tokio, runtime) = store_runtime(at)?;
     tokio.block_on(async {
         let supervisor = runtime.supervisor();
@@ -70,17 +70,14 @@ pub(super) fn cancel_on_store(id: String, at: Stored) -> anyhow::Result<ExitCode
 
 /// The status `id` (a tree's latest turn, or a run) ended with, once it
 /// has, within [`APPLIED_WITHIN`]; `None` if it still runs then.
-async fn ended_within(supervisor: &Supervisor, id: &str) -> anyhow::Result<Option<String>> {
+async fn ended_within(supervisor: &Supervisor, id: &Target) -> anyhow::Result<Option<String>> {
     let deadline = tokio::time::Instant::now() + APPLIED_WITHIN;
     loop {
-        let id = id.to_owned();
+        let id = id.clone();
         let status = supervisor
-            .read_store(move |store| {
-                if id.contains('/') {
-                    Ok(store.run(&id)?.node.status)
-                } else {
-                    Ok(store.status(&id)?.to_string())
-                }
+            .read_store(move |store| match &id {
+                Target::Run(run) => Ok(store.run(run)?.node.status),
+                Target::Tree(tree) => Ok(store.status(tree)?.to_string()),
             })
             .await?;
         if !matches!(status.as_str(), "running" | "interrupted") {
@@ -171,7 +168,7 @@ fn budgets_line(tree_id: &str, b: &Raised) -> String {
 /// raise applied by the process that runs the tree (`arbor run` takes it
 /// from the store, as `arbor serve` does) and the budgets then in force.
 pub(super) fn budget_on_store(
-    tree_id: String,
+    tree_id: TreeId,
     raise: Raise,
     at: Stored,
 ) -> anyhow::Result<ExitCode> {
@@ -263,7 +260,7 @@ pub(super) async fn budget_on_server(
 /// in `aside`, to be posted back once the tree ends ([`post_back`]).
 pub(super) async fn take_controls(
     supervisor: &Supervisor,
-    tree_id: &str,
+    tree_id: &TreeId,
     aside: &std::sync::Mutex<Vec<Value>>,
 ) -> std::convert::Infallible {
     use arbor_actors::sync::LockExt as _;
@@ -320,7 +317,7 @@ pub(super) async fn take_controls(
 
 /// Posts back what [`take_controls`] set aside, for whichever process runs
 /// the tree next.
-pub(super) async fn post_back(supervisor: &Supervisor, tree_id: &str, aside: Vec<Value>) {
+pub(super) async fn post_back(supervisor: &Supervisor, tree_id: &TreeId, aside: Vec<Value>) {
     for body in aside {
         let tree = tree_id.to_owned();
         let _ = supervisor

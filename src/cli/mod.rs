@@ -17,6 +17,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use arbor::config::{AgentFiles, Config, ConfigError};
+use arbor_actors::{IdError, TreeId};
+use arbor_supervisor::Target;
 
 pub(crate) use args::{Cli, Command};
 
@@ -31,15 +33,22 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             events,
             agents,
             at,
-        } => run::resume(tree_id, json, quiet, events, agent_files(agents, None), at),
-        Command::Replay { tree_id, at } => store::replay(tree_id, at),
+        } => run::resume(
+            tree_arg(&tree_id)?,
+            json,
+            quiet,
+            events,
+            agent_files(agents, None),
+            at,
+        ),
+        Command::Replay { tree_id, at } => store::replay(tree_arg(&tree_id)?, at),
         Command::Runs {
             status,
             limit,
             json,
             at,
         } => store::runs(status, limit, json, at),
-        Command::Show { run_id, json, at } => store::show(run_id, json, at),
+        Command::Show { run_id, json, at } => store::show(target_arg(&run_id)?, json, at),
         Command::Budget {
             tree_id,
             add_credits,
@@ -64,14 +73,14 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 },
             };
             if !server.given() {
-                return control::budget_on_store(tree_id, raise, at);
+                return control::budget_on_store(tree_arg(&tree_id)?, raise, at);
             }
             let api = service::Api::new(server)?;
             async_runtime()?.block_on(control::budget_on_server(&api, &tree_id, raise))
         }
         Command::Cancel { id, server, at } => {
             if !server.given() {
-                return control::cancel_on_store(id, at);
+                return control::cancel_on_store(target_arg(&id)?, at);
             }
             let api = service::Api::new(server)?;
             async_runtime()?.block_on(control::cancel_on_server(&api, &id))
@@ -127,15 +136,17 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let api = service::Api::new(server)?;
             async_runtime()?.block_on(approvals::decide(&api, &tree_id, &call_id, decision))
         }
-        Command::Tree { tree_id, json, at } => store::tree(tree_id, json, at),
+        Command::Tree { tree_id, json, at } => store::tree(target_arg(&tree_id)?, json, at),
         Command::Export {
             tree_id,
             output,
             at,
-        } => store::export(tree_id, output, at),
+        } => store::export(tree_arg(&tree_id)?, output, at),
         Command::Gc { older_than, at } => store::gc(older_than, at),
         Command::Migrate { at } => store::migrate(at),
-        Command::Store(args::StoreCommand::Copy { from, to, tree }) => store::copy(from, to, tree),
+        Command::Store(args::StoreCommand::Copy { from, to, tree }) => {
+            store::copy(from, to, tree.as_deref().map(tree_arg).transpose()?)
+        }
         Command::Mcp(args::McpCommand::Import { file }) => config::mcp_import(&file),
         Command::Agents { config, agents } => config::agents(config, agent_files(agents, None)),
         Command::Tools { config, json } => config::tools(config, json),
@@ -159,6 +170,23 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             config::check_config(file, agent_files(agents, None))
         }
     }
+}
+
+/// A tree id given on the command line, read once here: one that is no
+/// tree id names no stored tree (the store's error for a tree it does not
+/// have, as before ids were read here).
+pub(super) fn tree_arg(id: &str) -> Result<TreeId, arbor_supervisor::Error> {
+    id.parse()
+        .map_err(|_| arbor_supervisor::Error::UnknownTree(id.to_owned()))
+}
+
+/// A tree id or a run id (`TREE/PATH`) given on the command line, read once
+/// here: one that is neither names no stored tree or run.
+fn target_arg(id: &str) -> Result<Target, arbor_supervisor::Error> {
+    id.parse().map_err(|error| match error {
+        IdError::Tree(_) => arbor_supervisor::Error::UnknownTree(id.to_owned()),
+        IdError::Run(_) => arbor_supervisor::Error::UnknownRun(id.to_owned()),
+    })
 }
 
 /// `--config F`, else ./config.toml if it exists, else the built-in config;

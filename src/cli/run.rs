@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use arbor::{Run, Runtime, TurnRun, Waited};
 use arbor_actors::approval::{DecideRefused, Decision};
-use arbor_actors::{AgentStatus, EventKind};
+use arbor_actors::{AgentStatus, EventKind, RunId, TreeId};
 use arbor_supervisor::{StartRequest, Supervisor, ToolPolicy, ToolRule, TreeLimits};
 
 use super::args::{RunArgs, Stored};
@@ -112,6 +112,7 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         None => Runtime::new(config)?,
     };
     if let Some(tree) = continue_tree {
+        let tree = super::tree_arg(&tree)?;
         anyhow::ensure!(
             store.is_some(),
             "--continue needs the store (a follow-up turn goes on from the stored tree)"
@@ -156,7 +157,7 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub(super) fn resume(
-    tree_id: String,
+    tree_id: TreeId,
     json: bool,
     quiet: bool,
     events: bool,
@@ -219,8 +220,8 @@ pub(super) async fn until_signal<T>(
 /// queue (its store id, its tree and its turn number).
 #[derive(Default)]
 struct Started(
-    std::sync::OnceLock<String>,
-    std::sync::Mutex<Option<(u64, String, u32)>>,
+    std::sync::OnceLock<TreeId>,
+    std::sync::Mutex<Option<(u64, TreeId, u32)>>,
 );
 
 /// How long Ctrl-C waits for the cancelled tree to end and be stored.
@@ -323,7 +324,7 @@ async fn follow_tree(
     started: &Started,
 ) -> anyhow::Result<ExitCode> {
     let tree_id = &run.tree_id;
-    let tree = tree_id.to_string();
+    let tree = tree_id.clone();
     let _ = started.0.set(tree.clone());
     if !show.quiet && !show.events {
         if stored {
@@ -354,8 +355,8 @@ async fn follow_tree(
             } = &event.kind
             {
                 let _ = asks.send(Ask {
-                    tree_id: event.tree_id.to_string(),
-                    run_id: event.run_id.to_string(),
+                    tree_id: event.tree_id.clone(),
+                    run_id: event.run_id.clone(),
                     call_id: tool_call_id.clone(),
                     tool: tool.clone(),
                     input: input.clone(),
@@ -455,8 +456,8 @@ async fn wait_queued(
 
 /// A tool call of the tree that waits for a decision (semantics §12).
 struct Ask {
-    tree_id: String,
-    run_id: String,
+    tree_id: TreeId,
+    run_id: RunId,
     call_id: String,
     tool: String,
     input: serde_json::Value,

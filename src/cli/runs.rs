@@ -122,7 +122,10 @@ pub fn raise_flag(key: &str) -> &'static str {
 /// The table `arbor runs` prints. The tree column is as wide as its widest
 /// id (a generated one is 33 characters, an older or picked one shorter).
 /// `paused` names the trees shown paused (see [`shown_status`]).
-pub fn runs_table(trees: &[TreeSummary], paused: &std::collections::BTreeSet<String>) -> String {
+pub fn runs_table(
+    trees: &[TreeSummary],
+    paused: &std::collections::BTreeSet<arbor_actors::TreeId>,
+) -> String {
     let tree = trees
         .iter()
         .map(|t| t.tree_id.chars().count())

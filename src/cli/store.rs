@@ -11,6 +11,8 @@ use anyhow::Context;
 use arbor::Runtime;
 use arbor::config::Config;
 use arbor::config::StoreLocation;
+use arbor_actors::TreeId;
+use arbor_supervisor::Target;
 use arbor_supervisor::store::{Store, TreeFilter};
 
 use super::args::Stored;
@@ -45,22 +47,26 @@ pub(super) fn runs(
     Ok(ExitCode::SUCCESS)
 }
 
-pub(super) fn tree(tree_id: String, json: bool, at: Stored) -> anyhow::Result<ExitCode> {
+/// `arbor tree ID`: `id` is read as a tree id or a run id, so that a run id
+/// given for a tree is named as one.
+pub(super) fn tree(id: Target, json: bool, at: Stored) -> anyhow::Result<ExitCode> {
     let Stored { config, store } = at;
     let config = load_config(config.as_deref())?;
     let store = open_store_read_only(&config, store)?;
-    let (_, summary) = match store.tree(&tree_id) {
-        Err(arbor_supervisor::Error::UnknownTree(_))
-            if let Some((tree, _)) = tree_id.split_once('/')
-                && store.run(&tree_id).is_ok() =>
-        {
+    let tree_id = match id {
+        Target::Tree(tree_id) => tree_id,
+        Target::Run(run) => {
+            store
+                .run(&run)
+                .map_err(|_| arbor_supervisor::Error::UnknownTree(run.to_string()))?;
+            let tree = run.tree();
             anyhow::bail!(
-                "{tree_id} is a run id, not a tree id: `arbor show {tree_id}` shows the run, \
+                "{run} is a run id, not a tree id: `arbor show {run}` shows the run, \
                  `arbor tree {tree}` its tree"
             );
         }
-        found => found?,
     };
+    let (_, summary) = store.tree(&tree_id)?;
     let runs = store.runs(&tree_id)?;
     if json {
         outln!(
@@ -99,21 +105,25 @@ pub(super) fn tree(tree_id: String, json: bool, at: Stored) -> anyhow::Result<Ex
     Ok(ExitCode::SUCCESS)
 }
 
-pub(super) fn show(run_id: String, json: bool, at: Stored) -> anyhow::Result<ExitCode> {
+/// `arbor show ID`: `id` is read as a run id or a tree id, so that a tree
+/// id given for a run is named as one.
+pub(super) fn show(id: Target, json: bool, at: Stored) -> anyhow::Result<ExitCode> {
     let Stored { config, store } = at;
     let config = load_config(config.as_deref())?;
     let store = open_store_read_only(&config, store)?;
-    let run = match store.run(&run_id) {
-        Err(arbor_supervisor::Error::UnknownRun(_))
-            if !run_id.contains('/') && store.tree(&run_id).is_ok() =>
-        {
+    let run_id = match id {
+        Target::Run(run_id) => run_id,
+        Target::Tree(tree) => {
+            store
+                .tree(&tree)
+                .map_err(|_| arbor_supervisor::Error::UnknownRun(tree.to_string()))?;
             anyhow::bail!(
-                "{run_id} is a tree, not a run: `arbor tree {run_id}` lists its runs \
-                 (a run id is TREE/PATH, e.g. {run_id}/0 for its root)"
+                "{tree} is a tree, not a run: `arbor tree {tree}` lists its runs \
+                 (a run id is TREE/PATH, e.g. {tree}/0 for its root)"
             );
         }
-        found => found?,
     };
+    let run = store.run(&run_id)?;
     let Some(state) = run.state else {
         anyhow::bail!("run {run_id} started but has no checkpoint yet");
     };
@@ -161,7 +171,7 @@ pub(super) fn show(run_id: String, json: bool, at: Stored) -> anyhow::Result<Exi
 }
 
 pub(super) fn export(
-    tree_id: String,
+    tree_id: TreeId,
     output: Option<PathBuf>,
     at: Stored,
 ) -> anyhow::Result<ExitCode> {
@@ -177,7 +187,7 @@ pub(super) fn export(
     Ok(ExitCode::SUCCESS)
 }
 
-pub(super) fn replay(tree_id: String, at: Stored) -> anyhow::Result<ExitCode> {
+pub(super) fn replay(tree_id: TreeId, at: Stored) -> anyhow::Result<ExitCode> {
     let Stored { config, store } = at;
     let store = open_store_read_only(&load_config(config.as_deref())?, store)?;
     let config = tree_config(config, &Default::default(), &*store, &tree_id)?;
@@ -188,7 +198,7 @@ pub(super) fn replay(tree_id: String, at: Stored) -> anyhow::Result<ExitCode> {
 async fn replay_tree(
     config: Config,
     store: Arc<dyn Store>,
-    tree_id: String,
+    tree_id: TreeId,
 ) -> anyhow::Result<ExitCode> {
     let (record, summary) = store.tree(&tree_id)?;
     anyhow::ensure!(
@@ -201,7 +211,7 @@ async fn replay_tree(
     let recorded: Vec<_> = store
         .final_states(&tree_id)?
         .into_iter()
-        .filter(|s| arbor_actors::id::is_within(&s.run_id.to_string(), &record.root_run_id))
+        .filter(|s| s.run_id.is_within(&record.root_run_id))
         .collect();
     let recovery = store.recovery(&tree_id)?;
     let runtime = Runtime::new(config)?;
@@ -210,9 +220,7 @@ async fn replay_tree(
     let handle = supervisor.replay(record.request()?, recovery).await?;
     handle.wait().await?;
     // Which turn was replayed, when the tree has had more than one.
-    let turn = root_run_id
-        .parse::<arbor_actors::RunId>()
-        .map_or(0, |id| id.attempt());
+    let turn = root_run_id.attempt();
     let which = if turn > 0 {
         format!(
             "turn {turn} (run {root_run_id}, its latest; earlier turns are its history) of tree {tree_id}"
@@ -259,7 +267,7 @@ pub(super) fn tree_config(
     flag: Option<PathBuf>,
     agents: &arbor::config::AgentFiles,
     store: &dyn Store,
-    tree_id: &str,
+    tree_id: &TreeId,
 ) -> anyhow::Result<Config> {
     if flag.is_some() {
         // An explicit override: the tree runs on it, and the supervisor
@@ -344,7 +352,7 @@ pub(super) fn migrate(at: Stored) -> anyhow::Result<ExitCode> {
 pub(super) fn copy(
     from: StoreLocation,
     to: StoreLocation,
-    tree: Option<String>,
+    tree: Option<TreeId>,
 ) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(from != to, "{from} is both the source and the target");
     if let StoreLocation::Sqlite(path) = &from

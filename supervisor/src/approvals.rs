@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use arbor_actors::approval::AlwaysAllowed;
 use arbor_actors::sync::LockExt;
-use arbor_actors::{Event, EventKind, RunId};
+use arbor_actors::{Event, EventKind, RunId, TreeId};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -19,9 +19,11 @@ use serde_json::Value;
 #[serde(rename_all = "camelCase")]
 pub struct PendingApproval {
     /// The tree it is in.
-    pub tree_id: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub tree_id: TreeId,
     /// The run that made the call.
-    pub run_id: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub run_id: RunId,
     /// The model's call id: what a decision names.
     pub tool_call_id: String,
     /// The step of the call.
@@ -109,8 +111,8 @@ impl Approvals {
                 let asked = self.first_asked.locked().remove(&key);
                 let requested_ms = asked.map_or(event.at_ms, |(_, at)| at.min(event.at_ms));
                 let pending = PendingApproval {
-                    tree_id: event.tree_id.to_string(),
-                    run_id: event.run_id.to_string(),
+                    tree_id: event.tree_id.clone(),
+                    run_id: event.run_id.clone(),
                     tool_call_id: tool_call_id.clone(),
                     step: *step,
                     tool: tool.clone(),
@@ -183,7 +185,7 @@ impl Approvals {
         self.pending
             .locked()
             .get(&(tree_id.to_owned(), call_id.to_owned()))
-            .and_then(|p| p.run_id.parse().ok())
+            .map(|p| p.run_id.clone())
     }
 }
 

@@ -74,7 +74,7 @@ pub enum Error {
     #[error("no tool call {call_id} of tree {tree_id} waits for a decision")]
     UnknownApproval {
         /// The tree.
-        tree_id: String,
+        tree_id: arbor_actors::TreeId,
         /// The call id.
         call_id: String,
     },
@@ -82,7 +82,7 @@ pub enum Error {
     #[error("the decision on tool call {call_id} of tree {tree_id} was refused: {reason}")]
     DecisionRefused {
         /// The tree.
-        tree_id: String,
+        tree_id: arbor_actors::TreeId,
         /// The call id.
         call_id: String,
         /// Why.

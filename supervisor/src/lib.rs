@@ -36,7 +36,7 @@ pub use registry::Retain;
 pub use store::{EventType, JournalEntry, TreeStatus, UnknownEventType, journal_view};
 pub use supervisor::{
     AlwaysAllowedNow, BudgetOutcome, CancelOutcome, Canceller, CatalogResolver, DEFAULT_TURN_QUEUE,
-    Multitask, Queued, StartRequest, Supervisor, TreeHandle, TurnDecision, TurnRequest, TurnStart,
-    TurnsNow, decide_turn, new_tree_id,
+    Multitask, Queued, StartRequest, Supervisor, Target, TreeHandle, TurnDecision, TurnRequest,
+    TurnStart, TurnsNow, decide_turn, new_tree_id,
 };
 pub use workspace::{WorkspaceOpener, WorkspaceSpec};

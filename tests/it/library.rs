@@ -10,6 +10,11 @@ use arbor::actors::models::{Latency, SimulatedConfig, SimulatedModel};
 use arbor::actors::{AgentStatus, AgentTemplate, Model};
 use arbor::supervisor::{Catalog, TreeLimits};
 
+/// A tree id from a test's literal.
+fn as_tree(id: &str) -> arbor::TreeId {
+    id.parse().unwrap()
+}
+
 fn runtime(latency: Duration) -> Runtime {
     let model = SimulatedModel::new(
         "sim",
@@ -125,7 +130,7 @@ async fn a_service_restarted_on_an_edited_config_resumes_trees_on_the_one_they_s
         .per_tree_configs()
         .build()
         .unwrap();
-    let handle = runtime.supervisor().resume("p1").await.unwrap();
+    let handle = runtime.supervisor().resume(&as_tree("p1")).await.unwrap();
     let result = handle.wait().await.unwrap();
     assert_eq!(result.state.status, AgentStatus::Completed);
     assert_eq!(
@@ -143,7 +148,7 @@ async fn a_service_restarted_on_an_edited_config_resumes_trees_on_the_one_they_s
         .unwrap();
     let result = runtime
         .supervisor()
-        .resume("p2")
+        .resume(&as_tree("p2"))
         .await
         .unwrap()
         .wait()
@@ -152,7 +157,7 @@ async fn a_service_restarted_on_an_edited_config_resumes_trees_on_the_one_they_s
     assert_eq!(result.state.child_run_ids.len(), 1);
     let (record, _) = runtime
         .supervisor()
-        .read_store_now(|s| s.tree("p2"))
+        .read_store_now(|s| s.tree(&as_tree("p2")))
         .await
         .unwrap();
     assert!(

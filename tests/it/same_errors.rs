@@ -16,6 +16,11 @@ use crate::serve::{Server, TOKEN, post};
 use crate::tools::scene;
 use crate::{arbor_in, text};
 
+/// A tree id from a test's literal.
+fn as_tree(id: &str) -> arbor::TreeId {
+    id.parse().unwrap()
+}
+
 const CONFIG: &str = r#"
 [run]
 agent = "lead"
@@ -371,10 +376,10 @@ async fn ask(
                 params: None,
                 multitask,
             };
-            let answer = match runtime.start_turn(tree, request).await {
+            let answer = match runtime.start_turn(&as_tree(tree), request).await {
                 Err(error) => Answer::Refused(error.to_string()),
                 Ok(TurnRun::Queued(queued)) => Answer::Queued {
-                    run_id: queued.turn.run_id(),
+                    run_id: queued.turn.run_id().to_string(),
                     position: queued.turn.position,
                 },
                 Ok(TurnRun::Started(_)) => panic!("the library started a turn of a running tree"),
@@ -419,11 +424,11 @@ async fn queued(runtime: &Runtime, tree: &str) -> Vec<(String, String)> {
     let tree = tree.to_owned();
     runtime
         .supervisor()
-        .read_store(move |store| store.queued_turns(&tree))
+        .read_store(move |store| store.queued_turns(&as_tree(&tree)))
         .await
         .unwrap()
         .into_iter()
-        .map(|q| (q.run_id(), q.prompt))
+        .map(|q| (q.run_id().to_string(), q.prompt))
         .collect()
 }
 

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use arbor_actors::TreeId;
 use arbor_actors::approval::Decision;
 use arbor_supervisor::store::{TreeFilter, TreeStatus};
 use axum::Json;
@@ -95,7 +96,8 @@ impl<'de> Deserialize<'de> for DecisionRequest {
 #[serde(rename_all = "camelCase")]
 pub struct Decided {
     /// The tree of the call.
-    pub tree_id: String,
+    #[schema(value_type = String)]
+    pub tree_id: TreeId,
     /// The call decided on.
     pub tool_call_id: String,
     /// Always `true`: the decision is journaled (an `approvalDecided` event),
@@ -139,7 +141,8 @@ pub struct DecideMany {
 #[serde(rename_all = "camelCase")]
 pub struct DecidedMany {
     /// The tree.
-    pub tree_id: String,
+    #[schema(value_type = String)]
+    pub tree_id: TreeId,
     /// The calls decided, oldest first (each an `approvalDecided` event).
     pub decided: Vec<String>,
     /// With `always`: the tools now allowed for good in the tree.
@@ -190,11 +193,11 @@ pub async fn list_approvals(
     // caller may see); the others' from their journals.
     let local = supervisor.approvals(None);
     let mut approvals = access::readable(&shared, &caller, local, |a| &a.tree_id).await?;
-    let elsewhere: Vec<(String, Option<String>)> = listed
+    let elsewhere: Vec<(TreeId, Option<String>)> = listed
         .into_iter()
         .filter(|(tree, _)| !supervisor.is_running(tree))
         .collect();
-    let held: std::collections::HashSet<(String, String)> = approvals
+    let held: std::collections::HashSet<(TreeId, String)> = approvals
         .iter()
         .map(|a| (a.tree_id.clone(), a.tool_call_id.clone()))
         .collect();
@@ -222,6 +225,7 @@ pub async fn tree_approvals(
     Caller(caller): Caller,
     ApiPath(tree_id): ApiPath<String>,
 ) -> Result<Json<ApprovalList>, ApiError> {
+    let tree_id = super::tree_path(tree_id)?;
     access::check(&shared, &caller, Action::Read, Subject::Tree(&tree_id)).await?;
     let supervisor = shared.runtime.supervisor();
     if supervisor.is_running(&tree_id) {
@@ -261,6 +265,7 @@ pub async fn decide_approval(
     ApiPath((tree_id, call_id)): ApiPath<(String, String)>,
     ApiJson(request): ApiJson<DecisionRequest>,
 ) -> Result<(StatusCode, Json<Decided>), ApiError> {
+    let tree_id = super::tree_path(tree_id)?;
     access::check(&shared, &caller, Action::Write, Subject::Tree(&tree_id)).await?;
     let supervisor = shared.runtime.supervisor();
     if request.always {
@@ -297,7 +302,7 @@ pub async fn decide_approval(
 /// runs it.
 async fn approve_always(
     shared: &Shared,
-    tree_id: String,
+    tree_id: TreeId,
     call_id: String,
 ) -> Result<(StatusCode, Json<Decided>), ApiError> {
     let supervisor = shared.runtime.supervisor();
@@ -349,6 +354,7 @@ pub async fn decide_approvals(
     ApiPath(tree_id): ApiPath<String>,
     ApiJson(body): ApiJson<DecideMany>,
 ) -> Result<Json<DecidedMany>, ApiError> {
+    let tree_id = super::tree_path(tree_id)?;
     access::check(&shared, &caller, Action::Write, Subject::Tree(&tree_id)).await?;
     let decision = match (body.decision.as_str(), body.reason) {
         ("approve", None) => Decision::Approve { input: None },

@@ -4,6 +4,7 @@
 //! work and, when this process does not run the tree, posts the control for
 //! the replica that does.
 
+use arbor_actors::TreeId;
 use arbor_actors::approval::Decision;
 use arbor_supervisor::Error;
 use serde::Serialize;
@@ -89,7 +90,7 @@ fn not_here(refused: &Error) -> bool {
 /// replica. Any other refusal of `here` stands ([`not_here`]).
 pub(super) async fn here_or_forward<T>(
     shared: &Shared,
-    tree_id: &str,
+    tree_id: &TreeId,
     control: Control<'_>,
     here: impl Future<Output = Result<T, Error>>,
 ) -> Result<Applied<T>, ApiError> {
@@ -164,7 +165,7 @@ mod tests {
             Error::UnknownRun("t1/0".into()),
             Error::UnknownTree("t1".into()),
             Error::UnknownApproval {
-                tree_id: "t1".into(),
+                tree_id: "t1".parse().unwrap(),
                 call_id: "c".into(),
             },
         ] {

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use arbor_actors::TreeId;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -21,7 +22,8 @@ use crate::replica::{Budget, ControlBody};
 #[serde(rename_all = "camelCase")]
 pub struct RaiseForwarded {
     /// The tree.
-    pub tree_id: String,
+    #[schema(value_type = String)]
+    pub tree_id: TreeId,
     /// Where it went.
     #[serde(flatten)]
     pub forwarded: Forwarded,
@@ -55,7 +57,8 @@ pub struct RaiseLimits {
 #[serde(rename_all = "camelCase")]
 pub struct Budgets {
     /// The tree.
-    pub tree_id: String,
+    #[schema(value_type = String)]
+    pub tree_id: TreeId,
     /// Model steps the whole tree may take.
     pub max_steps: Option<u64>,
     /// Tokens the whole tree may use.
@@ -84,6 +87,7 @@ pub async fn raise_limits(
     ApiPath(tree_id): ApiPath<String>,
     ApiJson(body): ApiJson<RaiseLimits>,
 ) -> Result<Response, ApiError> {
+    let tree_id = super::tree_path(tree_id)?;
     access::check(&shared, &caller, Action::Write, Subject::Tree(&tree_id)).await?;
     let set = arbor_supervisor::Raised {
         max_steps: body.max_steps,
@@ -121,7 +125,7 @@ pub async fn raise_limits(
             .await
         {
             Ok(status) if status.is_final() => Err(arbor_supervisor::Error::RaiseEnded {
-                tree: tree_id.clone(),
+                tree: tree_id.to_string(),
                 status,
             }),
             _ => Err(error),
@@ -162,6 +166,7 @@ pub async fn get_limits(
     Caller(caller): Caller,
     ApiPath(tree_id): ApiPath<String>,
 ) -> Result<Json<Budgets>, ApiError> {
+    let tree_id = super::tree_path(tree_id)?;
     access::check(&shared, &caller, Action::Read, Subject::Tree(&tree_id)).await?;
     let now = shared.runtime.supervisor().budgets(&tree_id).await?;
     Ok(Json(Budgets {

@@ -164,16 +164,6 @@ pub struct Steered {
     pub forwarded: Option<Forwarded>,
 }
 
-/// A stored or live run id from the path (URL-encoded: `t1/0` is `t1%2F0`).
-fn run_path(id: String) -> Result<RunId, ApiError> {
-    match id.parse::<RunId>() {
-        Ok(run) => Ok(run),
-        Err(e) => Err(ApiError::not_found(format!(
-            "no run {id:?} ({e}; URL-encoded in the path: t1%2F0)"
-        ))),
-    }
-}
-
 #[utoipa::path(
     post, path = "/v1/runs", tag = "runs", request_body = CreateRun,
     responses(
@@ -297,9 +287,9 @@ pub async fn get_run(
     Caller(caller): Caller,
     ApiPath(run_id): ApiPath<String>,
 ) -> Result<Json<RunView>, ApiError> {
-    let run = run_path(run_id)?;
+    let run = super::run_path(run_id)?;
     let run_id = run.to_string();
-    access::check(&shared, &caller, Action::Read, Subject::Run(&run_id)).await?;
+    access::check(&shared, &caller, Action::Read, Subject::Run(&run)).await?;
     let supervisor = shared.runtime.supervisor();
     if let Some(state) = supervisor.live_state(&run).await {
         return Ok(Json(RunView {
@@ -369,12 +359,11 @@ fn stored_run(
     run: &RunId,
 ) -> Result<arbor_supervisor::store::StoredRun, arbor_supervisor::Error> {
     use arbor_supervisor::Error;
-    let run_id = &*run.to_string();
-    match store.run(run_id) {
-        Err(Error::UnknownRun(_)) => match store.tree(run.tree().as_str()) {
-            Ok((record, summary)) if record.root_run_id == run_id && !summary.status.is_final() => {
+    match store.run(run) {
+        Err(Error::UnknownRun(_)) => match store.tree(run.tree()) {
+            Ok((record, summary)) if record.root_run_id == *run && !summary.status.is_final() => {
                 let node = RunNode {
-                    run_id: run_id.to_owned(),
+                    run_id: run.to_string(),
                     parent_run_id: None,
                     agent_type: record.agent,
                     depth: 0,
@@ -395,7 +384,7 @@ fn stored_run(
                     inherited: 0,
                 })
             }
-            Ok(_) | Err(Error::UnknownTree(_)) => Err(Error::UnknownRun(run_id.to_owned())),
+            Ok(_) | Err(Error::UnknownTree(_)) => Err(Error::UnknownRun(run.to_string())),
             Err(error) => Err(error),
         },
         run => run,
@@ -426,9 +415,8 @@ pub async fn run_events(
     ApiPath(run_id): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let run = run_path(run_id)?;
-    let run_id = run.to_string();
-    access::check(&shared, &caller, Action::Read, Subject::Run(&run_id)).await?;
+    let run = super::run_path(run_id)?;
+    access::check(&shared, &caller, Action::Read, Subject::Run(&run)).await?;
     let after = match headers.get("last-event-id") {
         None => 0,
         Some(value) => value
@@ -441,7 +429,7 @@ pub async fn run_events(
                 )
             })?,
     };
-    Ok(crate::events::stream(shared, run_id, after)
+    Ok(crate::events::stream(shared, run, after)
         .await?
         .into_response())
 }
@@ -461,19 +449,19 @@ pub async fn cancel_run(
     Caller(caller): Caller,
     ApiPath(run_id): ApiPath<String>,
 ) -> Result<(StatusCode, Json<Cancelled>), ApiError> {
-    let run = run_path(run_id)?;
+    let run = super::run_path(run_id)?;
     let run_id = run.to_string();
-    access::check(&shared, &caller, Action::Write, Subject::Run(&run_id)).await?;
+    access::check(&shared, &caller, Action::Write, Subject::Run(&run)).await?;
     let supervisor = shared.runtime.supervisor();
     let control = Control::One(ControlBody::Cancel {
         run_id: run.clone(),
     });
     let here = async { supervisor.cancel_run(&run) };
-    let forwarded = match here_or_forward(&shared, run.tree().as_str(), control, here).await? {
+    let forwarded = match here_or_forward(&shared, run.tree(), control, here).await? {
         Applied::Here(()) => None,
         // Run by another replica: posted for it.
         Applied::Forwarded { to, .. } => Some(to),
-        Applied::Refused(_) => return Err(not_running(supervisor, run_id, "").await),
+        Applied::Refused(_) => return Err(not_running(supervisor, &run, "").await),
     };
     Ok((
         StatusCode::ACCEPTED,
@@ -490,7 +478,7 @@ pub async fn cancel_run(
 /// the store's error, when it has none): names the status it is in.
 async fn not_running(
     supervisor: &arbor_supervisor::Supervisor,
-    run_id: String,
+    run_id: &RunId,
     hint: &str,
 ) -> ApiError {
     let id = run_id.clone();
@@ -527,23 +515,23 @@ pub async fn steer_run(
     ApiPath(run_id): ApiPath<String>,
     ApiJson(body): ApiJson<SteerMessage>,
 ) -> Result<(StatusCode, Json<Steered>), ApiError> {
-    let run = run_path(run_id)?;
+    let run = super::run_path(run_id)?;
     let run_id = run.to_string();
-    access::check(&shared, &caller, Action::Write, Subject::Run(&run_id)).await?;
+    access::check(&shared, &caller, Action::Write, Subject::Run(&run)).await?;
     let supervisor = shared.runtime.supervisor();
     let control = Control::One(ControlBody::Steer {
         run_id: run.clone(),
         text: body.text.clone(),
     });
     let here = supervisor.steer(&run, &body.text);
-    let forwarded = match here_or_forward(&shared, run.tree().as_str(), control, here).await? {
+    let forwarded = match here_or_forward(&shared, run.tree(), control, here).await? {
         Applied::Here(()) => None,
         // Run by another replica: posted for it.
         Applied::Forwarded { to, .. } => Some(to),
         // A stored run has ended; one the store does not know is a 404.
         Applied::Refused(_) => {
             let hint = "; start a follow-up turn instead";
-            return Err(not_running(supervisor, run_id, hint).await);
+            return Err(not_running(supervisor, &run, hint).await);
         }
     };
     Ok((

@@ -33,6 +33,7 @@ pub async fn get_tree(
     Caller(caller): Caller,
     ApiPath(tree_id): ApiPath<String>,
 ) -> Result<Json<TreeView>, ApiError> {
+    let tree_id = super::tree_path(tree_id)?;
     access::check(&shared, &caller, Action::Read, Subject::Tree(&tree_id)).await?;
     let (tree, nodes) = shared
         .runtime

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use arbor_actors::{RunId, TreeId};
 use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -37,10 +38,12 @@ pub struct CreateTurn {
 #[serde(rename_all = "camelCase")]
 pub struct TurnQueued {
     /// The tree.
-    pub tree_id: String,
+    #[schema(value_type = String)]
+    pub tree_id: TreeId,
     /// The run its root will be (`T/0~n`); its events stream at
     /// `/v1/runs/{runId}/events` from now on.
-    pub run_id: String,
+    #[schema(value_type = String)]
+    pub run_id: RunId,
     /// Its turn number (`n`).
     pub turn: u32,
     /// Its place in the tree's queue: 1 is the next turn.
@@ -73,6 +76,7 @@ pub async fn create_turn(
     ApiPath(tree_id): ApiPath<String>,
     ApiJson(body): ApiJson<CreateTurn>,
 ) -> Result<Response, ApiError> {
+    let tree_id = super::tree_path(tree_id)?;
     access::check(&shared, &caller, Action::Write, Subject::Tree(&tree_id)).await?;
     let request = arbor_supervisor::TurnRequest {
         prompt: body.prompt,
@@ -83,7 +87,7 @@ pub async fn create_turn(
         crate::turns::Answer::Started { tree, run_id } => created(&tree, &run_id),
         crate::turns::Answer::Queued(turn) => {
             let run_id = turn.run_id();
-            let location = format!("/v1/runs/{}", run_id.replace('/', "%2F"));
+            let location = format!("/v1/runs/{}", run_id.to_string().replace('/', "%2F"));
             (
                 StatusCode::ACCEPTED,
                 [(header::LOCATION, location)],

@@ -96,7 +96,7 @@ pub async fn wait_run(
     let request = start_request(&shared, &caller, body);
     let (tree, run) = shared.start(request).await?;
     let supervisor = shared.runtime.supervisor();
-    let ended = tokio::time::timeout(timeout, supervisor.until_ended(tree.as_str())).await;
+    let ended = tokio::time::timeout(timeout, supervisor.until_ended(&tree)).await;
     let run_id = run.to_string();
     let encoded = run_id.replace('/', "%2F");
     if ended.is_err() {

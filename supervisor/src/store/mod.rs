@@ -25,7 +25,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc;
 
-use arbor_actors::{AgentState, Event, History, Message};
+use arbor_actors::{AgentState, Event, History, Message, RunId, TreeId};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -47,9 +47,9 @@ pub(crate) use writer::{RESUME_SEQ_GAP, StoreWriter, WriterHealth, WriterHooks};
 #[serde(rename_all = "camelCase")]
 pub struct TreeRecord {
     /// The tree's id.
-    pub tree_id: String,
+    pub tree_id: TreeId,
     /// The root's run id (`<tree>/0`).
-    pub root_run_id: String,
+    pub root_run_id: RunId,
     /// The root's agent type (the template id it started as).
     pub agent: String,
     /// The root's prompt.
@@ -82,30 +82,21 @@ pub struct TreeRecord {
 }
 
 impl TreeRecord {
-    /// The request that starts this tree again (resume, replay); a stored
-    /// id that is not a tree id (none is: they are checked before they are
-    /// stored) is [`crate::Error::InvalidTreeId`].
+    /// The request that starts this tree again (resume, replay).
     pub fn request(self) -> Result<crate::StartRequest, crate::Error> {
-        let tree_id = self
-            .tree_id
-            .parse::<arbor_actors::TreeId>()
-            .map_err(|_| crate::Error::InvalidTreeId(self.tree_id.clone()))?;
         Ok(crate::StartRequest {
             agent: self.agent,
             prompt: self.prompt,
             params: self.params,
             limits: Some(self.limits),
             model: self.model,
-            tree_id: Some(tree_id),
+            tree_id: Some(self.tree_id),
             history: self.history,
             origin: self.origin,
             config: self.config,
             principal: self.principal,
             // The turn its root's run id names (`T/0~n` is turn n).
-            turn: self
-                .root_run_id
-                .parse::<arbor_actors::RunId>()
-                .map_or(0, |id| id.attempt()),
+            turn: self.root_run_id.attempt(),
         })
     }
 }
@@ -289,7 +280,7 @@ pub struct Control {
     /// Its id, increasing in the order controls were posted.
     pub id: u64,
     /// The tree it is for.
-    pub tree_id: String,
+    pub tree_id: TreeId,
     /// What it says.
     pub body: Value,
 }
@@ -303,7 +294,7 @@ pub struct QueuedTurn {
     /// Its id in the store, increasing in the order turns were queued.
     pub id: u64,
     /// The tree it is a turn of.
-    pub tree_id: String,
+    pub tree_id: TreeId,
     /// Its turn number: its root will be run `T/0~turn`.
     pub turn: u32,
     /// The turn's prompt.
@@ -318,8 +309,8 @@ pub struct QueuedTurn {
 
 impl QueuedTurn {
     /// The run id its root will have: `T/0~turn`.
-    pub fn run_id(&self) -> String {
-        format!("{}/0~{}", self.tree_id, self.turn)
+    pub fn run_id(&self) -> RunId {
+        self.tree_id.root().retry(self.turn)
     }
 }
 
@@ -447,11 +438,22 @@ pub struct TreeDump {
     pub segments: Vec<Segment>,
 }
 
+/// Tree ids as the store keeps them (text), typed; one that is no tree id
+/// is the store's corruption, named.
+pub(crate) fn tree_ids(ids: Vec<String>) -> Result<Vec<TreeId>, Error> {
+    ids.into_iter()
+        .map(|id| {
+            id.parse::<TreeId>()
+                .map_err(|e| Error::Store(format!("a stored tree id {id:?} is no tree id: {e}")))
+        })
+        .collect()
+}
+
 /// Copies the tree `tree_id` with its whole log from one store to another
 /// (of either backend), unchanged, and the turns queued for it (same turn
 /// numbers and order; queued again, so their wait starts anew); refused if
 /// `to` has a tree of that id.
-pub fn copy_tree(from: &dyn Store, to: &dyn Store, tree_id: &str) -> Result<(), Error> {
+pub fn copy_tree(from: &dyn Store, to: &dyn Store, tree_id: &TreeId) -> Result<(), Error> {
     let dump = from.dump(tree_id)?;
     let queued = from.queued_turns(tree_id)?;
     to.load(&dump)?;
@@ -467,9 +469,11 @@ pub fn copy_tree(from: &dyn Store, to: &dyn Store, tree_id: &str) -> Result<(), 
 #[serde(rename_all = "camelCase")]
 pub struct TreeSummary {
     /// The tree's id.
-    pub tree_id: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub tree_id: TreeId,
     /// The root's run id.
-    pub root_run_id: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub root_run_id: RunId,
     /// The root's agent type.
     pub agent: String,
     /// The root's prompt.
@@ -598,27 +602,27 @@ pub trait Store: Send + Sync + 'static {
     /// The principal that started the tree (`None`: none did), read from
     /// the store, so every replica answers the same; `Error::UnknownTree`
     /// if the store has no such tree.
-    fn principal(&self, tree_id: &str) -> Result<Option<String>, Error> {
+    fn principal(&self, tree_id: &TreeId) -> Result<Option<String>, Error> {
         Ok(self.tree(tree_id)?.0.principal)
     }
     /// A tree as it was started and as it is listed; `Error::UnknownTree` if
     /// the store has none with this id.
-    fn tree(&self, tree_id: &str) -> Result<(TreeRecord, TreeSummary), Error>;
+    fn tree(&self, tree_id: &TreeId) -> Result<(TreeRecord, TreeSummary), Error>;
     /// Every run of a tree, in the order they started.
-    fn runs(&self, tree_id: &str) -> Result<Vec<RunNode>, Error>;
+    fn runs(&self, tree_id: &TreeId) -> Result<Vec<RunNode>, Error>;
     /// One run, with its final state or last checkpoint; `Error::UnknownRun`
     /// if the store has none with this id.
-    fn run(&self, run_id: &str) -> Result<StoredRun, Error>;
+    fn run(&self, run_id: &RunId) -> Result<StoredRun, Error>;
     /// What a resume (or, with its replies, a replay) of the tree starts from.
-    fn recovery(&self, tree_id: &str) -> Result<Recovery, Error>;
+    fn recovery(&self, tree_id: &TreeId) -> Result<Recovery, Error>;
     /// The final states of every finished run, in the order they finished.
-    fn final_states(&self, tree_id: &str) -> Result<Vec<AgentState>, Error>;
+    fn final_states(&self, tree_id: &TreeId) -> Result<Vec<AgentState>, Error>;
     /// A tree's journaled events with `seq` above `after`, in order, each as
     /// `journal_view` gives the live event (as emitted, without the states and
     /// replies stored elsewhere, and without streaming deltas and checkpoints).
-    fn events(&self, tree_id: &str, after: u64) -> Result<Vec<JournalEntry>, Error>;
+    fn events(&self, tree_id: &TreeId, after: u64) -> Result<Vec<JournalEntry>, Error>;
     /// Everything stored of a tree, as one JSON document.
-    fn export(&self, tree_id: &str) -> Result<Value, Error>;
+    fn export(&self, tree_id: &TreeId) -> Result<Value, Error>;
     /// Removes trees that ended before `cutoff_ms`, and what only they used.
     fn gc(&self, cutoff_ms: u64) -> Result<GcReport, Error>;
     /// Takes an interrupted tree over for this process, atomically (of two
@@ -626,7 +630,7 @@ pub trait Store: Send + Sync + 'static {
     /// another live process runs it. Returns the claim's fencing epoch (one
     /// more than the last claim's): writes for the tree hold to it, and stop
     /// applying once another process claims the tree after this one.
-    fn claim(&self, tree_id: &str) -> Result<u64, Error>;
+    fn claim(&self, tree_id: &TreeId) -> Result<u64, Error>;
 
     /// Claims, as `claim` would each, those of `tree_ids` that are
     /// interrupted, for this process: the trees claimed with their epochs,
@@ -635,7 +639,7 @@ pub trait Store: Send + Sync + 'static {
     /// claiming at this very moment is left out, not an error: replicas
     /// adopting at once split the trees between them. Postgres claims them
     /// all in one transaction (`FOR UPDATE SKIP LOCKED`, one `UPDATE`).
-    fn claim_interrupted(&self, tree_ids: &[String]) -> Result<Vec<(String, u64)>, Error> {
+    fn claim_interrupted(&self, tree_ids: &[TreeId]) -> Result<Vec<(TreeId, u64)>, Error> {
         let mut claimed = Vec::new();
         for tree_id in tree_ids {
             match self.claim(tree_id) {
@@ -654,7 +658,7 @@ pub trait Store: Send + Sync + 'static {
     #[allow(clippy::type_complexity)]
     fn resumes(
         &self,
-        tree_ids: &[String],
+        tree_ids: &[TreeId],
     ) -> Result<Vec<Result<(TreeRecord, Recovery), Error>>, Error> {
         Ok(tree_ids
             .iter()
@@ -664,35 +668,35 @@ pub trait Store: Send + Sync + 'static {
 
     /// The tree's status as `trees` lists it (`interrupted` judged now),
     /// without reading its record; `Error::UnknownTree` if there is none.
-    fn status(&self, tree_id: &str) -> Result<TreeStatus, Error> {
+    fn status(&self, tree_id: &TreeId) -> Result<TreeStatus, Error> {
         Ok(self.tree(tree_id)?.1.status)
     }
 
     /// Claims an ended tree for a follow-up turn (semantics §14): it is
     /// running again, owned by this process, under the next epoch. Refused
     /// for a tree that is running (here or elsewhere) or was cut short.
-    fn claim_turn(&self, tree_id: &str) -> Result<u64, Error>;
+    fn claim_turn(&self, tree_id: &TreeId) -> Result<u64, Error>;
 
     /// Ends a tree this process claimed (at `epoch`) but cannot load (its
     /// log is damaged, its config cannot be built): `failed`, with
     /// `reason`, so that it is not listed running for ever nor claimed
     /// again and again. Nothing changes if another process claimed it since.
-    fn fail_claimed(&self, tree_id: &str, epoch: u64, reason: &str) -> Result<(), Error>;
+    fn fail_claimed(&self, tree_id: &TreeId, epoch: u64, reason: &str) -> Result<(), Error>;
 
     /// Ends a tree this process claimed (at `epoch`) as `cancelled`, with
     /// `reason`: a person cancelled it while nobody ran it (`arbor cancel`),
     /// so no process resumes or adopts it. Nothing changes if another
     /// process claimed it since.
-    fn cancel_claimed(&self, tree_id: &str, epoch: u64, reason: &str) -> Result<(), Error>;
+    fn cancel_claimed(&self, tree_id: &TreeId, epoch: u64, reason: &str) -> Result<(), Error>;
 
     /// Stores a control message for whichever process owns the tree (it
     /// takes it with `take_controls`); returns its id. `Error::UnknownTree`
     /// if the store has no such tree.
-    fn post_control(&self, tree_id: &str, control: &Value) -> Result<u64, Error>;
+    fn post_control(&self, tree_id: &TreeId, control: &Value) -> Result<u64, Error>;
 
     /// Takes the controls waiting for these trees (the ones the caller
     /// runs), oldest first, atomically: each is taken once, by one caller.
-    fn take_controls(&self, tree_ids: &[String]) -> Result<Vec<Control>, Error>;
+    fn take_controls(&self, tree_ids: &[TreeId]) -> Result<Vec<Control>, Error>;
 
     /// Queues a follow-up turn of the tree for when its running turn ends
     /// (semantics §14), durably: its turn number is one past the tree's
@@ -701,14 +705,14 @@ pub trait Store: Send + Sync + 'static {
     /// `Error::TurnQueueFull` when `limit` turns wait for it already.
     fn queue_turn(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         prompt: &str,
         params: Option<&Value>,
         limit: usize,
     ) -> Result<QueuedTurn, Error>;
 
     /// The turns waiting for the tree, next first (those not started yet).
-    fn queued_turns(&self, tree_id: &str) -> Result<Vec<QueuedTurn>, Error>;
+    fn queued_turns(&self, tree_id: &TreeId) -> Result<Vec<QueuedTurn>, Error>;
 
     /// Claims the tree for the next turn waiting for it, as `claim_turn`
     /// does (running again, owned by this process, under the next epoch),
@@ -721,7 +725,7 @@ pub trait Store: Send + Sync + 'static {
     /// for the next.
     fn take_turn(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         only: Option<u64>,
     ) -> Result<Option<(QueuedTurn, u64)>, Error>;
 
@@ -731,12 +735,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Trees whose turn has ended that have turns waiting, at most `limit`
     /// of them: a process that found none running takes them (`take_turn`).
-    fn trees_with_queued_turns(&self, limit: usize) -> Result<Vec<String>, Error>;
+    fn trees_with_queued_turns(&self, limit: usize) -> Result<Vec<TreeId>, Error>;
 
     /// Who runs the tree now: `None` if it is not running (ended, or
     /// interrupted: its owner is gone or its lease ran out).
     /// `Error::UnknownTree` if the store has no such tree.
-    fn owner(&self, tree_id: &str) -> Result<Option<Owner>, Error>;
+    fn owner(&self, tree_id: &TreeId) -> Result<Option<Owner>, Error>;
 
     /// Wake-ups when other processes commit (see `Wake`); `None` when the
     /// backend has none (SQLite: followers poll).
@@ -751,7 +755,7 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// A tree with its whole log, as stored.
-    fn dump(&self, tree_id: &str) -> Result<TreeDump, Error>;
+    fn dump(&self, tree_id: &TreeId) -> Result<TreeDump, Error>;
 
     /// Puts a dumped tree in, unchanged, in one transaction;
     /// `Error::TreeStored` if the store has a tree of that id.

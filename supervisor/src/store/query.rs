@@ -253,6 +253,9 @@ pub(crate) fn controls(
     for (id, tree_id, body) in taken {
         let body: Value = serde_json::from_str(&body)
             .map_err(|e| bad(&tree_id)(format!("a control is not JSON: {e}")))?;
+        let tree_id = tree_id
+            .parse()
+            .map_err(|e| bad(&tree_id)(format!("a control's tree id: {e}")))?;
         out.push(Control { id, tree_id, body });
     }
     out.sort_by_key(|c| c.id);
@@ -314,9 +317,10 @@ mod tests {
     }
 
     fn tree(id: &str, status: TreeStatus) -> Result<TreeSummary, ()> {
+        let tree_id: arbor_actors::TreeId = id.parse().unwrap();
         Ok(TreeSummary {
-            tree_id: id.into(),
-            root_run_id: format!("{id}/0"),
+            root_run_id: tree_id.root(),
+            tree_id,
             agent: "a".into(),
             prompt: String::new(),
             status,

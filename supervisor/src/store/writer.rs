@@ -486,10 +486,10 @@ impl Loop {
         match &mut write {
             Write::Tree(tree) => {
                 // A new claim of its own (a resume after it was fenced).
-                self.fenced.locked().remove(&tree.tree_id);
-                self.released.remove(&tree.tree_id);
+                self.fenced.locked().remove(tree.tree_id.as_str());
+                self.released.remove(tree.tree_id.as_str());
                 self.owned
-                    .insert(tree.root_run_id.clone(), tree.tree_id.clone());
+                    .insert(tree.root_run_id.to_string(), tree.tree_id.to_string());
             }
             // Only a root's end releases what the tree owned.
             Write::Event(event)

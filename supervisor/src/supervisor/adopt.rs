@@ -1,6 +1,7 @@
 //! Taking stored trees up again: resuming one, adopting many at once (one
 //! claim, one read), and replaying one on its recorded replies.
 
+use arbor_actors::TreeId;
 use std::sync::Arc;
 
 use super::{StartRequest, Supervisor, TreeHandle};
@@ -13,7 +14,7 @@ impl Supervisor {
     /// from their stored final states, runs that were cut short go on from their
     /// last checkpoint, and recorded model replies are served instead of asking
     /// the model again.
-    pub async fn resume(&self, tree_id: &str) -> Result<TreeHandle, Error> {
+    pub async fn resume(&self, tree_id: &TreeId) -> Result<TreeHandle, Error> {
         let writer = self.writer_to_take(tree_id, StoreUse::Resume)?;
         // Atomic: of two processes resuming one tree, one gets it.
         let (record, recovery) = self
@@ -34,9 +35,9 @@ impl Supervisor {
     /// in it.
     pub async fn adopt(
         &self,
-        tree_ids: Vec<String>,
+        tree_ids: Vec<TreeId>,
         before: impl Fn(&TreeRecord),
-    ) -> Result<Vec<(String, Result<TreeHandle, Error>)>, Error> {
+    ) -> Result<Vec<(TreeId, Result<TreeHandle, Error>)>, Error> {
         let Some((_, writer)) = &self.store else {
             return Err(Error::NoStore {
                 needed_for: StoreUse::Resume,
@@ -45,7 +46,7 @@ impl Supervisor {
         // A store that is down (or failed) is not claimed from: this
         // process could not run what it took.
         self.store_takes_writes()?;
-        let ids: Vec<String> = tree_ids
+        let ids: Vec<TreeId> = tree_ids
             .into_iter()
             .filter(|id| !self.is_running(id))
             .collect();
@@ -55,7 +56,7 @@ impl Supervisor {
         let read = self
             .read_store(move |store| {
                 let claimed = store.claim_interrupted(&ids)?;
-                let ids: Vec<String> = claimed.iter().map(|(id, _)| id.clone()).collect();
+                let ids: Vec<TreeId> = claimed.iter().map(|(id, _)| id.clone()).collect();
                 let read = store.resumes(&ids)?;
                 let mut out = Vec::with_capacity(read.len());
                 for ((tree_id, epoch), read) in claimed.into_iter().zip(read) {
@@ -91,12 +92,12 @@ impl Supervisor {
     }
 
     /// The request a claimed stored tree resumes with.
-    fn resumed_request(&self, tree_id: &str, record: TreeRecord) -> Result<StartRequest, Error> {
+    fn resumed_request(&self, tree_id: &TreeId, record: TreeRecord) -> Result<StartRequest, Error> {
         let mut request = record.request()?;
         if self.catalogs.is_none() && request.config != self.config && self.config.is_some() {
             // It runs on this supervisor's catalog: say so, and record it.
             tracing::warn!(
-                tree = tree_id,
+                tree = %tree_id,
                 "resuming on this process's config, not the one the tree started with; \
                  the change is recorded with the tree"
             );
@@ -107,12 +108,16 @@ impl Supervisor {
 
     /// The store's writer, to take the stored tree `tree_id` over with (for
     /// `needed_for`): refused without a store, or while the tree runs here.
-    fn writer_to_take(&self, tree_id: &str, needed_for: StoreUse) -> Result<&StoreWriter, Error> {
+    fn writer_to_take(
+        &self,
+        tree_id: &TreeId,
+        needed_for: StoreUse,
+    ) -> Result<&StoreWriter, Error> {
         let Some((_, writer)) = &self.store else {
             return Err(Error::NoStore { needed_for });
         };
         if self.is_running(tree_id) {
-            return Err(Error::TreeExists(tree_id.to_owned()));
+            return Err(Error::TreeExists(tree_id.to_string()));
         }
         Ok(writer)
     }
@@ -121,8 +126,8 @@ impl Supervisor {
     /// store recovers of it.
     async fn claim_stored(
         &self,
-        tree_id: &str,
-        claim: fn(&dyn Store, &str) -> Result<u64, Error>,
+        tree_id: &TreeId,
+        claim: fn(&dyn Store, &TreeId) -> Result<u64, Error>,
     ) -> Result<(TreeRecord, Recovery), Error> {
         self.store_takes_writes()?;
         let id = tree_id.to_owned();
@@ -140,7 +145,7 @@ impl Supervisor {
     pub(super) async fn go_on(
         &self,
         writer: &StoreWriter,
-        tree_id: &str,
+        tree_id: &TreeId,
         request: StartRequest,
         mut recovery: Recovery,
     ) -> Result<TreeHandle, Error> {
@@ -148,7 +153,7 @@ impl Supervisor {
             self.registry.record(state);
         }
         writer.send(Write::Known {
-            tree_id: tree_id.to_owned(),
+            tree_id: tree_id.to_string(),
             messages: std::mem::take(&mut recovery.message_ids),
             calls: recovery.replies.keys().cloned().collect(),
             runs: std::mem::take(&mut recovery.runs),

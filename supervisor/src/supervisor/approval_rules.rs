@@ -46,7 +46,7 @@ impl Supervisor {
     /// ended once the tree has).
     pub async fn approve_always(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         call_id: &str,
     ) -> Result<AlwaysAllowedNow, Error> {
         let Some(tool) = self.approvals.tool_of(tree_id, call_id) else {
@@ -69,7 +69,7 @@ impl Supervisor {
     /// [`decide_all`](Self::decide_all) is when none waits.
     pub async fn approve_all_always(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         tool: Option<&str>,
     ) -> Result<AlwaysAllowedNow, Error> {
         let tools: BTreeSet<String> = self
@@ -92,7 +92,7 @@ impl Supervisor {
 
     /// Whether every call of `tool` runs without asking in the tree
     /// `tree_id`, which runs here.
-    pub fn always_allowed(&self, tree_id: &str, tool: &str) -> bool {
+    pub fn always_allowed(&self, tree_id: &TreeId, tool: &str) -> bool {
         self.approvals.allows(tree_id, tool)
     }
 
@@ -101,17 +101,17 @@ impl Supervisor {
     /// them that waits, oldest first.
     async fn allow(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         tools: BTreeSet<String>,
     ) -> Result<AlwaysAllowedNow, Error> {
         let ctx = self
             .trees
             .locked()
-            .get(tree_id)
+            .get(tree_id.as_str())
             .and_then(|(ctx, _)| ctx.upgrade());
         let Some(ctx) = ctx else {
             return Err(Error::DecisionRefused {
-                tree_id: tree_id.to_owned(),
+                tree_id: tree_id.clone(),
                 call_id: "*".to_owned(),
                 reason: DecideRefused::Ended,
             });

@@ -27,17 +27,17 @@ impl Supervisor {
     /// `approvalDecided` event; once a step's last decision is in, its calls go on.
     pub async fn decide(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         call_id: &str,
         decision: Decision,
     ) -> Result<(), Error> {
         let refused = |reason| Error::DecisionRefused {
-            tree_id: tree_id.to_owned(),
+            tree_id: tree_id.clone(),
             call_id: call_id.to_owned(),
             reason,
         };
         let unknown = || Error::UnknownApproval {
-            tree_id: tree_id.to_owned(),
+            tree_id: tree_id.clone(),
             call_id: call_id.to_owned(),
         };
         let Some(run_id) = self.approvals.run_of(tree_id, call_id) else {
@@ -69,14 +69,14 @@ impl Supervisor {
     /// as ended, when it has).
     pub async fn decide_all(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         tool: Option<&str>,
         decision: Decision,
     ) -> Result<Vec<String>, Error> {
         let label = tool.map_or_else(|| "*".to_owned(), |t| format!("* ({t})"));
         if let Decision::Approve { input: Some(_) } = decision {
             return Err(Error::DecisionRefused {
-                tree_id: tree_id.to_owned(),
+                tree_id: tree_id.clone(),
                 call_id: label,
                 reason: DecideRefused::InvalidInput(
                     "an edited input is one call's: approve the calls one by one".into(),
@@ -87,12 +87,12 @@ impl Supervisor {
         if calls.is_empty() {
             return Err(match self.tree_ended(tree_id).await {
                 true => Error::DecisionRefused {
-                    tree_id: tree_id.to_owned(),
+                    tree_id: tree_id.clone(),
                     call_id: label,
                     reason: DecideRefused::Ended,
                 },
                 false => Error::UnknownApproval {
-                    tree_id: tree_id.to_owned(),
+                    tree_id: tree_id.clone(),
                     call_id: label,
                 },
             });
@@ -114,7 +114,7 @@ impl Supervisor {
     /// decision on it is refused as ended. A call decided already waits
     /// for nothing: that one is unknown. Without a store, whether the tree
     /// has ended ([`tree_ended`](Self::tree_ended)).
-    async fn asked_and_ended(&self, tree_id: &str, call_id: &str) -> bool {
+    async fn asked_and_ended(&self, tree_id: &TreeId, call_id: &str) -> bool {
         if self.store.is_none() || self.is_running(tree_id) {
             return self.tree_ended(tree_id).await;
         }
@@ -141,7 +141,7 @@ impl Supervisor {
     /// Whether the tree `tree_id` has ended: it does not run here, and the
     /// store has it ended (or, without a store, its root's final state is
     /// still kept).
-    async fn tree_ended(&self, tree_id: &str) -> bool {
+    async fn tree_ended(&self, tree_id: &TreeId) -> bool {
         if self.is_running(tree_id) {
             return false;
         }
@@ -231,7 +231,12 @@ impl Supervisor {
     /// event, so a resumed tree keeps it. Returns the budgets now in force.
     /// Refused for a raise of nothing ([`Error::NothingRaised`]) or one that
     /// cannot be in force ([`Error::RaiseRefused`], see [`Raised::check_raise`]).
-    pub fn raise_limits(&self, tree_id: &str, set: Raised, add: Raised) -> Result<Raised, Error> {
+    pub fn raise_limits(
+        &self,
+        tree_id: &TreeId,
+        set: Raised,
+        add: Raised,
+    ) -> Result<Raised, Error> {
         if set.is_empty() && add.is_empty() {
             return Err(Error::NothingRaised);
         }
@@ -239,19 +244,19 @@ impl Supervisor {
         let ctx = self
             .trees
             .locked()
-            .get(tree_id)
+            .get(tree_id.as_str())
             .and_then(|(ctx, _)| ctx.upgrade())
-            .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+            .ok_or_else(|| Error::UnknownTree(tree_id.to_string()))?;
         Ok(ctx.raise(set, add)?)
     }
 
     /// Cancels the running tree `tree_id` (its root and so its whole
     /// subtree); `false` when it does not run here.
-    pub fn cancel_tree(&self, tree_id: &str) -> bool {
+    pub fn cancel_tree(&self, tree_id: &TreeId) -> bool {
         let root = self
             .trees
             .locked()
-            .get(tree_id)
+            .get(tree_id.as_str())
             .filter(|(ctx, _)| ctx.strong_count() > 0)
             .map(|(_, root)| root.clone());
         match root {
@@ -262,8 +267,8 @@ impl Supervisor {
 
     /// Waits until the tree `tree_id` no longer runs here (at once if it
     /// does not): every agent and every handle of it is gone.
-    pub async fn until_ended(&self, tree_id: &str) {
-        let rx = self.gone.locked().get(tree_id).cloned();
+    pub async fn until_ended(&self, tree_id: &TreeId) {
+        let rx = self.gone.locked().get(tree_id.as_str()).cloned();
         if let Some(mut rx) = rx {
             let _ = rx.wait_for(|gone| *gone).await;
         }

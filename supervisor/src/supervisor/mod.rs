@@ -234,10 +234,10 @@ impl Supervisor {
     }
 
     /// Whether a tree with this id runs in this supervisor.
-    pub fn is_running(&self, tree_id: &str) -> bool {
+    pub fn is_running(&self, tree_id: &TreeId) -> bool {
         self.trees
             .locked()
-            .get(tree_id)
+            .get(tree_id.as_str())
             .is_some_and(|(ctx, _)| ctx.strong_count() > 0)
     }
 
@@ -332,7 +332,7 @@ mod stored;
 mod turns;
 
 pub use approval_rules::AlwaysAllowedNow;
-pub use stored::{BudgetOutcome, CancelOutcome};
+pub use stored::{BudgetOutcome, CancelOutcome, Target};
 
 pub use turns::{
     DEFAULT_TURN_QUEUE, Multitask, Queued, TurnDecision, TurnRequest, TurnStart, TurnsNow,

@@ -99,12 +99,12 @@ impl Supervisor {
         } else {
             caller
         };
-        if self.is_running(&tree_id) {
+        if self.is_running(&tree) {
             return Err(Error::TreeExists(tree_id.to_string()));
         }
         // A new tree must not land on a stored one (`resume` continues those).
         if self.store.is_some() && recovery.is_none() {
-            let id = tree_id.clone();
+            let id = tree.clone();
             match self
                 .read_store(move |store| store.tree(&id).map(drop))
                 .await
@@ -256,8 +256,8 @@ impl Supervisor {
         if let Some((_, writer)) = &self.store {
             // Durable before it runs: once `start` returns, the tree can be resumed.
             writer.send(Write::Tree(Box::new(TreeRecord {
-                tree_id: tree_id.to_string(),
-                root_run_id: root_run_id.to_string(),
+                tree_id: tree.clone(),
+                root_run_id: root_run_id.clone(),
                 agent: template.id.clone(),
                 prompt: request.prompt.clone(),
                 params: request.params.clone(),

@@ -2,6 +2,7 @@
 //! it fails or fences a tree), its health, reads on a blocking thread, and
 //! handing trees over at shutdown.
 
+use arbor_actors::TreeId;
 use std::sync::Arc;
 
 use arbor_actors::sync::LockExt as _;
@@ -161,7 +162,7 @@ impl Supervisor {
     /// it from that batch on, so what it emits here since (its stopping
     /// included) is in no journal. False again once this process claims
     /// the tree anew.
-    pub fn is_fenced(&self, tree_id: &str) -> bool {
+    pub fn is_fenced(&self, tree_id: &TreeId) -> bool {
         self.store
             .as_ref()
             .is_some_and(|(_, writer)| writer.fenced(tree_id).is_some())

@@ -6,8 +6,11 @@
 //! A cancel of a tree nobody runs (it was interrupted) stores it as
 //! cancelled, so that no process resumes or adopts it.
 
-use arbor_actors::RunId;
+use std::fmt;
+use std::str::FromStr;
+
 use arbor_actors::sync::LockExt as _;
+use arbor_actors::{IdError, RunId, TreeId};
 use serde_json::json;
 
 use super::Supervisor;
@@ -28,6 +31,48 @@ pub enum BudgetOutcome {
         /// The process that runs the tree (`scope:pid`); `None` while nobody does.
         owner: Option<String>,
     },
+}
+
+/// What a cancel names ([`Supervisor::cancel_stored`]): a whole tree (its
+/// latest turn), or one run of a tree and its subtree. Read from text at the
+/// edge (`arbor cancel ID`): an id with a `/` is a run id, any other a tree id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// The whole tree.
+    Tree(TreeId),
+    /// One run and its subtree.
+    Run(RunId),
+}
+
+impl Target {
+    /// The tree the target is of.
+    pub fn tree(&self) -> &TreeId {
+        match self {
+            Target::Tree(tree) => tree,
+            Target::Run(run) => run.tree(),
+        }
+    }
+}
+
+impl FromStr for Target {
+    type Err = IdError;
+
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        if s.contains('/') {
+            s.parse().map(Target::Run)
+        } else {
+            s.parse().map(Target::Tree)
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Tree(tree) => tree.fmt(f),
+            Target::Run(run) => run.fmt(f),
+        }
+    }
 }
 
 /// What [`Supervisor::cancel_stored`] did.
@@ -55,20 +100,19 @@ pub(crate) enum CancelPlan {
     EndStored,
 }
 
-/// How to cancel `run_id` (a run of a tree whose root is `root_run_id`, or
-/// the tree's id itself) of a tree stored with `status`, that a live
-/// process runs (`owned`) or not. Refused for a tree that has ended, and
-/// for a run below the root of a tree nobody runs (only a running tree can
-/// cancel part of itself).
+/// How to cancel `target` (of a tree whose latest root is `root`) of a
+/// tree stored with `status`, that a live process runs (`owned`) or not.
+/// Refused for a tree that has ended, and for a run below the root of a
+/// tree nobody runs (only a running tree can cancel part of itself).
 pub(crate) fn plan_cancel(
-    tree_id: &str,
-    run_id: &str,
-    root_run_id: &str,
+    target: &Target,
+    root: &RunId,
     status: TreeStatus,
     owned: bool,
 ) -> Result<CancelPlan, Error> {
+    let tree_id = target.tree();
     let refused = |reason: String| Error::CancelRefused {
-        id: run_id.to_owned(),
+        id: target.to_string(),
         reason,
     };
     if status.is_final() {
@@ -79,7 +123,7 @@ pub(crate) fn plan_cancel(
     if owned {
         return Ok(CancelPlan::Post);
     }
-    if run_id != tree_id && run_id != root_run_id {
+    if matches!(target, Target::Run(run) if run != root) {
         return Err(refused(format!(
             "nobody runs tree {tree_id} (it is interrupted): cancel the whole tree \
              (arbor cancel {tree_id}) or resume it first"
@@ -92,48 +136,45 @@ pub(crate) fn plan_cancel(
 const ENDED_REASON: &str = "cancelled while interrupted (arbor cancel)";
 
 impl Supervisor {
-    /// Cancels `id` (a tree id, or a run id `TREE/PATH`) wherever its tree
-    /// is: here ([`Supervisor::cancel_run`]), in the live process that runs
-    /// it (a cancel posted in the store), or, when nobody runs it, by
-    /// storing the tree as cancelled. Refused ([`Error::CancelRefused`]) for
-    /// a tree that has ended; [`Error::UnknownTree`] / [`Error::UnknownRun`]
-    /// for one the store does not have.
-    pub async fn cancel_stored(&self, id: &str) -> Result<CancelOutcome, Error> {
-        let tree_id = id.split_once('/').map_or(id, |(tree, _)| tree).to_owned();
+    /// Cancels `target` (a whole tree, or a run and its subtree) wherever
+    /// its tree is: here ([`Supervisor::cancel_run`]), in the live process
+    /// that runs it (a cancel posted in the store), or, when nobody runs it,
+    /// by storing the tree as cancelled. Refused ([`Error::CancelRefused`])
+    /// for a tree that has ended; [`Error::UnknownTree`] /
+    /// [`Error::UnknownRun`] for one the store does not have.
+    pub async fn cancel_stored(&self, target: &Target) -> Result<CancelOutcome, Error> {
+        let tree_id = target.tree().clone();
         if self.is_running(&tree_id) {
-            let run = if id.contains('/') {
-                id.to_owned()
-            } else {
-                self.read_store(move |store| Ok(store.tree(&tree_id)?.0.root_run_id))
-                    .await?
+            let run = match target {
+                Target::Run(run) => run.clone(),
+                Target::Tree(_) => {
+                    self.read_store(move |store| Ok(store.tree(&tree_id)?.0.root_run_id))
+                        .await?
+                }
             };
-            let run = run
-                .parse::<RunId>()
-                .map_err(|_| Error::UnknownRun(run.clone()))?;
             self.cancel_run(&run)?;
             return Ok(CancelOutcome::Here);
         }
-        let id = id.to_owned();
+        let target = target.clone();
         self.read_store_now(move |store| {
             let (record, summary) = store.tree(&tree_id)?;
-            if id.contains('/') {
-                store.run(&id)?;
+            if let Target::Run(run) = &target {
+                store.run(run)?;
             }
             let owner = store.owner(&tree_id)?;
-            let run = if id.contains('/') {
-                id.clone()
-            } else {
-                record.root_run_id.clone()
+            let run = match &target {
+                Target::Run(run) => run.clone(),
+                Target::Tree(_) => record.root_run_id.clone(),
             };
+            let cancel = json!({"control": "cancel", "runId": run});
             match plan_cancel(
-                &tree_id,
-                &id,
+                &target,
                 &record.root_run_id,
                 summary.status,
                 owner.is_some(),
             )? {
                 CancelPlan::Post => {
-                    store.post_control(&tree_id, &json!({"control": "cancel", "runId": run}))?;
+                    store.post_control(&tree_id, &cancel)?;
                     Ok(CancelOutcome::Posted {
                         owner: owner.map(|o| o.owner).unwrap_or_default(),
                     })
@@ -148,10 +189,9 @@ impl Supervisor {
                     Err(Error::NotResumable { .. }) => {
                         // Or ended meanwhile: refused as an ended tree is.
                         let status = store.status(&tree_id)?;
-                        plan_cancel(&tree_id, &id, &record.root_run_id, status, true)?;
+                        plan_cancel(&target, &record.root_run_id, status, true)?;
                         let owner = store.owner(&tree_id)?.map(|o| o.owner);
-                        store
-                            .post_control(&tree_id, &json!({"control": "cancel", "runId": run}))?;
+                        store.post_control(&tree_id, &cancel)?;
                         Ok(CancelOutcome::Posted {
                             owner: owner.unwrap_or_default(),
                         })
@@ -168,11 +208,11 @@ impl Supervisor {
     /// The budgets in force for the tree `tree_id` (semantics §13): its
     /// limits with every raise over them, read from this process when it
     /// runs the tree, else from the store (for a tree that has ended too).
-    pub async fn budgets(&self, tree_id: &str) -> Result<Raised, Error> {
+    pub async fn budgets(&self, tree_id: &TreeId) -> Result<Raised, Error> {
         let here = self
             .trees
             .locked()
-            .get(tree_id)
+            .get(tree_id.as_str())
             .and_then(|(ctx, _)| ctx.upgrade());
         if let Some(ctx) = here {
             return Ok(ctx.budget.budgets());
@@ -195,7 +235,7 @@ impl Supervisor {
     /// ([`Error::RaiseEnded`]) for a tree that has ended.
     pub async fn raise_stored(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         set: Raised,
         add: Raised,
     ) -> Result<BudgetOutcome, Error> {
@@ -210,7 +250,10 @@ impl Supervisor {
         self.read_store_now(move |store| {
             let status = store.status(&tree)?;
             if status.is_final() {
-                return Err(Error::RaiseEnded { tree, status });
+                return Err(Error::RaiseEnded {
+                    tree: tree.to_string(),
+                    status,
+                });
             }
             let owner = store.owner(&tree)?.map(|o| o.owner);
             let budget = |r: Raised| {
@@ -230,12 +273,15 @@ impl Supervisor {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use super::{CancelPlan, plan_cancel};
+    use super::{CancelPlan, Target, plan_cancel};
     use crate::store::TreeStatus;
 
     #[test]
     fn a_running_tree_is_told_an_interrupted_one_is_ended_and_an_ended_one_refused() {
-        let plan = |id, status, owned| plan_cancel("t", id, "t/0~1", status, owned);
+        let plan = |id: &str, status, owned| {
+            let target: Target = id.parse().unwrap();
+            plan_cancel(&target, &"t/0~1".parse().unwrap(), status, owned)
+        };
         assert_eq!(
             plan("t", TreeStatus::Running, true).unwrap(),
             CancelPlan::Post

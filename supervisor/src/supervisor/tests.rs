@@ -11,6 +11,11 @@ use super::*;
 use crate::Raised;
 use crate::store::SqliteStore;
 
+/// A tree id from a test's literal.
+fn as_tree(id: &str) -> arbor_actors::TreeId {
+    id.parse().unwrap()
+}
+
 /// A model that answers once its gate opens.
 struct Gated(tokio::sync::watch::Receiver<bool>);
 
@@ -78,7 +83,7 @@ async fn a_tree_another_process_took_over_stops_here_and_the_others_go_on() {
             [],
         )
         .unwrap();
-        if let Ok(epoch) = other.claim("t") {
+        if let Ok(epoch) = other.claim(&as_tree("t")) {
             claimed = Some(epoch);
             break;
         }
@@ -118,7 +123,7 @@ async fn a_tree_another_process_took_over_stops_here_and_the_others_go_on() {
         "the new owner's tree was ended from here"
     );
     assert_eq!(
-        store.tree("u").unwrap().1.status,
+        store.tree(&as_tree("u")).unwrap().1.status,
         crate::TreeStatus::Completed
     );
 }
@@ -218,7 +223,7 @@ fn a_raise_of_a_zero_budget_or_bad_credits_is_refused() {
         (none, credits(f64::NAN)),
         (steps, none),
     ] {
-        let refused = sup.raise_limits("t", set, add);
+        let refused = sup.raise_limits(&as_tree("t"), set, add);
         assert!(
             matches!(refused, Err(Error::RaiseRefused(_))),
             "{set:?} + {add:?}: {refused:?}"
@@ -226,11 +231,11 @@ fn a_raise_of_a_zero_budget_or_bad_credits_is_refused() {
     }
     // A valid raise of a tree that does not run here is unknown.
     assert!(matches!(
-        sup.raise_limits("t", none, credits(1.0)),
+        sup.raise_limits(&as_tree("t"), none, credits(1.0)),
         Err(Error::UnknownTree(_))
     ));
     assert!(matches!(
-        sup.raise_limits("t", none, none),
+        sup.raise_limits(&as_tree("t"), none, none),
         Err(Error::NothingRaised)
     ));
 }

@@ -9,6 +9,7 @@
 //! looks for ended trees with turns waiting. The decision itself is
 //! [`decide_turn`], a plain function.
 
+use arbor_actors::TreeId;
 use std::str::FromStr;
 
 use arbor_actors::TreeHooks as _;
@@ -161,7 +162,7 @@ pub struct Queued {
     /// (the tree's latest root) whose cancel was posted in the store for
     /// the process that runs it, which takes it as it takes `arbor cancel`'s
     /// (nothing is left for the caller to do).
-    pub cancel_elsewhere: Option<String>,
+    pub cancel_elsewhere: Option<RunId>,
 }
 
 impl Supervisor {
@@ -191,7 +192,7 @@ impl Supervisor {
     /// start.
     pub async fn start_turn(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         request: TurnRequest,
     ) -> Result<TurnStart, Error> {
         let Some((_, writer)) = &self.store else {
@@ -222,12 +223,12 @@ impl Supervisor {
         match decision {
             TurnDecision::Reject => {
                 return Err(Error::TurnRunning {
-                    tree: tree_id.to_owned(),
+                    tree: tree_id.to_string(),
                 });
             }
             TurnDecision::Full => {
                 return Err(Error::TurnQueueFull {
-                    tree: tree_id.to_owned(),
+                    tree: tree_id.to_string(),
                     limit: self.turn_queue_limit,
                 });
             }
@@ -266,7 +267,7 @@ impl Supervisor {
                 })
                 .await;
             if let Err(error) = posted {
-                tracing::warn!(tree = tree_id, %error, "the interrupted turn's cancel was not posted");
+                tracing::warn!(tree = %tree_id, %error, "the interrupted turn's cancel was not posted");
             }
             cancel_elsewhere = Some(record.root_run_id);
         }
@@ -289,9 +290,7 @@ impl Supervisor {
         let Some(ctx) = ctx else {
             return false;
         };
-        let Ok(run_id) = turn.run_id().parse::<RunId>() else {
-            return false;
-        };
+        let run_id = turn.run_id();
         ctx.emit(
             &run_id,
             EventKind::TurnQueued {
@@ -315,7 +314,7 @@ impl Supervisor {
     /// reason, and a turn that could never start is dropped.
     pub async fn next_turn(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         only: Option<u64>,
     ) -> Result<Option<(QueuedTurn, TreeHandle)>, Error> {
         let Some((_, writer)) = &self.store else {
@@ -370,7 +369,7 @@ impl Supervisor {
                         | Error::NotResumable { .. }
                         | Error::StoreCorrupt { .. }
                 );
-                tracing::warn!(tree = tree_id, run = %turn.run_id(), %error, dropped = never, "a queued turn could not start");
+                tracing::warn!(tree = %tree_id, run = %turn.run_id(), %error, dropped = never, "a queued turn could not start");
                 let (id, reason, queued) = (
                     tree_id.to_owned(),
                     format!("queued turn {} could not start: {error}", turn.run_id()),
@@ -385,7 +384,7 @@ impl Supervisor {
                     })
                     .await;
                 if let Err(e) = released {
-                    tracing::warn!(tree = tree_id, error = %e, "cannot release a tree whose queued turn did not start");
+                    tracing::warn!(tree = %tree_id, error = %e, "cannot release a tree whose queued turn did not start");
                 }
                 Err(error)
             }
@@ -402,9 +401,9 @@ impl Supervisor {
         turn: &QueuedTurn,
     ) -> Result<TreeHandle, Error> {
         let root = record.root_run_id.clone();
-        let Some((last, _)) = recovery.finished.get(&root).cloned() else {
+        let Some((last, _)) = recovery.finished.get(&*root.to_string()).cloned() else {
             return Err(Error::NotResumable {
-                tree: record.tree_id.clone(),
+                tree: record.tree_id.to_string(),
                 reason: format!("its root {root} has no final state"),
             });
         };

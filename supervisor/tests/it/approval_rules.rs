@@ -71,7 +71,7 @@ async fn an_always_allowed_tool_runs_unasked_at_any_depth_and_in_a_later_turn_af
         let pending = sup.approvals(Some("t"));
         assert_eq!(pending.len(), 1, "{pending:?}");
         let call = pending[0].tool_call_id.clone();
-        let now = sup.approve_always("t", &call).await.unwrap();
+        let now = sup.approve_always(&as_tree("t"), &call).await.unwrap();
         assert_eq!(
             (now.tools, now.approved),
             (vec!["echo".to_owned()], vec![call])
@@ -101,7 +101,7 @@ async fn an_always_allowed_tool_runs_unasked_at_any_depth_and_in_a_later_turn_af
     let sup = supervisor(Some(Arc::new(SqliteStore::open(&path).unwrap())));
     let mut rx = sup.subscribe();
     let handle = match sup
-        .start_turn("t", TurnRequest::new("second"))
+        .start_turn(&as_tree("t"), TurnRequest::new("second"))
         .await
         .unwrap()
     {
@@ -127,7 +127,7 @@ async fn an_always_allowed_tool_runs_unasked_at_any_depth_and_in_a_later_turn_af
     let mut seen = Vec::new();
     let request = wait_for(&mut rx, &mut seen, asked).await;
     assert_eq!(&*request.tree_id, "u", "tree u asks: t's rule is t's");
-    assert!(!sup.always_allowed("u", "echo"));
+    assert!(!sup.always_allowed(&as_tree("u"), "echo"));
     handle.cancel();
     let _ = tokio::time::timeout(GUARD, handle.wait()).await;
 }
@@ -148,18 +148,21 @@ fn a_replay_of_a_tree_with_an_always_allowed_tool_asks_no_one_and_matches() {
         let handle = start(&sup, "lead", "first").await;
         wait_for(&mut rx, &mut seen, asked).await;
         let call = sup.approvals(Some("t"))[0].tool_call_id.clone();
-        sup.approve_always("t", &call).await.unwrap();
+        sup.approve_always(&as_tree("t"), &call).await.unwrap();
         finish(handle).await;
         sup.flush().await.unwrap();
-        store.final_states("t").unwrap()
+        store.final_states(&as_tree("t")).unwrap()
     });
     rt.block_on(async {
         let store = SqliteStore::open(&path).unwrap();
-        let (record, _) = store.tree("t").unwrap();
+        let (record, _) = store.tree(&as_tree("t")).unwrap();
         let sup = supervisor(None);
         let mut rx = sup.subscribe();
         let handle = sup
-            .replay(record.request().unwrap(), store.recovery("t").unwrap())
+            .replay(
+                record.request().unwrap(),
+                store.recovery(&as_tree("t")).unwrap(),
+            )
             .await
             .unwrap();
         // Bounded: a call asked again would wait for a person for ever.

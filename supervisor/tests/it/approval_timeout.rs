@@ -145,7 +145,7 @@ async fn a_decision_before_the_timeout_stops_it() {
     wait_for(&mut rx, &mut seen, asked).await;
     tokio::time::sleep_until(started + TIMEOUT / 2).await;
     let call_id = sup.approvals(Some("t"))[0].tool_call_id.clone();
-    sup.decide("t", &call_id, Decision::Approve { input: None })
+    sup.decide(&as_tree("t"), &call_id, Decision::Approve { input: None })
         .await
         .unwrap();
     let result = finish(handle).await;
@@ -182,7 +182,7 @@ async fn a_step_whose_calls_are_partly_decided_gets_the_default_for_the_rest_at_
         .unwrap()
         .tool_call_id
         .clone();
-    sup.decide("t", &first, Decision::Approve { input: None })
+    sup.decide(&as_tree("t"), &first, Decision::Approve { input: None })
         .await
         .unwrap();
     let result = finish(handle).await;

@@ -76,7 +76,7 @@ fn leaf_echo(sup: &Supervisor) -> Value {
     let leaf = sup
         .approvals(None)
         .first()
-        .map(|p| rid(&p.run_id))
+        .map(|p| p.run_id.clone())
         .unwrap_or_else(|| rid("t/0.1.1.1"));
     let state = sup.finished_state(&leaf).expect("the leaf finished");
     tool_result(&state, "echo")
@@ -107,12 +107,12 @@ async fn an_approval_at_depth_three_parks_only_its_agent_and_an_edited_input_run
     let call = pending[0].tool_call_id.clone();
     // A decision for a call that does not wait is refused, naming it.
     assert!(matches!(
-        sup.decide("t", "nope", Decision::Approve { input: None }).await,
+        sup.decide(&as_tree("t"), "nope", Decision::Approve { input: None }).await,
         Err(Error::UnknownApproval { call_id, .. }) if call_id == "nope"
     ));
     let bad = sup
         .decide(
-            "t",
+            &as_tree("t"),
             &call,
             Decision::Approve {
                 input: Some(json!("not an object")),
@@ -130,7 +130,7 @@ async fn an_approval_at_depth_three_parks_only_its_agent_and_an_edited_input_run
         "{bad:?}"
     );
     sup.decide(
-        "t",
+        &as_tree("t"),
         &call,
         Decision::Approve {
             input: Some(json!({"n": 7})),
@@ -158,7 +158,7 @@ async fn a_denied_call_gives_the_model_the_reason() {
     wait_for(&mut rx, &mut seen, asked).await;
     let call = sup.approvals(Some("t"))[0].tool_call_id.clone();
     sup.decide(
-        "t",
+        &as_tree("t"),
         &call,
         Decision::Deny {
             reason: "not today".into(),
@@ -205,7 +205,7 @@ fn a_pending_approval_survives_a_restart_and_the_tree_replays() {
         let sup = tree(Some(store.clone()));
         let mut rx = sup.events().subscribe_tree("t");
         let mut seen = Vec::new();
-        let handle = sup.resume("t").await.unwrap();
+        let handle = sup.resume(&as_tree("t")).await.unwrap();
         if sup.approvals(Some("t")).is_empty() {
             wait_for(&mut rx, &mut seen, asked).await;
         }
@@ -216,7 +216,7 @@ fn a_pending_approval_survives_a_restart_and_the_tree_replays() {
             "pending again after the restart: {pending:?}"
         );
         sup.decide(
-            "t",
+            &as_tree("t"),
             &pending[0].tool_call_id,
             Decision::Approve { input: None },
         )
@@ -225,14 +225,17 @@ fn a_pending_approval_survives_a_restart_and_the_tree_replays() {
         let result = finish(handle).await;
         assert_eq!(result.state.status, AgentStatus::Completed);
         sup.flush().await.unwrap();
-        store.final_states("t").unwrap()
+        store.final_states(&as_tree("t")).unwrap()
     });
     rt.block_on(async {
         let store = SqliteStore::open(&path).unwrap();
-        let (record, _) = store.tree("t").unwrap();
+        let (record, _) = store.tree(&as_tree("t")).unwrap();
         let sup = tree(None);
         let handle = sup
-            .replay(record.request().unwrap(), store.recovery("t").unwrap())
+            .replay(
+                record.request().unwrap(),
+                store.recovery(&as_tree("t")).unwrap(),
+            )
             .await
             .unwrap();
         finish(handle).await;
@@ -337,7 +340,7 @@ async fn an_edited_approval_shows_the_input_that_ran_in_the_history() {
     let call = sup.approvals(Some("t"))[0].tool_call_id.clone();
     let edited = json!({"n": 7});
     sup.decide(
-        "t",
+        &as_tree("t"),
         &call,
         Decision::Approve {
             input: Some(edited.clone()),
@@ -371,10 +374,10 @@ async fn deciding_a_call_of_a_cancelled_tree_is_refused_as_ended_not_unknown() {
         let call = sup.approvals(Some("t"))[0].tool_call_id.clone();
         handle.cancel();
         let _ = tokio::time::timeout(GUARD, handle.wait()).await;
-        sup.until_ended("t").await;
+        sup.until_ended(&as_tree("t")).await;
         sup.flush().await.unwrap();
         let refused = sup
-            .decide("t", &call, Decision::Approve { input: None })
+            .decide(&as_tree("t"), &call, Decision::Approve { input: None })
             .await;
         assert!(
             matches!(
@@ -423,7 +426,7 @@ fn a_pending_approval_keeps_its_age_across_a_restart() {
         let sup = tree(Some(Arc::new(SqliteStore::open(&path).unwrap())));
         let mut rx = sup.events().subscribe_tree("t");
         let mut seen = Vec::new();
-        let handle = sup.resume("t").await.unwrap();
+        let handle = sup.resume(&as_tree("t")).await.unwrap();
         if sup.approvals(Some("t")).is_empty() {
             wait_for(&mut rx, &mut seen, asked).await;
         }
@@ -431,7 +434,7 @@ fn a_pending_approval_keeps_its_age_across_a_restart() {
         assert_eq!(pending.len(), 1, "{pending:?}");
         assert_eq!(pending[0].requested_ms, first, "the age it had");
         sup.decide(
-            "t",
+            &as_tree("t"),
             &pending[0].tool_call_id,
             Decision::Approve { input: None },
         )
@@ -473,7 +476,7 @@ async fn two_hundred_pending_calls_of_a_tree_are_decided_with_one_decision() {
     // An edited input is one call's; another tool's calls are none.
     assert!(matches!(
         sup.decide_all(
-            "t",
+            &as_tree("t"),
             None,
             Decision::Approve {
                 input: Some(json!({"n": 0}))
@@ -486,12 +489,16 @@ async fn two_hundred_pending_calls_of_a_tree_are_decided_with_one_decision() {
         })
     ));
     assert!(matches!(
-        sup.decide_all("t", Some("rm"), Decision::Approve { input: None })
+        sup.decide_all(&as_tree("t"), Some("rm"), Decision::Approve { input: None })
             .await,
         Err(Error::UnknownApproval { .. })
     ));
     let decided = sup
-        .decide_all("t", Some("echo"), Decision::Approve { input: None })
+        .decide_all(
+            &as_tree("t"),
+            Some("echo"),
+            Decision::Approve { input: None },
+        )
         .await
         .unwrap();
     assert_eq!(decided.len(), 200);

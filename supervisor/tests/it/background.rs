@@ -265,7 +265,7 @@ fn a_tree_with_background_children_resumed_from_every_cut_and_replayed_ends_as_i
         crate::store::cut(&whole_path, &path, &records, keep);
         let state = rt.block_on(async {
             let sup = durable_lead(Some(Arc::new(SqliteStore::open(&path).unwrap())));
-            (*finish(sup.resume("t").await.unwrap()).await.state).clone()
+            (*finish(sup.resume(&as_tree("t")).await.unwrap()).await.state).clone()
         });
         assert_eq!(
             state,
@@ -280,8 +280,8 @@ fn a_tree_with_background_children_resumed_from_every_cut_and_replayed_ends_as_i
     // Replay: recorded replies and deliveries only, no store.
     rt.block_on(async {
         let store = SqliteStore::open(&whole_path).unwrap();
-        let recovery = store.recovery("t").unwrap();
-        let (record, _) = store.tree("t").unwrap();
+        let recovery = store.recovery(&as_tree("t")).unwrap();
+        let (record, _) = store.tree(&as_tree("t")).unwrap();
         let sup = durable_lead(None);
         let handle = sup
             .replay(record.request().unwrap(), recovery)

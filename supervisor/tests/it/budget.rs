@@ -82,7 +82,7 @@ async fn a_tree_paused_at_its_credit_limit_goes_on_when_raised_and_spends_what_i
     );
     let now = sup
         .raise_limits(
-            "t",
+            &as_tree("t"),
             Raised::default(),
             Raised {
                 max_credits: Some(7.5),
@@ -121,7 +121,7 @@ async fn without_pause_a_spent_budget_still_fails_the_agents_it_refuses() {
     let error = error_of(&entries[1]).expect("the second worker failed");
     assert!(error.contains("max_credits"), "{error}");
     assert!(matches!(
-        sup.raise_limits("t", Raised::default(), Raised::default()),
+        sup.raise_limits(&as_tree("t"), Raised::default(), Raised::default()),
         Err(arbor_supervisor::Error::NothingRaised)
     ));
 }
@@ -157,7 +157,9 @@ fn a_paused_tree_survives_a_restart_paused_and_keeps_its_raised_budget() {
             max_credits: Some(0.5),
             ..Raised::default()
         };
-        let now = sup.raise_limits("t", Raised::default(), add).unwrap();
+        let now = sup
+            .raise_limits(&as_tree("t"), Raised::default(), add)
+            .unwrap();
         assert_eq!(now.max_credits, Some(3.0));
         wait_for(&mut rx, &mut seen, |e| {
             matches!(e.kind, EventKind::LimitsRaised { .. })
@@ -172,13 +174,15 @@ fn a_paused_tree_survives_a_restart_paused_and_keeps_its_raised_budget() {
         let sup = stored(limits);
         let mut rx = sup.events().subscribe_tree("t");
         let mut seen = Vec::new();
-        let handle = sup.resume("t").await.unwrap();
+        let handle = sup.resume(&as_tree("t")).await.unwrap();
         wait_for(&mut rx, &mut seen, budget_reached).await;
         let add = Raised {
             max_credits: Some(7.0),
             ..Raised::default()
         };
-        let now = sup.raise_limits("t", Raised::default(), add).unwrap();
+        let now = sup
+            .raise_limits(&as_tree("t"), Raised::default(), add)
+            .unwrap();
         assert_eq!(now.max_credits, Some(10.0), "the first raise was kept");
         let result = finish(handle).await;
         assert_eq!(result.state.status, AgentStatus::Completed);

@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub use arbor_actors::RunId;
 use arbor_actors::message::{Message, TOOL_CALL_ERROR};
 use arbor_actors::{AgentState, Event, EventKind};
+pub use arbor_actors::{RunId, TreeId};
 pub use arbor_test_support::*;
 use serde_json::Value;
 
@@ -16,6 +16,11 @@ use serde_json::Value;
 /// The run id of a test's text.
 pub fn rid(text: &str) -> RunId {
     text.parse().expect("a run id")
+}
+
+/// The tree id of a test's text.
+pub fn as_tree(text: &str) -> TreeId {
+    text.parse().expect("a tree id")
 }
 
 pub fn tool_result(state: &AgentState, tool: &str) -> Value {

@@ -6,14 +6,15 @@
 use std::sync::Arc;
 
 use crate::backend::{Backend, both_backends};
+use crate::common::{TreeId, as_tree};
 use arbor_supervisor::store::{SqliteStore, Store, TreeFilter, TreeRecord, Write};
 use arbor_supervisor::{Error, TreeLimits};
 
 /// A new tree `tree` started by `principal`, at `started_ms`.
 fn started(tree: &str, principal: Option<&str>, started_ms: u64) -> Write {
     Write::Tree(Box::new(TreeRecord {
-        tree_id: tree.into(),
-        root_run_id: format!("{tree}/0"),
+        tree_id: as_tree(tree),
+        root_run_id: as_tree(tree).root(),
         agent: "a".into(),
         prompt: format!("{tree}'s prompt"),
         params: None,
@@ -28,7 +29,7 @@ fn started(tree: &str, principal: Option<&str>, started_ms: u64) -> Write {
 }
 
 /// The ids `trees_of` lists for `principal`, `limit` from `offset`.
-fn ids_of(store: &dyn Store, principal: &str, limit: usize, offset: usize) -> Vec<String> {
+fn ids_of(store: &dyn Store, principal: &str, limit: usize, offset: usize) -> Vec<TreeId> {
     let filter = TreeFilter {
         status: None,
         limit,
@@ -58,18 +59,18 @@ both_backends! {
         // Read back, by every reader, from another process (replica) too.
         let other = place.open();
         for store in [&store, &other] {
-            assert_eq!(store.principal("a1").unwrap().as_deref(), Some("alice"));
-            assert_eq!(store.principal("b1").unwrap().as_deref(), Some("bob"));
-            assert_eq!(store.principal("n1").unwrap(), None);
-            assert!(matches!(store.principal("nope"), Err(Error::UnknownTree(t)) if t == "nope"));
-            let (record, summary) = store.tree("b1").unwrap();
+            assert_eq!(store.principal(&as_tree("a1")).unwrap().as_deref(), Some("alice"));
+            assert_eq!(store.principal(&as_tree("b1")).unwrap().as_deref(), Some("bob"));
+            assert_eq!(store.principal(&as_tree("n1")).unwrap(), None);
+            assert!(matches!(store.principal(&as_tree("nope")), Err(Error::UnknownTree(t)) if t == "nope"));
+            let (record, summary) = store.tree(&as_tree("b1")).unwrap();
             assert_eq!(record.principal.as_deref(), Some("bob"));
             assert_eq!(summary.principal.as_deref(), Some("bob"));
             let listed: Vec<(String, Option<String>)> = store
                 .trees(&TreeFilter::default())
                 .unwrap()
                 .into_iter()
-                .map(|t| (t.tree_id, t.principal))
+                .map(|t| (t.tree_id.to_string(), t.principal))
                 .collect();
             assert_eq!(
                 listed,
@@ -96,7 +97,7 @@ both_backends! {
             limit: 1,
             offset: 1,
         };
-        let page: Vec<String> = store
+        let page: Vec<TreeId> = store
             .trees_of(&running, "alice")
             .unwrap()
             .into_iter()
@@ -108,30 +109,30 @@ both_backends! {
         // record says, the owner stays the one that started it.
         place.execute("UPDATE trees SET owner = '-:1', heartbeat_ms = 0 WHERE tree_id = 'a1'");
         let adopter = place.open();
-        adopter.claim("a1").unwrap();
+        adopter.claim(&as_tree("a1")).unwrap();
         assert!(adopter.write(&[started("a1", Some("mallory"), 1)]).unwrap().is_empty());
-        assert_eq!(store.principal("a1").unwrap().as_deref(), Some("alice"));
-        assert_eq!(store.tree("a1").unwrap().0.principal.as_deref(), Some("alice"));
+        assert_eq!(store.principal(&as_tree("a1")).unwrap().as_deref(), Some("alice"));
+        assert_eq!(store.tree(&as_tree("a1")).unwrap().0.principal.as_deref(), Some("alice"));
         // A new tree landing on a stored id takes nothing over either.
         let fenced = place.open().write(&[started("b1", Some("mallory"), 9)]).unwrap();
         assert_eq!(fenced.len(), 1);
-        assert_eq!(store.principal("b1").unwrap().as_deref(), Some("bob"));
+        assert_eq!(store.principal(&as_tree("b1")).unwrap().as_deref(), Some("bob"));
 
         // A dump carries it; the copy in a fresh store of either backend has it.
-        let dump = store.dump("a2").unwrap();
+        let dump = store.dump(&as_tree("a2")).unwrap();
         assert_eq!(dump.row.principal.as_deref(), Some("alice"));
         let copy = Backend::Sqlite.fresh();
         let copied = copy.open();
         copied.load(&dump).unwrap();
-        assert_eq!(copied.principal("a2").unwrap().as_deref(), Some("alice"));
-        assert_eq!(copied.dump("a2").unwrap(), dump);
+        assert_eq!(copied.principal(&as_tree("a2")).unwrap().as_deref(), Some("alice"));
+        assert_eq!(copied.dump(&as_tree("a2")).unwrap(), dump);
         // A dump made before principals (no such key) loads as nobody's.
-        let mut old = serde_json::to_value(store.dump("b1").unwrap()).unwrap();
+        let mut old = serde_json::to_value(store.dump(&as_tree("b1")).unwrap()).unwrap();
         old["row"].as_object_mut().unwrap().remove("principal");
         old["row"]["treeId"] = "old".into();
         let old: arbor_supervisor::store::TreeDump = serde_json::from_value(old).unwrap();
         copied.load(&old).unwrap();
-        assert_eq!(copied.principal("old").unwrap(), None);
+        assert_eq!(copied.principal(&as_tree("old")).unwrap(), None);
     }
 }
 
@@ -154,9 +155,12 @@ fn a_sqlite_store_from_before_principals_reads_as_nobodys_trees() {
          DROP TABLE queued_turns; PRAGMA user_version = 6;",
     );
     let read: Arc<dyn Store> = Arc::new(SqliteStore::open_read_only(place.at.as_ref()).unwrap());
-    assert_eq!(read.principal("t").unwrap(), None);
-    assert!(matches!(read.principal("nope"), Err(Error::UnknownTree(_))));
-    assert_eq!(read.tree("t").unwrap().0.principal, None);
+    assert_eq!(read.principal(&as_tree("t")).unwrap(), None);
+    assert!(matches!(
+        read.principal(&as_tree("nope")),
+        Err(Error::UnknownTree(_))
+    ));
+    assert_eq!(read.tree(&as_tree("t")).unwrap().0.principal, None);
     let listed = read.trees(&TreeFilter::default()).unwrap();
     assert_eq!(listed.len(), 2);
     assert!(listed.iter().all(|t| t.principal.is_none()));
@@ -169,7 +173,7 @@ fn a_sqlite_store_from_before_principals_reads_as_nobodys_trees() {
     // The next writer migrates it; the old trees stay nobody's, new ones
     // are their principal's.
     let store = place.open();
-    assert_eq!(store.principal("t").unwrap(), None);
+    assert_eq!(store.principal(&as_tree("t")).unwrap(), None);
     store.write(&[started("v", Some("alice"), 3)]).unwrap();
     assert_eq!(ids_of(&*store, "alice", 0, 0), ["v"]);
 }

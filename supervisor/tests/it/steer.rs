@@ -219,7 +219,7 @@ fn a_steered_tree_resumed_from_every_cut_after_the_steer_and_replayed_ends_as_it
                 scripted(script()),
                 Some(Arc::new(SqliteStore::open(&path).unwrap())),
             );
-            (*finish(sup.resume("t").await.unwrap()).await.state).clone()
+            (*finish(sup.resume(&as_tree("t")).await.unwrap()).await.state).clone()
         });
         assert_eq!(
             state,
@@ -234,8 +234,8 @@ fn a_steered_tree_resumed_from_every_cut_after_the_steer_and_replayed_ends_as_it
     // Replay: recorded replies and steers only, no store, no gate.
     rt.block_on(async {
         let store = SqliteStore::open(&whole_path).unwrap();
-        let recovery = store.recovery("t").unwrap();
-        let (record, _) = store.tree("t").unwrap();
+        let recovery = store.recovery(&as_tree("t")).unwrap();
+        let (record, _) = store.tree(&as_tree("t")).unwrap();
         let sup = boss(scripted(json!({"replies": []})), None);
         let handle = sup
             .replay(record.request().unwrap(), recovery)

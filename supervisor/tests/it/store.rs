@@ -124,7 +124,7 @@ async fn a_thousand_messages_over_a_hundred_checkpoints_take_under_three_times_t
     db.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
         .unwrap();
     drop(db);
-    let stored = store.run(&state.run_id.to_string()).unwrap();
+    let stored = store.run(&state.run_id).unwrap();
     assert!(stored.is_final);
     assert_eq!(stored.state.as_ref(), Some(&**state));
 
@@ -206,7 +206,7 @@ async fn a_full_disk_pauses_the_tree_until_space_is_freed_then_it_completes() {
     let trees = reopened.trees(&TreeFilter::default()).unwrap();
     assert_eq!(trees.len(), 1);
     assert_eq!(trees[0].status, arbor_supervisor::TreeStatus::Completed);
-    let stored = reopened.run(&result.state.run_id.to_string()).unwrap();
+    let stored = reopened.run(&result.state.run_id).unwrap();
     assert_eq!(stored.state.as_ref(), Some(&*result.state));
 }
 
@@ -367,7 +367,7 @@ both_backends! {
             let sup = boss_and_scribe(store.clone());
             let state = (*finish(start(&sup, "boss", "Report.").await).await.state).clone();
             sup.flush().await.unwrap();
-            (state, store.dump("t").unwrap())
+            (state, store.dump(&as_tree("t")).unwrap())
         });
         assert_eq!(whole.status, AgentStatus::Completed);
         let records = dumped_records(&dump);
@@ -388,7 +388,7 @@ both_backends! {
                 let store = place.open();
                 store.load(&cut_log(&dump, &records, keep)).unwrap();
                 let sup = boss_and_scribe(store);
-                let result = finish(sup.resume("t").await.unwrap()).await;
+                let result = finish(sup.resume(&as_tree("t")).await.unwrap()).await;
                 (*result.state).clone()
             });
             assert_eq!(
@@ -420,7 +420,7 @@ async fn live_events_seen_through_the_journal_view_equal_the_stored_ones(backend
             views.push(view);
         }
     }
-    let stored = store.events("t", 0).unwrap();
+    let stored = store.events(&as_tree("t"), 0).unwrap();
     assert!(views.len() > 10, "only {} events", views.len());
     assert_eq!(views, stored);
     // Byte for byte, too: one shape either way.
@@ -442,7 +442,7 @@ async fn live_events_seen_through_the_journal_view_equal_the_stored_ones(backend
     );
     // Resuming after any seq gives exactly the rest.
     for (i, entry) in stored.iter().enumerate() {
-        assert_eq!(store.events("t", entry.seq).unwrap(), stored[i + 1..].to_vec());
+        assert_eq!(store.events(&as_tree("t"), entry.seq).unwrap(), stored[i + 1..].to_vec());
     }
 }
 }
@@ -461,27 +461,27 @@ fn the_journal_past_a_seq_is_exactly_the_entries_after_it(backend) {
     store.write(&[step("t", 4), step("t", 5), step("t", 6)]).unwrap();
     store.write(&[Write::Heartbeat(vec!["t".into()])]).unwrap();
     store.write(&[step("t", 1_048_583)]).unwrap();
-    let all: Vec<u64> = store.events("t", 0).unwrap().iter().map(|e| e.seq).collect();
+    let all: Vec<u64> = store.events(&as_tree("t"), 0).unwrap().iter().map(|e| e.seq).collect();
     assert_eq!(all, vec![1, 2, 3, 4, 5, 6, 1_048_583]);
     for after in [0, 1, 2, 3, 4, 5, 6, 7, 1_048_582, 1_048_583, u64::MAX / 2] {
         let want: Vec<u64> = all.iter().copied().filter(|s| *s > after).collect();
-        let got: Vec<u64> = store.events("t", after).unwrap().iter().map(|e| e.seq).collect();
+        let got: Vec<u64> = store.events(&as_tree("t"), after).unwrap().iter().map(|e| e.seq).collect();
         assert_eq!(got, want, "after {after}");
     }
     assert!(matches!(
-        store.events("nope", 0),
+        store.events(&as_tree("nope"), 0),
         Err(arbor_supervisor::Error::UnknownTree(_))
     ));
     // A tree copied in (its segments' seqs not known there) reads the same.
     let elsewhere = backend.fresh();
     let other = elsewhere.open();
-    other.load(&store.dump("t").unwrap()).unwrap();
-    assert_eq!(other.events("t", 4).unwrap(), store.events("t", 4).unwrap());
+    other.load(&store.dump(&as_tree("t")).unwrap()).unwrap();
+    assert_eq!(other.events(&as_tree("t"), 4).unwrap(), store.events(&as_tree("t"), 4).unwrap());
     // The first segment (seqs 1-2) is not read past it: broken, only a
     // read from before its end sees that.
     place.execute("UPDATE segments SET body = substr(body, 1, 0) WHERE tree_id = 't' AND n = 1");
-    assert!(store.events("t", 0).is_err());
-    let got: Vec<u64> = store.events("t", 2).unwrap().iter().map(|e| e.seq).collect();
+    assert!(store.events(&as_tree("t"), 0).is_err());
+    let got: Vec<u64> = store.events(&as_tree("t"), 2).unwrap().iter().map(|e| e.seq).collect();
     assert_eq!(got, vec![3, 4, 5, 6, 1_048_583]);
 }
 }
@@ -549,8 +549,8 @@ fn a_tree_released_in_a_batch_with_its_events_stays_interrupted(backend) {
     };
     store
         .write(&[Write::Tree(Box::new(TreeRecord {
-            tree_id: "t".into(),
-            root_run_id: "t/0".into(),
+            tree_id: as_tree("t"),
+            root_run_id: rid("t/0"),
             agent: "boss".into(),
             prompt: "p".into(),
             params: None,
@@ -585,8 +585,8 @@ fn a_tree_released_in_a_batch_with_its_events_stays_interrupted(backend) {
 
 fn record(tree: &str) -> Write {
     Write::Tree(Box::new(TreeRecord {
-        tree_id: tree.into(),
-        root_run_id: format!("{tree}/0"),
+        tree_id: as_tree(tree),
+        root_run_id: as_tree(tree).root(),
         agent: "a".into(),
         prompt: "p".into(),
         params: None,
@@ -614,7 +614,7 @@ fn step(tree: &str, seq: u64) -> Write {
 /// The segment numbers of a tree's log.
 fn segments(store: &dyn Store, tree: &str) -> Vec<u64> {
     store
-        .dump(tree)
+        .dump(&as_tree(tree))
         .unwrap()
         .segments
         .iter()
@@ -646,8 +646,8 @@ both_backends! {
         );
         abandon(&place, "t");
         let new = place.open();
-        assert_eq!(new.claim("t").unwrap(), 2, "the second claim of t");
-        let owner = new.owner("t").unwrap().expect("t is running under its new claim");
+        assert_eq!(new.claim(&as_tree("t")).unwrap(), 2, "the second claim of t");
+        let owner = new.owner(&as_tree("t")).unwrap().expect("t is running under its new claim");
         assert_eq!(owner.epoch, 2);
         let fenced = old
             .write(&[
@@ -664,7 +664,7 @@ both_backends! {
         assert_eq!(fenced[0].owner, owner.owner);
         assert_eq!(segments(&*new, "t"), vec![1], "the fenced batch wrote to t");
         assert_eq!(segments(&*new, "u"), vec![1, 2], "u's writes were lost");
-        let row = new.dump("t").unwrap().row;
+        let row = new.dump(&as_tree("t")).unwrap().row;
         assert_eq!(row.last_seq, 1);
         assert_eq!(row.heartbeat_ms, owner.heartbeat_ms, "the old owner's heartbeat landed");
         // Still refused later, and a release does not undo the new claim.
@@ -677,8 +677,8 @@ both_backends! {
         assert!(new.write(&[record("t"), step("t", 2)]).unwrap().is_empty());
         assert!(new.write(&[step("t", 3)]).unwrap().is_empty());
         assert_eq!(segments(&*new, "t"), vec![1, 2, 3]);
-        assert_eq!(new.events("t", 0).unwrap().len(), 3);
-        let row = new.dump("t").unwrap().row;
+        assert_eq!(new.events(&as_tree("t"), 0).unwrap().len(), 3);
+        let row = new.dump(&as_tree("t")).unwrap().row;
         assert_eq!((row.status, row.owner), (TreeStatus::Running, owner.owner));
     }
 }
@@ -706,24 +706,24 @@ both_backends! {
         let place = backend.fresh();
         let store = place.open();
         store.write(&[record("t"), record("u")]).unwrap();
-        let a = store.post_control("t", &json!({"cancel": true})).unwrap();
-        let b = store.post_control("u", &json!({"steer": "left"})).unwrap();
-        let c = store.post_control("t", &json!({"approve": "call-1"})).unwrap();
+        let a = store.post_control(&as_tree("t"), &json!({"cancel": true})).unwrap();
+        let b = store.post_control(&as_tree("u"), &json!({"steer": "left"})).unwrap();
+        let c = store.post_control(&as_tree("t"), &json!({"approve": "call-1"})).unwrap();
         assert!(a < b && b < c, "{a} {b} {c}");
-        let unknown = store.post_control("nope", &json!({}));
+        let unknown = store.post_control(&as_tree("nope"), &json!({}));
         assert!(
             matches!(&unknown, Err(arbor_supervisor::Error::UnknownTree(t)) if t == "nope"),
             "{unknown:?}"
         );
-        let taken = store.take_controls(&["t".into()]).unwrap();
+        let taken = store.take_controls(&[as_tree("t")]).unwrap();
         let ids: Vec<u64> = taken.iter().map(|c| c.id).collect();
         assert_eq!(ids, vec![a, c]);
         assert_eq!(taken[0].body, json!({"cancel": true}));
         assert_eq!(taken[1].tree_id, "t");
-        assert!(store.take_controls(&["t".into()]).unwrap().is_empty());
+        assert!(store.take_controls(&[as_tree("t")]).unwrap().is_empty());
         // Another process (replica) on the same data takes u's.
         let other = place.open();
-        let taken = other.take_controls(&["t".into(), "u".into()]).unwrap();
+        let taken = other.take_controls(&[as_tree("t"), as_tree("u")]).unwrap();
         assert_eq!(taken.len(), 1);
         assert_eq!(taken[0].body, json!({"steer": "left"}));
     }
@@ -737,7 +737,7 @@ both_backends! {
         let store = place.open();
         store.write(&[record("t")]).unwrap();
         let posted: Vec<u64> = (0..200)
-            .map(|i| store.post_control("t", &json!({"n": i})).unwrap())
+            .map(|i| store.post_control(&as_tree("t"), &json!({"n": i})).unwrap())
             .collect();
         let takers: Vec<_> = (0..2)
             .map(|_| {
@@ -745,7 +745,7 @@ both_backends! {
                 std::thread::spawn(move || {
                     let mut got = Vec::new();
                     for _ in 0..50 {
-                        got.extend(store.take_controls(&["t".into()]).unwrap());
+                        got.extend(store.take_controls(&[as_tree("t")]).unwrap());
                     }
                     got
                 })
@@ -756,7 +756,7 @@ both_backends! {
             .flat_map(|t| t.join().unwrap())
             .map(|c| c.id)
             .collect();
-        seen.extend(store.take_controls(&["t".into()]).unwrap().iter().map(|c| c.id));
+        seen.extend(store.take_controls(&[as_tree("t")]).unwrap().iter().map(|c| c.id));
         seen.sort();
         assert_eq!(seen, posted, "a control was lost or taken twice");
     }
@@ -769,13 +769,13 @@ both_backends! {
         let place = backend.fresh();
         let store = place.open();
         store.write(&[record("t")]).unwrap();
-        let owner = store.owner("t").unwrap().expect("t runs here");
+        let owner = store.owner(&as_tree("t")).unwrap().expect("t runs here");
         assert_eq!(owner.epoch, 1);
         assert!(owner.heartbeat_ms > 0);
         abandon(&place, "t");
-        assert_eq!(store.owner("t").unwrap(), None);
+        assert_eq!(store.owner(&as_tree("t")).unwrap(), None);
         assert!(matches!(
-            store.owner("nope"),
+            store.owner(&as_tree("nope")),
             Err(arbor_supervisor::Error::UnknownTree(_))
         ));
     }
@@ -798,13 +798,13 @@ both_backends! {
         abandon(&place, "w");
         place.execute("UPDATE trees SET status = 'completed' WHERE tree_id = 'w'");
         let new = place.open();
-        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let ids = |v: &[&str]| v.iter().map(|s| as_tree(s)).collect::<Vec<_>>();
         let claimed = new
             .claim_interrupted(&ids(&["u", "v", "w", "nope", "t"]))
             .unwrap();
-        assert_eq!(claimed, vec![("u".into(), 2), ("t".into(), 2)], "v runs, w ended");
+        assert_eq!(claimed, vec![(as_tree("u"), 2), (as_tree("t"), 2)], "v runs, w ended");
         assert!(new.claim_interrupted(&ids(&["t", "u"])).unwrap().is_empty(), "claimed once");
-        assert_eq!(new.owner("t").unwrap().expect("t runs under its new claim").epoch, 2);
+        assert_eq!(new.owner(&as_tree("t")).unwrap().expect("t runs under its new claim").epoch, 2);
         // The claimant holds them; their old owner is fenced out.
         assert!(new.write(&[step("t", 4), step("u", 1)]).unwrap().is_empty());
         let fenced = old.write(&[step("t", 5), step("v", 1)]).unwrap();
@@ -817,9 +817,9 @@ both_backends! {
         assert_eq!(record.config.as_deref(), Some("[models]\n"));
         assert!(matches!(&read[1], Err(arbor_supervisor::Error::UnknownTree(t)) if t == "nope"));
         assert_eq!(read[2].as_ref().unwrap().0.tree_id, "u");
-        assert_eq!(new.status("w").unwrap(), TreeStatus::Completed);
-        assert_eq!(new.status("t").unwrap(), TreeStatus::Running);
-        assert!(matches!(new.status("nope"), Err(arbor_supervisor::Error::UnknownTree(_))));
+        assert_eq!(new.status(&as_tree("w")).unwrap(), TreeStatus::Completed);
+        assert_eq!(new.status(&as_tree("t")).unwrap(), TreeStatus::Running);
+        assert!(matches!(new.status(&as_tree("nope")), Err(arbor_supervisor::Error::UnknownTree(_))));
     }
 }
 
@@ -829,7 +829,7 @@ both_backends! {
     fn two_adopters_at_once_claim_each_tree_exactly_once(backend) {
         let place = backend.fresh();
         let old = place.open();
-        let trees: Vec<String> = (0..60).map(|i| format!("t{i:02}")).collect();
+        let trees: Vec<TreeId> = (0..60).map(|i| as_tree(&format!("t{i:02}"))).collect();
         let records: Vec<Write> = trees.iter().map(|t| record(t)).collect();
         old.write(&records).unwrap();
         place.execute("UPDATE trees SET owner = '-:1', heartbeat_ms = 0");
@@ -846,7 +846,7 @@ both_backends! {
                 })
             })
             .collect();
-        let mut seen: Vec<String> = adopters
+        let mut seen: Vec<TreeId> = adopters
             .into_iter()
             .flat_map(|t| t.join().unwrap())
             .map(|(tree, epoch)| {
@@ -857,7 +857,7 @@ both_backends! {
         // What one skipped (the other held it a moment) is claimed now.
         seen.extend(old.claim_interrupted(&trees).unwrap().into_iter().map(|(t, _)| t));
         seen.sort();
-        let unique: std::collections::BTreeSet<&String> = seen.iter().collect();
+        let unique: std::collections::BTreeSet<&TreeId> = seen.iter().collect();
         assert_eq!(unique.len(), seen.len(), "a tree claimed twice");
         assert_eq!(seen, trees, "a tree nobody claimed");
     }
@@ -887,28 +887,34 @@ fn a_tree_copied_sqlite_to_postgres_and_back_exports_the_same() {
     let (_a, sqlite) = finished_tree(Backend::Sqlite);
     let pg_place = Backend::Postgres.fresh();
     let pg = pg_place.open();
-    copy_tree(&*sqlite, &*pg, "t").unwrap();
+    copy_tree(&*sqlite, &*pg, &as_tree("t")).unwrap();
     let back_place = Backend::Sqlite.fresh();
     let back = back_place.open();
-    copy_tree(&*pg, &*back, "t").unwrap();
-    let original = sqlite.export("t").unwrap();
+    copy_tree(&*pg, &*back, &as_tree("t")).unwrap();
+    let original = sqlite.export(&as_tree("t")).unwrap();
     assert!(
         original["tree"]["config"].is_string(),
         "{}",
         original["tree"]
     );
-    assert_eq!(pg.export("t").unwrap(), original);
-    assert_eq!(back.export("t").unwrap(), original);
-    assert_eq!(back.dump("t").unwrap(), sqlite.dump("t").unwrap());
-    assert_eq!(pg.dump("t").unwrap(), sqlite.dump("t").unwrap());
+    assert_eq!(pg.export(&as_tree("t")).unwrap(), original);
+    assert_eq!(back.export(&as_tree("t")).unwrap(), original);
+    assert_eq!(
+        back.dump(&as_tree("t")).unwrap(),
+        sqlite.dump(&as_tree("t")).unwrap()
+    );
+    assert_eq!(
+        pg.dump(&as_tree("t")).unwrap(),
+        sqlite.dump(&as_tree("t")).unwrap()
+    );
     assert_eq!(
         pg.trees(&TreeFilter::default()).unwrap(),
         sqlite.trees(&TreeFilter::default()).unwrap()
     );
     // The next turn's claim goes on from the copied epoch.
-    let epoch = sqlite.dump("t").unwrap().row.epoch;
-    assert_eq!(pg.claim_turn("t").unwrap(), epoch + 1);
-    let again = copy_tree(&*sqlite, &*pg, "t");
+    let epoch = sqlite.dump(&as_tree("t")).unwrap().row.epoch;
+    assert_eq!(pg.claim_turn(&as_tree("t")).unwrap(), epoch + 1);
+    let again = copy_tree(&*sqlite, &*pg, &as_tree("t"));
     assert!(
         matches!(&again, Err(arbor_supervisor::Error::TreeStored(t)) if t == "t"),
         "{again:?}"
@@ -923,19 +929,21 @@ fn a_copied_tree_keeps_the_turns_queued_for_it() {
     use arbor_supervisor::store::copy_tree;
     let (_a, sqlite) = finished_tree(Backend::Sqlite);
     let params = serde_json::json!({"n": 2});
-    sqlite.queue_turn("t", "First.", None, 16).unwrap();
     sqlite
-        .queue_turn("t", "Second.", Some(&params), 16)
+        .queue_turn(&as_tree("t"), "First.", None, 16)
+        .unwrap();
+    sqlite
+        .queue_turn(&as_tree("t"), "Second.", Some(&params), 16)
         .unwrap();
     let pg_place = Backend::Postgres.fresh();
     let pg = pg_place.open();
-    copy_tree(&*sqlite, &*pg, "t").unwrap();
+    copy_tree(&*sqlite, &*pg, &as_tree("t")).unwrap();
     let back_place = Backend::Sqlite.fresh();
     let back = back_place.open();
-    copy_tree(&*pg, &*back, "t").unwrap();
+    copy_tree(&*pg, &*back, &as_tree("t")).unwrap();
     let what = |store: &Arc<dyn Store>| -> Vec<(u32, String, Option<serde_json::Value>, usize)> {
         store
-            .queued_turns("t")
+            .queued_turns(&as_tree("t"))
             .unwrap()
             .into_iter()
             .map(|q| (q.turn, q.prompt, q.params, q.position))
@@ -977,21 +985,21 @@ both_backends! {
             sup.flush().await.unwrap();
         });
         let store = place.open();
-        store.queue_turn("t", "second question", None, 16).unwrap();
+        store.queue_turn(&as_tree("t"), "second question", None, 16).unwrap();
         // The process that takes the turn dies before its run starts.
-        assert!(store.take_turn("t", None).unwrap().is_some());
+        assert!(store.take_turn(&as_tree("t"), None).unwrap().is_some());
         abandon(&place, "t");
         runtime().block_on(async {
             let sup = chat(place.open());
-            for (tree, adopted) in sup.adopt(vec!["t".to_owned()], |_| {}).await.unwrap() {
+            for (tree, adopted) in sup.adopt(vec![as_tree("t")], |_| {}).await.unwrap() {
                 match adopted {
                     Ok(handle) => drop(finish(handle).await),
                     Err(error) => eprintln!("{tree} not adopted: {error}"),
                 }
             }
-            sup.until_ended("t").await;
+            sup.until_ended(&as_tree("t")).await;
             let (turn, handle) = sup
-                .next_turn("t", None)
+                .next_turn(&as_tree("t"), None)
                 .await
                 .unwrap()
                 .expect("the queued turn is taken");
@@ -1001,7 +1009,7 @@ both_backends! {
             assert_eq!(ran.state.message_history.last().unwrap().text(), "second answer");
             sup.flush().await.unwrap();
         });
-        assert!(place.open().queued_turns("t").unwrap().is_empty());
+        assert!(place.open().queued_turns(&as_tree("t")).unwrap().is_empty());
     }
 }
 
@@ -1021,7 +1029,7 @@ fn two_replicas_claiming_one_tree_at_once_one_wins() {
                 let (r, barrier) = (r.clone(), barrier.clone());
                 std::thread::spawn(move || {
                     barrier.wait();
-                    r.claim("t")
+                    r.claim(&as_tree("t"))
                 })
             })
             .collect();
@@ -1157,7 +1165,9 @@ fn a_wake_up_arrives_after_a_batch_commits() {
             seq: 7
         }
     );
-    writer.post_control("t", &json!({"cancel": true})).unwrap();
+    writer
+        .post_control(&as_tree("t"), &json!({"cancel": true}))
+        .unwrap();
     let wake = wakes.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(
         wake,
@@ -1212,11 +1222,11 @@ fn a_batch_of_many_full_segments_reads_back_in_order(backend) {
     store.write(&batch).unwrap();
     for tree in ["t", "u"] {
         assert_eq!(segments(&*store, tree), vec![1, 2, 3], "{tree}");
-        let read: Vec<u64> = store.events(tree, 0).unwrap().iter().map(|e| e.seq).collect();
+        let read: Vec<u64> = store.events(&as_tree(tree), 0).unwrap().iter().map(|e| e.seq).collect();
         assert_eq!(read, (1..=7).collect::<Vec<u64>>(), "{tree}");
-        let past: Vec<u64> = store.events(tree, 2).unwrap().iter().map(|e| e.seq).collect();
+        let past: Vec<u64> = store.events(&as_tree(tree), 2).unwrap().iter().map(|e| e.seq).collect();
         assert_eq!(past, (3..=7).collect::<Vec<u64>>(), "{tree}");
-        let first = &store.events(tree, 0).unwrap()[0];
+        let first = &store.events(&as_tree(tree), 0).unwrap()[0];
         assert_eq!(first.get("output"), Some(&json!(words(100_000, 1))));
     }
 }
@@ -1257,7 +1267,7 @@ both_backends! {
             let (result, events) = run(&sup, "lead", "Read it.").await;
             assert_eq!(result.state.status, AgentStatus::Completed);
             sup.flush().await.unwrap();
-            (events, store.dump("t").unwrap(), store.final_states("t").unwrap())
+            (events, store.dump(&as_tree("t")).unwrap(), store.final_states(&as_tree("t")).unwrap())
         });
         let live = final_states(&events);
         let readers: Vec<&Arc<AgentState>> = live

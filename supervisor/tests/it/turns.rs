@@ -37,7 +37,10 @@ fn chat(store: Arc<SqliteStore>) -> Supervisor {
 
 /// A turn of an ended tree starts at once.
 async fn turn(sup: &Supervisor, tree: &str, prompt: &str) -> Result<TreeHandle, Error> {
-    match sup.start_turn(tree, TurnRequest::new(prompt)).await? {
+    match sup
+        .start_turn(&as_tree(tree), TurnRequest::new(prompt))
+        .await?
+    {
         TurnStart::Started(handle) => Ok(handle),
         TurnStart::Queued(q) => panic!("queued, not started: {:?}", q.turn),
     }
@@ -74,12 +77,12 @@ async fn an_ended_tree_takes_follow_up_turns_from_its_roots_final_state() {
     assert_eq!(third.state.child_run_ids, ["t/0~2.1"]);
     assert_eq!(texts(&third.state).last().unwrap(), "third answer");
     sup.flush().await.unwrap();
-    let (record, summary) = store.tree("t").unwrap();
+    let (record, summary) = store.tree(&as_tree("t")).unwrap();
     assert_eq!(summary.status, TreeStatus::Completed);
     assert_eq!(record.root_run_id, "t/0~2");
     // Every turn's root is on record.
     let roots: Vec<String> = store
-        .runs("t")
+        .runs(&as_tree("t"))
         .unwrap()
         .into_iter()
         .filter(|n| n.depth == 0)
@@ -96,19 +99,19 @@ async fn a_turn_of_a_running_an_unknown_or_a_storeless_tree_is_refused() {
     let store = Arc::new(SqliteStore::open(&dir.path().join("s.db")).unwrap());
     let sup = chat(store);
     assert!(matches!(
-        sup.start_turn("nope", TurnRequest::new("hi")).await,
+        sup.start_turn(&as_tree("nope"), TurnRequest::new("hi")).await,
         Err(Error::UnknownTree(t)) if t == "nope"
     ));
     let handle = start(&sup, "chat", "first question").await;
     // Still running (or just ended): a turn of a running tree is refused
     // when the request says `reject`.
-    if sup.is_running("t") {
+    if sup.is_running(&as_tree("t")) {
         let reject = TurnRequest {
             multitask: arbor_supervisor::Multitask::Reject,
             ..TurnRequest::new("again")
         };
         assert!(matches!(
-            sup.start_turn("t", reject).await,
+            sup.start_turn(&as_tree("t"), reject).await,
             Err(Error::TurnRunning { .. }) | Ok(TurnStart::Started(_))
         ));
     }
@@ -123,7 +126,9 @@ async fn a_turn_of_a_running_an_unknown_or_a_storeless_tree_is_refused() {
         TreeLimits::default(),
     );
     assert!(matches!(
-        storeless.start_turn("t", TurnRequest::new("hi")).await,
+        storeless
+            .start_turn(&as_tree("t"), TurnRequest::new("hi"))
+            .await,
         Err(Error::NoStore { .. })
     ));
 }
@@ -153,11 +158,11 @@ async fn a_cancelled_turn_is_followed_by_the_next_from_its_partial_state() {
     .await;
     // As a server does: the handle waits on a task of its own.
     let kept = tokio::spawn(async move { handle.wait().await });
-    assert!(sup.cancel_tree("t"));
-    sup.until_ended("t").await;
+    assert!(sup.cancel_tree(&as_tree("t")));
+    sup.until_ended(&as_tree("t")).await;
     let cancelled = kept.await.unwrap().unwrap();
     assert_eq!(cancelled.state.status, AgentStatus::Cancelled);
-    assert!(!sup.is_running("t"));
+    assert!(!sup.is_running(&as_tree("t")));
     let next = finish(turn(&sup, "t", "go on").await.unwrap()).await;
     assert_eq!(texts(&next.state), ["slow", "go on", "answer"]);
 }
@@ -200,48 +205,48 @@ crate::backend::both_backends! {
             TurnStart::Queued(q) => q,
             TurnStart::Started(h) => panic!("started {}", h.root_run_id),
         };
-        let one = queued(sup.start_turn("t", ask("one", Multitask::Enqueue)).await.unwrap());
-        assert_eq!((one.turn.run_id().as_str(), one.turn.position, one.here), ("t/0~1", 1, true));
+        let one = queued(sup.start_turn(&as_tree("t"), ask("one", Multitask::Enqueue)).await.unwrap());
+        assert_eq!((one.turn.run_id().to_string().as_str(), one.turn.position, one.here), ("t/0~1", 1, true));
         assert!(matches!(
-            sup.start_turn("t", ask("no", Multitask::Reject)).await,
+            sup.start_turn(&as_tree("t"), ask("no", Multitask::Reject)).await,
             Err(Error::TurnRunning { .. })
         ));
         // Params that do not fit are refused before anything is queued.
         let bad = TurnRequest { params: Some(json!([1])), ..TurnRequest::new("bad") };
-        assert!(matches!(sup.start_turn("t", bad).await, Err(Error::InvalidInput { .. })));
+        assert!(matches!(sup.start_turn(&as_tree("t"), bad).await, Err(Error::InvalidInput { .. })));
         // `interrupt`: queued behind `one`, and the running turn is cancelled.
-        let two = queued(sup.start_turn("t", ask("two", Multitask::Interrupt)).await.unwrap());
-        assert_eq!((two.turn.run_id().as_str(), two.turn.position), ("t/0~2", 2));
+        let two = queued(sup.start_turn(&as_tree("t"), ask("two", Multitask::Interrupt)).await.unwrap());
+        assert_eq!((two.turn.run_id().to_string().as_str(), two.turn.position), ("t/0~2", 2));
         assert!(matches!(
-            sup.start_turn("t", ask("three", Multitask::Enqueue)).await,
+            sup.start_turn(&as_tree("t"), ask("three", Multitask::Enqueue)).await,
             Err(Error::TurnQueueFull { limit: 2, .. })
         ));
         let first = kept.await.unwrap().unwrap();
         assert_eq!(first.state.status, AgentStatus::Cancelled);
-        sup.until_ended("t").await;
+        sup.until_ended(&as_tree("t")).await;
         let waiting: Vec<String> =
-            store.queued_turns("t").unwrap().iter().map(|q| q.run_id()).collect();
+            store.queued_turns(&as_tree("t")).unwrap().iter().map(|q| q.run_id().to_string()).collect();
         assert_eq!(waiting, ["t/0~1", "t/0~2"]);
         // Only the next turn is taken, and only once its tree has ended.
-        assert!(sup.next_turn("t", Some(two.turn.id)).await.unwrap().is_none());
-        let (turn, handle) = sup.next_turn("t", None).await.unwrap().unwrap();
+        assert!(sup.next_turn(&as_tree("t"), Some(two.turn.id)).await.unwrap().is_none());
+        let (turn, handle) = sup.next_turn(&as_tree("t"), None).await.unwrap().unwrap();
         assert_eq!(turn.id, one.turn.id);
-        assert!(sup.next_turn("t", None).await.unwrap().is_none(), "one turn at a time");
+        assert!(sup.next_turn(&as_tree("t"), None).await.unwrap().is_none(), "one turn at a time");
         let ran = finish(handle).await;
         assert_eq!(ran.state.run_id, "t/0~1");
         assert_eq!(texts(&ran.state), ["slow", "one", "answer"]);
-        sup.until_ended("t").await;
-        let (_, handle) = sup.next_turn("t", None).await.unwrap().unwrap();
+        sup.until_ended(&as_tree("t")).await;
+        let (_, handle) = sup.next_turn(&as_tree("t"), None).await.unwrap().unwrap();
         let ran = finish(handle).await;
         assert_eq!(ran.state.run_id, "t/0~2");
         assert_eq!(texts(&ran.state).last().unwrap(), "answer");
-        sup.until_ended("t").await;
-        assert!(sup.next_turn("t", None).await.unwrap().is_none());
-        assert!(store.queued_turns("t").unwrap().is_empty());
+        sup.until_ended(&as_tree("t")).await;
+        assert!(sup.next_turn(&as_tree("t"), None).await.unwrap().is_none());
+        assert!(store.queued_turns(&as_tree("t")).unwrap().is_empty());
         // The journal shows both queued, as events of the runs they became.
         sup.flush().await.unwrap();
         let queued: Vec<(String, u64)> = store
-            .events("t", 0)
+            .events(&as_tree("t"), 0)
             .unwrap()
             .into_iter()
             .filter(|e| e.kind.name() == "turnQueued")
@@ -250,7 +255,7 @@ crate::backend::both_backends! {
         assert_eq!(queued, [("t/0~1".to_owned(), 1), ("t/0~2".to_owned(), 2)]);
         // An ended tree with none waiting starts a turn at once.
         assert!(matches!(
-            sup.start_turn("t", TurnRequest::new("four")).await.unwrap(),
+            sup.start_turn(&as_tree("t"), TurnRequest::new("four")).await.unwrap(),
             TurnStart::Started(h) if h.root_run_id == "t/0~3"
         ));
     }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use arbor_actors::{AgentState, RunId};
+use arbor_actors::{AgentState, RunId, TreeId};
 use serde_json::Value;
 use tokio_postgres::GenericClient;
 
@@ -43,9 +43,15 @@ impl PgStore {
         {
             status = TreeStatus::Interrupted;
         }
+        let root: &str = r.get("root_run_id");
+        let root_run_id = root
+            .parse()
+            .map_err(|e| self.bad(&tree_id)(format!("root run id: {e}")))?;
         Ok(TreeSummary {
-            tree_id,
-            root_run_id: r.get("root_run_id"),
+            tree_id: tree_id
+                .parse()
+                .map_err(|e| self.bad(&tree_id)(format!("tree id: {e}")))?,
+            root_run_id,
             agent: r.get("agent"),
             prompt: r.get("prompt"),
             status,
@@ -167,7 +173,8 @@ impl Store for PgStore {
         self.list(filter, Some(principal))
     }
 
-    fn principal(&self, tree_id: &str) -> Result<Option<String>, Error> {
+    fn principal(&self, tree_id: &TreeId) -> Result<Option<String>, Error> {
+        let tree_id = tree_id.as_str();
         self.block(async {
             let client = self.client().await?;
             client
@@ -182,7 +189,8 @@ impl Store for PgStore {
         })
     }
 
-    fn tree(&self, tree_id: &str) -> Result<(TreeRecord, TreeSummary), Error> {
+    fn tree(&self, tree_id: &TreeId) -> Result<(TreeRecord, TreeSummary), Error> {
+        let tree_id = tree_id.as_str();
         let now = now_ms();
         let row = self.block(async {
             let client = self.client().await?;
@@ -195,7 +203,8 @@ impl Store for PgStore {
         self.record_row(&row, now)
     }
 
-    fn status(&self, tree_id: &str) -> Result<TreeStatus, Error> {
+    fn status(&self, tree_id: &TreeId) -> Result<TreeStatus, Error> {
+        let tree_id = tree_id.as_str();
         let now = now_ms();
         let row = self.block(async {
             let client = self.client().await?;
@@ -208,10 +217,11 @@ impl Store for PgStore {
         Ok(self.summary_row(&row, now)?.status)
     }
 
-    fn claim_interrupted(&self, tree_ids: &[String]) -> Result<Vec<(String, u64)>, Error> {
-        if tree_ids.is_empty() {
+    fn claim_interrupted(&self, trees: &[TreeId]) -> Result<Vec<(TreeId, u64)>, Error> {
+        if trees.is_empty() {
             return Ok(Vec::new());
         }
+        let tree_ids: Vec<&str> = trees.iter().map(TreeId::as_str).collect();
         let lease = self.lease_ms;
         let claimed: Vec<(String, u64)> = self.block(async {
             let io = self.io();
@@ -263,8 +273,8 @@ impl Store for PgStore {
         let mut epochs: std::collections::HashMap<String, u64> = claimed.into_iter().collect();
         let mut writer = self.writer()?;
         let mut out = Vec::with_capacity(epochs.len());
-        for tree_id in tree_ids {
-            if let Some(epoch) = epochs.remove(tree_id) {
+        for tree_id in trees {
+            if let Some(epoch) = epochs.remove(tree_id.as_str()) {
                 writer.claims.insert(Arc::from(tree_id.as_str()), epoch);
                 out.push((tree_id.clone(), epoch));
             }
@@ -274,11 +284,12 @@ impl Store for PgStore {
 
     fn resumes(
         &self,
-        tree_ids: &[String],
+        trees: &[TreeId],
     ) -> Result<Vec<Result<(TreeRecord, Recovery), Error>>, Error> {
-        if tree_ids.is_empty() {
+        if trees.is_empty() {
             return Ok(Vec::new());
         }
+        let tree_ids: Vec<&str> = trees.iter().map(TreeId::as_str).collect();
         let now = now_ms();
         let (rows, segments) = self.block(async {
             let io = self.io();
@@ -303,10 +314,10 @@ impl Store for PgStore {
         }
         Ok(tree_ids
             .iter()
-            .map(|tree_id| {
+            .map(|&tree_id| {
                 let row = found
                     .remove(tree_id)
-                    .ok_or_else(|| Error::UnknownTree(tree_id.clone()))?;
+                    .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
                 let (record, _) = self.record_row(&row, now)?;
                 let last_seq = row.get::<_, i64>("last_seq") as u64;
                 let bodies = logs.remove(tree_id).unwrap_or_default().into_iter().map(Ok);
@@ -316,11 +327,14 @@ impl Store for PgStore {
             .collect())
     }
 
-    fn runs(&self, tree_id: &str) -> Result<Vec<RunNode>, Error> {
+    fn runs(&self, tree_id: &TreeId) -> Result<Vec<RunNode>, Error> {
+        let tree_id = tree_id.as_str();
         Ok(self.read_log(tree_id)?.nodes())
     }
 
-    fn run(&self, run_id: &str) -> Result<StoredRun, Error> {
+    fn run(&self, run_id: &RunId) -> Result<StoredRun, Error> {
+        let run_id = run_id.to_string();
+        let run_id = run_id.as_str();
         let Ok(id) = run_id.parse::<RunId>() else {
             return Err(Error::UnknownRun(run_id.to_owned()));
         };
@@ -332,7 +346,8 @@ impl Store for PgStore {
         log.stored_run(run_id, &self.bad(tree_id))
     }
 
-    fn recovery(&self, tree_id: &str) -> Result<Recovery, Error> {
+    fn recovery(&self, tree_id: &TreeId) -> Result<Recovery, Error> {
+        let tree_id = tree_id.as_str();
         let (log, last_seq) = self.block(async {
             let client = self.client().await?;
             let log = self.log(&**client, tree_id).await?;
@@ -346,11 +361,13 @@ impl Store for PgStore {
         log.recovery(tree_id, last_seq, &self.bad(tree_id))
     }
 
-    fn final_states(&self, tree_id: &str) -> Result<Vec<AgentState>, Error> {
+    fn final_states(&self, tree_id: &TreeId) -> Result<Vec<AgentState>, Error> {
+        let tree_id = tree_id.as_str();
         self.read_log(tree_id)?.final_states(&self.bad(tree_id))
     }
 
-    fn events(&self, tree_id: &str, after: u64) -> Result<Vec<JournalEntry>, Error> {
+    fn events(&self, tree_id: &TreeId, after: u64) -> Result<Vec<JournalEntry>, Error> {
+        let tree_id = tree_id.as_str();
         // Only the segments with events past `after` (and those written
         // before segments kept their seqs): each holds whole events, with
         // what the journal adds to them (a reply's usage, a run's output).
@@ -376,8 +393,9 @@ impl Store for PgStore {
             .journal(after, &self.bad(tree_id))
     }
 
-    fn export(&self, tree_id: &str) -> Result<Value, Error> {
-        let (record, summary) = self.tree(tree_id)?;
+    fn export(&self, tree: &TreeId) -> Result<Value, Error> {
+        let (record, summary) = self.tree(tree)?;
+        let tree_id = tree.as_str();
         self.read_log(tree_id)?
             .export(record, summary, &self.bad(tree_id))
     }
@@ -427,14 +445,16 @@ impl Store for PgStore {
         })
     }
 
-    fn claim(&self, tree_id: &str) -> Result<u64, Error> {
+    fn claim(&self, tree_id: &TreeId) -> Result<u64, Error> {
+        let tree_id = tree_id.as_str();
         let lease = self.lease_ms;
         self.take(tree_id, "", |status, owner, heartbeat| {
             crate::store::claimable(tree_id, (status, owner, heartbeat), now_ms(), lease)
         })
     }
 
-    fn claim_turn(&self, tree_id: &str) -> Result<u64, Error> {
+    fn claim_turn(&self, tree_id: &TreeId) -> Result<u64, Error> {
+        let tree_id = tree_id.as_str();
         self.take(
             tree_id,
             "status = 'running', error = NULL, finished_ms = NULL, ",
@@ -442,7 +462,8 @@ impl Store for PgStore {
         )
     }
 
-    fn post_control(&self, tree_id: &str, control: &Value) -> Result<u64, Error> {
+    fn post_control(&self, tree_id: &TreeId, control: &Value) -> Result<u64, Error> {
+        let tree_id = tree_id.as_str();
         let body = control.to_string();
         self.block(async {
             let io = self.io();
@@ -465,10 +486,11 @@ impl Store for PgStore {
         })
     }
 
-    fn take_controls(&self, tree_ids: &[String]) -> Result<Vec<Control>, Error> {
-        if tree_ids.is_empty() {
+    fn take_controls(&self, trees: &[TreeId]) -> Result<Vec<Control>, Error> {
+        if trees.is_empty() {
             return Ok(Vec::new());
         }
+        let tree_ids: Vec<&str> = trees.iter().map(TreeId::as_str).collect();
         let rows = self.block(async {
             let client = self.client().await?;
             // Rows another taker holds are skipped, not waited for: each
@@ -495,7 +517,8 @@ impl Store for PgStore {
         query::controls(taken, |tree| Box::new(self.bad(tree)))
     }
 
-    fn fail_claimed(&self, tree_id: &str, epoch: u64, reason: &str) -> Result<(), Error> {
+    fn fail_claimed(&self, tree_id: &TreeId, epoch: u64, reason: &str) -> Result<(), Error> {
+        let tree_id = tree_id.as_str();
         self.block(async {
             let client = self.client().await?;
             client
@@ -511,7 +534,8 @@ impl Store for PgStore {
         Ok(())
     }
 
-    fn cancel_claimed(&self, tree_id: &str, epoch: u64, reason: &str) -> Result<(), Error> {
+    fn cancel_claimed(&self, tree_id: &TreeId, epoch: u64, reason: &str) -> Result<(), Error> {
+        let tree_id = tree_id.as_str();
         self.block(async {
             let client = self.client().await?;
             client
@@ -529,7 +553,7 @@ impl Store for PgStore {
 
     fn queue_turn(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         prompt: &str,
         params: Option<&Value>,
         limit: usize,
@@ -537,13 +561,13 @@ impl Store for PgStore {
         self.queue_turn_here(tree_id, prompt, params, limit)
     }
 
-    fn queued_turns(&self, tree_id: &str) -> Result<Vec<QueuedTurn>, Error> {
+    fn queued_turns(&self, tree_id: &TreeId) -> Result<Vec<QueuedTurn>, Error> {
         self.queued_turns_here(tree_id)
     }
 
     fn take_turn(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         only: Option<u64>,
     ) -> Result<Option<(QueuedTurn, u64)>, Error> {
         self.take_turn_here(tree_id, only)
@@ -553,11 +577,12 @@ impl Store for PgStore {
         self.forget_turn_here(id)
     }
 
-    fn trees_with_queued_turns(&self, limit: usize) -> Result<Vec<String>, Error> {
-        self.trees_with_queued_turns_here(limit)
+    fn trees_with_queued_turns(&self, limit: usize) -> Result<Vec<TreeId>, Error> {
+        crate::store::tree_ids(self.trees_with_queued_turns_here(limit)?)
     }
 
-    fn owner(&self, tree_id: &str) -> Result<Option<Owner>, Error> {
+    fn owner(&self, tree_id: &TreeId) -> Result<Option<Owner>, Error> {
+        let tree_id = tree_id.as_str();
         let row = self.block(async {
             let client = self.client().await?;
             client
@@ -593,7 +618,8 @@ impl Store for PgStore {
         self.lease_ms
     }
 
-    fn dump(&self, tree_id: &str) -> Result<TreeDump, Error> {
+    fn dump(&self, tree_id: &TreeId) -> Result<TreeDump, Error> {
+        let tree_id = tree_id.as_str();
         let (row, config, segments) = self.block(async {
             let io = self.io();
             let mut client = self.client().await?;

@@ -9,17 +9,19 @@ use super::PgStore;
 use crate::error::Error;
 use crate::store::{QueuedTurn, TreeStatus, turn_of};
 use crate::tree::now_ms;
+use arbor_actors::TreeId;
 
 impl PgStore {
     /// `Store::queue_turn`: on the tree's locked row, so two turns queued
     /// at once get consecutive numbers.
     pub(super) fn queue_turn_here(
         &self,
-        tree_id: &str,
+        tree: &TreeId,
         prompt: &str,
         params: Option<&Value>,
         limit: usize,
     ) -> Result<QueuedTurn, Error> {
+        let tree_id = tree.as_str();
         self.block(async {
             let io = self.io();
             let mut client = self.client().await?;
@@ -61,7 +63,7 @@ impl PgStore {
             tx.commit().await.map_err(&io)?;
             Ok(QueuedTurn {
                 id: id as u64,
-                tree_id: tree_id.to_owned(),
+                tree_id: tree.clone(),
                 turn,
                 prompt: prompt.to_owned(),
                 params: params.cloned(),
@@ -72,7 +74,8 @@ impl PgStore {
     }
 
     /// `Store::queued_turns`.
-    pub(super) fn queued_turns_here(&self, tree_id: &str) -> Result<Vec<QueuedTurn>, Error> {
+    pub(super) fn queued_turns_here(&self, tree: &TreeId) -> Result<Vec<QueuedTurn>, Error> {
+        let tree_id = tree.as_str();
         let rows = self.block(async {
             let io = self.io();
             let client = self.client().await?;
@@ -96,7 +99,7 @@ impl PgStore {
         })?;
         rows.iter()
             .enumerate()
-            .map(|(at, r)| self.queued(tree_id, r, at + 1))
+            .map(|(at, r)| self.queued(tree, r, at + 1))
             .collect()
     }
 
@@ -104,9 +107,10 @@ impl PgStore {
     /// on the tree's locked row.
     pub(super) fn take_turn_here(
         &self,
-        tree_id: &str,
+        tree: &TreeId,
         only: Option<u64>,
     ) -> Result<Option<(QueuedTurn, u64)>, Error> {
+        let tree_id = tree.as_str();
         let taken = self.block(async {
             let io = self.io();
             let mut client = self.client().await?;
@@ -146,7 +150,7 @@ impl PgStore {
             return Ok(None);
         };
         self.writer()?.claims.insert(tree_id.into(), epoch);
-        Ok(Some((self.queued(tree_id, &next, 1)?, epoch)))
+        Ok(Some((self.queued(tree, &next, 1)?, epoch)))
     }
 
     /// `Store::forget_turn`.
@@ -203,10 +207,11 @@ impl PgStore {
     /// A queued turn from its row, at `position` in its tree's queue.
     fn queued(
         &self,
-        tree_id: &str,
+        tree: &TreeId,
         r: &tokio_postgres::Row,
         position: usize,
     ) -> Result<QueuedTurn, Error> {
+        let tree_id = tree.as_str();
         let params: Option<String> = r.get("params");
         let params = params
             .map(|p| serde_json::from_str(&p))
@@ -214,7 +219,7 @@ impl PgStore {
             .map_err(|e| self.bad(tree_id)(format!("a queued turn's params: {e}")))?;
         Ok(QueuedTurn {
             id: r.get::<_, i64>("id") as u64,
-            tree_id: tree_id.to_owned(),
+            tree_id: tree.clone(),
             turn: r.get::<_, i64>("turn") as u32,
             prompt: r.get("prompt"),
             params,

@@ -281,8 +281,8 @@ async fn attempt(
                     .query_opt(
                         &upsert,
                         &[
-                            &tree.tree_id,
-                            &tree.root_run_id,
+                            &tree.tree_id.as_str(),
+                            &tree.root_run_id.to_string(),
                             &tree.agent,
                             &tree.prompt,
                             &tree.params.as_ref().map(|p| p.to_string()),
@@ -303,10 +303,15 @@ async fn attempt(
                 let epoch = claimed.as_ref().map(|r| {
                     let r = row(r);
                     let epoch = r.epoch;
-                    rows.0.insert(tree.tree_id.clone(), r);
+                    rows.0.insert(tree.tree_id.to_string(), r);
                     epoch
                 });
-                b.tree_written(&mut rows, &tree.tree_id, &tree.root_run_id, epoch)?;
+                b.tree_written(
+                    &mut rows,
+                    &tree.tree_id,
+                    &tree.root_run_id.to_string(),
+                    epoch,
+                )?;
             }
             Write::Known {
                 tree_id,

@@ -1,7 +1,7 @@
 //! The `Store` port over the file: listing and reading trees, claiming one
 //! (fencing's epochs), and collecting old ones.
 
-use arbor_actors::{AgentState, RunId};
+use arbor_actors::{AgentState, RunId, TreeId};
 use rusqlite::{OptionalExtension, params};
 use serde_json::Value;
 
@@ -44,9 +44,23 @@ fn summary_row(r: &rusqlite::Row<'_>, now: u64) -> rusqlite::Result<TreeSummary>
     {
         status = TreeStatus::Interrupted;
     }
+    /// An id column, read as text and typed.
+    fn id<T: std::str::FromStr<Err = arbor_actors::IdError>>(
+        r: &rusqlite::Row<'_>,
+        column: usize,
+    ) -> rusqlite::Result<T> {
+        let text: String = r.get(column)?;
+        text.parse().map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(
+                column,
+                rusqlite::types::Type::Text,
+                Box::new(e),
+            )
+        })
+    }
     Ok(TreeSummary {
-        tree_id: r.get(0)?,
-        root_run_id: r.get(1)?,
+        tree_id: id(r, 0)?,
+        root_run_id: id(r, 1)?,
         agent: r.get(2)?,
         prompt: r.get(3)?,
         status,
@@ -95,7 +109,8 @@ impl Store for SqliteStore {
         self.list(filter, Some(principal))
     }
 
-    fn principal(&self, tree_id: &str) -> Result<Option<String>, Error> {
+    fn principal(&self, tree_id: &TreeId) -> Result<Option<String>, Error> {
+        let tree_id = tree_id.as_str();
         let conn = self.conn()?;
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
@@ -111,7 +126,8 @@ impl Store for SqliteStore {
             .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))
     }
 
-    fn tree(&self, tree_id: &str) -> Result<(TreeRecord, TreeSummary), Error> {
+    fn tree(&self, tree_id: &TreeId) -> Result<(TreeRecord, TreeSummary), Error> {
+        let tree_id = tree_id.as_str();
         let conn = self.conn()?;
         let now = now_ms();
         let summary_sql = summary_query(&conn).map_err(sql(&self.path))?;
@@ -165,7 +181,8 @@ impl Store for SqliteStore {
         Ok((record, summary))
     }
 
-    fn status(&self, tree_id: &str) -> Result<TreeStatus, Error> {
+    fn status(&self, tree_id: &TreeId) -> Result<TreeStatus, Error> {
+        let tree_id = tree_id.as_str();
         let conn = self.conn()?;
         let now = now_ms();
         let summary = conn
@@ -179,12 +196,15 @@ impl Store for SqliteStore {
         Ok(summary.status)
     }
 
-    fn runs(&self, tree_id: &str) -> Result<Vec<RunNode>, Error> {
+    fn runs(&self, tree_id: &TreeId) -> Result<Vec<RunNode>, Error> {
+        let tree_id = tree_id.as_str();
         let conn = self.conn()?;
         Ok(self.log(&conn, tree_id)?.nodes())
     }
 
-    fn run(&self, run_id: &str) -> Result<StoredRun, Error> {
+    fn run(&self, run_id: &RunId) -> Result<StoredRun, Error> {
+        let run_id = run_id.to_string();
+        let run_id = run_id.as_str();
         let conn = self.conn()?;
         let Ok(id) = run_id.parse::<RunId>() else {
             return Err(Error::UnknownRun(run_id.to_owned()));
@@ -197,7 +217,8 @@ impl Store for SqliteStore {
         log.stored_run(run_id, &self.bad(tree_id))
     }
 
-    fn recovery(&self, tree_id: &str) -> Result<Recovery, Error> {
+    fn recovery(&self, tree_id: &TreeId) -> Result<Recovery, Error> {
+        let tree_id = tree_id.as_str();
         let conn = self.conn()?;
         let log = self.log(&conn, tree_id)?;
         let last_seq = conn
@@ -210,12 +231,14 @@ impl Store for SqliteStore {
         log.recovery(tree_id, last_seq, &self.bad(tree_id))
     }
 
-    fn final_states(&self, tree_id: &str) -> Result<Vec<AgentState>, Error> {
+    fn final_states(&self, tree_id: &TreeId) -> Result<Vec<AgentState>, Error> {
+        let tree_id = tree_id.as_str();
         let conn = self.conn()?;
         self.log(&conn, tree_id)?.final_states(&self.bad(tree_id))
     }
 
-    fn events(&self, tree_id: &str, after: u64) -> Result<Vec<JournalEntry>, Error> {
+    fn events(&self, tree_id: &TreeId, after: u64) -> Result<Vec<JournalEntry>, Error> {
+        let tree_id = tree_id.as_str();
         let conn = self.conn()?;
         // A store of an older schema (read as it is) has no segment seqs.
         let version: i64 = conn
@@ -242,14 +265,16 @@ impl Store for SqliteStore {
             .journal(after, &self.bad(tree_id))
     }
 
-    fn export(&self, tree_id: &str) -> Result<Value, Error> {
-        let (record, summary) = self.tree(tree_id)?;
+    fn export(&self, tree: &TreeId) -> Result<Value, Error> {
+        let (record, summary) = self.tree(tree)?;
+        let tree_id = tree.as_str();
         let conn = self.conn()?;
         self.log(&conn, tree_id)?
             .export(record, summary, &self.bad(tree_id))
     }
 
-    fn claim(&self, tree_id: &str) -> Result<u64, Error> {
+    fn claim(&self, tree_id: &TreeId) -> Result<u64, Error> {
+        let tree_id = tree_id.as_str();
         // The next epoch, in the transaction that takes the tree: whoever
         // held it before writes nothing more of it.
         self.take(tree_id, "", |status, owner, heartbeat| {
@@ -258,7 +283,8 @@ impl Store for SqliteStore {
         })
     }
 
-    fn claim_turn(&self, tree_id: &str) -> Result<u64, Error> {
+    fn claim_turn(&self, tree_id: &TreeId) -> Result<u64, Error> {
+        let tree_id = tree_id.as_str();
         // Running again, in the transaction that takes it: of two processes
         // starting a turn of one tree, one gets it.
         self.take(
@@ -268,7 +294,8 @@ impl Store for SqliteStore {
         )
     }
 
-    fn post_control(&self, tree_id: &str, control: &Value) -> Result<u64, Error> {
+    fn post_control(&self, tree_id: &TreeId, control: &Value) -> Result<u64, Error> {
+        let tree_id = tree_id.as_str();
         let conn = self.conn()?;
         let id: Option<i64> = conn
             .query_row(
@@ -284,7 +311,7 @@ impl Store for SqliteStore {
             .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))
     }
 
-    fn take_controls(&self, tree_ids: &[String]) -> Result<Vec<Control>, Error> {
+    fn take_controls(&self, tree_ids: &[TreeId]) -> Result<Vec<Control>, Error> {
         let mut conn = self.conn()?;
         // Under the write lock: of two takers, the second finds them gone.
         let tx = conn
@@ -297,13 +324,13 @@ impl Store for SqliteStore {
                 .map_err(sql(&self.path))?;
             for tree in tree_ids {
                 let rows = stmt
-                    .query_map([tree], |r| {
+                    .query_map([tree.as_str()], |r| {
                         Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
                     })
                     .map_err(sql(&self.path))?;
                 for row in rows {
                     let (id, body) = row.map_err(sql(&self.path))?;
-                    taken.push((id as u64, tree.clone(), body));
+                    taken.push((id as u64, tree.to_string(), body));
                 }
             }
         }
@@ -311,7 +338,8 @@ impl Store for SqliteStore {
         query::controls(taken, |tree| Box::new(self.bad(tree)))
     }
 
-    fn fail_claimed(&self, tree_id: &str, epoch: u64, reason: &str) -> Result<(), Error> {
+    fn fail_claimed(&self, tree_id: &TreeId, epoch: u64, reason: &str) -> Result<(), Error> {
+        let tree_id = tree_id.as_str();
         let conn = self.conn()?;
         conn.execute(
             "UPDATE trees SET status = 'failed', error = ?3, finished_ms = ?4,
@@ -323,7 +351,8 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn cancel_claimed(&self, tree_id: &str, epoch: u64, reason: &str) -> Result<(), Error> {
+    fn cancel_claimed(&self, tree_id: &TreeId, epoch: u64, reason: &str) -> Result<(), Error> {
+        let tree_id = tree_id.as_str();
         let conn = self.conn()?;
         conn.execute(
             "UPDATE trees SET status = 'cancelled', error = ?3, finished_ms = ?4,
@@ -337,7 +366,7 @@ impl Store for SqliteStore {
 
     fn queue_turn(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         prompt: &str,
         params: Option<&Value>,
         limit: usize,
@@ -345,13 +374,13 @@ impl Store for SqliteStore {
         self.queue_turn_here(tree_id, prompt, params, limit)
     }
 
-    fn queued_turns(&self, tree_id: &str) -> Result<Vec<QueuedTurn>, Error> {
+    fn queued_turns(&self, tree_id: &TreeId) -> Result<Vec<QueuedTurn>, Error> {
         self.queued_turns_here(tree_id)
     }
 
     fn take_turn(
         &self,
-        tree_id: &str,
+        tree_id: &TreeId,
         only: Option<u64>,
     ) -> Result<Option<(QueuedTurn, u64)>, Error> {
         self.take_turn_here(tree_id, only)
@@ -361,11 +390,12 @@ impl Store for SqliteStore {
         self.forget_turn_here(id)
     }
 
-    fn trees_with_queued_turns(&self, limit: usize) -> Result<Vec<String>, Error> {
-        self.trees_with_queued_turns_here(limit)
+    fn trees_with_queued_turns(&self, limit: usize) -> Result<Vec<TreeId>, Error> {
+        crate::store::tree_ids(self.trees_with_queued_turns_here(limit)?)
     }
 
-    fn owner(&self, tree_id: &str) -> Result<Option<Owner>, Error> {
+    fn owner(&self, tree_id: &TreeId) -> Result<Option<Owner>, Error> {
+        let tree_id = tree_id.as_str();
         let conn = self.conn()?;
         let row: Option<(TreeStatus, String, i64, i64)> = conn
             .query_row(
@@ -386,7 +416,8 @@ impl Store for SqliteStore {
         }))
     }
 
-    fn dump(&self, tree_id: &str) -> Result<TreeDump, Error> {
+    fn dump(&self, tree_id: &TreeId) -> Result<TreeDump, Error> {
+        let tree_id = tree_id.as_str();
         let mut conn = self.conn()?;
         // One snapshot of the row and its log.
         let tx = conn.transaction().map_err(sql(&self.path))?;

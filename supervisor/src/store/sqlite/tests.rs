@@ -11,6 +11,11 @@ use super::SqliteStore;
 use super::schema::{APPLICATION_ID, MIGRATIONS};
 use crate::store::{Store, Write};
 
+/// A tree id from a test's literal.
+fn as_tree(id: &str) -> arbor_actors::TreeId {
+    id.parse().unwrap()
+}
+
 fn event(tree: &str, seq: u64) -> Write {
     Write::Event(Arc::new(Event {
         seq,
@@ -67,7 +72,7 @@ fn a_store_from_before_fencing_is_upgraded_and_its_trees_can_be_claimed() {
         })
         .unwrap();
     assert_eq!(epoch, 0);
-    assert_eq!(store.claim("t").unwrap(), 1);
+    assert_eq!(store.claim(&as_tree("t")).unwrap(), 1);
     assert!(store.write(&[event("t", 1)]).unwrap().is_empty());
     assert_eq!(segments(&db, "t"), vec![1]);
 }

@@ -8,6 +8,7 @@ use super::{SqliteStore, sql};
 use crate::error::Error;
 use crate::store::{QueuedTurn, TreeStatus, turn_of};
 use crate::tree::now_ms;
+use arbor_actors::TreeId;
 
 /// A queued turn's columns, read back.
 type Row = (i64, i64, String, Option<String>, i64);
@@ -17,11 +18,12 @@ impl SqliteStore {
     /// once get consecutive numbers.
     pub(super) fn queue_turn_here(
         &self,
-        tree_id: &str,
+        tree: &TreeId,
         prompt: &str,
         params: Option<&Value>,
         limit: usize,
     ) -> Result<QueuedTurn, Error> {
+        let tree_id = tree.as_str();
         let mut conn = self.conn()?;
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
@@ -61,7 +63,7 @@ impl SqliteStore {
         tx.commit().map_err(sql(&self.path))?;
         Ok(QueuedTurn {
             id: id as u64,
-            tree_id: tree_id.to_owned(),
+            tree_id: tree.clone(),
             turn,
             prompt: prompt.to_owned(),
             params: params.cloned(),
@@ -71,7 +73,8 @@ impl SqliteStore {
     }
 
     /// `Store::queued_turns`.
-    pub(super) fn queued_turns_here(&self, tree_id: &str) -> Result<Vec<QueuedTurn>, Error> {
+    pub(super) fn queued_turns_here(&self, tree: &TreeId) -> Result<Vec<QueuedTurn>, Error> {
+        let tree_id = tree.as_str();
         let conn = self.conn()?;
         let latest = latest_turn(&conn, tree_id).map_err(sql(&self.path))?;
         let latest = latest.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
@@ -88,7 +91,7 @@ impl SqliteStore {
             .map_err(sql(&self.path))?;
         rows.into_iter()
             .enumerate()
-            .map(|(at, r)| self.queued(tree_id, r, at + 1))
+            .map(|(at, r)| self.queued(tree, r, at + 1))
             .collect()
     }
 
@@ -96,14 +99,15 @@ impl SqliteStore {
     /// transaction.
     pub(super) fn take_turn_here(
         &self,
-        tree_id: &str,
+        tree: &TreeId,
         only: Option<u64>,
     ) -> Result<Option<(QueuedTurn, u64)>, Error> {
+        let tree_id = tree.as_str();
         let mut conn = self.conn()?;
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(sql(&self.path))?;
-        let tree: Option<(TreeStatus, String)> = tx
+        let found: Option<(TreeStatus, String)> = tx
             .query_row(
                 "SELECT status, root_run_id FROM trees WHERE tree_id = ?1",
                 [tree_id],
@@ -111,7 +115,7 @@ impl SqliteStore {
             )
             .optional()
             .map_err(sql(&self.path))?;
-        let (status, root) = tree.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+        let (status, root) = found.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
         forget_started(&tx, tree_id, turn_of(&root)).map_err(sql(&self.path))?;
         let next: Option<Row> = if status.is_final() {
             tx.query_row(
@@ -141,7 +145,7 @@ impl SqliteStore {
             .map_err(sql(&self.path))?;
         tx.commit().map_err(sql(&self.path))?;
         self.hold(tree_id, epoch as u64)?;
-        Ok(Some((self.queued(tree_id, next, 1)?, epoch as u64)))
+        Ok(Some((self.queued(tree, next, 1)?, epoch as u64)))
     }
 
     /// `Store::forget_turn`.
@@ -169,7 +173,8 @@ impl SqliteStore {
     }
 
     /// A queued turn from its row, at `position` in its tree's queue.
-    fn queued(&self, tree_id: &str, r: Row, position: usize) -> Result<QueuedTurn, Error> {
+    fn queued(&self, tree: &TreeId, r: Row, position: usize) -> Result<QueuedTurn, Error> {
+        let tree_id = tree.as_str();
         let (id, turn, prompt, params, queued_ms) = r;
         let params = params
             .map(|p| serde_json::from_str(&p))
@@ -177,7 +182,7 @@ impl SqliteStore {
             .map_err(|e| self.bad(tree_id)(format!("a queued turn's params: {e}")))?;
         Ok(QueuedTurn {
             id: id as u64,
-            tree_id: tree_id.to_owned(),
+            tree_id: tree.clone(),
             turn: turn as u32,
             prompt,
             params,

@@ -106,8 +106,8 @@ fn attempt(
                 let claimed: Option<i64> = stmt
                     .query_row(
                         params![
-                            tree.tree_id,
-                            tree.root_run_id,
+                            tree.tree_id.as_str(),
+                            tree.root_run_id.to_string(),
                             tree.agent,
                             tree.prompt,
                             tree.params.as_ref().map(|p| p.to_string()),
@@ -133,7 +133,7 @@ fn attempt(
                 b.tree_written(
                     &mut rows,
                     &tree.tree_id,
-                    &tree.root_run_id,
+                    &tree.root_run_id.to_string(),
                     claimed.map(|e| e as u64),
                 )?;
             }
