@@ -114,7 +114,8 @@ pub struct AgentState {
     /// The branch a run of an `isolation = "worktree"` template left its
     /// work on, once it completed (absent for every other run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub worktree: Option<crate::worktree::WorktreeReport>,
+    /// Boxed: every agent's state holds the field, few have a report.
+    pub worktree: Option<Box<crate::worktree::WorktreeReport>>,
 }
 
 /// Where a run starts: what [`AgentState::initial`] builds its state from,

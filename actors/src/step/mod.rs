@@ -113,9 +113,6 @@ pub struct StepMachine {
     /// Whether the run goes on from a checkpoint (its background children
     /// are started again).
     resumed: bool,
-    /// The calls of the program's current step whose call and result stay
-    /// out of the history (`includeToolCall: false`), by index.
-    hidden_calls: Vec<usize>,
 }
 
 /// What reaches a run beside its own steps. Most runs never see any of it,
@@ -143,6 +140,9 @@ struct Sideband {
     /// The worktree report a resumed or replayed run recorded, whether the
     /// run waits for its worktree to be sealed, and whether it was.
     recorded_worktree: Option<crate::worktree::WorktreeReport>,
+    /// The calls of the program's current step whose call and result stay
+    /// out of the history (`includeToolCall: false`), by index.
+    hidden_calls: Vec<usize>,
     sealing: bool,
     sealed: bool,
     /// Agent ids of the background children started and not yet reported
@@ -200,7 +200,6 @@ impl StepMachine {
             loops: watch::LoopWatch::default(),
             side: None,
             resumed: false,
-            hidden_calls: Vec::new(),
         }
     }
 

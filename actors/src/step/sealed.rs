@@ -29,7 +29,7 @@ impl StepMachine {
         }
         if let Some(report) = side.recorded_worktree.take() {
             side.sealed = true;
-            self.state.worktree = Some(report);
+            self.state.worktree = Some(Box::new(report));
             return None;
         }
         side.sealing = true;
@@ -49,7 +49,7 @@ impl StepMachine {
             self.events.push(EventKind::WorktreeSealed {
                 report: report.clone(),
             });
-            self.state.worktree = Some(report);
+            self.state.worktree = Some(Box::new(report));
         }
         if self.state.status.is_final() {
             return Vec::new();

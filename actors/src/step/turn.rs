@@ -97,7 +97,11 @@ impl StepMachine {
             }
             self.set_history(history);
         } else {
-            let hidden = std::mem::take(&mut self.hidden_calls);
+            let hidden = self
+                .side
+                .as_deref_mut()
+                .map(|side| std::mem::take(&mut side.hidden_calls))
+                .unwrap_or_default();
             for (i, r) in results.iter().enumerate() {
                 if !hidden.contains(&i) {
                     self.state.message_history.push_shared(Arc::clone(r));
@@ -342,7 +346,9 @@ impl StepMachine {
                             .push(Message::assistant(None, shown));
                     }
                 }
-                self.hidden_calls = hidden;
+                if !hidden.is_empty() {
+                    self.side().hidden_calls = hidden;
+                }
                 self.run_calls(super::calls::Calls::of(message), Origin::Program, catalog)
             }
         }

@@ -65,7 +65,7 @@ pub(crate) struct StateRow<'a> {
     /// The sealed worktree of an isolated run (issue 36); written only
     /// when there is one, so every other row keeps its 18 fields.
     #[serde(default)]
-    pub(crate) worktree: Cow<'a, Option<arbor_actors::worktree::WorktreeReport>>,
+    pub(crate) worktree: Cow<'a, Option<Box<arbor_actors::worktree::WorktreeReport>>>,
 }
 
 /// An id in a row: `PATH` for a run of the row's tree (`0.2~1`), else the
@@ -340,12 +340,12 @@ mod tests {
     #[test]
     fn an_isolated_runs_row_keeps_its_worktree_as_a_nineteenth_field() {
         let mut state = state();
-        state.worktree = Some(arbor_actors::worktree::WorktreeReport {
+        state.worktree = Some(Box::new(arbor_actors::worktree::WorktreeReport {
             branch: "arbor/worker-t1-0-2-1".into(),
             base: "abc".into(),
             summary: "no changes".into(),
             ..Default::default()
-        });
+        }));
         let row = StateRow::of("t1", &state, (3, 4), (2, 1, 5));
         let stored = serde_json::to_value(&row).unwrap();
         assert_eq!(stored.as_array().unwrap().len(), 19);

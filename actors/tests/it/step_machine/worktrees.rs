@@ -40,7 +40,7 @@ fn an_isolated_run_completes_only_after_its_worktree_is_sealed() {
     assert!(run.m.worktree_sealed(Some(report())).is_empty());
     let s = run.state();
     assert_eq!(s.status, AgentStatus::Completed);
-    assert_eq!(s.worktree, Some(report()));
+    assert_eq!(s.worktree.as_deref(), Some(&report()));
     let events = run.m.take_events();
     assert!(
         events
@@ -69,7 +69,7 @@ fn a_resumed_run_takes_the_recorded_report_without_sealing_again() {
     request(run.start());
     let actions = run.reply(Message::assistant_text("done"));
     assert_eq!(kinds(&actions), ["Finish"]);
-    assert_eq!(run.state().worktree, Some(report()));
+    assert_eq!(run.state().worktree.as_deref(), Some(&report()));
 }
 
 #[test]
