@@ -52,7 +52,8 @@ pub use model::{
 };
 pub use state::{AgentState, AgentStatus, ToolDefinition};
 pub use step::{
-    Action, Catalog, HOOK_CONTEXT, HookRequest, Planned, STOP_HOOK, StepMachine, background,
+    Action, Catalog, EndSeal, HOOK_CONTEXT, HookRequest, Planned, STOP_HOOK, StepMachine,
+    background,
 };
 pub use template::{AgentTemplate, FailurePolicy, OnTurnEnd, OutputMode};
 pub use tool::{Tool, ToolContext, ToolError, ToolOutput};

@@ -10,16 +10,14 @@ use crate::template::OutputMode;
 /// The child's output value. `inherited` is how many messages the run started with,
 /// so `all_messages` returns exactly what the run added.
 pub fn output_value(state: &AgentState, mode: OutputMode, inherited: usize) -> Value {
-    match state.status {
-        AgentStatus::Completed => {}
+    let mut value = match state.status {
+        AgentStatus::Completed => completed_value(state, mode, inherited),
         AgentStatus::Running => return error_value("agent is still running"),
-        AgentStatus::Cancelled => return error_value("Agent was cancelled"),
-        AgentStatus::Failed => {
-            return error_value(state.error_message().unwrap_or("Agent failed"));
-        }
-    }
-    let mut value = completed_value(state, mode, inherited);
-    // A worktree's branch is part of what its parent learns (issue 36).
+        AgentStatus::Cancelled => error_value("Agent was cancelled"),
+        AgentStatus::Failed => error_value(state.error_message().unwrap_or("Agent failed")),
+    };
+    // A worktree's branch is part of what its parent learns (issue 36), a
+    // failed or cancelled run's too: what it changed is kept there.
     if let (Some(report), Value::Object(map)) = (&state.worktree, &mut value)
         && let Ok(report) = serde_json::to_value(report)
     {

@@ -709,7 +709,13 @@ pub(crate) fn report_value(state: &AgentState, output: Value) -> Value {
                 .get("message")
                 .and_then(Value::as_str)
                 .unwrap_or("Agent failed");
-            json!({ "errorMessage": message })
+            let mut value = json!({ "errorMessage": message });
+            // What a failed or cancelled isolated child changed is kept on
+            // its branch: the parent learns where (issue 36).
+            if let (Some(worktree), Some(map)) = (output.get("worktree"), value.as_object_mut()) {
+                map.insert("worktree".to_owned(), worktree.clone());
+            }
+            value
         }
     }
 }

@@ -313,6 +313,131 @@ fn four_editors_in_worktrees_fix_a_repository_and_the_planner_merges_their_branc
     );
 }
 
+/// Regression: an isolated editor that failed (here, out of steps after
+/// its edit) left its edit uncommitted in a worktree nobody was told of,
+/// and its parent read only the error. Now its work is committed on its
+/// branch, its error value names the branch, `arbor tree` lists it; a
+/// failed run that changed nothing leaves no worktree.
+#[test]
+fn a_failed_editors_edit_is_kept_on_its_branch_and_its_parent_is_told_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("repo");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("a.txt"), "broken\n").unwrap();
+    git(&ws, &["init", "-q", "-b", "main"]);
+    git(&ws, &["add", "."]);
+    git(&ws, &["commit", "-q", "-m", "broken"]);
+    let ws = std::fs::canonicalize(&ws).unwrap();
+    std::fs::write(
+        dir.path().join("config.toml"),
+        r#"
+[models.script]
+provider = "scripted"
+file = "script.json"
+
+[agents.planner]
+model = "script"
+spawnable_agents = ["editor", "reader"]
+
+[agents.editor]
+model = "script"
+tools = ["workspace/*"]
+tool_names = "claude"
+isolation = "worktree"
+max_steps = 1
+
+[agents.reader]
+model = "script"
+tools = ["workspace/*"]
+tool_names = "claude"
+isolation = "worktree"
+max_steps = 1
+"#,
+    )
+    .unwrap();
+    let script = json!({"replies": [
+        {"agent": "planner", "steps": [
+            {"toolCalls": [{"name": "spawn_agents", "input": {"agents": [
+                {"agent_type": "editor", "prompt": "fix a.txt"},
+                {"agent_type": "reader", "prompt": "read a.txt"}
+            ]}}]},
+            {"text": "Both failed."}
+        ]},
+        {"agent": "editor", "steps": [
+            {"toolCalls": [{"name": "Edit", "input": {
+                "file_path": "a.txt", "old_string": "broken", "new_string": "fixed"}}]},
+            {"text": "never reached"}
+        ]},
+        {"agent": "reader", "steps": [
+            {"toolCalls": [{"name": "Read", "input": {"file_path": "a.txt"}}]},
+            {"text": "never reached"}
+        ]}
+    ]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let ws_arg = ws.display().to_string();
+    let mut args = run_args(&ws_arg);
+    args.retain(|a| *a != "--events");
+    let out = arbor_in(dir.path(), &args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let state = planner_state(dir.path());
+    let spawned = tool_results(&state)[0].to_string();
+    let spawned: Value = serde_json::from_str(&spawned).unwrap();
+    let entries = spawned[0]["value"].as_array().cloned().unwrap_or_else(|| {
+        spawned[0]["value"]["value"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    });
+    assert_eq!(entries.len(), 2, "{spawned}");
+    let editor = &entries[0]["value"];
+    assert!(
+        editor["errorMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_steps")),
+        "{editor}"
+    );
+    let branch = editor["worktree"]["branch"].as_str().unwrap().to_owned();
+    assert!(branch.starts_with("arbor/editor-"), "{editor}");
+    assert_eq!(
+        editor["worktree"]["files"],
+        json!([{"path": "a.txt", "added": 1, "removed": 1}])
+    );
+    // The edit is committed on the branch; the checkout is untouched.
+    assert_eq!(git(&ws, &["show", &format!("{branch}:a.txt")]), "fixed\n");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        "broken\n"
+    );
+    assert_eq!(git(&ws, &["status", "--porcelain"]), "");
+    // The reader changed nothing: its worktree and branch are gone.
+    let reader = &entries[1]["value"];
+    assert!(reader["errorMessage"].is_string(), "{reader}");
+    assert!(reader["worktree"]["path"].is_null(), "{reader}");
+    let branches = git(
+        &ws,
+        &["branch", "--list", "arbor/*", "--format=%(refname:short)"],
+    );
+    assert_eq!(branches.trim(), branch);
+    let worktrees = git(&ws, &["worktree", "list", "--porcelain"]);
+    assert_eq!(worktrees.matches("worktree ").count(), 2, "{worktrees}");
+    let tree = arbor_in(
+        dir.path(),
+        &[
+            "tree",
+            "swarm",
+            "--config",
+            "config.toml",
+            "--store",
+            "s.db",
+        ],
+    );
+    let listed = text(&tree.stdout);
+    assert!(
+        listed.contains(&format!("worktree kept: {branch}")),
+        "{listed}"
+    );
+}
+
 /// Runs `args` with `--events`, and kills it -9 once `at` is true of an
 /// event and `after` more has passed; false when it ended first.
 fn run_until_killed(dir: &Path, args: &[&str], at: impl Fn(&Value) -> bool, after: u64) -> bool {

@@ -22,7 +22,7 @@ use crate::hooks::{Slot, TreeHooks};
 use crate::id::RunId;
 use crate::model::ModelRequest;
 use crate::state::{AgentState, AgentStatus};
-use crate::step::{Action, Catalog, StepMachine};
+use crate::step::{Action, Catalog, EndSeal, StepMachine};
 use crate::supervision;
 use crate::template::AgentTemplate;
 
@@ -665,6 +665,11 @@ impl AgentRun {
             || self.outstanding_children() > 0
         {
             return;
+        }
+        match self.machine.end_seal() {
+            EndSeal::Done => {}
+            EndSeal::Start => return self.seal_worktree(myself),
+            EndSeal::Wait => return,
         }
         self.phase = Phase::Finished;
         let late = self.undelivered_children();

@@ -32,6 +32,7 @@ pub use action::{Action, Catalog, Planned};
 pub use hooked::{HOOK_CONTEXT, HookRequest, STOP_HOOK};
 mod ids;
 mod sealed;
+pub use sealed::EndSeal;
 mod spawned;
 mod turn;
 mod watch;

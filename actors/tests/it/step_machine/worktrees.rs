@@ -4,6 +4,7 @@
 //! instead of sealing again.
 
 use super::*;
+use arbor_actors::EndSeal;
 use arbor_actors::worktree::{Isolation, WorktreeCommit, WorktreeReport};
 
 fn isolated() -> Run {
@@ -77,4 +78,57 @@ fn a_shared_run_never_seals() {
     let mut run = Run::solo(AgentTemplate::new("solo", "m"));
     request(run.start());
     assert_eq!(kinds(&run.reply(Message::assistant_text("hi"))), ["Finish"]);
+}
+
+#[test]
+fn a_failed_isolated_run_left_its_edits_unsealed_and_unnamed() {
+    // Regression: a run that failed (or was cancelled) kept its worktree
+    // and uncommitted edits, and its parent never learned the branch. It is
+    // sealed once its work has stopped, and its error value names it.
+    let mut run = isolated();
+    request(run.start());
+    assert_eq!(
+        kinds(
+            &run.m
+                .fail(Failure::new(FailureKind::ModelRejected, "model refused"))
+        ),
+        ["Finish"]
+    );
+    assert_eq!(run.m.end_seal(), EndSeal::Start);
+    assert_eq!(run.m.end_seal(), EndSeal::Wait, "one seal at a time");
+    assert!(
+        run.m.worktree_sealed(Some(report())).is_empty(),
+        "already finished"
+    );
+    assert_eq!(run.m.end_seal(), EndSeal::Done);
+    let s = run.state();
+    assert_eq!(s.status, AgentStatus::Failed);
+    assert_eq!(s.worktree.as_deref(), Some(&report()));
+    assert!(
+        run.m
+            .take_events()
+            .iter()
+            .any(|e| matches!(e, EventKind::WorktreeSealed { .. }))
+    );
+    let value = run.m.output_value();
+    assert_eq!(value["message"], "model refused");
+    assert_eq!(value["worktree"]["branch"], "arbor/editor-x");
+}
+
+#[test]
+fn a_cancelled_isolated_run_takes_its_recorded_report_on_replay() {
+    let mut run = isolated();
+    run.m.recover_worktree(report());
+    request(run.start());
+    run.m.cancel();
+    assert_eq!(run.m.end_seal(), EndSeal::Done);
+    assert_eq!(run.state().worktree.as_deref(), Some(&report()));
+}
+
+#[test]
+fn an_ended_shared_run_has_nothing_to_seal() {
+    let mut run = Run::solo(AgentTemplate::new("solo", "m"));
+    request(run.start());
+    run.m.cancel();
+    assert_eq!(run.m.end_seal(), EndSeal::Done);
 }
