@@ -59,6 +59,9 @@ pub(crate) enum Command {
         /// Print every event as a JSON line on stderr instead of the tree.
         #[arg(long)]
         events: bool,
+        /// Print the tree as lines even on a terminal (no live view).
+        #[arg(long)]
+        plain: bool,
         /// With --config: load the agent files of this directory too
         /// (repeatable); without it the tree runs on the agents it
         /// started with, stored with it.
@@ -314,6 +317,9 @@ pub(crate) struct RunArgs {
     /// Do not show the tree on stderr.
     #[arg(long, short)]
     pub(crate) quiet: bool,
+    /// Print the tree as lines even on a terminal (no live view).
+    #[arg(long)]
+    pub(crate) plain: bool,
     /// Params for the root agent, as a JSON object.
     #[arg(long)]
     pub(crate) params: Option<String>,

@@ -5,6 +5,7 @@ mod approvals;
 mod args;
 mod config;
 mod control;
+mod live;
 mod loadtest;
 mod render;
 mod run;
@@ -31,6 +32,7 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             quiet,
             events,
+            plain,
             agents,
             at,
         } => run::resume(
@@ -38,6 +40,7 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             quiet,
             events,
+            plain,
             agent_files(agents, None),
             at,
         ),

@@ -1,7 +1,9 @@
 //! `arbor run` and `arbor resume`: start or continue a tree and show it until
 //! its root ends.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use arbor::{Run, Runtime, TurnRun, Waited};
@@ -10,6 +12,7 @@ use arbor_actors::{AgentStatus, EventKind, RunId, TreeId};
 use arbor_supervisor::{StartRequest, Supervisor, ToolPolicy, ToolRule, TreeLimits};
 
 use super::args::{RunArgs, Stored};
+use super::live::LiveView;
 use super::render::{TreeRenderer, final_text, state_json};
 use super::store::tree_config;
 use super::{agent_files, async_runtime, colour, load_config_with, log_filter, store_location};
@@ -57,6 +60,7 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         workspace,
         read_only,
         agents,
+        plain,
         prompt,
     } = args;
     // The workspace: --workspace, else where the command runs (made
@@ -101,6 +105,7 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         json,
         quiet,
         events,
+        plain,
     };
     let tokio = async_runtime()?;
     // Built inside the async runtime, so the store can use it.
@@ -161,6 +166,7 @@ pub(super) fn resume(
     json: bool,
     quiet: bool,
     events: bool,
+    plain: bool,
     agents: arbor::config::AgentFiles,
     at: Stored,
 ) -> anyhow::Result<ExitCode> {
@@ -179,6 +185,7 @@ pub(super) fn resume(
         json,
         quiet,
         events,
+        plain,
     };
     let started = Started::default();
     tokio.block_on(until_stopped(&runtime, &started, true, async {
@@ -193,6 +200,8 @@ struct Show {
     json: bool,
     quiet: bool,
     events: bool,
+    /// The line log even on a terminal (no live view).
+    plain: bool,
 }
 
 /// Runs `work` until it ends or the process gets SIGTERM/SIGINT; on a signal
@@ -337,9 +346,25 @@ async fn follow_tree(
     // Approval requests go from the printer to the approver, which decides
     // them one at a time (a person answers one question at once).
     let (asks, asked) = tokio::sync::mpsc::unbounded_channel();
+    // On a terminal, the live view (issue 38): its keys, and the lines a
+    // question's answer is typed on.
+    let live = live_view(show);
+    let (keys_tx, mut keys) = tokio::sync::mpsc::unbounded_channel();
+    let (lines_tx, typed) = tokio::sync::mpsc::unbounded_channel();
+    let input = match &live {
+        Some(_) if std::io::stdin().is_terminal() => {
+            super::live::Input::start(keys_tx, lines_tx).map(Arc::new)
+        }
+        _ => None,
+    };
+    let typed = input.as_ref().map(|_| typed);
     // Held back while a person is asked, so no progress line overwrites the question.
-    let held = Held::default();
+    let held = Held {
+        live: live.clone().map(|view| (view, input.clone())),
+        ..Held::default()
+    };
     let printing = held.clone();
+    let viewing = live.clone();
     let printer = tokio::spawn(async move {
         let mut renderer = if stored {
             TreeRenderer::default()
@@ -366,6 +391,16 @@ async fn follow_tree(
                 if let Ok(line) = serde_json::to_string(&*event) {
                     printing.print(line);
                 }
+            } else if let Some(view) = &viewing {
+                // The live area shows who started; the log keeps the rest.
+                let line = renderer.line(&event);
+                let mut view = lock(view);
+                view.tree.apply(&event);
+                if let Some(line) = line
+                    && !matches!(event.kind, EventKind::AgentStarted { .. })
+                {
+                    view.log(line);
+                }
             } else if !show.quiet
                 && let Some(line) = renderer.line(&event)
             {
@@ -374,8 +409,27 @@ async fn follow_tree(
         }
     });
     let approver = async {
-        approve(runtime.supervisor(), asked, &held).await;
+        approve(runtime.supervisor(), asked, &held, typed).await;
         std::future::pending::<std::convert::Infallible>().await
+    };
+    // Frames ten times a second, and at once after a key.
+    let drawer = async {
+        let Some(view) = &live else {
+            return std::future::pending().await;
+        };
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                Some(key) = keys.recv() => {
+                    let cancel = on_key(&mut lock(view).tree, key);
+                    if let Some(run) = cancel {
+                        cancel_from_view(runtime.supervisor(), &tree, run, view);
+                    }
+                }
+            }
+            lock(view).draw(now_ms());
+        }
     };
     // What `arbor cancel`, `arbor budget` (or a server) post for this
     // stored tree, taken while it runs; what is not for this command is
@@ -394,8 +448,15 @@ async fn follow_tree(
         result = run.result() => result?,
         never = approver => match never {},
         never = controls => match never {},
+        never = drawer => match never {},
     };
     let _ = printer.await;
+    if let Some(view) = &live {
+        lock(view).finish();
+    }
+    // The terminal back in line mode before anything else is printed.
+    drop(held);
+    drop(input);
     let aside = std::mem::take(&mut *aside.lock().unwrap_or_else(|e| e.into_inner()));
     super::control::post_back(runtime.supervisor(), &tree, aside).await;
     runtime.supervisor().flush().await?;
@@ -473,10 +534,11 @@ async fn approve(
     supervisor: &Supervisor,
     mut asked: tokio::sync::mpsc::UnboundedReceiver<Ask>,
     held: &Held,
+    typed: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
 ) {
-    use std::io::IsTerminal;
     let terminal = std::io::stdin().is_terminal();
-    let mut lines = None;
+    // The live view's input reads the terminal; without it, a thread does.
+    let mut lines = typed;
     while let Some(ask) = asked.recv().await {
         // Decided meanwhile (or by a recorded decision): nothing to ask.
         let waiting = supervisor
@@ -510,7 +572,15 @@ async fn approve(
 /// is asked about a call (so that none overwrites the question) and printed
 /// once they have answered; at most [`HELD_LINES`] of them, then a count.
 #[derive(Clone, Default)]
-struct Held(std::sync::Arc<std::sync::Mutex<Option<Waiting>>>);
+struct Held {
+    waiting: Arc<std::sync::Mutex<Option<Waiting>>>,
+    /// The live view, paused while a question is up, and the input that
+    /// reads the answer's line then.
+    live: Option<(SharedView, Option<Arc<super::live::Input>>)>,
+}
+
+/// The live view, shared by the printer, the drawer and the questions.
+type SharedView = Arc<std::sync::Mutex<LiveView>>;
 
 /// The lines held back, and how many more were dropped past [`HELD_LINES`].
 type Waiting = (Vec<String>, usize);
@@ -520,7 +590,7 @@ const HELD_LINES: usize = 10_000;
 
 impl Held {
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Waiting>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Prints `line` now, or keeps it while a question is up.
@@ -534,11 +604,23 @@ impl Held {
 
     /// A question is up: lines wait.
     fn hold(&self) {
+        if let Some((view, input)) = &self.live {
+            lock(view).pause();
+            if let Some(input) = input {
+                input.ask(true);
+            }
+        }
         *self.lock() = Some((Vec::new(), 0));
     }
 
     /// The question is answered: the lines that waited, then print as they come.
     fn release(&self) {
+        if let Some((view, input)) = &self.live {
+            if let Some(input) = input {
+                input.ask(false);
+            }
+            lock(view).resume();
+        }
         let Some((lines, dropped)) = self.lock().take() else {
             return;
         };
@@ -639,4 +721,58 @@ fn stdin_lines() -> tokio::sync::mpsc::UnboundedReceiver<String> {
         }
     });
     rx
+}
+
+/// The live view when this command draws one: on a terminal (stderr),
+/// unless the tree is not shown, shown as events, or `--plain` (or
+/// `TERM=dumb`) asks for the line log.
+fn live_view(show: Show) -> Option<SharedView> {
+    let dumb = std::env::var("TERM").is_ok_and(|t| t == "dumb");
+    (!show.quiet && !show.events && !show.plain && !dumb && std::io::stderr().is_terminal())
+        .then(|| Arc::new(std::sync::Mutex::new(LiveView::new())))
+}
+
+fn lock(view: &std::sync::Mutex<LiveView>) -> std::sync::MutexGuard<'_, LiveView> {
+    view.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// What a key does to the view; the run to cancel for `c`.
+fn on_key(tree: &mut super::live::LiveTree, key: super::live::Key) -> Option<RunId> {
+    use super::live::Key;
+    match key {
+        Key::Up => tree.select(-1),
+        Key::Down => tree.select(1),
+        Key::Toggle => tree.toggle(),
+        Key::Cancel => return tree.selected().cloned(),
+    }
+    None
+}
+
+/// Cancels `run` from the view (the whole tree when it is a root), and
+/// logs what happened.
+fn cancel_from_view(
+    supervisor: &Supervisor,
+    tree: &TreeId,
+    run: RunId,
+    view: &std::sync::Mutex<LiveView>,
+) {
+    let said = if run.parent().is_none() {
+        if supervisor.cancel_tree(tree) {
+            format!("○ tree {tree} cancelled from the view")
+        } else {
+            format!("warning: tree {tree} is not running here")
+        }
+    } else {
+        match supervisor.cancel_run(&run) {
+            Ok(()) => format!("○ {run} cancelled from the view"),
+            Err(e) => format!("warning: cannot cancel {run}: {e}"),
+        }
+    };
+    lock(view).log(said);
 }

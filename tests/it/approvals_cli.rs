@@ -324,6 +324,8 @@ fn arbor_run_without_a_terminal_denies_a_call_that_needs_approval_and_says_why()
 
 /// At a terminal (a pseudo-terminal through `script`, where there is one),
 /// `arbor run` asks, and an edited input is what the tool runs on.
+/// With `--plain`, the line log and the line prompt, so the answers can be
+/// typed ahead (the live view reads keys until a question is up).
 #[test]
 fn arbor_run_at_a_terminal_asks_and_runs_the_edited_input() {
     use std::io::Write as _;
@@ -338,7 +340,7 @@ fn arbor_run_at_a_terminal_asks_and_runs_the_edited_input() {
     let mut child = Command::new("script")
         .args([
             "-qec",
-            &format!("{arbor} run --no-store --json go"),
+            &format!("{arbor} run --plain --no-store --json go"),
             "/dev/null",
         ])
         .current_dir(dir.path())

@@ -302,7 +302,7 @@ fn arbor_run_at_a_terminal_answered_always_asks_once_for_the_tool() {
     let mut child = Command::new("script")
         .args([
             "-qec",
-            &format!("{arbor} run --no-store --json write"),
+            &format!("{arbor} run --plain --no-store --json write"),
             "/dev/null",
         ])
         .current_dir(dir.path())

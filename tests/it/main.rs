@@ -26,6 +26,7 @@ mod layers;
 mod library;
 mod loadtest;
 mod loadtest_report;
+mod live_view;
 mod long_running;
 mod mcp;
 mod mcp_results;
