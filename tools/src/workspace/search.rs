@@ -337,12 +337,11 @@ fn search_one(
     rel: &Path,
     want: usize,
 ) {
-    let text = rel.to_string_lossy();
-    let Ok((rel, file, stat)) = ws.open_read(&text) else {
+    let Ok((file, stat)) = ws.open_walked(rel) else {
         found.refused(rel.to_path_buf());
         return;
     };
-    let shown = ws.show(&rel, query.absolute);
+    let shown = ws.show(rel, query.absolute);
     let mut sink = Collect {
         path: &shown,
         mode: query.mode,
@@ -369,7 +368,7 @@ fn search_one(
         marks: sink.marks,
         shown,
     };
-    found.add(rel, hits, query, want);
+    found.add(rel.to_path_buf(), hits, query, want);
 }
 
 /// One file's output, as searched with all the room a file can have, and
