@@ -115,6 +115,24 @@ pub enum EventKind {
         tool_call_id: String,
         /// The error the model was shown, if the call failed.
         error: Option<String>,
+        /// The result, kept for a program's run in a durable tree: a
+        /// resumed run of the program is given it instead of running the
+        /// tool again (issue 37).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        result: Option<Arc<Message>>,
+    },
+    /// A program yielded (only in a durable tree): journaled, so a resumed
+    /// run of it, which starts the program again, is held to what it did
+    /// and draws again what it drew (issue 37).
+    ProgramYielded {
+        /// Its place among the run's yields, from 1.
+        index: u32,
+        /// The yield, in Codebuff's spelling (`"STEP"`, `{toolName, input}`, ...).
+        yielded: Value,
+        /// What the program drew on its way to it (clock readings, its
+        /// random seed), if anything.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        drawn: Option<Value>,
     },
     /// The request builder dropped calls or results that would have broken pairing.
     #[serde(rename_all = "camelCase")]
@@ -363,6 +381,7 @@ fn journal_type(kind: &EventKind) -> Result<EventType, &'static str> {
         EventKind::ModelRetrying { .. } => EventType::ModelRetrying,
         EventKind::ModelResponded { .. } => EventType::ModelResponded,
         EventKind::ToolCalled { .. } => EventType::ToolCalled,
+        EventKind::ProgramYielded { .. } => EventType::ProgramYielded,
         EventKind::HistoryRepaired { .. } => EventType::HistoryRepaired,
         EventKind::ChildSpawned { .. } => EventType::ChildSpawned,
         EventKind::ChildRetrying { .. } => EventType::ChildRetrying,
@@ -407,6 +426,8 @@ pub enum EventType {
     /// `toolCalled`: a tool call of a step ended (with the error the model
     /// was shown, if it failed).
     ToolCalled,
+    /// `programYielded`: a program yielded (in a durable tree).
+    ProgramYielded,
     /// `historyRepaired`: the request builder dropped calls or results that
     /// would have broken pairing.
     HistoryRepaired,
@@ -458,12 +479,13 @@ pub enum EventType {
 
 impl EventType {
     /// Every journal type.
-    pub const ALL: [EventType; 28] = [
+    pub const ALL: [EventType; 29] = [
         EventType::AgentStarted,
         EventType::StepStarted,
         EventType::ModelRetrying,
         EventType::ModelResponded,
         EventType::ToolCalled,
+        EventType::ProgramYielded,
         EventType::HistoryRepaired,
         EventType::ChildSpawned,
         EventType::ChildRetrying,
@@ -505,6 +527,7 @@ impl EventType {
             EventType::ModelRetrying => "modelRetrying",
             EventType::ModelResponded => "modelResponded",
             EventType::ToolCalled => "toolCalled",
+            EventType::ProgramYielded => "programYielded",
             EventType::HistoryRepaired => "historyRepaired",
             EventType::ChildSpawned => "childSpawned",
             EventType::ChildRetrying => "childRetrying",
@@ -635,6 +658,12 @@ mod tests {
                 tool: "t".into(),
                 tool_call_id: "c".into(),
                 error: None,
+                result: None,
+            },
+            EventKind::ProgramYielded {
+                index: 1,
+                yielded: json!("STEP"),
+                drawn: None,
             },
             EventKind::HistoryRepaired {
                 unanswered_calls: vec![],

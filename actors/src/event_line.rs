@@ -103,6 +103,7 @@ fn fields(kind: &EventKind, short: &Short) -> String {
             tool,
             tool_call_id,
             error,
+            ..
         } => match error {
             Some(error) => format!(
                 "step {step} {tool} (call {}) failed: {}",
@@ -111,6 +112,9 @@ fn fields(kind: &EventKind, short: &Short) -> String {
             ),
             None => format!("step {step} {tool} (call {})", short.id(tool_call_id)),
         },
+        EventKind::ProgramYielded { index, yielded, .. } => {
+            format!("yield {index}: {}", clip(&yielded.to_string()))
+        }
         EventKind::HistoryRepaired {
             unanswered_calls,
             orphan_results,
@@ -323,6 +327,7 @@ mod tests {
                 tool: "word_count".into(),
                 tool_call_id: "t1/0.2-s2-c0".into(),
                 error: Some("invalid input:\nmissing field `text`".into()),
+                result: None,
             }),
             "t1/0.2 toolCalled step 2 word_count (call 0.2-s2-c0) failed: invalid input: missing field `text`"
         );
@@ -361,8 +366,17 @@ mod tests {
                 tool: "look".into(),
                 tool_call_id: "call_t1".into(),
                 error: None,
+                result: None,
             }),
             "t1/0.2 toolCalled step 1 look (call call_t1)"
+        );
+        assert_eq!(
+            line(EventKind::ProgramYielded {
+                index: 2,
+                yielded: serde_json::json!({"toolName": "count", "input": {}}),
+                drawn: None,
+            }),
+            r#"t1/0.2 programYielded yield 2: {"toolName":"count","input":{}}"#
         );
         assert_eq!(line(EventKind::Suspended), "t1/0.2 suspended");
     }

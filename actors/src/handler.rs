@@ -90,6 +90,22 @@ impl ProgramCall {
 pub trait StepProgram: Send {
     /// Takes what happened since the last yield and says what comes next.
     fn resume(&mut self, input: Resume<'_>) -> Yield;
+
+    /// What the program drew, during its last [`resume`](Self::resume),
+    /// from sources that differ from run to run (a clock, a random seed):
+    /// journaled with the yield it made, and given back by
+    /// [`redraw`](Self::redraw) when the run is resumed or replayed.
+    /// `None` (the default) when it drew nothing.
+    fn drawn(&mut self) -> Option<Value> {
+        None
+    }
+
+    /// Before a resume that a resumed or replayed run makes again: what the
+    /// same resume drew the first time ([`drawn`](Self::drawn)), to be drawn
+    /// again instead of read from the sources. The default ignores it.
+    fn redraw(&mut self, drawn: Value) {
+        let _ = drawn;
+    }
 }
 
 /// Makes a program for each run of a template.

@@ -248,4 +248,13 @@ pub trait TreeHooks: Send + Sync + 'static {
         let _ = run_id;
         std::collections::HashMap::new()
     }
+
+    /// What a resumed or replayed tree recorded of the program run
+    /// `run_id` (its yields, and in a resume its tools' results): its
+    /// program, started again, is held to it (issue 37). None for a new
+    /// tree.
+    fn program_record(&self, run_id: &RunId) -> Option<crate::durable::ProgramRecord> {
+        let _ = run_id;
+        None
+    }
 }

@@ -414,9 +414,23 @@ impl Runtime {
     /// Resumes a stored tree that was interrupted (see
     /// [`Supervisor::resume`]): its events from the resume on, and its result.
     pub async fn resume(&self, tree_id: &TreeId) -> Result<Run, Error> {
+        self.resume_with(tree_id, false).await
+    }
+
+    /// [`resume`](Self::resume), with `restart_programs`: the programs of
+    /// runs that had not finished start over instead of being held to their
+    /// record (see [`Supervisor::resume_with`]).
+    pub async fn resume_with(
+        &self,
+        tree_id: &TreeId,
+        restart_programs: bool,
+    ) -> Result<Run, Error> {
         // Subscribed before the tree goes on, so no event is missed.
         let events = self.supervisor.events().subscribe_tree(tree_id);
-        let handle = self.supervisor.resume(tree_id).await?;
+        let handle = self
+            .supervisor
+            .resume_with(tree_id, restart_programs)
+            .await?;
         Ok(Run::new(handle, events))
     }
 

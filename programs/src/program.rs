@@ -29,6 +29,42 @@ use crate::engine::{JsError, Limits, Sandbox};
 /// the Rust side reads.
 const DRIVER: &str = r#"(() => {
   let gen = null;
+  // What differs from run to run is drawn here and recorded (issue 37): the
+  // seed of Math.random, drawn once, and every clock reading (Date.now(),
+  // new Date()); a resumed run is given them back (redraw) and reads the
+  // same.
+  const RealDate = Date;
+  const realNow = RealDate.now;
+  let seed = 0;
+  let seedDrawn = false;
+  let readings = [];
+  let replayed = [];
+  const now = () => {
+    const v = replayed.length > 0 ? replayed.shift() : realNow();
+    readings.push(v);
+    return v;
+  };
+  let state = 0;
+  const random = () => {
+    state = (state + 0x6D2B79F5) | 0;
+    let t = state;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+  function ArborDate(...args) {
+    if (!new.target) return new RealDate(now()).toString();
+    return args.length === 0 ? new RealDate(now()) : new RealDate(...args);
+  }
+  ArborDate.prototype = RealDate.prototype;
+  ArborDate.now = now;
+  ArborDate.parse = RealDate.parse;
+  ArborDate.UTC = RealDate.UTC;
+  const redraw = (text) => {
+    const r = text ? JSON.parse(text) : null;
+    replayed = r !== null && Array.isArray(r.clock) ? r.clock.slice() : [];
+    return r;
+  };
   const out = (r) => {
     if (r.done) return '{"kind":"done"}';
     const v = r.value;
@@ -49,6 +85,22 @@ const DRIVER: &str = r#"(() => {
   };
   const quiet = () => {};
   return {
+    install(fresh, redrawn) {
+      const r = redraw(redrawn);
+      seed = r !== null && typeof r.seed === 'number' ? r.seed : fresh;
+      seedDrawn = true;
+      state = seed | 0;
+      Math.random = random;
+      globalThis.Date = ArborDate;
+    },
+    redraw,
+    drawn() {
+      const d = {};
+      if (seedDrawn) { d.seed = seed; seedDrawn = false; }
+      if (readings.length > 0) { d.clock = readings; readings = []; }
+      replayed = [];
+      return Object.keys(d).length > 0 ? JSON.stringify(d) : '';
+    },
     start(fn, context) {
       const ctx = JSON.parse(context);
       ctx.logger = { debug: quiet, info: quiet, warn: quiet, error: quiet };
@@ -103,6 +155,8 @@ impl StepHandler for JsHandler {
             bundle_program: self.program.clone(),
             limits: self.limits,
             sandbox: None,
+            redrawn: None,
+            drawn: None,
         })
     }
 }
@@ -112,6 +166,31 @@ pub struct JsProgram {
     bundle_program: Program,
     limits: Limits,
     sandbox: Option<Sandbox>,
+    /// What the next resume draws again (a resumed or replayed run).
+    redrawn: Option<String>,
+    /// What the last resume drew.
+    drawn: Option<Value>,
+}
+
+/// A seed for `Math.random` that differs from run to run (it is recorded,
+/// so a resumed or replayed run draws the same numbers).
+fn fresh_seed() -> i32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::{SystemTime, UNIX_EPOCH};
+    static RUNS: AtomicU32 = AtomicU32::new(0);
+    let time = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32))
+        .unwrap_or(0);
+    let run = RUNS.fetch_add(1, Ordering::Relaxed);
+    time.wrapping_add(run.wrapping_mul(0x9E37_79B9)) as i32
+}
+
+/// What the driver says was drawn ('' for nothing).
+fn drawn_value(text: &str) -> Option<Value> {
+    (!text.is_empty())
+        .then(|| serde_json::from_str(text).ok())
+        .flatten()
 }
 
 impl JsProgram {
@@ -129,18 +208,26 @@ impl JsProgram {
         })
         .to_string();
         let bundle = Arc::clone(sandbox.bundle());
+        let redrawn = self.redrawn.take().unwrap_or_default();
         let out = sandbox.run(|ctx| {
+            // Installed before the module runs: its top level may draw too.
+            let driver: Object = ctx.eval(DRIVER)?;
+            ctx.globals().set(DRIVER_NAME, driver.clone())?;
+            let install: Function = driver.get("install")?;
+            install.call::<_, ()>((fresh_seed(), redrawn))?;
             let ns = namespace(ctx, &bundle)?;
             let extract: Function = ctx.eval(EXTRACT)?;
             let handle_steps: Function = extract.call((ns,))?;
-            let driver: Object = ctx.eval(DRIVER)?;
-            ctx.globals().set(DRIVER_NAME, driver.clone())?;
             let start: Function = driver.get("start")?;
             let out: String = start.call((handle_steps, context))?;
-            Ok(out)
+            let drawn: Function = driver.get("drawn")?;
+            let drawn: String = drawn.call(())?;
+            Ok((out, drawn))
         });
         self.sandbox = Some(sandbox);
-        decode(out?)
+        let (out, drawn) = out?;
+        self.drawn = drawn_value(&drawn);
+        decode(out)
     }
 
     fn next(&mut self, input: Value) -> Result<Yielded, JsError> {
@@ -148,12 +235,20 @@ impl JsProgram {
             return Err(JsError::plain("resumed before it started"));
         };
         let input = input.to_string();
-        let out = sandbox.run(|ctx| {
+        let redrawn = self.redrawn.take();
+        let (out, drawn) = sandbox.run(|ctx| {
             let driver: Object = ctx.globals().get(DRIVER_NAME)?;
+            if let Some(redrawn) = redrawn {
+                let redraw: Function = driver.get("redraw")?;
+                redraw.call::<_, ()>((redrawn,))?;
+            }
             let next: Function = driver.get("next")?;
             let out: String = next.call((input,))?;
-            Ok(out)
+            let drawn: Function = driver.get("drawn")?;
+            let drawn: String = drawn.call(())?;
+            Ok((out, drawn))
         })?;
+        self.drawn = drawn_value(&drawn);
         decode(out)
     }
 
@@ -203,6 +298,14 @@ fn tool_result(results: &[Arc<Message>]) -> Value {
 }
 
 impl StepProgram for JsProgram {
+    fn drawn(&mut self) -> Option<Value> {
+        self.drawn.take()
+    }
+
+    fn redraw(&mut self, drawn: Value) {
+        self.redrawn = Some(drawn.to_string());
+    }
+
     fn resume(&mut self, input: Resume<'_>) -> Yield {
         let outcome = match input {
             Resume::Start {

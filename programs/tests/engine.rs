@@ -417,3 +417,77 @@ fn a_program_file_may_export_the_generator_itself() {
     let err = load_program_file(none.path(), &none.path().join("x.ts"), fast()).unwrap_err();
     assert!(err.message.contains("exports no handleSteps"), "{err}");
 }
+
+/// The program of `draws_are_recorded_and_drawn_again`: random numbers
+/// and clock readings at its module's top level and between yields.
+const DRAWS: &str = r#"const atLoad = Math.random()
+export default function* () {
+  const a = Math.random()
+  const t = Date.now()
+  yield { toolName: 'x', input: { atLoad, a, t, d: new Date().getTime(), isDate: new Date() instanceof Date } }
+  yield { toolName: 'y', input: { b: Math.random(), t: Date.now(), parsed: new Date(0).getTime() } }
+}
+"#;
+
+/// Runs `DRAWS` to its second yield, each resume given what `redraw` holds
+/// for it first; its yields and what it drew at each.
+fn draws(redraw: &[Option<serde_json::Value>]) -> Vec<(Yield, Option<serde_json::Value>)> {
+    let d = dir(&[("draws.js", DRAWS)]);
+    let program = load_program_file(d.path(), &d.path().join("draws.js"), fast()).unwrap();
+    let mut run = JsHandler::new(program, fast()).start();
+    let s = state();
+    let mut out = Vec::new();
+    for (i, again) in redraw.iter().enumerate() {
+        if let Some(again) = again {
+            run.redraw(again.clone());
+        }
+        let y = if i == 0 {
+            run.resume(Resume::Start {
+                prompt: None,
+                params: None,
+                state: &s,
+            })
+        } else {
+            run.resume(Resume::ToolResults {
+                results: Vec::new(),
+                state: &s,
+            })
+        };
+        out.push((y, run.drawn()));
+        // Time goes on between the two lives.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    out
+}
+
+#[test]
+fn draws_are_recorded_and_drawn_again() {
+    let first = draws(&[None, None]);
+    let (Yield::Calls(one), Some(drawn)) = &first[0] else {
+        panic!("{first:?}");
+    };
+    // The seed (once) and every clock reading of the resume.
+    assert!(drawn["seed"].is_i64(), "{drawn}");
+    let clock = drawn["clock"].as_array().unwrap();
+    // Date.now(), then two new Date()s.
+    assert_eq!(clock.len(), 3, "{drawn}");
+    assert_eq!(one[0].input["t"], clock[0]);
+    assert_eq!(one[0].input["d"], clock[1]);
+    assert_eq!(one[0].input["isDate"], true);
+    let second_drawn = first[1].1.clone().unwrap();
+    assert!(second_drawn.get("seed").is_none(), "{second_drawn}");
+    assert_eq!(second_drawn["clock"].as_array().unwrap().len(), 1);
+    // Another life, given back what the first drew: the same yields.
+    let again = draws(&[first[0].1.clone(), first[1].1.clone()]);
+    assert_eq!(again[0].0, first[0].0);
+    assert_eq!(again[1].0, first[1].0);
+    // A life of its own draws anew.
+    let other = draws(&[None, None]);
+    assert_ne!(other[0].0, first[0].0);
+    let Yield::Calls(two) = &first[1].0 else {
+        panic!("{first:?}");
+    };
+    assert_eq!(two[0].input["parsed"], 0);
+    let b = two[0].input["b"].as_f64().unwrap();
+    assert!((0.0..1.0).contains(&b), "{b}");
+}

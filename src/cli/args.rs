@@ -67,6 +67,11 @@ pub(crate) enum Command {
         /// started with, stored with it.
         #[arg(long = "agents", value_name = "DIR")]
         agents: Vec<PathBuf>,
+        /// Start the programs (handleSteps) of runs that had not finished
+        /// over, running their tools again, instead of holding each to what
+        /// it did (a program whose file was edited since fails otherwise).
+        #[arg(long)]
+        restart_programs: bool,
         #[command(flatten)]
         at: Stored,
     },

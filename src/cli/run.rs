@@ -163,11 +163,9 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 pub(super) fn resume(
     tree_id: TreeId,
-    json: bool,
-    quiet: bool,
-    events: bool,
-    plain: bool,
+    show: Show,
     agents: arbor::config::AgentFiles,
+    restart_programs: bool,
     at: Stored,
 ) -> anyhow::Result<ExitCode> {
     let Stored { config, store } = at;
@@ -181,27 +179,21 @@ pub(super) fn resume(
     let tokio = async_runtime()?;
     let _guard = tokio.enter();
     let runtime = Runtime::builder(config).store_at(location).build()?;
-    let show = Show {
-        json,
-        quiet,
-        events,
-        plain,
-    };
     let started = Started::default();
     tokio.block_on(until_stopped(&runtime, &started, true, async {
-        let run = runtime.resume(&tree_id).await?;
+        let run = runtime.resume_with(&tree_id, restart_programs).await?;
         follow_tree(&runtime, run, show, true, &started).await
     }))
 }
 
 /// How `run` and `resume` show a tree.
 #[derive(Clone, Copy)]
-struct Show {
-    json: bool,
-    quiet: bool,
-    events: bool,
+pub(super) struct Show {
+    pub(super) json: bool,
+    pub(super) quiet: bool,
+    pub(super) events: bool,
     /// The line log even on a terminal (no live view).
-    plain: bool,
+    pub(super) plain: bool,
 }
 
 /// Runs `work` until it ends or the process gets SIGTERM/SIGINT; on a signal

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use arbor_actors::approval::{AlwaysAllowed, Decision};
 use arbor_actors::background::Scheduled;
+use arbor_actors::durable::ProgramRecord;
 use arbor_actors::steer::Steer;
 use arbor_actors::{
     AgentState, Checkpoint, DeltaSink, Message, Model, ModelError, ModelRequest, ModelResponse,
@@ -68,6 +69,9 @@ pub struct Recovery {
     pub hook_verdicts: HashMap<String, HashMap<String, arbor_actors::lifecycle::Verdict>>,
     /// Every isolated run's sealed worktree (issue 36).
     pub worktrees: HashMap<String, arbor_actors::worktree::WorktreeReport>,
+    /// Every program run's yields and tool results (issue 37): a program
+    /// started again is held to them.
+    pub programs: HashMap<String, ProgramRecord>,
     /// The tree's budgets as raised while it ran (semantics §13).
     pub raised: crate::Raised,
     /// The calls asked for and not decided, by call id: their run and when
@@ -93,6 +97,19 @@ impl Recovery {
             deliveries: recorded.deliveries,
             decisions: recorded.decisions,
             hook_verdicts: recorded.hook_verdicts,
+            // Held to their yields and drawing again what they drew, but
+            // running their tools again, as every run of a replay does.
+            programs: recorded
+                .programs
+                .into_iter()
+                .map(|(run, record)| {
+                    let yields = ProgramRecord {
+                        yields: record.yields,
+                        ..ProgramRecord::default()
+                    };
+                    (run, yields)
+                })
+                .collect(),
             // Worktrees are sealed again, for real: a replay runs the
             // tools again, and sealing the same work makes the same commit.
             // A call that ran by a rule runs unasked again.
@@ -111,6 +128,28 @@ impl Recovery {
         run_id: &str,
     ) -> HashMap<String, arbor_actors::lifecycle::Verdict> {
         self.hook_verdicts.get(run_id).cloned().unwrap_or_default()
+    }
+
+    /// What the program run `run_id` recorded, if anything.
+    pub(crate) fn program_for(&self, run_id: &str) -> Option<ProgramRecord> {
+        self.programs.get(run_id).cloned()
+    }
+
+    /// Starts every program of a resumed tree that has not finished over
+    /// (`arbor resume --restart-programs`): their records are dropped, and
+    /// with them the model replies recorded for their runs, which a program
+    /// started over asks for again.
+    pub fn restart_programs(&mut self) {
+        let restarted: Vec<String> = self
+            .programs
+            .keys()
+            .filter(|run| !self.finished.contains_key(*run))
+            .cloned()
+            .collect();
+        for run in &restarted {
+            self.programs.remove(run);
+        }
+        self.replies.retain(|(run, _), _| !restarted.contains(run));
     }
 
     /// The decisions recorded for the run `run_id`'s tool calls.

@@ -401,6 +401,12 @@ impl TreeHooks for TreeContext {
         self.workspace.clone()
     }
 
+    fn program_record(&self, run_id: &RunId) -> Option<arbor_actors::durable::ProgramRecord> {
+        self.recovery
+            .as_ref()
+            .and_then(|r| r.program_for(&run_id.to_string()))
+    }
+
     fn worktree_report(&self, run_id: &RunId) -> Option<arbor_actors::worktree::WorktreeReport> {
         self.recovery
             .as_ref()

@@ -17,6 +17,7 @@ mod command_tools;
 mod config;
 mod config_edges;
 mod config_fuzz;
+mod durable_programs;
 mod embedding;
 mod fencing;
 mod hands;

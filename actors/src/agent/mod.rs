@@ -301,6 +301,11 @@ impl Actor for AgentActor {
         if !verdicts.is_empty() {
             run.machine.recover_hook_verdicts(verdicts);
         }
+        if run.machine.template().handler.is_some()
+            && let Some(record) = hooks.program_record(&run.run_id)
+        {
+            run.machine.recover_program(record);
+        }
         if let Some(report) = hooks.worktree_report(&run.run_id) {
             run.machine.recover_worktree(report);
         }

@@ -121,6 +121,12 @@ impl StepMachine {
                     Err(error) => pending.results[index] = Some(Message::tool_error(call, error)),
                 },
                 ToolKind::External(tool) => {
+                    // A resumed program's call that ran before: its
+                    // recorded result, and the tool is not run again.
+                    if let Some(result) = self.recorded_result(&call.tool_call_id) {
+                        pending.results[index] = Some(result.clone());
+                        continue;
+                    }
                     pending.awaiting += 1;
                     let agent_type = self.state.agent_type.as_deref().unwrap_or_default();
                     if catalog.hooks_before(tool.name(), agent_type) {

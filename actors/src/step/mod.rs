@@ -26,6 +26,7 @@ mod action;
 mod approve;
 pub mod background;
 mod calls;
+mod durable;
 mod hooked;
 
 pub use action::{Action, Catalog, Planned};
@@ -157,6 +158,8 @@ struct Sideband {
     scheduled: Vec<background::Scheduled>,
     /// Child runs of calls that had reported when the run was cut short.
     abandoned: Vec<(usize, Vec<crate::id::RunId>)>,
+    /// A program's yields, and the record a resumed run is held to.
+    durable: Option<Box<durable::Durable>>,
 }
 
 impl StepMachine {
@@ -307,7 +310,9 @@ impl StepMachine {
     /// A checkpoint before the next step. Not before the first: a run with no
     /// checkpoint starts afresh from what its parent gave it, which is the same
     /// state. A program cannot be saved mid-way, so a program-driven run has
-    /// none and starts again from the beginning when its tree is resumed.
+    /// none and starts again from the beginning when its tree is resumed,
+    /// held to its journaled yields and fed its recorded results until it
+    /// reaches where it was (`durable`).
     fn checkpoint(&mut self) {
         if !self.checkpointing || self.step == 0 || self.template.handler.is_some() {
             return;
@@ -396,11 +401,13 @@ impl StepMachine {
             return actions;
         };
         let mut program = handler.start();
+        self.redraw(&mut *program);
         let next = program.resume(Resume::Start {
             prompt: self.prompt.as_deref(),
             params: self.params.as_ref(),
             state: &self.state,
         });
+        let next = self.recorded_yield(&mut *program, next);
         self.program = Some(program);
         self.follow(next, catalog)
     }

@@ -116,6 +116,9 @@ impl StepMachine {
                 error: result
                     .has_tag(crate::message::TOOL_CALL_ERROR)
                     .then(|| result.text()),
+                result: self
+                    .journals_result(&call.tool_call_id)
+                    .then(|| Arc::clone(result)),
             });
         }
         for runs in p.child_runs {
@@ -245,6 +248,7 @@ impl StepMachine {
         let Some(mut program) = self.program.take() else {
             return self.complete();
         };
+        self.redraw(&mut *program);
         let next = match results {
             Some(results) => program.resume(Resume::ToolResults {
                 results,
@@ -255,6 +259,7 @@ impl StepMachine {
                 turn_ended,
             }),
         };
+        let next = self.recorded_yield(&mut *program, next);
         self.program = Some(program);
         self.follow(next, catalog)
     }

@@ -134,7 +134,22 @@ fn event_fields(t: EventType) -> (Fields, Fields) {
                 ("toolCallId", text()),
                 ("error", nullable(text())),
             ],
-            vec![],
+            vec![("result", r("Message"))],
+        ),
+        EventType::ProgramYielded => (
+            vec![
+                ("index", count()),
+                (
+                    "yielded",
+                    any(
+                        "The yield in Codebuff's spelling: \"STEP\", \"STEP_ALL\", {type: \"STEP_TEXT\", text}, {toolName, input}",
+                    ),
+                ),
+            ],
+            vec![(
+                "drawn",
+                any("What the program drew on its way to it (clock readings, its random seed)"),
+            )],
         ),
         EventType::HistoryRepaired => (
             vec![

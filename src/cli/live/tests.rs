@@ -190,7 +190,11 @@ fn a_short_terminal_shows_the_lines_around_the_selection_and_the_footer_stays() 
 fn a_narrow_terminal_drops_the_numbers_and_keys_not_the_doing() {
     let t = tree();
     let lines = t.render(4_000, 80, 40, false);
-    assert!(lines[2].ends_with("(1 left), 1.5s · 30 tokens"), "{}", lines[2]);
+    assert!(
+        lines[2].ends_with("(1 left), 1.5s · 30 tokens"),
+        "{}",
+        lines[2]
+    );
     assert!(!lines[3].contains("select"), "{}", lines[3]);
     let lines = t.render(4_000, 50, 40, false);
     assert!(lines[2].ends_with("(1 left), 1.5s"), "{}", lines[2]);

@@ -42,6 +42,8 @@ pub(crate) struct RunLog {
     pub(crate) hook_verdicts: HashMap<String, arbor_actors::lifecycle::Verdict>,
     /// Its `worktreeSealed` report (issue 36).
     pub(crate) worktree: Option<arbor_actors::worktree::WorktreeReport>,
+    /// Its program's yields and tool results (issue 37).
+    pub(crate) program: arbor_actors::durable::ProgramRecord,
     /// Message ids of the history being rebuilt from deltas.
     ids: Vec<u64>,
     /// Where it finished among the tree's runs.
@@ -274,6 +276,25 @@ impl TreeLog {
                     })
                 {
                     self.run(run_id).hook_verdicts.insert(id, verdict);
+                }
+            }
+            Some(EventType::ProgramYielded) => {
+                if let Ok(recorded) = serde_json::from_value::<arbor_actors::durable::RecordedYield>(
+                    Value::Object(e.clone()),
+                ) {
+                    self.run(run_id).program.push_yield(recorded);
+                }
+            }
+            // A program's tool result, given back to its resumed run.
+            Some(EventType::ToolCalled) if e.contains_key("result") => {
+                let message = e
+                    .get("result")
+                    .and_then(|m| serde_json::from_value::<Message>(m.clone()).ok());
+                if let (Some(id), Some(message)) = (str_of("toolCallId"), message) {
+                    self.run(run_id)
+                        .program
+                        .results
+                        .insert(id, Arc::new(message));
                 }
             }
             Some(EventType::WorktreeSealed) => {
@@ -614,6 +635,9 @@ impl TreeLog {
             }
             if let Some(report) = &r.worktree {
                 recovery.worktrees.insert(id.clone(), report.clone());
+            }
+            if !r.program.is_empty() {
+                recovery.programs.insert(id.clone(), r.program.clone());
             }
         }
         for (run_id, last_final, checkpoint) in runs {

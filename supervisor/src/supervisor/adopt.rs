@@ -13,13 +13,31 @@ impl Supervisor {
     /// Resumes a stored tree that was interrupted: runs that finished are merged
     /// from their stored final states, runs that were cut short go on from their
     /// last checkpoint, and recorded model replies are served instead of asking
-    /// the model again.
+    /// the model again. A program's run starts its program again, held to
+    /// its journaled yields and fed its recorded results until it reaches
+    /// where it was: one whose program now yields otherwise fails, naming
+    /// the first yield that differs.
     pub async fn resume(&self, tree_id: &TreeId) -> Result<TreeHandle, Error> {
+        self.resume_with(tree_id, false).await
+    }
+
+    /// [`resume`](Self::resume), with `restart_programs`: the programs of
+    /// runs that had not finished start over, as new (their records, and the
+    /// model replies recorded for their runs, are dropped; their tools run
+    /// again), for a program whose file was edited since.
+    pub async fn resume_with(
+        &self,
+        tree_id: &TreeId,
+        restart_programs: bool,
+    ) -> Result<TreeHandle, Error> {
         let writer = self.writer_to_take(tree_id, StoreUse::Resume)?;
         // Atomic: of two processes resuming one tree, one gets it.
-        let (record, recovery) = self
+        let (record, mut recovery) = self
             .claim_stored(tree_id, |store, id| store.claim(id))
             .await?;
+        if restart_programs {
+            recovery.restart_programs();
+        }
         let request = self.resumed_request(tree_id, record)?;
         self.go_on(writer, tree_id, request, recovery).await
     }

@@ -308,6 +308,10 @@ impl TreeHooks for RuledHooks {
         self.port().workspace()
     }
 
+    fn program_record(&self, run_id: &RunId) -> Option<arbor_actors::durable::ProgramRecord> {
+        self.port().program_record(run_id)
+    }
+
     fn worktree_report(&self, run_id: &RunId) -> Option<arbor_actors::worktree::WorktreeReport> {
         self.port().worktree_report(run_id)
     }
