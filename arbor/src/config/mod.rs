@@ -235,7 +235,6 @@ impl Config {
         let parsed = Source::parse(raw).map_err(|p| error(vec![p]))?;
         let text = &parsed;
         let (mut file, mut problems, mut broken) = parse_file(text).map_err(|p| error(vec![p]))?;
-        restore(&mut file);
         check_model_aliases(&file, text, &mut problems);
         let loaded = agent_files::load(
             &mut file,
@@ -246,6 +245,9 @@ impl Config {
             &mut problems,
             &mut broken,
         );
+        // After the agent files: their inline MCP servers get their secrets
+        // back as the file's own do.
+        restore(&mut file);
         check_limits(&file.limits, text, &mut problems);
         let mut limits = file.limits.clone();
         let rule = file.policy.rule();

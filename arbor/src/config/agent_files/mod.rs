@@ -16,7 +16,8 @@
 //!
 //! A tree stores the files' text with its config (`[[stored_agent_files]]`
 //! appended to the snapshot), so that resume and replay run on the agents
-//! it started with, whatever the directory holds by then.
+//! it started with, whatever the directory holds by then. The secrets of
+//! their inline MCP servers are not stored (`config::redact`).
 
 mod claude;
 mod yaml;
@@ -80,6 +81,9 @@ pub(super) struct Mapped {
     spawn: Spawn,
     /// Inline MCP servers: name, line, definition (`.mcp.json`'s shape).
     servers: Vec<(String, usize, Value)>,
+    /// Where their secrets are in the file (byte spans) and what its
+    /// stored copy has instead (`config::redact`).
+    secrets: Vec<(std::ops::Range<usize>, String)>,
     /// Its own hooks (Claude Code's shape) and their line.
     hooks: Option<(yaml::Node, usize)>,
     color: Option<String>,
@@ -165,7 +169,8 @@ pub(super) fn load(
     broken: &mut HashSet<String>,
 ) -> Loaded {
     let mut loaded = Loaded::default();
-    let files = if file.stored_agent_files.is_empty() {
+    let fresh = file.stored_agent_files.is_empty();
+    let files = if fresh {
         let found = discover(file, base_dir, sources, text, problems);
         let mut read = Vec::new();
         for f in found {
@@ -191,7 +196,6 @@ pub(super) fn load(
                 _ => {}
             }
         }
-        loaded.stored = read.clone();
         read
     } else {
         std::mem::take(&mut file.stored_agent_files)
@@ -203,9 +207,17 @@ pub(super) fn load(
         servers: &servers,
     };
     let mut mapped: Vec<(String, Mapped)> = Vec::new();
+    // Each file's secrets, replaced in the copy stored with a tree.
+    let mut redactions: BTreeMap<String, Vec<(std::ops::Range<usize>, String)>> = BTreeMap::new();
     for f in &files {
         match claude::map(&f.path, &f.text, &ctx) {
-            Ok(Some(m)) => mapped.push((f.path.clone(), m)),
+            Ok(Some(mut m)) => {
+                redactions
+                    .entry(f.path.clone())
+                    .or_default()
+                    .append(&mut m.secrets);
+                mapped.push((f.path.clone(), m));
+            }
             Ok(None) => tracing::warn!(
                 "{}: left out: a Markdown file without front matter (---) is not an agent file",
                 f.path
@@ -219,6 +231,21 @@ pub(super) fn load(
                 problems.extend(found);
             }
         }
+    }
+    if fresh {
+        loaded.stored = files
+            .iter()
+            .map(|f| StoredAgentFile {
+                path: f.path.clone(),
+                text: match redactions.get_mut(&f.path) {
+                    Some(spans) if !spans.is_empty() => {
+                        spans.sort_by_key(|(span, _)| span.start);
+                        super::redact::splice(&f.text, spans)
+                    }
+                    _ => f.text.clone(),
+                },
+            })
+            .collect();
     }
     // A name defined twice: in the config and a file, or in two files.
     let mut seen: BTreeMap<String, String> = BTreeMap::new();

@@ -516,3 +516,56 @@ fn a_symlink_loop_and_a_huge_directory_end_the_walk() {
     super::walk(many.path(), 0, &mut found);
     assert_eq!(found.len(), super::MAX_FILES + 1);
 }
+
+#[test]
+fn an_agent_files_mcp_server_secret_is_not_stored_in_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("tester.md"),
+        "---\nname: tester\ndescription: Tests\nmodel: sonnet\nmcpServers:\n  - local:\n      \
+         command: server\n      env:\n        TOKEN: sk-plain-secret\n        QUOTED: \"sk-quoted-secret\"\n        \
+         FROM: { env: ARBOR_TEST_VAR }\n  - remote:\n      url: https://bot:pw-inline@mcp.example.com/mcp\n      \
+         headers: { X-Key: 'sk-header-secret' }\n---\n\nYou test.\n",
+    )
+    .unwrap();
+    let config = load(
+        "[models.sim]\nprovider = \"simulated\"\n[model_aliases]\nsonnet = \"sim\"\n",
+        &[dir.path().to_path_buf()],
+    )
+    .unwrap();
+    let snapshot = config.snapshot();
+    for secret in [
+        "sk-plain-secret",
+        "sk-quoted-secret",
+        "pw-inline",
+        "sk-header-secret",
+    ] {
+        assert!(!snapshot.contains(secret), "{secret} stored: {snapshot}");
+    }
+    for kept in [
+        "(not stored)",
+        "https://bot:***@mcp.example.com/mcp",
+        "ARBOR_TEST_VAR",
+    ] {
+        assert!(snapshot.contains(kept), "{kept}: {snapshot}");
+    }
+    assert!(config.is_stored_as(&snapshot));
+    // Read back with the current config: the secrets come from its servers.
+    let back = Config::from_snapshot(&snapshot, "t", PathBuf::from("."), Some(&config)).unwrap();
+    assert_eq!(
+        format!("{:?}", back.file.mcp_servers),
+        format!("{:?}", config.file.mcp_servers)
+    );
+    // Without it, no placeholder is used as a secret.
+    let alone = Config::from_snapshot(&snapshot, "t", PathBuf::from("."), None).unwrap();
+    let shown = format!("{:?}", alone.file.mcp_servers);
+    assert!(
+        !shown.contains("not stored") && !shown.contains("***"),
+        "{shown}"
+    );
+    let local = &alone.file.mcp_servers["local"];
+    assert_eq!(
+        local.env.as_ref().unwrap().keys().collect::<Vec<_>>(),
+        ["FROM"]
+    );
+}
