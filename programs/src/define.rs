@@ -70,6 +70,15 @@ const DESCRIBE: &str = r#"(ns) => {
   return { json, has: h !== undefined };
 }"#;
 
+/// [`DESCRIBE`] for a file that may not be an agent: a module whose default
+/// export is not an object with an `id` (a helper, a file of types) answers
+/// `{ json: null }`, as Codebuff's loader skips it.
+const DESCRIBE_IF_AGENT: &str = r#"(ns, describe) => {
+  const d = ns.default;
+  if (d === null || typeof d !== 'object' || Array.isArray(d) || d.id === undefined) return { json: null, has: false };
+  return describe(ns);
+}"#;
+
 /// Evaluates `bundle`'s entry module and returns its namespace.
 pub(crate) fn namespace<'js>(ctx: &Ctx<'js>, bundle: &Bundle) -> rquickjs::Result<Object<'js>> {
     let code = bundle
@@ -120,6 +129,58 @@ pub fn load_agent_file(root: &Path, file: &Path, limits: Limits) -> Result<Agent
         definition,
         program,
     })
+}
+
+/// Reads the agent file of `bundle` (its entry, shown as `file` in
+/// errors), as Codebuff's loader does: `Ok(None)` when its default export
+/// is not an object with an `id` (a module of helpers or types, not an
+/// agent).
+pub fn load_agent_bundle(
+    bundle: Bundle,
+    file: &Path,
+    limits: Limits,
+) -> Result<Option<AgentFile>, LoadError> {
+    let bundle = Arc::new(bundle);
+    let sandbox = Sandbox::new(Arc::clone(&bundle), limits)
+        .map_err(|e| LoadError::new(file, None, e.message))?;
+    let (json, has_program) = sandbox
+        .run(|ctx| {
+            let ns = namespace(ctx, &bundle)?;
+            let describe: Function = ctx.eval(DESCRIBE)?;
+            let check: Function = ctx.eval(DESCRIBE_IF_AGENT)?;
+            let described: Object = check.call((ns.clone(), describe))?;
+            let json: Option<String> = described.get("json")?;
+            let has: bool = described.get("has")?;
+            if has {
+                let extract: Function = ctx.eval(EXTRACT)?;
+                let _: Value = extract.call((ns,))?;
+            }
+            Ok((json, has))
+        })
+        .map_err(|e| located(file, &bundle, e))?;
+    let Some(json) = json else {
+        return Ok(None);
+    };
+    let definition: serde_json::Value = serde_json::from_str(&json).map_err(|e| {
+        LoadError::new(
+            file,
+            None,
+            format!("the default export is not JSON data: {e}"),
+        )
+    })?;
+    let source = bundle
+        .modules
+        .get(&bundle.entry)
+        .map(|m| m.source.clone())
+        .unwrap_or_default();
+    let program = has_program.then(|| Program {
+        bundle: Arc::clone(&bundle),
+    });
+    Ok(Some(AgentFile {
+        field_lines: field_lines(&source, &definition),
+        definition,
+        program,
+    }))
 }
 
 /// Reads a program file (`program = "agents/fan-out.ts"`): a module whose

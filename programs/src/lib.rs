@@ -23,9 +23,13 @@ mod define;
 mod engine;
 mod load;
 mod program;
+mod redact;
 mod strip;
 
-pub use define::{AgentFile, Program, load_agent_file, load_program_file, program_from_source};
+pub use define::{
+    AgentFile, Program, load_agent_bundle, load_agent_file, load_program_file, program_from_source,
+};
 pub use engine::Limits;
-pub use load::{Bundle, LoadError, MAX_FILE_BYTES, MAX_MODULES, bundle};
+pub use load::{Bundle, LoadError, MAX_FILE_BYTES, MAX_MODULES, bundle, bundle_from};
 pub use program::{JsHandler, JsProgram};
+pub use redact::replace_strings;

@@ -54,6 +54,8 @@ pub(crate) struct Module {
     pub lines: Vec<Option<u32>>,
     /// Each import specifier of this module and the module it names.
     pub resolved: BTreeMap<String, String>,
+    /// The file's text as read.
+    pub source: String,
 }
 
 /// An agent file and every module it imports, as JavaScript, keyed by their
@@ -76,6 +78,19 @@ impl Bundle {
         self.modules.keys().map(String::as_str)
     }
 
+    /// The text of each module as read (TypeScript, JavaScript or JSON),
+    /// by key: what a stored config keeps to load the agent again.
+    pub fn sources(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.modules
+            .iter()
+            .map(|(k, m)| (k.as_str(), m.source.as_str()))
+    }
+
+    /// The directory its keys are under.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     /// The file of module `key`, for errors.
     pub(crate) fn file(&self, key: &str) -> PathBuf {
         self.root.join(key)
@@ -96,6 +111,7 @@ impl Bundle {
         modules.insert(
             name.to_string(),
             Module {
+                source: code.clone(),
                 code,
                 lines,
                 resolved: BTreeMap::new(),
@@ -127,6 +143,68 @@ pub fn bundle(root: &Path, file: &Path) -> Result<Bundle, LoadError> {
         .map_err(|e| LoadError::new(file, None, format!("cannot be read: {e}")))?;
     let entry = key_of(&canonical_root, &canonical_file)
         .ok_or_else(|| LoadError::new(file, None, "is not inside the agents directory".into()))?;
+    build(root, file, entry, &Disk(canonical_root))
+}
+
+/// [`bundle`] from files held in memory (an agent directory as a stored
+/// config keeps it): `files` by their keys under the agents directory
+/// (`/`-separated), `entry` the key of the agent file; `root` names the
+/// directory in errors.
+pub fn bundle_from(
+    root: &Path,
+    files: &BTreeMap<String, String>,
+    entry: &str,
+) -> Result<Bundle, LoadError> {
+    build(root, &root.join(entry), entry.to_owned(), &Memory(files))
+}
+
+/// Where a bundle's files are read from.
+trait Files {
+    /// The text of the file at `key`.
+    fn read(&self, key: &str) -> Result<String, String>;
+    /// The key of the file `key` names, links followed: `Ok(None)` when
+    /// there is no file there, `Err` when it leads out of the directory.
+    fn real(&self, key: &str) -> Result<Option<String>, String>;
+}
+
+/// The agents directory on disk (its canonical path).
+struct Disk(PathBuf);
+
+impl Files for Disk {
+    fn read(&self, key: &str) -> Result<String, String> {
+        read_bounded(&self.0.join(key))
+    }
+
+    fn real(&self, key: &str) -> Result<Option<String>, String> {
+        let path = self.0.join(key);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        // A symbolic link may not lead out of the directory either.
+        let real = path.canonicalize().map_err(|e| e.to_string())?;
+        key_of(&self.0, &real)
+            .map(Some)
+            .ok_or_else(|| "leaves the agents directory".to_owned())
+    }
+}
+
+/// An agents directory held in memory.
+struct Memory<'a>(&'a BTreeMap<String, String>);
+
+impl Files for Memory<'_> {
+    fn read(&self, key: &str) -> Result<String, String> {
+        self.0
+            .get(key)
+            .cloned()
+            .ok_or_else(|| "is not among the stored files".to_owned())
+    }
+
+    fn real(&self, key: &str) -> Result<Option<String>, String> {
+        Ok(self.0.contains_key(key).then(|| key.to_owned()))
+    }
+}
+
+fn build(root: &Path, file: &Path, entry: String, files: &dyn Files) -> Result<Bundle, LoadError> {
     let mut modules: BTreeMap<String, Module> = BTreeMap::new();
     let mut queue = VecDeque::from([entry.clone()]);
     while let Some(key) = queue.pop_front() {
@@ -140,21 +218,23 @@ pub fn bundle(root: &Path, file: &Path) -> Result<Bundle, LoadError> {
                 format!("imports more than {MAX_MODULES} modules"),
             ));
         }
-        let path = canonical_root.join(&key);
         let shown = if key == entry {
             file.to_path_buf()
         } else {
             root.join(&key)
         };
-        let source = read_bounded(&path).map_err(|e| LoadError::new(&shown, None, e))?;
+        let source = files
+            .read(&key)
+            .map_err(|e| LoadError::new(&shown, None, e))?;
         let stripped = if key.ends_with(".json") {
             json_module(&source).map_err(|e| LoadError::new(&shown, e.line, e.message))?
         } else {
-            strip::strip(&source, &path).map_err(|e| LoadError::new(&shown, e.line, e.message))?
+            strip::strip(&source, Path::new(&key))
+                .map_err(|e| LoadError::new(&shown, e.line, e.message))?
         };
         let mut resolved = BTreeMap::new();
         for (spec, line) in &stripped.imports {
-            let target = resolve(&canonical_root, &key, spec)
+            let target = resolve(files, &key, spec)
                 .map_err(|why| LoadError::new(&shown, Some(*line), why))?;
             resolved.insert(spec.clone(), target.clone());
             queue.push_back(target);
@@ -165,6 +245,7 @@ pub fn bundle(root: &Path, file: &Path) -> Result<Bundle, LoadError> {
                 code: stripped.code,
                 lines: stripped.lines,
                 resolved,
+                source,
             },
         );
     }
@@ -226,7 +307,7 @@ const PROBES: [&str; 8] = [
 ];
 
 /// The module that `spec`, imported from module `from`, names.
-fn resolve(root: &Path, from: &str, spec: &str) -> Result<String, String> {
+fn resolve(files: &dyn Files, from: &str, spec: &str) -> Result<String, String> {
     if !(spec.starts_with("./") || spec.starts_with("../")) {
         return Err(format!(
             "import '{spec}': a package import cannot be resolved (only relative imports inside the agents directory are; type-only imports are dropped)"
@@ -254,16 +335,11 @@ fn resolve(root: &Path, from: &str, spec: &str) -> Result<String, String> {
     for candidate in alternates {
         for probe in PROBES {
             let key = format!("{candidate}{probe}");
-            let path = root.join(&key);
-            if !path.is_file() {
-                continue;
+            match files.real(&key) {
+                Ok(Some(real)) => return Ok(real),
+                Ok(None) => {}
+                Err(why) => return Err(format!("import '{spec}' {why}")),
             }
-            // A symbolic link may not lead out of the directory either.
-            let real = path
-                .canonicalize()
-                .map_err(|e| format!("import '{spec}': {e}"))?;
-            return key_of(root, &real)
-                .ok_or_else(|| format!("import '{spec}' leaves the agents directory"));
         }
     }
     Err(format!(

@@ -40,8 +40,9 @@ pub(crate) enum Command {
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
         /// Load the agent files of this directory (or file) too: Claude
-        /// Code's `.md` sub-agents. Repeatable. The workspace's
-        /// `.claude/agents` is loaded when present.
+        /// Code's `.md` sub-agents, Codebuff's `.ts`/`.js`/`.json`
+        /// definitions. Repeatable. The workspace's `.claude/agents` and
+        /// `.agents` are loaded when present.
         #[arg(long = "agents", value_name = "DIR")]
         agents: Vec<PathBuf>,
     },
@@ -259,8 +260,9 @@ pub(crate) enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
         /// Load the agent files of this directory (or file) too: Claude
-        /// Code's `.md` sub-agents. Repeatable. The workspace's
-        /// `.claude/agents` is loaded when present.
+        /// Code's `.md` sub-agents, Codebuff's `.ts`/`.js`/`.json`
+        /// definitions. Repeatable. The workspace's `.claude/agents` and
+        /// `.agents` are loaded when present.
         #[arg(long = "agents", value_name = "DIR")]
         agents: Vec<PathBuf>,
     },
@@ -298,8 +300,9 @@ pub(crate) enum Command {
         /// The file (default: ./config.toml if present, else the built-in one).
         file: Option<PathBuf>,
         /// Load the agent files of this directory (or file) too: Claude
-        /// Code's `.md` sub-agents. Repeatable. The workspace's
-        /// `.claude/agents` is loaded when present.
+        /// Code's `.md` sub-agents, Codebuff's `.ts`/`.js`/`.json`
+        /// definitions. Repeatable. The workspace's `.claude/agents` and
+        /// `.agents` are loaded when present.
         #[arg(long = "agents", value_name = "DIR")]
         agents: Vec<PathBuf>,
     },
@@ -369,7 +372,8 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(crate) read_only: bool,
     /// Load the agent files of this directory (or file) too: Claude Code's
-    /// `.md` sub-agents. Repeatable. The workspace's `.claude/agents` is
+    /// `.md` sub-agents, Codebuff's `.ts`/`.js`/`.json` definitions.
+    /// Repeatable. The workspace's `.claude/agents` and `.agents` are
     /// loaded when present.
     #[arg(long = "agents", value_name = "DIR")]
     pub(crate) agents: Vec<PathBuf>,

@@ -204,7 +204,7 @@ fn load_config(path: Option<&Path>) -> Result<Config, ConfigError> {
 }
 
 /// [`load_config`] with the agent files of `agents` (`--agents`, the
-/// workspace's `.claude/agents`).
+/// workspace's `.claude/agents` and `.agents`).
 fn load_config_with(path: Option<&Path>, agents: &AgentFiles) -> Result<Config, ConfigError> {
     match path {
         Some(path) => Config::load_with(path, agents),
@@ -216,8 +216,8 @@ fn load_config_with(path: Option<&Path>, agents: &AgentFiles) -> Result<Config, 
 }
 
 /// The agent files a command loads: its `--agents` directories, and the
-/// `.claude/agents` of `workspace` (else of the current directory) when
-/// it has one.
+/// `.claude/agents` and `.agents` of `workspace` (else of the current
+/// directory) when it has them.
 fn agent_files(dirs: Vec<std::path::PathBuf>, workspace: Option<&Path>) -> AgentFiles {
     AgentFiles {
         dirs,

@@ -12,6 +12,7 @@ mod background_restart;
 mod budget_serve;
 mod cli;
 mod cli_truths;
+mod codebuff_agents;
 mod codebuff_spellings;
 mod command_tools;
 mod config;

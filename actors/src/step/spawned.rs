@@ -57,7 +57,10 @@ impl StepMachine {
         // messages; only the child's are dropped from the history the parent
         // takes over, and only the child's turn has ended (the parent's
         // messages that live for its turn stay).
-        let own: Vec<*const Message> = self
+        // Told apart by identity, or by value: a child that rewrote the
+        // history (`set_messages`, a context pruner) hands back copies of
+        // the parent's own.
+        let own: Vec<Arc<Message>> = self
             .state
             .message_history
             .iter()
@@ -66,7 +69,7 @@ impl StepMachine {
                     || m.has_tag(INSTRUCTIONS_PROMPT)
                     || crate::history::expired(m, Expiry::TurnEnd)
             })
-            .map(Arc::as_ptr)
+            .map(Arc::clone)
             .collect();
         let budget = self.report_budget();
         let Some(pending) = self.pending_for(step, index) else {
@@ -79,7 +82,9 @@ impl StepMachine {
                     !(m.has_tag(SPAWN_PROMPT)
                         || m.has_tag(INSTRUCTIONS_PROMPT)
                         || crate::history::expired(m, Expiry::TurnEnd))
-                        || own.contains(&std::ptr::from_ref(m))
+                        || own
+                            .iter()
+                            .any(|o| std::ptr::eq(Arc::as_ptr(o), m) || **o == *m)
                 });
                 pending.inline = Some((index, merged));
                 let credits = report.credits;

@@ -78,30 +78,34 @@ impl StepMachine {
         // Shared once here: the history, the watchdog and a program's resume
         // all hold the same `Arc`, so no result body is copied.
         let results: Vec<Arc<Message>> = p.results.into_iter().flatten().map(Arc::new).collect();
+        // The calls a program kept out of the history, taken for this step
+        // alone (an inline spawn's step too: left there, they would hide the
+        // next step's results).
+        let hidden = self
+            .side
+            .as_deref_mut()
+            .map(|side| std::mem::take(&mut side.hidden_calls))
+            .unwrap_or_default();
         if let Some((inline_index, child_history)) = p.inline {
+            let shown = |i: usize| i != inline_index && !hidden.contains(&i);
             let others: Vec<ToolCall> = p
                 .calls
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| *i != inline_index)
+                .filter(|(i, _)| shown(*i))
                 .map(|(_, c)| c.clone())
                 .collect();
             let mut history = child_history;
             if !others.is_empty() {
                 history.push(Message::assistant(None, others));
                 for (i, r) in results.iter().enumerate() {
-                    if i != inline_index {
+                    if shown(i) {
                         history.push_shared(Arc::clone(r));
                     }
                 }
             }
             self.set_history(history);
         } else {
-            let hidden = self
-                .side
-                .as_deref_mut()
-                .map(|side| std::mem::take(&mut side.hidden_calls))
-                .unwrap_or_default();
             for (i, r) in results.iter().enumerate() {
                 if !hidden.contains(&i) {
                     self.state.message_history.push_shared(Arc::clone(r));

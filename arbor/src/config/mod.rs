@@ -128,7 +128,7 @@ pub struct Config {
     /// The lifecycle hooks, checked; `None` when there are none.
     pub hooks: Option<crate::tools::hooks::HookSet>,
     /// The agents loaded from agent files (`[agents] include`, `--agents`,
-    /// a workspace's `.claude/agents`): where each came from, by name.
+    /// a workspace's `.claude/agents` and `.agents`): where each came from, by name.
     pub agent_origins: BTreeMap<String, AgentOrigin>,
     /// How trees' workspaces are opened (sandbox, shell environment, roots).
     pub workspace: WorkspaceSettings,
@@ -171,7 +171,7 @@ impl Config {
     }
 
     /// [`Config::load`], with the agent files of `agents` too (`--agents`
-    /// directories, a workspace's `.claude/agents`).
+    /// directories, a workspace's `.claude/agents` and `.agents`).
     pub fn load_with(path: &Path, agents: &AgentFiles) -> Result<Config, ConfigError> {
         let source = path.display().to_string();
         let text = open::read_text(path).map_err(|message| ConfigError {
@@ -235,7 +235,6 @@ impl Config {
         let parsed = Source::parse(raw).map_err(|p| error(vec![p]))?;
         let text = &parsed;
         let (mut file, mut problems, mut broken) = parse_file(text).map_err(|p| error(vec![p]))?;
-        restore(&mut file);
         check_model_aliases(&file, text, &mut problems);
         let loaded = agent_files::load(
             &mut file,
@@ -246,6 +245,9 @@ impl Config {
             &mut problems,
             &mut broken,
         );
+        // After the agent files: their inline MCP servers get their secrets
+        // back as the file's own do.
+        restore(&mut file);
         check_limits(&file.limits, text, &mut problems);
         let mut limits = file.limits.clone();
         let rule = file.policy.rule();
@@ -300,7 +302,7 @@ impl Config {
             .map(|tool| Arc::new((*tool).clone().with_sandbox(workspace.sandbox.clone())))
             .collect();
         let mut unresolved_tools = Vec::new();
-        let templates = templates(
+        let mut templates = templates(
             &file,
             &base_dir,
             &broken,
@@ -308,6 +310,7 @@ impl Config {
             &mut problems,
             &mut unresolved_tools,
         );
+        loaded.attach_programs(&mut templates);
         check_graph(&file, &limits, text, &mut problems);
         let models = check_models(&file, &limits, &base_dir, text, &mut problems);
         check_store(&file.store, text, &mut problems);

@@ -150,15 +150,7 @@ impl<'t> Source<'t> {
         if spans.is_empty() {
             return Arc::from(text);
         }
-        let mut out = String::with_capacity(text.len());
-        let mut at = 0;
-        for (span, value) in spans {
-            out.push_str(&text[at..span.start]);
-            out.push_str(&value);
-            at = span.end;
-        }
-        out.push_str(&text[at..]);
-        Arc::from(out)
+        Arc::from(super::redact::splice(text, &spans))
     }
 
     /// Whether the file has every key of `path` (not only its first ones:

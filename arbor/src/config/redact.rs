@@ -7,6 +7,11 @@
 //! `base_url`, an MCP server's `url`, the store's `url`). API keys, bearer
 //! tokens and `{ env = "VAR" }` values come from environment variables, so
 //! the file has only their names.
+//!
+//! An agent file's inline MCP servers (Claude Code's `mcpServers`, Codebuff's)
+//! hold the same secrets: the stored copy of the file has them replaced the
+//! same way ([`server_secrets`], [`splice`]), and a stored config read back
+//! takes them from the current config's server of the same name.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -21,6 +26,74 @@ use crate::tools::mcp::ValueSource;
 /// A URL's password as the stored text shows it (see [`redact`]).
 const PASSWORD: &str = "***";
 
+/// The keys of an MCP server definition whose literal (string) values are
+/// secrets.
+pub(super) const SERVER_SECRET_MAPS: [&str; 3] = ["env", "headers", "http_headers"];
+
+/// The key of an MCP server definition whose password is a secret.
+pub(super) const SERVER_URL: &str = "url";
+
+/// One secret of an MCP server definition (`.mcp.json`'s shape, as JSON):
+/// where it is (`env.TOKEN`, `url`), its value, and what its stored copy
+/// reads instead.
+pub(super) struct ServerSecret {
+    /// The key under the server (`env`, `headers`, `http_headers` or `url`)
+    /// and, for a map, the entry's name.
+    pub key: (&'static str, Option<String>),
+    /// The secret as written.
+    pub value: String,
+    /// What the stored copy has in its place: `"(not stored)"`, or the URL
+    /// with its password as `***`.
+    pub stored: String,
+}
+
+/// Every secret of an MCP server `definition` (as JSON): the literal values
+/// of its `env`, `headers` and `http_headers`, and its URL when it has a
+/// password.
+pub(super) fn server_secrets(definition: &serde_json::Value) -> Vec<ServerSecret> {
+    let mut out = Vec::new();
+    for key in SERVER_SECRET_MAPS {
+        if let Some(map) = definition.get(key).and_then(|v| v.as_object()) {
+            for (name, value) in map {
+                if let Some(value) = value.as_str() {
+                    out.push(ServerSecret {
+                        key: (key, Some(name.clone())),
+                        value: value.to_owned(),
+                        stored: REDACTED.to_owned(),
+                    });
+                }
+            }
+        }
+    }
+    if let Some(url) = definition.get(SERVER_URL).and_then(|v| v.as_str()) {
+        let shown = redact(url);
+        if shown != url {
+            out.push(ServerSecret {
+                key: (SERVER_URL, None),
+                value: url.to_owned(),
+                stored: shown,
+            });
+        }
+    }
+    out
+}
+
+/// `text` with each span (sorted, not overlapping) replaced by its text.
+pub(super) fn splice(text: &str, spans: &[(Range<usize>, String)]) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    for (span, value) in spans {
+        let (Some(before), true) = (text.get(at..span.start), span.end >= span.start) else {
+            continue;
+        };
+        out.push_str(before);
+        out.push_str(value);
+        at = span.end;
+    }
+    out.push_str(text.get(at..).unwrap_or_default());
+    out
+}
+
 /// The spans of `root`'s secret values, each with the TOML value that
 /// replaces it in the stored text: `"(not stored)"` for a literal value, the
 /// URL with its password as `***` for a URL. Sorted by position.
@@ -28,11 +101,7 @@ pub(super) fn secret_spans(root: &DeTable<'_>) -> Vec<(Range<usize>, String)> {
     let mut spans = Vec::new();
     for (section, literals, url) in [
         ("models", &["headers"][..], "base_url"),
-        (
-            "mcp_servers",
-            &["env", "headers", "http_headers"][..],
-            "url",
-        ),
+        ("mcp_servers", &SERVER_SECRET_MAPS[..], SERVER_URL),
     ] {
         for (_, entry) in tables(get(root, section)) {
             for key in literals {

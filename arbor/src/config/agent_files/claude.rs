@@ -59,6 +59,8 @@ const NOT_IN_ARBOR: [&str; 12] = [
 pub(super) struct Split<'t> {
     /// The front matter's text (between the fences).
     pub front: &'t str,
+    /// Where the front matter starts in the file's text, in bytes.
+    pub front_at: usize,
     /// The line the front matter starts on.
     pub front_line: usize,
     /// The body: the system prompt.
@@ -70,7 +72,12 @@ pub(super) struct Split<'t> {
 /// Splits a Markdown file at its front matter; `None` if it has none
 /// (it does not start with a `---` line); `Err` if one is never closed.
 pub(super) fn split(text: &str) -> Option<Result<Split<'_>, (usize, String)>> {
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let bom = if text.starts_with('\u{feff}') {
+        '\u{feff}'.len_utf8()
+    } else {
+        0
+    };
+    let text = text.get(bom..).unwrap_or(text);
     let mut lines = text.split_inclusive('\n');
     let first = lines.next()?;
     if first.trim_end() != "---" {
@@ -89,6 +96,7 @@ pub(super) fn split(text: &str) -> Option<Result<Split<'_>, (usize, String)>> {
             let blank_lines = rest[..skipped].matches('\n').count();
             return Some(Ok(Split {
                 front,
+                front_at: bom + start,
                 front_line: 2,
                 body: rest.trim(),
                 body_line: line + 1 + blank_lines,
@@ -365,6 +373,7 @@ pub(super) fn map(
 
     // MCP servers: named ones and inline ones, and their tools.
     let mut servers = Vec::new();
+    let mut secrets = Vec::new();
     if let Some((_, line, node)) = field("mcpServers") {
         let items: Vec<&Node> = match &node.kind {
             Kind::Seq(items) => items.iter().collect(),
@@ -401,7 +410,9 @@ pub(super) fn map(
                 }
                 Kind::Map(entries) => {
                     for (server, server_line, definition) in entries {
-                        servers.push((server.clone(), *server_line, definition.to_json()));
+                        let json = definition.to_json();
+                        secrets.extend(secret_spans(definition, &json, &parts));
+                        servers.push((server.clone(), *server_line, json));
                         let all = format!("{server}/*");
                         if !tools.contains(&all) {
                             tools.push(all);
@@ -592,10 +603,65 @@ pub(super) fn map(
         model,
         spawn,
         servers,
+        secrets,
+        codebuff_secrets: Vec::new(),
+        placeholders: false,
+        handler: None,
         hooks,
         color,
         lines,
     }))
+}
+
+/// The byte spans in the file of an inline MCP server's secrets (its
+/// `definition`, read as `json`), each with the YAML its stored copy has
+/// instead (see `config::redact`).
+fn secret_spans(
+    definition: &Node,
+    json: &Value,
+    parts: &Split<'_>,
+) -> Vec<(std::ops::Range<usize>, String)> {
+    let front = parts.front;
+    let byte = |chars: usize| {
+        front
+            .char_indices()
+            .nth(chars)
+            .map_or(front.len(), |(b, _)| b)
+    };
+    let entry = |node: &Node, key: &str| -> Option<Node> {
+        match &node.kind {
+            Kind::Map(entries) => entries
+                .iter()
+                .find(|(k, _, _)| k == key)
+                .map(|(_, _, v)| v.clone()),
+            _ => None,
+        }
+    };
+    let mut out = Vec::new();
+    for secret in crate::config::redact::server_secrets(json) {
+        let (key, name) = &secret.key;
+        let node = match name {
+            Some(name) => entry(definition, key).and_then(|map| entry(&map, name)),
+            None => entry(definition, key),
+        };
+        let Some(node) = node.filter(|n| n.as_str() == Some(secret.value.as_str())) else {
+            continue;
+        };
+        let (mut start, mut end) = (byte(node.chars.start), byte(node.chars.end));
+        // The scalar alone: no space after it, its quotes included.
+        while end > start && front[..end].ends_with(char::is_whitespace) {
+            end -= front[..end].chars().next_back().map_or(1, char::len_utf8);
+        }
+        for quote in ['"', '\''] {
+            if front[..start].ends_with(quote) && front[end..].starts_with(quote) {
+                start -= 1;
+                end += 1;
+            }
+        }
+        let stored = serde_json::to_string(&secret.stored).unwrap_or_default();
+        out.push((parts.front_at + start..parts.front_at + end, stored));
+    }
+    out
 }
 
 #[cfg(test)]

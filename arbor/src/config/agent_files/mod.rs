@@ -5,24 +5,32 @@
 //! Discovery walks each directory (files in name order, hidden ones and
 //! subdirectories deeper than [`MAX_DEPTH`] left out) and dispatches each
 //! file by its extension: `.md` is a Claude Code sub-agent (`claude.rs`);
-//! `.ts`, `.js` and `.json` are Codebuff agent definitions, not loaded yet
-//! (an error when the directory was named, never a silent skip). A
-//! Markdown file without front matter (a README) is left out with a
-//! warning. Each file becomes an `[agents.NAME]` section, through the same
+//! `.ts`, `.js` and `.json` (and `.mts`, `.mjs`; not `.d.ts`) are Codebuff
+//! agent definitions (`codebuff.rs`), evaluated in the JavaScript engine
+//! (feature `programs`; without it such a file is an error, never a silent
+//! skip). A Markdown file without front matter (a README), and a module
+//! whose default export is no object with an `id` (helpers, types), are
+//! left out. Each file becomes an `[agents.NAME]` section, through the same
 //! checks as one written in TOML (`check/agents.rs`); its problems are
 //! reported at the file's line of the field they come from
 //! (`reviewer.md:4: tools: ...`). TOML templates and loaded ones spawn
 //! each other; a name defined twice is an error naming both places.
 //!
 //! A tree stores the files' text with its config (`[[stored_agent_files]]`
-//! appended to the snapshot), so that resume and replay run on the agents
-//! it started with, whatever the directory holds by then.
+//! appended to the snapshot; a Codebuff agent's with every module it
+//! imports), so that resume and replay run on the agents it started with,
+//! whatever the directory holds by then. The secrets of their inline MCP
+//! servers are not stored (`config::redact`).
 
 mod claude;
+mod codebuff;
 mod yaml;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arbor_actors::handler::StepHandler;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -35,7 +43,10 @@ pub const MAX_DEPTH: usize = 8;
 /// The most files one config loads (a directory of thousands is a mistake).
 pub const MAX_FILES: usize = 10_000;
 /// The directories looked up in a workspace, and loaded when present.
-pub const WORKSPACE_DIRS: [&str; 1] = [".claude/agents"];
+pub const WORKSPACE_DIRS: [&str; 2] = [".claude/agents", ".agents"];
+
+/// The extensions of Codebuff's agent files (and the modules they import).
+const CODEBUFF_EXTENSIONS: [&str; 7] = ["ts", "js", "json", "mts", "mjs", "cts", "cjs"];
 
 /// Where agent files are loaded from besides `[agents] include`.
 #[derive(Clone, Debug, Default)]
@@ -55,6 +66,13 @@ pub struct StoredAgentFile {
     pub path: String,
     /// Its whole text.
     pub text: String,
+    /// A Codebuff module's agents directory, which its imports stay in
+    /// (absent for a Claude Code file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
+    /// A module a Codebuff agent imports, not an agent file itself.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub module_only: bool,
 }
 
 /// Where a loaded agent came from (what `arbor agents` shows).
@@ -80,6 +98,16 @@ pub(super) struct Mapped {
     spawn: Spawn,
     /// Inline MCP servers: name, line, definition (`.mcp.json`'s shape).
     servers: Vec<(String, usize, Value)>,
+    /// Where their secrets are in the file (byte spans) and what its
+    /// stored copy has instead (`config::redact`).
+    secrets: Vec<(std::ops::Range<usize>, String)>,
+    /// A Codebuff agent's server secrets: each value and what its stored
+    /// modules have in its place (their string literals of that value).
+    codebuff_secrets: Vec<(String, String)>,
+    /// Whether its prompts may hold Codebuff's placeholders.
+    placeholders: bool,
+    /// Its program (Codebuff's `handleSteps`).
+    handler: Option<Arc<dyn StepHandler>>,
     /// Its own hooks (Claude Code's shape) and their line.
     hooks: Option<(yaml::Node, usize)>,
     color: Option<String>,
@@ -139,14 +167,16 @@ pub(super) struct Loaded {
     pub stored: Vec<StoredAgentFile>,
     /// Where each loaded agent came from.
     pub origins: BTreeMap<String, AgentOrigin>,
+    /// The programs of loaded agents (Codebuff's `handleSteps`), by agent.
+    handlers: BTreeMap<String, Arc<dyn StepHandler>>,
 }
 
 /// A file found by discovery.
 struct Found {
     path: PathBuf,
-    /// Named (or in a directory named) by `include` or `--agents`, not
-    /// looked up by default.
-    explicit: bool,
+    /// The directory it was found in (itself, named alone, its own
+    /// directory): where a Codebuff file's imports stay.
+    root: PathBuf,
 }
 
 /// Loads the agent files into `file.agents` (and their inline MCP
@@ -165,37 +195,73 @@ pub(super) fn load(
     broken: &mut HashSet<String>,
 ) -> Loaded {
     let mut loaded = Loaded::default();
-    let files = if file.stored_agent_files.is_empty() {
-        let found = discover(file, base_dir, sources, text, problems);
-        let mut read = Vec::new();
-        for f in found {
+    let fresh = file.stored_agent_files.is_empty();
+    // Claude Code's files as read; Codebuff's as evaluated, with the
+    // modules to store.
+    let mut markdown: Vec<StoredAgentFile> = Vec::new();
+    let mut evaluated: Vec<(String, codebuff::Evaluated)> = Vec::new();
+    let mut modules: BTreeMap<(String, String), (String, bool)> = BTreeMap::new();
+    if fresh {
+        for f in discover(file, base_dir, sources, text, problems) {
             let shown = f.path.display().to_string();
             let ext = f.path.extension().and_then(|e| e.to_str()).unwrap_or("");
-            match ext {
-                "md" => match super::open::read_text(&f.path) {
-                    Ok(text) => read.push(StoredAgentFile { path: shown, text }),
+            if ext == "md" {
+                match super::open::read_text(&f.path) {
+                    Ok(text) => markdown.push(StoredAgentFile {
+                        path: shown,
+                        text,
+                        root: None,
+                        module_only: false,
+                    }),
                     Err(why) => problems.push(file_problem(&shown, why)),
-                },
-                // Codebuff's agent definitions (`.agents/*.ts`): their
-                // loader goes here. Until then one in a directory named
-                // explicitly is refused; one in a workspace's default
-                // directory falls through to the files left out.
-                "ts" | "js" | "json" | "mts" | "mjs" | "cts" | "cjs" if f.explicit => {
-                    problems.push(file_problem(
-                        &shown,
-                        "Codebuff agent files are not loaded yet (only Claude Code's .md \
-                         agent files are): leave it out of the agent directories"
-                            .to_owned(),
-                    ));
                 }
-                _ => {}
+            } else if CODEBUFF_EXTENSIONS.contains(&ext) && !not_an_agent(&f.path) {
+                match codebuff::evaluate(&f.root, &f.path) {
+                    Ok(Some(agent)) => {
+                        let root = f.root.display().to_string();
+                        for (key, text) in &agent.modules {
+                            let entry = *key == agent.key;
+                            let stored = modules
+                                .entry((root.clone(), key.clone()))
+                                .or_insert_with(|| (text.clone(), true));
+                            stored.1 &= !entry;
+                        }
+                        evaluated.push((shown, agent));
+                    }
+                    Ok(None) => tracing::debug!(
+                        "{shown}: left out: its default export is no AgentDefinition"
+                    ),
+                    Err(problem) => problems.push(problem),
+                }
             }
         }
-        loaded.stored = read.clone();
-        read
     } else {
-        std::mem::take(&mut file.stored_agent_files)
-    };
+        let stored = std::mem::take(&mut file.stored_agent_files);
+        let mut roots: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        for f in &stored {
+            match &f.root {
+                None => markdown.push(f.clone()),
+                Some(root) => {
+                    let key = key_under(root, &f.path);
+                    roots
+                        .entry(root.clone())
+                        .or_default()
+                        .insert(key, f.text.clone());
+                }
+            }
+        }
+        for f in stored.iter().filter(|f| !f.module_only) {
+            let Some(root) = &f.root else { continue };
+            let Some(files) = roots.get(root) else {
+                continue;
+            };
+            match codebuff::evaluate_stored(Path::new(root), files, &key_under(root, &f.path)) {
+                Ok(Some(agent)) => evaluated.push((f.path.clone(), agent)),
+                Ok(None) => {}
+                Err(problem) => problems.push(problem),
+            }
+        }
+    }
     let command_tools: Vec<String> = file.tools.keys().cloned().collect();
     let servers: Vec<String> = file.mcp_servers.keys().cloned().collect();
     let ctx = claude::Context {
@@ -203,9 +269,17 @@ pub(super) fn load(
         servers: &servers,
     };
     let mut mapped: Vec<(String, Mapped)> = Vec::new();
-    for f in &files {
+    // Each file's secrets, replaced in the copy stored with a tree.
+    let mut redactions: BTreeMap<String, Vec<(std::ops::Range<usize>, String)>> = BTreeMap::new();
+    for f in &markdown {
         match claude::map(&f.path, &f.text, &ctx) {
-            Ok(Some(m)) => mapped.push((f.path.clone(), m)),
+            Ok(Some(mut m)) => {
+                redactions
+                    .entry(f.path.clone())
+                    .or_default()
+                    .append(&mut m.secrets);
+                mapped.push((f.path.clone(), m));
+            }
             Ok(None) => tracing::warn!(
                 "{}: left out: a Markdown file without front matter (---) is not an agent file",
                 f.path
@@ -219,6 +293,51 @@ pub(super) fn load(
                 problems.extend(found);
             }
         }
+    }
+    let codebuff_ctx = codebuff::Context {
+        command_tools: &command_tools,
+    };
+    let mut codebuff_secrets: BTreeMap<String, String> = BTreeMap::new();
+    for (path, agent) in evaluated {
+        match codebuff::map(&path, &agent.definition, &agent.lines, &codebuff_ctx) {
+            Ok(mut m) => {
+                codebuff_secrets.extend(m.codebuff_secrets.drain(..));
+                m.handler = agent.handler;
+                mapped.push((path, m));
+            }
+            Err(found) => {
+                if let Some(id) = agent.definition.get("id").and_then(Value::as_str) {
+                    broken.insert(format!("agents.{id}"));
+                }
+                problems.extend(found);
+            }
+        }
+    }
+    if fresh {
+        let mut stored: Vec<StoredAgentFile> = markdown
+            .iter()
+            .map(|f| StoredAgentFile {
+                path: f.path.clone(),
+                text: match redactions.get_mut(&f.path) {
+                    Some(spans) if !spans.is_empty() => {
+                        spans.sort_by_key(|(span, _)| span.start);
+                        super::redact::splice(&f.text, spans)
+                    }
+                    _ => f.text.clone(),
+                },
+                root: None,
+                module_only: false,
+            })
+            .collect();
+        for ((root, key), (text, module_only)) in modules {
+            stored.push(StoredAgentFile {
+                path: Path::new(&root).join(&key).display().to_string(),
+                text: codebuff::redact(&text, &key, &codebuff_secrets),
+                root: Some(root),
+                module_only,
+            });
+        }
+        loaded.stored = stored;
     }
     // A name defined twice: in the config and a file, or in two files.
     let mut seen: BTreeMap<String, String> = BTreeMap::new();
@@ -292,6 +411,38 @@ pub(super) fn load(
             }
         }
     }
+    // When to use each agent, for Codebuff's agents prompt.
+    let mut about: BTreeMap<String, Option<String>> = file
+        .agents
+        .iter()
+        .map(|(n, a)| {
+            (
+                n.clone(),
+                a.spawner_prompt.clone().or(a.description.clone()),
+            )
+        })
+        .collect();
+    for (_, m) in &unique {
+        let said = |key: &str| {
+            m.section
+                .get(key)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        };
+        about.insert(
+            m.id.clone(),
+            said("spawner_prompt").or_else(|| said("description")),
+        );
+    }
+    let described: BTreeMap<String, String> = arbor_tools::workspace::all_tools()
+        .iter()
+        .map(|t| (t.name().to_owned(), t.description().to_owned()))
+        .chain(
+            file.tools
+                .iter()
+                .map(|(n, t)| (n.clone(), t.description.clone())),
+        )
+        .collect();
     for ((path, m), model) in unique.into_iter().zip(resolved) {
         let Some(model) = model else { continue };
         let mut section = m.section;
@@ -302,19 +453,72 @@ pub(super) fn load(
                 serde_json::json!(spawns.get(&m.id).cloned().unwrap_or_default()),
             );
         }
-        let agent: AgentSection = match serde_json::from_value(section) {
+        let mut agent: AgentSection = match serde_path_to_error::deserialize(section) {
             Ok(agent) => agent,
             Err(e) => {
+                let key = e
+                    .path()
+                    .iter()
+                    .next()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default();
+                let (field, line) = m
+                    .lines
+                    .get(key.as_str())
+                    .copied()
+                    .unwrap_or(("(definition)", m.line));
                 problems.push(Problem {
                     file: Some(path.clone()),
-                    line: Some(m.line),
-                    key: "(front matter)".into(),
-                    message: e.to_string(),
+                    line: Some(line),
+                    key: field.into(),
+                    message: e.inner().to_string(),
                 });
                 broken.insert(format!("agents.{}", m.id));
                 continue;
             }
         };
+        if m.placeholders {
+            let values = codebuff::Values {
+                name: agent.name.as_deref().unwrap_or(&m.id),
+                tools: agent
+                    .tools
+                    .iter()
+                    .map(|t| (t.clone(), described.get(t).cloned()))
+                    .collect(),
+                agents: agent
+                    .spawnable_agents
+                    .iter()
+                    .map(|a| (a.clone(), about.get(a).cloned().flatten()))
+                    .collect(),
+                max_steps: agent.max_steps,
+            };
+            let mut emptied = Vec::new();
+            let system = codebuff::expand(&agent.system_prompt, &values, &mut emptied);
+            let instructions = agent
+                .instructions_prompt
+                .as_deref()
+                .map(|p| codebuff::expand(p, &values, &mut emptied));
+            let step = agent
+                .step_prompt
+                .as_deref()
+                .map(|p| codebuff::expand(p, &values, &mut emptied));
+            agent.system_prompt = system;
+            agent.instructions_prompt = instructions;
+            agent.step_prompt = step;
+            if !emptied.is_empty() {
+                tracing::warn!(
+                    "{path}: placeholders Arbor has no value for are replaced with nothing: {}",
+                    emptied
+                        .iter()
+                        .map(|n| format!("{{CODEBUFF_{n}}}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+        }
+        if let Some(handler) = m.handler {
+            loaded.handlers.insert(m.id.clone(), handler);
+        }
         for (server, line, definition) in m.servers {
             let taken = if file.mcp_servers.contains_key(&server) {
                 Some(match loaded.servers.get(&server) {
@@ -397,6 +601,30 @@ pub(super) fn with_stored(text: &str, files: &[StoredAgentFile]) -> std::sync::A
     std::sync::Arc::from(out)
 }
 
+/// A declaration file or a test (`x.d.ts`, `x.test.ts`, `x.spec.js`), which
+/// Codebuff's loader does not read as agents either.
+fn not_an_agent(path: &Path) -> bool {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    [".d.ts", ".d.mts"].iter().any(|e| name.ends_with(e))
+        || name.contains(".test.")
+        || name.contains(".spec.")
+}
+
+/// The key of stored module `path` under its agents directory `root`
+/// (`/`-separated).
+fn key_under(root: &str, path: &str) -> String {
+    let rel = Path::new(path)
+        .strip_prefix(root)
+        .unwrap_or_else(|_| Path::new(path));
+    rel.components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
 /// A file's `name`, read without the rest (for a file that fails).
 fn name_of(text: &str) -> Option<String> {
     let parts = claude::split(text)?.ok()?;
@@ -424,7 +652,7 @@ fn discover(
     text: &Source<'_>,
     problems: &mut Vec<Problem>,
 ) -> Vec<Found> {
-    let mut roots: Vec<(PathBuf, bool, Option<Problem>)> = Vec::new();
+    let mut roots: Vec<(PathBuf, Option<Problem>)> = Vec::new();
     for (i, entry) in file.agent_include.iter().enumerate() {
         let missing = Problem {
             file: None,
@@ -437,23 +665,23 @@ fn discover(
                 entry.display()
             ),
         };
-        roots.push((base_dir.join(entry), true, Some(missing)));
+        roots.push((base_dir.join(entry), Some(missing)));
     }
     for dir in &sources.dirs {
-        roots.push((dir.clone(), true, None));
+        roots.push((dir.clone(), None));
     }
     if let Some(workspace) = &sources.workspace {
         for dir in WORKSPACE_DIRS {
             let dir = workspace.join(dir);
             if dir.is_dir() {
-                roots.push((dir, false, None));
+                roots.push((dir, None));
             }
         }
     }
     let mut seen_roots = HashSet::new();
     let mut seen_files = HashSet::new();
     let mut found = Vec::new();
-    for (root, explicit, missing) in roots {
+    for (root, missing) in roots {
         let Ok(canonical) = std::fs::canonicalize(&root) else {
             problems.push(missing.unwrap_or_else(|| Problem {
                 file: Some(root.display().to_string()),
@@ -467,11 +695,15 @@ fn discover(
             continue;
         }
         let mut files = Vec::new();
-        if root.is_dir() {
+        let dir = if root.is_dir() {
             walk(&root, 0, &mut files);
+            root.clone()
         } else {
-            files.push(root);
-        }
+            files.push(root.clone());
+            root.parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+        };
         for path in files {
             if found.len() >= MAX_FILES {
                 problems.push(file_problem(
@@ -482,7 +714,10 @@ fn discover(
             }
             let key = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
             if seen_files.insert(key) {
-                found.push(Found { path, explicit });
+                found.push(Found {
+                    path,
+                    root: dir.clone(),
+                });
             }
         }
     }
@@ -490,8 +725,8 @@ fn discover(
 }
 
 /// The files under `dir`, in name order, directories' files after the
-/// directory's own; hidden entries and symbolic links to directories left
-/// out (a link to a parent would never end), and no more than one past
+/// directory's own; hidden entries, `node_modules` and symbolic links to
+/// directories left out (a link to a parent would never end), and no more than one past
 /// `MAX_FILES` in all (the caller refuses that many), so a directory named
 /// by mistake (`--agents ~`) costs a bounded walk.
 fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
@@ -500,7 +735,11 @@ fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
     };
     let mut entries: Vec<(PathBuf, bool)> = entries
         .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_str().is_some_and(|n| !n.starts_with('.')))
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| !n.starts_with('.') && n != "node_modules")
+        })
         .map(|e| {
             // The entry's own type: a symbolic link is not followed here.
             let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
@@ -712,6 +951,16 @@ impl Loaded {
                     key,
                     message: why,
                 });
+            }
+        }
+    }
+
+    /// Gives each loaded agent's template its program (Codebuff's
+    /// `handleSteps`).
+    pub(super) fn attach_programs(&self, templates: &mut [arbor_actors::AgentTemplate]) {
+        for t in templates {
+            if let Some(handler) = self.handlers.get(&t.id) {
+                t.handler = Some(Arc::clone(handler));
             }
         }
     }

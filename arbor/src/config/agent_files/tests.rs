@@ -390,22 +390,27 @@ fn include_is_the_list_of_agent_files_and_no_agent_may_be_named_so() {
 }
 
 #[test]
-fn a_codebuff_file_in_a_named_directory_is_not_silently_skipped() {
+fn a_codebuff_file_loads_beside_claude_codes_and_a_module_without_an_agent_is_left_out() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("picker.ts"), "export default {}\n").unwrap();
-    let err = load(SIM, &[dir.path().to_path_buf()])
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("picker.ts: (file): Codebuff agent files are not loaded yet"),
-        "{err}"
-    );
-    // In a workspace's default directory it is left for its own loader.
+    std::fs::write(dir.path().join("helper.ts"), "export default {}\n").unwrap();
+    std::fs::write(
+        dir.path().join("picker.ts"),
+        "import type { X } from './types'\nexport default {\n  id: 'picker',\n  displayName: 'Picker',\n  model: 'sim',\n  toolNames: ['read_files', 'set_output'],\n  systemPrompt: 'I am {CODEBUFF_AGENT_NAME}. {CODEBUFF_UNKNOWN}',\n}\n",
+    )
+    .unwrap();
+    let config = load(SIM, &[dir.path().to_path_buf()]).unwrap();
+    let picker = template(&config, "picker");
+    assert_eq!(picker.display_name, "Picker");
+    assert_eq!(picker.tools, ["read_files", "set_output"]);
+    assert_eq!(&*picker.system_prompt, "I am Picker. {CODEBUFF_UNKNOWN}");
+    assert!(!config.templates.iter().any(|t| t.id == "helper"));
+    // In a workspace's default directories too, beside Claude Code's files.
     let ws = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(ws.path().join(".claude/agents")).unwrap();
-    std::fs::write(
-        ws.path().join(".claude/agents/picker.ts"),
-        "export default {}\n",
+    std::fs::create_dir_all(ws.path().join(".agents")).unwrap();
+    std::fs::copy(
+        dir.path().join("picker.ts"),
+        ws.path().join(".agents/picker.ts"),
     )
     .unwrap();
     std::fs::copy(
@@ -426,6 +431,42 @@ fn a_codebuff_file_in_a_named_directory_is_not_silently_skipped() {
     assert_eq!(
         template(&config, "safe-researcher").tools,
         ["Read", "Grep", "Glob", "Bash"]
+    );
+    assert_eq!(template(&config, "picker").model, "sim");
+    // A stored config runs on the stored modules, the directory gone.
+    let snapshot = config.snapshot();
+    drop(ws);
+    let back = Config::from_snapshot(&snapshot, "t", PathBuf::from("."), None).unwrap();
+    assert_eq!(
+        template(&back, "picker").tools,
+        ["read_files", "set_output"]
+    );
+}
+
+#[test]
+fn a_codebuff_agents_mcp_server_secret_is_not_stored_in_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("token.ts"),
+        "export const TOKEN = 'sk-module-secret'\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("linear.ts"),
+        "import { TOKEN } from './token'\nexport default {\n  id: 'linear',\n  displayName: 'Linear',\n  model: 'sim',\n  mcpServers: {\n    tracker: { command: 'tracker-mcp', env: { TOKEN, OTHER: \"sk-inline-secret\" } },\n  },\n}\n",
+    )
+    .unwrap();
+    let config = load(SIM, &[dir.path().to_path_buf()]).unwrap();
+    assert_eq!(template(&config, "linear").tools, ["tracker/*"]);
+    let snapshot = config.snapshot();
+    for secret in ["sk-module-secret", "sk-inline-secret"] {
+        assert!(!snapshot.contains(secret), "{secret} stored: {snapshot}");
+    }
+    assert!(snapshot.contains("tracker-mcp"), "{snapshot}");
+    let back = Config::from_snapshot(&snapshot, "t", PathBuf::from("."), Some(&config)).unwrap();
+    assert_eq!(
+        format!("{:?}", back.file.mcp_servers),
+        format!("{:?}", config.file.mcp_servers)
     );
 }
 
@@ -515,4 +556,57 @@ fn a_symlink_loop_and_a_huge_directory_end_the_walk() {
     let mut found = Vec::new();
     super::walk(many.path(), 0, &mut found);
     assert_eq!(found.len(), super::MAX_FILES + 1);
+}
+
+#[test]
+fn an_agent_files_mcp_server_secret_is_not_stored_in_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("tester.md"),
+        "---\nname: tester\ndescription: Tests\nmodel: sonnet\nmcpServers:\n  - local:\n      \
+         command: server\n      env:\n        TOKEN: sk-plain-secret\n        QUOTED: \"sk-quoted-secret\"\n        \
+         FROM: { env: ARBOR_TEST_VAR }\n  - remote:\n      url: https://bot:pw-inline@mcp.example.com/mcp\n      \
+         headers: { X-Key: 'sk-header-secret' }\n---\n\nYou test.\n",
+    )
+    .unwrap();
+    let config = load(
+        "[models.sim]\nprovider = \"simulated\"\n[model_aliases]\nsonnet = \"sim\"\n",
+        &[dir.path().to_path_buf()],
+    )
+    .unwrap();
+    let snapshot = config.snapshot();
+    for secret in [
+        "sk-plain-secret",
+        "sk-quoted-secret",
+        "pw-inline",
+        "sk-header-secret",
+    ] {
+        assert!(!snapshot.contains(secret), "{secret} stored: {snapshot}");
+    }
+    for kept in [
+        "(not stored)",
+        "https://bot:***@mcp.example.com/mcp",
+        "ARBOR_TEST_VAR",
+    ] {
+        assert!(snapshot.contains(kept), "{kept}: {snapshot}");
+    }
+    assert!(config.is_stored_as(&snapshot));
+    // Read back with the current config: the secrets come from its servers.
+    let back = Config::from_snapshot(&snapshot, "t", PathBuf::from("."), Some(&config)).unwrap();
+    assert_eq!(
+        format!("{:?}", back.file.mcp_servers),
+        format!("{:?}", config.file.mcp_servers)
+    );
+    // Without it, no placeholder is used as a secret.
+    let alone = Config::from_snapshot(&snapshot, "t", PathBuf::from("."), None).unwrap();
+    let shown = format!("{:?}", alone.file.mcp_servers);
+    assert!(
+        !shown.contains("not stored") && !shown.contains("***"),
+        "{shown}"
+    );
+    let local = &alone.file.mcp_servers["local"];
+    assert_eq!(
+        local.env.as_ref().unwrap().keys().collect::<Vec<_>>(),
+        ["FROM"]
+    );
 }

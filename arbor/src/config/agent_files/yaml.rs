@@ -9,6 +9,9 @@ use serde_json::Value;
 pub(super) struct Node {
     /// The line in the whole file (1-based).
     pub line: usize,
+    /// Where it is in the parsed text, in characters (a quoted scalar's
+    /// quotes included): what a secret's redaction replaces.
+    pub chars: std::ops::Range<usize>,
     /// What it holds.
     pub kind: Kind,
 }
@@ -107,6 +110,7 @@ pub(super) fn parse(text: &str, first_line: usize) -> Result<Node, (usize, Strin
     match docs.len() {
         0 => Ok(Node {
             line: first_line,
+            chars: 0..0,
             kind: Kind::Null,
         }),
         1 => docs
@@ -152,7 +156,11 @@ fn node(yaml: &MarkedYaml<'_>, shift: usize) -> Result<Node, (usize, String)> {
         }
         YamlData::BadValue => return Err((line, "not a YAML value".to_owned())),
     };
-    Ok(Node { line, kind })
+    Ok(Node {
+        line,
+        chars: yaml.span.start.index()..yaml.span.end.index(),
+        kind,
+    })
 }
 
 fn scalar_kind(scalar: &Scalar<'_>) -> Kind {
