@@ -112,7 +112,7 @@ pub(crate) fn plan_cancel(
 ) -> Result<CancelPlan, Error> {
     let tree_id = target.tree();
     let refused = |reason: String| Error::CancelRefused {
-        id: target.to_string(),
+        id: target.clone(),
         reason,
     };
     if status.is_final() {
@@ -251,7 +251,7 @@ impl Supervisor {
             let status = store.status(&tree)?;
             if status.is_final() {
                 return Err(Error::RaiseEnded {
-                    tree: tree.to_string(),
+                    tree: tree.clone(),
                     status,
                 });
             }

@@ -174,7 +174,7 @@ pub(super) fn load(
             match ext {
                 "md" => match super::open::read_text(&f.path) {
                     Ok(text) => read.push(StoredAgentFile { path: shown, text }),
-                    Err(why) => problems.push(file_problem(&shown, why)),
+                    Err(why) => problems.push(file_problem(&shown, why.to_string())),
                 },
                 // Codebuff's agent definitions (`.agents/*.ts`): their
                 // loader goes here. Until then one in a directory named
