@@ -275,8 +275,9 @@ pub enum Error {
     /// its tree has ended, or a part of a tree nobody runs was named.
     #[error("cannot cancel {id}: {reason}")]
     CancelRefused {
-        /// The tree or run named.
-        id: crate::Target,
+        /// The tree or run named, as `Target` shows it (the text keeps this
+        /// module free of the supervisor's).
+        id: String,
         /// Why.
         reason: String,
     },

@@ -112,7 +112,7 @@ pub(crate) fn plan_cancel(
 ) -> Result<CancelPlan, Error> {
     let tree_id = target.tree();
     let refused = |reason: String| Error::CancelRefused {
-        id: target.clone(),
+        id: target.to_string(),
         reason,
     };
     if status.is_final() {
