@@ -12,7 +12,7 @@ use crate::event::EventKind;
 use crate::limit::LimitHit;
 use crate::model::{Model, Usage};
 use crate::template::AgentTemplate;
-use crate::toolbox::Toolbox;
+use crate::toolbox::{Toolbox, ToolboxError};
 
 /// A live-agent slot; dropping it gives the slot back.
 pub struct Slot(Box<dyn std::any::Any + Send>);
@@ -108,7 +108,7 @@ pub trait TreeHooks: Send + Sync + 'static {
     fn model(&self, name: &str) -> Option<Arc<dyn Model>>;
 
     /// The toolbox of a template (built once and cached).
-    fn toolbox(&self, template: &AgentTemplate) -> Result<Arc<Toolbox>, String>;
+    fn toolbox(&self, template: &AgentTemplate) -> Result<Arc<Toolbox>, ToolboxError>;
 
     /// Admits one child of a parent at `parent_depth`, as the `index`-th of its call.
     /// Counts it against the tree's agent total when admitted.

@@ -400,16 +400,16 @@ pub fn tool_fields(tool: &str, input: Value, call_id: String) -> Map<String, Val
 /// A tool call's result with what hooks gave the model beside it: one more
 /// part of an output, one more line of an error.
 pub fn with_note(
-    result: Result<crate::tool::ToolOutput, String>,
+    result: Result<crate::tool::ToolOutput, crate::tool::ToolError>,
     note: String,
-) -> Result<crate::tool::ToolOutput, String> {
+) -> Result<crate::tool::ToolOutput, crate::tool::ToolError> {
     match result {
         Ok(output) => {
             let mut parts = output.into_parts();
             parts.push(crate::message::ToolResultPart::Json { value: note.into() });
             Ok(crate::tool::ToolOutput::Parts(parts))
         }
-        Err(error) => Err(format!("{error}\n{note}")),
+        Err(error) => Err(crate::tool::ToolError::new(format!("{error}\n{note}"))),
     }
 }
 

@@ -130,13 +130,18 @@ pub enum OnTurnEnd {
     Cancel,
 }
 
+/// A text that is no [`OnTurnEnd`] (the text as given).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("must be \"wait\" or \"cancel\", got {0:?}")]
+pub struct UnknownOnTurnEnd(pub String);
+
 impl std::str::FromStr for OnTurnEnd {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownOnTurnEnd;
+    fn from_str(s: &str) -> Result<Self, UnknownOnTurnEnd> {
         match s {
             "wait" => Ok(OnTurnEnd::Wait),
             "cancel" => Ok(OnTurnEnd::Cancel),
-            other => Err(format!("must be \"wait\" or \"cancel\", got {other:?}")),
+            other => Err(UnknownOnTurnEnd(other.to_owned())),
         }
     }
 }

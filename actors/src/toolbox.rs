@@ -264,9 +264,44 @@ impl SpawnableInfo {
     }
 }
 
+/// Why a template's toolbox cannot be made: what the error of a spawn of
+/// its agents says, and why a catalog refuses the template.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ToolboxError {
+    /// A `tools` entry names no tool (the entry as written).
+    #[error("unknown tool {0}")]
+    UnknownTool(String),
+    /// A `tools` entry under the workspace tools' prefix names none of them.
+    #[error("no workspace tool is named {0}")]
+    NoWorkspaceTool(String),
+    /// A `tools` entry a tool source owns is not `SERVER/TOOL`.
+    #[error("{0} is not SERVER/TOOL")]
+    NotServerTool(String),
+    /// A tool source has no tools for a `tools` entry, for its own reason.
+    #[error("{reason}")]
+    Unresolved {
+        /// The entry as written.
+        entry: String,
+        /// Why the source has none, as it says it.
+        reason: String,
+    },
+    /// An external tool's input schema does not compile.
+    #[error("tool {tool} has an invalid input schema: {problem}")]
+    InvalidSchema {
+        /// The tool's name.
+        tool: String,
+        /// What the schema compiler said.
+        problem: String,
+    },
+    /// The template is not one of the catalog's, so it has no toolbox.
+    #[error("agent type {0} is not in the catalog")]
+    UnknownAgent(String),
+}
+
 /// The tools one `tools` entry of a template names (`rg`, `fs/*`,
 /// `fs/read_file`); `Err` says why it names none.
-pub type Resolve<'a> = &'a dyn Fn(&str) -> Result<Vec<Arc<dyn Tool>>, String>;
+pub type Resolve<'a> = &'a dyn Fn(&str) -> Result<Vec<Arc<dyn Tool>>, ToolboxError>;
 
 /// Where a toolbox finds what is not built in.
 pub struct ToolSources<'a> {
@@ -281,11 +316,11 @@ impl Toolbox {
     pub fn build(
         template: &AgentTemplate,
         external: impl Fn(&str) -> Option<Arc<dyn Tool>>,
-    ) -> Result<Toolbox, String> {
+    ) -> Result<Toolbox, ToolboxError> {
         let resolve = |name: &str| {
             external(name)
                 .map(|t| vec![t])
-                .ok_or_else(|| format!("unknown tool {name}"))
+                .ok_or_else(|| ToolboxError::UnknownTool(name.to_owned()))
         };
         Self::build_with(
             template,
@@ -300,7 +335,7 @@ impl Toolbox {
     pub fn build_with(
         template: &AgentTemplate,
         sources: &ToolSources<'_>,
-    ) -> Result<Toolbox, String> {
+    ) -> Result<Toolbox, ToolboxError> {
         let mut tb = Toolbox {
             entries: HashMap::new(),
             definitions: Arc::new(BTreeMap::new()),
@@ -382,8 +417,11 @@ impl Toolbox {
         for tool in external {
             let name = tool.name().to_owned();
             let source = tool.input_schema();
-            let schema = Schema::compile(source.clone())
-                .map_err(|e| format!("tool {name} has an invalid input schema: {e}"))?;
+            let schema =
+                Schema::compile(source.clone()).map_err(|e| ToolboxError::InvalidSchema {
+                    tool: name.clone(),
+                    problem: e.to_string(),
+                })?;
             let mut wire = wire_name(&name);
             if tb.entries.contains_key(&wire) {
                 wire.truncate(MAX_WIRE_NAME - 9);
@@ -763,7 +801,7 @@ mod tests {
         let mut t = AgentTemplate::new("lead", "m");
         t.tools = vec!["add_message".into(), "grep".into()];
         assert_eq!(
-            Toolbox::build(&t, |_| None).unwrap_err(),
+            Toolbox::build(&t, |_| None).unwrap_err().to_string(),
             "unknown tool grep"
         );
     }

@@ -248,7 +248,9 @@ impl RuntimeBuilder {
                 let (current, code_tools) = (config.clone(), self.tools.clone());
                 let cache = built.clone();
                 supervisor = supervisor.with_catalogs(Box::new(move |text: &str| {
-                    cache.catalog(text, &current, &code_tools)
+                    cache
+                        .catalog(text, &current, &code_tools)
+                        .map_err(arbor_supervisor::BoxError::from)
                 }));
                 others = Some(built);
             }
@@ -278,20 +280,15 @@ impl OtherConfigs {
         text: &str,
         current: &Config,
         code_tools: &[Arc<dyn arbor_actors::Tool>],
-    ) -> Result<Arc<arbor_supervisor::Catalog>, String> {
+    ) -> Result<Arc<arbor_supervisor::Catalog>, Error> {
         let mut built = self.built.locked();
         if let Some((catalog, _)) = built.get(text) {
             return Ok(catalog.clone());
         }
         let config =
-            Config::from_snapshot(text, "resumed", current.base_dir.clone(), Some(current))
-                .map_err(|e| e.to_string())?;
+            Config::from_snapshot(text, "resumed", current.base_dir.clone(), Some(current))?;
         let tools = config.tool_set();
-        let catalog = Arc::new(
-            config
-                .catalog_with(&tools, code_tools)
-                .map_err(|e| e.to_string())?,
-        );
+        let catalog = Arc::new(config.catalog_with(&tools, code_tools)?);
         tracing::info!("a resumed tree runs on the config it started with, not the current one");
         built.insert(Arc::from(text), (catalog.clone(), tools));
         Ok(catalog)
@@ -406,7 +403,7 @@ impl Runtime {
             .tree_id
             .get_or_insert_with(arbor_supervisor::new_tree_id)
             .clone();
-        let events = self.supervisor.events().subscribe_tree(tree_id.as_str());
+        let events = self.supervisor.events().subscribe_tree(&tree_id);
         let handle = self.supervisor.start(request).await?;
         Ok(Run::new(handle, events))
     }
@@ -508,7 +505,7 @@ impl Runtime {
                     gone += 1;
                     if gone >= GONE_FOR {
                         return Err(Error::Supervisor(arbor_supervisor::Error::NotResumable {
-                            tree: turn.tree_id.to_string(),
+                            tree: turn.tree_id.clone(),
                             reason: format!(
                                 "its queued turn {} left the queue without starting",
                                 turn.run_id()
@@ -535,16 +532,16 @@ impl Runtime {
             found => return Ok(found?),
         }
         if self.supervisor.store().is_none() {
-            return Err(arbor_supervisor::Error::UnknownRun(run_id.to_string()).into());
+            return Err(arbor_supervisor::Error::UnknownRun(run_id.clone()).into());
         }
-        let run_id = run_id.clone();
+        let run = run_id.clone();
         let stored = self
             .supervisor
-            .read_store_now(move |store| store.run(&run_id))
+            .read_store_now(move |store| store.run(&run))
             .await?;
         stored
             .state
-            .ok_or_else(|| arbor_supervisor::Error::UnknownRun(stored.node.run_id).into())
+            .ok_or_else(|| arbor_supervisor::Error::UnknownRun(run_id.clone()).into())
     }
 }
 

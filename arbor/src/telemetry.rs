@@ -164,7 +164,9 @@ impl OtlpSettings {
         .into_iter()
         .find_map(|name| Some((name, var(name)?)))
         {
-            Some((name, list)) => parse_headers(&list).map_err(|why| bad(name, &list, &why))?,
+            Some((name, list)) => {
+                parse_headers(&list).map_err(|why| bad(name, &list, &why.to_string()))?
+            }
             None => Vec::new(),
         };
         let timeout = match [
@@ -201,22 +203,39 @@ impl OtlpSettings {
     }
 }
 
+/// What is wrong with an OTLP headers list (each names the item or key).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum BadHeaders {
+    /// An item without `=`.
+    #[error("{0:?} is not key=value")]
+    NotKeyValue(String),
+    /// A value whose `%` escapes are broken or not UTF-8.
+    #[error("the value of {0:?} is not percent-encoded UTF-8")]
+    NotPercentEncoded(String),
+    /// A key HTTP cannot carry as a header name.
+    #[error("{0:?} is not a header name")]
+    Name(String),
+    /// A value HTTP cannot carry.
+    #[error("the value of {0:?} is not a header value")]
+    Value(String),
+}
+
 /// `key=value,key2=value2` (W3C baggage's list, values percent-encoded).
-fn parse_headers(list: &str) -> Result<Vec<(String, String)>, String> {
+fn parse_headers(list: &str) -> Result<Vec<(String, String)>, BadHeaders> {
     list.split(',')
         .map(str::trim)
         .filter(|item| !item.is_empty())
         .map(|item| {
             let (key, value) = item
                 .split_once('=')
-                .ok_or_else(|| format!("{item:?} is not key=value"))?;
+                .ok_or_else(|| BadHeaders::NotKeyValue(item.to_owned()))?;
             let key = key.trim();
             let value = percent_decode(value.trim())
-                .ok_or_else(|| format!("the value of {key:?} is not percent-encoded UTF-8"))?;
+                .ok_or_else(|| BadHeaders::NotPercentEncoded(key.to_owned()))?;
             reqwest::header::HeaderName::from_bytes(key.as_bytes())
-                .map_err(|_| format!("{key:?} is not a header name"))?;
+                .map_err(|_| BadHeaders::Name(key.to_owned()))?;
             reqwest::header::HeaderValue::from_str(&value)
-                .map_err(|_| format!("the value of {key:?} is not a header value"))?;
+                .map_err(|_| BadHeaders::Value(key.to_owned()))?;
             Ok((key.to_owned(), value))
         })
         .collect()

@@ -35,7 +35,22 @@ pub struct HttpModel {
     endpoint: String,
     /// Every request's headers, built once from the settings; `Err` (a bad
     /// key or header) is reported by each request, as the model's error.
-    headers: Result<HeaderMap, String>,
+    headers: Result<HeaderMap, BadHeader>,
+}
+
+/// A configured header (or the key's) that HTTP cannot carry: every
+/// request of the model fails with it, as the model's error.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum BadHeader {
+    /// The API key is not a valid header value.
+    #[error("the API key is not a valid header value")]
+    Key,
+    /// A header's name is not one.
+    #[error("header name {0:?} is invalid")]
+    Name(String),
+    /// A header's value is not one (the header's name).
+    #[error("header {0} has an invalid value")]
+    Value(String),
 }
 
 /// The HTTP client of a model could not be built (its TLS backend did not
@@ -364,13 +379,10 @@ impl Model for HttpModel {
                 message: format!("the API key variable {var} is not set"),
             });
         }
-        let headers = self
-            .headers
-            .as_ref()
-            .map_err(|message| ModelError::Invalid {
-                model: self.name.clone(),
-                message: message.clone(),
-            })?;
+        let headers = self.headers.as_ref().map_err(|bad| ModelError::Invalid {
+            model: self.name.clone(),
+            message: bad.to_string(),
+        })?;
         // On the model call's span (GenAI conventions): the provider, the
         // model id sent on the wire (over the catalog name the span starts
         // with) and the catalog name as `arbor.model`; the span is named
@@ -574,13 +586,12 @@ const ARBOR_AGENT: &str = concat!("arbor/", env!("CARGO_PKG_VERSION"));
 /// The headers of every request: `User-Agent: arbor/<version>`, the key's,
 /// the format's fixed ones, then the configured ones (which may replace the
 /// user agent).
-fn headers(settings: &ProviderSettings, format: &dyn WireFormat) -> Result<HeaderMap, String> {
+fn headers(settings: &ProviderSettings, format: &dyn WireFormat) -> Result<HeaderMap, BadHeader> {
     let mut headers = HeaderMap::new();
     headers.insert(USER_AGENT, HeaderValue::from_static(ARBOR_AGENT));
     if let Some(key) = &settings.api_key {
         let (name, value) = format.auth_header(key.expose());
-        let mut value = HeaderValue::from_str(&value)
-            .map_err(|_| "the API key is not a valid header value".to_owned())?;
+        let mut value = HeaderValue::from_str(&value).map_err(|_| BadHeader::Key)?;
         value.set_sensitive(true);
         headers.insert(name, value);
     }
@@ -588,10 +599,9 @@ fn headers(settings: &ProviderSettings, format: &dyn WireFormat) -> Result<Heade
         headers.insert(name, HeaderValue::from_static(value));
     }
     for (name, value) in &settings.headers {
-        let name = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| format!("header name {name:?} is invalid"))?;
-        let value = HeaderValue::from_str(value)
-            .map_err(|_| format!("header {name} has an invalid value"))?;
+        let name =
+            HeaderName::from_bytes(name.as_bytes()).map_err(|_| BadHeader::Name(name.clone()))?;
+        let value = HeaderValue::from_str(value).map_err(|_| BadHeader::Value(name.to_string()))?;
         headers.insert(name, value);
     }
     Ok(headers)

@@ -196,8 +196,8 @@ impl Subject<'_> {
     fn missing(&self) -> ApiError {
         use arbor_supervisor::Error;
         match self {
-            Subject::Run(run) => Error::UnknownRun(run.to_string()).into(),
-            Subject::Tree(tree) => Error::UnknownTree(tree.to_string()).into(),
+            Subject::Run(run) => Error::UnknownRun((*run).clone()).into(),
+            Subject::Tree(tree) => Error::UnknownTree((*tree).clone()).into(),
             Subject::Service => ApiError::not_found("no such route"),
         }
     }

@@ -38,7 +38,7 @@ pub(super) fn run_path(id: String) -> Result<RunId, ApiError> {
 /// tree the store does not have (the 404 of a missing tree).
 pub(super) fn tree_path(id: String) -> Result<TreeId, ApiError> {
     id.parse::<TreeId>()
-        .map_err(|_| arbor_supervisor::Error::UnknownTree(id).into())
+        .map_err(|e| arbor_supervisor::Error::NoSuchId(e).into())
 }
 
 #[derive(OpenApi)]

@@ -103,7 +103,9 @@ impl From<arbor_supervisor::Error> for ApiError {
             | E::InvalidInput { .. }
             | E::InvalidRequest { .. }
             | E::InvalidTreeId(_) => ApiError::invalid(error.to_string()),
-            E::UnknownRun(_) | E::UnknownTree(_) => ApiError::not_found(error.to_string()),
+            E::UnknownRun(_) | E::UnknownTree(_) | E::NoSuchId(_) => {
+                ApiError::not_found(error.to_string())
+            }
             E::SteerRefused {
                 reason: arbor_actors::steer::SteerRefused::Empty,
                 ..

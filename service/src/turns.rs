@@ -97,7 +97,7 @@ pub(crate) async fn journal_told(
         .read_store(move |store| Ok(store.queued_turns(&tree)?.iter().any(|q| q.id == id)))
         .await?;
     if waits && !supervisor.journal_queued(&told.turn(tree_id)) {
-        return Err(arbor_supervisor::Error::UnknownTree(tree_id.to_string()));
+        return Err(arbor_supervisor::Error::UnknownTree(tree_id.clone()));
     }
     Ok(())
 }

@@ -552,7 +552,10 @@ pub(crate) struct LoadtestArgs {
 }
 
 /// A `--threshold` ([`arbor_cli::loadtest::threshold`]).
-fn threshold_arg(text: &str) -> Result<arbor_cli::loadtest::threshold::Threshold, String> {
+fn threshold_arg(
+    text: &str,
+) -> Result<arbor_cli::loadtest::threshold::Threshold, arbor_cli::loadtest::threshold::ThresholdError>
+{
     text.parse()
 }
 

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use arbor::Runtime;
-use arbor_actors::{RunId, TreeId};
+use arbor_actors::{IdError, RunId, TreeId};
 use arbor_supervisor::{BudgetOutcome, CancelOutcome, Raised, Supervisor, Target};
 use serde_json::Value;
 
@@ -282,7 +282,7 @@ pub(super) async fn take_controls(
             let run = || {
                 let run = text("runId");
                 run.parse::<RunId>()
-                    .map_err(|_| arbor_supervisor::Error::UnknownRun(run))
+                    .map_err(|_| arbor_supervisor::Error::NoSuchId(IdError::Run(run)))
             };
             let done = match body["control"].as_str() {
                 Some("cancel") => run().and_then(|run| supervisor.cancel_run(&run)),

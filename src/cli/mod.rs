@@ -183,16 +183,17 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
 /// tree id names no stored tree (the store's error for a tree it does not
 /// have, as before ids were read here).
 pub(super) fn tree_arg(id: &str) -> Result<TreeId, arbor_supervisor::Error> {
-    id.parse()
-        .map_err(|_| arbor_supervisor::Error::UnknownTree(id.to_owned()))
+    id.parse().map_err(arbor_supervisor::Error::NoSuchId)
 }
 
 /// A tree id or a run id (`TREE/PATH`) given on the command line, read once
 /// here: one that is neither names no stored tree or run.
 fn target_arg(id: &str) -> Result<Target, arbor_supervisor::Error> {
-    id.parse().map_err(|error| match error {
-        IdError::Tree(_) => arbor_supervisor::Error::UnknownTree(id.to_owned()),
-        IdError::Run(_) => arbor_supervisor::Error::UnknownRun(id.to_owned()),
+    id.parse().map_err(|error| {
+        arbor_supervisor::Error::NoSuchId(match error {
+            IdError::Tree(_) => IdError::Tree(id.to_owned()),
+            IdError::Run(_) => IdError::Run(id.to_owned()),
+        })
     })
 }
 

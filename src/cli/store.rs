@@ -11,7 +11,7 @@ use anyhow::Context;
 use arbor::Runtime;
 use arbor::config::Config;
 use arbor::config::StoreLocation;
-use arbor_actors::TreeId;
+use arbor_actors::{IdError, TreeId};
 use arbor_supervisor::Target;
 use arbor_supervisor::store::{Store, TreeFilter};
 
@@ -58,7 +58,7 @@ pub(super) fn tree(id: Target, json: bool, at: Stored) -> anyhow::Result<ExitCod
         Target::Run(run) => {
             store
                 .run(&run)
-                .map_err(|_| arbor_supervisor::Error::UnknownTree(run.to_string()))?;
+                .map_err(|_| arbor_supervisor::Error::NoSuchId(IdError::Tree(run.to_string())))?;
             let tree = run.tree();
             anyhow::bail!(
                 "{run} is a run id, not a tree id: `arbor show {run}` shows the run, \
@@ -116,7 +116,7 @@ pub(super) fn show(id: Target, json: bool, at: Stored) -> anyhow::Result<ExitCod
         Target::Tree(tree) => {
             store
                 .tree(&tree)
-                .map_err(|_| arbor_supervisor::Error::UnknownRun(tree.to_string()))?;
+                .map_err(|_| arbor_supervisor::Error::NoSuchId(IdError::Run(tree.to_string())))?;
             anyhow::bail!(
                 "{tree} is a tree, not a run: `arbor tree {tree}` lists its runs \
                  (a run id is TREE/PATH, e.g. {tree}/0 for its root)"

@@ -168,16 +168,64 @@ pub fn evaluate(thresholds: &[Threshold], observed: &Observed) -> Vec<Verdict> {
 pub const METRICS: &str = "p50, p90, p95, p99, max (a duration), error_rate (a fraction or \
                            a percentage), failures (a count), throughput (agents/s)";
 
-impl FromStr for Threshold {
-    type Err = String;
+/// What is wrong with a threshold's text (each names the text, trimmed).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ThresholdError {
+    /// No `<`, `>`, `<=` or `>=`.
+    #[error("{0:?} has no comparison: expected METRIC<VALUE, e.g. p99<2s or error_rate<1%")]
+    NoComparison(String),
+    /// Nothing before the comparison.
+    #[error("{0:?} names no metric: one of {METRICS}")]
+    NoMetric(String),
+    /// A metric of no such name.
+    #[error("{text:?}: unknown metric {metric:?}: one of {METRICS}")]
+    UnknownMetric {
+        /// The threshold.
+        text: String,
+        /// The name it gives.
+        metric: String,
+    },
+    /// Nothing after the comparison.
+    #[error("{0:?} has no value after its comparison")]
+    NoValue(String),
+    /// A count, rate or throughput that is not a number of at least 0.
+    #[error("{text:?}: {value:?} is not a number of at least 0")]
+    NotANumber {
+        /// The threshold.
+        text: String,
+        /// The value it gives.
+        value: String,
+    },
+    /// A latency that is no duration.
+    #[error(
+        "{text:?}: a latency is a duration ({}): {why}",
+        arbor_actors::duration::EXAMPLES
+    )]
+    NotADuration {
+        /// The threshold.
+        text: String,
+        /// Why the value is no duration.
+        why: String,
+    },
+    /// An error rate over 1.
+    #[error("{text:?}: an error rate is at most 1 (100%), here {rate}")]
+    RateOverOne {
+        /// The threshold.
+        text: String,
+        /// The rate it gives.
+        rate: f64,
+    },
+}
 
-    fn from_str(text: &str) -> Result<Self, String> {
+impl FromStr for Threshold {
+    type Err = ThresholdError;
+
+    fn from_str(text: &str) -> Result<Self, ThresholdError> {
         let text = text.trim();
-        let at = text.find(['<', '>']).ok_or_else(|| {
-            format!(
-                "{text:?} has no comparison: expected METRIC<VALUE, e.g. p99<2s or error_rate<1%"
-            )
-        })?;
+        let at = text
+            .find(['<', '>'])
+            .ok_or_else(|| ThresholdError::NoComparison(text.to_owned()))?;
         let (name, rest) = text.split_at(at);
         let (op, value) = if let Some(v) = rest.strip_prefix("<=") {
             (Op::Le, v)
@@ -198,30 +246,33 @@ impl FromStr for Threshold {
             "error_rate" | "failed_rate" => Metric::ErrorRate,
             "failures" => Metric::Failures,
             "throughput" | "agents_per_sec" => Metric::Throughput,
-            "" => return Err(format!("{text:?} names no metric: one of {METRICS}")),
+            "" => return Err(ThresholdError::NoMetric(text.to_owned())),
             other => {
-                return Err(format!(
-                    "{text:?}: unknown metric {other:?}: one of {METRICS}"
-                ));
+                return Err(ThresholdError::UnknownMetric {
+                    text: text.to_owned(),
+                    metric: other.to_owned(),
+                });
             }
         };
         if value.is_empty() {
-            return Err(format!("{text:?} has no value after its comparison"));
+            return Err(ThresholdError::NoValue(text.to_owned()));
         }
-        let number = |v: &str| -> Result<f64, String> {
+        let number = |v: &str| -> Result<f64, ThresholdError> {
             v.parse::<f64>()
                 .ok()
                 .filter(|n| n.is_finite() && *n >= 0.0)
-                .ok_or_else(|| format!("{text:?}: {v:?} is not a number of at least 0"))
+                .ok_or_else(|| ThresholdError::NotANumber {
+                    text: text.to_owned(),
+                    value: v.to_owned(),
+                })
         };
         let value = match metric {
             Metric::Latency(_) => {
                 let d = arbor_actors::duration::parse(value).map_err(|e| {
-                    format!(
-                        "{text:?}: a latency is a duration ({}): {}",
-                        arbor_actors::duration::EXAMPLES,
-                        e.why
-                    )
+                    ThresholdError::NotADuration {
+                        text: text.to_owned(),
+                        why: e.why,
+                    }
                 })?;
                 d.as_secs_f64() * 1e6
             }
@@ -233,9 +284,10 @@ impl FromStr for Threshold {
             Metric::Throughput => number(value.strip_suffix("/s").unwrap_or(value).trim())?,
         };
         if metric == Metric::ErrorRate && value > 1.0 {
-            return Err(format!(
-                "{text:?}: an error rate is at most 1 (100%), here {value}"
-            ));
+            return Err(ThresholdError::RateOverOne {
+                text: text.to_owned(),
+                rate: value,
+            });
         }
         Ok(Threshold {
             text: text.to_owned(),
@@ -275,7 +327,7 @@ mod tests {
 
     #[test]
     fn a_bad_threshold_says_what_is_wrong() {
-        let err = |text: &str| text.parse::<Threshold>().unwrap_err();
+        let err = |text: &str| text.parse::<Threshold>().unwrap_err().to_string();
         assert!(err("p99").contains("no comparison"), "{}", err("p99"));
         assert!(
             err("p98<2s").contains("unknown metric \"p98\""),

@@ -4,15 +4,15 @@
 
 use std::sync::{Arc, RwLock};
 
-use arbor_actors::Event;
 use arbor_actors::sync::RwLockExt;
+use arbor_actors::{Event, TreeId};
 use tokio::sync::mpsc;
 
 type Observer = Arc<dyn Fn(&Event) + Send + Sync>;
 type Sink = Arc<dyn Fn(&Arc<Event>) + Send + Sync>;
 
 struct Subscriber {
-    tree: Option<Arc<str>>,
+    tree: Option<TreeId>,
     tx: mpsc::UnboundedSender<Arc<Event>>,
 }
 
@@ -35,8 +35,8 @@ impl EventBus {
     }
 
     /// Every event of one tree from now on.
-    pub fn subscribe_tree(&self, tree_id: &str) -> EventStream {
-        self.add(Some(Arc::from(tree_id)))
+    pub fn subscribe_tree(&self, tree_id: &TreeId) -> EventStream {
+        self.add(Some(tree_id.clone()))
     }
 
     /// Calls `f` with every event, on the emitting agent's task: keep it short.
@@ -49,7 +49,7 @@ impl EventBus {
         self.sinks.write_locked().push(Arc::new(f));
     }
 
-    fn add(&self, tree: Option<Arc<str>>) -> EventStream {
+    fn add(&self, tree: Option<TreeId>) -> EventStream {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut subs = self.subscribers.write_locked();
         // Readers that have gone (of trees that may never emit again).
@@ -74,7 +74,7 @@ impl EventBus {
         }
         let mut closed = false;
         for sub in subs.iter() {
-            if sub.tree.as_ref().is_some_and(|t| **t != *event.tree_id) {
+            if sub.tree.as_ref().is_some_and(|t| *t != event.tree_id) {
                 continue;
             }
             closed |= sub.tx.send(event.clone()).is_err();
@@ -128,7 +128,7 @@ mod tests {
         .join();
         assert!(bus.subscribers.is_poisoned() && bus.observers.is_poisoned());
         let mut all = bus.subscribe();
-        let mut one = bus.subscribe_tree("t");
+        let mut one = bus.subscribe_tree(&"t".parse().unwrap());
         let sunk = Arc::new(AtomicUsize::new(0));
         let sink = sunk.clone();
         bus.sink(move |_| {

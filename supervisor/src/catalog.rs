@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use arbor_actors::sync::RwLockExt;
 use arbor_actors::template::AgentTypeId;
-use arbor_actors::toolbox::{ToolSources, Toolbox};
+use arbor_actors::toolbox::{ToolSources, Toolbox, ToolboxError};
 use arbor_actors::{AgentTemplate, Model, Tool};
 use futures::future::BoxFuture;
 
@@ -21,7 +21,7 @@ pub trait ToolSource: Send + Sync + 'static {
     /// Whether this source provides the template entry `entry` (e.g. `fs/*`).
     fn owns(&self, entry: &str) -> bool;
     /// The tools `entry` names now; `Err` says why there are none.
-    fn resolve(&self, entry: &str) -> Result<Vec<Arc<dyn Tool>>, String>;
+    fn resolve(&self, entry: &str) -> Result<Vec<Arc<dyn Tool>>, ToolboxError>;
     /// Grows whenever `resolve`'s answers may have changed.
     fn generation(&self) -> u64;
     /// Gets ready to serve these entries (starts the servers they need); never fails
@@ -33,7 +33,43 @@ pub trait ToolSource: Send + Sync + 'static {
 /// type: `Err` says why not (a model whose provider refuses some agent's
 /// options). What a provider refuses is its builder's knowledge (the
 /// facade's config); the supervisor asks it of every start request.
-pub type OverrideCheck = Arc<dyn Fn(&str, &str) -> Result<(), String> + Send + Sync>;
+pub type OverrideCheck = Arc<dyn Fn(&str, &str) -> Result<(), OverrideRefused> + Send + Sync>;
+
+/// Why a model cannot run a tree of an agent type as a start request's
+/// override ([`OverrideCheck`]): an agent the tree can reach sets an option
+/// the model's provider refuses with the model's own.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "model {model:?} cannot run agent {agent:?}{}: {option}: {problem}",
+    .spawned_by.as_ref().map(|root| format!(" (which {root:?} may spawn)")).unwrap_or_default()
+)]
+#[non_exhaustive]
+pub struct OverrideRefused {
+    /// The model asked for.
+    pub model: String,
+    /// The agent that cannot run on it.
+    pub agent: String,
+    /// The tree's root, when `agent` is one it may spawn (not the root).
+    pub spawned_by: Option<String>,
+    /// The option, as its config key (`models.NAME.options.temperature`).
+    pub option: String,
+    /// Why the provider refuses it.
+    pub problem: String,
+}
+
+impl OverrideRefused {
+    /// `agent` of a tree rooted at `root` cannot run on `model`: `option`
+    /// is refused because of `problem`.
+    pub fn new(model: &str, agent: &str, root: &str, option: String, problem: String) -> Self {
+        OverrideRefused {
+            model: model.to_owned(),
+            agent: agent.to_owned(),
+            spawned_by: (agent != root).then(|| root.to_owned()),
+            option,
+            problem,
+        }
+    }
+}
 
 /// Collects templates, models and tools; `build` checks them into a
 /// [`Catalog`].
@@ -186,7 +222,7 @@ impl Catalog {
 
     /// Why `model` cannot run a tree of `agent` as a start request's
     /// override, if it cannot (see [`CatalogBuilder::override_check`]).
-    pub fn check_override(&self, agent: &str, model: &str) -> Result<(), String> {
+    pub fn check_override(&self, agent: &str, model: &str) -> Result<(), OverrideRefused> {
         self.override_check
             .as_ref()
             .map_or(Ok(()), |check| check(agent, model))
@@ -220,13 +256,13 @@ impl Catalog {
     }
 
     fn build_toolboxes(&self) -> Result<Toolboxes, Error> {
-        let resolve = |entry: &str| -> Result<Vec<Arc<dyn Tool>>, String> {
+        let resolve = |entry: &str| -> Result<Vec<Arc<dyn Tool>>, ToolboxError> {
             if let Some(tool) = self.tools.get(entry) {
                 return Ok(vec![tool.clone()]);
             }
             match &self.source {
                 Some(source) if source.owns(entry) => source.resolve(entry),
-                _ => Err(format!("unknown tool {entry}")),
+                _ => Err(ToolboxError::UnknownTool(entry.to_owned())),
             }
         };
         let spawnable = |id: &str| self.templates.get(id).cloned();
@@ -240,7 +276,8 @@ impl Catalog {
                 agent: template.id.clone(),
                 message,
             };
-            let mut toolbox = Toolbox::build_with(template, &sources).map_err(invalid)?;
+            let mut toolbox =
+                Toolbox::build_with(template, &sources).map_err(|e| invalid(e.to_string()))?;
             if !template.approve.is_empty() {
                 for pattern in &template.approve {
                     crate::policy::check_pattern(pattern)

@@ -2,13 +2,16 @@
 
 use std::path::PathBuf;
 
+/// Any error, as a [`CatalogResolver`](crate::CatalogResolver) gives it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// What can go wrong when starting or querying a tree.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A stored tree's config cannot be built into a catalog here.
     #[error("the config the tree started with: {0}")]
-    TreeConfig(String),
+    TreeConfig(BoxError),
     /// No template of the catalog matches the requested agent type (named
     /// here as it was asked for).
     #[error("agent type {0} not found")]
@@ -62,7 +65,7 @@ pub enum Error {
     /// No run has this id where it was looked up (the live trees, the
     /// finished states this supervisor keeps, or the store).
     #[error("no run {0}")]
-    UnknownRun(String),
+    UnknownRun(arbor_actors::RunId),
     /// A request to raise a tree's budgets named none of them.
     #[error("raise at least one of maxSteps, maxTokens, maxCredits")]
     NothingRaised,
@@ -98,7 +101,7 @@ pub enum Error {
     },
     /// A tree with this id is running in this supervisor.
     #[error("a tree with id {0} is still running (tree ids must be unique)")]
-    TreeExists(String),
+    TreeExists(arbor_actors::TreeId),
     /// A start request's tree id is not a valid one.
     #[error("tree id {0:?} is not valid: use 1 to 128 letters, digits, '-', '_', '.' or ':'")]
     InvalidTreeId(String),
@@ -107,10 +110,21 @@ pub enum Error {
     #[error(
         "the store already has a tree {0} (resume it with `arbor resume {0}`, or choose another id)"
     )]
-    TreeStored(String),
+    TreeStored(arbor_actors::TreeId),
     /// The store has no tree with this id.
     #[error("no tree {0} in the store")]
-    UnknownTree(String),
+    UnknownTree(arbor_actors::TreeId),
+    /// A tree or run was named by a text that is no id of one (so nothing
+    /// has it): said as [`Error::UnknownTree`] and [`Error::UnknownRun`]
+    /// say it, with the text as given.
+    #[error(
+        "{}",
+        match .0 {
+            arbor_actors::IdError::Tree(text) => format!("no tree {text} in the store"),
+            arbor_actors::IdError::Run(text) => format!("no run {text}"),
+        }
+    )]
+    NoSuchId(arbor_actors::IdError),
     /// The store's file cannot be opened or made ready: there is none, it
     /// is busy, damaged or empty, or a migration failed (the reason says).
     #[error("cannot open store {path}: {reason}")]
@@ -223,7 +237,7 @@ pub enum Error {
     #[error("tree {tree} cannot be resumed: {reason}")]
     NotResumable {
         /// The tree's id.
-        tree: String,
+        tree: arbor_actors::TreeId,
         /// Why not.
         reason: String,
     },
@@ -246,14 +260,14 @@ pub enum Error {
     #[error("tree {tree} is running a turn (multitask = reject)")]
     TurnRunning {
         /// The tree's id.
-        tree: String,
+        tree: arbor_actors::TreeId,
     },
     /// A follow-up turn that would wait behind as many queued turns of its
     /// tree as it may hold (`Supervisor::with_turn_queue_limit`).
     #[error("tree {tree} has {limit} turns queued already, the most it holds")]
     TurnQueueFull {
         /// The tree's id.
-        tree: String,
+        tree: arbor_actors::TreeId,
         /// How many turns a tree may have waiting.
         limit: usize,
     },
@@ -261,7 +275,8 @@ pub enum Error {
     /// its tree has ended, or a part of a tree nobody runs was named.
     #[error("cannot cancel {id}: {reason}")]
     CancelRefused {
-        /// The tree or run named.
+        /// The tree or run named, as `Target` shows it (the text keeps this
+        /// module free of the supervisor's).
         id: String,
         /// Why.
         reason: String,
@@ -273,7 +288,7 @@ pub enum Error {
     )]
     RaiseEnded {
         /// The tree.
-        tree: String,
+        tree: arbor_actors::TreeId,
         /// How it ended.
         status: crate::store::TreeStatus,
     },
@@ -295,4 +310,45 @@ pub enum StoreUse {
     Resume,
     /// A follow-up turn of a stored tree (`Supervisor::start_turn`).
     Turn,
+}
+
+#[cfg(test)]
+mod tests {
+    use arbor_actors::{IdError, RunId, TreeId};
+
+    use super::Error;
+
+    /// The ids in errors are typed (issue 35), and the messages are the ones
+    /// the CLI and HTTP bodies always said: a text that is no id reads as a
+    /// tree or run nobody has, in the same words.
+    #[test]
+    fn typed_ids_in_errors_say_what_the_text_ids_said() {
+        let tree: TreeId = "t1".parse().unwrap();
+        let run: RunId = "t1/0.2".parse().unwrap();
+        assert_eq!(
+            Error::UnknownTree(tree.clone()).to_string(),
+            "no tree t1 in the store"
+        );
+        assert_eq!(Error::UnknownRun(run).to_string(), "no run t1/0.2");
+        assert_eq!(
+            Error::TreeExists(tree.clone()).to_string(),
+            "a tree with id t1 is still running (tree ids must be unique)"
+        );
+        assert_eq!(
+            Error::TreeStored(tree.clone()).to_string(),
+            "the store already has a tree t1 (resume it with `arbor resume t1`, or choose another id)"
+        );
+        assert_eq!(
+            Error::TurnRunning { tree }.to_string(),
+            "tree t1 is running a turn (multitask = reject)"
+        );
+        assert_eq!(
+            Error::NoSuchId(IdError::Tree("no such!".into())).to_string(),
+            "no tree no such! in the store"
+        );
+        assert_eq!(
+            Error::NoSuchId(IdError::Run("t1/x".into())).to_string(),
+            "no run t1/x"
+        );
+    }
 }

@@ -27,8 +27,8 @@ mod workspace;
 
 pub use approvals::PendingApproval;
 pub use bus::{EventBus, EventStream};
-pub use catalog::{Catalog, CatalogBuilder, OverrideCheck, ToolSource};
-pub use error::{Error, StoreUse};
+pub use catalog::{Catalog, CatalogBuilder, OverrideCheck, OverrideRefused, ToolSource};
+pub use error::{BoxError, Error, StoreUse};
 pub use limits::{OnBudget, RaiseRefused, Raised, TreeLimits, out_of_range};
 pub use policy::{PatternError, ToolPolicy, ToolRule, check_pattern, matches as pattern_matches};
 pub use recovery::{RecordedReply, Recovery, Spent, Tape};

@@ -11,7 +11,7 @@ use arbor_actors::durable::ProgramRecord;
 use arbor_actors::steer::Steer;
 use arbor_actors::{
     AgentState, Checkpoint, DeltaSink, Message, Model, ModelError, ModelRequest, ModelResponse,
-    Recovered, Usage, UsageSource,
+    Recovered, RunId, Usage, UsageSource,
 };
 use async_trait::async_trait;
 
@@ -125,9 +125,12 @@ impl Recovery {
     /// The `PreToolUse` verdicts recorded for the run `run_id`'s tool calls.
     pub(crate) fn hook_verdicts_for(
         &self,
-        run_id: &str,
+        run_id: &RunId,
     ) -> HashMap<String, arbor_actors::lifecycle::Verdict> {
-        self.hook_verdicts.get(run_id).cloned().unwrap_or_default()
+        self.hook_verdicts
+            .get(&*run_id.to_string())
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// What the program run `run_id` recorded, if anything.
@@ -153,14 +156,18 @@ impl Recovery {
     }
 
     /// The decisions recorded for the run `run_id`'s tool calls.
-    pub(crate) fn decisions_for(&self, run_id: &str) -> HashMap<String, Decision> {
-        self.decisions.get(run_id).cloned().unwrap_or_default()
+    pub(crate) fn decisions_for(&self, run_id: &RunId) -> HashMap<String, Decision> {
+        self.decisions
+            .get(&*run_id.to_string())
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// What the run `run_id` gets back of its steers: in a replay, every one;
     /// in a resume, those after its last checkpoint (a checkpoint at step `c`
     /// holds every steer that arrived up to step `c`).
-    pub(crate) fn steers_for(&self, run_id: &str) -> Vec<Steer> {
+    pub(crate) fn steers_for(&self, run: &RunId) -> Vec<Steer> {
+        let run_id = &*run.to_string();
         let Some(steers) = self.steers.get(run_id) else {
             return Vec::new();
         };
@@ -177,7 +184,8 @@ impl Recovery {
     /// Where the run `run_id` takes its background reports: in a replay,
     /// every delivery it made; in a resume, those after its last checkpoint
     /// (a checkpoint at step `c` holds the reports delivered up to `c`).
-    pub(crate) fn deliveries_for(&self, run_id: &str) -> Vec<Scheduled> {
+    pub(crate) fn deliveries_for(&self, run: &RunId) -> Vec<Scheduled> {
+        let run_id = &*run.to_string();
         let Some(deliveries) = self.deliveries.get(run_id) else {
             return Vec::new();
         };
@@ -195,7 +203,8 @@ impl Recovery {
             .collect()
     }
 
-    pub(crate) fn recovered(&self, run_id: &str) -> Option<Recovered> {
+    pub(crate) fn recovered(&self, run: &RunId) -> Option<Recovered> {
+        let run_id = &*run.to_string();
         if let Some((state, inherited)) = self.finished.get(run_id) {
             return Some(Recovered::Finished {
                 state: state.clone(),

@@ -10,7 +10,7 @@ use arbor_actors::TreeId;
 use arbor_actors::hooks::{RunIds, Slot, SlotLine, SlotPriority};
 use arbor_actors::idmap::{IdMap, IdSet};
 use arbor_actors::sync::LockExt;
-use arbor_actors::toolbox::Toolbox;
+use arbor_actors::toolbox::{Toolbox, ToolboxError};
 use arbor_actors::{
     AgentMsg, AgentTemplate, Event, EventKind, LimitHit, Model, Recovered, RunId, TreeHooks, Usage,
 };
@@ -264,11 +264,11 @@ impl TreeHooks for TreeContext {
     }
 
     /// The template's toolbox, without what the tree's tool policy refuses.
-    fn toolbox(&self, template: &AgentTemplate) -> Result<Arc<Toolbox>, String> {
+    fn toolbox(&self, template: &AgentTemplate) -> Result<Arc<Toolbox>, ToolboxError> {
         let base = self
             .catalog
             .toolbox(&template.id)
-            .ok_or_else(|| format!("agent type {} is not in the catalog", template.id))?;
+            .ok_or_else(|| ToolboxError::UnknownAgent(template.id.to_string()))?;
         let policy = &self.budget.limits().tools;
         if policy.is_empty() {
             return Ok(base);
@@ -370,7 +370,7 @@ impl TreeHooks for TreeContext {
     }
 
     fn recovered(&self, run_id: &RunId) -> Option<Recovered> {
-        self.recovery.as_ref()?.recovered(&run_id.to_string())
+        self.recovery.as_ref()?.recovered(run_id)
     }
 
     fn decisions(
@@ -379,7 +379,7 @@ impl TreeHooks for TreeContext {
     ) -> std::collections::HashMap<String, arbor_actors::approval::Decision> {
         self.recovery
             .as_ref()
-            .map(|r| r.decisions_for(&run_id.to_string()))
+            .map(|r| r.decisions_for(run_id))
             .unwrap_or_default()
     }
 
@@ -393,7 +393,7 @@ impl TreeHooks for TreeContext {
     ) -> std::collections::HashMap<String, arbor_actors::lifecycle::Verdict> {
         self.recovery
             .as_ref()
-            .map(|r| r.hook_verdicts_for(&run_id.to_string()))
+            .map(|r| r.hook_verdicts_for(run_id))
             .unwrap_or_default()
     }
 
@@ -416,7 +416,7 @@ impl TreeHooks for TreeContext {
     fn steers(&self, run_id: &RunId) -> Vec<arbor_actors::steer::Steer> {
         self.recovery
             .as_ref()
-            .map(|r| r.steers_for(&run_id.to_string()))
+            .map(|r| r.steers_for(run_id))
             .unwrap_or_default()
     }
 
@@ -427,7 +427,7 @@ impl TreeHooks for TreeContext {
     fn deliveries(&self, run_id: &RunId) -> Vec<arbor_actors::background::Scheduled> {
         self.recovery
             .as_ref()
-            .map(|r| r.deliveries_for(&run_id.to_string()))
+            .map(|r| r.deliveries_for(run_id))
             .unwrap_or_default()
     }
 }

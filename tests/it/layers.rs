@@ -1000,3 +1000,134 @@ fn the_library_without_default_features_has_no_server_otel_plots_or_cli() {
         );
     }
 }
+
+/// Every `Result<…, String>` of `code` (as `production_code` gives it) that
+/// is public API: in an item declared `pub` (not `pub(crate)` or
+/// `pub(super)`), or in a `pub trait` or `pub enum`. Each as the item's text
+/// up to it, trimmed. A `pub` item of a private module counts too.
+fn public_string_results(code: &str) -> Vec<String> {
+    let bytes = code.as_bytes();
+    let is_pub = |header: &str| {
+        header.match_indices("pub").any(|(at, _)| {
+            let before = header[..at].chars().next_back();
+            let after = header[at + 3..].chars().next();
+            !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                && after.is_some_and(char::is_whitespace)
+        })
+    };
+    // The text of the item (or statement) that `at` is in, from the end of
+    // the one before.
+    let header_before = |at: usize| {
+        let start = code[..at].rfind([';', '{', '}']).map_or(0, |i| i + 1);
+        &code[start..at]
+    };
+    let mut found = Vec::new();
+    for (at, _) in code.match_indices("Result<") {
+        if code[..at]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+        {
+            continue;
+        }
+        // The generic arguments, split at the commas outside any bracket
+        // (a `->` in a `dyn Fn(…) -> …` closes nothing).
+        let open = at + "Result".len();
+        let mut depth = 0i32;
+        let mut args = vec![open + 1];
+        let mut close = None;
+        for i in open..bytes.len() {
+            match bytes[i] {
+                b'<' | b'(' | b'[' => depth += 1,
+                b'>' if i > 0 && bytes[i - 1] == b'-' => {}
+                b'>' | b')' | b']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = Some(i);
+                        break;
+                    }
+                }
+                b',' if depth == 1 => args.push(i + 1),
+                _ => {}
+            }
+        }
+        let Some(close) = close else { continue };
+        let last = code[*args.last().unwrap()..close].trim();
+        if args.len() < 2 || last != "String" {
+            continue;
+        }
+        let header = header_before(at);
+        let mut public = is_pub(header);
+        if !public {
+            // The block around it: a `pub trait`'s methods and a `pub
+            // enum`'s variants are public.
+            let mut depth = 0;
+            let mut i = at;
+            while i > 0 {
+                i -= 1;
+                match bytes[i] {
+                    b'}' => depth += 1,
+                    b'{' if depth == 0 => {
+                        let around = header_before(i);
+                        public = is_pub(around)
+                            && (around.contains("trait ") || around.contains("enum "));
+                        break;
+                    }
+                    b'{' => depth -= 1,
+                    _ => {}
+                }
+            }
+        }
+        if public {
+            let line = code[..at].matches('\n').count() + 1;
+            found.push(format!("line {line}: {}", header.trim()));
+        }
+    }
+    found
+}
+
+/// Errors are typed in every crate's public API (issue 35): no public
+/// function, type, trait method or enum variant returns or holds a
+/// `Result<_, String>`, whose error a caller can only print.
+#[test]
+fn no_public_api_returns_a_string_error() {
+    let mut found = Vec::new();
+    for (dir, _, _) in CRATES {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+        let mut stack = vec![root];
+        while let Some(path) = stack.pop() {
+            for entry in std::fs::read_dir(&path).unwrap() {
+                let path = entry.unwrap().path();
+                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                if path.is_dir() {
+                    if name != "tests" {
+                        stack.push(path);
+                    }
+                } else if path.extension().is_some_and(|e| e == "rs") && name != "tests.rs" {
+                    let code = production_code(&std::fs::read_to_string(&path).unwrap());
+                    for hit in public_string_results(&code) {
+                        found.push(format!("{}: {hit}", path.display()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "public Result<_, String>:\n{}",
+        found.join("\n")
+    );
+    // What the search sees.
+    let seen = public_string_results(
+        "pub fn a() -> Result<u8, String> {}\n\
+         pub(crate) fn b() -> Result<u8, String> {}\n\
+         fn c() -> Result<u8, Error> {}\n\
+         pub trait T { fn d(&self) -> Result<(), String>; }\n\
+         pub type E = Box<dyn Fn(&str) -> Result<Vec<u8>, String>>;\n\
+         pub enum O { Done(Result<u8, String>) }\n\
+         fn f() { let g = |x: u8| -> Result<u8, String> { Ok(x) }; }\n\
+         pub fn h() -> io::Result<String> {}\n",
+    );
+    let lines: Vec<&str> = seen.iter().map(|s| &s[..s.find(':').unwrap()]).collect();
+    assert_eq!(lines, ["line 1", "line 4", "line 5", "line 6"], "{seen:#?}");
+}

@@ -567,7 +567,7 @@ async fn mcp_missing_command_is_reported() {
         servers("[ghost]\ncommand = \"/nonexistent/arbor-mcp-ghost\"\nstartup_timeout = \"2s\"\n");
     bounded(async {
         servers.prepare("ghost").await;
-        let err = servers.tools("ghost").err().unwrap();
+        let err = servers.tools("ghost").err().unwrap().to_string();
         assert!(
             err.starts_with("MCP server ghost could not start: "),
             "{err}"
@@ -608,7 +608,7 @@ async fn mcp_unset_variable_fails_the_start_without_secrets() {
     ));
     bounded(async {
         servers.prepare("counter").await;
-        let err = servers.tools("counter").err().unwrap();
+        let err = servers.tools("counter").err().unwrap().to_string();
         assert!(err.contains("ARBOR_TEST_SURELY_UNSET_9F2C"), "{err}");
         assert!(!err.contains("literal-secret-xyz"), "{err}");
         let status = servers.status("counter");

@@ -205,7 +205,11 @@ async fn a_server_that_never_answers_initialize_says_so_instead_of_tool_not_foun
     tokio::time::timeout(GUARD, servers.prepare("py"))
         .await
         .unwrap();
-    let why = servers.tools("py").err().expect("a silent server came up");
+    let why = servers
+        .tools("py")
+        .err()
+        .expect("a silent server came up")
+        .to_string();
     assert!(
         why.contains("never answered the MCP initialize request within 500ms"),
         "{why}"

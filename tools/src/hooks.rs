@@ -107,6 +107,49 @@ struct ClaudeHook {
     timeout: Option<f64>,
 }
 
+/// What is wrong with a configured hook, or a Claude Code settings file
+/// of hooks: a problem of the config, as its check lists it.
+#[derive(Debug, thiserror::Error)]
+enum HookProblem {
+    /// A matcher that is neither a name nor a regular expression.
+    #[error("matcher {matcher:?} is not a regular expression: {source}")]
+    Matcher {
+        matcher: String,
+        source: Box<regex::Error>,
+    },
+    /// A shell command line that is empty.
+    #[error("command is empty")]
+    EmptyCommand,
+    /// A command given as a list, without its program.
+    #[error("command is empty: it must name the program, then its arguments")]
+    NoProgram,
+    /// A timeout of nothing.
+    #[error("timeout must be more than 0s")]
+    ZeroTimeout,
+    /// A timeout that is no duration.
+    #[error("timeout {text:?}: {problem}")]
+    Timeout { text: String, problem: String },
+    /// The settings file cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Unreadable {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// The settings file is not Claude Code's settings.
+    #[error("{} is not a Claude Code settings file: {source}", path.display())]
+    NotSettings {
+        path: std::path::PathBuf,
+        source: serde_json::Error,
+    },
+    /// A hook of the settings file is wrong (its key, what is wrong).
+    #[error("{}: {key}: {problem}", path.display())]
+    InSettings {
+        path: std::path::PathBuf,
+        key: String,
+        problem: String,
+    },
+}
+
 /// Which names a hook runs for.
 #[derive(Clone, Debug)]
 enum Matcher {
@@ -116,7 +159,7 @@ enum Matcher {
 }
 
 impl Matcher {
-    fn parse(text: Option<&str>) -> Result<Matcher, String> {
+    fn parse(text: Option<&str>) -> Result<Matcher, HookProblem> {
         let text = text.map(str::trim).unwrap_or("");
         if text.is_empty() || text == "*" {
             return Ok(Matcher::All);
@@ -129,7 +172,10 @@ impl Matcher {
         }
         regex::Regex::new(&format!("^(?:{text})$"))
             .map(Matcher::Pattern)
-            .map_err(|e| format!("matcher {text:?} is not a regular expression: {e}"))
+            .map_err(|e| HookProblem::Matcher {
+                matcher: text.to_owned(),
+                source: Box::new(e),
+            })
     }
 
     fn matches(&self, name: &str) -> bool {
@@ -197,7 +243,7 @@ impl HookSet {
                 let key = format!("hooks.{name}[{i}]");
                 match check(event, entry) {
                     Ok(hook) => hooks.push(hook),
-                    Err(message) => problems.push((key, message)),
+                    Err(problem) => problems.push((key, problem.to_string())),
                 }
             }
         }
@@ -205,7 +251,9 @@ impl HookSet {
             let path = base_dir.join(file);
             match claude_hooks(&path) {
                 Ok(more) => hooks.extend(more),
-                Err(message) => problems.push(("hooks.claude_settings".to_owned(), message)),
+                Err(problem) => {
+                    problems.push(("hooks.claude_settings".to_owned(), problem.to_string()));
+                }
             }
         }
         if !problems.is_empty() {
@@ -402,16 +450,14 @@ async fn read_capped(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> String 
     String::from_utf8_lossy(&kept).into_owned()
 }
 
-fn check(event: HookEvent, entry: &HookEntry) -> Result<Hook, String> {
+fn check(event: HookEvent, entry: &HookEntry) -> Result<Hook, HookProblem> {
     let matcher = Matcher::parse(entry.matcher.as_deref())?;
     match &entry.command {
         HookCommand::Shell(line) if line.trim().is_empty() => {
-            return Err("command is empty".to_owned());
+            return Err(HookProblem::EmptyCommand);
         }
         HookCommand::Argv(argv) if argv.first().is_none_or(|p| p.is_empty()) => {
-            return Err(
-                "command is empty: it must name the program, then its arguments".to_owned(),
-            );
+            return Err(HookProblem::NoProgram);
         }
         _ => {}
     }
@@ -419,8 +465,13 @@ fn check(event: HookEvent, entry: &HookEntry) -> Result<Hook, String> {
         None => DEFAULT_TIMEOUT,
         Some(text) => match arbor_actors::duration::parse(text) {
             Ok(d) if !d.is_zero() => d,
-            Ok(_) => return Err("timeout must be more than 0s".to_owned()),
-            Err(e) => return Err(format!("timeout {text:?}: {e}")),
+            Ok(_) => return Err(HookProblem::ZeroTimeout),
+            Err(e) => {
+                return Err(HookProblem::Timeout {
+                    text: text.clone(),
+                    problem: e.to_string(),
+                });
+            }
         },
     };
     Ok(Hook {
@@ -433,11 +484,16 @@ fn check(event: HookEvent, entry: &HookEntry) -> Result<Hook, String> {
 }
 
 /// The hooks of a Claude Code settings file.
-fn claude_hooks(path: &Path) -> Result<Vec<Hook>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let settings: ClaudeSettings = serde_json::from_str(&text)
-        .map_err(|e| format!("{} is not a Claude Code settings file: {e}", path.display()))?;
+fn claude_hooks(path: &Path) -> Result<Vec<Hook>, HookProblem> {
+    let text = std::fs::read_to_string(path).map_err(|source| HookProblem::Unreadable {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let settings: ClaudeSettings =
+        serde_json::from_str(&text).map_err(|source| HookProblem::NotSettings {
+            path: path.to_path_buf(),
+            source,
+        })?;
     let mut hooks = Vec::new();
     for (name, groups) in settings.hooks {
         // Events Arbor has no counterpart of (Notification, SessionStart,
@@ -450,8 +506,13 @@ fn claude_hooks(path: &Path) -> Result<Vec<Hook>, String> {
             continue;
         };
         hooks.extend(
-            claude_groups(event, &name, groups, None)
-                .map_err(|(key, why)| format!("{}: {key}: {why}", path.display()))?,
+            claude_groups(event, &name, groups, None).map_err(|(key, problem)| {
+                HookProblem::InSettings {
+                    path: path.to_path_buf(),
+                    key,
+                    problem,
+                }
+            })?,
         );
     }
     Ok(hooks)
@@ -468,7 +529,7 @@ fn claude_groups(
     let mut hooks = Vec::new();
     for (g, group) in groups.into_iter().enumerate() {
         let matcher = Matcher::parse(group.matcher.as_deref())
-            .map_err(|e| (format!("hooks.{name}[{g}]"), e))?;
+            .map_err(|e| (format!("hooks.{name}[{g}]"), e.to_string()))?;
         for (h, hook) in group.hooks.into_iter().enumerate() {
             let at = || format!("hooks.{name}[{g}].hooks[{h}]");
             if hook.kind != "command" {

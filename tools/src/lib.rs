@@ -22,6 +22,7 @@ pub mod workspace;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use arbor_actors::toolbox::ToolboxError;
 use arbor_actors::{AgentTemplate, Tool};
 use arbor_supervisor::{CatalogBuilder, ToolSource, pattern_matches};
 use futures::future::BoxFuture;
@@ -89,7 +90,7 @@ impl ToolSource for Sources {
         entry.starts_with(workspace::PREFIX) || self.mcp.as_ref().is_some_and(|m| m.owns(entry))
     }
 
-    fn resolve(&self, entry: &str) -> Result<Vec<Arc<dyn Tool>>, String> {
+    fn resolve(&self, entry: &str) -> Result<Vec<Arc<dyn Tool>>, ToolboxError> {
         if entry.starts_with(workspace::PREFIX) {
             let tools: Vec<Arc<dyn Tool>> = workspace::tools(workspace::Family::Arbor)
                 .into_iter()
@@ -97,13 +98,13 @@ impl ToolSource for Sources {
                 .map(|t| t as Arc<dyn Tool>)
                 .collect();
             if tools.is_empty() {
-                return Err(format!("no workspace tool is named {entry}"));
+                return Err(ToolboxError::NoWorkspaceTool(entry.to_owned()));
             }
             return Ok(tools);
         }
         match &self.mcp {
             Some(mcp) => mcp.resolve(entry),
-            None => Err(format!("unknown tool {entry}")),
+            None => Err(ToolboxError::UnknownTool(entry.to_owned())),
         }
     }
 
@@ -135,9 +136,9 @@ impl ToolSource for McpSource {
             .is_some_and(|(server, _)| self.0.names().iter().any(|n| n == server))
     }
 
-    fn resolve(&self, entry: &str) -> Result<Vec<Arc<dyn Tool>>, String> {
+    fn resolve(&self, entry: &str) -> Result<Vec<Arc<dyn Tool>>, ToolboxError> {
         let Some((server, tool)) = entry.split_once('/') else {
-            return Err(format!("{entry} is not SERVER/TOOL"));
+            return Err(ToolboxError::NotServerTool(entry.to_owned()));
         };
         if !tool.contains('*') {
             return Ok(vec![self.0.tool(server, tool)]);

@@ -204,7 +204,7 @@ impl AgentRun {
                 let toolbox = self
                     .hooks
                     .toolbox(&plan.template)
-                    .map_err(|e| (plan.agent_type.to_string(), e))?;
+                    .map_err(|e| (plan.agent_type.to_string(), e.to_string()))?;
                 Ok(Admission::Admitted { plan, toolbox, id })
             });
             match planned {
@@ -621,7 +621,7 @@ impl admit::Tree for HookTree {
     fn toolbox(
         &mut self,
         template: &crate::template::AgentTemplate,
-    ) -> Result<Arc<Toolbox>, String> {
+    ) -> Result<Arc<Toolbox>, crate::toolbox::ToolboxError> {
         self.hooks.toolbox(template)
     }
 

@@ -170,8 +170,8 @@ pub enum AgentMsg {
 
 /// How a tool call's task ended.
 pub enum ToolOutcome {
-    /// The tool returned: its output, or its error message.
-    Done(Result<ToolOutput, String>),
+    /// The tool returned: its output, or its error (what the model reads).
+    Done(Result<ToolOutput, crate::tool::ToolError>),
     /// The tool panicked, with this message.
     Panicked(String),
 }

@@ -18,7 +18,7 @@ use crate::hooks::{Slot, SlotPriority};
 use crate::lifecycle::{HookCall, HookEvent, tool_fields, with_note};
 use crate::model::{Delta, DeltaSink, ModelRequest};
 use crate::step::Action;
-use crate::tool::ToolContext;
+use crate::tool::{ToolContext, ToolError};
 
 impl AgentRun {
     pub(super) fn release_reservation(&mut self) {
@@ -253,7 +253,7 @@ impl AgentRun {
                 let call_id = ctx.call_id.clone();
                 let mut outcome = match AssertUnwindSafe(tool.call(input, ctx)).catch_unwind().await
                 {
-                    Ok(result) => ToolOutcome::Done(result.map_err(|e| e.message)),
+                    Ok(result) => ToolOutcome::Done(result),
                     Err(panic) => ToolOutcome::Panicked(panic_message(panic)),
                 };
                 let mut verdict = None;
@@ -275,14 +275,17 @@ impl AgentRun {
                         .run(HookEvent::PostToolUse, tool.name(), fields, call)
                         .await;
                     if let Some(note) = post_note(&decided) {
-                        *result = with_note(std::mem::replace(result, Err(String::new())), note);
+                        *result =
+                            with_note(std::mem::replace(result, Err(ToolError::new(""))), note);
                     }
                     verdict = Some(Box::new(decided));
                 }
                 // A call that failed: status ERROR on its span.
                 let span = tracing::Span::current();
                 match &outcome {
-                    ToolOutcome::Done(Err(message)) => mark_failed(&span, "tool_error", message),
+                    ToolOutcome::Done(Err(error)) => {
+                        mark_failed(&span, "tool_error", &error.message)
+                    }
                     ToolOutcome::Panicked(message) => mark_failed(&span, "panicked", message),
                     ToolOutcome::Done(Ok(_)) => {}
                 }

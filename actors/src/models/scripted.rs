@@ -173,7 +173,7 @@ impl ScriptedModel {
         self.requests.locked().clone()
     }
 
-    fn reply_for(&self, request: &ModelRequest) -> Result<&ScriptedReply, String> {
+    fn reply_for(&self, request: &ModelRequest) -> Result<&ScriptedReply, Unscripted> {
         let agent_type = request.meta.agent_type.as_str();
         let prompt = spawn_prompt(&request.messages.to_vec());
         let entry = self
@@ -186,13 +186,24 @@ impl ScriptedModel {
                         .as_ref()
                         .is_none_or(|p| prompt.contains(p.as_str()))
             })
-            .ok_or_else(|| format!("no scripted replies for agent type {agent_type}"))?;
+            .ok_or_else(|| Unscripted::Agent(agent_type.to_owned()))?;
         let step = request.meta.step as usize;
         entry
             .steps
             .get(step.saturating_sub(1))
-            .ok_or_else(|| format!("no scripted reply for {agent_type} step {step}"))
+            .ok_or_else(|| Unscripted::Step(agent_type.to_owned(), step))
     }
+}
+
+/// A request the script has no reply for (the model's error says so).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum Unscripted {
+    /// No entry for the agent type (and the run's prompt).
+    #[error("no scripted replies for agent type {0}")]
+    Agent(String),
+    /// The entry has no reply for this step.
+    #[error("no scripted reply for {0} step {1}")]
+    Step(String, usize),
 }
 
 /// The text of the prompt a run was spawned with (the last one: a child that
@@ -240,7 +251,10 @@ impl Model for ScriptedModel {
                 shared_prefix: request.meta.shared_prefix,
             });
         }
-        let reply = self.reply_for(&request).map_err(invalid)?.clone();
+        let reply = self
+            .reply_for(&request)
+            .map_err(|e| invalid(e.to_string()))?
+            .clone();
         if reply.delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(reply.delay_ms)).await;
         }

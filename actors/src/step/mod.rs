@@ -506,7 +506,7 @@ impl StepMachine {
         &mut self,
         step: u32,
         index: usize,
-        result: Result<ToolOutput, String>,
+        result: Result<ToolOutput, crate::tool::ToolError>,
         catalog: &dyn Catalog,
     ) -> Vec<Action> {
         let Some(pending) = self.pending_for(step, index) else {
@@ -524,7 +524,7 @@ impl StepMachine {
         let call = &pending.calls[index];
         pending.results[index] = Some(match result {
             Ok(output) => Message::tool_output(call, output.into_parts()),
-            Err(error) => Message::tool_error(call, error),
+            Err(error) => Message::tool_error(call, error.message),
         });
         self.resolved(catalog)
     }

@@ -16,7 +16,7 @@ use crate::id::RunId;
 use crate::limit::LimitHit;
 use crate::spawn::{ChildPlan, SpawnChildren};
 use crate::template::AgentTemplate;
-use crate::toolbox::Toolbox;
+use crate::toolbox::{Toolbox, ToolboxError};
 
 /// Why a requested child the step machine planned is not admitted; its
 /// words are what the child's entry in the call's result says.
@@ -24,8 +24,12 @@ use crate::toolbox::Toolbox;
 #[non_exhaustive]
 pub enum Refusal {
     /// Its template's toolbox cannot be made (the hooks' words).
-    #[error("{0}")]
-    Toolbox(String),
+    #[error(transparent)]
+    Toolbox(#[from] ToolboxError),
+    /// The call's plan has no kind of this number (a plan and its
+    /// children that do not match).
+    #[error("no kind {0} in the call's plan")]
+    NotInPlan(usize),
     /// A limit of the tree refuses it.
     #[error(transparent)]
     Limit(#[from] LimitHit),
@@ -34,7 +38,7 @@ pub enum Refusal {
 /// What the table asks of the tree to admit a child.
 pub trait Tree {
     /// The toolbox `template`'s agents run with, or why it cannot be made.
-    fn toolbox(&mut self, template: &AgentTemplate) -> Result<Arc<Toolbox>, String>;
+    fn toolbox(&mut self, template: &AgentTemplate) -> Result<Arc<Toolbox>, ToolboxError>;
 
     /// Counts child `id` (the `index`-th of its call) against the tree's
     /// limits, or says which one refuses it. A resumed tree does not count
@@ -78,11 +82,7 @@ pub fn admit_planned(
             let toolbox = toolboxes
                 .get(usize::from(kind))
                 .cloned()
-                .unwrap_or_else(|| {
-                    Err(Refusal::Toolbox(format!(
-                        "no kind {kind} in the call's plan"
-                    )))
-                });
+                .unwrap_or_else(|| Err(Refusal::NotInPlan(usize::from(kind))));
             let ordinal = next + admitted;
             match checked(parent, ordinal, index, toolbox, tree) {
                 Ok((_, _)) => {
@@ -167,13 +167,14 @@ mod tests {
     }
 
     impl Tree for Canned {
-        fn toolbox(&mut self, template: &AgentTemplate) -> Result<Arc<Toolbox>, String> {
+        fn toolbox(&mut self, template: &AgentTemplate) -> Result<Arc<Toolbox>, ToolboxError> {
             if template.id == "broken" {
-                return Err("tool x is not configured".into());
+                return Err(ToolboxError::Unresolved {
+                    entry: "x".into(),
+                    reason: "tool x is not configured".into(),
+                });
             }
-            Toolbox::build(template, |_| None)
-                .map(Arc::new)
-                .map_err(|e| e.to_string())
+            Toolbox::build(template, |_| None).map(Arc::new)
         }
 
         fn count(&mut self, id: &RunId, _index: usize) -> Result<(), LimitHit> {

@@ -1891,9 +1891,15 @@ fn a_planned_calls_children_are_numbered_in_order_and_a_broken_kind_is_refused_u
     use crate::supervision::admit::{Tree, admit_planned};
     struct Canned(Vec<String>);
     impl Tree for Canned {
-        fn toolbox(&mut self, template: &AgentTemplate) -> Result<Arc<Toolbox>, String> {
+        fn toolbox(
+            &mut self,
+            template: &AgentTemplate,
+        ) -> Result<Arc<Toolbox>, crate::toolbox::ToolboxError> {
             if template.id == "broken" {
-                return Err("tool x is not configured".into());
+                return Err(crate::toolbox::ToolboxError::Unresolved {
+                    entry: "x".into(),
+                    reason: "tool x is not configured".into(),
+                });
             }
             Ok(toolbox())
         }

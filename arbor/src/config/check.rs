@@ -445,7 +445,10 @@ input_schema = { params = { type = "object", required = ["topic"] } }
         let config = Config::parse(text, "s.toml", PathBuf::new()).unwrap();
         // Thinking turned on by an agent two spawns down, against the
         // override model's temperature: the model's key is named.
-        let why = config.check_model_override("lead", "an").unwrap_err();
+        let why = config
+            .check_model_override("lead", "an")
+            .unwrap_err()
+            .to_string();
         assert!(
             why.starts_with(
                 "model \"an\" cannot run agent \"thinker\" (which \"lead\" may spawn): \

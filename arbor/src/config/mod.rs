@@ -174,13 +174,13 @@ impl Config {
     /// directories, a workspace's `.claude/agents` and `.agents`).
     pub fn load_with(path: &Path, agents: &AgentFiles) -> Result<Config, ConfigError> {
         let source = path.display().to_string();
-        let text = open::read_text(path).map_err(|message| ConfigError {
+        let text = open::read_text(path).map_err(|why| ConfigError {
             file: source.clone(),
             problems: vec![Problem {
                 file: None,
                 line: None,
                 key: "(file)".into(),
-                message,
+                message: why.to_string(),
             }],
         })?;
         let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();

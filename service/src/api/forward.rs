@@ -162,8 +162,8 @@ mod tests {
     #[test]
     fn a_raise_of_nothing_or_an_empty_message_is_refused_here_not_forwarded() {
         for forwarded in [
-            Error::UnknownRun("t1/0".into()),
-            Error::UnknownTree("t1".into()),
+            Error::UnknownRun("t1/0".parse().unwrap()),
+            Error::UnknownTree("t1".parse().unwrap()),
             Error::UnknownApproval {
                 tree_id: "t1".parse().unwrap(),
                 call_id: "c".into(),

@@ -125,7 +125,7 @@ pub async fn raise_limits(
             .await
         {
             Ok(status) if status.is_final() => Err(arbor_supervisor::Error::RaiseEnded {
-                tree: tree_id.to_string(),
+                tree: tree_id.clone(),
                 status,
             }),
             _ => Err(error),

@@ -384,7 +384,7 @@ fn stored_run(
                     inherited: 0,
                 })
             }
-            Ok(_) | Err(Error::UnknownTree(_)) => Err(Error::UnknownRun(run.to_string())),
+            Ok(_) | Err(Error::UnknownTree(_)) => Err(Error::UnknownRun(run.clone())),
             Err(error) => Err(error),
         },
         run => run,

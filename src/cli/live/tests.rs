@@ -104,6 +104,7 @@ fn tree() -> LiveTree {
                 tool: "Read".into(),
                 tool_call_id: "c1".into(),
                 error: None,
+                result: None,
             },
         ),
     ] {

@@ -11,7 +11,7 @@ use arbor_actors::approval::{AlwaysAllowed, Decision};
 use arbor_actors::background::Scheduled;
 use arbor_actors::state::ToolDefinitions;
 use arbor_actors::steer::Steer;
-use arbor_actors::{AgentState, Checkpoint, FailureKind, History, Message, Usage};
+use arbor_actors::{AgentState, Checkpoint, FailureKind, History, Message, RunId, Usage};
 use serde_json::{Value, json};
 
 use crate::error::Error;
@@ -496,18 +496,18 @@ impl TreeLog {
     /// `Store::run`: one run with its final state or last checkpoint.
     pub(crate) fn stored_run(
         mut self,
-        run_id: &str,
+        run_id: &RunId,
         bad: &dyn Fn(String) -> Error,
     ) -> Result<StoredRun, Error> {
-        let Some(&at) = self.index.get(run_id) else {
-            return Err(Error::UnknownRun(run_id.to_owned()));
+        let Some(&at) = self.index.get(run_id.to_string().as_str()) else {
+            return Err(Error::UnknownRun(run_id.clone()));
         };
         let run = &self.runs[at].1;
         let node = run
             .node
             .clone()
             .filter(|n| !n.run_id.is_empty())
-            .ok_or_else(|| Error::UnknownRun(run_id.to_owned()))?;
+            .ok_or_else(|| Error::UnknownRun(run_id.clone()))?;
         let (point, is_final) = match (&run.last_final, &run.checkpoint) {
             (Some(f), _) => (Some(f.clone()), true),
             (None, Some(c)) => (Some(c.clone()), false),

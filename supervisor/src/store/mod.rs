@@ -239,33 +239,45 @@ pub(crate) fn still_running_within(
 /// when that cannot be told, its heartbeat is older than `lease_ms`). The
 /// same decision on every backend.
 pub(crate) fn claimable(
-    tree_id: &str,
-    (status, owner, heartbeat_ms): (TreeStatus, &str, u64),
+    tree: &TreeId,
+    row: (TreeStatus, &str, u64),
     now_ms: u64,
     lease_ms: u64,
 ) -> Result<(), Error> {
-    let not = |reason: String| Error::NotResumable {
-        tree: tree_id.to_owned(),
-        reason,
-    };
+    match claim_refused(row, now_ms, lease_ms) {
+        Some(reason) => Err(Error::NotResumable {
+            tree: tree.clone(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Why a tree cannot be claimed to resume it ([`claimable`]), or `None`
+/// when it can.
+pub(crate) fn claim_refused(
+    (status, owner, heartbeat_ms): (TreeStatus, &str, u64),
+    now_ms: u64,
+    lease_ms: u64,
+) -> Option<String> {
     if status != TreeStatus::Running {
-        return Err(not(format!("it already ended ({status})")));
+        return Some(format!("it already ended ({status})"));
     }
     if still_running_within(owner, heartbeat_ms, now_ms, lease_ms) {
-        return Err(not(
+        return Some(
             "another process is running it (it is alive, or its heartbeat is recent); stop that one first"
                 .into(),
-        ));
+        );
     }
-    Ok(())
+    None
 }
 
 /// Whether a tree can be claimed for a follow-up turn (`Store::claim_turn`):
 /// its last turn ended. The same decision on every backend.
-pub(crate) fn turn_claimable(tree_id: &str, status: TreeStatus) -> Result<(), Error> {
+pub(crate) fn turn_claimable(tree: &TreeId, status: TreeStatus) -> Result<(), Error> {
     if !status.is_final() {
         return Err(Error::NotResumable {
-            tree: tree_id.to_owned(),
+            tree: tree.clone(),
             reason: format!("its turn has not ended ({status})"),
         });
     }
@@ -436,6 +448,15 @@ pub struct TreeDump {
     pub config: Option<String>,
     /// Its log, in order.
     pub segments: Vec<Segment>,
+}
+
+/// The error of a dump's tree that the store has already
+/// ([`Error::TreeStored`]); a dump whose tree id is no tree id says so.
+pub(crate) fn already_stored(tree_id: &str) -> Error {
+    match tree_id.parse::<TreeId>() {
+        Ok(tree) => Error::TreeStored(tree),
+        Err(_) => Error::InvalidTreeId(tree_id.to_owned()),
+    }
 }
 
 /// Tree ids as the store keeps them (text), typed; one that is no tree id
@@ -787,17 +808,19 @@ mod tests {
     fn a_tree_is_claimable_once_nobody_runs_it_and_a_turn_once_the_last_ended() {
         let unseen = "elsewhere:1";
         let running = TreeStatus::Running;
-        let ended = reason(claimable("t", (TreeStatus::Completed, unseen, 0), 10, 5));
+        let t: arbor_actors::TreeId = "t".parse().unwrap();
+        let t = &t;
+        let ended = reason(claimable(t, (TreeStatus::Completed, unseen, 0), 10, 5));
         assert!(ended.starts_with("it already ended"), "{ended}");
-        let alive = reason(claimable("t", (running, &owner_id(), 0), 1_000_000, 5));
+        let alive = reason(claimable(t, (running, &owner_id(), 0), 1_000_000, 5));
         assert!(
             alive.starts_with("another process is running it"),
             "{alive}"
         );
-        assert!(claimable("t", (running, unseen, 100), 105, 5).is_err());
-        assert!(claimable("t", (running, unseen, 100), 106, 5).is_ok());
-        let turn = reason(turn_claimable("t", running));
+        assert!(claimable(t, (running, unseen, 100), 105, 5).is_err());
+        assert!(claimable(t, (running, unseen, 100), 106, 5).is_ok());
+        let turn = reason(turn_claimable(t, running));
         assert_eq!(turn, "its turn has not ended (running)");
-        assert!(turn_claimable("t", TreeStatus::Completed).is_ok());
+        assert!(turn_claimable(t, TreeStatus::Completed).is_ok());
     }
 }

@@ -135,7 +135,7 @@ impl Supervisor {
             return Err(Error::NoStore { needed_for });
         };
         if self.is_running(tree_id) {
-            return Err(Error::TreeExists(tree_id.to_string()));
+            return Err(Error::TreeExists(tree_id.clone()));
         }
         Ok(writer)
     }

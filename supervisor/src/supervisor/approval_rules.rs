@@ -236,7 +236,7 @@ impl TreeHooks for RuledHooks {
     fn toolbox(
         &self,
         template: &AgentTemplate,
-    ) -> Result<Arc<arbor_actors::toolbox::Toolbox>, String> {
+    ) -> Result<Arc<arbor_actors::toolbox::Toolbox>, arbor_actors::toolbox::ToolboxError> {
         self.port().toolbox(template)
     }
 

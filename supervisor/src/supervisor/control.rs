@@ -17,7 +17,7 @@ impl Supervisor {
     /// The tool calls that wait for a person's decision (semantics §12), in
     /// one tree or in all, oldest first. A restarted tree's are listed again
     /// once its agents are back at the waiting step.
-    pub fn approvals(&self, tree_id: Option<&str>) -> Vec<crate::PendingApproval> {
+    pub fn approvals(&self, tree_id: Option<&TreeId>) -> Vec<crate::PendingApproval> {
         self.approvals.list(tree_id)
     }
 
@@ -161,7 +161,7 @@ impl Supervisor {
     /// has not started (it waits for a live slot, or for a retry) ends
     /// cancelled without starting: its parent is told.
     pub fn cancel_run(&self, run_id: &RunId) -> Result<(), Error> {
-        let unknown = || Error::UnknownRun(run_id.to_string());
+        let unknown = || Error::UnknownRun(run_id.clone());
         if let Some(actor) = self.live_actor(run_id) {
             return actor
                 .cast(AgentMsg::Cancel(CancelReason::Requested))
@@ -211,7 +211,7 @@ impl Supervisor {
             if waiting {
                 return Err(refused(SteerRefused::NotStarted));
             }
-            return Err(Error::UnknownRun(run_id.to_string()));
+            return Err(Error::UnknownRun(run_id.clone()));
         };
         let (text, limits): (Arc<str>, _) = (text.into(), self.steer_limits);
         match ractor::call!(actor, |reply| AgentMsg::Steer {
@@ -246,7 +246,7 @@ impl Supervisor {
             .locked()
             .get(tree_id.as_str())
             .and_then(|(ctx, _)| ctx.upgrade())
-            .ok_or_else(|| Error::UnknownTree(tree_id.to_string()))?;
+            .ok_or_else(|| Error::UnknownTree(tree_id.clone()))?;
         Ok(ctx.raise(set, add)?)
     }
 

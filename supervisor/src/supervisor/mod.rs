@@ -60,7 +60,9 @@ pub struct StartRequest {
 
 /// Builds the catalog of a stored tree's config, for a supervisor that runs
 /// every tree on the config it started with ([`Supervisor::with_catalogs`]).
-pub type CatalogResolver = Box<dyn Fn(&str) -> Result<Arc<Catalog>, String> + Send + Sync>;
+/// `Err` says why the config cannot be built here ([`Error::TreeConfig`]).
+pub type CatalogResolver =
+    Box<dyn Fn(&str) -> Result<Arc<Catalog>, crate::error::BoxError> + Send + Sync>;
 
 /// What a JSON value is, when it is not an object (params must be one).
 fn not_an_object(value: &Value) -> Option<&'static str> {
@@ -218,7 +220,7 @@ impl Supervisor {
         }
         self.finished_state(run_id)
             .map(|s| (*s).clone())
-            .ok_or_else(|| Error::UnknownRun(run_id.to_string()))
+            .ok_or_else(|| Error::UnknownRun(run_id.clone()))
     }
 
     /// The current state of a run an actor runs now (asked of the actor).

@@ -67,9 +67,9 @@ impl Supervisor {
         if let Some(name) = request.model.as_ref().filter(|_| new_tree) {
             catalog
                 .check_override(&request.agent, name)
-                .map_err(|problem| Error::InvalidRequest {
+                .map_err(|refused| Error::InvalidRequest {
                     field: "model".into(),
-                    problem,
+                    problem: refused.to_string(),
                 })?;
         }
         let model_override: Option<Arc<dyn Model>> = match &request.model {
@@ -100,7 +100,7 @@ impl Supervisor {
             caller
         };
         if self.is_running(&tree) {
-            return Err(Error::TreeExists(tree_id.to_string()));
+            return Err(Error::TreeExists(tree.clone()));
         }
         // A new tree must not land on a stored one (`resume` continues those).
         if self.store.is_some() && recovery.is_none() {
@@ -109,7 +109,7 @@ impl Supervisor {
                 .read_store(move |store| store.tree(&id).map(drop))
                 .await
             {
-                Ok(()) => return Err(Error::TreeStored(tree_id.to_string())),
+                Ok(()) => return Err(Error::TreeStored(tree.clone())),
                 Err(Error::UnknownTree(_)) => {}
                 Err(error) => return Err(error),
             }
@@ -179,7 +179,7 @@ impl Supervisor {
         let mut allowed = arbor_actors::approval::AlwaysAllowed::default();
         if let Some((recovery, replay)) = recovery {
             if !replay {
-                self.approvals.asked_before(&tree_id, &recovery.asked);
+                self.approvals.asked_before(&tree, &recovery.asked);
             }
             allowed = recovery.allowed.clone();
             ctx = ctx.recovering(recovery, replay);

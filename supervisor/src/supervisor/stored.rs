@@ -251,7 +251,7 @@ impl Supervisor {
             let status = store.status(&tree)?;
             if status.is_final() {
                 return Err(Error::RaiseEnded {
-                    tree: tree.to_string(),
+                    tree: tree.clone(),
                     status,
                 });
             }

@@ -223,12 +223,12 @@ impl Supervisor {
         match decision {
             TurnDecision::Reject => {
                 return Err(Error::TurnRunning {
-                    tree: tree_id.to_string(),
+                    tree: tree_id.clone(),
                 });
             }
             TurnDecision::Full => {
                 return Err(Error::TurnQueueFull {
-                    tree: tree_id.to_string(),
+                    tree: tree_id.clone(),
                     limit: self.turn_queue_limit,
                 });
             }
@@ -403,7 +403,7 @@ impl Supervisor {
         let root = record.root_run_id.clone();
         let Some((last, _)) = recovery.finished.get(&*root.to_string()).cloned() else {
             return Err(Error::NotResumable {
-                tree: record.tree_id.to_string(),
+                tree: record.tree_id.clone(),
                 reason: format!("its root {root} has no final state"),
             });
         };

@@ -68,7 +68,7 @@ async fn an_always_allowed_tool_runs_unasked_at_any_depth_and_in_a_later_turn_af
         let mut seen = Vec::new();
         let handle = start(&sup, "lead", "first").await;
         wait_for(&mut rx, &mut seen, asked).await;
-        let pending = sup.approvals(Some("t"));
+        let pending = sup.approvals(Some(&as_tree("t")));
         assert_eq!(pending.len(), 1, "{pending:?}");
         let call = pending[0].tool_call_id.clone();
         let now = sup.approve_always(&as_tree("t"), &call).await.unwrap();
@@ -147,7 +147,7 @@ fn a_replay_of_a_tree_with_an_always_allowed_tool_asks_no_one_and_matches() {
         let mut seen = Vec::new();
         let handle = start(&sup, "lead", "first").await;
         wait_for(&mut rx, &mut seen, asked).await;
-        let call = sup.approvals(Some("t"))[0].tool_call_id.clone();
+        let call = sup.approvals(Some(&as_tree("t")))[0].tool_call_id.clone();
         sup.approve_always(&as_tree("t"), &call).await.unwrap();
         finish(handle).await;
         sup.flush().await.unwrap();

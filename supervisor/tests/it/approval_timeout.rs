@@ -144,7 +144,7 @@ async fn a_decision_before_the_timeout_stops_it() {
     let handle = start(&sup, "worker", "go").await;
     wait_for(&mut rx, &mut seen, asked).await;
     tokio::time::sleep_until(started + TIMEOUT / 2).await;
-    let call_id = sup.approvals(Some("t"))[0].tool_call_id.clone();
+    let call_id = sup.approvals(Some(&as_tree("t")))[0].tool_call_id.clone();
     sup.decide(&as_tree("t"), &call_id, Decision::Approve { input: None })
         .await
         .unwrap();
@@ -174,7 +174,7 @@ async fn a_step_whose_calls_are_partly_decided_gets_the_default_for_the_rest_at_
     let handle = start(&sup, "worker", "go").await;
     wait_for(&mut rx, &mut seen, asked).await;
     tokio::time::sleep_until(started + TIMEOUT / 2).await;
-    let pending = sup.approvals(Some("t"));
+    let pending = sup.approvals(Some(&as_tree("t")));
     assert_eq!(pending.len(), 2, "{pending:?}");
     let first = pending
         .iter()

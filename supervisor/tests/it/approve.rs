@@ -94,7 +94,7 @@ async fn an_approval_at_depth_three_parks_only_its_agent_and_an_edited_input_run
     if !seen.iter().any(|e| ended(e, "sib")) {
         wait_for(&mut rx, &mut seen, |e| ended(e, "sib")).await;
     }
-    let pending = sup.approvals(Some("t"));
+    let pending = sup.approvals(Some(&as_tree("t")));
     assert_eq!(pending.len(), 1, "{pending:?}");
     assert_eq!(
         (
@@ -156,7 +156,7 @@ async fn a_denied_call_gives_the_model_the_reason() {
     let mut seen = Vec::new();
     let handle = start(&sup, "lead", "go").await;
     wait_for(&mut rx, &mut seen, asked).await;
-    let call = sup.approvals(Some("t"))[0].tool_call_id.clone();
+    let call = sup.approvals(Some(&as_tree("t")))[0].tool_call_id.clone();
     sup.decide(
         &as_tree("t"),
         &call,
@@ -203,13 +203,13 @@ fn a_pending_approval_survives_a_restart_and_the_tree_replays() {
     let finals = rt.block_on(async {
         let store = Arc::new(SqliteStore::open(&path).unwrap());
         let sup = tree(Some(store.clone()));
-        let mut rx = sup.events().subscribe_tree("t");
+        let mut rx = sup.events().subscribe_tree(&as_tree("t"));
         let mut seen = Vec::new();
         let handle = sup.resume(&as_tree("t")).await.unwrap();
-        if sup.approvals(Some("t")).is_empty() {
+        if sup.approvals(Some(&as_tree("t"))).is_empty() {
             wait_for(&mut rx, &mut seen, asked).await;
         }
-        let pending = sup.approvals(Some("t"));
+        let pending = sup.approvals(Some(&as_tree("t")));
         assert_eq!(
             pending.len(),
             1,
@@ -290,7 +290,7 @@ async fn two_hundred_approvals_across_fifty_trees_are_listed_decided_and_hold_no
     }
     let pending = sup.approvals(None);
     assert_eq!(pending.len(), 200);
-    assert_eq!(sup.approvals(Some("t7")).len(), 4);
+    assert_eq!(sup.approvals(Some(&as_tree("t7"))).len(), 4);
     // Live = started, not suspended, not ended: none.
     let mut live = std::collections::HashMap::<String, bool>::new();
     for e in &seen {
@@ -337,7 +337,7 @@ async fn an_edited_approval_shows_the_input_that_ran_in_the_history() {
     let mut seen = Vec::new();
     let handle = start(&sup, "lead", "go").await;
     wait_for(&mut rx, &mut seen, asked).await;
-    let call = sup.approvals(Some("t"))[0].tool_call_id.clone();
+    let call = sup.approvals(Some(&as_tree("t")))[0].tool_call_id.clone();
     let edited = json!({"n": 7});
     sup.decide(
         &as_tree("t"),
@@ -371,7 +371,7 @@ async fn deciding_a_call_of_a_cancelled_tree_is_refused_as_ended_not_unknown() {
         let mut seen = Vec::new();
         let handle = start(&sup, "lead", "go").await;
         wait_for(&mut rx, &mut seen, asked).await;
-        let call = sup.approvals(Some("t"))[0].tool_call_id.clone();
+        let call = sup.approvals(Some(&as_tree("t")))[0].tool_call_id.clone();
         handle.cancel();
         let _ = tokio::time::timeout(GUARD, handle.wait()).await;
         sup.until_ended(&as_tree("t")).await;
@@ -405,7 +405,7 @@ fn a_pending_approval_keeps_its_age_across_a_restart() {
         let mut seen = Vec::new();
         let handle = start(&sup, "lead", "go").await;
         wait_for(&mut rx, &mut seen, asked).await;
-        let first = sup.approvals(Some("t"))[0].requested_ms;
+        let first = sup.approvals(Some(&as_tree("t")))[0].requested_ms;
         sup.flush().await.unwrap();
         assert_eq!(sup.release().await.unwrap(), vec!["t".to_owned()]);
         handle.cancel();
@@ -424,13 +424,13 @@ fn a_pending_approval_keeps_its_age_across_a_restart() {
     }
     rt.block_on(async {
         let sup = tree(Some(Arc::new(SqliteStore::open(&path).unwrap())));
-        let mut rx = sup.events().subscribe_tree("t");
+        let mut rx = sup.events().subscribe_tree(&as_tree("t"));
         let mut seen = Vec::new();
         let handle = sup.resume(&as_tree("t")).await.unwrap();
-        if sup.approvals(Some("t")).is_empty() {
+        if sup.approvals(Some(&as_tree("t"))).is_empty() {
             wait_for(&mut rx, &mut seen, asked).await;
         }
-        let pending = sup.approvals(Some("t"));
+        let pending = sup.approvals(Some(&as_tree("t")));
         assert_eq!(pending.len(), 1, "{pending:?}");
         assert_eq!(pending[0].requested_ms, first, "the age it had");
         sup.decide(
@@ -472,7 +472,7 @@ async fn two_hundred_pending_calls_of_a_tree_are_decided_with_one_decision() {
         matches!(e.kind, EventKind::Suspended)
     })
     .await;
-    assert_eq!(sup.approvals(Some("t")).len(), 200);
+    assert_eq!(sup.approvals(Some(&as_tree("t"))).len(), 200);
     // An edited input is one call's; another tool's calls are none.
     assert!(matches!(
         sup.decide_all(

@@ -172,7 +172,7 @@ fn a_paused_tree_survives_a_restart_paused_and_keeps_its_raised_budget() {
     });
     rt.block_on(async {
         let sup = stored(limits);
-        let mut rx = sup.events().subscribe_tree("t");
+        let mut rx = sup.events().subscribe_tree(&as_tree("t"));
         let mut seen = Vec::new();
         let handle = sup.resume(&as_tree("t")).await.unwrap();
         wait_for(&mut rx, &mut seen, budget_reached).await;

@@ -328,7 +328,7 @@ async fn no_actor_outlives_wait_on_a_multi_thread_runtime() {
     let mut outcomes = HashSet::new();
     for i in 0..300 {
         let tree = format!("mt{i}");
-        let mut rx = sup.events().subscribe_tree(&tree);
+        let mut rx = sup.events().subscribe_tree(&as_tree(&tree));
         let handle = sup
             .start(StartRequest {
                 tree_id: Some(tree.parse().unwrap()),

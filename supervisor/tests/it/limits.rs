@@ -248,7 +248,7 @@ async fn live_slots_hold_on_a_multi_thread_runtime() {
         },
     );
     for i in 0..40 {
-        let mut rx = sup.events().subscribe_tree(&format!("mt{i}"));
+        let mut rx = sup.events().subscribe_tree(&as_tree(&format!("mt{i}")));
         let handle = sup
             .start(StartRequest {
                 tree_id: Some(format!("mt{i}").parse().unwrap()),

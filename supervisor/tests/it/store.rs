@@ -411,7 +411,7 @@ async fn live_events_seen_through_the_journal_view_equal_the_stored_ones(backend
     let place = backend.fresh();
     let store = place.open();
     let sup = boss_and_scribe(store.clone());
-    let mut live = sup.events().subscribe_tree("t");
+    let mut live = sup.events().subscribe_tree(&as_tree("t"));
     finish(start(&sup, "boss", "Report.").await).await;
     sup.flush().await.unwrap();
     let mut views = Vec::new();
@@ -509,7 +509,7 @@ async fn released_trees_are_interrupted_at_once_and_recorded_no_more(backend) {
     let sup = Supervisor::new(catalog, TreeLimits::default())
         .with_store(store.clone())
         .unwrap();
-    let mut events = sup.events().subscribe_tree("t");
+    let mut events = sup.events().subscribe_tree(&as_tree("t"));
     let handle = start(&sup, "boss", "wait").await;
     while events.recv().await.unwrap().kind.name() != "stepStarted" {}
     let interrupted = TreeFilter {

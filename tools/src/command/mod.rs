@@ -147,7 +147,8 @@ impl CommandToolSection {
         let mut problems: Vec<(String, String)> = Vec::new();
         let mut problem = |key: &str, message: String| problems.push((key.to_owned(), message));
 
-        let schema = check_schema(&self.input_schema).map_err(|m| problem("input_schema", m));
+        let schema =
+            check_schema(&self.input_schema).map_err(|m| problem("input_schema", m.to_string()));
         // The properties placeholders may use; None when the schema is so
         // broken that checking them against it would only add noise.
         let properties = object_properties(&self.input_schema);
@@ -195,7 +196,7 @@ impl CommandToolSection {
             None => None,
             Some(text) => match Template::parse(text) {
                 Err(e) => {
-                    problem("stdin", e);
+                    problem("stdin", e.to_string());
                     None
                 }
                 Ok(t) => {
@@ -266,18 +267,35 @@ impl CommandToolSection {
     }
 }
 
+/// What is wrong with a command tool's input schema.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum SchemaProblem {
+    /// Not a table.
+    #[error("must be a JSON Schema object (a table with type = \"object\")")]
+    NotATable,
+    /// Not of an object.
+    #[error("must describe an object: type = \"object\"")]
+    NotAnObject,
+    /// `properties` is not a table.
+    #[error("properties must be a table of property schemas")]
+    Properties,
+    /// The schema does not compile.
+    #[error("is not a valid JSON Schema: {0}")]
+    Invalid(String),
+}
+
 /// Compiles an input schema that must describe an object.
-fn check_schema(source: &Value) -> Result<Schema, String> {
+fn check_schema(source: &Value) -> Result<Schema, SchemaProblem> {
     let Some(table) = source.as_object() else {
-        return Err("must be a JSON Schema object (a table with type = \"object\")".to_owned());
+        return Err(SchemaProblem::NotATable);
     };
     if table.get("type") != Some(&Value::from("object")) {
-        return Err("must describe an object: type = \"object\"".to_owned());
+        return Err(SchemaProblem::NotAnObject);
     }
     if table.get("properties").is_some_and(|p| !p.is_object()) {
-        return Err("properties must be a table of property schemas".to_owned());
+        return Err(SchemaProblem::Properties);
     }
-    Schema::compile(source.clone()).map_err(|e| format!("is not a valid JSON Schema: {e}"))
+    Schema::compile(source.clone()).map_err(|e| SchemaProblem::Invalid(e.to_string()))
 }
 
 /// The property names of an object schema, or None if it is not one.

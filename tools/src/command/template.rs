@@ -12,6 +12,20 @@ pub(super) enum Piece {
     Field(String),
 }
 
+/// What is wrong with a `{name}` template (each at its byte offset).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(super) enum TemplateError {
+    /// A `{` without its `}`.
+    #[error("unclosed `{{` at byte {0} (write `{{{{` for a literal brace)")]
+    Unclosed(usize),
+    /// A `{}` naming nothing.
+    #[error("empty placeholder `{{}}` at byte {0} (write `{{{{}}}}` for literal braces)")]
+    Empty(usize),
+    /// A `}` without its `{`.
+    #[error("unmatched `}}` at byte {0} (write `}}}}` for a literal brace)")]
+    Unmatched(usize),
+}
+
 /// A parsed `{name}` template.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Template {
@@ -19,7 +33,7 @@ pub(super) struct Template {
 }
 
 impl Template {
-    pub(super) fn parse(source: &str) -> Result<Template, String> {
+    pub(super) fn parse(source: &str) -> Result<Template, TemplateError> {
         let mut pieces = Vec::new();
         let mut text = String::new();
         let mut chars = source.char_indices().peekable();
@@ -32,17 +46,13 @@ impl Template {
                         match chars.next() {
                             Some((_, '}')) => break,
                             Some((_, '{')) | None => {
-                                return Err(format!(
-                                    "unclosed `{{` at byte {at} (write `{{{{` for a literal brace)"
-                                ));
+                                return Err(TemplateError::Unclosed(at));
                             }
                             Some((_, c)) => name.push(c),
                         }
                     }
                     if name.is_empty() {
-                        return Err(format!(
-                            "empty placeholder `{{}}` at byte {at} (write `{{{{}}}}` for literal braces)"
-                        ));
+                        return Err(TemplateError::Empty(at));
                     }
                     if !text.is_empty() {
                         pieces.push(Piece::Text(std::mem::take(&mut text)));
@@ -51,9 +61,7 @@ impl Template {
                 }
                 '}' if chars.next_if(|&(_, c)| c == '}').is_some() => text.push('}'),
                 '}' => {
-                    return Err(format!(
-                        "unmatched `}}` at byte {at} (write `}}}}` for a literal brace)"
-                    ));
+                    return Err(TemplateError::Unmatched(at));
                 }
                 c => text.push(c),
             }

@@ -46,7 +46,7 @@ impl McpTool {
             None => format!("no MCP server named {server_name} is configured"),
             Some(s) => match s.listing() {
                 Ok(_) => format!("MCP server {server_name} does not list it"),
-                Err(why) => why,
+                Err(why) => why.to_string(),
             },
         }
     }

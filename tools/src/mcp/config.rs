@@ -153,7 +153,7 @@ impl ValueSource {
     }
 
     /// The value now. `Err` names the variable that is unset (never a value).
-    pub(crate) fn resolve(&self) -> Result<String, String> {
+    pub(crate) fn resolve(&self) -> Result<String, EnvError> {
         match self {
             ValueSource::Literal(value) => Ok(value.clone()),
             ValueSource::Env(var) => read_env(var),
@@ -161,13 +161,23 @@ impl ValueSource {
     }
 }
 
+/// An environment variable a value is read from that has none (named,
+/// never its value).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum EnvError {
+    /// The variable is not set.
+    #[error("environment variable {0} is not set")]
+    Unset(String),
+    /// The variable's value is not UTF-8.
+    #[error("environment variable {0} is not valid UTF-8")]
+    NotUnicode(String),
+}
+
 /// Reads `var`; `Err` names it, never a value.
-pub(crate) fn read_env(var: &str) -> Result<String, String> {
+pub(crate) fn read_env(var: &str) -> Result<String, EnvError> {
     std::env::var(var).map_err(|e| match e {
-        std::env::VarError::NotPresent => format!("environment variable {var} is not set"),
-        std::env::VarError::NotUnicode(_) => {
-            format!("environment variable {var} is not valid UTF-8")
-        }
+        std::env::VarError::NotPresent => EnvError::Unset(var.to_owned()),
+        std::env::VarError::NotUnicode(_) => EnvError::NotUnicode(var.to_owned()),
     })
 }
 

@@ -21,9 +21,14 @@ use super::config::McpServerSection;
 /// from. `Err` lists every problem, one per line, each naming the entry and
 /// key (`mcpServers.NAME.KEY: …`).
 pub fn mcp_servers_toml(json: &str, base_dir: &Path) -> Result<String, ImportError> {
-    toml_of(json, base_dir).map_err(|problems| ImportError {
-        problems: problems.split('\n').map(str::to_owned).collect(),
-    })
+    toml_of(json, base_dir)
+}
+
+/// An import that fails for one reason.
+fn refused(problem: String) -> ImportError {
+    ImportError {
+        problems: vec![problem],
+    }
 }
 
 /// Why a client's MCP config cannot be imported: every problem, each naming
@@ -35,31 +40,31 @@ pub struct ImportError {
     pub problems: Vec<String>,
 }
 
-fn toml_of(json: &str, base_dir: &Path) -> Result<String, String> {
+fn toml_of(json: &str, base_dir: &Path) -> Result<String, ImportError> {
     let root: Value =
-        serde_json::from_str(json).map_err(|e| format!("not a JSON document: {e}"))?;
+        serde_json::from_str(json).map_err(|e| refused(format!("not a JSON document: {e}")))?;
     let Some(object) = root.as_object() else {
-        return Err(format!(
+        return Err(refused(format!(
             "the document is {}, not an object with mcpServers",
             kind(&root)
-        ));
+        )));
     };
     let (key, servers) = ["mcpServers", "servers"]
         .iter()
         .find_map(|key| object.get(*key).map(|servers| (*key, servers)))
         .ok_or_else(|| {
             let keys: Vec<&str> = object.keys().map(String::as_str).collect();
-            format!(
+            refused(format!(
                 "no mcpServers (Claude Code, Claude Desktop, Cursor) or servers (VS Code) \
                  object in the document (its keys: {})",
                 keys.join(", ")
-            )
+            ))
         })?;
     let Some(servers) = servers.as_object() else {
-        return Err(format!(
+        return Err(refused(format!(
             "{key} is {}, not an object of servers by name",
             kind(servers)
-        ));
+        )));
     };
     let mut problems = Vec::new();
     let mut tables = toml::Table::new();
@@ -104,11 +109,11 @@ fn toml_of(json: &str, base_dir: &Path) -> Result<String, String> {
         }
     }
     if !problems.is_empty() {
-        return Err(problems.join("\n"));
+        return Err(ImportError { problems });
     }
     let mut root = toml::Table::new();
     root.insert("mcp_servers".to_owned(), toml::Value::Table(tables));
-    toml::to_string(&root).map_err(|e| format!("cannot write TOML: {e}"))
+    toml::to_string(&root).map_err(|e| refused(format!("cannot write TOML: {e}")))
 }
 
 /// `headers.Authorization = "Bearer ${VAR}"` (as Claude Code's docs write
@@ -176,15 +181,26 @@ fn is_variable(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// A JSON value TOML cannot write.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum NoToml {
+    /// `null`.
+    #[error("null has no TOML form: leave the key out")]
+    Null,
+    /// A number neither an `i64` nor an `f64` (as JSON wrote it).
+    #[error("the number {0} does not fit TOML")]
+    Number(String),
+}
+
 /// A JSON value as TOML; `null` has no TOML form.
-fn to_toml(value: &Value) -> Result<toml::Value, String> {
+fn to_toml(value: &Value) -> Result<toml::Value, NoToml> {
     Ok(match value {
-        Value::Null => return Err("null has no TOML form: leave the key out".to_owned()),
+        Value::Null => return Err(NoToml::Null),
         Value::Bool(b) => toml::Value::Boolean(*b),
         Value::Number(n) => match (n.as_i64(), n.as_f64()) {
             (Some(i), _) => toml::Value::Integer(i),
             (None, Some(f)) => toml::Value::Float(f),
-            (None, None) => return Err(format!("the number {n} does not fit TOML")),
+            (None, None) => return Err(NoToml::Number(n.to_string())),
         },
         Value::String(s) => toml::Value::String(s.clone()),
         Value::Array(items) => {
@@ -193,7 +209,7 @@ fn to_toml(value: &Value) -> Result<toml::Value, String> {
         Value::Object(map) => toml::Value::Table(
             map.iter()
                 .map(|(k, v)| Ok((k.clone(), to_toml(v)?)))
-                .collect::<Result<_, String>>()?,
+                .collect::<Result<_, NoToml>>()?,
         ),
     })
 }

@@ -55,6 +55,33 @@ use server::Server;
 /// How long [`McpServers::shutdown`] waits for one server's task.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
 
+/// Why an MCP server has no tool list ([`McpServers::tools`]): what a call
+/// of one of its tools, and the tool listing, say.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unlisted {
+    /// No server of this name is configured.
+    #[error("no MCP server named {0} is configured")]
+    UnknownServer(String),
+    /// The server could not start.
+    #[error("MCP server {server} could not start: {reason}")]
+    Failed {
+        /// The server's name.
+        server: String,
+        /// Why it could not start.
+        reason: String,
+    },
+    /// The server was not started (it starts on first use).
+    #[error("MCP server {0} was not started")]
+    NotStarted(String),
+    /// The server is starting and has listed nothing yet.
+    #[error("MCP server {0} is still starting")]
+    Starting(String),
+    /// The server was shut down.
+    #[error("MCP server {0} was shut down")]
+    Stopped(String),
+}
+
 /// Every configured MCP server of one runtime (share it as `Arc<McpServers>`).
 pub struct McpServers {
     servers: BTreeMap<String, Arc<Server>>,
@@ -111,9 +138,9 @@ impl McpServers {
 
     /// The tools `server` lists now (after its allow-list), named
     /// `SERVER/TOOL`. `Err(reason)` if it never came up (or is unknown).
-    pub fn tools(&self, server: &str) -> Result<Vec<Arc<dyn Tool>>, String> {
+    pub fn tools(&self, server: &str) -> Result<Vec<Arc<dyn Tool>>, Unlisted> {
         let Some(handle) = self.servers.get(server) else {
-            return Err(format!("no MCP server named {server} is configured"));
+            return Err(Unlisted::UnknownServer(server.to_owned()));
         };
         let listing = handle.listing()?;
         Ok(listing

@@ -205,14 +205,18 @@ impl Server {
     }
 
     /// The current tool list; `Err` if the server never came up.
-    pub(super) fn listing(&self) -> Result<Listing, String> {
-        let name = &self.name;
+    pub(super) fn listing(&self) -> Result<Listing, super::Unlisted> {
+        use super::Unlisted;
+        let server = || self.name.clone();
         self.read(|s| match &s.phase {
             _ if s.ever_up => Ok(s.listing.clone()),
-            Phase::Failed(why) => Err(format!("MCP server {name} could not start: {why}")),
-            Phase::NotStarted => Err(format!("MCP server {name} was not started")),
-            Phase::Starting => Err(format!("MCP server {name} is still starting")),
-            Phase::Stopped => Err(format!("MCP server {name} was shut down")),
+            Phase::Failed(why) => Err(Unlisted::Failed {
+                server: server(),
+                reason: why.clone(),
+            }),
+            Phase::NotStarted => Err(Unlisted::NotStarted(server())),
+            Phase::Starting => Err(Unlisted::Starting(server())),
+            Phase::Stopped => Err(Unlisted::Stopped(server())),
             Phase::Running | Phase::Restarting { .. } => Ok(s.listing.clone()),
         })
     }

@@ -42,13 +42,69 @@ struct Repo {
     common: PathBuf,
 }
 
+/// Why a run's worktree cannot be made or sealed: what the model reads
+/// of a workspace tool's call, and a sealed report's `error`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorktreeError {
+    /// The workspace is in no git repository.
+    #[error(
+        "isolation = \"worktree\" needs a git repository, and the workspace {} is in none",
+        .0.display()
+    )]
+    NoRepository(PathBuf),
+    /// A worktree's `.git` file could not be read.
+    #[error("{} could not be read: {reason}", path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// The system's error.
+        reason: String,
+    },
+    /// A `.git` file that is not a worktree's (`gitdir: …`).
+    #[error("{} is not a worktree's .git file", .0.display())]
+    NotAWorktreeFile(PathBuf),
+    /// No `git` on `PATH`.
+    #[error("isolation = \"worktree\" needs git, and none is on PATH")]
+    NoGit,
+    /// `git` could not be run.
+    #[error("git could not be run: {0}")]
+    GitNotRun(String),
+    /// A git command failed.
+    #[error("git {args} failed in {}: {stderr}", dir.display())]
+    GitFailed {
+        /// Its arguments, joined by spaces.
+        args: String,
+        /// The directory it ran in.
+        dir: PathBuf,
+        /// Its standard error, trimmed.
+        stderr: String,
+    },
+    /// The file keeping the branch's base could not be written.
+    #[error("{} could not be written: {reason}", path.display())]
+    Unwritable {
+        /// The file.
+        path: PathBuf,
+        /// The system's error.
+        reason: String,
+    },
+    /// The worktree was made but cannot be opened as a workspace.
+    #[error("the worktree {} could not be opened: {reason}", path.display())]
+    NotOpened {
+        /// The workspace's directory in the worktree.
+        path: PathBuf,
+        /// Why not.
+        reason: String,
+    },
+}
+
 /// An isolated run's workspace (see the module docs).
 pub struct Worktree {
     /// Where the run's parent works: the base of the branch, and what the
     /// workspace's access, shell environment and sandbox come from.
     parent: Arc<dyn arbor_actors::tool::Workspace>,
     /// The repository, or why there is none.
-    repo: Result<Repo, String>,
+    repo: Result<Repo, WorktreeError>,
     /// The worktree's directory.
     path: PathBuf,
     /// The workspace's directory in it (the parent's place in its checkout).
@@ -139,7 +195,7 @@ pub(super) fn isolate(
 impl Worktree {
     fn new(
         parent: Arc<dyn arbor_actors::tool::Workspace>,
-        repo: Result<Repo, String>,
+        repo: Result<Repo, WorktreeError>,
         sub: PathBuf,
         run: &RunId,
         agent_type: &str,
@@ -180,7 +236,7 @@ impl Worktree {
     pub fn open(
         &self,
     ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<Arc<Workspace>, String>> + Send + '_>,
+        Box<dyn std::future::Future<Output = Result<Arc<Workspace>, WorktreeError>> + Send + '_>,
     > {
         // Boxed: a worktree's parent may be a worktree, made first.
         Box::pin(async move {
@@ -193,7 +249,7 @@ impl Worktree {
 
     /// The base commit: the parent's `HEAD` (made first if it is a worktree
     /// too), and the directory git runs in for it.
-    async fn parent_checkout(&self) -> Result<(PathBuf, Option<Arc<Workspace>>), String> {
+    async fn parent_checkout(&self) -> Result<(PathBuf, Option<Arc<Workspace>>), WorktreeError> {
         let any: Arc<dyn std::any::Any + Send + Sync> = self.parent.clone();
         match any.downcast::<Worktree>() {
             Ok(parent) => {
@@ -207,7 +263,7 @@ impl Worktree {
         }
     }
 
-    async fn make(&self) -> Result<Arc<Workspace>, String> {
+    async fn make(&self) -> Result<Arc<Workspace>, WorktreeError> {
         let repo = self.repo.as_ref().map_err(Clone::clone)?;
         let (checkout, parent) = self.parent_checkout().await?;
         // Siblings made at once would race on the repository's locks.
@@ -247,17 +303,17 @@ impl Worktree {
                     ],
                 )
                 .await?;
-                std::fs::write(self.base_file(), base).map_err(|e| {
-                    format!("{} could not be written: {e}", self.base_file().display())
+                std::fs::write(self.base_file(), base).map_err(|e| WorktreeError::Unwritable {
+                    path: self.base_file(),
+                    reason: e.to_string(),
                 })?;
             }
         }
-        let mut ws = Workspace::open(&self.root, self.access).map_err(|e| {
-            format!(
-                "the worktree {} could not be opened: {e}",
-                self.root.display()
-            )
-        })?;
+        let mut ws =
+            Workspace::open(&self.root, self.access).map_err(|e| WorktreeError::NotOpened {
+                path: self.root.clone(),
+                reason: e.to_string(),
+            })?;
         if let Some(parent) = parent {
             ws.env = parent.env.clone();
             // Git writes the worktree's commits in the repository's shared
@@ -318,17 +374,17 @@ impl Worktree {
         }
     }
 
-    fn failed(&self, error: String) -> WorktreeReport {
+    fn failed(&self, error: WorktreeError) -> WorktreeReport {
         WorktreeReport {
             branch: self.branch.clone(),
             path: Some(self.path.clone()),
             summary: "not sealed".to_owned(),
-            error: Some(error),
+            error: Some(error.to_string()),
             ..WorktreeReport::default()
         }
     }
 
-    async fn seal_in(&self, checkout: &Path, made: bool) -> Result<WorktreeReport, String> {
+    async fn seal_in(&self, checkout: &Path, made: bool) -> Result<WorktreeReport, WorktreeError> {
         let base = match std::fs::read_to_string(self.base_file()) {
             Ok(base) => base.trim().to_owned(),
             Err(_) => git(checkout, &["merge-base", &self.branch, "HEAD"])
@@ -435,7 +491,7 @@ fn clean(text: &str) -> String {
 
 /// The repository `dir` is in, and its checkout's top directory, found by
 /// walking up to `.git` (a directory, or a worktree's `gitdir:` file).
-fn find_repo(dir: &Path) -> Result<(Repo, PathBuf), String> {
+fn find_repo(dir: &Path) -> Result<(Repo, PathBuf), WorktreeError> {
     let mut at = Some(dir);
     while let Some(here) = at {
         let dot = here.join(".git");
@@ -443,12 +499,14 @@ fn find_repo(dir: &Path) -> Result<(Repo, PathBuf), String> {
             return Ok((Repo { common: dot }, here.to_path_buf()));
         }
         if dot.is_file() {
-            let text = std::fs::read_to_string(&dot)
-                .map_err(|e| format!("{} could not be read: {e}", dot.display()))?;
+            let text = std::fs::read_to_string(&dot).map_err(|e| WorktreeError::Unreadable {
+                path: dot.clone(),
+                reason: e.to_string(),
+            })?;
             let gitdir = text
                 .strip_prefix("gitdir:")
                 .map(str::trim)
-                .ok_or_else(|| format!("{} is not a worktree's .git file", dot.display()))?;
+                .ok_or_else(|| WorktreeError::NotAWorktreeFile(dot.clone()))?;
             let gitdir = here.join(gitdir);
             let common = match std::fs::read_to_string(gitdir.join("commondir")) {
                 Ok(common) => gitdir.join(common.trim()),
@@ -459,15 +517,12 @@ fn find_repo(dir: &Path) -> Result<(Repo, PathBuf), String> {
         }
         at = here.parent();
     }
-    Err(format!(
-        "isolation = \"worktree\" needs a git repository, and the workspace {} is in none",
-        dir.display()
-    ))
+    Err(WorktreeError::NoRepository(dir.to_path_buf()))
 }
 
 /// Runs `git --git-dir=COMMON ARGS` (questions of the repository's refs,
 /// asked without a checkout).
-async fn git_in_repo(common: &Path, args: &[&str]) -> Result<String, String> {
+async fn git_in_repo(common: &Path, args: &[&str]) -> Result<String, WorktreeError> {
     let dir = format!("--git-dir={}", common.display());
     let mut all = vec![dir.as_str()];
     all.extend_from_slice(args);
@@ -492,17 +547,21 @@ fn fnv32(text: &str) -> u32 {
 /// Runs `git -C dir ARGS`; its standard output, or an error with its
 /// standard error. Git's hooks and file-system monitor are off: what an
 /// agent wrote in the repository never runs as Arbor.
-async fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
+async fn git(dir: &Path, args: &[&str]) -> Result<String, WorktreeError> {
     git_with(dir, args, &[]).await
 }
 
 /// [`git`] with `env` set.
-async fn git_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<String, String> {
+async fn git_with(
+    dir: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<String, WorktreeError> {
     let program = crate::program::find_on(
         &std::env::var_os("PATH").unwrap_or_default(),
         Path::new("git"),
     )
-    .ok_or_else(|| "isolation = \"worktree\" needs git, and none is on PATH".to_owned())?;
+    .ok_or(WorktreeError::NoGit)?;
     let out = tokio::process::Command::new(program)
         .arg("-C")
         .arg(dir)
@@ -519,16 +578,15 @@ async fn git_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<Str
         .kill_on_drop(true)
         .output()
         .await
-        .map_err(|e| format!("git could not be run: {e}"))?;
+        .map_err(|e| WorktreeError::GitNotRun(e.to_string()))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(format!(
-            "git {} failed in {}: {}",
-            args.join(" "),
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(WorktreeError::GitFailed {
+            args: args.join(" "),
+            dir: dir.to_path_buf(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
     }
 }
 

@@ -16,7 +16,7 @@ use arbor_actors::schema::Schema;
 use arbor_actors::spawn::{ChildPlan, ChildReport, ChildStart, ParentInfo};
 use arbor_actors::state::{AgentState, AgentStatus};
 use arbor_actors::template::{AgentTemplate, AgentTypeId, OutputMode};
-use arbor_actors::tool::Tool;
+use arbor_actors::tool::{Tool, ToolError};
 use arbor_actors::toolbox::Toolbox;
 use arbor_actors::{Action, Catalog, EventKind, StepMachine};
 use arbor_actors::{Failure, FailureKind, RunId};

@@ -131,7 +131,10 @@ fn tool_results_follow_the_call_order_whatever_order_they_finish_in() {
             .tool_done(7, 0, Ok(json!("wrong step").into()), &run.cat)
             .is_empty()
     );
-    let req = request(run.m.tool_done(1, 0, Err("disk full".into()), &run.cat));
+    let req = request(
+        run.m
+            .tool_done(1, 0, Err(ToolError::new("disk full")), &run.cat),
+    );
     let h = run.history();
     assert_eq!(h.len(), 6, "{h:?}");
     assert_eq!(h[2].answers(), Some("s1-0"));

@@ -213,7 +213,7 @@ pub(super) fn load(
                         root: None,
                         module_only: false,
                     }),
-                    Err(why) => problems.push(file_problem(&shown, why)),
+                    Err(why) => problems.push(file_problem(&shown, why.to_string())),
                 }
             } else if CODEBUFF_EXTENSIONS.contains(&ext) && !not_an_agent(&f.path) {
                 match codebuff::evaluate(&f.root, &f.path) {

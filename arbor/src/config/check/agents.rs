@@ -260,10 +260,13 @@ pub(in crate::config) fn templates(
         }
         let on_turn_end = match a.on_turn_end.as_deref() {
             None => arbor_actors::OnTurnEnd::Wait,
-            Some(name) => name.parse().unwrap_or_else(|why: String| {
-                problems.push(at(text, &table, "on_turn_end", why));
-                arbor_actors::OnTurnEnd::Wait
-            }),
+            Some(name) => {
+                name.parse()
+                    .unwrap_or_else(|why: arbor_actors::template::UnknownOnTurnEnd| {
+                        problems.push(at(text, &table, "on_turn_end", why.to_string()));
+                        arbor_actors::OnTurnEnd::Wait
+                    })
+            }
         };
         {
             use arbor_actors::toolbox::{SPAWN_AGENT_INLINE, SPAWN_AGENTS, SPAWN_AGENTS_ASYNC};
@@ -358,7 +361,7 @@ pub(in crate::config) fn templates(
             file.models.get(&a.model),
         )
         .unwrap_or_else(|why| {
-            problems.push(at(text, &table, "structured", why));
+            problems.push(at(text, &table, "structured", why.to_string()));
             Structured::Tool
         });
         // Last: it puts the output schema on the template's requests.
@@ -398,6 +401,26 @@ fn program_handler(
     ))
 }
 
+/// Why an agent's `structured = "native"` cannot be.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum NotNative {
+    /// Its output mode is not `structured_output` (the mode's name).
+    #[error("\"native\" needs output_mode = \"structured_output\" (this agent's is {0:?})")]
+    OutputMode(&'static str),
+    /// Its model says `structured = "tool"` (the model's name).
+    #[error(
+        "\"native\" on model {0:?}, whose structured = \"tool\" says it cannot \
+         answer in a schema (use \"tool\" or \"auto\" here, or another model)"
+    )]
+    ToolModel(String),
+    /// Its model is a simulated one (the model's name).
+    #[error(
+        "\"native\" on model {0:?}, a simulated model, which cannot answer in a \
+         schema (use \"tool\" or \"auto\")"
+    )]
+    Simulated(String),
+}
+
 /// How a template gives its structured output, from its `structured`, its
 /// output mode and the `[models]` entry it runs on (`None`: not defined,
 /// reported on its own); `Err` names the model and why it cannot be native.
@@ -408,7 +431,7 @@ fn structured_mode(
     output_mode: OutputMode,
     model_name: &str,
     model: Option<&ModelSection>,
-) -> Result<Structured, String> {
+) -> Result<Structured, NotNative> {
     let structured_output = output_mode == OutputMode::StructuredOutput;
     let (kind, said) = match model {
         Some(ModelSection::Openai(s)) => (Some(ProviderKind::OpenAi), s.structured),
@@ -422,19 +445,14 @@ fn structured_mode(
             Ok(said
                 .unwrap_or_else(|| kind.map_or(Structured::Tool, ProviderKind::structured_default)))
         }
-        StructuredChoice::Native if !structured_output => Err(format!(
-            "\"native\" needs output_mode = \"structured_output\" (this agent's is {:?})",
-            output_mode_name(output_mode)
-        )),
+        StructuredChoice::Native if !structured_output => {
+            Err(NotNative::OutputMode(output_mode_name(output_mode)))
+        }
         StructuredChoice::Native => match (model, said) {
-            (_, Some(Structured::Tool)) => Err(format!(
-                "\"native\" on model {model_name:?}, whose structured = \"tool\" says it cannot \
-                 answer in a schema (use \"tool\" or \"auto\" here, or another model)"
-            )),
-            (Some(ModelSection::Simulated(_)), _) => Err(format!(
-                "\"native\" on model {model_name:?}, a simulated model, which cannot answer in a \
-                 schema (use \"tool\" or \"auto\")"
-            )),
+            (_, Some(Structured::Tool)) => Err(NotNative::ToolModel(model_name.to_owned())),
+            (Some(ModelSection::Simulated(_)), _) => {
+                Err(NotNative::Simulated(model_name.to_owned()))
+            }
             _ => Ok(Structured::Native),
         },
     }

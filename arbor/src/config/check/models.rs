@@ -433,7 +433,11 @@ impl crate::config::Config {
     /// check runs on an agent's configured model. `Err` names the model, the
     /// agent and the option, and why. An agent or a model this config does
     /// not have passes: starting the tree reports it.
-    pub fn check_model_override(&self, agent: &str, model: &str) -> Result<(), String> {
+    pub fn check_model_override(
+        &self,
+        agent: &str,
+        model: &str,
+    ) -> Result<(), arbor_supervisor::OverrideRefused> {
         let file = &self.file;
         let Some((model, section)) = file.models.get_key_value(model) else {
             return Ok(());
@@ -474,14 +478,12 @@ impl crate::config::Config {
             let found =
                 option_conflicts((model.as_str(), section), options.map(|o| (id.as_str(), o)));
             if let Some((layer, field, why)) = found.into_iter().next() {
-                let reached = if id == root {
-                    String::new()
-                } else {
-                    format!(" (which {root:?} may spawn)")
-                };
-                return Err(format!(
-                    "model {model:?} cannot run agent {id:?}{reached}: {}: {why}",
-                    layer.key(field)
+                return Err(arbor_supervisor::OverrideRefused::new(
+                    model,
+                    id,
+                    root,
+                    layer.key(field),
+                    why,
                 ));
             }
         }

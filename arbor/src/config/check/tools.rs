@@ -10,16 +10,27 @@ use crate::config::{ConfigFile, Problem};
 use crate::tools::command::CommandTool;
 use crate::tools::mcp::McpSettings;
 
+/// What is wrong with a server's or a command tool's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+enum BadToolName {
+    /// Empty, or longer than a wire name may be.
+    #[error("must have 1 to 48 characters")]
+    Length,
+    /// A character a wire name may not hold.
+    #[error("may hold only letters, digits, '_' and '-'")]
+    Characters,
+}
+
 /// A name for a server or a command tool: what fits a tool name on the wire.
-fn check_tool_name(name: &str) -> Result<(), String> {
+fn check_tool_name(name: &str) -> Result<(), BadToolName> {
     if name.is_empty() || name.len() > 48 {
-        return Err("must have 1 to 48 characters".into());
+        return Err(BadToolName::Length);
     }
     if !name
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
     {
-        return Err("may hold only letters, digits, '_' and '-'".into());
+        return Err(BadToolName::Characters);
     }
     Ok(())
 }

@@ -26,16 +26,18 @@ const RECORD: &str = "SELECT t.tree_id, t.root_run_id, t.agent, t.prompt, t.stat
         t.last_seq, t.principal, c.text AS config_text
     FROM trees t LEFT JOIN configs c ON c.hash = t.config";
 
-fn status_of(r: &tokio_postgres::Row, column: &str) -> Result<TreeStatus, String> {
+fn status_of(
+    r: &tokio_postgres::Row,
+    column: &str,
+) -> Result<TreeStatus, crate::store::UnknownStatus> {
     let text: &str = r.get(column);
     text.parse()
-        .map_err(|e: crate::store::UnknownStatus| e.to_string())
 }
 
 impl PgStore {
     fn summary_row(&self, r: &tokio_postgres::Row, now: u64) -> Result<TreeSummary, Error> {
         let tree_id: String = r.get("tree_id");
-        let mut status = status_of(r, "status").map_err(self.bad(&tree_id))?;
+        let mut status = status_of(r, "status").map_err(|e| self.bad(&tree_id)(e.to_string()))?;
         let heartbeat = r.get::<_, i64>("heartbeat_ms") as u64;
         let owner: String = r.get("owner");
         if status == TreeStatus::Running
@@ -87,14 +89,15 @@ impl PgStore {
     }
 
     /// Reads every segment of a tree.
-    async fn log(&self, client: &impl GenericClient, tree_id: &str) -> Result<TreeLog, Error> {
+    async fn log(&self, client: &impl GenericClient, tree: &TreeId) -> Result<TreeLog, Error> {
+        let tree_id = tree.as_str();
         let io = self.io();
         let found = client
             .query_opt("SELECT 1 FROM trees WHERE tree_id = $1", &[&tree_id])
             .await
             .map_err(&io)?;
         if found.is_none() {
-            return Err(Error::UnknownTree(tree_id.to_owned()));
+            return Err(Error::UnknownTree(tree.clone()));
         }
         let rows = client
             .query(
@@ -108,10 +111,10 @@ impl PgStore {
     }
 
     /// A tree's log read with a connection of the pool.
-    fn read_log(&self, tree_id: &str) -> Result<TreeLog, Error> {
+    fn read_log(&self, tree: &TreeId) -> Result<TreeLog, Error> {
         self.block(async {
             let client = self.client().await?;
-            self.log(&**client, tree_id).await
+            self.log(&**client, tree).await
         })
     }
 
@@ -122,10 +125,11 @@ impl PgStore {
     /// `UPDATE`'s assignments (each followed by `, `).
     fn take(
         &self,
-        tree_id: &str,
+        tree: &TreeId,
         also: &str,
         check: impl FnOnce(TreeStatus, &str, u64) -> Result<(), Error>,
     ) -> Result<u64, Error> {
+        let tree_id = tree.as_str();
         let epoch = self.block(async {
             let io = self.io();
             let mut client = self.client().await?;
@@ -137,8 +141,8 @@ impl PgStore {
                 )
                 .await
                 .map_err(&io)?
-                .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
-            let status = status_of(&row, "status").map_err(self.bad(tree_id))?;
+                .ok_or_else(|| Error::UnknownTree(tree.clone()))?;
+            let status = status_of(&row, "status").map_err(|e| self.bad(tree_id)(e.to_string()))?;
             let owner: String = row.get("owner");
             check(status, &owner, row.get::<_, i64>("heartbeat_ms") as u64)?;
             let epoch: i64 = tx
@@ -173,8 +177,8 @@ impl Store for PgStore {
         self.list(filter, Some(principal))
     }
 
-    fn principal(&self, tree_id: &TreeId) -> Result<Option<String>, Error> {
-        let tree_id = tree_id.as_str();
+    fn principal(&self, tree: &TreeId) -> Result<Option<String>, Error> {
+        let tree_id = tree.as_str();
         self.block(async {
             let client = self.client().await?;
             client
@@ -185,12 +189,12 @@ impl Store for PgStore {
                 .await
                 .map_err(self.io())?
                 .map(|row| row.get(0))
-                .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))
+                .ok_or_else(|| Error::UnknownTree(tree.clone()))
         })
     }
 
-    fn tree(&self, tree_id: &TreeId) -> Result<(TreeRecord, TreeSummary), Error> {
-        let tree_id = tree_id.as_str();
+    fn tree(&self, tree: &TreeId) -> Result<(TreeRecord, TreeSummary), Error> {
+        let tree_id = tree.as_str();
         let now = now_ms();
         let row = self.block(async {
             let client = self.client().await?;
@@ -198,13 +202,13 @@ impl Store for PgStore {
                 .query_opt(&format!("{RECORD} WHERE t.tree_id = $1"), &[&tree_id])
                 .await
                 .map_err(self.io())?
-                .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))
+                .ok_or_else(|| Error::UnknownTree(tree.clone()))
         })?;
         self.record_row(&row, now)
     }
 
-    fn status(&self, tree_id: &TreeId) -> Result<TreeStatus, Error> {
-        let tree_id = tree_id.as_str();
+    fn status(&self, tree: &TreeId) -> Result<TreeStatus, Error> {
+        let tree_id = tree.as_str();
         let now = now_ms();
         let row = self.block(async {
             let client = self.client().await?;
@@ -212,7 +216,7 @@ impl Store for PgStore {
                 .query_opt(&format!("{SUMMARY} WHERE tree_id = $1"), &[&tree_id])
                 .await
                 .map_err(self.io())?
-                .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))
+                .ok_or_else(|| Error::UnknownTree(tree.clone()))
         })?;
         Ok(self.summary_row(&row, now)?.status)
     }
@@ -248,7 +252,7 @@ impl Store for PgStore {
                         r.get::<_, &str>("owner"),
                         r.get::<_, i64>("heartbeat_ms") as u64,
                     );
-                    crate::store::claimable(r.get("tree_id"), row, now, lease).is_ok()
+                    crate::store::claim_refused(row, now, lease).is_none()
                 })
                 .map(|r| r.get("tree_id"))
                 .collect();
@@ -312,12 +316,13 @@ impl Store for PgStore {
         for r in segments {
             logs.entry(r.get(0)).or_default().push(r.get(1));
         }
-        Ok(tree_ids
+        Ok(trees
             .iter()
-            .map(|&tree_id| {
+            .map(|tree| {
+                let tree_id = tree.as_str();
                 let row = found
                     .remove(tree_id)
-                    .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+                    .ok_or_else(|| Error::UnknownTree(tree.clone()))?;
                 let (record, _) = self.record_row(&row, now)?;
                 let last_seq = row.get::<_, i64>("last_seq") as u64;
                 let bodies = logs.remove(tree_id).unwrap_or_default().into_iter().map(Ok);
@@ -327,30 +332,24 @@ impl Store for PgStore {
             .collect())
     }
 
-    fn runs(&self, tree_id: &TreeId) -> Result<Vec<RunNode>, Error> {
-        let tree_id = tree_id.as_str();
-        Ok(self.read_log(tree_id)?.nodes())
+    fn runs(&self, tree: &TreeId) -> Result<Vec<RunNode>, Error> {
+        Ok(self.read_log(tree)?.nodes())
     }
 
     fn run(&self, run_id: &RunId) -> Result<StoredRun, Error> {
-        let run_id = run_id.to_string();
-        let run_id = run_id.as_str();
-        let Ok(id) = run_id.parse::<RunId>() else {
-            return Err(Error::UnknownRun(run_id.to_owned()));
-        };
-        let tree_id = id.tree().as_str();
-        let log = match self.read_log(tree_id) {
-            Err(Error::UnknownTree(_)) => return Err(Error::UnknownRun(run_id.to_owned())),
+        let tree = run_id.tree();
+        let log = match self.read_log(tree) {
+            Err(Error::UnknownTree(_)) => return Err(Error::UnknownRun(run_id.clone())),
             other => other?,
         };
-        log.stored_run(run_id, &self.bad(tree_id))
+        log.stored_run(run_id, &self.bad(tree))
     }
 
-    fn recovery(&self, tree_id: &TreeId) -> Result<Recovery, Error> {
-        let tree_id = tree_id.as_str();
+    fn recovery(&self, tree: &TreeId) -> Result<Recovery, Error> {
+        let tree_id = tree.as_str();
         let (log, last_seq) = self.block(async {
             let client = self.client().await?;
-            let log = self.log(&**client, tree_id).await?;
+            let log = self.log(&**client, tree).await?;
             let last_seq: i64 = client
                 .query_one("SELECT last_seq FROM trees WHERE tree_id = $1", &[&tree_id])
                 .await
@@ -361,13 +360,13 @@ impl Store for PgStore {
         log.recovery(tree_id, last_seq, &self.bad(tree_id))
     }
 
-    fn final_states(&self, tree_id: &TreeId) -> Result<Vec<AgentState>, Error> {
-        let tree_id = tree_id.as_str();
-        self.read_log(tree_id)?.final_states(&self.bad(tree_id))
+    fn final_states(&self, tree: &TreeId) -> Result<Vec<AgentState>, Error> {
+        let tree_id = tree.as_str();
+        self.read_log(tree)?.final_states(&self.bad(tree_id))
     }
 
-    fn events(&self, tree_id: &TreeId, after: u64) -> Result<Vec<JournalEntry>, Error> {
-        let tree_id = tree_id.as_str();
+    fn events(&self, tree: &TreeId, after: u64) -> Result<Vec<JournalEntry>, Error> {
+        let tree_id = tree.as_str();
         // Only the segments with events past `after` (and those written
         // before segments kept their seqs): each holds whole events, with
         // what the journal adds to them (a reply's usage, a run's output).
@@ -385,7 +384,7 @@ impl Store for PgStore {
             let (found, rows) = futures::try_join!(found, segments).map_err(&io)?;
             match found {
                 Some(_) => Ok(rows),
-                None => Err(Error::UnknownTree(tree_id.to_owned())),
+                None => Err(Error::UnknownTree(tree.clone())),
             }
         })?;
         let bodies = rows.into_iter().map(|r| Ok(r.get::<_, Vec<u8>>(0)));
@@ -396,7 +395,7 @@ impl Store for PgStore {
     fn export(&self, tree: &TreeId) -> Result<Value, Error> {
         let (record, summary) = self.tree(tree)?;
         let tree_id = tree.as_str();
-        self.read_log(tree_id)?
+        self.read_log(tree)?
             .export(record, summary, &self.bad(tree_id))
     }
 
@@ -445,25 +444,23 @@ impl Store for PgStore {
         })
     }
 
-    fn claim(&self, tree_id: &TreeId) -> Result<u64, Error> {
-        let tree_id = tree_id.as_str();
+    fn claim(&self, tree: &TreeId) -> Result<u64, Error> {
         let lease = self.lease_ms;
-        self.take(tree_id, "", |status, owner, heartbeat| {
-            crate::store::claimable(tree_id, (status, owner, heartbeat), now_ms(), lease)
+        self.take(tree, "", |status, owner, heartbeat| {
+            crate::store::claimable(tree, (status, owner, heartbeat), now_ms(), lease)
         })
     }
 
-    fn claim_turn(&self, tree_id: &TreeId) -> Result<u64, Error> {
-        let tree_id = tree_id.as_str();
+    fn claim_turn(&self, tree: &TreeId) -> Result<u64, Error> {
         self.take(
-            tree_id,
+            tree,
             "status = 'running', error = NULL, finished_ms = NULL, ",
-            |status, _, _| crate::store::turn_claimable(tree_id, status),
+            |status, _, _| crate::store::turn_claimable(tree, status),
         )
     }
 
-    fn post_control(&self, tree_id: &TreeId, control: &Value) -> Result<u64, Error> {
-        let tree_id = tree_id.as_str();
+    fn post_control(&self, tree: &TreeId, control: &Value) -> Result<u64, Error> {
+        let tree_id = tree.as_str();
         let body = control.to_string();
         self.block(async {
             let io = self.io();
@@ -481,7 +478,7 @@ impl Store for PgStore {
                 )
                 .await
                 .map_err(&io)?
-                .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+                .ok_or_else(|| Error::UnknownTree(tree.clone()))?;
             Ok(row.get::<_, i64>(0) as u64)
         })
     }
@@ -517,8 +514,8 @@ impl Store for PgStore {
         query::controls(taken, |tree| Box::new(self.bad(tree)))
     }
 
-    fn fail_claimed(&self, tree_id: &TreeId, epoch: u64, reason: &str) -> Result<(), Error> {
-        let tree_id = tree_id.as_str();
+    fn fail_claimed(&self, tree: &TreeId, epoch: u64, reason: &str) -> Result<(), Error> {
+        let tree_id = tree.as_str();
         self.block(async {
             let client = self.client().await?;
             client
@@ -534,8 +531,8 @@ impl Store for PgStore {
         Ok(())
     }
 
-    fn cancel_claimed(&self, tree_id: &TreeId, epoch: u64, reason: &str) -> Result<(), Error> {
-        let tree_id = tree_id.as_str();
+    fn cancel_claimed(&self, tree: &TreeId, epoch: u64, reason: &str) -> Result<(), Error> {
+        let tree_id = tree.as_str();
         self.block(async {
             let client = self.client().await?;
             client
@@ -581,8 +578,8 @@ impl Store for PgStore {
         crate::store::tree_ids(self.trees_with_queued_turns_here(limit)?)
     }
 
-    fn owner(&self, tree_id: &TreeId) -> Result<Option<Owner>, Error> {
-        let tree_id = tree_id.as_str();
+    fn owner(&self, tree: &TreeId) -> Result<Option<Owner>, Error> {
+        let tree_id = tree.as_str();
         let row = self.block(async {
             let client = self.client().await?;
             client
@@ -593,8 +590,8 @@ impl Store for PgStore {
                 .await
                 .map_err(self.io())
         })?;
-        let row = row.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
-        let status = status_of(&row, "status").map_err(self.bad(tree_id))?;
+        let row = row.ok_or_else(|| Error::UnknownTree(tree.clone()))?;
+        let status = status_of(&row, "status").map_err(|e| self.bad(tree_id)(e.to_string()))?;
         let owner = Owner {
             owner: row.get("owner"),
             heartbeat_ms: row.get::<_, i64>("heartbeat_ms") as u64,
@@ -618,8 +615,8 @@ impl Store for PgStore {
         self.lease_ms
     }
 
-    fn dump(&self, tree_id: &TreeId) -> Result<TreeDump, Error> {
-        let tree_id = tree_id.as_str();
+    fn dump(&self, tree: &TreeId) -> Result<TreeDump, Error> {
+        let tree_id = tree.as_str();
         let (row, config, segments) = self.block(async {
             let io = self.io();
             let mut client = self.client().await?;
@@ -635,7 +632,7 @@ impl Store for PgStore {
                 .query_opt(&Dialect::Postgres.tree_row(), &[&tree_id])
                 .await
                 .map_err(&io)?
-                .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+                .ok_or_else(|| Error::UnknownTree(tree.clone()))?;
             let config: Option<String> = tx
                 .query_opt(
                     "SELECT c.text FROM trees t JOIN configs c ON c.hash = t.config
@@ -672,7 +669,7 @@ impl Store for PgStore {
             limits: row.get("limits"),
             origin: row.get("origin"),
             history: row.get("history"),
-            status: status_of(&row, "status").map_err(self.bad(tree_id))?,
+            status: status_of(&row, "status").map_err(|e| self.bad(tree_id)(e.to_string()))?,
             error: row.get("error"),
             started_ms: u("started_ms"),
             finished_ms: row.get::<_, Option<i64>>("finished_ms").map(|v| v as u64),
@@ -750,7 +747,7 @@ impl Store for PgStore {
                 .await
                 .map_err(&io)?;
             if inserted == 0 {
-                return Err(Error::TreeStored(r.tree_id.clone()));
+                return Err(crate::store::already_stored(&r.tree_id));
             }
             let ns: Vec<i64> = dump.segments.iter().map(|s| s.n as i64).collect();
             let bodies: Vec<&[u8]> = dump.segments.iter().map(|s| &s.body[..]).collect();

@@ -26,7 +26,7 @@ impl PgStore {
             let io = self.io();
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(&io)?;
-            let (_, latest) = self.locked(&*tx, tree_id).await?;
+            let (_, latest) = self.locked(&*tx, tree).await?;
             forget_started(&*tx, tree_id, latest).await.map_err(&io)?;
             let row = tx
                 .query_one(
@@ -38,7 +38,7 @@ impl PgStore {
             let waiting = row.get::<_, i64>(0) as usize;
             if waiting >= limit {
                 return Err(Error::TurnQueueFull {
-                    tree: tree_id.to_owned(),
+                    tree: tree.clone(),
                     limit,
                 });
             }
@@ -86,7 +86,7 @@ impl PgStore {
                 )
                 .await
                 .map_err(&io)?
-                .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+                .ok_or_else(|| Error::UnknownTree(tree.clone()))?;
             let latest = turn_of(root.get(0));
             client
                 .query(
@@ -115,7 +115,7 @@ impl PgStore {
             let io = self.io();
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(&io)?;
-            let (status, latest) = self.locked(&*tx, tree_id).await?;
+            let (status, latest) = self.locked(&*tx, tree).await?;
             forget_started(&*tx, tree_id, latest).await.map_err(&io)?;
             let next = if status.is_final() {
                 tx.query_opt(
@@ -187,8 +187,9 @@ impl PgStore {
     async fn locked(
         &self,
         tx: &impl GenericClient,
-        tree_id: &str,
+        tree: &TreeId,
     ) -> Result<(TreeStatus, u32), Error> {
+        let tree_id = tree.as_str();
         let row = tx
             .query_opt(
                 "SELECT status, root_run_id FROM trees WHERE tree_id = $1 FOR UPDATE",
@@ -196,7 +197,7 @@ impl PgStore {
             )
             .await
             .map_err(self.io())?
-            .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+            .ok_or_else(|| Error::UnknownTree(tree.clone()))?;
         let status: &str = row.get(0);
         let status: TreeStatus = status
             .parse()

@@ -109,8 +109,8 @@ impl Store for SqliteStore {
         self.list(filter, Some(principal))
     }
 
-    fn principal(&self, tree_id: &TreeId) -> Result<Option<String>, Error> {
-        let tree_id = tree_id.as_str();
+    fn principal(&self, tree: &TreeId) -> Result<Option<String>, Error> {
+        let tree_id = tree.as_str();
         let conn = self.conn()?;
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
@@ -123,11 +123,11 @@ impl Store for SqliteStore {
         conn.prepare_cached(&format!("SELECT {column} FROM trees WHERE tree_id = ?1"))
             .and_then(|mut stmt| stmt.query_row([tree_id], |r| r.get(0)).optional())
             .map_err(sql(&self.path))?
-            .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))
+            .ok_or_else(|| Error::UnknownTree(tree.clone()))
     }
 
-    fn tree(&self, tree_id: &TreeId) -> Result<(TreeRecord, TreeSummary), Error> {
-        let tree_id = tree_id.as_str();
+    fn tree(&self, tree: &TreeId) -> Result<(TreeRecord, TreeSummary), Error> {
+        let tree_id = tree.as_str();
         let conn = self.conn()?;
         let now = now_ms();
         let summary_sql = summary_query(&conn).map_err(sql(&self.path))?;
@@ -139,7 +139,7 @@ impl Store for SqliteStore {
             )
             .optional()
             .map_err(sql(&self.path))?
-            .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+            .ok_or_else(|| Error::UnknownTree(tree.clone()))?;
         let (params_json, model, limits_json, origin, history_json): (
             Option<String>,
             Option<String>,
@@ -181,8 +181,8 @@ impl Store for SqliteStore {
         Ok((record, summary))
     }
 
-    fn status(&self, tree_id: &TreeId) -> Result<TreeStatus, Error> {
-        let tree_id = tree_id.as_str();
+    fn status(&self, tree: &TreeId) -> Result<TreeStatus, Error> {
+        let tree_id = tree.as_str();
         let conn = self.conn()?;
         let now = now_ms();
         let summary = conn
@@ -192,35 +192,29 @@ impl Store for SqliteStore {
                     .optional()
             })
             .map_err(sql(&self.path))?
-            .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+            .ok_or_else(|| Error::UnknownTree(tree.clone()))?;
         Ok(summary.status)
     }
 
-    fn runs(&self, tree_id: &TreeId) -> Result<Vec<RunNode>, Error> {
-        let tree_id = tree_id.as_str();
+    fn runs(&self, tree: &TreeId) -> Result<Vec<RunNode>, Error> {
         let conn = self.conn()?;
-        Ok(self.log(&conn, tree_id)?.nodes())
+        Ok(self.log(&conn, tree)?.nodes())
     }
 
     fn run(&self, run_id: &RunId) -> Result<StoredRun, Error> {
-        let run_id = run_id.to_string();
-        let run_id = run_id.as_str();
         let conn = self.conn()?;
-        let Ok(id) = run_id.parse::<RunId>() else {
-            return Err(Error::UnknownRun(run_id.to_owned()));
-        };
-        let tree_id = id.tree().as_str();
-        let log = match self.log(&conn, tree_id) {
-            Err(Error::UnknownTree(_)) => return Err(Error::UnknownRun(run_id.to_owned())),
+        let tree = run_id.tree();
+        let log = match self.log(&conn, tree) {
+            Err(Error::UnknownTree(_)) => return Err(Error::UnknownRun(run_id.clone())),
             other => other?,
         };
-        log.stored_run(run_id, &self.bad(tree_id))
+        log.stored_run(run_id, &self.bad(tree))
     }
 
-    fn recovery(&self, tree_id: &TreeId) -> Result<Recovery, Error> {
-        let tree_id = tree_id.as_str();
+    fn recovery(&self, tree: &TreeId) -> Result<Recovery, Error> {
+        let tree_id = tree.as_str();
         let conn = self.conn()?;
-        let log = self.log(&conn, tree_id)?;
+        let log = self.log(&conn, tree)?;
         let last_seq = conn
             .query_row(
                 "SELECT last_seq FROM trees WHERE tree_id = ?1",
@@ -231,23 +225,23 @@ impl Store for SqliteStore {
         log.recovery(tree_id, last_seq, &self.bad(tree_id))
     }
 
-    fn final_states(&self, tree_id: &TreeId) -> Result<Vec<AgentState>, Error> {
-        let tree_id = tree_id.as_str();
+    fn final_states(&self, tree: &TreeId) -> Result<Vec<AgentState>, Error> {
+        let tree_id = tree.as_str();
         let conn = self.conn()?;
-        self.log(&conn, tree_id)?.final_states(&self.bad(tree_id))
+        self.log(&conn, tree)?.final_states(&self.bad(tree_id))
     }
 
-    fn events(&self, tree_id: &TreeId, after: u64) -> Result<Vec<JournalEntry>, Error> {
-        let tree_id = tree_id.as_str();
+    fn events(&self, tree: &TreeId, after: u64) -> Result<Vec<JournalEntry>, Error> {
+        let tree_id = tree.as_str();
         let conn = self.conn()?;
         // A store of an older schema (read as it is) has no segment seqs.
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(sql(&self.path))?;
         if version < 5 {
-            return self.log(&conn, tree_id)?.journal(after, &self.bad(tree_id));
+            return self.log(&conn, tree)?.journal(after, &self.bad(tree_id));
         }
-        self.known(&conn, tree_id)?;
+        self.known(&conn, tree)?;
         // Only the segments with events past `after` (and those written
         // before segments kept their seqs): each holds whole events, with
         // what the journal adds to them (a reply's usage, a run's output).
@@ -269,33 +263,31 @@ impl Store for SqliteStore {
         let (record, summary) = self.tree(tree)?;
         let tree_id = tree.as_str();
         let conn = self.conn()?;
-        self.log(&conn, tree_id)?
+        self.log(&conn, tree)?
             .export(record, summary, &self.bad(tree_id))
     }
 
-    fn claim(&self, tree_id: &TreeId) -> Result<u64, Error> {
-        let tree_id = tree_id.as_str();
+    fn claim(&self, tree: &TreeId) -> Result<u64, Error> {
         // The next epoch, in the transaction that takes the tree: whoever
         // held it before writes nothing more of it.
-        self.take(tree_id, "", |status, owner, heartbeat| {
+        self.take(tree, "", |status, owner, heartbeat| {
             let row = (status, owner, heartbeat);
-            crate::store::claimable(tree_id, row, now_ms(), self.lease_ms())
+            crate::store::claimable(tree, row, now_ms(), self.lease_ms())
         })
     }
 
-    fn claim_turn(&self, tree_id: &TreeId) -> Result<u64, Error> {
-        let tree_id = tree_id.as_str();
+    fn claim_turn(&self, tree: &TreeId) -> Result<u64, Error> {
         // Running again, in the transaction that takes it: of two processes
         // starting a turn of one tree, one gets it.
         self.take(
-            tree_id,
+            tree,
             "status = 'running', error = NULL, finished_ms = NULL, ",
-            |status, _, _| crate::store::turn_claimable(tree_id, status),
+            |status, _, _| crate::store::turn_claimable(tree, status),
         )
     }
 
-    fn post_control(&self, tree_id: &TreeId, control: &Value) -> Result<u64, Error> {
-        let tree_id = tree_id.as_str();
+    fn post_control(&self, tree: &TreeId, control: &Value) -> Result<u64, Error> {
+        let tree_id = tree.as_str();
         let conn = self.conn()?;
         let id: Option<i64> = conn
             .query_row(
@@ -308,7 +300,7 @@ impl Store for SqliteStore {
             .optional()
             .map_err(sql(&self.path))?;
         id.map(|id| id as u64)
-            .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))
+            .ok_or_else(|| Error::UnknownTree(tree.clone()))
     }
 
     fn take_controls(&self, tree_ids: &[TreeId]) -> Result<Vec<Control>, Error> {
@@ -338,8 +330,8 @@ impl Store for SqliteStore {
         query::controls(taken, |tree| Box::new(self.bad(tree)))
     }
 
-    fn fail_claimed(&self, tree_id: &TreeId, epoch: u64, reason: &str) -> Result<(), Error> {
-        let tree_id = tree_id.as_str();
+    fn fail_claimed(&self, tree: &TreeId, epoch: u64, reason: &str) -> Result<(), Error> {
+        let tree_id = tree.as_str();
         let conn = self.conn()?;
         conn.execute(
             "UPDATE trees SET status = 'failed', error = ?3, finished_ms = ?4,
@@ -351,8 +343,8 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn cancel_claimed(&self, tree_id: &TreeId, epoch: u64, reason: &str) -> Result<(), Error> {
-        let tree_id = tree_id.as_str();
+    fn cancel_claimed(&self, tree: &TreeId, epoch: u64, reason: &str) -> Result<(), Error> {
+        let tree_id = tree.as_str();
         let conn = self.conn()?;
         conn.execute(
             "UPDATE trees SET status = 'cancelled', error = ?3, finished_ms = ?4,
@@ -394,8 +386,8 @@ impl Store for SqliteStore {
         crate::store::tree_ids(self.trees_with_queued_turns_here(limit)?)
     }
 
-    fn owner(&self, tree_id: &TreeId) -> Result<Option<Owner>, Error> {
-        let tree_id = tree_id.as_str();
+    fn owner(&self, tree: &TreeId) -> Result<Option<Owner>, Error> {
+        let tree_id = tree.as_str();
         let conn = self.conn()?;
         let row: Option<(TreeStatus, String, i64, i64)> = conn
             .query_row(
@@ -406,7 +398,7 @@ impl Store for SqliteStore {
             .optional()
             .map_err(sql(&self.path))?;
         let (status, owner, heartbeat, epoch) =
-            row.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+            row.ok_or_else(|| Error::UnknownTree(tree.clone()))?;
         let running = status == TreeStatus::Running
             && crate::store::still_running(&owner, heartbeat as u64, now_ms());
         Ok(running.then_some(Owner {
@@ -416,8 +408,8 @@ impl Store for SqliteStore {
         }))
     }
 
-    fn dump(&self, tree_id: &TreeId) -> Result<TreeDump, Error> {
-        let tree_id = tree_id.as_str();
+    fn dump(&self, tree: &TreeId) -> Result<TreeDump, Error> {
+        let tree_id = tree.as_str();
         let mut conn = self.conn()?;
         // One snapshot of the row and its log.
         let tx = conn.transaction().map_err(sql(&self.path))?;
@@ -454,7 +446,7 @@ impl Store for SqliteStore {
             })
             .optional()
             .map_err(sql(&self.path))?
-            .ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+            .ok_or_else(|| Error::UnknownTree(tree.clone()))?;
         let config: Option<String> = tx
             .query_row(
                 "SELECT c.text FROM trees t JOIN configs c ON c.hash = t.config
@@ -538,7 +530,7 @@ impl Store for SqliteStore {
             )
             .map_err(sql(&self.path))?;
         if inserted == 0 {
-            return Err(Error::TreeStored(r.tree_id.clone()));
+            return Err(crate::store::already_stored(&r.tree_id));
         }
         {
             let mut stmt = tx
@@ -600,10 +592,11 @@ impl SqliteStore {
     /// claim's epoch and returns it.
     fn take(
         &self,
-        tree_id: &str,
+        tree: &TreeId,
         also: &str,
         check: impl FnOnce(TreeStatus, &str, u64) -> Result<(), Error>,
     ) -> Result<u64, Error> {
+        let tree_id = tree.as_str();
         let mut conn = self.conn()?;
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
@@ -616,8 +609,7 @@ impl SqliteStore {
             )
             .optional()
             .map_err(sql(&self.path))?;
-        let (status, owner, heartbeat) =
-            row.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+        let (status, owner, heartbeat) = row.ok_or_else(|| Error::UnknownTree(tree.clone()))?;
         check(status, &owner, heartbeat as u64)?;
         let epoch: i64 = tx
             .query_row(
@@ -637,8 +629,9 @@ impl SqliteStore {
 
 impl SqliteStore {
     /// Reads every segment of a tree.
-    pub(super) fn log(&self, conn: &rusqlite::Connection, tree_id: &str) -> Result<TreeLog, Error> {
-        self.known(conn, tree_id)?;
+    pub(super) fn log(&self, conn: &rusqlite::Connection, tree: &TreeId) -> Result<TreeLog, Error> {
+        self.known(conn, tree)?;
+        let tree_id = tree.as_str();
         let mut stmt = conn
             .prepare_cached("SELECT body FROM segments WHERE tree_id = ?1 ORDER BY n")
             .map_err(sql(&self.path))?;
@@ -650,7 +643,8 @@ impl SqliteStore {
     }
 
     /// `Error::UnknownTree` unless the store has the tree.
-    fn known(&self, conn: &rusqlite::Connection, tree_id: &str) -> Result<(), Error> {
+    fn known(&self, conn: &rusqlite::Connection, tree: &TreeId) -> Result<(), Error> {
+        let tree_id = tree.as_str();
         let found: Option<i64> = conn
             .query_row("SELECT 1 FROM trees WHERE tree_id = ?1", [tree_id], |r| {
                 r.get(0)
@@ -659,7 +653,7 @@ impl SqliteStore {
             .map_err(sql(&self.path))?;
         match found {
             Some(_) => Ok(()),
-            None => Err(Error::UnknownTree(tree_id.to_owned())),
+            None => Err(Error::UnknownTree(tree.clone())),
         }
     }
 

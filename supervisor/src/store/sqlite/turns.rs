@@ -29,7 +29,7 @@ impl SqliteStore {
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(sql(&self.path))?;
         let latest = latest_turn(&tx, tree_id).map_err(sql(&self.path))?;
-        let latest = latest.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+        let latest = latest.ok_or_else(|| Error::UnknownTree(tree.clone()))?;
         forget_started(&tx, tree_id, latest).map_err(sql(&self.path))?;
         let (waiting, last): (i64, Option<i64>) = tx
             .query_row(
@@ -40,7 +40,7 @@ impl SqliteStore {
             .map_err(sql(&self.path))?;
         if waiting as usize >= limit {
             return Err(Error::TurnQueueFull {
-                tree: tree_id.to_owned(),
+                tree: tree.clone(),
                 limit,
             });
         }
@@ -77,7 +77,7 @@ impl SqliteStore {
         let tree_id = tree.as_str();
         let conn = self.conn()?;
         let latest = latest_turn(&conn, tree_id).map_err(sql(&self.path))?;
-        let latest = latest.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+        let latest = latest.ok_or_else(|| Error::UnknownTree(tree.clone()))?;
         let mut stmt = conn
             .prepare_cached(
                 "SELECT id, turn, prompt, params, queued_ms FROM queued_turns
@@ -115,7 +115,7 @@ impl SqliteStore {
             )
             .optional()
             .map_err(sql(&self.path))?;
-        let (status, root) = found.ok_or_else(|| Error::UnknownTree(tree_id.to_owned()))?;
+        let (status, root) = found.ok_or_else(|| Error::UnknownTree(tree.clone()))?;
         forget_started(&tx, tree_id, turn_of(&root)).map_err(sql(&self.path))?;
         let next: Option<Row> = if status.is_final() {
             tx.query_row(
