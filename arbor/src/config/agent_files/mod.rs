@@ -24,7 +24,14 @@
 
 mod claude;
 mod codebuff;
+mod discover;
+mod models;
 mod yaml;
+
+use discover::discover;
+#[cfg(test)]
+use discover::walk;
+use models::Models;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
@@ -36,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::read::Source;
-use super::{AgentSection, ConfigFile, ModelSection, Problem};
+use super::{AgentSection, ConfigFile, Problem};
 
 /// How deep below an included directory files are looked for.
 pub const MAX_DEPTH: usize = 8;
@@ -169,14 +176,6 @@ pub(super) struct Loaded {
     pub origins: BTreeMap<String, AgentOrigin>,
     /// The programs of loaded agents (Codebuff's `handleSteps`), by agent.
     handlers: BTreeMap<String, Arc<dyn StepHandler>>,
-}
-
-/// A file found by discovery.
-struct Found {
-    path: PathBuf,
-    /// The directory it was found in (itself, named alone, its own
-    /// directory): where a Codebuff file's imports stay.
-    root: PathBuf,
 }
 
 /// Loads the agent files into `file.agents` (and their inline MCP
@@ -640,297 +639,6 @@ fn file_problem(file: &str, message: String) -> Problem {
         line: None,
         key: "(file)".into(),
         message,
-    }
-}
-
-/// Every agent file named by `[agents] include` (relative to the config),
-/// `--agents` and the workspace's default directories, each once.
-fn discover(
-    file: &ConfigFile,
-    base_dir: &Path,
-    sources: &AgentFiles,
-    text: &Source<'_>,
-    problems: &mut Vec<Problem>,
-) -> Vec<Found> {
-    let mut roots: Vec<(PathBuf, Option<Problem>)> = Vec::new();
-    for (i, entry) in file.agent_include.iter().enumerate() {
-        let missing = Problem {
-            file: None,
-            line: text
-                .line(&["agents", "include", &i.to_string()])
-                .or_else(|| text.line(&["agents", "include"])),
-            key: "agents.include".into(),
-            message: format!(
-                "{}: no such directory or file (relative to the config's directory)",
-                entry.display()
-            ),
-        };
-        roots.push((base_dir.join(entry), Some(missing)));
-    }
-    for dir in &sources.dirs {
-        roots.push((dir.clone(), None));
-    }
-    if let Some(workspace) = &sources.workspace {
-        for dir in WORKSPACE_DIRS {
-            let dir = workspace.join(dir);
-            if dir.is_dir() {
-                roots.push((dir, None));
-            }
-        }
-    }
-    let mut seen_roots = HashSet::new();
-    let mut seen_files = HashSet::new();
-    let mut found = Vec::new();
-    for (root, missing) in roots {
-        let Ok(canonical) = std::fs::canonicalize(&root) else {
-            problems.push(missing.unwrap_or_else(|| Problem {
-                file: Some(root.display().to_string()),
-                line: None,
-                key: "--agents".into(),
-                message: "no such directory or file".into(),
-            }));
-            continue;
-        };
-        if !seen_roots.insert(canonical) {
-            continue;
-        }
-        let mut files = Vec::new();
-        let dir = if root.is_dir() {
-            walk(&root, 0, &mut files);
-            root.clone()
-        } else {
-            files.push(root.clone());
-            root.parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
-        };
-        for path in files {
-            if found.len() >= MAX_FILES {
-                problems.push(file_problem(
-                    &path.display().to_string(),
-                    format!("more than {MAX_FILES} agent files: name a smaller directory"),
-                ));
-                return found;
-            }
-            let key = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
-            if seen_files.insert(key) {
-                found.push(Found {
-                    path,
-                    root: dir.clone(),
-                });
-            }
-        }
-    }
-    found
-}
-
-/// The files under `dir`, in name order, directories' files after the
-/// directory's own; hidden entries, `node_modules` and symbolic links to
-/// directories left out (a link to a parent would never end), and no more than one past
-/// `MAX_FILES` in all (the caller refuses that many), so a directory named
-/// by mistake (`--agents ~`) costs a bounded walk.
-fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let mut entries: Vec<(PathBuf, bool)> = entries
-        .filter_map(Result::ok)
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|n| !n.starts_with('.') && n != "node_modules")
-        })
-        .map(|e| {
-            // The entry's own type: a symbolic link is not followed here.
-            let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
-            (e.path(), is_dir)
-        })
-        .collect();
-    entries.sort();
-    let (dirs, files): (Vec<_>, Vec<_>) = entries.into_iter().partition(|(_, is_dir)| *is_dir);
-    for (path, _) in files {
-        if out.len() > MAX_FILES {
-            return;
-        }
-        if path.is_file() {
-            out.push(path);
-        }
-    }
-    if depth < MAX_DEPTH {
-        for (d, _) in dirs {
-            if out.len() > MAX_FILES {
-                return;
-            }
-            walk(&d, depth + 1, out);
-        }
-    }
-}
-
-/// The model each loaded agent runs on.
-struct Models<'a> {
-    file: &'a ConfigFile,
-    unique: &'a [(String, Mapped)],
-    spawns: &'a BTreeMap<String, Vec<String>>,
-}
-
-impl Models<'_> {
-    /// The `[models]` entry each loaded agent runs on: its named model
-    /// (through `[model_aliases]`), or, on `inherit`, the one model of the
-    /// agents that spawn it (TOML ones run on their `model`). The models an
-    /// agent may run on are found by growing each inheriting agent's set
-    /// from its spawners' until nothing changes (a cycle included); an
-    /// inheriting agent that nothing spawns, or whose spawners have no
-    /// model to give, runs as a root does.
-    fn resolve_all(&self) -> BTreeMap<String, Result<String, String>> {
-        let mut out: BTreeMap<String, Result<String, String>> = BTreeMap::new();
-        let mut sets: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
-        for (name, agent) in &self.file.agents {
-            sets.insert(name, BTreeSet::from([agent.model.clone()]));
-        }
-        let spawners = |id: &str| -> BTreeSet<&str> {
-            self.file
-                .agents
-                .iter()
-                .filter(|(_, a)| a.spawnable_agents.iter().any(|s| s == id))
-                .map(|(n, _)| n.as_str())
-                .chain(
-                    self.spawns
-                        .iter()
-                        .filter(|(_, list)| list.iter().any(|s| s == id))
-                        .map(|(n, _)| n.as_str()),
-                )
-                .collect()
-        };
-        let mut inheriting = Vec::new();
-        for (_, m) in self.unique {
-            match &m.model {
-                ModelChoice::Named(name, _) => {
-                    let model = self.named(name);
-                    if let Ok(model) = &model {
-                        sets.insert(&m.id, BTreeSet::from([model.clone()]));
-                    }
-                    out.insert(m.id.clone(), model);
-                }
-                ModelChoice::Inherit(_) => {
-                    let from = spawners(&m.id);
-                    if from.is_empty()
-                        && let Ok(model) = self.root_model(&m.id)
-                    {
-                        sets.insert(&m.id, BTreeSet::from([model]));
-                    }
-                    inheriting.push((m.id.as_str(), from));
-                }
-            }
-        }
-        // Each round adds a model to a set or ends: at most one round per
-        // (agent, model) pair.
-        loop {
-            let mut changed = false;
-            for (id, from) in &inheriting {
-                let mut grown: BTreeSet<String> = sets.get(id).cloned().unwrap_or_default();
-                for spawner in from {
-                    if let Some(models) = sets.get(spawner) {
-                        grown.extend(models.iter().cloned());
-                    }
-                }
-                if grown.len() > sets.get(id).map_or(0, BTreeSet::len) {
-                    sets.insert(id, grown);
-                    changed = true;
-                }
-            }
-            if !changed {
-                break;
-            }
-        }
-        for (id, from) in inheriting {
-            let models = sets.get(id).cloned().unwrap_or_default();
-            let result = match models.len() {
-                1 => Ok(models.into_iter().next().unwrap_or_default()),
-                0 if from.is_empty() => self.root_model(id),
-                0 => self.root_model(id).map_err(|_| {
-                    format!(
-                        "inherit (also what no model means): agent {id:?} takes the model of the \
-                         agents that spawn it ({}), and none of them has one to give: name its \
-                         model, or set [model_aliases] inherit = \"<a [models] entry>\"",
-                        from.into_iter().collect::<Vec<_>>().join(", ")
-                    )
-                }),
-                _ => Err(format!(
-                    "inherit: agent {id:?} is spawned by agents on different models ({}), and \
-                     Arbor picks an inherited model when the config is read: name its model \
-                     (model: sonnet, with [model_aliases])",
-                    from.iter()
-                        .map(|s| {
-                            let on: Vec<String> = sets
-                                .get(s)
-                                .map(|m| m.iter().map(|m| format!("{m:?}")).collect())
-                                .unwrap_or_default();
-                            format!("{s} on {}", on.join(" or "))
-                        })
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                )),
-            };
-            out.insert(id.to_owned(), result);
-        }
-        out
-    }
-
-    /// An `inherit` agent nothing spawns runs as a root: on
-    /// `[model_aliases] inherit`, else on the config's only model.
-    fn root_model(&self, id: &str) -> Result<String, String> {
-        if let Some(model) = self.file.model_aliases.get("inherit") {
-            return Ok(model.clone());
-        }
-        let mut configured = self.file.models.keys();
-        if let (Some(only), None) = (configured.next(), configured.next()) {
-            return Ok(only.clone());
-        }
-        Err(format!(
-            "inherit (also what no model means): agent {id:?} is spawned by no agent, so it \
-             has no parent's model to take: set [model_aliases] inherit = \"<a [models] entry>\" (the model such \
-             a root runs on), or name its model (configured: {})",
-            self.configured()
-        ))
-    }
-
-    /// A named model: a `[model_aliases]` key, a `[models]` entry, or the
-    /// model id of one `openai` or `anthropic` entry.
-    fn named(&self, name: &str) -> Result<String, String> {
-        if let Some(model) = self.file.model_aliases.get(name) {
-            return Ok(model.clone());
-        }
-        if self.file.models.contains_key(name) {
-            return Ok(name.to_owned());
-        }
-        let by_id = self.file.models.iter().find(|(_, m)| match m {
-            ModelSection::Openai(s) | ModelSection::Anthropic(s) => s.model == name,
-            _ => false,
-        });
-        if let Some((entry, _)) = by_id {
-            return Ok(entry.clone());
-        }
-        if ["sonnet", "opus", "haiku"].contains(&name) {
-            return Err(format!(
-                "{name:?} is a Claude Code alias: say which [models] entry it is with \
-                 [model_aliases] {name} = \"<a [models] entry>\" (configured: {})",
-                self.configured()
-            ));
-        }
-        Err(format!(
-            "{name:?} is not a [model_aliases] key, a [models] entry, nor the model id of one \
-             (configured: {}): add [model_aliases] \"{name}\" = \"<a [models] entry>\"",
-            self.configured()
-        ))
-    }
-
-    fn configured(&self) -> String {
-        let names: Vec<&str> = self.file.models.keys().map(String::as_str).collect();
-        if names.is_empty() {
-            "none".into()
-        } else {
-            names.join(", ")
-        }
     }
 }
 
