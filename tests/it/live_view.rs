@@ -186,10 +186,7 @@ fn the_live_view_shows_each_agent_at_work_folds_ended_subtrees_and_keeps_the_app
     // While the slow tool runs: its line, the folded fast branch, the
     // footer.
     let running = tmux.wait_for("running pause (1 left)");
-    assert!(
-        running.contains("▸ lead 0  waiting for "),
-        "{running}"
-    );
+    assert!(running.contains("▸ lead 0  waiting for "), "{running}");
     let fast = poll(GUARD, || {
         let s = tmux.screen(false);
         s.contains("✓ branch 0.1  2 agents (2 completed)")
