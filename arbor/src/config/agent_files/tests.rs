@@ -390,6 +390,7 @@ fn include_is_the_list_of_agent_files_and_no_agent_may_be_named_so() {
 }
 
 #[test]
+#[cfg(feature = "programs")] // a Codebuff file needs the JavaScript engine
 fn a_codebuff_file_loads_beside_claude_codes_and_a_module_without_an_agent_is_left_out() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("helper.ts"), "export default {}\n").unwrap();
@@ -444,6 +445,7 @@ fn a_codebuff_file_loads_beside_claude_codes_and_a_module_without_an_agent_is_le
 }
 
 #[test]
+#[cfg(feature = "programs")] // a Codebuff file needs the JavaScript engine
 fn a_codebuff_agents_mcp_server_secret_is_not_stored_in_clear() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
