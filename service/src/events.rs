@@ -14,7 +14,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use arbor_actors::{Event, RunId, TreeId};
+use arbor_actors::{Event, EventKind, RunId, TreeId};
 use arbor_supervisor::TreeStatus;
 use arbor_supervisor::{JournalEntry, journal_view};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -57,6 +57,8 @@ struct Follow {
     /// The highest `seq` read from the journal (of any run of the tree):
     /// the next read starts after it.
     read: u64,
+    /// The client asked for the model's streamed text (`?deltas=true`).
+    deltas: bool,
     tx: mpsc::Sender<SseEvent>,
 }
 
@@ -117,8 +119,26 @@ impl Follow {
         }
         match journal_view(event) {
             Some(entry) => self.deliver(&entry, ends).await,
+            None if self.deltas && matches!(event.kind, EventKind::ModelDelta { .. }) => {
+                self.deliver_delta(event).await || ends
+            }
             None => ends,
         }
+    }
+
+    /// Sends a piece of a model's streamed reply (`?deltas=true`): the event
+    /// as it is, with no SSE `id`, since no journal has it (a client that
+    /// reconnects goes on from the last journaled event it saw, and the
+    /// step's `modelResponded` has the whole reply). Returns whether the
+    /// client left.
+    async fn deliver_delta(&mut self, event: &Event) -> bool {
+        let Ok(sse) = SseEvent::default()
+            .event(event.kind.name())
+            .json_data(event)
+        else {
+            return false;
+        };
+        self.send(sse).await
     }
 
     /// Sends an entry that is wanted; returns `ends`, or true if the client
@@ -136,10 +156,16 @@ impl Follow {
         let Ok(sse) = sse else {
             return ends;
         };
+        self.send(sse).await || ends
+    }
+
+    /// Sends one SSE event; true if the client left or took nothing for too
+    /// long.
+    async fn send(&mut self, sse: SseEvent) -> bool {
         // A client that takes nothing for this long is closed; it can
         // reconnect with Last-Event-ID and lose nothing.
         match tokio::time::timeout(SEND_TIMEOUT, self.tx.send(sse)).await {
-            Ok(Ok(())) => ends,
+            Ok(Ok(())) => false,
             Ok(Err(_)) => true,
             Err(_) => {
                 tracing::warn!(run = %self.run_id, "event stream not read for {SEND_TIMEOUT:?}; closed");
@@ -192,10 +218,13 @@ async fn whereabouts(shared: &Shared, tree_id: &TreeId) -> Result<Whereabouts, A
 }
 
 /// Opens the stream; fails (before any byte is sent) if the run is unknown.
+/// With `deltas`, the model's streamed text (`modelDelta`, never journaled)
+/// goes out too while the tree runs in this process.
 pub async fn stream(
     shared: Arc<Shared>,
     id: RunId,
     after: u64,
+    deltas: bool,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     // Kept as text too: events are filtered by their printed ids.
     let run_id = id.to_string();
@@ -242,6 +271,7 @@ pub async fn stream(
         tree_id,
         last: after,
         read: after,
+        deltas,
         tx,
     };
     let task_shared = shared.clone();

@@ -199,11 +199,23 @@ pub async fn stream(
     server: &Server,
     run_id: &str,
     last_event_id: Option<u64>,
+    each: impl FnMut(&Sse),
+) -> Vec<Sse> {
+    stream_with(server, run_id, "", last_event_id, each).await
+}
+
+/// [`stream`] with a query (`"?deltas=true"`). An event sent without an id
+/// (a `modelDelta`) has id 0 here.
+pub async fn stream_with(
+    server: &Server,
+    run_id: &str,
+    query: &str,
+    last_event_id: Option<u64>,
     mut each: impl FnMut(&Sse),
 ) -> Vec<Sse> {
     use futures::StreamExt;
     let mut request = client()
-        .get(server.url(&format!("/v1/runs/{}/events", encoded(run_id))))
+        .get(server.url(&format!("/v1/runs/{}/events{query}", encoded(run_id))))
         .bearer_auth(TOKEN);
     if let Some(id) = last_event_id {
         request = request.header("Last-Event-ID", id.to_string());
@@ -234,10 +246,10 @@ pub async fn stream(
                     data.push_str(v);
                 }
             }
-            // Keep-alive comments carry no id.
-            if let Some(id) = id {
+            // Keep-alive comments carry no id and no data.
+            if id.is_some() || !data.is_empty() {
                 let sse = Sse {
-                    id,
+                    id: id.unwrap_or(0),
                     event,
                     data: serde_json::from_str(&data).unwrap(),
                 };

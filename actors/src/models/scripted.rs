@@ -73,6 +73,10 @@ pub struct ScriptedReply {
     /// Wait this long (tokio time, so tests can pause it) before answering.
     #[serde(default)]
     pub delay_ms: u64,
+    /// Stream the text one word at a time, waiting this long (tokio time)
+    /// before each word; 0 streams it as one piece.
+    #[serde(default)]
+    pub word_ms: u64,
     /// The usage reported (`None`: estimated from the request and the reply).
     #[serde(default)]
     pub usage: Option<Usage>,
@@ -273,7 +277,14 @@ impl Model for ScriptedModel {
             parts.push(Part::Reasoning { text });
         }
         if let Some(text) = reply.text {
-            deltas(Delta::Text { text: text.clone() });
+            if reply.word_ms == 0 {
+                deltas(Delta::Text { text: text.clone() });
+            } else {
+                for word in text.split_inclusive(char::is_whitespace) {
+                    tokio::time::sleep(Duration::from_millis(reply.word_ms)).await;
+                    deltas(Delta::Text { text: word.into() });
+                }
+            }
             parts.push(Part::Text { text });
         }
         for (i, call) in reply.tool_calls.into_iter().enumerate() {

@@ -63,6 +63,18 @@ pub struct ListQuery {
     pub offset: Option<u32>,
 }
 
+/// The query of `GET /v1/runs/{runId}/events`.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Also send the model's reply as it streams in: `modelDelta` events
+    /// (`{type, seq, treeId, runId, atMs, step, delta: {kind: text|reasoning|toolCallArgs, text, index?}}`)
+    /// with no SSE `id`, never journaled, so a reconnect does not repeat
+    /// them; sent while the tree runs on this replica. Default false.
+    pub deltas: Option<bool>,
+}
+
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunList {
@@ -396,6 +408,7 @@ fn stored_run(
     params(
         ("runId" = String, Path, description = "A run id, URL-encoded; the stream has its whole subtree"),
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id (a seq)"),
+        EventsQuery,
     ),
     responses(
         (status = 200, description = "Server-Sent Events: `id` is the event's seq, `event` its type, \
@@ -413,6 +426,7 @@ pub async fn run_events(
     State(shared): State<Arc<Shared>>,
     Caller(caller): Caller,
     ApiPath(run_id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let run = super::run_path(run_id)?;
@@ -429,7 +443,8 @@ pub async fn run_events(
                 )
             })?,
     };
-    Ok(crate::events::stream(shared, run, after)
+    let deltas = query.deltas.unwrap_or(false);
+    Ok(crate::events::stream(shared, run, after, deltas)
         .await?
         .into_response())
 }
