@@ -123,6 +123,10 @@ fn event_fields(t: EventType) -> (Fields, Fields) {
         EventType::ModelResponded => (
             vec![step, ("usage", r("Usage")), ("toolCalls", count())],
             vec![
+                (
+                    "tools",
+                    json!({"type": "array", "items": {"type": "string"}}),
+                ),
                 ("fromRecord", json!({"type": "boolean"})),
                 ("refused", json!({"type": "boolean"})),
             ],

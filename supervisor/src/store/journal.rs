@@ -74,6 +74,14 @@ impl JournalEntry {
         self.body.get(field)
     }
 
+    /// An entry from an event stream's `data` (`GET /v1/runs/{runId}/events`:
+    /// the entry's JSON with the `treeId` it is of); `None` for what is no
+    /// journaled event (a `modelDelta`, or text of another shape).
+    pub fn from_stream(mut data: Map<String, Value>) -> Option<JournalEntry> {
+        data.shift_remove("treeId");
+        JournalEntry::from_record(data).ok()
+    }
+
     /// An entry from a journal record as a store reads it back: the record's
     /// body with `seq`, `runId` and `atMs`, a final event's `output` and a
     /// responded event's `usage` put back (anywhere in the record). Fails on
@@ -172,6 +180,10 @@ pub(super) fn journal_body(
         #[serde(skip_serializing_if = "Option::is_none")]
         usage: Option<&'a Usage>,
         tool_calls: usize,
+        /// The names of the reply's tool calls, in order (what a reader
+        /// shows while they run; the reply itself is a record of its own).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tools: Vec<&'a str>,
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         from_record: bool,
         #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -193,14 +205,18 @@ pub(super) fn journal_body(
             step,
             usage,
             tool_calls,
+            reply,
             from_record,
             refused,
-            ..
         } => {
             let fields = Responded {
                 step: *step,
                 usage: (!reply_written).then_some(usage),
                 tool_calls: *tool_calls,
+                tools: reply
+                    .iter()
+                    .flat_map(|m| m.tool_calls().map(|c| c.tool_name.as_str()))
+                    .collect(),
                 from_record: *from_record,
                 refused: *refused,
             };
