@@ -151,6 +151,25 @@ pub(crate) enum Command {
         #[command(flatten)]
         at: Stored,
     },
+    /// Watch a tree run elsewhere, live, until it ends: by an `arbor serve`
+    /// (with --server or $ARBOR_SERVER: its event stream, with the model's
+    /// text as it streams in, followed again after a dropped connection or
+    /// a restart) or by another process on the store (its journal). On a
+    /// terminal, the view `arbor run` draws (↑/↓, enter, `c` cancels the
+    /// selected run); off one, or with --plain, the line log. Exits 0 when
+    /// the tree (or the run) completed.
+    Watch {
+        /// A tree id (as `arbor runs` lists it) or a run id TREE/PATH (its
+        /// subtree).
+        id: String,
+        /// The line log even on a terminal.
+        #[arg(long)]
+        plain: bool,
+        #[command(flatten)]
+        server: ServerArgs,
+        #[command(flatten)]
+        at: Stored,
+    },
     /// Print a shell completion script: `arbor completions bash >
     /// ~/.local/share/bash-completion/completions/arbor` (zsh: a `_arbor`
     /// file on $fpath; fish: ~/.config/fish/completions/arbor.fish).

@@ -24,7 +24,7 @@ const CONTROL_POLL: Duration = Duration::from_millis(250);
 
 /// A runtime over the store `at` names, to ask its supervisor; it runs
 /// nothing (its catalog is empty).
-fn store_runtime(at: Stored) -> anyhow::Result<(tokio::runtime::Runtime, Runtime)> {
+pub(super) fn store_runtime(at: Stored) -> anyhow::Result<(tokio::runtime::Runtime, Runtime)> {
     let Stored { config, store } = at;
     let config = load_config(config.as_deref())?;
     let location = store_location(&config, store)?;

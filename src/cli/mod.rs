@@ -12,6 +12,7 @@ mod run;
 mod runs;
 mod service;
 mod store;
+mod watch;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -92,6 +93,12 @@ pub(crate) fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let api = service::Api::new(server)?;
             async_runtime()?.block_on(control::cancel_on_server(&api, &id))
         }
+        Command::Watch {
+            id,
+            plain,
+            server,
+            at,
+        } => watch::watch(&id, plain, server, at),
         Command::Completions { shell } => {
             use clap::CommandFactory as _;
             let mut command = Cli::command();

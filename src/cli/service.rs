@@ -300,6 +300,59 @@ impl Api {
     }
 }
 
+impl Api {
+    /// Opens `run`'s event stream with the model's streamed text, after
+    /// event `last` (`Last-Event-ID`). With no overall timeout (a stream
+    /// lasts as long as its tree): the caller bounds each read.
+    pub(super) async fn open_stream(
+        &self,
+        run: &str,
+        last: u64,
+    ) -> Result<reqwest::Response, super::watch::Refused> {
+        use super::watch::Refused;
+        let mut url = self
+            .url(&["v1", "runs", run, "events"])
+            .map_err(Refused::Final)?;
+        url.set_query(Some("deltas=true"));
+        let mut request = self
+            .client
+            .get(url)
+            .timeout(std::time::Duration::from_secs(365 * 24 * 3600))
+            .header(reqwest::header::ACCEPT, "text/event-stream");
+        if last > 0 {
+            request = request.header("Last-Event-ID", last.to_string());
+        }
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(error) => {
+                let message = self.failed(&error);
+                return Err(Refused::Retry(anyhow::Error::new(error).context(message)));
+            }
+        };
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let body = response.json().await.unwrap_or_default();
+        let error = anyhow::anyhow!(
+            "the server refused the event stream of {run} ({status}): {}",
+            self.refusal(status, &body)
+        );
+        // A server starting again, busy or overloaded may take it later.
+        let again = status.is_server_error()
+            || status == reqwest::StatusCode::TOO_MANY_REQUESTS
+            || status == reqwest::StatusCode::REQUEST_TIMEOUT;
+        Err(if again {
+            Refused::Retry(error)
+        } else {
+            Refused::Final(error)
+        })
+    }
+}
+
 /// The message of the server's JSON error (`{"error": {"code", "message"}}`).
 fn error_message(body: &serde_json::Value) -> &str {
     body["error"]["message"].as_str().unwrap_or("no detail")

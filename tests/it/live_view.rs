@@ -90,7 +90,7 @@ fn scene(dir: &Path, secs: u32, ask_after_ms: u64) {
 }
 
 /// A tmux server of the test's own, with one window running a command.
-struct Tmux {
+pub struct Tmux {
     tmux: String,
     socket: String,
 }
@@ -98,7 +98,7 @@ struct Tmux {
 impl Tmux {
     /// Starts `command` (run by sh, in `dir`) in a `cols`×`rows` terminal;
     /// the window stays after it ends, with `EXIT=<status>` printed.
-    fn start(dir: &Path, cols: u16, rows: u16, command: &str) -> Option<Self> {
+    pub fn start(dir: &Path, cols: u16, rows: u16, command: &str) -> Option<Self> {
         let tmux = std::env::var("ARBOR_TMUX").unwrap_or_else(|_| "/usr/bin/tmux".into());
         if !Path::new(&tmux).exists() {
             assert!(
@@ -133,7 +133,7 @@ impl Tmux {
     }
 
     /// The screen as text (`escapes`: with its colour codes).
-    fn screen(&self, escapes: bool) -> String {
+    pub fn screen(&self, escapes: bool) -> String {
         let mut c = self.cmd();
         c.args(["capture-pane", "-p", "-t", "view"]);
         if escapes {
@@ -143,7 +143,7 @@ impl Tmux {
     }
 
     /// Waits until the screen shows `what`; the screen then.
-    fn wait_for(&self, what: &str) -> String {
+    pub fn wait_for(&self, what: &str) -> String {
         poll(GUARD, || {
             let s = self.screen(false);
             s.contains(what).then_some(s)
@@ -151,7 +151,7 @@ impl Tmux {
         .unwrap_or_else(|| panic!("never showed {what:?}:\n{}", self.screen(false)))
     }
 
-    fn keys(&self, keys: &[&str]) {
+    pub fn keys(&self, keys: &[&str]) {
         let status = self
             .cmd()
             .args(["send-keys", "-t", "view"])

@@ -18,6 +18,7 @@ mod command_tools;
 mod config;
 mod config_edges;
 mod config_fuzz;
+mod deltas;
 mod durable_programs;
 mod embedding;
 mod fencing;
@@ -66,6 +67,7 @@ mod turns_serve;
 mod usage_totals;
 mod wait;
 mod waiting_children;
+mod watch;
 mod worktrees;
 
 use std::path::{Path, PathBuf};

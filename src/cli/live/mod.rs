@@ -18,7 +18,11 @@ pub(super) use draw::{Input, Key, Screen};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
-use arbor_actors::{AgentStatus, Event, EventKind, RunId};
+use arbor_actors::{AgentStatus, Delta, Event, EventKind, RunId, TreeId};
+use arbor_supervisor::store::{EventType, JournalEntry};
+use serde_json::Value;
+
+use super::runs::count;
 
 /// What an agent is doing now.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,6 +51,8 @@ enum Doing {
 struct Node {
     agent_type: String,
     depth: usize,
+    /// Its parent in the view (`None` for a line at the top).
+    parent: Option<RunId>,
     children: Vec<RunId>,
     started_ms: u64,
     /// When it began what it is doing now.
@@ -55,6 +61,8 @@ struct Node {
     doing: Doing,
     tokens: u64,
     cost: f64,
+    /// Its subtree's totals, itself included, kept as events arrive.
+    below: Totals,
 }
 
 /// The tree as its events tell it, for the live view.
@@ -68,10 +76,12 @@ pub struct LiveTree {
     expanded: HashSet<RunId>,
     /// The line the keys act on.
     selected: Option<RunId>,
+    /// Every run's totals, for the footer.
+    all: Totals,
 }
 
 /// A subtree's totals.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy, Debug, Default)]
 struct Totals {
     agents: usize,
     running: usize,
@@ -82,115 +92,407 @@ struct Totals {
     cost: f64,
 }
 
-impl LiveTree {
-    /// Takes one event of the tree.
-    pub fn apply(&mut self, event: &Event) {
-        let at = event.at_ms;
-        if let EventKind::AgentStarted {
-            agent_type,
-            parent_run_id,
-            depth,
-            ..
-        } = &event.kind
-        {
-            self.started_ms.get_or_insert(at);
-            let parent = parent_run_id
-                .as_ref()
-                .filter(|p| self.nodes.contains_key(*p));
-            match parent {
-                Some(p) => {
-                    if let Some(node) = self.nodes.get_mut(p)
-                        && !node.children.contains(&event.run_id)
-                    {
-                        node.children.push(event.run_id.clone());
-                    }
-                }
-                None if !self.roots.contains(&event.run_id) => {
-                    self.roots.push(event.run_id.clone());
-                }
-                None => {}
-            }
-            self.nodes.insert(
-                event.run_id.clone(),
-                Node {
-                    agent_type: agent_type.clone(),
-                    depth: *depth,
-                    children: Vec::new(),
-                    started_ms: at,
-                    since_ms: at,
-                    ended_ms: None,
-                    doing: Doing::Starting,
-                    tokens: 0,
-                    cost: 0.0,
-                },
-            );
-            return;
-        }
-        let Some(node) = self.nodes.get_mut(&event.run_id) else {
-            return;
-        };
-        let doing = match &event.kind {
-            EventKind::StepStarted { step } => Some(Doing::Model {
-                step: *step,
-                streamed: 0,
+/// What the view takes from one event, whether it came live (an [`Event`]
+/// of a tree this process runs) or as a journal entry (a tree followed
+/// through its store or a server's stream, `arbor watch`).
+#[derive(Debug, PartialEq)]
+enum Seen {
+    Started {
+        agent_type: String,
+        parent: Option<RunId>,
+        depth: usize,
+    },
+    Step(u32),
+    /// Characters of the reply streamed in.
+    Streamed(usize),
+    Retrying {
+        attempt: u32,
+        reason: String,
+    },
+    Responded {
+        tokens: u64,
+        cost: f64,
+        calls: usize,
+        tools: Vec<String>,
+    },
+    ToolDone,
+    Suspended,
+    Approval(String),
+    Budget(String),
+    Ended(AgentStatus),
+    /// Nothing the view shows.
+    Other,
+}
+
+impl Totals {
+    fn add(&mut self, o: &Totals) {
+        self.agents += o.agents;
+        self.running += o.running;
+        self.completed += o.completed;
+        self.failed += o.failed;
+        self.cancelled += o.cancelled;
+        self.tokens += o.tokens;
+        self.cost += o.cost;
+    }
+
+    fn take(&mut self, o: &Totals) {
+        self.agents = self.agents.saturating_sub(o.agents);
+        self.running = self.running.saturating_sub(o.running);
+    }
+}
+
+impl Seen {
+    fn of_event(kind: &EventKind) -> Seen {
+        match kind {
+            EventKind::AgentStarted {
+                agent_type,
+                parent_run_id,
+                depth,
+                ..
+            } => Seen::Started {
+                agent_type: agent_type.clone(),
+                parent: parent_run_id.clone(),
+                depth: *depth,
+            },
+            EventKind::StepStarted { step } => Seen::Step(*step),
+            EventKind::ModelDelta { delta, .. } => Seen::Streamed(match delta {
+                Delta::Text { text }
+                | Delta::Reasoning { text }
+                | Delta::ToolCallArgs { text, .. } => text.chars().count(),
+                _ => 0,
             }),
-            EventKind::ModelDelta { .. } => {
-                if let Doing::Model { streamed, .. } = &mut node.doing
-                    && let Ok(text) = serde_json::to_string(&event.kind)
-                {
-                    *streamed += text.len() as u64;
-                }
-                None
-            }
             EventKind::ModelRetrying {
                 attempt, reason, ..
-            } => Some(Doing::Retrying {
+            } => Seen::Retrying {
                 attempt: *attempt,
                 reason: reason.clone(),
-            }),
+            },
             EventKind::ModelResponded {
                 usage,
                 tool_calls,
                 reply,
                 ..
-            } => {
-                node.tokens += usage.total_tokens();
-                node.cost += usage.cost;
-                (*tool_calls > 0).then(|| Doing::Tools {
-                    names: reply
-                        .as_ref()
-                        .map(|m| m.tool_calls().map(|c| c.tool_name.clone()).collect())
-                        .unwrap_or_default(),
-                    left: *tool_calls,
-                })
+            } => Seen::Responded {
+                tokens: usage.total_tokens(),
+                cost: usage.cost,
+                calls: *tool_calls,
+                tools: reply
+                    .as_ref()
+                    .map(|m| m.tool_calls().map(|c| c.tool_name.clone()).collect())
+                    .unwrap_or_default(),
+            },
+            EventKind::ToolCalled { .. } => Seen::ToolDone,
+            EventKind::Suspended => Seen::Suspended,
+            EventKind::ApprovalRequested { tool, .. } => Seen::Approval(tool.clone()),
+            EventKind::BudgetReached { limit } => Seen::Budget(limit.to_string()),
+            EventKind::AgentFinished { .. } => Seen::Ended(AgentStatus::Completed),
+            EventKind::AgentFailed { .. } => Seen::Ended(AgentStatus::Failed),
+            EventKind::AgentCancelled { .. } => Seen::Ended(AgentStatus::Cancelled),
+            _ => Seen::Other,
+        }
+    }
+
+    /// The same from a journal entry (the event's fields as JSON); a field
+    /// missing or of another shape reads as nothing (a journal written by
+    /// a newer build shows what this one knows of it).
+    fn of_entry(entry: &JournalEntry) -> Seen {
+        let get = |field: &str| entry.get(field);
+        let number = |field: &str| get(field).and_then(Value::as_u64).unwrap_or(0);
+        let text = |field: &str| {
+            get(field)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        match entry.kind {
+            EventType::AgentStarted => Seen::Started {
+                agent_type: text("agentType"),
+                parent: get("parentRunId")
+                    .and_then(Value::as_str)
+                    .and_then(|p| p.parse().ok()),
+                depth: usize::try_from(number("depth")).unwrap_or(usize::MAX),
+            },
+            EventType::StepStarted => Seen::Step(u32::try_from(number("step")).unwrap_or(0)),
+            EventType::ModelRetrying => Seen::Retrying {
+                attempt: u32::try_from(number("attempt")).unwrap_or(0),
+                reason: text("reason"),
+            },
+            EventType::ModelResponded => {
+                let usage = get("usage");
+                let of = |key: &str| usage.and_then(|u| u.get(key));
+                let tokens = ["inputTokens", "outputTokens"]
+                    .iter()
+                    .filter_map(|k| of(k).and_then(Value::as_u64))
+                    .sum();
+                let tools = get("tools")
+                    .and_then(Value::as_array)
+                    .map(|names| {
+                        names
+                            .iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Seen::Responded {
+                    tokens,
+                    cost: of("cost").and_then(Value::as_f64).unwrap_or(0.0),
+                    calls: usize::try_from(number("toolCalls")).unwrap_or(0),
+                    tools,
+                }
             }
-            EventKind::ToolCalled { .. } => {
+            EventType::ToolCalled => Seen::ToolDone,
+            EventType::Suspended => Seen::Suspended,
+            EventType::ApprovalRequested => Seen::Approval(text("tool")),
+            EventType::BudgetReached => {
+                let limit = get("limit");
+                let part = |key: &str| {
+                    limit
+                        .and_then(|l| l.get(key))
+                        .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+                        .unwrap_or_default()
+                };
+                Seen::Budget(format!(
+                    "limit {} reached: {}",
+                    part("limit"),
+                    part("detail")
+                ))
+            }
+            EventType::AgentFinished => Seen::Ended(AgentStatus::Completed),
+            EventType::AgentFailed => Seen::Ended(AgentStatus::Failed),
+            EventType::AgentCancelled => Seen::Ended(AgentStatus::Cancelled),
+            _ => Seen::Other,
+        }
+    }
+}
+
+impl LiveTree {
+    /// Takes one event of the tree.
+    pub fn apply(&mut self, event: &Event) {
+        self.take(&event.run_id, event.at_ms, Seen::of_event(&event.kind));
+    }
+
+    /// Takes one journal entry of the tree (`arbor watch`); an entry whose
+    /// run id does not parse is left out.
+    pub fn apply_entry(&mut self, entry: &JournalEntry) {
+        if let Ok(run) = entry.run_id.parse::<RunId>() {
+            self.take(&run, entry.at_ms, Seen::of_entry(entry));
+        }
+    }
+
+    fn take(&mut self, run: &RunId, at: u64, seen: Seen) {
+        let Some(node) = self.nodes.get_mut(run) else {
+            if let Seen::Started {
+                agent_type,
+                parent,
+                depth,
+            } = seen
+            {
+                self.start(run, at, agent_type, parent, depth);
+            }
+            return;
+        };
+        let doing = match seen {
+            Seen::Step(step) => Doing::Model { step, streamed: 0 },
+            Seen::Streamed(chars) => {
+                if let Doing::Model { streamed, .. } = &mut node.doing {
+                    *streamed += chars as u64;
+                }
+                return;
+            }
+            Seen::Retrying { attempt, reason } => Doing::Retrying { attempt, reason },
+            Seen::Responded {
+                tokens,
+                cost,
+                calls,
+                tools,
+            } => {
+                node.tokens += tokens;
+                node.cost += cost;
+                if calls > 0 {
+                    node.doing = Doing::Tools {
+                        names: tools,
+                        left: calls,
+                    };
+                    node.since_ms = at;
+                }
+                let used = Totals {
+                    tokens,
+                    cost,
+                    ..Totals::default()
+                };
+                self.add_up(run, &used, &Totals::default());
+                return;
+            }
+            Seen::ToolDone => {
                 if let Doing::Tools { left, .. } = &mut node.doing {
                     *left = left.saturating_sub(1);
                 }
-                None
+                return;
             }
-            EventKind::Suspended => Some(Doing::Children),
-            EventKind::ApprovalRequested { tool, .. } => {
-                Some(Doing::Approval { tool: tool.clone() })
-            }
-            EventKind::BudgetReached { limit } => Some(Doing::Budget {
-                limit: limit.to_string(),
-            }),
-            EventKind::AgentFinished { .. } => Some(Doing::Ended(AgentStatus::Completed)),
-            EventKind::AgentFailed { .. } => Some(Doing::Ended(AgentStatus::Failed)),
-            EventKind::AgentCancelled { .. } => Some(Doing::Ended(AgentStatus::Cancelled)),
-            _ => None,
-        };
-        if let Some(doing) = doing {
-            if matches!(doing, Doing::Ended(_)) {
+            Seen::Suspended => Doing::Children,
+            Seen::Approval(tool) => Doing::Approval { tool },
+            Seen::Budget(limit) => Doing::Budget { limit },
+            Seen::Ended(status) => {
+                if node.ended_ms.is_some() {
+                    // Ended already (an entry read twice): counted once.
+                    return;
+                }
                 node.ended_ms = Some(at);
+                node.doing = Doing::Ended(status);
+                node.since_ms = at;
+                let mut ended = Totals::default();
+                match status {
+                    AgentStatus::Completed => ended.completed = 1,
+                    AgentStatus::Failed => ended.failed = 1,
+                    _ => ended.cancelled = 1,
+                }
+                let running = Totals {
+                    running: 1,
+                    ..Totals::default()
+                };
+                self.add_up(run, &ended, &running);
+                return;
             }
-            // A decided approval or a raised budget goes on as the next
-            // event says; until then the line keeps its last words.
-            node.doing = doing;
-            node.since_ms = at;
+            Seen::Started { .. } | Seen::Other => return,
+        };
+        // A decided approval or a raised budget goes on as the next event
+        // says; until then the line keeps its last words.
+        node.doing = doing;
+        node.since_ms = at;
+    }
+
+    fn start(
+        &mut self,
+        run: &RunId,
+        at: u64,
+        agent_type: String,
+        parent: Option<RunId>,
+        depth: usize,
+    ) {
+        if self.nodes.contains_key(run) {
+            return;
         }
+        self.started_ms.get_or_insert(at);
+        let parent = parent.filter(|p| self.nodes.contains_key(p));
+        match &parent {
+            Some(p) => {
+                if let Some(node) = self.nodes.get_mut(p) {
+                    node.children.push(run.clone());
+                }
+            }
+            None => self.roots.push(run.clone()),
+        }
+        self.nodes.insert(
+            run.clone(),
+            Node {
+                agent_type,
+                depth,
+                parent,
+                children: Vec::new(),
+                started_ms: at,
+                since_ms: at,
+                ended_ms: None,
+                doing: Doing::Starting,
+                tokens: 0,
+                cost: 0.0,
+                below: Totals::default(),
+            },
+        );
+        let one = Totals {
+            agents: 1,
+            running: 1,
+            ..Totals::default()
+        };
+        self.add_up(run, &one, &Totals::default());
+    }
+
+    /// Adds `plus` to, and takes `minus` from, the totals of `run` and of
+    /// every run above it: O(depth) an event, so a frame never sums a
+    /// subtree.
+    fn add_up(&mut self, run: &RunId, plus: &Totals, minus: &Totals) {
+        let mut at = Some(run.clone());
+        while let Some(id) = at {
+            let Some(node) = self.nodes.get_mut(&id) else {
+                break;
+            };
+            node.below.add(plus);
+            node.below.take(minus);
+            at = node.parent.clone();
+        }
+        // The tree's, for the footer.
+        self.all.add(plus);
+        self.all.take(minus);
+    }
+
+    /// Characters of `run`'s reply streamed in (a server's `modelDelta`,
+    /// which no journal has).
+    pub fn apply_streamed(&mut self, run: &RunId, chars: usize) {
+        self.take(run, 0, Seen::Streamed(chars));
+    }
+
+    /// Whether `run` has started in the view.
+    pub fn knows(&self, run: &RunId) -> bool {
+        self.nodes.contains_key(run)
+    }
+
+    /// How `run` ended, once it has.
+    pub fn ended(&self, run: &RunId) -> Option<AgentStatus> {
+        match self.nodes.get(run)?.doing {
+            Doing::Ended(status) => Some(status),
+            _ => None,
+        }
+    }
+
+    /// The log line of a run that has just ended, as `arbor run`'s line
+    /// log has it (`error`: why it failed).
+    pub fn ended_line(&self, run: &RunId, error: Option<&str>) -> Option<String> {
+        let node = self.nodes.get(run)?;
+        let Doing::Ended(status) = node.doing else {
+            return None;
+        };
+        let (mark, what) = match status {
+            AgentStatus::Completed => ("✓", "completed".to_owned()),
+            AgentStatus::Failed => (
+                "✗",
+                format!("failed: {}", error.unwrap_or("no reason given")),
+            ),
+            _ => ("○", "cancelled".to_owned()),
+        };
+        let ms = node
+            .ended_ms
+            .unwrap_or(node.since_ms)
+            .saturating_sub(node.started_ms);
+        let children = node.children.len() as u64;
+        Some(format!(
+            "{}{mark} {} {} {what} in {ms}ms ({}, {})",
+            "  ".repeat(node.depth),
+            if node.agent_type.is_empty() {
+                "agent"
+            } else {
+                &node.agent_type
+            },
+            run.path_text(),
+            count(children, "child", "children"),
+            count(node.tokens, "token", "tokens"),
+        ))
+    }
+
+    /// The last line, as `arbor run`'s (cargo's `Finished`): how long the
+    /// tree ran up to `end_ms`, its agents by how they ended, its tokens.
+    pub fn summary(&self, tree: &TreeId, end_ms: u64) -> String {
+        let t = &self.all;
+        let ms = end_ms.saturating_sub(self.started_ms.unwrap_or(end_ms));
+        format!(
+            "Finished tree {tree} in {ms}ms: {} ({}), {} in all",
+            count(
+                (t.completed + t.failed + t.cancelled) as u64,
+                "agent",
+                "agents"
+            ),
+            ended_words(t),
+            count(t.tokens, "token", "tokens"),
+        )
     }
 
     /// The run the keys act on.
@@ -255,38 +557,7 @@ impl LiveTree {
     }
 
     fn subtree_ended(&self, node: &Node) -> bool {
-        node.ended_ms.is_some()
-            && node
-                .children
-                .iter()
-                .filter_map(|c| self.nodes.get(c))
-                .all(|c| self.subtree_ended(c))
-    }
-
-    fn totals(&self, node: &Node) -> Totals {
-        let mut t = Totals {
-            agents: 1,
-            tokens: node.tokens,
-            cost: node.cost,
-            ..Totals::default()
-        };
-        match node.doing {
-            Doing::Ended(AgentStatus::Completed) => t.completed += 1,
-            Doing::Ended(AgentStatus::Failed) => t.failed += 1,
-            Doing::Ended(AgentStatus::Cancelled) => t.cancelled += 1,
-            _ => t.running += 1,
-        }
-        for child in node.children.iter().filter_map(|c| self.nodes.get(c)) {
-            let c = self.totals(child);
-            t.agents += c.agents;
-            t.running += c.running;
-            t.completed += c.completed;
-            t.failed += c.failed;
-            t.cancelled += c.cancelled;
-            t.tokens += c.tokens;
-            t.cost += c.cost;
-        }
-        t
+        node.below.running == 0
     }
 
     /// The view at `now_ms` for a terminal `width` columns wide and at most
@@ -336,7 +607,7 @@ impl LiveTree {
             run.path_text()
         );
         if self.folded(run, node) {
-            let t = self.totals(node);
+            let t = node.below;
             let took = node
                 .ended_ms
                 .unwrap_or(now_ms)
@@ -403,17 +674,7 @@ impl LiveTree {
     /// The sticky last line: agents by state, the tree's tokens and cost,
     /// the time since the tree started, and the keys.
     fn footer(&self, now_ms: u64, width: usize, color: bool) -> String {
-        let mut t = Totals::default();
-        for root in self.roots.iter().filter_map(|r| self.nodes.get(r)) {
-            let r = self.totals(root);
-            t.agents += r.agents;
-            t.running += r.running;
-            t.completed += r.completed;
-            t.failed += r.failed;
-            t.cancelled += r.cancelled;
-            t.tokens += r.tokens;
-            t.cost += r.cost;
-        }
+        let t = self.all;
         let elapsed = now_ms.saturating_sub(self.started_ms.unwrap_or(now_ms));
         let mut line = format!(
             "{} running · {} done · {} failed · {} cancelled │ {} │ {}",

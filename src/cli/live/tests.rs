@@ -244,3 +244,79 @@ fn approvals_budgets_and_failures_show_on_their_line_with_colour_only_when_asked
         lines[3]
     );
 }
+
+/// A tree followed from its journal (`arbor watch`: the store's entries or
+/// a server's stream) draws the same lines as one followed live.
+#[test]
+fn a_tree_read_from_its_journal_draws_the_same_lines_as_one_followed_live() {
+    let live = tree();
+    let mut journal = LiveTree::default();
+    let mut events = Vec::new();
+    for e in [
+        started("t/0", "planner", 0, 1_000),
+        at("t/0", 1_000, EventKind::StepStarted { step: 1 }),
+        replied("t/0", 1_500, 100, 0.01, &["spawn_agents"]),
+        started("t/0.1", "researcher", 1, 1_600),
+        started("t/0.2", "writer", 1, 1_600),
+        at("t/0", 1_700, EventKind::Suspended),
+        started("t/0.1.1", "helper", 2, 1_800),
+        at("t/0.1.1", 1_800, EventKind::StepStarted { step: 1 }),
+        replied("t/0.1.1", 2_000, 50, 0.0, &[]),
+        finished("t/0.1.1", 2_000),
+        replied("t/0.1", 2_100, 70, 0.002, &[]),
+        finished("t/0.1", 2_200),
+        at("t/0.2", 1_700, EventKind::StepStarted { step: 1 }),
+        replied("t/0.2", 2_500, 30, 0.0, &["Bash", "Read"]),
+    ] {
+        events.push(e);
+    }
+    for e in &events {
+        let entry = arbor_supervisor::journal_view(e).expect("journaled");
+        // As a server's stream sends it, read back.
+        let data = serde_json::to_value(&entry).unwrap();
+        let serde_json::Value::Object(mut data) = data else {
+            panic!("an entry is an object")
+        };
+        data.insert("treeId".into(), json!("t"));
+        let entry = arbor_supervisor::store::JournalEntry::from_stream(data).expect("an entry");
+        journal.apply_entry(&entry);
+    }
+    let mut live_now = LiveTree::default();
+    for e in &events {
+        live_now.apply(e);
+    }
+    let followed = live_now.render(4_000, 120, 40, false);
+    assert_eq!(
+        followed[2],
+        "   ▸ writer 0.2  running Bash, Read (2 left), 1.5s · 30 tokens"
+    );
+    assert_eq!(journal.render(4_000, 120, 40, false), followed);
+    // (`tree()` has one more event: a tool done.)
+    assert_ne!(
+        journal.render(4_000, 120, 40, false),
+        live.render(4_000, 120, 40, false)
+    );
+}
+
+/// An entry read twice (a reconnect, a journal read again) counts once,
+/// and the log's end line and summary say what `arbor run`'s do.
+#[test]
+fn an_end_read_twice_counts_once_and_the_end_line_and_summary_read_as_arbor_runs() {
+    let mut t = tree();
+    t.apply(&finished("t/0.1", 2_900));
+    t.apply(&started("t/0.1", "researcher", 1, 2_900));
+    let footer = t.render(4_000, 120, 40, false).pop().unwrap();
+    assert!(
+        footer.starts_with("2 running · 2 done · 0 failed"),
+        "{footer}"
+    );
+    assert_eq!(
+        t.ended_line(&run("t/0.1"), None).unwrap(),
+        "  ✓ researcher 0.1 completed in 600ms (1 child, 70 tokens)"
+    );
+    assert_eq!(t.ended_line(&run("t/0.2"), None), None);
+    assert_eq!(
+        t.summary(&"t".parse().unwrap(), 3_000),
+        "Finished tree t in 2000ms: 2 agents (2 completed), 250 tokens in all"
+    );
+}
