@@ -31,14 +31,27 @@
 #                      arrival), read from the mock server, the same for all
 #                      three; CPU per request is the client process's
 #   --keep DIR         keep the raw measurements (TSV, JSON) in DIR
+#   --arbor BIN        time BIN as Arbor instead of building target/release/arbor
+#                      (nothing is built then, unless --http needs its endpoint)
+#   --vs BIN           also time a second arbor binary (e.g. a build of an older
+#                      commit) on the same tree in the same rounds: Arbor and BIN
+#                      run back to back, Arbor first in odd rounds and BIN first
+#                      in even ones; BIN is the table's `vs` row, and the per-round
+#                      ratios Arbor/BIN of CPU per agent and of peak RSS are
+#                      printed with their medians (below 1: Arbor costs less)
+#   --no-warmup        no warm-up round
 #
-# Each round runs, in this order: Arbor (`arbor loadtest --no-store`), the bare
-# trees `shared`, `none`, `tokio` (`arbor loadtest --baseline-only
-# --baseline-kind K`: the process runs only the bare tree), and LangGraph
+# Each round runs Arbor (`arbor loadtest --no-store`, and BIN's with --vs), the
+# bare trees `shared`, `none`, `tokio` (`arbor loadtest --baseline-only
+# --baseline-kind K`: the process runs only the bare tree), LangGraph
 # (benches/langgraph_tree.py, in a virtualenv under target/bench-venv with the
-# version pinned in benches/requirements-langgraph.txt). A process that runs a
-# one-node tree (`--depth 0`) measures what starting and ending the binary
-# costs; the "net" columns subtract it.
+# version pinned in benches/requirements-langgraph.txt), and a process that
+# runs a one-node tree (`--depth 0`): what starting and ending the binary
+# costs, which the "net" columns subtract. The order rotates by one each round
+# (round 1 starts with Arbor, round 2 with the next, ...): the first process of
+# a round runs on a colder machine (issue 39), and rotating spreads that over
+# every kind. Before round 1, a warm-up round runs each process once,
+# unmeasured.
 #
 # CPU is user + system of the whole process for Arbor and the bare trees: the
 # child's rusage, as /usr/bin/time reports it, but read to the microsecond
@@ -49,7 +62,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rounds=5 depth=4 langgraph=1 lg_depth="" big=0 llm=0 store=0 http=0 keep=""
+rounds=5 depth=4 langgraph=1 lg_depth="" big=0 llm=0 store=0 http=0 keep="" arbor="" vs="" warmup=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=${2:?--rounds needs a number}; shift ;;
@@ -62,6 +75,9 @@ while [ $# -gt 0 ]; do
     --store) store=1 ;;
     --keep) keep=${2:?--keep needs a directory}; shift ;;
     --http) http=1 ;;
+    --arbor) arbor=${2:?--arbor needs a binary}; shift ;;
+    --vs) vs=${2:?--vs needs a binary}; shift ;;
+    --no-warmup) warmup=0 ;;
     -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "per_agent.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -74,8 +90,15 @@ esac
 lg_depth=${lg_depth:-$depth}
 command -v python3 > /dev/null || { echo "per_agent.sh: needs python3" >&2; exit 2; }
 
-cargo build --release --quiet --bin arbor
-bin=target/release/arbor
+for b in "$arbor" "$vs"; do
+  [ -z "$b" ] || [ -x "$b" ] || { echo "per_agent.sh: $b is not an executable" >&2; exit 2; }
+done
+if [ -n "$arbor" ]; then
+  bin=$arbor
+else
+  cargo build --release --quiet --bin arbor
+  bin=target/release/arbor
+fi
 if [ "$http" = 1 ]; then
   cargo build --release --quiet --example http_endpoint
   endpoint=target/release/examples/http_endpoint
@@ -125,7 +148,8 @@ if [ "$http" = 1 ]; then
 fi
 
 # measure ROUND NAME JSON-KIND CMD...: runs CMD, timed, with its
-# JSON report in $work, and appends a row to the TSV.
+# JSON report in $work, and appends a row to the TSV (round 0, the warm-up:
+# none).
 measure() {
   local round=$1 name=$2 kind=$3; shift 3
   local json="$work/$name-$round.json" tfile="$work/time"
@@ -138,62 +162,100 @@ measure() {
     tail -1 "$work/$name-$round.out" > "$json"
   fi
   read -r user sys maxrss wall < "$tfile"
+  if [ "$round" = 0 ]; then
+    echo "  warm-up: $name  user $user s, sys $sys s, max RSS $((maxrss / 1024)) MB, wall $wall s" >&2
+    return
+  fi
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$name" "$kind" "$user" "$sys" "$maxrss" "$json" >> "$tsv"
   echo "  round $round: $name  user $user s, sys $sys s, max RSS $((maxrss / 1024)) MB, wall $wall s" >&2
 }
 
-for round in $(seq "$rounds"); do
-  measure "$round" arbor arbor "$bin" loadtest "${tree[@]}" --no-store --json "$work/arbor-$round.json"
-  for k in shared none tokio; do
-    measure "$round" "bare-$k" bare "$bin" loadtest "${tree[@]}" --baseline-only --baseline-kind "$k" \
-      --json "$work/bare-$k-$round.json"
-  done
-  if [ "$langgraph" = 1 ]; then
-    measure "$round" langgraph langgraph "$venv/bin/python" benches/langgraph_tree.py \
-      --fanout 10 --depth "$lg_depth" --history 100
-  fi
-  measure "$round" startup bare "$bin" loadtest --depth 0 --baseline-only --baseline-kind none \
-    --json "$work/startup-$round.json"
-  if [ "$big" = 1 ]; then
-    measure "$round" arbor-1.1M arbor "$bin" loadtest --fanout 10 --depth 6 --history 100 \
-      --max-live 10000 --no-store --json "$work/arbor-1.1M-$round.json"
-  fi
-  if [ "$store" = 1 ]; then
-    measure "$round" arbor-store arbor "$bin" loadtest "${tree[@]}" --store "$work/store-$round.db" \
-      --json "$work/arbor-store-$round.json"
-    rm -f "$work/store-$round.db" "$work/store-$round.db-wal" "$work/store-$round.db-shm"
-  fi
-  if [ "$http" = 1 ]; then
-    # Arbor first: the clients then send bodies of its children's size.
-    stats_reset
-    measure "$round" http-arbor http "$bin" loadtest --model bench --config "$work/http.toml" \
-      --shape 10000 --max-live 1001 --no-store --json "$work/http-arbor-$round.report.json"
-    stats_save "$work/http-arbor-$round.json"
-    size=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['medianBodyBytes'])" "$work/http-arbor-$round.json")
-    for client in bare provider; do
+# What a round runs, in units whose order rotates between rounds (a unit
+# keeps its own order: HTTP's clients need Arbor's body size first).
+units=(arbor bare-shared bare-none bare-tokio)
+[ "$langgraph" = 0 ] || units+=(langgraph)
+units+=(startup)
+[ "$big" = 0 ] || units+=(big)
+[ "$store" = 0 ] || units+=(store)
+[ "$http" = 0 ] || units+=(http)
+[ "$llm" = 0 ] || units+=(llm-100 llm-1000 llm-10000)
+
+# unit ROUND NAME: runs one unit of round ROUND (0: the warm-up).
+unit() {
+  local round=$1
+  case "$2" in
+    arbor)
+      local arbor_run=(measure "$round" arbor arbor "$bin" loadtest "${tree[@]}" --no-store
+        --json "$work/arbor-$round.json")
+      if [ -z "$vs" ]; then
+        "${arbor_run[@]}"
+      else
+        local vs_run=(measure "$round" vs arbor "$vs" loadtest "${tree[@]}" --no-store
+          --json "$work/vs-$round.json")
+        if [ $((round % 2)) = 1 ]; then
+          "${arbor_run[@]}"; "${vs_run[@]}"
+        else
+          "${vs_run[@]}"; "${arbor_run[@]}"
+        fi
+      fi ;;
+    bare-*)
+      local k=${2#bare-}
+      measure "$round" "bare-$k" bare "$bin" loadtest "${tree[@]}" --baseline-only --baseline-kind "$k" \
+        --json "$work/bare-$k-$round.json" ;;
+    langgraph)
+      measure "$round" langgraph langgraph "$venv/bin/python" benches/langgraph_tree.py \
+        --fanout 10 --depth "$lg_depth" --history 100 ;;
+    startup)
+      measure "$round" startup bare "$bin" loadtest --depth 0 --baseline-only --baseline-kind none \
+        --json "$work/startup-$round.json" ;;
+    big)
+      measure "$round" arbor-1.1M arbor "$bin" loadtest --fanout 10 --depth 6 --history 100 \
+        --max-live 10000 --no-store --json "$work/arbor-1.1M-$round.json" ;;
+    store)
+      measure "$round" arbor-store arbor "$bin" loadtest "${tree[@]}" --store "$work/store-$round.db" \
+        --json "$work/arbor-store-$round.json"
+      rm -f "$work/store-$round.db" "$work/store-$round.db-wal" "$work/store-$round.db-shm" ;;
+    http)
+      # Arbor first: the clients then send bodies of its children's size.
       stats_reset
-      measure "$round" "http-$client" http "$endpoint" "$client" --url "$url" --concurrency 1000 \
-        --requests 10000 --body-bytes "$size"
-      stats_save "$work/http-$client-$round.json"
-    done
-  fi
-  if [ "$llm" = 1 ]; then
-    for m in 100 1000 10000; do
+      measure "$round" http-arbor http "$bin" loadtest --model bench --config "$work/http.toml" \
+        --shape 10000 --max-live 1001 --no-store --json "$work/http-arbor-$round.report.json"
+      stats_save "$work/http-arbor-$round.json"
+      local size client
+      size=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['medianBodyBytes'])" "$work/http-arbor-$round.json")
+      for client in bare provider; do
+        stats_reset
+        measure "$round" "http-$client" http "$endpoint" "$client" --url "$url" --concurrency 1000 \
+          --requests 10000 --body-bytes "$size"
+        stats_save "$work/http-$client-$round.json"
+      done ;;
+    llm-*)
+      local m=${2#llm-}
       measure "$round" "llm-$m" arbor "$bin" loadtest --shape 10000 --latency 50ms --max-live "$m" \
         --no-store --json "$work/llm-$m-$round.json"
       # The bare ractor tree on the same shape, latency and cap: what any
       # runtime reaches on this machine.
       measure "$round" "llm-bare-$m" bare "$bin" loadtest --shape 10000 --latency 50ms --max-live "$m" \
-        --baseline-only --baseline-kind shared --json "$work/llm-bare-$m-$round.json"
-    done
-  fi
+        --baseline-only --baseline-kind shared --json "$work/llm-bare-$m-$round.json" ;;
+  esac
+}
+
+first=1
+[ "$warmup" = 0 ] || first=0
+for round in $(seq "$first" "$rounds"); do
+  n=${#units[@]}
+  turn=$(( round > 0 ? (round - 1) % n : 0 ))
+  for i in $(seq 0 $((n - 1))); do
+    unit "$round" "${units[$(( (i + turn) % n ))]}"
+  done
 done
 
-python3 - "$tsv" "$depth" "$lg_depth" "${lg_version:-}" <<'EOF'
+python3 - "$tsv" "$depth" "$lg_depth" "${lg_version:-}" "$vs" <<'EOF'
 import json, statistics, sys
 from collections import defaultdict
 
-tsv, depth, lg_depth, lg_version = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+tsv, depth, lg_depth, lg_version, vs = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+                                        sys.argv[4], sys.argv[5])
 runs = defaultdict(dict)  # round -> name -> figures
 for line in open(tsv):
     rnd, name, kind, user, sys_, maxrss, path = line.rstrip("\n").split("\t")
@@ -234,13 +296,16 @@ def per_agent(fig, startup=None):
 def live_bytes(fig):
     return (fig["peak"] - fig["before"]) / max(fig["alive"], 1)
 
-names = [n for n in ["arbor", "bare-shared", "bare-none", "bare-tokio", "langgraph"] if n in runs[rounds[0]]]
+names = [n for n in ["arbor", "vs", "bare-shared", "bare-none", "bare-tokio", "langgraph"]
+         if n in runs[rounds[0]]]
 agents = runs[rounds[0]]["arbor"]["agents"]
 print(f"\nper-agent cost, fanout 10, depth {depth} ({agents} agents), 100-message history, "
       f"{len(rounds)} rounds; medians of within-round ratios")
 if "langgraph" in names:
     lg = runs[rounds[0]]["langgraph"]["agents"]
     print(f"LangGraph {lg_version}: depth {lg_depth} ({lg} agents), its in-process CPU (imports excluded)")
+if "vs" in names:
+    print(f"vs: {vs}, run beside Arbor (each first in every other round)")
 print()
 print(f"{'tree':<14} {'CPU µs/agent':>13} {'net µs/agent':>13} {'Arbor/it CPU':>13} {'Arbor/it net':>13} "
       f"{'peak RSS MB':>12} {'B/live agent':>13} {'Arbor/it mem':>13}")
@@ -265,12 +330,21 @@ print()
 if "langgraph" in names:
     print("  " + langgraph_line)
 for n in names[1:]:
+    if n == "vs":
+        continue
     if n == "langgraph":
         _, vals = col(lambda r: ratio(per_agent(r[n]), per_agent(r["arbor"])))
         print(f"  langgraph/Arbor CPU per round: " + ", ".join(f"{v:.0f}" for v in vals))
         continue
     _, vals = col(lambda r: ratio(per_agent(r["arbor"]), per_agent(r[n])))
     print(f"  Arbor/{n} CPU per round: " + ", ".join(f"{v:.2f}" for v in vals))
+if "vs" in names:
+    cpu_vs, vals = col(lambda r: ratio(per_agent(r["arbor"]), per_agent(r["vs"])))
+    print(f"  Arbor/vs CPU per agent: median {cpu_vs:.3f}x, per round: "
+          + ", ".join(f"{v:.3f}" for v in vals))
+    rss_vs, vals = col(lambda r: ratio(r["arbor"]["peak"], r["vs"]["peak"]))
+    print(f"  Arbor/vs peak RSS: median {rss_vs:.3f}x, per round: "
+          + ", ".join(f"{v:.3f}" for v in vals))
 s, vals = col(lambda r: r["startup"]["cpu"])
 print(f"  startup (a one-node run): median {s * 1e3:.0f} ms CPU")
 a_alive, _ = col(lambda r: r["arbor"]["alive"])

@@ -158,33 +158,81 @@ pub fn bundle_from(
     build(root, &root.join(entry), entry.to_owned(), &Memory(files))
 }
 
+/// Why a file of an agent's module graph cannot be read (printed after
+/// the file's name).
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    /// The system could not read it.
+    #[error("cannot be read: {0}")]
+    Io(std::io::Error),
+    /// It holds more than [`MAX_FILE_BYTES`] (its size).
+    #[error("is {0} bytes, more than the {MAX_FILE_BYTES} an agent file may hold")]
+    TooLarge(u64),
+    /// A stored config's files do not have it.
+    #[error("is not among the stored files")]
+    NotStored,
+}
+
+/// Why the file an import names is refused (printed after the import).
+#[derive(Debug, thiserror::Error)]
+enum Refused {
+    /// Its links cannot be followed.
+    #[error("{0}")]
+    Unreadable(std::io::Error),
+    /// Its links lead out of the agents directory.
+    #[error("leaves the agents directory")]
+    Outside,
+}
+
+/// Why an import cannot be resolved (each names the specifier as written).
+#[derive(Debug, thiserror::Error)]
+enum ImportError {
+    /// Not a relative import.
+    #[error(
+        "import '{0}': a package import cannot be resolved (only relative imports inside the agents directory are; type-only imports are dropped)"
+    )]
+    Package(String),
+    /// Its `..` climb above the agents directory.
+    #[error("import '{0}' leaves the agents directory")]
+    Climbs(String),
+    /// The file it names is refused.
+    #[error("import '{spec}' {why}")]
+    Refused {
+        /// The specifier.
+        spec: String,
+        /// Why its file is refused.
+        why: Refused,
+    },
+    /// No file of the directory has its name, with any extension probed.
+    #[error("import '{0}': no such file in the agents directory")]
+    NoFile(String),
+}
+
 /// Where a bundle's files are read from.
 trait Files {
     /// The text of the file at `key`.
-    fn read(&self, key: &str) -> Result<String, String>;
+    fn read(&self, key: &str) -> Result<String, ReadError>;
     /// The key of the file `key` names, links followed: `Ok(None)` when
     /// there is no file there, `Err` when it leads out of the directory.
-    fn real(&self, key: &str) -> Result<Option<String>, String>;
+    fn real(&self, key: &str) -> Result<Option<String>, Refused>;
 }
 
 /// The agents directory on disk (its canonical path).
 struct Disk(PathBuf);
 
 impl Files for Disk {
-    fn read(&self, key: &str) -> Result<String, String> {
+    fn read(&self, key: &str) -> Result<String, ReadError> {
         read_bounded(&self.0.join(key))
     }
 
-    fn real(&self, key: &str) -> Result<Option<String>, String> {
+    fn real(&self, key: &str) -> Result<Option<String>, Refused> {
         let path = self.0.join(key);
         if !path.is_file() {
             return Ok(None);
         }
         // A symbolic link may not lead out of the directory either.
-        let real = path.canonicalize().map_err(|e| e.to_string())?;
-        key_of(&self.0, &real)
-            .map(Some)
-            .ok_or_else(|| "leaves the agents directory".to_owned())
+        let real = path.canonicalize().map_err(Refused::Unreadable)?;
+        key_of(&self.0, &real).map(Some).ok_or(Refused::Outside)
     }
 }
 
@@ -192,14 +240,11 @@ impl Files for Disk {
 struct Memory<'a>(&'a BTreeMap<String, String>);
 
 impl Files for Memory<'_> {
-    fn read(&self, key: &str) -> Result<String, String> {
-        self.0
-            .get(key)
-            .cloned()
-            .ok_or_else(|| "is not among the stored files".to_owned())
+    fn read(&self, key: &str) -> Result<String, ReadError> {
+        self.0.get(key).cloned().ok_or(ReadError::NotStored)
     }
 
-    fn real(&self, key: &str) -> Result<Option<String>, String> {
+    fn real(&self, key: &str) -> Result<Option<String>, Refused> {
         Ok(self.0.contains_key(key).then(|| key.to_owned()))
     }
 }
@@ -225,7 +270,7 @@ fn build(root: &Path, file: &Path, entry: String, files: &dyn Files) -> Result<B
         };
         let source = files
             .read(&key)
-            .map_err(|e| LoadError::new(&shown, None, e))?;
+            .map_err(|e| LoadError::new(&shown, None, e.to_string()))?;
         let stripped = if key.ends_with(".json") {
             json_module(&source).map_err(|e| LoadError::new(&shown, e.line, e.message))?
         } else {
@@ -235,7 +280,7 @@ fn build(root: &Path, file: &Path, entry: String, files: &dyn Files) -> Result<B
         let mut resolved = BTreeMap::new();
         for (spec, line) in &stripped.imports {
             let target = resolve(files, &key, spec)
-                .map_err(|why| LoadError::new(&shown, Some(*line), why))?;
+                .map_err(|why| LoadError::new(&shown, Some(*line), why.to_string()))?;
             resolved.insert(spec.clone(), target.clone());
             queue.push_back(target);
         }
@@ -270,15 +315,12 @@ fn json_module(source: &str) -> Result<Stripped, strip::SyntaxError> {
     })
 }
 
-fn read_bounded(path: &Path) -> Result<String, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot be read: {e}"))?;
+fn read_bounded(path: &Path) -> Result<String, ReadError> {
+    let meta = std::fs::metadata(path).map_err(ReadError::Io)?;
     if meta.len() > MAX_FILE_BYTES {
-        return Err(format!(
-            "is {} bytes, more than the {MAX_FILE_BYTES} an agent file may hold",
-            meta.len()
-        ));
+        return Err(ReadError::TooLarge(meta.len()));
     }
-    std::fs::read_to_string(path).map_err(|e| format!("cannot be read: {e}"))
+    std::fs::read_to_string(path).map_err(ReadError::Io)
 }
 
 /// `path`'s key under `root` (both canonical): its components joined by `/`.
@@ -307,11 +349,9 @@ const PROBES: [&str; 8] = [
 ];
 
 /// The module that `spec`, imported from module `from`, names.
-fn resolve(files: &dyn Files, from: &str, spec: &str) -> Result<String, String> {
+fn resolve(files: &dyn Files, from: &str, spec: &str) -> Result<String, ImportError> {
     if !(spec.starts_with("./") || spec.starts_with("../")) {
-        return Err(format!(
-            "import '{spec}': a package import cannot be resolved (only relative imports inside the agents directory are; type-only imports are dropped)"
-        ));
+        return Err(ImportError::Package(spec.to_owned()));
     }
     let mut parts: Vec<&str> = from.split('/').collect();
     parts.pop();
@@ -320,7 +360,7 @@ fn resolve(files: &dyn Files, from: &str, spec: &str) -> Result<String, String> 
             "" | "." => {}
             ".." => {
                 if parts.pop().is_none() {
-                    return Err(format!("import '{spec}' leaves the agents directory"));
+                    return Err(ImportError::Climbs(spec.to_owned()));
                 }
             }
             p => parts.push(p),
@@ -338,13 +378,16 @@ fn resolve(files: &dyn Files, from: &str, spec: &str) -> Result<String, String> 
             match files.real(&key) {
                 Ok(Some(real)) => return Ok(real),
                 Ok(None) => {}
-                Err(why) => return Err(format!("import '{spec}' {why}")),
+                Err(why) => {
+                    return Err(ImportError::Refused {
+                        spec: spec.to_owned(),
+                        why,
+                    });
+                }
             }
         }
     }
-    Err(format!(
-        "import '{spec}': no such file in the agents directory"
-    ))
+    Err(ImportError::NoFile(spec.to_owned()))
 }
 
 #[cfg(test)]
@@ -421,6 +464,55 @@ mod tests {
         assert!(
             err.to_string().contains("import './nope': no such file"),
             "{err}"
+        );
+    }
+
+    /// The typed reasons (issue 35) print the words the text ones did.
+    #[test]
+    fn typed_load_errors_say_what_the_texts_said() {
+        assert_eq!(
+            ReadError::TooLarge(2_000_000).to_string(),
+            "is 2000000 bytes, more than the 1048576 an agent file may hold"
+        );
+        assert_eq!(
+            ReadError::NotStored.to_string(),
+            "is not among the stored files"
+        );
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        assert_eq!(ReadError::Io(io()).to_string(), "cannot be read: gone");
+        assert_eq!(
+            ImportError::Package("zod".into()).to_string(),
+            "import 'zod': a package import cannot be resolved (only relative imports inside the agents directory are; type-only imports are dropped)"
+        );
+        assert_eq!(
+            ImportError::Climbs("../x".into()).to_string(),
+            "import '../x' leaves the agents directory"
+        );
+        let refused = |why| ImportError::Refused {
+            spec: "./l".into(),
+            why,
+        };
+        assert_eq!(
+            refused(Refused::Outside).to_string(),
+            "import './l' leaves the agents directory"
+        );
+        assert_eq!(
+            refused(Refused::Unreadable(io())).to_string(),
+            "import './l' gone"
+        );
+        assert_eq!(
+            ImportError::NoFile("./nope".into()).to_string(),
+            "import './nope': no such file in the agents directory"
+        );
+        // Through the loader: a stored config without the imported file.
+        let files = BTreeMap::from([(
+            "a.ts".to_owned(),
+            "import { s } from './b'\nexport default { s }\n".to_owned(),
+        )]);
+        let err = bundle_from(Path::new("agents"), &files, "a.ts").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "agents/a.ts:1: import './b': no such file in the agents directory"
         );
     }
 }

@@ -152,6 +152,7 @@ impl From<arbor_supervisor::Error> for ApiError {
             | E::StoreIo { .. }
             | E::StoreWrite { .. }
             | E::StoreCorrupt { .. }
+            | E::StoreCorruptId { .. }
             | E::StorePoisoned(_)
             | E::Store(_) => ApiError::unavailable("the run store or runtime failed", error),
             _ => ApiError::unavailable("the run store or runtime failed", error),

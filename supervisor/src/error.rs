@@ -219,8 +219,19 @@ pub enum Error {
         /// The store's file.
         path: String,
         /// The tree whose records these are.
-        tree: String,
+        tree: arbor_actors::TreeId,
         /// What could not be read.
+        reason: String,
+    },
+    /// A stored row names its tree by a text that is no tree id (said as
+    /// [`Error::StoreCorrupt`] says it, with the text as stored).
+    #[error("{path}: tree {text}: {reason}")]
+    StoreCorruptId {
+        /// The store's file.
+        path: String,
+        /// The row's tree id, as stored.
+        text: String,
+        /// What could not be read (the id's problem among it).
         reason: String,
     },
     /// A lock of the store was poisoned by a panic while a write held it
@@ -249,7 +260,7 @@ pub enum Error {
     )]
     Fenced {
         /// The tree's id.
-        tree: String,
+        tree: arbor_actors::TreeId,
         /// The fencing epoch this process claimed the tree with.
         epoch: u64,
         /// The tree's epoch in the store now (the other process's claim).
@@ -339,7 +350,7 @@ mod tests {
             "the store already has a tree t1 (resume it with `arbor resume t1`, or choose another id)"
         );
         assert_eq!(
-            Error::TurnRunning { tree }.to_string(),
+            Error::TurnRunning { tree: tree.clone() }.to_string(),
             "tree t1 is running a turn (multitask = reject)"
         );
         assert_eq!(
@@ -349,6 +360,34 @@ mod tests {
         assert_eq!(
             Error::NoSuchId(IdError::Run("t1/x".into())).to_string(),
             "no run t1/x"
+        );
+        assert_eq!(
+            Error::Fenced {
+                tree: tree.clone(),
+                epoch: 1,
+                current: 2
+            }
+            .to_string(),
+            "tree t1 was taken over by another process (claim epoch 2; this process held 1): \
+             it stopped here and goes on there"
+        );
+        assert_eq!(
+            Error::StoreCorrupt {
+                path: "s.db".into(),
+                tree,
+                reason: "a segment is corrupt".into()
+            }
+            .to_string(),
+            "s.db: tree t1: a segment is corrupt"
+        );
+        assert_eq!(
+            Error::StoreCorruptId {
+                path: "s.db".into(),
+                text: "no such!".into(),
+                reason: "a control's tree id: bad".into()
+            }
+            .to_string(),
+            "s.db: tree no such!: a control's tree id: bad"
         );
     }
 }

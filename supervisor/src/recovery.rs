@@ -134,8 +134,8 @@ impl Recovery {
     }
 
     /// What the program run `run_id` recorded, if anything.
-    pub(crate) fn program_for(&self, run_id: &str) -> Option<ProgramRecord> {
-        self.programs.get(run_id).cloned()
+    pub(crate) fn program_for(&self, run_id: &RunId) -> Option<ProgramRecord> {
+        self.programs.get(&*run_id.to_string()).cloned()
     }
 
     /// Starts every program of a resumed tree that has not finished over

@@ -361,8 +361,7 @@ impl TreeHooks for TreeContext {
 
     fn store_ready(&self) -> Option<futures::future::BoxFuture<'static, ()>> {
         let health = self.store_health.as_ref()?;
-        (!health.ready_for(&self.tree_id))
-            .then(|| health.until_ready_for(self.tree_id.as_arc().clone()))
+        (!health.ready_for(&self.tree_id)).then(|| health.until_ready_for(self.tree_id.clone()))
     }
 
     fn recovering(&self) -> bool {
@@ -402,9 +401,7 @@ impl TreeHooks for TreeContext {
     }
 
     fn program_record(&self, run_id: &RunId) -> Option<arbor_actors::durable::ProgramRecord> {
-        self.recovery
-            .as_ref()
-            .and_then(|r| r.program_for(&run_id.to_string()))
+        self.recovery.as_ref().and_then(|r| r.program_for(run_id))
     }
 
     fn worktree_report(&self, run_id: &RunId) -> Option<arbor_actors::worktree::WorktreeReport> {

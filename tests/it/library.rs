@@ -115,7 +115,15 @@ async fn a_handed_over_tree(store: &std::path::Path, tree: &str) {
         })
         .await
         .unwrap();
-    assert_eq!(runtime.supervisor().release().await.unwrap(), [tree]);
+    let released: Vec<String> = runtime
+        .supervisor()
+        .release()
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(released, [tree]);
     run.cancel();
 }
 

@@ -11,7 +11,7 @@ use std::io::Write as _;
 use std::sync::{Arc, Weak};
 
 use arbor_actors::state::ToolDefinitions;
-use arbor_actors::{AgentState, Event, EventKind, History, Message, RunId};
+use arbor_actors::{AgentState, Event, EventKind, History, Message, RunId, TreeId};
 use serde::Serialize;
 
 use crate::store::journal::journal_body;
@@ -147,11 +147,15 @@ impl<'a> Encoder<'a> {
     /// batch holds the row or the write lock, so it cannot change
     /// meanwhile). A tree this store never claimed (written through the port
     /// directly) is not fenced.
-    pub(crate) fn holds<R: Rows>(&mut self, rows: &mut R, tree_id: &str) -> Result<bool, R::Error> {
-        if let Some(held) = self.held.get(tree_id) {
+    pub(crate) fn holds<R: Rows>(
+        &mut self,
+        rows: &mut R,
+        tree_id: &TreeId,
+    ) -> Result<bool, R::Error> {
+        if let Some(held) = self.held.get(tree_id.as_str()) {
             return Ok(*held);
         }
-        let tree: Arc<str> = Arc::from(tree_id);
+        let tree: Arc<str> = tree_id.as_arc().clone();
         let Some(epoch) = self.epoch(tree_id) else {
             self.held.insert(tree, true);
             return Ok(true);
@@ -161,7 +165,7 @@ impl<'a> Encoder<'a> {
             row => {
                 let (current, owner) = row.unwrap_or((0, String::new()));
                 self.fenced.push(Fenced {
-                    tree_id: tree_id.to_owned(),
+                    tree_id: tree_id.clone(),
                     epoch,
                     current,
                     owner,
@@ -178,11 +182,11 @@ impl<'a> Encoder<'a> {
     pub(crate) fn tree_written<R: Rows>(
         &mut self,
         rows: &mut R,
-        tree_id: &str,
+        tree_id: &TreeId,
         root_run_id: &str,
         claimed: Option<u64>,
     ) -> Result<(), R::Error> {
-        let id: Arc<str> = Arc::from(tree_id);
+        let id: Arc<str> = tree_id.as_arc().clone();
         self.held.remove(&id);
         match claimed {
             Some(epoch) => {
@@ -194,7 +198,7 @@ impl<'a> Encoder<'a> {
             None => {
                 let holding = self.holding(tree_id);
                 self.claimed.insert(id.clone(), holding.max(0) as u64);
-                self.holds(rows, &id)?;
+                self.holds(rows, tree_id)?;
                 debug_assert!(!self.held[&id]);
             }
         }
@@ -205,7 +209,7 @@ impl<'a> Encoder<'a> {
     pub(crate) fn known<R: Rows>(
         &mut self,
         rows: &mut R,
-        tree_id: &str,
+        tree_id: &TreeId,
         messages: &[(Arc<Message>, u64)],
         calls: &[(String, u32)],
         runs: &[String],
@@ -213,7 +217,7 @@ impl<'a> Encoder<'a> {
         if !self.holds(rows, tree_id)? {
             return Ok(());
         }
-        let tree = Self::tree(self.cache, rows, &Arc::from(tree_id))?;
+        let tree = Self::tree(self.cache, rows, tree_id.as_arc())?;
         for (message, id) in messages {
             let key = Arc::as_ptr(message) as usize;
             tree.messages.insert(key, (Arc::downgrade(message), *id));

@@ -109,16 +109,16 @@ pub enum Write {
     /// An event of a tree, in the tree's `seq` order.
     Event(Arc<Event>),
     /// These trees are still being run by this process.
-    Heartbeat(Vec<String>),
+    Heartbeat(Vec<TreeId>),
     /// This process stops running these trees (it is shutting down): they are
     /// marked interrupted at once, for the next process to resume, and nothing
     /// more is written for them.
-    Release(Vec<String>),
+    Release(Vec<TreeId>),
     /// What a resumed tree's store already holds: messages by their ids, and
     /// the model calls recorded, so neither is written (or counted) again.
     Known {
         /// The resumed tree.
-        tree_id: String,
+        tree_id: TreeId,
         /// Messages the store holds, each with its id there.
         messages: Vec<(Arc<Message>, u64)>,
         /// The model calls recorded, by run id and step.
@@ -144,7 +144,7 @@ pub struct TreeFilter {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fenced {
     /// The tree taken over.
-    pub tree_id: String,
+    pub tree_id: TreeId,
     /// The epoch this process claimed the tree with.
     pub epoch: u64,
     /// The tree's epoch in the store now (its new owner's claim).

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use arbor_actors::TreeId;
 use serde_json::Value;
 
 use crate::error::Error;
@@ -244,18 +245,24 @@ impl RecordTexts {
 }
 
 /// The controls taken from the inbox (id, tree, body as stored), oldest
-/// first; `bad` names the tree whose control is not JSON.
+/// first; a control that is not JSON, or whose tree id is none, is the
+/// store's (at `path`) corruption, named.
 pub(crate) fn controls(
     taken: impl IntoIterator<Item = (u64, String, String)>,
-    bad: impl Fn(&str) -> Box<dyn Fn(String) -> Error>,
+    path: &str,
 ) -> Result<Vec<Control>, Error> {
     let mut out = Vec::new();
-    for (id, tree_id, body) in taken {
-        let body: Value = serde_json::from_str(&body)
-            .map_err(|e| bad(&tree_id)(format!("a control is not JSON: {e}")))?;
-        let tree_id = tree_id
-            .parse()
-            .map_err(|e| bad(&tree_id)(format!("a control's tree id: {e}")))?;
+    for (id, text, body) in taken {
+        let tree_id: TreeId = text.parse().map_err(|e| Error::StoreCorruptId {
+            path: path.to_owned(),
+            text: text.clone(),
+            reason: format!("a control's tree id: {e}"),
+        })?;
+        let body: Value = serde_json::from_str(&body).map_err(|e| Error::StoreCorrupt {
+            path: path.to_owned(),
+            tree: tree_id.clone(),
+            reason: format!("a control is not JSON: {e}"),
+        })?;
         out.push(Control { id, tree_id, body });
     }
     out.sort_by_key(|c| c.id);

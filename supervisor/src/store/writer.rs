@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arbor_actors::sync::LockExt;
+use arbor_actors::{RunId, TreeId};
 use futures::future::BoxFuture;
 use tokio::sync::{Notify, oneshot};
 
@@ -97,7 +98,7 @@ pub(crate) struct WriterHealth {
     /// Trees another process claimed after this one (the writer's record,
     /// set before the write that found it counts as written): they are
     /// never ready here, whatever the store does.
-    fenced: Arc<Mutex<HashMap<String, Fenced>>>,
+    fenced: Arc<Mutex<HashMap<TreeId, Fenced>>>,
 }
 
 impl WriterHealth {
@@ -158,20 +159,20 @@ impl WriterHealth {
     /// the tree after this one. The write that finds the fence goes through
     /// (for the other trees) and so opens the gate; this tree's agents stay
     /// held, to be stopped, rather than send one more request.
-    pub(crate) fn ready_for(&self, tree_id: &str) -> bool {
+    pub(crate) fn ready_for(&self, tree_id: &TreeId) -> bool {
         self.ready() && !self.fenced.locked().contains_key(tree_id)
     }
 
     /// Waits until `ready_for(tree_id)`; for a tree fenced out, for ever
     /// (its agents are stopped meanwhile).
-    pub(crate) fn until_ready_for(self: &Arc<Self>, tree_id: Arc<str>) -> BoxFuture<'static, ()> {
+    pub(crate) fn until_ready_for(self: &Arc<Self>, tree_id: TreeId) -> BoxFuture<'static, ()> {
         let health = self.clone();
         Box::pin(async move {
             loop {
                 let written = health.written.notified();
                 tokio::pin!(written);
                 written.as_mut().enable();
-                if health.fenced.locked().contains_key(&*tree_id) {
+                if health.fenced.locked().contains_key(&tree_id) {
                     return std::future::pending().await;
                 }
                 if health.ready() {
@@ -234,7 +235,7 @@ pub(crate) struct StoreWriter {
     tx: Option<mpsc::SyncSender<Msg>>,
     failure: Arc<Mutex<Option<String>>>,
     /// Trees another process took over: nothing more is written for them.
-    fenced: Arc<Mutex<HashMap<String, Fenced>>>,
+    fenced: Arc<Mutex<HashMap<TreeId, Fenced>>>,
     health: Arc<WriterHealth>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -335,7 +336,7 @@ impl StoreWriter {
 
     /// Whether another process took this tree over (then this one must not
     /// run it): the claim it holds now, if so.
-    pub(crate) fn fenced(&self, tree_id: &str) -> Option<Fenced> {
+    pub(crate) fn fenced(&self, tree_id: &TreeId) -> Option<Fenced> {
         self.fenced.locked().get(tree_id).cloned()
     }
 
@@ -373,13 +374,13 @@ struct Loop {
     store: Arc<dyn Store>,
     failure: Arc<Mutex<Option<String>>>,
     on_failure: std::rc::Rc<Box<dyn Fn(String) + Send>>,
-    fenced: Arc<Mutex<HashMap<String, Fenced>>>,
+    fenced: Arc<Mutex<HashMap<TreeId, Fenced>>>,
     on_fenced: Box<dyn Fn(Fenced) + Send>,
     health: Arc<WriterHealth>,
     /// Trees this process runs, by root run id, so their heartbeat stays fresh.
-    owned: HashMap<String, String>,
+    owned: HashMap<RunId, TreeId>,
     /// Trees this process handed over: their later events are not recorded.
-    released: HashSet<String>,
+    released: HashSet<TreeId>,
 }
 
 /// How a batch ended.
@@ -477,7 +478,7 @@ impl Loop {
         let mut write = match write {
             // Once released, a tree's later events are not recorded: the
             // next process resumes it from what was stored until then.
-            Write::Event(event) if self.released.contains(&*event.tree_id) => return None,
+            Write::Event(event) if self.released.contains(&event.tree_id) => return None,
             // Nor those of a tree another process took over.
             Write::Event(event) if self.is_fenced(&event.tree_id) => return None,
             Write::Known { tree_id, .. } if self.is_fenced(&tree_id) => return None,
@@ -489,13 +490,13 @@ impl Loop {
                 self.fenced.locked().remove(tree.tree_id.as_str());
                 self.released.remove(tree.tree_id.as_str());
                 self.owned
-                    .insert(tree.root_run_id.to_string(), tree.tree_id.to_string());
+                    .insert(tree.root_run_id.clone(), tree.tree_id.clone());
             }
             // Only a root's end releases what the tree owned.
             Write::Event(event)
                 if event.kind.final_state().is_some() && event.run_id.path().len() == 1 =>
             {
-                self.owned.remove(&event.run_id.to_string());
+                self.owned.remove(&event.run_id);
             }
             Write::Release(trees) => {
                 trees.retain(|tree| !self.is_fenced(tree));
@@ -574,7 +575,7 @@ impl Loop {
     /// process then adopts them at once) and stopped here, and the writer
     /// reports the failure.
     fn give_up(&mut self, batch: &mut Vec<Write>, reason: &str, down_for: Duration) {
-        let trees: Vec<String> = self.owned.values().cloned().collect();
+        let trees: Vec<TreeId> = self.owned.values().cloned().collect();
         self.owned.clear();
         self.released.extend(trees.iter().cloned());
         if !trees.is_empty() {
@@ -624,7 +625,7 @@ mod tests {
 
     use arbor_actors::sync::LockExt as _;
 
-    use super::{StoreDown, WriterHealth};
+    use super::{StoreDown, TreeId, WriterHealth};
 
     /// A process whose last write is older than half the lease (it was
     /// stopped, or its store was down) takes no new step until it writes
@@ -663,24 +664,25 @@ mod tests {
     #[tokio::test]
     async fn a_fenced_tree_is_never_ready_again() {
         let health = WriterHealth::new(5_000, Duration::from_secs(60));
+        let (t, u): (TreeId, TreeId) = ("t".parse().unwrap(), "u".parse().unwrap());
         health.wrote(health.now_ms());
-        assert!(health.ready_for("t") && health.ready_for("u"));
+        assert!(health.ready_for(&t) && health.ready_for(&u));
         health.fenced.locked().insert(
-            "t".into(),
+            t.clone(),
             super::Fenced {
-                tree_id: "t".into(),
+                tree_id: t.clone(),
                 epoch: 1,
                 current: 2,
                 owner: "elsewhere:1".into(),
             },
         );
         health.wrote(health.now_ms());
-        assert!(!health.ready_for("t"), "fenced");
-        assert!(health.ready_for("u"));
-        let held = health.until_ready_for("t".into());
+        assert!(!health.ready_for(&t), "fenced");
+        assert!(health.ready_for(&u));
+        let held = health.until_ready_for(t);
         let waited = tokio::time::timeout(Duration::from_millis(50), held).await;
         assert!(waited.is_err(), "a fenced tree's agent is let go");
-        let free = health.until_ready_for("u".into());
+        let free = health.until_ready_for(u);
         tokio::time::timeout(Duration::from_secs(5), free)
             .await
             .expect("another tree's agent goes on");

@@ -171,7 +171,7 @@ impl Supervisor {
             self.registry.record(state);
         }
         writer.send(Write::Known {
-            tree_id: tree_id.to_string(),
+            tree_id: tree_id.clone(),
             messages: std::mem::take(&mut recovery.message_ids),
             calls: recovery.replies.keys().cloned().collect(),
             runs: std::mem::take(&mut recovery.runs),

@@ -331,7 +331,7 @@ impl Supervisor {
                 FailureKind::Store,
                 reason,
             ))));
-        } else if let Some(fenced) = self.store.as_ref().and_then(|(_, w)| w.fenced(&tree_id)) {
+        } else if let Some(fenced) = self.store.as_ref().and_then(|(_, w)| w.fenced(&tree)) {
             let reason = Error::from(fenced).to_string();
             let _ = root.cast(AgentMsg::Cancel(CancelReason::Failed(Failure::new(
                 FailureKind::Store,

@@ -173,15 +173,11 @@ impl Supervisor {
     /// interrupted (a new process resumes them at once, without waiting for
     /// this one's heartbeat to go stale) and records nothing more of them.
     /// Returns the trees handed over.
-    pub async fn release(&self) -> Result<Vec<String>, Error> {
+    pub async fn release(&self) -> Result<Vec<TreeId>, Error> {
         let Some((_, writer)) = &self.store else {
             return Ok(Vec::new());
         };
-        let trees: Vec<String> = self
-            .contexts()
-            .iter()
-            .map(|c| c.tree_id.to_string())
-            .collect();
+        let trees: Vec<TreeId> = self.contexts().iter().map(|c| c.tree_id.clone()).collect();
         writer.flush().await?;
         writer.send(Write::Release(trees.clone()));
         writer.flush().await?;

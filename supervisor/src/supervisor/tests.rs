@@ -101,7 +101,13 @@ async fn a_tree_another_process_took_over_stops_here_and_the_others_go_on() {
     assert_eq!(stopped.state.status, AgentStatus::Failed);
     let why = stopped.state.error_message().unwrap_or_default().to_owned();
     assert!(why.contains("taken over by another process"), "{why}");
-    let fenced = sup.store.as_ref().unwrap().1.fenced("t").unwrap();
+    let fenced = sup
+        .store
+        .as_ref()
+        .unwrap()
+        .1
+        .fenced(&"t".parse().unwrap())
+        .unwrap();
     assert_eq!((fenced.epoch, fenced.current), (1, 2));
     open.send(true).unwrap();
     let done = tokio::time::timeout(GUARD, u.wait())

@@ -368,6 +368,7 @@ impl Supervisor {
                         | Error::TreeConfig(_)
                         | Error::NotResumable { .. }
                         | Error::StoreCorrupt { .. }
+                        | Error::StoreCorruptId { .. }
                 );
                 tracing::warn!(tree = %tree_id, run = %turn.run_id(), %error, dropped = never, "a queued turn could not start");
                 let (id, reason, queued) = (

@@ -196,7 +196,7 @@ fn a_pending_approval_survives_a_restart_and_the_tree_replays() {
         let handle = start(&sup, "lead", "go").await;
         wait_for(&mut rx, &mut seen, asked).await;
         sup.flush().await.unwrap();
-        assert_eq!(sup.release().await.unwrap(), vec!["t".to_owned()]);
+        assert_eq!(sup.release().await.unwrap(), vec![as_tree("t")]);
         handle.cancel();
         let _ = tokio::time::timeout(GUARD, handle.wait()).await;
     });
@@ -407,7 +407,7 @@ fn a_pending_approval_keeps_its_age_across_a_restart() {
         wait_for(&mut rx, &mut seen, asked).await;
         let first = sup.approvals(Some(&as_tree("t")))[0].requested_ms;
         sup.flush().await.unwrap();
-        assert_eq!(sup.release().await.unwrap(), vec!["t".to_owned()]);
+        assert_eq!(sup.release().await.unwrap(), vec![as_tree("t")]);
         handle.cancel();
         let _ = tokio::time::timeout(GUARD, handle.wait()).await;
         first

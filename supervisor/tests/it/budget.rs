@@ -166,7 +166,7 @@ fn a_paused_tree_survives_a_restart_paused_and_keeps_its_raised_budget() {
         })
         .await;
         sup.flush().await.unwrap();
-        assert_eq!(sup.release().await.unwrap(), vec!["t".to_owned()]);
+        assert_eq!(sup.release().await.unwrap(), vec![as_tree("t")]);
         handle.cancel();
         let _ = tokio::time::timeout(GUARD, handle.wait()).await;
     });

@@ -459,7 +459,7 @@ fn the_journal_past_a_seq_is_exactly_the_entries_after_it(backend) {
     // A segment per batch: 1-2, 3, 4-6, a heartbeat's none, 1048583 (a resume's jump).
     store.write(&[step("t", 3)]).unwrap();
     store.write(&[step("t", 4), step("t", 5), step("t", 6)]).unwrap();
-    store.write(&[Write::Heartbeat(vec!["t".into()])]).unwrap();
+    store.write(&[Write::Heartbeat(vec![as_tree("t")])]).unwrap();
     store.write(&[step("t", 1_048_583)]).unwrap();
     let all: Vec<u64> = store.events(&as_tree("t"), 0).unwrap().iter().map(|e| e.seq).collect();
     assert_eq!(all, vec![1, 2, 3, 4, 5, 6, 1_048_583]);
@@ -518,7 +518,7 @@ async fn released_trees_are_interrupted_at_once_and_recorded_no_more(backend) {
         offset: 0,
     };
     assert!(store.trees(&interrupted).unwrap().is_empty());
-    assert_eq!(sup.release().await.unwrap(), vec!["t".to_owned()]);
+    assert_eq!(sup.release().await.unwrap(), vec![as_tree("t")]);
     let listed = store.trees(&interrupted).unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].tree_id, "t");
@@ -564,7 +564,7 @@ fn a_tree_released_in_a_batch_with_its_events_stays_interrupted(backend) {
         }))])
         .unwrap();
     store
-        .write(&[event(1), Write::Release(vec!["t".into()]), event(2)])
+        .write(&[event(1), Write::Release(vec![as_tree("t")]), event(2)])
         .unwrap();
     let interrupted = TreeFilter {
         status: Some(arbor_supervisor::TreeStatus::Interrupted),
@@ -578,7 +578,7 @@ fn a_tree_released_in_a_batch_with_its_events_stays_interrupted(backend) {
         "the released tree is not listed as interrupted"
     );
     // A later heartbeat does not take it back either.
-    store.write(&[Write::Heartbeat(vec!["t".into()])]).unwrap();
+    store.write(&[Write::Heartbeat(vec![as_tree("t")])]).unwrap();
     assert_eq!(store.trees(&interrupted).unwrap().len(), 1);
 }
 }
@@ -653,7 +653,7 @@ both_backends! {
             .write(&[
                 step("t", 2),
                 step("u", 2),
-                Write::Heartbeat(vec!["t".into(), "u".into()]),
+                Write::Heartbeat(vec![as_tree("t"), as_tree("u")]),
             ])
             .unwrap();
         assert_eq!(fenced.len(), 1, "{fenced:?}");
@@ -669,7 +669,7 @@ both_backends! {
         assert_eq!(row.heartbeat_ms, owner.heartbeat_ms, "the old owner's heartbeat landed");
         // Still refused later, and a release does not undo the new claim.
         let again = old
-            .write(&[step("t", 3), Write::Release(vec!["t".into()])])
+            .write(&[step("t", 3), Write::Release(vec![as_tree("t")])])
             .unwrap();
         assert_eq!(again.len(), 1);
         assert_eq!(segments(&*new, "t"), vec![1]);
@@ -1176,10 +1176,12 @@ fn a_wake_up_arrives_after_a_batch_commits() {
         }
     );
     // A heartbeat alone wakes nobody.
-    writer.write(&[Write::Heartbeat(vec!["t".into()])]).unwrap();
+    writer
+        .write(&[Write::Heartbeat(vec![as_tree("t")])])
+        .unwrap();
     assert!(wakes.recv_timeout(Duration::from_millis(300)).is_err());
     // A release (a shutdown's hand-over) wakes the adopters.
-    writer.write(&[Write::Release(vec!["t".into()])]).unwrap();
+    writer.write(&[Write::Release(vec![as_tree("t")])]).unwrap();
     let wake = wakes.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(wake, Wake::Released { trees: 1 });
     // SQLite has none: its followers poll.

@@ -204,7 +204,29 @@ enum Entry {
     Tool(String),
 }
 
-fn entry(name: &str, ctx: &Context<'_>) -> Result<Entry, String> {
+/// Why a tool entry has no Arbor counterpart (each names the entry).
+#[derive(Debug, thiserror::Error)]
+enum BadEntry {
+    /// `mcp__` without a server.
+    #[error(
+        "{0:?} is not an MCP tool's name (mcp__SERVER__TOOL, or mcp__SERVER for all its tools)"
+    )]
+    NotMcp(String),
+    /// A permission rule: a tool with arguments (the entry, the tool).
+    #[error(
+        "{0:?} is a Claude Code permission rule (a tool with arguments), which Arbor has no \
+         counterpart of here: list the tool ({1}) and use [policy] or hooks to narrow it"
+    )]
+    Rule(String, String),
+    /// A Claude Code tool Arbor does not have (the entry, Arbor's tools).
+    #[error(
+        "{0:?} is a Claude Code tool Arbor has no counterpart of (it has {1}, and Agent to \
+         spawn): remove it, or configure a [tools.{0}] command tool"
+    )]
+    NotInArbor(String, String),
+}
+
+fn entry(name: &str, ctx: &Context<'_>) -> Result<Entry, BadEntry> {
     if let Some(inner) = name
         .strip_prefix("Agent(")
         .or_else(|| name.strip_prefix("Task("))
@@ -226,22 +248,16 @@ fn entry(name: &str, ctx: &Context<'_>) -> Result<Entry, String> {
                 Ok(Entry::Tool(format!("{server}/{tool}")))
             }
             None if !rest.is_empty() => Ok(Entry::Tool(format!("{rest}/*"))),
-            _ => Err(format!(
-                "{name:?} is not an MCP tool's name (mcp__SERVER__TOOL, or mcp__SERVER for all its tools)"
-            )),
+            _ => Err(BadEntry::NotMcp(name.to_owned())),
         };
     }
     if let Some((tool, _)) = name.split_once('(') {
-        return Err(format!(
-            "{name:?} is a Claude Code permission rule (a tool with arguments), which Arbor has no \
-             counterpart of here: list the tool ({tool}) and use [policy] or hooks to narrow it"
-        ));
+        return Err(BadEntry::Rule(name.to_owned(), tool.to_owned()));
     }
     if NOT_IN_ARBOR.contains(&name) && !ctx.command_tools.iter().any(|t| t == name) {
-        return Err(format!(
-            "{name:?} is a Claude Code tool Arbor has no counterpart of (it has {}, and Agent to \
-             spawn): remove it, or configure a [tools.{name}] command tool",
-            workspace_names().join(", ")
+        return Err(BadEntry::NotInArbor(
+            name.to_owned(),
+            workspace_names().join(", "),
         ));
     }
     Ok(Entry::Tool(name.to_owned()))
@@ -358,7 +374,7 @@ pub(super) fn map(
                             tools.push(t);
                         }
                     }
-                    Err(why) => out.at(line, "tools", why),
+                    Err(why) => out.at(line, "tools", why.to_string()),
                 }
             }
         }
@@ -462,7 +478,7 @@ pub(super) fn map(
                         tools.retain(|x| *x != t);
                     }
                 }
-                Err(why) => out.at(line, "disallowedTools", why),
+                Err(why) => out.at(line, "disallowedTools", why.to_string()),
             }
         }
     }

@@ -392,7 +392,7 @@ pub(super) fn map(
                 options.insert("reasoning".into(), r);
             }
             Ok(None) => {}
-            Err(why) => out.at(line, "reasoningOptions", why),
+            Err(why) => out.at(line, "reasoningOptions", why.to_string()),
         }
     }
     if let Some(value) = fields.get("providerOptions") {
@@ -451,22 +451,37 @@ pub(super) fn map(
     })
 }
 
+/// What is wrong with `reasoningOptions`.
+#[derive(Debug, thiserror::Error)]
+enum BadReasoning {
+    /// Not an object (the value).
+    #[error("must be an object ({{ effort }} or {{ max_tokens }}), not {0}")]
+    NotObject(Value),
+    /// A key it does not take.
+    #[error("unknown key `{0}` (enabled, exclude, effort, max_tokens)")]
+    UnknownKey(String),
+    /// `exclude: true`.
+    #[error(
+        "exclude: true is not supported: Arbor keeps the model's reasoning in the history (remove it)"
+    )]
+    Exclude,
+    /// An effort that is none of the known ones.
+    #[error("effort {0:?}: minimal, low, medium, high or none")]
+    Effort(String),
+}
+
 /// `reasoningOptions` as `model_options.reasoning` (`None`: no options).
-fn reasoning(value: &Value) -> Result<Option<Value>, String> {
+fn reasoning(value: &Value) -> Result<Option<Value>, BadReasoning> {
     let Some(fields) = value.as_object() else {
-        return Err(format!(
-            "must be an object ({{ effort }} or {{ max_tokens }}), not {value}"
-        ));
+        return Err(BadReasoning::NotObject(value.clone()));
     };
     for key in fields.keys() {
         if !["enabled", "exclude", "effort", "max_tokens"].contains(&key.as_str()) {
-            return Err(format!(
-                "unknown key `{key}` (enabled, exclude, effort, max_tokens)"
-            ));
+            return Err(BadReasoning::UnknownKey(key.clone()));
         }
     }
     if fields.get("exclude") == Some(&Value::Bool(true)) {
-        return Err("exclude: true is not supported: Arbor keeps the model's reasoning in the history (remove it)".into());
+        return Err(BadReasoning::Exclude);
     }
     if fields.get("enabled") == Some(&Value::Bool(false)) {
         return Ok(None);
@@ -477,11 +492,7 @@ fn reasoning(value: &Value) -> Result<Option<Value>, String> {
         Some(effort @ ("minimal" | "low" | "medium" | "high")) => {
             out.insert("effort".into(), json!(effort));
         }
-        Some(other) => {
-            return Err(format!(
-                "effort {other:?}: minimal, low, medium, high or none"
-            ));
-        }
+        Some(other) => return Err(BadReasoning::Effort(other.to_owned())),
     }
     if let Some(tokens) = fields.get("max_tokens") {
         out.insert("budget_tokens".into(), tokens.clone());

@@ -395,7 +395,7 @@ pub(super) fn load(
     for (path, m) in &unique {
         match all
             .remove(&m.id)
-            .unwrap_or_else(|| Err(format!("no agent {:?}", m.id)))
+            .unwrap_or_else(|| Err(models::NoModel::NoAgent(m.id.clone())))
         {
             Ok(model) => resolved.push(Some(model)),
             Err(why) => {
@@ -403,7 +403,7 @@ pub(super) fn load(
                     file: Some(path.clone()),
                     line: Some(m.model.line()),
                     key: "model".into(),
-                    message: why,
+                    message: why.to_string(),
                 });
                 broken.insert(format!("agents.{}", m.id));
                 resolved.push(None);

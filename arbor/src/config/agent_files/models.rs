@@ -6,6 +6,52 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::super::{ConfigFile, ModelSection};
 use super::{Mapped, ModelChoice};
 
+/// Why a loaded agent has no model to run on.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum NoModel {
+    /// An `inherit` agent nothing spawns, and no model a root runs on (the
+    /// agent, the configured models).
+    #[error(
+        "inherit (also what no model means): agent {0:?} is spawned by no agent, so it \
+         has no parent's model to take: set [model_aliases] inherit = \"<a [models] entry>\" (the model such \
+         a root runs on), or name its model (configured: {1})"
+    )]
+    Root(String, String),
+    /// An `inherit` agent whose spawners have no model to give (the agent,
+    /// its spawners).
+    #[error(
+        "inherit (also what no model means): agent {0:?} takes the model of the \
+         agents that spawn it ({1}), and none of them has one to give: name its \
+         model, or set [model_aliases] inherit = \"<a [models] entry>\""
+    )]
+    NoneToGive(String, String),
+    /// An `inherit` agent whose spawners run on different models (the
+    /// agent, each spawner with its models).
+    #[error(
+        "inherit: agent {0:?} is spawned by agents on different models ({1}), and \
+         Arbor picks an inherited model when the config is read: name its model \
+         (model: sonnet, with [model_aliases])"
+    )]
+    Different(String, String),
+    /// A Claude Code alias with no `[model_aliases]` entry (the alias, the
+    /// configured models).
+    #[error(
+        "{0:?} is a Claude Code alias: say which [models] entry it is with \
+         [model_aliases] {0} = \"<a [models] entry>\" (configured: {1})"
+    )]
+    ClaudeAlias(String, String),
+    /// A name that is no alias, entry nor model id (the name, the
+    /// configured models).
+    #[error(
+        "{0:?} is not a [model_aliases] key, a [models] entry, nor the model id of one \
+         (configured: {1}): add [model_aliases] \"{0}\" = \"<a [models] entry>\""
+    )]
+    Unknown(String, String),
+    /// An agent the loader asked about that is not loaded.
+    #[error("no agent {0:?}")]
+    NoAgent(String),
+}
+
 /// The model each loaded agent runs on.
 pub(super) struct Models<'a> {
     pub(super) file: &'a ConfigFile,
@@ -21,8 +67,8 @@ impl Models<'_> {
     /// from its spawners' until nothing changes (a cycle included); an
     /// inheriting agent that nothing spawns, or whose spawners have no
     /// model to give, runs as a root does.
-    pub(super) fn resolve_all(&self) -> BTreeMap<String, Result<String, String>> {
-        let mut out: BTreeMap<String, Result<String, String>> = BTreeMap::new();
+    pub(super) fn resolve_all(&self) -> BTreeMap<String, Result<String, NoModel>> {
+        let mut out: BTreeMap<String, Result<String, NoModel>> = BTreeMap::new();
         let mut sets: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
         for (name, agent) in &self.file.agents {
             sets.insert(name, BTreeSet::from([agent.model.clone()]));
@@ -88,17 +134,13 @@ impl Models<'_> {
                 1 => Ok(models.into_iter().next().unwrap_or_default()),
                 0 if from.is_empty() => self.root_model(id),
                 0 => self.root_model(id).map_err(|_| {
-                    format!(
-                        "inherit (also what no model means): agent {id:?} takes the model of the \
-                         agents that spawn it ({}), and none of them has one to give: name its \
-                         model, or set [model_aliases] inherit = \"<a [models] entry>\"",
-                        from.into_iter().collect::<Vec<_>>().join(", ")
+                    NoModel::NoneToGive(
+                        id.to_owned(),
+                        from.into_iter().collect::<Vec<_>>().join(", "),
                     )
                 }),
-                _ => Err(format!(
-                    "inherit: agent {id:?} is spawned by agents on different models ({}), and \
-                     Arbor picks an inherited model when the config is read: name its model \
-                     (model: sonnet, with [model_aliases])",
+                _ => Err(NoModel::Different(
+                    id.to_owned(),
                     from.iter()
                         .map(|s| {
                             let on: Vec<String> = sets
@@ -108,7 +150,7 @@ impl Models<'_> {
                             format!("{s} on {}", on.join(" or "))
                         })
                         .collect::<Vec<_>>()
-                        .join("; ")
+                        .join("; "),
                 )),
             };
             out.insert(id.to_owned(), result);
@@ -118,7 +160,7 @@ impl Models<'_> {
 
     /// An `inherit` agent nothing spawns runs as a root: on
     /// `[model_aliases] inherit`, else on the config's only model.
-    fn root_model(&self, id: &str) -> Result<String, String> {
+    fn root_model(&self, id: &str) -> Result<String, NoModel> {
         if let Some(model) = self.file.model_aliases.get("inherit") {
             return Ok(model.clone());
         }
@@ -126,17 +168,12 @@ impl Models<'_> {
         if let (Some(only), None) = (configured.next(), configured.next()) {
             return Ok(only.clone());
         }
-        Err(format!(
-            "inherit (also what no model means): agent {id:?} is spawned by no agent, so it \
-             has no parent's model to take: set [model_aliases] inherit = \"<a [models] entry>\" (the model such \
-             a root runs on), or name its model (configured: {})",
-            self.configured()
-        ))
+        Err(NoModel::Root(id.to_owned(), self.configured()))
     }
 
     /// A named model: a `[model_aliases]` key, a `[models]` entry, or the
     /// model id of one `openai` or `anthropic` entry.
-    fn named(&self, name: &str) -> Result<String, String> {
+    fn named(&self, name: &str) -> Result<String, NoModel> {
         if let Some(model) = self.file.model_aliases.get(name) {
             return Ok(model.clone());
         }
@@ -151,17 +188,9 @@ impl Models<'_> {
             return Ok(entry.clone());
         }
         if ["sonnet", "opus", "haiku"].contains(&name) {
-            return Err(format!(
-                "{name:?} is a Claude Code alias: say which [models] entry it is with \
-                 [model_aliases] {name} = \"<a [models] entry>\" (configured: {})",
-                self.configured()
-            ));
+            return Err(NoModel::ClaudeAlias(name.to_owned(), self.configured()));
         }
-        Err(format!(
-            "{name:?} is not a [model_aliases] key, a [models] entry, nor the model id of one \
-             (configured: {}): add [model_aliases] \"{name}\" = \"<a [models] entry>\"",
-            self.configured()
-        ))
+        Err(NoModel::Unknown(name.to_owned(), self.configured()))
     }
 
     fn configured(&self) -> String {

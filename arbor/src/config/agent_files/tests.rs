@@ -320,6 +320,118 @@ fn model_aliases_are_configured_or_refused_naming_the_table() {
     );
 }
 
+/// The typed reasons of a refused tool entry or model (issue 35) print
+/// the words the text ones did, whole.
+#[test]
+fn refused_tools_and_models_read_word_for_word() {
+    let err = refused(SIM, "name: a\ndescription: b\ntools: Bash(git diff:*)\n");
+    assert!(
+        err.contains(
+            "x.md:4: tools: \"Bash(git diff:*)\" is a Claude Code permission rule (a tool with \
+             arguments), which Arbor has no counterpart of here: list the tool (Bash) and use \
+             [policy] or hooks to narrow it"
+        ),
+        "{err}"
+    );
+    let err = refused(SIM, "name: a\ndescription: b\ntools: mcp__\n");
+    assert!(
+        err.contains(
+            "x.md:4: tools: \"mcp__\" is not an MCP tool's name (mcp__SERVER__TOOL, or \
+             mcp__SERVER for all its tools)"
+        ),
+        "{err}"
+    );
+    let err = refused(SIM, "name: a\ndescription: b\ntools: WebFetch\n");
+    assert!(
+        err.contains(
+            "x.md:4: tools: \"WebFetch\" is a Claude Code tool Arbor has no counterpart of (it has "
+        ) && err.contains(
+            ", and Agent to spawn): remove it, or configure a [tools.WebFetch] command tool"
+        ),
+        "{err}"
+    );
+    let two = "[models.sim]\nprovider = \"simulated\"\n[models.big]\nprovider = \"simulated\"\n";
+    let err = refused(two, "name: a\ndescription: b\nmodel: sonnet\n");
+    assert!(
+        err.contains(
+            "x.md:4: model: \"sonnet\" is a Claude Code alias: say which [models] entry it is \
+             with [model_aliases] sonnet = \"<a [models] entry>\" (configured: big, sim)"
+        ),
+        "{err}"
+    );
+    let err = refused(two, "name: a\ndescription: b\nmodel: gpt-9\n");
+    assert!(
+        err.contains(
+            "x.md:4: model: \"gpt-9\" is not a [model_aliases] key, a [models] entry, nor the \
+             model id of one (configured: big, sim): add [model_aliases] \"gpt-9\" = \"<a [models] entry>\""
+        ),
+        "{err}"
+    );
+    let err = refused(two, "name: a\ndescription: b\n");
+    assert!(
+        err.contains(
+            "model: inherit (also what no model means): agent \"a\" is spawned by no agent, so \
+             it has no parent's model to take: set [model_aliases] inherit = \"<a [models] \
+             entry>\" (the model such a root runs on), or name its model (configured: big, sim)"
+        ),
+        "{err}"
+    );
+    let parents = format!(
+        "{two}[agents.p]\nmodel = \"sim\"\nspawnable_agents = [\"a\"]\n[agents.q]\nmodel = \"big\"\nspawnable_agents = [\"a\"]\n"
+    );
+    let err = refused(&parents, "name: a\ndescription: b\nmodel: inherit\n");
+    assert!(
+        err.contains(
+            "x.md:4: model: inherit: agent \"a\" is spawned by agents on different models (p on \
+             \"sim\"; q on \"big\"), and Arbor picks an inherited model when the config is read: \
+             name its model (model: sonnet, with [model_aliases])"
+        ),
+        "{err}"
+    );
+}
+
+/// A Codebuff file's refused `reasoningOptions` (typed, issue 35) reads
+/// as it always did.
+#[test]
+#[cfg(feature = "programs")] // a Codebuff file needs the JavaScript engine
+fn refused_reasoning_options_read_word_for_word() {
+    let refused = |options: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.ts");
+        std::fs::write(
+            &path,
+            format!("export default {{\n  id: 'x',\n  displayName: 'X',\n  model: 'sim',\n  reasoningOptions: {options},\n}}\n"),
+        )
+        .unwrap();
+        let err = load(SIM, &[dir.path().to_path_buf()]).unwrap_err();
+        err.to_string().replace(&path.display().to_string(), "x.ts")
+    };
+    for (options, said) in [
+        (
+            "3",
+            "must be an object ({ effort } or { max_tokens }), not 3",
+        ),
+        (
+            "{ depth: 1 }",
+            "unknown key `depth` (enabled, exclude, effort, max_tokens)",
+        ),
+        (
+            "{ exclude: true }",
+            "exclude: true is not supported: Arbor keeps the model's reasoning in the history (remove it)",
+        ),
+        (
+            "{ effort: 'max' }",
+            "effort \"max\": minimal, low, medium, high or none",
+        ),
+    ] {
+        let err = refused(options);
+        assert!(
+            err.contains(&format!("reasoningOptions: {said}")),
+            "{options}: {err}"
+        );
+    }
+}
+
 #[test]
 fn a_name_defined_twice_names_both_places() {
     let config = "[models.sim]\nprovider = \"simulated\"\n[model_aliases]\nsonnet = \"sim\"\n\n[agents.code-reviewer]\nmodel = \"sim\"\n";

@@ -351,7 +351,7 @@ pub(in crate::config) fn templates(
         if let Some(program) = &a.program {
             match program_handler(base_dir, program) {
                 Ok(handler) => t.handler = Some(handler),
-                Err(why) => problems.push(at(text, &table, "program", why)),
+                Err(why) => problems.push(at(text, &table, "program", why.to_string())),
             }
         }
         let structured = structured_mode(
@@ -370,6 +370,20 @@ pub(in crate::config) fn templates(
     out
 }
 
+/// Why an agent's `program` cannot run (each names the program as
+/// configured).
+#[derive(Debug, thiserror::Error)]
+enum BadProgram {
+    /// Its file or a file it imports does not load (`file:line: problem`).
+    #[cfg(feature = "programs")]
+    #[error("{0:?}: {1}")]
+    Load(String, arbor_programs::LoadError),
+    /// This build has no JavaScript engine.
+    #[cfg(not(feature = "programs"))]
+    #[error("{0:?}: this build has no JavaScript engine (arbor-agents' feature `programs`)")]
+    NoEngine(String),
+}
+
 /// The step handler of `program = "..."`: the file (relative to the
 /// config's directory, which is also the directory its imports stay in)
 /// loaded into the JavaScript engine.
@@ -377,7 +391,7 @@ pub(in crate::config) fn templates(
 fn program_handler(
     base_dir: &std::path::Path,
     program: &str,
-) -> Result<Arc<dyn arbor_actors::handler::StepHandler>, String> {
+) -> Result<Arc<dyn arbor_actors::handler::StepHandler>, BadProgram> {
     use arbor_programs::{JsHandler, Limits, load_program_file};
     let limits = Limits::default();
     let root = if base_dir.as_os_str().is_empty() {
@@ -386,7 +400,7 @@ fn program_handler(
         base_dir
     };
     let loaded = load_program_file(root, &root.join(program), limits)
-        .map_err(|e| format!("{program:?}: {e}"))?;
+        .map_err(|e| BadProgram::Load(program.to_owned(), e))?;
     Ok(Arc::new(JsHandler::new(loaded, limits)))
 }
 
@@ -395,10 +409,8 @@ fn program_handler(
 fn program_handler(
     _base_dir: &std::path::Path,
     program: &str,
-) -> Result<Arc<dyn arbor_actors::handler::StepHandler>, String> {
-    Err(format!(
-        "{program:?}: this build has no JavaScript engine (arbor-agents' feature `programs`)"
-    ))
+) -> Result<Arc<dyn arbor_actors::handler::StepHandler>, BadProgram> {
+    Err(BadProgram::NoEngine(program.to_owned()))
 }
 
 /// Why an agent's `structured = "native"` cannot be.

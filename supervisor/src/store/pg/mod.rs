@@ -32,6 +32,7 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use arbor_actors::TreeId;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
@@ -289,9 +290,9 @@ impl PgStore {
         }
     }
 
-    fn bad(&self, tree_id: &str) -> impl Fn(String) -> Error + use<> {
+    fn bad(&self, tree: &TreeId) -> impl Fn(String) -> Error + use<> {
         let path = self.shown.clone();
-        let tree_id = tree_id.to_owned();
+        let tree_id = tree.clone();
         move |reason| Error::StoreCorrupt {
             path: path.clone(),
             tree: tree_id.clone(),

@@ -36,7 +36,12 @@ fn status_of(
 
 impl PgStore {
     fn summary_row(&self, r: &tokio_postgres::Row, now: u64) -> Result<TreeSummary, Error> {
-        let tree_id: String = r.get("tree_id");
+        let text: String = r.get("tree_id");
+        let tree_id: TreeId = text.parse().map_err(|e| Error::StoreCorruptId {
+            path: self.shown.clone(),
+            text: text.clone(),
+            reason: format!("tree id: {e}"),
+        })?;
         let mut status = status_of(r, "status").map_err(|e| self.bad(&tree_id)(e.to_string()))?;
         let heartbeat = r.get::<_, i64>("heartbeat_ms") as u64;
         let owner: String = r.get("owner");
@@ -50,9 +55,7 @@ impl PgStore {
             .parse()
             .map_err(|e| self.bad(&tree_id)(format!("root run id: {e}")))?;
         Ok(TreeSummary {
-            tree_id: tree_id
-                .parse()
-                .map_err(|e| self.bad(&tree_id)(format!("tree id: {e}")))?,
+            tree_id,
             root_run_id,
             agent: r.get("agent"),
             prompt: r.get("prompt"),
@@ -107,7 +110,7 @@ impl PgStore {
             .await
             .map_err(&io)?;
         let bodies = rows.into_iter().map(|r| Ok(r.get::<_, Vec<u8>>(0)));
-        TreeLog::from_segments(tree_id, bodies, &self.bad(tree_id))
+        TreeLog::from_segments(tree_id, bodies, &self.bad(tree))
     }
 
     /// A tree's log read with a connection of the pool.
@@ -142,7 +145,7 @@ impl PgStore {
                 .await
                 .map_err(&io)?
                 .ok_or_else(|| Error::UnknownTree(tree.clone()))?;
-            let status = status_of(&row, "status").map_err(|e| self.bad(tree_id)(e.to_string()))?;
+            let status = status_of(&row, "status").map_err(|e| self.bad(tree)(e.to_string()))?;
             let owner: String = row.get("owner");
             check(status, &owner, row.get::<_, i64>("heartbeat_ms") as u64)?;
             let epoch: i64 = tx
@@ -326,8 +329,8 @@ impl Store for PgStore {
                 let (record, _) = self.record_row(&row, now)?;
                 let last_seq = row.get::<_, i64>("last_seq") as u64;
                 let bodies = logs.remove(tree_id).unwrap_or_default().into_iter().map(Ok);
-                let log = TreeLog::from_segments(tree_id, bodies, &self.bad(tree_id))?;
-                Ok((record, log.recovery(tree_id, last_seq, &self.bad(tree_id))?))
+                let log = TreeLog::from_segments(tree_id, bodies, &self.bad(tree))?;
+                Ok((record, log.recovery(tree_id, last_seq, &self.bad(tree))?))
             })
             .collect())
     }
@@ -357,12 +360,11 @@ impl Store for PgStore {
                 .get(0);
             Ok::<_, Error>((log, last_seq as u64))
         })?;
-        log.recovery(tree_id, last_seq, &self.bad(tree_id))
+        log.recovery(tree_id, last_seq, &self.bad(tree))
     }
 
     fn final_states(&self, tree: &TreeId) -> Result<Vec<AgentState>, Error> {
-        let tree_id = tree.as_str();
-        self.read_log(tree)?.final_states(&self.bad(tree_id))
+        self.read_log(tree)?.final_states(&self.bad(tree))
     }
 
     fn events(&self, tree: &TreeId, after: u64) -> Result<Vec<JournalEntry>, Error> {
@@ -388,15 +390,13 @@ impl Store for PgStore {
             }
         })?;
         let bodies = rows.into_iter().map(|r| Ok(r.get::<_, Vec<u8>>(0)));
-        TreeLog::from_segments(tree_id, bodies, &self.bad(tree_id))?
-            .journal(after, &self.bad(tree_id))
+        TreeLog::from_segments(tree_id, bodies, &self.bad(tree))?.journal(after, &self.bad(tree))
     }
 
     fn export(&self, tree: &TreeId) -> Result<Value, Error> {
         let (record, summary) = self.tree(tree)?;
-        let tree_id = tree.as_str();
         self.read_log(tree)?
-            .export(record, summary, &self.bad(tree_id))
+            .export(record, summary, &self.bad(tree))
     }
 
     fn gc(&self, cutoff_ms: u64) -> Result<GcReport, Error> {
@@ -511,7 +511,7 @@ impl Store for PgStore {
                 r.get("body"),
             )
         });
-        query::controls(taken, |tree| Box::new(self.bad(tree)))
+        query::controls(taken, &self.shown)
     }
 
     fn fail_claimed(&self, tree: &TreeId, epoch: u64, reason: &str) -> Result<(), Error> {
@@ -591,7 +591,7 @@ impl Store for PgStore {
                 .map_err(self.io())
         })?;
         let row = row.ok_or_else(|| Error::UnknownTree(tree.clone()))?;
-        let status = status_of(&row, "status").map_err(|e| self.bad(tree_id)(e.to_string()))?;
+        let status = status_of(&row, "status").map_err(|e| self.bad(tree)(e.to_string()))?;
         let owner = Owner {
             owner: row.get("owner"),
             heartbeat_ms: row.get::<_, i64>("heartbeat_ms") as u64,
@@ -669,7 +669,7 @@ impl Store for PgStore {
             limits: row.get("limits"),
             origin: row.get("origin"),
             history: row.get("history"),
-            status: status_of(&row, "status").map_err(|e| self.bad(tree_id)(e.to_string()))?,
+            status: status_of(&row, "status").map_err(|e| self.bad(tree)(e.to_string()))?,
             error: row.get("error"),
             started_ms: u("started_ms"),
             finished_ms: row.get::<_, Option<i64>>("finished_ms").map(|v| v as u64),

@@ -201,7 +201,7 @@ impl PgStore {
         let status: &str = row.get(0);
         let status: TreeStatus = status
             .parse()
-            .map_err(|e: crate::store::UnknownStatus| self.bad(tree_id)(e.to_string()))?;
+            .map_err(|e: crate::store::UnknownStatus| self.bad(tree)(e.to_string()))?;
         Ok((status, turn_of(row.get(1))))
     }
 
@@ -212,12 +212,11 @@ impl PgStore {
         r: &tokio_postgres::Row,
         position: usize,
     ) -> Result<QueuedTurn, Error> {
-        let tree_id = tree.as_str();
         let params: Option<String> = r.get("params");
         let params = params
             .map(|p| serde_json::from_str(&p))
             .transpose()
-            .map_err(|e| self.bad(tree_id)(format!("a queued turn's params: {e}")))?;
+            .map_err(|e| self.bad(tree)(format!("a queued turn's params: {e}")))?;
         Ok(QueuedTurn {
             id: r.get::<_, i64>("id") as u64,
             tree_id: tree.clone(),

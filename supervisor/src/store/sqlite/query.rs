@@ -177,7 +177,7 @@ impl Store for SqliteStore {
             history: history_json,
             config,
         }
-        .record(&summary, &self.bad(tree_id))?;
+        .record(&summary, &self.bad(tree))?;
         Ok((record, summary))
     }
 
@@ -222,13 +222,12 @@ impl Store for SqliteStore {
                 |r| r.get::<_, i64>(0),
             )
             .map_err(sql(&self.path))? as u64;
-        log.recovery(tree_id, last_seq, &self.bad(tree_id))
+        log.recovery(tree_id, last_seq, &self.bad(tree))
     }
 
     fn final_states(&self, tree: &TreeId) -> Result<Vec<AgentState>, Error> {
-        let tree_id = tree.as_str();
         let conn = self.conn()?;
-        self.log(&conn, tree)?.final_states(&self.bad(tree_id))
+        self.log(&conn, tree)?.final_states(&self.bad(tree))
     }
 
     fn events(&self, tree: &TreeId, after: u64) -> Result<Vec<JournalEntry>, Error> {
@@ -239,7 +238,7 @@ impl Store for SqliteStore {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(sql(&self.path))?;
         if version < 5 {
-            return self.log(&conn, tree)?.journal(after, &self.bad(tree_id));
+            return self.log(&conn, tree)?.journal(after, &self.bad(tree));
         }
         self.known(&conn, tree)?;
         // Only the segments with events past `after` (and those written
@@ -255,16 +254,14 @@ impl Store for SqliteStore {
             .query_map(params![tree_id, after as i64], |r| r.get::<_, Vec<u8>>(0))
             .map_err(sql(&self.path))?
             .map(|body| body.map_err(sql(&self.path)));
-        TreeLog::from_segments(tree_id, bodies, &self.bad(tree_id))?
-            .journal(after, &self.bad(tree_id))
+        TreeLog::from_segments(tree_id, bodies, &self.bad(tree))?.journal(after, &self.bad(tree))
     }
 
     fn export(&self, tree: &TreeId) -> Result<Value, Error> {
         let (record, summary) = self.tree(tree)?;
-        let tree_id = tree.as_str();
         let conn = self.conn()?;
         self.log(&conn, tree)?
-            .export(record, summary, &self.bad(tree_id))
+            .export(record, summary, &self.bad(tree))
     }
 
     fn claim(&self, tree: &TreeId) -> Result<u64, Error> {
@@ -327,7 +324,7 @@ impl Store for SqliteStore {
             }
         }
         tx.commit().map_err(sql(&self.path))?;
-        query::controls(taken, |tree| Box::new(self.bad(tree)))
+        query::controls(taken, &self.path.display().to_string())
     }
 
     fn fail_claimed(&self, tree: &TreeId, epoch: u64, reason: &str) -> Result<(), Error> {
@@ -639,7 +636,7 @@ impl SqliteStore {
             .query_map([tree_id], |r| r.get::<_, Vec<u8>>(0))
             .map_err(sql(&self.path))?
             .map(|body| body.map_err(sql(&self.path)));
-        TreeLog::from_segments(tree_id, bodies, &self.bad(tree_id))
+        TreeLog::from_segments(tree_id, bodies, &self.bad(tree))
     }
 
     /// `Error::UnknownTree` unless the store has the tree.
@@ -657,9 +654,9 @@ impl SqliteStore {
         }
     }
 
-    pub(super) fn bad(&self, tree_id: &str) -> impl Fn(String) -> Error + use<> {
+    pub(super) fn bad(&self, tree: &TreeId) -> impl Fn(String) -> Error + use<> {
         let path = self.path.display().to_string();
-        let tree_id = tree_id.to_owned();
+        let tree_id = tree.clone();
         move |reason| Error::StoreCorrupt {
             path: path.clone(),
             tree: tree_id.clone(),

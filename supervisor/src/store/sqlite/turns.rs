@@ -174,12 +174,11 @@ impl SqliteStore {
 
     /// A queued turn from its row, at `position` in its tree's queue.
     fn queued(&self, tree: &TreeId, r: Row, position: usize) -> Result<QueuedTurn, Error> {
-        let tree_id = tree.as_str();
         let (id, turn, prompt, params, queued_ms) = r;
         let params = params
             .map(|p| serde_json::from_str(&p))
             .transpose()
-            .map_err(|e| self.bad(tree_id)(format!("a queued turn's params: {e}")))?;
+            .map_err(|e| self.bad(tree)(format!("a queued turn's params: {e}")))?;
         Ok(QueuedTurn {
             id: id as u64,
             tree_id: tree.clone(),

@@ -151,7 +151,7 @@ fn attempt(
                 )?;
                 for tree in trees {
                     if b.holds(&mut rows, tree)? {
-                        stmt.execute(params![tree, now_ms() as i64])?;
+                        stmt.execute(params![tree.as_str(), now_ms() as i64])?;
                     }
                 }
             }
@@ -163,7 +163,7 @@ fn attempt(
                 )?;
                 for tree in trees {
                     if b.holds(&mut rows, tree)? {
-                        stmt.execute(params![tree, crate::store::owner_id()])?;
+                        stmt.execute(params![tree.as_str(), crate::store::owner_id()])?;
                     }
                 }
             }
