@@ -142,6 +142,31 @@ pub enum EventKind {
         /// Ids of tool results dropped because no call asks for them.
         orphan_results: Vec<String>,
     },
+    /// The run compacted its history before a step (`compact_at`, issue
+    /// 37): old tool results cut to stubs, then, if still over, the turns
+    /// before the kept ones replaced by a summary a model call wrote. A
+    /// resumed or replayed run applies it again from this record.
+    #[serde(rename_all = "camelCase")]
+    HistoryCompacted {
+        /// The step it was made before.
+        step: u32,
+        /// The context's size that set it off (tokens).
+        tokens: u64,
+        /// The tool results cut, oldest first.
+        cut: Vec<crate::compact::CutResult>,
+        /// The leading messages replaced by the summary (0: none).
+        summarized: usize,
+        /// The summary's text, when one was made.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        summary: Option<Arc<str>>,
+        /// What the summary call used; zero when none was made or it came
+        /// from the record (`from_record`), which counted it.
+        usage: Usage,
+        /// Applied again from the journal's record (a resumed or replayed
+        /// run): no model call was made.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        from_record: bool,
+    },
     /// A child run was started (a first run or a retry).
     #[serde(rename_all = "camelCase")]
     ChildSpawned {
@@ -383,6 +408,7 @@ fn journal_type(kind: &EventKind) -> Result<EventType, &'static str> {
         EventKind::ToolCalled { .. } => EventType::ToolCalled,
         EventKind::ProgramYielded { .. } => EventType::ProgramYielded,
         EventKind::HistoryRepaired { .. } => EventType::HistoryRepaired,
+        EventKind::HistoryCompacted { .. } => EventType::HistoryCompacted,
         EventKind::ChildSpawned { .. } => EventType::ChildSpawned,
         EventKind::ChildRetrying { .. } => EventType::ChildRetrying,
         EventKind::ChildFinished { .. } => EventType::ChildFinished,
@@ -431,6 +457,9 @@ pub enum EventType {
     /// `historyRepaired`: the request builder dropped calls or results that
     /// would have broken pairing.
     HistoryRepaired,
+    /// `historyCompacted`: a run cut old tool results and summarised old
+    /// turns before a step (`compact_at`).
+    HistoryCompacted,
     /// `childSpawned`: a run spawned a child (or an attempt of one).
     ChildSpawned,
     /// `childRetrying`: a failed child is tried again after a delay.
@@ -479,7 +508,7 @@ pub enum EventType {
 
 impl EventType {
     /// Every journal type.
-    pub const ALL: [EventType; 29] = [
+    pub const ALL: [EventType; 30] = [
         EventType::AgentStarted,
         EventType::StepStarted,
         EventType::ModelRetrying,
@@ -487,6 +516,7 @@ impl EventType {
         EventType::ToolCalled,
         EventType::ProgramYielded,
         EventType::HistoryRepaired,
+        EventType::HistoryCompacted,
         EventType::ChildSpawned,
         EventType::ChildRetrying,
         EventType::ChildFinished,
@@ -529,6 +559,7 @@ impl EventType {
             EventType::ToolCalled => "toolCalled",
             EventType::ProgramYielded => "programYielded",
             EventType::HistoryRepaired => "historyRepaired",
+            EventType::HistoryCompacted => "historyCompacted",
             EventType::ChildSpawned => "childSpawned",
             EventType::ChildRetrying => "childRetrying",
             EventType::ChildFinished => "childFinished",
@@ -668,6 +699,15 @@ mod tests {
             EventKind::HistoryRepaired {
                 unanswered_calls: vec![],
                 orphan_results: vec![],
+            },
+            EventKind::HistoryCompacted {
+                step: 2,
+                tokens: 900,
+                cut: vec![],
+                summarized: 3,
+                summary: Some("s".into()),
+                usage: Usage::default(),
+                from_record: false,
             },
             EventKind::ChildSpawned {
                 child_run_id: "t/0.1".parse().unwrap(),

@@ -125,6 +125,24 @@ fn fields(kind: &EventKind, short: &Short) -> String {
             orphan_results.len(),
             plural(orphan_results.len())
         ),
+        EventKind::HistoryCompacted {
+            step,
+            tokens,
+            cut,
+            summarized,
+            from_record,
+            ..
+        } => format!(
+            "before step {step} at {tokens} tokens: cut {} tool result{}, summarised {summarized} message{}{}",
+            cut.len(),
+            plural(cut.len()),
+            plural(*summarized),
+            if *from_record {
+                " (from the record)"
+            } else {
+                ""
+            }
+        ),
         EventKind::ChildSpawned {
             child_run_id,
             agent_type,

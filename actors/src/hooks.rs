@@ -257,4 +257,13 @@ pub trait TreeHooks: Send + Sync + 'static {
         let _ = run_id;
         None
     }
+
+    /// The compactions a resumed or replayed tree recorded for the run
+    /// `run_id` (`historyCompacted`): each is applied again before its
+    /// step instead of asking the model for the summary again (issue 37).
+    /// None for a new tree.
+    fn compactions(&self, run_id: &RunId) -> Vec<crate::compact::Compacted> {
+        let _ = run_id;
+        Vec::new()
+    }
 }

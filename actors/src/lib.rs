@@ -9,6 +9,7 @@
 mod agent;
 pub mod approval;
 mod checkpoint;
+pub mod compact;
 pub mod durable;
 pub mod duration;
 mod event;

@@ -52,6 +52,10 @@ pub struct RequestMeta {
     pub deadline: Option<tokio::time::Instant>,
     /// The template's request options (`model_options`), over the model's own.
     pub options: Arc<ModelOptions>,
+    /// The call summarises the run's old turns to compact its history
+    /// (`compact_at`), before step `step`'s own call: no reply of a step
+    /// (a store's record of the step's reply never answers it).
+    pub summary: bool,
 }
 
 /// How a model call asks: sampling, tool use, reasoning and an escape hatch

@@ -211,6 +211,9 @@ pub struct AgentTemplate {
     /// `contextTokenCount`) one child's report may take in a spawn result;
     /// a larger one is cut (semantics §10). Only with a `context_window`.
     pub report_share: Share,
+    /// When and how the run compacts its history before a step
+    /// (`compact_at`, issue 37); `None`: never.
+    pub compact: Option<crate::compact::Compaction>,
     /// When repeating the same tool call warns and fails (semantics §11).
     pub loop_detection: LoopDetection,
     /// Patterns of the tools (by the names templates use, `fs/write_*`)
@@ -283,6 +286,7 @@ impl AgentTemplate {
             idle_timeout: None,
             context_window: None,
             report_share: Share::DEFAULT_REPORT,
+            compact: None,
             loop_detection: LoopDetection::default(),
             approve: Vec::new(),
             approval_timeout: None,

@@ -72,6 +72,9 @@ pub struct Recovery {
     /// Every program run's yields and tool results (issue 37): a program
     /// started again is held to them.
     pub programs: HashMap<String, ProgramRecord>,
+    /// Every run's compactions (`historyCompacted`, issue 37): applied
+    /// again at their steps, with no summary call.
+    pub compactions: HashMap<String, Vec<arbor_actors::compact::Compacted>>,
     /// The tree's budgets as raised while it ran (semantics §13).
     pub raised: crate::Raised,
     /// The calls asked for and not decided, by call id: their run and when
@@ -97,6 +100,8 @@ impl Recovery {
             deliveries: recorded.deliveries,
             decisions: recorded.decisions,
             hook_verdicts: recorded.hook_verdicts,
+            // Made again from the record: a replay never calls the model.
+            compactions: recorded.compactions,
             // Held to their yields and drawing again what they drew, but
             // running their tools again, as every run of a replay does.
             programs: recorded
@@ -238,7 +243,12 @@ impl Model for Recorded {
         deltas: DeltaSink,
     ) -> Result<ModelResponse, ModelError> {
         let key = (request.meta.run_id.clone(), request.meta.step);
-        if let Some(reply) = self.recovery.replies.get(&key) {
+        // A summary call (`compact_at`) is no step's reply: a recorded one
+        // is applied from its `historyCompacted` event without a call.
+        let recorded = (!request.meta.summary)
+            .then(|| self.recovery.replies.get(&key))
+            .flatten();
+        if let Some(reply) = recorded {
             // Marked as served from the record: its event counts nothing
             // again (the record was counted when it was written).
             return Ok(ModelResponse {

@@ -404,6 +404,13 @@ impl TreeHooks for TreeContext {
         self.recovery.as_ref().and_then(|r| r.program_for(run_id))
     }
 
+    fn compactions(&self, run_id: &RunId) -> Vec<arbor_actors::compact::Compacted> {
+        self.recovery
+            .as_ref()
+            .and_then(|r| r.compactions.get(&*run_id.to_string()).cloned())
+            .unwrap_or_default()
+    }
+
     fn worktree_report(&self, run_id: &RunId) -> Option<arbor_actors::worktree::WorktreeReport> {
         self.recovery
             .as_ref()

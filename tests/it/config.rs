@@ -375,6 +375,44 @@ fn a_bad_report_share_or_loop_detection_is_refused_by_name() {
 }
 
 #[test]
+fn a_compact_at_share_without_a_context_window_is_refused_naming_the_agent() {
+    let base = "[models.sim]\nprovider = \"simulated\"\n\n[agents.lead]\nmodel = \"sim\"\n";
+    let cases = [
+        ("compact_at = 0.8", "agents.lead.compact_at", "does not set"),
+        ("compact_at = 1.5", "agents.lead.compact_at", "(0, 1]"),
+        ("compact_at = 100", "agents.lead.compact_at", "out of range"),
+        (
+            "context_window = 1000\ncompact_at = 5000",
+            "agents.lead.compact_at",
+            "over context_window (1000)",
+        ),
+        (
+            "compact_keep = 2",
+            "agents.lead.compact_keep",
+            "only with compact_at",
+        ),
+        (
+            "compact_at = 60000\ncompact_prompt = \" \"",
+            "agents.lead.compact_prompt",
+            "is empty",
+        ),
+    ];
+    for (lines, key, why) in cases {
+        let (code, err) = check_text(&format!("{base}{lines}\n"));
+        assert_eq!(code, Some(2), "{lines}: {err}");
+        assert!(err.contains(key) && err.contains(why), "{lines}: {err}");
+        assert!(err.contains("c.toml:"), "{lines}: {err}");
+    }
+    for fine in [
+        "context_window = 100000\ncompact_at = 0.8\ncompact_keep = 0\n",
+        "compact_at = 60000\ncompact_prompt = \"Sum up.\"\n",
+    ] {
+        let (code, err) = check_text(&format!("{base}{fine}"));
+        assert_eq!(code, Some(0), "{fine}: {err}");
+    }
+}
+
+#[test]
 fn an_idle_timeout_is_a_duration_of_1ms_to_1d_named_with_its_line() {
     let base = "[models.sim]\nprovider = \"simulated\"\n\n[agents.lead]\nmodel = \"sim\"\n";
     for bad in ["\"0s\"", "\"2d\"", "\"soon\"", "30"] {

@@ -190,6 +190,7 @@ const EXTRA_KEYS: &[(&str, &str)] = &[
     ("[models.sim]", "shape"),
     ("[models.sim]", "reply_tokens"),
     ("[agents.coordinator]", "context_window"),
+    ("[agents.coordinator]", "compact_at"),
     ("[agents.coordinator]", "step_timeout"),
     ("[agents.coordinator]", "idle_timeout"),
     ("[agents.analyst]", "failure"),

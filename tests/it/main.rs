@@ -15,6 +15,7 @@ mod cli_truths;
 mod codebuff_agents;
 mod codebuff_spellings;
 mod command_tools;
+mod compaction;
 mod config;
 mod config_edges;
 mod config_fuzz;

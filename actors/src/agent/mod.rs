@@ -306,6 +306,10 @@ impl Actor for AgentActor {
         {
             run.machine.recover_program(record);
         }
+        let compactions = hooks.compactions(&run.run_id);
+        if !compactions.is_empty() {
+            run.machine.recover_compactions(compactions);
+        }
         if let Some(report) = hooks.worktree_report(&run.run_id) {
             run.machine.recover_worktree(report);
         }

@@ -55,6 +55,10 @@ pub struct ScriptEntry {
     pub prompt: Option<String>,
     /// Replies for steps 1, 2, …
     pub steps: Vec<ScriptedReply>,
+    /// The reply to every summary call of its runs (a template's
+    /// `compact_at`), which is no step's.
+    #[serde(default)]
+    pub summary: Option<ScriptedReply>,
 }
 
 /// One scripted step: the reply the model gives (or how it fails).
@@ -142,6 +146,8 @@ pub struct RecordedRequest {
     pub system_prompt: Arc<str>,
     /// Its `meta.shared_prefix`: leading messages taken from the parent.
     pub shared_prefix: usize,
+    /// Whether it was a summary call (`compact_at`), not the step's own.
+    pub summary: bool,
 }
 
 /// A model that answers from a [`Script`] and records every request.
@@ -191,6 +197,12 @@ impl ScriptedModel {
                         .is_none_or(|p| prompt.contains(p.as_str()))
             })
             .ok_or_else(|| Unscripted::Agent(agent_type.to_owned()))?;
+        if request.meta.summary {
+            return entry
+                .summary
+                .as_ref()
+                .ok_or_else(|| Unscripted::Summary(agent_type.to_owned()));
+        }
         let step = request.meta.step as usize;
         entry
             .steps
@@ -208,6 +220,9 @@ enum Unscripted {
     /// The entry has no reply for this step.
     #[error("no scripted reply for {0} step {1}")]
     Step(String, usize),
+    /// The entry has no `summary` for a summary call.
+    #[error("no scripted summary for agent type {0}")]
+    Summary(String),
 }
 
 /// The text of the prompt a run was spawned with (the last one: a child that
@@ -253,6 +268,7 @@ impl Model for ScriptedModel {
                 definitions: request.tools.clone(),
                 system_prompt: request.system_prompt.clone(),
                 shared_prefix: request.meta.shared_prefix,
+                summary: request.meta.summary,
             });
         }
         let reply = self

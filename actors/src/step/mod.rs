@@ -26,6 +26,7 @@ mod action;
 mod approve;
 pub mod background;
 mod calls;
+mod compact;
 mod durable;
 mod hooked;
 
@@ -160,6 +161,10 @@ struct Sideband {
     abandoned: Vec<(usize, Vec<crate::id::RunId>)>,
     /// A program's yields, and the record a resumed run is held to.
     durable: Option<Box<durable::Durable>>,
+    /// A compaction waiting for its summary (issue 37).
+    compacting: Option<Box<compact::Compacting>>,
+    /// The compactions a resumed or replayed run's journal recorded.
+    compactions: Vec<crate::compact::Compacted>,
 }
 
 impl StepMachine {
@@ -423,6 +428,9 @@ impl StepMachine {
             return Vec::new();
         }
         self.awaiting_model = None;
+        if self.side.as_ref().is_some_and(|s| s.compacting.is_some()) {
+            return self.summary_replied(step, response);
+        }
         let ModelResponse { message, usage } = response;
         if !message.is_assistant() {
             // Refused, but billed: counted as a reply not acted on.
@@ -486,6 +494,7 @@ impl StepMachine {
         if step != self.step || self.state.status.is_final() {
             return Vec::new();
         }
+        let failure = self.compaction_failed(failure.into());
         if let Some(usage) = billed {
             self.state.direct_credits_used += usage.cost;
             self.state.credits_used += usage.cost;
@@ -659,6 +668,14 @@ impl StepMachine {
         self.step += 1;
         self.events.push(EventKind::StepStarted { step: self.step });
         self.take_scheduled_steers();
+        if let Some(summary_call) = self.compact() {
+            return summary_call;
+        }
+        self.request_step()
+    }
+
+    /// The step's model request, from the history as it stands.
+    fn request_step(&mut self) -> Vec<Action> {
         let (mut messages, repair) = self.state.message_history.request_view();
         // Sent as kept (nothing repaired, nor truncated below): the request
         // then starts with the history's own messages.
@@ -704,6 +721,7 @@ impl StepMachine {
                 shared_prefix,
                 deadline: None,
                 options: self.template.model_options.clone(),
+                summary: false,
             },
         })]
     }

@@ -565,6 +565,16 @@ pub struct ScriptedSection {
     pub file: PathBuf,
 }
 
+/// `compact_at`: tokens, or a share of the template's `context_window`.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum CompactAt {
+    /// A token count (`compact_at = 60000`).
+    Tokens(u64),
+    /// A share of `context_window` (`compact_at = 0.8`).
+    Share(f64),
+}
+
 /// `[agents.NAME]`: one agent template (see `AgentTemplate` for each field).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -627,6 +637,13 @@ pub struct AgentSection {
     /// The share of its remaining context window one child's report may take
     /// (a fraction in (0, 1]; only with `context_window`).
     pub report_share: Option<f64>,
+    /// When a run compacts its history before a step (issue 37): a token
+    /// count (`60000`) or a share of `context_window` (`0.8`).
+    pub compact_at: Option<CompactAt>,
+    /// The most recent model steps a compaction keeps verbatim (absent: 4).
+    pub compact_keep: Option<u32>,
+    /// What the summary call of a compaction asks (absent: the built-in prompt).
+    pub compact_prompt: Option<String>,
     /// When the same tool call repeated warns and fails.
     pub loop_detection: Option<LoopDetectionSection>,
     /// Patterns of its tools (`fs/write_*`) whose calls wait for a person's

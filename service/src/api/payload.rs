@@ -162,6 +162,30 @@ fn event_fields(t: EventType) -> (Fields, Fields) {
             ],
             vec![],
         ),
+        EventType::HistoryCompacted => (
+            vec![
+                step,
+                ("tokens", count()),
+                (
+                    "cut",
+                    json!({"type": "array", "items": {
+                        "type": "object",
+                        "required": ["toolCallId", "toolName", "chars"],
+                        "properties": {
+                            "toolCallId": text(),
+                            "toolName": text(),
+                            "chars": count(),
+                        },
+                    }}),
+                ),
+                ("summarized", count()),
+                ("usage", r("Usage")),
+            ],
+            vec![
+                ("summary", text()),
+                ("fromRecord", json!({"type": "boolean"})),
+            ],
+        ),
         EventType::ChildSpawned => (
             vec![
                 ("childRunId", text()),

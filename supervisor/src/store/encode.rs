@@ -308,6 +308,12 @@ impl<'a> Encoder<'a> {
                 delta.output_tokens += usage.output_tokens;
                 delta.cost += usage.cost;
             }
+            // A compaction's summary call: no step's reply, but billed.
+            EventKind::HistoryCompacted { usage, .. } => {
+                delta.input_tokens += usage.input_tokens;
+                delta.output_tokens += usage.output_tokens;
+                delta.cost += usage.cost;
+            }
             // A reply billed and not acted on (cut at the output limit):
             // no reply is recorded; its usage is its event's, and counts.
             EventKind::ModelResponded {

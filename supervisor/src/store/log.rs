@@ -44,6 +44,8 @@ pub(crate) struct RunLog {
     pub(crate) worktree: Option<arbor_actors::worktree::WorktreeReport>,
     /// Its program's yields and tool results (issue 37).
     pub(crate) program: arbor_actors::durable::ProgramRecord,
+    /// Its compactions (`historyCompacted`, issue 37), in order.
+    pub(crate) compactions: Vec<arbor_actors::compact::Compacted>,
     /// Message ids of the history being rebuilt from deltas.
     ids: Vec<u64>,
     /// Where it finished among the tree's runs.
@@ -61,6 +63,8 @@ pub(crate) struct TreeLog {
     /// Replies billed and not acted on (`modelResponded` with `refused`):
     /// run, step and usage, which their events carry.
     refused: Vec<(String, u32, Usage)>,
+    /// What the summary calls of compactions used (`historyCompacted`).
+    compacted: Vec<Usage>,
     /// The budgets raised while the tree ran, the latest of each.
     pub(crate) raised: crate::Raised,
     /// The tools a person allowed for good in the tree (`approvalRuleAdded`).
@@ -100,6 +104,7 @@ impl TreeLog {
             index: HashMap::new(),
             replies: Vec::new(),
             refused: Vec::new(),
+            compacted: Vec::new(),
             raised: crate::Raised::default(),
             allowed: AlwaysAllowed::default(),
             asked: HashMap::new(),
@@ -276,6 +281,27 @@ impl TreeLog {
                     })
                 {
                     self.run(run_id).hook_verdicts.insert(id, verdict);
+                }
+            }
+            // A compaction, applied again from its record on resume and
+            // replay; its summary call's usage counts as the run's (once:
+            // one applied from the record has none).
+            Some(EventType::HistoryCompacted) => {
+                if let Ok(compacted) = serde_json::from_value::<arbor_actors::compact::Compacted>(
+                    Value::Object(e.clone()),
+                ) {
+                    let usage = compacted.usage;
+                    if usage.total_tokens() > 0 || usage.cost > 0.0 {
+                        let node = self.run(run_id).node.get_or_insert_with(RunNode::default);
+                        node.input_tokens += usage.input_tokens;
+                        node.output_tokens += usage.output_tokens;
+                        node.cost += usage.cost;
+                        self.compacted.push(usage);
+                    }
+                    let recorded = &mut self.run(run_id).compactions;
+                    if !recorded.iter().any(|c| c.step == compacted.step) {
+                        recorded.push(compacted);
+                    }
                 }
             }
             Some(EventType::ProgramYielded) => {
@@ -639,6 +665,11 @@ impl TreeLog {
             if !r.program.is_empty() {
                 recovery.programs.insert(id.clone(), r.program.clone());
             }
+            if !r.compactions.is_empty() {
+                recovery
+                    .compactions
+                    .insert(id.clone(), r.compactions.clone());
+            }
         }
         for (run_id, last_final, checkpoint) in runs {
             if let Some(point) = last_final {
@@ -688,6 +719,12 @@ impl TreeLog {
         }
         // A reply billed and not acted on is never served again: spent.
         for (_, _, usage) in std::mem::take(&mut log.refused) {
+            spent.steps += 1;
+            spent.tokens += usage.input_tokens + usage.output_tokens;
+            spent.credits += usage.cost;
+        }
+        // A summary call is never made again (its record is applied).
+        for usage in std::mem::take(&mut log.compacted) {
             spent.steps += 1;
             spent.tokens += usage.input_tokens + usage.output_tokens;
             spent.credits += usage.cost;

@@ -312,6 +312,10 @@ impl TreeHooks for RuledHooks {
         self.port().program_record(run_id)
     }
 
+    fn compactions(&self, run_id: &RunId) -> Vec<arbor_actors::compact::Compacted> {
+        self.port().compactions(run_id)
+    }
+
     fn worktree_report(&self, run_id: &RunId) -> Option<arbor_actors::worktree::WorktreeReport> {
         self.port().worktree_report(run_id)
     }

@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 
 mod approvals;
 mod checkpoints;
+mod compaction;
 mod durable;
 mod hooks;
 mod plain;

@@ -309,6 +309,7 @@ pub(in crate::config) fn templates(
                 Share::DEFAULT_REPORT
             }),
         };
+        let compact = check_compaction(a, text, &table, problems);
         let loop_detection =
             check_loop_detection(a.loop_detection.as_ref(), text, &table, problems);
         for pattern in &a.approve {
@@ -340,6 +341,7 @@ pub(in crate::config) fn templates(
         t.idle_timeout = idle_timeout;
         t.context_window = a.context_window;
         t.report_share = report_share;
+        t.compact = compact;
         t.loop_detection = loop_detection;
         t.approve = a.approve.clone();
         t.approval_timeout = approval_timeout;
@@ -578,4 +580,117 @@ fn find_cycle<'a>(file: &'a ConfigFile, path: &mut Vec<&'a str>) -> Option<Vec<&
         }
     }
     None
+}
+
+/// An agent's `compact_at`, `compact_keep` and `compact_prompt` (issue 37):
+/// a token count within `context_window`'s range, or a share of a
+/// `context_window` the template has; the other two only with it.
+fn check_compaction(
+    a: &crate::config::file::AgentSection,
+    text: &Source<'_>,
+    table: &str,
+    problems: &mut Vec<Problem>,
+) -> Option<arbor_actors::compact::Compaction> {
+    use crate::config::file::CompactAt;
+    let Some(compact_at) = a.compact_at else {
+        for (key, set) in [
+            ("compact_keep", a.compact_keep.is_some()),
+            ("compact_prompt", a.compact_prompt.is_some()),
+        ] {
+            if set {
+                problems.push(at(
+                    text,
+                    table,
+                    key,
+                    "is used only with compact_at, which is not set".to_owned(),
+                ));
+            }
+        }
+        return None;
+    };
+    let before = problems.len();
+    let tokens = match compact_at {
+        CompactAt::Tokens(tokens) => {
+            number(
+                text,
+                table,
+                "compact_at",
+                Some(tokens),
+                ranges::CONTEXT_WINDOW,
+                problems,
+            );
+            if let Some(window) = a.context_window.filter(|w| tokens > *w) {
+                problems.push(at(
+                    text,
+                    table,
+                    "compact_at",
+                    format!(
+                        "{tokens} tokens is over context_window ({window}): the window's \
+                         truncation would cut the history first"
+                    ),
+                ));
+            }
+            tokens
+        }
+        CompactAt::Share(share) if share.is_nan() || share <= 0.0 || share > 1.0 => {
+            problems.push(at(
+                text,
+                table,
+                "compact_at",
+                format!(
+                    "{share} is neither a token count nor a share of context_window in (0, 1] \
+                     (0.8 compacts at 80% of the window)"
+                ),
+            ));
+            0
+        }
+        CompactAt::Share(share) => match a.context_window {
+            Some(window) => (window as f64 * share).round() as u64,
+            None => {
+                problems.push(at(
+                    text,
+                    table,
+                    "compact_at",
+                    format!(
+                        "{share} is a share of context_window, which this agent does not set: \
+                         set context_window, or give compact_at in tokens"
+                    ),
+                ));
+                0
+            }
+        },
+    };
+    if let Some(keep) = a.compact_keep {
+        number(
+            text,
+            table,
+            "compact_keep",
+            Some(keep),
+            ranges::COMPACT_KEEP,
+            problems,
+        );
+    }
+    if a.compact_prompt
+        .as_deref()
+        .is_some_and(|p| p.trim().is_empty())
+    {
+        problems.push(at(
+            text,
+            table,
+            "compact_prompt",
+            "is empty: remove it to use the built-in summary prompt".to_owned(),
+        ));
+    }
+    if problems.len() > before {
+        return None;
+    }
+    Some(arbor_actors::compact::Compaction {
+        at: tokens,
+        keep: a
+            .compact_keep
+            .map_or(arbor_actors::compact::Compaction::DEFAULT_KEEP, |k| {
+                k as usize
+            }),
+        prompt: a.compact_prompt.as_deref().map(Arc::from),
+    })
 }
