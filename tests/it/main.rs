@@ -66,6 +66,7 @@ mod turns_serve;
 mod usage_totals;
 mod wait;
 mod waiting_children;
+mod webhooks;
 mod worktrees;
 
 use std::path::{Path, PathBuf};

@@ -239,6 +239,7 @@ impl RecordTexts {
                 .map_err(|e| bad(format!("history: {e}")))?,
             started_ms: summary.started_ms,
             principal: summary.principal.clone(),
+            webhook: None,
         })
     }
 }
@@ -540,7 +541,14 @@ mod tests {
         );
         assert_eq!(
             sqlite.keys().collect::<Vec<_>>(),
-            ["configs", "controls", "queued_turns", "segments", "trees"]
+            [
+                "configs",
+                "controls",
+                "queued_turns",
+                "segments",
+                "trees",
+                "webhooks"
+            ]
         );
     }
 
