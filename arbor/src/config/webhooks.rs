@@ -33,27 +33,38 @@ impl std::fmt::Debug for WebhookSecret {
 impl WebhookSecret {
     /// The secret now; `Err` says why there is none (naming the variable,
     /// never a value).
-    pub fn resolve(&self) -> Result<String, String> {
+    pub fn resolve(&self) -> Result<String, SecretError> {
         let value = match self {
             WebhookSecret::Literal(value) => value.clone(),
             WebhookSecret::Env { env } => match std::env::var(env) {
                 Ok(value) => value,
                 Err(std::env::VarError::NotPresent) => {
-                    return Err(format!("environment variable {env} is not set"));
+                    return Err(SecretError::Unset(env.clone()));
                 }
                 Err(std::env::VarError::NotUnicode(_)) => {
-                    return Err(format!("environment variable {env} is not valid UTF-8"));
+                    return Err(SecretError::NotUnicode(env.clone()));
                 }
             },
         };
         if value.len() < MIN_SECRET {
-            return Err(format!(
-                "the secret has {} bytes; it needs at least {MIN_SECRET}",
-                value.len()
-            ));
+            return Err(SecretError::TooShort(value.len()));
         }
         Ok(value)
     }
+}
+
+/// Why the webhooks' secret cannot be read (never its value).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SecretError {
+    /// The variable it is read from is not set.
+    #[error("environment variable {0} is not set")]
+    Unset(String),
+    /// The variable's value is not UTF-8.
+    #[error("environment variable {0} is not valid UTF-8")]
+    NotUnicode(String),
+    /// The secret is shorter than [`MIN_SECRET`] bytes.
+    #[error("the secret has {0} bytes; it needs at least {MIN_SECRET}")]
+    TooShort(usize),
 }
 
 /// The shortest secret deliveries are signed with.

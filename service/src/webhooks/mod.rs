@@ -75,7 +75,7 @@ impl WebhookOptions {
     /// environment, if it says so); `Err` says why it cannot be read.
     pub fn from_settings(
         settings: &arbor::config::webhooks::WebhookSettings,
-    ) -> Result<WebhookOptions, String> {
+    ) -> Result<WebhookOptions, arbor::config::webhooks::SecretError> {
         let secret = match &settings.secret {
             Some(secret) => Some(Arc::from(secret.resolve()?.into_bytes())),
             None => None,
