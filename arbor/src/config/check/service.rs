@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::config::file::{PrincipalSettings, Role};
 use crate::config::read::{Source, at};
-use crate::config::webhooks::{MIN_SECRET, WebhookSecret, WebhookSettings};
+use crate::config::webhooks::{WebhookSecret, WebhookSettings};
 use crate::config::{Problem, ServiceSection, ServiceSettings};
 
 use super::duration_in;
@@ -294,24 +294,17 @@ fn check_webhooks(
             ));
         }
     }
-    match &service.webhook_secret {
-        Some(WebhookSecret::Literal(secret)) if secret.len() < MIN_SECRET => {
-            problems.push(at(
-                text,
-                "service",
-                "webhook_secret",
-                format!("a secret needs at least {MIN_SECRET} bytes"),
-            ));
-        }
-        Some(WebhookSecret::Env { env }) if env.is_empty() || env.contains(['=', '\0']) => {
-            problems.push(at(
-                text,
-                "service",
-                "webhook_secret",
-                "env must name an environment variable".into(),
-            ));
-        }
-        _ => {}
+    // A literal's length is checked when the service reads it (a stored
+    // config has it redacted, and must still read).
+    if let Some(WebhookSecret::Env { env }) = &service.webhook_secret
+        && (env.is_empty() || env.contains(['=', '\0']))
+    {
+        problems.push(at(
+            text,
+            "service",
+            "webhook_secret",
+            "env must name an environment variable".into(),
+        ));
     }
     WebhookSettings {
         default_url: service.webhook.clone(),
