@@ -76,6 +76,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             body_limit: 1 << 20,
             max_running_trees: 100,
             shutdown_timeout: Duration::from_secs(5),
+            webhooks: Default::default(),
         },
     )?;
     // Trees a previous run of this app left unfinished go on.

@@ -55,7 +55,10 @@ pub(super) fn tree_path(id: String) -> Result<TreeId, ApiError> {
         limits::raise_limits, limits::get_limits, turns::create_turn, operations::healthz,
         operations::readyz, operations::metrics
     ),
-    components(schemas(ErrorBody, TreeSummary, RunNode, TreeLimits, ToolRule, TreeStatus)),
+    components(schemas(
+        ErrorBody, TreeSummary, RunNode, TreeLimits, ToolRule, TreeStatus,
+        crate::webhooks::payload::WebhookPayload, crate::webhooks::payload::WebhookUsage
+    )),
     modifiers(&BearerAuth, &EventTypes),
     security(("bearer" = []))
 )]

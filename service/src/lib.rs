@@ -25,6 +25,7 @@ mod router;
 mod serve;
 mod shared;
 mod turns;
+mod webhooks;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,6 +38,9 @@ pub use auth::Tokens;
 pub use error::{ApiError, ErrorBody};
 pub use limits::{ServiceLimits, connection_cap};
 pub use options::ServiceOptions;
+pub use webhooks::WebhookOptions;
+pub use webhooks::decide::Retries as WebhookRetries;
+pub use webhooks::payload::{WebhookPayload, WebhookUsage, signature as webhook_signature};
 
 use arbor::{Error, Runtime};
 use metrics::Metrics;
@@ -91,6 +95,7 @@ impl Service {
             journal_wake: watch::channel(0).0,
             control_wake: watch::channel(0).0,
             adopt_wake: watch::channel(0).0,
+            webhook_wake: watch::channel(0).0,
             owned: Default::default(),
             pending_seen: Default::default(),
         });
@@ -100,6 +105,12 @@ impl Service {
             tokio::spawn(replica::control_loop(
                 Arc::downgrade(&shared),
                 shared.control_wake.subscribe(),
+            ));
+            // Completion webhooks of trees that ended (here, before a
+            // restart, or on another replica), and their retries.
+            tokio::spawn(webhooks::deliver_loop(
+                Arc::downgrade(&shared),
+                shared.webhook_wake.subscribe(),
             ));
             if let Some(store) = shared.runtime.supervisor().store() {
                 replica::follow_wakes(Arc::downgrade(store), Arc::downgrade(&shared));

@@ -20,6 +20,8 @@ pub struct ServiceOptions {
     /// After a shutdown signal: how long open requests and streams may take,
     /// then how long the store may take to write what is in flight.
     pub shutdown_timeout: Duration,
+    /// Completion webhooks: the default, the secret, the retries.
+    pub webhooks: crate::WebhookOptions,
 }
 
 impl ServiceOptions {
@@ -69,6 +71,16 @@ impl ServiceOptions {
                 ),
             ));
         }
+        let webhooks = crate::WebhookOptions::from_settings(&config.service.webhooks)
+            .unwrap_or_else(|why| {
+                problems.push(arbor::config::Problem {
+                    file: None,
+                    line: None,
+                    key: "service.webhook_secret".into(),
+                    message: format!("{why}: webhooks are signed with it"),
+                });
+                crate::WebhookOptions::default()
+            });
         if !problems.is_empty() {
             return Err(Error::Config(arbor::ConfigError {
                 file: config.source.clone(),
@@ -81,6 +93,7 @@ impl ServiceOptions {
             body_limit: config.service.body_limit,
             max_running_trees: config.service.max_running_trees,
             shutdown_timeout: config.service.shutdown_timeout,
+            webhooks,
         })
     }
 

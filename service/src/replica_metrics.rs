@@ -2,7 +2,8 @@
 //! trees it owns now, the trees it adopted, the controls (cancel, approvals,
 //! steering, budgets) it forwarded to another replica or applied for one,
 //! the event streams that follow a tree run elsewhere, and the trees it lost
-//! to a fence (another replica claimed them after it). Kept apart from the
+//! to a fence (another replica claimed them after it); and the completion
+//! webhooks it delivered, retried and gave up on. Kept apart from the
 //! agents' families (`metrics.rs`): `render` gives OpenMetrics text that the
 //! `/metrics` handler puts before the agents' `# EOF`.
 
@@ -29,6 +30,14 @@ pub(crate) struct ReplicaMetrics {
     pub(crate) fenced: Counter,
     /// Event streams open now that follow a tree run by another replica.
     pub(crate) remote_streams: Gauge,
+    /// The completion webhooks' families (`arbor_webhook_*`).
+    webhook_registry: Registry,
+    /// Webhooks a receiver accepted.
+    pub(crate) webhooks_delivered: Counter,
+    /// Webhook attempts that failed (each one, retried or not).
+    pub(crate) webhook_attempts_failed: Counter,
+    /// Webhooks given up on (a final refusal, or no attempt left).
+    pub(crate) webhooks_failed: Counter,
 }
 
 impl ReplicaMetrics {
@@ -43,7 +52,27 @@ impl ReplicaMetrics {
             fenced: Counter::default(),
             remote_streams: Gauge::default(),
             registry: Registry::default(),
+            webhook_registry: Registry::default(),
+            webhooks_delivered: Counter::default(),
+            webhook_attempts_failed: Counter::default(),
+            webhooks_failed: Counter::default(),
         };
+        let mut webhook_registry = Registry::with_prefix("arbor_webhook");
+        webhook_registry.register(
+            "deliveries",
+            "Completion webhooks a receiver accepted (a 2xx answer)",
+            metrics.webhooks_delivered.clone(),
+        );
+        webhook_registry.register(
+            "attempts_failed",
+            "Completion webhook attempts that failed (retried or not)",
+            metrics.webhook_attempts_failed.clone(),
+        );
+        webhook_registry.register(
+            "failures",
+            "Completion webhooks given up on (refused for good, or every attempt failed)",
+            metrics.webhooks_failed.clone(),
+        );
         registry.register(
             "trees_owned",
             "Trees this replica runs now",
@@ -81,19 +110,21 @@ impl ReplicaMetrics {
         );
         ReplicaMetrics {
             registry,
+            webhook_registry,
             ..metrics
         }
     }
 
     /// The families as OpenMetrics text, without the closing `# EOF`.
     pub(crate) fn render(&self) -> String {
-        let mut out = String::new();
-        // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        match out.strip_suffix("# EOF\n") {
-            Some(families) => families.to_owned(),
-            None => out,
+        let mut text = String::new();
+        for registry in [&self.registry, &self.webhook_registry] {
+            let mut out = String::new();
+            // Writing to a String cannot fail.
+            let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+            text.push_str(out.strip_suffix("# EOF\n").unwrap_or(&out));
         }
+        text
     }
 
     /// `agents` (OpenMetrics text ending in `# EOF`) with these families
@@ -127,5 +158,12 @@ mod tests {
             "{text}"
         );
         assert!(text.starts_with("# HELP x_total"), "{text}");
+        metrics.webhooks_delivered.inc();
+        let text = metrics.append_to("# EOF\n".into());
+        assert!(
+            text.contains("arbor_webhook_deliveries_total 1\n"),
+            "{text}"
+        );
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
     }
 }

@@ -41,6 +41,9 @@ pub(crate) struct Shared {
     /// Bumped when the store says another process released its trees: the
     /// adoption loop looks for them at once.
     pub(super) adopt_wake: watch::Sender<u64>,
+    /// Bumped when a tree ends here (or a webhook's retry is due): the
+    /// webhook deliverer looks for due webhooks at once.
+    pub(super) webhook_wake: watch::Sender<u64>,
     /// The trees this process runs (started or adopted here, not ended).
     pub(super) owned: std::sync::Mutex<std::collections::HashSet<TreeId>>,
     /// The waiting calls of trees other replicas run, folded from their
@@ -233,6 +236,8 @@ impl Shared {
             };
             gauge.dec();
             if let Some(shared) = shared.upgrade() {
+                // Its webhook, if it has one, is due now.
+                shared.webhook_wake.send_modify(|n| *n += 1);
                 shared.replica.owned.dec();
                 shared.owned.locked().remove(&tree_id);
                 if fenced {

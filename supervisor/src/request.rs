@@ -73,6 +73,62 @@ pub fn check_rule(rule: &ToolRule) -> Result<(), Error> {
     Ok(())
 }
 
+/// The longest webhook URL a request may give.
+pub const MAX_WEBHOOK_URL: usize = 2048;
+
+/// Whether `url` can be a tree's completion webhook: an absolute `http` or
+/// `https` URL with a host (and a port that is one), no credentials in it
+/// (deliveries are signed with the service's secret instead; the URL is
+/// stored as given), no spaces or control characters, at most
+/// [`MAX_WEBHOOK_URL`] bytes. `Error::InvalidRequest` on field `webhook`
+/// names the problem.
+pub fn check_webhook(url: &str) -> Result<(), Error> {
+    let problem = |why: String| invalid("webhook", format!("{url:?}: {why}"));
+    if url.len() > MAX_WEBHOOK_URL {
+        return Err(invalid(
+            "webhook",
+            format!(
+                "a URL of {} bytes is longer than {MAX_WEBHOOK_URL}",
+                url.len()
+            ),
+        ));
+    }
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(problem("a URL has no spaces or control characters".into()));
+    }
+    let lower = url.to_ascii_lowercase();
+    let Some(rest) = lower
+        .strip_prefix("http://")
+        .or_else(|| lower.strip_prefix("https://"))
+    else {
+        return Err(problem(
+            "not an http(s) URL like https://example.com/hooks/arbor".into(),
+        ));
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err(problem(
+            "a webhook URL holds no credentials (deliveries are signed with the \
+             service's webhook_secret)"
+                .into(),
+        ));
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        // An IPv6 literal's colons are inside its brackets.
+        Some((host, port)) if !port.contains(']') => (host, Some(port)),
+        _ => (authority, None),
+    };
+    if host.is_empty() || host == "[]" {
+        return Err(problem("it names no host".into()));
+    }
+    if let Some(port) = port
+        && port.parse::<u16>().map_or(true, |p| p == 0)
+    {
+        return Err(problem(format!("{port:?} is not a port")));
+    }
+    Ok(())
+}
+
 fn invalid(field: impl Into<String>, problem: impl Into<String>) -> Error {
     Error::InvalidRequest {
         field: field.into(),
@@ -191,6 +247,40 @@ mod tests {
 
     use super::*;
     use crate::policy::ToolPolicy;
+
+    /// A webhook is an http(s) URL with a host; anything else is refused
+    /// naming the field and what is wrong.
+    #[test]
+    fn a_webhook_that_is_no_http_url_with_a_host_is_refused_naming_why() {
+        for ok in [
+            "http://127.0.0.1:9000/hook",
+            "https://example.com",
+            "HTTPS://example.com/a?b=c",
+            "http://[::1]:80/x",
+        ] {
+            assert!(check_webhook(ok).is_ok(), "{ok}");
+        }
+        for (bad, why) in [
+            ("ftp://example.com", "not an http(s) URL"),
+            ("example.com/hook", "not an http(s) URL"),
+            ("http://", "names no host"),
+            ("http:///path", "names no host"),
+            ("http://user:pw@example.com/", "holds no credentials"),
+            ("http://example.com:99999/", "is not a port"),
+            ("http://example.com:0/", "is not a port"),
+            ("http://exa mple.com/", "no spaces"),
+        ] {
+            let err = check_webhook(bad).unwrap_err().to_string();
+            assert!(err.contains("webhook") && err.contains(why), "{bad}: {err}");
+        }
+        let long = format!("https://example.com/{}", "a".repeat(MAX_WEBHOOK_URL));
+        assert!(
+            check_webhook(&long)
+                .unwrap_err()
+                .to_string()
+                .contains("longer than")
+        );
+    }
 
     fn steps(n: u64) -> TreeLimits {
         TreeLimits {

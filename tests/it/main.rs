@@ -69,6 +69,7 @@ mod usage_totals;
 mod wait;
 mod waiting_children;
 mod watch;
+mod webhooks;
 mod worktrees;
 
 use std::path::{Path, PathBuf};

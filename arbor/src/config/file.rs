@@ -188,6 +188,26 @@ pub struct ServiceSection {
     /// tokens and a role (the tokens of `tokens_env` are unnamed admins).
     #[serde(default)]
     pub principals: BTreeMap<String, PrincipalSection>,
+    /// The completion webhook of every tree started without one: an http(s)
+    /// URL each tree's end is posted to, signed with `webhook_secret`.
+    #[serde(default)]
+    pub webhook: Option<String>,
+    /// The shared secret webhooks are signed with (HMAC-SHA256): a string,
+    /// or `{ env = "VAR" }`.
+    #[serde(default)]
+    pub webhook_secret: Option<crate::config::webhooks::WebhookSecret>,
+    /// Attempts per webhook delivery, the first included.
+    #[serde(default = "crate::config::webhooks::default_attempts")]
+    pub webhook_attempts: u32,
+    /// The wait after a failed delivery attempt; it doubles at each next.
+    #[serde(default = "crate::config::webhooks::default_backoff")]
+    pub webhook_backoff: String,
+    /// The longest wait between delivery attempts.
+    #[serde(default = "crate::config::webhooks::default_backoff_max")]
+    pub webhook_backoff_max: String,
+    /// How long one delivery attempt may take.
+    #[serde(default = "crate::config::webhooks::default_timeout")]
+    pub webhook_timeout: String,
 }
 
 /// `[service.principals.NAME]`: an API caller by name. The trees it starts
@@ -267,6 +287,12 @@ impl Default for ServiceSection {
             max_queued_turns: default_max_queued_turns(),
             otlp_endpoint: None,
             principals: BTreeMap::new(),
+            webhook: None,
+            webhook_secret: None,
+            webhook_attempts: crate::config::webhooks::default_attempts(),
+            webhook_backoff: crate::config::webhooks::default_backoff(),
+            webhook_backoff_max: crate::config::webhooks::default_backoff_max(),
+            webhook_timeout: crate::config::webhooks::default_timeout(),
         }
     }
 }
@@ -298,6 +324,8 @@ pub struct ServiceSettings {
     pub body_limit: usize,
     /// Trees one server runs at once.
     pub max_running_trees: usize,
+    /// Completion webhooks: the default, the secret, the retries.
+    pub webhooks: crate::config::webhooks::WebhookSettings,
 }
 
 impl Default for ServiceSettings {
@@ -313,6 +341,7 @@ impl Default for ServiceSettings {
             queued_turns: arbor_supervisor::DEFAULT_TURN_QUEUE,
             limits: ServiceLimits::default(),
             principals: Vec::new(),
+            webhooks: Default::default(),
         }
     }
 }

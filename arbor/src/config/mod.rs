@@ -13,6 +13,7 @@ mod open;
 mod read;
 mod redact;
 pub mod store;
+pub mod webhooks;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -4,7 +4,8 @@
 //!
 //! What is a secret: every literal value of a model's `headers`, of an MCP
 //! server's `env` and `headers` (or Codex's `http_headers`), and the password of a URL (a model's
-//! `base_url`, an MCP server's `url`, the store's `url`). API keys, bearer
+//! `base_url`, an MCP server's `url`, the store's `url`), and `[service]`'s
+//! `webhook_secret` when written as a string. API keys, bearer
 //! tokens and `{ env = "VAR" }` values come from environment variables, so
 //! the file has only their names.
 //!
@@ -114,6 +115,16 @@ pub(super) fn secret_spans(root: &DeTable<'_>) -> Vec<(Range<usize>, String)> {
     }
     if let Some(DeValue::Table(store)) = get(root, "store") {
         spans.extend(url_span(store, "url"));
+    }
+    // The webhooks' shared secret, when written in the file.
+    if let Some(DeValue::Table(service)) = get(root, "service")
+        && let Some(secret) = service
+            .iter()
+            .find(|(k, _)| k.get_ref() == "webhook_secret")
+            .map(|(_, v)| v)
+        && let DeValue::String(_) = secret.get_ref()
+    {
+        spans.push((secret.span(), quoted(REDACTED)));
     }
     spans.sort_by_key(|(span, _)| span.start);
     spans
@@ -357,6 +368,10 @@ bearer_token_env = "REMOTE_TOKEN"
 X-Key = 'header-literal'
 X-From = { env = "ARBOR_TEST_KEY" }
 
+[service]
+webhook = "https://hooks.example.com/arbor"
+webhook_secret = "whsec-literal-0123456789"
+
 [agents.a]
 model = "m"
 "#;
@@ -369,6 +384,7 @@ model = "m"
         "pw-mcp",
         "pw-query",
         "header-literal",
+        "whsec-literal-0123456789",
     ];
 
     fn config(text: &str) -> Config {
@@ -390,6 +406,7 @@ model = "m"
             "X-From = { env = \"ARBOR_TEST_KEY\" }",
             "REMOTE_TOKEN",
             "args = [\"--flag\"]",
+            "webhook = \"https://hooks.example.com/arbor\"",
         ] {
             assert!(snapshot.contains(kept), "{kept}: {snapshot}");
         }

@@ -39,6 +39,12 @@ pub struct CreateRun {
     /// A tool rule for this tree (`allow`/`deny` patterns over tool names such
     /// as `fs/read_file`): it narrows the server's `[policy]`, never widens it.
     pub tools: Option<ToolRule>,
+    /// Where to post the tree's end (a `WebhookPayload`, signed with the
+    /// service's `webhook_secret`) when it completes, fails or is cancelled:
+    /// an `http(s)` URL; the service's `[service] webhook` when absent.
+    /// Retried with backoff; journaled, so a restart delivers it once.
+    #[schema(max_length = 2048, example = "https://example.com/hooks/arbor")]
+    pub webhook: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -184,7 +190,7 @@ pub struct Steered {
         (status = 401, body = ErrorBody),
         (status = 403, description = "The token's principal may not start trees (role `read`)", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
-        (status = 422, description = "Bad JSON, an unknown agent or model, params that do not fit", body = ErrorBody),
+        (status = 422, description = "Bad JSON, an unknown agent or model, params that do not fit, a webhook that is no http(s) URL (or with no webhook_secret to sign it)", body = ErrorBody),
         (status = 503, description = "Too many trees running, or the store failed", body = ErrorBody),
     )
 )]
@@ -194,25 +200,28 @@ pub async fn create_run(
     ApiJson(body): ApiJson<CreateRun>,
 ) -> Result<Response, ApiError> {
     access::check(&shared, &caller, Action::Start, Subject::Service).await?;
-    let request = start_request(&shared, &caller, body);
+    let request = start_request(&shared, &caller, body)?;
     let (tree, run_id) = shared.start(request).await?;
     Ok(created(&tree, &run_id))
 }
 
 /// The start request of a `CreateRun` body (`POST /v1/runs` and
-/// `/v1/runs/wait`): the supervisor checks the model override, the limits
-/// and the tool rule, and tightens the limits against its own, as for every
-/// caller; the tree is the caller's.
+/// `/v1/runs/wait`): the supervisor checks the model override, the limits,
+/// the tool rule and the webhook's URL, and tightens the limits against its
+/// own, as for every caller; the tree is the caller's. A webhook (asked
+/// for, or the service's default) is refused here when the service has no
+/// secret to sign it with.
 pub(super) fn start_request(
     shared: &Shared,
     caller: &crate::access::Principal,
     body: CreateRun,
-) -> StartRequest {
+) -> Result<StartRequest, ApiError> {
+    let webhook = crate::webhooks::asked(&shared.options.webhooks, body.webhook)?;
     let mut limits = body.limits.unwrap_or_default();
     if let Some(rule) = body.tools {
         limits.tools = limits.tools.narrowed(rule);
     }
-    StartRequest {
+    Ok(StartRequest {
         agent: body.agent,
         prompt: body.prompt,
         params: body.params,
@@ -220,8 +229,9 @@ pub(super) fn start_request(
         limits: Some(limits),
         origin: shared.runtime.origin(),
         principal: caller.owner_name(),
+        webhook,
         ..StartRequest::default()
-    }
+    })
 }
 
 /// 201 for a run just started (a tree's root, a turn's): its ids, and the

@@ -69,7 +69,7 @@ pub struct StillRunning {
         (status = 401, body = ErrorBody),
         (status = 403, description = "The token's principal may not start trees (role `read`)", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
-        (status = 422, description = "Bad JSON, a bad timeout, an unknown agent or model, params that do not fit", body = ErrorBody),
+        (status = 422, description = "Bad JSON, a bad timeout, an unknown agent or model, params that do not fit, a bad webhook", body = ErrorBody),
         (status = 503, description = "Too many trees running, or the store failed", body = ErrorBody),
     )
 )]
@@ -93,7 +93,7 @@ pub async fn wait_run(
         }
     };
     access::check(&shared, &caller, Action::Start, Subject::Service).await?;
-    let request = start_request(&shared, &caller, body);
+    let request = start_request(&shared, &caller, body)?;
     let (tree, run) = shared.start(request).await?;
     let supervisor = shared.runtime.supervisor();
     let ended = tokio::time::timeout(timeout, supervisor.until_ended(&tree)).await;

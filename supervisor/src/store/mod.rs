@@ -12,6 +12,7 @@
 mod encode;
 mod journal;
 mod log;
+mod owners;
 #[cfg(feature = "postgres")]
 mod pg;
 mod query;
@@ -19,9 +20,9 @@ mod query;
 mod sqlite;
 mod state_row;
 mod status;
+mod webhook;
 mod writer;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc;
 
@@ -34,11 +35,16 @@ use crate::limits::TreeLimits;
 use crate::recovery::Recovery;
 
 pub use journal::{EventType, JournalEntry, UnknownEventType, journal_view};
+#[cfg(feature = "sqlite")]
+pub(crate) use owners::still_running;
+pub(crate) use owners::{claim_refused, claimable, owner_id, still_running_within, turn_claimable};
 #[cfg(feature = "postgres")]
 pub use pg::{MigrateReport, PASSWORD_ENV, PgStore, redact_url};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use status::{TreeStatus, UnknownStatus};
+pub use webhook::{WebhookClaim, WebhookRecord, WebhookResult, WebhookState};
+pub(crate) use webhook::{webhook_claimable, webhook_record};
 pub use writer::{DEFAULT_FAIL_AFTER, StoreDown};
 pub(crate) use writer::{RESUME_SEQ_GAP, StoreWriter, WriterHealth, WriterHooks};
 
@@ -79,6 +85,12 @@ pub struct TreeRecord {
     /// principals were.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub principal: Option<String>,
+    /// The URL its completion webhook is posted to (see
+    /// `StartRequest::webhook`): written with a new tree as its webhook's
+    /// row (`Store::webhook`), not with the tree's own; `None` on a record
+    /// read back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<String>,
 }
 
 impl TreeRecord {
@@ -95,6 +107,8 @@ impl TreeRecord {
             origin: self.origin,
             config: self.config,
             principal: self.principal,
+            // Its webhook is on record already (its own row).
+            webhook: None,
             // The turn its root's run id names (`T/0~n` is turn n).
             turn: self.root_run_id.attempt(),
         })
@@ -165,124 +179,6 @@ impl From<Fenced> for Error {
 
 /// A tree has not been seen by its process for this long: it was interrupted.
 pub const STALE_AFTER_MS: u64 = 5_000;
-
-/// Where a process id means something: this machine's boot and this pid
-/// namespace (containers on one host share the boot id, not the pids). Linux
-/// only; elsewhere liveness rests on the heartbeat alone.
-/// Read once: it does not change while the process lives.
-fn process_scope() -> Option<&'static str> {
-    static SCOPE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    SCOPE
-        .get_or_init(|| {
-            let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-            let pid_ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
-            Some(format!("{}/{}", boot.trim(), pid_ns.display()))
-        })
-        .as_deref()
-}
-
-/// Who runs a tree: `scope:pid`.
-pub(crate) fn owner_id() -> String {
-    format!("{}:{}", process_scope().unwrap_or("-"), std::process::id())
-}
-
-/// Whether the process that runs a tree is alive, when this process can tell
-/// (same boot and pid namespace): `Some(false)` if its pid is gone or a
-/// zombie, `None` if it cannot tell (then the heartbeat decides). A stopped
-/// process (SIGSTOP, a debugger) may never go on: its heartbeat decides too,
-/// and if it does go on after another process took its tree over, the
-/// tree's fencing epoch stops it there.
-pub(crate) fn owner_alive(owner: &str) -> Option<bool> {
-    let (scope, pid) = owner.rsplit_once(':')?;
-    if scope == "-" || process_scope() != Some(scope) {
-        return None;
-    }
-    if pid == std::process::id().to_string() {
-        return Some(true);
-    }
-    Some(
-        match std::fs::read_to_string(Path::new("/proc").join(pid).join("stat")) {
-            Err(_) => false,
-            Ok(stat) => match stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next())
-            {
-                Some('Z' | 'X') => false,
-                Some('T' | 't') => return None,
-                _ => true,
-            },
-        },
-    )
-}
-
-/// Whether a tree marked running is really being run: its owner is alive, or
-/// (when that cannot be told) its heartbeat is fresh.
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-pub(crate) fn still_running(owner: &str, heartbeat_ms: u64, now_ms: u64) -> bool {
-    still_running_within(owner, heartbeat_ms, now_ms, STALE_AFTER_MS)
-}
-
-/// `still_running` under a lease of `lease_ms`: an owner this process cannot
-/// see (another host or pid namespace, as replicas on one database are)
-/// runs its trees while its heartbeat is younger than the lease.
-pub(crate) fn still_running_within(
-    owner: &str,
-    heartbeat_ms: u64,
-    now_ms: u64,
-    lease_ms: u64,
-) -> bool {
-    owner_alive(owner).unwrap_or(now_ms.saturating_sub(heartbeat_ms) <= lease_ms)
-}
-
-/// Whether a tree can be claimed to resume it (`Store::claim`), from its row:
-/// it is still marked running and nobody runs it (its owner is gone, or,
-/// when that cannot be told, its heartbeat is older than `lease_ms`). The
-/// same decision on every backend.
-pub(crate) fn claimable(
-    tree: &TreeId,
-    row: (TreeStatus, &str, u64),
-    now_ms: u64,
-    lease_ms: u64,
-) -> Result<(), Error> {
-    match claim_refused(row, now_ms, lease_ms) {
-        Some(reason) => Err(Error::NotResumable {
-            tree: tree.clone(),
-            reason,
-        }),
-        None => Ok(()),
-    }
-}
-
-/// Why a tree cannot be claimed to resume it ([`claimable`]), or `None`
-/// when it can.
-pub(crate) fn claim_refused(
-    (status, owner, heartbeat_ms): (TreeStatus, &str, u64),
-    now_ms: u64,
-    lease_ms: u64,
-) -> Option<String> {
-    if status != TreeStatus::Running {
-        return Some(format!("it already ended ({status})"));
-    }
-    if still_running_within(owner, heartbeat_ms, now_ms, lease_ms) {
-        return Some(
-            "another process is running it (it is alive, or its heartbeat is recent); stop that one first"
-                .into(),
-        );
-    }
-    None
-}
-
-/// Whether a tree can be claimed for a follow-up turn (`Store::claim_turn`):
-/// its last turn ended. The same decision on every backend.
-pub(crate) fn turn_claimable(tree: &TreeId, status: TreeStatus) -> Result<(), Error> {
-    if !status.is_final() {
-        return Err(Error::NotResumable {
-            tree: tree.clone(),
-            reason: format!("its turn has not ended ({status})"),
-        });
-    }
-    Ok(())
-}
 
 /// A control message waiting in the store for the process that owns its
 /// tree (`Store::post_control`): a body the service defines (cancel,
@@ -773,6 +669,48 @@ pub trait Store: Send + Sync + 'static {
     /// its last heartbeat.
     fn lease_ms(&self) -> u64 {
         STALE_AFTER_MS
+    }
+
+    /// The tree's completion webhook; `None` when it asked for none. The
+    /// default (a store without webhooks) has none.
+    fn webhook(&self, tree_id: &TreeId) -> Result<Option<WebhookRecord>, Error> {
+        let _ = tree_id;
+        Ok(None)
+    }
+
+    /// Trees whose webhook could be claimed now (`webhook_claimable`: their
+    /// tree ended, an attempt is due, nobody holds it), at most `limit`.
+    fn webhooks_due(&self, now_ms: u64, limit: usize) -> Result<Vec<TreeId>, Error> {
+        let _ = (now_ms, limit);
+        Ok(Vec::new())
+    }
+
+    /// Claims the tree's webhook for one attempt by this process, held
+    /// until `hold_until_ms` (the attempt's end at the latest), atomically:
+    /// of two processes claiming it, one gets it. `None` when it cannot be
+    /// claimed now (delivered or given up on, not due, its tree running,
+    /// held by another process) or there is none.
+    fn claim_webhook(
+        &self,
+        tree_id: &TreeId,
+        now_ms: u64,
+        hold_until_ms: u64,
+    ) -> Result<Option<WebhookClaim>, Error> {
+        let _ = (tree_id, now_ms, hold_until_ms);
+        Ok(None)
+    }
+
+    /// Records what the attempt of `claim` came to, and lets go of the
+    /// webhook: `false` (nothing written) when another process has claimed
+    /// it since (its claim is fenced).
+    fn webhook_attempted(
+        &self,
+        claim: &WebhookClaim,
+        result: &WebhookResult,
+        now_ms: u64,
+    ) -> Result<bool, Error> {
+        let _ = (claim, result, now_ms);
+        Ok(false)
     }
 
     /// A tree with its whole log, as stored.

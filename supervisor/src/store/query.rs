@@ -240,6 +240,7 @@ impl RecordTexts {
                 .map_err(|e| bad(format!("history: {e}")))?,
             started_ms: summary.started_ms,
             principal: summary.principal.clone(),
+            webhook: None,
         })
     }
 }
@@ -547,7 +548,14 @@ mod tests {
         );
         assert_eq!(
             sqlite.keys().collect::<Vec<_>>(),
-            ["configs", "controls", "queued_turns", "segments", "trees"]
+            [
+                "configs",
+                "controls",
+                "queued_turns",
+                "segments",
+                "trees",
+                "webhooks"
+            ]
         );
     }
 

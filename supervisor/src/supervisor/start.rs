@@ -72,6 +72,17 @@ impl Supervisor {
                     problem: refused.to_string(),
                 })?;
         }
+        if let Some(url) = request.webhook.as_deref().filter(|_| new_tree) {
+            crate::request::check_webhook(url)?;
+            if self.store.is_none() {
+                return Err(Error::InvalidRequest {
+                    field: "webhook".into(),
+                    problem: "a webhook needs a store to journal its delivery, and this \
+                              supervisor has none"
+                        .into(),
+                });
+            }
+        }
         let model_override: Option<Arc<dyn Model>> = match &request.model {
             Some(name) => {
                 Some(
@@ -268,6 +279,7 @@ impl Supervisor {
                 history: request.history.clone(),
                 started_ms: crate::tree::now_ms(),
                 principal: request.principal.clone(),
+                webhook: request.webhook.clone().filter(|_| new_tree),
             })));
             writer.flush().await?;
         }

@@ -25,6 +25,7 @@ fn started(tree: &str, principal: Option<&str>, started_ms: u64) -> Write {
         history: None,
         started_ms,
         principal: principal.map(str::to_owned),
+        webhook: None,
     }))
 }
 

@@ -561,6 +561,7 @@ fn a_tree_released_in_a_batch_with_its_events_stays_interrupted(backend) {
             history: None,
             started_ms: 1,
             principal: None,
+            webhook: None,
         }))])
         .unwrap();
     store
@@ -597,6 +598,7 @@ fn record(tree: &str) -> Write {
         history: None,
         started_ms: 1,
         principal: None,
+        webhook: None,
     }))
 }
 

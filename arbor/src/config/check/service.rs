@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::config::file::{PrincipalSettings, Role};
 use crate::config::read::{Source, at};
+use crate::config::webhooks::{WebhookSecret, WebhookSettings};
 use crate::config::{Problem, ServiceSection, ServiceSettings};
 
 use super::duration_in;
@@ -194,6 +195,7 @@ pub(in crate::config) fn check_service(
         ));
     }
     let principals = check_principals(service, text, problems);
+    let webhooks = check_webhooks(service, text, problems);
     ServiceSettings {
         shutdown_timeout,
         steering,
@@ -213,6 +215,104 @@ pub(in crate::config) fn check_service(
         otlp_endpoint: service.otlp_endpoint.clone(),
         body_limit: service.body_limit,
         max_running_trees: service.max_running_trees,
+        webhooks,
+    }
+}
+
+/// The webhook keys: a default that is a webhook URL (the supervisor's
+/// check), a secret that is not empty (a default needs one), the retries
+/// within their ranges.
+fn check_webhooks(
+    service: &ServiceSection,
+    text: &Source<'_>,
+    problems: &mut Vec<Problem>,
+) -> WebhookSettings {
+    use std::time::Duration;
+    let defaults = WebhookSettings::default();
+    let mut within = |key: &str, value: &String, min: Duration, max: Duration, default| {
+        duration_in(
+            text,
+            "service",
+            key,
+            &Some(value.clone()),
+            (min, max),
+            problems,
+        )
+        .unwrap_or(default)
+    };
+    let ms = Duration::from_millis;
+    let backoff = within(
+        "webhook_backoff",
+        &service.webhook_backoff,
+        ms(1),
+        Duration::from_secs(3600),
+        defaults.backoff,
+    );
+    let backoff_max = within(
+        "webhook_backoff_max",
+        &service.webhook_backoff_max,
+        ms(1),
+        Duration::from_secs(86_400),
+        defaults.backoff_max,
+    );
+    let timeout = within(
+        "webhook_timeout",
+        &service.webhook_timeout,
+        ms(10),
+        Duration::from_secs(300),
+        defaults.timeout,
+    );
+    let attempts = if (1..=100).contains(&service.webhook_attempts) {
+        service.webhook_attempts
+    } else {
+        problems.push(at(
+            text,
+            "service",
+            "webhook_attempts",
+            format!(
+                "must be between 1 and 100 (got {})",
+                service.webhook_attempts
+            ),
+        ));
+        defaults.attempts
+    };
+    if let Some(url) = &service.webhook {
+        if let Err(e) = arbor_supervisor::request::check_webhook(url) {
+            let message = match e {
+                arbor_supervisor::Error::InvalidRequest { problem, .. } => problem,
+                other => other.to_string(),
+            };
+            problems.push(at(text, "service", "webhook", message));
+        } else if service.webhook_secret.is_none() {
+            problems.push(at(
+                text,
+                "service",
+                "webhook",
+                "a webhook needs webhook_secret (a string, or { env = \"VAR\" }) to sign its \
+                 deliveries with"
+                    .into(),
+            ));
+        }
+    }
+    // A literal's length is checked when the service reads it (a stored
+    // config has it redacted, and must still read).
+    if let Some(WebhookSecret::Env { env }) = &service.webhook_secret
+        && (env.is_empty() || env.contains(['=', '\0']))
+    {
+        problems.push(at(
+            text,
+            "service",
+            "webhook_secret",
+            "env must name an environment variable".into(),
+        ));
+    }
+    WebhookSettings {
+        default_url: service.webhook.clone(),
+        secret: service.webhook_secret.clone(),
+        attempts,
+        backoff,
+        backoff_max: backoff_max.max(backoff),
+        timeout,
     }
 }
 

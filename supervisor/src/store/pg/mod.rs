@@ -18,10 +18,12 @@
 //! worker included, like SQLite's calls do. No TLS yet: connections are
 //! plain TCP (`NoTls`), for a database on the same host or a private network.
 
+mod gc;
 mod listen;
 mod query;
 mod schema;
 mod turns;
+mod webhook;
 mod write;
 
 /// The schema's migrations, for the test that both backends' have one shape.

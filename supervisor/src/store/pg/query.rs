@@ -172,6 +172,32 @@ impl Store for PgStore {
         self.write_batch(batch)
     }
 
+    fn webhook(&self, tree_id: &TreeId) -> Result<Option<crate::store::WebhookRecord>, Error> {
+        self.webhook_here(tree_id)
+    }
+
+    fn webhooks_due(&self, now_ms: u64, limit: usize) -> Result<Vec<TreeId>, Error> {
+        self.webhooks_due_here(now_ms, limit)
+    }
+
+    fn claim_webhook(
+        &self,
+        tree_id: &TreeId,
+        now_ms: u64,
+        hold_until_ms: u64,
+    ) -> Result<Option<crate::store::WebhookClaim>, Error> {
+        self.claim_webhook_here(tree_id, now_ms, hold_until_ms)
+    }
+
+    fn webhook_attempted(
+        &self,
+        claim: &crate::store::WebhookClaim,
+        result: &crate::store::WebhookResult,
+        now_ms: u64,
+    ) -> Result<bool, Error> {
+        self.webhook_attempted_here(claim, result, now_ms)
+    }
+
     fn trees(&self, filter: &TreeFilter) -> Result<Vec<TreeSummary>, Error> {
         self.list(filter, None)
     }
@@ -400,48 +426,7 @@ impl Store for PgStore {
     }
 
     fn gc(&self, cutoff_ms: u64) -> Result<GcReport, Error> {
-        self.block(async {
-            let io = self.io();
-            let mut client = self.client().await?;
-            let tx = client.transaction().await.map_err(&io)?;
-            let trees: Vec<String> = tx
-                .query(
-                    "DELETE FROM trees WHERE status != 'running' AND finished_ms < $1
-                     RETURNING tree_id",
-                    &[&(cutoff_ms as i64)],
-                )
-                .await
-                .map_err(&io)?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            let segments = tx
-                .execute("DELETE FROM segments WHERE tree_id = ANY($1)", &[&trees])
-                .await
-                .map_err(&io)?;
-            tx.execute("DELETE FROM controls WHERE tree_id = ANY($1)", &[&trees])
-                .await
-                .map_err(&io)?;
-            tx.execute(
-                "DELETE FROM queued_turns WHERE tree_id = ANY($1)",
-                &[&trees],
-            )
-            .await
-            .map_err(&io)?;
-            // Configs no tree names any more.
-            tx.execute(
-                "DELETE FROM configs c WHERE NOT EXISTS
-                     (SELECT 1 FROM trees t WHERE t.config = c.hash)",
-                &[],
-            )
-            .await
-            .map_err(&io)?;
-            tx.commit().await.map_err(&io)?;
-            Ok(GcReport {
-                trees: trees.len() as u64,
-                segments,
-            })
-        })
+        self.gc_here(cutoff_ms)
     }
 
     fn claim(&self, tree: &TreeId) -> Result<u64, Error> {

@@ -89,6 +89,25 @@ CREATE TABLE queued_turns (
     UNIQUE (tree_id, turn)
 );
 "#,
+    // 6: completion webhooks: one per tree that asked for one, written with
+    // the tree, then each attempt's outcome; `owner` holds it for one
+    // attempt until `held_ms`, under `epoch` (as trees are claimed).
+    r#"
+CREATE TABLE webhooks (
+    tree_id    TEXT PRIMARY KEY,
+    url        TEXT NOT NULL,
+    state      TEXT NOT NULL,
+    attempts   BIGINT NOT NULL DEFAULT 0,
+    next_ms    BIGINT NOT NULL DEFAULT 0,
+    error      TEXT,
+    owner      TEXT,
+    held_ms    BIGINT NOT NULL DEFAULT 0,
+    epoch      BIGINT NOT NULL DEFAULT 0,
+    created_ms BIGINT NOT NULL,
+    done_ms    BIGINT
+);
+CREATE INDEX webhooks_pending ON webhooks(next_ms) WHERE state = 'pending';
+"#,
 ];
 
 /// The advisory lock migrations hold ("ARBR" and 1).

@@ -300,6 +300,16 @@ async fn attempt(
                         ],
                     )
                     .await?;
+                if let (Some(_), Some(url)) = (&claimed, &tree.webhook) {
+                    let put = tx
+                        .prepare_cached(
+                            "INSERT INTO webhooks(tree_id, url, state, created_ms)
+                             VALUES ($1, $2, 'pending', $3) ON CONFLICT DO NOTHING",
+                        )
+                        .await?;
+                    tx.execute(&put, &[&tree.tree_id.as_str(), url, &(now_ms() as i64)])
+                        .await?;
+                }
                 let epoch = claimed.as_ref().map(|r| {
                     let r = row(r);
                     let epoch = r.epoch;

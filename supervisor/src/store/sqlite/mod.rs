@@ -19,6 +19,7 @@ mod schema;
 #[cfg(test)]
 mod tests;
 mod turns;
+mod webhook;
 mod write;
 
 /// The schema's migrations, for the test that both backends' have one shape.

@@ -101,6 +101,32 @@ impl Store for SqliteStore {
         self.write_batch(batch)
     }
 
+    fn webhook(&self, tree_id: &TreeId) -> Result<Option<crate::store::WebhookRecord>, Error> {
+        self.webhook_here(tree_id)
+    }
+
+    fn webhooks_due(&self, now_ms: u64, limit: usize) -> Result<Vec<TreeId>, Error> {
+        self.webhooks_due_here(now_ms, limit)
+    }
+
+    fn claim_webhook(
+        &self,
+        tree_id: &TreeId,
+        now_ms: u64,
+        hold_until_ms: u64,
+    ) -> Result<Option<crate::store::WebhookClaim>, Error> {
+        self.claim_webhook_here(tree_id, now_ms, hold_until_ms)
+    }
+
+    fn webhook_attempted(
+        &self,
+        claim: &crate::store::WebhookClaim,
+        result: &crate::store::WebhookResult,
+        now_ms: u64,
+    ) -> Result<bool, Error> {
+        self.webhook_attempted_here(claim, result, now_ms)
+    }
+
     fn trees(&self, filter: &TreeFilter) -> Result<Vec<TreeSummary>, Error> {
         self.list(filter, None)
     }
@@ -564,6 +590,8 @@ impl Store for SqliteStore {
             tx.execute("DELETE FROM controls WHERE tree_id = ?1", [tree])
                 .map_err(sql(&self.path))?;
             tx.execute("DELETE FROM queued_turns WHERE tree_id = ?1", [tree])
+                .map_err(sql(&self.path))?;
+            tx.execute("DELETE FROM webhooks WHERE tree_id = ?1", [tree])
                 .map_err(sql(&self.path))?;
         }
         // Configs no tree names any more.

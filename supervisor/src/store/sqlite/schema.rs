@@ -105,6 +105,25 @@ CREATE TABLE queued_turns (
     UNIQUE (tree_id, turn)
 );
 "#,
+    // 9: completion webhooks: one per tree that asked for one, written with
+    // the tree, then each attempt's outcome; `owner` holds it for one
+    // attempt until `held_ms`, under `epoch` (as trees are claimed).
+    r#"
+CREATE TABLE webhooks (
+    tree_id    TEXT PRIMARY KEY,
+    url        TEXT NOT NULL,
+    state      TEXT NOT NULL,
+    attempts   INTEGER NOT NULL DEFAULT 0,
+    next_ms    INTEGER NOT NULL DEFAULT 0,
+    error      TEXT,
+    owner      TEXT,
+    held_ms    INTEGER NOT NULL DEFAULT 0,
+    epoch      INTEGER NOT NULL DEFAULT 0,
+    created_ms INTEGER NOT NULL,
+    done_ms    INTEGER
+) WITHOUT ROWID;
+CREATE INDEX webhooks_pending ON webhooks(next_ms) WHERE state = 'pending';
+"#,
 ];
 
 /// How long a write waits for another process holding the file's write lock.

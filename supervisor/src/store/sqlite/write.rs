@@ -130,6 +130,17 @@ fn attempt(
                         |r| r.get(0),
                     )
                     .optional()?;
+                if let (Some(_), Some(url)) = (claimed, &tree.webhook) {
+                    tx.prepare_cached(
+                        "INSERT OR IGNORE INTO webhooks(tree_id, url, state, created_ms)
+                         VALUES (?1, ?2, 'pending', ?3)",
+                    )?
+                    .execute(params![
+                        tree.tree_id.as_str(),
+                        url,
+                        now_ms() as i64
+                    ])?;
+                }
                 b.tree_written(
                     &mut rows,
                     &tree.tree_id,

@@ -1,0 +1,299 @@
+//! Completion webhooks: when a tree that asked for one ends (completed,
+//! failed or cancelled), its end is posted, signed, to its URL; failed
+//! attempts are retried with backoff. The store journals each webhook (its
+//! row is written with the tree) and each attempt's outcome, and an attempt
+//! is made under a claim of that row (owner, hold, fencing epoch, as trees
+//! are claimed): so a server that stops between a tree's end and the
+//! delivery leaves it to the next start (or another replica), which
+//! delivers it once, and a delivered webhook is never sent again. A crash
+//! after a receiver accepted an attempt and before the store recorded it
+//! sends it again: receivers dedupe on `X-Arbor-Delivery`.
+
+pub(crate) mod decide;
+pub(crate) mod payload;
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use arbor_actors::TreeId;
+use arbor_supervisor::store::{WebhookClaim, WebhookResult};
+use tokio::sync::watch;
+
+use self::decide::{Answer, Next, Retries};
+use crate::Shared;
+
+/// How often the deliverer looks for webhooks that are due (trees ended
+/// elsewhere, retries whose wait is over). A tree that ends here wakes it
+/// at once.
+const LOOK_EVERY: Duration = Duration::from_millis(250);
+/// Webhooks claimed in one look, at most.
+const AT_ONCE: usize = 64;
+
+/// How completion webhooks are sent (`[service]`'s webhook keys).
+#[derive(Clone)]
+pub struct WebhookOptions {
+    /// The webhook of a tree started without one.
+    pub default_url: Option<String>,
+    /// The shared secret deliveries are signed with; without one, a start
+    /// that asks for a webhook is refused, and none is sent.
+    pub secret: Option<Arc<[u8]>>,
+    /// Attempts, backoff and its cap.
+    pub retries: Retries,
+    /// How long one attempt may take.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for WebhookOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookOptions")
+            .field("default_url", &self.default_url)
+            .field("secret", &self.secret.as_ref().map(|_| "[REDACTED]"))
+            .field("retries", &self.retries)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl Default for WebhookOptions {
+    fn default() -> Self {
+        let settings = arbor::config::webhooks::WebhookSettings::default();
+        WebhookOptions {
+            default_url: None,
+            secret: None,
+            retries: Retries {
+                attempts: settings.attempts,
+                backoff: settings.backoff,
+                backoff_max: settings.backoff_max,
+            },
+            timeout: settings.timeout,
+        }
+    }
+}
+
+impl WebhookOptions {
+    /// From `[service]`'s webhook keys, with the secret read (from the
+    /// environment, if it says so); `Err` says why it cannot be read.
+    pub fn from_settings(
+        settings: &arbor::config::webhooks::WebhookSettings,
+    ) -> Result<WebhookOptions, arbor::config::webhooks::SecretError> {
+        let secret = match &settings.secret {
+            Some(secret) => Some(Arc::from(secret.resolve()?.into_bytes())),
+            None => None,
+        };
+        Ok(WebhookOptions {
+            default_url: settings.default_url.clone(),
+            secret,
+            retries: Retries {
+                attempts: settings.attempts,
+                backoff: settings.backoff,
+                backoff_max: settings.backoff_max,
+            },
+            timeout: settings.timeout,
+        })
+    }
+}
+
+/// The webhook a start request asks for (`webhook`), or the service's
+/// default; refused (422, naming `webhook`) when the service has no secret
+/// to sign it with. The URL itself is the supervisor's to check.
+pub(crate) fn asked(
+    options: &WebhookOptions,
+    webhook: Option<String>,
+) -> Result<Option<String>, crate::ApiError> {
+    let Some(url) = webhook.or_else(|| options.default_url.clone()) else {
+        return Ok(None);
+    };
+    if options.secret.is_none() {
+        return Err(crate::ApiError::invalid(
+            "webhook: this service signs every webhook and has no secret to sign with: set \
+             [service] webhook_secret (a string of at least 16 bytes, or { env = \"VAR\" })",
+        ));
+    }
+    Ok(Some(url))
+}
+
+/// Delivers due webhooks until the service shuts down: every `LOOK_EVERY`,
+/// and at once when `wake` is bumped (a tree ended here).
+pub(crate) async fn deliver_loop(shared: Weak<Shared>, mut wake: watch::Receiver<u64>) {
+    let Some(mut shutdown) = shared.upgrade().map(|s| s.shutdown.subscribe()) else {
+        return;
+    };
+    let client = match reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!("arbor/", env!("CARGO_PKG_VERSION")))
+        .build()
+    {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::error!(%error, "no HTTP client for webhooks: none is delivered");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(LOOK_EVERY) => {}
+            _ = wake.changed() => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if shared.options.webhooks.secret.is_none() {
+            // Nothing is sent unsigned; a start that asks is refused.
+            continue;
+        }
+        let supervisor = shared.runtime.supervisor();
+        let now = now_ms();
+        let due = supervisor
+            .read_store(move |store| store.webhooks_due(now, AT_ONCE))
+            .await;
+        let due = match due {
+            Ok(due) => due,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the webhooks that are due");
+                continue;
+            }
+        };
+        for tree in due {
+            tokio::spawn(attempt(shared.clone(), client.clone(), tree));
+        }
+    }
+}
+
+/// One attempt at `tree`'s webhook, if this process claims it.
+async fn attempt(shared: Arc<Shared>, client: reqwest::Client, tree: TreeId) {
+    let options = &shared.options.webhooks;
+    let Some(secret) = options.secret.clone() else {
+        return;
+    };
+    let supervisor = shared.runtime.supervisor();
+    let now = now_ms();
+    // Held for the attempt and a second more, then anyone's (a crash).
+    let hold = now + options.timeout.as_millis() as u64 + 1_000;
+    let id = tree.clone();
+    let claim = match supervisor
+        .read_store(move |store| store.claim_webhook(&id, now, hold))
+        .await
+    {
+        Ok(Some(claim)) => claim,
+        Ok(None) => return,
+        Err(error) => {
+            tracing::warn!(tree = %tree, %error, "cannot claim the tree's webhook");
+            return;
+        }
+    };
+    let attempt = claim.attempts + 1;
+    let modes: std::collections::HashMap<String, arbor_actors::OutputMode> = supervisor
+        .catalog()
+        .templates()
+        .map(|t| (t.id.clone(), t.output_mode))
+        .collect();
+    let id = tree.clone();
+    let body = supervisor
+        .read_store(move |store| payload::read(store, &id, |agent| modes.get(agent).copied()))
+        .await
+        .and_then(|payload| {
+            serde_json::to_vec(&payload)
+                .map_err(|e| arbor_supervisor::Error::Store(format!("webhook body: {e}")))
+        });
+    let answer = match body {
+        Ok(body) => post(&client, &claim, &secret, body, attempt, options.timeout).await,
+        // The tree cannot be read now: counted as an attempt, retried.
+        Err(error) => Answer::Unreachable(format!("cannot read the ended tree: {error}")),
+    };
+    let next = decide::after_attempt(&answer, attempt, &options.retries);
+    let now = now_ms();
+    let metrics = &shared.replica;
+    let result = match next {
+        Next::Delivered => {
+            metrics.webhooks_delivered.inc();
+            tracing::info!(tree = %tree, attempt, url = %claim.url, "webhook delivered");
+            WebhookResult::Delivered
+        }
+        Next::Retry { after, error } => {
+            metrics.webhook_attempts_failed.inc();
+            tracing::warn!(tree = %tree, attempt, %error, retry_in = ?after, "webhook attempt failed");
+            WebhookResult::Retry {
+                error,
+                next_ms: now + after.as_millis() as u64,
+            }
+        }
+        Next::GiveUp { error } => {
+            metrics.webhook_attempts_failed.inc();
+            metrics.webhooks_failed.inc();
+            tracing::error!(tree = %tree, attempt, %error, "webhook given up on");
+            WebhookResult::Failed { error }
+        }
+    };
+    let wait = match &result {
+        WebhookResult::Retry { next_ms, .. } => Some(next_ms.saturating_sub(now)),
+        _ => None,
+    };
+    match supervisor
+        .read_store(move |store| store.webhook_attempted(&claim, &result, now))
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(tree = %tree, "another process claimed the webhook since"),
+        Err(error) => tracing::error!(tree = %tree, %error, "cannot record the webhook attempt"),
+    }
+    // The retry is looked for when its wait is over, not a look later.
+    if let Some(wait) = wait {
+        let wake = Arc::downgrade(&shared);
+        drop(shared);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            if let Some(shared) = wake.upgrade() {
+                shared.webhook_wake.send_modify(|n| *n += 1);
+            }
+        });
+    }
+}
+
+/// Milliseconds since the Unix epoch, as the store keeps time.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Posts `body`, signed, to the claimed webhook's URL within `timeout`.
+async fn post(
+    client: &reqwest::Client,
+    claim: &WebhookClaim,
+    secret: &[u8],
+    body: Vec<u8>,
+    attempt: u32,
+    timeout: Duration,
+) -> Answer {
+    let timestamp = (now_ms() / 1000).to_string();
+    let signature = payload::signature(secret, &timestamp, &body);
+    let request = client
+        .post(&claim.url)
+        .timeout(timeout)
+        .header("content-type", "application/json")
+        .header("x-arbor-delivery", claim.tree_id.as_str())
+        .header("x-arbor-attempt", attempt.to_string())
+        .header("x-arbor-timestamp", &timestamp)
+        .header("x-arbor-signature", signature)
+        .body(body);
+    match request.send().await {
+        Ok(response) => {
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
+            Answer::Status {
+                code: response.status().as_u16(),
+                retry_after,
+            }
+        }
+        Err(error) if error.is_builder() => Answer::Unsendable(format!("cannot send: {error}")),
+        Err(error) if error.is_timeout() => {
+            Answer::Unreachable(format!("no answer within {timeout:?}"))
+        }
+        Err(error) => Answer::Unreachable(format!("cannot reach the receiver: {error}")),
+    }
+}

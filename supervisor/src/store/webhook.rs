@@ -1,0 +1,181 @@
+//! Completion webhooks as the store journals them: one row per tree that
+//! asked for one (written with the tree, in the batch that stores it), then
+//! each delivery attempt's outcome, so that a process that stops between the
+//! tree's end and a delivery leaves the delivery to the next, and a delivered
+//! webhook is never sent again. The row is claimed for one attempt at a time
+//! (owner, hold, fencing epoch), as trees are, so of two processes on one
+//! store one delivers.
+
+use arbor_actors::TreeId;
+use serde::Serialize;
+
+/// Where a tree's webhook is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub enum WebhookState {
+    /// Not delivered yet: the tree runs, or attempts go on.
+    Pending,
+    /// A receiver accepted it (a 2xx answer); never sent again.
+    Delivered,
+    /// Given up on (a final refusal, or every attempt failed).
+    Failed,
+}
+
+impl WebhookState {
+    /// The state as the store writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WebhookState::Pending => "pending",
+            WebhookState::Delivered => "delivered",
+            WebhookState::Failed => "failed",
+        }
+    }
+
+    /// The state the store wrote as `text`; `None` for one it does not know.
+    pub fn parse(text: &str) -> Option<WebhookState> {
+        [
+            WebhookState::Pending,
+            WebhookState::Delivered,
+            WebhookState::Failed,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == text)
+    }
+}
+
+/// A tree's webhook, as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookRecord {
+    /// The tree it reports the end of.
+    pub tree_id: TreeId,
+    /// Where it is posted.
+    pub url: String,
+    /// Where it is.
+    pub state: WebhookState,
+    /// Attempts made so far.
+    pub attempts: u32,
+    /// The earliest time of the next attempt, in milliseconds since the
+    /// Unix epoch.
+    pub next_ms: u64,
+    /// Why the last attempt failed (or why it was given up on).
+    pub error: Option<String>,
+    /// When a receiver accepted it, or it was given up on.
+    pub done_ms: Option<u64>,
+}
+
+/// A webhook claimed by this process for one attempt: the attempt's
+/// outcome is recorded under `epoch` (`Store::webhook_attempted`), and only
+/// while no other process has claimed it since.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookClaim {
+    /// The tree it reports the end of.
+    pub tree_id: TreeId,
+    /// Where it is posted.
+    pub url: String,
+    /// Attempts made before this one.
+    pub attempts: u32,
+    /// The claim's fencing epoch.
+    pub epoch: u64,
+}
+
+/// What one attempt came to, as the store records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WebhookResult {
+    /// A receiver accepted it.
+    Delivered,
+    /// It failed (`error`); the next attempt is due at `next_ms`.
+    Retry {
+        /// Why this attempt failed.
+        error: String,
+        /// When the next is due, in milliseconds since the Unix epoch.
+        next_ms: u64,
+    },
+    /// It failed for good (`error`): no attempt follows.
+    Failed {
+        /// Why it is given up on.
+        error: String,
+    },
+}
+
+impl WebhookResult {
+    /// The state the webhook is in after it.
+    pub fn state(&self) -> WebhookState {
+        match self {
+            WebhookResult::Delivered => WebhookState::Delivered,
+            WebhookResult::Retry { .. } => WebhookState::Pending,
+            WebhookResult::Failed { .. } => WebhookState::Failed,
+        }
+    }
+
+    /// Why the attempt failed; `None` when it was delivered.
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            WebhookResult::Delivered => None,
+            WebhookResult::Retry { error, .. } | WebhookResult::Failed { error } => Some(error),
+        }
+    }
+}
+
+/// Whether a pending webhook's row can be claimed for an attempt now: its
+/// tree has ended, its next attempt is due, and no process holds it (none
+/// did, or its holder is gone, or, when that cannot be told, the hold ran
+/// out more than `lease_ms` ago). The same decision on every backend.
+pub(crate) fn webhook_claimable(
+    (tree_ended, next_ms, holder): (bool, u64, Option<(&str, u64)>),
+    now_ms: u64,
+    lease_ms: u64,
+) -> bool {
+    tree_ended
+        && next_ms <= now_ms
+        && holder.is_none_or(|(owner, until_ms)| {
+            !super::still_running_within(owner, until_ms, now_ms, lease_ms)
+        })
+}
+
+/// A webhook's row as a backend reads it (`state` as written; `attempts`,
+/// `next_ms` and `done_ms` as the database's integers), typed; a state this
+/// build does not know is the store's corruption, named.
+pub(crate) fn webhook_record(
+    tree: &TreeId,
+    url: String,
+    state: &str,
+    (attempts, next_ms, done_ms): (i64, i64, Option<i64>),
+    error: Option<String>,
+) -> Result<WebhookRecord, crate::error::Error> {
+    let state = WebhookState::parse(state).ok_or_else(|| {
+        crate::error::Error::Store(format!(
+            "tree {tree}: its webhook's state {state:?} is not one this build knows"
+        ))
+    })?;
+    Ok(WebhookRecord {
+        tree_id: tree.clone(),
+        url,
+        state,
+        attempts: attempts.max(0) as u32,
+        next_ms: next_ms.max(0) as u64,
+        error,
+        done_ms: done_ms.map(|d| d.max(0) as u64),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::webhook_claimable;
+
+    /// A webhook is claimed once its tree has ended and its attempt is due,
+    /// and not while a live process holds it; an unseen holder's claim runs
+    /// out with its hold and the lease.
+    #[test]
+    fn a_webhook_is_claimable_once_its_tree_ended_its_attempt_is_due_and_nobody_holds_it() {
+        assert!(webhook_claimable((true, 10, None), 10, 5));
+        assert!(!webhook_claimable((false, 10, None), 10, 5), "running");
+        assert!(!webhook_claimable((true, 11, None), 10, 5), "not due");
+        let me = super::super::owner_id();
+        assert!(!webhook_claimable((true, 0, Some((&me, 0))), 1_000, 5));
+        let unseen = "elsewhere:1";
+        assert!(!webhook_claimable((true, 0, Some((unseen, 100))), 105, 5));
+        assert!(webhook_claimable((true, 0, Some((unseen, 100))), 106, 5));
+    }
+}
