@@ -150,10 +150,10 @@ fn a_sqlite_store_from_before_principals_reads_as_nobodys_trees() {
             .unwrap();
     }
     // Back to version 6: the column and its index gone (and version 8's
-    // queued turns).
+    // queued turns, version 9's webhooks).
     place.execute(
         "DROP INDEX trees_principal; ALTER TABLE trees DROP COLUMN principal;
-         DROP TABLE queued_turns; PRAGMA user_version = 6;",
+         DROP TABLE queued_turns; DROP TABLE webhooks; PRAGMA user_version = 6;",
     );
     let read: Arc<dyn Store> = Arc::new(SqliteStore::open_read_only(place.at.as_ref()).unwrap());
     assert_eq!(read.principal(&as_tree("t")).unwrap(), None);
