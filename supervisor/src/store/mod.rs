@@ -37,7 +37,9 @@ use crate::recovery::Recovery;
 pub use journal::{EventType, JournalEntry, UnknownEventType, journal_view};
 #[cfg(feature = "sqlite")]
 pub(crate) use owners::still_running;
-pub(crate) use owners::{claim_refused, claimable, owner_id, still_running_within, turn_claimable};
+#[cfg(feature = "postgres")]
+pub(crate) use owners::{claim_refused, still_running_within};
+pub(crate) use owners::{claimable, owner_id, turn_claimable};
 #[cfg(feature = "postgres")]
 pub use pg::{MigrateReport, PASSWORD_ENV, PgStore, redact_url};
 #[cfg(feature = "sqlite")]
