@@ -168,7 +168,9 @@ async fn attempt(shared: Arc<Shared>, client: reqwest::Client, tree: TreeId) {
     };
     let supervisor = shared.runtime.supervisor();
     let now = now_ms();
-    // Held for the attempt and a second more, then anyone's (a crash).
+    // Held for the attempt and a second more; once that and the store's
+    // lease have run out, anyone's (this process's own loop too, should the
+    // outcome never be recorded).
     let hold = now + options.timeout.as_millis() as u64 + 1_000;
     let id = tree.clone();
     let claim = match supervisor

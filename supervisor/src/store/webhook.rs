@@ -120,8 +120,10 @@ impl WebhookResult {
 
 /// Whether a pending webhook's row can be claimed for an attempt now: its
 /// tree has ended, its next attempt is due, and no process holds it (none
-/// did, or its holder is gone, or, when that cannot be told, the hold ran
-/// out more than `lease_ms` ago). The same decision on every backend.
+/// did, or its holder is gone, or its hold ran out more than `lease_ms`
+/// ago, whoever holds it: a holder still alive whose attempt never recorded
+/// its outcome, a failed store write or a panic, must not keep the webhook
+/// from ever being sent). The same decision on every backend.
 pub(crate) fn webhook_claimable(
     (tree_ended, next_ms, holder): (bool, u64, Option<(&str, u64)>),
     now_ms: u64,
@@ -130,7 +132,8 @@ pub(crate) fn webhook_claimable(
     tree_ended
         && next_ms <= now_ms
         && holder.is_none_or(|(owner, until_ms)| {
-            !super::still_running_within(owner, until_ms, now_ms, lease_ms)
+            super::owners::owner_alive(owner) == Some(false)
+                || now_ms.saturating_sub(until_ms) > lease_ms
         })
 }
 
@@ -165,17 +168,27 @@ mod tests {
     use super::webhook_claimable;
 
     /// A webhook is claimed once its tree has ended and its attempt is due,
-    /// and not while a live process holds it; an unseen holder's claim runs
-    /// out with its hold and the lease.
+    /// and not while a process holds it; a claim runs out with its hold and
+    /// the lease, an unseen holder's and a live one's alike.
     #[test]
     fn a_webhook_is_claimable_once_its_tree_ended_its_attempt_is_due_and_nobody_holds_it() {
         assert!(webhook_claimable((true, 10, None), 10, 5));
         assert!(!webhook_claimable((false, 10, None), 10, 5), "running");
         assert!(!webhook_claimable((true, 11, None), 10, 5), "not due");
         let me = super::super::owner_id();
-        assert!(!webhook_claimable((true, 0, Some((&me, 0))), 1_000, 5));
+        assert!(!webhook_claimable((true, 0, Some((&me, 1_000))), 1_000, 5));
+        assert!(!webhook_claimable((true, 0, Some((&me, 1_000))), 1_005, 5));
         let unseen = "elsewhere:1";
         assert!(!webhook_claimable((true, 0, Some((unseen, 100))), 105, 5));
         assert!(webhook_claimable((true, 0, Some((unseen, 100))), 106, 5));
+    }
+
+    /// A webhook this very process holds, whose attempt never recorded its
+    /// outcome (the store write failed, the task panicked), is claimed again
+    /// once its hold and the lease have run out, not never.
+    #[test]
+    fn a_webhook_stuck_under_this_processs_own_claim_is_claimable_after_its_hold() {
+        let me = super::super::owner_id();
+        assert!(webhook_claimable((true, 0, Some((&me, 1_000))), 1_006, 5));
     }
 }
