@@ -133,7 +133,9 @@ pub fn plan(history: &History, context_tokens: u64, compaction: &Compaction) -> 
     if tokens < compaction.at {
         return None;
     }
-    let kept = kept_from(history, compaction.keep);
+    // The last step is always kept: its results are what the model has
+    // not read yet.
+    let kept = kept_from(history, compaction.keep.max(1));
     let (cut_history, cut) = cut_results(history, kept, None);
     let saved = history
         .estimated_tokens()
@@ -407,6 +409,21 @@ mod tests {
         assert!(p.tokens_after_cut < p.tokens);
         // Still over 100 tokens: the 9 messages before the kept steps go.
         assert_eq!(p.summarize, 9);
+    }
+
+    /// `keep = 0` (an embedder's template; the config refuses it) still
+    /// keeps the last step: the results the model has not read are never cut.
+    #[test]
+    fn the_last_steps_results_are_never_cut_even_with_keep_0() {
+        let h = long_run(6, 1000);
+        let c = Compaction {
+            keep: 0,
+            ..Compaction::at(100)
+        };
+        let p = plan(&h, 0, &c).unwrap();
+        let ids: Vec<&str> = p.cut.iter().map(|c| c.tool_call_id.as_str()).collect();
+        assert_eq!(ids, ["c0", "c1", "c2", "c3", "c4"]);
+        assert_eq!(texts(&p.history)[12], "big", "the last result stays");
     }
 
     #[test]

@@ -396,6 +396,11 @@ fn a_compact_at_share_without_a_context_window_is_refused_naming_the_agent() {
             "agents.lead.compact_prompt",
             "is empty",
         ),
+        (
+            "compact_at = 60000\ncompact_keep = 0",
+            "agents.lead.compact_keep",
+            "out of range",
+        ),
     ];
     for (lines, key, why) in cases {
         let (code, err) = check_text(&format!("{base}{lines}\n"));
@@ -404,7 +409,7 @@ fn a_compact_at_share_without_a_context_window_is_refused_naming_the_agent() {
         assert!(err.contains("c.toml:"), "{lines}: {err}");
     }
     for fine in [
-        "context_window = 100000\ncompact_at = 0.8\ncompact_keep = 0\n",
+        "context_window = 100000\ncompact_at = 0.8\ncompact_keep = 1\n",
         "compact_at = 60000\ncompact_prompt = \"Sum up.\"\n",
     ] {
         let (code, err) = check_text(&format!("{base}{fine}"));

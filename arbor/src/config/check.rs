@@ -175,7 +175,7 @@ pub mod ranges {
     /// An agent's `context_window`, in tokens.
     pub const CONTEXT_WINDOW: (u64, u64) = (256, 100_000_000);
     /// An agent's `compact_keep`: model steps a compaction keeps verbatim.
-    pub const COMPACT_KEEP: (u32, u32) = (0, 1000);
+    pub const COMPACT_KEEP: (u32, u32) = (1, 1000);
     /// An agent's `loop_detection` counts (`warn_after`, `fail_after`; 0 is off).
     pub const LOOP_COUNT: (u32, u32) = (0, 1000);
     /// An agent's `failure = { retry = { max } }`.
