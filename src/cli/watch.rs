@@ -24,6 +24,8 @@ use super::live::{Input, Key, LiveTree, LiveView};
 use super::render::clip;
 use super::service::Api;
 
+/// The deepest indent a line gets (a journal or a server may say anything).
+const MAX_INDENT: u64 = 64;
 /// How often the journal is read for a tree followed on the store.
 const POLL: Duration = Duration::from_millis(200);
 /// A stream that sends nothing for this long (the server's keep-alives
@@ -174,7 +176,7 @@ fn line_for(tree: &LiveTree, run: &RunId, entry: &JournalEntry) -> Option<String
                 match text("parentRunId").and_then(|p| p.parse::<RunId>().ok()) {
                     Some(parent) if depth > 0 => format!(
                         "{}▸ {agent} {path} (parent {})",
-                        "  ".repeat(usize::try_from(depth).unwrap_or(0)),
+                        "  ".repeat(usize::try_from(depth.min(MAX_INDENT)).unwrap_or(0)),
                         parent.path_text()
                     ),
                     _ => format!("▸ {agent} {run} (tree {})", run.tree()),
@@ -334,11 +336,17 @@ struct Sent {
     data: String,
 }
 
-/// Splits complete events off the front of `buffer`.
-fn sent_events(buffer: &mut String) -> Vec<Sent> {
+/// The most a stream may send without ending an event before it is taken
+/// for broken (and opened again).
+const MAX_EVENT: usize = 16 << 20;
+
+/// Splits complete events off the front of `buffer` (bytes: a character
+/// may be split across two reads; a whole event is whole text).
+fn sent_events(buffer: &mut Vec<u8>) -> Vec<Sent> {
     let mut out = Vec::new();
-    while let Some(end) = buffer.find("\n\n") {
-        let block: String = buffer.drain(..end + 2).collect();
+    while let Some(end) = buffer.windows(2).position(|w| w == b"\n\n") {
+        let bytes: Vec<u8> = buffer.drain(..end + 2).collect();
+        let block = String::from_utf8_lossy(&bytes);
         let mut sent = Sent {
             id: None,
             event: String::new(),
@@ -463,7 +471,7 @@ async fn read_stream(
 ) -> Connection {
     use futures::StreamExt as _;
     let mut body = response.bytes_stream();
-    let mut buffer = String::new();
+    let mut buffer = Vec::new();
     loop {
         let chunk = tokio::select! {
             chunk = tokio::time::timeout(QUIET, body.next()) => chunk,
@@ -483,8 +491,12 @@ async fn read_stream(
         let Ok(Some(Ok(bytes))) = chunk else {
             return Connection::Closed;
         };
-        buffer.push_str(&String::from_utf8_lossy(&bytes));
-        for sent in sent_events(&mut buffer) {
+        buffer.extend_from_slice(&bytes);
+        let sent = sent_events(&mut buffer);
+        if buffer.len() > MAX_EVENT {
+            return Connection::Closed;
+        }
+        for sent in sent {
             let Ok(Value::Object(data)) = serde_json::from_str::<Value>(&sent.data) else {
                 continue;
             };
@@ -535,4 +547,26 @@ async fn root_of(api: &Api, tree_id: &TreeId) -> anyhow::Result<RunId> {
         .map_or_else(|| format!("{tree_id}/0"), str::to_owned);
     root.parse()
         .with_context(|| format!("the server named {root:?} as tree {tree_id}'s root"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sent_events;
+
+    /// A character split between two reads of the stream arrives whole, and
+    /// an event without an id (a `modelDelta`) is kept.
+    #[test]
+    fn a_character_split_across_two_reads_arrives_whole() {
+        let event = "event: modelDelta\ndata: {\"text\":\"é\"}\n\n".as_bytes();
+        let split = event.iter().position(|b| *b >= 0x80).unwrap() + 1;
+        let mut buffer = event[..split].to_vec();
+        assert!(sent_events(&mut buffer).is_empty());
+        buffer.extend_from_slice(&event[split..]);
+        let sent = sent_events(&mut buffer);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].id, None);
+        assert_eq!(sent[0].event, "modelDelta");
+        assert_eq!(sent[0].data, "{\"text\":\"é\"}");
+        assert!(buffer.is_empty());
+    }
 }

@@ -107,7 +107,8 @@ impl Seen {
                 parent: get("parentRunId")
                     .and_then(Value::as_str)
                     .and_then(|p| p.parse().ok()),
-                depth: usize::try_from(number("depth")).unwrap_or(usize::MAX),
+                // Indented by it: a journal's (or a server's) word, bounded.
+                depth: usize::try_from(number("depth").min(64)).unwrap_or(64),
             },
             EventType::StepStarted => Seen::Step(u32::try_from(number("step")).unwrap_or(0)),
             EventType::ModelRetrying => Seen::Retrying {
