@@ -141,6 +141,19 @@ pub trait TreeHooks: Send + Sync + 'static {
         None
     }
 
+    /// Waits until every event the tree's agents emitted so far is in the
+    /// store; `None` when nothing need wait (the tree is not stored). A tool
+    /// call that may change something (not [`Tool::is_read_only`]) starts
+    /// only then, so a process killed after its effect cannot have lost the
+    /// record of what led to it: a resumed run never does that work again
+    /// from an earlier point (re-reading a file it has already edited). An
+    /// error: the store failed for good, and the call is not run.
+    ///
+    /// [`Tool::is_read_only`]: crate::tool::Tool::is_read_only
+    fn stored(&self) -> Option<BoxFuture<'static, Result<(), String>>> {
+        None
+    }
+
     /// Publishes an event about the run `run_id` (the tree numbers it).
     fn emit(&self, run_id: &RunId, kind: EventKind);
 

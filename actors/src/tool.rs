@@ -171,6 +171,15 @@ pub trait Tool: Send + Sync + 'static {
     }
     /// JSON Schema of the input object.
     fn input_schema(&self) -> Value;
+    /// Whether a call changes nothing outside its run (MCP's
+    /// `readOnlyHint`): reading files, searching, thinking. A call that may
+    /// change something (the default) starts only once everything its tree
+    /// recorded before it is stored (see `TreeHooks::stored`): after a
+    /// crash, a resumed run redoes at most that call, never the steps
+    /// before it. A read-only call starts at once.
+    fn is_read_only(&self) -> bool {
+        false
+    }
     /// Runs the tool on an input that satisfies its schema; cancelled by
     /// dropping the future.
     async fn call(&self, input: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError>;

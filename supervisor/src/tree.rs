@@ -23,7 +23,7 @@ use crate::catalog::Catalog;
 use crate::limits::{Budget, TreeLimits};
 use crate::recovery::{Recorded, Recovery};
 use crate::registry::Registry;
-use crate::store::WriterHealth;
+use crate::store::StoreWriter;
 
 pub(crate) struct TreeContext {
     pub(crate) tree_id: TreeId,
@@ -61,9 +61,10 @@ pub(crate) struct TreeContext {
     started: tokio::time::Instant,
     /// Where its agents work, opened once for the tree (issue 36).
     workspace: Option<Arc<dyn arbor_actors::tool::Workspace>>,
-    /// The store's health, for a stored tree: a model request waits while
-    /// the store is down or this process may have lost its claim.
-    store_health: Option<Arc<WriterHealth>>,
+    /// The store's writer, for a stored tree: a model request waits while
+    /// the store is down or this process may have lost its claim, and a
+    /// tool call that may change something until what led to it is stored.
+    store: Option<Arc<StoreWriter>>,
 }
 
 impl Drop for TreeContext {
@@ -103,7 +104,7 @@ impl TreeContext {
             toolboxes: Mutex::new(HashMap::new()),
             on_drop: None,
             started: tokio::time::Instant::now(),
-            store_health: None,
+            store: None,
             workspace: None,
         }
     }
@@ -118,9 +119,10 @@ impl TreeContext {
     }
 
     /// Holds each model request while the store is down (see
-    /// `WriterHealth::ready`).
-    pub(crate) fn store_health(mut self, health: Option<Arc<WriterHealth>>) -> Self {
-        self.store_health = health;
+    /// `WriterHealth::ready`), and each tool call that may change something
+    /// until the tree's events before it are stored.
+    pub(crate) fn store_writer(mut self, writer: Option<Arc<StoreWriter>>) -> Self {
+        self.store = writer;
         self
     }
 
@@ -360,8 +362,15 @@ impl TreeHooks for TreeContext {
     }
 
     fn store_ready(&self) -> Option<futures::future::BoxFuture<'static, ()>> {
-        let health = self.store_health.as_ref()?;
+        let health = self.store.as_ref()?.health();
         (!health.ready_for(&self.tree_id)).then(|| health.until_ready_for(self.tree_id.clone()))
+    }
+
+    fn stored(&self) -> Option<futures::future::BoxFuture<'static, Result<(), String>>> {
+        let writer = self.store.clone()?;
+        Some(Box::pin(async move {
+            writer.flush().await.map_err(|e| e.to_string())
+        }))
     }
 
     fn recovering(&self) -> bool {

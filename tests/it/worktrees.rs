@@ -41,8 +41,9 @@ fn git(dir: &Path, args: &[&str]) -> String {
 
 /// A repository whose test fails (four broken files), a config whose
 /// planner spawns four editors and a reviewer, each in a worktree, and the
-/// script: each editor reads, edits and tests its file (the test sleeps
-/// `sleep` seconds first); the reviewer only reads; the planner looks at
+/// script: each editor reads, edits and tests its file (the test marks
+/// that it started in `marks/FILE`, then sleeps `sleep` seconds); the
+/// reviewer only reads; the planner looks at
 /// its checkout, then merges every `arbor/` branch and runs the test.
 /// Returns the repository and its first commit.
 fn setup(dir: &Path, sleep: u32) -> (std::path::PathBuf, String) {
@@ -84,6 +85,10 @@ isolation = "worktree"
 "#,
     )
     .unwrap();
+    // Each editor's test marks that it started here.
+    let marks = dir.join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let marks = marks.display();
     let mut replies = vec![json!({"agent": "planner", "steps": [
         {"toolCalls": [{"name": "spawn_agents", "input": {"agents": [
             {"agent_type": "editor", "prompt": "fix a.txt"},
@@ -107,7 +112,8 @@ isolation = "worktree"
                 {"toolCalls": [{"name": "Edit", "input": {
                     "file_path": f, "old_string": "broken", "new_string": "fixed"}}]},
                 {"toolCalls": [{"name": "Bash", "input": {
-                    "command": format!("sleep {sleep}; sh check.sh {f}"), "description": "test"}}]},
+                    "command": format!("touch '{marks}/{f}'; sleep {sleep}; sh check.sh {f}"),
+                    "description": "test"}}]},
                 {"text": format!("Fixed {f}.")}
             ]}),
         );
@@ -441,6 +447,18 @@ max_steps = 1
 /// Runs `args` with `--events`, and kills it -9 once `at` is true of an
 /// event and `after` more has passed; false when it ended first.
 fn run_until_killed(dir: &Path, args: &[&str], at: impl Fn(&Value) -> bool, after: u64) -> bool {
+    run_until_killed_once(dir, args, at, || true, after)
+}
+
+/// `run_until_killed`, waiting after the event until `also` holds too (for
+/// at most a minute).
+fn run_until_killed_once(
+    dir: &Path,
+    args: &[&str],
+    at: impl Fn(&Value) -> bool,
+    also: impl Fn() -> bool,
+    after: u64,
+) -> bool {
     let mut child = Command::new(env!("CARGO_BIN_EXE_arbor"))
         .args(args)
         .current_dir(dir)
@@ -458,6 +476,11 @@ fn run_until_killed(dir: &Path, args: &[&str], at: impl Fn(&Value) -> bool, afte
         }
     }
     if seen {
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        while !also() && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        seen = also();
         std::thread::sleep(Duration::from_millis(after));
     }
     let _ = child.kill();
@@ -479,11 +502,19 @@ fn the_worktree_swarm_killed_at_three_points_resumes_without_applying_an_edit_tw
         "s.db",
         "--events",
     ];
-    // 1: while the editors run the test in their worktrees, edits made.
+    // 1: while the editors run the test in their worktrees, edits made:
+    // every editor's test has started (a call that may change something
+    // starts only once what led to it is stored, so the reads and edits
+    // before are on record; a test run again on resume changes nothing).
     let editing =
         |e: &Value| e["type"] == "stepStarted" && e["step"] == 3 && e["runId"] != "swarm/0";
+    let testing = || {
+        FILES
+            .iter()
+            .all(|f| dir.path().join("marks").join(f).exists())
+    };
     assert!(
-        run_until_killed(dir.path(), &run_args(&ws_arg), editing, 700),
+        run_until_killed_once(dir.path(), &run_args(&ws_arg), editing, testing, 100),
         "the editors reached their tests"
     );
     // 2: once the first worktree is sealed.

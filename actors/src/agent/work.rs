@@ -248,13 +248,29 @@ impl AgentRun {
                 l.wants_tool(HookEvent::PostToolUse, tool.name(), agent_type)
             })
             .map(|l| (l, self.hook_call(), input.clone()));
+        // A call that may change something waits until what led to it is
+        // stored (see `TreeHooks::stored`).
+        let stored = if tool.is_read_only() {
+            None
+        } else {
+            self.hooks.stored()
+        };
         self.tool_tasks.push(tokio::spawn(
             async move {
                 let call_id = ctx.call_id.clone();
-                let mut outcome = match AssertUnwindSafe(tool.call(input, ctx)).catch_unwind().await
-                {
-                    Ok(result) => ToolOutcome::Done(result),
-                    Err(panic) => ToolOutcome::Panicked(panic_message(panic)),
+                let refused = match stored {
+                    Some(stored) => stored.await.err(),
+                    None => None,
+                };
+                let mut outcome = match refused {
+                    Some(why) => ToolOutcome::Done(Err(ToolError::new(format!(
+                        "{} was not run: {why}",
+                        tool.name()
+                    )))),
+                    None => match AssertUnwindSafe(tool.call(input, ctx)).catch_unwind().await {
+                        Ok(result) => ToolOutcome::Done(result),
+                        Err(panic) => ToolOutcome::Panicked(panic_message(panic)),
+                    },
                 };
                 let mut verdict = None;
                 // As in Claude Code, PostToolUse hooks run after a call that

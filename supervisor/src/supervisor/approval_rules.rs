@@ -264,6 +264,10 @@ impl TreeHooks for RuledHooks {
         self.port().store_ready()
     }
 
+    fn stored(&self) -> Option<BoxFuture<'static, Result<(), String>>> {
+        self.port().stored()
+    }
+
     fn actor_started(&self, run_id: &RunId, actor: &ractor::ActorCell) {
         self.port().actor_started(run_id, actor);
     }

@@ -185,7 +185,7 @@ impl Supervisor {
             model_override,
         )
         .durable(self.store.is_some())
-        .store_health(self.store.as_ref().map(|(_, w)| w.health().clone()))
+        .store_writer(self.store.as_ref().map(|(_, w)| w.clone()))
         .workspace(workspace);
         let mut allowed = arbor_actors::approval::AlwaysAllowed::default();
         if let Some((recovery, replay)) = recovery {

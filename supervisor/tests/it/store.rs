@@ -1300,3 +1300,77 @@ both_backends! {
         }
     }
 }
+
+/// A tool that answers how many replies of its run the store holds when it
+/// starts (its call's own reply among them, if stored by then).
+struct Witness {
+    store: Arc<dyn Store>,
+}
+
+#[arbor_actors::tool::async_trait]
+impl Tool for Witness {
+    fn name(&self) -> &str {
+        "touch"
+    }
+    fn description(&self) -> &str {
+        "Counts the stored replies of its run."
+    }
+    fn input_schema(&self) -> Value {
+        json!({"type": "object"})
+    }
+    async fn call(
+        &self,
+        _input: Value,
+        ctx: arbor_actors::ToolContext,
+    ) -> Result<arbor_actors::ToolOutput, arbor_actors::ToolError> {
+        let stored = self
+            .store
+            .events(&ctx.tree_id, 0)
+            .map_err(|e| arbor_actors::ToolError::new(e.to_string()))?
+            .iter()
+            .filter(|e| {
+                e.kind == arbor_actors::EventType::ModelResponded
+                    && *e.run_id == *ctx.run_id.to_string()
+            })
+            .count();
+        Ok(arbor_actors::ToolOutput::Json(json!(stored)))
+    }
+}
+
+/// The symptom: a process killed just after an agent edited a file could
+/// have stored neither the edit's call nor the read before it (the writer
+/// commits every few milliseconds), so the resumed run read its own edit
+/// and its history no longer matched a replay. A tool call that may change
+/// something now starts only once its tree's events before it are stored:
+/// at each call the store already holds the reply that made it, and every
+/// reply before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_that_changes_something_starts_only_once_the_reply_that_called_it_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("w.db")).unwrap());
+    let touch = |n| json!({"toolCalls": [{"name": "touch", "input": {"n": n}}]});
+    let mut steps: Vec<Value> = (0..5).map(touch).collect();
+    steps.push(json!({"text": "done"}));
+    let mut hand = template("hand").max_steps(20);
+    hand.tools = vec!["touch".into()];
+    let catalog = Catalog::builder()
+        .model(scripted(json!({"replies": [{"agent": "hand", "steps": steps}]})) as Arc<dyn Model>)
+        .tool(Arc::new(Witness {
+            store: store.clone(),
+        }) as Arc<dyn Tool>)
+        .template(hand)
+        .build()
+        .unwrap();
+    let sup = Supervisor::new(catalog, TreeLimits::default())
+        .with_store(store.clone())
+        .unwrap();
+    let result = finish(start(&sup, "hand", "Touch five times.").await).await;
+    assert_eq!(
+        result.state.status,
+        AgentStatus::Completed,
+        "{:?}",
+        result.state.error_message()
+    );
+    let seen: Vec<Value> = tool_results(&result.state, "touch");
+    assert_eq!(seen, (1..=5).map(|n| json!(n)).collect::<Vec<_>>());
+}

@@ -110,6 +110,15 @@ impl Tool for WorkspaceTool {
         self.schema.clone()
     }
 
+    /// Reading, listing, searching, thinking and the todo list (kept in
+    /// the run's history) change nothing in the workspace.
+    fn is_read_only(&self) -> bool {
+        matches!(
+            self.op,
+            Op::Read | Op::List | Op::Glob | Op::FindFiles | Op::Grep | Op::Todos | Op::Think
+        )
+    }
+
     async fn call(&self, input: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let ws = workspace_of(self.name, &ctx).await?;
         match self.family {
