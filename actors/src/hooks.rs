@@ -147,10 +147,11 @@ pub trait TreeHooks: Send + Sync + 'static {
     /// only then, so a process killed after its effect cannot have lost the
     /// record of what led to it: a resumed run never does that work again
     /// from an earlier point (re-reading a file it has already edited). An
-    /// error: the store failed for good, and the call is not run.
+    /// error (`FailureKind::Store`): the store failed for good, and the call
+    /// is not run.
     ///
     /// [`Tool::is_read_only`]: crate::tool::Tool::is_read_only
-    fn stored(&self) -> Option<BoxFuture<'static, Result<(), String>>> {
+    fn stored(&self) -> Option<BoxFuture<'static, Result<(), crate::failure::Failure>>> {
         None
     }
 

@@ -81,12 +81,20 @@ pub struct CatalogBuilder {
     source: Option<Arc<dyn ToolSource>>,
     override_check: Option<OverrideCheck>,
     lifecycle: Option<Arc<dyn arbor_actors::lifecycle::Lifecycle>>,
+    prompt_context: Option<Arc<dyn crate::PromptContext>>,
     workspaces: Option<crate::workspace::WorkspaceOpener>,
     workspace_roots: Vec<std::path::PathBuf>,
     principal_roots: std::collections::BTreeMap<String, Vec<std::path::PathBuf>>,
 }
 
 impl CatalogBuilder {
+    /// What fills the placeholders of the templates' prompts that depend on
+    /// the tree (where it works, when it started): see [`crate::PromptContext`].
+    pub fn prompt_context(mut self, context: Arc<dyn crate::PromptContext>) -> Self {
+        self.prompt_context = Some(context);
+        self
+    }
+
     /// The lifecycle hooks every tree of this catalog runs (Claude Code's
     /// `PreToolUse` and the others; `arbor_tools::hooks`).
     pub fn lifecycle(mut self, hooks: Arc<dyn arbor_actors::lifecycle::Lifecycle>) -> Self {
@@ -184,6 +192,7 @@ impl CatalogBuilder {
             source: self.source,
             override_check: self.override_check,
             lifecycle: self.lifecycle,
+            prompt_context: self.prompt_context,
             workspaces: self.workspaces,
             workspace_roots: self.workspace_roots,
             principal_roots: self.principal_roots,
@@ -207,6 +216,7 @@ pub struct Catalog {
     source: Option<Arc<dyn ToolSource>>,
     override_check: Option<OverrideCheck>,
     lifecycle: Option<Arc<dyn arbor_actors::lifecycle::Lifecycle>>,
+    prompt_context: Option<Arc<dyn crate::PromptContext>>,
     workspaces: Option<crate::workspace::WorkspaceOpener>,
     workspace_roots: Vec<std::path::PathBuf>,
     principal_roots: std::collections::BTreeMap<String, Vec<std::path::PathBuf>>,
@@ -226,6 +236,16 @@ impl Catalog {
         self.override_check
             .as_ref()
             .map_or(Ok(()), |check| check(agent, model))
+    }
+
+    /// What fills its templates' tree-dependent placeholders, when one of
+    /// its templates has any.
+    pub(crate) fn prompt_context(&self) -> Option<&Arc<dyn crate::PromptContext>> {
+        let context = self.prompt_context.as_ref()?;
+        self.templates
+            .values()
+            .any(|t| crate::prompt_context::wanted(&**context, t))
+            .then_some(context)
     }
 
     /// The lifecycle hooks of this catalog's trees, if any.

@@ -16,6 +16,7 @@ mod catalog;
 mod error;
 mod limits;
 mod policy;
+mod prompt_context;
 mod recovery;
 mod registry;
 pub mod request;
@@ -31,6 +32,7 @@ pub use catalog::{Catalog, CatalogBuilder, OverrideCheck, OverrideRefused, ToolS
 pub use error::{BoxError, Error, StoreUse};
 pub use limits::{OnBudget, RaiseRefused, Raised, TreeLimits, out_of_range};
 pub use policy::{PatternError, ToolPolicy, ToolRule, check_pattern, matches as pattern_matches};
+pub use prompt_context::{PromptContext, PromptScene};
 pub use recovery::{RecordedReply, Recovery, Spent, Tape};
 pub use registry::Retain;
 pub use store::{EventType, JournalEntry, TreeStatus, UnknownEventType, journal_view};

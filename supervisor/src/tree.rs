@@ -65,6 +65,9 @@ pub(crate) struct TreeContext {
     /// the store is down or this process may have lost its claim, and a
     /// tool call that may change something until what led to it is stored.
     store: Option<Arc<StoreWriter>>,
+    /// The values of its templates' tree-dependent placeholders, and each
+    /// template expanded with them once used (see `prompt_context`).
+    prompts: Option<(crate::prompt_context::Values, Expanded)>,
 }
 
 impl Drop for TreeContext {
@@ -76,6 +79,8 @@ impl Drop for TreeContext {
 }
 
 type ToolboxCache = HashMap<String, (Arc<Toolbox>, Arc<Toolbox>)>;
+/// Templates with a tree's placeholders filled, by id.
+type Expanded = Mutex<HashMap<String, Arc<AgentTemplate>>>;
 
 impl TreeContext {
     pub(crate) fn new(
@@ -105,6 +110,7 @@ impl TreeContext {
             on_drop: None,
             started: tokio::time::Instant::now(),
             store: None,
+            prompts: None,
             workspace: None,
         }
     }
@@ -124,6 +130,27 @@ impl TreeContext {
     pub(crate) fn store_writer(mut self, writer: Option<Arc<StoreWriter>>) -> Self {
         self.store = writer;
         self
+    }
+
+    /// Fills its templates' tree-dependent placeholders with `values`.
+    pub(crate) fn prompt_values(mut self, values: Option<crate::prompt_context::Values>) -> Self {
+        self.prompts = values.map(|v| (v, Mutex::new(HashMap::new())));
+        self
+    }
+
+    /// `template` as this tree runs it: its placeholders filled.
+    pub(crate) fn expanded(&self, template: &Arc<AgentTemplate>) -> Arc<AgentTemplate> {
+        let Some((values, cache)) = &self.prompts else {
+            return template.clone();
+        };
+        cache
+            .locked()
+            .entry(template.id.clone())
+            .or_insert_with(|| {
+                crate::prompt_context::expand(template, values)
+                    .map_or_else(|| template.clone(), Arc::new)
+            })
+            .clone()
     }
 
     /// Calls `f` when the context goes (once every agent of the tree and
@@ -250,7 +277,7 @@ impl TreeHooks for TreeContext {
     }
 
     fn template(&self, id: &str) -> Option<Arc<AgentTemplate>> {
-        self.catalog.template(id).cloned()
+        self.catalog.template(id).map(|t| self.expanded(t))
     }
 
     fn knows_agent(&self, requested: &str) -> bool {
@@ -366,10 +393,12 @@ impl TreeHooks for TreeContext {
         (!health.ready_for(&self.tree_id)).then(|| health.until_ready_for(self.tree_id.clone()))
     }
 
-    fn stored(&self) -> Option<futures::future::BoxFuture<'static, Result<(), String>>> {
+    fn stored(&self) -> Option<BoxFuture<'static, Result<(), arbor_actors::Failure>>> {
         let writer = self.store.clone()?;
         Some(Box::pin(async move {
-            writer.flush().await.map_err(|e| e.to_string())
+            writer.flush().await.map_err(|e| {
+                arbor_actors::Failure::new(arbor_actors::FailureKind::Store, e.to_string())
+            })
         }))
     }
 

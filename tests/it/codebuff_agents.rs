@@ -292,3 +292,136 @@ fn an_unsupported_field_or_an_unresolvable_import_is_named_at_its_line() {
         "{report}"
     );
 }
+
+/// Codebuff's placeholders that describe the project and the run are filled
+/// per tree from its workspace: a git repository with a knowledge file, an
+/// ignored directory and a change not committed (its `.agents` there, where
+/// `arbor run --workspace` finds it);
+/// the prompt the model gets names the root, shows the tree (ignored files left out), the git changes
+/// and the knowledge, the date and the user's prompt; and a replay of the
+/// stored tree fills them the same.
+#[test]
+fn the_project_placeholders_are_filled_from_the_trees_workspace_and_a_replay_matches() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.toml"),
+        "[models.script]\nprovider = \"scripted\"\nfile = \"script.json\"\n\n\
+         [model_aliases]\n\"anthropic/claude-sonnet-4.5\" = \"script\"\n",
+    )
+    .unwrap();
+    let script = json!({"replies": [{"agent": "context-reader", "steps": [{"text": "Read it."}]}]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let ws = dir.path().join("app");
+    std::fs::create_dir_all(ws.join(".agents")).unwrap();
+    std::fs::create_dir_all(ws.join("src")).unwrap();
+    std::fs::create_dir_all(ws.join("target")).unwrap();
+    std::fs::write(ws.join("src/main.rs"), "fn main() {}\n").unwrap();
+    std::fs::write(ws.join("target/built.bin"), "x").unwrap();
+    std::fs::write(ws.join(".gitignore"), "target/\n").unwrap();
+    std::fs::write(
+        ws.join("knowledge.md"),
+        "Run `make test` before committing.\n",
+    )
+    .unwrap();
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@localhost"])
+            .args(args)
+            .current_dir(&ws)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", text(&out.stderr));
+    };
+    // As Codebuff's docs write an agent that reads its project context.
+    std::fs::write(
+        ws.join(".agents/context-reader.ts"),
+        r#"import type { AgentDefinition } from './types/agent-definition'
+
+const definition: AgentDefinition = {
+  id: 'context-reader',
+  displayName: 'Context Reader',
+  model: 'anthropic/claude-sonnet-4.5',
+  toolNames: ['read_files', 'end_turn'],
+  systemPrompt: `You work in {CODEBUFF_PROJECT_ROOT} on {CODEBUFF_CURRENT_DATE}.
+
+{CODEBUFF_SYSTEM_INFO_PROMPT}
+
+{CODEBUFF_FILE_TREE_PROMPT}
+
+{CODEBUFF_GIT_CHANGES_PROMPT}
+
+{CODEBUFF_KNOWLEDGE_FILES_CONTENTS}
+
+The user asked: {CODEBUFF_USER_INPUT_PROMPT}`,
+}
+
+export default definition
+"#,
+    )
+    .unwrap();
+    git(&["init", "-q", "-b", "main"]);
+    git(&["add", "."]);
+    git(&["commit", "-q", "-m", "first commit"]);
+    std::fs::write(ws.join("src/main.rs"), "fn main() { println!(\"hi\"); }\n").unwrap();
+    let ws_arg = std::fs::canonicalize(&ws).unwrap().display().to_string();
+    let out = arbor_in(
+        dir.path(),
+        &[
+            "run",
+            "--store",
+            "s.db",
+            "--tree-id",
+            "ctx",
+            "--workspace",
+            &ws_arg,
+            "--agent",
+            "context-reader",
+            "--json",
+            "explain the build",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let system = state["systemPrompt"].as_str().unwrap();
+    assert!(
+        system.starts_with(&format!("You work in {ws_arg} on 20")),
+        "{system}"
+    );
+    assert!(system.contains("Operating System: linux"), "{system}");
+    assert!(
+        system.contains("<project_file_tree>\nknowledge.md\nsrc/\n  main.rs\n</project_file_tree>"),
+        "{system}"
+    );
+    assert!(
+        !system.contains("built.bin"),
+        "an ignored file is shown: {system}"
+    );
+    assert!(
+        system.contains("<git_status>\n M src/main.rs\n</git_status>"),
+        "{system}"
+    );
+    assert!(
+        system.contains("+fn main() { println!(\"hi\"); }"),
+        "{system}"
+    );
+    assert!(
+        system.contains("<recent_commit_messages>\nfirst commit\n"),
+        "{system}"
+    );
+    assert!(
+        system.contains("```knowledge.md\nRun `make test` before committing.\n```"),
+        "{system}"
+    );
+    assert!(!system.contains("{CODEBUFF_"), "{system}");
+    assert!(
+        system.ends_with("The user asked: explain the build"),
+        "{system}"
+    );
+    let replay = arbor_in(dir.path(), &["replay", "ctx", "--store", "s.db"]);
+    assert!(
+        replay.status.success() && text(&replay.stdout).contains("match:"),
+        "{}{}",
+        text(&replay.stdout),
+        text(&replay.stderr)
+    );
+}

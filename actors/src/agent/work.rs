@@ -264,8 +264,9 @@ impl AgentRun {
                 };
                 let mut outcome = match refused {
                     Some(why) => ToolOutcome::Done(Err(ToolError::new(format!(
-                        "{} was not run: {why}",
-                        tool.name()
+                        "{} was not run: {}",
+                        tool.name(),
+                        why.message
                     )))),
                     None => match AssertUnwindSafe(tool.call(input, ctx)).catch_unwind().await {
                         Ok(result) => ToolOutcome::Done(result),

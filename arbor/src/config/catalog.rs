@@ -50,6 +50,9 @@ impl Config {
         if let Some(hooks) = &self.hooks {
             builder = builder.lifecycle(Arc::new(hooks.clone()));
         }
+        // Codebuff's placeholders that describe the project and the run,
+        // filled per tree (used only when a template holds one).
+        builder = builder.prompt_context(Arc::new(super::agent_files::CodebuffScene));
         for tool in code_tools {
             builder = builder.tool(tool.clone());
         }

@@ -111,6 +111,7 @@ impl TreeRecord {
             principal: self.principal,
             // Its webhook is on record already (its own row).
             webhook: None,
+            started_ms: Some(self.started_ms),
             // The turn its root's run id names (`T/0~n` is turn n).
             turn: self.root_run_id.attempt(),
         })

@@ -264,7 +264,7 @@ impl TreeHooks for RuledHooks {
         self.port().store_ready()
     }
 
-    fn stored(&self) -> Option<BoxFuture<'static, Result<(), String>>> {
+    fn stored(&self) -> Option<BoxFuture<'static, Result<(), arbor_actors::Failure>>> {
         self.port().stored()
     }
 

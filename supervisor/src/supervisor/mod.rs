@@ -62,6 +62,10 @@ pub struct StartRequest {
     /// needs a store. Ignored for a resumed tree and a later turn (the
     /// tree's webhook is on record already).
     pub webhook: Option<String>,
+    /// When the tree first started (ms since the Unix epoch), for a tree
+    /// started again (a resume, a replay, a later turn): what fills a
+    /// prompt's date placeholder. `None`: now.
+    pub started_ms: Option<u64>,
 }
 
 /// Builds the catalog of a stored tree's config, for a supervisor that runs

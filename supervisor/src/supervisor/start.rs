@@ -187,6 +187,16 @@ impl Supervisor {
         .durable(self.store.is_some())
         .store_writer(self.store.as_ref().map(|(_, w)| w.clone()))
         .workspace(workspace);
+        // Placeholders that depend on the tree (its workspace, when it first
+        // started, its prompt) are filled once, before its first agent.
+        if let Some(context) = catalog.prompt_context() {
+            let scene = crate::PromptScene {
+                workspace: arbor_actors::TreeHooks::workspace(&ctx).map(|w| w.root().to_path_buf()),
+                started_ms: request.started_ms.unwrap_or_else(crate::tree::now_ms),
+                prompt: request.prompt.clone(),
+            };
+            ctx = ctx.prompt_values(Some(Arc::new(context.values(scene).await)));
+        }
         let mut allowed = arbor_actors::approval::AlwaysAllowed::default();
         if let Some((recovery, replay)) = recovery {
             if !replay {
@@ -221,6 +231,7 @@ impl Supervisor {
                 }
             }
         }));
+        let template = ctx.expanded(&template);
         let toolbox = ctx
             .toolbox(&template)
             .map_err(|_| Error::UnknownAgent(template.id.clone()))?;

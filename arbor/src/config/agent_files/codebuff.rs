@@ -29,13 +29,15 @@
 //! display name), `TOOLS_PROMPT` (the agent's tools, a line each),
 //! `AGENTS_PROMPT` (the agents it may spawn, with their spawner prompts)
 //! and `REMAINING_STEPS` (its step budget, what it has when it starts).
-//! The others Codebuff documents describe Codebuff's client (`FILE_TREE_PROMPT`,
-//! `_SMALL`, `_LARGE`, `GIT_CHANGES_PROMPT`, `SYSTEM_INFO_PROMPT`,
-//! `KNOWLEDGE_FILES_CONTENTS`, `PROJECT_ROOT`, `USER_CWD`, `USER_INPUT_PROMPT`,
-//! `INITIAL_AGENT_PROMPT`, `CONFIG_SCHEMA`, `CURRENT_DATE`): Arbor has no
-//! value for them when the config is read and replaces them with nothing, as
-//! Codebuff does with a placeholder it has no value for, with a warning
-//! naming them. An unknown `{CODEBUFF_…}` stays as written, as in Codebuff.
+//! Those that describe the project and the run (`PROJECT_ROOT`, `USER_CWD`,
+//! `CURRENT_DATE`, `SYSTEM_INFO_PROMPT`, `FILE_TREE_PROMPT` and its `_SMALL`
+//! and `_LARGE`, `GIT_CHANGES_PROMPT`, `KNOWLEDGE_FILES_CONTENTS`,
+//! `USER_INPUT_PROMPT`, `INITIAL_AGENT_PROMPT`) are left for each tree to
+//! fill when it starts, from its workspace (`scene`). Codebuff's own client
+//! settings (`CONFIG_SCHEMA`, `FRONTEND_SECTION`) have no meaning here and
+//! are replaced with nothing, as Codebuff does with a placeholder it has no
+//! value for, with a warning naming them. An unknown `{CODEBUFF_…}` stays as
+//! written, as in Codebuff.
 //! Codebuff's older runtimes appended the tools and agents prompts to every
 //! system prompt; Arbor does not (the model is offered its tools, and the
 //! spawn tools' descriptions list the agents, §5).
@@ -103,23 +105,11 @@ pub(super) const EXPANDED: [&str; 4] = [
     "REMAINING_STEPS",
 ];
 
-/// The placeholders Codebuff documents that describe its client: replaced
-/// with nothing, with a warning.
-const EMPTIED: [&str; 13] = [
-    "CONFIG_SCHEMA",
-    "CURRENT_DATE",
-    "FILE_TREE_PROMPT",
-    "FILE_TREE_PROMPT_SMALL",
-    "FILE_TREE_PROMPT_LARGE",
-    "GIT_CHANGES_PROMPT",
-    "INITIAL_AGENT_PROMPT",
-    "KNOWLEDGE_FILES_CONTENTS",
-    "PROJECT_ROOT",
-    "SYSTEM_INFO_PROMPT",
-    "USER_CWD",
-    "USER_INPUT_PROMPT",
-    "FRONTEND_SECTION",
-];
+/// The placeholders Codebuff documents that describe its own client's
+/// settings (its `codebuff.json` schema, its web front end): replaced with
+/// nothing, with a warning. (Those that describe the project and the run
+/// are filled per tree: `scene`.)
+const EMPTIED: [&str; 2] = ["CONFIG_SCHEMA", "FRONTEND_SECTION"];
 
 /// What the mapping needs of the rest of the config.
 pub(super) struct Context<'a> {
@@ -701,14 +691,14 @@ mod tests {
         };
         let mut emptied = Vec::new();
         let out = expand(
-            "I am {CODEBUFF_AGENT_NAME} ({CODEBUFF_REMAINING_STEPS} steps).\n{CODEBUFF_TOOLS_PROMPT}\n{CODEBUFF_AGENTS_PROMPT}\n[{CODEBUFF_FILE_TREE_PROMPT}] {CODEBUFF_NOT_A_THING}",
+            "I am {CODEBUFF_AGENT_NAME} ({CODEBUFF_REMAINING_STEPS} steps).\n{CODEBUFF_TOOLS_PROMPT}\n{CODEBUFF_AGENTS_PROMPT}\n[{CODEBUFF_CONFIG_SCHEMA}] {CODEBUFF_NOT_A_THING} {CODEBUFF_PROJECT_ROOT}",
             &values,
             &mut emptied,
         );
         assert_eq!(
             out,
-            "I am Picker (7 steps).\n# Tools\n\n- read_files: Reads files\n# Agents\n\nYou can spawn these agents (spawn_agents):\n\n- helper\n[] {CODEBUFF_NOT_A_THING}"
+            "I am Picker (7 steps).\n# Tools\n\n- read_files: Reads files\n# Agents\n\nYou can spawn these agents (spawn_agents):\n\n- helper\n[] {CODEBUFF_NOT_A_THING} {CODEBUFF_PROJECT_ROOT}"
         );
-        assert_eq!(emptied, ["FILE_TREE_PROMPT"]);
+        assert_eq!(emptied, ["CONFIG_SCHEMA"]);
     }
 }

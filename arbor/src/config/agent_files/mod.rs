@@ -26,7 +26,10 @@ mod claude;
 mod codebuff;
 mod discover;
 mod models;
+mod scene;
 mod yaml;
+
+pub(crate) use scene::CodebuffScene;
 
 use discover::discover;
 #[cfg(test)]
