@@ -19,6 +19,7 @@ use serde_json::Value;
 use crate::history::History;
 use crate::message::{Message, ToolResultPart, json_len};
 use crate::model::Usage;
+use crate::toolbox::SPAWN_AGENTS_ASYNC;
 
 /// The tag of the message that holds a summary of the turns it replaced.
 pub const COMPACT_SUMMARY: &str = "COMPACT_SUMMARY";
@@ -137,6 +138,13 @@ pub fn plan(history: &History, context_tokens: u64, compaction: &Compaction) -> 
     // not read yet.
     let kept = kept_from(history, compaction.keep.max(1));
     let (cut_history, cut) = cut_results(history, kept, None);
+    // A summary never reaches a `spawn_agents_async` call whose children
+    // have not all reported: the history is the record of what a run still
+    // waits for, so after a restart it would wait for them no more.
+    let kept = crate::step::background::outstanding(history)
+        .iter()
+        .map(|o| o.upto.saturating_sub(1))
+        .fold(kept, usize::min);
     let saved = history
         .estimated_tokens()
         .saturating_sub(cut_history.estimated_tokens());
@@ -207,7 +215,9 @@ pub fn cut_results(
             let chars = result_chars(content);
             let wanted = match only {
                 Some(list) => list.iter().any(|c| c.tool_call_id == *tool_call_id),
-                None => i < before && chars > CUT_MIN_CHARS,
+                // A background spawn's result is the record of the children
+                // it started (what a restarted run waits for): never cut.
+                None => i < before && chars > CUT_MIN_CHARS && tool_name != SPAWN_AGENTS_ASYNC,
             };
             if !wanted {
                 return m.clone();
@@ -516,6 +526,63 @@ mod tests {
         let again = apply(&h, 0, &cut_only);
         assert_eq!(again.history, p.history);
         assert_eq!(again.context_tokens, p.tokens_after_cut);
+    }
+
+    /// A `spawn_agents_async` call and its result naming one started child
+    /// `agent`, as the step machine writes them.
+    fn background_spawn(h: &mut History, id: &str, agent: &str) {
+        let c = ToolCall {
+            tool_call_id: id.into(),
+            tool_name: SPAWN_AGENTS_ASYNC.into(),
+            input: crate::message::ToolInput::new(
+                &json!({"agents": [{"agent_type": "worker", "prompt": "x".repeat(400)}]}),
+            ),
+        };
+        h.push(Message::assistant(Some("starting".into()), vec![c.clone()]));
+        h.push(Message::tool_result(
+            &c,
+            json!([{"agentId": agent, "agentType": "worker", "note": "y".repeat(400)}]),
+        ));
+    }
+
+    #[test]
+    fn background_children_still_running_survive_a_compaction() {
+        let mut h = History::new();
+        h.push(Message::user("Fix the bug."));
+        background_spawn(&mut h, "bg", "t/0.1");
+        let rest = long_run(6, 2000);
+        for m in rest.iter().skip(1) {
+            h.push_shared(m.clone());
+        }
+        let before = crate::step::background::outstanding(&h);
+        assert_eq!(before.len(), 1);
+        let compaction = Compaction {
+            at: 100,
+            keep: 1,
+            prompt: None,
+        };
+        let plan = plan(&h, 0, &compaction).unwrap();
+        assert!(
+            !plan.cut.iter().any(|c| c.tool_name == SPAWN_AGENTS_ASYNC),
+            "{:?}",
+            plan.cut
+        );
+        // The summary stops before the spawn: nothing before it is a step,
+        // so none is made, and the child is still awaited.
+        assert_eq!(plan.summarize, 0);
+        assert_eq!(crate::step::background::outstanding(&plan.history).len(), 1);
+        // Once it has reported, its spawn may be summarised with the rest.
+        let mut reported = h.clone();
+        reported.push(
+            Message::user(format!("[background]\n{}", json!({"agentId": "t/0.1"})))
+                .with_tag(crate::step::background::BACKGROUND_REPORT),
+        );
+        let c = call("last", "Read");
+        reported.push(Message::assistant(Some("again".into()), vec![c.clone()]));
+        reported.push(Message::tool_result(&c, json!("z".repeat(2000))));
+        assert!(crate::step::background::outstanding(&reported).is_empty());
+        let plan = super::plan(&reported, 0, &compaction).unwrap();
+        assert!(plan.summarize > 2, "{}", plan.summarize);
     }
 
     #[test]
