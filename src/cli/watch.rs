@@ -123,13 +123,13 @@ impl Watcher {
         else {
             return;
         };
-        let chars = data
+        let text = data
             .get("delta")
             .and_then(|d| d.get("text"))
             .and_then(Value::as_str)
-            .map_or(0, |t| t.chars().count());
+            .unwrap_or_default();
         if self.in_scope(&run) {
-            self.with_tree(|tree| tree.apply_streamed(&run, chars));
+            self.with_tree(|tree| tree.apply_streamed(&run, text));
         }
     }
 

@@ -270,6 +270,37 @@ fn c_in_the_live_view_cancels_the_selected_tree_and_80_columns_without_colour_re
     let _ = tmux.wait_for("typed-back");
 }
 
+/// Issue 38: a reply the model streams shows on its agent's line as it
+/// comes ("writing: …"), word by word, before the step ends.
+#[test]
+fn a_streamed_reply_shows_in_the_terminal_view_as_it_comes() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.toml"),
+        "[models.script]\nprovider = \"scripted\"\nfile = \"script.json\"\n\n\
+         [agents.writer]\nmodel = \"script\"\n",
+    )
+    .unwrap();
+    let script = json!({"replies": [{"agent": "writer", "steps": [
+        {"text": "alpha beta gamma delta epsilon zeta eta theta", "wordMs": 400}
+    ]}]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let command = format!(
+        "env -u NO_COLOR {} run --no-store --agent writer go",
+        env!("CARGO_BIN_EXE_arbor")
+    );
+    // (90 columns: each test's tmux server is named by its width.)
+    let Some(tmux) = Tmux::start(dir.path(), 90, 24, &command) else {
+        return;
+    };
+    let first = tmux.wait_for("writing: alpha");
+    assert!(!first.contains("theta"), "the whole reply at once: {first}");
+    let later = tmux.wait_for("writing: alpha beta gamma");
+    assert!(later.contains("▸ writer 0  model, step 1"), "{later}");
+    let done = tmux.wait_for("EXIT=");
+    assert!(done.contains("EXIT=0"), "{done}");
+}
+
 /// Columns a line takes (every character one column here but the tree's
 /// marks, which are one too).
 fn console_width(line: &str) -> usize {

@@ -31,8 +31,13 @@ enum Doing {
     /// Started, before its first step.
     Starting,
     /// Waiting on the model for step `step`; `streamed` characters of its
-    /// reply have arrived (when the stream sends deltas).
-    Model { step: u32, streamed: u64 },
+    /// reply have arrived (when the stream sends deltas), the last of them
+    /// in `tail`.
+    Model {
+        step: u32,
+        streamed: u64,
+        tail: String,
+    },
     /// Asked again after a failed model call.
     Retrying { attempt: u32, reason: String },
     /// Running the tools of the last reply, `left` of them not done.
@@ -137,10 +142,15 @@ impl LiveTree {
             return;
         };
         let doing = match seen {
-            Seen::Step(step) => Doing::Model { step, streamed: 0 },
-            Seen::Streamed(chars) => {
-                if let Doing::Model { streamed, .. } = &mut node.doing {
-                    *streamed += chars as u64;
+            Seen::Step(step) => Doing::Model {
+                step,
+                streamed: 0,
+                tail: String::new(),
+            },
+            Seen::Streamed(text) => {
+                if let Doing::Model { streamed, tail, .. } = &mut node.doing {
+                    *streamed += text.chars().count() as u64;
+                    keep_tail(tail, &text);
                 }
                 return;
             }
@@ -269,10 +279,10 @@ impl LiveTree {
         self.all.take(minus);
     }
 
-    /// Characters of `run`'s reply streamed in (a server's `modelDelta`,
-    /// which no journal has).
-    pub fn apply_streamed(&mut self, run: &RunId, chars: usize) {
-        self.take(run, 0, Seen::Streamed(chars));
+    /// A piece of `run`'s reply streamed in (a server's `modelDelta`, which
+    /// no journal has).
+    pub fn apply_streamed(&mut self, run: &RunId, text: &str) {
+        self.take(run, 0, Seen::Streamed(text.to_owned()));
     }
 
     /// Whether `run` has started in the view.
@@ -469,11 +479,15 @@ impl LiveTree {
         let for_ms = now_ms.saturating_sub(node.since_ms);
         let what = match &node.doing {
             Doing::Starting => "starting".to_owned(),
-            Doing::Model { step, streamed } if *streamed > 0 => {
+            Doing::Model {
+                step,
+                streamed,
+                tail,
+            } if *streamed > 0 => {
                 format!(
-                    "model, step {step}, {} ({} chars so far)",
+                    "model, step {step}, {}, writing: {}",
                     seconds(for_ms),
-                    streamed
+                    tail.trim()
                 )
             }
             Doing::Model { step, .. } => format!("model, step {step}, {}", seconds(for_ms)),
@@ -647,6 +661,28 @@ fn tokens_and_cost(tokens: u64, cost: f64) -> String {
 
 fn seconds(ms: u64) -> String {
     format!("{}.{}s", ms / 1000, (ms % 1000) / 100)
+}
+
+/// How much of a streamed reply a line shows: its last characters.
+const TAIL_CHARS: usize = 48;
+
+/// Adds `text` to `tail`, its whitespace as single spaces, keeping the last
+/// [`TAIL_CHARS`] characters (after a `…` once some are left out).
+fn keep_tail(tail: &mut String, text: &str) {
+    for c in text.chars() {
+        let c = if c.is_whitespace() { ' ' } else { c };
+        if c == ' ' && (tail.is_empty() || tail.ends_with(' ')) {
+            continue;
+        }
+        tail.push(c);
+    }
+    let count = tail.chars().count();
+    if count > TAIL_CHARS
+        && let Some((at, _)) = tail.char_indices().nth(count - (TAIL_CHARS - 1))
+    {
+        let kept = tail[at..].trim_start_matches('…').to_owned();
+        *tail = format!("…{kept}");
+    }
 }
 
 #[cfg(test)]

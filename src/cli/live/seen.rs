@@ -17,8 +17,9 @@ pub(super) enum Seen {
         depth: usize,
     },
     Step(u32),
-    /// Characters of the reply streamed in.
-    Streamed(usize),
+    /// A piece of the reply streamed in (text, reasoning or a tool call's
+    /// arguments).
+    Streamed(String),
     Retrying {
         attempt: u32,
         reason: String,
@@ -55,8 +56,8 @@ impl Seen {
             EventKind::ModelDelta { delta, .. } => Seen::Streamed(match delta {
                 Delta::Text { text }
                 | Delta::Reasoning { text }
-                | Delta::ToolCallArgs { text, .. } => text.chars().count(),
-                _ => 0,
+                | Delta::ToolCallArgs { text, .. } => text.clone(),
+                _ => String::new(),
             }),
             EventKind::ModelRetrying {
                 attempt, reason, ..

@@ -320,3 +320,39 @@ fn an_end_read_twice_counts_once_and_the_end_line_and_summary_read_as_arbor_runs
         "Finished tree t in 2000ms: 2 agents (2 completed), 250 tokens in all"
     );
 }
+
+/// Issue 38: a reply streamed in shows as its last words on its agent's
+/// line ("writing: …"), its whitespace as single spaces, from live deltas
+/// and from a server's stream alike; the next step starts it afresh.
+#[test]
+fn a_streamed_reply_shows_its_last_words_on_its_line() {
+    use arbor_actors::Delta;
+    let mut t = LiveTree::default();
+    t.apply(&started("t/0", "writer", 0, 1_000));
+    t.apply(&at("t/0", 1_000, EventKind::StepStarted { step: 1 }));
+    for word in ["Once upon\n", "a time  ", "there was a tree"] {
+        t.apply(&at(
+            "t/0",
+            1_100,
+            EventKind::ModelDelta {
+                step: 1,
+                delta: Delta::Text { text: word.into() },
+            },
+        ));
+    }
+    let line = &t.render(2_000, 120, 10, false)[0];
+    assert!(
+        line.contains("model, step 1, 1.0s, writing: Once upon a time there was a tree ·"),
+        "{line}"
+    );
+    // A long reply: its last 48 characters, after an ellipsis.
+    t.apply_streamed(&run("t/0"), &" and the tree grew branches".repeat(4));
+    let line = &t.render(2_000, 200, 10, false)[0];
+    let (_, shown) = line.split_once("writing: …").expect(line);
+    let (shown, _) = shown.split_once(" · ").expect(line);
+    assert_eq!(shown.chars().count(), 47, "{line}");
+    assert!(shown.ends_with("and the tree grew branches"), "{line}");
+    t.apply(&at("t/0", 2_000, EventKind::StepStarted { step: 2 }));
+    let line = &t.render(2_000, 120, 10, false)[0];
+    assert!(!line.contains("writing"), "{line}");
+}
