@@ -60,6 +60,8 @@ impl Told {
             params: None,
             queued_ms: 0,
             position: self.position,
+            // (What the journal's event says of it; the store keeps the rest.)
+            webhook: None,
         }
     }
 }

@@ -126,6 +126,7 @@ pub(super) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             prompt,
             params,
             multitask,
+            webhook: None,
         };
         let started = Started::default();
         return tokio.block_on(until_stopped(&runtime, &started, true, async {

@@ -375,6 +375,7 @@ async fn ask(
                 prompt: prompt.to_owned(),
                 params: None,
                 multitask,
+                ..TurnRequest::default()
             };
             let answer = match runtime.start_turn(&as_tree(tree), request).await {
                 Err(error) => Answer::Refused(error.to_string()),

@@ -2,7 +2,8 @@
 //! posts its end, signed with the service's secret, to a receiver on
 //! loopback; failed attempts are retried with backoff; the delivery is
 //! journaled, so a server killed between the tree's end and the delivery
-//! delivers it once after its restart, and never again after that.
+//! delivers it once after its restart, and never again after that; a
+//! later turn's webhook is its own.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -171,9 +172,10 @@ async fn a_tree_that_ends_posts_its_end_signed_with_the_shared_secret_once() {
     let payload = body(delivery);
     assert_eq!(payload["event"], "tree.ended", "{payload}");
     assert_eq!(payload["treeId"], waited["treeId"], "{payload}");
+    // One delivery per run: its id is the run's.
     assert_eq!(
         delivery.headers["x-arbor-delivery"].to_str().unwrap(),
-        waited["treeId"]
+        waited["runId"]
     );
     assert_eq!(payload["runId"], waited["runId"]);
     assert_eq!(payload["status"], "completed");
@@ -348,4 +350,67 @@ fn a_default_webhook_without_a_secret_is_a_config_error_naming_the_key() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("service.webhook"), "{stderr}");
     assert!(stderr.contains("needs webhook_secret"), "{stderr}");
+}
+
+/// A webhook is the run's, a later turn's too: a tree asked a second turn
+/// (queued behind the first, with a webhook of its own) posts two
+/// deliveries, each of its own run with its own answer, the first as soon
+/// as its turn ended (before, a tree had one webhook, delivered once the
+/// tree stood still and telling of whichever turn was latest then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_turn_with_a_webhook_posts_its_own_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = json!({"replies": [
+        {"agent": "chat", "prompt": "first", "steps": [{"text": "first answer", "delayMs": 1500}]},
+        {"agent": "chat", "prompt": "second", "steps": [{"text": "second answer", "delayMs": 1500}]}
+    ]});
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    let config = dir.path().join("chat.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[service]\nbind = \"127.0.0.1:0\"\n{KEYS}\n\n[models.script]\nprovider = \"scripted\"\n\
+             file = \"script.json\"\n\n[agents.chat]\nmodel = \"script\"\n"
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let mut server = Server::start(dir.path(), &["--config", &config], Some(TOKEN));
+    server.wait_for("ready");
+    let receiver = Receiver::start(0).await;
+    let (status, created) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "chat", "prompt": "first", "webhook": receiver.url}),
+    )
+    .await;
+    assert_eq!(status, Status::CREATED, "{created}");
+    let tree = created["treeId"].as_str().unwrap().to_owned();
+    let (status, queued) = post(
+        &server,
+        &format!("/v1/trees/{tree}/turns"),
+        json!({"prompt": "second", "webhook": receiver.url}),
+    )
+    .await;
+    assert_eq!(status, Status::ACCEPTED, "{queued}");
+    // The first turn's end is posted while the second runs.
+    let first = receiver
+        .until("the first turn's delivery", |s| !s.is_empty())
+        .await;
+    let one = body(&first[0]);
+    assert_eq!(one["runId"], created["runId"], "{one}");
+    assert_eq!(one["text"], "first answer", "{one}");
+    assert_eq!(one["status"], "completed", "{one}");
+    let seen = receiver.until("both deliveries", |s| s.len() >= 2).await;
+    let two = body(&seen[1]);
+    assert_eq!(two["runId"], queued["runId"], "{two}");
+    assert_eq!(two["treeId"], tree.as_str(), "{two}");
+    assert_eq!(two["text"], "second answer", "{two}");
+    assert_eq!(
+        seen[1].headers["x-arbor-delivery"].to_str().unwrap(),
+        queued["runId"]
+    );
+    assert!(signed(&seen[1], SECRET));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(receiver.seen().len(), 2, "{:?}", receiver.seen());
 }

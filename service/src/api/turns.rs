@@ -29,6 +29,11 @@ pub struct CreateTurn {
     /// queued, answered 202 at once) or `interrupt` (the running turn is
     /// cancelled; queued, answered 202).
     pub multitask: Option<arbor_supervisor::Multitask>,
+    /// Where to post this turn's completion webhook (signed with the
+    /// service's `webhook_secret`) when its run ends: an `http(s)` URL; the
+    /// service's `[service] webhook` when absent. Kept with the turn while
+    /// it waits.
+    pub webhook: Option<String>,
 }
 
 /// A follow-up turn queued behind the tree's running turn (and the turns
@@ -78,10 +83,12 @@ pub async fn create_turn(
 ) -> Result<Response, ApiError> {
     let tree_id = super::tree_path(tree_id)?;
     access::check(&shared, &caller, Action::Write, Subject::Tree(&tree_id)).await?;
+    let webhook = crate::webhooks::asked(&shared.options.webhooks, body.webhook)?;
     let request = arbor_supervisor::TurnRequest {
         prompt: body.prompt,
         params: body.params,
         multitask: body.multitask.unwrap_or_default(),
+        webhook,
     };
     Ok(match shared.turn(tree_id, request).await? {
         crate::turns::Answer::Started { tree, run_id } => created(&tree, &run_id),

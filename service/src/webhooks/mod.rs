@@ -1,9 +1,10 @@
-//! Completion webhooks: when a tree that asked for one ends (completed,
-//! failed or cancelled), its end is posted, signed, to its URL; failed
-//! attempts are retried with backoff. The store journals each webhook (its
-//! row is written with the tree) and each attempt's outcome, and an attempt
-//! is made under a claim of that row (owner, hold, fencing epoch, as trees
-//! are claimed): so a server that stops between a tree's end and the
+//! Completion webhooks: when a run that asked for one ends (a tree's root,
+//! or a later turn's; completed, failed or cancelled), its end is posted,
+//! signed, to its URL; failed attempts are retried with backoff. The store
+//! journals each webhook (its row is written with the tree's record, keyed
+//! by the run) and each attempt's outcome, and an attempt is made under a
+//! claim of that row (owner, hold, fencing epoch, as trees are claimed): so
+//! a server that stops between a run's end and the
 //! delivery leaves it to the next start (or another replica), which
 //! delivers it once, and a delivered webhook is never sent again. A crash
 //! after a receiver accepted an attempt and before the store recorded it
@@ -15,7 +16,7 @@ pub(crate) mod payload;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use arbor_actors::TreeId;
+use arbor_actors::RunId;
 use arbor_supervisor::store::{WebhookClaim, WebhookResult};
 use tokio::sync::watch;
 
@@ -32,7 +33,7 @@ const AT_ONCE: usize = 64;
 /// How completion webhooks are sent (`[service]`'s webhook keys).
 #[derive(Clone)]
 pub struct WebhookOptions {
-    /// The webhook of a tree started without one.
+    /// The webhook of a run (a tree, a turn) started without one.
     pub default_url: Option<String>,
     /// The shared secret deliveries are signed with; without one, a start
     /// that asks for a webhook is refused, and none is sent.
@@ -154,14 +155,15 @@ pub(crate) async fn deliver_loop(shared: Weak<Shared>, mut wake: watch::Receiver
                 continue;
             }
         };
-        for tree in due {
-            tokio::spawn(attempt(shared.clone(), client.clone(), tree));
+        for run in due {
+            tokio::spawn(attempt(shared.clone(), client.clone(), run));
         }
     }
 }
 
-/// One attempt at `tree`'s webhook, if this process claims it.
-async fn attempt(shared: Arc<Shared>, client: reqwest::Client, tree: TreeId) {
+/// One attempt at the webhook of the root run `run`, if this process
+/// claims it.
+async fn attempt(shared: Arc<Shared>, client: reqwest::Client, run: RunId) {
     let options = &shared.options.webhooks;
     let Some(secret) = options.secret.clone() else {
         return;
@@ -172,7 +174,7 @@ async fn attempt(shared: Arc<Shared>, client: reqwest::Client, tree: TreeId) {
     // lease have run out, anyone's (this process's own loop too, should the
     // outcome never be recorded).
     let hold = now + options.timeout.as_millis() as u64 + 1_000;
-    let id = tree.clone();
+    let id = run.clone();
     let claim = match supervisor
         .read_store(move |store| store.claim_webhook(&id, now, hold))
         .await
@@ -180,7 +182,7 @@ async fn attempt(shared: Arc<Shared>, client: reqwest::Client, tree: TreeId) {
         Ok(Some(claim)) => claim,
         Ok(None) => return,
         Err(error) => {
-            tracing::warn!(tree = %tree, %error, "cannot claim the tree's webhook");
+            tracing::warn!(run = %run, %error, "cannot claim the run's webhook");
             return;
         }
     };
@@ -190,7 +192,7 @@ async fn attempt(shared: Arc<Shared>, client: reqwest::Client, tree: TreeId) {
         .templates()
         .map(|t| (t.id.clone(), t.output_mode))
         .collect();
-    let id = tree.clone();
+    let id = run.clone();
     let body = supervisor
         .read_store(move |store| payload::read(store, &id, |agent| modes.get(agent).copied()))
         .await
@@ -200,8 +202,8 @@ async fn attempt(shared: Arc<Shared>, client: reqwest::Client, tree: TreeId) {
         });
     let answer = match body {
         Ok(body) => post(&client, &claim, &secret, body, attempt, options.timeout).await,
-        // The tree cannot be read now: counted as an attempt, retried.
-        Err(error) => Answer::Unreachable(format!("cannot read the ended tree: {error}")),
+        // The run cannot be read now: counted as an attempt, retried.
+        Err(error) => Answer::Unreachable(format!("cannot read the ended run: {error}")),
     };
     let next = decide::after_attempt(&answer, attempt, &options.retries);
     let now = now_ms();
@@ -209,12 +211,14 @@ async fn attempt(shared: Arc<Shared>, client: reqwest::Client, tree: TreeId) {
     let result = match next {
         Next::Delivered => {
             metrics.webhooks_delivered.inc();
-            tracing::info!(tree = %tree, attempt, url = %claim.url, "webhook delivered");
+            // The receiver's host only: a webhook URL often holds its
+            // credential in its path or query (Slack's, Discord's).
+            tracing::info!(run = %run, attempt, host = receiver_host(&claim.url), "webhook delivered");
             WebhookResult::Delivered
         }
         Next::Retry { after, error } => {
             metrics.webhook_attempts_failed.inc();
-            tracing::warn!(tree = %tree, attempt, %error, retry_in = ?after, "webhook attempt failed");
+            tracing::warn!(run = %run, attempt, %error, retry_in = ?after, "webhook attempt failed");
             WebhookResult::Retry {
                 error,
                 next_ms: now + after.as_millis() as u64,
@@ -223,7 +227,7 @@ async fn attempt(shared: Arc<Shared>, client: reqwest::Client, tree: TreeId) {
         Next::GiveUp { error } => {
             metrics.webhook_attempts_failed.inc();
             metrics.webhooks_failed.inc();
-            tracing::error!(tree = %tree, attempt, %error, "webhook given up on");
+            tracing::error!(run = %run, attempt, %error, "webhook given up on");
             WebhookResult::Failed { error }
         }
     };
@@ -236,8 +240,8 @@ async fn attempt(shared: Arc<Shared>, client: reqwest::Client, tree: TreeId) {
         .await
     {
         Ok(true) => {}
-        Ok(false) => tracing::warn!(tree = %tree, "another process claimed the webhook since"),
-        Err(error) => tracing::error!(tree = %tree, %error, "cannot record the webhook attempt"),
+        Ok(false) => tracing::warn!(run = %run, "another process claimed the webhook since"),
+        Err(error) => tracing::error!(run = %run, %error, "cannot record the webhook attempt"),
     }
     // The retry is looked for when its wait is over, not a look later.
     if let Some(wait) = wait {
@@ -250,6 +254,21 @@ async fn attempt(shared: Arc<Shared>, client: reqwest::Client, tree: TreeId) {
             }
         });
     }
+}
+
+/// The host (and port) a webhook URL posts to, for logs and errors: never
+/// its path or query, where a receiver's credential often is.
+fn receiver_host(url: &str) -> String {
+    reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| {
+            let host = u.host_str()?.to_owned();
+            Some(match u.port() {
+                Some(port) => format!("{host}:{port}"),
+                None => host,
+            })
+        })
+        .unwrap_or_else(|| "(an unreadable URL)".to_owned())
 }
 
 /// Milliseconds since the Unix epoch, as the store keeps time.
@@ -274,7 +293,7 @@ async fn post(
         .post(&claim.url)
         .timeout(timeout)
         .header("content-type", "application/json")
-        .header("x-arbor-delivery", claim.tree_id.as_str())
+        .header("x-arbor-delivery", claim.run_id.to_string())
         .header("x-arbor-attempt", attempt.to_string())
         .header("x-arbor-timestamp", &timestamp)
         .header("x-arbor-signature", signature)
@@ -292,10 +311,38 @@ async fn post(
                 retry_after,
             }
         }
-        Err(error) if error.is_builder() => Answer::Unsendable(format!("cannot send: {error}")),
+        // Without the URL (reqwest names it), which may hold a credential:
+        // the error is stored with the webhook and logged.
+        Err(error) if error.is_builder() => {
+            Answer::Unsendable(format!("cannot send: {}", error.without_url()))
+        }
         Err(error) if error.is_timeout() => {
             Answer::Unreachable(format!("no answer within {timeout:?}"))
         }
-        Err(error) => Answer::Unreachable(format!("cannot reach the receiver: {error}")),
+        Err(error) => Answer::Unreachable(format!(
+            "cannot reach the receiver at {}: {}",
+            receiver_host(&claim.url),
+            error.without_url()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::receiver_host;
+
+    /// What is logged of a webhook URL: its host and port, never the path
+    /// or query a receiver's credential is in.
+    #[test]
+    fn a_receivers_credential_in_its_url_is_not_what_is_logged() {
+        assert_eq!(
+            receiver_host("https://hooks.slack.com/services/T000/B000/XXXXSECRET"),
+            "hooks.slack.com"
+        );
+        assert_eq!(
+            receiver_host("http://127.0.0.1:8080/hook?token=SECRET"),
+            "127.0.0.1:8080"
+        );
+        assert_eq!(receiver_host("not a url"), "(an unreadable URL)");
     }
 }

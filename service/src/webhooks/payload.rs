@@ -1,33 +1,35 @@
-//! What a completion webhook posts: the ended tree's root run, its final
-//! text and its usage ([`WebhookPayload`], read from the store), and the
+//! What a completion webhook posts: the ended run (a tree's root, or a later
+//! turn's), its final text and its tree's usage ([`WebhookPayload`], read from the store), and the
 //! signature of the exact bytes posted (`X-Arbor-Signature`).
 
 use std::sync::Arc;
 
-use arbor_actors::TreeId;
+use arbor_actors::RunId;
 use hmac::{Hmac, KeyInit as _, Mac as _};
 use serde::Serialize;
 use serde_json::Value;
 use sha2::Sha256;
 use utoipa::ToSchema;
 
-/// The body of a completion webhook (`POST` to the tree's `webhook`, as
-/// JSON): the ended tree's root run, like LangGraph's run webhook payload
-/// (its ids, status, output and error), with the tree's usage. The same
+/// The body of a completion webhook (`POST` to the run's `webhook`, as
+/// JSON): the ended root run (of the tree, or of a later turn), like
+/// LangGraph's run webhook payload (its ids, status, output and error),
+/// with the tree's usage. The same
 /// bytes are signed (`X-Arbor-Signature`).
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WebhookPayload {
     /// Always `tree.ended`.
     pub event: String,
-    /// The tree that ended; also the delivery's id (`X-Arbor-Delivery`):
-    /// a tree's webhook is one delivery, whatever its attempts.
+    /// Its tree.
     pub tree_id: String,
-    /// Its root run (`GET /v1/runs/{runId}`).
+    /// The root run that ended (`GET /v1/runs/{runId}`): the tree's, or a
+    /// later turn's (`T/0~n`); also the delivery's id (`X-Arbor-Delivery`):
+    /// a run's webhook is one delivery, whatever its attempts.
     pub run_id: String,
     /// The root's agent type.
     pub agent_type: String,
-    /// How the tree ended: `completed`, `failed` or `cancelled`.
+    /// How the run ended: `completed`, `failed` or `cancelled`.
     pub status: String,
     /// The root's final text: its last reply's text, its structured output
     /// as JSON, or the error it failed with (as `POST /v1/runs/wait` gives
@@ -38,11 +40,11 @@ pub struct WebhookPayload {
     pub value: Value,
     /// Why it failed or was cancelled; null when it completed.
     pub error: Option<String>,
-    /// What the whole tree spent.
+    /// What the whole tree spent (every turn so far).
     pub usage: WebhookUsage,
-    /// When the tree started, in milliseconds since the Unix epoch.
+    /// When the run started, in milliseconds since the Unix epoch.
     pub started_ms: u64,
-    /// When its root ended, in milliseconds since the Unix epoch.
+    /// When it ended, in milliseconds since the Unix epoch.
     pub finished_ms: Option<u64>,
 }
 
@@ -60,15 +62,15 @@ pub struct WebhookUsage {
     pub runs: u64,
 }
 
-/// The payload of the ended tree `tree`, from the store; `output_mode`
+/// The payload of the ended root run `run`, from the store; `output_mode`
 /// gives the output mode of an agent type (the catalog's), for `value`.
 pub(crate) fn read(
     store: &dyn arbor_supervisor::store::Store,
-    tree: &TreeId,
+    run: &RunId,
     output_mode: impl Fn(&str) -> Option<arbor_actors::OutputMode>,
 ) -> Result<WebhookPayload, arbor_supervisor::Error> {
-    let (_, summary) = store.tree(tree)?;
-    let stored = match store.run(&summary.root_run_id) {
+    let (_, summary) = store.tree(run.tree())?;
+    let stored = match store.run(run) {
         Ok(stored) => Some(stored),
         // A root that failed before its first checkpoint has no run row.
         Err(arbor_supervisor::Error::UnknownRun(_)) => None,
@@ -89,28 +91,49 @@ pub(crate) fn read(
         }
         .text();
     }
+    // The run's own row once it ended; else (a root that failed before its
+    // first checkpoint) the tree's, whose latest run it is.
+    let node = stored
+        .as_ref()
+        .filter(|s| s.is_final)
+        .map(|s| &s.node)
+        .filter(|n| n.status != "running");
+    let (status, error, started_ms, finished_ms) = match node {
+        Some(node) => (
+            node.status.clone(),
+            node.error.clone(),
+            node.started_ms,
+            node.finished_ms,
+        ),
+        None => (
+            summary.status.to_string(),
+            summary.error.clone(),
+            summary.started_ms,
+            summary.finished_ms,
+        ),
+    };
     if text.is_empty()
-        && let Some(error) = &summary.error
+        && let Some(error) = &error
     {
         text.clone_from(error);
     }
     Ok(WebhookPayload {
         event: "tree.ended".to_owned(),
         tree_id: summary.tree_id.to_string(),
-        run_id: summary.root_run_id.to_string(),
+        run_id: run.to_string(),
         agent_type: summary.agent.clone(),
-        status: summary.status.to_string(),
+        status,
         text,
         value,
-        error: summary.error.clone(),
+        error,
         usage: WebhookUsage {
             input_tokens: summary.input_tokens,
             output_tokens: summary.output_tokens,
             credits: summary.cost,
             runs: summary.agents,
         },
-        started_ms: summary.started_ms,
-        finished_ms: summary.finished_ms,
+        started_ms,
+        finished_ms,
     })
 }
 

@@ -88,9 +88,9 @@ pub struct TreeRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub principal: Option<String>,
     /// The URL its completion webhook is posted to (see
-    /// `StartRequest::webhook`): written with a new tree as its webhook's
-    /// row (`Store::webhook`), not with the tree's own; `None` on a record
-    /// read back.
+    /// `StartRequest::webhook`): written with a new tree or a later turn as
+    /// the webhook row of its root run (`Store::webhook`), not with the
+    /// tree's own; `None` on a record read back.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub webhook: Option<String>,
 }
@@ -216,6 +216,9 @@ pub struct QueuedTurn {
     pub queued_ms: u64,
     /// Its place in the tree's queue when it was read: 1 is the next turn.
     pub position: usize,
+    /// Where its run's completion webhook is posted, once it has started
+    /// (written with the turn's record then); `None`: it asked for none.
+    pub webhook: Option<String>,
 }
 
 impl QueuedTurn {
@@ -369,6 +372,13 @@ pub(crate) fn tree_ids(ids: Vec<String>) -> Result<Vec<TreeId>, Error> {
         .collect()
 }
 
+/// A run id as the store keeps it (text), typed; one that is no run id is
+/// the store's corruption, named.
+pub(crate) fn run_id(id: &str) -> Result<RunId, Error> {
+    id.parse::<RunId>()
+        .map_err(|e| Error::Store(format!("a stored run id {id:?} is no run id: {e}")))
+}
+
 /// Copies the tree `tree_id` with its whole log from one store to another
 /// (of either backend), unchanged, and the turns queued for it (same turn
 /// numbers and order; queued again, so their wait starts anew); refused if
@@ -378,7 +388,13 @@ pub fn copy_tree(from: &dyn Store, to: &dyn Store, tree_id: &TreeId) -> Result<(
     let queued = from.queued_turns(tree_id)?;
     to.load(&dump)?;
     for turn in &queued {
-        to.queue_turn(tree_id, &turn.prompt, turn.params.as_ref(), usize::MAX)?;
+        to.queue_turn(
+            tree_id,
+            &turn.prompt,
+            turn.params.as_ref(),
+            turn.webhook.as_deref(),
+            usize::MAX,
+        )?;
     }
     Ok(())
 }
@@ -628,6 +644,7 @@ pub trait Store: Send + Sync + 'static {
         tree_id: &TreeId,
         prompt: &str,
         params: Option<&Value>,
+        webhook: Option<&str>,
         limit: usize,
     ) -> Result<QueuedTurn, Error>;
 
@@ -674,32 +691,33 @@ pub trait Store: Send + Sync + 'static {
         STALE_AFTER_MS
     }
 
-    /// The tree's completion webhook; `None` when it asked for none. The
-    /// default (a store without webhooks) has none.
-    fn webhook(&self, tree_id: &TreeId) -> Result<Option<WebhookRecord>, Error> {
-        let _ = tree_id;
+    /// The completion webhook of the root run `run_id` (a tree's first
+    /// run, or a later turn's); `None` when it asked for none. The default
+    /// (a store without webhooks) has none.
+    fn webhook(&self, run_id: &RunId) -> Result<Option<WebhookRecord>, Error> {
+        let _ = run_id;
         Ok(None)
     }
 
-    /// Trees whose webhook could be claimed now (`webhook_claimable`: their
-    /// tree ended, an attempt is due, nobody holds it), at most `limit`.
-    fn webhooks_due(&self, now_ms: u64, limit: usize) -> Result<Vec<TreeId>, Error> {
+    /// Runs whose webhook could be claimed now (`webhook_claimable`: the
+    /// run ended, an attempt is due, nobody holds it), at most `limit`.
+    fn webhooks_due(&self, now_ms: u64, limit: usize) -> Result<Vec<RunId>, Error> {
         let _ = (now_ms, limit);
         Ok(Vec::new())
     }
 
-    /// Claims the tree's webhook for one attempt by this process, held
+    /// Claims the run's webhook for one attempt by this process, held
     /// until `hold_until_ms` (the attempt's end at the latest), atomically:
     /// of two processes claiming it, one gets it. `None` when it cannot be
-    /// claimed now (delivered or given up on, not due, its tree running,
+    /// claimed now (delivered or given up on, not due, its run running,
     /// held by another process) or there is none.
     fn claim_webhook(
         &self,
-        tree_id: &TreeId,
+        run_id: &RunId,
         now_ms: u64,
         hold_until_ms: u64,
     ) -> Result<Option<WebhookClaim>, Error> {
-        let _ = (tree_id, now_ms, hold_until_ms);
+        let _ = (run_id, now_ms, hold_until_ms);
         Ok(None)
     }
 

@@ -516,7 +516,33 @@ mod tests {
                         let (col, kind) = column(def);
                         tables.get_mut(*name).unwrap().insert(col, kind);
                     }
-                    ["CREATE", "INDEX", ..] => {}
+                    [
+                        "ALTER",
+                        "TABLE",
+                        name,
+                        "ALTER",
+                        "COLUMN",
+                        col,
+                        "SET",
+                        "NOT",
+                        "NULL",
+                    ] => {
+                        let column = tables.get_mut(*name).unwrap().get_mut(*col).unwrap();
+                        column.1 = true;
+                    }
+                    ["ALTER", "TABLE", name, "RENAME", "TO", to] => {
+                        let table = tables.remove(*name).unwrap();
+                        tables.insert((*to).to_owned(), table);
+                    }
+                    ["DROP", "TABLE", name] => {
+                        tables.remove(*name).unwrap();
+                    }
+                    // Keys and rows: the columns' shape is as it was.
+                    ["ALTER", "TABLE", _, "DROP", "CONSTRAINT", ..]
+                    | ["ALTER", "TABLE", _, "ADD", "PRIMARY", "KEY", ..]
+                    | ["INSERT", ..]
+                    | ["UPDATE", ..]
+                    | ["CREATE", "INDEX", ..] => {}
                     other => panic!("a statement this test does not read: {other:?}"),
                 }
             }

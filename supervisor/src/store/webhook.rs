@@ -1,12 +1,13 @@
-//! Completion webhooks as the store journals them: one row per tree that
-//! asked for one (written with the tree, in the batch that stores it), then
+//! Completion webhooks as the store journals them: one row per run that
+//! asked for one, a tree's first run or a later turn's (written with the
+//! tree's record, in the batch that stores it), then
 //! each delivery attempt's outcome, so that a process that stops between the
 //! tree's end and a delivery leaves the delivery to the next, and a delivered
 //! webhook is never sent again. The row is claimed for one attempt at a time
 //! (owner, hold, fencing epoch), as trees are, so of two processes on one
 //! store one delivers.
 
-use arbor_actors::TreeId;
+use arbor_actors::{RunId, TreeId};
 use serde::Serialize;
 
 /// Where a tree's webhook is.
@@ -44,11 +45,13 @@ impl WebhookState {
     }
 }
 
-/// A tree's webhook, as stored.
+/// A run's webhook, as stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WebhookRecord {
-    /// The tree it reports the end of.
+    /// The root run (of the tree, or of a later turn) it reports the end of.
+    pub run_id: RunId,
+    /// Its tree.
     pub tree_id: TreeId,
     /// Where it is posted.
     pub url: String,
@@ -70,7 +73,9 @@ pub struct WebhookRecord {
 /// while no other process has claimed it since.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WebhookClaim {
-    /// The tree it reports the end of.
+    /// The root run it reports the end of.
+    pub run_id: RunId,
+    /// Its tree.
     pub tree_id: TreeId,
     /// Where it is posted.
     pub url: String,
@@ -119,7 +124,8 @@ impl WebhookResult {
 }
 
 /// Whether a pending webhook's row can be claimed for an attempt now: its
-/// tree has ended, its next attempt is due, and no process holds it (none
+/// run has ended (its tree has, or a later turn started), its next attempt
+/// is due, and no process holds it (none
 /// did, or its holder is gone, or its hold ran out more than `lease_ms`
 /// ago, whoever holds it: a holder still alive whose attempt never recorded
 /// its outcome, a failed store write or a panic, must not keep the webhook
@@ -141,7 +147,7 @@ pub(crate) fn webhook_claimable(
 /// `next_ms` and `done_ms` as the database's integers), typed; a state this
 /// build does not know is the store's corruption, named.
 pub(crate) fn webhook_record(
-    tree: &TreeId,
+    run: &RunId,
     url: String,
     state: &str,
     (attempts, next_ms, done_ms): (i64, i64, Option<i64>),
@@ -149,11 +155,12 @@ pub(crate) fn webhook_record(
 ) -> Result<WebhookRecord, crate::error::Error> {
     let state = WebhookState::parse(state).ok_or_else(|| {
         crate::error::Error::Store(format!(
-            "tree {tree}: its webhook's state {state:?} is not one this build knows"
+            "run {run}: its webhook's state {state:?} is not one this build knows"
         ))
     })?;
     Ok(WebhookRecord {
-        tree_id: tree.clone(),
+        run_id: run.clone(),
+        tree_id: run.tree().clone(),
         url,
         state,
         attempts: attempts.max(0) as u32,

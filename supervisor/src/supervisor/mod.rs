@@ -56,11 +56,12 @@ pub struct StartRequest {
     /// tree as its owner, who may see and control it. Ignored when the tree
     /// is stored already (a resume, a turn): its owner never changes.
     pub principal: Option<String>,
-    /// Where to post the tree's completion webhook when it ends (an `http`
+    /// Where to post this run's completion webhook when it ends (an `http`
     /// or `https` URL, checked by [`check_webhook`](crate::request::check_webhook)):
-    /// journaled with a new tree, so its delivery survives a restart; it
-    /// needs a store. Ignored for a resumed tree and a later turn (the
-    /// tree's webhook is on record already).
+    /// journaled with a new tree or a later turn, keyed by the run it
+    /// reports (the turn's root), so its delivery survives a restart; it
+    /// needs a store. Ignored for a resumed tree (its webhook is on record
+    /// already).
     pub webhook: Option<String>,
     /// When the tree first started (ms since the Unix epoch), for a tree
     /// started again (a resume, a replay, a later turn): what fills a

@@ -72,7 +72,9 @@ impl Supervisor {
                     problem: refused.to_string(),
                 })?;
         }
-        if let Some(url) = request.webhook.as_deref().filter(|_| new_tree) {
+        // A webhook is the run's: a new tree's, or a later turn's (a resume
+        // asks for none: its run's is on record).
+        if let Some(url) = request.webhook.as_deref() {
             crate::request::check_webhook(url)?;
             if self.store.is_none() {
                 return Err(Error::InvalidRequest {
@@ -290,7 +292,7 @@ impl Supervisor {
                 history: request.history.clone(),
                 started_ms: crate::tree::now_ms(),
                 principal: request.principal.clone(),
-                webhook: request.webhook.clone().filter(|_| new_tree),
+                webhook: request.webhook.clone(),
             })));
             writer.flush().await?;
         }

@@ -79,6 +79,10 @@ pub struct TurnRequest {
     pub params: Option<Value>,
     /// What to do when the tree is running a turn.
     pub multitask: Multitask,
+    /// Where to post the turn's completion webhook when its run ends (see
+    /// [`StartRequest::webhook`](crate::StartRequest::webhook)): kept with
+    /// the turn while it waits, then with its run.
+    pub webhook: Option<String>,
 }
 
 impl TurnRequest {
@@ -238,14 +242,17 @@ impl Supervisor {
         // to start now is taken at once (unless another got in first: then
         // it waits for that one, as queued).
         self.store_takes_writes()?;
-        let (id, prompt, params, limit) = (
+        let (id, prompt, params, webhook, limit) = (
             tree_id.to_owned(),
             request.prompt.clone(),
             request.params.clone(),
+            request.webhook.clone(),
             self.turn_queue_limit,
         );
         let turn = self
-            .read_store(move |store| store.queue_turn(&id, &prompt, params.as_ref(), limit))
+            .read_store(move |store| {
+                store.queue_turn(&id, &prompt, params.as_ref(), webhook.as_deref(), limit)
+            })
             .await?;
         if decision == TurnDecision::Start
             && let Some((_, handle)) = self.next_turn(tree_id, Some(turn.id)).await?
@@ -413,6 +420,7 @@ impl Supervisor {
         request.turn = turn.turn;
         request.prompt = turn.prompt.clone();
         request.params = turn.params.clone();
+        request.webhook = turn.webhook.clone();
         request.history = Some(last.message_history.clone());
         self.go_on(writer, &tree_id, request, recovery).await
     }
@@ -420,6 +428,9 @@ impl Supervisor {
     /// Whether the turn's prompt and params fit the template the tree's
     /// root runs (as a start checks them), before it is queued.
     fn check_turn(&self, record: &TreeRecord, request: &TurnRequest) -> Result<(), Error> {
+        if let Some(url) = &request.webhook {
+            crate::request::check_webhook(url)?;
+        }
         let config = record.config.clone().or_else(|| self.config.clone());
         let catalog = self.catalog_for(config.as_ref())?;
         let template = catalog

@@ -932,10 +932,16 @@ fn a_copied_tree_keeps_the_turns_queued_for_it() {
     let (_a, sqlite) = finished_tree(Backend::Sqlite);
     let params = serde_json::json!({"n": 2});
     sqlite
-        .queue_turn(&as_tree("t"), "First.", None, 16)
+        .queue_turn(&as_tree("t"), "First.", None, None, 16)
         .unwrap();
     sqlite
-        .queue_turn(&as_tree("t"), "Second.", Some(&params), 16)
+        .queue_turn(
+            &as_tree("t"),
+            "Second.",
+            Some(&params),
+            Some("https://hooks.example.com/turn"),
+            16,
+        )
         .unwrap();
     let pg_place = Backend::Postgres.fresh();
     let pg = pg_place.open();
@@ -943,16 +949,28 @@ fn a_copied_tree_keeps_the_turns_queued_for_it() {
     let back_place = Backend::Sqlite.fresh();
     let back = back_place.open();
     copy_tree(&*pg, &*back, &as_tree("t")).unwrap();
-    let what = |store: &Arc<dyn Store>| -> Vec<(u32, String, Option<serde_json::Value>, usize)> {
+    type Seen = (
+        u32,
+        String,
+        Option<serde_json::Value>,
+        usize,
+        Option<String>,
+    );
+    let what = |store: &Arc<dyn Store>| -> Vec<Seen> {
         store
             .queued_turns(&as_tree("t"))
             .unwrap()
             .into_iter()
-            .map(|q| (q.turn, q.prompt, q.params, q.position))
+            .map(|q| (q.turn, q.prompt, q.params, q.position, q.webhook))
             .collect()
     };
     let original = what(&sqlite);
     assert_eq!(original.len(), 2, "{original:?}");
+    // A turn's webhook waits with it.
+    assert_eq!(
+        original[1].4.as_deref(),
+        Some("https://hooks.example.com/turn")
+    );
     assert_eq!(what(&pg), original);
     assert_eq!(what(&back), original);
 }
@@ -987,7 +1005,9 @@ both_backends! {
             sup.flush().await.unwrap();
         });
         let store = place.open();
-        store.queue_turn(&as_tree("t"), "second question", None, 16).unwrap();
+        store
+            .queue_turn(&as_tree("t"), "second question", None, None, 16)
+            .unwrap();
         // The process that takes the turn dies before its run starts.
         assert!(store.take_turn(&as_tree("t"), None).unwrap().is_some());
         abandon(&place, "t");

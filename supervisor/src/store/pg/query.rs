@@ -172,21 +172,21 @@ impl Store for PgStore {
         self.write_batch(batch)
     }
 
-    fn webhook(&self, tree_id: &TreeId) -> Result<Option<crate::store::WebhookRecord>, Error> {
-        self.webhook_here(tree_id)
+    fn webhook(&self, run_id: &RunId) -> Result<Option<crate::store::WebhookRecord>, Error> {
+        self.webhook_here(run_id)
     }
 
-    fn webhooks_due(&self, now_ms: u64, limit: usize) -> Result<Vec<TreeId>, Error> {
+    fn webhooks_due(&self, now_ms: u64, limit: usize) -> Result<Vec<RunId>, Error> {
         self.webhooks_due_here(now_ms, limit)
     }
 
     fn claim_webhook(
         &self,
-        tree_id: &TreeId,
+        run_id: &RunId,
         now_ms: u64,
         hold_until_ms: u64,
     ) -> Result<Option<crate::store::WebhookClaim>, Error> {
-        self.claim_webhook_here(tree_id, now_ms, hold_until_ms)
+        self.claim_webhook_here(run_id, now_ms, hold_until_ms)
     }
 
     fn webhook_attempted(
@@ -538,9 +538,10 @@ impl Store for PgStore {
         tree_id: &TreeId,
         prompt: &str,
         params: Option<&Value>,
+        webhook: Option<&str>,
         limit: usize,
     ) -> Result<QueuedTurn, Error> {
-        self.queue_turn_here(tree_id, prompt, params, limit)
+        self.queue_turn_here(tree_id, prompt, params, webhook, limit)
     }
 
     fn queued_turns(&self, tree_id: &TreeId) -> Result<Vec<QueuedTurn>, Error> {

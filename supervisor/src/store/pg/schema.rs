@@ -108,6 +108,19 @@ CREATE TABLE webhooks (
 );
 CREATE INDEX webhooks_pending ON webhooks(next_ms) WHERE state = 'pending';
 "#,
+    // 7: a webhook per run that asked for one (a tree's first run, or a
+    // later turn's root), keyed by that run, and a queued turn's webhook
+    // until it starts; the trees' rows of 6 are their
+    // first runs'.
+    r#"
+ALTER TABLE webhooks ADD COLUMN run_id TEXT;
+UPDATE webhooks SET run_id = tree_id || '/0';
+ALTER TABLE webhooks ALTER COLUMN run_id SET NOT NULL;
+ALTER TABLE webhooks DROP CONSTRAINT webhooks_pkey;
+ALTER TABLE webhooks ADD PRIMARY KEY (run_id);
+CREATE INDEX webhooks_tree ON webhooks(tree_id);
+ALTER TABLE queued_turns ADD COLUMN webhook TEXT;
+"#,
 ];
 
 /// The advisory lock migrations hold ("ARBR" and 1).

@@ -19,6 +19,7 @@ impl PgStore {
         tree: &TreeId,
         prompt: &str,
         params: Option<&Value>,
+        webhook: Option<&str>,
         limit: usize,
     ) -> Result<QueuedTurn, Error> {
         let tree_id = tree.as_str();
@@ -47,14 +48,15 @@ impl PgStore {
             let queued_ms = now_ms();
             let id: i64 = tx
                 .query_one(
-                    "INSERT INTO queued_turns(tree_id, turn, prompt, params, queued_ms)
-                     VALUES ($1, $2, $3, $4, $5) RETURNING id",
+                    "INSERT INTO queued_turns(tree_id, turn, prompt, params, queued_ms, webhook)
+                     VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
                     &[
                         &tree_id,
                         &i64::from(turn),
                         &prompt,
                         &params.map(Value::to_string),
                         &(queued_ms as i64),
+                        &webhook,
                     ],
                 )
                 .await
@@ -69,6 +71,7 @@ impl PgStore {
                 params: params.cloned(),
                 queued_ms,
                 position: waiting + 1,
+                webhook: webhook.map(str::to_owned),
             })
         })
     }
@@ -90,7 +93,7 @@ impl PgStore {
             let latest = turn_of(root.get(0));
             client
                 .query(
-                    "SELECT id, turn, prompt, params, queued_ms FROM queued_turns
+                    "SELECT id, turn, prompt, params, queued_ms, webhook FROM queued_turns
                      WHERE tree_id = $1 AND turn > $2 ORDER BY turn",
                     &[&tree_id, &i64::from(latest)],
                 )
@@ -119,7 +122,7 @@ impl PgStore {
             forget_started(&*tx, tree_id, latest).await.map_err(&io)?;
             let next = if status.is_final() {
                 tx.query_opt(
-                    "SELECT id, turn, prompt, params, queued_ms FROM queued_turns
+                    "SELECT id, turn, prompt, params, queued_ms, webhook FROM queued_turns
                      WHERE tree_id = $1 ORDER BY turn LIMIT 1",
                     &[&tree_id],
                 )
@@ -225,6 +228,7 @@ impl PgStore {
             params,
             queued_ms: r.get::<_, i64>("queued_ms") as u64,
             position,
+            webhook: r.get("webhook"),
         })
     }
 }

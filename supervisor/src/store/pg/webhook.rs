@@ -8,27 +8,28 @@ use crate::store::{
     WebhookClaim, WebhookRecord, WebhookResult, WebhookState, owner_id, webhook_claimable,
     webhook_record,
 };
-use arbor_actors::TreeId;
+use arbor_actors::RunId;
 
 const SELECT: &str = "SELECT w.url, w.state, w.attempts, w.next_ms, w.error, w.done_ms, w.owner,
-        w.held_ms, w.epoch, COALESCE(t.status <> 'running', false)
+        w.held_ms, w.epoch,
+        COALESCE(t.status <> 'running' OR t.root_run_id <> w.run_id, false)
      FROM webhooks w LEFT JOIN trees t ON t.tree_id = w.tree_id
-     WHERE w.tree_id = $1";
+     WHERE w.run_id = $1";
 
 impl PgStore {
     /// `Store::webhook`.
-    pub(super) fn webhook_here(&self, tree: &TreeId) -> Result<Option<WebhookRecord>, Error> {
-        let tree_id = tree.as_str();
+    pub(super) fn webhook_here(&self, run: &RunId) -> Result<Option<WebhookRecord>, Error> {
+        let run_id = run.to_string();
         let row = self.block(async {
             let client = self.client().await?;
             client
-                .query_opt(SELECT, &[&tree_id])
+                .query_opt(SELECT, &[&run_id])
                 .await
                 .map_err(self.io())
         })?;
         row.map(|r| {
             webhook_record(
-                tree,
+                run,
                 r.get(0),
                 r.get::<_, &str>(1),
                 (r.get(2), r.get(3), r.get(5)),
@@ -39,15 +40,19 @@ impl PgStore {
     }
 
     /// `Store::webhooks_due`.
-    pub(super) fn webhooks_due_here(&self, now: u64, limit: usize) -> Result<Vec<TreeId>, Error> {
+    /// The run ended when its tree did or a later turn started; the rows
+    /// nobody holds come first, so held ones cannot crowd them out of
+    /// `limit`.
+    pub(super) fn webhooks_due_here(&self, now: u64, limit: usize) -> Result<Vec<RunId>, Error> {
         let rows = self.block(async {
             let client = self.client().await?;
             client
                 .query(
-                    "SELECT w.tree_id, w.next_ms, w.owner, w.held_ms
+                    "SELECT w.run_id, w.next_ms, w.owner, w.held_ms
                      FROM webhooks w JOIN trees t ON t.tree_id = w.tree_id
-                     WHERE w.state = 'pending' AND w.next_ms <= $1 AND t.status <> 'running'
-                     ORDER BY w.next_ms LIMIT $2",
+                     WHERE w.state = 'pending' AND w.next_ms <= $1
+                         AND (t.status <> 'running' OR t.root_run_id <> w.run_id)
+                     ORDER BY (w.owner IS NOT NULL), w.next_ms LIMIT $2",
                     &[&(now as i64), &(limit.min(i64::MAX as usize) as i64)],
                 )
                 .await
@@ -65,18 +70,20 @@ impl PgStore {
                 due.push(r.get::<_, String>(0));
             }
         }
-        crate::store::tree_ids(due)
+        due.iter()
+            .map(|id: &String| crate::store::run_id(id))
+            .collect()
     }
 
     /// `Store::claim_webhook`: on the locked row (`SKIP LOCKED`: one
     /// another replica is claiming now is not claimable here).
     pub(super) fn claim_webhook_here(
         &self,
-        tree: &TreeId,
+        run: &RunId,
         now: u64,
         hold_until: u64,
     ) -> Result<Option<WebhookClaim>, Error> {
-        let tree_id = tree.as_str();
+        let run_id = run.to_string();
         self.block(async {
             let io = self.io();
             let mut client = self.client().await?;
@@ -84,7 +91,7 @@ impl PgStore {
             let Some(r) = tx
                 .query_opt(
                     format!("{SELECT} FOR UPDATE OF w SKIP LOCKED").as_str(),
-                    &[&tree_id],
+                    &[&run_id],
                 )
                 .await
                 .map_err(&io)?
@@ -102,13 +109,14 @@ impl PgStore {
             }
             let epoch = r.get::<_, i64>(8) + 1;
             tx.execute(
-                "UPDATE webhooks SET owner = $2, held_ms = $3, epoch = $4 WHERE tree_id = $1",
-                &[&tree_id, &owner_id(), &(hold_until as i64), &epoch],
+                "UPDATE webhooks SET owner = $2, held_ms = $3, epoch = $4 WHERE run_id = $1",
+                &[&run_id, &owner_id(), &(hold_until as i64), &epoch],
             )
             .await
             .map_err(&io)?;
             let claim = WebhookClaim {
-                tree_id: tree.clone(),
+                run_id: run.clone(),
+                tree_id: run.tree().clone(),
                 url: r.get(0),
                 attempts: r.get::<_, i64>(2) as u32,
                 epoch: epoch as u64,
@@ -135,9 +143,9 @@ impl PgStore {
                 .execute(
                     "UPDATE webhooks SET state = $3, attempts = attempts + 1, next_ms = $4,
                          error = $5, done_ms = $6, owner = NULL, held_ms = 0
-                     WHERE tree_id = $1 AND epoch = $2 AND state = 'pending'",
+                     WHERE run_id = $1 AND epoch = $2 AND state = 'pending'",
                     &[
-                        &claim.tree_id.as_str(),
+                        &claim.run_id.to_string(),
                         &(claim.epoch as i64),
                         &result.state().as_str(),
                         &next,

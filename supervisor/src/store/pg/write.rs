@@ -303,12 +303,20 @@ async fn attempt(
                 if let (Some(_), Some(url)) = (&claimed, &tree.webhook) {
                     let put = tx
                         .prepare_cached(
-                            "INSERT INTO webhooks(tree_id, url, state, created_ms)
-                             VALUES ($1, $2, 'pending', $3) ON CONFLICT DO NOTHING",
+                            "INSERT INTO webhooks(run_id, tree_id, url, state, created_ms)
+                             VALUES ($1, $2, $3, 'pending', $4) ON CONFLICT DO NOTHING",
                         )
                         .await?;
-                    tx.execute(&put, &[&tree.tree_id.as_str(), url, &(now_ms() as i64)])
-                        .await?;
+                    tx.execute(
+                        &put,
+                        &[
+                            &tree.root_run_id.to_string(),
+                            &tree.tree_id.as_str(),
+                            url,
+                            &(now_ms() as i64),
+                        ],
+                    )
+                    .await?;
                 }
                 let epoch = claimed.as_ref().map(|r| {
                     let r = row(r);

@@ -124,6 +124,35 @@ CREATE TABLE webhooks (
 ) WITHOUT ROWID;
 CREATE INDEX webhooks_pending ON webhooks(next_ms) WHERE state = 'pending';
 "#,
+    // 10: a webhook per run that asked for one (a tree's first run, or a
+    // later turn's root), keyed by that run, and a queued turn's webhook
+    // until it starts; the trees' rows of 9 are their
+    // first runs'.
+    r#"
+CREATE TABLE webhooks_by_run (
+    run_id     TEXT PRIMARY KEY,
+    tree_id    TEXT NOT NULL,
+    url        TEXT NOT NULL,
+    state      TEXT NOT NULL,
+    attempts   INTEGER NOT NULL DEFAULT 0,
+    next_ms    INTEGER NOT NULL DEFAULT 0,
+    error      TEXT,
+    owner      TEXT,
+    held_ms    INTEGER NOT NULL DEFAULT 0,
+    epoch      INTEGER NOT NULL DEFAULT 0,
+    created_ms INTEGER NOT NULL,
+    done_ms    INTEGER
+) WITHOUT ROWID;
+INSERT INTO webhooks_by_run(run_id, tree_id, url, state, attempts, next_ms, error, owner,
+    held_ms, epoch, created_ms, done_ms)
+    SELECT tree_id || '/0', tree_id, url, state, attempts, next_ms, error, owner, held_ms,
+        epoch, created_ms, done_ms FROM webhooks;
+DROP TABLE webhooks;
+ALTER TABLE webhooks_by_run RENAME TO webhooks;
+CREATE INDEX webhooks_pending ON webhooks(next_ms) WHERE state = 'pending';
+CREATE INDEX webhooks_tree ON webhooks(tree_id);
+ALTER TABLE queued_turns ADD COLUMN webhook TEXT;
+"#,
 ];
 
 /// How long a write waits for another process holding the file's write lock.

@@ -11,7 +11,7 @@ use crate::tree::now_ms;
 use arbor_actors::TreeId;
 
 /// A queued turn's columns, read back.
-type Row = (i64, i64, String, Option<String>, i64);
+type Row = (i64, i64, String, Option<String>, i64, Option<String>);
 
 impl SqliteStore {
     /// `Store::queue_turn`: under the write lock, so two turns queued at
@@ -21,6 +21,7 @@ impl SqliteStore {
         tree: &TreeId,
         prompt: &str,
         params: Option<&Value>,
+        webhook: Option<&str>,
         limit: usize,
     ) -> Result<QueuedTurn, Error> {
         let tree_id = tree.as_str();
@@ -48,14 +49,15 @@ impl SqliteStore {
         let queued_ms = now_ms();
         let id: i64 = tx
             .query_row(
-                "INSERT INTO queued_turns(tree_id, turn, prompt, params, queued_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5) RETURNING id",
+                "INSERT INTO queued_turns(tree_id, turn, prompt, params, queued_ms, webhook)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
                 params![
                     tree_id,
                     turn,
                     prompt,
                     params.map(Value::to_string),
-                    queued_ms as i64
+                    queued_ms as i64,
+                    webhook
                 ],
                 |r| r.get(0),
             )
@@ -69,6 +71,7 @@ impl SqliteStore {
             params: params.cloned(),
             queued_ms,
             position: waiting as usize + 1,
+            webhook: webhook.map(str::to_owned),
         })
     }
 
@@ -80,7 +83,7 @@ impl SqliteStore {
         let latest = latest.ok_or_else(|| Error::UnknownTree(tree.clone()))?;
         let mut stmt = conn
             .prepare_cached(
-                "SELECT id, turn, prompt, params, queued_ms FROM queued_turns
+                "SELECT id, turn, prompt, params, queued_ms, webhook FROM queued_turns
                  WHERE tree_id = ?1 AND turn > ?2 ORDER BY turn",
             )
             .map_err(sql(&self.path))?;
@@ -119,7 +122,7 @@ impl SqliteStore {
         forget_started(&tx, tree_id, turn_of(&root)).map_err(sql(&self.path))?;
         let next: Option<Row> = if status.is_final() {
             tx.query_row(
-                "SELECT id, turn, prompt, params, queued_ms FROM queued_turns
+                "SELECT id, turn, prompt, params, queued_ms, webhook FROM queued_turns
                  WHERE tree_id = ?1 ORDER BY turn LIMIT 1",
                 [tree_id],
                 row,
@@ -174,7 +177,7 @@ impl SqliteStore {
 
     /// A queued turn from its row, at `position` in its tree's queue.
     fn queued(&self, tree: &TreeId, r: Row, position: usize) -> Result<QueuedTurn, Error> {
-        let (id, turn, prompt, params, queued_ms) = r;
+        let (id, turn, prompt, params, queued_ms, webhook) = r;
         let params = params
             .map(|p| serde_json::from_str(&p))
             .transpose()
@@ -187,12 +190,20 @@ impl SqliteStore {
             params,
             queued_ms: queued_ms as u64,
             position,
+            webhook,
         })
     }
 }
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
-    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+    ))
 }
 
 /// The turn the tree's latest root names; `None` without such a tree.

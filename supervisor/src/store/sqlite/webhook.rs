@@ -9,14 +9,14 @@ use crate::store::{
     STALE_AFTER_MS, WebhookClaim, WebhookRecord, WebhookResult, WebhookState, owner_id,
     webhook_claimable, webhook_record,
 };
-use arbor_actors::TreeId;
+use arbor_actors::RunId;
 
-/// The schema version that made the `webhooks` table: an older file (read
-/// only) has no webhooks.
-const WEBHOOK_VERSION: i64 = 9;
+/// The schema version that keyed the `webhooks` table by run: an older
+/// file (read only) is read as having no webhooks.
+const WEBHOOK_VERSION: i64 = 10;
 
-/// A webhook's row with its tree's: url, state, attempts, next, error,
-/// done, owner, held, epoch, whether the tree ended.
+/// A webhook's row with its run's: url, state, attempts, next, error,
+/// done, owner, held, epoch, whether the run ended.
 type Row = (
     String,
     String,
@@ -31,9 +31,10 @@ type Row = (
 );
 
 const SELECT: &str = "SELECT w.url, w.state, w.attempts, w.next_ms, w.error, w.done_ms, w.owner,
-        w.held_ms, w.epoch, COALESCE(t.status <> 'running', 0)
+        w.held_ms, w.epoch,
+        COALESCE(t.status <> 'running' OR t.root_run_id <> w.run_id, 0)
      FROM webhooks w LEFT JOIN trees t ON t.tree_id = w.tree_id
-     WHERE w.tree_id = ?1";
+     WHERE w.run_id = ?1";
 
 fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
     Ok((
@@ -59,31 +60,34 @@ impl SqliteStore {
     }
 
     /// `Store::webhook`.
-    pub(super) fn webhook_here(&self, tree: &TreeId) -> Result<Option<WebhookRecord>, Error> {
+    pub(super) fn webhook_here(&self, run: &RunId) -> Result<Option<WebhookRecord>, Error> {
         let conn = self.conn()?;
         if !self.has_webhooks(&conn)? {
             return Ok(None);
         }
         let row = conn
-            .query_row(SELECT, [tree.as_str()], read)
+            .query_row(SELECT, [run.to_string()], read)
             .optional()
             .map_err(sql(&self.path))?;
-        row.map(|row| record(tree, row)).transpose()
+        row.map(|row| record(run, row)).transpose()
     }
 
-    /// `Store::webhooks_due`: the pending rows of ended trees that are due,
-    /// then those nobody holds.
-    pub(super) fn webhooks_due_here(&self, now: u64, limit: usize) -> Result<Vec<TreeId>, Error> {
+    /// `Store::webhooks_due`: the pending rows of ended runs (their tree
+    /// ended, or a later turn started) that are due, those nobody holds
+    /// first (held ones cannot crowd them out of `limit`), then those
+    /// claimable.
+    pub(super) fn webhooks_due_here(&self, now: u64, limit: usize) -> Result<Vec<RunId>, Error> {
         let conn = self.conn()?;
         if !self.has_webhooks(&conn)? {
             return Ok(Vec::new());
         }
         let mut stmt = conn
             .prepare_cached(
-                "SELECT w.tree_id, w.next_ms, w.owner, w.held_ms
+                "SELECT w.run_id, w.next_ms, w.owner, w.held_ms
                  FROM webhooks w JOIN trees t ON t.tree_id = w.tree_id
-                 WHERE w.state = 'pending' AND w.next_ms <= ?1 AND t.status <> 'running'
-                 ORDER BY w.next_ms LIMIT ?2",
+                 WHERE w.state = 'pending' AND w.next_ms <= ?1
+                     AND (t.status <> 'running' OR t.root_run_id <> w.run_id)
+                 ORDER BY (w.owner IS NOT NULL), w.next_ms LIMIT ?2",
             )
             .map_err(sql(&self.path))?;
         let rows = stmt
@@ -102,19 +106,19 @@ impl SqliteStore {
             .collect::<Result<Vec<_>, _>>()
             .map_err(sql(&self.path))?;
         let mut due = Vec::new();
-        for (tree_id, next, owner, held) in rows {
+        for (run_id, next, owner, held) in rows {
             let holder = owner.as_deref().map(|o| (o, held as u64));
             if webhook_claimable((true, next as u64, holder), now, STALE_AFTER_MS) {
-                due.push(tree_id);
+                due.push(crate::store::run_id(&run_id)?);
             }
         }
-        crate::store::tree_ids(due)
+        Ok(due)
     }
 
     /// `Store::claim_webhook`: read and claimed in one write transaction.
     pub(super) fn claim_webhook_here(
         &self,
-        tree: &TreeId,
+        run: &RunId,
         now: u64,
         hold_until: u64,
     ) -> Result<Option<WebhookClaim>, Error> {
@@ -126,7 +130,7 @@ impl SqliteStore {
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(sql(&self.path))?;
         let row = tx
-            .query_row(SELECT, [tree.as_str()], read)
+            .query_row(SELECT, [run.to_string()], read)
             .optional()
             .map_err(sql(&self.path))?;
         let Some((url, state, attempts, next, _, _, owner, held, epoch, ended)) = row else {
@@ -140,13 +144,14 @@ impl SqliteStore {
         }
         let epoch = epoch + 1;
         tx.execute(
-            "UPDATE webhooks SET owner = ?2, held_ms = ?3, epoch = ?4 WHERE tree_id = ?1",
-            params![tree.as_str(), owner_id(), hold_until as i64, epoch],
+            "UPDATE webhooks SET owner = ?2, held_ms = ?3, epoch = ?4 WHERE run_id = ?1",
+            params![run.to_string(), owner_id(), hold_until as i64, epoch],
         )
         .map_err(sql(&self.path))?;
         tx.commit().map_err(sql(&self.path))?;
         Ok(Some(WebhookClaim {
-            tree_id: tree.clone(),
+            run_id: run.clone(),
+            tree_id: run.tree().clone(),
             url,
             attempts: attempts as u32,
             epoch: epoch as u64,
@@ -169,9 +174,9 @@ impl SqliteStore {
             .execute(
                 "UPDATE webhooks SET state = ?3, attempts = attempts + 1, next_ms = ?4,
                      error = ?5, done_ms = ?6, owner = NULL, held_ms = 0
-                 WHERE tree_id = ?1 AND epoch = ?2 AND state = 'pending'",
+                 WHERE run_id = ?1 AND epoch = ?2 AND state = 'pending'",
                 params![
-                    claim.tree_id.as_str(),
+                    claim.run_id.to_string(),
                     claim.epoch as i64,
                     result.state().as_str(),
                     next,
@@ -185,7 +190,7 @@ impl SqliteStore {
 }
 
 /// A row read back as a record.
-fn record(tree: &TreeId, row: Row) -> Result<WebhookRecord, Error> {
+fn record(run: &RunId, row: Row) -> Result<WebhookRecord, Error> {
     let (url, state, attempts, next, error, done, ..) = row;
-    webhook_record(tree, url, &state, (attempts, next, done), error)
+    webhook_record(run, url, &state, (attempts, next, done), error)
 }

@@ -132,10 +132,11 @@ fn attempt(
                     .optional()?;
                 if let (Some(_), Some(url)) = (claimed, &tree.webhook) {
                     tx.prepare_cached(
-                        "INSERT OR IGNORE INTO webhooks(tree_id, url, state, created_ms)
-                         VALUES (?1, ?2, 'pending', ?3)",
+                        "INSERT OR IGNORE INTO webhooks(run_id, tree_id, url, state, created_ms)
+                         VALUES (?1, ?2, ?3, 'pending', ?4)",
                     )?
                     .execute(params![
+                        tree.root_run_id.to_string(),
                         tree.tree_id.as_str(),
                         url,
                         now_ms() as i64
