@@ -285,6 +285,8 @@ async fn on_store(
     let drawer = draw(watcher.view.clone(), cancels);
     let follow = async {
         let mut after = 0;
+        // Said once each time the tree is found with no process running it.
+        let mut orphaned = false;
         loop {
             // The status first: a tree it lists as ended has every event
             // stored, so the read after it is the last.
@@ -305,6 +307,18 @@ async fn on_store(
             if status.is_final() {
                 return Ok(Some(status == arbor_supervisor::TreeStatus::Completed));
             }
+            // Nobody runs it now: say so (and what goes on with it), and
+            // keep following for the process that takes it up.
+            let interrupted = status == arbor_supervisor::TreeStatus::Interrupted;
+            if interrupted && !orphaned {
+                watcher.say(format!(
+                    "  ⏸ tree {tree_id} is interrupted: no process runs it; `arbor resume {tree_id}` \
+                     (or an `arbor serve` on this store) goes on with it. Waiting for one (Ctrl-C stops watching)"
+                ));
+            } else if !interrupted && orphaned {
+                watcher.say(format!("  ↻ tree {tree_id} runs again"));
+            }
+            orphaned = interrupted;
             tokio::select! {
                 () = tokio::time::sleep(POLL) => {}
                 Some(run) = cancelled.recv() => {

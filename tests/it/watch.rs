@@ -178,6 +178,47 @@ fn arbor_watch_follows_a_tree_another_arbor_run_runs_on_the_store() {
     }
 }
 
+/// A tree whose process was killed (kill -9) runs nowhere: `arbor watch`
+/// says so at once, naming what goes on with it, instead of waiting in
+/// silence; after `arbor resume`, it follows the tree to its end.
+#[test]
+fn arbor_watch_on_a_tree_nobody_runs_says_it_is_interrupted_then_follows_its_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    scene(dir.path(), 3, None);
+    let mut run = run_in_background(dir.path(), "orphan");
+    // Killed once the slow worker's tool runs (its step is stored).
+    poll(GUARD, || {
+        let out = arbor_in(dir.path(), &["tree", "orphan", "--json"]);
+        text(&out.stdout).contains("orphan/0.2").then_some(())
+    })
+    .expect("the slow worker never started");
+    std::thread::sleep(Duration::from_millis(500));
+    run.kill().unwrap();
+    let _ = run.wait();
+    let mut watch = Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(["watch", "orphan", "--plain"])
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = Lines::read(watch.stderr.take().unwrap());
+    let said = lines.wait_for(GUARD, |l| l.contains("is interrupted"));
+    let said = said.unwrap_or_else(|| {
+        let _ = watch.kill();
+        panic!("never said so: {}", lines.rest())
+    });
+    assert!(said.contains("`arbor resume orphan`"), "{said}");
+    let resumed = arbor_in(dir.path(), &["resume", "orphan", "--quiet"]);
+    assert!(resumed.status.success(), "{}", text(&resumed.stderr));
+    assert!(wait_exit(&mut watch, GUARD).success());
+    let log = lines.rest();
+    assert!(log.contains("tree orphan runs again"), "{log}");
+    assert!(log.contains("Finished tree orphan in "), "{log}");
+}
+
 /// A free loopback port (taken back at once: a server binds it next).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
