@@ -352,6 +352,50 @@ fn a_default_webhook_without_a_secret_is_a_config_error_naming_the_key() {
     assert!(stderr.contains("needs webhook_secret"), "{stderr}");
 }
 
+/// `[service] webhook_hosts` lists where a caller's webhook may post: one
+/// to another host (the cloud's metadata address) is refused naming the
+/// host and the key, so a caller cannot make the service post inside its
+/// network; a listed host is taken; an entry that is no host is a config
+/// error naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_to_a_host_not_listed_is_refused_and_a_bad_entry_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = format!("{KEYS}\nwebhook_hosts = [\"127.0.0.1\", \"*.hooks.example\"]");
+    let server = serving(dir.path(), &keys);
+    let (status, body) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "lead", "prompt": "go",
+               "webhook": "http://169.254.169.254/latest/meta-data"}),
+    )
+    .await;
+    assert_eq!(status, Status::UNPROCESSABLE_ENTITY, "{body}");
+    let message = body.to_string();
+    assert!(
+        message.contains("169.254.169.254") && message.contains("webhook_hosts"),
+        "{message}"
+    );
+    let receiver = Receiver::start(0).await;
+    let (status, created) = post(
+        &server,
+        "/v1/runs",
+        json!({"agent": "lead", "prompt": "go", "webhook": receiver.url}),
+    )
+    .await;
+    assert_eq!(status, Status::CREATED, "{created}");
+    receiver.until("the delivery", |s| !s.is_empty()).await;
+    drop(server);
+    let bad = config(
+        dir.path(),
+        r#"webhook_hosts = ["https://hooks.example.com/x"]"#,
+    );
+    let out = crate::arbor(&["serve", "--config", &bad]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("service.webhook_hosts"), "{stderr}");
+    assert!(stderr.contains("is no host"), "{stderr}");
+}
+
 /// A webhook is the run's, a later turn's too: a tree asked a second turn
 /// (queued behind the first, with a webhook of its own) posts two
 /// deliveries, each of its own run with its own answer, the first as soon

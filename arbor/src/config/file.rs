@@ -208,6 +208,10 @@ pub struct ServiceSection {
     /// How long one delivery attempt may take.
     #[serde(default = "crate::config::webhooks::default_timeout")]
     pub webhook_timeout: String,
+    /// The hosts a start request's webhook may post to (`hooks.example.com`,
+    /// or `*.example.com` for its subdomains); empty: any.
+    #[serde(default)]
+    pub webhook_hosts: Vec<String>,
 }
 
 /// `[service.principals.NAME]`: an API caller by name. The trees it starts
@@ -293,6 +297,7 @@ impl Default for ServiceSection {
             webhook_backoff: crate::config::webhooks::default_backoff(),
             webhook_backoff_max: crate::config::webhooks::default_backoff_max(),
             webhook_timeout: crate::config::webhooks::default_timeout(),
+            webhook_hosts: Vec::new(),
         }
     }
 }

@@ -88,6 +88,9 @@ pub struct WebhookSettings {
     /// How long one attempt may take, connection included
     /// (`webhook_timeout`).
     pub timeout: Duration,
+    /// The hosts a request's webhook may post to (`webhook_hosts`: a host,
+    /// or `*.` and a domain for its subdomains), lowercase; empty: any.
+    pub hosts: Vec<String>,
 }
 
 impl Default for WebhookSettings {
@@ -99,8 +102,42 @@ impl Default for WebhookSettings {
             backoff: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             timeout: Duration::from_secs(10),
+            hosts: Vec::new(),
         }
     }
+}
+
+/// Whether `host` (a URL's, as written) is one of `hosts`: the same name
+/// (letter case aside), or under a `*.domain` entry (a subdomain of it,
+/// not the domain itself). Empty `hosts` allow any.
+pub fn host_allowed(host: &str, hosts: &[String]) -> bool {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    hosts.is_empty()
+        || hosts.iter().any(|entry| match entry.strip_prefix("*.") {
+            Some(domain) => host
+                .strip_suffix(domain)
+                .is_some_and(|sub| sub.len() > 1 && sub.ends_with('.')),
+            None => host == *entry,
+        })
+}
+
+/// Why `entry` is no `webhook_hosts` entry, if it is not: a host name (or
+/// an IP address), or `*.` and a domain.
+pub(crate) fn host_entry_problem(entry: &str) -> Option<String> {
+    let name = entry.strip_prefix("*.").unwrap_or(entry);
+    let fine = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '[' | ']' | ':'))
+        && !name.starts_with('.')
+        && !name.contains('*');
+    (!fine).then(|| {
+        format!(
+            "{entry:?} is no host: write a name like \"hooks.example.com\", or \"*.example.com\" \
+             for its subdomains (no scheme, path or port)"
+        )
+    })
 }
 
 pub(super) fn default_attempts() -> u32 {
@@ -117,4 +154,28 @@ pub(super) fn default_backoff_max() -> String {
 
 pub(super) fn default_timeout() -> String {
     "10s".into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{host_allowed, host_entry_problem};
+
+    #[test]
+    fn a_host_is_allowed_by_its_name_or_a_wildcard_over_its_domain() {
+        let hosts = vec!["hooks.example.com".to_owned(), "*.corp.example".to_owned()];
+        assert!(host_allowed("hooks.example.com", &hosts));
+        assert!(host_allowed("HOOKS.Example.com.", &hosts));
+        assert!(host_allowed("ci.corp.example", &hosts));
+        assert!(host_allowed("a.b.corp.example", &hosts));
+        assert!(!host_allowed("corp.example", &hosts), "the domain itself");
+        assert!(!host_allowed("evilcorp.example", &hosts));
+        assert!(!host_allowed("169.254.169.254", &hosts));
+        assert!(!host_allowed("hooks.example.com.evil.io", &hosts));
+        assert!(host_allowed("anything", &[]));
+        assert!(host_entry_problem("hooks.example.com").is_none());
+        assert!(host_entry_problem("*.example.com").is_none());
+        assert!(host_entry_problem("https://hooks.example.com/x").is_some());
+        assert!(host_entry_problem("*").is_some());
+        assert!(host_entry_problem("").is_some());
+    }
 }

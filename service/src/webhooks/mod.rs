@@ -42,6 +42,9 @@ pub struct WebhookOptions {
     pub retries: Retries,
     /// How long one attempt may take.
     pub timeout: Duration,
+    /// The hosts a request's webhook may post to (`[service]
+    /// webhook_hosts`); empty: any. The service's own default is trusted.
+    pub hosts: Vec<String>,
 }
 
 impl std::fmt::Debug for WebhookOptions {
@@ -51,6 +54,7 @@ impl std::fmt::Debug for WebhookOptions {
             .field("secret", &self.secret.as_ref().map(|_| "[REDACTED]"))
             .field("retries", &self.retries)
             .field("timeout", &self.timeout)
+            .field("hosts", &self.hosts)
             .finish()
     }
 }
@@ -67,6 +71,7 @@ impl Default for WebhookOptions {
                 backoff_max: settings.backoff_max,
             },
             timeout: settings.timeout,
+            hosts: Vec::new(),
         }
     }
 }
@@ -90,17 +95,30 @@ impl WebhookOptions {
                 backoff_max: settings.backoff_max,
             },
             timeout: settings.timeout,
+            hosts: settings.hosts.clone(),
         })
     }
 }
 
 /// The webhook a start request asks for (`webhook`), or the service's
 /// default; refused (422, naming `webhook`) when the service has no secret
-/// to sign it with. The URL itself is the supervisor's to check.
+/// to sign it with, or when its host is not one of `[service]
+/// webhook_hosts` (so a caller cannot make the service post to its
+/// network's inside: a metadata endpoint, an admin port). The URL itself
+/// is the supervisor's to check.
 pub(crate) fn asked(
     options: &WebhookOptions,
     webhook: Option<String>,
 ) -> Result<Option<String>, crate::ApiError> {
+    if let Some(url) = &webhook
+        && let Ok(parsed) = reqwest::Url::parse(url)
+        && let Some(host) = parsed.host_str()
+        && !arbor::config::webhooks::host_allowed(host, &options.hosts)
+    {
+        return Err(crate::ApiError::invalid(format!(
+            "webhook: this service posts webhooks only to the hosts of [service] webhook_hosts,              and {host} is not one of them"
+        )));
+    }
     let Some(url) = webhook.or_else(|| options.default_url.clone()) else {
         return Ok(None);
     };

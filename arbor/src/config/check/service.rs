@@ -306,6 +306,13 @@ fn check_webhooks(
             "env must name an environment variable".into(),
         ));
     }
+    let mut hosts = Vec::new();
+    for entry in &service.webhook_hosts {
+        match crate::config::webhooks::host_entry_problem(entry) {
+            Some(problem) => problems.push(at(text, "service", "webhook_hosts", problem)),
+            None => hosts.push(entry.trim_end_matches('.').to_ascii_lowercase()),
+        }
+    }
     WebhookSettings {
         default_url: service.webhook.clone(),
         secret: service.webhook_secret.clone(),
@@ -313,6 +320,7 @@ fn check_webhooks(
         backoff,
         backoff_max: backoff_max.max(backoff),
         timeout,
+        hosts,
     }
 }
 
