@@ -28,6 +28,10 @@ pub const COMPACT_SUMMARY: &str = "COMPACT_SUMMARY";
 /// would save nothing.
 pub const CUT_MIN_CHARS: usize = 200;
 
+/// A summary is made only of turns holding at least 1/`SUMMARY_SHARE` of
+/// `compact_at`'s tokens.
+pub const SUMMARY_SHARE: u64 = 4;
+
 /// What the summary call asks, after the turns to summarise, unless the
 /// template sets `compact_prompt`.
 pub const SUMMARY_PROMPT: &str = "Your context is nearly full. Summarise the conversation so far \
@@ -150,9 +154,18 @@ pub fn plan(history: &History, context_tokens: u64, compaction: &Compaction) -> 
         .saturating_sub(cut_history.estimated_tokens());
     let tokens_after_cut = tokens.saturating_sub(saved);
     // Only turns with a model reply in them are worth a summary (not one
-    // that is already a summary and a prompt).
+    // that is already a summary and a prompt), and only when they hold a
+    // share of the threshold worth a model call: when the kept steps alone
+    // are over it, a summary at every step would summarise the last summary
+    // and one small step each time.
     let has_reply = cut_history.iter().take(kept).any(|m| m.is_assistant());
-    let summarize = if tokens_after_cut >= compaction.at && has_reply {
+    let old_tokens: u64 = cut_history
+        .iter()
+        .take(kept)
+        .map(|m| m.estimated_tokens())
+        .sum();
+    let worth = old_tokens.saturating_mul(SUMMARY_SHARE) >= compaction.at;
+    let summarize = if tokens_after_cut >= compaction.at && has_reply && worth {
         kept
     } else {
         0
@@ -583,6 +596,43 @@ mod tests {
         assert!(crate::step::background::outstanding(&reported).is_empty());
         let plan = super::plan(&reported, 0, &compaction).unwrap();
         assert!(plan.summarize > 2, "{}", plan.summarize);
+    }
+
+    /// The symptom: kept steps larger than `compact_at` on their own made a
+    /// summary call at every step, each summarising the last summary and
+    /// one more small step. A summary is made only of turns holding a
+    /// quarter of the threshold.
+    #[test]
+    fn kept_steps_over_the_threshold_do_not_make_a_summary_every_step() {
+        let compaction = Compaction {
+            at: 4_000,
+            keep: 2,
+            prompt: None,
+        };
+        // Ten steps, each a reply of ~500 tokens of text (nothing to cut):
+        // the eight older ones are summarised.
+        let step = |h: &mut History, i: usize, chars: usize| {
+            let c = call(&format!("s{i}"), "Read");
+            h.push(Message::assistant(Some("t".repeat(chars)), vec![c.clone()]));
+            h.push(Message::tool_result(&c, json!("ok")));
+        };
+        let mut h = History::new();
+        h.push(Message::user("Fix the bug."));
+        for i in 0..10 {
+            step(&mut h, i, 2_000);
+        }
+        let first = plan(&h, 0, &compaction).unwrap();
+        assert!(first.summarize > 0);
+        let mut after = summarized(&first.history, first.summarize, "the summary");
+        // A much larger step: the kept two are over the threshold alone,
+        // and before them lie only the summary and one small step.
+        step(&mut after, 10, 14_000);
+        let next = plan(&after, 0, &compaction);
+        assert!(
+            next.as_ref().is_none_or(|p| p.summarize == 0),
+            "{:?}",
+            next.map(|p| p.summarize)
+        );
     }
 
     #[test]

@@ -16,14 +16,16 @@ use crate::{arbor_in, text};
 
 const SUMMARY: &str = "Summary: read three big files, then waited.";
 
-/// Steps 1–3 read a big file each (3000 characters), with some text; step
+/// Steps 1–3 read a big file each (3000 characters), with some text (800
+/// characters, so that once their results are cut they still hold a
+/// summary's worth: a quarter of the threshold); step
 /// 4 thinks at length (7000 characters, kept verbatim) and waits; step 5
 /// waits; step 6 ends. At 2000 tokens (half the window), keeping one step:
 /// before step 4 the first two results are cut, which is enough; before
 /// step 5 the third is cut, which is not, so the turns before step 4 are
 /// summarised.
 fn script(summary: Value) -> Value {
-    let note = "n".repeat(400);
+    let note = "n".repeat(800);
     let big = json!({"text": note, "toolCalls": [{"name": "big", "input": {}}]});
     json!({"replies": [{
         "agent": "lead",
