@@ -6,6 +6,7 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
+use super::now_ms;
 use super::render::clip;
 use anyhow::Context;
 use arbor_actors::approval::Decision;
@@ -260,12 +261,6 @@ fn age(ms: u64) -> String {
         3600..86_400 => format!("{}h", secs / 3600),
         _ => format!("{}d", secs / 86_400),
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

@@ -311,6 +311,14 @@ pub(crate) fn log_filter(default: &str) -> tracing_subscriber::EnvFilter {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
 }
 
+/// Wall-clock milliseconds since the Unix epoch (as the store and events
+/// keep time).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use std::ffi::OsStr;

@@ -12,10 +12,12 @@ use arbor_actors::{AgentStatus, EventKind, RunId, TreeId};
 use arbor_supervisor::{StartRequest, Supervisor, ToolPolicy, ToolRule, TreeLimits};
 
 use super::args::{RunArgs, Stored};
-use super::live::LiveView;
+use super::live::{LiveView, lock};
 use super::render::{TreeRenderer, final_text, state_json};
 use super::store::tree_config;
-use super::{agent_files, async_runtime, colour, load_config_with, log_filter, store_location};
+use super::{
+    agent_files, async_runtime, colour, load_config_with, log_filter, now_ms, store_location,
+};
 
 /// `arbor run`'s and `arbor resume`'s logs: warnings to stderr (RUST_LOG
 /// says otherwise), and the tree's spans to an OpenTelemetry collector when
@@ -415,7 +417,7 @@ async fn follow_tree(
             tokio::select! {
                 _ = tick.tick() => {}
                 Some(key) = keys.recv() => {
-                    let cancel = on_key(&mut lock(view).tree, key);
+                    let cancel = lock(view).tree.on_key(key);
                     if let Some(run) = cancel {
                         cancel_from_view(runtime.supervisor(), &tree, run, view);
                     }
@@ -723,28 +725,6 @@ fn live_view(show: Show) -> Option<SharedView> {
     let dumb = std::env::var("TERM").is_ok_and(|t| t == "dumb");
     (!show.quiet && !show.events && !show.plain && !dumb && std::io::stderr().is_terminal())
         .then(|| Arc::new(std::sync::Mutex::new(LiveView::new())))
-}
-
-fn lock(view: &std::sync::Mutex<LiveView>) -> std::sync::MutexGuard<'_, LiveView> {
-    view.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// What a key does to the view; the run to cancel for `c`.
-fn on_key(tree: &mut super::live::LiveTree, key: super::live::Key) -> Option<RunId> {
-    use super::live::Key;
-    match key {
-        Key::Up => tree.select(-1),
-        Key::Down => tree.select(1),
-        Key::Toggle => tree.toggle(),
-        Key::Cancel => return tree.selected().cloned(),
-    }
-    None
 }
 
 /// Cancels `run` from the view (the whole tree when it is a root), and

@@ -20,7 +20,8 @@ use arbor_supervisor::store::{EventType, JournalEntry};
 use serde_json::{Map, Value};
 
 use super::args::{ServerArgs, Stored};
-use super::live::{Input, Key, LiveTree, LiveView};
+use super::live::{Input, LiveTree, LiveView, lock};
+use super::now_ms;
 use super::render::clip;
 use super::service::Api;
 
@@ -202,16 +203,6 @@ fn line_for(tree: &LiveTree, run: &RunId, entry: &JournalEntry) -> Option<String
     }
 }
 
-fn lock(view: &Mutex<LiveView>) -> std::sync::MutexGuard<'_, LiveView> {
-    view.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// What the keys asked for: a run to cancel.
 type Cancels = tokio::sync::mpsc::UnboundedSender<RunId>;
 
@@ -232,16 +223,8 @@ async fn draw(view: Option<Arc<Mutex<LiveView>>>, cancels: Cancels) -> std::conv
         tokio::select! {
             _ = tick.tick() => {}
             Some(key) = keys.recv() => {
-                let mut view = lock(&view);
-                match key {
-                    Key::Up => view.tree.select(-1),
-                    Key::Down => view.tree.select(1),
-                    Key::Toggle => view.tree.toggle(),
-                    Key::Cancel => {
-                        if let Some(run) = view.tree.selected().cloned() {
-                            let _ = cancels.send(run);
-                        }
-                    }
+                if let Some(run) = lock(&view).tree.on_key(key) {
+                    let _ = cancels.send(run);
                 }
             }
         }

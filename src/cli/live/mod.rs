@@ -554,6 +554,25 @@ impl LiveTree {
     }
 }
 
+/// The view, locked: a panic while one thread held it leaves nothing a
+/// later frame needs half-done, so a poisoned lock is taken as it is.
+pub(super) fn lock(view: &std::sync::Mutex<LiveView>) -> std::sync::MutexGuard<'_, LiveView> {
+    view.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl LiveTree {
+    /// What a key does to the tree's lines; the run to cancel for `c`.
+    pub fn on_key(&mut self, key: Key) -> Option<RunId> {
+        match key {
+            Key::Up => self.select(-1),
+            Key::Down => self.select(1),
+            Key::Toggle => self.toggle(),
+            Key::Cancel => return self.selected().cloned(),
+        }
+        None
+    }
+}
+
 /// The view as `arbor run` keeps it: the tree, the log lines not yet
 /// printed, and the screen. One lock around the three, so that a question
 /// asked at the terminal ([`LiveView::pause`]) never has a frame drawn over
