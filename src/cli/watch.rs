@@ -393,6 +393,7 @@ async fn on_server(
         let mut last = 0;
         let mut since_ok = tokio::time::Instant::now();
         let mut failures = 0u32;
+        let mut orphaned = false;
         loop {
             let opened = api.open_stream(&root.to_string(), last).await;
             let connection = match opened {
@@ -440,10 +441,19 @@ async fn on_server(
                 .await
                 && status.is_success()
                 && let Some(state) = body["tree"]["status"].as_str()
-                && state != "running"
-                && state != "interrupted"
             {
-                return Ok(Some(state == "completed"));
+                if state != "running" && state != "interrupted" {
+                    return Ok(Some(state == "completed"));
+                }
+                // Nobody runs it now (a server adopts it when it can): said
+                // once, and followed again when it is taken up.
+                if state == "interrupted" && !orphaned {
+                    watcher.say(format!(
+                        "  ⏸ tree {tree_id} is interrupted: no process runs it now; waiting for the \
+                         server to adopt it, or `arbor resume {tree_id}` (Ctrl-C stops watching)"
+                    ));
+                }
+                orphaned = state == "interrupted";
             }
             failures += 1;
             let wait = Duration::from_millis(250 * u64::from(failures.min(20))).min(RETRY_MAX);
