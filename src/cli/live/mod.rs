@@ -208,6 +208,9 @@ impl LiveTree {
                 self.add_up(run, &ended, &running);
                 return;
             }
+            // Started again (its tree resumed after a crash): what it was
+            // doing then is over; it starts again from its checkpoint.
+            Seen::Started { .. } if node.ended_ms.is_none() => Doing::Starting,
             Seen::Started { .. } | Seen::Other => return,
         };
         // A decided approval or a raised budget goes on as the next event

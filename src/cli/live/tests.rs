@@ -356,3 +356,18 @@ fn a_streamed_reply_shows_its_last_words_on_its_line() {
     let line = &t.render(2_000, 120, 10, false)[0];
     assert!(!line.contains("writing"), "{line}");
 }
+
+/// A run started again (its tree resumed after a crash) no longer says
+/// what it was doing when the process died: it is starting again.
+#[test]
+fn a_resumed_runs_line_drops_what_it_was_doing_before_the_crash() {
+    let mut t = LiveTree::default();
+    t.apply(&started("t/0", "writer", 0, 1_000));
+    t.apply(&at("t/0", 1_000, EventKind::StepStarted { step: 1 }));
+    t.apply(&replied("t/0", 1_200, 10, 0.0, &["Bash"]));
+    assert!(t.render(1_500, 120, 10, false)[0].contains("running Bash"));
+    t.apply(&started("t/0", "writer", 0, 9_000));
+    let line = &t.render(9_500, 120, 10, false)[0];
+    assert!(line.contains("starting"), "{line}");
+    assert!(!line.contains("Bash"), "{line}");
+}
