@@ -109,6 +109,9 @@ impl AgentRun {
             return self.execute(myself, actions);
         };
         let step = request.meta.step;
+        // A compaction's summary is not the step's reply: its text streams
+        // to no reader (they would show it as the step's words).
+        let summary = request.meta.summary;
         let hooks = self.hooks.clone();
         let run_id = self.run_id.clone();
         let progress = self.idle.as_ref().map(|idle| idle.progress.clone());
@@ -127,6 +130,7 @@ impl AgentRun {
                     delay_ms,
                     reason,
                 },
+                _ if summary => return,
                 delta => EventKind::ModelDelta { step, delta },
             };
             hooks.emit(&run_id, kind);

@@ -10,6 +10,7 @@ mod background;
 mod budget;
 mod cancel;
 mod common;
+mod compaction;
 mod failure;
 mod limits;
 mod principals;
