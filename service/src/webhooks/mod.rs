@@ -205,19 +205,33 @@ async fn attempt(shared: Arc<Shared>, client: reqwest::Client, run: RunId) {
         }
     };
     let attempt = claim.attempts + 1;
-    let modes: std::collections::HashMap<String, arbor_actors::OutputMode> = supervisor
-        .catalog()
-        .templates()
-        .map(|t| (t.id.clone(), t.output_mode))
-        .collect();
-    let id = run.clone();
-    let body = supervisor
-        .read_store(move |store| payload::read(store, &id, |agent| modes.get(agent).copied()))
+    // The output modes of the catalog the tree ran on (its own config's).
+    let tree = run.tree().clone();
+    let modes = supervisor
+        .read_store(move |store| Ok(store.tree(&tree)?.0.config))
         .await
-        .and_then(|payload| {
-            serde_json::to_vec(&payload)
-                .map_err(|e| arbor_supervisor::Error::Store(format!("webhook body: {e}")))
+        .and_then(|config| supervisor.catalog_for(config.as_ref()))
+        .map(|catalog| {
+            catalog
+                .templates()
+                .map(|t| (t.id.clone(), t.output_mode))
+                .collect::<std::collections::HashMap<String, arbor_actors::OutputMode>>()
         });
+    let id = run.clone();
+    let body = match modes {
+        Ok(modes) => {
+            supervisor
+                .read_store(move |store| {
+                    payload::read(store, &id, |agent| modes.get(agent).copied())
+                })
+                .await
+        }
+        Err(error) => Err(error),
+    }
+    .and_then(|payload| {
+        serde_json::to_vec(&payload)
+            .map_err(|e| arbor_supervisor::Error::Store(format!("webhook body: {e}")))
+    });
     let answer = match body {
         Ok(body) => post(&client, &claim, &secret, body, attempt, options.timeout).await,
         // The run cannot be read now: counted as an attempt, retried.

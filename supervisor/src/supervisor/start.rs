@@ -373,8 +373,10 @@ impl Supervisor {
         })
     }
 
-    /// The catalog a tree with `config` runs on.
-    pub(super) fn catalog_for(&self, config: Option<&Arc<str>>) -> Result<Arc<Catalog>, Error> {
+    /// The catalog a tree that started on `config` (its record's) runs on:
+    /// this supervisor's, or the one its resolver builds of another config
+    /// ([`Supervisor::with_catalogs`]).
+    pub fn catalog_for(&self, config: Option<&Arc<str>>) -> Result<Arc<Catalog>, Error> {
         match (config, &self.catalogs) {
             (Some(config), Some(resolve)) if Some(config) != self.config.as_ref() => {
                 resolve(config).map_err(Error::TreeConfig)
