@@ -26,6 +26,20 @@ fn big_step(run: &mut Run, step: u32, size: usize) -> Vec<Action> {
         .tool_done(step, 0, Ok(json!("x".repeat(size)).into()), &run.cat)
 }
 
+/// `big_step`, its reply also saying a good deal (1,200 characters, about
+/// 300 tokens): once its result is cut, it still holds a summary's worth
+/// (a quarter of a 1,000-token threshold).
+fn said_step(run: &mut Run, step: u32, size: usize) -> Vec<Action> {
+    let reply = Message::assistant(
+        Some("t".repeat(1200)),
+        vec![call(&format!("s{step}-0"), "echo", json!({"n": step}))],
+    );
+    let actions = run.reply_with(reply, Usage::default());
+    assert_eq!(kinds(&actions), ["RunTool"]);
+    run.m
+        .tool_done(step, 0, Ok(json!("x".repeat(size)).into()), &run.cat)
+}
+
 fn compactions(events: &[EventKind]) -> Vec<(u32, usize, usize, bool)> {
     events
         .iter()
@@ -69,7 +83,7 @@ fn old_tool_results_are_cut_before_the_step_and_pairing_holds() {
 fn still_over_after_the_cut_the_old_turns_are_summarised_by_a_model_call() {
     let mut run = Run::solo(compacting(1000));
     request(run.start());
-    request(big_step(&mut run, 1, 3000));
+    request(said_step(&mut run, 1, 3000));
     // Step 2's reply is long text: kept, it keeps the context over.
     let long = Message::assistant(
         Some("y".repeat(5000)),
@@ -157,7 +171,7 @@ fn a_recorded_compaction_is_applied_again_without_a_model_call() {
     let live = {
         let mut run = Run::solo(compacting(1000));
         request(run.start());
-        request(big_step(&mut run, 1, 3000));
+        request(said_step(&mut run, 1, 3000));
         let long = Message::assistant(
             Some("y".repeat(5000)),
             vec![call("s2-0", "echo", json!({"n": 2}))],
@@ -188,7 +202,7 @@ fn a_recorded_compaction_is_applied_again_without_a_model_call() {
     let mut run = Run::solo(compacting(1000));
     run.m.recover_compactions(vec![recorded]);
     request(run.start());
-    request(big_step(&mut run, 1, 3000));
+    request(said_step(&mut run, 1, 3000));
     let long = Message::assistant(
         Some("y".repeat(5000)),
         vec![call("s2-0", "echo", json!({"n": 2}))],
