@@ -133,7 +133,16 @@ pub fn measure(history: &History, context_tokens: u64) -> u64 {
 
 /// What to do before a step when the context is at or over `compaction.at`;
 /// `None` when it is under, or when nothing can be cut or summarised.
-pub fn plan(history: &History, context_tokens: u64, compaction: &Compaction) -> Option<Plan> {
+/// `pinned`: the first message a summary must keep (the call of a
+/// `spawn_agents_async` whose children have not all reported: the history
+/// is the record of what a run still waits for, so after a restart it
+/// would wait for them no more).
+pub fn plan(
+    history: &History,
+    context_tokens: u64,
+    compaction: &Compaction,
+    pinned: Option<usize>,
+) -> Option<Plan> {
     let tokens = measure(history, context_tokens);
     if tokens < compaction.at {
         return None;
@@ -142,13 +151,7 @@ pub fn plan(history: &History, context_tokens: u64, compaction: &Compaction) -> 
     // not read yet.
     let kept = kept_from(history, compaction.keep.max(1));
     let (cut_history, cut) = cut_results(history, kept, None);
-    // A summary never reaches a `spawn_agents_async` call whose children
-    // have not all reported: the history is the record of what a run still
-    // waits for, so after a restart it would wait for them no more.
-    let kept = crate::step::background::outstanding(history)
-        .iter()
-        .map(|o| o.upto.saturating_sub(1))
-        .fold(kept, usize::min);
+    let kept = pinned.map_or(kept, |pinned| kept.min(pinned));
     let saved = history
         .estimated_tokens()
         .saturating_sub(cut_history.estimated_tokens());
@@ -402,9 +405,9 @@ mod tests {
     fn under_the_threshold_nothing_is_planned() {
         let h = long_run(6, 1000);
         let c = Compaction::at(h.estimated_tokens() + 1);
-        assert!(plan(&h, 0, &c).is_none());
+        assert!(plan(&h, 0, &c, None).is_none());
         // A reported count over it counts, though the estimate is under.
-        assert!(plan(&h, h.estimated_tokens() + 1, &c).is_some());
+        assert!(plan(&h, h.estimated_tokens() + 1, &c, None).is_some());
     }
 
     #[test]
@@ -414,7 +417,7 @@ mod tests {
             keep: 2,
             ..Compaction::at(100)
         };
-        let p = plan(&h, 0, &c).unwrap();
+        let p = plan(&h, 0, &c, None).unwrap();
         let ids: Vec<&str> = p.cut.iter().map(|c| c.tool_call_id.as_str()).collect();
         assert_eq!(
             ids,
@@ -443,7 +446,7 @@ mod tests {
             keep: 0,
             ..Compaction::at(100)
         };
-        let p = plan(&h, 0, &c).unwrap();
+        let p = plan(&h, 0, &c, None).unwrap();
         let ids: Vec<&str> = p.cut.iter().map(|c| c.tool_call_id.as_str()).collect();
         assert_eq!(ids, ["c0", "c1", "c2", "c3", "c4"]);
         assert_eq!(texts(&p.history)[12], "big", "the last result stays");
@@ -456,7 +459,7 @@ mod tests {
             keep: 1,
             ..Compaction::at(h.estimated_tokens() / 2)
         };
-        let p = plan(&h, 0, &c).unwrap();
+        let p = plan(&h, 0, &c, None).unwrap();
         assert_eq!(p.cut.len(), 5);
         assert!(p.tokens_after_cut < c.at);
         assert_eq!(p.summarize, 0);
@@ -470,9 +473,9 @@ mod tests {
             ..Compaction::at(10)
         };
         // Every step kept, nothing to cut: nothing to do.
-        assert!(plan(&h, 0, &c).is_none());
+        assert!(plan(&h, 0, &c, None).is_none());
         let c = Compaction { keep: 2, ..c };
-        let p = plan(&h, 0, &c).unwrap();
+        let p = plan(&h, 0, &c, None).unwrap();
         assert!(p.cut.is_empty(), "results of 50 chars stay");
         assert_eq!(p.summarize, 9);
     }
@@ -494,7 +497,7 @@ mod tests {
             keep: 2,
             ..Compaction::at(10)
         };
-        let p = plan(&h, 0, &c).unwrap();
+        let p = plan(&h, 0, &c, None).unwrap();
         let asked = summary_messages(&p.history, p.summarize, c.prompt());
         assert_eq!(asked.len(), p.summarize + 1);
         assert_eq!(asked.last().unwrap().text(), SUMMARY_PROMPT);
@@ -518,7 +521,7 @@ mod tests {
             keep: 2,
             ..Compaction::at(10)
         };
-        let p = plan(&h, 0, &c).unwrap();
+        let p = plan(&h, 0, &c, None).unwrap();
         let live = summarized(&p.history, p.summarize, "sum");
         let recorded = Compacted {
             step: 3,
@@ -574,7 +577,8 @@ mod tests {
             keep: 1,
             prompt: None,
         };
-        let plan = plan(&h, 0, &compaction).unwrap();
+        let pinned = crate::step::background::pinned(&h);
+        let plan = plan(&h, 0, &compaction, pinned).unwrap();
         assert!(
             !plan.cut.iter().any(|c| c.tool_name == SPAWN_AGENTS_ASYNC),
             "{:?}",
@@ -594,7 +598,9 @@ mod tests {
         reported.push(Message::assistant(Some("again".into()), vec![c.clone()]));
         reported.push(Message::tool_result(&c, json!("z".repeat(2000))));
         assert!(crate::step::background::outstanding(&reported).is_empty());
-        let plan = super::plan(&reported, 0, &compaction).unwrap();
+        let pinned = crate::step::background::pinned(&reported);
+        assert_eq!(pinned, None);
+        let plan = super::plan(&reported, 0, &compaction, pinned).unwrap();
         assert!(plan.summarize > 2, "{}", plan.summarize);
     }
 
@@ -621,13 +627,13 @@ mod tests {
         for i in 0..10 {
             step(&mut h, i, 2_000);
         }
-        let first = plan(&h, 0, &compaction).unwrap();
+        let first = plan(&h, 0, &compaction, None).unwrap();
         assert!(first.summarize > 0);
         let mut after = summarized(&first.history, first.summarize, "the summary");
         // A much larger step: the kept two are over the threshold alone,
         // and before them lie only the summary and one small step.
         step(&mut after, 10, 14_000);
-        let next = plan(&after, 0, &compaction);
+        let next = plan(&after, 0, &compaction, None);
         assert!(
             next.as_ref().is_none_or(|p| p.summarize == 0),
             "{:?}",

@@ -63,20 +63,36 @@ pub(crate) fn expand(
     if !texts(template).any(holds) {
         return None;
     }
-    let fill = |text: &str| -> Arc<str> {
-        let mut out = text.to_owned();
-        for (key, value) in values {
-            if out.contains(key.as_str()) {
-                out = out.replace(key.as_str(), value);
-            }
-        }
-        Arc::from(out)
-    };
+    let fill = |text: &str| -> Arc<str> { Arc::from(fill_once(text, values)) };
     let mut expanded = template.clone();
     expanded.system_prompt = fill(&template.system_prompt);
     expanded.instructions_prompt = template.instructions_prompt.as_deref().map(fill);
     expanded.step_prompt = template.step_prompt.as_deref().map(fill);
     Some(expanded)
+}
+
+/// `text` with each placeholder of `values` replaced, in one pass: what a
+/// value brings in (a prompt, a diff that quotes a placeholder) is never
+/// searched again, so the result is at most the text plus one value per
+/// placeholder it held.
+fn fill_once(text: &str, values: &[(String, String)]) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        // The earliest placeholder left, if any.
+        let next = values
+            .iter()
+            .filter_map(|(key, value)| rest.find(key.as_str()).map(|at| (at, key, value)))
+            .min_by_key(|(at, key, _)| (*at, std::cmp::Reverse(key.len())));
+        let Some((at, key, value)) = next else {
+            out.push_str(rest);
+            break;
+        };
+        out.push_str(&rest[..at]);
+        out.push_str(value);
+        rest = &rest[at + key.len()..];
+    }
+    out
 }
 
 #[cfg(test)]
@@ -107,5 +123,20 @@ mod tests {
             expanded.step_prompt.as_deref(),
             Some("/src/app {CODEBUFF_OTHER}")
         );
+    }
+
+    /// The symptom: a value holding placeholders (a prompt quoting them
+    /// thousands of times) was searched again for each later placeholder,
+    /// so a 100 KB prompt grew the system prompt to hundreds of MB. A value
+    /// is put in as it is.
+    #[test]
+    fn a_value_that_holds_placeholders_is_not_expanded_again() {
+        let prompt = "{CODEBUFF_B}".repeat(1000);
+        let values = vec![
+            ("{CODEBUFF_A}".to_owned(), prompt.clone()),
+            ("{CODEBUFF_B}".to_owned(), "x".repeat(1000)),
+        ];
+        let out = fill_once("{CODEBUFF_A} and {CODEBUFF_B}", &values);
+        assert_eq!(out, format!("{prompt} and {}", "x".repeat(1000)));
     }
 }

@@ -395,10 +395,20 @@ impl TreeHooks for TreeContext {
 
     fn stored(&self) -> Option<BoxFuture<'static, Result<(), arbor_actors::Failure>>> {
         let writer = self.store.clone()?;
+        let tree_id = self.tree_id.clone();
         Some(Box::pin(async move {
             writer.flush().await.map_err(|e| {
                 arbor_actors::Failure::new(arbor_actors::FailureKind::Store, e.to_string())
-            })
+            })?;
+            // Another process took the tree over: nothing of it is written
+            // here any more, so nothing may be done on its record.
+            match writer.fenced(&tree_id) {
+                Some(fenced) => Err(arbor_actors::Failure::new(
+                    arbor_actors::FailureKind::Fenced,
+                    crate::Error::from(fenced).to_string(),
+                )),
+                None => Ok(()),
+            }
         }))
     }
 

@@ -361,7 +361,25 @@ export default definition
     .unwrap();
     git(&["init", "-q", "-b", "main"]);
     git(&["add", "."]);
+    // What an agent could leave to be run or read by the service: a
+    // knowledge file linked to the process's environment, and a repository
+    // config naming an external diff command.
+    std::os::unix::fs::symlink("/proc/self/environ", ws.join("CLAUDE.md")).unwrap();
+    let marker = dir.path().join("external-diff-ran");
+    let external = dir.path().join("ext.sh");
+    std::fs::write(
+        &external,
+        format!("#!/bin/sh\ntouch '{}'\n", marker.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &external,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    git(&["add", "CLAUDE.md"]);
     git(&["commit", "-q", "-m", "first commit"]);
+    git(&["config", "diff.external", &external.display().to_string()]);
     std::fs::write(ws.join("src/main.rs"), "fn main() { println!(\"hi\"); }\n").unwrap();
     let ws_arg = std::fs::canonicalize(&ws).unwrap().display().to_string();
     let out = arbor_in(
@@ -389,7 +407,9 @@ export default definition
     );
     assert!(system.contains("Operating System: linux"), "{system}");
     assert!(
-        system.contains("<project_file_tree>\nknowledge.md\nsrc/\n  main.rs\n</project_file_tree>"),
+        system.contains(
+            "<project_file_tree>\nCLAUDE.md\nknowledge.md\nsrc/\n  main.rs\n</project_file_tree>"
+        ),
         "{system}"
     );
     assert!(
@@ -413,6 +433,11 @@ export default definition
         "{system}"
     );
     assert!(!system.contains("{CODEBUFF_"), "{system}");
+    assert!(
+        !system.contains("PATH="),
+        "the environment was read: {system}"
+    );
+    assert!(!marker.exists(), "the repository's external diff ran");
     assert!(
         system.ends_with("The user asked: explain the build"),
         "{system}"

@@ -837,7 +837,7 @@ fn a_read_only_command_does_not_migrate_an_older_store() {
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let db = rusqlite::Connection::open(&store).unwrap();
-    assert_eq!(version(&db), 9, "running a tree did not upgrade the store");
+    assert_eq!(version(&db), 10, "running a tree did not upgrade the store");
     let epoch: i64 = db
         .query_row("SELECT epoch FROM trees WHERE tree_id = 't2'", [], |r| {
             r.get(0)

@@ -168,6 +168,16 @@ pub fn outstanding(history: &History) -> Vec<Outstanding> {
     started
 }
 
+/// The first message a compaction's summary must keep: the call of the
+/// earliest `spawn_agents_async` whose children have not all reported;
+/// `None` when none waits.
+pub fn pinned(history: &History) -> Option<usize> {
+    outstanding(history)
+        .iter()
+        .map(|o| o.upto.saturating_sub(1))
+        .min()
+}
+
 /// The agent id a report message is about.
 pub fn reported_agent(message: &Message) -> Option<AgentId> {
     let text = message.text();

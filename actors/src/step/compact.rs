@@ -45,10 +45,12 @@ impl StepMachine {
             self.apply_recorded(recorded);
             return None;
         }
+        let history = &self.state.message_history;
         let plan = compact::plan(
-            &self.state.message_history,
+            history,
             self.state.context_token_count,
             compaction,
+            super::background::pinned(history),
         )?;
         if plan.summarize == 0 {
             self.events.push(EventKind::HistoryCompacted {

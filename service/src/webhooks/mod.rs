@@ -116,7 +116,8 @@ pub(crate) fn asked(
         && !arbor::config::webhooks::host_allowed(host, &options.hosts)
     {
         return Err(crate::ApiError::invalid(format!(
-            "webhook: this service posts webhooks only to the hosts of [service] webhook_hosts,              and {host} is not one of them"
+            "webhook: this service posts webhooks only to the hosts of [service] webhook_hosts, \
+             and {host} is not one of them"
         )));
     }
     let Some(url) = webhook.or_else(|| options.default_url.clone()) else {

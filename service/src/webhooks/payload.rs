@@ -105,11 +105,19 @@ pub(crate) fn read(
             node.started_ms,
             node.finished_ms,
         ),
-        None => (
+        None if summary.root_run_id == *run => (
             summary.status.to_string(),
             summary.error.clone(),
             summary.started_ms,
             summary.finished_ms,
+        ),
+        // An earlier turn that ended before its first checkpoint, the tree
+        // gone on to a later one: it failed, and the store keeps no more.
+        None => (
+            "failed".to_owned(),
+            Some("the run ended before its first checkpoint".to_owned()),
+            summary.started_ms,
+            None,
         ),
     };
     if text.is_empty()

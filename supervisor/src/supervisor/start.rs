@@ -64,6 +64,9 @@ impl Supervisor {
         // tree starts when its provider would refuse an agent's options (a
         // resumed tree and a later turn go on with the one they started with).
         let new_tree = recovery.is_none() && request.turn == 0;
+        // When the tree first started: read once, for the record a new tree
+        // stores and the date its prompts show (the same day on resume).
+        let started_ms = request.started_ms.unwrap_or_else(crate::tree::now_ms);
         if let Some(name) = request.model.as_ref().filter(|_| new_tree) {
             catalog
                 .check_override(&request.agent, name)
@@ -194,7 +197,7 @@ impl Supervisor {
         if let Some(context) = catalog.prompt_context() {
             let scene = crate::PromptScene {
                 workspace: arbor_actors::TreeHooks::workspace(&ctx).map(|w| w.root().to_path_buf()),
-                started_ms: request.started_ms.unwrap_or_else(crate::tree::now_ms),
+                started_ms,
                 prompt: request.prompt.clone(),
             };
             ctx = ctx.prompt_values(Some(Arc::new(context.values(scene).await)));
@@ -290,7 +293,7 @@ impl Supervisor {
                 origin: request.origin.clone(),
                 config,
                 history: request.history.clone(),
-                started_ms: crate::tree::now_ms(),
+                started_ms,
                 principal: request.principal.clone(),
                 webhook: request.webhook.clone(),
             })));

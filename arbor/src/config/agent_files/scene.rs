@@ -1,17 +1,20 @@
 //! The values of Codebuff's placeholders that describe where and when a
 //! tree runs (in Codebuff, its client's project context): filled once per
 //! tree when it starts (`arbor_supervisor::PromptContext`), from its
-//! workspace (else the current directory), its first start time and its
-//! prompt, so a resume and a replay on the same files fill them the same.
+//! workspace, its first start time and its prompt, so a resume and a replay
+//! on the same files fill them the same. A tree without a workspace (a
+//! service's) shows no project: those placeholders are empty. The whole
+//! takes at most `BUDGET` (the walk and git's commands run at once): a
+//! claimed tree must start well within its store's lease.
 //!
 //! | placeholder | value |
 //! |---|---|
-//! | `PROJECT_ROOT`, `USER_CWD` | the workspace's directory |
+//! | `PROJECT_ROOT`, `USER_CWD` | the workspace's directory (empty without one) |
 //! | `CURRENT_DATE` | the day the tree first started (UTC, `YYYY-MM-DD`) |
 //! | `SYSTEM_INFO_PROMPT` | the operating system, shell and CPU count |
 //! | `FILE_TREE_PROMPT` (`_SMALL`, `_LARGE`) | the workspace's files as a tree, ignored files left out, at most 1,000 (200, 5,000) entries |
-//! | `GIT_CHANGES_PROMPT` | `git status`, the diffs (unstaged and staged) and the last commits' subjects, each cut at 16 KB |
-//! | `KNOWLEDGE_FILES_CONTENTS` | every `knowledge.md` (or `*.knowledge.md`), `AGENTS.md` and `CLAUDE.md` of the workspace, each cut at 16 KB, 64 KB in all |
+//! | `GIT_CHANGES_PROMPT` | `git status`, the diffs (unstaged and staged; no external diff or textconv driver) and the last commits' subjects, each cut at 16 KB |
+//! | `KNOWLEDGE_FILES_CONTENTS` | every regular `knowledge.md` (or `*.knowledge.md`), `AGENTS.md` and `CLAUDE.md` of the workspace, each cut at 16 KB, 64 KB in all |
 //! | `USER_INPUT_PROMPT`, `INITIAL_AGENT_PROMPT` | the tree's prompt (this turn's) |
 
 use std::path::{Path, PathBuf};
@@ -39,8 +42,8 @@ pub(super) const FILLED: [&str; 11] = [
 const PART_BYTES: usize = 16 * 1024;
 /// How much knowledge is kept in all.
 const KNOWLEDGE_BYTES: usize = 64 * 1024;
-/// How long each git command may take.
-const GIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the walk and each git command may take (they run at once).
+const BUDGET: Duration = Duration::from_secs(2);
 
 /// Codebuff's tree-dependent placeholders (see the module doc).
 pub struct CodebuffScene;
@@ -55,19 +58,19 @@ impl PromptContext for CodebuffScene {
     }
 
     async fn values(&self, scene: PromptScene) -> Vec<(String, String)> {
-        let root = scene
-            .workspace
-            .clone()
-            .or_else(|| std::env::current_dir().ok())
-            .unwrap_or_default();
-        let walked = {
-            let root = root.clone();
-            tokio::task::spawn_blocking(move || walk(&root, 5_000))
-                .await
-                .unwrap_or_default()
+        let (walked, git, shown) = match &scene.workspace {
+            Some(root) => {
+                let walk = {
+                    let root = root.clone();
+                    tokio::task::spawn_blocking(move || walk(&root, 5_000))
+                };
+                let (walked, git) =
+                    tokio::join!(tokio::time::timeout(BUDGET, walk), git_changes(root));
+                let walked = walked.ok().and_then(Result::ok).unwrap_or_default();
+                (walked, git, root.display().to_string())
+            }
+            None => (Walked::default(), String::new(), String::new()),
         };
-        let git = git_changes(&root).await;
-        let shown = root.display().to_string();
         let values = [
             ("PROJECT_ROOT", shown.clone()),
             ("USER_CWD", shown),
@@ -76,6 +79,8 @@ impl PromptContext for CodebuffScene {
             ("FILE_TREE_PROMPT", file_tree(&walked.files, 1_000)),
             ("FILE_TREE_PROMPT_SMALL", file_tree(&walked.files, 200)),
             ("FILE_TREE_PROMPT_LARGE", file_tree(&walked.files, 5_000)),
+            // (Each empty for a tree without a workspace: `file_tree` of no
+            // files says so.)
             ("GIT_CHANGES_PROMPT", git),
             ("KNOWLEDGE_FILES_CONTENTS", walked.knowledge),
             ("USER_INPUT_PROMPT", scene.prompt.clone()),
@@ -146,10 +151,13 @@ fn walk(root: &Path, max: usize) -> Walked {
             continue;
         };
         let is_dir = entry.file_type().is_some_and(|t| t.is_dir());
+        let is_file = entry.file_type().is_some_and(|t| t.is_file());
         let mut shown = rel.to_string_lossy().into_owned();
         if is_dir {
             shown.push('/');
-        } else if is_knowledge(rel) {
+        } else if is_file && is_knowledge(rel) {
+            // Regular files only (the walk follows no link): a link to
+            // /proc/self/environ or a fifo is no knowledge.
             knowledge.push(entry.path().to_path_buf());
         }
         walked.files.push(shown);
@@ -160,7 +168,7 @@ fn walk(root: &Path, max: usize) -> Walked {
         if left == 0 {
             break;
         }
-        let Ok(text) = std::fs::read(&path) else {
+        let Some(text) = read_at_most(&path, PART_BYTES.min(left)) else {
             continue;
         };
         let whole = String::from_utf8_lossy(&text);
@@ -177,6 +185,25 @@ fn walk(root: &Path, max: usize) -> Walked {
         walked.knowledge = format!("# Knowledge files\n\n{}", parts.join("\n\n"));
     }
     walked
+}
+
+/// At most `max` bytes of the regular file `path`, opened without
+/// following a link (one swapped in since the walk) and without blocking
+/// (a fifo swapped in); `None` for anything else.
+fn read_at_most(path: &Path, max: usize) -> Option<Vec<u8>> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut out = Vec::new();
+    file.take(max as u64).read_to_end(&mut out).ok()?;
+    Some(out)
 }
 
 fn is_knowledge(rel: &Path) -> bool {
@@ -224,22 +251,36 @@ fn cut(text: &str, max: usize) -> &str {
 /// Git's view of the workspace's changes, as Codebuff shows them; empty
 /// outside a repository or without git.
 async fn git_changes(root: &Path) -> String {
-    let Some(status) = git(root, &["status", "--short"]).await else {
+    // No external diff or textconv driver: a repository's own config may
+    // name commands (an agent can write it), and none runs here.
+    let (status, diff, staged, log) = tokio::join!(
+        git(root, &["status", "--short"]),
+        git(root, &["diff", "--no-ext-diff", "--no-textconv"]),
+        git(
+            root,
+            &["diff", "--staged", "--no-ext-diff", "--no-textconv"]
+        ),
+        git(
+            root,
+            &["log", "-n", "10", "--format=%s", "--no-show-signature"]
+        ),
+    );
+    let Some(status) = status else {
         return String::new();
     };
-    let diff = git(root, &["diff"]).await.unwrap_or_default();
-    let staged = git(root, &["diff", "--staged"]).await.unwrap_or_default();
-    let log = git(root, &["log", "-n", "10", "--format=%s"])
-        .await
-        .unwrap_or_default();
+    let (diff, staged, log) = (
+        diff.unwrap_or_default(),
+        staged.unwrap_or_default(),
+        log.unwrap_or_default(),
+    );
     format!(
         "# Git changes\n\n<git_status>\n{status}</git_status>\n<git_diff>\n{diff}</git_diff>\n\
          <git_diff_staged>\n{staged}</git_diff_staged>\n<recent_commit_messages>\n{log}</recent_commit_messages>"
     )
 }
 
-/// What `git ARGS` printed in `dir` (cut at `PART_BYTES`), without its hooks
-/// or fsmonitor; `None` when it failed or took too long.
+/// What `git ARGS` printed in `dir` (cut at `PART_BYTES`), without its hooks,
+/// fsmonitor or pager; `None` when it failed or took longer than `BUDGET`.
 async fn git(dir: &Path, args: &[&str]) -> Option<String> {
     let run = tokio::process::Command::new("git")
         .arg("-C")
@@ -249,14 +290,17 @@ async fn git(dir: &Path, args: &[&str]) -> Option<String> {
             "core.hooksPath=/dev/null",
             "-c",
             "core.fsmonitor=false",
+            "-c",
+            "core.pager=cat",
         ])
         .args(args)
         .env("GIT_TERMINAL_PROMPT", "0")
         .env("GIT_OPTIONAL_LOCKS", "0")
+        .env("GIT_PAGER", "cat")
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output();
-    let out = tokio::time::timeout(GIT_TIMEOUT, run).await.ok()?.ok()?;
+    let out = tokio::time::timeout(BUDGET, run).await.ok()?.ok()?;
     if !out.status.success() {
         return None;
     }
