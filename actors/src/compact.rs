@@ -19,7 +19,6 @@ use serde_json::Value;
 use crate::history::History;
 use crate::message::{Message, ToolResultPart, json_len};
 use crate::model::Usage;
-use crate::toolbox::SPAWN_AGENTS_ASYNC;
 
 /// The tag of the message that holds a summary of the turns it replaced.
 pub const COMPACT_SUMMARY: &str = "COMPACT_SUMMARY";
@@ -27,6 +26,12 @@ pub const COMPACT_SUMMARY: &str = "COMPACT_SUMMARY";
 /// Tool results no longer than this (in characters) are never cut: a stub
 /// would save nothing.
 pub const CUT_MIN_CHARS: usize = 200;
+
+/// Tools whose results are never cut: a background spawn's result is the
+/// record of the children it started (what a restarted run waits for).
+/// (`toolbox::SPAWN_AGENTS_ASYNC`, written here as the toolbox imports the
+/// templates this module's settings are part of; a test holds them equal.)
+pub const NEVER_CUT: [&str; 1] = ["spawn_agents_async"];
 
 /// A summary is made only of turns holding at least 1/`SUMMARY_SHARE` of
 /// `compact_at`'s tokens.
@@ -231,9 +236,9 @@ pub fn cut_results(
             let chars = result_chars(content);
             let wanted = match only {
                 Some(list) => list.iter().any(|c| c.tool_call_id == *tool_call_id),
-                // A background spawn's result is the record of the children
-                // it started (what a restarted run waits for): never cut.
-                None => i < before && chars > CUT_MIN_CHARS && tool_name != SPAWN_AGENTS_ASYNC,
+                None => {
+                    i < before && chars > CUT_MIN_CHARS && !NEVER_CUT.contains(&tool_name.as_str())
+                }
             };
             if !wanted {
                 return m.clone();
@@ -544,12 +549,17 @@ mod tests {
         assert_eq!(again.context_tokens, p.tokens_after_cut);
     }
 
+    #[test]
+    fn the_results_never_cut_are_the_background_spawns() {
+        assert_eq!(NEVER_CUT, [crate::toolbox::SPAWN_AGENTS_ASYNC]);
+    }
+
     /// A `spawn_agents_async` call and its result naming one started child
     /// `agent`, as the step machine writes them.
     fn background_spawn(h: &mut History, id: &str, agent: &str) {
         let c = ToolCall {
             tool_call_id: id.into(),
-            tool_name: SPAWN_AGENTS_ASYNC.into(),
+            tool_name: crate::toolbox::SPAWN_AGENTS_ASYNC.into(),
             input: crate::message::ToolInput::new(
                 &json!({"agents": [{"agent_type": "worker", "prompt": "x".repeat(400)}]}),
             ),
@@ -580,7 +590,10 @@ mod tests {
         let pinned = crate::step::background::pinned(&h);
         let plan = plan(&h, 0, &compaction, pinned).unwrap();
         assert!(
-            !plan.cut.iter().any(|c| c.tool_name == SPAWN_AGENTS_ASYNC),
+            !plan
+                .cut
+                .iter()
+                .any(|c| c.tool_name == crate::toolbox::SPAWN_AGENTS_ASYNC),
             "{:?}",
             plan.cut
         );
