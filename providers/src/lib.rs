@@ -35,7 +35,7 @@ pub use limiter::{Limiter, LimiterConfig};
 pub use observe::{
     RequestEvent, RequestObserver, RequestSignal, RequestTracer, observe_requests, trace_requests,
 };
-pub use retry::RetryPolicy;
+pub use retry::{RetryPolicy, retry_after};
 pub use settings::{
     Api, ApiKey, HttpSection, OnTruncatedSection, Pricing, ProviderKind, ProviderSettings, Timeouts,
 };

@@ -25,8 +25,6 @@ use super::now_ms;
 use super::render::clip;
 use super::service::Api;
 
-/// The deepest indent a line gets (a journal or a server may say anything).
-const MAX_INDENT: u64 = 64;
 /// How often the journal is read for a tree followed on the store.
 const POLL: Duration = Duration::from_millis(200);
 /// A stream that sends nothing for this long (the server's keep-alives
@@ -50,6 +48,8 @@ struct Watcher {
     ended: Option<AgentStatus>,
     /// When the last event happened (the summary's end).
     last_ms: u64,
+    /// Whether the tree was last seen with no process running it.
+    orphaned: bool,
 }
 
 impl Watcher {
@@ -64,6 +64,7 @@ impl Watcher {
             run,
             ended: None,
             last_ms: 0,
+            orphaned: false,
         }
     }
 
@@ -134,6 +135,21 @@ impl Watcher {
         }
     }
 
+    /// Says once that the tree is interrupted, no process running it (`how`:
+    /// what goes on with it), and once that it runs again when it is taken
+    /// up.
+    fn interrupted(&mut self, interrupted: bool, how: &str) {
+        let tree_id = &self.tree_id;
+        if interrupted && !self.orphaned {
+            self.say(format!(
+                "  ⏸ tree {tree_id} is interrupted: no process runs it; {how} (Ctrl-C stops watching)"
+            ));
+        } else if !interrupted && self.orphaned {
+            self.say(format!("  ↻ tree {tree_id} runs again"));
+        }
+        self.orphaned = interrupted;
+    }
+
     /// A line for the log (above the view, or alone off a terminal).
     fn say(&self, line: String) {
         match &self.view {
@@ -177,7 +193,9 @@ fn line_for(tree: &LiveTree, run: &RunId, entry: &JournalEntry) -> Option<String
                 match text("parentRunId").and_then(|p| p.parse::<RunId>().ok()) {
                     Some(parent) if depth > 0 => format!(
                         "{}▸ {agent} {path} (parent {})",
-                        "  ".repeat(usize::try_from(depth.min(MAX_INDENT)).unwrap_or(0)),
+                        "  ".repeat(
+                            usize::try_from(depth.min(super::live::MAX_INDENT)).unwrap_or(0)
+                        ),
                         parent.path_text()
                     ),
                     _ => format!("▸ {agent} {run} (tree {})", run.tree()),
@@ -268,8 +286,6 @@ async fn on_store(
     let drawer = draw(watcher.view.clone(), cancels);
     let follow = async {
         let mut after = 0;
-        // Said once each time the tree is found with no process running it.
-        let mut orphaned = false;
         loop {
             // The status first: a tree it lists as ended has every event
             // stored, so the read after it is the last.
@@ -292,16 +308,13 @@ async fn on_store(
             }
             // Nobody runs it now: say so (and what goes on with it), and
             // keep following for the process that takes it up.
-            let interrupted = status == arbor_supervisor::TreeStatus::Interrupted;
-            if interrupted && !orphaned {
-                watcher.say(format!(
-                    "  ⏸ tree {tree_id} is interrupted: no process runs it; `arbor resume {tree_id}` \
-                     (or an `arbor serve` on this store) goes on with it. Waiting for one (Ctrl-C stops watching)"
-                ));
-            } else if !interrupted && orphaned {
-                watcher.say(format!("  ↻ tree {tree_id} runs again"));
-            }
-            orphaned = interrupted;
+            watcher.interrupted(
+                status == arbor_supervisor::TreeStatus::Interrupted,
+                &format!(
+                    "`arbor resume {tree_id}` (or an `arbor serve` on this store) goes on with it; \
+                     waiting for one"
+                ),
+            );
             tokio::select! {
                 () = tokio::time::sleep(POLL) => {}
                 Some(run) = cancelled.recv() => {
@@ -393,7 +406,6 @@ async fn on_server(
         let mut last = 0;
         let mut since_ok = tokio::time::Instant::now();
         let mut failures = 0u32;
-        let mut orphaned = false;
         loop {
             let opened = api.open_stream(&root.to_string(), last).await;
             let connection = match opened {
@@ -447,13 +459,10 @@ async fn on_server(
                 }
                 // Nobody runs it now (a server adopts it when it can): said
                 // once, and followed again when it is taken up.
-                if state == "interrupted" && !orphaned {
-                    watcher.say(format!(
-                        "  ⏸ tree {tree_id} is interrupted: no process runs it now; waiting for the \
-                         server to adopt it, or `arbor resume {tree_id}` (Ctrl-C stops watching)"
-                    ));
-                }
-                orphaned = state == "interrupted";
+                watcher.interrupted(
+                    state == "interrupted",
+                    &format!("waiting for the server to adopt it, or `arbor resume {tree_id}`"),
+                );
             }
             failures += 1;
             let wait = Duration::from_millis(250 * u64::from(failures.min(20))).min(RETRY_MAX);

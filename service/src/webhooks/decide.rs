@@ -16,6 +16,17 @@ pub struct Retries {
     pub backoff_max: Duration,
 }
 
+impl Retries {
+    /// `[service]`'s webhook retry keys.
+    pub fn of(settings: &arbor::config::webhooks::WebhookSettings) -> Retries {
+        Retries {
+            attempts: settings.attempts,
+            backoff: settings.backoff,
+            backoff_max: settings.backoff_max,
+        }
+    }
+}
+
 /// What an attempt got.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {

@@ -65,11 +65,7 @@ impl Default for WebhookOptions {
         WebhookOptions {
             default_url: None,
             secret: None,
-            retries: Retries {
-                attempts: settings.attempts,
-                backoff: settings.backoff,
-                backoff_max: settings.backoff_max,
-            },
+            retries: Retries::of(&settings),
             timeout: settings.timeout,
             hosts: Vec::new(),
         }
@@ -89,11 +85,7 @@ impl WebhookOptions {
         Ok(WebhookOptions {
             default_url: settings.default_url.clone(),
             secret,
-            retries: Retries {
-                attempts: settings.attempts,
-                backoff: settings.backoff,
-                backoff_max: settings.backoff_max,
-            },
+            retries: Retries::of(settings),
             timeout: settings.timeout,
             hosts: settings.hosts.clone(),
         })
@@ -208,22 +200,18 @@ async fn attempt(shared: Arc<Shared>, client: reqwest::Client, run: RunId) {
     let attempt = claim.attempts + 1;
     // The output modes of the catalog the tree ran on (its own config's).
     let tree = run.tree().clone();
-    let modes = supervisor
+    let catalog = supervisor
         .read_store(move |store| Ok(store.tree(&tree)?.0.config))
         .await
-        .and_then(|config| supervisor.catalog_for(config.as_ref()))
-        .map(|catalog| {
-            catalog
-                .templates()
-                .map(|t| (t.id.clone(), t.output_mode))
-                .collect::<std::collections::HashMap<String, arbor_actors::OutputMode>>()
-        });
+        .and_then(|config| supervisor.catalog_for(config.as_ref()));
     let id = run.clone();
-    let body = match modes {
-        Ok(modes) => {
+    let body = match catalog {
+        Ok(catalog) => {
             supervisor
                 .read_store(move |store| {
-                    payload::read(store, &id, |agent| modes.get(agent).copied())
+                    payload::read(store, &id, |agent| {
+                        catalog.template(agent).map(|t| t.output_mode)
+                    })
                 })
                 .await
         }
@@ -333,12 +321,8 @@ async fn post(
         .body(body);
     match request.send().await {
         Ok(response) => {
-            let retry_after = response
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs);
+            // Seconds or an HTTP date, as the model providers read it.
+            let retry_after = arbor::providers::retry_after(response.headers());
             Answer::Status {
                 code: response.status().as_u16(),
                 retry_after,

@@ -15,6 +15,9 @@ mod draw;
 mod seen;
 
 pub(super) use draw::{Input, Key, Screen};
+
+/// The deepest indent a line gets (a journal or a server may say anything).
+pub(super) const MAX_INDENT: u64 = 64;
 use seen::Seen;
 
 use std::collections::{HashMap, HashSet};

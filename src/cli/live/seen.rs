@@ -109,7 +109,7 @@ impl Seen {
                     .and_then(Value::as_str)
                     .and_then(|p| p.parse().ok()),
                 // Indented by it: a journal's (or a server's) word, bounded.
-                depth: usize::try_from(number("depth").min(64)).unwrap_or(64),
+                depth: usize::try_from(number("depth").min(super::MAX_INDENT)).unwrap_or(0),
             },
             EventType::StepStarted => Seen::Step(u32::try_from(number("step")).unwrap_or(0)),
             EventType::ModelRetrying => Seen::Retrying {

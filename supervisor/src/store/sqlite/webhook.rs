@@ -6,8 +6,8 @@ use rusqlite::{OptionalExtension, params};
 use super::{SqliteStore, sql};
 use crate::error::Error;
 use crate::store::{
-    STALE_AFTER_MS, WebhookClaim, WebhookRecord, WebhookResult, WebhookState, owner_id,
-    webhook_claimable, webhook_record,
+    WebhookClaim, WebhookRecord, WebhookResult, WebhookState, owner_id, webhook_claimable,
+    webhook_record,
 };
 use arbor_actors::RunId;
 
@@ -108,7 +108,11 @@ impl SqliteStore {
         let mut due = Vec::new();
         for (run_id, next, owner, held) in rows {
             let holder = owner.as_deref().map(|o| (o, held as u64));
-            if webhook_claimable((true, next as u64, holder), now, STALE_AFTER_MS) {
+            if webhook_claimable(
+                (true, next as u64, holder),
+                now,
+                crate::store::Store::lease_ms(self),
+            ) {
                 due.push(crate::store::run_id(&run_id)?);
             }
         }
@@ -138,7 +142,11 @@ impl SqliteStore {
         };
         let holder = owner.as_deref().map(|o| (o, held as u64));
         if state != WebhookState::Pending.as_str()
-            || !webhook_claimable((ended, next as u64, holder), now, STALE_AFTER_MS)
+            || !webhook_claimable(
+                (ended, next as u64, holder),
+                now,
+                crate::store::Store::lease_ms(self),
+            )
         {
             return Ok(None);
         }
